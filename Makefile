@@ -1,0 +1,33 @@
+# tsctl: `make demo` runs the whole flow on a sample model; `make test` runs the test suite.
+# Everything runs in .venv, created with uv (it installs a torch + torchvision pair that work on CPU).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+UV := $(PYTHON) -m uv
+SAMPLE := samples/build/resnet18
+
+.PHONY: venv demo test clean
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	$(UV) --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet uv
+	$(UV) venv --quiet --allow-existing $(VENV)
+	$(UV) pip install --quiet --python $(BIN)/python -e '.[test]'
+	touch $@
+
+demo: venv
+	$(BIN)/python -m samples.image_model $(SAMPLE)
+	$(BIN)/tsctl package --model-name resnet18 --version 1.0 --serialized-file $(SAMPLE)/resnet18.pt \
+	  --model-file $(SAMPLE)/model.py --handler image_classifier --extra-files $(SAMPLE)/index_to_name.json \
+	  --config-file $(SAMPLE)/model-config.yaml --force
+	$(BIN)/tsctl inspect model-store/resnet18.mar | tail -n 4
+	$(BIN)/tsctl config
+	$(BIN)/tsctl serve
+	$(BIN)/tsctl predict resnet18 $(SAMPLE)/kitten.jpg $(SAMPLE)/street.jpg; status=$$?; \
+	  $(BIN)/tsctl stop; exit $$status
+
+test: venv
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) .tsctl samples/build logs

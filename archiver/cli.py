@@ -1,0 +1,162 @@
+"""The ``tsctl`` command line: thin click commands over plain functions.
+
+Each command parses its flags, calls one function, prints, and exits 0 on success, 2 for a user
+mistake (one sentence, no traceback), 1 when the server or model fails.
+"""
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+# TorchServe's BaseHandler logs optional-backend notices (OpenVINO, ONNX, TensorRT) on import.
+logging.getLogger("ts.torch_handler.base_handler").setLevel(logging.ERROR)
+
+from . import mar, properties, server
+from .errors import ServerError, UserError
+
+
+class Command(click.Command):
+    """Runs the command and turns our errors into one line on stderr and an honest exit code."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (UserError, ServerError) as error:
+            click.secho(f"error: {error}", fg="red", err=True)
+            ctx.exit(error.exit_code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="tsctl")
+def main():
+    """Package, configure, serve and test PyTorch models on TorchServe and KServe."""
+
+
+@main.command(cls=Command)
+@click.option("--model-name", required=True, help="Model name (the URL path /predictions/NAME).")
+@click.option("--version", "version", default="1.0", show_default=True, help="Model version.")
+@click.option("--serialized-file", help="Weights: state_dict .pt/.pth, TorchScript, .pt2 or .safetensors.")
+@click.option("--model-file", help="Python file defining the model class (eager and safetensors weights).")
+@click.option("--handler", required=True, help="A toolkit handler (image_classifier) or your handler .py file.")
+@click.option("--extra-files", default="", help="Comma-separated files or directories to add.")
+@click.option("--requirements-file", help="requirements.txt installed per model by TorchServe.")
+@click.option("--config-file", help="model-config.yaml (workers, batching, handler: settings).")
+@click.option("--export-path", default="model-store", show_default=True, help="Directory to write the archive to.")
+@click.option(
+    "--archive-format",
+    type=click.Choice(list(mar.FORMATS)),
+    default="default",
+    show_default=True,
+    help="default/zip-store: .mar; tgz: .tar.gz; no-archive: a directory.",
+)
+@click.option("-f", "--force", is_flag=True, help="Overwrite an existing archive.")
+def package(**flags):
+    """Build model-store/NAME.mar (torch-model-archiver's flags)."""
+    extra = [p.strip() for p in flags.pop("extra_files").split(",") if p.strip()]
+    path = mar.package(mar.PackageOptions(extra_files=extra, **flags))
+    size = path.stat().st_size if path.is_file() else sum(s for _, s in mar.list_entries(path))
+    click.echo(f"wrote {path} ({size / 1e6:.1f} MB)")
+
+
+@main.command(cls=Command)
+@click.argument("archive", type=click.Path())
+def inspect(archive):
+    """Print an archive's manifest, files and sizes."""
+    manifest = mar.read_manifest(archive)
+    click.echo(json.dumps(manifest, indent=2))
+    for name, size in sorted(mar.list_entries(archive)):
+        click.echo(f"{size:>12,d}  {name}")
+
+
+@main.command(cls=Command)
+@click.option("--model-store", default="model-store", show_default=True)
+@click.option("--output", default="config/config.properties", show_default=True)
+@click.option("--min-workers", type=click.IntRange(0), help="For every model (else model-config.yaml, else 1).")
+@click.option("--max-workers", type=click.IntRange(1))
+@click.option("--batch-size", type=click.IntRange(1))
+@click.option("--max-batch-delay", type=click.IntRange(0), help="Milliseconds to wait to fill a batch.")
+@click.option("--response-timeout", type=click.IntRange(1), help="Seconds.")
+def config(model_store, output, min_workers, max_workers, batch_size, max_batch_delay, response_timeout):
+    """Write config/config.properties with a model_snapshot of every archive in the store."""
+    overrides = {
+        "minWorkers": min_workers,
+        "maxWorkers": max_workers,
+        "batchSize": batch_size,
+        "maxBatchDelay": max_batch_delay,
+        "responseTimeout": response_timeout,
+    }
+    path = properties.write_config(model_store, output, overrides)
+    snapshot = properties.snapshot_of(properties.read_properties(path), path)
+    click.echo(f"wrote {path}")
+    for name, versions in snapshot["models"].items():
+        entry = next(iter(versions.values()))
+        click.echo(
+            f"  {name}: {entry['marName']} workers {entry['minWorkers']}-{entry['maxWorkers']}, "
+            f"batch {entry['batchSize']} / {entry['maxBatchDelay']} ms, timeout {entry['responseTimeout']} s"
+        )
+
+
+@main.command(cls=Command)
+@click.option("--config", "config_path", default="config/config.properties", show_default=True)
+@click.option("--model-store", default="model-store", show_default=True)
+@click.option("--home", default=".tsctl", show_default=True, help="State directory: logs, pid lock, server.json.")
+@click.option("--timeout", default=180.0, show_default=True, help="Seconds to wait for every model to be READY.")
+def serve(config_path, model_store, home, timeout):
+    """Start TorchServe in the background on 127.0.0.1 and wait until every model is READY."""
+    srv = server.start(config_path, model_store, home, timeout)
+    click.echo(f"TorchServe ready (pid {srv.pid}): {', '.join(srv.models)}")
+    click.echo(f"  inference  {srv.inference}")
+    click.echo(f"  management {srv.management}")
+    click.echo(f"  logs       {srv.logs}")
+
+
+@main.command(cls=Command)
+@click.option("--home", default=".tsctl", show_default=True)
+def stop(home):
+    """Stop the server started by 'tsctl serve'."""
+    if server.stop(home=home):
+        click.echo("TorchServe stopped")
+    else:
+        click.echo("no server was running")
+
+
+@main.command(cls=Command)
+@click.argument("model")
+@click.argument("inputs", nargs=-1, required=True, type=click.Path())
+@click.option("--home", default=".tsctl", show_default=True)
+@click.option("--timeout", default=60.0, show_default=True)
+def predict(model, inputs, home, timeout):
+    """Send each INPUT file to /predictions/MODEL on the running server and print the answers."""
+    srv = server.read_state(Path(home).resolve())
+    if srv is None:
+        raise UserError(f"no server is running from {home}: start one with 'tsctl serve'")
+    failed = False
+    for path in inputs:
+        try:
+            status, body = server.predict(srv, model, Path(path), timeout)
+        except OSError as exc:
+            raise ServerError(f"could not reach {srv.inference}: {exc}") from None
+        failed |= status != 200
+        click.echo(f"{path}: {status} {json.dumps(body)}")
+    sys.exit(1 if failed else 0)
+
+
+@main.command(cls=Command)
+@click.argument("archive", type=click.Path(exists=True))
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(exists=True))
+def run(archive, inputs):
+    """Run ARCHIVE's handler in-process (no server) on INPUT files as one batch."""
+    from handlers.testing import LocalModel
+
+    with LocalModel(archive, batch_size=len(inputs)) as model:
+        responses = model.predict([Path(p) for p in inputs])
+    for path, response in zip(inputs, responses):
+        click.echo(f"{path}: {response.status} {json.dumps(response.json())}")
+    sys.exit(0 if all(r.status == 200 for r in responses) else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Checking a model-config.yaml before it goes into a .mar.
+
+TorchServe reads the top-level worker keys (minWorkers, batchSize, ...) and hands the whole mapping
+to the handler; the toolkit handlers read their ``handler:`` section (handlers/settings.py).
+"""
+
+from pathlib import Path
+
+import yaml
+
+from handlers.settings import SettingsError, did_you_mean, read_settings
+
+from .errors import UserError
+
+# Keys TorchServe 0.12 reads from model-config.yaml, with the type it expects.
+WORKER_KEYS = {
+    "minWorkers": int,
+    "maxWorkers": int,
+    "batchSize": int,
+    "maxBatchDelay": int,
+    "responseTimeout": int,
+    "startupTimeout": int,
+    "deviceType": str,
+    "deviceIds": list,
+    "parallelLevel": int,
+    "parallelType": str,
+    "jobQueueSize": int,
+    "useJobTicket": bool,
+    "maxSequenceJobQueueSize": int,
+    "sequenceMaxIdleMSec": int,
+    "maxNumSequence": int,
+    "sequenceBatching": bool,
+    "continuousBatching": bool,
+    "asyncCommunication": bool,
+    "useVenv": bool,
+    "torchrun": dict,
+}
+# Sections TorchServe or its handlers read, free-form here.
+SECTIONS = {"handler", "pt2", "deepspeed", "tensorrt_llm", "vllm_engine", "torch_compile", "profile", "micro_batching"}
+
+
+def load_model_config(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise UserError(f"{path} is not valid YAML{where}: fix the syntax") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path} must be a YAML mapping of keys (minWorkers, batchSize, handler, ...)")
+    return data
+
+
+def check_model_config(path: Path, settings_class=None) -> dict:
+    """Load and validate; raise UserError naming the file, the key and the fix."""
+    data = load_model_config(path)
+    for key, value in data.items():
+        if key in SECTIONS:
+            continue
+        expected = WORKER_KEYS.get(key)
+        if expected is None:
+            raise UserError(f"{path}: unknown key '{key}'{did_you_mean(str(key), list(WORKER_KEYS) + sorted(SECTIONS))}")
+        if expected is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise UserError(f"{path}: '{key}' must be a whole number, got {value!r}")
+        if expected is not int and not isinstance(value, expected):
+            raise UserError(f"{path}: '{key}' must be a {expected.__name__}, got {value!r}")
+        if expected is int and value < 0:
+            raise UserError(f"{path}: '{key}' must not be negative, got {value}")
+    if settings_class is not None:
+        try:
+            read_settings(settings_class, data.get("handler"), where=str(path))
+        except SettingsError as exc:
+            raise UserError(str(exc)) from None
+    return data

@@ -1,0 +1,142 @@
+"""config/config.properties: written once, used unchanged locally and on KServe.
+
+The file carries KServe's values (store at /mnt/models/model-store, inference on 0.0.0.0:8085,
+``enable_envvars_config=true``). A local ``torchserve --model-store model-store`` overrides the
+store; ``tsctl serve`` also moves the addresses to 127.0.0.1 through TorchServe's own ``TS_*``
+environment variables, which ``enable_envvars_config=true`` lets it read.
+
+``model_snapshot`` lists every archive in the model store with its worker settings: a command-line
+option wins over the archive's model-config.yaml, which wins over the defaults below.
+"""
+
+import json
+from collections import OrderedDict
+from pathlib import Path
+from typing import Dict, Optional
+
+from .errors import UserError
+from .mar import model_config, read_manifest
+
+KSERVE_MODEL_STORE = "/mnt/models/model-store"
+SNAPSHOT_KEYS = ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout")
+SNAPSHOT_DEFAULTS = {"minWorkers": 1, "maxWorkers": 1, "batchSize": 1, "maxBatchDelay": 100, "responseTimeout": 120}
+
+BASE_PROPERTIES = OrderedDict(
+    [
+        ("inference_address", "http://0.0.0.0:8085"),
+        ("management_address", "http://0.0.0.0:8085"),
+        ("metrics_address", "http://0.0.0.0:8082"),
+        ("grpc_inference_port", "7070"),
+        ("grpc_management_port", "7071"),
+        ("enable_metrics_api", "true"),
+        ("metrics_mode", "prometheus"),
+        ("number_of_netty_threads", "4"),
+        ("job_queue_size", "100"),
+        ("enable_envvars_config", "true"),
+        ("install_py_dep_per_model", "true"),
+        ("model_store", KSERVE_MODEL_STORE),
+        # TorchServe 0.11+ defaults: token auth on, model API off. KServe's client sends no token,
+        # so auth is off here; the model API stays off (models come from model_snapshot).
+        ("disable_token_authorization", "true"),
+        ("enable_model_api", "false"),
+    ]
+)
+
+
+def archives_in(model_store: Path):
+    """Model archives in the store: *.mar, *.tar.gz and unpacked directories with a manifest."""
+    model_store = Path(model_store)
+    if not model_store.is_dir():
+        raise UserError(f"model store {model_store} does not exist: build archives with 'tsctl package' first")
+    found = []
+    for p in sorted(model_store.iterdir()):
+        if p.name.startswith("."):
+            continue
+        if p.is_file() and (p.name.endswith(".mar") or p.name.endswith(".tar.gz")):
+            found.append(p)
+        elif p.is_dir() and (p / "MAR-INF" / "MANIFEST.json").is_file():
+            found.append(p)
+    return found
+
+
+def build_snapshot(model_store: Path, overrides: Optional[Dict[str, int]] = None) -> dict:
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    models = OrderedDict()
+    for archive in archives_in(model_store):
+        manifest = read_manifest(archive)
+        name = manifest["model"]["modelName"]
+        version = manifest["model"].get("modelVersion") or "1.0"
+        config = model_config(archive)
+        entry = {"defaultVersion": True, "marName": archive.name}
+        for key in SNAPSHOT_KEYS:
+            entry[key] = int(overrides.get(key, config.get(key, SNAPSHOT_DEFAULTS[key])))
+        if entry["maxWorkers"] < entry["minWorkers"]:
+            entry["maxWorkers"] = entry["minWorkers"]
+        if name in models:
+            raise UserError(
+                f"{archive} and {models[name][version_of(models[name])]['marName']} both hold model '{name}': "
+                "remove one from the model store"
+            )
+        models[name] = {version: entry}
+    if not models:
+        raise UserError(f"model store {model_store} holds no model archives: build one with 'tsctl package'")
+    return {"name": "startup.cfg", "modelCount": len(models), "models": models}
+
+
+def version_of(model_entry: dict) -> str:
+    return next(iter(model_entry))
+
+
+def render(properties: Dict[str, str]) -> str:
+    lines = ["# Written by tsctl config. Works as is under KServe (mounted at /mnt/models);",
+             "# locally: torchserve --start --ncs --model-store model-store --ts-config config/config.properties"]
+    lines += [f"{key}={value}" for key, value in properties.items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_config(
+    model_store="model-store",
+    output="config/config.properties",
+    overrides: Optional[Dict[str, int]] = None,
+    extra: Optional[Dict[str, str]] = None,
+) -> Path:
+    """Write config.properties for every archive in ``model_store``; returns the file written."""
+    properties = OrderedDict(BASE_PROPERTIES)
+    properties.update(extra or {})
+    snapshot = build_snapshot(Path(model_store), overrides)
+    properties["model_snapshot"] = json.dumps(snapshot, separators=(",", ":"))
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp")
+    tmp.write_text(render(properties), encoding="utf-8")
+    tmp.replace(output)
+    return output
+
+
+def read_properties(path) -> Dict[str, str]:
+    """A Java .properties file as a dict (the subset TorchServe configs use: key=value lines)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path} does not exist: write it with 'tsctl config'")
+    props = OrderedDict()
+    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith(("#", "!")):
+            continue
+        sep = min((i for i in (line.find("="), line.find(":")) if i > 0), default=-1)
+        if sep < 0:
+            raise UserError(f"{path} line {number}: expected key=value, got {line!r}")
+        props[line[:sep].strip()] = line[sep + 1 :].strip()
+    return props
+
+
+def snapshot_of(properties: Dict[str, str], path="config.properties") -> dict:
+    raw = properties.get("model_snapshot")
+    if not raw:
+        raise UserError(f"{path} has no model_snapshot: regenerate it with 'tsctl config'")
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise UserError(f"{path}: model_snapshot is not valid JSON ({exc}): regenerate it with 'tsctl config'") from None
+
+

@@ -1,0 +1,310 @@
+"""Starting, waiting for and stopping a local TorchServe, and talking to it over HTTP.
+
+A server runs detached in its own process group (``setsid``, stdin from /dev/null, output to a
+file) with its own state directory: ``TEMP`` (TorchServe's one-instance pid lock), ``LOG_LOCATION``
+and ``server.json`` (pid and addresses) all live there, so several servers can run side by side and
+``stop`` ends exactly the one it started. Addresses are moved to free ports on 127.0.0.1 through
+TorchServe's ``TS_*`` environment variables; the config file itself is not changed.
+"""
+
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from .errors import ServerError, UserError
+from .properties import read_properties, snapshot_of
+
+STATE_FILE = "server.json"
+
+
+@dataclass
+class Server:
+    pid: int
+    home: str
+    inference: str
+    management: str
+    metrics: str
+    models: List[str]
+    token: Optional[str] = None
+
+    @property
+    def logs(self) -> Path:
+        return Path(self.home) / "logs"
+
+    def headers(self, api: str = "inference") -> Dict[str, str]:
+        """Authorization for token-auth servers (keys from the server's key_file.json)."""
+        keys = read_keys(Path(self.home))
+        key = keys.get(api)
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchserve_command(python: Optional[str] = None) -> List[str]:
+    python = python or sys.executable
+    script = Path(python).parent / "torchserve"
+    if not script.exists():
+        raise UserError(f"no torchserve next to {python}: install it with 'pip install torchserve==0.12.0'")
+    return [python, str(script)]
+
+
+def start(
+    config="config/config.properties",
+    model_store="model-store",
+    home=".tsctl",
+    timeout: float = 180,
+    python: Optional[str] = None,
+    env: Optional[Dict[str, str]] = None,
+) -> Server:
+    """Start TorchServe detached and wait until every snapshot model has a READY worker."""
+    config, model_store, home = Path(config).resolve(), Path(model_store).resolve(), Path(home).resolve()
+    properties = read_properties(config)
+    models = list(snapshot_of(properties, config)["models"])
+    if properties.get("enable_envvars_config", "false").lower() != "true":
+        raise UserError(
+            f"{config}: enable_envvars_config must be true so tsctl can bind 127.0.0.1 ports; "
+            "regenerate the file with 'tsctl config'"
+        )
+    if not model_store.is_dir():
+        raise UserError(f"model store {model_store} does not exist: build archives with 'tsctl package'")
+    existing = read_state(home)
+    if existing and alive(existing.pid):
+        raise UserError(f"a server started from {home} is still running (pid {existing.pid}): run 'tsctl stop' first")
+
+    for sub in ("tmp", "logs"):
+        (home / sub).mkdir(parents=True, exist_ok=True)
+    for old in (home / "logs").glob("*.log"):
+        old.unlink()
+    ports = {name: free_port() for name in ("inference", "management", "metrics", "grpc_i", "grpc_m")}
+    run_env = dict(os.environ)
+    run_env.update(
+        {
+            "TEMP": str(home / "tmp"),
+            "LOG_LOCATION": str(home / "logs"),
+            "METRICS_LOCATION": str(home / "logs"),
+            "TS_INFERENCE_ADDRESS": f"http://127.0.0.1:{ports['inference']}",
+            "TS_MANAGEMENT_ADDRESS": f"http://127.0.0.1:{ports['management']}",
+            "TS_METRICS_ADDRESS": f"http://127.0.0.1:{ports['metrics']}",
+            "TS_GRPC_INFERENCE_ADDRESS": "127.0.0.1",
+            "TS_GRPC_MANAGEMENT_ADDRESS": "127.0.0.1",
+            "TS_GRPC_INFERENCE_PORT": str(ports["grpc_i"]),
+            "TS_GRPC_MANAGEMENT_PORT": str(ports["grpc_m"]),
+            # Workers talk to the frontend over /tmp/.ts.sock.<port>: a base of our own avoids clashes.
+            "TS_INITIAL_WORKER_PORT": str(random.randrange(20000, 60000, 100)),
+        }
+    )
+    run_env.update(env or {})
+    command = torchserve_command(python) + [
+        "--start",
+        "--foreground",
+        "--ncs",
+        "--model-store",
+        str(model_store),
+        "--ts-config",
+        str(config),
+    ]
+    with open(home / "torchserve.out", "wb") as out:
+        process = subprocess.Popen(
+            command,
+            cwd=home,
+            env=run_env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    server = Server(
+        pid=process.pid,
+        home=str(home),
+        inference=run_env["TS_INFERENCE_ADDRESS"],
+        management=run_env["TS_MANAGEMENT_ADDRESS"],
+        metrics=run_env["TS_METRICS_ADDRESS"],
+        models=models,
+    )
+    (home / STATE_FILE).write_text(json.dumps(asdict(server), indent=2))
+    try:
+        wait_ready(server, timeout, process)
+    except BaseException:
+        stop(server)
+        raise
+    return server
+
+
+def wait_ready(server: Server, timeout: float, process: Optional[subprocess.Popen] = None):
+    """Poll the management API until each model has a READY worker; fail fast on crash loops."""
+    deadline = time.monotonic() + timeout
+    pending = list(server.models)
+    while pending:
+        if process is not None and process.poll() is not None:
+            raise ServerError(f"TorchServe exited with code {process.returncode}: {startup_problem(server)}")
+        if time.monotonic() > deadline:
+            raise ServerError(f"models {', '.join(pending)} not READY after {timeout:.0f}s: {startup_problem(server)}")
+        failure = worker_failure(server)
+        if failure:
+            raise ServerError(f"a model worker failed to start: {failure} (full log: {server.logs / 'model_log.log'})")
+        still = []
+        for name in pending:
+            try:
+                status, body = request(f"{server.management}/models/{name}", headers=server.headers("management"), timeout=5)
+            except OSError:
+                still.append(name)
+                continue
+            workers = body[0].get("workers", []) if status == 200 and isinstance(body, list) and body else []
+            if not any(w.get("status") == "READY" for w in workers):
+                still.append(name)
+        pending = still
+        if pending:
+            time.sleep(0.5)
+
+
+WORKER_DIED = re.compile(r"(Backend worker process died|Load model failed|Failed to load model)")
+PY_ERROR = re.compile(r"MODEL_LOG - ([A-Za-z_.]*(?:Error|Exception)\b.*)$")
+
+
+def worker_failure(server: Server) -> Optional[str]:
+    """The worker's own error once a worker has died twice (a crash loop), else None."""
+    ts_log = server.logs / "ts_log.log"
+    if not ts_log.exists():
+        return None
+    deaths = len(WORKER_DIED.findall(ts_log.read_text(errors="replace")))
+    if deaths < 2:
+        return None
+    return last_python_error(server) or "see the log"
+
+
+def last_python_error(server: Server) -> Optional[str]:
+    log = server.logs / "model_log.log"
+    if not log.exists():
+        return None
+    errors = [m.group(1).strip() for m in map(PY_ERROR.search, log.read_text(errors="replace").splitlines()) if m]
+    return errors[-1] if errors else None
+
+
+def startup_problem(server: Server) -> str:
+    error = last_python_error(server)
+    if error:
+        return error
+    out = Path(server.home) / "torchserve.out"
+    tail = out.read_text(errors="replace").strip().splitlines()[-3:] if out.exists() else []
+    return " | ".join(tail) or f"no output; see {server.logs}"
+
+
+def stop(server: Optional[Server] = None, home=".tsctl", grace: float = 20) -> bool:
+    """Stop the server's whole process group (frontend and workers). False if none was running."""
+    server = server or read_state(Path(home).resolve())
+    if server is None:
+        return False
+    stopped = False
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(server.pid, sig)
+        except ProcessLookupError:
+            break
+        stopped = True
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and group_alive(server.pid):
+            _reap(server.pid)
+            time.sleep(0.1)
+        if not group_alive(server.pid):
+            break
+    _reap(server.pid)
+    state = Path(server.home) / STATE_FILE
+    if state.exists():
+        state.unlink()
+    return stopped
+
+
+def _reap(pid: int):
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie leader still counts as alive for killpg; look for any live member
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
+
+
+def alive(pid: int) -> bool:
+    return group_alive(pid)
+
+
+def read_state(home: Path) -> Optional[Server]:
+    state = Path(home) / STATE_FILE
+    if not state.exists():
+        return None
+    return Server(**json.loads(state.read_text()))
+
+
+def read_keys(home: Path) -> Dict[str, str]:
+    """TorchServe's token-auth keys (key_file.json in the server's working directory), if any."""
+    key_file = Path(home) / "key_file.json"
+    if not key_file.exists():
+        return {}
+    data = json.loads(key_file.read_text())
+    return {api: data.get(api, {}).get("key") for api in ("management", "inference")}
+
+
+# ---- HTTP -----------------------------------------------------------------------------------------
+def request(
+    url: str,
+    data: Optional[bytes] = None,
+    method: Optional[str] = None,
+    headers: Optional[Dict[str, str]] = None,
+    timeout: float = 60,
+) -> Tuple[int, object]:
+    """One HTTP call; returns (status, JSON body or text). Network errors raise OSError."""
+    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        status, raw = err.code, err.read()
+    text = raw.decode("utf-8", errors="replace")
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+CONTENT_TYPES = {".json": "application/json", ".txt": "text/plain", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png"}
+
+
+def predict(server: Server, model: str, path: Path, timeout: float = 60) -> Tuple[int, object]:
+    """POST one file to /predictions/{model}."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"input {path} does not exist")
+    headers = {"Content-Type": CONTENT_TYPES.get(path.suffix.lower(), "application/octet-stream")}
+    headers.update(server.headers("inference"))
+    return request(f"{server.inference}/predictions/{model}", path.read_bytes(), "POST", headers, timeout)

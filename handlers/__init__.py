@@ -1,0 +1,9 @@
+"""tsctl's TorchServe handlers. A .mar built with a toolkit handler carries this package.
+
+``TOOLKIT_HANDLERS`` maps the names users pass to ``tsctl package --handler`` to the entry point
+written into MANIFEST.json (``module:function``, which TorchServe imports from the unpacked MAR).
+"""
+
+TOOLKIT_HANDLERS = {
+    "image_classifier": "handlers.image:handle",
+}

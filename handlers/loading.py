@@ -1,0 +1,112 @@
+"""Loading a model's weights from an unpacked MAR, by kind.
+
+| serialized file              | model file | what is loaded                                           |
+|------------------------------|------------|----------------------------------------------------------|
+| ``*.pt2``                    | -          | ``torch.export.load(...).module()``                      |
+| ``*.safetensors``            | required   | model class from the model file + safetensors state_dict |
+| ``*.pt`` / ``*.pth`` / other | given      | model class + ``torch.load(weights_only=True)`` state_dict |
+| ``*.pt`` / ``*.pth`` / other | -          | TorchScript, ``torch.jit.load``                          |
+
+Pickled whole models (``torch.save(model)``) run arbitrary code on load; they load only when the
+handler setting ``allow_pickle: true`` says the MAR's author is trusted.
+"""
+
+import importlib.util
+import inspect
+import os
+import sys
+from typing import Optional
+
+import torch
+
+
+class ModelLoadError(RuntimeError):
+    """The MAR's files do not make a model; the message names the file and the fix."""
+
+
+def load_model(model_dir: str, manifest_model: dict, device: torch.device, allow_pickle: bool = False):
+    serialized = manifest_model.get("serializedFile")
+    model_file = manifest_model.get("modelFile")
+    if not serialized:
+        raise ModelLoadError("the MAR has no serialized file: package it with --serialized-file")
+    path = os.path.join(model_dir, serialized)
+    if not os.path.exists(path):
+        raise ModelLoadError(f"{serialized} is named in MANIFEST.json but missing from the MAR")
+    suffix = os.path.splitext(serialized)[1].lower()
+
+    if suffix == ".pt2":
+        model = torch.export.load(path).module()
+    elif suffix == ".safetensors":
+        if not model_file:
+            raise ModelLoadError(f"{serialized} holds only weights: package the model class with --model-file")
+        from safetensors.torch import load_file
+
+        model = model_class(model_dir, model_file)()
+        model.load_state_dict(load_file(path, device=str(device)))
+    elif model_file:
+        model = _load_eager(path, model_dir, model_file, device, allow_pickle)
+    else:
+        model = _load_torchscript(path, device)
+
+    model = model.to(device)
+    if hasattr(model, "eval"):
+        model.eval()
+    return model
+
+
+def _load_eager(path: str, model_dir: str, model_file: str, device, allow_pickle: bool):
+    name = os.path.basename(path)
+    try:
+        state = torch.load(path, map_location=device, weights_only=not allow_pickle)
+    except Exception as exc:  # torch raises UnpicklingError or RuntimeError depending on the file
+        if not allow_pickle and "weights_only" in str(exc):
+            raise ModelLoadError(
+                f"{name} is not a plain state_dict (torch.load with weights_only=True refused it): save "
+                "model.state_dict(), or set 'handler.allow_pickle: true' in model-config.yaml if you trust it"
+            ) from exc
+        raise ModelLoadError(f"{name} could not be read by torch.load: {exc}") from exc
+    if isinstance(state, torch.nn.Module):
+        return state
+    if not isinstance(state, dict):
+        raise ModelLoadError(f"{name} holds a {type(state).__name__}, not a state_dict")
+    model = model_class(model_dir, model_file)()
+    model.load_state_dict(state)
+    return model
+
+
+def _load_torchscript(path: str, device):
+    name = os.path.basename(path)
+    try:
+        return torch.jit.load(path, map_location=device)
+    except RuntimeError as exc:
+        raise ModelLoadError(
+            f"{name} is not TorchScript; for an eager state_dict package the model class with --model-file"
+        ) from exc
+
+
+def model_class(model_dir: str, model_file: str):
+    """The one ``nn.Module`` subclass defined in ``model_file`` (as TorchServe requires)."""
+    path = os.path.join(model_dir, model_file)
+    module_name = os.path.splitext(os.path.basename(model_file))[0]
+    module = sys.modules.get(module_name)
+    if module is None or os.path.abspath(getattr(module, "__file__", "") or "") != os.path.abspath(path):
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    classes = [
+        obj
+        for obj in vars(module).values()
+        if inspect.isclass(obj) and issubclass(obj, torch.nn.Module) and obj.__module__ == module.__name__
+    ]
+    if len(classes) != 1:
+        found = ", ".join(c.__name__ for c in classes) or "none"
+        raise ModelLoadError(f"{model_file} must define exactly one torch.nn.Module class, found: {found}")
+    return classes[0]
+
+
+def pick_device(gpu_id: Optional[int]) -> torch.device:
+    """The worker's GPU when TorchServe assigned one and CUDA is there, else the CPU."""
+    if gpu_id is not None and torch.cuda.is_available():
+        return torch.device(f"cuda:{gpu_id}")
+    return torch.device("cpu")

@@ -1,0 +1,124 @@
+"""Run a .mar (or an unpacked model directory) in-process, the way a TorchServe worker would.
+
+    from handlers.testing import LocalModel
+
+    with LocalModel("model-store/resnet18.mar") as model:
+        [answer] = model.predict([open("kitten.jpg", "rb").read()])
+        assert answer.status == 200, answer.json()
+
+The handler is loaded with TorchServe's own model loader (``ts.model_loader``), so the context,
+the ``module:function`` entry point, model-config.yaml and envelopes are exactly a worker's.
+No Java, no HTTP. Each input becomes one request row: ``bytes`` as a raw body, ``str`` as a text
+body, ``dict``/``list`` as an already-parsed JSON body, as TorchServe's frontend delivers them.
+"""
+
+import json
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import uuid
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, List, Optional, Sequence, Union
+
+from ts.context import RequestProcessor
+from ts.model_loader import TsModelLoader
+
+
+@dataclass
+class Response:
+    status: int
+    body: Any
+    content_type: Optional[str] = None
+
+    def json(self):
+        body = self.body
+        if isinstance(body, (bytes, bytearray)):
+            body = body.decode("utf-8")
+        return json.loads(body) if isinstance(body, str) else body
+
+
+def unpack(archive: Union[str, Path], into: Union[str, Path]) -> Path:
+    """Extract a .mar (zip) or .tar.gz model archive; return the model directory."""
+    archive, into = Path(archive), Path(into)
+    if zipfile.is_zipfile(archive):
+        with zipfile.ZipFile(archive) as z:
+            z.extractall(into)
+        return into
+    with tarfile.open(archive) as t:
+        t.extractall(into, filter="data")
+    tops = [p for p in into.iterdir()]
+    return tops[0] if len(tops) == 1 and tops[0].is_dir() else into
+
+
+class LocalModel:
+    def __init__(
+        self,
+        archive: Union[str, Path],
+        batch_size: int = 8,
+        envelope: Optional[str] = None,
+        gpu: Optional[int] = None,
+    ):
+        archive = Path(archive)
+        self._tmp = None
+        if archive.is_dir():
+            self.model_dir = archive.resolve()
+        else:
+            self._tmp = tempfile.mkdtemp(prefix="tsctl-run-")
+            self.model_dir = unpack(archive, self._tmp).resolve()
+        with open(self.model_dir / "MAR-INF" / "MANIFEST.json", encoding="utf-8") as f:
+            self.manifest = json.load(f)
+        model = self.manifest["model"]
+        self.model_name = model["modelName"]
+        self._forget_modules_outside(model)
+        sys.path.insert(0, str(self.model_dir))
+        self.service = TsModelLoader().load(
+            self.model_name, str(self.model_dir), model["handler"], gpu, batch_size, envelope
+        )
+
+    def _forget_modules_outside(self, model: dict):
+        """Drop cached user modules (handler.py, model.py) that another model directory loaded."""
+        for entry in (model.get("handler", ""), model.get("modelFile", "")):
+            name = os.path.splitext(entry.split(":", 1)[0].split("/")[-1])[0]
+            module = sys.modules.get(name)
+            path = getattr(module, "__file__", None) or ""
+            if module is not None and "." not in name and not path.startswith(str(self.model_dir)):
+                del sys.modules[name]
+
+    def predict_rows(self, rows: List[dict]) -> List[Response]:
+        """Run one batch of TorchServe request rows; one Response per row."""
+        context = self.service.context
+        context.request_ids = {i: str(uuid.uuid4()) for i in range(len(rows))}
+        context.request_processor = [RequestProcessor({}) for _ in rows]
+        bodies = self.service._entry_point(rows, context)
+        if not isinstance(bodies, list) or len(bodies) != len(rows):
+            raise RuntimeError(f"handler returned {type(bodies).__name__} for a batch of {len(rows)}")
+        return [
+            Response(context.get_response_status(i)[0], body, context.get_response_content_type(i))
+            for i, body in enumerate(bodies)
+        ]
+
+    def predict(self, inputs: Sequence[Any]) -> List[Response]:
+        """Run one batch: each input (bytes, str, dict, list or a Path to read) is one request."""
+        return self.predict_rows([as_row(i) for i in inputs])
+
+    def close(self):
+        if str(self.model_dir) in sys.path:
+            sys.path.remove(str(self.model_dir))
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def as_row(value: Any) -> dict:
+    if isinstance(value, Path):
+        value = value.read_bytes()
+    return {"body": value}
