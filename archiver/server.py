@@ -174,6 +174,7 @@ def wait_ready(server: Server, timeout: float, process: Optional[subprocess.Pope
 
 WORKER_DIED = re.compile(r"(Backend worker process died|Load model failed|Failed to load model)")
 PY_ERROR = re.compile(r"MODEL_LOG - ([A-Za-z_.]*(?:Error|Exception)\b.*)$")
+TS_RERAISE = re.compile(r"^RuntimeError: \d{3} - ")  # the worker's wrapper around the real error
 
 
 def worker_failure(server: Server) -> Optional[str]:
@@ -191,7 +192,8 @@ def last_python_error(server: Server) -> Optional[str]:
     log = server.logs / "model_log.log"
     if not log.exists():
         return None
-    errors = [m.group(1).strip() for m in map(PY_ERROR.search, log.read_text(errors="replace").splitlines()) if m]
+    lines = log.read_text(errors="replace").splitlines()
+    errors = [m.group(1).strip() for m in map(PY_ERROR.search, lines) if m and not TS_RERAISE.match(m.group(1))]
     return errors[-1] if errors else None
 
 

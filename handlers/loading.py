@@ -35,8 +35,12 @@ def load_model(model_dir: str, manifest_model: dict, device: torch.device, allow
     suffix = os.path.splitext(serialized)[1].lower()
 
     if suffix == ".pt2":
-        model = torch.export.load(path).module()
-    elif suffix == ".safetensors":
+        # An exported program is already in inference form; its module refuses .eval() and .to().
+        program = torch.export.load(path)
+        if device.type != "cpu":
+            program = torch.export.passes.move_to_device_pass(program, device)
+        return program.module()
+    if suffix == ".safetensors":
         if not model_file:
             raise ModelLoadError(f"{serialized} holds only weights: package the model class with --model-file")
         from safetensors.torch import load_file
@@ -48,10 +52,7 @@ def load_model(model_dir: str, manifest_model: dict, device: torch.device, allow
     else:
         model = _load_torchscript(path, device)
 
-    model = model.to(device)
-    if hasattr(model, "eval"):
-        model.eval()
-    return model
+    return model.to(device).eval()
 
 
 def _load_eager(path: str, model_dir: str, model_file: str, device, allow_pickle: bool):

@@ -1,0 +1,109 @@
+"""Shared fixtures: sample models built on the spot, archives, and real TorchServe instances."""
+
+import concurrent.futures
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from archiver import mar, properties, server  # noqa: E402
+from samples import image_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def image_sample(tmp_path_factory) -> Path:
+    """samples/image_model.py's output: resnet18 state_dict, model.py, labels, JPEGs."""
+    return image_model.build(tmp_path_factory.mktemp("resnet18"))
+
+
+@pytest.fixture(scope="session")
+def jpegs(image_sample):
+    """Eight different realistic-size JPEGs."""
+    return [image_model.sample_jpeg(seed, (640 + 16 * seed, 480)) for seed in range(10, 18)]
+
+
+def write_model_config(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def package_resnet(sample: Path, store: Path, name="resnet18", config_text=None, **extra) -> Path:
+    config = sample / "model-config.yaml"
+    if config_text is not None:
+        config = write_model_config(store.parent / f"{name}-config.yaml", config_text)
+    options = mar.PackageOptions(
+        model_name=name,
+        handler="image_classifier",
+        serialized_file=str(sample / "resnet18.pt"),
+        model_file=str(sample / "model.py"),
+        extra_files=[str(sample / "index_to_name.json")],
+        config_file=str(config),
+        export_path=str(store),
+        force=True,
+    )
+    for key, value in extra.items():
+        setattr(options, key, value)
+    return mar.package(options)
+
+
+def short_tmp(prefix: str) -> Path:
+    """A short path: TorchServe's worker sockets live under TEMP and unix socket paths are short."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+class RunningServer:
+    """Start TorchServe on a model store with a config from `tsctl config`; stop it on exit."""
+
+    def __init__(self, store: Path, python=None, timeout=240, **overrides):
+        self.home = short_tmp("ts-")
+        self.config = properties.write_config(store, self.home / "config.properties", overrides)
+        self.store = store
+        self.python = python
+        self.timeout = timeout
+        self.server = None
+
+    def __enter__(self) -> server.Server:
+        self.server = server.start(self.config, self.store, self.home, timeout=self.timeout, python=self.python)
+        return self.server
+
+    def __exit__(self, *exc):
+        if self.server is not None:
+            server.stop(self.server)
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+def post(srv, model: str, body: bytes, content_type="application/octet-stream", timeout=60):
+    headers = {"Content-Type": content_type}
+    return server.request(f"{srv.inference}/predictions/{model}", body, "POST", headers, timeout)
+
+
+def post_concurrently(srv, model, bodies, content_type="application/octet-stream"):
+    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+        futures = [pool.submit(post, srv, model, b, content_type) for b in bodies]
+        return [f.result(timeout=120) for f in futures]
+
+
+def batch_lines(srv):
+    """The handler's per-batch log lines from the worker log, parsed."""
+    lines = []
+    for line in (srv.logs / "model_log.log").read_text(errors="replace").splitlines():
+        if "tsctl batch " in line:
+            fields = dict(f.split("=") for f in line.split("tsctl batch ", 1)[1].split())
+            lines.append({k: float(v) if "." in v else int(v) for k, v in fields.items()})
+    return lines
+
+
+def workers(srv, model):
+    status, body = server.request(f"{srv.management}/models/{model}", timeout=10)
+    assert status == 200, body
+    return [(w["id"], w["startTime"], w["pid"]) for w in body[0]["workers"]]
+
+
+def as_json(body):
+    return json.loads(body) if isinstance(body, str) else body

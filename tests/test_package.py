@@ -1,0 +1,175 @@
+"""tsctl package / inspect: archive contents, manifest, determinism, and user mistakes."""
+
+import hashlib
+import json
+import zipfile
+
+import pytest
+from click.testing import CliRunner
+
+from archiver import mar
+from archiver.cli import main
+from archiver.errors import UserError
+from conftest import package_resnet
+
+
+def test_manifest_and_entries_match_what_torchserve_expects(image_sample, tmp_path):
+    path = package_resnet(image_sample, tmp_path / "store")
+    assert path == tmp_path / "store" / "resnet18.mar"
+    manifest = mar.read_manifest(path)
+    assert manifest["runtime"] == "python"
+    assert manifest["model"] == {
+        "modelName": "resnet18",
+        "serializedFile": "resnet18.pt",
+        "handler": "handlers.image:handle",
+        "modelFile": "model.py",
+        "modelVersion": "1.0",
+        "configFile": "model-config.yaml",
+    }
+    names = {name for name, _ in mar.list_entries(path)}
+    assert {"resnet18.pt", "model.py", "index_to_name.json", "model-config.yaml", "MAR-INF/MANIFEST.json"} <= names
+    assert {"handlers/__init__.py", "handlers/base.py", "handlers/image.py", "handlers/requests.py"} <= names
+    with zipfile.ZipFile(path) as z:  # weights stored, code deflated
+        assert z.getinfo("resnet18.pt").compress_type == zipfile.ZIP_STORED
+        assert z.getinfo("handlers/base.py").compress_type == zipfile.ZIP_DEFLATED
+        assert z.testzip() is None
+
+
+def test_two_builds_of_the_same_inputs_are_byte_identical(image_sample, tmp_path):
+    first = package_resnet(image_sample, tmp_path / "a").read_bytes()
+    second = package_resnet(image_sample, tmp_path / "b").read_bytes()
+    assert hashlib.sha256(first).hexdigest() == hashlib.sha256(second).hexdigest()
+
+
+def test_directories_in_extra_files_keep_their_structure(image_sample, tmp_path):
+    extra = tmp_path / "assets"
+    (extra / "nested").mkdir(parents=True)
+    (extra / "top.txt").write_text("a")
+    (extra / "nested" / "deep.txt").write_text("b")
+    (extra / "__pycache__").mkdir()
+    (extra / "__pycache__" / "x.pyc").write_bytes(b"")
+    path = package_resnet(image_sample, tmp_path / "store", extra_files=[str(extra)])
+    names = {name for name, _ in mar.list_entries(path)}
+    assert {"assets/top.txt", "assets/nested/deep.txt"} <= names
+    assert not any("__pycache__" in n for n in names)
+
+
+def test_user_handler_file_is_stored_and_toolkit_bundled_only_when_imported(image_sample, tmp_path):
+    plain = tmp_path / "my_handler.py"
+    plain.write_text("def handle(data, context):\n    return data\n")
+    path = package_resnet(image_sample, tmp_path / "s1", handler=f"{plain}:handle", config_file=None)
+    assert mar.read_manifest(path)["model"]["handler"] == "my_handler.py:handle"
+    assert not any(n.startswith("handlers/") for n, _ in mar.list_entries(path))
+
+    subclass = tmp_path / "custom.py"
+    subclass.write_text("from handlers.image import ImageClassifier\n\nclass Custom(ImageClassifier):\n    pass\n")
+    path = package_resnet(image_sample, tmp_path / "s2", handler=str(subclass))
+    assert mar.read_manifest(path)["model"]["handler"] == "custom.py"
+    assert any(n == "handlers/image.py" for n, _ in mar.list_entries(path))
+
+
+@pytest.mark.parametrize("archive_format, suffix", [("zip-store", ".mar"), ("tgz", ".tar.gz"), ("no-archive", "")])
+def test_other_archive_formats_hold_the_same_files(image_sample, tmp_path, archive_format, suffix):
+    path = package_resnet(image_sample, tmp_path / "store", archive_format=archive_format)
+    assert path.name == "resnet18" + suffix
+    assert mar.read_manifest(path)["model"]["modelName"] == "resnet18"
+    assert ("handlers/image.py", (mar.Path(mar.__file__).parents[1] / "handlers/image.py").stat().st_size) in mar.list_entries(path)
+
+
+def cli(*args):
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+def package_args(sample, store, **changes):
+    flags = {
+        "--model-name": "resnet18",
+        "--serialized-file": str(sample / "resnet18.pt"),
+        "--model-file": str(sample / "model.py"),
+        "--handler": "image_classifier",
+        "--export-path": str(store),
+    }
+    flags.update(changes)
+    args = ["package"]
+    for key, value in flags.items():
+        if value is not None:
+            args += [key, value]
+    return args
+
+
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        ({"--serialized-file": "missing/weights.pt"}, "--serialized-file missing/weights.pt does not exist"),
+        ({"--handler": "image_classifer"}, "unknown --handler 'image_classifer'"),
+        ({"--model-name": "bad name!"}, "invalid --model-name 'bad name!'"),
+        ({"--model-name": "-leading"}, "invalid --model-name"),
+        ({"--extra-files": "nope.json"}, "--extra-files nope.json does not exist"),
+    ],
+)
+def test_user_mistakes_are_one_clear_sentence(image_sample, tmp_path, changes, words):
+    code, output = cli(*package_args(image_sample, tmp_path, **changes))
+    assert code == 2, output
+    assert words in output
+    assert "Traceback" not in output and output.count("\n") == 1
+    assert not list(tmp_path.glob("*"))  # nothing written, not even a temp file
+
+
+@pytest.mark.parametrize(
+    "config_text, words",
+    [
+        ("batchSize: 4\nhandler:\n  topk: 3\n", "unknown key 'handler.topk'; did you mean 'top_k'?"),
+        ("batchSize: four\n", "'batchSize' must be a whole number"),
+        ("batchsize: 4\n", "unknown key 'batchsize'; did you mean 'batchSize'?"),
+        ("handler:\n  mean: [0.5, 0.5]\n", "must each hold 3 numbers"),
+        ("handler:\n  top_k: 2.5\n", "'handler.top_k' must be a whole number"),
+        ("batchSize: [4\n", "is not valid YAML (line"),
+    ],
+)
+def test_malformed_model_config_is_reported_with_file_and_key(image_sample, tmp_path, config_text, words):
+    config = tmp_path / "model-config.yaml"
+    config.write_text(config_text)
+    code, output = cli(*package_args(image_sample, tmp_path / "store", **{"--config-file": str(config)}))
+    assert code == 2, output
+    assert words in output and str(config) in output
+    assert "Traceback" not in output
+    assert not (tmp_path / "store").exists() or not list((tmp_path / "store").iterdir())
+
+
+def test_failed_repackaging_leaves_the_previous_archive_intact(image_sample, tmp_path):
+    store = tmp_path / "store"
+    good = package_resnet(image_sample, store)
+    before = good.read_bytes()
+    config = tmp_path / "bad.yaml"
+    config.write_text("handler:\n  crop: 0\n")
+    code, output = cli(*package_args(image_sample, store, **{"--config-file": str(config), "--force": None}), "--force")
+    assert code == 2 and "'handler.crop' must be at least 1" in output
+    assert good.read_bytes() == before
+    assert [p.name for p in store.iterdir()] == ["resnet18.mar"]
+
+
+def test_existing_archive_needs_force(image_sample, tmp_path):
+    package_resnet(image_sample, tmp_path)
+    code, output = cli(*package_args(image_sample, tmp_path))
+    assert code == 2 and "already exists: pass --force" in output
+
+
+def test_inspect_prints_manifest_and_sizes(image_sample, tmp_path):
+    path = package_resnet(image_sample, tmp_path)
+    code, output = cli("inspect", str(path))
+    assert code == 0
+    manifest, _ = json.JSONDecoder().raw_decode(output)
+    assert manifest["model"]["handler"] == "handlers.image:handle"
+    size = (image_sample / "resnet18.pt").stat().st_size
+    assert f"{size:>12,d}  resnet18.pt" in output
+
+
+def test_inspect_refuses_unsafe_paths(tmp_path):
+    evil = tmp_path / "evil.mar"
+    with zipfile.ZipFile(evil, "w") as z:
+        z.writestr("MAR-INF/MANIFEST.json", "{}")
+        z.writestr("../../etc/passwd", "x")
+    with pytest.raises(UserError, match="unsafe path '../../etc/passwd'"):
+        mar.list_entries(evil)
+    code, output = cli("inspect", str(evil))
+    assert code == 2 and "unsafe path" in output
