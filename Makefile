@@ -27,6 +27,7 @@ demo: venv
 	  $(BIN)/tsctl stop; exit $$status
 
 test: venv
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
 clean:

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import click
 
-# TorchServe's BaseHandler logs optional-backend notices (OpenVINO, ONNX, TensorRT) on import.
-logging.getLogger("ts.torch_handler.base_handler").setLevel(logging.ERROR)
-
 from . import mar, properties, server
 from .errors import ServerError, UserError
+
+# TorchServe's BaseHandler logs optional-backend notices (OpenVINO, ONNX, TensorRT) on import.
+logging.getLogger("ts.torch_handler.base_handler").setLevel(logging.ERROR)
 
 
 class Command(click.Command):

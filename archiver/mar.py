@@ -13,6 +13,7 @@ packaging fast.
 
 import ast
 import gzip
+import importlib
 import io
 import json
 import os
@@ -169,7 +170,9 @@ def _resolve_handler(handler: str, entries: Dict[str, Path]) -> Tuple[str, bool]
         entry = source.name + (f":{function}" if function else "")
         return entry, _imports_toolkit(source)
     known = ", ".join(TOOLKIT_HANDLERS)
-    raise UserError(f"unknown --handler {handler!r}: use a toolkit handler ({known}) or the path of your handler .py file")
+    raise UserError(
+        f"unknown --handler {handler!r}: use a toolkit handler ({known}) or the path of your handler .py file"
+    )
 
 
 def _imports_toolkit(source: Path) -> bool:
@@ -190,8 +193,6 @@ def _handler_settings(handler_entry: str):
     """The settings class of a toolkit handler entry, or None for a user's own handler."""
     if handler_entry not in TOOLKIT_HANDLERS.values():
         return None
-    import importlib
-
     module_name, _, function = handler_entry.partition(":")
     return getattr(importlib.import_module(module_name), function).handler_class.Settings
 

@@ -61,7 +61,9 @@ def check_model_config(path: Path, settings_class=None) -> dict:
             continue
         expected = WORKER_KEYS.get(key)
         if expected is None:
-            raise UserError(f"{path}: unknown key '{key}'{did_you_mean(str(key), list(WORKER_KEYS) + sorted(SECTIONS))}")
+            raise UserError(
+                f"{path}: unknown key '{key}'{did_you_mean(str(key), list(WORKER_KEYS) + sorted(SECTIONS))}"
+            )
         if expected is int and (isinstance(value, bool) or not isinstance(value, int)):
             raise UserError(f"{path}: '{key}' must be a whole number, got {value!r}")
         if expected is not int and not isinstance(value, expected):

@@ -88,8 +88,10 @@ def version_of(model_entry: dict) -> str:
 
 
 def render(properties: Dict[str, str]) -> str:
-    lines = ["# Written by tsctl config. Works as is under KServe (mounted at /mnt/models);",
-             "# locally: torchserve --start --ncs --model-store model-store --ts-config config/config.properties"]
+    lines = [
+        "# Written by tsctl config. Works as is under KServe (mounted at /mnt/models);",
+        "# locally: torchserve --start --ncs --model-store model-store --ts-config config/config.properties",
+    ]
     lines += [f"{key}={value}" for key, value in properties.items()]
     return "\n".join(lines) + "\n"
 
@@ -137,6 +139,6 @@ def snapshot_of(properties: Dict[str, str], path="config.properties") -> dict:
     try:
         return json.loads(raw)
     except ValueError as exc:
-        raise UserError(f"{path}: model_snapshot is not valid JSON ({exc}): regenerate it with 'tsctl config'") from None
-
-
+        raise UserError(
+            f"{path}: model_snapshot is not valid JSON ({exc}): regenerate it with 'tsctl config'"
+        ) from None

@@ -83,7 +83,7 @@ def start(
     if not model_store.is_dir():
         raise UserError(f"model store {model_store} does not exist: build archives with 'tsctl package'")
     existing = read_state(home)
-    if existing and alive(existing.pid):
+    if existing and group_alive(existing.pid):
         raise UserError(f"a server started from {home} is still running (pid {existing.pid}): run 'tsctl stop' first")
 
     for sub in ("tmp", "logs"):
@@ -160,7 +160,9 @@ def wait_ready(server: Server, timeout: float, process: Optional[subprocess.Pope
         still = []
         for name in pending:
             try:
-                status, body = request(f"{server.management}/models/{name}", headers=server.headers("management"), timeout=5)
+                status, body = request(
+                    f"{server.management}/models/{name}", headers=server.headers("management"), timeout=5
+                )
             except OSError:
                 still.append(name)
                 continue
@@ -257,10 +259,6 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-def alive(pid: int) -> bool:
-    return group_alive(pid)
-
-
 def read_state(home: Path) -> Optional[Server]:
     state = Path(home) / STATE_FILE
     if not state.exists():
@@ -299,7 +297,13 @@ def request(
         return status, text
 
 
-CONTENT_TYPES = {".json": "application/json", ".txt": "text/plain", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png"}
+CONTENT_TYPES = {
+    ".json": "application/json",
+    ".txt": "text/plain",
+    ".jpg": "image/jpeg",
+    ".jpeg": "image/jpeg",
+    ".png": "image/png",
+}
 
 
 def predict(server: Server, model: str, path: Path, timeout: float = 60) -> Tuple[int, object]:

@@ -12,7 +12,6 @@ Subclasses set ``Settings`` (a dataclass, read from model-config.yaml's ``handle
 
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, List, Optional
@@ -174,7 +173,3 @@ def entry_point(handler_class):
 
     handle.handler_class = handler_class
     return handle
-
-
-def model_path(handler: ToolkitHandler, name: str) -> str:
-    return os.path.join(handler.model_dir, name)

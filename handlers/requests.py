@@ -18,7 +18,7 @@ Accepted bodies (the answer's shape follows the question's):
 import base64
 import binascii
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
 
 SINGLE, LIST, V1, V2 = "single", "list", "v1", "v2"
@@ -44,7 +44,6 @@ class Request:
     form: str = SINGLE
     v2_id: Optional[str] = None
     v2_input_name: str = "input-0"
-    extra: dict = field(default_factory=dict)
 
 
 def row_payload(row: Any) -> Any:
@@ -64,7 +63,7 @@ def maybe_json(payload: Any) -> Any:
     """Parse bytes or text that look like a JSON object or array; anything else is returned as is."""
     if isinstance(payload, (bytes, bytearray)):
         head = bytes(payload[:64]).lstrip()
-        if not head[:1] in (b"{", b"["):
+        if head[:1] not in (b"{", b"["):
             return payload
         try:
             return json.loads(bytes(payload).decode("utf-8"))

@@ -15,14 +15,14 @@ from pathlib import Path
 import torch
 from PIL import Image, ImageDraw
 
-MODEL_PY = '''\
+MODEL_PY = """\
 from torchvision.models.resnet import BasicBlock, ResNet
 
 
 class ResNet18(ResNet):
     def __init__(self):
         super().__init__(BasicBlock, [2, 2, 2, 2], num_classes=1000)
-'''
+"""
 
 MODEL_CONFIG = """\
 minWorkers: 1
@@ -51,9 +51,14 @@ def sample_jpeg(seed: int, size=(640, 480)) -> bytes:
     draw = ImageDraw.Draw(image)
     for _ in range(12):
         x0, y0 = int(torch.randint(0, w, (1,), generator=g)), int(torch.randint(0, h, (1,), generator=g))
-        x1, y1 = x0 + int(torch.randint(20, w // 2, (1,), generator=g)), y0 + int(torch.randint(20, h // 2, (1,), generator=g))
+        x1, y1 = (
+            x0 + int(torch.randint(20, w // 2, (1,), generator=g)),
+            y0 + int(torch.randint(20, h // 2, (1,), generator=g)),
+        )
         colour = tuple(int(c) for c in torch.randint(0, 256, (3,), generator=g))
-        draw.ellipse((x0, y0, x1, y1), fill=colour) if torch.rand(1, generator=g) < 0.5 else draw.rectangle((x0, y0, x1, y1), fill=colour)
+        draw.ellipse((x0, y0, x1, y1), fill=colour) if torch.rand(1, generator=g) < 0.5 else draw.rectangle(
+            (x0, y0, x1, y1), fill=colour
+        )
     out = io.BytesIO()
     image.save(out, format="JPEG", quality=90)
     return out.getvalue()

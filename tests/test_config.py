@@ -3,10 +3,10 @@
 import json
 
 from click.testing import CliRunner
+from conftest import package_resnet
 
 from archiver import properties
 from archiver.cli import main
-from conftest import package_resnet
 
 
 def test_snapshot_lists_every_archive_with_settings_from_model_config(image_sample, tmp_path):
@@ -49,7 +49,17 @@ def test_options_override_model_config_and_cli_reports(image_sample, tmp_path):
     out = tmp_path / "config.properties"
     result = CliRunner().invoke(
         main,
-        ["config", "--model-store", str(tmp_path / "store"), "--output", str(out), "--batch-size", "16", "--max-batch-delay", "5"],
+        [
+            "config",
+            "--model-store",
+            str(tmp_path / "store"),
+            "--output",
+            str(out),
+            "--batch-size",
+            "16",
+            "--max-batch-delay",
+            "5",
+        ],
     )
     assert result.exit_code == 0, result.output
     assert "resnet18: resnet18.mar workers 1-1, batch 16 / 5 ms" in result.output
@@ -59,7 +69,9 @@ def test_options_override_model_config_and_cli_reports(image_sample, tmp_path):
 
 def test_empty_store_is_a_clear_error(tmp_path):
     (tmp_path / "store").mkdir()
-    result = CliRunner().invoke(main, ["config", "--model-store", str(tmp_path / "store"), "--output", str(tmp_path / "c")])
+    result = CliRunner().invoke(
+        main, ["config", "--model-store", str(tmp_path / "store"), "--output", str(tmp_path / "c")]
+    )
     assert result.exit_code == 2
     assert "holds no model archives: build one with 'tsctl package'" in result.output
     assert not (tmp_path / "c").exists()

@@ -6,11 +6,11 @@ import zipfile
 
 import pytest
 from click.testing import CliRunner
+from conftest import package_resnet
 
 from archiver import mar
 from archiver.cli import main
 from archiver.errors import UserError
-from conftest import package_resnet
 
 
 def test_manifest_and_entries_match_what_torchserve_expects(image_sample, tmp_path):
@@ -73,7 +73,10 @@ def test_other_archive_formats_hold_the_same_files(image_sample, tmp_path, archi
     path = package_resnet(image_sample, tmp_path / "store", archive_format=archive_format)
     assert path.name == "resnet18" + suffix
     assert mar.read_manifest(path)["model"]["modelName"] == "resnet18"
-    assert ("handlers/image.py", (mar.Path(mar.__file__).parents[1] / "handlers/image.py").stat().st_size) in mar.list_entries(path)
+    assert (
+        "handlers/image.py",
+        (mar.Path(mar.__file__).parents[1] / "handlers/image.py").stat().st_size,
+    ) in mar.list_entries(path)
 
 
 def cli(*args):

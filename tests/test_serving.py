@@ -7,10 +7,10 @@ import time
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import RunningServer, batch_lines, package_resnet, post, post_concurrently, workers
 
 from archiver import mar, server
 from archiver.cli import main
-from conftest import RunningServer, batch_lines, package_resnet, post, post_concurrently, workers
 from handlers.testing import LocalModel
 from samples.image_model import resnet18
 
@@ -95,7 +95,9 @@ def test_served_topk_equals_the_in_process_harness(srv, local, jpegs):
 def test_kserve_shaped_bodies_posted_to_predictions(srv, local, jpegs):
     expected = in_process(local, jpegs[2:4])
     b64 = [base64.b64encode(j).decode() for j in jpegs[2:4]]
-    status, body = post(srv, "resnet18", json.dumps({"instances": [{"data": b} for b in b64]}).encode(), "application/json")
+    status, body = post(
+        srv, "resnet18", json.dumps({"instances": [{"data": b} for b in b64]}).encode(), "application/json"
+    )
     assert status == 200, body
     for served, answer in zip(body["predictions"], expected):
         assert_same_topk(served, answer)
