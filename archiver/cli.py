@@ -104,9 +104,10 @@ def config(model_store, output, min_workers, max_workers, batch_size, max_batch_
 @click.option("--model-store", default="model-store", show_default=True)
 @click.option("--home", default=".tsctl", show_default=True, help="State directory: logs, pid lock, server.json.")
 @click.option("--timeout", default=180.0, show_default=True, help="Seconds to wait for every model to be READY.")
-def serve(config_path, model_store, home, timeout):
+@click.option("--install-deps", is_flag=True, help="pip-install each archive's requirements.txt first, as KServe does.")
+def serve(config_path, model_store, home, timeout, install_deps):
     """Start TorchServe in the background on 127.0.0.1 and wait until every model is READY."""
-    srv = server.start(config_path, model_store, home, timeout)
+    srv = server.start(config_path, model_store, home, timeout, install_deps=install_deps)
     click.echo(f"TorchServe ready (pid {srv.pid}): {', '.join(srv.models)}")
     click.echo(f"  inference  {srv.inference}")
     click.echo(f"  management {srv.management}")

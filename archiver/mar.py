@@ -14,6 +14,7 @@ packaging fast.
 import ast
 import gzip
 import importlib
+import importlib.metadata
 import io
 import json
 import os
@@ -25,7 +26,7 @@ import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 import yaml
 
@@ -42,6 +43,8 @@ MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-.]*$")
 WEIGHT_SUFFIXES = (".pt", ".pth", ".pt2", ".bin", ".safetensors", ".onnx", ".ckpt", ".h5", ".msgpack")
 SKIP_DIRS = {"__pycache__", "__MACOSX"}
 COPY_BUFFER = 4 << 20
+
+Source = Union[Path, bytes]  # a file on disk, or content tsctl writes (a generated requirements.txt)
 
 
 @dataclass
@@ -76,7 +79,7 @@ def package(options: PackageOptions) -> Path:
     return target
 
 
-def plan(options: PackageOptions) -> Tuple[Dict[str, Path], dict]:
+def plan(options: PackageOptions) -> Tuple[Dict[str, Source], dict]:
     """The archive's entries (name inside -> file on disk) and its manifest, after validation."""
     name = options.model_name
     if not MODEL_NAME.match(name or ""):
@@ -85,7 +88,7 @@ def plan(options: PackageOptions) -> Tuple[Dict[str, Path], dict]:
         )
     if options.archive_format not in FORMATS:
         raise UserError(f"unknown --archive-format {options.archive_format!r}: use one of {', '.join(FORMATS)}")
-    entries: Dict[str, Path] = {}
+    entries: Dict[str, Source] = {}
     model = {"modelName": name}
 
     if options.serialized_file:
@@ -110,14 +113,16 @@ def plan(options: PackageOptions) -> Tuple[Dict[str, Path], dict]:
     for extra in options.extra_files:
         _add(entries, _existing(extra, "--extra-files"))
 
-    if options.requirements_file:
-        requirements = _existing(options.requirements_file, "--requirements-file")
-        _add(entries, requirements)
-        model["requirementsFile"] = requirements.name
+    handler_class = _toolkit_class(handler_entry)
+    requirements = _requirements(options.requirements_file, getattr(handler_class, "requirements", ()))
+    if requirements is not None:
+        name_in_mar, content = requirements
+        entries[name_in_mar] = content
+        model["requirementsFile"] = name_in_mar
 
     if options.config_file:
         config = _existing(options.config_file, "--config-file")
-        check_model_config(config, _handler_settings(handler_entry))
+        check_model_config(config, handler_class.Settings if handler_class else None)
         _add(entries, config)
         model["configFile"] = config.name
 
@@ -142,7 +147,7 @@ def _existing(path: str, flag: str) -> Path:
     return p
 
 
-def _add(entries: Dict[str, Path], source: Path, arcname: Optional[str] = None):
+def _add(entries: Dict[str, Source], source: Path, arcname: Optional[str] = None):
     """Add a file, or a directory with its structure, under ``arcname`` (default: its own name)."""
     arcname = arcname or source.name
     if source.is_dir():
@@ -154,12 +159,12 @@ def _add(entries: Dict[str, Path], source: Path, arcname: Optional[str] = None):
                 full = Path(root) / f
                 _add(entries, full, f"{arcname}/{full.relative_to(source).as_posix()}")
         return
-    if arcname in entries and entries[arcname].resolve() != source.resolve():
+    if arcname in entries and (isinstance(entries[arcname], bytes) or entries[arcname].resolve() != source.resolve()):
         raise UserError(f"two inputs would both be stored as {arcname} ({entries[arcname]} and {source}): rename one")
     entries[arcname] = source
 
 
-def _resolve_handler(handler: str, entries: Dict[str, Path]) -> Tuple[str, bool]:
+def _resolve_handler(handler: str, entries: Dict[str, Source]) -> Tuple[str, bool]:
     """The manifest's handler string and whether to bundle the toolkit's ``handlers/`` package."""
     if handler in TOOLKIT_HANDLERS:
         return TOOLKIT_HANDLERS[handler], True
@@ -189,22 +194,49 @@ def _imports_toolkit(source: Path) -> bool:
     return False
 
 
-def _handler_settings(handler_entry: str):
-    """The settings class of a toolkit handler entry, or None for a user's own handler."""
+def _toolkit_class(handler_entry: str):
+    """The handler class behind a toolkit entry point, or None for a user's own handler."""
     if handler_entry not in TOOLKIT_HANDLERS.values():
         return None
     module_name, _, function = handler_entry.partition(":")
-    return getattr(importlib.import_module(module_name), function).handler_class.Settings
+    return getattr(importlib.import_module(module_name), function).handler_class
 
 
-def _build_time(entries: Dict[str, Path]) -> int:
+def _requirements(path: Optional[str], needed) -> Optional[Tuple[str, bytes]]:
+    """The archive's requirements file: the user's, plus a pin of each package the handler needs
+    (at the version installed here) that the user's file does not already name."""
+    lines = []
+    name = "requirements.txt"
+    if path:
+        source = _existing(path, "--requirements-file")
+        name = source.name
+        lines = source.read_text(encoding="utf-8").splitlines()
+    named = {re.split(r"[<>=!~\[; ]", line.strip(), maxsplit=1)[0].lower() for line in lines if line.strip()}
+    for package in needed:
+        if package.lower() not in named:
+            lines.append(f"{package}=={importlib.metadata.version(package)}")
+    if not lines:
+        return None
+    return name, ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def _build_time(entries: Dict[str, Source]) -> int:
     if os.environ.get("SOURCE_DATE_EPOCH"):
         return int(os.environ["SOURCE_DATE_EPOCH"])
-    return max((int(p.stat().st_mtime) for p in entries.values()), default=315532800)
+    stamps = [int(p.stat().st_mtime) for p in entries.values() if isinstance(p, Path)]
+    return max(stamps, default=315532800)
+
+
+def _size(source: Source) -> int:
+    return len(source) if isinstance(source, bytes) else source.stat().st_size
+
+
+def _open(source: Source):
+    return io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")
 
 
 # ---- writing ------------------------------------------------------------------------------------
-def write_archive(target: Path, entries: Dict[str, Path], manifest: dict, archive_format: str):
+def write_archive(target: Path, entries: Dict[str, Source], manifest: dict, archive_format: str):
     manifest_bytes = (json.dumps(manifest, indent=2) + "\n").encode("utf-8")
     stamp = time.gmtime(max(_build_time(entries), 315532800))  # zip dates start in 1980
     if archive_format == "no-archive":
@@ -234,8 +266,8 @@ def _write_zip(out, entries, manifest_bytes, stamp, _name, archive_format):
             info.external_attr = 0o644 << 16
             stored = archive_format == "zip-store" or arcname.lower().endswith(WEIGHT_SUFFIXES)
             info.compress_type = zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED
-            size = source.stat().st_size
-            with open(source, "rb") as src, z.open(info, "w", force_zip64=size >= zipfile.ZIP64_LIMIT) as dst:
+            size = _size(source)
+            with _open(source) as src, z.open(info, "w", force_zip64=size >= zipfile.ZIP64_LIMIT) as dst:
                 shutil.copyfileobj(src, dst, COPY_BUFFER)
         info = zipfile.ZipInfo(MANIFEST, date_time)
         info.create_system = 3
@@ -255,8 +287,8 @@ def _write_tgz(out, entries, manifest_bytes, stamp, name, _format):
                 info.size = len(manifest_bytes)
                 tar.addfile(info, io.BytesIO(manifest_bytes))
             else:
-                info.size = entries[arcname].stat().st_size
-                with open(entries[arcname], "rb") as src:
+                info.size = _size(entries[arcname])
+                with _open(entries[arcname]) as src:
                     tar.addfile(info, src)
 
 
@@ -265,7 +297,8 @@ def _write_directory(target: Path, entries, manifest_bytes):
     try:
         for arcname, source in entries.items():
             (tmp / arcname).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, tmp / arcname)
+            with _open(source) as src, open(tmp / arcname, "wb") as dst:
+                shutil.copyfileobj(src, dst, COPY_BUFFER)
         (tmp / MANIFEST).parent.mkdir(parents=True, exist_ok=True)
         (tmp / MANIFEST).write_bytes(manifest_bytes)
         if target.exists():

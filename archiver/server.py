@@ -70,8 +70,12 @@ def start(
     timeout: float = 180,
     python: Optional[str] = None,
     env: Optional[Dict[str, str]] = None,
+    install_deps: bool = False,
 ) -> Server:
-    """Start TorchServe detached and wait until every snapshot model has a READY worker."""
+    """Start TorchServe detached and wait until every snapshot model has a READY worker.
+
+    ``install_deps`` keeps the config's ``install_py_dep_per_model`` (KServe installs each archive's
+    requirements.txt); by default it is off locally, where the environment already has them."""
     config, model_store, home = Path(config).resolve(), Path(model_store).resolve(), Path(home).resolve()
     properties = read_properties(config)
     models = list(snapshot_of(properties, config)["models"])
@@ -108,6 +112,8 @@ def start(
             "TS_INITIAL_WORKER_PORT": str(random.randrange(20000, 60000, 100)),
         }
     )
+    if not install_deps:
+        run_env["TS_INSTALL_PY_DEP_PER_MODEL"] = "false"
     run_env.update(env or {})
     command = torchserve_command(python) + [
         "--start",

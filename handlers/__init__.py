@@ -6,4 +6,7 @@ written into MANIFEST.json (``module:function``, which TorchServe imports from t
 
 TOOLKIT_HANDLERS = {
     "image_classifier": "handlers.image:handle",
+    "text_classifier": "handlers.text_classification:handle",
+    "token_classifier": "handlers.token_classification:handle",
+    "text_embedder": "handlers.embeddings:handle",
 }

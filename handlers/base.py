@@ -172,4 +172,5 @@ def entry_point(handler_class):
         return handler.handle(data, context)
 
     handle.handler_class = handler_class
+    handle.instances = instances
     return handle

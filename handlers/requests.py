@@ -187,7 +187,7 @@ def to_text(item: Any, what: str = "input", keys: Sequence[str] = ("text", "data
     if not isinstance(item, str):
         raise ClientError(f"{what} must be a string, got {type(item).__name__}")
     if not item.strip():
-        raise ClientError(f"{what} is empty text")
+        raise ClientError(f"{what} is empty")
     return item
 
 

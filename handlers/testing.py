@@ -88,6 +88,12 @@ class LocalModel:
             if module is not None and "." not in name and not path.startswith(str(self.model_dir)):
                 del sys.modules[name]
 
+    @property
+    def handler(self):
+        """The toolkit handler instance serving this model (None for a handler of another kind)."""
+        instances = getattr(self.service._entry_point, "instances", None)
+        return instances.get(str(self.model_dir)) if instances else None
+
     def predict_rows(self, rows: List[dict]) -> List[Response]:
         """Run one batch of TorchServe request rows; one Response per row."""
         context = self.service.context

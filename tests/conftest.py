@@ -107,3 +107,29 @@ def workers(srv, model):
 
 def as_json(body):
     return json.loads(body) if isinstance(body, str) else body
+
+
+@pytest.fixture(scope="session")
+def text_samples(tmp_path_factory) -> Path:
+    """minilm (the real all-MiniLM-L6-v2), classifier and tagger (small random BERTs)."""
+    from samples import text_models
+
+    return text_models.build(tmp_path_factory.mktemp("text"))
+
+
+TEXT_BATCHING = "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 8\nmaxBatchDelay: 100\nresponseTimeout: 120\n"
+
+
+def package_text(samples: Path, store: Path, name: str, handler: str, directory: str, config_text=TEXT_BATCHING):
+    config = store.parent / f"{name}-config.yaml"
+    config.write_text(config_text)
+    return mar.package(
+        mar.PackageOptions(
+            model_name=name,
+            handler=handler,
+            serialized_file=str(samples / directory),
+            config_file=str(config),
+            export_path=str(store),
+            force=True,
+        )
+    )

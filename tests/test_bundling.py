@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import RunningServer, package_resnet, post, short_tmp
 
+from conftest import RunningServer, package_resnet, post, short_tmp
 from handlers.testing import LocalModel
 
 RUNTIME = ("torch", "torchvision", "torchserve", "pyyaml", "pillow")

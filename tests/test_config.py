@@ -3,10 +3,10 @@
 import json
 
 from click.testing import CliRunner
-from conftest import package_resnet
 
 from archiver import properties
 from archiver.cli import main
+from conftest import package_resnet
 
 
 def test_snapshot_lists_every_archive_with_settings_from_model_config(image_sample, tmp_path):

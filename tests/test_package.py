@@ -6,11 +6,11 @@ import zipfile
 
 import pytest
 from click.testing import CliRunner
-from conftest import package_resnet
 
 from archiver import mar
 from archiver.cli import main
 from archiver.errors import UserError
+from conftest import package_resnet
 
 
 def test_manifest_and_entries_match_what_torchserve_expects(image_sample, tmp_path):

@@ -75,5 +75,5 @@ def test_base64_and_text_decoding():
     assert to_text(b"caf\xc3\xa9") == "café"
     with pytest.raises(ClientError, match="not valid UTF-8"):
         to_text(b"\xff\xfe")
-    with pytest.raises(ClientError, match="empty text"):
+    with pytest.raises(ClientError, match="input is empty"):
         to_text("   ")

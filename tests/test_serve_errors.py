@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import package_resnet, short_tmp
 
 from archiver import properties, server
 from archiver.cli import main
 from archiver.errors import ServerError
+from conftest import package_resnet, short_tmp
 
 
 def test_a_worker_that_cannot_load_fails_serve_with_its_error(image_sample, tmp_path):

@@ -7,10 +7,10 @@ import time
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import RunningServer, batch_lines, package_resnet, post, post_concurrently, workers
 
 from archiver import mar, server
 from archiver.cli import main
+from conftest import RunningServer, batch_lines, package_resnet, post, post_concurrently, workers
 from handlers.testing import LocalModel
 from samples.image_model import resnet18
 

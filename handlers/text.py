@@ -1,0 +1,89 @@
+"""What the Hugging Face handlers share: a model directory, a tokenizer, text requests, dynamic padding.
+
+The archive's serialized file is a directory written by ``save_pretrained`` (config.json, weights,
+tokenizer files). A batch of texts is tokenised at once, padded to its longest text (not to
+``max_length``) and truncated to ``max_length`` tokens.
+
+model-config.yaml, all optional::
+
+    handler:
+      max_length: 256   # default: sentence_bert_config.json's max_seq_length, else the tokenizer's, at most 512
+"""
+
+import json
+import os
+from dataclasses import dataclass
+from typing import List, Optional
+
+from .base import Settings, ToolkitHandler
+from .loading import ModelLoadError
+from .requests import to_text
+
+MAX_LENGTH_CAP = 512
+
+
+@dataclass
+class TextSettings(Settings):
+    max_length: Optional[int] = None
+
+    def check(self):
+        if self.max_length is not None and self.max_length < 2:
+            return "'handler.max_length' must be at least 2 tokens"
+        return None
+
+
+class TextHandler(ToolkitHandler):
+    """Base for the transformers handlers; subclasses set ``auto_class`` and the post-processing."""
+
+    Settings = TextSettings
+    item_keys = ("text", "inputs", "data")
+    requirements = ("transformers",)
+    auto_class = "AutoModel"
+
+    def load_model(self):
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        self.hf_dir = self.hf_directory()
+        model = getattr(transformers, self.auto_class).from_pretrained(self.hf_dir, local_files_only=True)
+        return model.to(self.device).eval()
+
+    def setup(self):
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.hf_dir, local_files_only=True)
+        self.max_length = self.settings.max_length or self.default_max_length()
+
+    def hf_directory(self) -> str:
+        serialized = self.manifest.get("model", {}).get("serializedFile")
+        path = os.path.join(self.model_dir, serialized or "")
+        if not serialized or not os.path.isfile(os.path.join(path, "config.json")):
+            raise ModelLoadError(
+                f"{serialized or 'the serialized file'} is not a Hugging Face model directory (no config.json): "
+                "package the directory save_pretrained wrote with --serialized-file"
+            )
+        return path
+
+    def default_max_length(self) -> int:
+        sentence_config = os.path.join(self.hf_dir, "sentence_bert_config.json")
+        if os.path.isfile(sentence_config):
+            with open(sentence_config, encoding="utf-8") as f:
+                length = json.load(f).get("max_seq_length")
+            if length:
+                return int(length)
+        return min(int(getattr(self.tokenizer, "model_max_length", MAX_LENGTH_CAP)), MAX_LENGTH_CAP)
+
+    def decode(self, item) -> str:
+        return to_text(item, "text")
+
+    def tokenize(self, texts: List[str], **extra):
+        encoding = self.tokenizer(
+            texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt", **extra
+        )
+        return encoding
+
+    def preprocess(self, texts: List[str]):
+        return self.tokenize(texts).to(self.device)
+
+    def inference(self, batch, *args, **kwargs):
+        return self.model(**batch)
