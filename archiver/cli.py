@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from . import mar, properties, server
+from . import kserve, mar, properties, server
 from .errors import ServerError, UserError
 
 # TorchServe's BaseHandler logs optional-backend notices (OpenVINO, ONNX, TensorRT) on import.
@@ -157,6 +157,48 @@ def run(archive, inputs):
     for path, response in zip(inputs, responses):
         click.echo(f"{path}: {response.status} {json.dumps(response.json())}")
     sys.exit(0 if all(r.status == 200 for r in responses) else 1)
+
+
+@main.group()
+def export():
+    """Export the model store and config for a serving platform."""
+
+
+def parse_split(values):
+    pairs = []
+    for value in values:
+        model, sep, weight = value.rpartition("=")
+        if not sep or not model or not weight.isdigit():
+            raise UserError(f"--split {value!r} must look like MODEL=PERCENT, e.g. --split resnet18=90")
+        pairs.append((model, int(weight)))
+    return pairs
+
+
+@export.command("kserve", cls=Command)
+@click.argument("out", type=click.Path())
+@click.option("--name", required=True, help="InferenceService name.")
+@click.option("--storage-uri", required=True, help="pvc://CLAIM/PATH the tree is copied to.")
+@click.option("--protocol", type=click.Choice(kserve.PROTOCOLS), default="v1", show_default=True)
+@click.option("--config", "config_path", default="config/config.properties", show_default=True)
+@click.option("--model-store", default="model-store", show_default=True)
+@click.option("--canary", type=int, help="Percent of traffic for the new revision (canaryTrafficPercent).")
+@click.option("--split", multiple=True, help="MODEL=PERCENT, given twice: an InferenceGraph Splitter (A/B).")
+@click.option("--transformer-image", help="Image for a custom transformer running a toolkit handler's pre/post.")
+@click.option("--transformer-archive", help="The toolkit .mar whose pre/post the transformer runs.")
+@click.option("--transformer-model", help="The predictor model the transformer sends tensors to.")
+@click.option("--namespace", default="default", show_default=True)
+@click.option("--cpu", default="1", show_default=True)
+@click.option("--memory", default="2Gi", show_default=True)
+def export_kserve(out, config_path, split, **options):
+    """Write OUT/{config,model-store} for a PVC, the InferenceService and the deploy commands."""
+    result = kserve.export(kserve.ExportOptions(out=out, config=config_path, split=parse_split(split), **options))
+    for path in result.files:
+        click.echo(f"wrote {path}")
+    for note in result.notes:
+        click.echo(f"note: {note}")
+    click.echo(f"deploy: see {Path(out) / 'DEPLOY.md'}; then, per model:")
+    for line in result.curls:
+        click.echo(f"  {line}")
 
 
 if __name__ == "__main__":

@@ -71,11 +71,14 @@ def start(
     python: Optional[str] = None,
     env: Optional[Dict[str, str]] = None,
     install_deps: bool = False,
+    kserve_args: bool = False,
 ) -> Server:
     """Start TorchServe detached and wait until every snapshot model has a READY worker.
 
     ``install_deps`` keeps the config's ``install_py_dep_per_model`` (KServe installs each archive's
-    requirements.txt); by default it is off locally, where the environment already has them."""
+    requirements.txt); by default it is off locally, where the environment already has them.
+    ``kserve_args`` starts it with exactly the arguments of KServe's TorchServe runtime (no
+    ``--foreground``, no ``--ncs``): the launcher exits and the server lives on in its process group."""
     config, model_store, home = Path(config).resolve(), Path(model_store).resolve(), Path(home).resolve()
     properties = read_properties(config)
     models = list(snapshot_of(properties, config)["models"])
@@ -115,15 +118,11 @@ def start(
     if not install_deps:
         run_env["TS_INSTALL_PY_DEP_PER_MODEL"] = "false"
     run_env.update(env or {})
-    command = torchserve_command(python) + [
-        "--start",
-        "--foreground",
-        "--ncs",
-        "--model-store",
-        str(model_store),
-        "--ts-config",
-        str(config),
-    ]
+    if kserve_args:
+        arguments = ["--start", f"--model-store={model_store}", f"--ts-config={config}"]
+    else:
+        arguments = ["--start", "--foreground", "--ncs", "--model-store", str(model_store), "--ts-config", str(config)]
+    command = torchserve_command(python) + arguments
     with open(home / "torchserve.out", "wb") as out:
         process = subprocess.Popen(
             command,
@@ -144,7 +143,7 @@ def start(
     )
     (home / STATE_FILE).write_text(json.dumps(asdict(server), indent=2))
     try:
-        wait_ready(server, timeout, process)
+        wait_ready(server, timeout, None if kserve_args else process)
     except BaseException:
         stop(server)
         raise

@@ -9,4 +9,5 @@ TOOLKIT_HANDLERS = {
     "text_classifier": "handlers.text_classification:handle",
     "token_classifier": "handlers.token_classification:handle",
     "text_embedder": "handlers.embeddings:handle",
+    "tensor": "handlers.tensor:handle",
 }

@@ -19,6 +19,7 @@ from typing import Any, List, Optional
 import torch
 from ts.torch_handler.base_handler import BaseHandler
 
+from . import envelopes
 from .loading import load_model, pick_device
 from .requests import ClientError, Request, encode_answer, parse_request
 from .settings import read_settings
@@ -38,6 +39,8 @@ class Settings:
 class ToolkitHandler(BaseHandler):
     Settings = Settings
     item_keys = ("data",)
+    v2_datatypes = ("BYTES",)
+    with_model = True  # False: only decode/preprocess/postprocess are used (a KServe transformer)
 
     # ---- lifecycle -------------------------------------------------------------------------
     def initialize(self, context):
@@ -46,11 +49,12 @@ class ToolkitHandler(BaseHandler):
         self.manifest = context.manifest or {}
         self.model_dir = properties.get("model_dir")
         self.model_name = context.model_name
+        self.model_version = self.manifest.get("model", {}).get("modelVersion")
         self.device = pick_device(properties.get("gpu_id"))
         config_file = self.manifest.get("model", {}).get("configFile", "model-config.yaml")
         yaml_config = getattr(context, "model_yaml_config", None) or {}
         self.settings = read_settings(self.Settings, yaml_config.get("handler"), where=config_file)
-        self.model = self.load_model()
+        self.model = self.load_model() if self.with_model else None
         self.setup()
         self.initialized = True
         logger.info("tsctl %s ready on %s", type(self).__name__, self.device)
@@ -113,7 +117,7 @@ class ToolkitHandler(BaseHandler):
                 count = next(valid)
                 mine = answers[offset : offset + count]
                 offset += count
-                body = encode_answer(request, mine, self.model_name, self._v2(request, mine))
+                body = encode_answer(request, mine, self.model_name, self._v2(request, mine), self.model_version)
                 responses.append(json.dumps(body))
             self._set_content_type(context, index)
 
@@ -128,7 +132,7 @@ class ToolkitHandler(BaseHandler):
 
     def _parse(self, row):
         try:
-            return parse_request(row, self.item_keys)
+            return parse_request(row, self.item_keys, self.v2_datatypes)
         except ClientError as error:
             return error
 
@@ -174,3 +178,11 @@ def entry_point(handler_class):
     handle.handler_class = handler_class
     handle.instances = instances
     return handle
+
+
+def is_toolkit_entry(function) -> bool:
+    """True for a toolkit ``module:handle`` function or the ``handle`` of a toolkit handler instance."""
+    return hasattr(function, "handler_class") or isinstance(getattr(function, "__self__", None), ToolkitHandler)
+
+
+envelopes.step_aside_for(is_toolkit_entry)

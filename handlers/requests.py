@@ -77,14 +77,15 @@ def maybe_json(payload: Any) -> Any:
     return payload
 
 
-def parse_request(row: Any, item_keys: Sequence[str]) -> Request:
-    """Split one row into items. ``item_keys`` name the JSON fields that hold one item."""
+def parse_request(row: Any, item_keys: Sequence[str], v2_datatypes: Sequence[str] = ("BYTES",)) -> Request:
+    """Split one row into items. ``item_keys`` name the JSON fields that hold one item;
+    ``v2_datatypes`` the KServe v2 datatypes the handler takes."""
     body = maybe_json(row_payload(row))
     if isinstance(body, dict):
         if "instances" in body:
             return Request(_item_list(body["instances"], "instances"), V1)
         if "inputs" in body and _looks_like_v2(body["inputs"]):
-            return _parse_v2(body)
+            return _parse_v2(body, v2_datatypes)
         for key in item_keys:
             if key in body:
                 value = body[key]
@@ -116,7 +117,7 @@ def _looks_like_v2(inputs: Any) -> bool:
     return isinstance(inputs, list) and bool(inputs) and all(isinstance(i, dict) for i in inputs)
 
 
-def _parse_v2(body: dict) -> Request:
+def _parse_v2(body: dict, datatypes: Sequence[str]) -> Request:
     inputs = body["inputs"]
     if len(inputs) != 1:
         raise ClientError(f"KServe v2 'inputs' must hold exactly one tensor, got {len(inputs)}")
@@ -135,10 +136,14 @@ def _parse_v2(body: dict) -> Request:
         count *= dim
     if count != len(flat):
         raise ClientError(f"KServe v2 input shape {shape} holds {count} values but 'data' has {len(flat)}")
-    if datatype != "BYTES":
-        raise ClientError(f"KServe v2 datatype {datatype!r} is not supported by this model; send BYTES")
+    if datatype not in datatypes:
+        wanted = ", ".join(datatypes)
+        raise ClientError(f"KServe v2 datatype {datatype!r} is not supported by this model; send {wanted}")
     if not flat:
         raise ClientError("KServe v2 input 'data' is empty: send at least one input")
+    if datatype != "BYTES":  # a numeric tensor: one item per row of the first dimension
+        rows, size = shape[0], count // shape[0]
+        flat = [{"shape": shape[1:], "data": flat[i * size : (i + 1) * size]} for i in range(rows)]
     return Request(flat, V2, v2_id=body.get("id"), v2_input_name=str(tensor["name"]))
 
 
@@ -191,7 +196,9 @@ def to_text(item: Any, what: str = "input", keys: Sequence[str] = ("text", "data
     return item
 
 
-def encode_answer(request: Request, answers: list, model_name: str, v2_output: Optional[dict] = None) -> Any:
+def encode_answer(
+    request: Request, answers: list, model_name: str, v2_output: Optional[dict] = None, model_version=None
+) -> Any:
     """The response body for one request, shaped like its question."""
     if request.form == SINGLE:
         return answers[0]
@@ -206,6 +213,8 @@ def encode_answer(request: Request, answers: list, model_name: str, v2_output: O
         "data": [json.dumps(a) for a in answers],
     }
     body = {"model_name": model_name, "outputs": [output]}
+    if model_version is not None:
+        body["model_version"] = str(model_version)
     if request.v2_id is not None:
         body["id"] = request.v2_id
     return body

@@ -1,0 +1,57 @@
+"""Tensors in, raw model outputs out: the predictor behind a KServe transformer.
+
+Each input is one example as a tensor: a nested list (``{"instances": [[[...]]]}``, KServe v1) or a
+row of a KServe v2 FP32/FP16/INT tensor (``shape: [N, ...]``). The answer is the model's output row
+as a list (v2: one FP32 tensor ``[N, ...]``). The transformer (kserve_transformer.py) runs a toolkit
+handler's decode/preprocess before and its postprocess after.
+
+model-config.yaml, all optional::
+
+    handler:
+      input_shape: [3, 224, 224]   # refuse inputs of another shape with 400, before they reach the batch
+"""
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+from .base import Settings, ToolkitHandler, entry_point
+from .requests import ClientError
+
+
+@dataclass
+class TensorSettings(Settings):
+    input_shape: Optional[Tuple[int, ...]] = None
+
+
+class TensorPredictor(ToolkitHandler):
+    Settings = TensorSettings
+    item_keys = ("data", "tensor")
+    v2_datatypes = ("FP32", "FP16", "FP64", "INT64", "INT32", "INT16", "INT8", "UINT8")
+
+    def decode(self, item) -> torch.Tensor:
+        shape = None
+        if isinstance(item, dict) and "data" in item:  # a row of a KServe v2 tensor
+            shape, item = item.get("shape"), item["data"]
+        try:
+            tensor = torch.tensor(item, dtype=torch.float32)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ClientError(f"tensor input is not a rectangular list of numbers: {exc}") from None
+        if shape is not None:
+            tensor = tensor.reshape(shape)
+        expected = self.settings.input_shape
+        if expected is not None and tuple(tensor.shape) != tuple(expected):
+            raise ClientError(f"tensor input has shape {list(tensor.shape)}, this model takes {list(expected)}")
+        return tensor
+
+    def postprocess(self, output):
+        return output.float().tolist()
+
+    def v2_output(self, answers):
+        shape = list(torch.tensor(answers).shape)
+        flat = torch.tensor(answers).flatten().tolist()
+        return {"name": "output-0", "shape": shape, "datatype": "FP32", "data": flat}
+
+
+handle = entry_point(TensorPredictor)
