@@ -32,6 +32,10 @@ BASE_PROPERTIES = OrderedDict(
         ("metrics_mode", "prometheus"),
         ("number_of_netty_threads", "4"),
         ("job_queue_size", "100"),
+        # TorchServe's 6.5 MB default refuses a few images sent as JSON tensors (a KServe transformer's
+        # requests to its predictor); 64 MiB each way.
+        ("max_request_size", "67108864"),
+        ("max_response_size", "67108864"),
         ("enable_envvars_config", "true"),
         ("install_py_dep_per_model", "true"),
         ("model_store", KSERVE_MODEL_STORE),

@@ -84,8 +84,18 @@ def post(srv, model: str, body: bytes, content_type="application/octet-stream", 
 
 
 def post_concurrently(srv, model, bodies, content_type="application/octet-stream"):
+    return post_to_concurrently(srv, f"/predictions/{model}", bodies, content_type)
+
+
+def post_json_concurrently(srv, path, bodies):
+    return post_to_concurrently(srv, path, bodies, "application/json")
+
+
+def post_to_concurrently(srv, path, bodies, content_type):
+    """POST each body to ``path`` at once, one thread each; (status, body) in order."""
+    headers = {"Content-Type": content_type}
     with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
-        futures = [pool.submit(post, srv, model, b, content_type) for b in bodies]
+        futures = [pool.submit(server.request, srv.inference + path, b, "POST", headers, 60) for b in bodies]
         return [f.result(timeout=120) for f in futures]
 
 

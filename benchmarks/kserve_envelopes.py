@@ -1,0 +1,97 @@
+"""What TorchServe 0.12's KServe envelopes do with a batch of several requests, measured.
+
+    .venv/bin/python benchmarks/kserve_envelopes.py
+
+For TS_SERVICE_ENVELOPE=kserve and kservev2, one TorchServe with two resnet18 archives at
+batchSize 4 / maxBatchDelay 200: TorchServe's own image_classifier handler (torch-model-archiver)
+and the toolkit's. Each gets 8 concurrent requests of 2 instances on the v1, v2 and /predictions
+paths; the script prints the status codes. On 2026-11-21: the stock handler got 503 on every
+request ("number of batch response mismatched"), the toolkit handler 200 on every one.
+"""
+
+import base64
+import concurrent.futures
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from archiver import properties, server  # noqa: E402
+from conftest import package_resnet, short_tmp  # noqa: E402
+from samples import image_model  # noqa: E402
+
+
+def main():
+    tmp = Path(tempfile.mkdtemp())
+    sample = image_model.build(tmp / "sample")
+    store = tmp / "model-store"
+    config = tmp / "batching.yaml"
+    config.write_text("batchSize: 4\nmaxBatchDelay: 200\n")
+    package_resnet(sample, store, config_text=config.read_text())
+    torchscript = tmp / "resnet18_ts.pt"
+    torch.jit.trace(image_model.resnet18(), torch.randn(1, 3, 224, 224)).save(str(torchscript))
+    archiver = Path(sys.executable).parent / "torch-model-archiver"
+    subprocess.run(
+        [
+            str(archiver),
+            "--model-name",
+            "builtin",
+            "--version",
+            "1.0",
+            "--serialized-file",
+            str(torchscript),
+            "--handler",
+            "image_classifier",
+            "--config-file",
+            str(config),
+            "--export-path",
+            str(store),
+        ],
+        check=True,
+    )
+    b64 = [base64.b64encode(image_model.sample_jpeg(seed)).decode() for seed in range(8)]
+    for envelope in ("kserve", "kservev2"):
+        home = short_tmp("env-")
+        srv = server.start(
+            properties.write_config(store, home / "config.properties"),
+            store,
+            home,
+            env={"TS_SERVICE_ENVELOPE": envelope},
+        )
+        try:
+            for model in ("builtin", "resnet18"):
+                for path in (f"/v1/models/{model}:predict", f"/v2/models/{model}/infer", f"/predictions/{model}"):
+                    if envelope == "kservev2":
+                        bodies = [
+                            {"inputs": [{"name": "image", "shape": [2], "datatype": "BYTES", "data": [b, b64[0]]}]}
+                            for b in b64
+                        ]
+                    else:
+                        bodies = [{"instances": [{"data": b}, {"data": b64[0]}]} for b in b64]
+                    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                        results = list(
+                            pool.map(
+                                lambda body: server.request(
+                                    srv.inference + path,
+                                    json.dumps(body).encode(),
+                                    "POST",
+                                    {"Content-Type": "application/json"},
+                                    60,
+                                ),
+                                bodies,
+                            )
+                        )
+                    codes = [status for status, _ in results]
+                    print(f"{envelope:9} {model:9} {path:30} {codes}  {json.dumps(results[0][1])[:90]}")
+        finally:
+            server.stop(srv)
+
+
+if __name__ == "__main__":
+    main()
