@@ -9,6 +9,7 @@ install is off (this environment has the packages); everything else is the runti
 import base64
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -89,6 +90,7 @@ def runtime(request, exported):
     srv = kserve_runtime(exported, request.param)
     yield request.param, srv
     server.stop(srv)
+    shutil.rmtree(srv.home, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +201,8 @@ def transformer_for(runtime):
 
     def start(archive, protocol):
         port, grpc_port = server.free_port(), server.free_port()
-        log = open(short_tmp("tr-") / "transformer.log", "wb")
+        log_dir = short_tmp("tr-")
+        log = open(log_dir / "transformer.log", "wb")
         process = subprocess.Popen(
             [
                 sys.executable,
@@ -226,7 +229,7 @@ def transformer_for(runtime):
             start_new_session=True,
             env={**os.environ, "PYTHONPATH": str(server.Path(__file__).resolve().parents[1])},
         )
-        started.append(process)
+        started.append((process, log_dir))
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -240,9 +243,10 @@ def transformer_for(runtime):
         raise AssertionError("transformer did not come up: " + open(log.name).read()[-2000:])
 
     yield start
-    for process in started:
+    for process, log_dir in started:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)
+        shutil.rmtree(log_dir, ignore_errors=True)
 
 
 def test_custom_transformer_answers_like_the_all_in_one_archive(runtime, transformer_for, exported, jpegs, expected):
