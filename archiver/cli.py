@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from . import bench as load
 from . import kserve, mar, properties, server
 from .errors import ServerError, UserError
 
@@ -105,9 +106,11 @@ def config(model_store, output, min_workers, max_workers, batch_size, max_batch_
 @click.option("--home", default=".tsctl", show_default=True, help="State directory: logs, pid lock, server.json.")
 @click.option("--timeout", default=180.0, show_default=True, help="Seconds to wait for every model to be READY.")
 @click.option("--install-deps", is_flag=True, help="pip-install each archive's requirements.txt first, as KServe does.")
-def serve(config_path, model_store, home, timeout, install_deps):
+@click.option("--enable-model-api", is_flag=True, help="Allow (re)registering models, e.g. for 'tsctl bench --sweep'.")
+def serve(config_path, model_store, home, timeout, install_deps, enable_model_api):
     """Start TorchServe in the background on 127.0.0.1 and wait until every model is READY."""
-    srv = server.start(config_path, model_store, home, timeout, install_deps=install_deps)
+    env = {"TS_ENABLE_MODEL_API": "true"} if enable_model_api else None
+    srv = server.start(config_path, model_store, home, timeout, env=env, install_deps=install_deps)
     click.echo(f"TorchServe ready (pid {srv.pid}): {', '.join(srv.models)}")
     click.echo(f"  inference  {srv.inference}")
     click.echo(f"  management {srv.management}")
@@ -131,9 +134,7 @@ def stop(home):
 @click.option("--timeout", default=60.0, show_default=True)
 def predict(model, inputs, home, timeout):
     """Send each INPUT file to /predictions/MODEL on the running server and print the answers."""
-    srv = server.read_state(Path(home).resolve())
-    if srv is None:
-        raise UserError(f"no server is running from {home}: start one with 'tsctl serve'")
+    srv = running_server(home)
     failed = False
     for path in inputs:
         try:
@@ -157,6 +158,81 @@ def run(archive, inputs):
     for path, response in zip(inputs, responses):
         click.echo(f"{path}: {response.status} {json.dumps(response.json())}")
     sys.exit(0 if all(r.status == 200 for r in responses) else 1)
+
+
+def running_server(home) -> server.Server:
+    srv = server.read_state(Path(home).resolve())
+    if srv is None:
+        raise UserError(f"no server is running from {home}: start one with 'tsctl serve'")
+    return srv
+
+
+def int_list(value: str):
+    try:
+        return [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise UserError(f"{value!r} must be comma-separated whole numbers, e.g. 1,4,8") from None
+
+
+@main.command(cls=Command)
+@click.argument("model")
+@click.option("--input", "inputs", multiple=True, required=True, help="A file to send; repeat for several.")
+@click.option("--concurrency", type=click.IntRange(1, 256), default=8, show_default=True)
+@click.option("--requests", "count", type=click.IntRange(1), help="Stop after this many requests.")
+@click.option("--duration", type=click.FloatRange(0, load.MAX_SECONDS, min_open=True), help="Stop after seconds.")
+@click.option("--sweep-batch", help="Sweep batchSize over these values, e.g. 1,4,8 (needs --enable-model-api).")
+@click.option("--sweep-delay", default="5,50", show_default=True, help="maxBatchDelay values (ms) for the sweep.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--home", default=".tsctl", show_default=True)
+def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay, as_json, home):
+    """Drive MODEL on the running server and report throughput, p50/p90/p99 latency and errors."""
+    srv = running_server(home)
+    files = load.read_inputs(inputs)
+    if count is None and duration is None:
+        raise UserError("give --requests N or --duration SECONDS: a benchmark must be bounded")
+    headers = srv.headers("inference")
+    if sweep_batch:
+        rows = load.sweep(
+            srv.inference,
+            srv.management,
+            model,
+            files,
+            concurrency,
+            int_list(sweep_batch),
+            int_list(sweep_delay),
+            count,
+            duration,
+            headers,
+        )
+        if as_json:
+            click.echo(json.dumps(rows, indent=2))
+            return
+        click.echo(f"{'batch':>5} {'delay':>5} {'req/s':>8} {'p50':>8} {'p90':>8} {'p99':>8} {'errors':>6}")
+        for r in rows:
+            lat = r["latency_ms"]
+            mark = "  <- recommended" if r["recommended"] else ""
+            click.echo(
+                f"{r['batchSize']:>5} {r['maxBatchDelay']:>5} {r['throughput_rps']:>8.1f} {lat['p50']:>8.1f} "
+                f"{lat['p90']:>8.1f} {lat['p99']:>8.1f} {r['errors']:>6}{mark}"
+            )
+        best = next((r for r in rows if r["recommended"]), None)
+        if best:
+            click.echo(
+                f"{model} now runs with batchSize {best['batchSize']}, maxBatchDelay {best['maxBatchDelay']}: "
+                "put them in its model-config.yaml to keep them"
+            )
+        return
+    result = load.run_load(f"{srv.inference}/predictions/{model}", files, concurrency, count, duration, headers)
+    summary = result.summary()
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        lat = summary["latency_ms"]
+        click.echo(
+            f"{summary['requests']} requests in {summary['seconds']:.1f}s: {summary['throughput_rps']:.1f} req/s, "
+            f"p50 {lat['p50']:.1f} ms, p90 {lat['p90']:.1f} ms, p99 {lat['p99']:.1f} ms, {summary['errors']} errors"
+        )
+    sys.exit(1 if summary["errors"] else 0)
 
 
 @main.group()

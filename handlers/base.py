@@ -89,17 +89,24 @@ class ToolkitHandler(BaseHandler):
         self.context = context
         requests = [self._parse(row) for row in data]
 
+        jobs = [
+            (request, position, item)
+            for request in requests
+            if not isinstance(request, ClientError)
+            for position, item in enumerate(request.items)
+        ]
+        decoded = iter(self.decode_map(self._decode, jobs))
         inputs, counts = [], []
         for index, request in enumerate(requests):
             if isinstance(request, ClientError):
                 continue
-            try:
-                decoded = [self._decode(request, position, item) for position, item in enumerate(request.items)]
-            except ClientError as error:
+            mine = [next(decoded) for _ in request.items]
+            error = next((d for d in mine if isinstance(d, ClientError)), None)
+            if error is not None:
                 requests[index] = error
                 continue
-            inputs.extend(decoded)
-            counts.append(len(decoded))
+            inputs.extend(mine)
+            counts.append(len(mine))
 
         answers: list = []
         if inputs:
@@ -136,13 +143,19 @@ class ToolkitHandler(BaseHandler):
         except ClientError as error:
             return error
 
-    def _decode(self, request: Request, position: int, item: Any):
+    def decode_map(self, function, jobs):
+        """Run ``function`` over the decode jobs; a handler may spread them over threads."""
+        return [function(job) for job in jobs]
+
+    def _decode(self, job):
+        """One item decoded, or the ClientError it raised (named by position in a multi-item request)."""
+        request, position, item = job
         try:
             return self.decode(item)
         except ClientError as error:
             if len(request.items) > 1:
-                raise ClientError(f"input {position}: {error.message}", error.status) from None
-            raise
+                return ClientError(f"input {position}: {error.message}", error.status)
+            return error
 
     def _v2(self, request: Request, answers: list):
         return self.v2_output(answers) if request.form == "v2" else None

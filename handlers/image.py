@@ -10,6 +10,10 @@ model-config.yaml, all optional (ImageNet defaults)::
       top_k: 5
       max_pixels: 89478485 # larger images are refused with 413 (decompression bombs)
       labels: index_to_name.json
+      jpeg_draft: true     # decode JPEGs at the smallest DCT scale still >= the resize target (2-4x faster)
+      decode_threads: 2    # decode a batch's images in parallel (PIL releases the GIL)
+      channels_last: true  # NHWC batches: faster convolutions on CPU
+      optimize: true       # TorchScript: freeze + optimize_for_inference (folds batch norm into convolutions)
 
 Labels map class indices to names like TorchServe's ``index_to_name.json``: ``{"0": "tench"}`` or
 ``{"0": ["n01440764", "tench"]}``; without the file, labels are the class indices.
@@ -17,9 +21,11 @@ Labels map class indices to names like TorchServe's ``index_to_name.json``: ``{"
 
 import io
 import json
+import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from PIL import Image, UnidentifiedImageError
@@ -41,13 +47,17 @@ class ImageSettings(Settings):
     top_k: int = 5
     max_pixels: int = 89_478_485
     labels: str = "index_to_name.json"
+    jpeg_draft: bool = True
+    decode_threads: int = 2
+    channels_last: bool = True
+    optimize: bool = True
 
     def check(self):
         if len(self.mean) != 3 or len(self.std) != 3:
             return "'handler.mean' and 'handler.std' must each hold 3 numbers (R, G, B)"
         if any(s <= 0 for s in self.std):
             return "'handler.std' values must be positive"
-        for key in ("resize", "crop", "top_k", "max_pixels"):
+        for key in ("resize", "crop", "top_k", "max_pixels", "decode_threads"):
             if getattr(self, key) < 1:
                 return f"'handler.{key}' must be at least 1"
         return None
@@ -66,7 +76,15 @@ class ImageClassifier(ToolkitHandler):
     Settings = ImageSettings
     item_keys = ("data", "b64", "image")
 
+    def load_model(self):
+        model = super().load_model()
+        if self.settings.optimize and isinstance(model, torch.jit.ScriptModule):
+            model = torch.jit.optimize_for_inference(torch.jit.freeze(model))
+        return model
+
     def setup(self):
+        threads = self.settings.decode_threads
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="decode") if threads > 1 else None
         self.labels = read_labels(os.path.join(self.model_dir, self.settings.labels))
         self.mean = torch.tensor(self.settings.mean, device=self.device).view(1, 3, 1, 1)
         self.std = torch.tensor(self.settings.std, device=self.device).view(1, 3, 1, 1)
@@ -76,14 +94,22 @@ class ImageClassifier(ToolkitHandler):
         data = to_bytes(item, "image")
         if not data:
             raise ClientError("image is empty (0 bytes)")
-        image = open_image(data, self.settings.max_pixels)
+        image = open_image(data, self.settings.max_pixels, self.settings.resize if self.settings.jpeg_draft else None)
         image = F.resize(image, [self.settings.resize], antialias=True)
         image = F.center_crop(image, [self.settings.crop])
         return F.pil_to_tensor(image)
 
+    def decode_map(self, function, jobs):
+        if self.pool is None or len(jobs) < 2:
+            return super().decode_map(function, jobs)
+        return list(self.pool.map(function, jobs))
+
     def preprocess(self, inputs):
         batch = torch.stack(inputs).to(self.device, non_blocking=True)
-        return (batch.float().div_(255) - self.mean) / self.std
+        batch = (batch.float().div_(255) - self.mean) / self.std
+        if self.settings.channels_last:
+            batch = batch.contiguous(memory_format=torch.channels_last)
+        return batch
 
     def postprocess(self, output):
         probabilities = torch.softmax(output.float(), dim=1)
@@ -95,8 +121,11 @@ class ImageClassifier(ToolkitHandler):
         ]
 
 
-def open_image(data: bytes, max_pixels: int) -> Image.Image:
-    """Decode image bytes to RGB; refuse what PIL cannot read and images above ``max_pixels``."""
+def open_image(data: bytes, max_pixels: int, shorter_side: Optional[int] = None) -> Image.Image:
+    """Decode image bytes to RGB; refuse what PIL cannot read and images above ``max_pixels``.
+
+    With ``shorter_side``, a JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8) whose shorter
+    side is still at least that many pixels: the later antialiased resize sees nearly the same image."""
     try:
         image = Image.open(io.BytesIO(data))
         width, height = image.size
@@ -104,6 +133,9 @@ def open_image(data: bytes, max_pixels: int) -> Image.Image:
             raise ClientError(f"image is {width}x{height}, above the limit of {max_pixels} pixels", 413)
         if width < 1 or height < 1:
             raise ClientError(f"image is {width}x{height}: it has no pixels")
+        if shorter_side and image.format == "JPEG":
+            scale = shorter_side / min(width, height)
+            image.draft("RGB", (math.ceil(width * scale), math.ceil(height * scale)))
         return image.convert("RGB")
     except ClientError:
         raise

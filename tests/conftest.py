@@ -60,16 +60,19 @@ def short_tmp(prefix: str) -> Path:
 class RunningServer:
     """Start TorchServe on a model store with a config from `tsctl config`; stop it on exit."""
 
-    def __init__(self, store: Path, python=None, timeout=240, **overrides):
+    def __init__(self, store: Path, python=None, timeout=240, env=None, **overrides):
         self.home = short_tmp("ts-")
         self.config = properties.write_config(store, self.home / "config.properties", overrides)
         self.store = store
         self.python = python
         self.timeout = timeout
+        self.env = env
         self.server = None
 
     def __enter__(self) -> server.Server:
-        self.server = server.start(self.config, self.store, self.home, timeout=self.timeout, python=self.python)
+        self.server = server.start(
+            self.config, self.store, self.home, timeout=self.timeout, python=self.python, env=self.env
+        )
         return self.server
 
     def __exit__(self, *exc):

@@ -30,7 +30,7 @@ class Tiny(torch.nn.Module):
     def forward(self, x):
         return self.fc(torch.relu(self.conv(x)).mean(dim=(2, 3)))
 """
-CONFIG = "batchSize: 4\nhandler:\n  resize: 40\n  crop: 32\n  top_k: 3\n"
+CONFIG = "batchSize: 4\nhandler:\n  resize: 40\n  crop: 32\n  top_k: 3\n  jpeg_draft: false\n"  # the exact path
 
 
 def tiny_model(tmp_path):

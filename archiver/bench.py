@@ -1,0 +1,189 @@
+"""Load generation against a running TorchServe: ``tsctl bench``.
+
+Bounded in count and time: a run stops after ``requests`` requests or ``duration`` seconds, whichever
+is given, and never later than ``MAX_SECONDS``. Each of ``concurrency`` threads keeps one HTTP
+keep-alive connection and sends the inputs in turn. A sweep re-registers the model with each
+batchSize/maxBatchDelay through the management API (the server needs the model API on:
+``tsctl serve --enable-model-api``) and recommends the setting with the best throughput.
+"""
+
+import http.client
+import itertools
+import statistics
+import threading
+import time
+import urllib.parse
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .errors import ServerError, UserError
+from .server import CONTENT_TYPES, request
+
+MAX_SECONDS = 600
+
+
+@dataclass
+class LoadResult:
+    seconds: float
+    latencies_ms: List[float] = field(default_factory=list)
+    statuses: Counter = field(default_factory=Counter)
+
+    @property
+    def requests(self) -> int:
+        return sum(self.statuses.values())
+
+    @property
+    def errors(self) -> int:
+        return self.requests - self.statuses.get(200, 0)
+
+    @property
+    def throughput(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+    def percentile(self, p: float) -> float:
+        if not self.latencies_ms:
+            return float("nan")
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+    def summary(self) -> dict:
+        return {
+            "requests": self.requests,
+            "errors": self.errors,
+            "seconds": round(self.seconds, 3),
+            "throughput_rps": round(self.throughput, 2),
+            "latency_ms": {
+                "p50": round(self.percentile(50), 2),
+                "p90": round(self.percentile(90), 2),
+                "p99": round(self.percentile(99), 2),
+                "mean": round(statistics.fmean(self.latencies_ms), 2) if self.latencies_ms else None,
+            },
+            "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
+        }
+
+
+def read_inputs(paths: Sequence[str]) -> List[Tuple[bytes, str]]:
+    from pathlib import Path
+
+    inputs = []
+    for path in paths:
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"--input {path} does not exist")
+        inputs.append((p.read_bytes(), CONTENT_TYPES.get(p.suffix.lower(), "application/octet-stream")))
+    return inputs
+
+
+def run_load(
+    url: str,
+    inputs: Sequence[Tuple[bytes, str]],
+    concurrency: int,
+    requests: Optional[int] = None,
+    duration: Optional[float] = None,
+    headers: Optional[Dict[str, str]] = None,
+    timeout: float = 60,
+) -> LoadResult:
+    """POST ``inputs`` round-robin to ``url`` from ``concurrency`` threads until the bound is reached."""
+    if (requests is None) == (duration is None):
+        raise UserError("give exactly one of --requests and --duration")
+    if concurrency < 1 or (requests is not None and requests < 1) or (duration is not None and duration <= 0):
+        raise UserError("--concurrency, --requests and --duration must be positive")
+    parsed = urllib.parse.urlsplit(url)
+    deadline = time.monotonic() + min(duration or MAX_SECONDS, MAX_SECONDS)
+    counter = itertools.count()
+    lock = threading.Lock()
+    result = LoadResult(seconds=0.0)
+
+    def worker():
+        connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=timeout)
+        try:
+            while time.monotonic() < deadline:
+                index = next(counter)
+                if requests is not None and index >= requests:
+                    return
+                body, content_type = inputs[index % len(inputs)]
+                started = time.perf_counter()
+                try:
+                    connection.request("POST", parsed.path, body, {"Content-Type": content_type, **(headers or {})})
+                    response = connection.getresponse()
+                    response.read()
+                    status = response.status
+                except (OSError, http.client.HTTPException):
+                    connection.close()
+                    connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=timeout)
+                    status = 0  # no HTTP answer: counted as an error
+                elapsed = (time.perf_counter() - started) * 1000
+                with lock:
+                    result.statuses[status] += 1
+                    if status == 200:
+                        result.latencies_ms.append(elapsed)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(MAX_SECONDS + timeout)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def register(management: str, model: str, mar_url: str, batch_size: int, delay: int, headers=None, timeout=300):
+    """Replace ``model`` with the same archive at another batchSize/maxBatchDelay; wait for a worker."""
+    status, body = request(f"{management}/models/{model}", method="DELETE", headers=headers, timeout=timeout)
+    if status == 405:  # TorchServe 0.11+ answers 405 to register/unregister while the model API is off
+        raise UserError("the server's model API is off: start it with 'tsctl serve --enable-model-api' to sweep")
+    if status not in (200, 404):
+        raise ServerError(f"could not unregister {model}: {status} {body}")
+    query = urllib.parse.urlencode(
+        {
+            "url": mar_url,
+            "model_name": model,
+            "batch_size": batch_size,
+            "max_batch_delay": delay,
+            "initial_workers": 1,
+            "synchronous": "true",
+        }
+    )
+    status, body = request(f"{management}/models?{query}", data=b"", method="POST", headers=headers, timeout=timeout)
+    if status != 200:
+        raise ServerError(f"could not register {model} with batchSize {batch_size}: {status} {body}")
+
+
+def model_url(management: str, model: str, headers=None) -> str:
+    status, body = request(f"{management}/models/{model}", headers=headers, timeout=30)
+    if status != 200:
+        raise UserError(f"model {model} is not registered on the server: {status} {body}")
+    return body[0]["modelUrl"]
+
+
+def sweep(
+    inference: str,
+    management: str,
+    model: str,
+    inputs,
+    concurrency: int,
+    batch_sizes: Sequence[int],
+    delays: Sequence[int],
+    requests: Optional[int] = None,
+    duration: Optional[float] = None,
+    headers=None,
+) -> List[dict]:
+    """One load run per (batchSize, maxBatchDelay); rows sorted as measured, best marked."""
+    mar_url = model_url(management, model, headers)
+    rows = []
+    for batch_size, delay in itertools.product(batch_sizes, delays):
+        register(management, model, mar_url, batch_size, delay, headers)
+        url = f"{inference}/predictions/{model}"
+        run_load(url, inputs, concurrency, requests=min(requests or 16, 16), headers=headers)  # warm-up
+        result = run_load(url, inputs, concurrency, requests=requests, duration=duration, headers=headers)
+        rows.append({"batchSize": batch_size, "maxBatchDelay": delay, **result.summary()})
+    best = max((r for r in rows if r["errors"] == 0), key=lambda r: r["throughput_rps"], default=None)
+    for row in rows:
+        row["recommended"] = row is best
+    if best is not None:  # leave the model running with the recommended setting
+        register(management, model, mar_url, best["batchSize"], best["maxBatchDelay"], headers)
+    return rows
