@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 UV := $(PYTHON) -m uv
 SAMPLE := samples/build/resnet18
 
-.PHONY: venv demo test clean
+.PHONY: venv demo test bench clean
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: setup.cfg pyproject.toml
@@ -29,6 +29,14 @@ demo: venv
 test: venv
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
+
+# The figures in BENCHMARKS.md, one script each (several minutes; not part of `make test`).
+bench: venv
+	$(BIN)/python benchmarks/p1_image.py
+	$(BIN)/python benchmarks/p2_text.py
+	$(BIN)/python benchmarks/p3_packaging.py
+	$(BIN)/python benchmarks/p4_cold_start.py
+	$(BIN)/python benchmarks/kserve_envelopes.py
 
 clean:
 	rm -rf $(VENV) .tsctl samples/build logs

@@ -28,7 +28,7 @@ from handlers import TOOLKIT_HANDLERS
 from . import crds
 from .errors import UserError
 from .mar import read_manifest
-from .properties import read_properties, render, snapshot_of
+from .properties import check_keys, read_properties, render, snapshot_of
 
 NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 PVC_URI = re.compile(r"^pvc://([a-z0-9]([-a-z0-9.]*[a-z0-9])?)(/[^\s]*)?$")
@@ -67,6 +67,7 @@ def export(options: ExportOptions) -> Export:
     claim, sub_path = check_options(options)
     config_path = Path(options.config)
     properties = read_properties(config_path)
+    check_keys(properties, config_path)
     snapshot = snapshot_of(properties, config_path)
     check_properties(properties, config_path)
     archives = check_models(snapshot, Path(options.model_store), properties, notes)

@@ -12,6 +12,7 @@ packaging fast.
 """
 
 import ast
+import contextlib
 import gzip
 import importlib
 import importlib.metadata
@@ -243,16 +244,39 @@ def write_archive(target: Path, entries: Dict[str, Source], manifest: dict, arch
         _write_directory(target, entries, manifest_bytes)
         return
     writer = _write_tgz if archive_format == "tgz" else _write_zip
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    with _unnamed_file(target.parent) as (out, publish):
+        writer(out, entries, manifest_bytes, stamp, target.name, archive_format)
+        out.flush()
+        os.fsync(out.fileno())
+        publish(target)
+
+
+@contextlib.contextmanager
+def _unnamed_file(directory: Path):
+    """A file with no name until ``publish(target)`` links it into place (Linux O_TMPFILE): a build
+    that fails, or a process killed mid-write, leaves neither a partial archive nor a temporary file.
+    Where O_TMPFILE is not supported, a hidden named temporary file is removed on failure instead."""
+    try:
+        fd = os.open(directory, os.O_TMPFILE | os.O_WRONLY, 0o644)
+    except (AttributeError, OSError):
+        fd = None
+    if fd is not None:
+
+        def publish(target: Path):
+            staging = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+            os.link(f"/proc/self/fd/{fd}", staging)
+            os.replace(staging, target)
+
+        with os.fdopen(fd, "wb") as out:
+            yield out, publish
+        return
+    fd, tmp = tempfile.mkstemp(prefix=".", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as out:
-            writer(out, entries, manifest_bytes, stamp, target.name, archive_format)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
+            yield out, lambda target: (os.chmod(tmp, 0o644), os.replace(tmp, target))
     except BaseException:
-        os.unlink(tmp)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
         raise
 
 

@@ -14,6 +14,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Dict, Optional
 
+from handlers.settings import did_you_mean
+
 from .errors import UserError
 from .mar import model_config, read_manifest
 
@@ -43,8 +45,35 @@ BASE_PROPERTIES = OrderedDict(
         # so auth is off here; the model API stays off (models come from model_snapshot).
         ("disable_token_authorization", "true"),
         ("enable_model_api", "false"),
+        # Models may only come from the model store (TorchServe's default also allows any http(s) URL).
+        ("allowed_urls", f"file://{KSERVE_MODEL_STORE}/.*"),
     ]
 )
+
+
+# Every key TorchServe 0.12's ConfigManager reads (from its own constants).
+KNOWN_KEYS = frozenset(
+    """allowed_urls async_logging blacklist_env_vars certificate_file cors_allowed_headers cors_allowed_methods
+    cors_allowed_origin cpp_log_config cpu_launcher_args cpu_launcher_enable decode_input_request
+    default_response_timeout default_service_handler default_startup_timeout default_workers_per_model
+    disable_system_metrics disable_token_authorization enable_envvars_config enable_grpc_ssl enable_metrics_api
+    enable_model_api grpc_inference_address grpc_inference_port grpc_management_address grpc_management_port
+    inference_address initial_distribution_port initial_worker_port install_py_dep_per_model io_ratio ipex_enable
+    ipex_gpu_enable job_queue_size keystore keystore_pass keystore_type limit_max_image_pixels load_models
+    management_address max_request_size max_response_size metric_time_interval metrics_address metrics_config
+    metrics_mode model_metrics_auto_detect model_server_home model_snapshot model_store netty_client_threads
+    number_of_gpu number_of_netty_threads plugins_path prefer_direct_buffer private_key_file service_envelope
+    system_metrics_cmd token_expiration_min torchelastic_ts ts_header_key_sequence_end ts_header_key_sequence_id
+    ts_header_key_sequence_start ts_open_inference_protocol unregister_model_timeout use_env_allowed_urls
+    use_native_io vendor workflow_store""".split()
+)
+
+
+def check_keys(properties: Dict[str, str], path):
+    """Refuse a key TorchServe would silently ignore, naming the nearest valid one."""
+    for key in properties:
+        if key not in KNOWN_KEYS:
+            raise UserError(f"{path}: unknown key '{key}'{did_you_mean(key, KNOWN_KEYS)}")
 
 
 def archives_in(model_store: Path):

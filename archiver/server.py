@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from .errors import ServerError, UserError
-from .properties import read_properties, snapshot_of
+from .properties import check_keys, read_properties, snapshot_of
 
 STATE_FILE = "server.json"
 
@@ -81,6 +81,7 @@ def start(
     ``--foreground``, no ``--ncs``): the launcher exits and the server lives on in its process group."""
     config, model_store, home = Path(config).resolve(), Path(model_store).resolve(), Path(home).resolve()
     properties = read_properties(config)
+    check_keys(properties, config)
     models = list(snapshot_of(properties, config)["models"])
     if properties.get("enable_envvars_config", "false").lower() != "true":
         raise UserError(

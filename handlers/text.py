@@ -8,6 +8,7 @@ model-config.yaml, all optional::
 
     handler:
       max_length: 256   # default: sentence_bert_config.json's max_seq_length, else the tokenizer's, at most 512
+      padding: longest  # or max_length (every text padded to max_length: only for comparisons)
 """
 
 import json
@@ -22,13 +23,19 @@ from .requests import to_text
 MAX_LENGTH_CAP = 512
 
 
+PADDINGS = ("longest", "max_length")
+
+
 @dataclass
 class TextSettings(Settings):
     max_length: Optional[int] = None
+    padding: str = "longest"  # max_length: pad every text to max_length (only to compare; it is slower)
 
     def check(self):
         if self.max_length is not None and self.max_length < 2:
             return "'handler.max_length' must be at least 2 tokens"
+        if self.padding not in PADDINGS:
+            return f"'handler.padding' must be one of {', '.join(PADDINGS)}, got {self.padding!r}"
         return None
 
 
@@ -77,10 +84,14 @@ class TextHandler(ToolkitHandler):
         return to_text(item, "text")
 
     def tokenize(self, texts: List[str], **extra):
-        encoding = self.tokenizer(
-            texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt", **extra
+        return self.tokenizer(
+            texts,
+            padding=self.settings.padding,
+            truncation=True,
+            max_length=self.max_length,
+            return_tensors="pt",
+            **extra,
         )
-        return encoding
 
     def preprocess(self, texts: List[str]):
         return self.tokenize(texts).to(self.device)
