@@ -263,9 +263,13 @@ def _unnamed_file(directory: Path):
     if fd is not None:
 
         def publish(target: Path):
-            staging = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-            os.link(f"/proc/self/fd/{fd}", staging)
-            os.replace(staging, target)
+            staging = f".{target.name}.{os.getpid()}.tmp"
+            directory_fd = os.open(target.parent, os.O_RDONLY)
+            try:  # linkat(AT_SYMLINK_FOLLOW) gives the open file a name; plain link() cannot
+                os.link(f"/proc/self/fd/{fd}", staging, dst_dir_fd=directory_fd, follow_symlinks=True)
+            finally:
+                os.close(directory_fd)
+            os.replace(target.parent / staging, target)
 
         with os.fdopen(fd, "wb") as out:
             yield out, publish

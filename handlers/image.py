@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 from torchvision.transforms.v2 import functional as F
@@ -35,6 +36,7 @@ from .base import Settings, ToolkitHandler, entry_point
 from .requests import ClientError, to_bytes
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
+WIDE_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
@@ -136,6 +138,10 @@ def open_image(data: bytes, max_pixels: int, shorter_side: Optional[int] = None)
         if shorter_side and image.format == "JPEG":
             scale = shorter_side / min(width, height)
             image.draft("RGB", (math.ceil(width * scale), math.ceil(height * scale)))
+        if image.mode in WIDE_MODES:  # 16-bit and float images: scale to 8 bits (PIL would clip at 255)
+            values = np.asarray(image, dtype=np.float32)
+            top = 65535.0 if image.mode.startswith("I;16") or values.max() > 255 else 255.0
+            image = Image.fromarray((values * (255.0 / top)).clip(0, 255).astype(np.uint8), "L")
         return image.convert("RGB")
     except ClientError:
         raise

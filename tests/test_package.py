@@ -176,3 +176,38 @@ def test_inspect_refuses_unsafe_paths(tmp_path):
         mar.list_entries(evil)
     code, output = cli("inspect", str(evil))
     assert code == 2 and "unsafe path" in output
+
+
+def test_a_build_killed_mid_write_leaves_the_old_archive_and_no_temp_file(image_sample, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    store = tmp_path / "store"
+    previous = package_resnet(image_sample, store).read_bytes()
+    big = tmp_path / "big.pt"
+    with open(big, "wb") as f:  # 1.5 GB of zeros: the write takes long enough to be caught in the middle
+        f.truncate(1536 << 20)
+    script = (
+        "from archiver import mar; mar.package(mar.PackageOptions(model_name='resnet18', handler='image_classifier', "
+        f"serialized_file={str(big)!r}, export_path={str(store)!r}, force=True))"
+    )
+    process = subprocess.Popen([sys.executable, "-c", script], cwd=mar.Path(mar.__file__).parents[1])
+    deadline = time.monotonic() + 120
+    writing = False
+    while time.monotonic() < deadline and process.poll() is None and not writing:
+        try:  # the unnamed archive being written shows as an open descriptor into the store
+            writing = any(
+                str(store) in os.readlink(f"/proc/{process.pid}/fd/{fd}")
+                for fd in os.listdir(f"/proc/{process.pid}/fd")
+            )
+        except OSError:
+            pass
+        time.sleep(0.01)
+    assert writing, "never caught the build writing"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    assert sorted(p.name for p in store.iterdir()) == ["resnet18.mar"]
+    assert (store / "resnet18.mar").read_bytes() == previous
