@@ -60,7 +60,7 @@ def image_corpus():
         ("PNG with a broken header", b"\x89PNG\r\n\x1a\n" + b"\x00" * 40, "image/png", 400, "could not decode image"),
         ("zero bytes", b"", "image/jpeg", 400, "empty"),
         ("0x0 PNG", zero_size_png(), "image/png", 400, "image"),
-        ("text instead of an image", b"hello, I am not a picture", "text/plain", 400, "could not decode image"),
+        ("text instead of an image", b"hello, I am not a picture", "text/plain", 400, "not valid base64"),
         ("decompression bomb", png(Image.new("1", (10000, 10000))), "image/png", 413, "above the limit"),
         ("invalid base64", json.dumps({"data": "%%%not-base64"}).encode(), "application/json", 400, "not valid base64"),
         (
