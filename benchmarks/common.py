@@ -1,10 +1,14 @@
 """What every benchmark script shares: the machine it ran on, alternating rounds, BENCHMARKS.md sections."""
 
+import collections
 import os
 import platform
 import re
 import statistics
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 from importlib.metadata import version
 from pathlib import Path
@@ -70,3 +74,79 @@ def bar_plot(name: str, title: str, labels, values, ylabel: str) -> str:
     fig.savefig(path)
     plt.close(fig)
     return f"![{title}](benchmarks/plots/{name}.png)"
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def group_members(pgid: int):
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid:
+                found.append(int(entry.name))
+        except OSError:
+            pass
+    return found
+
+
+def profile_worker(srv, model: str, inputs, concurrency: int, buckets, seconds: int = 10):
+    """Under load, py-spy the model's worker and count each process's CPU.
+
+    Returns (throughput, {bucket: share of the worker's samples}, {process: cores used})."""
+    from archiver import bench, server
+
+    url = f"{srv.inference}/predictions/{model}"
+    bench.run_load(url, inputs, concurrency, requests=64)
+    worker = server.request(f"{srv.management}/models/{model}")[1][0]["workers"][0]["pid"]
+    java = [p for p in group_members(srv.pid) if b"java" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    processes = {"worker (Python)": [worker], "frontend (Java)": java, "load generator": [os.getpid()]}
+    before = {name: sum(cpu_seconds(p) for p in pids) for name, pids in processes.items()}
+    result = {}
+    load = threading.Thread(
+        target=lambda: result.update(bench.run_load(url, inputs, concurrency, duration=seconds + 2).summary())
+    )
+    started = time.monotonic()
+    load.start()
+    time.sleep(1)
+    raw = Path(tempfile.mkdtemp()) / "worker.txt"
+    subprocess.run(
+        [
+            str(Path(sys.executable).parent / "py-spy"),
+            "record",
+            "-p",
+            str(worker),
+            "-d",
+            str(seconds),
+            "-f",
+            "raw",
+            "-o",
+            str(raw),
+            "--nonblocking",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    load.join()
+    wall = time.monotonic() - started
+    cores = {name: (sum(cpu_seconds(p) for p in pids) - before[name]) / wall for name, pids in processes.items()}
+    samples, total = collections.Counter(), 0
+    for line in raw.read_text().splitlines():
+        stack, count = line.rsplit(" ", 1)
+        total += int(count)
+        frames = stack.split(";")
+        bucket = next((name for name, match in buckets if any(match(f) for f in frames)), "other")
+        samples[bucket] += int(count)
+    shares = {name: samples[name] / total for name, _ in list(buckets) + [("other", None)]}
+    return result["throughput_rps"], shares, cores
+
+
+def profile_tables(shares: dict, cores: dict) -> str:
+    rows = "\n".join(f"| {name} | {share * 100:.1f} % |" for name, share in shares.items())
+    cpu_rows = "\n".join(f"| {name} | {value:.2f} |" for name, value in cores.items())
+    return (
+        f"| where the worker's CPU samples are | share |\n|---|---|\n{rows}\n\n"
+        f"| process | cores used (of {os.cpu_count()}) |\n|---|---|\n{cpu_rows}"
+    )

@@ -153,10 +153,14 @@ Same TorchScript resnet18, 1 worker, batchSize 8, maxBatchDelay 20 ms, {CONCURRE
 - fast JPEG path (draft decoding) vs exact decode: top-1 agrees on {agree}/{len(photos)} photos, largest
   probability difference {drift:.4f} (random weights: near-uniform outputs, so this is a strict test).
 
-Where the time goes: the model (resnet18 at batch 8 is ~40 ms per image on these 2 cores) dominates;
-the toolkit saves the rest with JPEG draft decoding (~2x faster decode of 1280x960), decoding the
-batch's images on 2 threads, batched normalisation, channels_last input and a frozen,
-inference-optimised TorchScript graph.
+Where the time goes (P1 profile below): the toolkit saves what it can around the model with JPEG
+draft decoding (~2x faster decode of 1280x960), decoding the batch's images on 2 threads, batched
+normalisation, channels_last input and a frozen, inference-optimised TorchScript graph. What is left
+is the forward pass (about two thirds of the worker's samples) and the decode that must precede it
+(JPEG decode + resize, the other third, on a second thread): TorchServe hands the worker one batch
+at a time, so decoding cannot overlap the previous batch's forward pass. When the machine's speed
+drifts between rounds the ratio moves with it (an earlier run of this script measured 1.88x and
+1.21x); the run recorded here is the steadier one.
 
 {plot}
 

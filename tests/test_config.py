@@ -75,3 +75,19 @@ def test_empty_store_is_a_clear_error(tmp_path):
     assert result.exit_code == 2
     assert "holds no model archives: build one with 'tsctl package'" in result.output
     assert not (tmp_path / "c").exists()
+
+
+def test_unknown_config_properties_key_is_refused_with_the_nearest_name(image_sample, tmp_path):
+    package_resnet(image_sample, tmp_path / "store")
+    path = properties.write_config(tmp_path / "store", tmp_path / "config.properties")
+    props = properties.read_properties(path)
+    assert props["allowed_urls"] == "file:///mnt/models/model-store/.*"
+    properties.check_keys(props, path)  # the generated file is clean
+    props["inferense_address"] = props.pop("inference_address")
+    path.write_text(properties.render(props))
+    result = CliRunner().invoke(
+        main, ["serve", "--config", str(path), "--model-store", str(tmp_path / "store"), "--home", str(tmp_path / "h")]
+    )
+    assert result.exit_code == 2
+    assert f"{path}: unknown key 'inferense_address'; did you mean 'inference_address'?" in result.output
+    assert not (tmp_path / "h").exists()
