@@ -40,6 +40,23 @@ def alternate(sides: dict, rounds: int = 3) -> dict:
     return results
 
 
+def served_side(srv, model: str, inputs, concurrency: int, requests: int):
+    """A benchmark side against a running server: a short warm-up, then ``requests`` requests.
+    Returns throughput (requests/s); ``.latency`` keeps each round's latency percentiles."""
+    from archiver import bench
+
+    def run():
+        url = f"{srv.inference}/predictions/{model}"
+        bench.run_load(url, inputs, concurrency, requests=32)
+        result = bench.run_load(url, inputs, concurrency, requests=requests)
+        assert result.errors == 0, result.statuses
+        run.latency.append(result.summary()["latency_ms"])
+        return round(result.throughput, 2)
+
+    run.latency = []
+    return run
+
+
 def median(values):
     return statistics.median(values)
 

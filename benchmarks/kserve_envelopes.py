@@ -13,12 +13,9 @@ import base64
 import concurrent.futures
 import json
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-import torch
 from common import write_section
 
 from archiver import properties, server  # noqa: E402
@@ -33,27 +30,8 @@ def main():
     config = tmp / "batching.yaml"
     config.write_text("batchSize: 4\nmaxBatchDelay: 200\n")
     package_resnet(sample, store, config_text=config.read_text())
-    torchscript = tmp / "resnet18_ts.pt"
-    torch.jit.trace(image_model.resnet18(), torch.randn(1, 3, 224, 224)).save(str(torchscript))
-    archiver = Path(sys.executable).parent / "torch-model-archiver"
-    subprocess.run(
-        [
-            str(archiver),
-            "--model-name",
-            "builtin",
-            "--version",
-            "1.0",
-            "--serialized-file",
-            str(torchscript),
-            "--handler",
-            "image_classifier",
-            "--config-file",
-            str(config),
-            "--export-path",
-            str(store),
-        ],
-        check=True,
-    )
+    torchscript = image_model.torchscript_resnet18(tmp / "resnet18_ts.pt")
+    image_model.package_builtin(torchscript, store, "builtin", config)
     b64 = [base64.b64encode(image_model.sample_jpeg(seed)).decode() for seed in range(8)]
     rows = []
     for envelope in ("kserve", "kservev2"):

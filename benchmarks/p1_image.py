@@ -11,18 +11,15 @@ the exact path is measured on the same photos.
 """
 
 import io
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-import torch
-from common import alternate, bar_plot, median, write_section
+from common import alternate, bar_plot, median, served_side, write_section
 from PIL import Image
 
-from archiver import bench, mar, properties, server  # noqa: E402
+from archiver import mar, properties, server  # noqa: E402
 from conftest import short_tmp  # noqa: E402
 from handlers.testing import LocalModel  # noqa: E402
 from samples import image_model  # noqa: E402
@@ -44,8 +41,7 @@ def photo(seed: int, size=(1280, 960)) -> bytes:
 def main():
     tmp = Path(tempfile.mkdtemp(prefix="p1-"))
     sample = image_model.build(tmp / "sample")
-    torchscript = tmp / "resnet18.pt"
-    torch.jit.trace(image_model.resnet18(), torch.randn(1, 3, 224, 224)).save(str(torchscript))
+    torchscript = image_model.torchscript_resnet18(tmp / "resnet18.pt")
     (tmp / "model-config.yaml").write_text(CONFIG)
     store = tmp / "model-store"
     mar.package(
@@ -58,25 +54,8 @@ def main():
             export_path=str(store),
         )
     )
-    subprocess.run(
-        [
-            str(Path(sys.executable).parent / "torch-model-archiver"),
-            "--model-name",
-            "builtin",
-            "--version",
-            "1.0",
-            "--serialized-file",
-            str(torchscript),
-            "--handler",
-            "image_classifier",
-            "--extra-files",
-            str(sample / "index_to_name.json"),
-            "--config-file",
-            str(tmp / "model-config.yaml"),
-            "--export-path",
-            str(store),
-        ],
-        check=True,
+    image_model.package_builtin(
+        torchscript, store, "builtin", tmp / "model-config.yaml", [sample / "index_to_name.json"]
     )
     photos = [photo(seed) for seed in range(16)]
     inputs = [(p, "image/jpeg") for p in photos]
@@ -97,20 +76,8 @@ def main():
     home = short_tmp("p1-")
     srv = server.start(properties.write_config(store, home / "config.properties"), store, home)
     try:
-
-        def served(model):
-            def run():
-                url = f"{srv.inference}/predictions/{model}"
-                bench.run_load(url, inputs, CONCURRENCY, requests=32)  # warm
-                result = bench.run_load(url, inputs, CONCURRENCY, requests=REQUESTS)
-                assert result.errors == 0, result.statuses
-                run.latency.append(result.summary()["latency_ms"])
-                return round(result.throughput, 2)
-
-            run.latency = []
-            return run
-
-        toolkit, builtin = served("toolkit"), served("builtin")
+        toolkit = served_side(srv, "toolkit", inputs, CONCURRENCY, REQUESTS)
+        builtin = served_side(srv, "builtin", inputs, CONCURRENCY, REQUESTS)
         results = alternate({"toolkit": toolkit, "built-in": builtin, "in-process limit": limit})
     finally:
         server.stop(srv)

@@ -6,7 +6,6 @@
 import tempfile
 from pathlib import Path
 
-import torch
 from common import profile_tables, profile_worker, write_section
 from p1_image import CONCURRENCY, CONFIG, photo
 
@@ -24,8 +23,7 @@ BUCKETS = (
 
 def main():
     tmp = Path(tempfile.mkdtemp(prefix="p1p-"))
-    torchscript = tmp / "resnet18.pt"
-    torch.jit.trace(image_model.resnet18(), torch.randn(1, 3, 224, 224)).save(str(torchscript))
+    torchscript = image_model.torchscript_resnet18(tmp / "resnet18.pt")
     (tmp / "model-config.yaml").write_text(CONFIG)
     store = tmp / "model-store"
     mar.package(

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 import transformers
-from common import alternate, bar_plot, median, write_section
+from common import alternate, bar_plot, median, served_side, write_section
 
-from archiver import bench, mar, properties, server  # noqa: E402
+from archiver import mar, properties, server  # noqa: E402
 from conftest import short_tmp  # noqa: E402
 from samples.text_models import minilm_dir  # noqa: E402
 
@@ -80,20 +80,8 @@ def main():
     home = short_tmp("p2-")
     srv = server.start(properties.write_config(store, home / "config.properties"), store, home)
     try:
-
-        def served(name):
-            def run():
-                url = f"{srv.inference}/predictions/{name}"
-                bench.run_load(url, inputs, CONCURRENCY, requests=32)
-                result = bench.run_load(url, inputs, CONCURRENCY, requests=REQUESTS)
-                assert result.errors == 0, result.statuses
-                run.latency.append(result.summary()["latency_ms"])
-                return round(result.throughput, 1)
-
-            run.latency = []
-            return run
-
-        dynamic, padded = served("dynamic"), served("padded")
+        dynamic = served_side(srv, "dynamic", inputs, CONCURRENCY, REQUESTS)
+        padded = served_side(srv, "padded", inputs, CONCURRENCY, REQUESTS)
         results = alternate(
             {"dynamic padding, batch 8": dynamic, "max_length padding, batch 1": padded, "raw forward, batch 8": limit}
         )

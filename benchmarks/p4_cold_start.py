@@ -7,13 +7,10 @@ torch-model-archiver with the built-in one); each is started alone in a fresh To
 three rounds; the time is from spawning `torchserve --start` to the model's worker being READY.
 """
 
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
 from common import alternate, bar_plot, median, write_section
 
 from archiver import mar, properties, server  # noqa: E402
@@ -23,8 +20,7 @@ from samples import image_model  # noqa: E402
 
 def main():
     tmp = Path(tempfile.mkdtemp(prefix="p4-"))
-    torchscript = tmp / "resnet18.pt"
-    torch.jit.trace(image_model.resnet18(), torch.randn(1, 3, 224, 224)).save(str(torchscript))
+    torchscript = image_model.torchscript_resnet18(tmp / "resnet18.pt")
     stores = {name: tmp / name for name in ("toolkit", "built-in")}
     mar.package(
         mar.PackageOptions(
@@ -34,23 +30,7 @@ def main():
             export_path=str(stores["toolkit"]),
         )
     )
-    stores["built-in"].mkdir()
-    subprocess.run(
-        [
-            str(Path(sys.executable).parent / "torch-model-archiver"),
-            "--model-name",
-            "resnet18",
-            "--version",
-            "1.0",
-            "--serialized-file",
-            str(torchscript),
-            "--handler",
-            "image_classifier",
-            "--export-path",
-            str(stores["built-in"]),
-        ],
-        check=True,
-    )
+    image_model.package_builtin(torchscript, stores["built-in"], "resnet18")
 
     def cold_start(name):
         def run():

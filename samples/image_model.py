@@ -9,6 +9,7 @@ arbitrary, but every byte the server sees is real.
 
 import io
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -40,6 +41,38 @@ def resnet18(seed: int = 0) -> torch.nn.Module:
 
     torch.manual_seed(seed)
     return make(weights=None, num_classes=1000).eval()
+
+
+def torchscript_resnet18(path: Path) -> Path:
+    """The sample resnet18 traced to TorchScript and saved at ``path``."""
+    torch.jit.trace(resnet18(), torch.randn(1, 3, 224, 224)).save(str(path))
+    return path
+
+
+def package_builtin(serialized: Path, store: Path, name: str, config: Path = None, extra_files=()) -> Path:
+    """Package with torch-model-archiver and TorchServe's built-in image_classifier handler: the
+    baseline tsctl is compared with."""
+    archiver = Path(sys.executable).parent / "torch-model-archiver"
+    command = [
+        str(archiver),
+        "--model-name",
+        name,
+        "--version",
+        "1.0",
+        "--serialized-file",
+        str(serialized),
+        "--handler",
+        "image_classifier",
+        "--export-path",
+        str(store),
+    ]
+    if config:
+        command += ["--config-file", str(config)]
+    if extra_files:
+        command += ["--extra-files", ",".join(str(f) for f in extra_files)]
+    Path(store).mkdir(parents=True, exist_ok=True)
+    subprocess.run(command, check=True, timeout=600)
+    return Path(store) / f"{name}.mar"
 
 
 def sample_jpeg(seed: int, size=(640, 480)) -> bytes:

@@ -14,15 +14,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-import torch
 
 from archiver import kserve, properties, server
 from conftest import batch_lines, package_resnet, package_text, post_json_concurrently, short_tmp
 from handlers.testing import LocalModel
-from samples.image_model import resnet18
+from samples.image_model import package_builtin, torchscript_resnet18
 
 TEXTS = ["a short one", "a considerably longer sentence that needs more tokens than the first", "mid length text"]
 
@@ -38,28 +36,9 @@ def exported(image_sample, text_samples, tmp_path_factory):
     package_resnet(image_sample, store, name="resnet18_t", handler="tensor", config_file=str(tensor), extra_files=[])
     package_text(text_samples, store, "sentiment", "text_classifier", "classifier", batching)
     # TorchServe's own image_classifier handler, packaged by torch-model-archiver, asking for batches of 4
-    torchscript = root / "resnet18_ts.pt"
-    torch.jit.trace(resnet18(), torch.randn(1, 3, 224, 224)).save(str(torchscript))
+    torchscript = torchscript_resnet18(root / "resnet18_ts.pt")
     (root / "builtin.yaml").write_text(batching)
-    subprocess.run(
-        [
-            str(Path(sys.executable).parent / "torch-model-archiver"),
-            "--model-name",
-            "builtin",
-            "--version",
-            "1.0",
-            "--serialized-file",
-            str(torchscript),
-            "--handler",
-            "image_classifier",
-            "--config-file",
-            str(root / "builtin.yaml"),
-            "--export-path",
-            str(store),
-        ],
-        check=True,
-        timeout=120,
-    )
+    package_builtin(torchscript, store, "builtin", root / "builtin.yaml")
     properties.write_config(store, root / "config" / "config.properties")
     out = root / "pvc"
     kserve.export(

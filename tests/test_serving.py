@@ -5,14 +5,13 @@ import json
 import time
 
 import pytest
-import torch
 from click.testing import CliRunner
 
 from archiver import mar, server
 from archiver.cli import main
 from conftest import RunningServer, batch_lines, package_resnet, post, post_concurrently, workers
 from handlers.testing import LocalModel
-from samples.image_model import resnet18
+from samples.image_model import torchscript_resnet18
 
 BATCHING = "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 4\nmaxBatchDelay: 200\nresponseTimeout: 120\n"
 
@@ -21,8 +20,7 @@ BATCHING = "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 4\nmaxBatchDelay: 200\nresp
 def store(image_sample, tmp_path_factory):
     store = tmp_path_factory.mktemp("serving") / "model-store"
     package_resnet(image_sample, store, config_text=BATCHING)
-    torchscript = image_sample / "resnet18_ts.pt"
-    torch.jit.trace(resnet18(), torch.randn(1, 3, 224, 224)).save(str(torchscript))
+    torchscript = torchscript_resnet18(image_sample / "resnet18_ts.pt")
     mar.package(
         mar.PackageOptions(
             model_name="resnet18_ts",
