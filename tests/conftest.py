@@ -95,10 +95,16 @@ def post_json_concurrently(srv, path, bodies):
 
 
 def post_to_concurrently(srv, path, bodies, content_type):
-    """POST each body to ``path`` at once, one thread each; (status, body) in order."""
-    headers = {"Content-Type": content_type}
+    return post_mixed_concurrently(srv, path, [(body, content_type) for body in bodies])
+
+
+def post_mixed_concurrently(srv, path, bodies):
+    """POST each (body, content type) to ``path`` at once, one thread each; (status, body) in order."""
     with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
-        futures = [pool.submit(server.request, srv.inference + path, b, "POST", headers, 60) for b in bodies]
+        futures = [
+            pool.submit(server.request, srv.inference + path, body, "POST", {"Content-Type": kind}, 60)
+            for body, kind in bodies
+        ]
         return [f.result(timeout=120) for f in futures]
 
 
