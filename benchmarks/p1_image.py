@@ -38,8 +38,8 @@ def photo(seed: int, size=(1280, 960)) -> bytes:
     return out.getvalue()
 
 
-def main():
-    tmp = Path(tempfile.mkdtemp(prefix="p1-"))
+def toolkit_store(tmp: Path):
+    """model-store/toolkit.mar: the TorchScript resnet18 with the toolkit handler and P1's config."""
     sample = image_model.build(tmp / "sample")
     torchscript = image_model.torchscript_resnet18(tmp / "resnet18.pt")
     (tmp / "model-config.yaml").write_text(CONFIG)
@@ -54,6 +54,12 @@ def main():
             export_path=str(store),
         )
     )
+    return store, sample, torchscript
+
+
+def main():
+    tmp = Path(tempfile.mkdtemp(prefix="p1-"))
+    store, sample, torchscript = toolkit_store(tmp)
     image_model.package_builtin(
         torchscript, store, "builtin", tmp / "model-config.yaml", [sample / "index_to_name.json"]
     )

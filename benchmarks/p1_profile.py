@@ -7,11 +7,10 @@ import tempfile
 from pathlib import Path
 
 from common import profile_tables, profile_worker, write_section
-from p1_image import CONCURRENCY, CONFIG, photo
+from p1_image import CONCURRENCY, photo, toolkit_store
 
-from archiver import mar, properties, server  # noqa: E402
+from archiver import properties, server  # noqa: E402
 from conftest import short_tmp  # noqa: E402
-from samples import image_model  # noqa: E402
 
 BUCKETS = (
     ("model forward", lambda f: "forward" in f or "inference (handlers/base.py" in f or "inference (base.py" in f),
@@ -23,18 +22,7 @@ BUCKETS = (
 
 def main():
     tmp = Path(tempfile.mkdtemp(prefix="p1p-"))
-    torchscript = image_model.torchscript_resnet18(tmp / "resnet18.pt")
-    (tmp / "model-config.yaml").write_text(CONFIG)
-    store = tmp / "model-store"
-    mar.package(
-        mar.PackageOptions(
-            model_name="toolkit",
-            handler="image_classifier",
-            serialized_file=str(torchscript),
-            config_file=str(tmp / "model-config.yaml"),
-            export_path=str(store),
-        )
-    )
+    store, _, _ = toolkit_store(tmp)
     home = short_tmp("p1p-")
     srv = server.start(properties.write_config(store, home / "config.properties"), store, home)
     try:
