@@ -38,12 +38,11 @@ class ClientError(Exception):
 
 @dataclass
 class Request:
-    """One HTTP request: its items, the shape the answer must take, and v2 input metadata."""
+    """One HTTP request: its items, the shape the answer must take, and a v2 request's id."""
 
     items: List[Any]
     form: str = SINGLE
     v2_id: Optional[str] = None
-    v2_input_name: str = "input-0"
 
 
 def row_payload(row: Any) -> Any:
@@ -144,7 +143,7 @@ def _parse_v2(body: dict, datatypes: Sequence[str]) -> Request:
     if datatype != "BYTES":  # a numeric tensor: one item per row of the first dimension
         rows, size = shape[0], count // shape[0]
         flat = [{"shape": shape[1:], "data": flat[i * size : (i + 1) * size]} for i in range(rows)]
-    return Request(flat, V2, v2_id=body.get("id"), v2_input_name=str(tensor["name"]))
+    return Request(flat, V2, v2_id=body.get("id"))
 
 
 def _flatten(data: list) -> list:
