@@ -15,6 +15,7 @@ import time
 import urllib.parse
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .errors import ServerError, UserError
@@ -64,8 +65,6 @@ class LoadResult:
 
 
 def read_inputs(paths: Sequence[str]) -> List[Tuple[bytes, str]]:
-    from pathlib import Path
-
     inputs = []
     for path in paths:
         p = Path(path)

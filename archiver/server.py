@@ -36,7 +36,6 @@ class Server:
     management: str
     metrics: str
     models: List[str]
-    token: Optional[str] = None
 
     @property
     def logs(self) -> Path:
@@ -253,7 +252,12 @@ def group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
-    # a zombie leader still counts as alive for killpg; look for any live member
+    return bool(group_members(pgid))  # a zombie leader still counts for killpg; a live member must remain
+
+
+def group_members(pgid: int) -> List[int]:
+    """Pids of the live (not zombie) processes in process group ``pgid``."""
+    found = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
@@ -261,8 +265,8 @@ def group_alive(pgid: int) -> bool:
             except OSError:
                 continue
             if int(fields[2]) == pgid and fields[0] != "Z":
-                return True
-    return False
+                found.append(int(proc.name))
+    return found
 
 
 def read_state(home: Path) -> Optional[Server]:

@@ -98,17 +98,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def group_members(pgid: int):
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid:
-                found.append(int(entry.name))
-        except OSError:
-            pass
-    return found
-
-
 def profile_worker(srv, model: str, inputs, concurrency: int, buckets, seconds: int = 10):
     """Under load, py-spy the model's worker and count each process's CPU.
 
@@ -118,7 +107,7 @@ def profile_worker(srv, model: str, inputs, concurrency: int, buckets, seconds: 
     url = f"{srv.inference}/predictions/{model}"
     bench.run_load(url, inputs, concurrency, requests=64)
     worker = server.request(f"{srv.management}/models/{model}")[1][0]["workers"][0]["pid"]
-    java = [p for p in group_members(srv.pid) if b"java" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    java = [p for p in server.group_members(srv.pid) if b"java" in Path(f"/proc/{p}/cmdline").read_bytes()]
     processes = {"worker (Python)": [worker], "frontend (Java)": java, "load generator": [os.getpid()]}
     before = {name: sum(cpu_seconds(p) for p in pids) for name, pids in processes.items()}
     result = {}

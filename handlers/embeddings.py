@@ -13,7 +13,6 @@ model-config.yaml, all optional::
       max_length: 256
 """
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -46,13 +45,6 @@ class TextEmbedder(TextHandler):
         self.pooling = self.settings.pooling or self.model_pooling()
         normalize = self.settings.normalize
         self.normalize = self.has_normalize_module() if normalize is None else normalize
-
-    def read_json(self, name):
-        path = os.path.join(self.hf_dir, name)
-        if not os.path.isfile(path):
-            return None
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
 
     def model_pooling(self) -> str:
         config = self.read_json(os.path.join("1_Pooling", "config.json")) or {}

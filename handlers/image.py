@@ -36,8 +36,8 @@ from .base import Settings, ToolkitHandler, entry_point
 from .requests import ClientError, to_bytes
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
-WIDE_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")
 IMAGENET_STD = (0.229, 0.224, 0.225)
+WIDE_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")  # 16-bit and float images
 
 
 @dataclass

@@ -71,13 +71,18 @@ class TextHandler(ToolkitHandler):
             )
         return path
 
+    def read_json(self, name):
+        """A JSON file of the model directory (sentence-transformers' own settings), or None."""
+        path = os.path.join(self.hf_dir, name)
+        if not os.path.isfile(path):
+            return None
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+
     def default_max_length(self) -> int:
-        sentence_config = os.path.join(self.hf_dir, "sentence_bert_config.json")
-        if os.path.isfile(sentence_config):
-            with open(sentence_config, encoding="utf-8") as f:
-                length = json.load(f).get("max_seq_length")
-            if length:
-                return int(length)
+        length = (self.read_json("sentence_bert_config.json") or {}).get("max_seq_length")
+        if length:
+            return int(length)
         return min(int(getattr(self.tokenizer, "model_max_length", MAX_LENGTH_CAP)), MAX_LENGTH_CAP)
 
     def decode(self, item) -> str:
