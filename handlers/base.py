@@ -1,19 +1,30 @@
 """The lifecycle every toolkit handler shares: one TorchServe batch in, one response per request out.
 
-    rows ──parse_request──► Request(items) | ClientError          (requests.py)
-    items ──decode(item)──► model-ready input | ClientError        per item, in the subclass
-    valid inputs ──preprocess──► batch ──inference──► output ──postprocess──► one answer per input
-    answers regrouped per request, errors at their index with a 4xx status and a JSON body
+    rows ──parse_request──► Request(items)                       (requests.py; limits checked here)
+    items ──decode(item)──► model-ready input                    per item, in ``decode_threads`` threads
+    inputs ──preprocess──► batch ──inference──► output ──postprocess──► one answer per input
+                                                                 in chunks of at most batchSize inputs
+    answers regrouped per request; failures at their index with a status and a JSON body
+
+Isolation is built in, not left to each hook: whatever parsing or ``decode`` raises for one request
+(a ClientError, or any other exception, which is a handler bug and is logged with its traceback)
+becomes that request's 4xx; the other requests go on. Only the batched forward pass
+(preprocess/inference/postprocess) is shared, and when it fails for a chunk holding several
+requests, each of them is run again alone, so only the request that really fails gets an error:
+the ClientError a hook raised (a tensor the model cannot take), else a 500.
 
 Subclasses set ``Settings`` (a dataclass, read from model-config.yaml's ``handler:`` section) and
 ``item_keys``, and override ``decode``, ``preprocess``, ``inference``, ``postprocess``; optionally
 ``load_model`` and ``setup``. Everything runs under ``torch.inference_mode()``.
 """
 
+import http
 import json
 import logging
+import threading
 import time
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 import torch
@@ -21,19 +32,58 @@ from ts.torch_handler.base_handler import BaseHandler
 
 from . import envelopes
 from .loading import load_model, pick_device
-from .requests import ClientError, Request, encode_answer, parse_request
+from .requests import ClientError, Limits, Request, encode_answer, parse_request, too_large
 from .settings import read_settings
 
 logger = logging.getLogger(__name__)
 
 JSON = "application/json"
+MIN_AUTO_ITEMS = 16  # max_items: 0 allows max(4 x batchSize, this many) inputs per request
 
 
 @dataclass
 class Settings:
-    """Settings every toolkit handler accepts."""
+    """Settings every toolkit handler accepts (model-config.yaml, under ``handler:``)."""
 
     allow_pickle: bool = False  # let torch.load unpickle whole models (runs code from the MAR)
+    max_items: int = 0  # inputs per request; 0: 4 x the model's batchSize, at least 16
+    max_body_bytes: int = 32 << 20  # a request body above this is refused before it is parsed
+    max_json_depth: int = 32  # nesting of a JSON body
+    max_json_values: int = 100_000  # values in a JSON body (list items and object members)
+    decode_threads: int = 1  # decode a batch's inputs in this many threads
+
+    def check(self):
+        for key in ("max_body_bytes", "max_json_depth", "max_json_values", "decode_threads"):
+            if getattr(self, key) < 1:
+                return f"'handler.{key}' must be at least 1"
+        if self.max_items < 0:
+            return "'handler.max_items' must be 0 (4 x batchSize) or more"
+        return None
+
+
+class InferenceError(ClientError):
+    """The model failed on one request's inputs (the 500 that request gets, not a client mistake)."""
+
+    kind = "InferenceError"
+
+    def __init__(self, message: str):
+        super().__init__(message, 500)
+
+
+@dataclass(eq=False)
+class Job:
+    """One request on its way through a batch: its inputs, answers, or the error it gets."""
+
+    request: Optional[Request]
+    error: Optional[ClientError] = None
+    inputs: list = field(default_factory=list)
+    answers: list = field(default_factory=list)
+    spent: dict = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def fail(self, error: ClientError):
+        if self.error is None:
+            self.error = error
 
 
 class ToolkitHandler(BaseHandler):
@@ -54,10 +104,20 @@ class ToolkitHandler(BaseHandler):
         config_file = self.manifest.get("model", {}).get("configFile", "model-config.yaml")
         yaml_config = getattr(context, "model_yaml_config", None) or {}
         self.settings = read_settings(self.Settings, yaml_config.get("handler"), where=config_file)
+        self.batch_size = max(1, int(properties.get("batch_size") or 1))
+        self.limits = self.request_limits()
+        threads = self.settings.decode_threads
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="decode") if threads > 1 else None
+        self.current = threading.local()  # the Job a decode thread is working for
         self.model = self.load_model() if self.with_model else None
         self.setup()
         self.initialized = True
-        logger.info("tsctl %s ready on %s", type(self).__name__, self.device)
+        logger.info("tsctl %s ready on %s; limits %s", type(self).__name__, self.device, self.limits)
+
+    def request_limits(self) -> Limits:
+        s = self.settings
+        max_items = s.max_items or max(4 * self.batch_size, MIN_AUTO_ITEMS)
+        return Limits(max_items, s.max_body_bytes, s.max_json_depth, s.max_json_values)
 
     def load_model(self):
         return load_model(self.model_dir, self.manifest.get("model", {}), self.device, self.settings.allow_pickle)
@@ -83,82 +143,122 @@ class ToolkitHandler(BaseHandler):
         """A KServe v2 output tensor for these answers; None means BYTES holding JSON."""
         return None
 
+    def spend(self, amount: int, unit: str, setting: str, limit: int):
+        """Count ``amount`` of ``unit`` (e.g. decoded pixels) against the current request's ``limit``;
+        the request gets 413 once its items together exceed it. Call it from ``decode``."""
+        job = getattr(self.current, "job", None)
+        if job is None:  # decode called on its own (a test, a transformer)
+            total = amount
+        else:
+            with job.lock:
+                total = job.spent[unit] = job.spent.get(unit, 0) + amount
+        if total > limit:
+            raise too_large("the request holds", total, unit, setting, limit)
+
     # ---- one batch -------------------------------------------------------------------------
     def handle(self, data, context):
         started = time.perf_counter()
         self.context = context
-        requests = [self._parse(row) for row in data]
-
-        jobs = [
-            (request, position, item)
-            for request in requests
-            if not isinstance(request, ClientError)
-            for position, item in enumerate(request.items)
-        ]
-        decoded = iter(self.decode_map(self._decode, jobs))
-        inputs, counts = [], []
-        for index, request in enumerate(requests):
-            if isinstance(request, ClientError):
-                continue
-            mine = [next(decoded) for _ in request.items]
-            error = next((d for d in mine if isinstance(d, ClientError)), None)
-            if error is not None:
-                requests[index] = error
-                continue
-            inputs.extend(mine)
-            counts.append(len(mine))
-
-        answers: list = []
-        if inputs:
-            with torch.inference_mode():
-                answers = self.postprocess(self.inference(self.preprocess(inputs)))
-
-        responses, offset = [], 0
-        valid = iter(counts)
-        for index, request in enumerate(requests):
-            if isinstance(request, ClientError):
-                self._set_status(context, index, request.status, "Bad Request")
-                responses.append(json.dumps(request.body()))
-                logger.info("tsctl request %d rejected (%d): %s", index, request.status, request.message)
-            else:
-                count = next(valid)
-                mine = answers[offset : offset + count]
-                offset += count
-                body = encode_answer(request, mine, self.model_name, self._v2(request, mine), self.model_version)
-                responses.append(json.dumps(body))
-            self._set_content_type(context, index)
-
+        jobs = [self.read(row) for row in data]
+        self.decode_jobs(jobs)
+        self._forward([job for job in jobs if job.error is None])
+        responses = [self._respond(context, index, job) for index, job in enumerate(jobs)]
         logger.info(
             "tsctl batch size=%d items=%d rejected=%d time_ms=%.1f",
-            len(requests),
-            len(inputs),
-            sum(isinstance(r, ClientError) for r in requests),
+            len(jobs),
+            sum(len(job.inputs) for job in jobs if job.error is None),
+            sum(job.error is not None for job in jobs),
             (time.perf_counter() - started) * 1000,
         )
         return responses
 
-    def _parse(self, row):
+    def read(self, row) -> Job:
+        """One TorchServe row as a Job: its parsed request, or the error it gets."""
         try:
-            return parse_request(row, self.item_keys, self.v2_datatypes)
-        except ClientError as error:
-            return error
+            return Job(parse_request(row, self.item_keys, self.v2_datatypes, self.limits))
+        except Exception as exc:  # noqa: BLE001 - one request's problem, whatever it is
+            return Job(None, client_error(exc, "the request could not be read"))
 
-    def decode_map(self, function, jobs):
-        """Run ``function`` over the decode jobs; a handler may spread them over threads."""
-        return [function(job) for job in jobs]
+    def decode_jobs(self, jobs: List[Job]):
+        """Decode every item of the jobs not failed yet, in ``decode_threads`` threads."""
+        tasks = [(job, position) for job in jobs if job.error is None for position in range(len(job.request.items))]
+        for job in jobs:
+            job.inputs = [None] * (len(job.request.items) if job.error is None else 0)
+        if self.pool is not None and len(tasks) > 1:
+            list(self.pool.map(self._decode_one, tasks))
+        else:
+            for task in tasks:
+                self._decode_one(task)
 
-    def _decode(self, job):
-        """One item decoded, or the ClientError it raised (named by position in a multi-item request)."""
-        request, position, item = job
+    def _decode_one(self, task):
+        """Decode one item into its job's inputs; the first failure fails the job, whose later items
+        are skipped. In a request of several items the message names the item."""
+        job, position = task
+        if job.error is not None:
+            return
+        self.current.job = job
         try:
-            return self.decode(item)
-        except ClientError as error:
-            if len(request.items) > 1:
-                return ClientError(f"input {position}: {error.message}", error.status)
-            return error
+            job.inputs[position] = self.decode(job.request.items[position])
+        except Exception as exc:  # noqa: BLE001 - one item's problem is its request's error
+            error = client_error(exc, "the input could not be decoded")
+            if len(job.request.items) > 1:
+                error = type(error)(f"input {position}: {error.message}", error.status)
+            job.fail(error)
+        finally:
+            self.current.job = None
 
-    def _v2(self, request: Request, answers: list):
-        return self.v2_output(answers) if request.form == "v2" else None
+    def _forward(self, jobs: List[Job]):
+        """Run the valid inputs through the model in chunks of at most batchSize inputs. A chunk that
+        fails runs again request by request, so one request's failure is that request's 500 only."""
+        rows = [(job, position) for job in jobs for position in range(len(job.inputs))]
+        for job in jobs:
+            job.answers = [None] * len(job.inputs)
+        retry = []
+        for start in range(0, len(rows), self.batch_size):
+            chunk = rows[start : start + self.batch_size]
+            try:
+                answers = self._run([job.inputs[position] for job, position in chunk])
+            except Exception:  # noqa: BLE001 - retried per request below
+                retry.extend(job for job, _ in chunk if job not in retry)
+                continue
+            for (job, position), answer in zip(chunk, answers):
+                job.answers[position] = answer
+        for job in retry:
+            try:
+                job.answers = [
+                    answer
+                    for start in range(0, len(job.inputs), self.batch_size)
+                    for answer in self._run(job.inputs[start : start + self.batch_size])
+                ]
+            except ClientError as error:  # a hook that knows the inputs were at fault says so
+                job.fail(error)
+            except Exception as exc:  # noqa: BLE001 - the model failed on this request
+                logger.exception("tsctl inference failed for one request")
+                job.fail(InferenceError(f"inference failed: {type(exc).__name__}: {exc}"))
+
+    def _run(self, inputs: list) -> list:
+        """preprocess -> inference -> postprocess for one chunk; exactly one answer per input."""
+        with torch.inference_mode():
+            answers = self.postprocess(self.inference(self.preprocess(inputs)))
+        if not isinstance(answers, list) or len(answers) != len(inputs):
+            got = len(answers) if isinstance(answers, list) else type(answers).__name__
+            raise RuntimeError(
+                f"{type(self).__name__}.postprocess returned {got} answers for {len(inputs)} inputs: "
+                "it must return a list with one answer per input, in order"
+            )
+        return answers
+
+    def _respond(self, context, index: int, job: Job) -> str:
+        if job.error is not None:
+            error = job.error
+            self._set_status(context, index, error.status, http.HTTPStatus(error.status).phrase)
+            body = error.body()
+            logger.info("tsctl request %d rejected (%d): %s", index, error.status, error.message)
+        else:
+            v2 = self.v2_output(job.answers) if job.request.form == "v2" else None
+            body = encode_answer(job.request, job.answers, self.model_name, v2, self.model_version)
+        self._set_content_type(context, index)
+        return json.dumps(body)
 
     @staticmethod
     def _set_status(context, index: int, status: int, phrase: str):
@@ -171,6 +271,19 @@ class ToolkitHandler(BaseHandler):
         processors = getattr(context, "request_processor", None)
         if processors is not None and index < len(processors):
             context.set_response_content_type(index, JSON)
+
+
+def client_error(exc: BaseException, what: str) -> ClientError:
+    """The error one request gets for an exception raised while reading or decoding it. Anything but
+    a ClientError is a handler bug or an input too big to handle: logged with its traceback."""
+    if isinstance(exc, ClientError):
+        return exc
+    if isinstance(exc, RecursionError):
+        return ClientError(f"{what}: it is nested too deeply", 413)
+    logger.warning("tsctl: %s", what, exc_info=exc)
+    if isinstance(exc, MemoryError):
+        return ClientError(f"{what}: it needs more memory than the worker has", 413)
+    return ClientError(f"{what}: {type(exc).__name__}: {exc}")
 
 
 def entry_point(handler_class):

@@ -3,13 +3,16 @@
 model-config.yaml, all optional (ImageNet defaults)::
 
     handler:
-      resize: 256          # shorter side, before the crop
-      crop: 224            # centre crop
+      resize: 256          # shorter side, before the crop (as torchvision's Resize)
+      crop: 224            # centre crop; at most resize
       mean: [0.485, 0.456, 0.406]
       std: [0.229, 0.224, 0.225]
       top_k: 5
-      max_pixels: 89478485 # larger images are refused with 413 (decompression bombs)
       labels: index_to_name.json
+      max_pixels: 89478485         # one image above this many pixels: 413 (decompression bombs)
+      max_request_pixels: 178956970  # all images of one request together: 413
+      max_aspect_ratio: 50         # longer side / shorter side above this: 413
+      formats: [BMP, GIF, ICO, JPEG, PNG, PPM, TGA, TIFF, WEBP]  # null: every format PIL reads
       jpeg_draft: true     # decode JPEGs at the smallest DCT scale still >= the resize target (2-4x faster)
       decode_threads: 2    # decode a batch's images in parallel (PIL releases the GIL)
       channels_last: true  # NHWC batches: faster convolutions on CPU
@@ -17,15 +20,21 @@ model-config.yaml, all optional (ImageNet defaults)::
 
 Labels map class indices to names like TorchServe's ``index_to_name.json``: ``{"0": "tench"}`` or
 ``{"0": ["n01440764", "tench"]}``; without the file, labels are the class indices.
+
+The resize and crop are computed only where the crop is (``resize_crop``): an image of any shape
+costs at most crop x crop output pixels, never a full-size resized copy (a 1x100,000 PNG would ask
+torchvision's Resize for 26 GB). Images above a quarter of ``max_pixels`` decode one at a time, so a
+batch's decode memory stays near that of one image at the limit.
 """
 
+import contextlib
 import io
 import json
 import math
 import os
-from concurrent.futures import ThreadPoolExecutor
+import threading
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -38,6 +47,9 @@ from .requests import ClientError, to_bytes
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 WIDE_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")  # 16-bit and float images
+# Raster formats of photos and screenshots. Others that PIL reads are left out by default: EPS runs
+# Ghostscript, and rare decoders are where malformed files find bugs (a DDS raised NotImplementedError).
+SAFE_FORMATS = ("BMP", "GIF", "ICO", "JPEG", "PNG", "PPM", "TGA", "TIFF", "WEBP")
 
 
 @dataclass
@@ -47,8 +59,11 @@ class ImageSettings(Settings):
     mean: Tuple[float, ...] = IMAGENET_MEAN
     std: Tuple[float, ...] = IMAGENET_STD
     top_k: int = 5
-    max_pixels: int = 89_478_485
     labels: str = "index_to_name.json"
+    max_pixels: int = 89_478_485  # PIL's own decompression-bomb limit
+    max_request_pixels: int = 2 * 89_478_485
+    max_aspect_ratio: float = 50.0
+    formats: Optional[Tuple[str, ...]] = SAFE_FORMATS
     jpeg_draft: bool = True
     decode_threads: int = 2
     channels_last: bool = True
@@ -59,10 +74,18 @@ class ImageSettings(Settings):
             return "'handler.mean' and 'handler.std' must each hold 3 numbers (R, G, B)"
         if any(s <= 0 for s in self.std):
             return "'handler.std' values must be positive"
-        for key in ("resize", "crop", "top_k", "max_pixels", "decode_threads"):
+        for key in ("resize", "crop", "top_k", "max_pixels", "max_request_pixels", "max_aspect_ratio"):
             if getattr(self, key) < 1:
                 return f"'handler.{key}' must be at least 1"
-        return None
+        if self.crop > self.resize:
+            return f"'handler.crop' ({self.crop}) must not be larger than 'handler.resize' ({self.resize})"
+        if self.formats is not None:
+            Image.init()
+            unknown = [f for f in self.formats if f.upper() not in Image.OPEN]
+            if unknown:
+                known = ", ".join(sorted(Image.OPEN))
+                return f"'handler.formats' names {', '.join(unknown)}, which PIL cannot read; it reads {known}"
+        return super().check()
 
 
 def read_labels(path: str) -> dict:
@@ -85,26 +108,46 @@ class ImageClassifier(ToolkitHandler):
         return model
 
     def setup(self):
-        threads = self.settings.decode_threads
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="decode") if threads > 1 else None
+        self.formats = None if self.settings.formats is None else [f.upper() for f in self.settings.formats]
+        self.large_decode = threading.Lock()  # one image above max_pixels / 4 decodes at a time
         self.labels = read_labels(os.path.join(self.model_dir, self.settings.labels))
         self.mean = torch.tensor(self.settings.mean, device=self.device).view(1, 3, 1, 1)
         self.std = torch.tensor(self.settings.std, device=self.device).view(1, 3, 1, 1)
 
     def decode(self, item) -> torch.Tensor:
-        """Bytes to a resized, centre-cropped uint8 CHW tensor."""
+        """Bytes to a resized, centre-cropped uint8 CHW tensor; its size checked before it is decoded."""
         data = to_bytes(item, "image")
         if not data:
             raise ClientError("image is empty (0 bytes)")
-        image = open_image(data, self.settings.max_pixels, self.settings.resize if self.settings.jpeg_draft else None)
-        image = F.resize(image, [self.settings.resize], antialias=True)
-        image = F.center_crop(image, [self.settings.crop])
+        settings = self.settings
+        image = open_image(data, self.formats, settings.max_pixels)
+        self.check_size(*image.size)
+        shorter_side = settings.resize if settings.jpeg_draft else None
+        large = image.size[0] * image.size[1] > settings.max_pixels // 4
+        with self.large_decode if large else contextlib.nullcontext():
+            image = decode_image(image, settings.resize, settings.crop, shorter_side)
         return F.pil_to_tensor(image)
 
-    def decode_map(self, function, jobs):
-        if self.pool is None or len(jobs) < 2:
-            return super().decode_map(function, jobs)
-        return list(self.pool.map(function, jobs))
+    def check_size(self, width: int, height: int):
+        """Refuse an image whose size alone makes it too costly (413) or empty (400)."""
+        settings = self.settings
+        if width < 1 or height < 1:
+            raise ClientError(f"image is {width}x{height}: it has no pixels")
+        pixels = width * height
+        if pixels > settings.max_pixels:
+            raise ClientError(
+                f"image is {width}x{height} = {pixels:,} pixels, above the limit of {settings.max_pixels:,} "
+                "(handler.max_pixels)",
+                413,
+            )
+        ratio = max(width, height) / min(width, height)
+        if ratio > settings.max_aspect_ratio:
+            raise ClientError(
+                f"image is {width}x{height}, an aspect ratio of {ratio:,.0f}:1, above the limit of "
+                f"{settings.max_aspect_ratio:g}:1 (handler.max_aspect_ratio)",
+                413,
+            )
+        self.spend(pixels, "decoded pixels", "max_request_pixels", settings.max_request_pixels)
 
     def preprocess(self, inputs):
         batch = torch.stack(inputs).to(self.device, non_blocking=True)
@@ -123,34 +166,66 @@ class ImageClassifier(ToolkitHandler):
         ]
 
 
-def open_image(data: bytes, max_pixels: int, shorter_side: Optional[int] = None) -> Image.Image:
-    """Decode image bytes to RGB; refuse what PIL cannot read and images above ``max_pixels``.
+def open_image(data: bytes, formats: Optional[Sequence[str]] = None, max_pixels: int = 0) -> Image.Image:
+    """Read the image's header only (format, size, mode); nothing is decoded yet."""
+    try:
+        return Image.open(io.BytesIO(data), formats=formats)
+    except Image.DecompressionBombError as exc:  # PIL's own check, at twice its limit
+        message = f"image is above the limit of {max_pixels:,} pixels (handler.max_pixels): {exc}"
+        raise ClientError(message, 413) from None
+    except UnidentifiedImageError:
+        accepted = f" (accepted: {', '.join(formats)})" if formats else ""
+        raise ClientError(
+            f"could not decode image: not an image, damaged, or of a format this model does not accept{accepted}"
+        ) from None
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - PIL raises many kinds for malformed headers
+        raise ClientError(f"could not decode image: {exc or type(exc).__name__}") from None
+
+
+def decode_image(image: Image.Image, resize: int, crop: int, shorter_side: Optional[int] = None) -> Image.Image:
+    """Decode an opened image to RGB, resized and centre-cropped as torchvision's Resize + CenterCrop.
 
     With ``shorter_side``, a JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8) whose shorter
-    side is still at least that many pixels: the later antialiased resize sees nearly the same image."""
+    side is still at least that many pixels: the antialiased resize sees nearly the same image.
+    16-bit and float images are scaled to 8 bits (PIL would clip them at 255)."""
     try:
-        image = Image.open(io.BytesIO(data))
-        width, height = image.size
-        if width * height > max_pixels:
-            raise ClientError(f"image is {width}x{height}, above the limit of {max_pixels} pixels", 413)
-        if width < 1 or height < 1:
-            raise ClientError(f"image is {width}x{height}: it has no pixels")
         if shorter_side and image.format == "JPEG":
+            width, height = image.size
             scale = shorter_side / min(width, height)
             image.draft("RGB", (math.ceil(width * scale), math.ceil(height * scale)))
-        if image.mode in WIDE_MODES:  # 16-bit and float images: scale to 8 bits (PIL would clip at 255)
-            values = np.asarray(image, dtype=np.float32)
-            top = 65535.0 if image.mode.startswith("I;16") or values.max() > 255 else 255.0
-            image = Image.fromarray((values * (255.0 / top)).clip(0, 255).astype(np.uint8), "L")
-        return image.convert("RGB")
-    except ClientError:
+        if image.mode in WIDE_MODES:
+            low, high = image.getextrema()
+            top = 65535.0 if image.mode.startswith("I;16") or high > 255 else 255.0
+            floats = Image.fromarray(np.asarray(image, dtype=np.float32), "F")
+            values = np.asarray(resize_crop(floats, resize, crop)) * (255.0 / top)
+            return Image.fromarray(values.clip(0, 255).astype(np.uint8), "L").convert("RGB")
+        if image.mode == "L":  # resize first: the same pixels, a quarter of the memory
+            return resize_crop(image, resize, crop).convert("RGB")
+        if image.mode != "RGB":
+            image = image.convert("RGB")
+        return resize_crop(image, resize, crop)
+    except MemoryError:
         raise
-    except Image.DecompressionBombError as exc:
-        raise ClientError(f"image refused as a decompression bomb: {exc}", 413) from None
-    except UnidentifiedImageError:
-        raise ClientError("could not decode image: not a format PIL can read (send JPEG, PNG, ...)") from None
-    except (OSError, SyntaxError, ValueError) as exc:
-        raise ClientError(f"could not decode image: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - whatever a malformed file makes PIL raise
+        raise ClientError(f"could not decode image: {exc or type(exc).__name__}") from None
+
+
+def resize_crop(image: Image.Image, resize: int, crop: int) -> Image.Image:
+    """torchvision's ``Resize(resize)`` then ``CenterCrop(crop)`` (bilinear, antialiased), computed
+    only where the crop is: PIL resamples the crop's box of the original straight to crop x crop
+    pixels, with the same filter and coordinates as the full resize. Needs crop <= resize."""
+    width, height = image.size
+    if width <= height:
+        new_width, new_height = resize, int(resize * height / width)
+    else:
+        new_width, new_height = int(resize * width / height), resize
+    left = int(round((new_width - crop) / 2.0))
+    top = int(round((new_height - crop) / 2.0))
+    scale_x, scale_y = width / new_width, height / new_height
+    box = (left * scale_x, top * scale_y, (left + crop) * scale_x, (top + crop) * scale_y)
+    return image.resize((crop, crop), Image.BILINEAR, box=box)
 
 
 handle = entry_point(ImageClassifier)

@@ -22,14 +22,16 @@ from kserve import InferInput, InferOutput, InferRequest, InferResponse, Model, 
 from kserve.errors import InvalidInput
 from ts.context import Context
 
-from .requests import ClientError, parse_request
-from .testing import unpack
+from .archives import check_inside, read_manifest, unpack
+from .base import Job
+from .requests import V2, ClientError, Request, check_count
 
 
 def load_handler(archive, with_model: bool = False):
     """The archive's toolkit handler, initialised like a worker's (weights only if ``with_model``)."""
+    manifest = read_manifest(archive)
     model_dir = unpack(archive, tempfile.mkdtemp(prefix="tsctl-transformer-"))
-    manifest = json.loads((model_dir / "MAR-INF" / "MANIFEST.json").read_text())
+    check_inside(model_dir, manifest)
     model = manifest["model"]
     module_name, _, function = model["handler"].partition(":")
     handler_class = getattr(importlib.import_module(module_name), function or "handle").handler_class
@@ -47,25 +49,25 @@ class ToolkitTransformer(Model):
         self.handler = load_handler(archive)
         self.ready = True
 
-    def batch(self, items) -> torch.Tensor:
-        try:
-            inputs = [self.handler.decode(item) for item in items]
-        except ClientError as error:
-            raise InvalidInput(error.message) from None
+    def batch(self, job: Job) -> torch.Tensor:
+        """One request's items decoded as the handler would in a worker (same limits, same errors)."""
+        self.handler.decode_jobs([job])
+        if job.error is not None:
+            raise InvalidInput(job.error.message)
         with torch.inference_mode():
-            return self.handler.preprocess(inputs).cpu()
+            return self.handler.preprocess(job.inputs).cpu()
 
     def preprocess(self, payload, headers=None):
         if isinstance(payload, InferRequest):
             items = list(payload.inputs[0].data)
-            tensor = self.batch(items)
+            try:
+                check_count(items, self.handler.limits)
+            except ClientError as error:
+                raise InvalidInput(error.message) from None
+            tensor = self.batch(Job(Request(items, V2)))
             infer_input = InferInput("input-0", list(tensor.shape), "FP32", tensor.flatten().tolist())
             return InferRequest(self.name, [infer_input], request_id=payload.id)
-        try:
-            items = parse_request({"body": payload}, self.handler.item_keys).items
-        except ClientError as error:
-            raise InvalidInput(error.message) from None
-        return {"instances": self.batch(items).tolist()}
+        return {"instances": self.batch(self.handler.read({"body": payload})).tolist()}
 
     def answers(self, outputs) -> list:
         with torch.inference_mode():

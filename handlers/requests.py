@@ -6,6 +6,10 @@ A row is the dict TorchServe builds per HTTP request: ``{"body": ...}`` for a pl
 ``{"data": ...}`` (or other field names) for multipart forms. The value is ``bytes``, ``str`` for
 ``text/*`` bodies, or already-parsed JSON for ``application/json`` bodies.
 
+Every request is bounded before it costs anything (``Limits``; each breach is a 413 naming the
+``handler:`` setting): the body's size before it is parsed, the JSON's depth and number of values,
+and the number of items.
+
 Accepted bodies (the answer's shape follows the question's):
     raw bytes / plain text                       -> one item,   answer
     {"data"|"b64"|<handler key>: item}           -> one item,   answer
@@ -18,14 +22,18 @@ Accepted bodies (the answer's shape follows the question's):
 import base64
 import binascii
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
 
 SINGLE, LIST, V1, V2 = "single", "list", "v1", "v2"
+SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class ClientError(Exception):
     """A problem with one request: answered with ``status`` and a JSON body, never a worker crash."""
+
+    kind = "ClientError"
 
     def __init__(self, message: str, status: int = 400):
         super().__init__(message)
@@ -33,7 +41,23 @@ class ClientError(Exception):
         self.status = status
 
     def body(self) -> dict:
-        return {"code": self.status, "type": "ClientError", "message": self.message}
+        return {"code": self.status, "type": self.kind, "message": self.message}
+
+
+def too_large(subject: str, value: int, unit: str, setting: str, limit: int) -> ClientError:
+    """The 413 for a request above one of its limits, naming the ``handler:`` setting that sets it:
+    ``too_large("the text is", 200000, "characters", ...)``."""
+    return ClientError(f"{subject} {value:,} {unit}, above the limit of {limit:,} (handler.{setting})", 413)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may hold; each is a ``handler:`` setting of the same name."""
+
+    max_items: int = 64
+    max_body_bytes: int = 32 << 20
+    max_json_depth: int = 32
+    max_json_values: int = 100_000
 
 
 @dataclass
@@ -58,28 +82,76 @@ def row_payload(row: Any) -> Any:
     raise ClientError("the request has no body: send the input as the request body or a 'data' form field")
 
 
-def maybe_json(payload: Any) -> Any:
-    """Parse bytes or text that look like a JSON object or array; anything else is returned as is."""
+def maybe_json(payload: Any, limits: Limits = Limits()) -> Any:
+    """Parse bytes or text that look like a JSON object or array; anything else is returned as is.
+    JSON nested too deep for the parser is refused (413), never a RecursionError."""
     if isinstance(payload, (bytes, bytearray)):
         head = bytes(payload[:64]).lstrip()
         if head[:1] not in (b"{", b"["):
             return payload
         try:
-            return json.loads(bytes(payload).decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
+            text = bytes(payload).decode("utf-8")
+        except UnicodeDecodeError:
             return payload
-    if isinstance(payload, str) and payload.lstrip()[:1] in ("{", "["):
-        try:
-            return json.loads(payload)
-        except ValueError:
-            return payload
-    return payload
+    elif isinstance(payload, str) and payload.lstrip()[:1] in ("{", "["):
+        text = payload
+    else:
+        return payload
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise too_deep(limits.max_json_depth) from None
+    except ValueError:
+        return payload
 
 
-def parse_request(row: Any, item_keys: Sequence[str], v2_datatypes: Sequence[str] = ("BYTES",)) -> Request:
+def too_deep(limit: int) -> ClientError:
+    return ClientError(f"the JSON body is nested deeper than the limit of {limit} levels (handler.max_json_depth)", 413)
+
+
+def check_json(value: Any, limits: Limits):
+    """Refuse JSON nested deeper than ``max_json_depth`` or holding more than ``max_json_values``
+    values. Walked without recursion; a container is counted before its children are visited, so a
+    list of millions is refused at once."""
+    if not isinstance(value, (list, dict)):
+        return
+    count, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limits.max_json_depth:
+            raise too_deep(limits.max_json_depth)
+        count += len(node)
+        if count > limits.max_json_values:
+            raise too_large("the JSON body holds", count, "values", "max_json_values", limits.max_json_values)
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (list, dict)))
+
+
+def check_size(payload: Any, limits: Limits):
+    if isinstance(payload, (bytes, bytearray, str)) and len(payload) > limits.max_body_bytes:
+        raise too_large("the request body is", len(payload), "bytes", "max_body_bytes", limits.max_body_bytes)
+
+
+def parse_request(
+    row: Any, item_keys: Sequence[str], v2_datatypes: Sequence[str] = ("BYTES",), limits: Limits = Limits()
+) -> Request:
     """Split one row into items. ``item_keys`` name the JSON fields that hold one item;
-    ``v2_datatypes`` the KServe v2 datatypes the handler takes."""
-    body = maybe_json(row_payload(row))
+    ``v2_datatypes`` the KServe v2 datatypes the handler takes; ``limits`` bound the request."""
+    payload = row_payload(row)
+    check_size(payload, limits)
+    body = maybe_json(payload, limits)
+    check_json(body, limits)
+    request = _split(body, item_keys, v2_datatypes)
+    check_count(request.items, limits)
+    return request
+
+
+def check_count(items: list, limits: Limits):
+    if len(items) > limits.max_items:
+        raise too_large("the request holds", len(items), "inputs", "max_items", limits.max_items)
+
+
+def _split(body: Any, item_keys: Sequence[str], v2_datatypes: Sequence[str]) -> Request:
     if isinstance(body, dict):
         if "instances" in body:
             return Request(_item_list(body["instances"], "instances"), V1)
@@ -147,22 +219,33 @@ def _parse_v2(body: dict, datatypes: Sequence[str]) -> Request:
 
 
 def _flatten(data: list) -> list:
-    out = []
-    for value in data:
-        if isinstance(value, list):
-            out.extend(_flatten(value))
-        else:
+    """Nested lists to one flat list, in order, without recursion."""
+    out, stack = [], [iter(data)]
+    while stack:
+        for value in stack[-1]:
+            if isinstance(value, list):
+                stack.append(iter(value))
+                break
             out.append(value)
+        else:
+            stack.pop()
     return out
+
+
+def unwrap(item: Any, keys: Sequence[str], what: str, wanted: str) -> Any:
+    """``{"b64": {"data": x}}`` -> x: the value under the first of ``keys``, as deep as it goes."""
+    while isinstance(item, dict):
+        key = next((k for k in keys if k in item), None)
+        if key is None:
+            found = ", ".join(sorted(map(str, item))) or "none"
+            raise ClientError(f"{what} object must hold {wanted}, got keys: {found}")
+        item = item[key]
+    return item
 
 
 def to_bytes(item: Any, what: str = "input") -> bytes:
     """Raw bytes of one binary item: bytes as is; a base64 string (or ``{"b64": ...}``) decoded."""
-    if isinstance(item, dict):
-        for key in ("b64", "data", "bytes"):
-            if key in item:
-                return to_bytes(item[key], what)
-        raise ClientError(f"{what} object must hold 'b64' or 'data', got keys: {', '.join(sorted(item)) or 'none'}")
+    item = unwrap(item, ("b64", "data", "bytes"), what, "'b64' or 'data'")
     if isinstance(item, (bytes, bytearray)):
         return bytes(item)
     if isinstance(item, str):
@@ -178,11 +261,7 @@ def to_bytes(item: Any, what: str = "input") -> bytes:
 
 def to_text(item: Any, what: str = "input", keys: Sequence[str] = ("text", "data", "inputs")) -> str:
     """One text item as ``str``: UTF-8 bytes decoded, ``{"text": ...}`` unwrapped."""
-    if isinstance(item, dict):
-        for key in keys:
-            if key in item:
-                return to_text(item[key], what, keys)
-        raise ClientError(f"{what} object must hold 'text', got keys: {', '.join(sorted(item)) or 'none'}")
+    item = unwrap(item, keys, what, "'text'")
     if isinstance(item, (bytes, bytearray)):
         try:
             item = bytes(item).decode("utf-8")
@@ -192,6 +271,9 @@ def to_text(item: Any, what: str = "input", keys: Sequence[str] = ("text", "data
         raise ClientError(f"{what} must be a string, got {type(item).__name__}")
     if not item.strip():
         raise ClientError(f"{what} is empty")
+    surrogate = SURROGATE.search(item)
+    if surrogate:  # JSON's "\ud800" escapes can carry them; no UTF-8 encoder takes them
+        raise ClientError(f"{what} holds an unpaired surrogate (U+{ord(surrogate.group()):04X}) at {surrogate.start()}")
     return item
 
 

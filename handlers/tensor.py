@@ -9,6 +9,8 @@ model-config.yaml, all optional::
 
     handler:
       input_shape: [3, 224, 224]   # refuse inputs of another shape with 400, before they reach the batch
+      max_body_bytes: 67108864     # JSON tensors are large: 64 MiB, 16 M values by default
+      max_json_values: 16777216
 """
 
 from dataclasses import dataclass
@@ -23,6 +25,8 @@ from .requests import ClientError
 @dataclass
 class TensorSettings(Settings):
     input_shape: Optional[Tuple[int, ...]] = None
+    max_body_bytes: int = 64 << 20  # a transformer sends a whole batch of image tensors as JSON
+    max_json_values: int = 1 << 24
 
 
 class TensorPredictor(ToolkitHandler):
@@ -36,14 +40,34 @@ class TensorPredictor(ToolkitHandler):
             shape, item = item.get("shape"), item["data"]
         try:
             tensor = torch.tensor(item, dtype=torch.float32)
-        except (TypeError, ValueError, RuntimeError) as exc:
+        except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
             raise ClientError(f"tensor input is not a rectangular list of numbers: {exc}") from None
         if shape is not None:
-            tensor = tensor.reshape(shape)
+            try:
+                tensor = tensor.reshape(shape)
+            except (TypeError, ValueError, RuntimeError) as exc:
+                raise ClientError(f"tensor input of {tensor.numel()} values cannot take shape {shape}: {exc}") from None
+        if tensor.numel() == 0:
+            raise ClientError(f"tensor input of shape {list(tensor.shape)} holds no values")
         expected = self.settings.input_shape
         if expected is not None and tuple(tensor.shape) != tuple(expected):
             raise ClientError(f"tensor input has shape {list(tensor.shape)}, this model takes {list(expected)}")
         return tensor
+
+    def preprocess(self, inputs):
+        shapes = sorted({tuple(t.shape) for t in inputs})
+        if len(shapes) > 1:  # inputs of one request (a batch of several runs each request alone)
+            raise ClientError(f"tensor inputs of one request must share one shape, got {[list(s) for s in shapes]}")
+        return super().preprocess(inputs)
+
+    def inference(self, batch, *args, **kwargs):
+        try:
+            return self.model(batch)
+        except RuntimeError as exc:  # raw tensors in: a shape or type the model cannot take
+            raise ClientError(
+                f"the model cannot take a tensor of shape {list(batch.shape[1:])}: {str(exc).splitlines()[-1]} "
+                "(set handler.input_shape to refuse such inputs early)"
+            ) from None
 
     def postprocess(self, output):
         return output.float().tolist()

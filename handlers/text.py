@@ -1,24 +1,26 @@
 """What the Hugging Face handlers share: a model directory, a tokenizer, text requests, dynamic padding.
 
 The archive's serialized file is a directory written by ``save_pretrained`` (config.json, weights,
-tokenizer files). A batch of texts is tokenised at once, padded to its longest text (not to
-``max_length``) and truncated to ``max_length`` tokens.
+tokenizer files). Each text is tokenised on its own in ``decode`` (so a text the tokenizer chokes
+on fails its own request) and truncated to ``max_length`` tokens; a batch is padded to its longest
+text, not to ``max_length``.
 
 model-config.yaml, all optional::
 
     handler:
       max_length: 256   # default: sentence_bert_config.json's max_seq_length, else the tokenizer's, at most 512
       padding: longest  # or max_length (every text padded to max_length: only for comparisons)
+      max_text_chars: 100000  # a longer text is refused with 413 (the tokenizer reads all of it)
 """
 
 import json
 import os
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from .base import Settings, ToolkitHandler
 from .loading import ModelLoadError
-from .requests import to_text
+from .requests import to_text, too_large
 
 MAX_LENGTH_CAP = 512
 
@@ -27,16 +29,29 @@ PADDINGS = ("longest", "max_length")
 
 
 @dataclass
+class Encoded:
+    """One tokenised text: the model's inputs (unpadded lists) and, if asked for, where tokens are."""
+
+    text: str
+    features: dict
+    offsets: Optional[list] = None  # (start, end) characters per token
+    word_ids: Optional[list] = None  # word index per token, None for special tokens
+
+
+@dataclass
 class TextSettings(Settings):
     max_length: Optional[int] = None
     padding: str = "longest"  # max_length: pad every text to max_length (only to compare; it is slower)
+    max_text_chars: int = 100_000
 
     def check(self):
         if self.max_length is not None and self.max_length < 2:
             return "'handler.max_length' must be at least 2 tokens"
         if self.padding not in PADDINGS:
             return f"'handler.padding' must be one of {', '.join(PADDINGS)}, got {self.padding!r}"
-        return None
+        if self.max_text_chars < 1:
+            return "'handler.max_text_chars' must be at least 1"
+        return super().check()
 
 
 class TextHandler(ToolkitHandler):
@@ -85,21 +100,32 @@ class TextHandler(ToolkitHandler):
             return int(length)
         return min(int(getattr(self.tokenizer, "model_max_length", MAX_LENGTH_CAP)), MAX_LENGTH_CAP)
 
-    def decode(self, item) -> str:
-        return to_text(item, "text")
+    with_offsets = False  # token classification: keep character offsets and word ids
 
-    def tokenize(self, texts: List[str], **extra):
-        return self.tokenizer(
-            texts,
+    def decode(self, item) -> Encoded:
+        text = to_text(item, "text")
+        if len(text) > self.settings.max_text_chars:
+            raise too_large("the text is", len(text), "characters", "max_text_chars", self.settings.max_text_chars)
+        encoding = self.tokenizer(
+            text, truncation=True, max_length=self.max_length, return_offsets_mapping=self.with_offsets
+        )
+        features = {name: encoding[name] for name in self.tokenizer.model_input_names if name in encoding}
+        if not self.with_offsets:
+            return Encoded(text, features)
+        return Encoded(text, features, encoding["offset_mapping"], encoding.word_ids())
+
+    def pad(self, items: Sequence[Encoded]):
+        """One batch of tensors, padded to the longest text (or to max_length with padding: max_length)."""
+        batch = self.tokenizer.pad(
+            [item.features for item in items],
             padding=self.settings.padding,
-            truncation=True,
             max_length=self.max_length,
             return_tensors="pt",
-            **extra,
         )
+        return batch.to(self.device)
 
-    def preprocess(self, texts: List[str]):
-        return self.tokenize(texts).to(self.device)
+    def preprocess(self, items: List[Encoded]):
+        return self.pad(items)
 
     def inference(self, batch, *args, **kwargs):
         return self.model(**batch)

@@ -21,7 +21,7 @@ import torch
 
 from .base import entry_point
 from .loading import ModelLoadError
-from .text import TextHandler, TextSettings
+from .text import Encoded, TextHandler, TextSettings
 
 AGGREGATIONS = ("first", "average", "max")
 
@@ -40,6 +40,7 @@ class TokenSettings(TextSettings):
 class TokenClassifier(TextHandler):
     Settings = TokenSettings
     auto_class = "AutoModelForTokenClassification"
+    with_offsets = True
 
     def setup(self):
         super().setup()
@@ -48,20 +49,17 @@ class TokenClassifier(TextHandler):
         config = self.model.config
         self.labels = [config.id2label.get(i, str(i)) for i in range(config.num_labels)]
 
-    def preprocess(self, texts: List[str]):
-        encoding = self.tokenize(texts, return_offsets_mapping=True)
-        offsets = encoding.pop("offset_mapping").tolist()
-        words = [encoding.word_ids(i) for i in range(len(texts))]
-        return texts, offsets, words, encoding.to(self.device)
+    def preprocess(self, items: List[Encoded]):
+        return items, self.pad(items)
 
     def inference(self, batch, *args, **kwargs):
-        texts, offsets, words, encoding = batch
+        items, encoding = batch
         probabilities = torch.softmax(self.model(**encoding).logits.float(), dim=-1)
-        return texts, offsets, words, probabilities.cpu()
+        return items, probabilities.cpu()
 
     def postprocess(self, output):
-        texts, offsets, words, probabilities = output
-        return [self.entities(text, offsets[i], words[i], probabilities[i]) for i, text in enumerate(texts)]
+        items, probabilities = output
+        return [self.entities(item.text, item.offsets, item.word_ids, probabilities[i]) for i, item in enumerate(items)]
 
     def entities(self, text: str, offsets, word_ids, probabilities) -> List[dict]:
         spans = []  # (label, score, start, end) per word

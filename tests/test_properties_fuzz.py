@@ -5,7 +5,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handlers.image import open_image
+from handlers.image import SAFE_FORMATS, decode_image, open_image
 from handlers.requests import ClientError, encode_answer, parse_request, to_bytes, to_text
 
 json_values = st.recursive(
@@ -55,7 +55,8 @@ def test_arbitrary_json_as_parsed_or_raw(value):
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=300), st.sampled_from([b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff\xe0", b"GIF89a", b"BM", b""]))
 def test_arbitrary_image_bytes(tail, magic):
-    try:
-        open_image(magic + tail, 89_478_485, 256)
-    except ClientError as error:
-        assert error.status in (400, 413)
+    for formats in (SAFE_FORMATS, None):
+        try:
+            decode_image(open_image(magic + tail, formats, 89_478_485), 256, 224, 256)
+        except ClientError as error:
+            assert error.status in (400, 413)

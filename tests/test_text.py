@@ -90,8 +90,9 @@ def test_each_bad_text_fails_alone_in_a_batch(text_store):
 
 def test_tokenisation_pads_to_the_longest_text_not_max_length(text_store):
     with LocalModel(text_store / "sentiment.mar") as model:
-        batch = model.handler.tokenize(["a b", "c", "d"])
-        truncated = model.handler.tokenize(["word " * 1000])
+        handler = model.handler
+        batch = handler.preprocess([handler.decode(text) for text in ("a b", "c", "d")])
+        truncated = handler.preprocess([handler.decode("word " * 1000)])
     assert batch["input_ids"].shape == (3, 4)  # [CLS] a b [SEP]: the longest text, not max_length
     assert truncated["input_ids"].shape == (1, 512)
 
