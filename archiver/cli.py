@@ -11,6 +11,8 @@ from pathlib import Path
 
 import click
 
+from handlers.archives import ArchiveError
+
 from . import bench as load
 from . import kserve, mar, properties, server
 from .errors import ServerError, UserError
@@ -25,7 +27,7 @@ class Command(click.Command):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except (UserError, ServerError) as error:
+        except (UserError, ServerError, ArchiveError) as error:
             click.secho(f"error: {error}", fg="red", err=True)
             ctx.exit(error.exit_code)
 
@@ -54,10 +56,13 @@ def main():
     help="default/zip-store: .mar; tgz: .tar.gz; no-archive: a directory.",
 )
 @click.option("-f", "--force", is_flag=True, help="Overwrite an existing archive.")
+@click.option("--follow-symlinks", is_flag=True, help="Package what symbolic links among the inputs point to.")
 def package(**flags):
     """Build model-store/NAME.mar (torch-model-archiver's flags)."""
     extra = [p.strip() for p in flags.pop("extra_files").split(",") if p.strip()]
-    path = mar.package(mar.PackageOptions(extra_files=extra, **flags))
+    path, planned = mar.build(mar.PackageOptions(extra_files=extra, **flags))
+    for link, real in planned.followed:
+        click.echo(f"followed {link} -> {real}")
     size = path.stat().st_size if path.is_file() else sum(s for _, s in mar.list_entries(path))
     click.echo(f"wrote {path} ({size / 1e6:.1f} MB)")
 
@@ -134,9 +139,10 @@ def stop(home):
 @click.option("--timeout", default=60.0, show_default=True)
 def predict(model, inputs, home, timeout):
     """Send each INPUT file to /predictions/MODEL on the running server and print the answers."""
+    paths = [input_file(p) for p in inputs]
     srv = running_server(home)
     failed = False
-    for path in inputs:
+    for path in paths:
         try:
             status, body = server.predict(srv, model, Path(path), timeout)
         except OSError as exc:
@@ -147,17 +153,39 @@ def predict(model, inputs, home, timeout):
 
 
 @main.command(cls=Command)
-@click.argument("archive", type=click.Path(exists=True))
-@click.argument("inputs", nargs=-1, required=True, type=click.Path(exists=True))
+@click.argument("archive", type=click.Path())
+@click.argument("inputs", nargs=-1, required=True, type=click.Path())
 def run(archive, inputs):
     """Run ARCHIVE's handler in-process (no server) on INPUT files as one batch."""
+    paths = [input_file(p) for p in inputs]
+    mar.read_manifest(archive)  # a missing, foreign or unsafe archive is refused before torch loads
+    from handlers.loading import ModelLoadError
+    from handlers.settings import SettingsError
     from handlers.testing import LocalModel
 
-    with LocalModel(archive, batch_size=len(inputs)) as model:
-        responses = model.predict([Path(p) for p in inputs])
+    try:
+        model = LocalModel(archive, batch_size=len(paths))
+    except (ModelLoadError, SettingsError) as exc:
+        raise UserError(f"{archive}: {exc}") from None
+    except ArchiveError:
+        raise
+    except Exception as exc:  # the archive's own handler failed to load: its error, in one line
+        raise ServerError(f"{archive}: the handler failed to load: {type(exc).__name__}: {exc}") from None
+    with model:
+        responses = model.predict([Path(p) for p in paths])
     for path, response in zip(inputs, responses):
         click.echo(f"{path}: {response.status} {json.dumps(response.json())}")
     sys.exit(0 if all(r.status == 200 for r in responses) else 1)
+
+
+def input_file(path: str) -> Path:
+    """An input given on the command line: an existing regular file, else one-line UserError."""
+    p = Path(path)
+    if p.is_dir():
+        raise UserError(f"input {path} is a directory: give the files in it")
+    if not p.is_file():
+        raise UserError(f"input {path} does not exist: check the path")
+    return p
 
 
 def running_server(home) -> server.Server:

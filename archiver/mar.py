@@ -6,13 +6,21 @@ model-config.yaml at its root, plus ``MAR-INF/MANIFEST.json``. A toolkit handler
 loads it with nothing else installed. Directories keep their name and structure inside the archive.
 
 Builds are deterministic (sorted entries, fixed timestamps: ``SOURCE_DATE_EPOCH`` or the newest
-input's mtime) and atomic (a temporary file in the export directory, renamed into place only when
-complete). Weights are stored uncompressed: they do not deflate, and storing them is what makes
+input's mtime, in UTC) and atomic (an unnamed file in the export directory, linked into place only
+when complete; without ``--force`` the link is exclusive, so of two racing builds one gets a clear
+error). Weights are stored uncompressed: they do not deflate, and storing them is what makes
 packaging fast.
+
+What a build refuses, before writing anything: a target that is one of its inputs (or holds one);
+symbolic links among the inputs unless ``follow_symlinks`` (each followed link is reported);
+special files; names that are not UTF-8; two inputs with one name inside the archive, or one
+named like what tsctl writes itself (``MAR-INF/``, the bundled ``handlers/``, requirements.txt);
+model names and versions that config.properties could not carry.
 """
 
 import ast
 import contextlib
+import errno
 import gzip
 import importlib
 import importlib.metadata
@@ -32,25 +40,29 @@ from typing import Dict, List, Optional, Tuple, Union
 import yaml
 
 import handlers
-from handlers import TOOLKIT_HANDLERS
+from handlers import TOOLKIT_HANDLERS, archives
 
 from .errors import UserError
 from .model_config import check_model_config
 
-MANIFEST = "MAR-INF/MANIFEST.json"
+MANIFEST = archives.MANIFEST
 ARCHIVER_VERSION = "0.12.0"  # the torch-model-archiver format these archives follow
 FORMATS = {"default": ".mar", "zip-store": ".mar", "tgz": ".tar.gz", "no-archive": ""}
+# Names and versions end up in config.properties' model_snapshot (JSON inside a Java properties
+# file, read again by KServe's wrapper with a plain split): only characters neither format escapes.
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-.]*$")
+VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-.+]{0,63}$")
 WEIGHT_SUFFIXES = (".pt", ".pth", ".pt2", ".bin", ".safetensors", ".onnx", ".ckpt", ".h5", ".msgpack")
 SKIP_DIRS = {"__pycache__", "__MACOSX"}
 COPY_BUFFER = 4 << 20
+EARLIEST = 315532800  # 1980-01-01: zip dates start there
 
 Source = Union[Path, bytes]  # a file on disk, or content tsctl writes (a generated requirements.txt)
 
 
 @dataclass
 class PackageOptions:
-    """torch-model-archiver's flags, by the same names."""
+    """torch-model-archiver's flags, by the same names (plus ``follow_symlinks``)."""
 
     model_name: str
     handler: str
@@ -63,6 +75,16 @@ class PackageOptions:
     export_path: str = "model-store"
     archive_format: str = "default"
     force: bool = False
+    follow_symlinks: bool = False
+
+
+@dataclass
+class Plan:
+    """What a build will write: entries (name inside -> source), the manifest, links followed."""
+
+    entries: Dict[str, Source]
+    manifest: dict
+    followed: List[Tuple[Path, Path]] = field(default_factory=list)
 
 
 def archive_path(export_path, model_name: str, archive_format: str = "default") -> Path:
@@ -71,108 +93,196 @@ def archive_path(export_path, model_name: str, archive_format: str = "default") 
 
 def package(options: PackageOptions) -> Path:
     """Validate everything, then write the archive atomically. Returns its path."""
-    entries, manifest = plan(options)
+    return build(options)[0]
+
+
+def build(options: PackageOptions) -> Tuple[Path, Plan]:
+    """``package``, also returning the plan (the CLI reports the symbolic links it followed)."""
+    planned = plan(options)
     target = archive_path(options.export_path, options.model_name, options.archive_format)
-    if target.exists() and not options.force:
+    check_target(target, planned.entries)
+    if (target.exists() or target.is_symlink()) and not options.force:
         raise UserError(f"{target} already exists: pass --force to overwrite it")
-    Path(options.export_path).mkdir(parents=True, exist_ok=True)
-    write_archive(target, entries, manifest, options.archive_format)
-    return target
+    try:
+        Path(options.export_path).mkdir(parents=True, exist_ok=True)
+        write_archive(target, planned.entries, planned.manifest, options.archive_format, options.force)
+    except FileExistsError:
+        raise UserError(f"{target} was created by someone else while this build ran: pass --force to overwrite it")
+    except OSError as exc:
+        raise write_error(exc, target) from None
+    return target, planned
 
 
-def plan(options: PackageOptions) -> Tuple[Dict[str, Source], dict]:
+def write_error(exc: OSError, target: Path) -> UserError:
+    """One sentence for a build that the file system stopped (full disk, permissions)."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return UserError(f"no space left on the device of {target.parent}: free some, or pick another --export-path")
+    return UserError(f"could not build {target}: {exc.filename or target}: {exc.strerror or exc}")
+
+
+def check_target(target: Path, entries: Dict[str, Source]):
+    """Refuse to write over an input, or into a directory that holds one (no-archive --force would
+    delete it)."""
+    resolved = Path(os.path.realpath(target))
+    for source in entries.values():
+        if isinstance(source, Path):
+            real = Path(os.path.realpath(source))
+            if real == resolved or resolved in real.parents:
+                raise UserError(
+                    f"the archive {target} would overwrite the input {source}: pick another --export-path or name"
+                )
+
+
+def plan(options: PackageOptions) -> Plan:
     """The archive's entries (name inside -> file on disk) and its manifest, after validation."""
     name = options.model_name
     if not MODEL_NAME.match(name or ""):
         raise UserError(
             f"invalid --model-name {name!r}: use letters, digits, '_', '-' and '.', starting with a letter or digit"
         )
+    if not VERSION.match(options.version or ""):
+        raise UserError(
+            f"invalid --version {options.version!r}: use up to 64 letters, digits, '.', '_', '+' and '-', "
+            "starting with a letter or digit"
+        )
     if options.archive_format not in FORMATS:
         raise UserError(f"unknown --archive-format {options.archive_format!r}: use one of {', '.join(FORMATS)}")
-    entries: Dict[str, Source] = {}
+    inputs = Inputs(options.follow_symlinks)
     model = {"modelName": name}
 
     if options.serialized_file:
-        serialized = _existing(options.serialized_file, "--serialized-file")
-        _add(entries, serialized)
+        serialized = inputs.add(options.serialized_file, "--serialized-file")
         model["serializedFile"] = serialized.name
 
-    handler_entry, bundle = _resolve_handler(options.handler, entries)
+    handler_entry, bundle = _resolve_handler(options.handler, inputs)
     model["handler"] = handler_entry
     if handler_entry in TOOLKIT_HANDLERS.values() and not options.serialized_file:
         raise UserError(f"--handler {options.handler} needs the model's weights: pass --serialized-file")
 
     if options.model_file:
-        model_file = _existing(options.model_file, "--model-file")
-        if not model_file.is_file() or model_file.suffix != ".py":
+        model_file = Path(options.model_file)
+        if model_file.suffix != ".py" or (model_file.exists() and not model_file.is_file()):
             raise UserError(f"--model-file {options.model_file} must be a Python file defining the model class")
-        _add(entries, model_file)
+        inputs.add(options.model_file, "--model-file")
         model["modelFile"] = model_file.name
 
     model["modelVersion"] = options.version
 
     for extra in options.extra_files:
-        _add(entries, _existing(extra, "--extra-files"))
+        inputs.add(extra, "--extra-files")
 
     handler_class = _toolkit_class(handler_entry)
-    requirements = _requirements(options.requirements_file, getattr(handler_class, "requirements", ()))
+    requirements = _requirements(options.requirements_file, getattr(handler_class, "requirements", ()), inputs)
     if requirements is not None:
         name_in_mar, content = requirements
-        entries[name_in_mar] = content
+        inputs.put(name_in_mar, content, "the archive's requirements (--requirements-file)")
         model["requirementsFile"] = name_in_mar
 
     if options.config_file:
-        config = _existing(options.config_file, "--config-file")
+        config = inputs.add(options.config_file, "--config-file")
         check_model_config(config, handler_class.Settings if handler_class else None)
-        _add(entries, config)
         model["configFile"] = config.name
 
     if bundle:
+        taken = sorted(n for n in inputs.entries if n.split("/", 1)[0] == "handlers")
+        if taken:
+            raise UserError(
+                f"an input is stored as {taken[0]}, inside the toolkit's bundled handlers/ package: rename it"
+            )
         package_dir = Path(handlers.__file__).parent
         for source in sorted(package_dir.glob("*.py")):
-            _add(entries, source, f"handlers/{source.name}")
+            inputs.entries[f"handlers/{source.name}"] = source
 
     manifest = {
-        "createdOn": time.strftime("%d/%m/%Y %H:%M:%S", time.gmtime(_build_time(entries))),
+        "createdOn": time.strftime("%d/%m/%Y %H:%M:%S", time.gmtime(_build_time(inputs.entries))),
         "runtime": "python",
         "model": model,
         "archiverVersion": ARCHIVER_VERSION,
     }
-    return entries, manifest
+    return Plan(inputs.entries, manifest, inputs.followed)
 
 
-def _existing(path: str, flag: str) -> Path:
-    p = Path(path)
-    if not p.exists():
-        raise UserError(f"{flag} {path} does not exist: check the path")
-    return p
+class Inputs:
+    """The files a build reads, by the name each gets inside the archive. Each is checked as it is
+    added: it exists, it is a regular file or directory, it is no symbolic link unless links are
+    followed (then each is recorded), its name is UTF-8 and free."""
 
+    def __init__(self, follow_symlinks: bool):
+        self.follow = follow_symlinks
+        self.entries: Dict[str, Source] = {}
+        self.followed: List[Tuple[Path, Path]] = []
 
-def _add(entries: Dict[str, Source], source: Path, arcname: Optional[str] = None):
-    """Add a file, or a directory with its structure, under ``arcname`` (default: its own name)."""
-    arcname = arcname or source.name
-    if source.is_dir():
-        for root, dirs, files in os.walk(source):
-            dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
-            for f in sorted(files):
-                if f.endswith(".pyc") or f == ".DS_Store":
+    def add(self, path: str, flag: str) -> Path:
+        """A file or directory given on the command line, stored under its own name."""
+        source = Path(path)
+        if not source.exists() and not source.is_symlink():
+            raise UserError(f"{flag} {path} does not exist: check the path")
+        self._add(source, source.name, flag, set())
+        return source
+
+    def put(self, name: str, content: bytes, what: str):
+        """Content tsctl writes itself (requirements.txt)."""
+        if name in self.entries:
+            raise UserError(f"{self.entries[name]} would be stored as {name}, which holds {what}: rename it")
+        self.entries[name] = content
+
+    def _add(self, source: Path, arcname: str, flag: str, ancestors: set):
+        real = self._follow(source, flag)
+        try:
+            arcname.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UserError(f"{source!r} has a name that is not valid UTF-8: rename it") from None
+        if arcname == "MAR-INF" or arcname.startswith("MAR-INF/"):
+            raise UserError(f"{source} would be stored as {arcname}, where the archive's manifest lives: rename it")
+        if real.is_dir():
+            if real in ancestors:
+                raise UserError(f"{source} is a symbolic link loop (it leads back to {real}): remove the link")
+            for child in sorted(real.iterdir(), key=lambda p: p.name):
+                if skipped(child):
                     continue
-                full = Path(root) / f
-                _add(entries, full, f"{arcname}/{full.relative_to(source).as_posix()}")
-        return
-    if arcname in entries and (isinstance(entries[arcname], bytes) or entries[arcname].resolve() != source.resolve()):
-        raise UserError(f"two inputs would both be stored as {arcname} ({entries[arcname]} and {source}): rename one")
-    entries[arcname] = source
+                self._add(source / child.name, f"{arcname}/{child.name}", flag, ancestors | {real})
+            return
+        if not real.is_file():
+            raise UserError(f"{source} is not a regular file (a device, socket or pipe): {flag} takes files")
+        existing = self.entries.get(arcname)
+        if existing is not None and (isinstance(existing, bytes) or os.path.realpath(existing) != str(real)):
+            raise UserError(f"two inputs would both be stored as {arcname} ({existing} and {source}): rename one")
+        self.entries[arcname] = source
+
+    def _follow(self, source: Path, flag: str) -> Path:
+        """The real path behind ``source``; a symbolic link only with --follow-symlinks."""
+        if not source.is_symlink():
+            return Path(os.path.realpath(source))
+        link = os.readlink(source)
+        if not self.follow:
+            raise UserError(
+                f"{source} is a symbolic link (to {link}): pass --follow-symlinks to package what it points to"
+            )
+        try:
+            real = source.resolve(strict=True)
+        except FileNotFoundError:
+            raise UserError(f"{source} is a broken symbolic link (to {link}): fix or remove it") from None
+        except (RuntimeError, OSError):
+            raise UserError(f"{source} is a symbolic link loop (to {link}): fix or remove it") from None
+        self.followed.append((source, real))
+        return real
 
 
-def _resolve_handler(handler: str, entries: Dict[str, Source]) -> Tuple[str, bool]:
+def skipped(path: Path) -> bool:
+    """Caches and hidden directories, compiled Python, Finder metadata: never packaged."""
+    if path.is_dir():
+        return path.name in SKIP_DIRS or path.name.startswith(".")
+    return path.name.endswith(".pyc") or path.name == ".DS_Store"
+
+
+def _resolve_handler(handler: str, inputs: Inputs) -> Tuple[str, bool]:
     """The manifest's handler string and whether to bundle the toolkit's ``handlers/`` package."""
     if handler in TOOLKIT_HANDLERS:
         return TOOLKIT_HANDLERS[handler], True
     path, _, function = handler.partition(":")
     source = Path(path)
     if source.suffix == ".py" and source.is_file():
-        _add(entries, source)
+        inputs.add(path, "--handler")
         entry = source.name + (f":{function}" if function else "")
         return entry, _imports_toolkit(source)
     known = ", ".join(TOOLKIT_HANDLERS)
@@ -184,9 +294,11 @@ def _resolve_handler(handler: str, entries: Dict[str, Source]) -> Tuple[str, boo
 def _imports_toolkit(source: Path) -> bool:
     """True when a user's handler file imports this toolkit's ``handlers`` package."""
     try:
-        tree = ast.parse(source.read_text(encoding="utf-8"), filename=str(source))
+        tree = ast.parse(source.read_bytes(), filename=str(source))
     except SyntaxError as exc:
         raise UserError(f"--handler {source} is not valid Python (line {exc.lineno}): {exc.msg}") from None
+    except ValueError as exc:  # null bytes
+        raise UserError(f"--handler {source} is not a Python source file: {exc}") from None
     for node in ast.walk(tree):
         if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "handlers" for a in node.names):
             return True
@@ -203,15 +315,21 @@ def _toolkit_class(handler_entry: str):
     return getattr(importlib.import_module(module_name), function).handler_class
 
 
-def _requirements(path: Optional[str], needed) -> Optional[Tuple[str, bytes]]:
+def _requirements(path: Optional[str], needed, inputs: Inputs) -> Optional[Tuple[str, bytes]]:
     """The archive's requirements file: the user's, plus a pin of each package the handler needs
     (at the version installed here) that the user's file does not already name."""
     lines = []
     name = "requirements.txt"
     if path:
-        source = _existing(path, "--requirements-file")
+        source = Path(path)
+        if not source.exists() and not source.is_symlink():
+            raise UserError(f"--requirements-file {path} does not exist: check the path")
+        inputs._follow(source, "--requirements-file")
         name = source.name
-        lines = source.read_text(encoding="utf-8").splitlines()
+        try:
+            lines = source.read_text(encoding="utf-8").splitlines()
+        except (UnicodeDecodeError, IsADirectoryError) as exc:
+            raise UserError(f"--requirements-file {path} is not a UTF-8 text file: {exc}") from None
     named = {re.split(r"[<>=!~\[; ]", line.strip(), maxsplit=1)[0].lower() for line in lines if line.strip()}
     for package in needed:
         if package.lower() not in named:
@@ -222,10 +340,11 @@ def _requirements(path: Optional[str], needed) -> Optional[Tuple[str, bytes]]:
 
 
 def _build_time(entries: Dict[str, Source]) -> int:
+    """Seconds since the epoch (UTC) stamped on every entry: SOURCE_DATE_EPOCH or the newest input."""
     if os.environ.get("SOURCE_DATE_EPOCH"):
-        return int(os.environ["SOURCE_DATE_EPOCH"])
+        return max(int(os.environ["SOURCE_DATE_EPOCH"]), EARLIEST)
     stamps = [int(p.stat().st_mtime) for p in entries.values() if isinstance(p, Path)]
-    return max(stamps, default=315532800)
+    return max(stamps + [EARLIEST])
 
 
 def _size(source: Source) -> int:
@@ -237,24 +356,26 @@ def _open(source: Source):
 
 
 # ---- writing ------------------------------------------------------------------------------------
-def write_archive(target: Path, entries: Dict[str, Source], manifest: dict, archive_format: str):
+def write_archive(target: Path, entries: Dict[str, Source], manifest: dict, archive_format: str, force=True):
+    """Write the archive; with ``force`` it replaces ``target``, else FileExistsError if it exists."""
     manifest_bytes = (json.dumps(manifest, indent=2) + "\n").encode("utf-8")
-    stamp = time.gmtime(max(_build_time(entries), 315532800))  # zip dates start in 1980
+    epoch = _build_time(entries)
     if archive_format == "no-archive":
-        _write_directory(target, entries, manifest_bytes)
+        _write_directory(target, entries, manifest_bytes, force)
         return
     writer = _write_tgz if archive_format == "tgz" else _write_zip
     with _unnamed_file(target.parent) as (out, publish):
-        writer(out, entries, manifest_bytes, stamp, target.name, archive_format)
+        writer(out, entries, manifest_bytes, epoch, target.name, archive_format)
         out.flush()
         os.fsync(out.fileno())
-        publish(target)
+        publish(target, force)
 
 
 @contextlib.contextmanager
 def _unnamed_file(directory: Path):
-    """A file with no name until ``publish(target)`` links it into place (Linux O_TMPFILE): a build
-    that fails, or a process killed mid-write, leaves neither a partial archive nor a temporary file.
+    """A file with no name until ``publish(target, replace)`` links it into place (Linux O_TMPFILE):
+    a build that fails, or a process killed mid-write, leaves neither a partial archive nor a
+    temporary file. Without ``replace`` the link is exclusive (FileExistsError if the target exists).
     Where O_TMPFILE is not supported, a hidden named temporary file is removed on failure instead."""
     try:
         fd = os.open(directory, os.O_TMPFILE | os.O_WRONLY, 0o644)
@@ -262,30 +383,39 @@ def _unnamed_file(directory: Path):
         fd = None
     if fd is not None:
 
-        def publish(target: Path):
-            staging = f".{target.name}.{os.getpid()}.tmp"
+        def publish(target: Path, replace: bool):
+            name = f".{target.name}.{os.getpid()}.tmp" if replace else target.name
             directory_fd = os.open(target.parent, os.O_RDONLY)
             try:  # linkat(AT_SYMLINK_FOLLOW) gives the open file a name; plain link() cannot
-                os.link(f"/proc/self/fd/{fd}", staging, dst_dir_fd=directory_fd, follow_symlinks=True)
+                os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=directory_fd, follow_symlinks=True)
             finally:
                 os.close(directory_fd)
-            os.replace(target.parent / staging, target)
+            if replace:
+                os.replace(target.parent / name, target)
 
         with os.fdopen(fd, "wb") as out:
             yield out, publish
         return
     fd, tmp = tempfile.mkstemp(prefix=".", suffix=".tmp", dir=directory)
+
+    def publish_named(target: Path, replace: bool):
+        os.chmod(tmp, 0o644)
+        if replace:
+            os.replace(tmp, target)
+        else:
+            os.link(tmp, target)
+            os.unlink(tmp)
+
     try:
         with os.fdopen(fd, "wb") as out:
-            yield out, lambda target: (os.chmod(tmp, 0o644), os.replace(tmp, target))
-    except BaseException:
+            yield out, publish_named
+    finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        raise
 
 
-def _write_zip(out, entries, manifest_bytes, stamp, _name, archive_format):
-    date_time = tuple(stamp[:6])
+def _write_zip(out, entries, manifest_bytes, epoch: int, _name, archive_format):
+    date_time = tuple(time.gmtime(epoch)[:6])
     with zipfile.ZipFile(out, "w", allowZip64=True) as z:
         for arcname in sorted(entries):
             source = entries[arcname]
@@ -304,13 +434,12 @@ def _write_zip(out, entries, manifest_bytes, stamp, _name, archive_format):
         z.writestr(info, manifest_bytes)
 
 
-def _write_tgz(out, entries, manifest_bytes, stamp, name, _format):
+def _write_tgz(out, entries, manifest_bytes, epoch: int, name, _format):
     top = name[: -len(".tar.gz")]
-    mtime = int(time.mktime(stamp)) if stamp else 0
     with gzip.GzipFile(fileobj=out, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
         for arcname in sorted(entries) + [MANIFEST]:
             info = tarfile.TarInfo(f"{top}/{arcname}")
-            info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = mtime, 0o644, 0, 0, "", ""
+            info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = epoch, 0o644, 0, 0, "", ""
             if arcname == MANIFEST:
                 info.size = len(manifest_bytes)
                 tar.addfile(info, io.BytesIO(manifest_bytes))
@@ -320,7 +449,9 @@ def _write_tgz(out, entries, manifest_bytes, stamp, name, _format):
                     tar.addfile(info, src)
 
 
-def _write_directory(target: Path, entries, manifest_bytes):
+def _write_directory(target: Path, entries, manifest_bytes, force: bool):
+    """Write into a hidden directory, then rename it into place. With ``force`` an existing target is
+    moved aside first and removed after; without, the rename fails if the target appeared meanwhile."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
         for arcname, source in entries.items():
@@ -329,82 +460,74 @@ def _write_directory(target: Path, entries, manifest_bytes):
                 shutil.copyfileobj(src, dst, COPY_BUFFER)
         (tmp / MANIFEST).parent.mkdir(parents=True, exist_ok=True)
         (tmp / MANIFEST).write_bytes(manifest_bytes)
-        if target.exists():
+        if force and (target.exists() or target.is_symlink()):
             old = target.with_name(f".{target.name}.old")
             os.replace(target, old)
             os.replace(tmp, target)
-            shutil.rmtree(old)
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old)
+            else:
+                old.unlink()
         else:
-            os.replace(tmp, target)
+            try:
+                os.rename(tmp, target)  # fails if another build made a non-empty target meanwhile
+            except OSError as exc:
+                if exc.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                    raise FileExistsError(str(target)) from None
+                raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
 # ---- reading ------------------------------------------------------------------------------------
+# Archives are read by handlers/archives.py (LocalModel and the KServe transformer read them too);
+# these wrappers turn its ArchiveError into the CLI's UserError.
+MAX_CONFIG_BYTES = 1 << 20
+
+
+@contextlib.contextmanager
+def _as_user_error():
+    try:
+        yield
+    except archives.ArchiveError as exc:
+        raise UserError(str(exc)) from None
+
+
 def list_entries(archive) -> List[Tuple[str, int]]:
     """(name, size) of every file in a .mar, .tar.gz or model directory; refuses unsafe names."""
-    archive = Path(archive)
-    if archive.is_dir():
-        found = [
-            (p.relative_to(archive).as_posix(), p.stat().st_size) for p in sorted(archive.rglob("*")) if p.is_file()
-        ]
-    elif zipfile.is_zipfile(archive):
-        with zipfile.ZipFile(archive) as z:
-            found = [(i.filename, i.file_size) for i in z.infolist() if not i.is_dir()]
-    elif tarfile.is_tarfile(archive):
-        with tarfile.open(archive) as t:
-            found = [(m.name.split("/", 1)[-1], m.size) for m in t.getmembers() if m.isfile()]
-            for m in t.getmembers():
-                _check_name(archive, m.name)
-    else:
-        raise UserError(f"{archive} is not a model archive (.mar zip, .tar.gz or directory)")
-    for name, _ in found:
-        _check_name(archive, name)
-    return found
-
-
-def _check_name(archive: Path, name: str):
-    if name.startswith("/") or ".." in Path(name).parts or re.match(r"^[A-Za-z]:", name):
-        raise UserError(f"{archive} holds an unsafe path {name!r} (absolute or with '..'): refusing to read it")
+    with _as_user_error():
+        return archives.members(archive)
 
 
 def read_manifest(archive) -> dict:
-    archive = Path(archive)
-    list_entries(archive)  # refuses unsafe archives first
-    try:
-        if archive.is_dir():
-            return json.loads((archive / MANIFEST).read_text(encoding="utf-8"))
-        if zipfile.is_zipfile(archive):
-            with zipfile.ZipFile(archive) as z:
-                return json.loads(z.read(MANIFEST))
-        with tarfile.open(archive) as t:
-            member = next(m for m in t.getmembers() if m.name.endswith(MANIFEST))
-            return json.loads(t.extractfile(member).read())
-    except (KeyError, StopIteration, FileNotFoundError):
-        raise UserError(f"{archive} has no {MANIFEST}: it is not a model archive") from None
+    """MANIFEST.json, size-capped and checked (a ``model`` with ``modelName`` and ``handler``)."""
+    with _as_user_error():
+        return archives.read_manifest(archive)
 
 
-def read_member(archive, name: str) -> Optional[bytes]:
-    """One file's bytes from an archive, or None when it is not there."""
-    archive = Path(archive)
-    if archive.is_dir():
-        p = archive / name
-        return p.read_bytes() if p.is_file() else None
-    if zipfile.is_zipfile(archive):
-        with zipfile.ZipFile(archive) as z:
-            return z.read(name) if name in z.namelist() else None
-    with tarfile.open(archive) as t:
-        for m in t.getmembers():
-            if m.isfile() and m.name.split("/", 1)[-1] == name:
-                return t.extractfile(m).read()
-    return None
+def read_member(archive, name: str, limit: int = MAX_CONFIG_BYTES) -> Optional[bytes]:
+    """One file's bytes from an archive (at most ``limit``), or None when it is not there."""
+    with _as_user_error():
+        return archives.read_member(archive, name, limit)
 
 
 def model_config(archive) -> dict:
     """The archive's model-config.yaml as a mapping ({} when it has none)."""
-    config_name = read_manifest(archive).get("model", {}).get("configFile")
+    config_name = read_manifest(archive)["model"].get("configFile")
     if not config_name:
         return {}
     data = read_member(archive, config_name)
-    return (yaml.safe_load(data) or {}) if data else {}
+    if data is None:
+        return {}
+    try:
+        config = yaml.safe_load(data)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise UserError(f"{archive}: {config_name} is not valid YAML{where}: fix it and package again") from None
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise UserError(f"{archive}: {config_name} must be a YAML mapping (minWorkers, batchSize, handler, ...)")
+    return config

@@ -14,10 +14,11 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Dict, Optional
 
+from handlers import TOOLKIT_HANDLERS
 from handlers.settings import did_you_mean
 
 from .errors import UserError
-from .mar import model_config, read_manifest
+from .mar import MODEL_NAME, VERSION, model_config, read_manifest
 
 KSERVE_MODEL_STORE = "/mnt/models/model-store"
 SNAPSHOT_KEYS = ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout")
@@ -92,17 +93,25 @@ def archives_in(model_store: Path):
     return found
 
 
-def build_snapshot(model_store: Path, overrides: Optional[Dict[str, int]] = None) -> dict:
+def build_snapshot(model_store: Path, overrides: Optional[Dict[str, int]] = None, manifests=None) -> dict:
+    """The model_snapshot of every archive in the store; ``manifests``, if given, collects each
+    archive's manifest on the way."""
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     models = OrderedDict()
     for archive in archives_in(model_store):
         manifest = read_manifest(archive)
+        if manifests is not None:
+            manifests.append(manifest)
         name = manifest["model"]["modelName"]
-        version = manifest["model"].get("modelVersion") or "1.0"
+        version = str(manifest["model"].get("modelVersion") or "1.0")
+        check_carriable(archive, name, version)
         config = model_config(archive)
         entry = {"defaultVersion": True, "marName": archive.name}
         for key in SNAPSHOT_KEYS:
-            entry[key] = int(overrides.get(key, config.get(key, SNAPSHOT_DEFAULTS[key])))
+            value = overrides.get(key, config.get(key, SNAPSHOT_DEFAULTS[key]))
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise UserError(f"{archive}: model-config.yaml '{key}' must be a whole number, got {value!r}")
+            entry[key] = value
         if entry["maxWorkers"] < entry["minWorkers"]:
             entry["maxWorkers"] = entry["minWorkers"]
         if name in models:
@@ -114,6 +123,22 @@ def build_snapshot(model_store: Path, overrides: Optional[Dict[str, int]] = None
     if not models:
         raise UserError(f"model store {model_store} holds no model archives: build one with 'tsctl package'")
     return {"name": "startup.cfg", "modelCount": len(models), "models": models}
+
+
+def check_carriable(archive: Path, name: str, version: str):
+    """The snapshot is JSON inside a Java properties file that KServe's wrapper also reads with a
+    plain split: refuse what either would mangle (backslashes, quotes, '=', non-ASCII, spaces)."""
+    for what, value, pattern in (("file name", archive.name, MODEL_NAME), ("model name", name, MODEL_NAME)):
+        if not pattern.match(value):
+            raise UserError(
+                f"{archive}: its {what} {value!r} cannot go into config.properties: "
+                "use letters, digits, '_', '-' and '.' (rename the file or package it again)"
+            )
+    if not VERSION.match(version):
+        raise UserError(
+            f"{archive}: its modelVersion {version!r} cannot go into config.properties: "
+            "package it again with a --version of letters, digits, '.', '_', '+' and '-'"
+        )
 
 
 def version_of(model_entry: dict) -> str:
@@ -137,8 +162,14 @@ def write_config(
 ) -> Path:
     """Write config.properties for every archive in ``model_store``; returns the file written."""
     properties = OrderedDict(BASE_PROPERTIES)
+    manifests: list = []
+    snapshot = build_snapshot(Path(model_store), overrides, manifests)
+    if all(m["model"]["handler"] in TOOLKIT_HANDLERS.values() for m in manifests):
+        # The worker hands request bodies to the handler unparsed, so the handler's limits
+        # (body size, JSON depth and values) apply before any JSON is built in memory. Handlers of
+        # your own may expect TorchServe's parsed JSON: then TorchServe's default stays.
+        properties["decode_input_request"] = "false"
     properties.update(extra or {})
-    snapshot = build_snapshot(Path(model_store), overrides)
     properties["model_snapshot"] = json.dumps(snapshot, separators=(",", ":"))
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)

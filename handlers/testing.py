@@ -16,16 +16,16 @@ import json
 import os
 import shutil
 import sys
-import tarfile
 import tempfile
 import uuid
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Union
 
 from ts.context import RequestProcessor
 from ts.model_loader import TsModelLoader
+
+from .archives import check_inside, read_manifest, unpack
 
 
 @dataclass
@@ -41,20 +41,10 @@ class Response:
         return json.loads(body) if isinstance(body, str) else body
 
 
-def unpack(archive: Union[str, Path], into: Union[str, Path]) -> Path:
-    """Extract a .mar (zip) or .tar.gz model archive; return the model directory."""
-    archive, into = Path(archive), Path(into)
-    if zipfile.is_zipfile(archive):
-        with zipfile.ZipFile(archive) as z:
-            z.extractall(into)
-        return into
-    with tarfile.open(archive) as t:
-        t.extractall(into, filter="data")
-    tops = [p for p in into.iterdir()]
-    return tops[0] if len(tops) == 1 and tops[0].is_dir() else into
-
-
 class LocalModel:
+    """An archive loaded as a worker loads it. The archive is checked first (names, sizes, manifest
+    paths inside it: ``handlers/archives.py``); whatever fails, nothing is left behind."""
+
     def __init__(
         self,
         archive: Union[str, Path],
@@ -64,20 +54,25 @@ class LocalModel:
     ):
         archive = Path(archive)
         self._tmp = None
-        if archive.is_dir():
-            self.model_dir = archive.resolve()
-        else:
-            self._tmp = tempfile.mkdtemp(prefix="tsctl-run-")
-            self.model_dir = unpack(archive, self._tmp).resolve()
-        with open(self.model_dir / "MAR-INF" / "MANIFEST.json", encoding="utf-8") as f:
-            self.manifest = json.load(f)
-        model = self.manifest["model"]
-        self.model_name = model["modelName"]
-        self._forget_modules_outside(model)
-        sys.path.insert(0, str(self.model_dir))
-        self.service = TsModelLoader().load(
-            self.model_name, str(self.model_dir), model["handler"], gpu, batch_size, envelope
-        )
+        self.model_dir = None
+        try:
+            self.manifest = read_manifest(archive)
+            if archive.is_dir():
+                self.model_dir = archive.resolve()
+            else:
+                self._tmp = tempfile.mkdtemp(prefix="tsctl-run-")
+                self.model_dir = unpack(archive, self._tmp).resolve()
+            check_inside(self.model_dir, self.manifest)
+            model = self.manifest["model"]
+            self.model_name = model["modelName"]
+            self._forget_modules_outside(model)
+            sys.path.insert(0, str(self.model_dir))
+            self.service = TsModelLoader().load(
+                self.model_name, str(self.model_dir), model["handler"], gpu, batch_size, envelope
+            )
+        except BaseException:
+            self.close()
+            raise
 
     def _forget_modules_outside(self, model: dict):
         """Drop cached user modules (handler.py, model.py) that another model directory loaded."""
@@ -112,7 +107,7 @@ class LocalModel:
         return self.predict_rows([as_row(i) for i in inputs])
 
     def close(self):
-        if str(self.model_dir) in sys.path:
+        if self.model_dir is not None and str(self.model_dir) in sys.path:
             sys.path.remove(str(self.model_dir))
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
