@@ -6,12 +6,12 @@ BIN := $(VENV)/bin
 UV := $(PYTHON) -m uv
 SAMPLE := samples/build/resnet18
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo test fuzz bench clean
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(UV) --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet uv
-	$(UV) venv --quiet --allow-existing $(VENV)
+	$(UV) venv --quiet --seed --allow-existing $(VENV)
 	$(UV) pip install --quiet --python $(BIN)/python -e '.[test]'
 	touch $@
 
@@ -30,6 +30,10 @@ test: venv
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
+# The property-based tests with many more examples (about half an hour; not part of `make test`).
+fuzz: venv
+	TSCTL_FUZZ_EXAMPLES=5000 $(BIN)/python -m pytest tests/test_hostile.py
+
 # The figures in BENCHMARKS.md, one script each (several minutes; not part of `make test`).
 bench: venv
 	$(BIN)/python benchmarks/p1_image.py
@@ -37,6 +41,7 @@ bench: venv
 	$(BIN)/python benchmarks/p3_packaging.py
 	$(BIN)/python benchmarks/p4_cold_start.py
 	$(BIN)/python benchmarks/kserve_envelopes.py
+	$(BIN)/python benchmarks/hostile_load.py
 
 clean:
 	rm -rf $(VENV) .tsctl samples/build logs

@@ -7,17 +7,19 @@ and ``server.json`` (pid and addresses) all live there, so several servers can r
 TorchServe's ``TS_*`` environment variables; the config file itself is not changed.
 """
 
+import http.client
+import itertools
 import json
 import os
 import random
 import re
+import select
 import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -81,7 +83,8 @@ def start(
     config, model_store, home = Path(config).resolve(), Path(model_store).resolve(), Path(home).resolve()
     properties = read_properties(config)
     check_keys(properties, config)
-    models = list(snapshot_of(properties, config)["models"])
+    snapshot = snapshot_of(properties, config)
+    models = list(snapshot["models"])
     if properties.get("enable_envvars_config", "false").lower() != "true":
         raise UserError(
             f"{config}: enable_envvars_config must be true so tsctl can bind 127.0.0.1 ports; "
@@ -89,6 +92,16 @@ def start(
         )
     if not model_store.is_dir():
         raise UserError(f"model store {model_store} does not exist: build archives with 'tsctl package'")
+    for name, versions in snapshot["models"].items():
+        for entry in versions.values():
+            mar_name = entry.get("marName") if isinstance(entry, dict) else None
+            if not mar_name or not (model_store / mar_name).exists():
+                raise UserError(
+                    f"{config}: model_snapshot names {mar_name!r} for model {name!r}, which is not in {model_store}: "
+                    "regenerate the file with 'tsctl config'"
+                )
+    if install_deps:
+        check_pip(python or sys.executable)
     existing = read_state(home)
     if existing and group_alive(existing.pid):
         raise UserError(f"a server started from {home} is still running (pid {existing.pid}): run 'tsctl stop' first")
@@ -150,8 +163,21 @@ def start(
     return server
 
 
+def check_pip(python: str):
+    """TorchServe installs per-model requirements with ``python -m pip``: refuse to start without it."""
+    found = subprocess.run([python, "-m", "pip", "--version"], capture_output=True)
+    if found.returncode != 0:
+        raise UserError(
+            f"--install-deps needs pip in the environment of {python}, which has none "
+            "(uv makes venvs without it): run 'uv pip install --python "
+            f"{python} pip', or serve without --install-deps"
+        )
+
+
 def wait_ready(server: Server, timeout: float, process: Optional[subprocess.Popen] = None):
-    """Poll the management API until each model has a READY worker; fail fast on crash loops."""
+    """Poll the management API until each model has a READY worker. Fail as soon as the logs say why
+    it will not happen (a model TorchServe could not register, a crash-looping worker, TorchServe
+    exiting), with that reason."""
     deadline = time.monotonic() + timeout
     pending = list(server.models)
     while pending:
@@ -159,6 +185,11 @@ def wait_ready(server: Server, timeout: float, process: Optional[subprocess.Pope
             raise ServerError(f"TorchServe exited with code {process.returncode}: {startup_problem(server)}")
         if time.monotonic() > deadline:
             raise ServerError(f"models {', '.join(pending)} not READY after {timeout:.0f}s: {startup_problem(server)}")
+        refused = registration_failure(server)
+        if refused:
+            raise ServerError(
+                f"TorchServe could not register a model: {refused} (full log: {server.logs / 'ts_log.log'})"
+            )
         failure = worker_failure(server)
         if failure:
             raise ServerError(f"a model worker failed to start: {failure} (full log: {server.logs / 'model_log.log'})")
@@ -182,35 +213,57 @@ def wait_ready(server: Server, timeout: float, process: Optional[subprocess.Pope
 WORKER_DIED = re.compile(r"(Backend worker process died|Load model failed|Failed to load model)")
 PY_ERROR = re.compile(r"MODEL_LOG - ([A-Za-z_.]*(?:Error|Exception)\b.*)$")
 TS_RERAISE = re.compile(r"^RuntimeError: \d{3} - ")  # the worker's wrapper around the real error
+TS_FALLBACK = re.compile(r"No module named 'ts\.torch_handler\.")  # TorchServe's retry after the real ImportError
+REGISTRATION_ERROR = re.compile(r"\[ERROR\] main org\.pytorch\.serve\.(?:snapshot|wlm)\.\w+ - (.*)$")
+JAVA_EXCEPTION = re.compile(r"^(?:[a-z]\w*\.)+([A-Z]\w*(?:Exception|Error)): (.+)$")
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT")
+
+
+def _log_lines(path: Path) -> List[str]:
+    return path.read_text(errors="replace").splitlines() if path.exists() else []
+
+
+def registration_failure(server: Server) -> Optional[str]:
+    """Why TorchServe refused to register a model (a failed per-model pip install, an archive it
+    cannot read): the error line and the lines it continues on (pip's own ERROR lines if there are
+    any); None while there is none."""
+    lines = _log_lines(server.logs / "ts_log.log")
+    for number, line in enumerate(lines):
+        match = REGISTRATION_ERROR.search(line)
+        if match:
+            more = list(itertools.takewhile(lambda text: not LOG_LINE.match(text), lines[number + 1 : number + 200]))
+            more = [text.strip() for text in more if text.strip()]
+            errors = [text for text in more if text.startswith("ERROR:")]
+            return " ".join([match.group(1).strip()] + (errors or more[:3]))
+    return None
 
 
 def worker_failure(server: Server) -> Optional[str]:
     """The worker's own error once a worker has died twice (a crash loop), else None."""
-    ts_log = server.logs / "ts_log.log"
-    if not ts_log.exists():
-        return None
-    deaths = len(WORKER_DIED.findall(ts_log.read_text(errors="replace")))
+    deaths = sum(bool(WORKER_DIED.search(line)) for line in _log_lines(server.logs / "ts_log.log"))
     if deaths < 2:
         return None
     return last_python_error(server) or "see the log"
 
 
 def last_python_error(server: Server) -> Optional[str]:
-    log = server.logs / "model_log.log"
-    if not log.exists():
-        return None
-    lines = log.read_text(errors="replace").splitlines()
+    """The worker's last real Python error: not TorchServe's re-raise of it, not its fallback import."""
+    lines = _log_lines(server.logs / "model_log.log")
     errors = [m.group(1).strip() for m in map(PY_ERROR.search, lines) if m and not TS_RERAISE.match(m.group(1))]
-    return errors[-1] if errors else None
+    real = [error for error in errors if not TS_FALLBACK.search(error)]
+    return (real or errors or [None])[-1]
 
 
 def startup_problem(server: Server) -> str:
-    error = last_python_error(server)
-    if error:
-        return error
-    out = Path(server.home) / "torchserve.out"
-    tail = out.read_text(errors="replace").strip().splitlines()[-3:] if out.exists() else []
-    return " | ".join(tail) or f"no output; see {server.logs}"
+    """The best reason the logs give for a server that did not come up; never access-log noise."""
+    reason = registration_failure(server) or last_python_error(server)
+    if reason:
+        return reason
+    out = _log_lines(Path(server.home) / "torchserve.out")
+    exceptions = [m.group(1) + ": " + m.group(2) for m in map(JAVA_EXCEPTION.match, out) if m]
+    if exceptions:
+        return exceptions[0]
+    return f"no error in the logs; see {server.logs} and {Path(server.home) / 'torchserve.out'}"
 
 
 def stop(server: Optional[Server] = None, home=".tsctl", grace: float = 20) -> bool:
@@ -293,18 +346,54 @@ def request(
     headers: Optional[Dict[str, str]] = None,
     timeout: float = 60,
 ) -> Tuple[int, object]:
-    """One HTTP call; returns (status, JSON body or text). Network errors raise OSError."""
-    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    """One HTTP call; returns (status, JSON body or text). Network errors raise OSError.
+
+    A body above 1 MiB is sent as curl sends it, with ``Expect: 100-continue``: the server may refuse
+    it (TorchServe's 413 above max_request_size) before it is sent, and that answer is returned
+    instead of a connection reset in the middle of the upload."""
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            status, raw = resp.status, resp.read()
-    except urllib.error.HTTPError as err:
-        status, raw = err.code, err.read()
+        target = f"{parts.path}?{parts.query}" if parts.query else parts.path
+        connection.putrequest(method or ("GET" if data is None else "POST"), target)
+        for key, value in (headers or {}).items():
+            connection.putheader(key, value)
+        if data is not None:
+            connection.putheader("Content-Length", str(len(data)))
+            expect = len(data) > EXPECT_CONTINUE
+            if expect:
+                connection.putheader("Expect", "100-continue")
+        connection.endheaders()
+        if data is not None and (not expect or _may_continue(connection.sock)):
+            connection.send(data)
+        response = connection.getresponse()
+        status, raw = response.status, response.read()
+    except http.client.HTTPException as exc:
+        raise OSError(f"bad HTTP answer from {url}: {exc!r}") from None
+    finally:
+        connection.close()
     text = raw.decode("utf-8", errors="replace")
     try:
         return status, json.loads(text)
     except ValueError:
         return status, text
+
+
+EXPECT_CONTINUE = 1 << 20
+
+
+def _may_continue(sock, wait: float = 1.0) -> bool:
+    """After ``Expect: 100-continue``: True to send the body (the server said 100, or said nothing
+    within ``wait`` seconds, as curl assumes); False when its final answer came first."""
+    if not select.select([sock], [], [], wait)[0]:
+        return True
+    head = sock.recv(64, socket.MSG_PEEK)
+    if not head.startswith((b"HTTP/1.1 100", b"HTTP/1.0 100")):
+        return False
+    interim = b""
+    while not interim.endswith(b"\r\n\r\n"):  # consume the interim answer, byte by byte
+        interim += sock.recv(1)
+    return True
 
 
 CONTENT_TYPES = {

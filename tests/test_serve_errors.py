@@ -1,4 +1,5 @@
-"""tsctl serve never hangs: a crash-looping worker fails fast with the worker's own error."""
+"""tsctl serve never hangs: whatever keeps a model from coming up, it fails within seconds naming the
+real cause from TorchServe's logs (the worker's own error, pip's error, the missing archive)."""
 
 import shutil
 import time
@@ -9,7 +10,7 @@ from click.testing import CliRunner
 
 from archiver import properties, server
 from archiver.cli import main
-from archiver.errors import ServerError
+from archiver.errors import ServerError, UserError
 from conftest import package_resnet, short_tmp
 
 
@@ -49,3 +50,70 @@ def test_serve_without_a_config_is_a_user_error(tmp_path):
     result = CliRunner().invoke(main, ["serve", "--config", str(tmp_path / "none.properties"), "--home", str(tmp_path)])
     assert result.exit_code == 2
     assert "does not exist: write it with 'tsctl config'" in result.output
+
+
+def failed_start(store, **options):
+    """server.start on ``store``; returns (the error it raised, seconds it took); nothing may be left running."""
+    home = short_tmp("ts-")
+    config = properties.write_config(store, home / "config.properties")
+    started = time.monotonic()
+    try:
+        with pytest.raises((ServerError, UserError)) as caught:
+            server.start(config, store, home, timeout=240, **options)
+        return caught.value, time.monotonic() - started
+    finally:
+        assert server.read_state(home) is None
+        assert not processes_mentioning(str(home)), "a TorchServe process outlived the failed start"
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def test_an_import_error_inside_the_users_handler_is_named(image_sample, tmp_path):
+    handler = tmp_path / "my_handler.py"
+    handler.write_text("import nosuchmodule_tsctl_test\n\n\ndef handle(data, context):\n    return data\n")
+    store = tmp_path / "store"
+    package_resnet(image_sample, store, handler=str(handler), config_file=None)
+    error, seconds = failed_start(store)
+    assert "No module named 'nosuchmodule_tsctl_test'" in str(error), error
+    assert "ts.torch_handler" not in str(error)  # TorchServe's fallback import, not the cause
+    assert seconds < 90, seconds
+
+
+def test_a_failed_per_model_pip_install_is_named_with_pips_error(image_sample, tmp_path):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("nosuchpackage-tsctl-test==9.9\n")
+    store = tmp_path / "store"
+    package_resnet(image_sample, store, requirements_file=str(requirements))
+    error, seconds = failed_start(store, install_deps=True)
+    assert isinstance(error, ServerError)
+    assert "Custom pip package installation failed for model resnet18" in str(error), error
+    assert "No matching distribution found for nosuchpackage-tsctl-test==9.9" in str(error), error
+    assert "ACCESS_LOG" not in str(error)
+    assert seconds < 90, seconds
+
+
+def test_a_snapshot_naming_a_missing_archive_is_refused_before_starting(image_sample, tmp_path):
+    store = tmp_path / "store"
+    package_resnet(image_sample, store)
+    home = short_tmp("ts-")
+    config = properties.write_config(store, home / "config.properties")
+    (store / "resnet18.mar").rename(store / "renamed.mar")
+    result = CliRunner().invoke(
+        main, ["serve", "--config", str(config), "--model-store", str(store), "--home", str(home)]
+    )
+    assert result.exit_code == 2, result.output
+    assert "model_snapshot names 'resnet18.mar' for model 'resnet18', which is not in" in result.output
+    assert not (home / "logs").exists()  # refused before TorchServe started
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def test_install_deps_without_pip_is_a_user_error(image_sample, tmp_path):
+    store = tmp_path / "store"
+    package_resnet(image_sample, store)
+    home = short_tmp("ts-")
+    config = properties.write_config(store, home / "config.properties")
+    nopip = tmp_path / "python"  # a Python whose environment has no pip
+    nopip.write_text("#!/bin/sh\nif [ \"$2\" = pip ]; then echo 'No module named pip' >&2; exit 1; fi\n")
+    nopip.chmod(0o755)
+    with pytest.raises(UserError, match="--install-deps needs pip"):
+        server.start(config, store, home, python=str(nopip), install_deps=True)
+    shutil.rmtree(home, ignore_errors=True)
