@@ -5,6 +5,7 @@ import json
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,71 @@ def package_text(samples: Path, store: Path, name: str, handler: str, directory:
             force=True,
         )
     )
+
+
+# ---- worker memory: limited like a pod's, peak read from /proc -------------------------------------
+class MemoryLimit:
+    """Put a worker process under a memory limit, as a pod limit would: a memory cgroup (v2 or v1)
+    where this machine lets us make one, else RLIMIT_AS (allocations beyond it fail instead of the
+    process being killed). Either way an attack that balloons the worker shows as a failed or
+    restarted worker, never as a machine swapping to death. ``kind`` says which was used."""
+
+    def __init__(self, pid: int, limit: int):
+        self.pid, self.limit, self.cgroup = pid, limit, None
+        self.kind = self._cgroup() or self._rlimit()
+
+    def _cgroup(self):
+        import uuid
+
+        name = f"tsctl-test-{uuid.uuid4().hex[:8]}"
+        layouts = [
+            (Path("/sys/fs/cgroup"), "memory.max", "cgroup v2"),
+            (Path("/sys/fs/cgroup/memory"), "memory.limit_in_bytes", "cgroup v1"),
+        ]
+        for root, limit_file, kind in layouts:
+            if kind == "cgroup v2" and "memory" not in _read(root / "cgroup.subtree_control"):
+                continue
+            group = root / name
+            try:
+                group.mkdir()
+                (group / limit_file).write_text(str(self.limit))
+                (group / "cgroup.procs").write_text(str(self.pid))
+            except OSError:
+                if group.exists():
+                    group.rmdir()
+                continue
+            self.cgroup = group
+            return kind
+        return None
+
+    def _rlimit(self):
+        import resource
+
+        size = int(_read(Path(f"/proc/{self.pid}/status"), "VmSize:").split()[0]) * 1024
+        resource.prlimit(self.pid, resource.RLIMIT_AS, (size + self.limit, size + self.limit))
+        return "RLIMIT_AS"
+
+    def release(self):
+        """Remove the cgroup once its process is gone (the server was stopped)."""
+        if self.cgroup is not None:
+            for _ in range(50):
+                try:
+                    self.cgroup.rmdir()
+                    return
+                except OSError:
+                    time.sleep(0.2)
+
+
+def _read(path: Path, prefix: str = "") -> str:
+    try:
+        text = path.read_text()
+    except OSError:
+        return ""
+    if not prefix:
+        return text
+    return next((line[len(prefix) :] for line in text.splitlines() if line.startswith(prefix)), "")
+
+
+def peak_rss(pid: int) -> int:
+    """The process's peak resident memory so far (VmHWM), in bytes."""
+    return int(_read(Path(f"/proc/{pid}/status"), "VmHWM:").split()[0]) * 1024

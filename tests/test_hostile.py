@@ -1,0 +1,300 @@
+"""The whole request path in-process, driven by generated inputs: whatever a request holds, ``handle()``
+answers every request of the batch, the hostile one with 200 or its own 4xx JSON error, its good
+neighbours with their right answers, and the process's memory stays bounded.
+
+Inputs: the named corpus of samples/hostile.py, mutations of real files of every format PIL writes
+(and the magic bytes of those it only reads) with the size in their headers patched to extremes,
+and generated bodies (arbitrary bytes and JSON, deep nesting, huge lists, KServe v1/v2 shapes)."""
+
+import base64
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from archiver import mar
+from conftest import package_text
+from handlers.testing import LocalModel
+from samples import hostile
+from samples.image_model import sample_jpeg
+
+BATCH = "batchSize: 8\nmaxBatchDelay: 100\n"
+# make fuzz runs many more: TSCTL_FUZZ_EXAMPLES=5000
+EXAMPLES = int(os.environ.get("TSCTL_FUZZ_EXAMPLES", "150"))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+GIB = 1 << 30
+
+
+class Linear(torch.nn.Module):
+    """Any image-sized input to 10 logits, cheaply: the fuzz is about the path, not the model."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 10)
+
+    def forward(self, x):
+        return self.fc(x.mean(dim=(2, 3)))
+
+
+def scripted(path: Path, module: torch.nn.Module) -> Path:
+    torch.manual_seed(0)
+    torch.jit.script(module.eval()).save(str(path))
+    return path
+
+
+def build(tmp: Path, name: str, handler: str, weights: Path, config: str) -> Path:
+    (tmp / f"{name}.yaml").write_text(config)
+    options = mar.PackageOptions(
+        model_name=name,
+        handler=handler,
+        serialized_file=str(weights),
+        config_file=str(tmp / f"{name}.yaml"),
+        export_path=str(tmp / "store"),
+        force=True,
+    )
+    return mar.package(options)
+
+
+@pytest.fixture(scope="module")
+def image_models(tmp_path_factory):
+    """The image handler with its default formats, and with every format PIL reads."""
+    tmp = tmp_path_factory.mktemp("hostile")
+    weights = scripted(tmp / "linear.pt", Linear())
+    default = build(tmp, "default", "image_classifier", weights, BATCH)
+    every = build(tmp, "every", "image_classifier", weights, BATCH + "handler:\n  formats: null\n")
+    with LocalModel(default) as a, LocalModel(every) as b:
+        yield a, b
+
+
+@pytest.fixture(scope="module")
+def text_model(text_samples, tmp_path_factory):
+    store = tmp_path_factory.mktemp("hostile-text") / "store"
+    with LocalModel(package_text(text_samples, store, "sentiment", "text_classifier", "classifier", BATCH)) as m:
+        yield m
+
+
+@pytest.fixture(scope="module")
+def tensor_model(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hostile-tensor")
+    weights = scripted(tmp / "linear.pt", torch.nn.Linear(4, 2))
+    with LocalModel(build(tmp, "tensor", "tensor", weights, BATCH)) as m:
+        yield m
+
+
+GOOD_JPEG = sample_jpeg(3, (64, 48))
+GOOD_TEXT = "a perfectly normal sentence"
+
+
+def check_batch(model, hostile_body, good, accepts=None):
+    """[good, hostile, good] as one batch: every response well-formed, the neighbours right."""
+    [alone] = model.predict([good])
+    responses = model.predict([good, hostile_body, good])
+    assert len(responses) == 3
+    for neighbour in (responses[0], responses[2]):
+        assert neighbour.status == 200, neighbour.body
+        assert_close(neighbour.json(), alone.json())
+    attacked = responses[1]
+    body = attacked.json()
+    assert attacked.content_type == "application/json"
+    if attacked.status != 200:
+        assert 400 <= attacked.status < 500, (attacked.status, body)
+        assert set(body) == {"code", "type", "message"} and body["code"] == attacked.status, body
+        assert isinstance(body["message"], str) and body["message"], body
+    if accepts is not None:
+        assert accepts(attacked.status), (attacked.status, body)
+    return attacked
+
+
+def assert_close(got, expected):
+    """Equal structure, numbers within rel 1e-4 (batches of other sizes round differently)."""
+    if isinstance(expected, dict):
+        assert list(got) == list(expected)
+        for key in expected:
+            assert_close(got[key], expected[key])
+    elif isinstance(expected, list):
+        assert isinstance(got, list) and len(got) == len(expected)
+        for a, b in zip(got, expected):
+            assert_close(a, b)
+    elif isinstance(expected, float):
+        assert got == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    else:
+        assert got == expected
+
+
+class PeakMemory:
+    """The process's peak RSS growth while the block runs (VmHWM, reset first through clear_refs)."""
+
+    def __enter__(self):
+        self.base = _rss_kib("VmRSS")
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            pytest.skip("cannot reset the peak RSS counter here")
+        return self
+
+    def __exit__(self, *exc):
+        self.grown = (_rss_kib("VmHWM") - self.base) * 1024
+
+
+def _rss_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(field)
+
+
+# ---- the named corpus -------------------------------------------------------------------------
+def as_delivered(case: hostile.Case):
+    """The body as TorchServe hands it over under tsctl's config (decode_input_request=false: bytes)."""
+    return case.body
+
+
+def test_named_image_corpus_in_process(image_models):
+    default, _ = image_models
+    cases = hostile.image_corpus(GOOD_JPEG)
+    assert len(cases) >= 40
+    with PeakMemory() as peak:
+        for case in cases:
+            attacked = check_batch(default, as_delivered(case), GOOD_JPEG, case.accepts)
+            if case.words and attacked.status != 200:
+                assert case.words in attacked.json()["message"], (case.name, attacked.json())
+            if attacked.status == 200:
+                assert_close(attacked.json(), default.predict([case.body])[0].json())
+    assert peak.grown < 1.5 * GIB, f"peak RSS grew {peak.grown / GIB:.2f} GiB"
+
+
+def test_named_text_corpus_in_process(text_model):
+    for case in hostile.text_corpus():
+        attacked = check_batch(text_model, case.body, GOOD_TEXT.encode(), case.accepts)
+        if case.words and attacked.status != 200:
+            assert case.words in attacked.json()["message"], (case.name, attacked.json())
+
+
+def test_json_parsed_by_torchserve_is_bounded_too(image_models):
+    """With TorchServe's default decode_input_request=true the worker hands over parsed JSON: the
+    same limits apply to it."""
+    default, _ = image_models
+    deep = json.loads(hostile.deep_json(900))
+    wide = {"instances": [{"b64": "x"}] * 60_000}
+    many = list(range(200_000))
+    for body, words in ((deep, "max_json_depth"), (wide, "max_json_values"), (many, "max_json_values")):
+        attacked = check_batch(default, body, GOOD_JPEG, lambda status: status == 413)
+        assert words in attacked.json()["message"]
+
+
+# ---- mutations of real files of every format ------------------------------------------------
+SEEDS = hostile.seed_images()
+FORMATS = sorted(SEEDS) + sorted(hostile.READ_ONLY_MAGIC)
+
+
+def wrap(data: bytes, how: str):
+    b64 = base64.b64encode(data).decode()
+    return {
+        "raw": data,
+        "json": {"data": b64},
+        "v1": {"instances": [{"b64": b64}, {"b64": base64.b64encode(GOOD_JPEG).decode()}]},
+        "v2": {"inputs": [{"name": "i", "shape": [1], "datatype": "BYTES", "data": [b64]}]},
+        "list": [b64, b64],
+    }[how]
+
+
+@FUZZ
+@given(
+    fmt=st.sampled_from(FORMATS),
+    size=st.none() | st.sampled_from(hostile.extreme_sizes()),
+    seed=st.integers(0, 2**32 - 1),
+    rounds=st.integers(0, 4),
+    how=st.sampled_from(["raw", "json", "v1", "v2", "list"]),
+    every_format=st.booleans(),
+)
+def test_mutated_images_of_every_format(image_models, fmt, size, seed, rounds, how, every_format):
+    data = SEEDS.get(fmt) or hostile.READ_ONLY_MAGIC[fmt] + random.Random(seed).randbytes(200)
+    if size is not None:
+        data = hostile.resized(fmt, data, *size)
+    data = hostile.mutate(data, random.Random(seed), rounds)
+    check_batch(image_models[every_format], wrap(data, how), GOOD_JPEG)
+
+
+@settings(max_examples=40, deadline=None)
+@given(fmt=st.sampled_from(sorted(SEEDS)), size=st.sampled_from(hostile.extreme_sizes()))
+def test_extreme_declared_sizes_are_refused_before_decoding(image_models, fmt, size):
+    with PeakMemory() as peak:
+        check_batch(image_models[1], hostile.resized(fmt, SEEDS[fmt], *size), GOOD_JPEG)
+    assert peak.grown < GIB, f"{fmt} {size}: peak RSS grew {peak.grown / GIB:.2f} GiB"
+
+
+# ---- generated bodies --------------------------------------------------------------------------
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | st.text(max_size=30)
+    | st.binary(max_size=30).map(lambda b: base64.b64encode(b).decode()),
+    lambda children: st.lists(children, max_size=6) | st.dictionaries(st.text(max_size=8), children, max_size=6),
+    max_leaves=40,
+)
+nesting = st.builds(
+    lambda opener, depth, inner: (opener[0] * depth + inner + opener[1] * depth).encode(),
+    st.sampled_from([("[", "]"), ('{"data":', "}"), ('{"instances":[', "]}"), ('{"text":', "}")]),
+    st.integers(1, 200_000),
+    st.sampled_from(["1", '"x"', "", "null"]),
+)
+v1_bodies = st.builds(lambda items: {"instances": items}, st.lists(json_values, max_size=40) | json_values)
+v2_bodies = st.builds(
+    lambda shape, datatype, data, extra: {
+        "inputs": [{"name": "i", "shape": shape, "datatype": datatype, "data": data}] + extra
+    },
+    st.lists(st.integers(-2, 10**6) | st.floats() | st.text(max_size=3), max_size=4) | json_values,
+    st.sampled_from(["BYTES", "FP32", "INT64", "UINT8", "FP16", "BOOL", "", 7]),
+    st.lists(json_values, max_size=50) | json_values,
+    st.lists(json_values.map(lambda v: {"name": "j", "data": v}), max_size=2),
+)
+big_lists = st.builds(lambda n, item: json.dumps([item] * n).encode(), st.integers(0, 300_000), json_values)
+bodies = (
+    st.binary(max_size=500)
+    | json_values
+    | json_values.map(lambda v: json.dumps(v).encode())
+    | nesting
+    | v1_bodies
+    | v2_bodies
+    | v2_bodies.map(lambda v: json.dumps(v).encode())
+    | big_lists
+    | st.text(max_size=200)
+)
+
+
+@FUZZ
+@given(body=bodies)
+def test_generated_bodies_image(image_models, body):
+    check_batch(image_models[0], body, GOOD_JPEG)
+
+
+@FUZZ
+@given(body=bodies)
+def test_generated_bodies_text(text_model, body):
+    check_batch(text_model, body, GOOD_TEXT.encode())
+
+
+@FUZZ
+@given(body=bodies | st.builds(lambda rows, cols: {"instances": [[1.0] * cols] * rows}, st.integers(0, 40),
+                               st.integers(0, 8)))  # fmt: skip
+def test_generated_bodies_tensor(tensor_model, body):
+    check_batch(tensor_model, body, {"instances": [[1.0, 2.0, 3.0, 4.0]]})
+
+
+@FUZZ
+@given(rows=st.lists(st.dictionaries(st.sampled_from(["data", "body", "file", "extra"]), bodies, max_size=3),
+                     min_size=1, max_size=8))  # fmt: skip
+def test_whole_batches_of_generated_rows(image_models, rows):
+    """Rows as TorchServe builds them (form fields included): N rows in, N well-formed answers out."""
+    responses = image_models[0].predict_rows(rows)
+    assert len(responses) == len(rows)
+    for response in responses:
+        assert response.status == 200 or 400 <= response.status < 500, response.body
+        response.json()
