@@ -37,13 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple, Union
 
-import yaml
-
 import handlers
 from handlers import TOOLKIT_HANDLERS, archives
 
 from .errors import UserError
-from .model_config import check_model_config
+from .model_config import check_model_config, parse_model_config
 
 MANIFEST = archives.MANIFEST
 ARCHIVER_VERSION = "0.12.0"  # the torch-model-archiver format these archives follow
@@ -520,14 +518,4 @@ def model_config(archive) -> dict:
     data = read_member(archive, config_name)
     if data is None:
         return {}
-    try:
-        config = yaml.safe_load(data)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark else ""
-        raise UserError(f"{archive}: {config_name} is not valid YAML{where}: fix it and package again") from None
-    if config is None:
-        return {}
-    if not isinstance(config, dict):
-        raise UserError(f"{archive}: {config_name} must be a YAML mapping (minWorkers, batchSize, handler, ...)")
-    return config
+    return parse_model_config(data, f"{archive}: {config_name}", "fix it and package again")

@@ -40,16 +40,21 @@ SECTIONS = {"handler", "pt2", "deepspeed", "tensorrt_llm", "vllm_engine", "torch
 
 
 def load_model_config(path: Path) -> dict:
+    return parse_model_config(Path(path).read_bytes(), str(path), "fix the syntax")
+
+
+def parse_model_config(text: bytes, where: str, fix: str) -> dict:
+    """model-config.yaml's content as a mapping ({} when empty); UserError naming ``where`` otherwise."""
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark else ""
-        raise UserError(f"{path} is not valid YAML{where}: fix the syntax") from None
+        line = f" (line {mark.line + 1})" if mark else ""
+        raise UserError(f"{where} is not valid YAML{line}: {fix}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise UserError(f"{path} must be a YAML mapping of keys (minWorkers, batchSize, handler, ...)")
+        raise UserError(f"{where} must be a YAML mapping of keys (minWorkers, batchSize, handler, ...)")
     return data
 
 
