@@ -30,7 +30,7 @@ from typing import Any, List, Optional
 import torch
 from ts.torch_handler.base_handler import BaseHandler
 
-from . import envelopes
+from . import envelopes, v2binary
 from .loading import load_model, pick_device
 from .requests import ClientError, Limits, Request, encode_answer, parse_request, too_large
 from .settings import read_settings
@@ -78,6 +78,7 @@ class Job:
     error: Optional[ClientError] = None
     inputs: list = field(default_factory=list)
     answers: list = field(default_factory=list)
+    binary: bool = False  # KServe v2: answer in the binary tensor extension (v2binary.py)
     spent: dict = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -90,6 +91,7 @@ class ToolkitHandler(BaseHandler):
     Settings = Settings
     item_keys = ("data",)
     v2_datatypes = ("BYTES",)
+    v2_output_name = "output-0"
     with_model = True  # False: only decode/preprocess/postprocess are used (a KServe transformer)
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -159,7 +161,7 @@ class ToolkitHandler(BaseHandler):
     def handle(self, data, context):
         started = time.perf_counter()
         self.context = context
-        jobs = [self.read(row) for row in data]
+        jobs = [self.read(row, index) for index, row in enumerate(data)]
         self.decode_jobs(jobs)
         self._forward([job for job in jobs if job.error is None])
         responses = [self._respond(context, index, job) for index, job in enumerate(jobs)]
@@ -172,10 +174,20 @@ class ToolkitHandler(BaseHandler):
         )
         return responses
 
-    def read(self, row) -> Job:
-        """One TorchServe row as a Job: its parsed request, or the error it gets."""
+    def read(self, row, index: int = 0) -> Job:
+        """One TorchServe row (request ``index`` of the batch) as a Job: its parsed request, or the
+        error it gets. A KServe v2 request in the binary tensor extension is split by v2binary.py."""
         try:
-            return Job(parse_request(row, self.item_keys, self.v2_datatypes, self.limits))
+            headers = request_headers(self.context, index)
+            length = v2binary.header_length(headers)
+            if length is None:
+                request = parse_request(row, self.item_keys, self.v2_datatypes, self.limits)
+            else:
+                request = v2binary.parse_request(row, length, self.item_keys, self.v2_datatypes, self.limits)
+            binary = v2binary.wants_binary(request, self.v2_output_name)
+            if binary and headers is None:  # no context to set the answer's header length on
+                raise ClientError("binary outputs need a TorchServe worker's context: ask for JSON outputs")
+            return Job(request, binary=binary)
         except Exception as exc:  # noqa: BLE001 - one request's problem, whatever it is
             return Job(None, client_error(exc, "the request could not be read"))
 
@@ -257,6 +269,11 @@ class ToolkitHandler(BaseHandler):
         else:
             v2 = self.v2_output(job.answers) if job.request.form == "v2" else None
             body = encode_answer(job.request, job.answers, self.model_name, v2, self.model_version)
+            if job.binary:
+                data, length = v2binary.encode_response(body)
+                context.set_response_header(index, v2binary.HEADER, str(length))
+                context.set_response_content_type(index, v2binary.OCTET_STREAM)
+                return data
         self._set_content_type(context, index)
         return json.dumps(body)
 
@@ -271,6 +288,15 @@ class ToolkitHandler(BaseHandler):
         processors = getattr(context, "request_processor", None)
         if processors is not None and index < len(processors):
             context.set_response_content_type(index, JSON)
+
+
+def request_headers(context, index: int) -> Optional[dict]:
+    """The HTTP headers of request ``index`` of the batch (names as the client spelt them); None
+    without a worker's context (a KServe transformer reading a body)."""
+    processors = getattr(context, "request_processor", None)
+    if not processors or index >= len(processors):
+        return None
+    return context.get_all_request_header(index)
 
 
 def client_error(exc: BaseException, what: str) -> ClientError:

@@ -39,6 +39,7 @@ class EmbedderSettings(TextSettings):
 class TextEmbedder(TextHandler):
     Settings = EmbedderSettings
     auto_class = "AutoModel"
+    v2_output_name = "embedding"
 
     def setup(self):
         super().setup()
@@ -75,7 +76,7 @@ class TextEmbedder(TextHandler):
 
     def v2_output(self, answers):
         return {
-            "name": "embedding",
+            "name": self.v2_output_name,
             "shape": [len(answers), len(answers[0])],
             "datatype": "FP32",
             "data": [value for row in answers for value in row],

@@ -17,6 +17,9 @@ Accepted bodies (the answer's shape follows the question's):
     {"instances": [item, ...]}      (KServe v1)  -> N items,    {"predictions": [answer, ...]}
     {"inputs": [{"name", "shape", "datatype", "data"}]}  (KServe v2)
                                                  -> N items,    {"model_name", "outputs": [...]}
+
+KServe v2 requests in the binary tensor extension (JSON header + raw tensor bytes) are split by
+v2binary.py and then read here like their JSON form (``parse_body``).
 """
 
 import base64
@@ -24,7 +27,7 @@ import binascii
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 SINGLE, LIST, V1, V2 = "single", "list", "v1", "v2"
 SURROGATE = re.compile("[\ud800-\udfff]")
@@ -62,11 +65,15 @@ class Limits:
 
 @dataclass
 class Request:
-    """One HTTP request: its items, the shape the answer must take, and a v2 request's id."""
+    """One HTTP request: its items, the shape the answer must take, and for KServe v2 its id and
+    how it wants its outputs: ``v2_binary_output`` is the request's ``binary_data_output``,
+    ``v2_outputs`` the outputs it names, each with its ``binary_data`` (None: not said)."""
 
     items: List[Any]
     form: str = SINGLE
     v2_id: Optional[str] = None
+    v2_binary_output: bool = False
+    v2_outputs: Optional[Dict[str, Optional[bool]]] = None
 
 
 def row_payload(row: Any) -> Any:
@@ -141,6 +148,11 @@ def parse_request(
     check_size(payload, limits)
     body = maybe_json(payload, limits)
     check_json(body, limits)
+    return parse_body(body, item_keys, v2_datatypes, limits)
+
+
+def parse_body(body: Any, item_keys: Sequence[str], v2_datatypes: Sequence[str], limits: Limits) -> Request:
+    """Split a body already read (and checked against the JSON limits) into items."""
     request = _split(body, item_keys, v2_datatypes)
     check_count(request.items, limits)
     return request
@@ -193,6 +205,12 @@ def _parse_v2(body: dict, datatypes: Sequence[str]) -> Request:
     if len(inputs) != 1:
         raise ClientError(f"KServe v2 'inputs' must hold exactly one tensor, got {len(inputs)}")
     tensor = inputs[0]
+    parameters = tensor.get("parameters")
+    if isinstance(parameters, dict) and "binary_data_size" in parameters:
+        raise ClientError(
+            "KServe v2 input has 'binary_data_size' but the request has no Inference-Header-Content-Length "
+            "header: send the JSON header's length in it (binary tensor extension), or the values in 'data'"
+        )
     missing = [k for k in ("name", "shape", "datatype", "data") if k not in tensor]
     if missing:
         raise ClientError(f"KServe v2 input is missing {', '.join(missing)}")
@@ -215,7 +233,37 @@ def _parse_v2(body: dict, datatypes: Sequence[str]) -> Request:
     if datatype != "BYTES":  # a numeric tensor: one item per row of the first dimension
         rows, size = shape[0], count // shape[0]
         flat = [{"shape": shape[1:], "data": flat[i * size : (i + 1) * size]} for i in range(rows)]
-    return Request(flat, V2, v2_id=body.get("id"))
+    binary_output, outputs = _v2_outputs(body)
+    return Request(flat, V2, v2_id=body.get("id"), v2_binary_output=binary_output, v2_outputs=outputs)
+
+
+def _v2_outputs(body: dict):
+    """How a v2 request wants its outputs: its ``binary_data_output`` and the outputs it names, each
+    with its ``binary_data`` (None when it does not say), or None when it names none."""
+    parameters = {} if body.get("parameters") is None else body["parameters"]
+    if not isinstance(parameters, dict):
+        raise ClientError(f"KServe v2 'parameters' must be an object, got {type(parameters).__name__}")
+    binary_output = parameters.get("binary_data_output", False)
+    if not isinstance(binary_output, bool):
+        raise ClientError(f"KServe v2 parameter 'binary_data_output' must be true or false, got {binary_output!r}")
+    outputs = body.get("outputs")
+    if not outputs:
+        return binary_output, None
+    if not (isinstance(outputs, list) and all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in outputs)):
+        raise ClientError("KServe v2 'outputs' must be a list of objects, each with a 'name'")
+    named = {}
+    for output in outputs:
+        what = f"KServe v2 output {output['name']!r}"
+        options = {} if output.get("parameters") is None else output["parameters"]
+        if not isinstance(options, dict):
+            raise ClientError(f"{what}: 'parameters' must be an object")
+        if "classification" in options:
+            raise ClientError(f"{what}: 'classification' (the classification extension) is not supported")
+        binary = options.get("binary_data")
+        if binary is not None and not isinstance(binary, bool):
+            raise ClientError(f"{what}: 'binary_data' must be true or false, got {binary!r}")
+        named[output["name"]] = binary
+    return binary_output, named
 
 
 def _flatten(data: list) -> list:

@@ -62,12 +62,20 @@ class TensorPredictor(ToolkitHandler):
 
     def inference(self, batch, *args, **kwargs):
         try:
-            return self.model(batch)
+            output = self.model(batch)
         except RuntimeError as exc:  # raw tensors in: a shape or type the model cannot take
             raise ClientError(
                 f"the model cannot take a tensor of shape {list(batch.shape[1:])}: {str(exc).splitlines()[-1]} "
                 "(set handler.input_shape to refuse such inputs early)"
             ) from None
+        rows = (output.shape[0] if output.dim() else 0) if isinstance(output, torch.Tensor) else len(batch)
+        if rows != len(batch):  # e.g. v2 shape [4] read as 4 scalars by a model that takes rows of 4
+            raise ClientError(
+                f"the model answered {rows} rows for {len(batch)} inputs of shape {list(batch.shape[1:])}: it does "
+                "not take inputs of that shape (v2: one row per example, shape [N, ...]; set handler.input_shape "
+                "to refuse such inputs early)"
+            )
+        return output
 
     def postprocess(self, output):
         return output.float().tolist()
@@ -75,7 +83,7 @@ class TensorPredictor(ToolkitHandler):
     def v2_output(self, answers):
         shape = list(torch.tensor(answers).shape)
         flat = torch.tensor(answers).flatten().tolist()
-        return {"name": "output-0", "shape": shape, "datatype": "FP32", "data": flat}
+        return {"name": self.v2_output_name, "shape": shape, "datatype": "FP32", "data": flat}
 
 
 handle = entry_point(TensorPredictor)

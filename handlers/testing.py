@@ -18,9 +18,9 @@ import shutil
 import sys
 import tempfile
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from ts.context import RequestProcessor
 from ts.model_loader import TsModelLoader
@@ -33,6 +33,7 @@ class Response:
     status: int
     body: Any
     content_type: Optional[str] = None
+    headers: dict = field(default_factory=dict)
 
     def json(self):
         body = self.body
@@ -89,16 +90,22 @@ class LocalModel:
         instances = getattr(self.service._entry_point, "instances", None)
         return instances.get(str(self.model_dir)) if instances else None
 
-    def predict_rows(self, rows: List[dict]) -> List[Response]:
-        """Run one batch of TorchServe request rows; one Response per row."""
+    def predict_rows(self, rows: List[dict], headers: Optional[List[Dict[str, str]]] = None) -> List[Response]:
+        """Run one batch of TorchServe request rows, each with its HTTP ``headers`` if given; one
+        Response per row (its status, body, content type and headers)."""
         context = self.service.context
         context.request_ids = {i: str(uuid.uuid4()) for i in range(len(rows))}
-        context.request_processor = [RequestProcessor({}) for _ in rows]
+        context.request_processor = [RequestProcessor(dict(h)) for h in (headers or [{} for _ in rows])]
         bodies = self.service._entry_point(rows, context)
         if not isinstance(bodies, list) or len(bodies) != len(rows):
             raise RuntimeError(f"handler returned {type(bodies).__name__} for a batch of {len(rows)}")
         return [
-            Response(context.get_response_status(i)[0], body, context.get_response_content_type(i))
+            Response(
+                context.get_response_status(i)[0],
+                body,
+                context.get_response_content_type(i),
+                dict(context.get_response_headers(i)),
+            )
             for i, body in enumerate(bodies)
         ]
 

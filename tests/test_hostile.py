@@ -4,22 +4,28 @@ neighbours with their right answers, and the process's memory stays bounded.
 
 Inputs: the named corpus of samples/hostile.py, mutations of real files of every format PIL writes
 (and the magic bytes of those it only reads) with the size in their headers patched to extremes,
-and generated bodies (arbitrary bytes and JSON, deep nesting, huge lists, KServe v1/v2 shapes)."""
+and generated bodies (arbitrary bytes and JSON, deep nesting, huge lists, KServe v1/v2 shapes, v2 requests
+in the binary tensor extension with every size in them right or wrong)."""
 
 import base64
 import json
 import os
 import random
+import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from tritonclient.utils import serialize_byte_tensor
 
 from archiver import mar
 from conftest import package_text
-from handlers.testing import LocalModel
+from handlers import v2binary
+from handlers.testing import LocalModel, as_row
 from samples import hostile
 from samples.image_model import sample_jpeg
 
@@ -90,15 +96,21 @@ GOOD_JPEG = sample_jpeg(3, (64, 48))
 GOOD_TEXT = "a perfectly normal sentence"
 
 
-def check_batch(model, hostile_body, good, accepts=None):
-    """[good, hostile, good] as one batch: every response well-formed, the neighbours right."""
+def check_batch(model, hostile_body, good, accepts=None, headers=None):
+    """[good, hostile, good] as one batch (the hostile request with its HTTP ``headers``): every
+    response well-formed, the neighbours right."""
     [alone] = model.predict([good])
-    responses = model.predict([good, hostile_body, good])
+    rows = [as_row(good), as_row(hostile_body), as_row(good)]
+    responses = model.predict_rows(rows, None if headers is None else [{}, headers, {}])
     assert len(responses) == 3
     for neighbour in (responses[0], responses[2]):
         assert neighbour.status == 200, neighbour.body
         assert_close(neighbour.json(), alone.json())
     attacked = responses[1]
+    if attacked.content_type == v2binary.OCTET_STREAM:  # a KServe v2 answer in the binary extension
+        assert attacked.status == 200
+        check_binary_answer(attacked)
+        return attacked
     body = attacked.json()
     assert attacked.content_type == "application/json"
     if attacked.status != 200:
@@ -108,6 +120,15 @@ def check_batch(model, hostile_body, good, accepts=None):
     if accepts is not None:
         assert accepts(attacked.status), (attacked.status, body)
     return attacked
+
+
+def check_binary_answer(response):
+    """A binary-extension answer: its JSON header, then exactly the bytes its outputs declare."""
+    length = int(response.headers[v2binary.HEADER])
+    header = json.loads(response.body[:length])
+    sizes = [output["parameters"]["binary_data_size"] for output in header["outputs"]]
+    assert all("data" not in output for output in header["outputs"]), header
+    assert length + sum(sizes) == len(response.body), header
 
 
 def assert_close(got, expected):
@@ -298,3 +319,85 @@ def test_whole_batches_of_generated_rows(image_models, rows):
     for response in responses:
         assert response.status == 200 or 400 <= response.status < 500, response.body
         response.json()
+
+
+# ---- KServe v2 binary tensor extension ------------------------------------------------------------
+DATATYPES = ["BYTES", "FP32", "FP16", "INT64", "UINT8", "BOOL", "BF16", "", 7]
+
+
+@st.composite
+def binary_requests(draw):
+    """A v2 request in the binary extension, each size in it right or wrong: the JSON header's length
+    (the HTTP header's value), binary_data_size, the shape, BYTES length prefixes, numeric byte counts.
+    Returns (body, HTTP headers)."""
+    datatype = draw(st.sampled_from(DATATYPES))
+    if datatype == "BYTES":
+        elements = draw(st.lists(st.binary(max_size=20) | st.text(max_size=20).map(str.encode), max_size=6))
+        raw = b"".join(struct.pack("<I", len(e)) + e for e in elements)
+        shape = [len(elements)]
+    else:
+        shape = draw(st.lists(st.integers(1, 4), min_size=1, max_size=3))
+        itemsize = np.dtype(v2binary.NUMERIC.get(datatype, "u1")).itemsize
+        raw = draw(st.binary(min_size=int(np.prod(shape)) * itemsize, max_size=int(np.prod(shape)) * itemsize))
+    if draw(st.booleans()):  # something wrong in the data or the shape
+        raw = raw[: draw(st.integers(0, len(raw)))] + draw(st.binary(max_size=6))
+        shape = draw(st.sampled_from([shape, [s + 1 for s in shape], [10**12], [-1], []]) | json_values)
+    size = len(raw) + draw(st.sampled_from([0, 0, 0, -1, 1, 1 << 40]))
+    header = {
+        "inputs": [
+            {
+                "name": "i",
+                "shape": shape,
+                "datatype": datatype,
+                "parameters": {"binary_data_size": draw(st.sampled_from([size, size, -1, "5", None]))},
+            },
+        ],
+        "parameters": {"binary_data_output": draw(st.booleans())},
+    }
+    head = json.dumps(header).encode()
+    length = len(head) + draw(st.sampled_from([0, 0, 0, 0, -1, 1, -len(head), 1 << 30]))
+    value = draw(st.sampled_from([str(length)] * 6 + ["", "-1", "0x10", "1e3"]))
+    name = draw(st.sampled_from([v2binary.HEADER, v2binary.HEADER.lower(), v2binary.HEADER.upper()]))
+    return head + raw + draw(st.sampled_from([b"", b"", b"\x00", b"trailing"])), {name: value}
+
+
+@FUZZ
+@given(request=binary_requests())
+def test_generated_binary_requests_image(image_models, request):
+    check_batch(image_models[0], request[0], GOOD_JPEG, headers=request[1])
+
+
+@FUZZ
+@given(request=binary_requests())
+def test_generated_binary_requests_text(text_model, request):
+    check_batch(text_model, request[0], GOOD_TEXT.encode(), headers=request[1])
+
+
+@FUZZ
+@given(request=binary_requests())
+def test_generated_binary_requests_tensor(tensor_model, request):
+    check_batch(tensor_model, request[0], {"instances": [[1.0, 2.0, 3.0, 4.0]]}, headers=request[1])
+
+
+def numeric_arrays(datatype):
+    shapes = hnp.array_shapes(max_dims=3, max_side=5)
+    return st.tuples(st.just(datatype), hnp.arrays(np.dtype(v2binary.NUMERIC[datatype]), shapes))
+
+
+@FUZZ
+@given(array=st.sampled_from(sorted(v2binary.NUMERIC)).flatmap(numeric_arrays))
+def test_binary_numeric_tensors_read_as_numpy_wrote_them(array):
+    """tritonclient sends ``array.tobytes()``: read back, the values are the array's; written, the bytes."""
+    datatype, values = array
+    decoded = v2binary.decode_tensor(datatype, list(values.shape), memoryview(values.tobytes()))
+    np.testing.assert_array_equal(np.array(decoded, dtype=values.dtype), values.flatten())
+    written = v2binary.encode_tensor(datatype, decoded)
+    np.testing.assert_array_equal(np.frombuffer(written, dtype=values.dtype), values.flatten())
+
+
+@FUZZ
+@given(elements=st.lists(st.binary(max_size=40), min_size=1, max_size=16))
+def test_binary_bytes_tensors_read_as_tritonclient_wrote_them(elements):
+    raw = serialize_byte_tensor(np.array(elements, dtype=np.object_)).item()
+    assert v2binary.split_bytes(memoryview(raw), len(elements)) == elements
+    assert v2binary.encode_tensor("BYTES", elements) == raw

@@ -1,9 +1,12 @@
 import base64
 import json
+import struct
 
+import numpy as np
 import pytest
 
-from handlers.requests import ClientError, encode_answer, parse_request, to_bytes, to_text
+from handlers import v2binary
+from handlers.requests import ClientError, Limits, encode_answer, parse_request, to_bytes, to_text
 
 KEYS = ("data", "b64")
 
@@ -77,3 +80,156 @@ def test_base64_and_text_decoding():
         to_text(b"\xff\xfe")
     with pytest.raises(ClientError, match="input is empty"):
         to_text("   ")
+
+
+# ---- KServe v2 binary tensor extension (handlers/v2binary.py) ------------------------------------------
+def binary_row(inputs, raws, **extra):
+    """A row of the binary extension: the JSON header, then the raw data; and the header's length."""
+    head = json.dumps({"inputs": inputs, **extra}).encode()
+    return {"body": head + b"".join(raws)}, len(head)
+
+
+def texts_raw(texts):
+    return b"".join(struct.pack("<I", len(t)) + t for t in texts)
+
+
+def test_header_length_in_any_letter_case():
+    assert v2binary.header_length({"Inference-Header-Content-Length": "12"}) == 12
+    assert v2binary.header_length({"inference-header-content-length": " 7 ", "body": {"content-type": "x"}}) == 7
+    assert v2binary.header_length({"Content-Type": "application/json"}) is None
+    assert v2binary.header_length(None) is None
+    for bad in ("-1", "12abc", "", "1e3", "١٢"):
+        with pytest.raises(ClientError, match="header must be the JSON header's length in bytes"):
+            v2binary.header_length({"Inference-Header-Content-Length": bad})
+
+
+def test_binary_bytes_input_gives_the_items_of_its_json_form():
+    texts = [b"caf\xc3\xa9", b"", b"\xff\xd8\xff binary"]
+    raw = texts_raw(texts)
+    tensor = {"name": "in", "shape": [3], "datatype": "BYTES", "parameters": {"binary_data_size": len(raw)}}
+    row, length = binary_row([tensor], [raw], id="r1")
+    request = v2binary.parse_request(row, length, KEYS, ("BYTES",))
+    assert request.form == "v2" and request.items == texts and request.v2_id == "r1"
+
+
+@pytest.mark.parametrize("datatype, dtype", [("FP32", "<f4"), ("FP16", "<f2"), ("INT64", "<i8"), ("UINT8", "u1")])
+def test_binary_numeric_input_gives_the_items_of_its_json_form(datatype, dtype):
+    values = np.arange(12).reshape(2, 3, 2).astype(dtype)
+    raw = values.tobytes()
+    tensor = {"name": "in", "shape": [2, 3, 2], "datatype": datatype}
+    row, length = binary_row([{**tensor, "parameters": {"binary_data_size": len(raw)}}], [raw])
+    binary = v2binary.parse_request(row, length, KEYS, (datatype,))
+    as_json = parse_request({"body": {"inputs": [{**tensor, "data": values.tolist()}]}}, KEYS, (datatype,))
+    assert binary.items == as_json.items and len(binary.items) == 2
+    assert binary.items[0] == {"shape": [3, 2], "data": [0, 1, 2, 3, 4, 5]}
+
+
+def test_json_inputs_next_to_binary_ones_and_a_body_torchserve_parsed():
+    tensor = {"name": "in", "shape": [1], "datatype": "BYTES", "data": ["plain"]}
+    row, length = binary_row([tensor], [])
+    assert v2binary.parse_request(row, length, KEYS).items == ["plain"]
+    # decode_input_request=true and a JSON content type: TorchServe parsed the body, nothing followed it
+    assert v2binary.parse_request({"body": {"inputs": [tensor]}}, 10, KEYS).items == ["plain"]
+    claimed = {**tensor, "parameters": {"binary_data_size": 5}}
+    del claimed["data"]
+    with pytest.raises(ClientError, match="says 5 bytes, but only 0 bytes of binary data are left"):
+        v2binary.parse_request({"body": {"inputs": [claimed]}}, 10, KEYS)
+
+
+def bytes_tensor(shape, size):
+    return {"name": "in", "shape": shape, "datatype": "BYTES", "parameters": {"binary_data_size": size}}
+
+
+@pytest.mark.parametrize(
+    "make, status, words",
+    [
+        (lambda: (binary_row([bytes_tensor([1], 5)], [texts_raw([b"x"])])[0], 10**6), 400, "the body holds only"),
+        (lambda: (binary_row([bytes_tensor([1], 5)], [texts_raw([b"x"])])[0], 3), 400, "is not valid JSON"),
+        (lambda: binary_row([bytes_tensor([1], 9)], [texts_raw([b"x"])]), 400, "says 9 bytes, but only 5"),
+        (lambda: binary_row([bytes_tensor([1], 5)], [texts_raw([b"x"]), b"!"]), 400, "add up to 5"),
+        (lambda: binary_row([bytes_tensor([1], 7)], [b"\x09\x00\x00\x00abc"]), 400, "prefix says 9 bytes, past"),
+        (lambda: binary_row([bytes_tensor([2], 7)], [texts_raw([b"x"]), b"\x00\x00"]), 400, "ends before its 4-byte"),
+        (lambda: binary_row([bytes_tensor([1], 6)], [texts_raw([b"x"]), b"!"]), 400, "follow its last BYTES element"),
+        (lambda: binary_row([bytes_tensor([1], -1)], []), 400, "'binary_data_size' must be a byte count"),
+        (lambda: binary_row([bytes_tensor([1], True)], []), 400, "'binary_data_size' must be a byte count"),
+        (lambda: binary_row([{**bytes_tensor([1], 0), "data": ["x"]}], []), 400, "both 'data' and"),
+        (lambda: binary_row([bytes_tensor([10**9], 0)], []), 413, "(handler.max_items)"),
+        (lambda: binary_row([{**bytes_tensor([4], 14), "datatype": "FP32"}], [b"\x00" * 14]), 400, "needs 16 bytes"),
+        (lambda: binary_row([{**bytes_tensor([5000, 5000], 0), "datatype": "FP32"}], []), 413, "max_json_values"),
+        (lambda: binary_row([{**bytes_tensor([1], 2), "datatype": "BF16"}], [b"\x00\x00"]), 400, "'BF16' cannot"),
+        (lambda: binary_row([{**bytes_tensor([1], 0), "datatype": "FP32"}], []), 400, "needs 4 bytes"),
+        (lambda: binary_row([{"name": "in", "parameters": {"shared_memory_region": "r"}}], []), 400, "shared-memory"),
+        (lambda: binary_row([], []), 400, "is not a KServe v2 request"),
+        (lambda: binary_row([bytes_tensor([1], 0)] * 2, []), 400, "must hold exactly one tensor, got 2"),
+        (lambda: ({"body": b'{"instances": [1]}'}, 18), 400, "is not a KServe v2 request"),
+    ],
+)
+def test_binary_requests_whose_sizes_do_not_add_up(make, status, words):
+    row, length = make()
+    with pytest.raises(ClientError) as caught:
+        v2binary.parse_request(row, length, KEYS, ("BYTES",))
+    assert words in caught.value.message and caught.value.status == status, caught.value.message
+
+
+def test_binary_requests_are_bounded_by_the_limits():
+    raw = texts_raw([b"x" * 100])
+    row, length = binary_row([bytes_tensor([1], len(raw))], [raw])
+    with pytest.raises(ClientError, match=r"handler\.max_body_bytes"):
+        v2binary.parse_request(row, length, KEYS, limits=Limits(max_body_bytes=100))
+    deep = {"body": b'{"inputs": [{"x": ' + b"[" * 40 + b"]" * 40 + b"}]}"}
+    with pytest.raises(ClientError, match=r"handler\.max_json_depth"):
+        v2binary.parse_request(deep, len(deep["body"]), KEYS)
+
+
+def test_binary_data_size_without_the_header_names_the_extension():
+    with pytest.raises(ClientError, match="has no Inference-Header-Content-Length header"):
+        parse_request({"body": {"inputs": [bytes_tensor([1], 5)]}}, KEYS)
+
+
+def v2_request(**extra):
+    return parse_request(
+        {"body": {"inputs": [{"name": "i", "shape": [1], "datatype": "BYTES", "data": ["x"]}], **extra}}, KEYS
+    )
+
+
+def test_binary_outputs_when_asked_for():
+    assert not v2binary.wants_binary(v2_request(), "out")
+    assert v2binary.wants_binary(v2_request(parameters={"binary_data_output": True}), "out")
+    assert v2binary.wants_binary(v2_request(outputs=[{"name": "out", "parameters": {"binary_data": True}}]), "out")
+    named = v2_request(
+        outputs=[{"name": "out", "parameters": {"binary_data": False}}], parameters={"binary_data_output": True}
+    )
+    assert not v2binary.wants_binary(named, "out")
+    assert v2binary.wants_binary(v2_request(outputs=[{"name": "out"}], parameters={"binary_data_output": True}), "out")
+    assert not v2binary.wants_binary(parse_request({"body": {"instances": ["x"]}}, KEYS), "out")
+    with pytest.raises(ClientError, match="'outputs' names 'logits'; this model's only output is 'out'"):
+        v2binary.wants_binary(v2_request(outputs=[{"name": "logits"}]), "out")
+    for extra, words in [
+        ({"outputs": [{"name": "out", "parameters": {"classification": 3}}]}, "classification extension"),
+        ({"outputs": [{"name": "out", "parameters": {"binary_data": "yes"}}]}, "'binary_data' must be true or false"),
+        ({"outputs": [{"parameters": {}}]}, "each with a 'name'"),
+        ({"parameters": {"binary_data_output": 1}}, "'binary_data_output' must be true or false"),
+        ({"parameters": []}, "'parameters' must be an object"),
+    ]:
+        with pytest.raises(ClientError, match=words):
+            v2_request(**extra)
+
+
+def test_binary_response_reads_back_with_tritonclient():
+    from tritonclient.http import InferResult
+
+    body = {
+        "model_name": "m",
+        "id": "r1",
+        "outputs": [
+            {"name": "a", "shape": [2], "datatype": "BYTES", "data": ['{"x": 1}', "é"]},
+            {"name": "b", "shape": [2, 2], "datatype": "FP32", "data": [0.5, -1.0, 3.25, 1e-7]},
+        ],
+    }
+    data, length = v2binary.encode_response(body)
+    header = json.loads(data[:length])
+    assert header["id"] == "r1" and all("data" not in output for output in header["outputs"])
+    assert [o["parameters"]["binary_data_size"] for o in header["outputs"]] == [4 + 8 + 4 + 2, 16]
+    result = InferResult.from_response_body(data, header_length=length)
+    assert result.as_numpy("a").tolist() == [b'{"x": 1}', "é".encode()]
+    assert result.as_numpy("b").tolist() == np.array([[0.5, -1.0], [3.25, 1e-7]], dtype=np.float32).tolist()
