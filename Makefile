@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 UV := $(PYTHON) -m uv
 SAMPLE := samples/build/resnet18
 
-.PHONY: venv demo test fuzz bench clean
+.PHONY: venv runtimes demo test matrix fuzz bench clean
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: setup.cfg pyproject.toml
@@ -30,6 +30,16 @@ test: venv
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
+# Venvs standing in for KServe's TorchServe images (.runtimes/; samples/runtime_env.py); the tests build
+# them on demand too.
+runtimes: venv
+	$(BIN)/python -m samples.runtime_env torchserve-kfs:0.9.0
+
+# The runtime matrix: every served path on TorchServe 0.9.0 (Python 3.9) and 0.12.0 (Python 3.11), both
+# KServe envelopes, through pytorch/serve's kserve_wrapper. `make test` runs one smoke path of each.
+matrix: venv runtimes
+	$(BIN)/python -m pytest -m matrix tests/test_runtime_matrix.py tests/test_kserve_wrapper.py
+
 # The property-based tests with many more examples (about half an hour; not part of `make test`).
 fuzz: venv
 	TSCTL_FUZZ_EXAMPLES=5000 $(BIN)/python -m pytest tests/test_hostile.py
@@ -44,4 +54,4 @@ bench: venv
 	$(BIN)/python benchmarks/hostile_load.py
 
 clean:
-	rm -rf $(VENV) .tsctl samples/build logs
+	rm -rf $(VENV) .runtimes .tsctl samples/build logs

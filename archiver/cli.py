@@ -14,7 +14,7 @@ import click
 from handlers.archives import ArchiveError
 
 from . import bench as load
-from . import kserve, mar, properties, server
+from . import kserve, mar, properties, runtimes, server
 from .errors import ServerError, UserError
 
 # TorchServe's BaseHandler logs optional-backend notices (OpenVINO, ONNX, TensorRT) on import.
@@ -293,8 +293,18 @@ def parse_split(values):
 @click.option("--namespace", default="default", show_default=True)
 @click.option("--cpu", default="1", show_default=True)
 @click.option("--memory", default="2Gi", show_default=True)
+@click.option(
+    "--runtime",
+    type=click.Choice(list(runtimes.RUNTIMES)),
+    default=runtimes.DEFAULT,
+    show_default=True,
+    help="The TorchServe image KServe runs: each archive's requirements are resolved and pinned for it.",
+)
+@click.option("--offline", is_flag=True, help="Bundle each archive's wheels: its per-model install needs no index.")
 def export_kserve(out, config_path, split, **options):
     """Write OUT/{config,model-store} for a PVC, the InferenceService and the deploy commands."""
+    what = "resolving and downloading" if options["offline"] else "resolving"
+    click.echo(f"{what} each archive's requirements for {options['runtime']} ...", err=True)
     result = kserve.export(kserve.ExportOptions(out=out, config=config_path, split=parse_split(split), **options))
     for path in result.files:
         click.echo(f"wrote {path}")

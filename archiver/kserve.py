@@ -5,8 +5,9 @@
     OUT/inferenceservice.yaml        v1beta1, modelFormat pytorch, storageUri, protocol, resources
     OUT/inferencegraph.yaml          with --split: a Splitter between two models (A/B)
     OUT/transformer/*.mar            with --transformer-image: the archive whose pre/post the transformer runs
-    OUT/pvc-copy-pod.yaml            a helper pod mounting the claim, for kubectl cp
-    OUT/DEPLOY.md                    the exact commands: copy, apply, one curl per model
+    OUT/pvc.yaml                     the PersistentVolumeClaim (ReadWriteOnce, twice the archives' size, >= 2Gi)
+    OUT/pvc-copy-pod.yaml            a helper pod mounting the claim, for kubectl cp (restricted Pod Security Standard)
+    OUT/DEPLOY.md                    the exact commands: claim, copy, apply, ingress, request bodies, one curl per model
 
 KServe's TorchServe runtime runs ``torchserve --start --model-store=/mnt/models/model-store
 --ts-config=/mnt/models/config/config.properties`` with ``TS_SERVICE_ENVELOPE=kserve|kservev2``;
@@ -14,9 +15,11 @@ the storage URI is mounted at /mnt/models. Every manifest is validated against K
 """
 
 import json
+import math
 import os
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -25,15 +28,28 @@ import yaml
 
 from handlers import TOOLKIT_HANDLERS
 
-from . import crds
+from . import crds, runtimes
 from .errors import UserError
-from .mar import read_manifest
+from .mar import model_config, read_manifest, rewrite_archive
 from .properties import check_keys, read_properties, render, snapshot_of
 
 NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 PVC_URI = re.compile(r"^pvc://([a-z0-9]([-a-z0-9.]*[a-z0-9])?)(/[^\s]*)?$")
 PROTOCOLS = ("v1", "v2")
-COPY_POD_IMAGE = "busybox:1.36"
+COPY_POD_IMAGE = "busybox:1.36"  # has tar, which kubectl cp runs in the pod
+COPY_POD_UID = 1000  # the uid KServe's TorchServe runtime runs as: the copied files are its own
+MIN_CLAIM_GIB = 2
+# What a request holds, by the handler an archive's MANIFEST names (None: a handler of the user's own).
+KINDS = {
+    TOOLKIT_HANDLERS["image_classifier"]: "image",
+    TOOLKIT_HANDLERS["text_classifier"]: "text",
+    TOOLKIT_HANDLERS["token_classifier"]: "text",
+    TOOLKIT_HANDLERS["text_embedder"]: "text",
+    TOOLKIT_HANDLERS["tensor"]: "tensor",
+}
+# Handlers whose pre/post a transformer can run: preprocess must make one tensor of a request (the text
+# handlers' is a dict of token tensors, which the transformer cannot send).
+TRANSFORMER_HANDLERS = (TOOLKIT_HANDLERS["image_classifier"],)
 
 
 @dataclass
@@ -52,6 +68,8 @@ class ExportOptions:
     namespace: str = "default"
     cpu: str = "1"
     memory: str = "2Gi"
+    runtime: str = runtimes.DEFAULT  # the torchserve-kfs image the InferenceService runs (archiver/runtimes.py)
+    offline: bool = False  # bundle each archive's wheels: its per-model install needs no package index
 
 
 @dataclass
@@ -63,6 +81,11 @@ class Export:
 
 def export(options: ExportOptions) -> Export:
     """Check everything, then write the tree and manifests. Nothing is written if a check fails."""
+    with tempfile.TemporaryDirectory(prefix="tsctl-export-") as scratch:  # wheels, until they are packed
+        return _export(options, Path(scratch))
+
+
+def _export(options: ExportOptions, scratch: Path) -> Export:
     notes: List[str] = []
     claim, sub_path = check_options(options)
     config_path = Path(options.config)
@@ -73,6 +96,9 @@ def export(options: ExportOptions) -> Export:
     archives = check_models(snapshot, Path(options.model_store), properties, notes)
     check_split(options, snapshot)
     transformer_archive = check_transformer(options, snapshot)
+    runtime = runtimes.runtime_named(options.runtime)
+    notes.extend(runtime_notes(runtime))
+    locked = runtimes.for_runtime(archives, runtime, options.offline, scratch, notes)
 
     isvc = inference_service(options, snapshot)
     manifests = {"inferenceservice.yaml": isvc}
@@ -82,6 +108,7 @@ def export(options: ExportOptions) -> Export:
         crds.check(manifest, name)
     curls = curl_lines(options, snapshot)
     manifests["pvc-copy-pod.yaml"] = copy_pod(options, claim)
+    manifests["pvc.yaml"] = claim_manifest(options, claim, archives)
 
     out = Path(options.out)
     clear_previous_export(out)
@@ -92,7 +119,10 @@ def export(options: ExportOptions) -> Export:
     files[0].write_text(render(properties), encoding="utf-8")
     for archive in archives:
         target = out / "model-store" / archive.name
-        copy_archive(archive, target)
+        if archive in locked:
+            rewrite_archive(archive, target, locked[archive])
+        else:
+            copy_archive(archive, target)
         files.append(target)
     if transformer_archive is not None:
         (out / "transformer").mkdir(exist_ok=True)
@@ -107,6 +137,17 @@ def export(options: ExportOptions) -> Export:
 
 
 # ---- checks -------------------------------------------------------------------------------------------
+def runtime_notes(runtime: runtimes.Runtime) -> List[str]:
+    """What the generated config asks for that the runtime's TorchServe does not do."""
+    if tuple(int(part) for part in runtime.torchserve.split(".")) >= (0, 11):
+        return []
+    return [
+        f"{runtime.name} runs TorchServe {runtime.torchserve}, which has no token authorization and ignores "
+        "enable_model_api=false: its management API (port 8085 inside the pod; KServe's service exposes only "
+        "the wrapper's 8080) can register and delete models"
+    ]
+
+
 def check_options(options: ExportOptions) -> Tuple[str, str]:
     if not NAME.match(options.name):
         raise UserError(
@@ -202,15 +243,27 @@ def check_transformer(options: ExportOptions, snapshot: dict) -> Optional[Path]:
     archive = Path(options.transformer_archive)
     if not archive.exists():
         raise UserError(f"--transformer-archive {archive} does not exist")
-    handler = read_manifest(archive)["model"].get("handler")
-    if handler not in TOOLKIT_HANDLERS.values():
+    handler = read_manifest(archive)["model"]["handler"]
+    if handler not in TRANSFORMER_HANDLERS:
         raise UserError(
-            f"--transformer-archive {archive} has handler {handler!r}: a transformer runs toolkit handlers only"
+            f"--transformer-archive {archive} has handler {handler!r} (MANIFEST model.handler), whose pre/post "
+            "cannot run apart from its model (only the image_classifier handler turns a request into one tensor): "
+            "give an archive built with --handler image_classifier"
         )
     models = list(snapshot["models"])
     model = options.transformer_model or models[0]
     if model not in models:
         raise UserError(f"--transformer-model '{model}' is not in the config's model_snapshot ({', '.join(models)})")
+    named = f"--transformer-model '{model}'" if options.transformer_model else f"model '{model}' (the first)"
+    for entry in snapshot["models"][model].values():
+        predictor = Path(options.model_store) / entry["marName"]
+        handler = read_manifest(predictor)["model"]["handler"]
+        if handler != TOOLKIT_HANDLERS["tensor"]:
+            raise UserError(
+                f"{named} is served by {predictor}, whose handler is {handler!r} (MANIFEST model.handler), but the "
+                "transformer sends it tensors: package the same weights with --handler tensor under another model "
+                "name and pass that name as --transformer-model"
+            )
     options.transformer_model = model
     return archive
 
@@ -280,16 +333,29 @@ def inference_graph(options: ExportOptions) -> dict:
 
 
 def copy_pod(options: ExportOptions, claim: str) -> dict:
+    """A pod that mounts the claim for kubectl cp, admitted under the restricted Pod Security Standard:
+    non-root uid 1000 (KServe's TorchServe runtime's own), no privilege escalation, no capabilities,
+    RuntimeDefault seccomp; fsGroup makes the claim's root writable for that uid."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": f"{options.name}-copy", "namespace": options.namespace},
         "spec": {
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": COPY_POD_UID,
+                "runAsGroup": COPY_POD_UID,
+                "fsGroup": COPY_POD_UID,
+                "fsGroupChangePolicy": "OnRootMismatch",
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "automountServiceAccountToken": False,
             "containers": [
                 {
                     "name": "copy",
                     "image": COPY_POD_IMAGE,
                     "command": ["sleep", "3600"],
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
                     "volumeMounts": [{"name": "models", "mountPath": "/pvc"}],
                 }
             ],
@@ -298,28 +364,234 @@ def copy_pod(options: ExportOptions, claim: str) -> dict:
     }
 
 
+def disk_size(path: Path) -> int:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size
+
+
+def claim_size(options: ExportOptions, archives: List[Path]) -> str:
+    """Twice what is copied onto the claim (room for the next version beside it), at least MIN_CLAIM_GIB."""
+    paths = archives + ([Path(options.transformer_archive)] if options.transformer_archive else [])
+    return f"{max(MIN_CLAIM_GIB, math.ceil(2 * sum(disk_size(p) for p in paths) / 2**30))}Gi"
+
+
+def claim_manifest(options: ExportOptions, claim: str, archives: List[Path]) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim, "namespace": options.namespace},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": claim_size(options, archives)}},
+        },
+    }
+
+
 def predict_path(protocol: str, model: str) -> str:
     return f"/v2/models/{model}/infer" if protocol == "v2" else f"/v1/models/{model}:predict"
 
 
+@dataclass
+class Served:
+    """A model clients call through the InferenceService, and what its requests hold."""
+
+    name: str
+    handler: str
+    kind: Optional[str]  # "image", "text", "tensor"; None for a handler of the user's own
+    shape: Optional[List[int]] = None  # a tensor model's handler.input_shape
+
+    @property
+    def input_file(self) -> str:
+        return f"input-{self.kind}.json" if self.kind in ("image", "text") else f"input-{self.name}.json"
+
+
+def served_models(options: ExportOptions, archives: List[Path]) -> List[Served]:
+    """Each snapshot model with the kind of input its archive's handler takes; with a transformer in front,
+    only the transformer's model, which takes what the transformer archive's handler reads."""
+    if options.transformer_archive:
+        handler = read_manifest(options.transformer_archive)["model"]["handler"]
+        return [Served(options.transformer_model, handler, KINDS.get(handler))]
+    served: Dict[str, Served] = {}
+    for archive in archives:
+        model = read_manifest(archive)["model"]
+        kind = KINDS.get(model["handler"])
+        shape = (model_config(archive).get("handler") or {}).get("input_shape") if kind == "tensor" else None
+        served.setdefault(model["modelName"], Served(model["modelName"], model["handler"], kind, shape))
+    return list(served.values())
+
+
+def snapshot_archives(options: ExportOptions, snapshot: dict) -> List[Path]:
+    store = Path(options.model_store)
+    return [store / entry["marName"] for versions in snapshot["models"].values() for entry in versions.values()]
+
+
+# Request bodies, built by python3 from a file or a text (the variable x in the body).
+READERS = {
+    "image": ('"$IMAGE"', 'import base64, json, sys; x = base64.b64encode(open(sys.argv[1], "rb").read()).decode()'),
+    "text": ('"$TEXT"', "import json, sys; x = sys.argv[1]"),
+}
+V1_BODIES = {"image": '{"instances": [{"data": x}]}', "text": '{"instances": [x]}'}
+V2_BODY = '{"inputs": [{"name": "input-0", "shape": [1], "datatype": "BYTES", "data": [x]}]}'
+
+
+def input_command(protocol: str, model: Served) -> Optional[str]:
+    """A shell line writing ``model.input_file``, or None when the body is the user's own to write."""
+    if model.kind in READERS:
+        argument, read = READERS[model.kind]
+        body = V2_BODY if protocol == "v2" else V1_BODIES[model.kind]
+        code = f"{read}; print(json.dumps({body}))"
+        return f"python3 -c '{code}' {argument} > {model.input_file}"
+    if model.kind == "tensor" and model.shape:
+        shape = [int(n) for n in model.shape]
+        if protocol == "v2":
+            body = (
+                '{"inputs": [{"name": "input-0", "shape": [1, *s], "datatype": "FP32", "data": [0.0] * math.prod(s)}]}'
+            )
+            code = f"import json, math; s = {shape}; print(json.dumps({body}))"
+        else:
+            code = f"import functools, json; x = functools.reduce(lambda t, n: [t] * n, {shape[::-1]}, 0.0); "
+            code += 'print(json.dumps({"instances": [x]}))'
+        return f"python3 -c '{code}' > {model.input_file}"
+    return None
+
+
+def curl_line(path: str, input_file: str) -> str:
+    return (
+        f'curl -H "Host: ${{SERVICE_HOSTNAME}}" -H "Content-Type: application/json" '
+        f'"http://${{INGRESS_HOST}}:${{INGRESS_PORT}}{path}" --data-binary @{input_file}'
+    )
+
+
 def curl_lines(options: ExportOptions, snapshot: dict) -> List[str]:
     """One curl per model: the URL names the snapshot key (the model), the Host header the service."""
-    body = "@input-v2.json" if options.protocol == "v2" else "@input.json"
     return [
-        f'curl -H "Host: ${{SERVICE_HOSTNAME}}" -H "Content-Type: application/json" '
-        f'"http://${{INGRESS_HOST}}:${{INGRESS_PORT}}{predict_path(options.protocol, model)}" -d {body}'
-        for model in snapshot["models"]
+        curl_line(predict_path(options.protocol, model.name), model.input_file)
+        for model in served_models(options, snapshot_archives(options, snapshot))
     ]
+
+
+def input_steps(options: ExportOptions, models: List[Served]) -> List[str]:
+    body = "a KServe v2 body (a BYTES tensor)" if options.protocol == "v2" else "a KServe v1 body (`instances`)"
+    lines = ["## 5. Build the request bodies", "", f"Each file holds {body}, as the InferenceService takes it.", ""]
+    for kind, variable, example, what in [
+        ("image", "IMAGE", "kitten.jpg   # your image file", "the image's bytes in base64"),
+        ("text", "TEXT", "'A sentence to send'   # your text", "the text"),
+    ]:
+        names = [m.name for m in models if m.kind == kind]
+        if names:
+            model = next(m for m in models if m.kind == kind)
+            lines += [
+                f"{', '.join(names)}: `{model.input_file}` holds {what}:",
+                "",
+                "```sh",
+                f"{variable}={example}",
+                input_command(options.protocol, model),
+                "```",
+                "",
+            ]
+    for model in models:
+        if model.kind == "tensor" and model.shape:
+            lines += [
+                f"{model.name}: its handler takes tensors; `{model.input_file}` holds zeros of shape {model.shape}:",
+                "",
+                "```sh",
+                input_command(options.protocol, model),
+                "```",
+                "",
+            ]
+        elif model.kind == "tensor":
+            lines += [
+                f"{model.name}: its handler takes tensors of its model's input shape (no handler.input_shape in its "
+                f"model-config.yaml to build one from): put such a body in `{model.input_file}`.",
+                "",
+            ]
+        elif model.kind not in READERS:
+            lines += [
+                f"{model.name}: its handler ({model.handler}) takes what it was written for: put that JSON body "
+                f"in `{model.input_file}`.",
+                "",
+            ]
+    return lines
+
+
+INGRESS_STEPS = [
+    "## 4. Determine the ingress IP and ports",
+    "",
+    "As in KServe's getting-started guide (an Istio ingress gateway, KServe's default): does the cluster give the",
+    "gateway an external load balancer?",
+    "",
+    "```sh",
+    "kubectl get svc istio-ingressgateway -n istio-system",
+    "```",
+    "",
+    "If EXTERNAL-IP is set, use the load balancer (where it gives a host name rather than an IP, as on AWS,",
+    "read `.status.loadBalancer.ingress[0].hostname` instead):",
+    "",
+    "```sh",
+    "export INGRESS_HOST=$(kubectl -n istio-system get service istio-ingressgateway "
+    "-o jsonpath='{.status.loadBalancer.ingress[0].ip}')",
+    "export INGRESS_PORT=$(kubectl -n istio-system get service istio-ingressgateway "
+    "-o jsonpath='{.spec.ports[?(@.name==\"http2\")].port}')",
+    "```",
+    "",
+    "If it is `<none>` or stays `<pending>`, there is no load balancer: forward a local port to the gateway,",
+    "in a second terminal that you leave running,",
+    "",
+    "```sh",
+    'INGRESS_GATEWAY_SERVICE=$(kubectl get svc --namespace istio-system --selector="app=istio-ingressgateway" '
+    "--output jsonpath='{.items[0].metadata.name}')",
+    "kubectl port-forward --namespace istio-system svc/${INGRESS_GATEWAY_SERVICE} 8080:80",
+    "```",
+    "",
+    "and in this one:",
+    "",
+    "```sh",
+    "export INGRESS_HOST=localhost",
+    "export INGRESS_PORT=8080",
+    "```",
+    "",
+]
 
 
 def deploy_steps(options: ExportOptions, claim: str, sub_path: str, archives: List[Path], curls: List[str]) -> str:
     pod = f"{options.name}-copy"
     ns = f"-n {options.namespace}"
     root = f"/pvc/{sub_path}".rstrip("/")
+    mounted = f"{claim}/{sub_path}".rstrip("/")
+    models = served_models(options, archives)
     lines = [
         f"# Deploying {options.name}",
         "",
-        f"1. Copy the tree onto the PVC `{claim}` (mounted by KServe at /mnt/models):",
+        "Run every command from the directory this file is in (the paths below are relative to it):",
+        "",
+        "```sh",
+        f"cd {Path(options.out).resolve()}",
+        "```",
+        "",
+        "You need kubectl for a cluster with KServe, and python3 for step 5."
+        + (
+            f" The namespace `{options.namespace}` must exist (`kubectl create namespace {options.namespace}`)."
+            if options.namespace != "default"
+            else ""
+        ),
+        "",
+        "## 1. The claim",
+        "",
+        f"`pvc.yaml` asks for the PersistentVolumeClaim `{claim}`: {claim_size(options, archives)}, ReadWriteOnce, "
+        "the cluster's default StorageClass. Skip this step if the claim exists already "
+        f"(`kubectl get pvc {ns} {claim}` shows it).",
+        "",
+        "```sh",
+        f"kubectl apply {ns} -f pvc.yaml",
+        "```",
+        "",
+        f"## 2. Copy the tree onto the claim (KServe mounts `{mounted}` at /mnt/models)",
+        "",
+        f"The copy pod passes the restricted Pod Security Standard: busybox runs as uid {COPY_POD_UID}, non-root, "
+        "without privilege escalation or capabilities, with the RuntimeDefault seccomp profile; `fsGroup` makes the "
+        f"claim writable for it. The files it writes belong to uid {COPY_POD_UID}, the uid KServe's TorchServe "
+        "runtime runs as, and are readable by everyone.",
         "",
         "```sh",
         f"kubectl apply {ns} -f pvc-copy-pod.yaml",
@@ -337,7 +609,11 @@ def deploy_steps(options: ExportOptions, claim: str, sub_path: str, archives: Li
         f"kubectl delete {ns} pod/{pod}",
         "```",
         "",
-        "2. Deploy:",
+        "If `mkdir` says Permission denied, the volume ignores fsGroup (some NFS and hostPath provisioners): have "
+        f"the claim's directory made writable for uid {COPY_POD_UID}. Delete the pod before step 3: a ReadWriteOnce "
+        "claim is attached to one node at a time.",
+        "",
+        "## 3. Deploy",
         "",
         "```sh",
         f"kubectl apply {ns} -f inferenceservice.yaml",
@@ -348,10 +624,18 @@ def deploy_steps(options: ExportOptions, claim: str, sub_path: str, archives: Li
         f"kubectl wait {ns} --for=condition=Ready inferenceservice/{options.name} --timeout=600s",
         "```",
         "",
-        "3. Call each model. The URL names the model (the model_snapshot key), not the InferenceService;",
-        "the Host header names the InferenceService. input.json holds a KServe v1 body, e.g.",
-        '`{"instances": [{"data": "<base64 image>"}]}` or `{"instances": ["a text"]}`; input-v2.json a v2 body,',
-        '`{"inputs": [{"name": "input-0", "shape": [1], "datatype": "BYTES", "data": ["<base64 image or text>"]}]}`:',
+        *INGRESS_STEPS,
+        *input_steps(options, models),
+        "## 6. Call each model",
+        "",
+        "The URL names the model (the model_snapshot key), not the InferenceService; the Host header names the",
+        "InferenceService.",
+    ]
+    if options.transformer_archive:
+        lines.append(
+            f"With the transformer in front, the InferenceService answers for {options.transformer_model} only."
+        )
+    lines += [
         "",
         "```sh",
         f"SERVICE_HOSTNAME=$(kubectl get inferenceservice {options.name} {ns} "
@@ -360,6 +644,18 @@ def deploy_steps(options: ExportOptions, claim: str, sub_path: str, archives: Li
         "```",
         "",
     ]
+    if options.split:
+        first = next(m for m in models if m.name == options.split[0][0])
+        lines += [
+            "The A/B split: the InferenceGraph sends each request to one of the two models by weight:",
+            "",
+            "```sh",
+            f"SERVICE_HOSTNAME=$(kubectl get inferencegraph {options.name}-split {ns} "
+            "-o jsonpath='{.status.url}' | cut -d/ -f3)",
+            curl_line("", first.input_file),
+            "```",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -370,6 +666,7 @@ OUTPUTS = (
     "inferenceservice.yaml",
     "inferencegraph.yaml",
     "pvc-copy-pod.yaml",
+    "pvc.yaml",
     "DEPLOY.md",
 )
 

@@ -23,7 +23,6 @@ import contextlib
 import errno
 import gzip
 import importlib
-import importlib.metadata
 import io
 import json
 import os
@@ -314,8 +313,9 @@ def _toolkit_class(handler_entry: str):
 
 
 def _requirements(path: Optional[str], needed, inputs: Inputs) -> Optional[Tuple[str, bytes]]:
-    """The archive's requirements file: the user's, plus a pin of each package the handler needs
-    (at the version installed here) that the user's file does not already name."""
+    """The archive's requirements file: the user's, plus each requirement of the handler (a range,
+    e.g. ``transformers>=4.34,<6``, never this machine's exact version: the archive is installed on
+    other Pythons) whose package the user's file does not already name."""
     lines = []
     name = "requirements.txt"
     if path:
@@ -328,13 +328,16 @@ def _requirements(path: Optional[str], needed, inputs: Inputs) -> Optional[Tuple
             lines = source.read_text(encoding="utf-8").splitlines()
         except (UnicodeDecodeError, IsADirectoryError) as exc:
             raise UserError(f"--requirements-file {path} is not a UTF-8 text file: {exc}") from None
-    named = {re.split(r"[<>=!~\[; ]", line.strip(), maxsplit=1)[0].lower() for line in lines if line.strip()}
-    for package in needed:
-        if package.lower() not in named:
-            lines.append(f"{package}=={importlib.metadata.version(package)}")
+    named = {requirement_name(line) for line in lines if line.strip()}
+    lines += [requirement for requirement in needed if requirement_name(requirement) not in named]
     if not lines:
         return None
     return name, ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def requirement_name(requirement: str) -> str:
+    """``Transformers_X>=4`` -> ``transformers-x``: a requirement line's package, normalised."""
+    return re.split(r"[<>=!~\[; ]", requirement.strip(), maxsplit=1)[0].lower().replace("_", "-")
 
 
 def _build_time(entries: Dict[str, Source]) -> int:
@@ -519,3 +522,30 @@ def model_config(archive) -> dict:
     if data is None:
         return {}
     return parse_model_config(data, f"{archive}: {config_name}", "fix it and package again")
+
+
+def rewrite_archive(source: Path, target: Path, replace: Dict[str, Source]):
+    """Write ``target``: ``source`` (a .mar, .tar.gz or directory) with the entries in ``replace``
+    added or replaced, in the same format, atomically; ``source`` is not touched."""
+    source = Path(source)
+    manifest = read_manifest(source)
+    what = _kind(source)
+    with tempfile.TemporaryDirectory(prefix="tsctl-rewrite-", dir=target.parent) as tmp:
+        if what == "dir":
+            root = source
+        else:
+            with _as_user_error():
+                root = archives.unpack(source, tmp)
+        entries: Dict[str, Source] = {
+            path.relative_to(root).as_posix(): path
+            for path in sorted(root.rglob("*"))
+            if path.is_file() and path.relative_to(root).as_posix() != MANIFEST
+        }
+        entries.update(replace)
+        formats = {"dir": "no-archive", "tar": "tgz", "zip": "default"}
+        write_archive(target, entries, manifest, formats[what], force=True)
+
+
+def _kind(archive: Path) -> str:
+    with _as_user_error():
+        return archives.kind(archive)

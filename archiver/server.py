@@ -108,6 +108,16 @@ def start(
 
     for sub in ("tmp", "logs"):
         (home / sub).mkdir(parents=True, exist_ok=True)
+    for attempt in (1, 2):  # a free port may be taken by another process before TorchServe binds it
+        try:
+            return _launch(config, model_store, home, timeout, python, env, install_deps, kserve_args, models)
+        except ServerError as exc:
+            if attempt == 2 or not ("Address already in use" in str(exc) or "Failed to bind" in str(exc)):
+                raise
+
+
+def _launch(config, model_store, home, timeout, python, env, install_deps, kserve_args, models) -> Server:
+    """Start TorchServe once on free 127.0.0.1 ports and wait for it."""
     for old in (home / "logs").glob("*.log"):
         old.unlink()
     ports = {name: free_port() for name in ("inference", "management", "metrics", "grpc_i", "grpc_m")}
@@ -183,6 +193,8 @@ def wait_ready(server: Server, timeout: float, process: Optional[subprocess.Pope
     while pending:
         if process is not None and process.poll() is not None:
             raise ServerError(f"TorchServe exited with code {process.returncode}: {startup_problem(server)}")
+        if process is None and not group_alive(server.pid):  # started detached: the launcher has exited
+            raise ServerError(f"TorchServe exited: {startup_problem(server)}")
         if time.monotonic() > deadline:
             raise ServerError(f"models {', '.join(pending)} not READY after {timeout:.0f}s: {startup_problem(server)}")
         refused = registration_failure(server)

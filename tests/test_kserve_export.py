@@ -1,16 +1,24 @@
 """tsctl export kserve: the PVC tree, manifests valid against KServe's CRDs, and the checks before writing."""
 
+import base64
 import json
+import os
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
+import pydantic
 import pytest
 import yaml
 from click.testing import CliRunner
+from kubernetes.client import models as k8s
 
 from archiver import crds, kserve, properties
 from archiver.cli import main
 from archiver.errors import UserError
-from conftest import package_resnet
+from conftest import package_resnet, package_text
+from handlers.testing import LocalModel
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "kserve"
 
@@ -55,6 +63,7 @@ def test_export_writes_the_pvc_tree_and_valid_manifests(project, tmp_path):
         "model-store/resnet18_b.mar",
         "model-store/resnet18_t.mar",
         "pvc-copy-pod.yaml",
+        "pvc.yaml",
     ]
     isvc = yaml.safe_load((tmp_path / "inferenceservice.yaml").read_text())
     assert crds.problems(isvc) == []
@@ -67,6 +76,7 @@ def test_export_writes_the_pvc_tree_and_valid_manifests(project, tmp_path):
     assert "kubectl cp -n default model-store/resnet18.mar vision-copy:/pvc/tsctl/model-store/resnet18.mar" in deploy
     assert '"http://${INGRESS_HOST}:${INGRESS_PORT}/v1/models/resnet18_b:predict"' in deploy  # the model, not "vision"
     assert len(result.curls) == 4 and all('-H "Host: ${SERVICE_HOSTNAME}"' in c for c in result.curls)
+    assert all('-H "Content-Type: application/json"' in c for c in result.curls)
     # the user's own handler runs inside TorchServe's envelope: its batch size is made safe
     snapshot = json.loads(properties.read_properties(tmp_path / "config/config.properties")["model_snapshot"])
     assert snapshot["models"]["custom"]["1.0"]["batchSize"] == 1
@@ -209,4 +219,275 @@ def test_cli_mistakes_are_one_sentence(project, tmp_path, args, words):
     )
     assert result.exit_code == 2, result.output
     assert words in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "out").exists()
+
+
+# ---- DEPLOY.md: a Kubernetes user can follow it ---------------------------------------------------------
+def core_v1_problems(manifest: dict) -> list:
+    """The manifest checked against the Kubernetes client's core/v1 models (generated from the API's OpenAPI
+    schema): unknown fields, wrong types and missing required fields, as 'path: message'."""
+    model = {"Pod": k8s.V1Pod, "PersistentVolumeClaim": k8s.V1PersistentVolumeClaim}[manifest["kind"]]
+    try:
+        model.model_validate(manifest)
+    except pydantic.ValidationError as error:
+        return [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors()]
+    return []
+
+
+RESTRICTED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}  # the volume types the restricted standard allows
+
+
+def restricted_problems(pod: dict) -> list:
+    """The checks of the restricted Pod Security Standard (baseline included) that a pod spec can fail,
+    as the pod-security admission controller applies them: kubernetes.io/docs/concepts/security/pod-security-standards.
+    Also the kubelet's: runAsNonRoot with an image whose user is root (busybox) needs a non-zero runAsUser."""
+    spec, problems = pod["spec"], []
+    pod_context = spec.get("securityContext", {})
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(key):
+            problems.append(f"spec.{key} is true")
+    for volume in spec.get("volumes", []):
+        kinds = set(volume) - {"name"}
+        if not kinds <= RESTRICTED_VOLUMES:
+            problems.append(f"volume {volume['name']} is of a restricted type: {sorted(kinds)}")
+    if (pod_context.get("seccompProfile") or {}).get("type") == "Unconfined":
+        problems.append("spec.securityContext.seccompProfile is Unconfined")
+    for container in spec.get("initContainers", []) + spec.get("containers", []):
+        context, where = container.get("securityContext", {}), f"container {container['name']}"
+        if context.get("privileged"):
+            problems.append(f"{where}: privileged")
+        if context.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{where}: allowPrivilegeEscalation must be false")
+        if context.get("runAsNonRoot", pod_context.get("runAsNonRoot")) is not True:
+            problems.append(f"{where}: runAsNonRoot must be true")
+        user = context.get("runAsUser", pod_context.get("runAsUser"))
+        if not isinstance(user, int) or user == 0:
+            problems.append(f"{where}: runAsUser must be a non-zero uid (the image's user is root)")
+        seccomp = context.get("seccompProfile", pod_context.get("seccompProfile")) or {}
+        if seccomp.get("type") not in ("RuntimeDefault", "Localhost"):
+            problems.append(f"{where}: seccompProfile.type must be RuntimeDefault or Localhost")
+        capabilities = context.get("capabilities", {})
+        if "ALL" not in capabilities.get("drop", []):
+            problems.append(f"{where}: capabilities must drop ALL")
+        if set(capabilities.get("add", [])) - {"NET_BIND_SERVICE"}:
+            problems.append(f"{where}: capabilities may add only NET_BIND_SERVICE")
+        if any(port.get("hostPort") for port in container.get("ports", [])):
+            problems.append(f"{where}: hostPort")
+    return problems
+
+
+def code_blocks(markdown: str) -> list:
+    return re.findall(r"```sh\n(.*?)```", markdown, re.S)
+
+
+def test_deploy_md_is_complete(project, tmp_path):
+    out = tmp_path / "deploy"
+    result = kserve.export(options(project, out))
+    deploy = (out / "DEPLOY.md").read_text()
+    assert f"cd {out.resolve()}\n" in deploy  # every path after it is relative to OUT
+
+    claim = yaml.safe_load((out / "pvc.yaml").read_text())
+    assert core_v1_problems(claim) == []
+    assert claim["kind"] == "PersistentVolumeClaim" and claim["metadata"] == {"name": "models", "namespace": "default"}
+    assert claim["spec"] == {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "2Gi"}}}
+    pod = yaml.safe_load((out / "pvc-copy-pod.yaml").read_text())
+    assert core_v1_problems(pod) == [] and restricted_problems(pod) == []
+    assert pod["spec"]["securityContext"]["fsGroup"] == 1000  # the uid KServe's TorchServe runtime runs as
+    assert deploy.index("-f pvc.yaml") < deploy.index("-f pvc-copy-pod.yaml") < deploy.index("kubectl cp")
+    assert "Skip this step if the claim exists already" in deploy
+
+    # the ingress exactly as KServe's "Determine the ingress IP and ports": load balancer or port-forward
+    for line in [
+        "export INGRESS_HOST=$(kubectl -n istio-system get service istio-ingressgateway "
+        "-o jsonpath='{.status.loadBalancer.ingress[0].ip}')",
+        "export INGRESS_PORT=$(kubectl -n istio-system get service istio-ingressgateway "
+        "-o jsonpath='{.spec.ports[?(@.name==\"http2\")].port}')",
+        "kubectl port-forward --namespace istio-system svc/${INGRESS_GATEWAY_SERVICE} 8080:80",
+        "export INGRESS_HOST=localhost",
+        "export INGRESS_PORT=8080",
+    ]:
+        assert line + "\n" in deploy
+    assert deploy.index("INGRESS_HOST=") < deploy.index("curl ")
+
+    # every curl sends JSON with its Content-Type, from a file a line above writes (or the user's own handler's)
+    curls = [line for block in code_blocks(deploy) for line in block.splitlines() if line.startswith("curl ")]
+    assert curls == result.curls
+    written = set(re.findall(r"> (input-[\w-]+\.json)$", deploy, re.M))
+    assert written == {"input-image.json", "input-resnet18_t.json"}
+    for line in curls:
+        assert '-H "Content-Type: application/json"' in line
+        [body] = re.findall(r"--data-binary @(\S+)$", line)
+        assert body in written or body == "input-custom.json"
+    assert "custom: its handler (my_handler.py) takes what it was written for" in deploy
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        (lambda c, p: c.pop("allowPrivilegeEscalation"), "allowPrivilegeEscalation must be false"),
+        (lambda c, p: p.update(runAsUser=0), "runAsUser must be a non-zero uid"),
+        (lambda c, p: p.pop("runAsNonRoot"), "runAsNonRoot must be true"),
+        (lambda c, p: p.pop("seccompProfile"), "seccompProfile.type must be RuntimeDefault"),
+        (lambda c, p: c["capabilities"].update(drop=["NET_RAW"]), "capabilities must drop ALL"),
+    ],
+)
+def test_the_restricted_check_catches_each_missing_setting(project, change, problem):
+    pod = kserve.copy_pod(options(project, "unused"), "models")
+    change(pod["spec"]["containers"][0]["securityContext"], pod["spec"]["securityContext"])
+    assert any(problem in p for p in restricted_problems(pod))
+
+
+def test_the_core_v1_check_catches_unknown_and_mistyped_fields(project):
+    pod = kserve.copy_pod(options(project, "unused"), "models")
+    pod["spec"]["securityContext"]["runAsUsr"] = 1000
+    pod["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = "no"
+    assert sorted(core_v1_problems(pod)) == [
+        "spec.containers.0.securityContext.allowPrivilegeEscalation: Input should be a valid boolean",
+        "spec.securityContext.runAsUsr: Extra inputs are not permitted",
+    ]
+    claim = kserve.claim_manifest(options(project, "unused"), "models", [])
+    claim["spec"]["resources"]["requests"]["storage"] = 2
+    assert core_v1_problems(claim) == ["spec.resources.requests.storage: Input should be a valid string"]
+
+
+def test_claim_is_twice_the_archives_and_at_least_2gi(project, tmp_path):
+    big = tmp_path / "big.mar"
+    with open(big, "wb") as f:
+        f.truncate(int(1.4 * 2**30))  # sparse: its size is what counts
+    small = project / "model-store" / "resnet18.mar"
+    assert kserve.claim_size(options(project, "unused"), [small]) == "2Gi"
+    assert kserve.claim_size(options(project, "unused"), [small, big]) == "3Gi"
+
+
+@pytest.fixture(scope="module")
+def mixed(project, text_samples, tmp_path_factory):
+    """An image, a tensor and a text model: one of each kind of request body."""
+    root = tmp_path_factory.mktemp("mixed")
+    store = root / "model-store"
+    store.mkdir()
+    for name in ("resnet18.mar", "resnet18_t.mar"):
+        shutil.copyfile(project / "model-store" / name, store / name)
+    package_text(text_samples, store, "sentiment", "text_classifier", "classifier")
+    properties.write_config(store, root / "config" / "config.properties")
+    return root
+
+
+TEXT = """He said "héllo" & 'bye' $HOME `date`"""  # quotes, non-ASCII, shell characters: all kept as typed
+
+
+@pytest.mark.parametrize("protocol", ["v1", "v2"])
+def test_input_commands_build_the_bodies_the_models_answer(mixed, jpegs, tmp_path, protocol):
+    out = tmp_path / "deploy"
+    kserve.export(options(mixed, out, protocol=protocol))
+    deploy = (out / "DEPLOY.md").read_text()
+    commands = [line for block in code_blocks(deploy) for line in block.splitlines() if line.startswith("python3 ")]
+    assert len(commands) == 3
+    image = jpegs[0]
+    (tmp_path / "photo.jpg").write_bytes(image)
+    env = dict(os.environ, IMAGE=str(tmp_path / "photo.jpg"), TEXT=TEXT)
+    for command in commands:
+        subprocess.run(["sh", "-c", command], cwd=out, env=env, check=True, timeout=60)
+
+    bodies = {kind: json.loads((out / f"input-{kind}.json").read_text()) for kind in ("image", "text", "resnet18_t")}
+    if protocol == "v1":
+        [item] = bodies["image"]["instances"]
+        assert list(item) == ["data"] and base64.b64decode(item["data"], validate=True) == image
+        assert bodies["text"] == {"instances": [TEXT]}
+        [tensor] = bodies["resnet18_t"]["instances"]
+        assert [len(tensor), len(tensor[0]), len(tensor[0][0])] == [3, 224, 224] and tensor[2][223][223] == 0.0
+    else:
+        [image_input] = bodies["image"]["inputs"]
+        assert {k: v for k, v in image_input.items() if k != "data"} == {
+            "name": "input-0",
+            "shape": [1],
+            "datatype": "BYTES",
+        }
+        assert base64.b64decode(image_input["data"][0], validate=True) == image
+        assert bodies["text"] == {"inputs": [{"name": "input-0", "shape": [1], "datatype": "BYTES", "data": [TEXT]}]}
+        [tensor] = bodies["resnet18_t"]["inputs"]
+        assert tensor["shape"] == [1, 3, 224, 224] and tensor["datatype"] == "FP32"
+        assert tensor["data"] == [0.0] * (3 * 224 * 224)
+
+    # and the handlers, under the envelope KServe sets for the protocol, answer them
+    envelope = "kservev2" if protocol == "v2" else "kserve"
+    for archive, body in [("resnet18", "image"), ("sentiment", "text"), ("resnet18_t", "resnet18_t")]:
+        with LocalModel(out / "model-store" / f"{archive}.mar", envelope=envelope) as model:
+            [response] = model.predict([(out / f"input-{body}.json").read_bytes()])
+        assert response.status == 200, response.json()
+        answer = response.json()
+        if protocol == "v1":
+            assert len(answer["predictions"]) == 1
+        else:
+            assert answer["model_name"] == archive and answer["outputs"][0]["shape"][0] == 1
+
+
+def cli_export(project, out, *args):
+    return CliRunner().invoke(
+        main,
+        [
+            "export",
+            "kserve",
+            str(out),
+            "--config",
+            str(project / "config/config.properties"),
+            "--model-store",
+            str(project / "model-store"),
+            "--name",
+            "vision",
+            "--storage-uri",
+            "pvc://models/tsctl",
+            *args,
+        ],
+    )
+
+
+@pytest.mark.parametrize("archive", ["sentiment.mar", "resnet18_t.mar"])
+def test_transformer_archive_that_cannot_split_is_refused(mixed, tmp_path, archive):
+    path = mixed / "model-store" / archive
+    result = cli_export(
+        mixed,
+        tmp_path / "out",
+        "--transformer-image",
+        "r/t:1",
+        "--transformer-archive",
+        str(path),
+        "--transformer-model",
+        "resnet18_t",
+    )
+    assert result.exit_code == 2, result.output
+    [line] = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert "Traceback" not in result.output
+    assert line.startswith(f"error: --transformer-archive {path} has handler 'handlers.")
+    assert "(MANIFEST model.handler)" in line and line.endswith("give an archive built with --handler image_classifier")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("model", ["resnet18", "sentiment"])
+def test_transformer_predictor_that_is_not_a_tensor_model_is_refused(mixed, tmp_path, model):
+    archive = mixed / "model-store" / "resnet18.mar"
+    result = cli_export(
+        mixed,
+        tmp_path / "out",
+        "--transformer-image",
+        "r/t:1",
+        "--transformer-archive",
+        str(archive),
+        "--transformer-model",
+        model,
+    )
+    assert result.exit_code == 2, result.output
+    [line] = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert "Traceback" not in result.output
+    predictor = mixed / "model-store" / f"{model}.mar"
+    assert line.startswith(f"error: --transformer-model '{model}' is served by {predictor}, whose handler is ")
+    assert "(MANIFEST model.handler)" in line and "package the same weights with --handler tensor" in line
     assert not (tmp_path / "out").exists()

@@ -1,6 +1,5 @@
 """The transformers handlers: packaging a Hugging Face directory, in-process and on real TorchServe."""
 
-import importlib.metadata
 import json
 
 import pytest
@@ -42,14 +41,14 @@ def srv(text_store):
 
 
 # ---- packaging ------------------------------------------------------------------------------------
-def test_hf_directory_keeps_its_structure_and_pins_transformers(text_samples, text_store):
+def test_hf_directory_keeps_its_structure_and_asks_for_a_transformers_range(text_samples, text_store):
     names = {name for name, _ in mar.list_entries(text_store / "minilm.mar")}
     assert {"minilm/config.json", "minilm/model.safetensors", "minilm/1_Pooling/config.json"} <= names
     assert {"minilm/tokenizer.json", "minilm/vocab.txt", "handlers/embeddings.py"} <= names
     manifest = mar.read_manifest(text_store / "minilm.mar")["model"]
     assert manifest["serializedFile"] == "minilm" and manifest["requirementsFile"] == "requirements.txt"
-    pin = f"transformers=={importlib.metadata.version('transformers')}\n"
-    assert mar.read_member(text_store / "minilm.mar", "requirements.txt").decode() == pin
+    # a range that installs on torchserve-kfs:0.9.0's Python 3.9 as well as here, never this machine's pin
+    assert mar.read_member(text_store / "minilm.mar", "requirements.txt").decode() == "transformers>=4.34,<6\n"
 
 
 def test_user_requirements_are_kept_and_transformers_added_once(text_samples, tmp_path):
@@ -63,7 +62,7 @@ def test_user_requirements_are_kept_and_transformers_added_once(text_samples, tm
         export_path=str(tmp_path / "s"),
     )
     text = mar.read_member(mar.package(options), "requirements.txt").decode()
-    assert text.splitlines() == ["sentencepiece>=0.2", f"transformers=={importlib.metadata.version('transformers')}"]
+    assert text.splitlines() == ["sentencepiece>=0.2", "transformers>=4.34,<6"]
     own.write_text("transformers>=4.40\n")
     options.force = True
     assert mar.read_member(mar.package(options), "requirements.txt").decode() == "transformers>=4.40\n"

@@ -1,0 +1,51 @@
+"""A local stand-in for a KServe TorchServe image: a venv with the image's Python and packages.
+
+    python -m samples.runtime_env torchserve-kfs:0.9.0      # prints the venv's python
+
+torchserve-kfs:0.9.0 is Python 3.9 with TorchServe 0.9.0, torch 2.1.0, torchvision 0.16.0 and
+the rest of ``archiver.runtimes.RUNTIMES`` (what pytorch/serve's build files install), plus what
+the image adds for pytorch/serve's kserve_wrapper: ``kserve[storage]`` 0.13.0 (the wrapper imports
+``kserve.storage``, which needs the storage extra's boto3 and friends) and grpcio-tools 1.48 (whose
+generated code kserve 0.13's protobuf accepts). PyPI's torch 2.1.0 is a CUDA build; it runs on the
+CPU like the image's +cpu build. uv makes the venv (it finds Python 3.9 under pyenv here) and caches
+the downloads, so a second build takes seconds; the venv has pip, which TorchServe's per-model
+install runs.
+"""
+
+import glob
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from archiver.runtimes import RUNTIMES
+
+ROOT = Path(__file__).resolve().parent.parent / ".runtimes"
+WRAPPER_PACKAGES = ("kserve[storage]==0.13.0", "grpcio-tools==1.48.2", "setuptools==68.2.2", "wheel")
+
+
+def interpreter(version: str) -> str:
+    """A Python of ``version`` for uv: pyenv's install if there is one, else let uv look for it."""
+    found = sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}.*/bin/python{version}")))
+    return found[-1] if found else version
+
+
+def ensure(name: str, root: Path = ROOT) -> Path:
+    """The python of a venv standing in for runtime ``name``, built once (marked complete by a file)."""
+    runtime = RUNTIMES[name]
+    venv = root / name.replace(":", "-")
+    python = venv / "bin" / "python"
+    done = venv / ".complete"
+    packages = [f"{package}=={version}" for package, version in sorted(runtime.pins.items())] + list(WRAPPER_PACKAGES)
+    if done.exists() and done.read_text() == "\n".join(packages):
+        return python
+    uv = [sys.executable, "-m", "uv"]
+    python_version = interpreter(runtime.python)
+    subprocess.run(uv + ["venv", "--quiet", "--seed", "--allow-existing", "-p", python_version, str(venv)], check=True)
+    subprocess.run(uv + ["pip", "install", "--quiet", "--python", str(python)] + packages, check=True)
+    done.write_text("\n".join(packages))
+    return python
+
+
+if __name__ == "__main__":
+    print(ensure(sys.argv[1] if len(sys.argv) > 1 else "torchserve-kfs:0.9.0"))
