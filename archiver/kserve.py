@@ -26,11 +26,9 @@ from typing import Dict, List, Optional, Tuple
 
 import yaml
 
-from handlers import TOOLKIT_HANDLERS
-
 from . import crds, runtimes
 from .errors import UserError
-from .mar import model_config, read_manifest, rewrite_archive
+from .mar import handler_record, model_config, read_manifest, rewrite_archive
 from .properties import check_keys, read_properties, render, snapshot_of
 
 NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -39,17 +37,6 @@ PROTOCOLS = ("v1", "v2")
 COPY_POD_IMAGE = "busybox:1.36"  # has tar, which kubectl cp runs in the pod
 COPY_POD_UID = 1000  # the uid KServe's TorchServe runtime runs as: the copied files are its own
 MIN_CLAIM_GIB = 2
-# What a request holds, by the handler an archive's MANIFEST names (None: a handler of the user's own).
-KINDS = {
-    TOOLKIT_HANDLERS["image_classifier"]: "image",
-    TOOLKIT_HANDLERS["text_classifier"]: "text",
-    TOOLKIT_HANDLERS["token_classifier"]: "text",
-    TOOLKIT_HANDLERS["text_embedder"]: "text",
-    TOOLKIT_HANDLERS["tensor"]: "tensor",
-}
-# Handlers whose pre/post a transformer can run: preprocess must make one tensor of a request (the text
-# handlers' is a dict of token tensors, which the transformer cannot send).
-TRANSFORMER_HANDLERS = (TOOLKIT_HANDLERS["image_classifier"],)
 
 
 @dataclass
@@ -204,7 +191,7 @@ def check_models(snapshot: dict, store: Path, properties: Dict[str, str], notes:
                     f"{archive.name} carries {manifest['requirementsFile']} but install_py_dep_per_model is not true: "
                     "KServe would not install them; regenerate the config with 'tsctl config'"
                 )
-            toolkit = manifest.get("handler") in TOOLKIT_HANDLERS.values()
+            toolkit = handler_record(archive) is not None
             if not toolkit and entry.get("batchSize", 1) > 1:
                 entry["batchSize"] = 1
                 notes.append(
@@ -243,12 +230,17 @@ def check_transformer(options: ExportOptions, snapshot: dict) -> Optional[Path]:
     archive = Path(options.transformer_archive)
     if not archive.exists():
         raise UserError(f"--transformer-archive {archive} does not exist")
-    handler = read_manifest(archive)["model"]["handler"]
-    if handler not in TRANSFORMER_HANDLERS:
+    record = handler_record(archive) or {}
+    if not record.get("splits"):
+        if record:
+            handler, where = f"{record['module']}.{record['class']}", "MAR-INF/tsctl.json"
+        else:
+            handler, where = read_manifest(archive)["model"]["handler"], "MANIFEST model.handler"
         raise UserError(
-            f"--transformer-archive {archive} has handler {handler!r} (MANIFEST model.handler), whose pre/post "
-            "cannot run apart from its model (only the image_classifier handler turns a request into one tensor): "
-            "give an archive built with --handler image_classifier"
+            f"--transformer-archive {archive} has handler {handler!r} ({where}), whose pre/post "
+            "cannot run apart from its model (preprocess must turn a request into one tensor, as image_classifier's "
+            "does; the text handlers' makes a dict of token tensors): give an archive built with "
+            "--handler image_classifier"
         )
     models = list(snapshot["models"])
     model = options.transformer_model or models[0]
@@ -257,8 +249,8 @@ def check_transformer(options: ExportOptions, snapshot: dict) -> Optional[Path]:
     named = f"--transformer-model '{model}'" if options.transformer_model else f"model '{model}' (the first)"
     for entry in snapshot["models"][model].values():
         predictor = Path(options.model_store) / entry["marName"]
-        handler = read_manifest(predictor)["model"]["handler"]
-        if handler != TOOLKIT_HANDLERS["tensor"]:
+        if kind_of(predictor) != "tensor":
+            handler = read_manifest(predictor)["model"]["handler"]
             raise UserError(
                 f"{named} is served by {predictor}, whose handler is {handler!r} (MANIFEST model.handler), but the "
                 "transformer sends it tensors: package the same weights with --handler tensor under another model "
@@ -406,16 +398,23 @@ class Served:
         return f"input-{self.kind}.json" if self.kind in ("image", "text") else f"input-{self.name}.json"
 
 
+def kind_of(archive: Path) -> Optional[str]:
+    """What the archive's requests hold: image, text or tensor (MAR-INF/tsctl.json); None for a handler of
+    the user's own that says no more."""
+    kind = (handler_record(archive) or {}).get("input")
+    return kind if kind in ("image", "text", "tensor") else None
+
+
 def served_models(options: ExportOptions, archives: List[Path]) -> List[Served]:
     """Each snapshot model with the kind of input its archive's handler takes; with a transformer in front,
     only the transformer's model, which takes what the transformer archive's handler reads."""
     if options.transformer_archive:
         handler = read_manifest(options.transformer_archive)["model"]["handler"]
-        return [Served(options.transformer_model, handler, KINDS.get(handler))]
+        return [Served(options.transformer_model, handler, kind_of(Path(options.transformer_archive)))]
     served: Dict[str, Served] = {}
     for archive in archives:
         model = read_manifest(archive)["model"]
-        kind = KINDS.get(model["handler"])
+        kind = kind_of(archive)
         shape = (model_config(archive).get("handler") or {}).get("input_shape") if kind == "tensor" else None
         served.setdefault(model["modelName"], Served(model["modelName"], model["handler"], kind, shape))
     return list(served.values())

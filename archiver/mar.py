@@ -23,11 +23,13 @@ import contextlib
 import errno
 import gzip
 import importlib
+import importlib.util
 import io
 import json
 import os
 import re
 import shutil
+import sys
 import tarfile
 import tempfile
 import time
@@ -37,7 +39,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple, Union
 
 import handlers
-from handlers import TOOLKIT_HANDLERS, archives
+from handlers import TOOLKIT_HANDLERS, archives, identity
 
 from .errors import UserError
 from .model_config import check_model_config, parse_model_config
@@ -168,7 +170,10 @@ def plan(options: PackageOptions) -> Plan:
     for extra in options.extra_files:
         inputs.add(extra, "--extra-files")
 
-    handler_class = _toolkit_class(handler_entry)
+    handler_class = _handler_class(handler_entry, options.handler, bundle)
+    if handler_class is not None:
+        module = handler_entry.partition(":")[0].removesuffix(".py")
+        inputs.put(identity.RECORD, identity.encode(identity.describe(handler_class, handler_entry, module)), "")
     requirements = _requirements(options.requirements_file, getattr(handler_class, "requirements", ()), inputs)
     if requirements is not None:
         name_in_mar, content = requirements
@@ -304,12 +309,34 @@ def _imports_toolkit(source: Path) -> bool:
     return False
 
 
-def _toolkit_class(handler_entry: str):
-    """The handler class behind a toolkit entry point, or None for a user's own handler."""
-    if handler_entry not in TOOLKIT_HANDLERS.values():
-        return None
+def _handler_class(handler_entry: str, handler: str, bundle: bool):
+    """The toolkit handler class behind the entry point: a toolkit handler's, or the one a user's
+    ``--handler`` file serves with ``handle = entry_point(MyHandler)``. None for any other handler."""
     module_name, _, function = handler_entry.partition(":")
-    return getattr(importlib.import_module(module_name), function).handler_class
+    if handler_entry in TOOLKIT_HANDLERS.values():
+        return getattr(importlib.import_module(module_name), function).handler_class
+    if not bundle:  # a handler file that does not import the toolkit
+        return None
+    entry = getattr(_load_handler_file(Path(handler.partition(":")[0])), function or "handle", None)
+    return getattr(entry, "handler_class", None)
+
+
+def _load_handler_file(path: Path):
+    """Run a user's handler file as a module, as a worker would (its directory first on sys.path),
+    without leaving it in sys.modules. A file that fails to import is the user's one-line error."""
+    name = f"_tsctl_handler_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    sys.path.insert(0, str(path.parent.resolve()))
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - the user's code; its error is theirs to fix
+        raise UserError(f"--handler {path} failed to import: {type(exc).__name__}: {exc}") from None
+    finally:
+        sys.path.remove(str(path.parent.resolve()))
+        sys.modules.pop(name, None)
+    return module
 
 
 def _requirements(path: Optional[str], needed, inputs: Inputs) -> Optional[Tuple[str, bytes]]:
@@ -549,3 +576,9 @@ def rewrite_archive(source: Path, target: Path, replace: Dict[str, Source]):
 def _kind(archive: Path) -> str:
     with _as_user_error():
         return archives.kind(archive)
+
+
+def handler_record(archive) -> Optional[dict]:
+    """The archive's MAR-INF/tsctl.json (handlers/identity.py), or None: not a toolkit handler."""
+    with _as_user_error():
+        return identity.read(archive)

@@ -14,11 +14,10 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Dict, Optional
 
-from handlers import TOOLKIT_HANDLERS
 from handlers.settings import did_you_mean
 
 from .errors import UserError
-from .mar import MODEL_NAME, VERSION, model_config, read_manifest
+from .mar import MODEL_NAME, VERSION, handler_record, model_config, read_manifest
 
 KSERVE_MODEL_STORE = "/mnt/models/model-store"
 SNAPSHOT_KEYS = ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout")
@@ -93,15 +92,12 @@ def archives_in(model_store: Path):
     return found
 
 
-def build_snapshot(model_store: Path, overrides: Optional[Dict[str, int]] = None, manifests=None) -> dict:
-    """The model_snapshot of every archive in the store; ``manifests``, if given, collects each
-    archive's manifest on the way."""
+def build_snapshot(model_store: Path, overrides: Optional[Dict[str, int]] = None) -> dict:
+    """The model_snapshot of every archive in the store."""
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     models = OrderedDict()
     for archive in archives_in(model_store):
         manifest = read_manifest(archive)
-        if manifests is not None:
-            manifests.append(manifest)
         name = manifest["model"]["modelName"]
         version = str(manifest["model"].get("modelVersion") or "1.0")
         check_carriable(archive, name, version)
@@ -162,9 +158,10 @@ def write_config(
 ) -> Path:
     """Write config.properties for every archive in ``model_store``; returns the file written."""
     properties = OrderedDict(BASE_PROPERTIES)
-    manifests: list = []
-    snapshot = build_snapshot(Path(model_store), overrides, manifests)
-    if all(m["model"]["handler"] in TOOLKIT_HANDLERS.values() for m in manifests):
+    snapshot = build_snapshot(Path(model_store), overrides)
+    store = Path(model_store)
+    entries = [entry for versions in snapshot["models"].values() for entry in versions.values()]
+    if all(handler_record(store / entry["marName"]) for entry in entries):
         # The worker hands request bodies to the handler unparsed, so the handler's limits
         # (body size, JSON depth and values) apply before any JSON is built in memory. Handlers of
         # your own may expect TorchServe's parsed JSON: then TorchServe's default stays.

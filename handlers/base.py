@@ -92,6 +92,8 @@ class ToolkitHandler(BaseHandler):
     item_keys = ("data",)
     v2_datatypes = ("BYTES",)
     v2_output_name = "output-0"
+    input_kind = "any"  # what a request holds: image, text, tensor or any (MAR-INF/tsctl.json, identity.py)
+    splits = False  # True: decode/preprocess and postprocess can run apart from the model (KServe transformer)
     with_model = True  # False: only decode/preprocess/postprocess are used (a KServe transformer)
 
     # ---- lifecycle -------------------------------------------------------------------------

@@ -100,6 +100,8 @@ def read_labels(path: str) -> dict:
 class ImageClassifier(ToolkitHandler):
     Settings = ImageSettings
     item_keys = ("data", "b64", "image")
+    input_kind = "image"
+    splits = True  # one request in, one tensor out of preprocess: a KServe transformer can run it
 
     def load_model(self):
         model = super().load_model()

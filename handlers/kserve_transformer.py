@@ -12,6 +12,7 @@ predictor's raw outputs are postprocessed into the handler's answers. Needs ``pi
 import argparse
 import importlib
 import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -22,7 +23,8 @@ from kserve import InferInput, InferOutput, InferRequest, InferResponse, Model, 
 from kserve.errors import InvalidInput
 from ts.context import Context
 
-from .archives import check_inside, read_manifest, unpack
+from . import identity
+from .archives import ArchiveError, check_inside, read_manifest, unpack
 from .base import Job
 from .requests import V2, ClientError, Request, check_count
 
@@ -30,11 +32,18 @@ from .requests import V2, ClientError, Request, check_count
 def load_handler(archive, with_model: bool = False):
     """The archive's toolkit handler, initialised like a worker's (weights only if ``with_model``)."""
     manifest = read_manifest(archive)
+    record = identity.read(archive) or {}
+    if not record.get("splits"):
+        raise ArchiveError(
+            f"{archive}: its handler ({record.get('class') or manifest['model']['handler']}) cannot run as a KServe "
+            "transformer: its preprocess does not turn a request into one tensor (MAR-INF/tsctl.json 'splits')"
+        )
     model_dir = unpack(archive, tempfile.mkdtemp(prefix="tsctl-transformer-"))
     check_inside(model_dir, manifest)
     model = manifest["model"]
-    module_name, _, function = model["handler"].partition(":")
-    handler_class = getattr(importlib.import_module(module_name), function or "handle").handler_class
+    if str(model_dir) not in sys.path:  # a handler file of the user's own, as a worker imports it
+        sys.path.insert(0, str(model_dir))
+    handler_class = getattr(importlib.import_module(record["module"]), record["class"])
     config = yaml.safe_load((model_dir / model["configFile"]).read_text()) if model.get("configFile") else {}
     context = Context(model["modelName"], str(model_dir), manifest, 1, None, ts.__version__, model_yaml_config=config)
     handler = handler_class()

@@ -32,6 +32,7 @@ class TensorSettings(Settings):
 class TensorPredictor(ToolkitHandler):
     Settings = TensorSettings
     item_keys = ("data", "tensor")
+    input_kind = "tensor"
     v2_datatypes = ("FP32", "FP16", "FP64", "INT64", "INT32", "INT16", "INT8", "UINT8")
 
     def decode(self, item) -> torch.Tensor:

@@ -59,6 +59,7 @@ class TextHandler(ToolkitHandler):
 
     Settings = TextSettings
     item_keys = ("text", "inputs", "data")
+    input_kind = "text"
     # What the archive's requirements.txt asks for: every release these handlers are tested on, from the
     # transformers in torchserve-kfs:0.9.0 (4.34, Python 3.9) to 5.x (see archiver/runtimes.py).
     requirements = ("transformers>=4.34,<6",)

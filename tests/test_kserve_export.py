@@ -467,7 +467,7 @@ def test_transformer_archive_that_cannot_split_is_refused(mixed, tmp_path, archi
     [line] = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert "Traceback" not in result.output
     assert line.startswith(f"error: --transformer-archive {path} has handler 'handlers.")
-    assert "(MANIFEST model.handler)" in line and line.endswith("give an archive built with --handler image_classifier")
+    assert "(MAR-INF/tsctl.json)" in line and line.endswith("give an archive built with --handler image_classifier")
     assert not (tmp_path / "out").exists()
 
 

@@ -1,0 +1,59 @@
+"""What a toolkit archive says about its handler: ``MAR-INF/tsctl.json``, written by ``tsctl package``.
+
+    {"toolkit": "0.1.0", "entry": "my_handler.py:handle", "module": "my_handler", "class": "Sentiment",
+     "bases": ["handlers.text_classification.TextClassifier", ...], "input": "text", "splits": false}
+
+``tsctl package`` finds the handler class behind the entry point (a toolkit handler, or a subclass
+of one in the user's ``--handler`` file), validates its ``handler:`` settings and merges its
+requirements, then records it here. Everything after packaging asks this record, never the
+manifest's handler string: whether an archive is a toolkit handler (config's
+``decode_input_request``, export's batch sizes under KServe's envelopes), what its requests hold
+(``input``: image, text, tensor, any), and whether its pre/post can run apart from its model as a
+KServe transformer (``splits``). An archive without the record (torch-model-archiver's, or a
+handler that is not a toolkit one) is treated as a handler of its own. No torch here: the CLI reads
+it without loading any model code.
+"""
+
+import json
+from pathlib import Path
+from typing import Optional, Union
+
+from . import archives
+
+RECORD = "MAR-INF/tsctl.json"
+VERSION = "0.1.0"  # the toolkit's version, as setup.cfg says
+MAX_RECORD_BYTES = 64 << 10
+
+
+def describe(handler_class, entry: str, module: str) -> dict:
+    """The record for ``handler_class`` (a ToolkitHandler subclass) of ``module``, served by ``entry``."""
+    toolkit = [c for c in handler_class.__mro__[1:] if c.__module__.startswith("handlers.")]
+    bases = [f"{c.__module__}.{c.__qualname__}" for c in toolkit]
+    return {
+        "toolkit": VERSION,
+        "entry": entry,
+        "module": module,
+        "class": handler_class.__qualname__,
+        "bases": bases,
+        "input": handler_class.input_kind,
+        "splits": bool(handler_class.splits),
+    }
+
+
+def encode(record: dict) -> bytes:
+    return (json.dumps(record, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
+def read(archive: Union[str, Path]) -> Optional[dict]:
+    """The archive's record, or None when it has none (not a toolkit handler). A record that is not a
+    JSON object is refused (ArchiveError) rather than guessed at."""
+    data = archives.read_member(archive, RECORD, MAX_RECORD_BYTES)
+    if data is None:
+        return None
+    try:
+        record = json.loads(data)
+    except ValueError as exc:
+        raise archives.ArchiveError(f"{archive}: {RECORD} is not valid JSON ({exc}): package it again") from None
+    if not isinstance(record, dict) or not isinstance(record.get("input"), str):
+        raise archives.ArchiveError(f"{archive}: {RECORD} is not a tsctl handler record: package it again")
+    return record
