@@ -16,7 +16,9 @@ import json
 import shutil
 import zipfile
 
+import numpy as np
 import pytest
+import tritonclient.http as triton
 
 from archiver import kserve, mar, properties, runtimes, server
 from archiver.errors import UserError
@@ -127,6 +129,23 @@ def check_answers(srv, jpegs, expected, envelope):
         assert_same(model, served, expected[model])
 
 
+def check_binary_answers(srv, jpegs, expected):
+    """tritonclient's default request (binary inputs, binary outputs) on TorchServe 0.9.0."""
+    url = srv.inference.split("://", 1)[1]
+    with triton.InferenceServerClient(url, connection_timeout=60, network_timeout=120) as client:
+        for model, values in (("resnet18", jpegs[:3]), ("minilm", [t.encode() for t in TEXTS])):
+            tensor = triton.InferInput("input-0", [len(values)], "BYTES")
+            tensor.set_data_from_numpy(np.array(values, dtype=np.object_), binary_data=True)
+            result = client.infer(model, [tensor])
+            output = result.get_response()["outputs"][0]
+            assert "binary_data_size" in output["parameters"]  # answered in binary, as asked
+            served = result.as_numpy(output["name"])
+            if model == "minilm":
+                assert_same(model, served.tolist(), expected[model])
+            else:
+                assert_same(model, [json.loads(answer) for answer in served], expected[model])
+
+
 def installed_transformers(srv) -> str:
     """The transformers version a worker imported, from the per-model install's target directory."""
     found = list((srv.logs.parent / "tmp").rglob("transformers-*.dist-info"))
@@ -207,6 +226,8 @@ def test_text_and_image_archives_install_and_serve_on_torchserve_0_9(store, kfs_
     try:
         assert installed_transformers(srv) == "4.34.0"
         check_answers(srv, jpegs, expected, envelope)
+        if envelope == "kservev2":
+            check_binary_answers(srv, jpegs, expected)
         before = len(batch_lines(srv))
         body = {"inputs": [{"name": "input-0", "shape": [1], "datatype": "BYTES", "data": [TEXTS[1]]}]}
         if envelope == "kserve":
