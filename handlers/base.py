@@ -117,6 +117,7 @@ class ToolkitHandler(BaseHandler):
         self.setup()
         self.initialized = True
         logger.info("tsctl %s ready on %s; limits %s", type(self).__name__, self.device, self.limits)
+        (logger.info if envelopes.in_place() else logger.error)("tsctl: %s", envelopes.report())
 
     def request_limits(self) -> Limits:
         s = self.settings

@@ -13,15 +13,24 @@ body. Measured on TorchServe 0.12.0 (batchSize 4, 8 concurrent requests, see tes
 Toolkit handlers read KServe v1/v2 bodies themselves, per request (requests.py), and answer each
 request in its own protocol. So when TorchServe wraps a toolkit handler in an envelope, the
 envelope hands the rows through untouched; handlers of any other kind keep the stock envelope.
+
+It is installed when handlers/base.py is imported: TorchServe imports the handler module before it
+wraps the entry point in the envelope, and the envelope's ``handle`` is looked up at that moment.
+``in_place()`` is the self-check each handler logs at ``initialize``.
 """
+
+import os
 
 from ts.torch_handler.request_envelope.base import BaseEnvelope
 
+MARKER = "tsctl_steps_aside"  # set on the installed BaseEnvelope.handle
 _stock_handle = BaseEnvelope.handle
 
 
 def step_aside_for(is_toolkit_entry):
     """Make every TorchServe envelope pass rows straight to entry points ``is_toolkit_entry`` accepts."""
+    if in_place():
+        return
 
     def handle(self, data, context):
         if is_toolkit_entry(self._handle_fn):
@@ -29,4 +38,19 @@ def step_aside_for(is_toolkit_entry):
             return self._handle_fn(data, context)
         return _stock_handle(self, data, context)
 
+    setattr(handle, MARKER, True)
     BaseEnvelope.handle = handle
+
+
+def in_place() -> bool:
+    return getattr(BaseEnvelope.handle, MARKER, False)
+
+
+def report() -> str:
+    """One line for the worker log: the envelope TorchServe was started with, and whether it steps aside."""
+    envelope = os.environ.get("TS_SERVICE_ENVELOPE")
+    if not envelope:
+        return "no KServe envelope (TS_SERVICE_ENVELOPE unset)"
+    if in_place():
+        return f"TorchServe's {envelope} envelope hands rows straight to this handler"
+    return f"TorchServe's {envelope} envelope is NOT stepping aside: batches of several requests will fail"

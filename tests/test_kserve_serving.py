@@ -106,6 +106,9 @@ def test_runtime_was_started_with_kserve_arguments(runtime, exported):
         f"Config file: {exported / 'config' / 'config.properties'}" in (srv.logs.parent / "torchserve.out").read_text()
     )
     assert f"Model Store: {exported / 'model-store'}" in (srv.logs.parent / "torchserve.out").read_text()
+    # the self-check each toolkit worker logs at initialize: the envelope steps aside
+    worker_log = (srv.logs / "model_log.log").read_text()
+    assert f"TorchServe's {envelope} envelope hands rows straight to this handler" in worker_log
     status, body = server.request(f"{srv.management}/models", timeout=10)
     assert status == 200
     assert sorted(m["modelName"] for m in body["models"]) == ["builtin", "resnet18", "resnet18_t", "sentiment"]
