@@ -174,7 +174,10 @@ def plan(options: PackageOptions) -> Plan:
     if handler_class is not None:
         module = handler_entry.partition(":")[0].removesuffix(".py")
         inputs.put(identity.RECORD, identity.encode(identity.describe(handler_class, handler_entry, module)), "")
-    requirements = _requirements(options.requirements_file, getattr(handler_class, "requirements", ()), inputs)
+    needed = getattr(handler_class, "requirements", ())
+    if hasattr(handler_class, "requirements_for"):  # what this model directory needs (e.g. sentence-transformers)
+        needed = handler_class.requirements_for(options.serialized_file)
+    requirements = _requirements(options.requirements_file, needed, inputs)
     if requirements is not None:
         name_in_mar, content = requirements
         inputs.put(name_in_mar, content, "the archive's requirements (--requirements-file)")

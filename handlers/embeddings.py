@@ -1,28 +1,45 @@
 """Sentence embeddings: a text in, a vector out, as sentence-transformers computes it.
 
-Pooling over the last hidden state (mean over real tokens by default) and L2 normalisation. For a
-sentence-transformers model directory the defaults are read from its own files (1_Pooling/config.json,
-a Normalize module in modules.json, sentence_bert_config.json's max_seq_length), so
-all-MiniLM-L6-v2 answers what ``SentenceTransformer.encode`` answers.
+A sentence-transformers directory (one with a modules.json) runs through the sentence-transformers
+library itself, so every module it lists counts: Pooling in any mode (mean, cls, max,
+mean_sqrt_len_tokens, weightedmean, lasttoken, or several at once), Dense layers, Normalize, and the
+Transformer's own settings (sentence_bert_config.json's max_seq_length and do_lower_case, a default
+prompt): the answer is what ``SentenceTransformer.encode`` answers. Each text is still tokenised on
+its own in ``decode`` (with the model's own tokenisation) and a batch padded to its longest text.
+The archive's requirements then ask for sentence-transformers too (``requirements_for``). Without
+the package installed, a directory whose modules the plain path below computes exactly (Transformer,
+one mean/cls/max Pooling, Normalize) still loads, on that path; any other is refused, naming it.
+
+Any other Hugging Face directory: pooling over the last hidden state (mean over real tokens by
+default) and, if asked, L2 normalisation.
 
 model-config.yaml, all optional::
 
     handler:
-      pooling: mean      # mean | cls | max (default: the model's 1_Pooling config, else mean)
+      pooling: mean      # plain directories: mean | cls | max (default: 1_Pooling/config.json's, else mean)
       normalize: true    # default: true when modules.json has a Normalize module, else false
-      max_length: 256
+      max_length: 256    # default: the model's max_seq_length
 """
 
+import logging
 import os
 from dataclasses import dataclass
-from typing import Optional
+from pathlib import Path
+from typing import List, Optional, Tuple, Union
 
 import torch
 
 from .base import entry_point
-from .text import TextHandler, TextSettings
+from .loading import ModelLoadError
+from .text import Encoded, TextHandler, TextSettings
+
+logger = logging.getLogger(__name__)
 
 POOLINGS = ("mean", "cls", "max")
+# Every release the handler is tested with: 3.0.1 is the newest that installs beside torchserve-kfs:0.9.0's
+# transformers 4.34 on Python 3.9 (3.1 needs transformers 4.38); 5.1.2 beside torchserve-kfs:0.12.0's 4.44.
+SENTENCE_TRANSFORMERS = "sentence-transformers>=3,<7"
+PLAIN_MODULES = ("Transformer", "Pooling", "Normalize")
 
 
 @dataclass
@@ -40,36 +57,146 @@ class TextEmbedder(TextHandler):
     Settings = EmbedderSettings
     auto_class = "AutoModel"
     v2_output_name = "embedding"
+    directory_files = ("config.json", "modules.json")
+
+    @classmethod
+    def requirements_for(cls, model_dir: Union[str, Path, None]) -> Tuple[str, ...]:
+        needed = super().requirements_for(model_dir)
+        if model_dir is not None and os.path.isfile(os.path.join(model_dir, "modules.json")):
+            needed += (SENTENCE_TRANSFORMERS,)
+        return needed
+
+    # ---- loading ---------------------------------------------------------------------------------
+    def load_model(self):
+        self.hf_dir = self.hf_directory()
+        self.modules = self.read_json("modules.json")
+        self.sentence_model = self.load_sentence_transformer() if self.modules is not None else None
+        return self.sentence_model if self.sentence_model is not None else super().load_model()
+
+    def load_sentence_transformer(self):
+        """The directory as a SentenceTransformer, or None when the package is missing and the plain
+        path computes the same embeddings."""
+        types = [str(module.get("type", "")) for module in self.modules]
+        foreign = [name for name in types if not name.startswith("sentence_transformers.")]
+        if foreign:
+            raise ModelLoadError(
+                f"modules.json names the module {foreign[0]!r}, which is not one of sentence-transformers' own: "
+                "the handler does not import code named by the model directory"
+            )
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError:
+            unsupported = self.plain_path_cannot()
+            if unsupported:
+                raise ModelLoadError(
+                    f"this sentence-transformers directory needs the sentence-transformers package ({unsupported}): "
+                    f"install {SENTENCE_TRANSFORMERS} (the archive's requirements.txt asks for it)"
+                ) from None
+            logger.warning("tsctl: sentence-transformers is not installed; its modules are computed without it")
+            return None
+        if self.settings.pooling is not None:
+            raise ModelLoadError(
+                "'handler.pooling' applies to plain Hugging Face directories: this one's Pooling module "
+                "(modules.json) decides; remove the setting"
+            )
+        if self.settings.normalize is False and any(name.endswith(".Normalize") for name in types):
+            raise ModelLoadError(
+                "'handler.normalize: false' contradicts the Normalize module in modules.json: remove the setting"
+            )
+        model = SentenceTransformer(self.hf_dir, device=str(self.device), local_files_only=True)
+        return model.eval()
+
+    def plain_path_cannot(self) -> Optional[str]:
+        """Why the plain transformers path would not compute this directory's embeddings, or None."""
+        for module in self.modules:
+            kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+            if kind not in PLAIN_MODULES:
+                return f"a {kind} module"
+            if kind == "Transformer" and str(module.get("path", "")).strip("/."):
+                return f"its transformer in {module['path']}/"
+        modes = pooling_modes(self.read_json(os.path.join("1_Pooling", "config.json")) or {})
+        if len(modes) > 1 or not modes <= set(POOLINGS):
+            return f"{' + '.join(sorted(modes))} pooling"
+        if (self.read_json("sentence_bert_config.json") or {}).get("do_lower_case"):
+            return "do_lower_case"
+        config = self.read_json("config_sentence_transformers.json") or {}
+        if (config.get("prompts") or {}).get(config.get("default_prompt_name") or ""):
+            return "a default prompt"
+        return None
 
     def setup(self):
-        super().setup()
-        self.pooling = self.settings.pooling or self.model_pooling()
-        normalize = self.settings.normalize
-        self.normalize = self.has_normalize_module() if normalize is None else normalize
+        if self.sentence_model is None:
+            super().setup()
+            self.pooling = self.settings.pooling or self.model_pooling()
+            normalize = self.settings.normalize
+            self.normalize = self.has_normalize_module() if normalize is None else normalize
+            return
+        model = self.sentence_model
+        self.tokenizer = model.tokenizer
+        if self.settings.max_length:
+            model.max_seq_length = self.settings.max_length
+        self.max_length = model.max_seq_length
+        self.normalize = bool(self.settings.normalize)  # on top of the modules (a Normalize module is kept)
+        self.truncate_dim = getattr(model, "truncate_dim", None)
+        default = getattr(model, "default_prompt_name", None)
+        self.prompt = (getattr(model, "prompts", None) or {}).get(default) if default else None
+        self.prompt_length = None
+        if self.prompt is not None and not hasattr(model, "preprocess"):  # as encode() of releases before 6
+            self.prompt_length = model.tokenize([self.prompt])["input_ids"].shape[-1] - 1
 
     def model_pooling(self) -> str:
-        config = self.read_json(os.path.join("1_Pooling", "config.json")) or {}
-        for mode in POOLINGS:
-            if config.get(f"pooling_mode_{mode}_token" if mode == "cls" else f"pooling_mode_{mode}_tokens"):
-                return mode
-        return "mean"
+        modes = pooling_modes(self.read_json(os.path.join("1_Pooling", "config.json")) or {})
+        return next((mode for mode in POOLINGS if mode in modes), "mean")
 
     def has_normalize_module(self) -> bool:
-        modules = self.read_json("modules.json") or []
-        return any(str(m.get("type", "")).endswith("Normalize") for m in modules)
+        return any(str(m.get("type", "")).endswith("Normalize") for m in self.modules or [])
+
+    # ---- one batch -------------------------------------------------------------------------------
+    def decode(self, item) -> Encoded:
+        if self.sentence_model is None:
+            return super().decode(item)
+        text = self.text(item)
+        model = self.sentence_model
+        if hasattr(model, "preprocess"):  # sentence-transformers 6: prompt and its length handled there
+            features = model.preprocess([text], prompt=self.prompt)
+        else:
+            features = model.tokenize([text if self.prompt is None else self.prompt + text])
+            if self.prompt_length is not None:
+                features["prompt_length"] = self.prompt_length
+        lists, extra = {}, {}
+        for name, value in features.items():
+            if torch.is_tensor(value) and value.dim() == 2 and value.shape[0] == 1:
+                lists[name] = value[0].tolist()  # one row of token ids, mask, ...: padded with the batch
+            else:
+                extra[name] = value  # the same for every text (modality, prompt length)
+        return Encoded(text, lists, extra)
+
+    def preprocess(self, items: List[Encoded]):
+        batch = super().preprocess(items)
+        if self.sentence_model is not None:
+            batch = dict(batch)
+            for name, value in (items[0].extra or {}).items():
+                batch[name] = value.to(self.device) if torch.is_tensor(value) else value
+        return batch
 
     def inference(self, batch, *args, **kwargs):
-        hidden = self.model(**batch).last_hidden_state
-        mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-        if self.pooling == "cls":
-            pooled = hidden[:, 0]
-        elif self.pooling == "max":
-            pooled = hidden.masked_fill(mask == 0, torch.finfo(hidden.dtype).min).max(dim=1).values
+        if self.sentence_model is not None:
+            pooled = self.sentence_model(batch)["sentence_embedding"]
+            if self.truncate_dim:
+                pooled = pooled[..., : self.truncate_dim]
         else:
-            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+            pooled = self.pool_tokens(self.model(**batch).last_hidden_state, batch["attention_mask"])
         if self.normalize:
             pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
         return pooled
+
+    def pool_tokens(self, hidden, attention_mask):
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        if self.pooling == "cls":
+            return hidden[:, 0]
+        if self.pooling == "max":
+            return hidden.masked_fill(mask == 0, torch.finfo(hidden.dtype).min).max(dim=1).values
+        return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
 
     def postprocess(self, output):
         return output.float().tolist()
@@ -81,6 +208,16 @@ class TextEmbedder(TextHandler):
             "datatype": "FP32",
             "data": [value for row in answers for value in row],
         }
+
+
+def pooling_modes(config: dict) -> set:
+    """A 1_Pooling/config.json's modes, whichever release wrote it: ``pooling_mode: weightedmean``
+    (or a list) or ``pooling_mode_mean_tokens: true`` flags; names without ``_token(s)``."""
+    mode = config.get("pooling_mode")
+    modes = [mode] if isinstance(mode, str) else list(mode or [])
+    flags = [key for key, value in config.items() if key.startswith("pooling_mode_") and value is True]
+    modes += [key[len("pooling_mode_") :] for key in flags]
+    return {m.replace("_tokens", "").replace("_token", "") for m in modes}
 
 
 handle = entry_point(TextEmbedder)

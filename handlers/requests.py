@@ -4,7 +4,9 @@ Pure functions, no torch: every request shape TorchServe hands a worker ends up 
 
 A row is the dict TorchServe builds per HTTP request: ``{"body": ...}`` for a plain POST,
 ``{"data": ...}`` (or other field names) for multipart forms. The value is ``bytes``, ``str`` for
-``text/*`` bodies, or already-parsed JSON for ``application/json`` bodies.
+``text/*`` bodies, or already-parsed JSON for ``application/json`` bodies (with
+``decode_input_request=false``: always ``bytes``, the type in the request's headers). The text
+handlers read a text body as one text, never as JSON (``text_request``).
 
 Every request is bounded before it costs anything (``Limits``; each breach is a 413 naming the
 ``handler:`` setting): the body's size before it is parsed, the JSON's depth and number of values,
@@ -27,9 +29,10 @@ import binascii
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 SINGLE, LIST, V1, V2 = "single", "list", "v1", "v2"
+JSON_TYPE = "application/json"
 SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -78,15 +81,68 @@ class Request:
 
 def row_payload(row: Any) -> Any:
     """The request body inside a TorchServe row (``data`` or ``body``, else the only field)."""
+    return row_field(row)[1]
+
+
+def row_field(row: Any) -> Tuple[Optional[str], Any]:
+    """(field name, value) of the request body inside a TorchServe row; no name for a bare value."""
     if not isinstance(row, dict):
-        return row
+        return None, row
     for key in ("data", "body"):
         if row.get(key) is not None:
-            return row[key]
-    values = [v for v in row.values() if v is not None]
-    if len(values) == 1:
-        return values[0]
+            return key, row[key]
+    fields = [(k, v) for k, v in row.items() if v is not None]
+    if len(fields) == 1:
+        return fields[0]
     raise ClientError("the request has no body: send the input as the request body or a 'data' form field")
+
+
+def media_type(headers: Optional[Mapping], field: Optional[str] = None) -> str:
+    """The media type of a row's ``field``, lower-case and without parameters ('' when unknown).
+    TorchServe records each field's own type in the request's headers under the field's name
+    (``{"body": {"content-type": "text/plain"}}``); the request's Content-Type header (any letter
+    case) is the fallback."""
+    if not headers:
+        return ""
+    value = None
+    own = headers.get(field) if field else None
+    if isinstance(own, Mapping):
+        value = next((v for k, v in own.items() if str(k).lower() == "content-type"), None)
+    if not value:
+        value = next((v for k, v in headers.items() if isinstance(k, str) and k.lower() == "content-type"), None)
+    return str(value or "").split(";", 1)[0].strip().lower()
+
+
+def text_request(row: Any, headers: Optional[Mapping], limits: Limits = Limits()) -> Optional[Request]:
+    """The request of a body that is one text, never to be read as JSON, or None for other bodies.
+
+    A ``str`` is a body TorchServe decoded itself (``decode_input_request=true``): a ``text/*`` one,
+    or the JSON string of an ``application/json`` one; reading it as JSON again would parse a text
+    that happens to look like JSON. ``bytes`` (``decode_input_request=false``) are text when the
+    body's Content-Type is ``text/*``; an ``application/json`` body holding a JSON string is that
+    string, as TorchServe would have decoded it. Everything else (JSON bodies, raw bytes without a
+    text type, forms) is read by ``parse_request``."""
+    field, payload = row_field(row)
+    if isinstance(payload, str):
+        text = payload
+    elif isinstance(payload, (bytes, bytearray)):
+        kind = media_type(headers, field)
+        if kind.startswith("text/"):
+            text = payload
+        elif kind == JSON_TYPE and bytes(payload[:64]).lstrip()[:1] == b'"':
+            check_size(payload, limits)
+            try:
+                text = json.loads(bytes(payload).decode("utf-8"))
+            except ValueError:  # not JSON after all: read as before
+                return None
+            if not isinstance(text, str):
+                return None
+        else:
+            return None
+    else:
+        return None
+    check_size(text, limits)
+    return Request([text], SINGLE)
 
 
 def maybe_json(payload: Any, limits: Limits = Limits()) -> Any:

@@ -5,6 +5,10 @@ tokenizer files). Each text is tokenised on its own in ``decode`` (so a text the
 on fails its own request) and truncated to ``max_length`` tokens; a batch is padded to its longest
 text, not to ``max_length``.
 
+A ``text/*`` body is one text, even when it looks like JSON: it is never parsed
+(``requests.text_request``, with the body's Content-Type from the request's headers, so both
+``decode_input_request`` settings read it the same). ``application/json`` bodies are JSON.
+
 model-config.yaml, all optional::
 
     handler:
@@ -16,11 +20,13 @@ model-config.yaml, all optional::
 import json
 import os
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from pathlib import Path
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
-from .base import Settings, ToolkitHandler
+from . import v2binary
+from .base import Job, Settings, ToolkitHandler, client_error, request_headers
 from .loading import ModelLoadError
-from .requests import to_text, too_large
+from .requests import text_request, to_text, too_large
 
 MAX_LENGTH_CAP = 512
 
@@ -30,12 +36,11 @@ PADDINGS = ("longest", "max_length")
 
 @dataclass
 class Encoded:
-    """One tokenised text: the model's inputs (unpadded lists) and, if asked for, where tokens are."""
+    """One tokenised text: the model's inputs (unpadded lists) and anything a handler keeps with them."""
 
     text: str
     features: dict
-    offsets: Optional[list] = None  # (start, end) characters per token
-    word_ids: Optional[list] = None  # word index per token, None for special tokens
+    extra: Any = None
 
 
 @dataclass
@@ -65,6 +70,12 @@ class TextHandler(ToolkitHandler):
     requirements = ("transformers>=4.34,<6",)
     auto_class = "AutoModel"
 
+    @classmethod
+    def requirements_for(cls, model_dir: Union[str, Path, None]) -> Tuple[str, ...]:
+        """What an archive of ``model_dir`` (the --serialized-file) needs installed: ``requirements``,
+        plus what that directory's kind of model needs (a subclass may look at its files)."""
+        return tuple(cls.requirements)
+
     def load_model(self):
         import transformers
 
@@ -79,13 +90,16 @@ class TextHandler(ToolkitHandler):
         self.tokenizer = AutoTokenizer.from_pretrained(self.hf_dir, local_files_only=True)
         self.max_length = self.settings.max_length or self.default_max_length()
 
+    directory_files = ("config.json",)  # the serialized directory holds one of these
+
     def hf_directory(self) -> str:
         serialized = self.manifest.get("model", {}).get("serializedFile")
         path = os.path.join(self.model_dir, serialized or "")
-        if not serialized or not os.path.isfile(os.path.join(path, "config.json")):
+        if not serialized or not any(os.path.isfile(os.path.join(path, name)) for name in self.directory_files):
             raise ModelLoadError(
-                f"{serialized or 'the serialized file'} is not a Hugging Face model directory (no config.json): "
-                "package the directory save_pretrained wrote with --serialized-file"
+                f"{serialized or 'the serialized file'} is not a Hugging Face model directory (no "
+                f"{' or '.join(self.directory_files)}): package the directory save_pretrained wrote "
+                "with --serialized-file"
             )
         return path
 
@@ -103,32 +117,42 @@ class TextHandler(ToolkitHandler):
             return int(length)
         return min(int(getattr(self.tokenizer, "model_max_length", MAX_LENGTH_CAP)), MAX_LENGTH_CAP)
 
-    with_offsets = False  # token classification: keep character offsets and word ids
+    # ---- requests ------------------------------------------------------------------------------
+    def read(self, row, index: int = 0) -> Job:
+        """A text body (``text/*``, or text TorchServe decoded already) is one text, never JSON;
+        anything else is read as every handler reads it (JSON shapes, KServe v1/v2, binary v2)."""
+        try:
+            headers = request_headers(self.context, index)
+            request = None if v2binary.header_length(headers) is not None else text_request(row, headers, self.limits)
+        except Exception as exc:  # noqa: BLE001 - one request's problem, whatever it is
+            return Job(None, client_error(exc, "the request could not be read"))
+        return super().read(row, index) if request is None else Job(request)
 
-    def decode(self, item) -> Encoded:
+    def text(self, item) -> str:
+        """One item as a text within ``max_text_chars``, or the ClientError its request gets."""
         text = to_text(item, "text")
         if len(text) > self.settings.max_text_chars:
             raise too_large("the text is", len(text), "characters", "max_text_chars", self.settings.max_text_chars)
-        encoding = self.tokenizer(
-            text, truncation=True, max_length=self.max_length, return_offsets_mapping=self.with_offsets
-        )
-        features = {name: encoding[name] for name in self.tokenizer.model_input_names if name in encoding}
-        if not self.with_offsets:
-            return Encoded(text, features)
-        return Encoded(text, features, encoding["offset_mapping"], encoding.word_ids())
+        return text
 
-    def pad(self, items: Sequence[Encoded]):
+    def features(self, encoding) -> dict:
+        """The model's inputs from a tokenizer's answer (what ``pad`` takes)."""
+        return {name: encoding[name] for name in self.tokenizer.model_input_names if name in encoding}
+
+    def decode(self, item) -> Encoded:
+        text = self.text(item)
+        encoding = self.tokenizer(text, truncation=True, max_length=self.max_length)
+        return Encoded(text, self.features(encoding))
+
+    def pad(self, features: Sequence[dict]):
         """One batch of tensors, padded to the longest text (or to max_length with padding: max_length)."""
         batch = self.tokenizer.pad(
-            [item.features for item in items],
-            padding=self.settings.padding,
-            max_length=self.max_length,
-            return_tensors="pt",
+            list(features), padding=self.settings.padding, max_length=self.max_length, return_tensors="pt"
         )
         return batch.to(self.device)
 
     def preprocess(self, items: List[Encoded]):
-        return self.pad(items)
+        return self.pad([item.features for item in items])
 
     def inference(self, batch, *args, **kwargs):
         return self.model(**batch)

@@ -1,14 +1,16 @@
-"""Sequence classification: a text in, ``{label: probability}`` for the top k labels out.
+"""Sequence classification: a text in, ``{label: score}`` for the top k labels out.
 
-Labels come from the model's ``id2label``. Softmax for single-label models; sigmoid (independent
-probabilities) when the model's ``problem_type`` is ``multi_label_classification`` or
-``handler.function: sigmoid`` says so.
+Labels come from the model's ``id2label``. Scores follow transformers' TextClassificationPipeline
+(``function_to_apply``): with ``function: auto`` a model whose ``problem_type`` is ``regression``
+answers its raw scores; ``multi_label_classification``, or a single output without a problem type,
+gets sigmoid (independent probabilities); ``single_label_classification``, or several outputs, gets
+softmax. ``function: softmax | sigmoid | none`` forces one (``none``: the raw logits).
 
 model-config.yaml, all optional::
 
     handler:
       top_k: 5            # 0: every label
-      function: auto      # auto | softmax | sigmoid
+      function: auto      # auto | softmax | sigmoid | none
       max_length: 256
 """
 
@@ -19,7 +21,7 @@ import torch
 from .base import entry_point
 from .text import TextHandler, TextSettings
 
-FUNCTIONS = ("auto", "softmax", "sigmoid")
+FUNCTIONS = ("auto", "softmax", "sigmoid", "none")
 
 
 @dataclass
@@ -35,6 +37,18 @@ class ClassifierSettings(TextSettings):
         return super().check()
 
 
+def pipeline_function(config) -> str:
+    """What transformers' TextClassificationPipeline applies by default to this model's logits."""
+    problem = getattr(config, "problem_type", None)
+    if problem == "regression":
+        return "none"
+    if problem == "multi_label_classification" or config.num_labels == 1:
+        return "sigmoid"
+    if problem == "single_label_classification" or config.num_labels > 1:
+        return "softmax"
+    return "none"
+
+
 class TextClassifier(TextHandler):
     Settings = ClassifierSettings
     auto_class = "AutoModelForSequenceClassification"
@@ -44,18 +58,18 @@ class TextClassifier(TextHandler):
         config = self.model.config
         self.labels = [config.id2label.get(i, str(i)) for i in range(config.num_labels)]
         function = self.settings.function
-        if function == "auto":
-            function = "sigmoid" if config.problem_type == "multi_label_classification" else "softmax"
-        self.function = function
+        self.function = pipeline_function(config) if function == "auto" else function
 
     def postprocess(self, output):
         logits = output.logits.float()
         if self.function == "sigmoid":
-            probabilities = torch.sigmoid(logits)
+            scores = torch.sigmoid(logits)
+        elif self.function == "softmax":
+            scores = torch.softmax(logits, dim=-1)
         else:
-            probabilities = torch.softmax(logits, dim=-1)
-        k = self.settings.top_k or probabilities.shape[-1]
-        values, indices = probabilities.topk(min(k, probabilities.shape[-1]), dim=-1)
+            scores = logits
+        k = self.settings.top_k or scores.shape[-1]
+        values, indices = scores.topk(min(k, scores.shape[-1]), dim=-1)
         return [
             {self.labels[i]: p for i, p in zip(row_indices, row_values)}
             for row_indices, row_values in zip(indices.tolist(), values.tolist())

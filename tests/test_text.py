@@ -48,7 +48,8 @@ def test_hf_directory_keeps_its_structure_and_asks_for_a_transformers_range(text
     manifest = mar.read_manifest(text_store / "minilm.mar")["model"]
     assert manifest["serializedFile"] == "minilm" and manifest["requirementsFile"] == "requirements.txt"
     # a range that installs on torchserve-kfs:0.9.0's Python 3.9 as well as here, never this machine's pin
-    assert mar.read_member(text_store / "minilm.mar", "requirements.txt").decode() == "transformers>=4.34,<6\n"
+    requirements = mar.read_member(text_store / "minilm.mar", "requirements.txt").decode()
+    assert requirements == "transformers>=4.34,<6\nsentence-transformers>=3,<7\n"  # a sentence-transformers dir
 
 
 def test_user_requirements_are_kept_and_transformers_added_once(text_samples, tmp_path):
