@@ -159,17 +159,17 @@ def run(archive, inputs):
     """Run ARCHIVE's handler in-process (no server) on INPUT files as one batch."""
     paths = [input_file(p) for p in inputs]
     mar.read_manifest(archive)  # a missing, foreign or unsafe archive is refused before torch loads
-    from handlers.loading import ModelLoadError
-    from handlers.settings import SettingsError
     from handlers.testing import LocalModel
 
+    # The archive's own handlers/ copy raises its own ModelLoadError/SettingsError classes: match by name.
+    user_mistakes = {("handlers.loading", "ModelLoadError"), ("handlers.settings", "SettingsError")}
     try:
         model = LocalModel(archive, batch_size=len(paths))
-    except (ModelLoadError, SettingsError) as exc:
-        raise UserError(f"{archive}: {exc}") from None
     except ArchiveError:
         raise
     except Exception as exc:  # the archive's own handler failed to load: its error, in one line
+        if (type(exc).__module__, type(exc).__name__) in user_mistakes:
+            raise UserError(f"{archive}: {exc}") from None
         raise ServerError(f"{archive}: the handler failed to load: {type(exc).__name__}: {exc}") from None
     with model:
         responses = model.predict([Path(p) for p in paths])

@@ -316,28 +316,40 @@ def client_error(exc: BaseException, what: str) -> ClientError:
 
 
 def entry_point(handler_class):
-    """A TorchServe ``module:handle`` function serving ``handler_class``, one instance per model dir."""
-    instances = {}
+    """A TorchServe ``module:handle`` function serving ``handler_class``.
+
+    The instance lives on the TorchServe context it was initialised with. A worker has one context
+    for its life, so one instance per worker process, as TorchServe does; every ``LocalModel`` has
+    its own context, so two of them (of one model directory, say) never share an instance or the
+    settings it read, and the instance goes when its context does."""
 
     def handle(data, context):
-        key = context.system_properties.get("model_dir")
-        handler = instances.get(key)
+        handler = handler_for(context)
         if handler is None:
             handler = handler_class()
             handler.initialize(context)
-            instances[key] = handler
+            vars(context).setdefault("_tsctl_handlers", {})[handle] = handler
         if data is None:
             return None
         return handler.handle(data, context)
 
+    def handler_for(context):
+        """The instance serving ``context``, or None before the first call."""
+        return getattr(context, "_tsctl_handlers", {}).get(handle)
+
     handle.handler_class = handler_class
-    handle.instances = instances
+    handle.handler_for = handler_for
     return handle
 
 
 def is_toolkit_entry(function) -> bool:
-    """True for a toolkit ``module:handle`` function or the ``handle`` of a toolkit handler instance."""
-    return hasattr(function, "handler_class") or isinstance(getattr(function, "__self__", None), ToolkitHandler)
+    """True for a toolkit ``module:handle`` function or the ``handle`` of a toolkit handler instance,
+    from this copy of ``handlers`` or another one (each archive carries its own)."""
+    owner = getattr(function, "__self__", None)
+    return hasattr(function, "handler_class") or any(
+        (klass.__module__, klass.__qualname__) == (ToolkitHandler.__module__, ToolkitHandler.__qualname__)
+        for klass in type(owner).__mro__
+    )
 
 
 envelopes.step_aside_for(is_toolkit_entry)

@@ -10,6 +10,40 @@ The handler is loaded with TorchServe's own model loader (``ts.model_loader``), 
 the ``module:function`` entry point, model-config.yaml and envelopes are exactly a worker's.
 No Java, no HTTP. Each input becomes one request row: ``bytes`` as a raw body, ``str`` as a text
 body, ``dict``/``list`` as an already-parsed JSON body, as TorchServe's frontend delivers them.
+
+**The archive's code, not this process's.** A worker has the model directory first on its path, so
+``handlers.image:handle`` imports the ``handlers/`` package the archive carries (every toolkit
+archive bundles it), and a handler file of yours that imports ``handlers`` gets that copy too. A
+LocalModel does the same, without letting archives (which may carry different ``handlers/``
+versions) or the ``handlers`` package installed here mix in one process:
+
+- The model directory *owns* the top-level module names it provides: ``handlers`` and every other
+  package or ``.py`` file at its top, and its model file's name (``handlers/loading.py`` registers
+  the model class module under it); standard-library names excepted.
+- While the LocalModel loads and while it runs a batch (``_active``), and only then, it swaps those
+  names in ``sys.modules``: whatever the process had under them (the installed ``handlers``, another
+  archive's ``model``) is set aside, this model's own module objects are put in, and the model
+  directory is first on ``sys.path``. Its first load therefore imports every module fresh from the
+  directory, under the very names a worker uses (``handlers.base``, relative imports and all);
+  afterwards the modules are kept by the LocalModel and taken out of ``sys.modules`` again, and
+  ``sys.modules``, ``sys.path`` and the path importer cache are exactly as before, whether the load
+  worked or failed. Functions that are already loaded hold their own modules' globals, so only imports
+  made at call time look at ``sys.modules``: that is why the swap is in place during each batch too.
+- The one process-wide patch a ``handlers`` copy makes on import (``envelopes.py`` makes TorchServe's
+  envelopes step aside for toolkit handlers) is undone after the load: the envelope TorchServe wrapped
+  around this model already holds the patched method, and nobody else sees this copy's.
+- A lock serialises LocalModels' swaps, so several may be open and used from several threads. Code
+  outside any LocalModel that imports one of a model's names for the first time *while that model
+  runs a batch* would get the model's copy; calling ``model.handler``'s methods directly runs outside
+  the swap (fine unless they import the model's modules at call time), and outside it
+  ``sys.modules[type(model.handler).__module__]`` (what ``inspect.getfile`` and pickle look up) is the
+  process's module of that name, not the archive's.
+
+**One handler instance per LocalModel.** ``entry_point`` keeps the instance on the TorchServe
+context (a worker has one for its life: one instance per worker, as TorchServe does); every
+LocalModel has its own, so closing one and opening the same directory again reads its files again.
+On ``close()``, and when the load fails (bad weights, bad settings: the handler's own exception is
+raised), the temporary unpack directory is removed.
 """
 
 import json
@@ -17,15 +51,21 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Union
 
 from ts.context import RequestProcessor
 from ts.model_loader import TsModelLoader
+from ts.torch_handler.request_envelope.base import BaseEnvelope
 
 from .archives import check_inside, read_manifest, unpack
+
+_SWAP = threading.RLock()  # one model's names in sys.modules at a time
+STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | frozenset(sys.builtin_module_names)
 
 
 @dataclass
@@ -43,8 +83,9 @@ class Response:
 
 
 class LocalModel:
-    """An archive loaded as a worker loads it. The archive is checked first (names, sizes, manifest
-    paths inside it: ``handlers/archives.py``); whatever fails, nothing is left behind."""
+    """An archive loaded as a worker loads it, with the code it carries. The archive is checked
+    first (names, sizes, manifest paths inside it: ``handlers/archives.py``); whatever fails,
+    nothing is left behind: no temporary files, no modules, no ``sys.path`` entry."""
 
     def __init__(
         self,
@@ -56,6 +97,9 @@ class LocalModel:
         archive = Path(archive)
         self._tmp = None
         self.model_dir = None
+        self.service = None
+        self._names: FrozenSet[str] = frozenset()
+        self._modules: Dict[str, Any] = {}  # this model's entries of sys.modules while it is not active
         try:
             self.manifest = read_manifest(archive)
             if archive.is_dir():
@@ -66,37 +110,77 @@ class LocalModel:
             check_inside(self.model_dir, self.manifest)
             model = self.manifest["model"]
             self.model_name = model["modelName"]
-            self._forget_modules_outside(model)
-            sys.path.insert(0, str(self.model_dir))
-            self.service = TsModelLoader().load(
-                self.model_name, str(self.model_dir), model["handler"], gpu, batch_size, envelope
-            )
+            self._names = own_names(self.model_dir, model)
+            with self._active():
+                self.service = TsModelLoader().load(
+                    self.model_name, str(self.model_dir), model["handler"], gpu, batch_size, envelope
+                )
         except BaseException:
             self.close()
             raise
 
-    def _forget_modules_outside(self, model: dict):
-        """Drop cached user modules (handler.py, model.py) that another model directory loaded."""
-        for entry in (model.get("handler", ""), model.get("modelFile", "")):
-            name = os.path.splitext(entry.split(":", 1)[0].split("/")[-1])[0]
-            module = sys.modules.get(name)
-            path = getattr(module, "__file__", None) or ""
-            if module is not None and "." not in name and not path.startswith(str(self.model_dir)):
+    @contextmanager
+    def _active(self):
+        """This model's modules under their names in ``sys.modules`` and its directory first on
+        ``sys.path``; on the way out both are as they were (see the module docstring)."""
+        with _SWAP:
+            outside = self._owned(sys.modules)
+            for name in outside:
                 del sys.modules[name]
+            sys.modules.update(self._modules)
+            path, envelope_handle, no_bytecode = list(sys.path), BaseEnvelope.handle, sys.dont_write_bytecode
+            sys.path.insert(0, str(self.model_dir))
+            sys.dont_write_bytecode = True  # no __pycache__ in the model directory, no stale bytecode
+            try:
+                yield
+            finally:
+                self._modules = self._owned(sys.modules)
+                for name in self._modules:
+                    del sys.modules[name]
+                sys.modules.update(outside)
+                sys.path[:] = path
+                sys.dont_write_bytecode = no_bytecode
+                inside = (str(self.model_dir), str(self.model_dir) + os.sep)
+                for entry in [p for p in sys.path_importer_cache if p in inside or str(p).startswith(inside[1])]:
+                    del sys.path_importer_cache[entry]  # a directory that was edited is listed again
+                if BaseEnvelope.handle is not envelope_handle and self._defined_here(BaseEnvelope.handle):
+                    BaseEnvelope.handle = envelope_handle
+
+    def _owned(self, modules: dict) -> dict:
+        """The entries of ``modules`` under this model's top-level names (``handlers``, ``handlers.*``)."""
+        names, packages = self._names, tuple(name + "." for name in self._names)
+        return {name: modules[name] for name in list(modules) if name.startswith(packages) or name in names}
+
+    def _defined_here(self, function) -> bool:
+        """True when ``function`` belongs to one of this model's modules."""
+        namespace = getattr(function, "__globals__", None)
+        return any(vars(module) is namespace for module in self._modules.values())
 
     @property
     def handler(self):
         """The toolkit handler instance serving this model (None for a handler of another kind)."""
-        instances = getattr(self.service._entry_point, "instances", None)
-        return instances.get(str(self.model_dir)) if instances else None
+        if self.service is None:
+            return None
+        entry = self.service._entry_point
+        entry = getattr(getattr(entry, "__self__", None), "_handle_fn", entry)  # inside an envelope
+        if hasattr(entry, "handler_for"):
+            return entry.handler_for(self.service.context)
+        if hasattr(entry, "instances"):  # archives from before handler_for
+            return entry.instances.get(str(self.model_dir))
+        owner = getattr(entry, "__self__", None)  # a handler class TorchServe instantiated itself
+        is_toolkit = any(klass.__name__ == "ToolkitHandler" for klass in type(owner).__mro__)
+        return owner if is_toolkit else None
 
     def predict_rows(self, rows: List[dict], headers: Optional[List[Dict[str, str]]] = None) -> List[Response]:
         """Run one batch of TorchServe request rows, each with its HTTP ``headers`` if given; one
         Response per row (its status, body, content type and headers)."""
+        if self.service is None:
+            raise RuntimeError(f"LocalModel {self.model_name!r} is closed")
         context = self.service.context
-        context.request_ids = {i: str(uuid.uuid4()) for i in range(len(rows))}
-        context.request_processor = [RequestProcessor(dict(h)) for h in (headers or [{} for _ in rows])]
-        bodies = self.service._entry_point(rows, context)
+        with self._active():
+            context.request_ids = {i: str(uuid.uuid4()) for i in range(len(rows))}
+            context.request_processor = [RequestProcessor(dict(h)) for h in (headers or [{} for _ in rows])]
+            bodies = self.service._entry_point(rows, context)
         if not isinstance(bodies, list) or len(bodies) != len(rows):
             raise RuntimeError(f"handler returned {type(bodies).__name__} for a batch of {len(rows)}")
         return [
@@ -114,16 +198,33 @@ class LocalModel:
         return self.predict_rows([as_row(i) for i in inputs])
 
     def close(self):
-        if self.model_dir is not None and str(self.model_dir) in sys.path:
-            sys.path.remove(str(self.model_dir))
+        """Let go of the handler, its modules and the temporary directory; safe to call twice."""
+        pool = getattr(self.handler, "pool", None)
+        if pool is not None:
+            pool.shutdown(wait=False)
+        self.service = None
+        self._modules = {}
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+
+def own_names(model_dir: Path, model: dict) -> FrozenSet[str]:
+    """The top-level module names a worker would import from ``model_dir``: its packages (``handlers``
+    among them) and ``.py`` files, and the model file's name; standard-library names excepted."""
+    names = {os.path.splitext(os.path.basename(model["modelFile"]))[0]} if model.get("modelFile") else set()
+    for entry in model_dir.iterdir():
+        if entry.suffix == ".py" and entry.is_file():
+            names.add(entry.stem)
+        elif entry.is_dir() and (entry / "__init__.py").is_file():
+            names.add(entry.name)
+    return frozenset(name for name in names if name.isidentifier() and name not in STDLIB)
 
 
 def as_row(value: Any) -> dict:
