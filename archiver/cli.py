@@ -14,7 +14,7 @@ import click
 from handlers.archives import ArchiveError
 
 from . import bench as load
-from . import kserve, mar, properties, runtimes, server
+from . import kserve, mar, properties, runtimes, scaffold, server
 from .errors import ServerError, UserError
 
 # TorchServe's BaseHandler logs optional-backend notices (OpenVINO, ONNX, TensorRT) on import.
@@ -36,6 +36,28 @@ class Command(click.Command):
 @click.version_option(package_name="tsctl")
 def main():
     """Package, configure, serve and test PyTorch models on TorchServe and KServe."""
+
+
+@main.command(cls=Command)
+@click.argument("name")
+@click.option(
+    "--from",
+    "kind",
+    required=True,
+    type=click.Choice(list(scaffold.KINDS)),
+    help="The toolkit handler to subclass; blank: ToolkitHandler with every hook written out.",
+)
+def init(name, kind):
+    """Write NAME/: a handler of your own (handler.py), its model-config.yaml and a test."""
+    written = scaffold.init(name, kind)
+    base = scaffold.KINDS[kind]
+    click.echo(f"wrote {written.files[0]}  class {written.class_name}({base.handler}), handle = entry_point(...)")
+    click.echo(f"wrote {written.files[1]}  every handler: setting with its default")
+    click.echo(f"wrote {written.files[2]}  packages the handler with a stand-in model and runs it")
+    click.echo("next:")
+    for command in written.next_commands:
+        click.echo(f"  {command}")
+    click.echo(f"  # {written.note}")
 
 
 @main.command(cls=Command)
