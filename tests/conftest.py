@@ -53,6 +53,27 @@ def package_resnet(sample: Path, store: Path, name="resnet18", config_text=None,
     return mar.package(options)
 
 
+def export_tree(root: Path, out: str = "pvc", **options) -> Path:
+    """``tsctl config`` of ``root/model-store`` (unless ``root/config`` exists), then ``tsctl export
+    kserve`` of it to ``root/out``: the tree KServe would mount."""
+    from archiver import kserve
+
+    config = root / "config" / "config.properties"
+    if not config.exists():
+        properties.write_config(root / "model-store", config)
+    kserve.export(
+        kserve.ExportOptions(
+            out=str(root / out),
+            name="demo",
+            storage_uri="pvc://models/demo",
+            config=str(config),
+            model_store=str(root / "model-store"),
+            **options,
+        )
+    )
+    return root / out
+
+
 def short_tmp(prefix: str) -> Path:
     """A short path: TorchServe's worker sockets live under TEMP and unix socket paths are short."""
     return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))

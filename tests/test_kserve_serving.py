@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from archiver import kserve, properties, server
-from conftest import batch_lines, package_resnet, package_text, post_json_concurrently, short_tmp
+from archiver import server
+from conftest import batch_lines, export_tree, package_resnet, package_text, post_json_concurrently, short_tmp
 from handlers.testing import LocalModel
 from samples.image_model import package_builtin, torchscript_resnet18
 
@@ -39,18 +39,7 @@ def exported(image_sample, text_samples, tmp_path_factory):
     torchscript = torchscript_resnet18(root / "resnet18_ts.pt")
     (root / "builtin.yaml").write_text(batching)
     package_builtin(torchscript, store, "builtin", root / "builtin.yaml")
-    properties.write_config(store, root / "config" / "config.properties")
-    out = root / "pvc"
-    kserve.export(
-        kserve.ExportOptions(
-            out=str(out),
-            name="demo",
-            storage_uri="pvc://models/demo",
-            config=str(root / "config" / "config.properties"),
-            model_store=str(store),
-        )
-    )
-    return out
+    return export_tree(root)
 
 
 def kserve_runtime(exported, envelope):

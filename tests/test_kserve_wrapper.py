@@ -45,8 +45,8 @@ import psutil
 import pytest
 from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
 
-from archiver import kserve, properties, server
-from conftest import ROOT, batch_lines, package_resnet, package_text, post_mixed_concurrently, short_tmp
+from archiver import server
+from conftest import ROOT, batch_lines, export_tree, package_resnet, package_text, post_mixed_concurrently, short_tmp
 from handlers.testing import LocalModel
 from samples import kserve_wrapper_launcher as launcher
 from samples import runtime_env
@@ -78,19 +78,7 @@ def exported(image_sample, text_samples, tmp_path_factory) -> Path:
     package_resnet(image_sample, store, config_text=BATCHING)
     package_text(text_samples, store, "sentiment", "text_classifier", "classifier", BATCHING)
     package_text(text_samples, store, "minilm", "text_embedder", "minilm", BATCHING)
-    properties.write_config(store, root / "config" / "config.properties")
-    out = root / "pvc"
-    kserve.export(
-        kserve.ExportOptions(
-            out=str(out),
-            name="demo",
-            storage_uri="pvc://models/demo",
-            config=str(root / "config" / "config.properties"),
-            model_store=str(store),
-            runtime=KFS,
-        )
-    )
-    return out
+    return export_tree(root, runtime=KFS)
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,9 @@ exported config), with 0.9.0's `pip install -U -t MODEL_DIR`: through the packag
 `--offline` from the wheels inside the archive with no index at all. The answers must be the
 in-process ones (torch 2.15 here, 2.1.0 there: probabilities within 1e-3, embeddings cosine 0.9999).
 
-The smoke run (text and image archives, per-model install through the index, then offline) is part
-of `make test`; the rest of the matrix is `make matrix`.
+The smoke run (text and image archives, per-model install through the index, tritonclient's binary
+request) is part of `make test`; `make matrix` adds the offline export and install, its control,
+and the v1 envelope.
 """
 
 import base64
@@ -20,9 +21,9 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
-from archiver import kserve, mar, properties, runtimes, server
+from archiver import mar, properties, runtimes, server
 from archiver.errors import UserError
-from conftest import batch_lines, package_resnet, package_text, post_json_concurrently, short_tmp
+from conftest import batch_lines, export_tree, package_resnet, package_text, post_json_concurrently, short_tmp
 from handlers.testing import LocalModel
 from samples import runtime_env
 
@@ -54,18 +55,7 @@ def store(image_sample, text_samples, tmp_path_factory):
 
 
 def export(root, out, **options):
-    kserve.export(
-        kserve.ExportOptions(
-            out=str(root / out),
-            name="demo",
-            storage_uri="pvc://models/demo",
-            config=str(root / "config" / "config.properties"),
-            model_store=str(root / "model-store"),
-            runtime=KFS,
-            **options,
-        )
-    )
-    return root / out
+    return export_tree(root, out, runtime=KFS, **options)
 
 
 @pytest.fixture(scope="module")
@@ -195,6 +185,7 @@ def test_requirements_that_cannot_install_on_the_runtime_are_refused_before_anyt
     assert not (tmp_path / "refused").exists()
 
 
+@pytest.mark.matrix  # downloads every wheel: about 2 minutes
 def test_export_pins_requirements_and_offline_bundles_wheels_without_touching_the_store(store):
     before = (store / "model-store" / "sentiment.mar").read_bytes()
     tree = export(store, "offline-check", offline=True)
@@ -241,6 +232,7 @@ def test_text_and_image_archives_install_and_serve_on_torchserve_0_9(store, kfs_
         stop(srv)
 
 
+@pytest.mark.matrix  # about 4 minutes: the wheels, then TorchServe 0.9.0 installing them
 def test_offline_archives_install_with_no_index_at_all(store, kfs_python, expected, jpegs):
     srv = serve(export(store, "offline", offline=True), kfs_python, "kservev2", NO_INDEX)
     try:
@@ -250,6 +242,7 @@ def test_offline_archives_install_with_no_index_at_all(store, kfs_python, expect
         stop(srv)
 
 
+@pytest.mark.matrix
 def test_without_the_offline_wheels_the_same_install_fails_with_no_index(store, kfs_python):
     """The control for the test above: with the index cut off, the online export cannot install."""
     with pytest.raises(Exception, match="(?i)could not register|pip|installation"):

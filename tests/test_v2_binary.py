@@ -20,8 +20,8 @@ from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
 from kserve.protocol.infer_type import RequestedOutput
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
-from archiver import kserve, properties, server
-from conftest import batch_lines, package_resnet, package_text, workers
+from archiver import server
+from conftest import batch_lines, export_tree, package_resnet, package_text, workers
 from handlers.testing import LocalModel
 from test_kserve_serving import kserve_runtime
 
@@ -44,18 +44,7 @@ def exported(image_sample, text_samples, tmp_path_factory):
     tensor.write_text(BATCHING + "handler:\n  input_shape: [3, 224, 224]\n")
     package_resnet(image_sample, store, name="resnet18_t", handler="tensor", config_file=str(tensor), extra_files=[])
     package_text(text_samples, store, "minilm", "text_embedder", "minilm", BATCHING)
-    properties.write_config(store, root / "config" / "config.properties")
-    out = root / "pvc"
-    kserve.export(
-        kserve.ExportOptions(
-            out=str(out),
-            name="demo",
-            storage_uri="pvc://models/demo",
-            config=str(root / "config" / "config.properties"),
-            model_store=str(store),
-        )
-    )
-    return out
+    return export_tree(root)
 
 
 @pytest.fixture(scope="module")
