@@ -74,6 +74,17 @@ def export_tree(root: Path, out: str = "pvc", **options) -> Path:
     return root / out
 
 
+def local_answers(store: Path, inputs: dict) -> dict:
+    """{model: [in-process answer, ...]} of ``store/NAME.mar`` for each model's inputs (LocalModel)."""
+    from handlers.testing import LocalModel
+
+    answers = {}
+    for name, items in inputs.items():
+        with LocalModel(store / f"{name}.mar") as model:
+            answers[name] = [r.json() for r in model.predict(items)]
+    return answers
+
+
 def short_tmp(prefix: str) -> Path:
     """A short path: TorchServe's worker sockets live under TEMP and unix socket paths are short."""
     return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))

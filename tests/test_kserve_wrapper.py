@@ -46,8 +46,16 @@ import pytest
 from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
 
 from archiver import server
-from conftest import ROOT, batch_lines, export_tree, package_resnet, package_text, post_mixed_concurrently, short_tmp
-from handlers.testing import LocalModel
+from conftest import (
+    ROOT,
+    batch_lines,
+    export_tree,
+    local_answers,
+    package_resnet,
+    package_text,
+    post_mixed_concurrently,
+    short_tmp,
+)
 from samples import kserve_wrapper_launcher as launcher
 from samples import runtime_env
 
@@ -89,13 +97,7 @@ def protos(kfs_python, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def expected(exported, jpegs):
-    answers = {}
-    with LocalModel(exported / "model-store" / "resnet18.mar") as model:
-        answers["resnet18"] = [r.json() for r in model.predict(jpegs[:3])]
-    for name in ("sentiment", "minilm"):
-        with LocalModel(exported / "model-store" / f"{name}.mar") as model:
-            answers[name] = [r.json() for r in model.predict(TEXTS)]
-    return answers
+    return local_answers(exported / "model-store", {"resnet18": jpegs[:3], "sentiment": TEXTS, "minilm": TEXTS})
 
 
 # ---- TorchServe + the wrapper -----------------------------------------------------------------------

@@ -23,8 +23,15 @@ import tritonclient.http as triton
 
 from archiver import mar, properties, runtimes, server
 from archiver.errors import UserError
-from conftest import batch_lines, export_tree, package_resnet, package_text, post_json_concurrently, short_tmp
-from handlers.testing import LocalModel
+from conftest import (
+    batch_lines,
+    export_tree,
+    local_answers,
+    package_resnet,
+    package_text,
+    post_json_concurrently,
+    short_tmp,
+)
 from samples import runtime_env
 
 KFS = "torchserve-kfs:0.9.0"
@@ -60,13 +67,7 @@ def export(root, out, **options):
 
 @pytest.fixture(scope="module")
 def expected(store, jpegs):
-    answers = {}
-    with LocalModel(store / "model-store" / "resnet18.mar") as model:
-        answers["resnet18"] = [r.json() for r in model.predict(jpegs[:3])]
-    for name in ("sentiment", "minilm"):
-        with LocalModel(store / "model-store" / f"{name}.mar") as model:
-            answers[name] = [r.json() for r in model.predict(TEXTS)]
-    return answers
+    return local_answers(store / "model-store", {"resnet18": jpegs[:3], "sentiment": TEXTS, "minilm": TEXTS})
 
 
 def serve(tree, python, envelope, env=None):
