@@ -168,12 +168,16 @@ class ToolkitHandler(BaseHandler):
         self.decode_jobs(jobs)
         self._forward([job for job in jobs if job.error is None])
         responses = [self._respond(context, index, job) for index, job in enumerate(jobs)]
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        metrics = getattr(context, "metrics", None)
+        if metrics is not None:  # TorchServe's own per-batch metric, as its BaseHandler.handle records it
+            metrics.add_time("HandlerTime", round(elapsed_ms, 2), None, "ms")
         logger.info(
             "tsctl batch size=%d items=%d rejected=%d time_ms=%.1f",
             len(jobs),
             sum(len(job.inputs) for job in jobs if job.error is None),
             sum(job.error is not None for job in jobs),
-            (time.perf_counter() - started) * 1000,
+            elapsed_ms,
         )
         return responses
 

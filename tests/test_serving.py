@@ -120,6 +120,10 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(srv, local
         new.insert(0, sizes.pop())
     assert sum(new) == 8
     assert max(new) > 1, f"no batching: batch sizes {new}"
+    status, metrics = server.request(f"{srv.metrics}/metrics", timeout=10)
+    assert status == 200
+    handler_time = [line for line in metrics.splitlines() if line.startswith("HandlerTime{") and "resnet18" in line]
+    assert handler_time, "TorchServe's HandlerTime metric (its BaseHandler's, per batch) is not recorded"
 
 
 def test_a_corrupt_image_fails_alone_and_the_worker_survives(srv, local, jpegs):
