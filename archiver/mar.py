@@ -24,6 +24,7 @@ import errno
 import gzip
 import importlib
 import importlib.util
+import inspect
 import io
 import json
 import os
@@ -313,15 +314,23 @@ def _imports_toolkit(source: Path) -> bool:
 
 
 def _handler_class(handler_entry: str, handler: str, bundle: bool):
-    """The toolkit handler class behind the entry point: a toolkit handler's, or the one a user's
-    ``--handler`` file serves with ``handle = entry_point(MyHandler)``. None for any other handler."""
+    """The toolkit handler class behind the entry point, found as TorchServe's model loader finds the
+    entry point: a toolkit handler's; in a user's ``--handler`` file, the class its function (``handle
+    = entry_point(MyHandler)``, or the ``file.py:function`` named) serves, else the one class the file
+    defines (which TorchServe instantiates itself) if it is a toolkit handler. None for any other."""
     module_name, _, function = handler_entry.partition(":")
     if handler_entry in TOOLKIT_HANDLERS.values():
         return getattr(importlib.import_module(module_name), function).handler_class
     if not bundle:  # a handler file that does not import the toolkit
         return None
-    entry = getattr(_load_handler_file(Path(handler.partition(":")[0])), function or "handle", None)
-    return getattr(entry, "handler_class", None)
+    module = _load_handler_file(Path(handler.partition(":")[0]))
+    if hasattr(module, function or "handle"):
+        return getattr(getattr(module, function or "handle"), "handler_class", None)
+    defined = [c for c in vars(module).values() if inspect.isclass(c) and c.__module__ == module.__name__]
+    is_toolkit = len(defined) == 1 and any(
+        (k.__module__, k.__qualname__) == ("handlers.base", "ToolkitHandler") for k in defined[0].__mro__
+    )
+    return defined[0] if is_toolkit else None
 
 
 def _load_handler_file(path: Path):

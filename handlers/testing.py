@@ -62,6 +62,7 @@ from ts.context import RequestProcessor
 from ts.model_loader import TsModelLoader
 from ts.torch_handler.request_envelope.base import BaseEnvelope
 
+from . import identity
 from .archives import check_inside, read_manifest, unpack
 
 _SWAP = threading.RLock()  # one model's names in sys.modules at a time
@@ -99,9 +100,11 @@ class LocalModel:
         self.model_dir = None
         self.service = None
         self._names: FrozenSet[str] = frozenset()
+        self.record: Optional[dict] = None
         self._modules: Dict[str, Any] = {}  # this model's entries of sys.modules while it is not active
         try:
             self.manifest = read_manifest(archive)
+            self.record = identity.read(archive)  # MAR-INF/tsctl.json: which class is the handler
             if archive.is_dir():
                 self.model_dir = archive.resolve()
             else:
@@ -158,18 +161,17 @@ class LocalModel:
 
     @property
     def handler(self):
-        """The toolkit handler instance serving this model (None for a handler of another kind)."""
-        if self.service is None:
+        """The instance of the handler class the archive's record names (MAR-INF/tsctl.json); None
+        for an archive without one (not a toolkit handler) and once closed."""
+        if self.service is None or self.record is None:
             return None
         entry = self.service._entry_point
         entry = getattr(getattr(entry, "__self__", None), "_handle_fn", entry)  # inside an envelope
         if hasattr(entry, "handler_for"):
-            return entry.handler_for(self.service.context)
-        if hasattr(entry, "instances"):  # archives from before handler_for
-            return entry.instances.get(str(self.model_dir))
-        owner = getattr(entry, "__self__", None)  # a handler class TorchServe instantiated itself
-        is_toolkit = any(klass.__name__ == "ToolkitHandler" for klass in type(owner).__mro__)
-        return owner if is_toolkit else None
+            found = entry.handler_for(self.service.context)
+        else:
+            found = getattr(entry, "__self__", None)  # a handler class TorchServe instantiated itself
+        return found if type(found).__qualname__ == self.record["class"] else None
 
     def predict_rows(self, rows: List[dict], headers: Optional[List[Dict[str, str]]] = None) -> List[Response]:
         """Run one batch of TorchServe request rows, each with its HTTP ``headers`` if given; one

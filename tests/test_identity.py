@@ -40,6 +40,14 @@ class Labelled(ImageClassifier):
 
 handle = entry_point(Labelled)
 '''
+ONLY_CLASS = """
+from handlers.image import ImageClassifier
+
+
+class Upper(ImageClassifier):
+    def postprocess(self, output):
+        return [{label.upper(): p for label, p in answer.items()} for answer in super().postprocess(output)]
+"""
 CONFIG = "batchSize: 4\nmaxBatchDelay: 300\nhandler:\n  top_k: 3\n  label_prefix: 'cat:'\n"
 
 
@@ -83,6 +91,20 @@ def test_a_users_subclass_is_found_validated_and_recorded(image_sample, tmp_path
         package_mine(image_sample, tmp_path / "store", CONFIG.replace("label_prefix", "label_prefx"))
     with pytest.raises(UserError, match=r"--handler .*my_handler.py failed to import: NameError: name 'nope'"):
         package_mine(image_sample, tmp_path / "store", source=MY_HANDLER + "\nnope\n")
+
+
+def test_a_file_defining_only_the_class_is_recorded_as_torchserve_would_load_it(image_sample, tmp_path):
+    """No ``handle`` function: TorchServe instantiates the one class the file defines."""
+    only_class = ONLY_CLASS
+    archive = package_mine(image_sample, tmp_path / "store", CONFIG.replace("  label_prefix: 'cat:'\n", ""), only_class)
+    record = identity.read(archive)
+    assert (record["module"], record["class"], record["entry"]) == ("my_handler", "Upper", "my_handler.py")
+    with LocalModel(archive) as local:
+        [answer] = local.predict([(image_sample / "kitten.jpg").read_bytes()])
+        assert type(local.handler).__name__ == "Upper"
+    assert answer.status == 200 and len(answer.json()) == 3 and all(label.isupper() for label in answer.json())
+    two_classes = only_class + "\n\nclass Other:\n    pass\n"  # TorchServe would refuse it: no record
+    assert identity.read(package_mine(image_sample, tmp_path / "store", source=two_classes)) is None
 
 
 def test_a_handler_file_that_is_not_a_toolkit_handler_has_no_record(image_sample, tmp_path):
