@@ -37,8 +37,11 @@ runtimes: venv
 
 # The runtime matrix: every served path on TorchServe 0.9.0 (Python 3.9) and 0.12.0 (Python 3.11), both
 # KServe envelopes, through pytorch/serve's kserve_wrapper. `make test` runs one smoke path of each.
+# Also the KServe engine: every handler kind on both engines, its predictor image recipe (a fresh venv
+# serving the export), and the served hostile suite on it.
 matrix: venv runtimes
-	$(BIN)/python -m pytest -m matrix tests/test_runtime_matrix.py tests/test_kserve_wrapper.py
+	$(BIN)/python -m pytest -m matrix tests/test_runtime_matrix.py tests/test_kserve_wrapper.py tests/test_kserve_engine.py \
+	  tests/test_hostile_served.py
 
 # The property-based tests with many more examples (about half an hour; not part of `make test`).
 fuzz: venv
@@ -52,6 +55,7 @@ bench: venv
 	$(BIN)/python benchmarks/p4_cold_start.py
 	$(BIN)/python benchmarks/kserve_envelopes.py
 	$(BIN)/python benchmarks/hostile_load.py
+	$(BIN)/python benchmarks/kserve_engine.py
 
 clean:
 	rm -rf $(VENV) .runtimes .tsctl samples/build logs

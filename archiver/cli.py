@@ -134,8 +134,24 @@ def config(model_store, output, min_workers, max_workers, batch_size, max_batch_
 @click.option("--timeout", default=180.0, show_default=True, help="Seconds to wait for every model to be READY.")
 @click.option("--install-deps", is_flag=True, help="pip-install each archive's requirements.txt first, as KServe does.")
 @click.option("--enable-model-api", is_flag=True, help="Allow (re)registering models, e.g. for 'tsctl bench --sweep'.")
-def serve(config_path, model_store, home, timeout, install_deps, enable_model_api):
-    """Start TorchServe in the background on 127.0.0.1 and wait until every model is READY."""
+@click.option(
+    "--engine",
+    type=click.Choice(["torchserve", "kserve"]),
+    default="torchserve",
+    show_default=True,
+    help="kserve: KServe's Python ModelServer serves every archive in the model store (no Java, no config file).",
+)
+def serve(config_path, model_store, home, timeout, install_deps, enable_model_api, engine):
+    """Start a server in the background on 127.0.0.1 and wait until every model is ready."""
+    if engine == "kserve":
+        for flag, given in (("--install-deps", install_deps), ("--enable-model-api", enable_model_api)):
+            if given:
+                raise UserError(f"{flag} is a TorchServe option: drop it, or serve with --engine torchserve")
+        srv = server.start_kserve(model_store, home, timeout)
+        click.echo(f"KServe ModelServer ready (pid {srv.pid}): {', '.join(srv.models)}")
+        click.echo(f"  inference  {srv.inference}  (/v1/models/NAME:predict, /v2/models/NAME/infer)")
+        click.echo(f"  output     {Path(srv.home) / server.KSERVE_OUT}")
+        return
     env = {"TS_ENABLE_MODEL_API": "true"} if enable_model_api else None
     srv = server.start(config_path, model_store, home, timeout, env=env, install_deps=install_deps)
     click.echo(f"TorchServe ready (pid {srv.pid}): {', '.join(srv.models)}")
@@ -148,8 +164,9 @@ def serve(config_path, model_store, home, timeout, install_deps, enable_model_ap
 @click.option("--home", default=".tsctl", show_default=True)
 def stop(home):
     """Stop the server started by 'tsctl serve'."""
-    if server.stop(home=home):
-        click.echo("TorchServe stopped")
+    srv = server.read_state(Path(home).resolve())
+    if server.stop(srv, home=home):
+        click.echo(f"{'KServe ModelServer' if srv.engine == 'kserve' else 'TorchServe'} stopped")
     else:
         click.echo("no server was running")
 
@@ -160,7 +177,8 @@ def stop(home):
 @click.option("--home", default=".tsctl", show_default=True)
 @click.option("--timeout", default=60.0, show_default=True)
 def predict(model, inputs, home, timeout):
-    """Send each INPUT file to /predictions/MODEL on the running server and print the answers."""
+    """Send each INPUT file to MODEL on the running server (TorchServe's /predictions/MODEL, KServe's
+    /v1/models/MODEL:predict) and print the answers."""
     paths = [input_file(p) for p in inputs]
     srv = running_server(home)
     failed = False
@@ -241,6 +259,8 @@ def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay,
     if count is None and duration is None:
         raise UserError("give --requests N or --duration SECONDS: a benchmark must be bounded")
     headers = srv.headers("inference")
+    if sweep_batch and srv.engine == "kserve":
+        raise UserError("--sweep-batch re-registers models through TorchServe's management API: serve with TorchServe")
     if sweep_batch:
         rows = load.sweep(
             srv.inference,
@@ -272,7 +292,7 @@ def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay,
                 "put them in its model-config.yaml to keep them"
             )
         return
-    result = load.run_load(f"{srv.inference}/predictions/{model}", files, concurrency, count, duration, headers)
+    result = load.run_load(srv.predict_url(model), files, concurrency, count, duration, headers)
     summary = result.summary()
     if as_json:
         click.echo(json.dumps(summary, indent=2))
@@ -323,10 +343,19 @@ def parse_split(values):
     help="The TorchServe image KServe runs: each archive's requirements are resolved and pinned for it.",
 )
 @click.option("--offline", is_flag=True, help="Bundle each archive's wheels: its per-model install needs no index.")
+@click.option(
+    "--engine",
+    type=click.Choice(["torchserve", "kserve"]),
+    default="torchserve",
+    show_default=True,
+    help="kserve: a custom predictor running KServe's ModelServer over the archives (no TorchServe); needs --image.",
+)
+@click.option("--image", help="The custom predictor's image (--engine kserve), built from OUT/predictor-image.")
 def export_kserve(out, config_path, split, **options):
     """Write OUT/{config,model-store} for a PVC, the InferenceService and the deploy commands."""
-    what = "resolving and downloading" if options["offline"] else "resolving"
-    click.echo(f"{what} each archive's requirements for {options['runtime']} ...", err=True)
+    if options["engine"] == "torchserve":
+        what = "resolving and downloading" if options["offline"] else "resolving"
+        click.echo(f"{what} each archive's requirements for {options['runtime']} ...", err=True)
     result = kserve.export(kserve.ExportOptions(out=out, config=config_path, split=parse_split(split), **options))
     for path in result.files:
         click.echo(f"wrote {path}")

@@ -8,10 +8,13 @@
     OUT/pvc.yaml                     the PersistentVolumeClaim (ReadWriteOnce, twice the archives' size, >= 2Gi)
     OUT/pvc-copy-pod.yaml            a helper pod mounting the claim, for kubectl cp (restricted Pod Security Standard)
     OUT/DEPLOY.md                    the exact commands: claim, copy, apply, ingress, request bodies, one curl per model
+    OUT/predictor-image/             with --engine kserve: the custom predictor's image (kserve_engine.py)
 
 KServe's TorchServe runtime runs ``torchserve --start --model-store=/mnt/models/model-store
 --ts-config=/mnt/models/config/config.properties`` with ``TS_SERVICE_ENVELOPE=kserve|kservev2``;
-the storage URI is mounted at /mnt/models. Every manifest is validated against KServe's CRDs first.
+the storage URI is mounted at /mnt/models. With ``--engine kserve`` the predictor is instead a custom
+container running KServe's Python ModelServer over the same model store (archiver/kserve_engine.py).
+Every manifest is validated against KServe's CRDs first.
 """
 
 import json
@@ -26,7 +29,7 @@ from typing import Dict, List, Optional, Tuple
 
 import yaml
 
-from . import crds, runtimes
+from . import crds, kserve_engine, runtimes
 from .errors import UserError
 from .mar import handler_record, model_config, read_manifest, rewrite_archive
 from .properties import check_keys, read_properties, render, snapshot_of
@@ -57,6 +60,8 @@ class ExportOptions:
     memory: str = "2Gi"
     runtime: str = runtimes.DEFAULT  # the torchserve-kfs image the InferenceService runs (archiver/runtimes.py)
     offline: bool = False  # bundle each archive's wheels: its per-model install needs no package index
+    engine: str = "torchserve"  # or "kserve": a custom predictor running KServe's ModelServer (kserve_engine.py)
+    image: Optional[str] = None  # the custom predictor's image (--engine kserve)
 
 
 @dataclass
@@ -80,12 +85,15 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     check_keys(properties, config_path)
     snapshot = snapshot_of(properties, config_path)
     check_properties(properties, config_path)
-    archives = check_models(snapshot, Path(options.model_store), properties, notes)
+    archives = check_models(snapshot, Path(options.model_store), properties, notes, options.engine)
     check_split(options, snapshot)
     transformer_archive = check_transformer(options, snapshot)
-    runtime = runtimes.runtime_named(options.runtime)
-    notes.extend(runtime_notes(runtime))
-    locked = runtimes.for_runtime(archives, runtime, options.offline, scratch, notes)
+    if options.engine == "kserve":
+        locked = {}  # the image installs every archive's requirements (predictor-image/requirements.txt)
+    else:
+        runtime = runtimes.runtime_named(options.runtime)
+        notes.extend(runtime_notes(runtime))
+        locked = runtimes.for_runtime(archives, runtime, options.offline, scratch, notes)
 
     isvc = inference_service(options, snapshot)
     manifests = {"inferenceservice.yaml": isvc}
@@ -111,6 +119,8 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
         else:
             copy_archive(archive, target)
         files.append(target)
+    if options.engine == "kserve":
+        files += kserve_engine.write_image_context(out, options.image, archives)
     if transformer_archive is not None:
         (out / "transformer").mkdir(exist_ok=True)
         copy_archive(transformer_archive, out / "transformer" / transformer_archive.name)
@@ -148,6 +158,17 @@ def check_options(options: ExportOptions) -> Tuple[str, str]:
         raise UserError(f"--protocol {options.protocol!r} must be v1 or v2")
     if options.canary is not None and not 0 <= options.canary <= 100:
         raise UserError(f"--canary {options.canary} must be a percentage from 0 to 100")
+    if options.engine not in ("torchserve", "kserve"):
+        raise UserError(f"--engine {options.engine!r} must be torchserve or kserve")
+    if options.engine == "kserve" and not options.image:
+        raise UserError("--engine kserve needs --image REGISTRY/NAME:TAG: the image you build from the export")
+    if options.engine == "kserve" and options.offline:
+        raise UserError(
+            "--offline bundles wheels for TorchServe's per-model install; --engine kserve installs "
+            "them in the predictor image instead: drop --offline"
+        )
+    if options.image and options.engine != "kserve":
+        raise UserError("--image is the KServe engine's predictor image: add --engine kserve, or drop --image")
     return match.group(1), (match.group(3) or "/").strip("/")
 
 
@@ -166,7 +187,9 @@ def check_properties(properties: Dict[str, str], path: Path):
         )
 
 
-def check_models(snapshot: dict, store: Path, properties: Dict[str, str], notes: List[str]) -> List[Path]:
+def check_models(
+    snapshot: dict, store: Path, properties: Dict[str, str], notes: List[str], engine: str = "torchserve"
+) -> List[Path]:
     """Each snapshot entry's archive exists and names the same model; batch sizes safe under envelopes."""
     if not store.is_dir():
         raise UserError(f"model store {store} does not exist: build archives with 'tsctl package'")
@@ -192,7 +215,7 @@ def check_models(snapshot: dict, store: Path, properties: Dict[str, str], notes:
                     "KServe would not install them; regenerate the config with 'tsctl config'"
                 )
             toolkit = handler_record(archive) is not None
-            if not toolkit and entry.get("batchSize", 1) > 1:
+            if engine == "torchserve" and not toolkit and entry.get("batchSize", 1) > 1:
                 entry["batchSize"] = 1
                 notes.append(
                     f"{name}: batchSize set to 1 in the exported config: its handler ({manifest.get('handler')}) runs "
@@ -270,12 +293,15 @@ def inference_service(options: ExportOptions, snapshot: dict) -> dict:
     predictor: dict = {}
     if options.canary is not None:
         predictor["canaryTrafficPercent"] = options.canary
-    predictor["model"] = {
-        "modelFormat": {"name": "pytorch"},
-        "protocolVersion": options.protocol,
-        "storageUri": options.storage_uri,
-        "resources": resources(options),
-    }
+    if options.engine == "kserve":
+        predictor.update(kserve_engine.predictor(options.image, options.storage_uri, resources(options)))
+    else:
+        predictor["model"] = {
+            "modelFormat": {"name": "pytorch"},
+            "protocolVersion": options.protocol,
+            "storageUri": options.storage_uri,
+            "resources": resources(options),
+        }
     spec = {"predictor": predictor}
     if options.transformer_image:
         spec["transformer"] = transformer(options)
@@ -569,12 +595,14 @@ def deploy_steps(options: ExportOptions, claim: str, sub_path: str, archives: Li
         "```",
         "",
         "You need kubectl for a cluster with KServe, and python3 for step 5."
+        + (" Step 0 needs docker (or any image builder)." if options.engine == "kserve" else "")
         + (
             f" The namespace `{options.namespace}` must exist (`kubectl create namespace {options.namespace}`)."
             if options.namespace != "default"
             else ""
         ),
         "",
+        *(kserve_engine.build_steps(options.image) if options.engine == "kserve" else []),
         "## 1. The claim",
         "",
         f"`pvc.yaml` asks for the PersistentVolumeClaim `{claim}`: {claim_size(options, archives)}, ReadWriteOnce, "
@@ -667,6 +695,7 @@ OUTPUTS = (
     "pvc-copy-pod.yaml",
     "pvc.yaml",
     "DEPLOY.md",
+    kserve_engine.IMAGE_DIR,
 )
 
 

@@ -1,5 +1,7 @@
-"""Starting, waiting for and stopping a local TorchServe, and talking to it over HTTP.
+"""Starting, waiting for and stopping a local server, and talking to it over HTTP.
 
+Two engines serve the same model store: TorchServe (``start``), and KServe's Python ModelServer
+running the archives through ``handlers/kserve_predictor.py`` (``start_kserve``: no Java).
 A server runs detached in its own process group (``setsid``, stdin from /dev/null, output to a
 file) with its own state directory: ``TEMP`` (TorchServe's one-instance pid lock), ``LOG_LOCATION``
 and ``server.json`` (pid and addresses) all live there, so several servers can run side by side and
@@ -38,10 +40,17 @@ class Server:
     management: str
     metrics: str
     models: List[str]
+    engine: str = "torchserve"  # or "kserve": KServe's ModelServer (handlers/kserve_predictor.py)
 
     @property
     def logs(self) -> Path:
         return Path(self.home) / "logs"
+
+    def predict_url(self, model: str) -> str:
+        """Where one request for ``model`` goes: TorchServe's /predictions, KServe's v1 predict."""
+        if self.engine == "kserve":
+            return f"{self.inference}/v1/models/{model}:predict"
+        return f"{self.inference}/predictions/{model}"
 
     def headers(self, api: str = "inference") -> Dict[str, str]:
         """Authorization for token-auth servers (keys from the server's key_file.json)."""
@@ -102,17 +111,29 @@ def start(
                 )
     if install_deps:
         check_pip(python or sys.executable)
+    check_home(home)
+    return _with_port_retry(
+        lambda: _launch(config, model_store, home, timeout, python, env, install_deps, kserve_args, models)
+    )
+
+
+def check_home(home: Path):
+    """Refuse a state directory whose server still runs; make its tmp/ and logs/."""
     existing = read_state(home)
     if existing and group_alive(existing.pid):
         raise UserError(f"a server started from {home} is still running (pid {existing.pid}): run 'tsctl stop' first")
-
     for sub in ("tmp", "logs"):
         (home / sub).mkdir(parents=True, exist_ok=True)
-    for attempt in (1, 2):  # a free port may be taken by another process before TorchServe binds it
+
+
+def _with_port_retry(launch) -> "Server":
+    """Launch; once more if a free port was taken by another process before the server bound it."""
+    for attempt in (1, 2):
         try:
-            return _launch(config, model_store, home, timeout, python, env, install_deps, kserve_args, models)
+            return launch()
         except ServerError as exc:
-            if attempt == 2 or not ("Address already in use" in str(exc) or "Failed to bind" in str(exc)):
+            taken = any(text in str(exc).lower() for text in ("address already in use", "failed to bind"))
+            if attempt == 2 or not taken:
                 raise
 
 
@@ -145,17 +166,7 @@ def _launch(config, model_store, home, timeout, python, env, install_deps, kserv
         arguments = ["--start", f"--model-store={model_store}", f"--ts-config={config}"]
     else:
         arguments = ["--start", "--foreground", "--ncs", "--model-store", str(model_store), "--ts-config", str(config)]
-    command = torchserve_command(python) + arguments
-    with open(home / "torchserve.out", "wb") as out:
-        process = subprocess.Popen(
-            command,
-            cwd=home,
-            env=run_env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    process = spawn(torchserve_command(python) + arguments, home, run_env, "torchserve.out")
     server = Server(
         pid=process.pid,
         home=str(home),
@@ -171,6 +182,107 @@ def _launch(config, model_store, home, timeout, python, env, install_deps, kserv
         stop(server)
         raise
     return server
+
+
+def spawn(command: List[str], home: Path, env: Dict[str, str], out_name: str) -> subprocess.Popen:
+    """Start ``command`` detached: its own session and process group, stdin from /dev/null, output
+    to ``home/out_name``."""
+    with open(home / out_name, "wb") as out:
+        return subprocess.Popen(
+            command,
+            cwd=home,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+# ---- KServe's ModelServer -------------------------------------------------------------------------
+KSERVE_OUT = "kserve.out"
+
+
+def start_kserve(
+    model_store="model-store",
+    home=".tsctl",
+    timeout: float = 180,
+    python: Optional[str] = None,
+    batch_size: Optional[int] = None,
+    max_batch_delay: Optional[int] = None,
+) -> Server:
+    """Serve every archive in ``model_store`` with KServe's ModelServer (``handlers.kserve_predictor``)
+    on a free 127.0.0.1 port, detached, and wait until each model is ready. Batching comes from each
+    archive's model-config.yaml unless ``batch_size``/``max_batch_delay`` say otherwise."""
+    from .mar import read_manifest  # no torch: the manifest only
+
+    model_store, home = Path(model_store).resolve(), Path(home).resolve()
+    if not model_store.is_dir():
+        raise UserError(f"model store {model_store} does not exist: build archives with 'tsctl package'")
+    archives = sorted(model_store.glob("*.mar"))
+    if not archives:
+        raise UserError(f"model store {model_store} holds no .mar archives: build them with 'tsctl package'")
+    models = [read_manifest(archive)["model"]["modelName"] for archive in archives]
+    check_home(home)
+    arguments = ["-m", "handlers.kserve_predictor", "--host", "127.0.0.1", "--enable_grpc", "false"]
+    arguments += [f"--archive={archive}" for archive in archives]
+    if batch_size:
+        arguments += ["--batch_size", str(batch_size)]
+    if max_batch_delay is not None:
+        arguments += ["--max_batch_delay", str(max_batch_delay)]
+
+    def launch() -> Server:
+        port = free_port()
+        env = dict(os.environ, TEMP=str(home / "tmp"))
+        process = spawn([python or sys.executable, *arguments, "--http_port", str(port)], home, env, KSERVE_OUT)
+        address = f"http://127.0.0.1:{port}"
+        server = Server(process.pid, str(home), address, "", f"{address}/metrics", models, engine="kserve")
+        (home / STATE_FILE).write_text(json.dumps(asdict(server), indent=2))
+        try:
+            wait_kserve_ready(server, timeout, process)
+        except BaseException:
+            stop(server)
+            raise
+        return server
+
+    return _with_port_retry(launch)
+
+
+def wait_kserve_ready(server: Server, timeout: float, process: subprocess.Popen):
+    """Poll /v1/models/NAME until every model is ready; fail as soon as the server exits, with the
+    error it printed."""
+    deadline = time.monotonic() + timeout
+    pending = list(server.models)
+    while pending:
+        if process.poll() is not None:
+            code = process.returncode
+            raise ServerError(f"the KServe model server exited with code {code}: {kserve_problem(server)}")
+        if time.monotonic() > deadline:
+            raise ServerError(f"models {', '.join(pending)} not ready after {timeout:.0f}s: {kserve_problem(server)}")
+        still = []
+        for name in pending:
+            try:
+                status, body = request(f"{server.inference}/v1/models/{name}", timeout=5)
+            except OSError:
+                status, body = None, None
+            if not (status == 200 and isinstance(body, dict) and body.get("ready")):
+                still.append(name)
+        pending = still
+        if pending:
+            time.sleep(0.5)
+
+
+KSERVE_ERROR = re.compile(r"^(?:ERROR:[\w.]+:)?\s*([A-Za-z_.]*(?:Error|Exception)\b:.*)$")
+
+
+def kserve_problem(server: Server) -> str:
+    """The last Python error the KServe model server printed (a handler that failed to load, a port
+    already taken), else where to look."""
+    out = Path(server.home) / KSERVE_OUT
+    lines = _log_lines(out)
+    errors = [m.group(1).strip() for m in map(KSERVE_ERROR.match, lines) if m]
+    bind = [line.strip() for line in lines if "address already in use" in line.lower()]
+    return (bind or errors or [f"no error in the output; see {out}"])[-1]
 
 
 def check_pip(python: str):
@@ -418,10 +530,10 @@ CONTENT_TYPES = {
 
 
 def predict(server: Server, model: str, path: Path, timeout: float = 60) -> Tuple[int, object]:
-    """POST one file to /predictions/{model}."""
+    """POST one file to the model (``Server.predict_url``), with the content type its suffix says."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"input {path} does not exist")
     headers = {"Content-Type": CONTENT_TYPES.get(path.suffix.lower(), "application/octet-stream")}
     headers.update(server.headers("inference"))
-    return request(f"{server.inference}/predictions/{model}", path.read_bytes(), "POST", headers, timeout)
+    return request(server.predict_url(model), path.read_bytes(), "POST", headers, timeout)

@@ -46,7 +46,7 @@ def served_side(srv, model: str, inputs, concurrency: int, requests: int):
     from archiver import bench
 
     def run():
-        url = f"{srv.inference}/predictions/{model}"
+        url = srv.predict_url(model)
         bench.run_load(url, inputs, concurrency, requests=32)
         result = bench.run_load(url, inputs, concurrency, requests=requests)
         assert result.errors == 0, result.statuses

@@ -142,9 +142,10 @@ def post_mixed_concurrently(srv, path, bodies):
 
 
 def batch_lines(srv):
-    """The handler's per-batch log lines from the worker log, parsed."""
+    """The handler's per-batch log lines from the worker log (the KServe engine's output), parsed."""
     lines = []
-    for line in (srv.logs / "model_log.log").read_text(errors="replace").splitlines():
+    log = Path(srv.home) / server.KSERVE_OUT if srv.engine == "kserve" else srv.logs / "model_log.log"
+    for line in log.read_text(errors="replace").splitlines():
         if "tsctl batch " in line:
             fields = dict(f.split("=") for f in line.split("tsctl batch ", 1)[1].split())
             lines.append({k: float(v) if "." in v else int(v) for k, v in fields.items()})
@@ -152,6 +153,11 @@ def batch_lines(srv):
 
 
 def workers(srv, model):
+    """(id, start time, pid) of the model's workers; on the KServe engine, the one server process."""
+    if srv.engine == "kserve":
+        assert server.group_alive(srv.pid), "the KServe model server is gone"
+        started = Path(f"/proc/{srv.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        return [("kserve", started, srv.pid)]
     status, body = server.request(f"{srv.management}/models/{model}", timeout=10)
     assert status == 200, body
     return [(w["id"], w["startTime"], w["pid"]) for w in body[0]["workers"]]

@@ -23,10 +23,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from archiver import mar, scaffold
+from archiver import mar, scaffold, server
 from archiver.cli import main
 from archiver.model_config import check_model_config
-from conftest import ROOT, RunningServer, batch_lines, post_concurrently
+from conftest import ROOT, RunningServer, batch_lines, post_concurrently, post_to_concurrently, short_tmp
 from handlers import identity
 from handlers.testing import LocalModel
 
@@ -265,7 +265,7 @@ def test_the_package_records_the_generated_class(packaged, kind):
     assert {"handler.py", "model-config.yaml", "handlers/base.py"} <= names
 
 
-def test_the_generated_image_handler_serves_as_it_answers_in_process(packaged, jpegs):
+def test_the_generated_image_handler_serves_on_torchserve_and_kserve_as_in_process(packaged, jpegs):
     archive = packaged["image_classifier"]
     with LocalModel(archive) as model:
         expected = [response.json() for response in model.predict(jpegs[:4])]
@@ -273,7 +273,14 @@ def test_the_generated_image_handler_serves_as_it_answers_in_process(packaged, j
     with RunningServer(archive.parent) as srv:
         answers = post_concurrently(srv, "pets", jpegs[:4])
         assert max(line["size"] for line in batch_lines(srv)) > 1  # batchSize 8 from the generated config
-    for (status, body), want in zip(answers, expected):
+    engine = server.start_kserve(archive.parent, short_tmp("ki-"), timeout=240)  # the same archive, no Java
+    try:
+        url = engine.predict_url("pets")[len(engine.inference) :]
+        answers += post_to_concurrently(engine, url, jpegs[:4], "image/jpeg")
+        assert max(line["size"] for line in batch_lines(engine)) > 1
+    finally:
+        server.stop(engine)
+    for (status, body), want in zip(answers, expected + expected):
         assert status == 200, body
         assert list(body) == list(want)
         assert list(body.values()) == pytest.approx(list(want.values()), rel=1e-4)
