@@ -2,7 +2,7 @@
 
     rows ──parse_request──► Request(items)                       (requests.py; limits checked here)
     items ──decode(item)──► model-ready input                    per item, in ``decode_threads`` threads
-    inputs ──preprocess──► batch ──inference──► output ──postprocess──► one answer per input
+    inputs ──preprocess──► batch ──inference──► output ──postprocess(output, inputs)──► one answer per input
                                                                  in chunks of at most batchSize inputs
     answers regrouped per request; failures at their index with a status and a JSON body
 
@@ -15,10 +15,16 @@ the ClientError a hook raised (a tensor the model cannot take), else a 500.
 
 Subclasses set ``Settings`` (a dataclass, read from model-config.yaml's ``handler:`` section) and
 ``item_keys``, and override ``decode``, ``preprocess``, ``inference``, ``postprocess``; optionally
-``load_model`` and ``setup``. Everything runs under ``torch.inference_mode()``.
+``load_model`` and ``setup``. Everything runs under ``torch.inference_mode()``. ``postprocess``
+gets the chunk's inputs too (what ``decode`` returned for them: a text and its offsets, say); one
+written as ``postprocess(self, output)`` is called with the output alone.
+
+The base owns what TorchServe's ``BaseHandler.handle`` did (its ``HandlerTime`` metric included);
+TorchServe's captum explanations and its profiler are not run by toolkit handlers.
 """
 
 import http
+import inspect
 import json
 import logging
 import threading
@@ -141,8 +147,22 @@ class ToolkitHandler(BaseHandler):
     def inference(self, batch: Any, *args, **kwargs) -> Any:
         return self.model(batch)
 
-    def postprocess(self, output: Any) -> List[Any]:
+    def postprocess(self, output: Any, inputs: Optional[List[Any]] = None) -> List[Any]:
+        """``output`` of inference for ``inputs`` (what decode returned, in order; None in a KServe
+        transformer, which sees the model's output alone): exactly one answer per input."""
         return output.tolist()
+
+    def call_postprocess(self, output: Any, inputs: Optional[List[Any]]) -> List[Any]:
+        """``postprocess(output, inputs)``, or ``postprocess(output)`` for one written that way."""
+        if takes_inputs(self.postprocess):
+            return self.postprocess(output, inputs)
+        return self.postprocess(output)
+
+    def explain_handle(self, data_preprocess, raw_data):
+        raise NotImplementedError("toolkit handlers do not run TorchServe's captum explanations")
+
+    def _infer_with_profiler(self, data):
+        raise NotImplementedError("toolkit handlers do not run TorchServe's profiler (ENABLE_TORCH_PROFILER)")
 
     def v2_output(self, answers: list) -> Optional[dict]:
         """A KServe v2 output tensor for these answers; None means BYTES holding JSON."""
@@ -258,7 +278,7 @@ class ToolkitHandler(BaseHandler):
     def _run(self, inputs: list) -> list:
         """preprocess -> inference -> postprocess for one chunk; exactly one answer per input."""
         with torch.inference_mode():
-            answers = self.postprocess(self.inference(self.preprocess(inputs)))
+            answers = self.call_postprocess(self.inference(self.preprocess(inputs)), inputs)
         if not isinstance(answers, list) or len(answers) != len(inputs):
             got = len(answers) if isinstance(answers, list) else type(answers).__name__
             raise RuntimeError(
@@ -295,6 +315,13 @@ class ToolkitHandler(BaseHandler):
         processors = getattr(context, "request_processor", None)
         if processors is not None and index < len(processors):
             context.set_response_content_type(index, JSON)
+
+
+def takes_inputs(method) -> bool:
+    """True if the bound ``method`` takes a second positional argument (``postprocess(output, inputs)``)."""
+    parameters = inspect.signature(method).parameters.values()
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in parameters)
 
 
 def request_headers(context, index: int) -> Optional[dict]:

@@ -198,7 +198,7 @@ class TextEmbedder(TextHandler):
             return hidden.masked_fill(mask == 0, torch.finfo(hidden.dtype).min).max(dim=1).values
         return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
 
-    def postprocess(self, output):
+    def postprocess(self, output, inputs=None):
         return output.float().tolist()
 
     def v2_output(self, answers):

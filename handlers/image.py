@@ -158,7 +158,7 @@ class ImageClassifier(ToolkitHandler):
             batch = batch.contiguous(memory_format=torch.channels_last)
         return batch
 
-    def postprocess(self, output):
+    def postprocess(self, output, inputs=None):
         probabilities = torch.softmax(output.float(), dim=1)
         k = min(self.settings.top_k, probabilities.shape[1])
         values, indices = probabilities.topk(k, dim=1)

@@ -80,7 +80,7 @@ class ToolkitTransformer(Model):
 
     def answers(self, outputs) -> list:
         with torch.inference_mode():
-            return self.handler.postprocess(torch.as_tensor(outputs, dtype=torch.float32))
+            return self.handler.call_postprocess(torch.as_tensor(outputs, dtype=torch.float32), None)
 
     def postprocess(self, result, headers=None, response_headers=None):
         if isinstance(result, InferResponse):

@@ -78,7 +78,7 @@ class TensorPredictor(ToolkitHandler):
             )
         return output
 
-    def postprocess(self, output):
+    def postprocess(self, output, inputs=None):
         return output.float().tolist()
 
     def v2_output(self, answers):

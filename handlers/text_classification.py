@@ -60,7 +60,7 @@ class TextClassifier(TextHandler):
         function = self.settings.function
         self.function = pipeline_function(config) if function == "auto" else function
 
-    def postprocess(self, output):
+    def postprocess(self, output, inputs=None):
         logits = output.logits.float()
         if self.function == "sigmoid":
             scores = torch.sigmoid(logits)

@@ -130,11 +130,15 @@ class TokenClassifier(TextHandler):
             for row, window in zip(scores, part):
                 length = len(window.ids)
                 probabilities.append(row[-length:] if self.tokenizer.padding_side == "left" else row[:length])
-        return items, probabilities
+        return probabilities  # one row per window, in order
 
-    def postprocess(self, output):
-        items, probabilities = output
-        scores = iter(probabilities)
+    def postprocess(self, output, inputs=None):
+        if inputs is None:
+            raise TypeError(
+                f"{type(self).__name__}.postprocess needs the inputs (each text and its windows): write it as "
+                "postprocess(self, output, inputs) and call super().postprocess(output, inputs)"
+            )
+        items, scores = inputs, iter(output)
         answers = []
         for item in items:
             found = [entity for window in item.extra for entity in self.entities(item.text, window, next(scores))]

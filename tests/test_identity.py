@@ -45,8 +45,9 @@ from handlers.image import ImageClassifier
 
 
 class Upper(ImageClassifier):
-    def postprocess(self, output):
-        return [{label.upper(): p for label, p in answer.items()} for answer in super().postprocess(output)]
+    def postprocess(self, output, inputs):
+        answers = super().postprocess(output, inputs)
+        return [dict({k.upper(): p for k, p in a.items()}, pixels=x.numel()) for a, x in zip(answers, inputs)]
 """
 CONFIG = "batchSize: 4\nmaxBatchDelay: 300\nhandler:\n  top_k: 3\n  label_prefix: 'cat:'\n"
 
@@ -102,7 +103,9 @@ def test_a_file_defining_only_the_class_is_recorded_as_torchserve_would_load_it(
     with LocalModel(archive) as local:
         [answer] = local.predict([(image_sample / "kitten.jpg").read_bytes()])
         assert type(local.handler).__name__ == "Upper"
-    assert answer.status == 200 and len(answer.json()) == 3 and all(label.isupper() for label in answer.json())
+    labels = answer.json()
+    assert answer.status == 200 and labels.pop("pixels") == 3 * 224 * 224  # postprocess saw its input
+    assert len(labels) == 3 and all(label.isupper() for label in labels)
     two_classes = only_class + "\n\nclass Other:\n    pass\n"  # TorchServe would refuse it: no record
     assert identity.read(package_mine(image_sample, tmp_path / "store", source=two_classes)) is None
 

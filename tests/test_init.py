@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -23,10 +24,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from archiver import mar, scaffold, server
+from archiver import mar, properties, scaffold, server
 from archiver.cli import main
 from archiver.model_config import check_model_config
-from conftest import ROOT, RunningServer, batch_lines, post_concurrently, post_to_concurrently, short_tmp
+from conftest import ROOT, RunningServer, batch_lines, export_tree, post_concurrently, post_to_concurrently, short_tmp
 from handlers import identity
 from handlers.testing import LocalModel
 
@@ -284,6 +285,16 @@ def test_the_generated_image_handler_serves_on_torchserve_and_kserve_as_in_proce
         assert status == 200, body
         assert list(body) == list(want)
         assert list(body.values()) == pytest.approx(list(want.values()), rel=1e-4)
+
+
+def test_export_keeps_the_generated_handlers_batch_size(packaged, tmp_path):
+    """A subclass is the toolkit handler it is: KServe's envelope steps aside for it, so export keeps
+    its batchSize (8, from the generated config) and says nothing about it."""
+    shutil.copytree(packaged["image_classifier"].parent, tmp_path / "model-store")
+    out = export_tree(tmp_path)
+    config = out / "config" / "config.properties"
+    snapshot = properties.snapshot_of(properties.read_properties(config), config)
+    assert snapshot["models"]["pets"]["1.0"]["batchSize"] == 8
 
 
 # ---- the generated tests, as a user runs them ------------------------------------------------------------
