@@ -79,14 +79,35 @@ def init(name, kind):
 )
 @click.option("-f", "--force", is_flag=True, help="Overwrite an existing archive.")
 @click.option("--follow-symlinks", is_flag=True, help="Package what symbolic links among the inputs point to.")
-def package(**flags):
+@click.option(
+    "--golden",
+    type=click.Path(),
+    help="Inputs (a directory, or a JSON list of request bodies) whose answers the archive keeps, for 'tsctl verify'.",
+)
+def package(golden, **flags):
     """Build model-store/NAME.mar (torch-model-archiver's flags)."""
     extra = [p.strip() for p in flags.pop("extra_files").split(",") if p.strip()]
-    path, planned = mar.build(mar.PackageOptions(extra_files=extra, **flags))
+    options = mar.PackageOptions(extra_files=extra, **flags)
+    if golden:
+        from . import golden as golden_answers  # runs the archive in-process: imports torch
+
+        try:
+            path, planned, recorded = golden_answers.package(options, golden)
+        except (UserError, ArchiveError):
+            raise
+        except Exception as exc:  # the new archive's handler failed on its golden run: nothing was written
+            raise handler_failure(options.model_name, exc) from None
+    else:
+        path, planned = mar.build(options)
     for link, real in planned.followed:
         click.echo(f"followed {link} -> {real}")
     size = path.stat().st_size if path.is_file() else sum(s for _, s in mar.list_entries(path))
     click.echo(f"wrote {path} ({size / 1e6:.1f} MB)")
+    if golden:
+        statuses = sorted({case["status"] for case in recorded["cases"]})
+        click.echo(
+            f"  golden: {len(recorded['cases'])} answers recorded (statuses {statuses}); check with 'tsctl verify'"
+        )
 
 
 @main.command(cls=Command)
@@ -97,6 +118,17 @@ def inspect(archive):
     click.echo(json.dumps(manifest, indent=2))
     for name, size in sorted(mar.list_entries(archive)):
         click.echo(f"{size:>12,d}  {name}")
+    from handlers import golden  # no torch: the golden.json format
+
+    recorded = golden.read(archive)
+    if recorded is not None:
+        fingerprint = recorded.get("fingerprint", {})
+        libraries = ", ".join(f"{k} {v}" for k, v in fingerprint.get("versions", {}).items() if v)
+        click.echo(f"golden: {len(recorded['cases'])} answers ({', '.join(c['name'] for c in recorded['cases'])})")
+        click.echo(f"  made by {fingerprint.get('handler')} with {libraries}")
+        click.echo(
+            f"  weights sha256 {fingerprint.get('weights_sha256')}; settings {json.dumps(fingerprint.get('settings'))}"
+        )
 
 
 @main.command(cls=Command)
@@ -194,6 +226,35 @@ def predict(model, inputs, home, timeout):
 
 @main.command(cls=Command)
 @click.argument("archive", type=click.Path())
+@click.option("--url", help="A running server (TorchServe, KServe, a transformer); default: in-process.")
+@click.option("--protocol", type=click.Choice(["ts", "v1", "v2"]), default="ts", show_default=True)
+@click.option("--model", help="The model name at --url (default: the archive's).")
+@click.option("--atol", type=click.FloatRange(0), default=1e-4, show_default=True, help="How far a number may move.")
+@click.option("--timeout", default=60.0, show_default=True)
+@click.option("--golden-from", type=click.Path(), help="Use another archive's golden answers (an export's original).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def verify(archive, url, protocol, model, atol, timeout, golden_from, as_json):
+    """Replay ARCHIVE's golden requests (package --golden) and compare each answer with the recorded one."""
+    from . import golden
+
+    try:
+        report = golden.verify(archive, url, protocol, atol, model, timeout, golden_from)
+    except OSError as exc:
+        raise ServerError(f"could not reach {url}: {exc}") from None
+    if as_json:
+        click.echo(json.dumps(report.as_json(), indent=2))
+    else:
+        for line in report.problems:
+            click.echo(f"mismatch: {line}")
+        matched = report.checked - len(report.problems)
+        click.echo(f"{matched} of {report.checked} golden answers match ({report.where})")
+        for line in report.versions:
+            click.echo(f"  note: {line}")
+    sys.exit(1 if report.problems else 0)
+
+
+@main.command(cls=Command)
+@click.argument("archive", type=click.Path())
 @click.argument("inputs", nargs=-1, required=True, type=click.Path())
 def run(archive, inputs):
     """Run ARCHIVE's handler in-process (no server) on INPUT files as one batch."""
@@ -201,21 +262,29 @@ def run(archive, inputs):
     mar.read_manifest(archive)  # a missing, foreign or unsafe archive is refused before torch loads
     from handlers.testing import LocalModel
 
-    # The archive's own handlers/ copy raises its own ModelLoadError/SettingsError classes: match by name.
-    user_mistakes = {("handlers.loading", "ModelLoadError"), ("handlers.settings", "SettingsError")}
     try:
         model = LocalModel(archive, batch_size=len(paths))
     except ArchiveError:
         raise
     except Exception as exc:  # the archive's own handler failed to load: its error, in one line
-        if (type(exc).__module__, type(exc).__name__) in user_mistakes:
-            raise UserError(f"{archive}: {exc}") from None
-        raise ServerError(f"{archive}: the handler failed to load: {type(exc).__name__}: {exc}") from None
+        raise handler_failure(archive, exc) from None
     with model:
         responses = model.predict([Path(p) for p in paths])
     for path, response in zip(inputs, responses):
         click.echo(f"{path}: {response.status} {json.dumps(response.json())}")
     sys.exit(0 if all(r.status == 200 for r in responses) else 1)
+
+
+# The archive's own handlers/ copy raises its own ModelLoadError/SettingsError classes: match by name.
+USER_MISTAKES = {("handlers.loading", "ModelLoadError"), ("handlers.settings", "SettingsError")}
+
+
+def handler_failure(archive, exc: Exception) -> Exception:
+    """One line for a handler that failed to load or run in-process: the user's mistake (weights,
+    settings: exit 2), else the handler's failure (exit 1)."""
+    if (type(exc).__module__, type(exc).__name__) in USER_MISTAKES:
+        return UserError(f"{archive}: {exc}")
+    return ServerError(f"{archive}: the handler failed to load: {type(exc).__name__}: {exc}")
 
 
 def input_file(path: str) -> Path:

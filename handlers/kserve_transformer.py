@@ -7,6 +7,11 @@ The transformer loads the archive's handler without its weights. A request (KSer
 v2 BYTES inputs) is decoded and preprocessed into one batch tensor, sent to the predictor (a
 ``--handler tensor`` archive serving the same weights under the same model name), and the
 predictor's raw outputs are postprocessed into the handler's answers. Needs ``pip install tsctl[kserve]``.
+
+``--verify_on_start`` (for an archive packaged with ``--golden``) first sends the golden inputs
+through this transformer and its predictor and compares the answers with the golden ones: the
+transformer refuses to start when they differ, and says which side differs (this side's libraries
+against the archive's fingerprint; else the predictor: other weights or another model version).
 """
 
 import argparse
@@ -14,6 +19,7 @@ import importlib
 import json
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 
 import torch
@@ -23,7 +29,7 @@ from kserve import InferInput, InferOutput, InferRequest, InferResponse, Model, 
 from kserve.errors import InvalidInput
 from ts.context import Context
 
-from . import identity
+from . import golden, identity
 from .archives import ArchiveError, check_inside, read_manifest, unpack
 from .base import Job
 from .requests import V2, ClientError, Request, check_count
@@ -90,13 +96,64 @@ class ToolkitTransformer(Model):
         return {"predictions": self.answers(result["predictions"])}
 
 
+def predict_remote(host: str, protocol: str, model: str, tensor: torch.Tensor, timeout: float = 60):
+    """The predictor's raw output for ``tensor`` (KServe v1 or v2 JSON), as a float tensor."""
+    if protocol == "v2":
+        body = {"inputs": [{"name": "input-0", "shape": list(tensor.shape), "datatype": "FP32",
+                            "data": tensor.flatten().tolist()}]}  # fmt: skip
+        url = f"http://{host}/v2/models/{model}/infer"
+    else:
+        body, url = {"instances": tensor.tolist()}, f"http://{host}/v1/models/{model}:predict"
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        answer = json.loads(response.read())
+    if protocol == "v2":
+        output = answer["outputs"][0]
+        return torch.tensor(output["data"], dtype=torch.float32).reshape(output["shape"])
+    return torch.tensor(answer["predictions"], dtype=torch.float32)
+
+
+def verify_predictor(transformer: "ToolkitTransformer", archive: str, host: str, protocol: str) -> list:
+    """Golden inputs through this transformer and the predictor at ``host``; the lines that differ,
+    with which side differs. Refused inputs are skipped (the transformer answers them itself)."""
+    recorded = golden.read(archive)
+    if recorded is None:
+        return [f"--verify_on_start: {archive} has no {golden.GOLDEN}: package it with --golden DIR"]
+    problems = []
+    for case in [c for c in recorded["cases"] if c["status"] == 200]:
+        tensor = transformer.batch(transformer.handler.read({"body": golden.body(case)}))
+        output = predict_remote(host, protocol, transformer.name, tensor)
+        [answer] = transformer.answers(output)
+        problem = golden.check_case(case, 200, answer, transformer.handler.settings.verify_atol)
+        if problem:
+            problems.append(problem)
+    if problems:
+        then, now = recorded.get("fingerprint", {}).get("versions", {}), golden.versions()
+        moved = [f"{k} {now[k]} here, {then[k]} when packaged" for k in now if then.get(k, now[k]) != now[k]]
+        side = (
+            f"this transformer's libraries differ: {', '.join(moved)}"
+            if moved
+            else "this transformer's libraries are as when packaged: the predictor differs (other weights or "
+            "another model version)"
+        )
+        problems.append(side)
+    return problems
+
+
 def main():
     parser = argparse.ArgumentParser(parents=[model_server.parser])
     parser.add_argument("--archive", required=True, help="The toolkit .mar whose pre/post-processing to run.")
+    parser.add_argument("--verify_on_start", action="store_true", help="Check the predictor with the golden answers.")
     args, _ = parser.parse_known_args()
     if not Path(args.archive).exists():
         parser.error(f"--archive {args.archive} does not exist")
-    ModelServer().start([ToolkitTransformer(args.model_name, args.archive)])
+    transformer = ToolkitTransformer(args.model_name, args.archive)
+    if args.verify_on_start:
+        problems = verify_predictor(transformer, args.archive, args.predictor_host, args.predictor_protocol or "v1")
+        if problems:
+            sys.exit("tsctl transformer: golden answers drifted through the predictor: " + "; ".join(problems))
+        print(f"tsctl transformer: golden answers verified through {args.predictor_host}", flush=True)
+    ModelServer().start([transformer])
 
 
 if __name__ == "__main__":

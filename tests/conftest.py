@@ -85,6 +85,55 @@ def local_answers(store: Path, inputs: dict) -> dict:
     return answers
 
 
+class Transformer:
+    """``python -m handlers.kserve_transformer`` for ``archive`` in front of the predictor at
+    ``predictor_host``, on free 127.0.0.1 ports, detached; ``url`` once it answers, or ``exit_code``
+    and ``output`` if it exits first. ``stop()`` ends its process group."""
+
+    def __init__(self, archive: Path, model: str, predictor_host: str, protocol: str, *extra: str, timeout=120):
+        import os
+        import subprocess
+
+        port = server.free_port()
+        self.home = short_tmp("tr-")
+        self.log = self.home / "transformer.log"
+        command = [sys.executable, "-m", "handlers.kserve_transformer", "--model_name", model]
+        command += ["--archive", str(archive), "--predictor_host", predictor_host, "--predictor_protocol", protocol]
+        command += ["--http_port", str(port), "--grpc_port", str(server.free_port()), "--enable_grpc", "false", *extra]
+        with open(self.log, "wb") as out:
+            self.process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+            )
+        self.url, self.exit_code = None, None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self.exit_code = self.process.returncode
+                return
+            try:
+                if server.request(f"http://127.0.0.1:{port}/v1/models/{model}", timeout=2)[0] == 200:
+                    self.url = f"http://127.0.0.1:{port}"
+                    return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise AssertionError("transformer did not come up: " + self.output[-2000:])
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self):
+        server.stop(server.Server(self.process.pid, str(self.home), "", "", "", []), grace=30)
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
 def short_tmp(prefix: str) -> Path:
     """A short path: TorchServe's worker sockets live under TEMP and unix socket paths are short."""
     return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))

@@ -8,17 +8,21 @@ install is off (this environment has the packages); everything else is the runti
 
 import base64
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
 from archiver import server
-from conftest import batch_lines, export_tree, package_resnet, package_text, post_json_concurrently, short_tmp
+from conftest import (
+    Transformer,
+    batch_lines,
+    export_tree,
+    package_resnet,
+    package_text,
+    post_json_concurrently,
+    short_tmp,
+)
 from handlers.testing import LocalModel
 from samples.image_model import package_builtin, torchscript_resnet18
 
@@ -171,53 +175,14 @@ def transformer_for(runtime):
     started = []
 
     def start(archive, protocol):
-        port, grpc_port = server.free_port(), server.free_port()
-        log_dir = short_tmp("tr-")
-        log = open(log_dir / "transformer.log", "wb")
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "handlers.kserve_transformer",
-                "--model_name",
-                "resnet18_t",
-                "--archive",
-                str(archive),
-                "--predictor_host",
-                runtime[1].inference.split("://", 1)[1],
-                "--predictor_protocol",
-                protocol,
-                "--http_port",
-                str(port),
-                "--grpc_port",
-                str(grpc_port),
-                "--enable_grpc",
-                "false",
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, "PYTHONPATH": str(server.Path(__file__).resolve().parents[1])},
-        )
-        started.append((process, log_dir))
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert process.poll() is None, open(log.name).read()[-2000:]
-            try:
-                if server.request(url + "/v1/models/resnet18_t", timeout=2)[0] == 200:
-                    return url
-            except OSError:
-                pass
-            time.sleep(0.5)
-        raise AssertionError("transformer did not come up: " + open(log.name).read()[-2000:])
+        transformer = Transformer(archive, "resnet18_t", runtime[1].inference.split("://", 1)[1], protocol)
+        started.append(transformer)
+        assert transformer.url, transformer.output[-2000:]
+        return transformer.url
 
     yield start
-    for process, log_dir in started:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=30)
-        shutil.rmtree(log_dir, ignore_errors=True)
+    for transformer in started:
+        transformer.stop()
 
 
 def test_custom_transformer_answers_like_the_all_in_one_archive(runtime, transformer_for, exported, jpegs, expected):

@@ -1,0 +1,230 @@
+"""``tsctl package --golden DIR`` and ``tsctl verify``: golden answers recorded in, and replayed from,
+an archive (the format: handlers/golden.py).
+
+Recording runs the freshly built archive in-process (``LocalModel``, one request at a time, each
+with the content type its file suffix says) before the archive is moved into place, so a build whose
+golden run fails leaves nothing behind. Replaying compares each answer with the recorded one within
+``atol``: in-process, or against a server (``--url``) speaking TorchServe's API (``ts``) or KServe's
+v1/v2, a transformer in front of a predictor included.
+"""
+
+import base64
+import dataclasses
+import hashlib
+import json
+import mimetypes
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional, Tuple
+
+from handlers import golden as answers
+from handlers import identity
+
+from . import mar
+from .errors import UserError
+
+MAX_INPUT_BYTES = 16 << 20
+MAX_TOTAL_BYTES = 48 << 20
+PROTOCOLS = ("ts", "v1", "v2")
+
+
+def requests_in(source: Path) -> List[Tuple[str, bytes, str]]:
+    """(name, body, content type) of each golden request: every file of a directory (its type from its
+    suffix), or each item of a JSON list (a JSON body each)."""
+    if not source.exists():
+        raise UserError(f"--golden {source} does not exist: give a directory of inputs or a JSON list of requests")
+    if source.is_file():
+        try:
+            items = json.loads(source.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise UserError(f"--golden {source} is not a JSON list of request bodies: {exc}") from None
+        if not isinstance(items, list) or not items:
+            raise UserError(f"--golden {source} must hold a JSON list of request bodies, one per request")
+        return [(f"{source.name}[{i}]", json.dumps(item).encode(), "application/json") for i, item in enumerate(items)]
+    files = sorted(p for p in source.iterdir() if p.is_file() and not p.name.startswith("."))
+    if not files:
+        raise UserError(f"--golden {source} holds no input files")
+    found, total = [], 0
+    for path in files:
+        size = path.stat().st_size
+        total += size
+        if size > MAX_INPUT_BYTES or total > MAX_TOTAL_BYTES:
+            raise UserError(
+                f"--golden {path} makes the golden inputs {total:,} bytes, above {MAX_TOTAL_BYTES:,} "
+                f"(or the file above {MAX_INPUT_BYTES:,}): use smaller inputs"
+            )
+        found.append((path.name, path.read_bytes(), content_type(path)))
+    return found
+
+
+def content_type(path: Path) -> str:
+    kind = mimetypes.guess_type(path.name)[0]
+    return kind or "application/octet-stream"
+
+
+def weights_sha256(path: Optional[str]) -> Optional[str]:
+    """sha256 of the weights (--serialized-file; a directory: each file's name and bytes, in order)."""
+    if not path:
+        return None
+    root, digest = Path(path), hashlib.sha256()
+    files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+    for file in files:
+        if root.is_dir():
+            digest.update(file.relative_to(root).as_posix().encode())
+        with open(file, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def record(archive: Path, source: Path, weights: Optional[str] = None) -> dict:
+    """Run ``archive`` in-process on the golden requests; the golden.json it gets."""
+    from handlers.testing import LocalModel  # torch: only for --golden
+
+    requests = requests_in(source)
+    cases = []
+    with LocalModel(archive, batch_size=1) as model:
+        for name, body, kind in requests:
+            [response] = model.predict_rows([{"body": body}], [{"Content-Type": kind}])
+            cases.append(
+                {
+                    "name": name,
+                    "content_type": kind,
+                    "body_b64": base64.b64encode(body).decode(),
+                    "status": response.status,
+                    "answer": response.json(),
+                }
+            )
+        settings = dataclasses.asdict(model.handler.settings) if model.handler is not None else {}
+    found = identity.read(archive) or {}
+    return {
+        "fingerprint": {
+            "handler": f"{found.get('module')}.{found.get('class')}"
+            if found
+            else mar.read_manifest(archive)["model"]["handler"],
+            "settings": settings,
+            "toolkit": identity.VERSION,
+            "versions": answers.versions(),
+            "weights_sha256": weights_sha256(weights),
+        },
+        "cases": cases,
+    }
+
+
+def package(options: mar.PackageOptions, source: str) -> Tuple[Path, mar.Plan, dict]:
+    """Build the archive in a scratch directory, record its golden answers, and only then write it,
+    with MAR-INF/golden.json, to its place (atomically, as every build)."""
+    target = mar.archive_path(options.export_path, options.model_name, options.archive_format)
+    if (target.exists() or target.is_symlink()) and not options.force:
+        raise UserError(f"{target} already exists: pass --force to overwrite it")
+    with tempfile.TemporaryDirectory(prefix="tsctl-golden-") as scratch:
+        built, planned = mar.build(dataclasses.replace(options, export_path=scratch, force=True))
+        golden = record(built, Path(source), options.serialized_file)
+        Path(options.export_path).mkdir(parents=True, exist_ok=True)
+        data = (json.dumps(golden, indent=1, sort_keys=True) + "\n").encode()
+        mar.rewrite_archive(built, target, {answers.GOLDEN: data})
+    return target, planned, golden
+
+
+# ---- verify -------------------------------------------------------------------------------------------
+@dataclass
+class Report:
+    where: str
+    checked: int = 0
+    problems: List[str] = field(default_factory=list)
+    versions: List[str] = field(default_factory=list)  # libraries here that differ from packaging time
+
+    def as_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def verify(
+    archive,
+    url: Optional[str] = None,
+    protocol: str = "ts",
+    atol: float = answers.DEFAULT_ATOL,
+    model: Optional[str] = None,
+    timeout: float = 60,
+    golden_from=None,
+) -> Report:
+    """Replay the golden answers of ``archive`` (or of ``golden_from``: another archive of the same
+    model, e.g. the original of an ONNX export) in-process with ``archive`` or against ``url``."""
+    archive = Path(archive)
+    source = Path(golden_from) if golden_from else archive
+    golden = answers.read(source)
+    if golden is None:
+        raise UserError(f"{source} has no {answers.GOLDEN}: package it with --golden DIR first")
+    if protocol not in PROTOCOLS:
+        raise UserError(f"--protocol {protocol!r} must be one of {', '.join(PROTOCOLS)}")
+    model = model or mar.read_manifest(archive)["model"]["modelName"]
+    kind = (identity.read(archive) or {}).get("input", "any")
+    if url is None:
+        report = Report("in-process")
+        results = in_process(archive, golden["cases"])
+        then = golden.get("fingerprint", {}).get("versions", {})
+        now = answers.versions()
+        report.versions = [f"{k} {now[k]} here, {then[k]} when packaged" for k in now if then.get(k, now[k]) != now[k]]
+    else:
+        report = Report(f"{url} ({protocol})")
+        results = [served(url.rstrip("/"), protocol, model, kind, case, timeout) for case in golden["cases"]]
+    for case, (status, answer) in zip(golden["cases"], results):
+        report.checked += 1
+        problem = answers.check_case(case, status, answer, atol)
+        if problem:
+            report.problems.append(problem)
+    return report
+
+
+def in_process(archive: Path, cases: List[dict]) -> List[Tuple[int, Any]]:
+    from handlers.testing import LocalModel
+
+    with LocalModel(archive, batch_size=1) as model:
+        results = []
+        for case in cases:
+            [response] = model.predict_rows([{"body": answers.body(case)}], [{"Content-Type": case["content_type"]}])
+            results.append((response.status, response.json()))
+    return results
+
+
+def served(url: str, protocol: str, model: str, kind: str, case: dict, timeout: float) -> Tuple[int, Any]:
+    """Send one golden request the way ``protocol`` carries it; (status, the answer for it)."""
+    from .server import request
+
+    data, content = answers.body(case), case["content_type"]
+    is_json = content == "application/json"
+    if protocol == "ts":
+        return request(f"{url}/predictions/{model}", data, "POST", {"Content-Type": content}, timeout)
+    if is_json:  # a whole request body (KServe v1/v2 shapes included): sent as it is
+        path = f"/v1/models/{model}:predict" if protocol == "v1" else f"/v2/models/{model}/infer"
+        return request(url + path, data, "POST", {"Content-Type": content}, timeout)
+    item = data.decode("utf-8") if kind == "text" else base64.b64encode(data).decode()
+    if protocol == "v1":
+        status, body = request(
+            f"{url}/v1/models/{model}:predict",
+            json.dumps({"instances": [item]}).encode(),
+            "POST",
+            {"Content-Type": "application/json"},
+            timeout,
+        )
+        if status == 200 and isinstance(body, dict) and isinstance(body.get("predictions"), list):
+            return status, body["predictions"][0]
+        return status, body
+    v2 = {"inputs": [{"name": "input-0", "shape": [1], "datatype": "BYTES", "data": [item]}]}
+    status, body = request(
+        f"{url}/v2/models/{model}/infer", json.dumps(v2).encode(), "POST", {"Content-Type": "application/json"}, timeout
+    )
+    if status != 200 or not isinstance(body, dict) or not body.get("outputs"):
+        return status, body
+    output = body["outputs"][0]
+    if output.get("datatype") == "BYTES":
+        return status, json.loads(output["data"][0])
+    return status, nest(output["data"], output["shape"])[0]
+
+
+def nest(flat: list, shape: List[int]) -> list:
+    """A flat v2 tensor's data as nested lists of ``shape``."""
+    if len(shape) <= 1:
+        return list(flat)
+    step = len(flat) // shape[0] if shape[0] else 0
+    return [nest(flat[i * step : (i + 1) * step], shape[1:]) for i in range(shape[0])]
