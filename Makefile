@@ -38,10 +38,11 @@ runtimes: venv
 # The runtime matrix: every served path on TorchServe 0.9.0 (Python 3.9) and 0.12.0 (Python 3.11), both
 # KServe envelopes, through pytorch/serve's kserve_wrapper. `make test` runs one smoke path of each.
 # Also the KServe engine: every handler kind on both engines, its predictor image recipe (a fresh venv
-# serving the export), and the served hostile suite on it.
+# serving the export), and the served hostile suite on it; golden answers verified against servers and on
+# start (TorchServe, the KServe engine, a transformer); ONNX archives served next to their originals.
 matrix: venv runtimes
 	$(BIN)/python -m pytest -m matrix tests/test_runtime_matrix.py tests/test_kserve_wrapper.py tests/test_kserve_engine.py \
-	  tests/test_hostile_served.py
+	  tests/test_hostile_served.py tests/test_golden.py tests/test_onnx.py
 
 # The property-based tests with many more examples (about half an hour; not part of `make test`).
 fuzz: venv

@@ -7,7 +7,8 @@ and by torch-model-archiver with the built-in handler; 1 worker each, batchSize 
 Both get the same load (1280x960 JPEG photos, 16 concurrent clients), alternating, three rounds.
 The limit is the toolkit handler run in-process on batches of 8 (decode + preprocess + model, no
 server). Goals: >= 1.5x the built-in, >= 0.9x the limit. Top-1 agreement of the fast JPEG path with
-the exact path is measured on the same photos.
+the exact path is measured on the same photos. A fourth side serves the sample resnet18 exported to
+ONNX (samples/onnx_export.py) with the same toolkit handler and config, run by ONNX Runtime.
 """
 
 import io
@@ -22,7 +23,7 @@ from PIL import Image
 from archiver import mar, properties, server  # noqa: E402
 from conftest import short_tmp  # noqa: E402
 from handlers.testing import LocalModel  # noqa: E402
-from samples import image_model  # noqa: E402
+from samples import image_model, onnx_export  # noqa: E402
 
 CONFIG = "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 8\nmaxBatchDelay: 20\nresponseTimeout: 120\n"
 REQUESTS = 160
@@ -63,6 +64,18 @@ def main():
     image_model.package_builtin(
         torchscript, store, "builtin", tmp / "model-config.yaml", [sample / "index_to_name.json"]
     )
+    onnx_file = tmp / "resnet18.onnx"  # the same architecture, exported to ONNX, run by ONNX Runtime
+    onnx_export.export_image(sample, onnx_file)
+    mar.package(
+        mar.PackageOptions(
+            model_name="onnx",
+            handler="image_classifier",
+            serialized_file=str(onnx_file),
+            extra_files=[str(sample / "index_to_name.json")],
+            config_file=str(tmp / "model-config.yaml"),
+            export_path=str(store),
+        )
+    )
     photos = [photo(seed) for seed in range(16)]
     inputs = [(p, "image/jpeg") for p in photos]
 
@@ -84,7 +97,10 @@ def main():
     try:
         toolkit = served_side(srv, "toolkit", inputs, CONCURRENCY, REQUESTS)
         builtin = served_side(srv, "builtin", inputs, CONCURRENCY, REQUESTS)
-        results = alternate({"toolkit": toolkit, "built-in": builtin, "in-process limit": limit})
+        onnx = served_side(srv, "onnx", inputs, CONCURRENCY, REQUESTS)
+        results = alternate(
+            {"toolkit": toolkit, "built-in": builtin, "toolkit, ONNX Runtime": onnx, "in-process limit": limit}
+        )
     finally:
         server.stop(srv)
 
@@ -98,13 +114,15 @@ def main():
     drift = max(abs(a[k] - b.get(k, 0.0)) for a, b in zip(fast, exact) for k in a)
 
     t, b, lim = (median(results[k]) for k in ("toolkit", "built-in", "in-process limit"))
+    ort = median(results["toolkit, ONNX Runtime"])
+    lat_o = onnx.latency[-1]
     lat_t = toolkit.latency[-1]
     lat_b = builtin.latency[-1]
     plot = bar_plot(
         "p1_image",
         "P1: resnet18, 1280x960 JPEGs (images/s)",
-        ["toolkit", "built-in", "limit"],
-        [t, b, lim],
+        ["toolkit", "built-in", "ONNX RT", "limit"],
+        [t, b, ort, lim],
         "images / s",
     )
     write_section(
@@ -119,10 +137,13 @@ Same TorchScript resnet18, 1 worker, batchSize 8, maxBatchDelay 20 ms, {CONCURRE
 |---|---|---|---|
 | toolkit `image_classifier` | {t:.1f} | {results["toolkit"]} | {lat_t["p50"]:.0f} / {lat_t["p99"]:.0f} |
 | TorchServe built-in `image_classifier` | {b:.1f} | {results["built-in"]} | {lat_b["p50"]:.0f} / {lat_b["p99"]:.0f} |
+| toolkit `image_classifier`, the model in ONNX Runtime | {ort:.1f} | {results["toolkit, ONNX Runtime"]} | {lat_o["p50"]:.0f} / {lat_o["p99"]:.0f} |
 | in-process limit (decode + preprocess + model, batch 8) | {lim:.1f} | {results["in-process limit"]} | |
 
 - toolkit / built-in: **{t / b:.2f}x** (goal >= 1.5x: {"met" if t / b >= 1.5 else "missed"})
 - toolkit / limit: **{t / lim:.2f}x** (goal >= 0.9x: {"met" if t / lim >= 0.9 else "missed"})
+- ONNX Runtime / TorchScript, same handler: **{ort / t:.2f}x** (whole process, served; the ONNX graph is the
+  eager model exported by `samples/onnx_export.py`, the TorchScript one frozen and optimised)
 - fast JPEG path (draft decoding) vs exact decode: top-1 agrees on {agree}/{len(photos)} photos, largest
   probability difference {drift:.4f} (random weights: near-uniform outputs, so this is a strict test).
 

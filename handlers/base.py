@@ -27,6 +27,7 @@ import http
 import inspect
 import json
 import logging
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,8 +37,9 @@ from typing import Any, List, Optional
 import torch
 from ts.torch_handler.base_handler import BaseHandler
 
-from . import envelopes, v2binary
+from . import envelopes, golden, v2binary
 from .loading import load_model, pick_device
+from .onnx_runtime import ONNX_FILE, ONNX_REQUIREMENT
 from .requests import ClientError, Limits, Request, encode_answer, parse_request, too_large
 from .settings import read_settings
 
@@ -57,6 +59,8 @@ class Settings:
     max_json_depth: int = 32  # nesting of a JSON body
     max_json_values: int = 100_000  # values in a JSON body (list items and object members)
     decode_threads: int = 1  # decode a batch's inputs in this many threads
+    verify_on_start: bool = False  # replay MAR-INF/golden.json at start; refuse to start if an answer drifted
+    verify_atol: float = golden.DEFAULT_ATOL  # how far a golden number may move (verify_on_start)
 
     def check(self):
         for key in ("max_body_bytes", "max_json_depth", "max_json_values", "decode_threads"):
@@ -102,6 +106,17 @@ class ToolkitHandler(BaseHandler):
     splits = False  # True: decode/preprocess and postprocess can run apart from the model (KServe transformer)
     with_model = True  # False: only decode/preprocess/postprocess are used (a KServe transformer)
 
+    requirements: tuple = ()  # what the archive's requirements.txt asks for (tsctl package merges them)
+
+    @classmethod
+    def requirements_for(cls, serialized: Optional[str]) -> tuple:
+        """What an archive of ``serialized`` (the --serialized-file) needs installed: ``requirements``,
+        and ONNX Runtime for an ONNX model (``model.onnx``, or a directory holding one)."""
+        needed = tuple(cls.requirements)
+        if serialized and (str(serialized).endswith(".onnx") or os.path.isfile(os.path.join(serialized, ONNX_FILE))):
+            needed += (ONNX_REQUIREMENT,)
+        return needed
+
     # ---- lifecycle -------------------------------------------------------------------------
     def initialize(self, context):
         properties = context.system_properties
@@ -121,9 +136,37 @@ class ToolkitHandler(BaseHandler):
         self.current = threading.local()  # the Job a decode thread is working for
         self.model = self.load_model() if self.with_model else None
         self.setup()
+        if self.settings.verify_on_start:
+            self.verify_golden()
         self.initialized = True
         logger.info("tsctl %s ready on %s; limits %s", type(self).__name__, self.device, self.limits)
         (logger.info if envelopes.in_place() else logger.error)("tsctl: %s", envelopes.report())
+
+    def verify_golden(self):
+        """Replay the archive's golden requests (``handler.verify_on_start``); a DriftError naming the
+        inputs whose answers moved, and the library versions that differ from packaging time, keeps
+        this worker from starting."""
+        recorded = golden.read(self.model_dir)
+        if recorded is None:
+            raise golden.DriftError(
+                f"handler.verify_on_start is true but the archive has no {golden.GOLDEN}: "
+                "package it with --golden DIR, or turn verify_on_start off"
+            )
+        problems = golden.check_on_start(self, recorded)
+        if problems:
+            then = recorded.get("fingerprint", {}).get("versions", {})
+            now = golden.versions()
+            moved = [
+                f"{name} {now[name]} here, {then[name]} when packaged"
+                for name in now
+                if then.get(name, now[name]) != now[name]
+            ]
+            raise golden.DriftError(
+                f"{len(problems)} of {len(recorded['cases'])} golden answers drifted (handler.verify_on_start): "
+                + "; ".join(problems[:3])
+                + (f"; versions: {', '.join(moved)}" if moved else "; library versions as when packaged")
+            )
+        logger.info("tsctl: %d golden answers verified at start", len(recorded["cases"]))
 
     def request_limits(self) -> Limits:
         s = self.settings

@@ -31,6 +31,7 @@ import torch
 
 from .base import entry_point
 from .loading import ModelLoadError
+from .onnx_runtime import ONNX_FILE
 from .text import Encoded, TextHandler, TextSettings
 
 logger = logging.getLogger(__name__)
@@ -70,7 +71,13 @@ class TextEmbedder(TextHandler):
     def load_model(self):
         self.hf_dir = self.hf_directory()
         self.modules = self.read_json("modules.json")
-        self.sentence_model = self.load_sentence_transformer() if self.modules is not None else None
+        self.sentence_model = None
+        if self.modules is not None and os.path.isfile(os.path.join(self.hf_dir, ONNX_FILE)):
+            unsupported = self.plain_path_cannot()  # ONNX Runtime runs the transformer; the modules are ours
+            if unsupported:
+                raise ModelLoadError(f"{ONNX_FILE} beside modules.json: {unsupported} needs sentence-transformers")
+        elif self.modules is not None:
+            self.sentence_model = self.load_sentence_transformer()
         return self.sentence_model if self.sentence_model is not None else super().load_model()
 
     def load_sentence_transformer(self):

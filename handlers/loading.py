@@ -3,6 +3,7 @@
 | serialized file              | model file | what is loaded                                           |
 |------------------------------|------------|----------------------------------------------------------|
 | ``*.pt2``                    | -          | ``torch.export.load(...).module()``                      |
+| ``*.onnx``                   | -          | ONNX Runtime session (``onnx_runtime.OnnxModel``)        |
 | ``*.safetensors``            | required   | model class from the model file + safetensors state_dict |
 | ``*.pt`` / ``*.pth`` / other | given      | model class + ``torch.load(weights_only=True)`` state_dict |
 | ``*.pt`` / ``*.pth`` / other | -          | TorchScript, ``torch.jit.load``                          |
@@ -34,6 +35,10 @@ def load_model(model_dir: str, manifest_model: dict, device: torch.device, allow
         raise ModelLoadError(f"{serialized} is named in MANIFEST.json but missing from the MAR")
     suffix = os.path.splitext(serialized)[1].lower()
 
+    if suffix == ".onnx":
+        from .onnx_runtime import OnnxModel
+
+        return OnnxModel(path)
     if suffix == ".pt2":
         # An exported program is already in inference form; its module refuses .eval() and .to().
         program = torch.export.load(path)

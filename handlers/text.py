@@ -26,6 +26,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 from . import v2binary
 from .base import Job, Settings, ToolkitHandler, client_error, request_headers
 from .loading import ModelLoadError
+from .onnx_runtime import ONNX_FILE, OnnxModel
 from .requests import text_request, to_text, too_large
 
 MAX_LENGTH_CAP = 512
@@ -74,13 +75,17 @@ class TextHandler(ToolkitHandler):
     def requirements_for(cls, model_dir: Union[str, Path, None]) -> Tuple[str, ...]:
         """What an archive of ``model_dir`` (the --serialized-file) needs installed: ``requirements``,
         plus what that directory's kind of model needs (a subclass may look at its files)."""
-        return tuple(cls.requirements)
+        return super().requirements_for(model_dir)
 
     def load_model(self):
         import transformers
 
         transformers.utils.logging.disable_progress_bar()
         self.hf_dir = self.hf_directory()
+        onnx = os.path.join(self.hf_dir, ONNX_FILE)
+        if os.path.isfile(onnx):  # the same directory exported to ONNX: ONNX Runtime runs it
+            config = transformers.AutoConfig.from_pretrained(self.hf_dir, local_files_only=True)
+            return OnnxModel(onnx, config)
         model = getattr(transformers, self.auto_class).from_pretrained(self.hf_dir, local_files_only=True)
         return model.to(self.device).eval()
 

@@ -1,0 +1,110 @@
+"""ONNX Runtime behind the toolkit handlers: the sample resnet18 and the real all-MiniLM-L6-v2 exported
+with samples/onnx_export.py, packaged like their originals, answer as the originals do in-process and
+served by TorchServe (top-k probabilities within 1e-4, embeddings at cosine >= 0.9999); the ONNX
+archives ask for onnxruntime, the others do not; ``tsctl verify --golden-from`` replays the original's
+golden answers against the export. The served comparison runs in ``make matrix``."""
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from archiver import golden as golden_answers
+from archiver import mar
+from archiver.cli import main
+from conftest import RunningServer, package_resnet, package_text, post_concurrently
+from handlers import golden as answers
+from handlers.testing import LocalModel
+from samples import onnx_export
+from test_hostile import assert_close
+
+BATCHING = "batchSize: 4\nmaxBatchDelay: 100\n"
+TEXTS = [b"The cat sits on the mat.", b"A man is playing a guitar on stage.", b"short", "Ünïcödé 🙂".encode()]
+
+
+@pytest.fixture(scope="module")
+def store(image_sample, text_samples, tmp_path_factory):
+    root = tmp_path_factory.mktemp("onnx")
+    store = root / "model-store"
+    onnx_file = root / "resnet18.onnx"
+    assert onnx_export.export_image(image_sample, onnx_file) < 1e-4
+    minilm_onnx = root / "minilm-onnx"
+    assert onnx_export.export_text(text_samples / "minilm", minilm_onnx) < 1e-3
+    classifier_onnx = root / "classifier-onnx"
+    assert onnx_export.export_text(text_samples / "classifier", classifier_onnx) < 1e-4
+    package_resnet(image_sample, store, config_text=BATCHING)
+    package_resnet(image_sample, store, "resnet18_onnx", BATCHING, serialized_file=str(onnx_file), model_file=None)
+    package_text(text_samples, store, "minilm", "text_embedder", "minilm", BATCHING)
+    package_text(root, store, "minilm_onnx", "text_embedder", "minilm-onnx", BATCHING)
+    package_text(text_samples, store, "sentiment", "text_classifier", "classifier", BATCHING)
+    package_text(root, store, "sentiment_onnx", "text_classifier", "classifier-onnx", BATCHING)
+    return store
+
+
+def requirements(archive) -> str:
+    return (mar.read_member(archive, "requirements.txt") or b"").decode()
+
+
+def test_only_onnx_archives_ask_for_onnxruntime(store):
+    for name in ("resnet18_onnx", "minilm_onnx", "sentiment_onnx"):
+        assert "onnxruntime>=" in requirements(store / f"{name}.mar"), name
+    for name in ("resnet18", "minilm", "sentiment"):
+        assert "onnxruntime" not in requirements(store / f"{name}.mar"), name
+
+
+def in_process(archive, inputs, content_type):
+    with LocalModel(archive) as model:
+        rows = [{"body": body} for body in inputs]
+        return [r.json() for r in model.predict_rows(rows, [{"Content-Type": content_type}] * len(inputs))]
+
+
+def cosines(got, want):
+    a, b = np.array(got), np.array(want)
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+@pytest.mark.matrix
+def test_onnx_archives_answer_as_the_originals_in_process_and_served(store, jpegs):
+    images = jpegs[:4]
+    expected = {
+        "resnet18": in_process(store / "resnet18.mar", images, "image/jpeg"),
+        "minilm": in_process(store / "minilm.mar", TEXTS, "text/plain"),
+        "sentiment": in_process(store / "sentiment.mar", TEXTS, "text/plain"),
+    }
+    local = {
+        "resnet18": in_process(store / "resnet18_onnx.mar", images, "image/jpeg"),
+        "minilm": in_process(store / "minilm_onnx.mar", TEXTS, "text/plain"),
+        "sentiment": in_process(store / "sentiment_onnx.mar", TEXTS, "text/plain"),
+    }
+    with RunningServer(store) as srv:
+        served = {
+            "resnet18": post_concurrently(srv, "resnet18_onnx", images, "image/jpeg"),
+            "minilm": post_concurrently(srv, "minilm_onnx", TEXTS, "text/plain"),
+            "sentiment": post_concurrently(srv, "sentiment_onnx", TEXTS, "text/plain"),
+        }
+    for model, results in served.items():
+        assert all(status == 200 for status, _ in results), results
+        served[model] = [body for _, body in results]
+    for answers_of in (local, served):
+        assert_close(answers_of["resnet18"], expected["resnet18"])
+        assert_close(answers_of["sentiment"], expected["sentiment"])
+        assert cosines(answers_of["minilm"], expected["minilm"]).min() >= 0.9999
+    low = cosines(served["minilm"], expected["minilm"]).min()
+    print(f"ONNX vs torch: top-k equal within 1e-4 (resnet18, sentiment); minilm cosine >= {low:.7f}")
+
+
+def test_verify_replays_the_originals_golden_answers_against_the_export(store, jpegs, tmp_path):
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    for index, image in enumerate(jpegs[:3]):
+        (inputs / f"photo{index}.jpg").write_bytes(image)
+    golden = tmp_path / "resnet18.mar"
+    mar.rewrite_archive(
+        store / "resnet18.mar",
+        golden,
+        {answers.GOLDEN: json.dumps(golden_answers.record(store / "resnet18.mar", inputs)).encode()},
+    )
+    result = CliRunner().invoke(main, ["verify", str(store / "resnet18_onnx.mar"), "--golden-from", str(golden)])
+    assert result.exit_code == 0, result.output
+    assert "3 of 3 golden answers match (in-process)" in result.output
