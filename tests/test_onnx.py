@@ -34,12 +34,25 @@ def store(image_sample, text_samples, tmp_path_factory):
     classifier_onnx = root / "classifier-onnx"
     assert onnx_export.export_text(text_samples / "classifier", classifier_onnx) < 1e-4
     package_resnet(image_sample, store, config_text=BATCHING)
+    tensor = root / "tensor.yaml"
+    tensor.write_text(BATCHING + "handler:\n  input_shape: [3, 224, 224]\n")
+    for name, weights in (("resnet18_t", None), ("resnet18_t_onnx", str(onnx_file))):
+        extra = {"serialized_file": weights, "model_file": None} if weights else {}
+        package_resnet(image_sample, store, name, handler="tensor", config_file=str(tensor), extra_files=[], **extra)
     package_resnet(image_sample, store, "resnet18_onnx", BATCHING, serialized_file=str(onnx_file), model_file=None)
     package_text(text_samples, store, "minilm", "text_embedder", "minilm", BATCHING)
     package_text(root, store, "minilm_onnx", "text_embedder", "minilm-onnx", BATCHING)
     package_text(text_samples, store, "sentiment", "text_classifier", "classifier", BATCHING)
     package_text(root, store, "sentiment_onnx", "text_classifier", "classifier-onnx", BATCHING)
     return store
+
+
+def test_the_tensor_handler_runs_an_onnx_model_as_the_eager_one(store):
+    pixels = np.random.default_rng(0).standard_normal((2, 3, 224, 224)).astype(np.float32)
+    body = json.dumps({"instances": pixels.tolist()}).encode()
+    [want] = in_process(store / "resnet18_t.mar", [body], "application/json")
+    [got] = in_process(store / "resnet18_t_onnx.mar", [body], "application/json")
+    assert np.abs(np.array(got["predictions"]) - np.array(want["predictions"])).max() < 1e-4
 
 
 def requirements(archive) -> str:
