@@ -32,6 +32,13 @@ class Command(click.Command):
             ctx.exit(error.exit_code)
 
 
+def engine_option(help_text: str):
+    """``--engine torchserve|kserve``: which server runs the archives."""
+    return click.option(
+        "--engine", type=click.Choice(["torchserve", "kserve"]), default="torchserve", show_default=True, help=help_text
+    )
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="tsctl")
 def main():
@@ -166,13 +173,7 @@ def config(model_store, output, min_workers, max_workers, batch_size, max_batch_
 @click.option("--timeout", default=180.0, show_default=True, help="Seconds to wait for every model to be READY.")
 @click.option("--install-deps", is_flag=True, help="pip-install each archive's requirements.txt first, as KServe does.")
 @click.option("--enable-model-api", is_flag=True, help="Allow (re)registering models, e.g. for 'tsctl bench --sweep'.")
-@click.option(
-    "--engine",
-    type=click.Choice(["torchserve", "kserve"]),
-    default="torchserve",
-    show_default=True,
-    help="kserve: KServe's Python ModelServer serves every archive in the model store (no Java, no config file).",
-)
+@engine_option("kserve: KServe's Python ModelServer serves every archive in the model store (no Java, no config file).")
 def serve(config_path, model_store, home, timeout, install_deps, enable_model_api, engine):
     """Start a server in the background on 127.0.0.1 and wait until every model is ready."""
     if engine == "kserve":
@@ -412,13 +413,7 @@ def parse_split(values):
     help="The TorchServe image KServe runs: each archive's requirements are resolved and pinned for it.",
 )
 @click.option("--offline", is_flag=True, help="Bundle each archive's wheels: its per-model install needs no index.")
-@click.option(
-    "--engine",
-    type=click.Choice(["torchserve", "kserve"]),
-    default="torchserve",
-    show_default=True,
-    help="kserve: a custom predictor running KServe's ModelServer over the archives (no TorchServe); needs --image.",
-)
+@engine_option("kserve: a custom predictor on KServe's ModelServer (no TorchServe); needs --image.")
 @click.option("--image", help="The custom predictor's image (--engine kserve), built from OUT/predictor-image.")
 def export_kserve(out, config_path, split, **options):
     """Write OUT/{config,model-store} for a PVC, the InferenceService and the deploy commands."""

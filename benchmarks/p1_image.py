@@ -45,17 +45,21 @@ def toolkit_store(tmp: Path):
     torchscript = image_model.torchscript_resnet18(tmp / "resnet18.pt")
     (tmp / "model-config.yaml").write_text(CONFIG)
     store = tmp / "model-store"
+    package_toolkit("toolkit", torchscript, sample, tmp, store)
+    return store, sample, torchscript
+
+
+def package_toolkit(name: str, serialized: Path, sample: Path, tmp: Path, store: Path):
     mar.package(
         mar.PackageOptions(
-            model_name="toolkit",
+            model_name=name,
             handler="image_classifier",
-            serialized_file=str(torchscript),
+            serialized_file=str(serialized),
             extra_files=[str(sample / "index_to_name.json")],
             config_file=str(tmp / "model-config.yaml"),
             export_path=str(store),
         )
     )
-    return store, sample, torchscript
 
 
 def main():
@@ -66,16 +70,7 @@ def main():
     )
     onnx_file = tmp / "resnet18.onnx"  # the same architecture, exported to ONNX, run by ONNX Runtime
     onnx_export.export_image(sample, onnx_file)
-    mar.package(
-        mar.PackageOptions(
-            model_name="onnx",
-            handler="image_classifier",
-            serialized_file=str(onnx_file),
-            extra_files=[str(sample / "index_to_name.json")],
-            config_file=str(tmp / "model-config.yaml"),
-            export_path=str(store),
-        )
-    )
+    package_toolkit("onnx", onnx_file, sample, tmp, store)
     photos = [photo(seed) for seed in range(16)]
     inputs = [(p, "image/jpeg") for p in photos]
 

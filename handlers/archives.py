@@ -124,6 +124,18 @@ def _read(archive: Path, what: str, name: str, limit: int) -> Optional[bytes]:
     return None
 
 
+def read_json_member(archive: PathLike, name: str, limit: int):
+    """A JSON file of the archive, parsed (at most ``limit`` bytes); None when the archive has none,
+    an ArchiveError when it is not JSON."""
+    data = read_member(archive, name, limit)
+    if data is None:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise ArchiveError(f"{archive}: {name} is not valid JSON ({exc}): package it again") from None
+
+
 def read_manifest(archive: PathLike) -> dict:
     """MANIFEST.json, checked: a mapping with a ``model`` mapping naming ``modelName`` and ``handler``,
     every path it names inside the archive."""

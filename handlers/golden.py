@@ -44,13 +44,9 @@ def versions() -> dict:
 
 def read(archive) -> Optional[dict]:
     """The archive's golden.json, or None when it has none."""
-    data = archives.read_member(archive, GOLDEN, MAX_GOLDEN_BYTES)
-    if data is None:
+    golden = archives.read_json_member(archive, GOLDEN, MAX_GOLDEN_BYTES)
+    if golden is None:
         return None
-    try:
-        golden = json.loads(data)
-    except ValueError as exc:
-        raise archives.ArchiveError(f"{archive}: {GOLDEN} is not valid JSON ({exc}): package it again") from None
     if not isinstance(golden, dict) or not isinstance(golden.get("cases"), list):
         raise archives.ArchiveError(f"{archive}: {GOLDEN} has no list of cases: package it again")
     return golden
@@ -103,7 +99,7 @@ def check_case(case: dict, status: int, answer: Any, atol: float = DEFAULT_ATOL)
     if status != case["status"]:
         return f"{case['name']}: status {status} ({short(answer)}), was {case['status']}"
     if status != 200:  # a refusal: the same status and message (servers may add keys, as KServe's "error")
-        got = answer.get("message") if isinstance(answer, dict) else answer
+        got = answer.get("message", answer.get("error")) if isinstance(answer, dict) else answer
         want = case["answer"].get("message") if isinstance(case["answer"], dict) else case["answer"]
         return None if got == want else f"{case['name']}: refused with {short(got)}, was {short(want)}"
     found = difference(answer, case["answer"], atol)

@@ -47,13 +47,9 @@ def encode(record: dict) -> bytes:
 def read(archive: Union[str, Path]) -> Optional[dict]:
     """The archive's record, or None when it has none (not a toolkit handler). A record that is not a
     JSON object is refused (ArchiveError) rather than guessed at."""
-    data = archives.read_member(archive, RECORD, MAX_RECORD_BYTES)
-    if data is None:
+    record = archives.read_json_member(archive, RECORD, MAX_RECORD_BYTES)
+    if record is None:
         return None
-    try:
-        record = json.loads(data)
-    except ValueError as exc:
-        raise archives.ArchiveError(f"{archive}: {RECORD} is not valid JSON ({exc}): package it again") from None
     if not isinstance(record, dict) or not isinstance(record.get("input"), str):
         raise archives.ArchiveError(f"{archive}: {RECORD} is not a tsctl handler record: package it again")
     return record

@@ -174,6 +174,9 @@ def test_a_transformer_verifying_on_start_checks_its_predictor(built, image_samp
                 if matches:
                     assert transformer.url, transformer.output[-2000:]
                     assert "golden answers verified" in transformer.output
+                    # tsctl verify through the transformer and its predictor, KServe v1
+                    report = golden.verify(transformer_archive, transformer.url, "v1", model="resnet18_t")
+                    assert report.checked == 4 and report.problems == [], report
                 else:
                     assert transformer.exit_code not in (None, 0), transformer.output[-2000:]
                     assert "golden answers drifted through the predictor: photo0.jpg" in transformer.output

@@ -44,6 +44,9 @@ def store(image_sample, text_samples, tmp_path_factory):
     package_text(root, store, "minilm_onnx", "text_embedder", "minilm-onnx", BATCHING)
     package_text(text_samples, store, "sentiment", "text_classifier", "classifier", BATCHING)
     package_text(root, store, "sentiment_onnx", "text_classifier", "classifier-onnx", BATCHING)
+    assert onnx_export.export_text(text_samples / "tagger", root / "tagger-onnx") < 1e-4
+    package_text(text_samples, store, "tagger", "token_classifier", "tagger", BATCHING)
+    package_text(root, store, "tagger_onnx", "token_classifier", "tagger-onnx", BATCHING)
     return store
 
 
@@ -55,14 +58,21 @@ def test_the_tensor_handler_runs_an_onnx_model_as_the_eager_one(store):
     assert np.abs(np.array(got["predictions"]) - np.array(want["predictions"])).max() < 1e-4
 
 
+def test_the_token_classifier_runs_an_onnx_model_as_the_torch_one(store):
+    want = in_process(store / "tagger.mar", TEXTS, "text/plain")
+    got = in_process(store / "tagger_onnx.mar", TEXTS, "text/plain")
+    assert sum(len(entities) for entities in want) > 0  # the sample tagger finds entities
+    assert_close(got, want)
+
+
 def requirements(archive) -> str:
     return (mar.read_member(archive, "requirements.txt") or b"").decode()
 
 
 def test_only_onnx_archives_ask_for_onnxruntime(store):
-    for name in ("resnet18_onnx", "minilm_onnx", "sentiment_onnx"):
+    for name in ("resnet18_onnx", "resnet18_t_onnx", "minilm_onnx", "sentiment_onnx", "tagger_onnx"):
         assert "onnxruntime>=" in requirements(store / f"{name}.mar"), name
-    for name in ("resnet18", "minilm", "sentiment"):
+    for name in ("resnet18", "resnet18_t", "minilm", "sentiment", "tagger"):
         assert "onnxruntime" not in requirements(store / f"{name}.mar"), name
 
 
