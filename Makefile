@@ -41,8 +41,7 @@ runtimes: venv
 # serving the export), and the served hostile suite on it; golden answers verified against servers and on
 # start (TorchServe, the KServe engine, a transformer); ONNX archives served next to their originals.
 matrix: venv runtimes
-	$(BIN)/python -m pytest -m matrix tests/test_runtime_matrix.py tests/test_kserve_wrapper.py tests/test_kserve_engine.py \
-	  tests/test_hostile_served.py tests/test_golden.py tests/test_onnx.py
+	$(BIN)/python -m pytest -m matrix
 
 # The property-based tests with many more examples (about half an hour; not part of `make test`).
 fuzz: venv

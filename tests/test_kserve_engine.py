@@ -158,6 +158,7 @@ def test_the_cli_serves_predicts_benches_and_stops_on_the_kserve_engine(store, t
     assert server.read_state(Path(home)) is None and not server.group_alive(running.pid)
 
 
+@pytest.mark.matrix
 def test_an_archive_that_cannot_load_fails_serve_fast_with_its_own_error(store, tmp_path):
     broken = tmp_path / "store" / "resnet18.mar"
     broken.parent.mkdir()

@@ -435,7 +435,7 @@ def test_archives_of_sentence_transformers_directories_carry_their_files(models,
     assert {"st_weightedmean/modules.json", "st_weightedmean/2_Dense/config.json"} <= names
 
 
-@pytest.mark.parametrize("decode_input_request", ["true", "false"])
+@pytest.mark.parametrize("decode_input_request", ["true", pytest.param("false", marks=pytest.mark.matrix)])
 def test_served_text_bodies_that_look_like_json_stay_text(models, tmp_path, decode_input_request):
     """The same on a real TorchServe, in both modes (``tsctl config`` writes false for toolkit stores)."""
     store = tmp_path / "store"
