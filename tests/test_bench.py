@@ -70,6 +70,7 @@ def test_cli_prints_json_and_exits_nonzero_on_errors(srv, jpegs, tmp_path):
     assert result.exit_code == 2 and "must be bounded" in result.output
 
 
+@pytest.mark.matrix  # re-registers the model per setting: about 40 s
 def test_sweep_reregisters_and_recommends(srv, inputs):
     rows = bench.sweep(srv.inference, srv.management, "resnet18", inputs[:2], 4, [1, 4], [10], requests=8)
     assert [(r["batchSize"], r["maxBatchDelay"]) for r in rows] == [(1, 10), (4, 10)]

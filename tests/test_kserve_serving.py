@@ -57,7 +57,7 @@ def kserve_runtime(exported, envelope):
     )
 
 
-@pytest.fixture(scope="module", params=["kserve", "kservev2"])
+@pytest.fixture(scope="module", params=[pytest.param("kserve", marks=pytest.mark.matrix), "kservev2"])  # v1: matrix
 def runtime(request, exported):
     srv = kserve_runtime(exported, request.param)
     yield request.param, srv

@@ -297,6 +297,7 @@ def test_concurrent_builds_without_force_leave_one_winner_and_clear_errors(input
     assert mar.read_manifest(store / "m.mar")["model"]["modelName"] == "m"
 
 
+@pytest.mark.matrix  # a tsctl process per timezone, each importing torch (issue 13): about 45 s
 def test_tgz_builds_are_byte_identical_across_timezones(inputs, tmp_path):
     digests = set()
     for zone in ("UTC", "Asia/Kolkata", "America/Los_Angeles"):
