@@ -454,12 +454,16 @@ def read_state(home: Path) -> Optional[Server]:
 
 
 def read_keys(home: Path) -> Dict[str, str]:
-    """TorchServe's token-auth keys (key_file.json in the server's working directory), if any."""
+    """TorchServe's token-auth keys (key_file.json in the server's working directory), if any. A file
+    TorchServe is still writing (empty, or cut short) has none yet: the next poll reads it whole."""
     key_file = Path(home) / "key_file.json"
-    if not key_file.exists():
+    try:
+        data = json.loads(key_file.read_text())
+    except (FileNotFoundError, ValueError):
         return {}
-    data = json.loads(key_file.read_text())
-    return {api: data.get(api, {}).get("key") for api in ("management", "inference")}
+    if not isinstance(data, dict):
+        return {}
+    return {api: (data.get(api) or {}).get("key") for api in ("management", "inference")}
 
 
 # ---- HTTP -----------------------------------------------------------------------------------------

@@ -22,3 +22,13 @@ def test_predict_and_bench_use_the_key_file(image_sample, jpegs, tmp_path):
             main, ["bench", "resnet18", "--input", str(image), "--requests", "4", "--home", srv.home]
         )
         assert result.exit_code == 0 and "0 errors" in result.output, result.output
+
+
+def test_a_key_file_still_being_written_has_no_keys_yet(tmp_path):
+    """TorchServe writes key_file.json while tsctl polls for READY: empty or cut short, it is retried."""
+    key_file = tmp_path / "key_file.json"
+    for partial in ("", '{"management": {"key": "ab'):
+        key_file.write_text(partial)
+        assert server.read_keys(tmp_path) == {}
+    key_file.write_text('{"management": {"key": "m"}, "inference": {"key": "i"}}')
+    assert server.read_keys(tmp_path) == {"management": "m", "inference": "i"}
