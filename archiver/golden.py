@@ -80,23 +80,18 @@ def weights_sha256(path: Optional[str]) -> Optional[str]:
 
 def record(archive: Path, source: Path, weights: Optional[str] = None) -> dict:
     """Run ``archive`` in-process on the golden requests; the golden.json it gets."""
-    from handlers.testing import LocalModel  # torch: only for --golden
-
     requests = requests_in(source)
-    cases = []
-    with LocalModel(archive, batch_size=1) as model:
-        for name, body, kind in requests:
-            [response] = model.predict_rows([{"body": body}], [{"Content-Type": kind}])
-            cases.append(
-                {
-                    "name": name,
-                    "content_type": kind,
-                    "body_b64": base64.b64encode(body).decode(),
-                    "status": response.status,
-                    "answer": response.json(),
-                }
-            )
-        settings = dataclasses.asdict(model.handler.settings) if model.handler is not None else {}
+    results, settings = in_process(archive, [(body, kind) for _, body, kind in requests])
+    cases = [
+        {
+            "name": name,
+            "content_type": kind,
+            "body_b64": base64.b64encode(body).decode(),
+            "status": status,
+            "answer": answer,
+        }
+        for (name, body, kind), (status, answer) in zip(requests, results)
+    ]
     found = identity.read(archive) or {}
     return {
         "fingerprint": {
@@ -161,10 +156,9 @@ def verify(
     kind = (identity.read(archive) or {}).get("input", "any")
     if url is None:
         report = Report("in-process")
-        results = in_process(archive, golden["cases"])
-        then = golden.get("fingerprint", {}).get("versions", {})
-        now = answers.versions()
-        report.versions = [f"{k} {now[k]} here, {then[k]} when packaged" for k in now if then.get(k, now[k]) != now[k]]
+        cases = golden["cases"]
+        results, _ = in_process(archive, [(answers.body(c), c["content_type"]) for c in cases])
+        report.versions = answers.version_changes(golden)
     else:
         report = Report(f"{url} ({protocol})")
         results = [served(url.rstrip("/"), protocol, model, kind, case, timeout) for case in golden["cases"]]
@@ -176,15 +170,18 @@ def verify(
     return report
 
 
-def in_process(archive: Path, cases: List[dict]) -> List[Tuple[int, Any]]:
-    from handlers.testing import LocalModel
+def in_process(archive: Path, requests: List[Tuple[bytes, str]]) -> Tuple[List[Tuple[int, Any]], dict]:
+    """(status, answer) of each (body, content type), one request at a time as a worker would run
+    it alone; and the handler's settings."""
+    from handlers.testing import LocalModel  # torch: only for --golden and in-process verify
 
     with LocalModel(archive, batch_size=1) as model:
         results = []
-        for case in cases:
-            [response] = model.predict_rows([{"body": answers.body(case)}], [{"Content-Type": case["content_type"]}])
+        for body, kind in requests:
+            [response] = model.predict_rows([{"body": body}], [{"Content-Type": kind}])
             results.append((response.status, response.json()))
-    return results
+        settings = dataclasses.asdict(model.handler.settings) if model.handler is not None else {}
+    return results, settings
 
 
 def served(url: str, protocol: str, model: str, kind: str, case: dict, timeout: float) -> Tuple[int, Any]:

@@ -135,6 +135,7 @@ class ToolkitHandler(BaseHandler):
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="decode") if threads > 1 else None
         self.current = threading.local()  # the Job a decode thread is working for
         self.model = self.load_model() if self.with_model else None
+        self.postprocess_takes_inputs = takes_inputs(self.postprocess)  # once, not per chunk
         self.setup()
         if self.settings.verify_on_start:
             self.verify_golden()
@@ -154,13 +155,7 @@ class ToolkitHandler(BaseHandler):
             )
         problems = golden.check_on_start(self, recorded)
         if problems:
-            then = recorded.get("fingerprint", {}).get("versions", {})
-            now = golden.versions()
-            moved = [
-                f"{name} {now[name]} here, {then[name]} when packaged"
-                for name in now
-                if then.get(name, now[name]) != now[name]
-            ]
+            moved = golden.version_changes(recorded)
             raise golden.DriftError(
                 f"{len(problems)} of {len(recorded['cases'])} golden answers drifted (handler.verify_on_start): "
                 + "; ".join(problems[:3])
@@ -197,7 +192,7 @@ class ToolkitHandler(BaseHandler):
 
     def call_postprocess(self, output: Any, inputs: Optional[List[Any]]) -> List[Any]:
         """``postprocess(output, inputs)``, or ``postprocess(output)`` for one written that way."""
-        if takes_inputs(self.postprocess):
+        if self.postprocess_takes_inputs:
             return self.postprocess(output, inputs)
         return self.postprocess(output)
 

@@ -42,6 +42,14 @@ def versions() -> dict:
     return found
 
 
+def version_changes(golden: dict) -> List[str]:
+    """The libraries whose installed versions differ from the ones golden.json was recorded with."""
+    then, now = golden.get("fingerprint", {}).get("versions", {}), versions()
+    return [
+        f"{name} {now[name]} here, {then[name]} when packaged" for name in now if then.get(name, now[name]) != now[name]
+    ]
+
+
 def read(archive) -> Optional[dict]:
     """The archive's golden.json, or None when it has none."""
     golden = archives.read_json_member(archive, GOLDEN, MAX_GOLDEN_BYTES)

@@ -128,8 +128,7 @@ def verify_predictor(transformer: "ToolkitTransformer", archive: str, host: str,
         if problem:
             problems.append(problem)
     if problems:
-        then, now = recorded.get("fingerprint", {}).get("versions", {}), golden.versions()
-        moved = [f"{k} {now[k]} here, {then[k]} when packaged" for k in now if then.get(k, now[k]) != now[k]]
+        moved = golden.version_changes(recorded)
         side = (
             f"this transformer's libraries differ: {', '.join(moved)}"
             if moved

@@ -20,8 +20,7 @@ model-config.yaml, all optional::
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence
 
 from . import v2binary
 from .base import Job, Settings, ToolkitHandler, client_error, request_headers
@@ -70,12 +69,6 @@ class TextHandler(ToolkitHandler):
     # transformers in torchserve-kfs:0.9.0 (4.34, Python 3.9) to 5.x (see archiver/runtimes.py).
     requirements = ("transformers>=4.34,<6",)
     auto_class = "AutoModel"
-
-    @classmethod
-    def requirements_for(cls, model_dir: Union[str, Path, None]) -> Tuple[str, ...]:
-        """What an archive of ``model_dir`` (the --serialized-file) needs installed: ``requirements``,
-        plus what that directory's kind of model needs (a subclass may look at its files)."""
-        return super().requirements_for(model_dir)
 
     def load_model(self):
         import transformers
