@@ -17,8 +17,8 @@ gRPC) server under its model name:
   override), run as one batch, in one thread per model.
 - **Errors.** A request the handler refuses gets the handler's status and JSON body (the ``code``,
   ``type`` and ``message`` TorchServe would send, plus KServe's ``error`` key); the others in its
-  batch are answered as usual. A body above the largest ``handler.max_body_bytes`` of the served
-  models is refused with 413 before it is read.
+  batch are answered as usual. A body above its model's ``handler.max_body_bytes`` (by the URL's
+  model name) is refused with 413, by its Content-Length or, sent chunked, once that much arrived.
 
 Needs ``torchserve`` (the Python package: its model loader, not its Java frontend) and ``kserve``.
 """
@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import json
 import logging
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -221,19 +222,62 @@ def as_row(payload, headers: Dict[str, str]) -> Tuple[dict, Dict[str, str]]:
     return {"body": body}, {"Content-Type": "application/octet-stream", BINARY_LENGTH: str(json_length)}
 
 
-def limit_body_size(app, limit: int):
-    """Refuse, with 413 and before reading it, a request body above ``limit`` bytes (a Content-Length
-    above it, or a streamed body that grows past it)."""
+class BodyTooLarge(Exception):
+    pass
 
-    @app.middleware("http")
-    async def body_limit(request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > limit:
-            message = f"the request body is {int(length):,} bytes, above the limit of {limit:,}"
-            message += " (handler.max_body_bytes)"
-            body = {"code": 413, "type": "ClientError", "message": message, "error": message}
-            return JSONResponse(status_code=413, content=body)
-        return await call_next(request)
+
+MODEL_PATH = re.compile(r"^/v[12]/models/([^/:]+)")
+
+
+class BodyLimit:
+    """ASGI middleware refusing, with 413, a request body above its model's ``handler.max_body_bytes``
+    (``limits`` by model name; other paths: the largest): by its Content-Length before anything is
+    read, or, for a body sent without one (chunked), as soon as what has arrived passes the limit,
+    whatever the route would have answered; either way the body is never held whole."""
+
+    def __init__(self, app, limits: Dict[str, int]):
+        self.app, self.limits = app, limits
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        model = MODEL_PATH.match(scope.get("path", ""))
+        limit = self.limits.get(model.group(1)) if model else None
+        limit = limit or max(self.limits.values())
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > limit:
+            return await self.refuse(send, int(length), limit)
+        seen, over, started = 0, False, False
+
+        async def counted():
+            nonlocal seen, over
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    over = True
+                    raise BodyTooLarge()
+            return message
+
+        async def tracked(message):
+            nonlocal started
+            if over and not started:
+                return  # whatever the app makes of a body cut off at the limit (FastAPI: 400), the answer is 413
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, tracked)
+        except BodyTooLarge:
+            pass
+        if over and not started:
+            await self.refuse(send, seen, limit, "at least ")
+
+    async def refuse(self, send, size: int, limit: int, qualifier: str = ""):
+        message = f"the request body is {qualifier}{size:,} bytes, above the limit of {limit:,}"
+        message += " (handler.max_body_bytes)"
+        body = {"code": 413, "type": "ClientError", "message": message, "error": message}
+        await JSONResponse(status_code=413, content=body)({"type": "http"}, None, send)
 
 
 def archives_in(model_store: Path) -> List[Path]:
@@ -294,9 +338,9 @@ def main(argv=None):
     app = model_server.app
     app.add_exception_handler(HandlerRefusal, answer_error)
     app.add_exception_handler(HandlerFailure, answer_error)
-    limit = max((m.max_body_bytes for m in models), default=0)
-    if limit:
-        limit_body_size(app, limit)
+    limits = {m.name: m.max_body_bytes for m in models if m.max_body_bytes}
+    if limits:
+        app.add_middleware(BodyLimit, limits=limits)
     if args.host != "0.0.0.0":
         bind_rest_server_to(args.host)
     logger.info("tsctl: serving %s on port %s", ", ".join(m.name for m in models), args.http_port)

@@ -9,11 +9,13 @@ comparison, tritonclient and the image recipe run in ``make matrix``. (Malformed
 requests on both engines: test_hostile_served.py.)"""
 
 import base64
+import http.client
 import json
 import os
 import shutil
 import subprocess
 import sys
+import urllib.parse
 import zipfile
 from importlib import metadata
 from pathlib import Path
@@ -147,6 +149,9 @@ def test_the_cli_serves_predicts_benches_and_stops_on_the_kserve_engine(store, t
         assert bench.exit_code == 0, bench.output
         summary = json.loads(bench.output)
         assert (summary["requests"], summary["errors"]) == (12, 0)
+        for path in ("/v1/models/resnet18:predict", "/v2/models/resnet18/infer"):  # no Content-Length: chunked
+            status, body = post_chunked(running.inference + path, b"\0" * (1 << 20), 34)
+            assert status == 413 and "handler.max_body_bytes" in body["message"], (path, status, body)
         sweep = runner.invoke(
             main,
             ["bench", "resnet18", "--input", str(image), "--requests", "4", "--sweep-batch", "1,2", "--home", home],
@@ -159,6 +164,19 @@ def test_the_cli_serves_predicts_benches_and_stops_on_the_kserve_engine(store, t
 
 
 @pytest.mark.matrix
+def post_chunked(url: str, chunk: bytes, count: int):
+    """POST ``count`` copies of ``chunk`` with Transfer-Encoding: chunked (no Content-Length)."""
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
+    try:
+        headers = {"Content-Type": "application/json"}
+        connection.request("POST", parts.path, (chunk for _ in range(count)), headers, encode_chunked=True)
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
 def test_an_archive_that_cannot_load_fails_serve_fast_with_its_own_error(store, tmp_path):
     broken = tmp_path / "store" / "resnet18.mar"
     broken.parent.mkdir()
