@@ -12,7 +12,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(UV) --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet uv
 	$(UV) venv --quiet --seed --allow-existing $(VENV)
-	$(UV) pip install --quiet --python $(BIN)/python -e '.[test]'
+	$(UV) pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[test]'
 	touch $@
 
 demo: venv
@@ -56,6 +56,7 @@ bench: venv
 	$(BIN)/python benchmarks/kserve_envelopes.py
 	$(BIN)/python benchmarks/hostile_load.py
 	$(BIN)/python benchmarks/kserve_engine.py
+	$(BIN)/python benchmarks/p5_kserve_path.py
 
 clean:
 	rm -rf $(VENV) .runtimes .tsctl samples/build logs

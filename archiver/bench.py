@@ -1,7 +1,7 @@
 """Load generation against a running TorchServe: ``tsctl bench``.
 
 Bounded in count and time: a run stops after ``requests`` requests or ``duration`` seconds, whichever
-is given, and never later than ``MAX_SECONDS``. Each of ``concurrency`` threads keeps one HTTP
+is given, and never later than ``MAX_BENCH_SECONDS``. Each of ``concurrency`` threads keeps one HTTP
 keep-alive connection and sends the inputs in turn. A sweep re-registers the model with each
 batchSize/maxBatchDelay through the management API (the server needs the model API on:
 ``tsctl serve --enable-model-api``) and recommends the setting with the best throughput.
@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .choices import MAX_BENCH_SECONDS
 from .errors import ServerError, UserError
 from .server import CONTENT_TYPES, request
-
-MAX_SECONDS = 600
 
 
 @dataclass
@@ -89,7 +88,7 @@ def run_load(
     if concurrency < 1 or (requests is not None and requests < 1) or (duration is not None and duration <= 0):
         raise UserError("--concurrency, --requests and --duration must be positive")
     parsed = urllib.parse.urlsplit(url)
-    deadline = time.monotonic() + min(duration or MAX_SECONDS, MAX_SECONDS)
+    deadline = time.monotonic() + min(duration or MAX_BENCH_SECONDS, MAX_BENCH_SECONDS)
     counter = itertools.count()
     lock = threading.Lock()
     result = LoadResult(seconds=0.0)
@@ -125,7 +124,7 @@ def run_load(
     for t in threads:
         t.start()
     for t in threads:
-        t.join(MAX_SECONDS + timeout)
+        t.join(MAX_BENCH_SECONDS + timeout)
     result.seconds = time.perf_counter() - started
     return result
 

@@ -1,7 +1,9 @@
 """The ``tsctl`` command line: thin click commands over plain functions.
 
 Each command parses its flags, calls one function, prints, and exits 0 on success, 2 for a user
-mistake (one sentence, no traceback), 1 when the server or model fails.
+mistake (one sentence, no traceback), 1 when the server or model fails. Each imports the module it
+calls when it runs, so ``tsctl --help`` loads click and little else, and no command but ``run``,
+``verify`` and ``package --golden`` (which run the model) loads torch.
 """
 
 import json
@@ -11,10 +13,7 @@ from pathlib import Path
 
 import click
 
-from handlers.archives import ArchiveError
-
-from . import bench as load
-from . import kserve, mar, properties, runtimes, scaffold, server
+from . import choices, runtimes, scaffold
 from .errors import ServerError, UserError
 
 # TorchServe's BaseHandler logs optional-backend notices (OpenVINO, ONNX, TensorRT) on import.
@@ -25,6 +24,8 @@ class Command(click.Command):
     """Runs the command and turns our errors into one line on stderr and an honest exit code."""
 
     def invoke(self, ctx):
+        from handlers.archives import ArchiveError
+
         try:
             return super().invoke(ctx)
         except (UserError, ServerError, ArchiveError) as error:
@@ -35,7 +36,7 @@ class Command(click.Command):
 def engine_option(help_text: str):
     """``--engine torchserve|kserve``: which server runs the archives."""
     return click.option(
-        "--engine", type=click.Choice(["torchserve", "kserve"]), default="torchserve", show_default=True, help=help_text
+        "--engine", type=click.Choice(choices.ENGINES), default="torchserve", show_default=True, help=help_text
     )
 
 
@@ -79,7 +80,7 @@ def init(name, kind):
 @click.option("--export-path", default="model-store", show_default=True, help="Directory to write the archive to.")
 @click.option(
     "--archive-format",
-    type=click.Choice(list(mar.FORMATS)),
+    type=click.Choice(list(choices.ARCHIVE_FORMATS)),
     default="default",
     show_default=True,
     help="default/zip-store: .mar; tgz: .tar.gz; no-archive: a directory.",
@@ -93,6 +94,10 @@ def init(name, kind):
 )
 def package(golden, **flags):
     """Build model-store/NAME.mar (torch-model-archiver's flags)."""
+    from handlers.archives import ArchiveError
+
+    from . import mar
+
     extra = [p.strip() for p in flags.pop("extra_files").split(",") if p.strip()]
     options = mar.PackageOptions(extra_files=extra, **flags)
     if golden:
@@ -121,6 +126,8 @@ def package(golden, **flags):
 @click.argument("archive", type=click.Path())
 def inspect(archive):
     """Print an archive's manifest, files and sizes."""
+    from . import mar
+
     manifest = mar.read_manifest(archive)
     click.echo(json.dumps(manifest, indent=2))
     for name, size in sorted(mar.list_entries(archive)):
@@ -148,6 +155,8 @@ def inspect(archive):
 @click.option("--response-timeout", type=click.IntRange(1), help="Seconds.")
 def config(model_store, output, min_workers, max_workers, batch_size, max_batch_delay, response_timeout):
     """Write config/config.properties with a model_snapshot of every archive in the store."""
+    from . import properties
+
     overrides = {
         "minWorkers": min_workers,
         "maxWorkers": max_workers,
@@ -176,6 +185,8 @@ def config(model_store, output, min_workers, max_workers, batch_size, max_batch_
 @engine_option("kserve: KServe's Python ModelServer serves every archive in the model store (no Java, no config file).")
 def serve(config_path, model_store, home, timeout, install_deps, enable_model_api, engine):
     """Start a server in the background on 127.0.0.1 and wait until every model is ready."""
+    from . import server
+
     if engine == "kserve":
         for flag, given in (("--install-deps", install_deps), ("--enable-model-api", enable_model_api)):
             if given:
@@ -197,6 +208,8 @@ def serve(config_path, model_store, home, timeout, install_deps, enable_model_ap
 @click.option("--home", default=".tsctl", show_default=True)
 def stop(home):
     """Stop the server started by 'tsctl serve'."""
+    from . import server
+
     srv = server.read_state(Path(home).resolve())
     if server.stop(srv, home=home):
         click.echo(f"{'KServe ModelServer' if srv.engine == 'kserve' else 'TorchServe'} stopped")
@@ -212,6 +225,8 @@ def stop(home):
 def predict(model, inputs, home, timeout):
     """Send each INPUT file to MODEL on the running server (TorchServe's /predictions/MODEL, KServe's
     /v1/models/MODEL:predict) and print the answers."""
+    from . import server
+
     paths = [input_file(p) for p in inputs]
     srv = running_server(home)
     failed = False
@@ -259,6 +274,10 @@ def verify(archive, url, protocol, model, atol, timeout, golden_from, as_json):
 @click.argument("inputs", nargs=-1, required=True, type=click.Path())
 def run(archive, inputs):
     """Run ARCHIVE's handler in-process (no server) on INPUT files as one batch."""
+    from handlers.archives import ArchiveError
+
+    from . import mar
+
     paths = [input_file(p) for p in inputs]
     mar.read_manifest(archive)  # a missing, foreign or unsafe archive is refused before torch loads
     from handlers.testing import LocalModel
@@ -298,7 +317,10 @@ def input_file(path: str) -> Path:
     return p
 
 
-def running_server(home) -> server.Server:
+def running_server(home):
+    """The server 'tsctl serve' started from ``home``, else a one-line UserError."""
+    from . import server
+
     srv = server.read_state(Path(home).resolve())
     if srv is None:
         raise UserError(f"no server is running from {home}: start one with 'tsctl serve'")
@@ -317,13 +339,17 @@ def int_list(value: str):
 @click.option("--input", "inputs", multiple=True, required=True, help="A file to send; repeat for several.")
 @click.option("--concurrency", type=click.IntRange(1, 256), default=8, show_default=True)
 @click.option("--requests", "count", type=click.IntRange(1), help="Stop after this many requests.")
-@click.option("--duration", type=click.FloatRange(0, load.MAX_SECONDS, min_open=True), help="Stop after seconds.")
+@click.option(
+    "--duration", type=click.FloatRange(0, choices.MAX_BENCH_SECONDS, min_open=True), help="Stop after seconds."
+)
 @click.option("--sweep-batch", help="Sweep batchSize over these values, e.g. 1,4,8 (needs --enable-model-api).")
 @click.option("--sweep-delay", default="5,50", show_default=True, help="maxBatchDelay values (ms) for the sweep.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--home", default=".tsctl", show_default=True)
 def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay, as_json, home):
     """Drive MODEL on the running server and report throughput, p50/p90/p99 latency and errors."""
+    from . import bench as load
+
     srv = running_server(home)
     files = load.read_inputs(inputs)
     if count is None and duration is None:
@@ -394,7 +420,7 @@ def parse_split(values):
 @click.argument("out", type=click.Path())
 @click.option("--name", required=True, help="InferenceService name.")
 @click.option("--storage-uri", required=True, help="pvc://CLAIM/PATH the tree is copied to.")
-@click.option("--protocol", type=click.Choice(kserve.PROTOCOLS), default="v1", show_default=True)
+@click.option("--protocol", type=click.Choice(choices.KSERVE_PROTOCOLS), default="v1", show_default=True)
 @click.option("--config", "config_path", default="config/config.properties", show_default=True)
 @click.option("--model-store", default="model-store", show_default=True)
 @click.option("--canary", type=int, help="Percent of traffic for the new revision (canaryTrafficPercent).")
@@ -417,6 +443,8 @@ def parse_split(values):
 @click.option("--image", help="The custom predictor's image (--engine kserve), built from OUT/predictor-image.")
 def export_kserve(out, config_path, split, **options):
     """Write OUT/{config,model-store} for a PVC, the InferenceService and the deploy commands."""
+    from . import kserve
+
     if options["engine"] == "torchserve":
         what = "resolving and downloading" if options["offline"] else "resolving"
         click.echo(f"{what} each archive's requirements for {options['runtime']} ...", err=True)

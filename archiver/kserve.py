@@ -30,13 +30,13 @@ from typing import Dict, List, Optional, Tuple
 import yaml
 
 from . import crds, kserve_engine, runtimes
+from .choices import KSERVE_PROTOCOLS
 from .errors import UserError
 from .mar import handler_record, model_config, read_manifest, rewrite_archive
 from .properties import check_keys, read_properties, render, snapshot_of
 
 NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 PVC_URI = re.compile(r"^pvc://([a-z0-9]([-a-z0-9.]*[a-z0-9])?)(/[^\s]*)?$")
-PROTOCOLS = ("v1", "v2")
 COPY_POD_IMAGE = "busybox:1.36"  # has tar, which kubectl cp runs in the pod
 COPY_POD_UID = 1000  # the uid KServe's TorchServe runtime runs as: the copied files are its own
 MIN_CLAIM_GIB = 2
@@ -154,7 +154,7 @@ def check_options(options: ExportOptions) -> Tuple[str, str]:
     match = PVC_URI.match(options.storage_uri)
     if not match:
         raise UserError(f"--storage-uri {options.storage_uri!r} must look like pvc://CLAIM/PATH")
-    if options.protocol not in PROTOCOLS:
+    if options.protocol not in KSERVE_PROTOCOLS:
         raise UserError(f"--protocol {options.protocol!r} must be v1 or v2")
     if options.canary is not None and not 0 <= options.canary <= 100:
         raise UserError(f"--canary {options.canary} must be a percentage from 0 to 100")

@@ -40,14 +40,14 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple, Union
 
 import handlers
-from handlers import TOOLKIT_HANDLERS, archives, identity
+from handlers import TOOLKIT_HANDLERS, archives, identity, toolkit
 
+from .choices import ARCHIVE_FORMATS
 from .errors import UserError
 from .model_config import check_model_config, parse_model_config
 
 MANIFEST = archives.MANIFEST
 ARCHIVER_VERSION = "0.12.0"  # the torch-model-archiver format these archives follow
-FORMATS = {"default": ".mar", "zip-store": ".mar", "tgz": ".tar.gz", "no-archive": ""}
 # Names and versions end up in config.properties' model_snapshot (JSON inside a Java properties
 # file, read again by KServe's wrapper with a plain split): only characters neither format escapes.
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-.]*$")
@@ -88,7 +88,7 @@ class Plan:
 
 
 def archive_path(export_path, model_name: str, archive_format: str = "default") -> Path:
-    return Path(export_path) / (model_name + FORMATS[archive_format])
+    return Path(export_path) / (model_name + ARCHIVE_FORMATS[archive_format])
 
 
 def package(options: PackageOptions) -> Path:
@@ -145,8 +145,8 @@ def plan(options: PackageOptions) -> Plan:
             f"invalid --version {options.version!r}: use up to 64 letters, digits, '.', '_', '+' and '-', "
             "starting with a letter or digit"
         )
-    if options.archive_format not in FORMATS:
-        raise UserError(f"unknown --archive-format {options.archive_format!r}: use one of {', '.join(FORMATS)}")
+    if options.archive_format not in ARCHIVE_FORMATS:
+        raise UserError(f"unknown --archive-format {options.archive_format!r}: use one of {', '.join(ARCHIVE_FORMATS)}")
     inputs = Inputs(options.follow_symlinks)
     model = {"modelName": name}
 
@@ -171,13 +171,11 @@ def plan(options: PackageOptions) -> Plan:
     for extra in options.extra_files:
         inputs.add(extra, "--extra-files")
 
-    handler_class = _handler_class(handler_entry, options.handler, bundle)
-    if handler_class is not None:
+    kind = _handler_kind(options.handler, handler_entry, bundle)
+    if kind is not None:
         module = handler_entry.partition(":")[0].removesuffix(".py")
-        inputs.put(identity.RECORD, identity.encode(identity.describe(handler_class, handler_entry, module)), "")
-    needed = getattr(handler_class, "requirements", ())
-    if hasattr(handler_class, "requirements_for"):  # what this model directory needs (e.g. sentence-transformers)
-        needed = handler_class.requirements_for(options.serialized_file)
+        inputs.put(identity.RECORD, identity.encode(identity.describe(kind, handler_entry, module)), "")
+    needed = kind.requirements_for(options.serialized_file) if kind else ()
     requirements = _requirements(options.requirements_file, needed, inputs)
     if requirements is not None:
         name_in_mar, content = requirements
@@ -186,7 +184,7 @@ def plan(options: PackageOptions) -> Plan:
 
     if options.config_file:
         config = inputs.add(options.config_file, "--config-file")
-        check_model_config(config, handler_class.Settings if handler_class else None)
+        check_model_config(config, kind.settings if kind else None)
         model["configFile"] = config.name
 
     if bundle:
@@ -313,16 +311,22 @@ def _imports_toolkit(source: Path) -> bool:
     return False
 
 
-def _handler_class(handler_entry: str, handler: str, bundle: bool):
-    """The toolkit handler class behind the entry point, found as TorchServe's model loader finds the
-    entry point: a toolkit handler's; in a user's ``--handler`` file, the class its function (``handle
-    = entry_point(MyHandler)``, or the ``file.py:function`` named) serves, else the one class the file
-    defines (which TorchServe instantiates itself) if it is a toolkit handler. None for any other."""
-    module_name, _, function = handler_entry.partition(":")
-    if handler_entry in TOOLKIT_HANDLERS.values():
-        return getattr(importlib.import_module(module_name), function).handler_class
-    if not bundle:  # a handler file that does not import the toolkit
-        return None
+def _handler_kind(handler: str, handler_entry: str, bundle: bool) -> Optional[toolkit.Kind]:
+    """What the toolkit handler behind ``--handler`` declares: a toolkit handler's by name, read
+    from toolkit.KINDS (no torch); else that of its class in the user's ``--handler`` file (imported,
+    as a worker will); None for a handler that is not a toolkit one."""
+    if handler in toolkit.KINDS:
+        return toolkit.KINDS[handler]
+    handler_class = _handler_class(handler_entry, handler) if bundle else None
+    return toolkit.kind_of(handler_class) if handler_class is not None else None
+
+
+def _handler_class(handler_entry: str, handler: str):
+    """The class a user's ``--handler`` file serves, found as TorchServe's model loader finds the
+    entry point: the class its function (``handle = entry_point(MyHandler)``, or the
+    ``file.py:function`` named) serves, else the one class the file defines (which TorchServe
+    instantiates itself) if it is a toolkit handler. None for any other."""
+    function = handler_entry.partition(":")[2]
     module = _load_handler_file(Path(handler.partition(":")[0]))
     if hasattr(module, function or "handle"):
         return getattr(getattr(module, function or "handle"), "handler_class", None)

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 from .errors import UserError
-from .mar import requirement_name
 
 PLATFORM = "x86_64-manylinux_2_28"  # uv's name; the images are Ubuntu 22.04+ on x86_64
 PIP_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux1_x86_64")
@@ -114,6 +113,8 @@ def lock(requirements: str, runtime: Runtime, where: str) -> Lock:
     lines = [line for line in requirements.splitlines() if line.strip() and not line.lstrip().startswith(("#", "-"))]
     if not lines:
         return Lock([])
+    from .mar import requirement_name  # here, not at the top: the CLI reads RUNTIMES for every command's --help
+
     direct = {requirement_name(line) for line in lines}
     attempts = (  # the image's versions of everything; else of all it has but the archive's own; else torch's
         ({n: v for n, v in runtime.pins.items()}, "highest"),

@@ -34,8 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
-import yaml
-
 from .errors import UserError
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -247,6 +245,8 @@ def commented(entry: str, comment: str) -> str:
 
 def yaml_value(value) -> str:
     """One value as YAML flow text: 256, 0.5, null, [0.485, 0.456], index_to_name.json, 'yes'."""
+    import yaml  # here, not at the top: the CLI reads KINDS for every command's --help
+
     text = yaml.safe_dump([value], default_flow_style=True, width=10_000).strip()
     return text[1:-1]
 

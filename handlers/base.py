@@ -27,7 +27,6 @@ import http
 import inspect
 import json
 import logging
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -37,38 +36,15 @@ from typing import Any, List, Optional
 import torch
 from ts.torch_handler.base_handler import BaseHandler
 
-from . import envelopes, golden, v2binary
-from .loading import load_model, pick_device
-from .onnx_runtime import ONNX_FILE, ONNX_REQUIREMENT
+from . import envelopes, golden, toolkit, v2binary
+from .loading import load_model, pick_device, pick_threads
 from .requests import ClientError, Limits, Request, encode_answer, parse_request, too_large
-from .settings import read_settings
+from .settings import Settings, read_settings
 
 logger = logging.getLogger(__name__)
 
 JSON = "application/json"
 MIN_AUTO_ITEMS = 16  # max_items: 0 allows max(4 x batchSize, this many) inputs per request
-
-
-@dataclass
-class Settings:
-    """Settings every toolkit handler accepts (model-config.yaml, under ``handler:``)."""
-
-    allow_pickle: bool = False  # let torch.load unpickle whole models (runs code from the MAR)
-    max_items: int = 0  # inputs per request; 0: 4 x the model's batchSize, at least 16
-    max_body_bytes: int = 32 << 20  # a request body above this is refused before it is parsed
-    max_json_depth: int = 32  # nesting of a JSON body
-    max_json_values: int = 100_000  # values in a JSON body (list items and object members)
-    decode_threads: int = 1  # decode a batch's inputs in this many threads
-    verify_on_start: bool = False  # replay MAR-INF/golden.json at start; refuse to start if an answer drifted
-    verify_atol: float = golden.DEFAULT_ATOL  # how far a golden number may move (verify_on_start)
-
-    def check(self):
-        for key in ("max_body_bytes", "max_json_depth", "max_json_values", "decode_threads"):
-            if getattr(self, key) < 1:
-                return f"'handler.{key}' must be at least 1"
-        if self.max_items < 0:
-            return "'handler.max_items' must be 0 (4 x batchSize) or more"
-        return None
 
 
 class InferenceError(ClientError):
@@ -107,15 +83,12 @@ class ToolkitHandler(BaseHandler):
     with_model = True  # False: only decode/preprocess/postprocess are used (a KServe transformer)
 
     requirements: tuple = ()  # what the archive's requirements.txt asks for (tsctl package merges them)
+    requirements_if_present: tuple = ()  # (file, requirement): asked for when the model directory holds file
 
     @classmethod
     def requirements_for(cls, serialized: Optional[str]) -> tuple:
-        """What an archive of ``serialized`` (the --serialized-file) needs installed: ``requirements``,
-        and ONNX Runtime for an ONNX model (``model.onnx``, or a directory holding one)."""
-        needed = tuple(cls.requirements)
-        if serialized and (str(serialized).endswith(".onnx") or os.path.isfile(os.path.join(serialized, ONNX_FILE))):
-            needed += (ONNX_REQUIREMENT,)
-        return needed
+        """What an archive of ``serialized`` (the --serialized-file) needs installed (toolkit.Kind)."""
+        return toolkit.kind_of(cls).requirements_for(serialized)
 
     # ---- lifecycle -------------------------------------------------------------------------
     def initialize(self, context):
@@ -130,6 +103,7 @@ class ToolkitHandler(BaseHandler):
         yaml_config = getattr(context, "model_yaml_config", None) or {}
         self.settings = read_settings(self.Settings, yaml_config.get("handler"), where=config_file)
         self.batch_size = max(1, int(properties.get("batch_size") or 1))
+        self.threads = pick_threads(self.settings.torch_threads, yaml_config.get("minWorkers"))
         self.limits = self.request_limits()
         threads = self.settings.decode_threads
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="decode") if threads > 1 else None
@@ -140,7 +114,13 @@ class ToolkitHandler(BaseHandler):
         if self.settings.verify_on_start:
             self.verify_golden()
         self.initialized = True
-        logger.info("tsctl %s ready on %s; limits %s", type(self).__name__, self.device, self.limits)
+        logger.info(
+            "tsctl %s ready on %s (%d intra-op threads); limits %s",
+            type(self).__name__,
+            self.device,
+            self.threads,
+            self.limits,
+        )
         (logger.info if envelopes.in_place() else logger.error)("tsctl: %s", envelopes.report())
 
     def verify_golden(self):

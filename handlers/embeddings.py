@@ -23,35 +23,20 @@ model-config.yaml, all optional::
 
 import logging
 import os
-from dataclasses import dataclass
-from pathlib import Path
-from typing import List, Optional, Tuple, Union
+from typing import List, Optional
 
 import torch
 
 from .base import entry_point
 from .loading import ModelLoadError
 from .onnx_runtime import ONNX_FILE
-from .text import Encoded, TextHandler, TextSettings
+from .settings import POOLINGS, EmbedderSettings
+from .text import Encoded, TextHandler
+from .toolkit import SENTENCE_TRANSFORMERS
 
 logger = logging.getLogger(__name__)
 
-POOLINGS = ("mean", "cls", "max")
-# Every release the handler is tested with: 3.0.1 is the newest that installs beside torchserve-kfs:0.9.0's
-# transformers 4.34 on Python 3.9 (3.1 needs transformers 4.38); 5.1.2 beside torchserve-kfs:0.12.0's 4.44.
-SENTENCE_TRANSFORMERS = "sentence-transformers>=3,<7"
 PLAIN_MODULES = ("Transformer", "Pooling", "Normalize")
-
-
-@dataclass
-class EmbedderSettings(TextSettings):
-    pooling: Optional[str] = None
-    normalize: Optional[bool] = None
-
-    def check(self):
-        if self.pooling is not None and self.pooling not in POOLINGS:
-            return f"'handler.pooling' must be one of {', '.join(POOLINGS)}, got {self.pooling!r}"
-        return super().check()
 
 
 class TextEmbedder(TextHandler):
@@ -59,13 +44,7 @@ class TextEmbedder(TextHandler):
     auto_class = "AutoModel"
     v2_output_name = "embedding"
     directory_files = ("config.json", "modules.json")
-
-    @classmethod
-    def requirements_for(cls, model_dir: Union[str, Path, None]) -> Tuple[str, ...]:
-        needed = super().requirements_for(model_dir)
-        if model_dir is not None and os.path.isfile(os.path.join(model_dir, "modules.json")):
-            needed += (SENTENCE_TRANSFORMERS,)
-        return needed
+    requirements_if_present = (("modules.json", SENTENCE_TRANSFORMERS),)
 
     # ---- loading ---------------------------------------------------------------------------------
     def load_model(self):

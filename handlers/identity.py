@@ -25,18 +25,17 @@ VERSION = "0.1.0"  # the toolkit's version, as setup.cfg says
 MAX_RECORD_BYTES = 64 << 10
 
 
-def describe(handler_class, entry: str, module: str) -> dict:
-    """The record for ``handler_class`` (a ToolkitHandler subclass) of ``module``, served by ``entry``."""
-    toolkit = [c for c in handler_class.__mro__[1:] if c.__module__.startswith("handlers.")]
-    bases = [f"{c.__module__}.{c.__qualname__}" for c in toolkit]
+def describe(kind, entry: str, module: str) -> dict:
+    """The record for the handler class ``kind`` describes (a toolkit.Kind) of ``module``, served by
+    ``entry``."""
     return {
         "toolkit": VERSION,
         "entry": entry,
         "module": module,
-        "class": handler_class.__qualname__,
-        "bases": bases,
-        "input": handler_class.input_kind,
-        "splits": bool(handler_class.splits),
+        "class": kind.class_name,
+        "bases": list(kind.bases),
+        "input": kind.input_kind,
+        "splits": kind.splits,
     }
 
 

@@ -33,59 +33,18 @@ import json
 import math
 import os
 import threading
-from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 from torchvision.transforms.v2 import functional as F
 
-from .base import Settings, ToolkitHandler, entry_point
+from .base import ToolkitHandler, entry_point
 from .requests import ClientError, to_bytes
+from .settings import SAFE_FORMATS, ImageSettings  # noqa: F401  (SAFE_FORMATS: the default of formats)
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 WIDE_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")  # 16-bit and float images
-# Raster formats of photos and screenshots. Others that PIL reads are left out by default: EPS runs
-# Ghostscript, and rare decoders are where malformed files find bugs (a DDS raised NotImplementedError).
-SAFE_FORMATS = ("BMP", "GIF", "ICO", "JPEG", "PNG", "PPM", "TGA", "TIFF", "WEBP")
-
-
-@dataclass
-class ImageSettings(Settings):
-    resize: int = 256
-    crop: int = 224
-    mean: Tuple[float, ...] = IMAGENET_MEAN
-    std: Tuple[float, ...] = IMAGENET_STD
-    top_k: int = 5
-    labels: str = "index_to_name.json"
-    max_pixels: int = 89_478_485  # PIL's own decompression-bomb limit
-    max_request_pixels: int = 2 * 89_478_485
-    max_aspect_ratio: float = 50.0
-    formats: Optional[Tuple[str, ...]] = SAFE_FORMATS
-    jpeg_draft: bool = True
-    decode_threads: int = 2
-    channels_last: bool = True
-    optimize: bool = True
-
-    def check(self):
-        if len(self.mean) != 3 or len(self.std) != 3:
-            return "'handler.mean' and 'handler.std' must each hold 3 numbers (R, G, B)"
-        if any(s <= 0 for s in self.std):
-            return "'handler.std' values must be positive"
-        for key in ("resize", "crop", "top_k", "max_pixels", "max_request_pixels", "max_aspect_ratio"):
-            if getattr(self, key) < 1:
-                return f"'handler.{key}' must be at least 1"
-        if self.crop > self.resize:
-            return f"'handler.crop' ({self.crop}) must not be larger than 'handler.resize' ({self.resize})"
-        if self.formats is not None:
-            Image.init()
-            unknown = [f for f in self.formats if f.upper() not in Image.OPEN]
-            if unknown:
-                known = ", ".join(sorted(Image.OPEN))
-                return f"'handler.formats' names {', '.join(unknown)}, which PIL cannot read; it reads {known}"
-        return super().check()
 
 
 def read_labels(path: str) -> dict:

@@ -38,7 +38,7 @@ def load_model(model_dir: str, manifest_model: dict, device: torch.device, allow
     if suffix == ".onnx":
         from .onnx_runtime import OnnxModel
 
-        return OnnxModel(path)
+        return OnnxModel(path, threads=torch.get_num_threads())
     if suffix == ".pt2":
         # An exported program is already in inference form; its module refuses .eval() and .to().
         program = torch.export.load(path)
@@ -109,6 +109,24 @@ def model_class(model_dir: str, model_file: str):
         found = ", ".join(c.__name__ for c in classes) or "none"
         raise ModelLoadError(f"{model_file} must define exactly one torch.nn.Module class, found: {found}")
     return classes[0]
+
+
+DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice for this process: its physical cores
+
+
+def pick_threads(setting: int, workers) -> int:
+    """Set this worker's intra-op threads (torch's, and ONNX Runtime's through ``OnnxModel``): the
+    ``torch_threads`` setting, else OMP_NUM_THREADS when given, else torch's default divided among
+    the model's ``minWorkers``, so that workers on one machine share its cores instead of each
+    claiming all of them (TorchServe sets no thread count for CPU workers)."""
+    if setting:
+        threads = setting
+    elif os.environ.get("OMP_NUM_THREADS"):
+        threads = torch.get_num_threads()
+    else:
+        threads = max(1, DEFAULT_THREADS // max(1, int(workers or 1)))
+    torch.set_num_threads(threads)
+    return threads
 
 
 def pick_device(gpu_id: Optional[int]) -> torch.device:

@@ -15,8 +15,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-ONNX_REQUIREMENT = "onnxruntime>=1.16"
-ONNX_FILE = "model.onnx"  # in a Hugging Face directory
+from .toolkit import ONNX_FILE  # noqa: F401  (where the loaders look for the model)
 
 
 class OnnxOutput(dict):

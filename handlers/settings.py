@@ -1,12 +1,17 @@
-"""The ``handler:`` section of a MAR's model-config.yaml, validated against a handler's settings class.
+"""The ``handler:`` section of a MAR's model-config.yaml: each toolkit handler's settings, and their check.
 
-Each toolkit handler declares its settings as a dataclass with defaults; ``read_settings`` turns the
-YAML mapping into an instance or raises ``SettingsError`` with one sentence naming the key and the fix.
+Each toolkit handler's settings are a dataclass with defaults, all of them here (``Settings``, which
+every handler accepts, and one subclass per handler); ``read_settings`` turns the YAML mapping into an
+instance or raises ``SettingsError`` with one sentence naming the key and the fix. This module imports
+no torch: ``tsctl package`` checks a model-config.yaml with it without loading the handler.
 """
 
 import dataclasses
 import difflib
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Tuple, Type, TypeVar, get_args, get_origin, get_type_hints
+
+from . import golden
 
 T = TypeVar("T")
 
@@ -76,3 +81,139 @@ def _check_type(value: Any, hint: Any, label: str) -> Any:
             return value
         raise SettingsError(f"{label} must be a string, got {value!r}")
     return value
+
+
+# ---- each handler's settings ----------------------------------------------------------------------
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+# Raster formats of photos and screenshots. Others that PIL reads are left out by default: EPS runs
+# Ghostscript, and rare decoders are where malformed files find bugs (a DDS raised NotImplementedError).
+SAFE_FORMATS = ("BMP", "GIF", "ICO", "JPEG", "PNG", "PPM", "TGA", "TIFF", "WEBP")
+PADDINGS = ("longest", "max_length")
+FUNCTIONS = ("auto", "softmax", "sigmoid", "none")  # text classification: transformers' function_to_apply
+AGGREGATIONS = ("first", "average", "max")  # token classification: the pipeline's aggregation_strategy
+POOLINGS = ("mean", "cls", "max")  # embeddings of plain Hugging Face directories
+
+
+@dataclass
+class Settings:
+    """Settings every toolkit handler accepts (model-config.yaml, under ``handler:``)."""
+
+    allow_pickle: bool = False  # let torch.load unpickle whole models (runs code from the MAR)
+    max_items: int = 0  # inputs per request; 0: 4 x the model's batchSize, at least 16
+    max_body_bytes: int = 32 << 20  # a request body above this is refused before it is parsed
+    max_json_depth: int = 32  # nesting of a JSON body
+    max_json_values: int = 100_000  # values in a JSON body (list items and object members)
+    decode_threads: int = 1  # decode a batch's inputs in this many threads
+    torch_threads: int = 0  # intra-op threads per worker; 0: OMP_NUM_THREADS, else the cores / minWorkers
+    verify_on_start: bool = False  # replay MAR-INF/golden.json at start; refuse to start if an answer drifted
+    verify_atol: float = golden.DEFAULT_ATOL  # how far a golden number may move (verify_on_start)
+
+    def check(self):
+        if self.torch_threads < 0:
+            return "'handler.torch_threads' must be 0 (the cores / minWorkers) or more"
+        for key in ("max_body_bytes", "max_json_depth", "max_json_values", "decode_threads"):
+            if getattr(self, key) < 1:
+                return f"'handler.{key}' must be at least 1"
+        if self.max_items < 0:
+            return "'handler.max_items' must be 0 (4 x batchSize) or more"
+        return None
+
+
+@dataclass
+class ImageSettings(Settings):
+    resize: int = 256
+    crop: int = 224
+    mean: Tuple[float, ...] = IMAGENET_MEAN
+    std: Tuple[float, ...] = IMAGENET_STD
+    top_k: int = 5
+    labels: str = "index_to_name.json"
+    max_pixels: int = 89_478_485  # PIL's own decompression-bomb limit
+    max_request_pixels: int = 2 * 89_478_485
+    max_aspect_ratio: float = 50.0
+    formats: Optional[Tuple[str, ...]] = SAFE_FORMATS
+    jpeg_draft: bool = True
+    decode_threads: int = 2
+    channels_last: bool = True
+    optimize: bool = True
+
+    def check(self):
+        if len(self.mean) != 3 or len(self.std) != 3:
+            return "'handler.mean' and 'handler.std' must each hold 3 numbers (R, G, B)"
+        if any(s <= 0 for s in self.std):
+            return "'handler.std' values must be positive"
+        for key in ("resize", "crop", "top_k", "max_pixels", "max_request_pixels", "max_aspect_ratio"):
+            if getattr(self, key) < 1:
+                return f"'handler.{key}' must be at least 1"
+        if self.crop > self.resize:
+            return f"'handler.crop' ({self.crop}) must not be larger than 'handler.resize' ({self.resize})"
+        if self.formats is not None:
+            from PIL import Image  # only here: packaging checks formats without loading the handler
+
+            Image.init()
+            unknown = [f for f in self.formats if f.upper() not in Image.OPEN]
+            if unknown:
+                known = ", ".join(sorted(Image.OPEN))
+                return f"'handler.formats' names {', '.join(unknown)}, which PIL cannot read; it reads {known}"
+        return super().check()
+
+
+@dataclass
+class TensorSettings(Settings):
+    input_shape: Optional[Tuple[int, ...]] = None
+    max_body_bytes: int = 64 << 20  # a transformer sends a whole batch of image tensors as JSON
+    max_json_values: int = 1 << 24
+
+
+@dataclass
+class TextSettings(Settings):
+    max_length: Optional[int] = None  # default: max_seq_length of the model's files, else the tokenizer's, at most 512
+    padding: str = "longest"  # max_length: pad every text to max_length (only to compare; it is slower)
+    max_text_chars: int = 100_000  # a longer text is refused with 413 (the tokenizer reads all of it)
+
+    def check(self):
+        if self.max_length is not None and self.max_length < 2:
+            return "'handler.max_length' must be at least 2 tokens"
+        if self.padding not in PADDINGS:
+            return f"'handler.padding' must be one of {', '.join(PADDINGS)}, got {self.padding!r}"
+        if self.max_text_chars < 1:
+            return "'handler.max_text_chars' must be at least 1"
+        return super().check()
+
+
+@dataclass
+class ClassifierSettings(TextSettings):
+    top_k: int = 5
+    function: str = "auto"
+
+    def check(self):
+        if self.function not in FUNCTIONS:
+            return f"'handler.function' must be one of {', '.join(FUNCTIONS)}, got {self.function!r}"
+        if self.top_k < 0:
+            return "'handler.top_k' must be 0 (every label) or more"
+        return super().check()
+
+
+@dataclass
+class TokenSettings(TextSettings):
+    aggregation: str = "average"
+    ignore_labels: Tuple[str, ...] = ("O",)
+    stride: Optional[int] = None  # None: a long text is truncated to max_length tokens
+
+    def check(self):
+        if self.aggregation not in AGGREGATIONS:
+            return f"'handler.aggregation' must be one of {', '.join(AGGREGATIONS)}, got {self.aggregation!r}"
+        if self.stride is not None and self.stride < 0:
+            return "'handler.stride' must be 0 or more tokens (or null: truncate long texts)"
+        return super().check()
+
+
+@dataclass
+class EmbedderSettings(TextSettings):
+    pooling: Optional[str] = None
+    normalize: Optional[bool] = None
+
+    def check(self):
+        if self.pooling is not None and self.pooling not in POOLINGS:
+            return f"'handler.pooling' must be one of {', '.join(POOLINGS)}, got {self.pooling!r}"
+        return super().check()

@@ -13,20 +13,11 @@ model-config.yaml, all optional::
       max_json_values: 16777216
 """
 
-from dataclasses import dataclass
-from typing import Optional, Tuple
-
 import torch
 
-from .base import Settings, ToolkitHandler, entry_point
+from .base import ToolkitHandler, entry_point
 from .requests import ClientError
-
-
-@dataclass
-class TensorSettings(Settings):
-    input_shape: Optional[Tuple[int, ...]] = None
-    max_body_bytes: int = 64 << 20  # a transformer sends a whole batch of image tensors as JSON
-    max_json_values: int = 1 << 24
+from .settings import TensorSettings
 
 
 class TensorPredictor(ToolkitHandler):

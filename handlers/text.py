@@ -20,18 +20,17 @@ model-config.yaml, all optional::
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Sequence
 
 from . import v2binary
-from .base import Job, Settings, ToolkitHandler, client_error, request_headers
+from .base import Job, ToolkitHandler, client_error, request_headers
 from .loading import ModelLoadError
 from .onnx_runtime import ONNX_FILE, OnnxModel
 from .requests import text_request, to_text, too_large
+from .settings import TextSettings
+from .toolkit import TRANSFORMERS
 
 MAX_LENGTH_CAP = 512
-
-
-PADDINGS = ("longest", "max_length")
 
 
 @dataclass
@@ -43,31 +42,13 @@ class Encoded:
     extra: Any = None
 
 
-@dataclass
-class TextSettings(Settings):
-    max_length: Optional[int] = None
-    padding: str = "longest"  # max_length: pad every text to max_length (only to compare; it is slower)
-    max_text_chars: int = 100_000
-
-    def check(self):
-        if self.max_length is not None and self.max_length < 2:
-            return "'handler.max_length' must be at least 2 tokens"
-        if self.padding not in PADDINGS:
-            return f"'handler.padding' must be one of {', '.join(PADDINGS)}, got {self.padding!r}"
-        if self.max_text_chars < 1:
-            return "'handler.max_text_chars' must be at least 1"
-        return super().check()
-
-
 class TextHandler(ToolkitHandler):
     """Base for the transformers handlers; subclasses set ``auto_class`` and the post-processing."""
 
     Settings = TextSettings
     item_keys = ("text", "inputs", "data")
     input_kind = "text"
-    # What the archive's requirements.txt asks for: every release these handlers are tested on, from the
-    # transformers in torchserve-kfs:0.9.0 (4.34, Python 3.9) to 5.x (see archiver/runtimes.py).
-    requirements = ("transformers>=4.34,<6",)
+    requirements = (TRANSFORMERS,)
     auto_class = "AutoModel"
 
     def load_model(self):
@@ -78,7 +59,7 @@ class TextHandler(ToolkitHandler):
         onnx = os.path.join(self.hf_dir, ONNX_FILE)
         if os.path.isfile(onnx):  # the same directory exported to ONNX: ONNX Runtime runs it
             config = transformers.AutoConfig.from_pretrained(self.hf_dir, local_files_only=True)
-            return OnnxModel(onnx, config)
+            return OnnxModel(onnx, config, threads=self.threads)
         model = getattr(transformers, self.auto_class).from_pretrained(self.hf_dir, local_files_only=True)
         return model.to(self.device).eval()
 

@@ -14,27 +14,11 @@ model-config.yaml, all optional::
       max_length: 256
 """
 
-from dataclasses import dataclass
-
 import torch
 
 from .base import entry_point
-from .text import TextHandler, TextSettings
-
-FUNCTIONS = ("auto", "softmax", "sigmoid", "none")
-
-
-@dataclass
-class ClassifierSettings(TextSettings):
-    top_k: int = 5
-    function: str = "auto"
-
-    def check(self):
-        if self.function not in FUNCTIONS:
-            return f"'handler.function' must be one of {', '.join(FUNCTIONS)}, got {self.function!r}"
-        if self.top_k < 0:
-            return "'handler.top_k' must be 0 (every label) or more"
-        return super().check()
+from .settings import ClassifierSettings
+from .text import TextHandler
 
 
 def pipeline_function(config) -> str:

@@ -33,25 +33,10 @@ import torch
 
 from .base import entry_point
 from .loading import ModelLoadError
-from .text import Encoded, TextHandler, TextSettings
+from .settings import TokenSettings
+from .text import Encoded, TextHandler
 
 logger = logging.getLogger(__name__)
-
-AGGREGATIONS = ("first", "average", "max")
-
-
-@dataclass
-class TokenSettings(TextSettings):
-    aggregation: str = "average"
-    ignore_labels: Tuple[str, ...] = ("O",)
-    stride: Optional[int] = None  # None: a long text is truncated to max_length tokens
-
-    def check(self):
-        if self.aggregation not in AGGREGATIONS:
-            return f"'handler.aggregation' must be one of {', '.join(AGGREGATIONS)}, got {self.aggregation!r}"
-        if self.stride is not None and self.stride < 0:
-            return "'handler.stride' must be 0 or more tokens (or null: truncate long texts)"
-        return super().check()
 
 
 @dataclass

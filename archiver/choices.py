@@ -1,0 +1,11 @@
+"""What some of tsctl's flags accept, apart from the modules that act on them.
+
+cli.py imports a command's module only when that command runs, so that ``tsctl --help`` and each
+command start without loading what others use (YAML, JSON Schema, HTTP, archives). The values
+its option declarations need up front live here.
+"""
+
+ARCHIVE_FORMATS = {"default": ".mar", "zip-store": ".mar", "tgz": ".tar.gz", "no-archive": ""}  # -> suffix
+KSERVE_PROTOCOLS = ("v1", "v2")  # tsctl export kserve --protocol
+MAX_BENCH_SECONDS = 600  # tsctl bench --duration, and how long any benchmark may run
+ENGINES = ("torchserve", "kserve")  # tsctl serve / export kserve --engine
