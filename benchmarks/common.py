@@ -81,7 +81,7 @@ def bar_plot(name: str, title: str, labels, values, ylabel: str) -> str:
 
     PLOTS.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)
-    ax.bar(labels, values, color=["#4c72b0", "#dd8452", "#55a868", "#c44e52"][: len(values)])
+    ax.bar(labels, values, color=["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860"] * 2)
     for i, v in enumerate(values):
         ax.text(i, v, f"{v:.1f}", ha="center", va="bottom")
     ax.set_title(title)

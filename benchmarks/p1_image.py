@@ -6,7 +6,9 @@ One TorchServe serves the same TorchScript resnet18 twice: packaged by tsctl wit
 and by torch-model-archiver with the built-in handler; 1 worker each, batchSize 8, maxBatchDelay 20.
 Both get the same load (1280x960 JPEG photos, 16 concurrent clients), alternating, three rounds.
 The limit is the toolkit handler run in-process on batches of 8 (decode + preprocess + model, no
-server). Goals: >= 1.5x the built-in, >= 0.9x the limit. Top-1 agreement of the fast JPEG path with
+server). A fifth side serves the toolkit archive with 2 workers of 1 intra-op thread each (the
+handler's default for minWorkers 2): one worker decodes while the other runs its forward pass.
+Goals (issue 13): >= 2x the built-in and >= 1.2x the sequential in-process limit. Top-1 agreement of the fast JPEG path with
 the exact path is measured on the same photos. A fourth side serves the sample resnet18 exported to
 ONNX (samples/onnx_export.py) with the same toolkit handler and config, run by ONNX Runtime.
 """
@@ -26,6 +28,7 @@ from handlers.testing import LocalModel  # noqa: E402
 from samples import image_model, onnx_export  # noqa: E402
 
 CONFIG = "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 8\nmaxBatchDelay: 20\nresponseTimeout: 120\n"
+TWO_WORKERS = CONFIG.replace("minWorkers: 1\nmaxWorkers: 1", "minWorkers: 2\nmaxWorkers: 2")
 REQUESTS = 160
 CONCURRENCY = 16
 
@@ -71,6 +74,9 @@ def main():
     onnx_file = tmp / "resnet18.onnx"  # the same architecture, exported to ONNX, run by ONNX Runtime
     onnx_export.export_image(sample, onnx_file)
     package_toolkit("onnx", onnx_file, sample, tmp, store)
+    (tmp / "two").mkdir()
+    (tmp / "two" / "model-config.yaml").write_text(TWO_WORKERS)
+    package_toolkit("toolkit2w", torchscript, sample, tmp / "two", store)
     photos = [photo(seed) for seed in range(16)]
     inputs = [(p, "image/jpeg") for p in photos]
 
@@ -93,8 +99,15 @@ def main():
         toolkit = served_side(srv, "toolkit", inputs, CONCURRENCY, REQUESTS)
         builtin = served_side(srv, "builtin", inputs, CONCURRENCY, REQUESTS)
         onnx = served_side(srv, "onnx", inputs, CONCURRENCY, REQUESTS)
+        two = served_side(srv, "toolkit2w", inputs, CONCURRENCY, REQUESTS)
         results = alternate(
-            {"toolkit": toolkit, "built-in": builtin, "toolkit, ONNX Runtime": onnx, "in-process limit": limit}
+            {
+                "toolkit": toolkit,
+                "built-in": builtin,
+                "toolkit, ONNX Runtime": onnx,
+                "toolkit, 2 workers": two,
+                "in-process limit": limit,
+            }
         )
     finally:
         server.stop(srv)
@@ -110,14 +123,17 @@ def main():
 
     t, b, lim = (median(results[k]) for k in ("toolkit", "built-in", "in-process limit"))
     ort = median(results["toolkit, ONNX Runtime"])
+    t2 = median(results["toolkit, 2 workers"])
+    lat_2 = two.latency[-1]
+    best = max(t, t2)
     lat_o = onnx.latency[-1]
     lat_t = toolkit.latency[-1]
     lat_b = builtin.latency[-1]
     plot = bar_plot(
         "p1_image",
         "P1: resnet18, 1280x960 JPEGs (images/s)",
-        ["toolkit", "built-in", "ONNX RT", "limit"],
-        [t, b, ort, lim],
+        ["toolkit", "2 workers", "built-in", "ONNX RT", "limit"],
+        [t, t2, b, ort, lim],
         "images / s",
     )
     write_section(
@@ -125,18 +141,20 @@ def main():
         f"""
 ## P1 image: toolkit handler vs TorchServe's built-in `image_classifier`
 
-Same TorchScript resnet18, 1 worker, batchSize 8, maxBatchDelay 20 ms, {CONCURRENCY} concurrent clients,
+Served, **whole process** (a real TorchServe, real HTTP): the same TorchScript resnet18, 1 worker, batchSize 8, maxBatchDelay 20 ms, {CONCURRENCY} concurrent clients,
 {REQUESTS} requests of 1280x960 JPEG photos (~{len(photos[0]) // 1000} kB) per round, three alternating rounds.
 
 | | images/s (median) | rounds | p50 / p99 ms (last round) |
 |---|---|---|---|
 | toolkit `image_classifier` | {t:.1f} | {results["toolkit"]} | {lat_t["p50"]:.0f} / {lat_t["p99"]:.0f} |
 | TorchServe built-in `image_classifier` | {b:.1f} | {results["built-in"]} | {lat_b["p50"]:.0f} / {lat_b["p99"]:.0f} |
+| toolkit `image_classifier`, 2 workers x 1 intra-op thread | {t2:.1f} | {results["toolkit, 2 workers"]} | {lat_2["p50"]:.0f} / {lat_2["p99"]:.0f} |
 | toolkit `image_classifier`, the model in ONNX Runtime | {ort:.1f} | {results["toolkit, ONNX Runtime"]} | {lat_o["p50"]:.0f} / {lat_o["p99"]:.0f} |
-| in-process limit (decode + preprocess + model, batch 8) | {lim:.1f} | {results["in-process limit"]} | |
+| in-process limit (**in-process**: decode + preprocess + model in sequence, batch 8) | {lim:.1f} | {results["in-process limit"]} | |
 
-- toolkit / built-in: **{t / b:.2f}x** (goal >= 1.5x: {"met" if t / b >= 1.5 else "missed"})
-- toolkit / limit: **{t / lim:.2f}x** (goal >= 0.9x: {"met" if t / lim >= 0.9 else "missed"})
+- toolkit (1 worker) / built-in: {t / b:.2f}x; 2 workers / 1 worker: {t2 / t:.2f}x
+- best toolkit / built-in: **{best / b:.2f}x** (goal >= 2x: {"met" if best / b >= 2 else "missed"})
+- best toolkit / sequential in-process limit: **{best / lim:.2f}x** (goal >= 1.2x: {"met" if best / lim >= 1.2 else "missed"})
 - ONNX Runtime / TorchScript, same handler: **{ort / t:.2f}x** (whole process, served; the ONNX graph is the
   eager model exported by `samples/onnx_export.py`, the TorchScript one frozen and optimised)
 - fast JPEG path (draft decoding) vs exact decode: top-1 agrees on {agree}/{len(photos)} photos, largest

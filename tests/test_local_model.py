@@ -360,3 +360,23 @@ def test_a_real_worker_keeps_one_handler_instance_for_its_life(tmp_path):
     batches = Counter(worker.search(line).group() for line in lines if "tsctl batch size=" in line)
     assert sum(batches.values()) >= 6 and set(batches) <= set(ready), (ready, batches)
     assert set(ready.values()) == {1}, f"a worker initialised its handler more than once: {ready}"
+
+
+def test_workers_share_the_cores_unless_told_otherwise(monkeypatch):
+    """Intra-op threads: torch's default divided among minWorkers, the torch_threads setting when given,
+    OMP_NUM_THREADS as the user set it."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    try:
+        default = handlers.loading.DEFAULT_THREADS
+        assert handlers.loading.pick_threads(0, 1) == default == torch.get_num_threads()
+        assert handlers.loading.pick_threads(0, 2) == max(1, default // 2) == torch.get_num_threads()
+        assert handlers.loading.pick_threads(0, 64) == 1
+        assert handlers.loading.pick_threads(3, 2) == 3 == torch.get_num_threads()
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        torch.set_num_threads(1)
+        assert handlers.loading.pick_threads(0, 4) == 1
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(handlers.settings.SettingsError, match="torch_threads"):
+        handlers.settings.read_settings(handlers.settings.Settings, {"torch_threads": -1})
