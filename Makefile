@@ -50,11 +50,14 @@ fuzz: venv
 # The figures in BENCHMARKS.md, one script each (several minutes; not part of `make test`).
 bench: venv
 	$(BIN)/python benchmarks/p1_image.py
+	$(BIN)/python benchmarks/p1_profile.py
 	$(BIN)/python benchmarks/p2_text.py
+	$(BIN)/python benchmarks/p2_profile.py
 	$(BIN)/python benchmarks/p3_packaging.py
 	$(BIN)/python benchmarks/p4_cold_start.py
 	$(BIN)/python benchmarks/kserve_envelopes.py
 	$(BIN)/python benchmarks/hostile_load.py
+	$(BIN)/python benchmarks/soak.py
 	$(BIN)/python benchmarks/kserve_engine.py
 	$(BIN)/python benchmarks/p5_kserve_path.py
 

@@ -55,6 +55,7 @@ def main(clients: int = 64, seconds: float = 60):
         f"""
 ## Hostile load: {clients} clients for {seconds:.0f} s, good requests mixed with attacks
 
+**Whole process**: a real TorchServe, its worker in a memory cgroup, under real HTTP load.
 resnet18 (toolkit `image_classifier`, batchSize 8, 1 worker under a {LIMIT >> 30} GiB {limit.kind} memory limit).
 Each request is a good 640x480 JPEG or, with probability 0.3, one of the {len(cases)} attacks of
 `samples/hostile.py` (deep JSON, 1x9,000,000 images, header-declared 65535x65535, zip-bomb-like

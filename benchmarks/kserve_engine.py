@@ -72,7 +72,7 @@ def main():
             rows.append(f"| {model} | {engine} | {rps:.1f} | {p50:.0f} | {p99:.0f} | {rps / base:.2f}x |")
     markdown = (
         "## KServe engine: the same archives on KServe's ModelServer vs TorchServe\n\n"
-        "`benchmarks/kserve_engine.py`: one store (resnet18 on 640x480 JPEGs, all-MiniLM-L6-v2 on sentences), "
+        "**Whole process**: both servers real, real HTTP. `benchmarks/kserve_engine.py`: one store (resnet18 on 640x480 JPEGs, all-MiniLM-L6-v2 on sentences), "
         f"batchSize 8, maxBatchDelay 20 ms; {REQUESTS} requests from {CONCURRENCY} clients per round after a "
         "warm-up, both servers up, alternating, three rounds.\n\n"
         + "\n".join(rows)

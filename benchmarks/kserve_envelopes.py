@@ -79,6 +79,7 @@ def main():
         f"""
 ## TorchServe's KServe envelopes and batching
 
+**Whole process**: a real TorchServe with each envelope, real HTTP.
 `TS_SERVICE_ENVELOPE` as KServe sets it; one TorchServe, resnet18 at batchSize 4 / maxBatchDelay 200 ms,
 8 concurrent requests of 2 instances each per row.
 

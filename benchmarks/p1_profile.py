@@ -35,6 +35,7 @@ def main():
         f"""
 ### Where the toolkit worker's time goes in P1 (profile)
 
+**Whole process**: py-spy samples of the served worker under P1's load.
 Under the P1 load ({throughput:.1f} images/s during the profile), py-spy on the worker (all threads), and
 the CPU each process takes:
 

@@ -46,6 +46,7 @@ def main():
         f"""
 ### Why P2 stays below the raw forward pass (profile)
 
+**Whole process**: py-spy samples of the served worker under P2's load.
 Under the P2 load ({throughput:.0f} texts/s during the profile), py-spy on the worker, and the CPU each
 process takes:
 

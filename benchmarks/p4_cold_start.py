@@ -58,6 +58,7 @@ def main():
         f"""
 ## P4 cold start: `torchserve --start` to READY
 
+**Whole process**: `torchserve --start` of a fresh TorchServe, timed until the model is READY.
 Same TorchScript resnet18, one model per fresh TorchServe, three alternating rounds.
 
 | handler | median s | rounds (s) |

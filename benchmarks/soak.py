@@ -58,6 +58,7 @@ def main():
         f"""
 ## Soak: {REQUESTS:,} requests at concurrency {CONCURRENCY}
 
+**Whole process**: a real TorchServe under real HTTP load; RSS read from /proc.
 resnet18 (toolkit `image_classifier`, batchSize 8, 1 worker), 640x480 JPEGs.
 
 | requests | errors | seconds | req/s | p50 / p99 ms | worker RSS after warm-up → end | growth | worker restarts |
