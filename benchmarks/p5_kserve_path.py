@@ -69,6 +69,7 @@ def main():
     tmp = Path(tempfile.mkdtemp())
     root = tmp / "tree"
     store = root / "model-store"
+    store.mkdir(parents=True)
     package_resnet(image_model.build(tmp / "image"), store, config_text=CONFIG)
     samples = text_models.build(tmp / "text")
     package_text(samples, store, "sentiment", "text_classifier", "classifier", CONFIG)
