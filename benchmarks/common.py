@@ -99,16 +99,18 @@ def cpu_seconds(pid: int) -> float:
 
 
 def profile_worker(srv, model: str, inputs, concurrency: int, buckets, seconds: int = 10):
-    """Under load, py-spy the model's worker and count each process's CPU.
+    """Under load, py-spy the model's (first) worker and count each process's CPU.
 
     Returns (throughput, {bucket: share of the worker's samples}, {process: cores used})."""
     from archiver import bench, server
 
     url = f"{srv.inference}/predictions/{model}"
     bench.run_load(url, inputs, concurrency, requests=64)
-    worker = server.request(f"{srv.management}/models/{model}")[1][0]["workers"][0]["pid"]
+    workers = [w["pid"] for w in server.request(f"{srv.management}/models/{model}")[1][0]["workers"]]
+    worker = workers[0]
     java = [p for p in server.group_members(srv.pid) if b"java" in Path(f"/proc/{p}/cmdline").read_bytes()]
-    processes = {"worker (Python)": [worker], "frontend (Java)": java, "load generator": [os.getpid()]}
+    label = "worker (Python)" if len(workers) == 1 else f"{len(workers)} workers (Python), together"
+    processes = {label: workers, "frontend (Java)": java, "load generator": [os.getpid()]}
     before = {name: sum(cpu_seconds(p) for p in pids) for name, pids in processes.items()}
     result = {}
     load = threading.Thread(
