@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -328,9 +329,20 @@ def log_to_stderr():
     logging.getLogger("ts.torch_handler.base_handler").setLevel(logging.ERROR)  # optional-backend notices
 
 
+def keep_torch_threads():
+    """One process serves every archive here, each on one model thread: a model's minWorkers (which
+    divides a TorchServe worker's intra-op threads among its workers) must not shrink them. Fixing
+    OMP_NUM_THREADS at torch's count keeps it (an archive's ``torch_threads`` still sets it, for
+    the whole process)."""
+    import torch
+
+    os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+
+
 def main(argv=None):
     args = parse_args(argv)
     log_to_stderr()
+    keep_torch_threads()
     archives = [Path(a) for a in args.archive]
     if args.model_store:
         archives += archives_in(Path(args.model_store))

@@ -291,3 +291,20 @@ def test_the_predictor_image_requirements_serve_the_exported_store(exported, in_
                 assert_close(body, want)
     finally:
         server.stop(srv)
+
+
+def test_the_engine_keeps_torchs_threads_whatever_minworkers_says(monkeypatch):
+    """One engine process serves each archive on one model thread: minWorkers 2 must not halve them."""
+    import torch
+
+    import handlers.loading
+    from handlers import kserve_predictor
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "unset below; restored after the test")
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    before = torch.get_num_threads()
+    try:
+        kserve_predictor.keep_torch_threads()
+        assert handlers.loading.pick_threads(0, 2) == before
+    finally:
+        torch.set_num_threads(before)
