@@ -49,6 +49,7 @@ fuzz: venv
 
 # The figures in BENCHMARKS.md, one script each (several minutes; not part of `make test`).
 bench: venv
+	$(UV) pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[test,bench]'
 	$(BIN)/python benchmarks/p1_image.py
 	$(BIN)/python benchmarks/p1_profile.py
 	$(BIN)/python benchmarks/p2_text.py
