@@ -61,6 +61,7 @@ bench: venv
 	$(BIN)/python benchmarks/soak.py
 	$(BIN)/python benchmarks/kserve_engine.py
 	$(BIN)/python benchmarks/p5_kserve_path.py
+	$(BIN)/python benchmarks/p5_profile.py
 
 clean:
 	rm -rf $(VENV) .runtimes .tsctl samples/build logs

@@ -99,18 +99,27 @@ def cpu_seconds(pid: int) -> float:
 
 
 def profile_worker(srv, model: str, inputs, concurrency: int, buckets, seconds: int = 10):
-    """Under load, py-spy the model's (first) worker and count each process's CPU.
+    """Under load, py-spy the model's (first) TorchServe worker and count each process's CPU.
 
     Returns (throughput, {bucket: share of the worker's samples}, {process: cores used})."""
-    from archiver import bench, server
+    from archiver import server
 
     url = f"{srv.inference}/predictions/{model}"
-    bench.run_load(url, inputs, concurrency, requests=64)
     workers = [w["pid"] for w in server.request(f"{srv.management}/models/{model}")[1][0]["workers"]]
-    worker = workers[0]
     java = [p for p in server.group_members(srv.pid) if b"java" in Path(f"/proc/{p}/cmdline").read_bytes()]
     label = "worker (Python)" if len(workers) == 1 else f"{len(workers)} workers (Python), together"
-    processes = {label: workers, "frontend (Java)": java, "load generator": [os.getpid()]}
+    return profile_process(url, inputs, concurrency, buckets, workers[0], {label: workers, "frontend (Java)": java})
+
+
+def profile_process(url: str, inputs, concurrency: int, buckets, spied: int, processes: dict, seconds: int = 10):
+    """Under load on ``url``, py-spy process ``spied`` and count the CPU of each of ``processes``
+    ({label: pids}; the load generator is added).
+
+    Returns (throughput, {bucket: share of the spied process's samples}, {process: cores used})."""
+    from archiver import bench
+
+    bench.run_load(url, inputs, concurrency, requests=64)
+    processes = dict(processes, **{"load generator": [os.getpid()]})
     before = {name: sum(cpu_seconds(p) for p in pids) for name, pids in processes.items()}
     result = {}
     load = threading.Thread(
@@ -125,7 +134,7 @@ def profile_worker(srv, model: str, inputs, concurrency: int, buckets, seconds: 
             str(Path(sys.executable).parent / "py-spy"),
             "record",
             "-p",
-            str(worker),
+            str(spied),
             "-d",
             str(seconds),
             "-f",

@@ -46,18 +46,20 @@ the CPU each process takes:
 {profile_tables(shares, cores)}
 
 The model's forward pass is most of the worker's time, and the decode work left after draft decoding
-runs on a second thread. One worker leaves part of the 2 cores idle: it decodes, then runs the model,
-then waits for TorchServe to hand it the next batch.
+runs on a second thread; the worker decodes a batch, then runs the model on 2 intra-op threads.
 
 With 2 workers of 1 intra-op thread each ({throughput2:.1f} images/s during the profile), py-spy on one
 of them, and the CPU of both together:
 
 {profile_tables(shares2, cores2)}
 
-The workers and the frontend (which receives ~440 kB per request) now take all of the 2 cores: the
-forward pass and the decode that must precede it are the work left, and the built-in handler runs
-the same TorchScript graph (the toolkit's frozen and optimised). Going further on this machine takes
-a cheaper forward pass (ONNX Runtime, a smaller model) or more cores, not a better overlap.
+The cores are about as busy as with one worker (compare the two process tables): the 2 workers do
+more with them, because a forward pass on 1 thread spends nothing on splitting small convolutions
+across threads, and one worker's decode runs while the other's model does. The work left is the
+forward pass (three quarters) and the decode that must precede it, on cores that the workers and the
+frontend (which receives ~440 kB per request) already fill; the built-in handler runs the same
+TorchScript graph (the toolkit's frozen and optimised). Going further on this machine takes a
+cheaper forward pass (ONNX Runtime, a smaller model) or more cores, not a better overlap.
 
 Reproduce: `.venv/bin/python benchmarks/p1_profile.py`
 """,

@@ -55,15 +55,18 @@ process takes:
 
 {profile_tables(shares, cores)}
 
-The worker spends most of its time in the model's forward pass already; what it lacks is cores: it
-runs a batch, then waits while TorchServe's frontend answers it and hands over the next, and those
-gaps leave part of the 2 cores idle. With 2 workers of 1 intra-op thread each ({throughput2:.0f} texts/s
-during the profile; py-spy on one of them, the CPU of both together):
+The worker spends most of its time in the model's forward pass, on 2 intra-op threads. With 2
+workers of 1 intra-op thread each ({throughput2:.0f} texts/s during the profile; py-spy on one of them,
+the CPU of both together):
 
 {profile_tables(shares2, cores2)}
 
-one worker runs its forward pass while the other waits for its next batch, and the served figure
-reaches the raw forward pass's (P2 above).
+the processes take about the same cores as with one worker (compare the process tables), and the
+workers do far more with them. MiniLM's matrices for a batch of 8 short sentences are small: split
+across 2 threads, each of the model's many small operations pays for the split and the join about
+what it saves, while 2 single-threaded workers each run whole batches with no such cost (and one
+tokenises or waits on the frontend while the other computes). So the served figure reaches the raw
+forward pass's (P2 above), which runs on torch's default 2 threads.
 
 Reproduce: `.venv/bin/python benchmarks/p2_profile.py`
 """,
