@@ -96,10 +96,15 @@ machine's), with a py-spy profile of one process.
 A MiniLM request is a few milliseconds of model: what each path adds per request decides its rate.
 The wrapper is a second Python HTTP server in front of TorchServe: its own parsing and its client
 call to TorchServe take CPU from the same cores the model needs, which is why it halves TorchServe's
-text throughput, while for resnet18 (P5 above) the forward pass dominates and it costs ~15 %. The
-engine does the work of the wrapper and of TorchServe's frontend in one Python process: no second
-hop, but its HTTP and KServe handling share that process (and its GIL) with the model thread, where
-TorchServe's frontend parses HTTP in Java beside the worker.
+text throughput, while for resnet18 (P5 above) the forward pass dominates and it costs ~15 %.
+
+The engine does the work of the wrapper and of TorchServe's frontend in one Python process: no second
+hop, but its HTTP and KServe handling and the handler's own per-request work share that process (and
+its GIL) with the archive's one model thread, where TorchServe's frontend parses HTTP in Java beside
+the worker. It leaves part of the 2 cores idle (compare its cores with TorchServe's worker and
+frontend together): while the model thread runs a batch, the next cannot start. Several model
+threads per archive (TorchServe's workers) would use them; the engine has one, because LocalModel
+runs one archive's batches one at a time (its module swap is process-wide).
 
 Reproduce: `.venv/bin/python benchmarks/p5_profile.py`
 """,
