@@ -18,6 +18,7 @@ Goal: (c) >= (a) and (c) >= 2x (b).
 """
 
 import base64
+import contextlib
 import json
 import shutil
 import sys
@@ -72,7 +73,10 @@ def side(base_url: str, model: str, latencies: list):
     return run
 
 
-def main():
+@contextlib.contextmanager
+def three_paths():
+    """resnet18, sentiment and MiniLM packaged, exported for torchserve-kfs:0.9.0 and served every
+    way: yields (the kserve_wrapper stack in front of TorchServe, the KServe engine)."""
     tmp = Path(tempfile.mkdtemp())
     root = tmp / "tree"
     store = root / "model-store"
@@ -88,6 +92,17 @@ def main():
     engine = None
     try:
         engine = server.start_kserve(exported / "model-store", short_tmp("p5-"), timeout=300)
+        yield stack, engine
+    finally:
+        if engine is not None:
+            server.stop(engine)
+            shutil.rmtree(engine.home, ignore_errors=True)
+        stop_stack(stack)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main():
+    with three_paths() as (stack, engine):
         urls = {"ts": stack.torchserve.inference, "wrapper": stack.url, "engine": engine.inference}
         sections = []
         for model in ("resnet18", "minilm"):
@@ -120,12 +135,6 @@ def main():
             + WHY
             + "\nReproduce: `.venv/bin/python benchmarks/p5_kserve_path.py`",
         )
-    finally:
-        if engine is not None:
-            server.stop(engine)
-            shutil.rmtree(engine.home, ignore_errors=True)
-        stop_stack(stack)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

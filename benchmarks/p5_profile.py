@@ -4,18 +4,12 @@ profile of the KServe engine's process, under P5's MiniLM load.
     .venv/bin/python benchmarks/p5_profile.py
 """
 
-import shutil
-import sys
-import tempfile
 from pathlib import Path
 
 from common import profile_process, profile_tables, write_section
-from p5_kserve_path import CONCURRENCY, CONFIG, bodies
-from test_kserve_wrapper import KFS, WRAPPER, start_stack, stop_stack  # noqa: E402
+from p5_kserve_path import CONCURRENCY, bodies, three_paths
 
 from archiver import server  # noqa: E402
-from conftest import export_tree, package_resnet, package_text, short_tmp  # noqa: E402
-from samples import image_model, kserve_wrapper_launcher, runtime_env, text_models  # noqa: E402
 
 BUCKETS = (
     ("model forward", lambda f: "forward" in f and "modeling" in f),
@@ -38,23 +32,9 @@ def torchserve_processes(srv) -> dict:
 
 
 def main():
-    tmp = Path(tempfile.mkdtemp())
-    root = tmp / "tree"
-    store = root / "model-store"
-    store.mkdir(parents=True)
-    package_resnet(image_model.build(tmp / "image"), store, config_text=CONFIG)
-    samples = text_models.build(tmp / "text")
-    package_text(samples, store, "sentiment", "text_classifier", "classifier", CONFIG)
-    package_text(samples, store, "minilm", "text_embedder", "minilm", CONFIG)
-    exported = export_tree(root, runtime=KFS)
-    kfs_python = runtime_env.ensure(KFS)
-    protos = kserve_wrapper_launcher.generate_protos(str(kfs_python), WRAPPER / "proto", tmp / "protos")
-    stack = start_stack(exported, protos, kfs_python, sys.executable, "v1")
-    engine = None
     inputs = bodies("minilm")
     path = "/v1/models/minilm:predict"
-    try:
-        engine = server.start_kserve(exported / "model-store", short_tmp("p5p-"), timeout=300)
+    with three_paths() as (stack, engine):
         ts = torchserve_processes(stack.torchserve)
         direct = profile_process(
             stack.torchserve.inference + path, inputs, CONCURRENCY, BUCKETS, ts["TorchServe worker (Python)"][0], ts
@@ -67,12 +47,6 @@ def main():
         own = profile_process(
             engine.inference + path, inputs, CONCURRENCY, BUCKETS, engine.pid, {"KServe engine (Python)": engine_pids}
         )
-    finally:
-        if engine is not None:
-            server.stop(engine)
-            shutil.rmtree(engine.home, ignore_errors=True)
-        stop_stack(stack)
-        shutil.rmtree(tmp, ignore_errors=True)
     write_section(
         "P5-PROFILE",
         f"""
