@@ -29,10 +29,9 @@ import torch
 
 from .base import entry_point
 from .loading import ModelLoadError
-from .onnx_runtime import ONNX_FILE
 from .settings import POOLINGS, EmbedderSettings
 from .text import Encoded, TextHandler
-from .toolkit import SENTENCE_TRANSFORMERS
+from .toolkit import ONNX_FILE, SENTENCE_TRANSFORMERS
 
 logger = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ def load_model(model_dir: str, manifest_model: dict, device: torch.device, allow
     if suffix == ".onnx":
         from .onnx_runtime import OnnxModel
 
-        return OnnxModel(path, threads=torch.get_num_threads())
+        return OnnxModel(path)
     if suffix == ".pt2":
         # An exported program is already in inference form; its module refuses .eval() and .to().
         program = torch.export.load(path)

@@ -15,8 +15,6 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from .toolkit import ONNX_FILE  # noqa: F401  (where the loaders look for the model)
-
 
 class OnnxOutput(dict):
     """A graph's named outputs: ``out.logits``, ``out["logits"]`` or ``out[0]``."""
@@ -35,11 +33,12 @@ class OnnxOutput(dict):
 
 class OnnxModel:
     def __init__(self, path: str, config: Any = None, threads: Optional[int] = None):
+        """``threads``: ONNX Runtime's intra-op threads; by default torch's count, which the handler set
+        for its worker (``loading.pick_threads``)."""
         import onnxruntime
 
         options = onnxruntime.SessionOptions()
-        if threads:
-            options.intra_op_num_threads = threads
+        options.intra_op_num_threads = threads or torch.get_num_threads()
         self.session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         self.input_names: List[str] = [i.name for i in self.session.get_inputs()]
         self.output_names: List[str] = [o.name for o in self.session.get_outputs()]

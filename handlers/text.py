@@ -25,10 +25,10 @@ from typing import Any, List, Sequence
 from . import v2binary
 from .base import Job, ToolkitHandler, client_error, request_headers
 from .loading import ModelLoadError
-from .onnx_runtime import ONNX_FILE, OnnxModel
+from .onnx_runtime import OnnxModel
 from .requests import text_request, to_text, too_large
 from .settings import TextSettings
-from .toolkit import TRANSFORMERS
+from .toolkit import ONNX_FILE, TRANSFORMERS
 
 MAX_LENGTH_CAP = 512
 
@@ -59,7 +59,7 @@ class TextHandler(ToolkitHandler):
         onnx = os.path.join(self.hf_dir, ONNX_FILE)
         if os.path.isfile(onnx):  # the same directory exported to ONNX: ONNX Runtime runs it
             config = transformers.AutoConfig.from_pretrained(self.hf_dir, local_files_only=True)
-            return OnnxModel(onnx, config, threads=self.threads)
+            return OnnxModel(onnx, config)
         model = getattr(transformers, self.auto_class).from_pretrained(self.hf_dir, local_files_only=True)
         return model.to(self.device).eval()
 

@@ -5,8 +5,9 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handlers.image import SAFE_FORMATS, decode_image, open_image
+from handlers.image import decode_image, open_image
 from handlers.requests import ClientError, encode_answer, parse_request, to_bytes, to_text
+from handlers.settings import SAFE_FORMATS
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
