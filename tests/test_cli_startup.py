@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -73,8 +74,6 @@ def test_package_of_toolkit_handlers_imports_no_model_library(store):
     )  # fmt: skip
     assert code == 0, out
     assert not modules & MODEL_LIBRARIES, modules & MODEL_LIBRARIES
-    import zipfile
-
     with zipfile.ZipFile(store / "ms" / "emb.mar") as archive:
         requirements = archive.read("requirements.txt").decode().split()
         assert requirements == [toolkit.TRANSFORMERS, toolkit.SENTENCE_TRANSFORMERS]
