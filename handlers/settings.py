@@ -93,6 +93,7 @@ PADDINGS = ("longest", "max_length")
 FUNCTIONS = ("auto", "softmax", "sigmoid", "none")  # text classification: transformers' function_to_apply
 AGGREGATIONS = ("first", "average", "max")  # token classification: the pipeline's aggregation_strategy
 POOLINGS = ("mean", "cls", "max")  # embeddings of plain Hugging Face directories
+MAX_TORCH_THREADS = 1024  # more overflows torch's thread count or exhausts memory making them
 
 
 @dataclass
@@ -110,8 +111,8 @@ class Settings:
     verify_atol: float = golden.DEFAULT_ATOL  # how far a golden number may move (verify_on_start)
 
     def check(self):
-        if self.torch_threads < 0:
-            return "'handler.torch_threads' must be 0 (the cores / minWorkers) or more"
+        if not 0 <= self.torch_threads <= MAX_TORCH_THREADS:
+            return f"'handler.torch_threads' must be 0 (the cores / minWorkers) to {MAX_TORCH_THREADS}"
         for key in ("max_body_bytes", "max_json_depth", "max_json_values", "decode_threads"):
             if getattr(self, key) < 1:
                 return f"'handler.{key}' must be at least 1"

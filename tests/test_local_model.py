@@ -380,3 +380,6 @@ def test_workers_share_the_cores_unless_told_otherwise(monkeypatch):
         torch.set_num_threads(before)
     with pytest.raises(handlers.settings.SettingsError, match="torch_threads"):
         handlers.settings.read_settings(handlers.settings.Settings, {"torch_threads": -1})
+    for too_many in (1025, 2**31, 10**20):  # torch overflowed, or hung allocating a million threads
+        with pytest.raises(handlers.settings.SettingsError, match="torch_threads"):
+            handlers.settings.read_settings(handlers.settings.Settings, {"torch_threads": too_many})
