@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from handlers.requests import content_type
+
 from .choices import MAX_BENCH_SECONDS
 from .errors import ServerError, UserError
-from .server import CONTENT_TYPES, request
+from .server import request
 
 
 @dataclass
@@ -69,7 +71,7 @@ def read_inputs(paths: Sequence[str]) -> List[Tuple[bytes, str]]:
         p = Path(path)
         if not p.is_file():
             raise UserError(f"--input {path} does not exist")
-        inputs.append((p.read_bytes(), CONTENT_TYPES.get(p.suffix.lower(), "application/octet-stream")))
+        inputs.append((p.read_bytes(), content_type(p)))
     return inputs
 
 

@@ -153,8 +153,18 @@ def inspect(archive):
 @click.option("--batch-size", type=click.IntRange(1))
 @click.option("--max-batch-delay", type=click.IntRange(0), help="Milliseconds to wait to fill a batch.")
 @click.option("--response-timeout", type=click.IntRange(1), help="Seconds.")
-def config(model_store, output, min_workers, max_workers, batch_size, max_batch_delay, response_timeout):
-    """Write config/config.properties with a model_snapshot of every archive in the store."""
+@click.option(
+    "--runtime",
+    type=click.Choice(list(runtimes.RUNTIMES)),
+    default=runtimes.DEFAULT,
+    show_default=True,
+    help="The TorchServe image KServe runs: archives whose requirements it lacks are named (nothing is resolved).",
+)
+def config(model_store, output, min_workers, max_workers, batch_size, max_batch_delay, response_timeout, runtime):
+    """Write config/config.properties with a model_snapshot of every archive in the store.
+
+    The per-model pip install is off: torchserve runs in an environment that has the archives'
+    packages. Each archive whose requirements KServe's image lacks is named, with what to run instead."""
     from . import properties
 
     overrides = {
@@ -173,6 +183,8 @@ def config(model_store, output, min_workers, max_workers, batch_size, max_batch_
             f"  {name}: {entry['marName']} workers {entry['minWorkers']}-{entry['maxWorkers']}, "
             f"batch {entry['batchSize']} / {entry['maxBatchDelay']} ms, timeout {entry['responseTimeout']} s"
         )
+    for gap in properties.kserve_gaps(model_store, runtime):
+        click.echo(f"note: {gap}")
 
 
 @main.command(cls=Command)
@@ -291,7 +303,10 @@ def run(archive, inputs):
     with model:
         responses = model.predict([Path(p) for p in paths])
     for path, response in zip(inputs, responses):
-        click.echo(f"{path}: {response.status} {json.dumps(response.json())}")
+        answer = response.answer()
+        binary = isinstance(answer, bytes)
+        shown = f"<{len(answer):,} bytes of {response.content_type}>" if binary else json.dumps(answer)
+        click.echo(f"{path}: {response.status} {shown}")
     sys.exit(0 if all(r.status == 200 for r in responses) else 1)
 
 

@@ -12,7 +12,6 @@ import base64
 import dataclasses
 import hashlib
 import json
-import mimetypes
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any, List, Optional, Tuple
 
 from handlers import golden as answers
 from handlers import identity
+from handlers.requests import content_type
 
 from . import mar
 from .errors import UserError
@@ -56,11 +56,6 @@ def requests_in(source: Path) -> List[Tuple[str, bytes, str]]:
             )
         found.append((path.name, path.read_bytes(), content_type(path)))
     return found
-
-
-def content_type(path: Path) -> str:
-    kind = mimetypes.guess_type(path.name)[0]
-    return kind or "application/octet-stream"
 
 
 def weights_sha256(path: Optional[str]) -> Optional[str]:
@@ -173,12 +168,12 @@ def verify(
 def in_process(archive: Path, requests: List[Tuple[bytes, str]]) -> Tuple[List[Tuple[int, Any]], dict]:
     """(status, answer) of each (body, content type), one request at a time as a worker would run
     it alone; and the handler's settings."""
-    from handlers.testing import LocalModel  # torch: only for --golden and in-process verify
+    from handlers.testing import LocalModel, Request  # torch: only for --golden and in-process verify
 
     with LocalModel(archive, batch_size=1) as model:
         results = []
         for body, kind in requests:
-            [response] = model.predict_rows([{"body": body}], [{"Content-Type": kind}])
+            [response] = model.serve([Request(body, {"Content-Type": kind})])
             results.append((response.status, response.json()))
         settings = dataclasses.asdict(model.handler.settings) if model.handler is not None else {}
     return results, settings

@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from handlers.requests import content_type
+
 from .errors import ServerError, UserError
 from .properties import check_keys, read_properties, snapshot_of
 
@@ -85,8 +87,9 @@ def start(
 ) -> Server:
     """Start TorchServe detached and wait until every snapshot model has a READY worker.
 
-    ``install_deps`` keeps the config's ``install_py_dep_per_model`` (KServe installs each archive's
-    requirements.txt); by default it is off locally, where the environment already has them.
+    ``install_deps`` turns TorchServe's per-model install on (``TS_INSTALL_PY_DEP_PER_MODEL=true``), as
+    in the config ``tsctl export kserve`` writes: each archive's requirements.txt goes into its model
+    directory. By default it is off, whatever the config says: the environment has the packages.
     ``kserve_args`` starts it with exactly the arguments of KServe's TorchServe runtime (no
     ``--foreground``, no ``--ncs``): the launcher exits and the server lives on in its process group."""
     config, model_store, home = Path(config).resolve(), Path(model_store).resolve(), Path(home).resolve()
@@ -159,8 +162,7 @@ def _launch(config, model_store, home, timeout, python, env, install_deps, kserv
             "TS_INITIAL_WORKER_PORT": str(random.randrange(20000, 60000, 100)),
         }
     )
-    if not install_deps:
-        run_env["TS_INSTALL_PY_DEP_PER_MODEL"] = "false"
+    run_env["TS_INSTALL_PY_DEP_PER_MODEL"] = "true" if install_deps else "false"
     run_env.update(env or {})
     if kserve_args:
         arguments = ["--start", f"--model-store={model_store}", f"--ts-config={config}"]
@@ -524,20 +526,11 @@ def _may_continue(sock, wait: float = 1.0) -> bool:
     return True
 
 
-CONTENT_TYPES = {
-    ".json": "application/json",
-    ".txt": "text/plain",
-    ".jpg": "image/jpeg",
-    ".jpeg": "image/jpeg",
-    ".png": "image/png",
-}
-
-
 def predict(server: Server, model: str, path: Path, timeout: float = 60) -> Tuple[int, object]:
     """POST one file to the model (``Server.predict_url``), with the content type its suffix says."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"input {path} does not exist")
-    headers = {"Content-Type": CONTENT_TYPES.get(path.suffix.lower(), "application/octet-stream")}
+    headers = {"Content-Type": content_type(path)}
     headers.update(server.headers("inference"))
     return request(server.predict_url(model), path.read_bytes(), "POST", headers, timeout)

@@ -41,7 +41,8 @@ from kserve.errors import InferenceError, InvalidInput
 from kserve.protocol.rest import server as rest_server
 
 from .archives import ArchiveError, read_manifest, read_member
-from .testing import LocalModel, Response
+from .testing import LocalModel
+from .worker import Request, Response
 
 logger = logging.getLogger("handlers.kserve_predictor")  # also when run as __main__
 
@@ -92,7 +93,7 @@ def batch_settings(archive: Path) -> Tuple[int, int]:
 
 class Batcher:
     """Gathers concurrent requests into batches the way TorchServe's frontend does and runs each
-    batch on one thread: ``run(rows, headers)`` returns one Response per row."""
+    batch on one thread: ``run(requests)`` returns one Response per request."""
 
     def __init__(self, run, batch_size: int, max_delay_ms: int, name: str):
         self.run = run
@@ -102,12 +103,12 @@ class Batcher:
         self.queue: Optional[asyncio.Queue] = None
         self.loop_task = None
 
-    async def submit(self, row: dict, headers: Dict[str, str]) -> Response:
+    async def submit(self, request: Request) -> Response:
         if self.loop_task is None:
             self.queue = asyncio.Queue()
             self.loop_task = asyncio.get_running_loop().create_task(self._serve())
         done = asyncio.get_running_loop().create_future()
-        await self.queue.put((row, headers, done))
+        await self.queue.put((request, done))
         return await done
 
     async def _serve(self):
@@ -122,16 +123,15 @@ class Batcher:
                     batch.append(entry)
                 except (asyncio.QueueEmpty, asyncio.TimeoutError):
                     break
-            batch = [entry for entry in batch if not entry[2].done()]  # clients that gave up
+            batch = [entry for entry in batch if not entry[1].done()]  # clients that gave up
             if not batch:
                 continue
-            rows, headers = [entry[0] for entry in batch], [entry[1] for entry in batch]
             try:
-                responses = await loop.run_in_executor(self.thread, self.run, rows, headers)
+                responses = await loop.run_in_executor(self.thread, self.run, [entry[0] for entry in batch])
             except Exception as exc:  # noqa: BLE001 - the handler broke its contract: every request hears it
                 logger.exception("tsctl: the batch failed as a whole")
                 responses = [exc] * len(batch)
-            for (_, _, done), response in zip(batch, responses):
+            for (_, done), response in zip(batch, responses):
                 if done.done():
                     continue
                 if isinstance(response, Exception):
@@ -166,18 +166,18 @@ class ArchivePredictor(Model):
         self.archive = archive
         self.max_body_bytes = getattr(getattr(self.local.handler, "settings", None), "max_body_bytes", 0)
         delay = configured_delay if max_batch_delay is None else max_batch_delay
-        self.batcher = Batcher(self.local.predict_rows, batch_size, delay, self.name)
+        self.batcher = Batcher(self.local.serve, batch_size, delay, self.name)
         self.ready = True
         logger.info("tsctl: %s serves %s (batchSize %d, maxBatchDelay %d ms)", self.name, archive, batch_size, delay)
 
     async def predict(self, payload, headers: Optional[Dict[str, str]] = None, response_headers=None):
         v2 = isinstance(payload, InferRequest)
         try:
-            row, row_headers = as_row(payload, headers or {})
+            request = as_request(payload, headers or {})
         except Exception as exc:  # noqa: BLE001 - a v2 request KServe decoded but that cannot be re-encoded
             message = f"the request could not be read: {exc}"
             raise HandlerRefusal(400, {"code": 400, "type": "ClientError", "message": message}) from None
-        response = await self.batcher.submit(row, row_headers)
+        response = await self.batcher.submit(request)
         body = response.json()
         if response.status >= 500:
             raise HandlerFailure(response.status, body)
@@ -199,13 +199,15 @@ class ArchivePredictor(Model):
         self.local.close()
 
 
-def as_row(payload, headers: Dict[str, str]) -> Tuple[dict, Dict[str, str]]:
-    """The TorchServe request row (and its headers) for a request KServe decoded: a v1 dict or raw
-    body as it came; a v2 InferRequest as its JSON (answered in JSON: KServe encodes binary
-    outputs itself) or, when its inputs came as binary, in the binary tensor extension."""
+def as_request(payload, headers: Dict[str, str]) -> Request:
+    """The HTTP request TorchServe would have been sent for a request KServe decoded: a v1 dict as
+    its JSON, a raw body as it came; a v2 InferRequest as its JSON (answered in JSON: KServe encodes
+    binary outputs itself) or, when its inputs came as binary, in the binary tensor extension."""
     if not isinstance(payload, InferRequest):
-        keep = {name: value for name, value in headers.items() if name.lower() == "content-type"}
-        return {"body": payload}, keep
+        if isinstance(payload, (bytes, bytearray)):
+            keep = {name: value for name, value in headers.items() if name.lower() == "content-type"}
+            return Request(bytes(payload), keep)
+        return Request(json.dumps(payload).encode("utf-8"), {"Content-Type": "application/json"})
     outputs = payload.request_outputs
     payload.request_outputs = [type(o)(o.name) for o in outputs] if outputs else outputs
     for infer_input in payload.inputs:  # decoded from the binary extension: send it on the same way
@@ -218,9 +220,9 @@ def as_row(payload, headers: Dict[str, str]) -> Tuple[dict, Dict[str, str]]:
         body, json_length = payload.to_rest()
     finally:
         payload.request_outputs, payload.parameters = outputs, parameters
-    if json_length is None:
-        return {"body": body}, {"Content-Type": "application/json"}
-    return {"body": body}, {"Content-Type": "application/octet-stream", BINARY_LENGTH: str(json_length)}
+    if json_length is None:  # a dict
+        return Request(json.dumps(body).encode("utf-8"), {"Content-Type": "application/json"})
+    return Request(body, {"Content-Type": "application/octet-stream", BINARY_LENGTH: str(json_length)})
 
 
 class BodyTooLarge(Exception):

@@ -27,8 +27,10 @@ v2binary.py and then read here like their JSON form (``parse_body``).
 import base64
 import binascii
 import json
+import mimetypes
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 SINGLE, LIST, V1, V2 = "single", "list", "v1", "v2"
@@ -403,3 +405,10 @@ def encode_answer(
     if request.v2_id is not None:
         body["id"] = request.v2_id
     return body
+
+
+def content_type(path) -> str:
+    """The Content-Type a file is sent with (``tsctl predict``, ``run``, ``bench``, ``--golden``):
+    what its suffix says (``.jpg`` image/jpeg, ``.webp`` image/webp, ``.txt`` text/plain, ``.json``
+    application/json), else ``application/octet-stream``."""
+    return mimetypes.guess_type(Path(path).name)[0] or "application/octet-stream"

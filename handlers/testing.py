@@ -6,10 +6,14 @@
         [answer] = model.predict([open("kitten.jpg", "rb").read()])
         assert answer.status == 200, answer.json()
 
-The handler is loaded with TorchServe's own model loader (``ts.model_loader``), so the context,
-the ``module:function`` entry point, model-config.yaml and envelopes are exactly a worker's.
-No Java, no HTTP. Each input becomes one request row: ``bytes`` as a raw body, ``str`` as a text
-body, ``dict``/``list`` as an already-parsed JSON body, as TorchServe's frontend delivers them.
+The archive runs as a TorchServe 0.12 worker runs it (``handlers/worker.py``): TorchServe's own
+model loader, ``Service`` and ``Context`` (metrics cache, manifest, system properties,
+model-config.yaml, per-request headers), the ``module:function`` entry point or the one class of a
+handler file, envelopes; so any handler TorchServe serves (its built-in handlers, ``BaseHandler``
+subclasses, the toolkit's) runs here unchanged. No Java, no HTTP. Each input is one HTTP request of
+the batch (``bytes`` a raw body, ``str`` a text, ``dict``/``list`` a JSON body, a ``Path`` the file
+with the content type of its suffix, or a ``worker.Request`` with headers of its own); each answer
+is what TorchServe's frontend would send (status, content type, headers, body bytes).
 
 **The archive's code, not this process's.** A worker has the model directory first on its path, so
 ``handlers.image:handle`` imports the ``handlers/`` package the archive carries (every toolkit
@@ -46,41 +50,25 @@ On ``close()``, and when the load fails (bad weights, bad settings: the handler'
 raised), the temporary unpack directory is removed.
 """
 
-import json
 import os
 import shutil
 import sys
 import tempfile
 import threading
-import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Union
 
-from ts.context import RequestProcessor
-from ts.model_loader import TsModelLoader
 from ts.torch_handler.request_envelope.base import BaseEnvelope
 
-from . import identity
+from . import identity, worker
 from .archives import check_inside, read_manifest, unpack
+from .worker import Request, Response, as_request
+
+__all__ = ["LocalModel", "Request", "Response"]
 
 _SWAP = threading.RLock()  # one model's names in sys.modules at a time
 STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | frozenset(sys.builtin_module_names)
-
-
-@dataclass
-class Response:
-    status: int
-    body: Any
-    content_type: Optional[str] = None
-    headers: dict = field(default_factory=dict)
-
-    def json(self):
-        body = self.body
-        if isinstance(body, (bytes, bytearray)):
-            body = body.decode("utf-8")
-        return json.loads(body) if isinstance(body, str) else body
 
 
 class LocalModel:
@@ -94,8 +82,11 @@ class LocalModel:
         batch_size: int = 8,
         envelope: Optional[str] = None,
         gpu: Optional[int] = None,
+        decode_input_request: bool = True,
+        limit_max_image_pixels: bool = True,
     ):
         archive = Path(archive)
+        self.decode_input_request = decode_input_request
         self._tmp = None
         self.model_dir = None
         self.service = None
@@ -115,8 +106,14 @@ class LocalModel:
             self.model_name = model["modelName"]
             self._names = own_names(self.model_dir, model)
             with self._active():
-                self.service = TsModelLoader().load(
-                    self.model_name, str(self.model_dir), model["handler"], gpu, batch_size, envelope
+                self.service = worker.load(
+                    self.model_name,
+                    str(self.model_dir),
+                    model["handler"],
+                    gpu,
+                    batch_size,
+                    envelope,
+                    limit_max_image_pixels,
                 )
         except BaseException:
             self.close()
@@ -173,31 +170,27 @@ class LocalModel:
             found = getattr(entry, "__self__", None)  # a handler class TorchServe instantiated itself
         return found if type(found).__qualname__ == self.record["class"] else None
 
+    def serve(self, requests: List[Request]) -> List[Response]:
+        """Run one batch of HTTP requests as TorchServe's worker runs it (``handlers/worker.py``):
+        one Response per request, in order, as TorchServe's frontend would answer it."""
+        return self._run(worker.frontend_batch(list(requests), self.decode_input_request))
+
     def predict_rows(self, rows: List[dict], headers: Optional[List[Dict[str, str]]] = None) -> List[Response]:
-        """Run one batch of TorchServe request rows, each with its HTTP ``headers`` if given; one
-        Response per row (its status, body, content type and headers)."""
+        """Run one batch of rows as the worker hands them to the handler after decoding (``{"body":
+        value}``, or form fields ``{"data": ..., "file": ...}``), each with its HTTP ``headers``."""
+        return self._run(worker.rows_batch(rows, headers))
+
+    def _run(self, batch: List[dict]) -> List[Response]:
         if self.service is None:
             raise RuntimeError(f"LocalModel {self.model_name!r} is closed")
-        context = self.service.context
         with self._active():
-            context.request_ids = {i: str(uuid.uuid4()) for i in range(len(rows))}
-            context.request_processor = [RequestProcessor(dict(h)) for h in (headers or [{} for _ in rows])]
-            bodies = self.service._entry_point(rows, context)
-        if not isinstance(bodies, list) or len(bodies) != len(rows):
-            raise RuntimeError(f"handler returned {type(bodies).__name__} for a batch of {len(rows)}")
-        return [
-            Response(
-                context.get_response_status(i)[0],
-                body,
-                context.get_response_content_type(i),
-                dict(context.get_response_headers(i)),
-            )
-            for i, body in enumerate(bodies)
-        ]
+            return worker.predict(self.service, batch)
 
     def predict(self, inputs: Sequence[Any]) -> List[Response]:
-        """Run one batch: each input (bytes, str, dict, list or a Path to read) is one request."""
-        return self.predict_rows([as_row(i) for i in inputs])
+        """Run one batch: each input is one request (``bytes`` a raw body, ``str`` a text, ``dict``
+        or ``list`` a JSON body, a ``Path`` the file with the content type of its suffix, or a
+        ``Request``)."""
+        return self.serve([as_request(i) for i in inputs])
 
     def close(self):
         """Let go of the handler, its modules and the temporary directory; safe to call twice."""
@@ -227,9 +220,3 @@ def own_names(model_dir: Path, model: dict) -> FrozenSet[str]:
         elif entry.is_dir() and (entry / "__init__.py").is_file():
             names.add(entry.name)
     return frozenset(name for name in names if name.isidentifier() and name not in STDLIB)
-
-
-def as_row(value: Any) -> dict:
-    if isinstance(value, Path):
-        value = value.read_bytes()
-    return {"body": value}

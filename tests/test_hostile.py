@@ -25,7 +25,7 @@ from tritonclient.utils import serialize_byte_tensor
 from archiver import mar
 from conftest import package_text
 from handlers import v2binary
-from handlers.testing import LocalModel, as_row
+from handlers.testing import LocalModel
 from samples import hostile
 from samples.image_model import sample_jpeg
 
@@ -100,7 +100,7 @@ def check_batch(model, hostile_body, good, accepts=None, headers=None):
     """[good, hostile, good] as one batch (the hostile request with its HTTP ``headers``): every
     response well-formed, the neighbours right."""
     [alone] = model.predict([good])
-    rows = [as_row(good), as_row(hostile_body), as_row(good)]
+    rows = [{"body": good}, {"body": hostile_body}, {"body": good}]
     responses = model.predict_rows(rows, None if headers is None else [{}, headers, {}])
     assert len(responses) == 3
     for neighbour in (responses[0], responses[2]):

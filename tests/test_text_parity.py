@@ -20,8 +20,9 @@ import transformers
 
 from archiver import mar
 from conftest import RunningServer, package_text, post
-from handlers.embeddings import SENTENCE_TRANSFORMERS, TextEmbedder, pooling_modes
-from handlers.testing import LocalModel
+from handlers.embeddings import SENTENCE_TRANSFORMERS, TextEmbedder
+from handlers.fit import pooling_modes
+from handlers.testing import LocalModel, Request
 from handlers.text_classification import TextClassifier
 from handlers.token_classification import drop_overlaps
 from samples import text_models
@@ -405,20 +406,10 @@ def test_a_text_body_that_looks_like_json_stays_text(models, tmp_path, decode_in
     Content-Type in the headers); an application/json body as parsed JSON or bytes."""
     archive = package_text(models, tmp_path / "s", "c", "text_classifier", "classifier", config(top_k=0))
 
-    def body(text, kind):
-        if not decode_input_request:
-            return text.encode()
-        return text if kind.startswith("text/") else json.loads(text)
-
-    def headers(kind):
-        return {"body": {"content-type": kind.split(";")[0]}, "Content-Type": kind}
-
     kinds = ["text/plain; charset=utf-8", "application/json", "text/plain", "application/json", "application/json"]
     texts = [JSONISH, JSONISH, "not this", '"a JSON string"', '["one", "two"]']
-    with LocalModel(archive) as model:
-        responses = model.predict_rows(
-            [{"body": body(t, k)} for t, k in zip(texts, kinds)], [headers(k) for k in kinds]
-        )
+    with LocalModel(archive, decode_input_request=decode_input_request) as model:  # the worker decodes, or not
+        responses = model.serve([Request(t.encode(), {"Content-Type": k}) for t, k in zip(texts, kinds)])
         literal, inner = answers(model, [JSONISH, "not this"])
         string, one, two = answers(model, ["a JSON string", "one", "two"])
     assert [r.status for r in responses] == [200] * 5
