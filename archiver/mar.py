@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple, Union
 
 import handlers
-from handlers import TOOLKIT_HANDLERS, archives, identity, toolkit
+from handlers import TOOLKIT_HANDLERS, archives, fit, identity, toolkit
+from handlers.settings import did_you_mean
 
 from .choices import ARCHIVE_FORMATS
 from .errors import UserError
@@ -54,6 +55,7 @@ MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-.]*$")
 VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-.+]{0,63}$")
 WEIGHT_SUFFIXES = (".pt", ".pth", ".pt2", ".bin", ".safetensors", ".onnx", ".ckpt", ".h5", ".msgpack")
 SKIP_DIRS = {"__pycache__", "__MACOSX"}
+BUILTIN_PREFIX = "ts.torch_handler."  # --handler ts.torch_handler.NAME: TorchServe's built-in NAME
 COPY_BUFFER = 4 << 20
 EARLIEST = 315532800  # 1980-01-01: zip dates start there
 
@@ -171,6 +173,9 @@ def plan(options: PackageOptions) -> Plan:
     for extra in options.extra_files:
         inputs.add(extra, "--extra-files")
 
+    misfit = fit.problem(options.handler, options.serialized_file, options.model_file)
+    if misfit:
+        raise UserError(misfit)
     kind = _handler_kind(options.handler, handler_entry, bundle)
     if kind is not None:
         module = handler_entry.partition(":")[0].removesuffix(".py")
@@ -280,19 +285,56 @@ def skipped(path: Path) -> bool:
 
 
 def _resolve_handler(handler: str, inputs: Inputs) -> Tuple[str, bool]:
-    """The manifest's handler string and whether to bundle the toolkit's ``handlers/`` package."""
+    """The manifest's handler string and whether to bundle the toolkit's ``handlers/`` package.
+
+    Every value torch-model-archiver takes means what it means there: a handler file (``file.py``,
+    ``file.py:function``) is stored in the archive; TorchServe's built-in handlers
+    (``object_detector``, ``image_segmenter``, ``base_handler``, ...) are written into the manifest
+    by name, and so is ``ts.torch_handler.NAME`` (``ts.torch_handler.image_classifier``: TorchServe's
+    own image classifier, where the bare name is the toolkit's), the archive torch-model-archiver
+    makes of ``--handler NAME``; any other module TorchServe can import is written as it is. A
+    toolkit handler's name (``image_classifier``, ``text_classifier``, ...) is the toolkit's
+    handler, whose package is bundled."""
     if handler in TOOLKIT_HANDLERS:
         return TOOLKIT_HANDLERS[handler], True
     path, _, function = handler.partition(":")
     source = Path(path)
-    if source.suffix == ".py" and source.is_file():
+    if source.suffix == ".py":
+        if not source.is_file():
+            raise UserError(f"--handler {path} does not exist: check the path of your handler file")
         inputs.add(path, "--handler")
         entry = source.name + (f":{function}" if function else "")
         return entry, _imports_toolkit(source)
-    known = ", ".join(TOOLKIT_HANDLERS)
+    builtin = handler.removeprefix(BUILTIN_PREFIX)
+    if builtin in torchserve_handlers():  # written as torch-model-archiver writes a built-in's name
+        return builtin, False
+    if _importable(path):
+        return handler, False
+    known = sorted(set(TOOLKIT_HANDLERS) | set(torchserve_handlers()))
     raise UserError(
-        f"unknown --handler {handler!r}: use a toolkit handler ({known}) or the path of your handler .py file"
+        f"unknown --handler {handler!r}: not a toolkit handler, a TorchServe built-in, a module TorchServe "
+        f"can import, nor a .py file{did_you_mean(path, known, 'handlers')}"
     )
+
+
+def torchserve_handlers() -> List[str]:
+    """TorchServe's built-in handler names (``ts/torch_handler/*.py``, less ``contractions``, a word
+    list), read from the installed package's files without importing it."""
+    spec = importlib.util.find_spec("ts")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    folder = Path(list(spec.submodule_search_locations)[0]) / "torch_handler"
+    return [p.stem for p in folder.glob("*.py") if not p.stem.startswith("_") and p.stem != "contractions"]
+
+
+def _importable(module: str) -> bool:
+    """True for a dotted module name this Python can import (as TorchServe's model loader will)."""
+    if not all(part.isidentifier() for part in module.split(".")):
+        return False
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _imports_toolkit(source: Path) -> bool:

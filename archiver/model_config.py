@@ -1,14 +1,21 @@
 """Checking a model-config.yaml before it goes into a .mar.
 
-TorchServe reads the top-level worker keys (minWorkers, batchSize, ...) and hands the whole mapping
-to the handler; the toolkit handlers read their ``handler:`` section (handlers/settings.py).
+TorchServe reads the top-level worker keys (minWorkers, batchSize, ...: every key of 0.12's
+``ModelConfig.build``, with its type) and hands the whole mapping to the handler as
+``context.model_yaml_config``; the toolkit handlers read their ``handler:`` section
+(handlers/settings.py). What else a file holds is its handler's business: a mapping under any name
+(``pt2``, ``pippy``, ``dali``, a section of your own) passes through, and so does a value under a
+name of your own, unless the name is a near miss of one of TorchServe's keys (``batchsize``,
+``BatchSize``): TorchServe would ignore it without a word, so it is refused with the key meant.
 """
 
+import difflib
 from pathlib import Path
+from typing import Optional
 
 import yaml
 
-from handlers.settings import SettingsError, did_you_mean, read_settings
+from handlers.settings import SettingsError, read_settings
 
 from .errors import UserError
 
@@ -34,9 +41,10 @@ WORKER_KEYS = {
     "asyncCommunication": bool,
     "useVenv": bool,
     "torchrun": dict,
+    "maxRetryTimeoutInSec": int,
+    "clientTimeoutInMills": int,
+    "sequenceTimeoutMSec": int,
 }
-# Sections TorchServe or its handlers read, free-form here.
-SECTIONS = {"handler", "pt2", "deepspeed", "tensorrt_llm", "vllm_engine", "torch_compile", "profile", "micro_batching"}
 
 
 def load_model_config(path: Path) -> dict:
@@ -62,13 +70,12 @@ def check_model_config(path: Path, settings_class=None) -> dict:
     """Load and validate; raise UserError naming the file, the key and the fix."""
     data = load_model_config(path)
     for key, value in data.items():
-        if key in SECTIONS:
-            continue
         expected = WORKER_KEYS.get(key)
         if expected is None:
-            raise UserError(
-                f"{path}: unknown key '{key}'{did_you_mean(str(key), list(WORKER_KEYS) + sorted(SECTIONS))}"
-            )
+            meant = near_miss(str(key))
+            if meant:
+                raise UserError(f"{path}: unknown key '{key}'; did you mean '{meant}'? (TorchServe ignores '{key}')")
+            continue  # a section or value of the handler's own
         if expected is int and (isinstance(value, bool) or not isinstance(value, int)):
             raise UserError(f"{path}: '{key}' must be a whole number, got {value!r}")
         if expected is not int and not isinstance(value, expected):
@@ -81,3 +88,14 @@ def check_model_config(path: Path, settings_class=None) -> dict:
         except SettingsError as exc:
             raise UserError(str(exc)) from None
     return data
+
+
+def near_miss(key: str) -> Optional[str]:
+    """The TorchServe key ``key`` is a typo of (the same letters in another case or snake_case:
+    ``batch_size``; or one or two letters off: ``maxWorker``), or None."""
+    folded = key.lower().replace("_", "").replace("-", "")
+    for known in WORKER_KEYS:
+        if folded == known.lower():
+            return known
+    close = difflib.get_close_matches(key, list(WORKER_KEYS), n=1, cutoff=0.85)
+    return close[0] if close else None

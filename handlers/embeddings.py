@@ -23,19 +23,18 @@ model-config.yaml, all optional::
 
 import logging
 import os
-from typing import List, Optional
+from typing import List
 
 import torch
 
 from .base import entry_point
+from .fit import pooling_modes, sentence_modules_problem
 from .loading import ModelLoadError
 from .settings import POOLINGS, EmbedderSettings
 from .text import Encoded, TextHandler
 from .toolkit import ONNX_FILE, SENTENCE_TRANSFORMERS
 
 logger = logging.getLogger(__name__)
-
-PLAIN_MODULES = ("Transformer", "Pooling", "Normalize")
 
 
 class TextEmbedder(TextHandler):
@@ -51,7 +50,8 @@ class TextEmbedder(TextHandler):
         self.modules = self.read_json("modules.json")
         self.sentence_model = None
         if self.modules is not None and os.path.isfile(os.path.join(self.hf_dir, ONNX_FILE)):
-            unsupported = self.plain_path_cannot()  # ONNX Runtime runs the transformer; the modules are ours
+            # ONNX Runtime runs the transformer; the modules are the handler's to compute
+            unsupported = sentence_modules_problem(self.hf_dir)
             if unsupported:
                 raise ModelLoadError(f"{ONNX_FILE} beside modules.json: {unsupported} needs sentence-transformers")
         elif self.modules is not None:
@@ -71,7 +71,7 @@ class TextEmbedder(TextHandler):
         try:
             from sentence_transformers import SentenceTransformer
         except ImportError:
-            unsupported = self.plain_path_cannot()
+            unsupported = sentence_modules_problem(self.hf_dir)
             if unsupported:
                 raise ModelLoadError(
                     f"this sentence-transformers directory needs the sentence-transformers package ({unsupported}): "
@@ -90,24 +90,6 @@ class TextEmbedder(TextHandler):
             )
         model = SentenceTransformer(self.hf_dir, device=str(self.device), local_files_only=True)
         return model.eval()
-
-    def plain_path_cannot(self) -> Optional[str]:
-        """Why the plain transformers path would not compute this directory's embeddings, or None."""
-        for module in self.modules:
-            kind = str(module.get("type", "")).rsplit(".", 1)[-1]
-            if kind not in PLAIN_MODULES:
-                return f"a {kind} module"
-            if kind == "Transformer" and str(module.get("path", "")).strip("/."):
-                return f"its transformer in {module['path']}/"
-        modes = pooling_modes(self.read_json(os.path.join("1_Pooling", "config.json")) or {})
-        if len(modes) > 1 or not modes <= set(POOLINGS):
-            return f"{' + '.join(sorted(modes))} pooling"
-        if (self.read_json("sentence_bert_config.json") or {}).get("do_lower_case"):
-            return "do_lower_case"
-        config = self.read_json("config_sentence_transformers.json") or {}
-        if (config.get("prompts") or {}).get(config.get("default_prompt_name") or ""):
-            return "a default prompt"
-        return None
 
     def setup(self):
         if self.sentence_model is None:
@@ -193,16 +175,6 @@ class TextEmbedder(TextHandler):
             "datatype": "FP32",
             "data": [value for row in answers for value in row],
         }
-
-
-def pooling_modes(config: dict) -> set:
-    """A 1_Pooling/config.json's modes, whichever release wrote it: ``pooling_mode: weightedmean``
-    (or a list) or ``pooling_mode_mean_tokens: true`` flags; names without ``_token(s)``."""
-    mode = config.get("pooling_mode")
-    modes = [mode] if isinstance(mode, str) else list(mode or [])
-    flags = [key for key, value in config.items() if key.startswith("pooling_mode_") and value is True]
-    modes += [key[len("pooling_mode_") :] for key in flags]
-    return {m.replace("_tokens", "").replace("_token", "") for m in modes}
 
 
 handle = entry_point(TextEmbedder)

@@ -42,11 +42,11 @@ def read_settings(cls: Type[T], section: Optional[Mapping[str, Any]], where: str
     return settings
 
 
-def did_you_mean(key: str, valid) -> str:
+def did_you_mean(key: str, valid, what: str = "valid keys") -> str:
     close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
     if close:
         return f"; did you mean '{close[0]}'?"
-    return "; valid keys: " + ", ".join(sorted(valid))
+    return f"; {what}: " + ", ".join(sorted(valid))
 
 
 def _check_type(value: Any, hint: Any, label: str) -> Any:
@@ -133,7 +133,7 @@ class ImageSettings(Settings):
     max_request_pixels: int = 2 * 89_478_485
     max_aspect_ratio: float = 50.0
     formats: Optional[Tuple[str, ...]] = SAFE_FORMATS
-    jpeg_draft: bool = True
+    jpeg_draft: bool = False
     decode_threads: int = 2
     channels_last: bool = True
     optimize: bool = True

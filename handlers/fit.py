@@ -1,0 +1,158 @@
+"""Can a toolkit handler run this model? Read from the model's files alone, without torch.
+
+``tsctl package`` asks ``problem`` before it writes anything, so a handler that cannot fit its model
+is refused with one sentence naming the file and the handler to use, instead of failing when served
+(or, worse, answering: a text classifier on a directory without a classification head loads a
+random head and answers random labels). The handlers ask the same questions when they load
+(``sentence_modules_problem``), so an archive built another way fails its start with the same words.
+"""
+
+import json
+import os
+import zipfile
+from typing import List, Optional
+
+from .settings import POOLINGS
+from .toolkit import ONNX_FILE
+
+TEXT_HANDLERS = ("text_classifier", "token_classifier", "text_embedder")
+WEIGHTS_HANDLERS = ("image_classifier", "tensor")
+HEADS = {"text_classifier": "ForSequenceClassification", "token_classifier": "ForTokenClassification"}
+PLAIN_MODULES = ("Transformer", "Pooling", "Normalize")  # what the handler computes without sentence-transformers
+TORCHTEXT_HINT = (
+    "; for TorchServe's own torchtext text_classifier (a model file and source_vocab.pt), pass "
+    "--handler ts.torch_handler.text_classifier"
+)
+
+
+def problem(handler: str, serialized: Optional[str], model_file: Optional[str]) -> Optional[str]:
+    """Why toolkit handler ``handler`` cannot run the model in ``serialized`` (and ``model_file``), in
+    one sentence naming the file and the fix; None when it can (or when its files cannot tell)."""
+    if not serialized:
+        return None
+    if handler in TEXT_HANDLERS:
+        return _text_problem(handler, serialized, model_file)
+    if handler in WEIGHTS_HANDLERS:
+        return _weights_problem(handler, serialized, model_file)
+    return None
+
+
+def _text_problem(handler: str, serialized: str, model_file: Optional[str]) -> Optional[str]:
+    hint = TORCHTEXT_HINT if handler == "text_classifier" else ""
+    if model_file:
+        return (
+            f"--handler {handler} runs a Hugging Face directory (save_pretrained's) given as --serialized-file, "
+            f"and takes no --model-file ({model_file}){hint}"
+        )
+    if not os.path.isdir(serialized):
+        return (
+            f"--serialized-file {serialized} is a file, but --handler {handler} takes the directory "
+            f"save_pretrained wrote (config.json, weights, tokenizer){hint}"
+        )
+    config = read_json(os.path.join(serialized, "config.json"))
+    if config is None:
+        return (
+            f"{serialized} has no config.json: --handler {handler} takes the directory save_pretrained wrote "
+            "(config.json, weights, tokenizer)"
+        )
+    architectures = [a for a in config.get("architectures") or [] if isinstance(a, str)]
+    head = HEADS.get(handler)
+    if head and architectures and not any(a.endswith(head) for a in architectures):
+        return (
+            f"{serialized}/config.json names {', '.join(architectures)}, which has no {head[3:]} head: "
+            f"--handler {handler} would load an untrained head and answer at random; "
+            f"{_suggest(architectures, handler)}"
+        )
+    if handler == "text_embedder" and os.path.isfile(os.path.join(serialized, ONNX_FILE)):
+        why = sentence_modules_problem(serialized)
+        if why:
+            return (
+                f"{serialized} holds {ONNX_FILE} beside modules.json, but {why} needs sentence-transformers, "
+                f"which runs the torch weights only: remove {ONNX_FILE} to serve it in torch, or export the "
+                "directory without that module"
+            )
+    return None
+
+
+def _weights_problem(handler: str, serialized: str, model_file: Optional[str]) -> Optional[str]:
+    if os.path.isdir(serialized):
+        config = read_json(os.path.join(serialized, "config.json"))
+        if config is not None:
+            architectures = [a for a in config.get("architectures") or [] if isinstance(a, str)]
+            return (
+                f"--serialized-file {serialized} is a Hugging Face directory "
+                f"({', '.join(architectures) or 'config.json'}): --handler {handler} takes a weights file; "
+                f"{_suggest(architectures, handler)}"
+            )
+        return f"--serialized-file {serialized} is a directory: --handler {handler} takes one weights file"
+    suffix = os.path.splitext(serialized)[1].lower()
+    if model_file or suffix in (".onnx", ".pt2"):
+        return None
+    if suffix == ".safetensors":
+        return f"--serialized-file {serialized} holds only weights: pass --model-file model.py defining the model class"
+    if not is_torchscript(serialized):
+        return (
+            f"--serialized-file {serialized} is not TorchScript (a state_dict or a pickled model): pass "
+            "--model-file model.py defining the model class, or save the model with torch.jit.script or trace"
+        )
+    return None
+
+
+def _suggest(architectures: List[str], handler: str) -> str:
+    """Which handler fits a Hugging Face directory of these architectures."""
+    for name, head in HEADS.items():
+        if any(a.endswith(head) for a in architectures) and name != handler:
+            return f"use --handler {name}"
+    if handler != "text_embedder" and architectures and all(a.endswith("Model") for a in architectures):
+        return "use --handler text_embedder for its embeddings"
+    return "save a model with that head (AutoModelFor...) or pick the handler of its task"
+
+
+def is_torchscript(path: str) -> bool:
+    """True for a TorchScript file (``torch.jit.save``: a zip holding ``code/`` and ``constants.pkl``);
+    ``torch.save`` writes a zip with ``data.pkl`` and no code, or a bare pickle."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return False
+    return any("/code/" in n or n.endswith("/constants.pkl") for n in names)
+
+
+def sentence_modules_problem(directory: str) -> Optional[str]:
+    """What in a sentence-transformers directory (modules.json) the handler cannot compute without
+    sentence-transformers ("a Dense module", "weightedmean pooling", ...), or None."""
+    for module in read_json(os.path.join(directory, "modules.json")) or []:
+        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+        if kind not in PLAIN_MODULES:
+            return f"a {kind} module"
+        if kind == "Transformer" and str(module.get("path", "")).strip("/."):
+            return f"its transformer in {module['path']}/"
+    modes = pooling_modes(read_json(os.path.join(directory, "1_Pooling", "config.json")) or {})
+    if len(modes) > 1 or not modes <= set(POOLINGS):
+        return f"{' + '.join(sorted(modes))} pooling"
+    if (read_json(os.path.join(directory, "sentence_bert_config.json")) or {}).get("do_lower_case"):
+        return "do_lower_case"
+    config = read_json(os.path.join(directory, "config_sentence_transformers.json")) or {}
+    if (config.get("prompts") or {}).get(config.get("default_prompt_name") or ""):
+        return "a default prompt"
+    return None
+
+
+def pooling_modes(config: dict) -> set:
+    """A 1_Pooling/config.json's modes, whichever release wrote it: ``pooling_mode: weightedmean``
+    (or a list) or ``pooling_mode_mean_tokens: true`` flags; names without ``_token(s)``."""
+    mode = config.get("pooling_mode")
+    modes = [mode] if isinstance(mode, str) else list(mode or [])
+    flags = [key for key, value in config.items() if key.startswith("pooling_mode_") and value is True]
+    modes += [key[len("pooling_mode_") :] for key in flags]
+    return {m.replace("_tokens", "").replace("_token", "") for m in modes}
+
+
+def read_json(path: str):
+    """A JSON file's content, or None when it is absent or not JSON."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
