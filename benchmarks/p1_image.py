@@ -27,7 +27,9 @@ from conftest import short_tmp  # noqa: E402
 from handlers.testing import LocalModel  # noqa: E402
 from samples import image_model, onnx_export  # noqa: E402
 
-CONFIG = "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 8\nmaxBatchDelay: 20\nresponseTimeout: 120\n"
+# The toolkit side opts into draft JPEG decoding (off by default: answers then equal the built-in's);
+# the built-in handler ignores the handler: section.
+CONFIG = "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 8\nmaxBatchDelay: 20\nresponseTimeout: 120\nhandler:\n  jpeg_draft: true\n"
 TWO_WORKERS = CONFIG.replace("minWorkers: 1\nmaxWorkers: 1", "minWorkers: 2\nmaxWorkers: 2")
 REQUESTS = 160
 CONCURRENCY = 16

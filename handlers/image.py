@@ -13,7 +13,7 @@ model-config.yaml, all optional (ImageNet defaults)::
       max_request_pixels: 178956970  # all images of one request together: 413
       max_aspect_ratio: 50         # longer side / shorter side above this: 413
       formats: [BMP, GIF, ICO, JPEG, PNG, PPM, TGA, TIFF, WEBP]  # null: every format PIL reads
-      jpeg_draft: true     # decode JPEGs at the smallest DCT scale still >= the resize target (2-4x faster)
+      jpeg_draft: false    # true: JPEGs decode at a reduced DCT scale (2-4x faster; answers move ~1e-3)
       decode_threads: 2    # decode a batch's images in parallel (PIL releases the GIL)
       channels_last: true  # NHWC batches: faster convolutions on CPU
       optimize: true       # TorchScript: freeze + optimize_for_inference (folds batch norm into convolutions)
@@ -21,10 +21,12 @@ model-config.yaml, all optional (ImageNet defaults)::
 Labels map class indices to names like TorchServe's ``index_to_name.json``: ``{"0": "tench"}`` or
 ``{"0": ["n01440764", "tench"]}``; without the file, labels are the class indices.
 
-The resize and crop are computed only where the crop is (``resize_crop``): an image of any shape
-costs at most crop x crop output pixels, never a full-size resized copy (a 1x100,000 PNG would ask
-torchvision's Resize for 26 GB). Images above a quarter of ``max_pixels`` decode one at a time, so a
-batch's decode memory stays near that of one image at the limit.
+The resize and crop are torchvision's, on the PIL image, as TorchServe's built-in image classifier
+makes them (``resize_crop``): with ``jpeg_draft`` off (the default) the answers equal the built-in's.
+A resized copy is bounded: ``max_aspect_ratio`` refuses extreme shapes first (a 1x100,000 PNG would
+ask for 26 GB), and above ``EXACT_RESIZE_PIXELS`` only the crop's box is resampled. Images above a
+quarter of ``max_pixels`` decode one at a time, so a batch's decode memory stays near that of one
+image at the limit.
 """
 
 import contextlib
@@ -45,6 +47,7 @@ from .requests import ClientError, to_bytes
 from .settings import ImageSettings
 
 WIDE_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")  # 16-bit and float images
+EXACT_RESIZE_PIXELS = 1 << 24  # a full resized copy up to this size (48 MB in RGB), as torchvision makes it
 
 
 def read_labels(path: str) -> dict:
@@ -174,9 +177,12 @@ def decode_image(image: Image.Image, resize: int, crop: int, shorter_side: Optio
 
 
 def resize_crop(image: Image.Image, resize: int, crop: int) -> Image.Image:
-    """torchvision's ``Resize(resize)`` then ``CenterCrop(crop)`` (bilinear, antialiased), computed
-    only where the crop is: PIL resamples the crop's box of the original straight to crop x crop
-    pixels, with the same filter and coordinates as the full resize. Needs crop <= resize."""
+    """torchvision's ``Resize(resize)`` then ``CenterCrop(crop)`` on a PIL image (bilinear,
+    antialiased), as TorchServe's built-in image classifier computes them: the same pixels, so the
+    same answers. A resized copy above ``EXACT_RESIZE_PIXELS`` (an extreme aspect ratio that
+    ``max_aspect_ratio`` was raised to let in) is computed only where the crop is: PIL resamples the
+    crop's box of the original straight to crop x crop pixels, with the same filter and coordinates
+    (pixels may then differ by one level from the full resize). Needs crop <= resize."""
     width, height = image.size
     if width <= height:
         new_width, new_height = resize, int(resize * height / width)
@@ -184,6 +190,9 @@ def resize_crop(image: Image.Image, resize: int, crop: int) -> Image.Image:
         new_width, new_height = int(resize * width / height), resize
     left = int(round((new_width - crop) / 2.0))
     top = int(round((new_height - crop) / 2.0))
+    if new_width * new_height <= EXACT_RESIZE_PIXELS:
+        resized = image.resize((new_width, new_height), Image.BILINEAR)
+        return resized.crop((left, top, left + crop, top + crop))
     scale_x, scale_y = width / new_width, height / new_height
     box = (left * scale_x, top * scale_y, (left + crop) * scale_x, (top + crop) * scale_y)
     return image.resize((crop, crop), Image.BILINEAR, box=box)
