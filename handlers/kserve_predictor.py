@@ -40,6 +40,7 @@ from kserve import InferRequest, InferResponse, Model, ModelServer, model_server
 from kserve.errors import InferenceError, InvalidInput
 from kserve.protocol.rest import server as rest_server
 
+from . import identity
 from .archives import ArchiveError, read_manifest, read_member
 from .testing import LocalModel
 from .worker import Request, Response
@@ -47,6 +48,8 @@ from .worker import Request, Response
 logger = logging.getLogger("handlers.kserve_predictor")  # also when run as __main__
 
 BINARY_LENGTH = "inference-header-content-length"  # KServe v2 binary tensor extension
+# Headers describing the body as it came, which the request re-encoded for the handler no longer has.
+BODY_HEADERS = ("content-type", "content-length", "transfer-encoding", "content-encoding", BINARY_LENGTH)
 DEFAULT_BATCH_DELAY_MS = 100  # TorchServe's default maxBatchDelay
 MAX_CONFIG_BYTES = 1 << 20
 
@@ -161,7 +164,10 @@ class ArchivePredictor(Model):
         archive = Path(archive)
         configured_batch, configured_delay = batch_settings(archive)
         batch_size = batch_size or configured_batch
-        self.local = LocalModel(archive, batch_size=batch_size)
+        # A toolkit handler reads raw bodies within its own limits (as tsctl config's
+        # decode_input_request=false gives it on TorchServe); others get TorchServe's default.
+        toolkit = identity.read(archive) is not None
+        self.local = LocalModel(archive, batch_size=batch_size, decode_input_request=not toolkit)
         super().__init__(self.local.model_name)
         self.archive = archive
         self.max_body_bytes = getattr(getattr(self.local.handler, "settings", None), "max_body_bytes", 0)
@@ -200,14 +206,16 @@ class ArchivePredictor(Model):
 
 
 def as_request(payload, headers: Dict[str, str]) -> Request:
-    """The HTTP request TorchServe would have been sent for a request KServe decoded: a v1 dict as
-    its JSON, a raw body as it came; a v2 InferRequest as its JSON (answered in JSON: KServe encodes
+    """The HTTP request TorchServe would have been sent for a request KServe decoded, with the
+    client's headers (a handler may read them: ``context.get_request_header``): a v1 dict as its
+    JSON, a raw body as it came; a v2 InferRequest as its JSON (answered in JSON: KServe encodes
     binary outputs itself) or, when its inputs came as binary, in the binary tensor extension."""
+    kept = {k: v for k, v in headers.items() if k.lower() not in BODY_HEADERS}
     if not isinstance(payload, InferRequest):
         if isinstance(payload, (bytes, bytearray)):
-            keep = {name: value for name, value in headers.items() if name.lower() == "content-type"}
-            return Request(bytes(payload), keep)
-        return Request(json.dumps(payload).encode("utf-8"), {"Content-Type": "application/json"})
+            kind = {k: v for k, v in headers.items() if k.lower() == "content-type"}
+            return Request(bytes(payload), {**kept, **kind})
+        return Request(json.dumps(payload).encode("utf-8"), {**kept, "Content-Type": "application/json"})
     outputs = payload.request_outputs
     payload.request_outputs = [type(o)(o.name) for o in outputs] if outputs else outputs
     for infer_input in payload.inputs:  # decoded from the binary extension: send it on the same way
@@ -221,8 +229,9 @@ def as_request(payload, headers: Dict[str, str]) -> Request:
     finally:
         payload.request_outputs, payload.parameters = outputs, parameters
     if json_length is None:  # a dict
-        return Request(json.dumps(body).encode("utf-8"), {"Content-Type": "application/json"})
-    return Request(body, {"Content-Type": "application/octet-stream", BINARY_LENGTH: str(json_length)})
+        return Request(json.dumps(body).encode("utf-8"), {**kept, "Content-Type": "application/json"})
+    binary = {"Content-Type": "application/octet-stream", BINARY_LENGTH: str(json_length)}
+    return Request(body, {**kept, **binary})
 
 
 class BodyTooLarge(Exception):

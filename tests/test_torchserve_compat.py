@@ -27,7 +27,7 @@ from ts.protocol import otf_message_handler
 from archiver import mar, server
 from archiver.errors import UserError
 from archiver.model_config import check_model_config
-from conftest import RunningServer, post_mixed_concurrently, write_model_config
+from conftest import RunningServer, post_mixed_concurrently, short_tmp, write_model_config
 from handlers import worker
 from handlers.testing import LocalModel, Request
 from samples.image_model import resnet18, sample_jpeg
@@ -61,7 +61,7 @@ class Probe(BaseHandler):
             seen.append({
                 "type": type(body).__name__,
                 "body": body if isinstance(body, (str, dict, list)) else len(body),
-                "x_probe": context.get_request_header(idx, "X-Probe"),
+                "x_probe": {k.lower(): v for k, v in context.get_all_request_header(idx).items()}.get("x-probe"),
                 "parameter": context.get_request_header(idx, "body"),
             })
             if body == "teapot":
@@ -271,6 +271,20 @@ def test_in_process_answers_equal_torchserves_for_a_basehandler_archive(probe_st
         assert status == 200
         for name in ("HandlerTime", "PredictionTime"):  # BaseHandler's and the worker's own, as in-process
             assert any(line.startswith(name + "{") and "probe_tma" in line for line in metrics.splitlines()), name
+
+
+def test_a_basehandler_archive_serves_on_the_kserve_engine_as_in_process(probe_store):
+    engine = server.start_kserve(probe_store, short_tmp("pk-"), timeout=240)
+    try:
+        for body, kind, label in PROBE_REQUESTS[:4]:
+            headers = {"Content-Type": kind, "X-Probe": label}
+            status, answer = server.request(f"{engine.inference}/v1/models/probe:predict", body, "POST", headers, 60)
+            with LocalModel(probe_store / "probe.mar", batch_size=4) as local:
+                [here] = local.serve([Request(body, headers)])
+            assert status == here.status, (label, answer)
+            assert {k: v for k, v in answer.items() if k != "error"} == here.json(), label
+    finally:
+        server.stop(engine)
 
 
 def post_mixed_with_header(srv, path, bodies, label):
