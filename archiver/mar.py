@@ -23,6 +23,7 @@ import contextlib
 import errno
 import gzip
 import importlib
+import importlib.machinery
 import importlib.util
 import inspect
 import io
@@ -156,7 +157,7 @@ def plan(options: PackageOptions) -> Plan:
         serialized = inputs.add(options.serialized_file, "--serialized-file")
         model["serializedFile"] = serialized.name
 
-    handler_entry, bundle = _resolve_handler(options.handler, inputs)
+    handler_entry, bundle = _resolve_handler(options.handler, inputs, options.extra_files)
     model["handler"] = handler_entry
     if handler_entry in TOOLKIT_HANDLERS.values() and not options.serialized_file:
         raise UserError(f"--handler {options.handler} needs the model's weights: pass --serialized-file")
@@ -284,7 +285,7 @@ def skipped(path: Path) -> bool:
     return path.name.endswith(".pyc") or path.name == ".DS_Store"
 
 
-def _resolve_handler(handler: str, inputs: Inputs) -> Tuple[str, bool]:
+def _resolve_handler(handler: str, inputs: Inputs, extra_files: List[str] = ()) -> Tuple[str, bool]:
     """The manifest's handler string and whether to bundle the toolkit's ``handlers/`` package.
 
     Every value torch-model-archiver takes means what it means there: a handler file (``file.py``,
@@ -304,11 +305,18 @@ def _resolve_handler(handler: str, inputs: Inputs) -> Tuple[str, bool]:
             raise UserError(f"--handler {path} does not exist: check the path of your handler file")
         inputs.add(path, "--handler")
         entry = source.name + (f":{function}" if function else "")
-        return entry, _imports_toolkit(source)
+        imports_toolkit = _imports_toolkit(source)
+        if function and not imports_toolkit and not _defines(source, function):
+            raise UserError(f"--handler {handler}: {source} defines no '{function}' at its top level")
+        return entry, imports_toolkit
     builtin = handler.removeprefix(BUILTIN_PREFIX)
     if builtin in torchserve_handlers():  # written as torch-model-archiver writes a built-in's name
         return builtin, False
-    if _importable(path):
+    toolkit_name = {v.partition(":")[0]: k for k, v in TOOLKIT_HANDLERS.items()}.get(path)
+    if toolkit_name:  # handlers.image: the toolkit's own module, which is bundled only by its name
+        raise UserError(f"--handler {handler} is the toolkit's {toolkit_name}: pass --handler {toolkit_name}")
+    carried = {Path(e).stem if e.endswith(".py") else Path(e).name for e in extra_files}
+    if path.split(".")[0] in carried or _module_exists(path):
         return handler, False
     known = sorted(set(TOOLKIT_HANDLERS) | set(torchserve_handlers()))
     raise UserError(
@@ -327,14 +335,38 @@ def torchserve_handlers() -> List[str]:
     return [p.stem for p in folder.glob("*.py") if not p.stem.startswith("_") and p.stem != "contractions"]
 
 
-def _importable(module: str) -> bool:
-    """True for a dotted module name this Python can import (as TorchServe's model loader will)."""
-    if not all(part.isidentifier() for part in module.split(".")):
+def _module_exists(module: str) -> bool:
+    """True for a dotted module name this Python's path holds, found without importing anything
+    (finding ``a.b`` through ``importlib`` would run ``a/__init__.py``)."""
+    parts = module.split(".")
+    if not all(part.isidentifier() for part in parts):
         return False
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
+    search = None
+    for part in parts:
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(part, search)
+        except (ImportError, ValueError, OSError):
+            return False
+        if spec is None:
+            return False
+        search = spec.submodule_search_locations
+        if search is None and part != parts[-1]:
+            return False  # a module, not a package, with more names after it
+    return True
+
+
+def _defines(source: Path, name: str) -> bool:
+    """True when a Python file defines ``name`` at its top level (def, class, assignment, import)."""
+    tree = ast.parse(source.read_bytes(), filename=str(source))
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return True
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name) == name for a in node.names):
+            return True
+    return False
 
 
 def _imports_toolkit(source: Path) -> bool:
@@ -389,7 +421,7 @@ def _load_handler_file(path: Path):
     sys.path.insert(0, str(path.parent.resolve()))
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001 - the user's code; its error is theirs to fix
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's code; its error is theirs to fix
         raise UserError(f"--handler {path} failed to import: {type(exc).__name__}: {exc}") from None
     finally:
         sys.path.remove(str(path.parent.resolve()))

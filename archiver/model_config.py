@@ -15,7 +15,7 @@ from typing import Optional
 
 import yaml
 
-from handlers.settings import SettingsError, read_settings
+from handlers.settings import SettingsError, read_settings, shown
 
 from .errors import UserError
 
@@ -55,6 +55,8 @@ def parse_model_config(text: bytes, where: str, fix: str) -> dict:
     """model-config.yaml's content as a mapping ({} when empty); UserError naming ``where`` otherwise."""
     try:
         data = yaml.safe_load(text)
+    except RecursionError:
+        raise UserError(f"{where} nests deeper than Python can read: {fix}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" (line {mark.line + 1})" if mark else ""
@@ -77,9 +79,9 @@ def check_model_config(path: Path, settings_class=None) -> dict:
                 raise UserError(f"{path}: unknown key '{key}'; did you mean '{meant}'? (TorchServe ignores '{key}')")
             continue  # a section or value of the handler's own
         if expected is int and (isinstance(value, bool) or not isinstance(value, int)):
-            raise UserError(f"{path}: '{key}' must be a whole number, got {value!r}")
+            raise UserError(f"{path}: '{key}' must be a whole number, got {shown(value)}")
         if expected is not int and not isinstance(value, expected):
-            raise UserError(f"{path}: '{key}' must be a {expected.__name__}, got {value!r}")
+            raise UserError(f"{path}: '{key}' must be a {expected.__name__}, got {shown(value)}")
         if expected is int and value < 0:
             raise UserError(f"{path}: '{key}' must not be negative, got {value}")
     if settings_class is not None:

@@ -25,15 +25,22 @@ TORCHTEXT_HINT = (
 )
 
 
+class Unreadable(ValueError):
+    """A model file that is there but cannot be read as what it must be; the message names it."""
+
+
 def problem(handler: str, serialized: Optional[str], model_file: Optional[str]) -> Optional[str]:
     """Why toolkit handler ``handler`` cannot run the model in ``serialized`` (and ``model_file``), in
     one sentence naming the file and the fix; None when it can (or when its files cannot tell)."""
     if not serialized:
         return None
-    if handler in TEXT_HANDLERS:
-        return _text_problem(handler, serialized, model_file)
-    if handler in WEIGHTS_HANDLERS:
-        return _weights_problem(handler, serialized, model_file)
+    try:
+        if handler in TEXT_HANDLERS:
+            return _text_problem(handler, serialized, model_file)
+        if handler in WEIGHTS_HANDLERS:
+            return _weights_problem(handler, serialized, model_file)
+    except Unreadable as exc:
+        return str(exc)
     return None
 
 
@@ -49,13 +56,13 @@ def _text_problem(handler: str, serialized: str, model_file: Optional[str]) -> O
             f"--serialized-file {serialized} is a file, but --handler {handler} takes the directory "
             f"save_pretrained wrote (config.json, weights, tokenizer){hint}"
         )
-    config = read_json(os.path.join(serialized, "config.json"))
+    config = read_object(os.path.join(serialized, "config.json"))
     if config is None:
         return (
             f"{serialized} has no config.json: --handler {handler} takes the directory save_pretrained wrote "
             "(config.json, weights, tokenizer)"
         )
-    architectures = [a for a in config.get("architectures") or [] if isinstance(a, str)]
+    architectures = architectures_of(config)
     head = HEADS.get(handler)
     if head and architectures and not any(a.endswith(head) for a in architectures):
         return (
@@ -76,9 +83,9 @@ def _text_problem(handler: str, serialized: str, model_file: Optional[str]) -> O
 
 def _weights_problem(handler: str, serialized: str, model_file: Optional[str]) -> Optional[str]:
     if os.path.isdir(serialized):
-        config = read_json(os.path.join(serialized, "config.json"))
+        config = read_object(os.path.join(serialized, "config.json"))
         if config is not None:
-            architectures = [a for a in config.get("architectures") or [] if isinstance(a, str)]
+            architectures = architectures_of(config)
             return (
                 f"--serialized-file {serialized} is a Hugging Face directory "
                 f"({', '.join(architectures) or 'config.json'}): --handler {handler} takes a weights file; "
@@ -114,27 +121,32 @@ def is_torchscript(path: str) -> bool:
     try:
         with zipfile.ZipFile(path) as z:
             names = z.namelist()
-    except (zipfile.BadZipFile, OSError):
+    except Exception:  # noqa: BLE001 - not a zip, or one zipfile cannot read: not TorchScript either way
         return False
     return any("/code/" in n or n.endswith("/constants.pkl") for n in names)
 
 
 def sentence_modules_problem(directory: str) -> Optional[str]:
     """What in a sentence-transformers directory (modules.json) the handler cannot compute without
-    sentence-transformers ("a Dense module", "weightedmean pooling", ...), or None."""
-    for module in read_json(os.path.join(directory, "modules.json")) or []:
+    sentence-transformers ("a Dense module", "weightedmean pooling", ...), or None. A settings file
+    of the wrong shape raises Unreadable."""
+    modules = read_json(os.path.join(directory, "modules.json"))
+    if modules is not None and not (isinstance(modules, list) and all(isinstance(m, dict) for m in modules)):
+        raise Unreadable(f"{directory}/modules.json is not a list of modules: save the directory again")
+    for module in modules or []:
         kind = str(module.get("type", "")).rsplit(".", 1)[-1]
         if kind not in PLAIN_MODULES:
             return f"a {kind} module"
         if kind == "Transformer" and str(module.get("path", "")).strip("/."):
             return f"its transformer in {module['path']}/"
-    modes = pooling_modes(read_json(os.path.join(directory, "1_Pooling", "config.json")) or {})
+    modes = pooling_modes(read_object(os.path.join(directory, "1_Pooling", "config.json")) or {})
     if len(modes) > 1 or not modes <= set(POOLINGS):
         return f"{' + '.join(sorted(modes))} pooling"
-    if (read_json(os.path.join(directory, "sentence_bert_config.json")) or {}).get("do_lower_case"):
+    if (read_object(os.path.join(directory, "sentence_bert_config.json")) or {}).get("do_lower_case"):
         return "do_lower_case"
-    config = read_json(os.path.join(directory, "config_sentence_transformers.json")) or {}
-    if (config.get("prompts") or {}).get(config.get("default_prompt_name") or ""):
+    config = read_object(os.path.join(directory, "config_sentence_transformers.json")) or {}
+    prompts, default = config.get("prompts"), config.get("default_prompt_name")
+    if isinstance(prompts, dict) and isinstance(default, str) and prompts.get(default):
         return "a default prompt"
     return None
 
@@ -143,16 +155,35 @@ def pooling_modes(config: dict) -> set:
     """A 1_Pooling/config.json's modes, whichever release wrote it: ``pooling_mode: weightedmean``
     (or a list) or ``pooling_mode_mean_tokens: true`` flags; names without ``_token(s)``."""
     mode = config.get("pooling_mode")
-    modes = [mode] if isinstance(mode, str) else list(mode or [])
-    flags = [key for key, value in config.items() if key.startswith("pooling_mode_") and value is True]
+    modes = (
+        [mode] if isinstance(mode, str) else [m for m in mode if isinstance(m, str)] if isinstance(mode, list) else []
+    )
+    flags = [key for key, value in config.items() if str(key).startswith("pooling_mode_") and value is True]
     modes += [key[len("pooling_mode_") :] for key in flags]
     return {m.replace("_tokens", "").replace("_token", "") for m in modes}
 
 
+def architectures_of(config: dict) -> List[str]:
+    """config.json's ``architectures`` (a list of class names; a lone string read as one)."""
+    value = config.get("architectures")
+    value = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    return [a for a in value if isinstance(a, str)]
+
+
+def read_object(path: str) -> Optional[dict]:
+    """A JSON file that must hold an object: its content, None when absent, Unreadable otherwise."""
+    value = read_json(path)
+    if value is not None and not isinstance(value, dict):
+        raise Unreadable(f"{path} holds {type(value).__name__}, not a JSON object: save the directory again")
+    return value
+
+
 def read_json(path: str):
-    """A JSON file's content, or None when it is absent or not JSON."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
+    """A JSON file's content, None when it is absent; Unreadable when it is not JSON."""
+    if not os.path.isfile(path):
         return None
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise Unreadable(f"{path} is not valid JSON ({type(exc).__name__}): save the directory again") from None

@@ -51,6 +51,7 @@ BINARY_LENGTH = "inference-header-content-length"  # KServe v2 binary tensor ext
 # Headers describing the body as it came, which the request re-encoded for the handler no longer has.
 BODY_HEADERS = ("content-type", "content-length", "transfer-encoding", "content-encoding", BINARY_LENGTH)
 DEFAULT_BATCH_DELAY_MS = 100  # TorchServe's default maxBatchDelay
+DEFAULT_MAX_BODY = 64 << 20  # a model without handler.max_body_bytes: tsctl config's max_request_size
 MAX_CONFIG_BYTES = 1 << 20
 
 
@@ -130,7 +131,7 @@ class Batcher:
             if not batch:
                 continue
             try:
-                responses = await loop.run_in_executor(self.thread, self.run, [entry[0] for entry in batch])
+                responses = await loop.run_in_executor(self.thread, self._guarded, [entry[0] for entry in batch])
             except Exception as exc:  # noqa: BLE001 - the handler broke its contract: every request hears it
                 logger.exception("tsctl: the batch failed as a whole")
                 responses = [exc] * len(batch)
@@ -150,6 +151,16 @@ class Batcher:
                     )
                 else:
                     done.set_result(response)
+
+    def _guarded(self, requests: List[Request]) -> list:
+        """``run`` in the model's thread; what it raises, even SystemExit or CancelledError, becomes
+        every request's error instead of leaving the thread (which would stop the server or this
+        model's loop)."""
+        try:
+            return self.run(requests)
+        except BaseException as exc:  # noqa: BLE001 - see the docstring
+            logger.error("tsctl: %s failed as a whole", self.thread._thread_name_prefix, exc_info=True)
+            return [RuntimeError(f"{type(exc).__name__}: {exc}")] * len(requests)
 
     def close(self):
         if self.loop_task is not None:
@@ -184,13 +195,19 @@ class ArchivePredictor(Model):
             message = f"the request could not be read: {exc}"
             raise HandlerRefusal(400, {"code": 400, "type": "ClientError", "message": message}) from None
         response = await self.batcher.submit(request)
-        body = response.json()
+        body = response.answer()
+        if isinstance(body, (bytes, bytearray)):  # not JSON, not text: KServe's JSON protocols cannot carry it
+            message = f"the handler answered {len(body):,} bytes of {response.content_type or 'no content type'}"
+            raise HandlerFailure(500, {"code": 500, "type": "InternalServerError", "message": message})
+        if not 100 <= response.status <= 599:
+            message = f"the handler answered with status {response.status}, which HTTP does not have"
+            raise HandlerFailure(500, {"code": 500, "type": "InternalServerError", "message": message})
         if response.status >= 500:
             raise HandlerFailure(response.status, body)
         if response.status >= 400:
             raise HandlerRefusal(response.status, body)
         if not v2:
-            return body
+            return body  # JSON, or a text answer as a JSON string
         return InferResponse(
             response_id=body.get("id", payload.id),
             model_name=self.name,
@@ -243,7 +260,8 @@ MODEL_PATH = re.compile(r"^/v[12]/models/([^/:]+)")
 
 class BodyLimit:
     """ASGI middleware refusing, with 413, a request body above its model's ``handler.max_body_bytes``
-    (``limits`` by model name; other paths: the largest): by its Content-Length before anything is
+    (``limits`` by model name; a model without one, and other paths: ``DEFAULT_MAX_BODY``, the
+    ``max_request_size`` TorchServe gets from tsctl config): by its Content-Length before anything is
     read, or, for a body sent without one (chunked), as soon as what has arrived passes the limit,
     whatever the route would have answered; either way the body is never held whole."""
 
@@ -254,8 +272,7 @@ class BodyLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         model = MODEL_PATH.match(scope.get("path", ""))
-        limit = self.limits.get(model.group(1)) if model else None
-        limit = limit or max(self.limits.values())
+        limit = (self.limits.get(model.group(1)) if model else None) or DEFAULT_MAX_BODY
         length = dict(scope["headers"]).get(b"content-length", b"")
         if length.isdigit() and int(length) > limit:
             return await self.refuse(send, int(length), limit)
@@ -362,8 +379,7 @@ def main(argv=None):
     app.add_exception_handler(HandlerRefusal, answer_error)
     app.add_exception_handler(HandlerFailure, answer_error)
     limits = {m.name: m.max_body_bytes for m in models if m.max_body_bytes}
-    if limits:
-        app.add_middleware(BodyLimit, limits=limits)
+    app.add_middleware(BodyLimit, limits=limits)
     if args.host != "0.0.0.0":
         bind_rest_server_to(args.host)
     logger.info("tsctl: serving %s on port %s", ", ".join(m.name for m in models), args.http_port)

@@ -8,6 +8,7 @@ no torch: ``tsctl package`` checks a model-config.yaml with it without loading t
 
 import dataclasses
 import difflib
+import reprlib
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Tuple, Type, TypeVar, get_args, get_origin, get_type_hints
 
@@ -42,6 +43,15 @@ def read_settings(cls: Type[T], section: Optional[Mapping[str, Any]], where: str
     return settings
 
 
+def shown(value: Any) -> str:
+    """A value for an error message, bounded: a YAML alias bomb's repr would take gigabytes."""
+    return _SHORT.repr(value)
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother = 2, 4, 4, 60, 60
+
+
 def did_you_mean(key: str, valid, what: str = "valid keys") -> str:
     close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
     if close:
@@ -62,24 +72,24 @@ def _check_type(value: Any, hint: Any, label: str) -> Any:
     if origin in (tuple, Tuple):
         inner, *_ = get_args(hint) or (float,)
         if not isinstance(value, (list, tuple)):
-            raise SettingsError(f"{label} must be a list, got {value!r}")
+            raise SettingsError(f"{label} must be a list, got {shown(value)}")
         return tuple(_check_type(v, inner, label + " item") for v in value)
     if hint is bool:
         if isinstance(value, bool):
             return value
-        raise SettingsError(f"{label} must be true or false, got {value!r}")
+        raise SettingsError(f"{label} must be true or false, got {shown(value)}")
     if hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise SettingsError(f"{label} must be a whole number, got {value!r}")
+        raise SettingsError(f"{label} must be a whole number, got {shown(value)}")
     if hint is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        raise SettingsError(f"{label} must be a number, got {value!r}")
+        raise SettingsError(f"{label} must be a number, got {shown(value)}")
     if hint is str:
         if isinstance(value, str):
             return value
-        raise SettingsError(f"{label} must be a string, got {value!r}")
+        raise SettingsError(f"{label} must be a string, got {shown(value)}")
     return value
 
 

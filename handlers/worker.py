@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import struct
+import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,8 +163,20 @@ def _frontend_request(headers: Dict[str, str], parameters: Dict[str, Any], kind:
 
 
 def predict(service: Service, batch: List[dict]) -> List[Response]:
-    """One frontend batch through TorchServe's ``Service.predict``: one Response per request, in order."""
-    return read_reply(service.predict(batch), [r["requestId"].decode() for r in batch])
+    """One frontend batch through TorchServe's ``Service.predict``: one Response per request, in order.
+
+    What kills a TorchServe worker (a handler calling ``sys.exit``, an answer TorchServe cannot
+    encode: a lone surrogate, a status that is not a number, a body over 2 GiB) gives every request
+    of the batch the frontend's ``500 Worker died.``; the handler stays loaded here."""
+    ids = [r["requestId"].decode() for r in batch]
+    try:
+        return read_reply(service.predict(batch), ids)
+    except BaseException as exc:  # noqa: BLE001 - whatever would end a worker process
+        if isinstance(exc, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
+            raise  # the user's Ctrl-C
+        logger.error("the worker would have died: %s: %s", type(exc).__name__, exc, exc_info=True)
+        body = json.dumps({"code": 500, "type": "InternalServerException", "message": "Worker died."}, indent=2)
+        return [Response(500, body.encode(), "application/json") for _ in ids]
 
 
 def read_reply(reply: bytes, request_ids: List[str]) -> List[Response]:

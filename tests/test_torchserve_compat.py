@@ -11,6 +11,7 @@ model before writing anything. (pytorch/serve's example handlers: test_conforman
 
 import io
 import json
+import shutil
 import struct
 import subprocess
 import sys
@@ -507,3 +508,141 @@ def test_is_torchscript_reads_the_zip_not_the_suffix(tmp_path):
     assert not is_torchscript(str(tmp_path / "d.pt")) and not is_torchscript(str(tmp_path / "junk.pt"))
     with zipfile.ZipFile(tmp_path / "s.bin") as z:
         assert any("/code/" in n for n in z.namelist())
+
+
+# ---- found by an attacker -----------------------------------------------------------------------
+DYING_HANDLER = """\
+import sys
+
+
+def handle(data, context):
+    if data is None:
+        return None
+    body = data[0].get("body")
+    body = body.decode() if isinstance(body, (bytes, bytearray)) else body
+    if body == "exit":
+        sys.exit(3)
+    if body == "surrogate":
+        return ["\\udcff"] * len(data)
+    if body == "status":
+        context.set_response_status("200", "", 0)
+        return ["x"] * len(data)
+    if body == "circular":
+        loop = []
+        loop.append(loop)
+        return [loop] * len(data)
+    return ["fine"] * len(data)
+"""
+
+
+@pytest.fixture(scope="module")
+def dying_store(tmp_path_factory, probe_store):
+    tmp = tmp_path_factory.mktemp("dying")
+    (tmp / "dying.py").write_text(DYING_HANDLER)
+    store = tmp / "model-store"
+    mar.package(mar.PackageOptions(model_name="dying", handler=str(tmp / "dying.py"), export_path=str(store)))
+    shutil.copy(probe_store / "probe.mar", store / "probe.mar")
+    return store
+
+
+def test_what_would_kill_a_worker_is_that_batchs_500_in_process(dying_store):
+    worker_died = {"code": 500, "type": "InternalServerException", "message": "Worker died."}
+    with LocalModel(dying_store / "dying.mar", batch_size=1) as model:
+        for body in ("exit", "surrogate", "status", "circular"):
+            [response] = model.predict([body])
+            assert (response.status, response.json()) == (500, worker_died), body
+        [fine] = model.predict(["again"])
+        assert (fine.status, fine.body) == (200, b"fine")  # a str answer is its UTF-8 bytes
+
+
+def test_a_handler_that_exits_does_not_stop_the_kserve_engine(dying_store):
+    engine = server.start_kserve(dying_store, short_tmp("dk-"), timeout=240)
+    try:
+        url = f"{engine.inference}/v1/models/dying:predict"
+        for body in ("exit", "surrogate"):
+            status, answer = server.request(url, body.encode(), "POST", {"Content-Type": "text/plain"}, 60)
+            assert status == 500, answer
+        assert server.group_alive(engine.pid)
+        status, answer = server.request(url, b"again", "POST", {"Content-Type": "text/plain"}, 60)
+        assert (status, answer) == (200, "fine")  # a text answer, as a JSON string
+        status, answer = server.request(
+            f"{engine.inference}/v1/models/probe:predict", b"x" * 4096, "POST", {"Content-Type": "text/plain"}, 60
+        )
+        assert status == 200, answer  # no other model's body limit applies to it
+    finally:
+        server.stop(engine)
+
+
+def test_malformed_model_files_and_configs_are_one_line_refusals(image_sample, tmp_path):
+    bad_configs = {
+        "list.json": "[1, 2]",
+        "arch.json": '{"architectures": 5}',  # no head to check: refused for the image handler only
+        "deep.json": "[" * 100000 + "]" * 100000,
+        "utf8.json": b"\xff\xfe{}",
+    }
+    for name, content in bad_configs.items():
+        directory = tmp_path / name
+        directory.mkdir()
+        data = content if isinstance(content, bytes) else content.encode()
+        (directory / "config.json").write_bytes(data)
+        for handler in ("text_classifier", "image_classifier")[name == "arch.json" :]:
+            with pytest.raises(UserError) as refused:
+                mar.package(
+                    mar.PackageOptions(
+                        model_name="m", handler=handler, serialized_file=str(directory), export_path=str(tmp_path / "o")
+                    )
+                )
+            assert "config.json" in str(refused.value) and "\n" not in str(refused.value), (name, handler)
+    sentence = hf_directory(tmp_path / "st", ["BertModel"], {"modules.json": '{"a": 1}', "model.onnx": ""})
+    with pytest.raises(UserError, match="modules.json is not a list of modules"):
+        mar.package(
+            mar.PackageOptions(
+                model_name="m", handler="text_embedder", serialized_file=str(sentence), export_path=str(tmp_path / "o")
+            )
+        )
+    bomb = "a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+        f"a{i}: &a{i} [*a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}]\n"
+        for i in range(1, 30)
+    )
+    for text in (bomb + "minWorkers: *a29\n", bomb + "handler:\n  top_k: *a29\n", "a: " + "[" * 10000):
+        config = write_model_config(tmp_path / "bomb.yaml", text)
+        with pytest.raises(UserError) as refused:
+            check_model_config(config, toolkit_settings("image_classifier"))
+        assert len(str(refused.value)) < 400
+    assert not (tmp_path / "o").exists()
+
+
+def toolkit_settings(name):
+    from handlers import toolkit
+
+    return toolkit.KINDS[name].settings
+
+
+def test_handler_names_are_checked_without_running_anyones_code(image_sample, tmp_path, monkeypatch):
+    package = tmp_path / "path" / "evil"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').write('x')\n")
+    (package / "sub.py").write_text("def handle(data, context):\n    return data\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "path"))
+    options = dict(serialized_file=str(image_sample / "resnet18.pt"), export_path=str(tmp_path / "o"), force=True)
+    assert mar.package(mar.PackageOptions(model_name="m", handler="evil.sub", **options))
+    with pytest.raises(UserError, match="unknown --handler 'evil.nothere'"):
+        mar.package(mar.PackageOptions(model_name="m", handler="evil.nothere", **options))
+    assert not (tmp_path / "ran").exists()  # finding evil.sub did not import evil
+    with pytest.raises(UserError, match="is the toolkit's tensor: pass --handler tensor"):
+        mar.package(mar.PackageOptions(model_name="m", handler="handlers.tensor:handle", **options))
+    carried = tmp_path / "mypkg"
+    carried.mkdir()
+    (carried / "__init__.py").write_text("")
+    (carried / "h.py").write_text("def handle(data, context):\n    return data\n")
+    assert mar.package(
+        mar.PackageOptions(model_name="m", handler="mypkg.h:handle", extra_files=[str(carried)], **options)
+    )
+    (tmp_path / "exits.py").write_text("import handlers\nimport sys\nsys.exit(0)\n")
+    (tmp_path / "plain.py").write_text("def handle(data, context):\n    return data\n")
+    for handler, words in (
+        (tmp_path / "exits.py", "failed to import: SystemExit"),
+        (f"{tmp_path / 'plain.py'}:nope", "defines no 'nope'"),
+    ):
+        with pytest.raises(UserError, match=words):
+            mar.package(mar.PackageOptions(model_name="m", handler=str(handler), **options))
