@@ -36,6 +36,9 @@ versions) or the ``handlers`` package installed here mix in one process:
 - The one process-wide patch a ``handlers`` copy makes on import (``envelopes.py`` makes TorchServe's
   envelopes step aside for toolkit handlers) is undone after the load: the envelope TorchServe wrapped
   around this model already holds the patched method, and nobody else sees this copy's.
+- The working directory is the model directory while the model loads and runs a batch, as a
+  TorchServe worker's is (it starts in the unpacked archive), so a handler that opens
+  ``index_to_name.json`` by a bare relative path finds it; the caller's is restored after.
 - A lock serialises LocalModels' swaps, so several may be open and used from several threads. Code
   outside any LocalModel that imports one of a model's names for the first time *while that model
   runs a batch* would get the model's copy; calling ``model.handler``'s methods directly runs outside
@@ -129,6 +132,8 @@ class LocalModel:
                 del sys.modules[name]
             sys.modules.update(self._modules)
             path, envelope_handle, no_bytecode = list(sys.path), BaseEnvelope.handle, sys.dont_write_bytecode
+            cwd = os.getcwd()
+            os.chdir(self.model_dir)  # a worker's working directory: handlers open bare relative paths
             sys.path.insert(0, str(self.model_dir))
             sys.dont_write_bytecode = True  # no __pycache__ in the model directory, no stale bytecode
             try:
@@ -139,6 +144,7 @@ class LocalModel:
                     del sys.modules[name]
                 sys.modules.update(outside)
                 sys.path[:] = path
+                os.chdir(cwd)
                 sys.dont_write_bytecode = no_bytecode
                 inside = (str(self.model_dir), str(self.model_dir) + os.sep)
                 for entry in [p for p in sys.path_importer_cache if p in inside or str(p).startswith(inside[1])]:
