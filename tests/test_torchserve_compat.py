@@ -646,3 +646,29 @@ def test_handler_names_are_checked_without_running_anyones_code(image_sample, tm
     ):
         with pytest.raises(UserError, match=words):
             mar.package(mar.PackageOptions(model_name="m", handler=str(handler), **options))
+
+
+def test_package_golden_verify_and_run_take_a_basehandler_archive(tmp_path):
+    """Each failed with 'NoneType' object has no attribute 'add_time' before LocalModel was a worker."""
+    from click.testing import CliRunner
+
+    from archiver.cli import main
+
+    (tmp_path / "probe.py").write_text(PROBE)
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    (inputs / "a.txt").write_text("hello")
+    (inputs / "b.json").write_text('{"n": 1}')
+    runner = CliRunner()
+    store = tmp_path / "store"
+    flags = ["--model-name", "probe", "--handler", str(tmp_path / "probe.py"), "--export-path", str(store)]
+    result = runner.invoke(main, ["package", *flags, "--golden", str(inputs)])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(main, ["verify", str(store / "probe.mar")])
+    assert result.exit_code == 0 and "2 of 2 golden answers match" in result.output, result.output
+    result = runner.invoke(main, ["run", str(store / "probe.mar"), str(inputs / "a.txt"), str(inputs / "b.json")])
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    first = json.loads(lines[0].split(": 200 ", 1)[1])
+    assert first["body"] == "hello" and first["properties"]["batch_size"] == 2 and first["model"] == "probe"
+    assert json.loads(lines[1].split(": 200 ", 1)[1])["body"] == {"n": 1}
