@@ -6,6 +6,7 @@ import shutil
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,16 @@ def image_sample(tmp_path_factory) -> Path:
 def jpegs(image_sample):
     """Eight different realistic-size JPEGs."""
     return [image_model.sample_jpeg(seed, (640 + 16 * seed, 480)) for seed in range(10, 18)]
+
+
+def stand_in_torchscript(path: Path, padding: int = 0) -> Path:
+    """A file packaging takes for TorchScript (a zip holding code/ and constants.pkl), made without
+    torch: for tests of packaging, which never loads weights."""
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("w/code/__torch__/model.py", "")
+        z.writestr("w/constants.pkl", b"")
+        z.writestr("w/data.pkl", b"\0" * padding)
+    return path
 
 
 def write_model_config(path: Path, text: str) -> Path:

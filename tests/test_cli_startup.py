@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import stand_in_torchscript
 from handlers import TOOLKIT_HANDLERS, toolkit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,7 +46,7 @@ def store(tmp_path_factory):
     """A store with an image archive and a sentence-transformers text archive (stand-in files: packaging
     never reads weights)."""
     root = tmp_path_factory.mktemp("startup")
-    (root / "w.pt").write_bytes(b"weights")
+    stand_in_torchscript(root / "w.pt")
     text = root / "minilm"
     text.mkdir()
     for name in ("config.json", "modules.json"):

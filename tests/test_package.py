@@ -192,7 +192,8 @@ def test_a_build_killed_mid_write_leaves_the_old_archive_and_no_temp_file(image_
         f.truncate(1536 << 20)
     script = (
         "from archiver import mar; mar.package(mar.PackageOptions(model_name='resnet18', handler='image_classifier', "
-        f"serialized_file={str(big)!r}, export_path={str(store)!r}, force=True))"
+        f"serialized_file={str(big)!r}, model_file={str(image_sample / 'model.py')!r}, "
+        f"export_path={str(store)!r}, force=True))"
     )
     process = subprocess.Popen([sys.executable, "-c", script], cwd=mar.Path(mar.__file__).parents[1])
     deadline = time.monotonic() + 120

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from archiver import mar, properties
 from archiver.cli import main
+from conftest import stand_in_torchscript
 from handlers.archives import MIN_UNPACK_LIMIT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,7 +38,7 @@ def inputs(tmp_path):
     """Small stand-ins: packaging never loads weights."""
     d = tmp_path / "in"
     d.mkdir()
-    (d / "w.pt").write_bytes(b"weights" * 100)
+    stand_in_torchscript(d / "w.pt", 700)
     (d / "labels.json").write_text('{"0": "cat"}')
     return d
 
@@ -157,12 +158,17 @@ def test_names_that_are_not_utf8_are_refused(inputs, tmp_path):
 def test_names_tsctl_writes_itself_cannot_be_taken_by_inputs(inputs, tmp_path, make, handler, words):
     make(inputs)
     extra = inputs / next(n for n in ("MAR-INF", "requirements.txt", "handlers") if (inputs / n).exists())
+    serialized = inputs / "w.pt"
+    if handler == "text_embedder":  # a text handler takes a Hugging Face directory
+        serialized = inputs / "hf"
+        serialized.mkdir()
+        (serialized / "config.json").write_text('{"architectures": ["BertModel"]}')
     code, output = cli(
         "package",
         "--model-name",
         "m",
         "--serialized-file",
-        inputs / "w.pt",
+        serialized,
         "--handler",
         handler,
         "--extra-files",
