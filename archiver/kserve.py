@@ -1,6 +1,6 @@
 """``tsctl export kserve``: the tree to copy onto a PVC, and the manifests that serve it.
 
-    OUT/config/config.properties     the config, checked for what KServe trips on
+    OUT/config/config.properties     the config, checked for what KServe trips on; per-model install on
     OUT/model-store/*.mar            every archive the snapshot names
     OUT/inferenceservice.yaml        v1beta1, modelFormat pytorch, storageUri, protocol, resources
     OUT/inferencegraph.yaml          with --split: a Splitter between two models (A/B)
@@ -85,12 +85,15 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     check_keys(properties, config_path)
     snapshot = snapshot_of(properties, config_path)
     check_properties(properties, config_path)
-    archives = check_models(snapshot, Path(options.model_store), properties, notes, options.engine)
+    archives = check_models(snapshot, Path(options.model_store), notes, options.engine)
     check_split(options, snapshot)
     transformer_archive = check_transformer(options, snapshot)
     if options.engine == "kserve":
         locked = {}  # the image installs every archive's requirements (predictor-image/requirements.txt)
     else:
+        # tsctl config leaves TorchServe's per-model install off (the local environment has the packages);
+        # KServe's image has not: the exported config turns it on, for the requirements locked below.
+        properties["install_py_dep_per_model"] = "true"
         runtime = runtimes.runtime_named(options.runtime)
         notes.extend(runtime_notes(runtime))
         locked = runtimes.for_runtime(archives, runtime, options.offline, scratch, notes)
@@ -187,9 +190,7 @@ def check_properties(properties: Dict[str, str], path: Path):
         )
 
 
-def check_models(
-    snapshot: dict, store: Path, properties: Dict[str, str], notes: List[str], engine: str = "torchserve"
-) -> List[Path]:
+def check_models(snapshot: dict, store: Path, notes: List[str], engine: str = "torchserve") -> List[Path]:
     """Each snapshot entry's archive exists and names the same model; batch sizes safe under envelopes."""
     if not store.is_dir():
         raise UserError(f"model store {store} does not exist: build archives with 'tsctl package'")
@@ -208,11 +209,6 @@ def check_models(
                     f"model_snapshot key '{name}' differs from {archive.name}'s model name "
                     f"'{manifest['modelName']}': KServe serves the key, so requests for either would miss one; "
                     "run 'tsctl config' again"
-                )
-            if manifest.get("requirementsFile") and properties.get("install_py_dep_per_model") != "true":
-                raise UserError(
-                    f"{archive.name} carries {manifest['requirementsFile']} but install_py_dep_per_model is not true: "
-                    "KServe would not install them; regenerate the config with 'tsctl config'"
                 )
             toolkit = handler_record(archive) is not None
             if engine == "torchserve" and not toolkit and entry.get("batchSize", 1) > 1:

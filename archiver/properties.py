@@ -1,23 +1,35 @@
-"""config/config.properties: written once, used unchanged locally and on KServe.
+"""config/config.properties: one file for a local TorchServe and for KServe.
 
 The file carries KServe's values (store at /mnt/models/model-store, inference on 0.0.0.0:8085,
 ``enable_envvars_config=true``). A local ``torchserve --model-store model-store`` overrides the
 store; ``tsctl serve`` also moves the addresses to 127.0.0.1 through TorchServe's own ``TS_*``
 environment variables, which ``enable_envvars_config=true`` lets it read.
 
+TorchServe's per-model install is off (``install_py_dep_per_model=false``): the environment that
+runs torchserve locally has the packages already, and the install would put the newest release
+of every requirement and of its dependencies (torch with CUDA included: 6.1 GB for
+all-MiniLM-L6-v2) into the model directory, ahead of the environment's own torch, and needs a
+package index. KServe's image has only what it was built with: ``kserve_gaps`` names each archive
+whose requirements.txt asks for more than that and would not load there (compared with
+``archiver.runtimes``' list, nothing resolved), and ``tsctl export kserve`` writes the config for
+KServe with the install on and each archive's requirements locked for the image.
+
 ``model_snapshot`` lists every archive in the model store with its worker settings: a command-line
 option wins over the archive's model-config.yaml, which wins over the defaults below.
 """
 
 import json
+import tempfile
 from collections import OrderedDict
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
 from handlers.settings import did_you_mean
 
 from .errors import UserError
-from .mar import MODEL_NAME, VERSION, handler_record, model_config, read_manifest
+from .mar import MODEL_NAME, VERSION, handler_record, model_config, read_manifest, read_member
+from .runtimes import DEFAULT as DEFAULT_RUNTIME
+from .runtimes import runtime_named
 
 KSERVE_MODEL_STORE = "/mnt/models/model-store"
 SNAPSHOT_KEYS = ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout")
@@ -39,7 +51,9 @@ BASE_PROPERTIES = OrderedDict(
         ("max_request_size", "67108864"),
         ("max_response_size", "67108864"),
         ("enable_envvars_config", "true"),
-        ("install_py_dep_per_model", "true"),
+        # Off: the environment serving the file has the packages (see above); tsctl export kserve
+        # turns it on for KServe's image, with each archive's requirements locked for it.
+        ("install_py_dep_per_model", "false"),
         ("model_store", KSERVE_MODEL_STORE),
         # TorchServe 0.11+ defaults: token auth on, model API off. KServe's client sends no token,
         # so auth is off here; the model API stays off (models come from model_snapshot).
@@ -142,12 +156,104 @@ def version_of(model_entry: dict) -> str:
 
 
 def render(properties: Dict[str, str]) -> str:
-    lines = [
-        "# Written by tsctl config. Works as is under KServe (mounted at /mnt/models);",
-        "# locally: torchserve --start --ncs --model-store model-store --ts-config config/config.properties",
-    ]
+    if properties.get("install_py_dep_per_model", "").lower() == "true":  # tsctl export kserve's
+        lines = [
+            "# Written by tsctl export kserve for KServe (mounted at /mnt/models): TorchServe installs each",
+            "# archive's requirements.txt (install_py_dep_per_model=true), locked for the image by the export.",
+        ]
+    else:
+        lines = [
+            "# Written by tsctl config. Locally, where the archives' packages are installed:",
+            "#   torchserve --start --ncs --model-store model-store --ts-config config/config.properties",
+            "# Under KServe (mounted at /mnt/models) as is only when its image has every archive's requirements",
+            "# (tsctl config names each archive whose requirements it lacks); else use 'tsctl export kserve'.",
+        ]
     lines += [f"{key}={value}" for key, value in properties.items()]
     return "\n".join(lines) + "\n"
+
+
+def kserve_gaps(model_store, runtime_name: str = DEFAULT_RUNTIME) -> List[str]:
+    """One line per archive in the store that would not load on KServe's ``runtime_name`` image from
+    this config as is (no per-model install): what its requirements.txt asks for that the image lacks,
+    by ``archiver.runtimes``' list of the image's packages, leaving out what its handler does without
+    (``_does_without``). Nothing is resolved or downloaded."""
+    runtime = runtime_named(runtime_name)
+    gaps = []
+    for archive in archives_in(Path(model_store)):
+        model = read_manifest(archive)["model"]
+        name = model.get("requirementsFile")
+        text = (read_member(archive, name) or b"").decode("utf-8", "replace") if name else ""
+        missing = [why for why in (_lacks(line, runtime) for line in text.splitlines()) if why]
+        missing = [(line, has) for line, has in missing if not _does_without(archive, model, line)]
+        if missing:
+            lacks = ", ".join(line for line, _ in missing)
+            has = [has for _, has in missing if has]
+            gaps.append(
+                f"{model['modelName']} needs {lacks}, which KServe's {runtime.name} image lacks"
+                + (f" (it has {', '.join(has)})" if has else "")
+                + ": for KServe, export with 'tsctl export kserve' (it installs the archive's locked requirements)"
+            )
+    return gaps
+
+
+EMBEDDER = "handlers.embeddings.TextEmbedder"
+
+
+def _does_without(archive: Path, model: dict, line: str) -> bool:
+    """True for a requirement the archive's handler loads without: sentence-transformers, for a text
+    embedder whose sentence-transformers modules (Transformer, mean/cls/max Pooling, Normalize) it
+    computes itself with the same answers. Asked from the directory's JSON files as the handler asks
+    when it loads (``handlers.fit.sentence_modules_problem``)."""
+    from .mar import list_entries, requirement_name
+
+    record = handler_record(archive) or {}
+    classes = [f"{record.get('module')}.{record.get('class')}", *record.get("bases", [])]
+    if requirement_name(line) != "sentence-transformers" or EMBEDDER not in classes:
+        return False
+    from handlers.fit import sentence_modules_problem
+
+    prefix = str(model.get("serializedFile") or "").strip("/") + "/"
+    with tempfile.TemporaryDirectory(prefix="tsctl-modules-") as directory:
+        for name, size in list_entries(archive):
+            if name.startswith(prefix) and name.endswith(".json") and size <= MAX_MODULE_JSON:
+                target = Path(directory, name[len(prefix) :])
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(read_member(archive, name) or b"")
+        return Path(directory, "modules.json").is_file() and sentence_modules_problem(directory) is None
+
+
+MAX_MODULE_JSON = 1 << 20
+
+
+def _lacks(line: str, runtime) -> Optional[Tuple[str, str]]:
+    """(the requirement, what the image has of it or "") when ``runtime``'s image does not satisfy
+    one requirements.txt line, else None. Options (``--no-index``) need nothing; a line that is no
+    plain requirement (a URL, ``-r``, ``-e``) cannot be checked, so it counts as lacking."""
+    from packaging.requirements import InvalidRequirement, Requirement  # transformers' and torchserve's dependency
+    from packaging.utils import canonicalize_name
+
+    line = line.split(" #", 1)[0].strip()
+    if not line or line.startswith("#"):
+        return None
+    if line.startswith("-") and not line.startswith(("-r", "-e", "--requirement", "--editable")):
+        return None  # --no-index, --find-links ...: how to install, not what
+    try:
+        requirement = Requirement(line)
+    except InvalidRequirement:
+        return line, ""
+    environment = {"python_version": runtime.python, "python_full_version": f"{runtime.python}.0"}
+    environment.update(sys_platform="linux", platform_system="Linux", platform_machine="x86_64", os_name="posix")
+    if requirement.marker is not None and not requirement.marker.evaluate(environment):
+        return None  # not for the image's Python
+    pins = {canonicalize_name(package): version for package, version in runtime.pins.items()}
+    version = pins.get(canonicalize_name(requirement.name))
+    if version is None or requirement.url:
+        return line, ""
+    if requirement.extras:  # the extras' own packages may be missing: only the install can tell
+        return line, f"{requirement.name} {version} without its extras"
+    if not requirement.specifier.contains(version, prereleases=True):
+        return line, f"{requirement.name} {version}"
+    return None
 
 
 def write_config(
