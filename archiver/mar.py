@@ -289,7 +289,8 @@ def _resolve_handler(handler: str, inputs: Inputs, extra_files: List[str] = ()) 
     """The manifest's handler string and whether to bundle the toolkit's ``handlers/`` package.
 
     Every value torch-model-archiver takes means what it means there: a handler file (``file.py``,
-    ``file.py:function``) is stored in the archive; TorchServe's built-in handlers
+    ``file.py:function``, or either without the ``.py`` torch-model-archiver adds) is stored in the
+    archive; TorchServe's built-in handlers
     (``object_detector``, ``image_segmenter``, ``base_handler``, ...) are written into the manifest
     by name, and so is ``ts.torch_handler.NAME`` (``ts.torch_handler.image_classifier``: TorchServe's
     own image classifier, where the bare name is the toolkit's), the archive torch-model-archiver
@@ -299,19 +300,15 @@ def _resolve_handler(handler: str, inputs: Inputs, extra_files: List[str] = ()) 
     if handler in TOOLKIT_HANDLERS:
         return TOOLKIT_HANDLERS[handler], True
     path, _, function = handler.partition(":")
-    source = Path(path)
-    if source.suffix == ".py":
-        if not source.is_file():
+    if Path(path).suffix == ".py":
+        if not Path(path).is_file():
             raise UserError(f"--handler {path} does not exist: check the path of your handler file")
-        inputs.add(path, "--handler")
-        entry = source.name + (f":{function}" if function else "")
-        imports_toolkit = _imports_toolkit(source)
-        if function and not imports_toolkit and not _defines(source, function):
-            raise UserError(f"--handler {handler}: {source} defines no '{function}' at its top level")
-        return entry, imports_toolkit
+        return _handler_file(Path(path), function, inputs)
     builtin = handler.removeprefix(BUILTIN_PREFIX)
     if builtin in torchserve_handlers():  # written as torch-model-archiver writes a built-in's name
         return builtin, False
+    if Path(path + ".py").is_file():  # DIR/my_handler[:function]: torch-model-archiver adds the .py
+        return _handler_file(Path(path + ".py"), function, inputs)
     toolkit_name = {v.partition(":")[0]: k for k, v in TOOLKIT_HANDLERS.items()}.get(path)
     if toolkit_name:  # handlers.image: the toolkit's own module, which is bundled only by its name
         raise UserError(f"--handler {handler} is the toolkit's {toolkit_name}: pass --handler {toolkit_name}")
@@ -323,6 +320,15 @@ def _resolve_handler(handler: str, inputs: Inputs, extra_files: List[str] = ()) 
         f"unknown --handler {handler!r}: not a toolkit handler, a TorchServe built-in, a module TorchServe "
         f"can import, nor a .py file{did_you_mean(path, known, 'handlers')}"
     )
+
+
+def _handler_file(source: Path, function: str, inputs: Inputs) -> Tuple[str, bool]:
+    """A handler file stored in the archive: its manifest entry, and whether it imports the toolkit."""
+    inputs.add(str(source), "--handler")
+    imports_toolkit = _imports_toolkit(source)
+    if function and not imports_toolkit and not _defines(source, function):
+        raise UserError(f"--handler {source}:{function}: {source} defines no '{function}' at its top level")
+    return source.name + (f":{function}" if function else ""), imports_toolkit
 
 
 def torchserve_handlers() -> List[str]:

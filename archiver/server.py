@@ -212,10 +212,12 @@ def start_kserve(
     python: Optional[str] = None,
     batch_size: Optional[int] = None,
     max_batch_delay: Optional[int] = None,
+    metrics_config: Optional[str] = None,
 ) -> Server:
     """Serve every archive in ``model_store`` with KServe's ModelServer (``handlers.kserve_predictor``)
     on a free 127.0.0.1 port, detached, and wait until each model is ready. Batching comes from each
-    archive's model-config.yaml unless ``batch_size``/``max_batch_delay`` say otherwise."""
+    archive's model-config.yaml unless ``batch_size``/``max_batch_delay`` say otherwise;
+    ``metrics_config`` is TorchServe's property of that name (the workers' metrics.yaml)."""
     from .mar import read_manifest  # no torch: the manifest only
 
     model_store, home = Path(model_store).resolve(), Path(home).resolve()
@@ -232,6 +234,8 @@ def start_kserve(
         arguments += ["--batch_size", str(batch_size)]
     if max_batch_delay is not None:
         arguments += ["--max_batch_delay", str(max_batch_delay)]
+    if metrics_config:
+        arguments += ["--metrics_config", str(Path(metrics_config).resolve())]
 
     def launch() -> Server:
         port = free_port()

@@ -171,14 +171,22 @@ class Batcher:
 class ArchivePredictor(Model):
     """One tsctl archive as a KServe predictor (see the module docstring)."""
 
-    def __init__(self, archive, batch_size: Optional[int] = None, max_batch_delay: Optional[int] = None):
+    def __init__(
+        self,
+        archive,
+        batch_size: Optional[int] = None,
+        max_batch_delay: Optional[int] = None,
+        metrics_config: Optional[str] = None,
+    ):
         archive = Path(archive)
         configured_batch, configured_delay = batch_settings(archive)
         batch_size = batch_size or configured_batch
         # A toolkit handler reads raw bodies within its own limits (as tsctl config's
         # decode_input_request=false gives it on TorchServe); others get TorchServe's default.
         toolkit = identity.read(archive) is not None
-        self.local = LocalModel(archive, batch_size=batch_size, decode_input_request=not toolkit)
+        self.local = LocalModel(
+            archive, batch_size=batch_size, decode_input_request=not toolkit, metrics_config=metrics_config
+        )
         super().__init__(self.local.model_name)
         self.archive = archive
         self.max_body_bytes = getattr(getattr(self.local.handler, "settings", None), "max_body_bytes", 0)
@@ -337,6 +345,7 @@ def parse_args(argv=None):
     parser.add_argument("--model_store", help="Serve every archive in this directory.")
     parser.add_argument("--batch_size", type=int, help="Override every archive's batchSize.")
     parser.add_argument("--max_batch_delay", type=int, help="Override every archive's maxBatchDelay (ms).")
+    parser.add_argument("--metrics_config", help="The workers' metrics.yaml (TorchServe's metrics_config).")
     parser.add_argument("--host", default="0.0.0.0", help="Address the REST server listens on.")
     args, _ = parser.parse_known_args(argv)
     if not args.archive and not args.model_store:
@@ -374,7 +383,7 @@ def main(argv=None):
     archives = [Path(a) for a in args.archive]
     if args.model_store:
         archives += archives_in(Path(args.model_store))
-    models = [ArchivePredictor(a, args.batch_size, args.max_batch_delay) for a in archives]
+    models = [ArchivePredictor(a, args.batch_size, args.max_batch_delay, args.metrics_config) for a in archives]
     app = model_server.app
     app.add_exception_handler(HandlerRefusal, answer_error)
     app.add_exception_handler(HandlerFailure, answer_error)

@@ -87,6 +87,7 @@ class LocalModel:
         gpu: Optional[int] = None,
         decode_input_request: bool = True,
         limit_max_image_pixels: bool = True,
+        metrics_config: Optional[str] = None,
     ):
         archive = Path(archive)
         self.decode_input_request = decode_input_request
@@ -117,6 +118,7 @@ class LocalModel:
                     batch_size,
                     envelope,
                     limit_max_image_pixels,
+                    metrics_config,
                 )
         except BaseException:
             self.close()

@@ -109,10 +109,12 @@ def load(
     batch_size: int = 1,
     envelope: Optional[str] = None,
     limit_max_image_pixels: bool = True,
+    metrics_config: Optional[str] = None,
 ) -> Service:
     """The model loaded as ``TorchModelServiceWorker.load_model`` loads it (the handler's
-    ``initialize`` runs here and raises whatever stops it)."""
-    metrics = MetricsCacheYamlImpl(config_file_path=METRICS_YAML)
+    ``initialize`` runs here and raises whatever stops it). ``metrics_config``: TorchServe's property
+    of that name, the metrics.yaml whose model metrics the cache holds (TorchServe's own by default)."""
+    metrics = MetricsCacheYamlImpl(config_file_path=metrics_config or METRICS_YAML)
     metrics.initialize_cache()
     metrics.model_name = model_name
     service = TsModelLoader().load(
