@@ -40,6 +40,17 @@ def engine_option(help_text: str):
     )
 
 
+def runtime_option(help_text: str):
+    """``--runtime IMAGE``: which of KServe's TorchServe images the files are for."""
+    return click.option(
+        "--runtime",
+        type=click.Choice(list(runtimes.RUNTIMES)),
+        default=runtimes.DEFAULT,
+        show_default=True,
+        help=help_text,
+    )
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="tsctl")
 def main():
@@ -153,12 +164,8 @@ def inspect(archive):
 @click.option("--batch-size", type=click.IntRange(1))
 @click.option("--max-batch-delay", type=click.IntRange(0), help="Milliseconds to wait to fill a batch.")
 @click.option("--response-timeout", type=click.IntRange(1), help="Seconds.")
-@click.option(
-    "--runtime",
-    type=click.Choice(list(runtimes.RUNTIMES)),
-    default=runtimes.DEFAULT,
-    show_default=True,
-    help="The TorchServe image KServe runs: archives whose requirements it lacks are named (nothing is resolved).",
+@runtime_option(
+    "The TorchServe image KServe runs: archives whose requirements it lacks are named (nothing is resolved)."
 )
 def config(model_store, output, min_workers, max_workers, batch_size, max_batch_delay, response_timeout, runtime):
     """Write config/config.properties with a model_snapshot of every archive in the store.
@@ -446,13 +453,7 @@ def parse_split(values):
 @click.option("--namespace", default="default", show_default=True)
 @click.option("--cpu", default="1", show_default=True)
 @click.option("--memory", default="2Gi", show_default=True)
-@click.option(
-    "--runtime",
-    type=click.Choice(list(runtimes.RUNTIMES)),
-    default=runtimes.DEFAULT,
-    show_default=True,
-    help="The TorchServe image KServe runs: each archive's requirements are resolved and pinned for it.",
-)
+@runtime_option("The TorchServe image KServe runs: each archive's requirements are resolved and pinned for it.")
 @click.option("--offline", is_flag=True, help="Bundle each archive's wheels: its per-model install needs no index.")
 @engine_option("kserve: a custom predictor on KServe's ModelServer (no TorchServe); needs --image.")
 @click.option("--image", help="The custom predictor's image (--engine kserve), built from OUT/predictor-image.")
