@@ -73,6 +73,11 @@ class HandlerFailure(InferenceError):
         self.body = body
 
 
+def internal_error(message: str) -> HandlerFailure:
+    """A 500 for a request the handler could not answer, in the body TorchServe's errors have."""
+    return HandlerFailure(500, {"code": 500, "type": "InternalServerError", "message": message})
+
+
 def message_of(body) -> str:
     return body.get("message", json.dumps(body)) if isinstance(body, dict) else str(body)
 
@@ -139,16 +144,7 @@ class Batcher:
                 if done.done():
                     continue
                 if isinstance(response, Exception):
-                    done.set_exception(
-                        HandlerFailure(
-                            500,
-                            {
-                                "code": 500,
-                                "type": "InternalServerError",
-                                "message": f"{type(response).__name__}: {response}",
-                            },
-                        )
-                    )
+                    done.set_exception(internal_error(f"{type(response).__name__}: {response}"))
                 else:
                     done.set_result(response)
 
@@ -205,11 +201,10 @@ class ArchivePredictor(Model):
         response = await self.batcher.submit(request)
         body = response.answer()
         if isinstance(body, (bytes, bytearray)):  # not JSON, not text: KServe's JSON protocols cannot carry it
-            message = f"the handler answered {len(body):,} bytes of {response.content_type or 'no content type'}"
-            raise HandlerFailure(500, {"code": 500, "type": "InternalServerError", "message": message})
+            kind = response.content_type or "no content type"
+            raise internal_error(f"the handler answered {len(body):,} bytes of {kind}")
         if not 100 <= response.status <= 599:
-            message = f"the handler answered with status {response.status}, which HTTP does not have"
-            raise HandlerFailure(500, {"code": 500, "type": "InternalServerError", "message": message})
+            raise internal_error(f"the handler answered with status {response.status}, which HTTP does not have")
         if response.status >= 500:
             raise HandlerFailure(response.status, body)
         if response.status >= 400:

@@ -53,11 +53,15 @@ class Request:
 
     @property
     def content_type(self) -> str:
-        """The MIME type, without parameters (``charset=``), as the frontend passes it on."""
-        for name, value in self.headers.items():
-            if name.lower() == "content-type":
-                return value.split(";", 1)[0].strip()
-        return ""
+        return mime_type(self.headers)
+
+
+def mime_type(headers: Dict[str, str]) -> str:
+    """The Content-Type's MIME type, without parameters (``charset=``), as the frontend passes it on."""
+    for name, value in headers.items():
+        if name.lower() == "content-type":
+            return value.split(";", 1)[0].strip()
+    return ""
 
 
 @dataclass
@@ -143,20 +147,18 @@ def decode_parameter(body: bytes, content_type: str, decode: bool = True) -> Any
 
 def frontend_batch(requests: List[Request], decode: bool = True) -> List[dict]:
     """The batch as the worker reads it off the frontend's message (``_retrieve_inference_msg``)."""
-    return [
-        _frontend_request(r.headers, {"body": decode_parameter(r.body, r.content_type, decode)}, r.content_type)
-        for r in requests
-    ]
+    return [_frontend_request(r.headers, {"body": decode_parameter(r.body, r.content_type, decode)}) for r in requests]
 
 
 def rows_batch(rows: List[dict], headers: Optional[List[Dict[str, str]]] = None) -> List[dict]:
     """The batch for rows already as the worker decoded them, each a mapping of parameter name to
     value (``{"body": ...}``, or a multipart form's fields), with its HTTP headers."""
     headers = headers or [{} for _ in rows]
-    return [_frontend_request(h, row, Request(b"", h).content_type) for row, h in zip(rows, headers)]
+    return [_frontend_request(h, row) for row, h in zip(rows, headers)]
 
 
-def _frontend_request(headers: Dict[str, str], parameters: Dict[str, Any], kind: str) -> dict:
+def _frontend_request(headers: Dict[str, str], parameters: Dict[str, Any]) -> dict:
+    kind = mime_type(headers)
     return {
         "requestId": str(uuid.uuid4()).encode(),
         "headers": [{"name": k.encode("utf-8"), "value": v.encode("utf-8")} for k, v in headers.items()],
