@@ -30,7 +30,7 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import ts
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
@@ -185,12 +185,23 @@ def predict(service: Service, batch: List[dict]) -> List[Response]:
 
 def read_reply(reply: bytes, request_ids: List[str]) -> List[Response]:
     """The worker's reply (``create_predict_response``) as the frontend turns it into HTTP answers."""
+    code, message, answers = read_answers(reply)
+    if code != 200:
+        return batch_error(code, message, len(request_ids))
+    return [answers[i] for i in request_ids]
+
+
+def batch_error(code: int, message: str, count: int) -> List[Response]:
+    """BatchAggregator.sendResponse for a batch that failed as a whole: every job gets the error."""
+    status = 507 if code == 413 else code
+    body = json.dumps({"code": status, "type": "InternalServerException", "message": message}, indent=2)
+    return [Response(status, body.encode(), "application/json") for _ in range(count)]
+
+
+def read_answers(reply: bytes) -> Tuple[int, str, Dict[str, Response]]:
+    """A reply's code, message and answers by request id (a streamed reply holds some of a batch's)."""
     reader = _Reader(reply)
     code, message = reader.int(), reader.text()
-    if code != 200:  # BatchAggregator.sendResponse: every job of the batch gets the error
-        status = 507 if code == 413 else code
-        body = json.dumps({"code": status, "type": "InternalServerException", "message": message}, indent=2)
-        return [Response(status, body.encode(), "application/json") for _ in request_ids]
     answers = {}
     while True:
         request_id = reader.text()
@@ -200,7 +211,7 @@ def read_reply(reply: bytes, request_ids: List[str]) -> List[Response]:
         status, _phrase = reader.int(), reader.text()
         headers = {reader.text(): reader.text() for _ in range(reader.int())}
         answers[request_id] = Response(status, reader.bytes(), kind or None, headers)
-    return [answers[i] for i in request_ids]
+    return code, message, answers
 
 
 class _Reader:

@@ -1,0 +1,502 @@
+"""The tsctl engine: a TorchServe model store and config served in Python, no Java, no wrapper.
+
+    python -m handlers.engine --model_store model-store --ts_config config/config.properties \\
+        [--host 127.0.0.1] [--http_port 8080] [--grpc_port 8081] [--enable_grpc false]
+
+It reads the same tree as TorchServe (``handlers/ts_config.py``: the model_snapshot's models and
+versions, workers, batching, timeouts; without a config file every archive in the store with its
+model-config.yaml), runs each model version's ``minWorkers`` as TorchServe's own worker processes
+(``handlers/engine_workers.py``), and answers on one HTTP port:
+
+- TorchServe's inference API: ``GET /ping``, ``POST /predictions/NAME[/VERSION]``, with the status,
+  content type, headers and body the handler set, exactly as TorchServe's frontend sends them;
+- TorchServe's read-only management API: ``GET /models``, ``GET /models/NAME[/VERSION|/all]`` in
+  its describe format, each worker with its pid and status;
+- KServe v1 (``/v1/models/NAME:predict``) and v2 REST (``/v2/models/NAME[/versions/V]/infer``,
+  JSON or the binary tensor extension) and v2 gRPC on ``--grpc_port``: the request's bytes go to the
+  handler as they came (the toolkit handlers read both protocols, ``handlers/protocol.py``) and the
+  handler's answer comes back as it made it: decoded once, encoded once;
+- readiness (``/ping``, ``/v2/health/ready``, ``/v1/models/NAME``, ``/v2/models/NAME/ready``, gRPC
+  ServerReady/ModelReady): true only while every worker of the model is up;
+- ``GET /metrics``: Prometheus, under TorchServe's names (``handlers/engine_metrics.py``).
+
+Every listener binds ``--host``. Nothing here changes state: there is no register, scale, load or
+unload call, over REST or gRPC (TorchServe's model API and KServe's repository API are absent).
+A request body above ``max_request_size`` (config.properties, TorchServe's 6.5 MB by default) is
+refused with 413 before it is read whole. Needs ``torchserve`` (its worker, not its frontend).
+"""
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from starlette.applications import Starlette
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse
+from starlette.responses import Response as HttpResponse
+from starlette.routing import Route
+
+from . import identity, ts_config
+from .archives import ArchiveError, check_inside, read_manifest, unpack
+from .engine_metrics import Metrics
+from .engine_workers import ModelWorkers
+from .worker import Request, Response
+
+logger = logging.getLogger("tsctl.engine")
+
+# Headers describing the HTTP body as it came: the worker gets the body, not the transfer.
+HOP_HEADERS = frozenset(("content-length", "transfer-encoding", "connection", "expect", "host"))
+BINARY_LENGTH = "inference-header-content-length"  # KServe v2 binary tensor extension
+
+
+class Engine:
+    """Every model version of the store, its workers and its metrics."""
+
+    def __init__(self, specs: List[ts_config.ModelSpec], frontend: ts_config.Frontend, decode_default=None):
+        self.frontend = frontend
+        self.run_dir = tempfile.mkdtemp(prefix="tsctl-engine-")
+        self.metrics = Metrics()
+        self.versions: Dict[str, Dict[str, ModelWorkers]] = {}
+        self.defaults: Dict[str, ModelWorkers] = {}
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        try:
+            for number, spec in enumerate(specs):
+                model_dir = unpack(spec.archive, os.path.join(self.run_dir, f"m{number}")).resolve()
+                manifest = read_manifest(model_dir)
+                check_inside(model_dir, manifest)
+                model = manifest["model"]
+                if model.get("modelName") != spec.name:
+                    logger.info("%s: served as %s (its manifest says %s)", spec.archive, spec.name, model["modelName"])
+                decode = frontend.decode_input_request if decode_default is None else decode_default(model_dir)
+                env = dict(os.environ)
+                env["PYTHONPATH"] = os.pathsep.join(p for p in (str(model_dir), os.environ.get("PYTHONPATH")) if p)
+                env["TS_DECODE_INPUT_REQUEST"] = "true" if decode else "false"
+                env.setdefault("OMP_NUM_THREADS", str(max(1, cores // spec.min_workers)))
+                workers = ModelWorkers(
+                    spec, model_dir, model["handler"], frontend, self.run_dir, 9000 + 100 * number, env,
+                    self.metrics.worker_line,
+                )  # fmt: skip
+                workers.observe = self.metrics.observer(spec)
+                self.versions.setdefault(spec.name, {})[spec.version] = workers
+                if spec.default:
+                    self.defaults[spec.name] = workers
+        except BaseException:
+            self.close()
+            raise
+        self.metrics.engine = self
+
+    def all(self) -> List[ModelWorkers]:
+        return [w for versions in self.versions.values() for w in versions.values()]
+
+    def find(self, name: str, version: Optional[str] = None) -> Optional[ModelWorkers]:
+        if version is None:
+            return self.defaults.get(name)
+        return self.versions.get(name, {}).get(version)
+
+    @property
+    def ready(self) -> bool:
+        return all(model.ready for model in self.all())
+
+    async def start(self):
+        """Start every model's workers at once; RuntimeError naming the model when one cannot load."""
+        models = self.all()
+        results = await asyncio.gather(*(m.start() for m in models), return_exceptions=True)
+        for model, result in zip(models, results):
+            if isinstance(result, BaseException):
+                raise RuntimeError(f"model {model.label} ({model.spec.archive.name}) could not load: {result}")
+
+    @property
+    def stopping(self) -> bool:
+        return any(model.stopping for model in self.all())
+
+    @stopping.setter
+    def stopping(self, value: bool):
+        for model in self.all():
+            model.stopping = value
+
+    def close(self):
+        for model in self.all():
+            model.stop()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+# ---- HTTP ---------------------------------------------------------------------------------------
+def error(status: int, kind: str, message: str, kserve: bool = False) -> JSONResponse:
+    body = {"code": status, "type": kind, "message": message}
+    if kserve:
+        body["error"] = message  # what KServe's own errors carry
+    return JSONResponse(body, status_code=status)
+
+
+def not_found(name: str, version: Optional[str], kserve: bool = False) -> JSONResponse:
+    what = f"{name} version {version}" if version else name
+    return error(404, "ModelNotFoundException", f"Model not found: {what}", kserve)
+
+
+def http_answer(response: Response, kserve: bool = False) -> HttpResponse:
+    """The worker's answer as TorchServe's frontend sends it; on KServe's routes an error body also
+    carries KServe's ``error`` key."""
+    body = response.body or b""
+    if kserve and response.status >= 400:
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict) and "error" not in parsed:
+            parsed["error"] = parsed.get("message", body.decode("utf-8", errors="replace"))
+            body = json.dumps(parsed).encode()
+    headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "ts_stream_next")}
+    status = response.status if 100 <= response.status <= 599 else 500
+    return HttpResponse(body, status, headers, media_type=response.content_type)
+
+
+def build_app(engine: Engine) -> Starlette:
+    async def forward(http: HttpRequest, model: Optional[ModelWorkers], kserve: bool) -> HttpResponse:
+        if model is None:
+            return not_found(http.path_params["name"], http.path_params.get("version"), kserve)
+        body = await http.body()
+        headers = {k: v for k, v in http.headers.items() if k not in HOP_HEADERS}
+        return http_answer(await model.submit(Request(body, headers)), kserve)
+
+    async def predictions(http: HttpRequest):
+        name, version = http.path_params["name"], http.path_params.get("version")
+        return await forward(http, engine.find(name, version), kserve=False)
+
+    async def v1_predict(http: HttpRequest):
+        return await forward(http, engine.find(http.path_params["name"]), kserve=True)
+
+    async def v2_infer(http: HttpRequest):
+        name, version = http.path_params["name"], http.path_params.get("version")
+        return await forward(http, engine.find(name, version), kserve=True)
+
+    async def ping(_):
+        healthy = engine.ready
+        return JSONResponse({"status": "Healthy" if healthy else "Unhealthy"}, status_code=200 if healthy else 500)
+
+    async def list_models(_):
+        models = [{"modelName": n, "modelUrl": engine.defaults[n].spec.archive.name} for n in sorted(engine.defaults)]
+        return JSONResponse({"models": models})
+
+    async def describe(http: HttpRequest):
+        name, version = http.path_params["name"], http.path_params.get("version")
+        if version == "all":
+            found = list(engine.versions.get(name, {}).values())
+        else:
+            found = [m for m in [engine.find(name, version)] if m is not None]
+        if not found:
+            return not_found(name, version)
+        return JSONResponse([describe_model(m) for m in found])
+
+    async def v1_models(_):
+        return JSONResponse({"models": sorted(engine.defaults)})
+
+    async def v1_model(http: HttpRequest):
+        name = http.path_params["name"]
+        model = engine.find(name)
+        if model is None:
+            return not_found(name, None, kserve=True)
+        return JSONResponse({"name": name, "ready": model.ready}, status_code=200 if model.ready else 503)
+
+    async def v2_server(_):
+        return JSONResponse({"name": "tsctl", "version": version_string(), "extensions": ["binary_tensor_data"]})
+
+    async def v2_live(_):
+        return JSONResponse({"live": True})
+
+    async def v2_ready(_):
+        ready = engine.ready
+        return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+
+    async def v2_model(http: HttpRequest):
+        name, version = http.path_params["name"], http.path_params.get("version")
+        if engine.find(name, version) is None:
+            return not_found(name, version, kserve=True)
+        versions = sorted(engine.versions[name])
+        return JSONResponse({"name": name, "versions": versions, "platform": "pytorch_torchserve", "inputs": [],
+                             "outputs": []})  # fmt: skip
+
+    async def v2_model_ready(http: HttpRequest):
+        name, version = http.path_params["name"], http.path_params.get("version")
+        model = engine.find(name, version)
+        if model is None:
+            return not_found(name, version, kserve=True)
+        return JSONResponse({"name": name, "ready": model.ready}, status_code=200 if model.ready else 503)
+
+    async def metrics(_):
+        text, kind = engine.metrics.render()
+        return HttpResponse(text, media_type=kind)
+
+    infer = ["POST"]
+    routes = [
+        Route("/ping", ping, methods=["GET", "POST"]),
+        Route("/predictions/{name}", predictions, methods=["POST", "PUT"]),
+        Route("/predictions/{name}/{version}", predictions, methods=["POST", "PUT"]),
+        Route("/models", list_models, methods=["GET"]),
+        Route("/models/{name}", describe, methods=["GET"]),
+        Route("/models/{name}/{version}", describe, methods=["GET"]),
+        Route("/v1/models", v1_models, methods=["GET"]),
+        Route("/v1/models/{name}", v1_model, methods=["GET"]),
+        Route("/v1/models/{name}:predict", v1_predict, methods=infer),
+        Route("/v2", v2_server, methods=["GET"]),
+        Route("/v2/health/live", v2_live, methods=["GET"]),
+        Route("/v2/health/ready", v2_ready, methods=["GET"]),
+        Route("/v2/models/{name}", v2_model, methods=["GET"]),
+        Route("/v2/models/{name}/ready", v2_model_ready, methods=["GET"]),
+        Route("/v2/models/{name}/infer", v2_infer, methods=infer),
+        Route("/v2/models/{name}/versions/{version}", v2_model, methods=["GET"]),
+        Route("/v2/models/{name}/versions/{version}/ready", v2_model_ready, methods=["GET"]),
+        Route("/v2/models/{name}/versions/{version}/infer", v2_infer, methods=infer),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes)
+    app.add_middleware(BodyLimit, limit=engine.frontend.max_request_size)
+    return app
+
+
+def describe_model(model: ModelWorkers) -> dict:
+    """TorchServe's describe answer for one model version."""
+    spec = model.spec
+    workers = []
+    for worker in model.workers:
+        process = worker.process
+        workers.append(
+            {
+                "id": str(model.first_port + worker.index),
+                "startTime": iso_time(process.started) if process else None,
+                "status": "READY"
+                if worker.status == "BUSY"
+                else ("UNLOADING" if worker.status == "STARTING" else worker.status),
+                "memoryUsage": rss(process.pid) if process else 0,
+                "pid": process.pid if process and process.alive() else -1,
+                "gpu": False,
+                "gpuUsage": "N/A",
+            }
+        )
+    return {
+        "modelName": spec.name,
+        "modelVersion": spec.version,
+        "modelUrl": spec.archive.name,
+        "runtime": "python",
+        **spec.describe_settings(),
+        "loadedAtStartup": True,
+        "workers": workers,
+        "jobQueueStatus": {
+            "remainingCapacity": model.queue.limit - len(model.queue),
+            "pendingRequests": len(model.queue),
+        },
+    }
+
+
+def iso_time(seconds: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def version_string() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("tsctl")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """ASGI middleware refusing, with 413, a request body above ``max_request_size``: by its
+    Content-Length before anything is read, or, sent chunked, as soon as what has arrived passes the
+    limit; either way the body is never held whole."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        limit = self.limit
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > limit:
+            return await self.refuse(scope, send, int(length))
+        seen, over, started = 0, False, False
+
+        async def counted():
+            nonlocal seen, over
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    over = True
+                    raise BodyTooLarge()
+            return message
+
+        async def tracked(message):
+            nonlocal started
+            if over and not started:
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, tracked)
+        except BodyTooLarge:
+            pass
+        if over and not started:
+            await self.refuse(scope, send, seen, "at least ")
+
+    async def refuse(self, scope, send, size: int, qualifier: str = ""):
+        message = f"the request body is {qualifier}{size:,} bytes, above the limit of {self.limit:,} (max_request_size)"
+        body = {"code": 413, "type": "RequestEntityTooLarge", "message": message, "error": message}
+        await JSONResponse(body, status_code=413)(scope, None, send)
+
+
+# ---- Running ------------------------------------------------------------------------------------
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m handlers.engine", description=__doc__.split("\n")[0])
+    parser.add_argument("--model_store", required=True, help="The model store (TorchServe's --model-store).")
+    parser.add_argument("--ts_config", help="TorchServe's config.properties (default: config/ beside the store).")
+    parser.add_argument("--host", default="0.0.0.0", help="Address every listener binds.")
+    parser.add_argument("--http_port", type=int, default=8080)
+    parser.add_argument("--grpc_port", type=int, default=8081)
+    parser.add_argument("--enable_grpc", default="true", choices=["true", "false"])
+    parser.add_argument("--metrics_config", help="The workers' metrics.yaml (TorchServe's metrics_config).")
+    parser.add_argument("--batch_size", type=int, help="Override every model's batchSize.")
+    parser.add_argument("--max_batch_delay", type=int, help="Override every model's maxBatchDelay (ms).")
+    args, unknown = parser.parse_known_args(argv)  # KServe passes --model_name and others it knows
+    if unknown:
+        logger.info("ignoring arguments the engine does not use: %s", " ".join(unknown))
+    return args
+
+
+def load_specs(args):
+    store = Path(args.model_store)
+    config = Path(args.ts_config) if args.ts_config else ts_config.default_config(store)
+    specs, frontend = ts_config.models(config, store)
+    for spec in specs:
+        if args.batch_size:
+            spec.batch_size = args.batch_size
+        if args.max_batch_delay is not None:
+            spec.max_batch_delay = args.max_batch_delay
+    if args.metrics_config:
+        frontend.metrics_config = str(Path(args.metrics_config).resolve())
+    # Without a config, a toolkit archive reads raw bodies (tsctl config's decode_input_request=false).
+    decode = None if config else (lambda model_dir: identity.read(model_dir) is None)
+    return specs, frontend, config, decode
+
+
+class _HttpServer:
+    """uvicorn's server without its signal handling: the engine stops on SIGTERM/SIGINT itself, so
+    its workers are ended before it exits (uvicorn would re-raise the signal once it has stopped)."""
+
+    @staticmethod
+    def make(app, host: str, port: int):
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self):
+                yield
+
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
+        return Server(config)
+
+
+async def serve(engine: Engine, args) -> int:
+    """Listen, load every model, and serve until SIGTERM/SIGINT: 0, or 1 when a model cannot load or
+    a port cannot be bound (the reason on stderr)."""
+    loop = asyncio.get_running_loop()
+    http = _HttpServer.make(build_app(engine), args.host, args.http_port)
+    stopping = asyncio.Event()
+
+    def stop():
+        engine.stopping = True
+        http.should_exit = True
+        stopping.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    http_task = asyncio.ensure_future(http.serve())
+    grpc_server = None
+    try:
+        if args.enable_grpc == "true":
+            from .engine_grpc import start_grpc
+
+            grpc_server = await start_grpc(engine, args.host, args.grpc_port)
+        starting = asyncio.ensure_future(engine.start())
+        waiting = asyncio.ensure_future(stopping.wait())
+        await asyncio.wait({starting, waiting, http_task}, return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
+        if http_task.done():  # it could not bind
+            starting.cancel()
+            raise RuntimeError(f"the HTTP server on {args.host}:{args.http_port} stopped: see the lines above")
+        if not starting.done():  # stopped while loading
+            starting.cancel()
+            return 0
+        starting.result()
+        names = ", ".join(f"{m.label} ({len(m.workers)} workers)" for m in engine.all())
+        logger.info("tsctl engine: serving %s on %s:%d", names, args.host, args.http_port)
+        await http_task
+        return 0
+    except (RuntimeError, SystemExit) as exc:
+        message = str(exc) if isinstance(exc, RuntimeError) else f"the HTTP server on port {args.http_port} failed"
+        print(f"tsctl engine: {message}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        engine.stopping = True
+        http.should_exit = True
+        if not http_task.done():
+            await asyncio.wait({http_task}, timeout=5)
+        if grpc_server is not None:
+            await grpc_server.stop(1)
+
+
+def log_to_stderr():
+    output = logging.StreamHandler()
+    output.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in ("tsctl", "handlers"):
+        named = logging.getLogger(name)
+        named.setLevel(logging.INFO)
+        named.addHandler(output)
+        named.propagate = False
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    log_to_stderr()
+    try:
+        specs, frontend, config, decode = load_specs(args)
+        for note in frontend.notes:
+            logger.warning("%s: %s", config, note)
+        engine = Engine(specs, frontend, decode)
+    except (ts_config.ConfigError, ArchiveError) as exc:
+        print(f"tsctl engine: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    try:
+        code = asyncio.run(serve(engine, args))
+    finally:
+        engine.close()
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

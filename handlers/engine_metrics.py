@@ -1,0 +1,157 @@
+"""The tsctl engine's ``/metrics``: Prometheus, under the names TorchServe and KServe give them.
+
+- TorchServe's frontend counters, per model and version: ``ts_inference_requests_total``,
+  ``ts_inference_latency_microseconds`` (request arrival to answer) and
+  ``ts_queue_latency_microseconds`` (arrival to the batch leaving for a worker); its
+  ``Requests2XX``/``Requests4XX``/``Requests5XX`` counters, and ``WorkerLoadTime`` per worker.
+- Worker counts: ``ts_workers{model_name, model_version, status}`` (TorchServe shows them only in
+  describe; a gauge makes a dead or restarting worker visible to an alert).
+- What the workers themselves emit, parsed from their ``[METRICS]`` log lines as TorchServe's
+  frontend parses them: ``HandlerTime`` and ``PredictionTime`` (ms, gauges, labels ModelName, Level,
+  Hostname) and any metric a handler adds through ``context.metrics``, with the type and dimensions
+  its line carries.
+- KServe's ``request_predict_seconds`` histogram, per model name.
+"""
+
+import re
+import socket
+import threading
+from typing import Dict, Tuple
+
+from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# [METRICS]HandlerTime.ms:12.3|#ModelName:resnet18,Level:Model|#type:GAUGE|#hostname:h,1700000000,req
+METRIC_LINE = re.compile(
+    r"\[METRICS\](?P<name>[^.|:]+)\.(?P<unit>[^:|]*):(?P<value>[^|]+)\|#(?P<dims>[^|]*)"
+    r"(?:\|#type:(?P<type>\w+))?\|#hostname:(?P<host>[^,]*)"
+)
+NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+KINDS = {"GAUGE": "gauge", "COUNTER": "counter", "HISTOGRAM": "gauge"}  # a histogram line is one observation
+FRONTEND_COUNTERS = {
+    "ts_inference_requests_total": "Total number of inference requests.",
+    "ts_inference_latency_microseconds": "Cumulative inference duration in microseconds",
+    "ts_queue_latency_microseconds": "Cumulative queue duration in microseconds",
+    "Requests2XX": "Total number of requests with response in 200-300 status code range",
+    "Requests4XX": "Total number of requests with response in 400-500 status code range",
+    "Requests5XX": "Total number of requests with response status code above 500",
+}
+MAX_SERIES = 10_000  # a handler emitting ever-new dimension values cannot grow /metrics without end
+
+
+class Metrics:
+    """The engine's registry; ``observer`` per model version, ``worker_line`` per worker log line."""
+
+    def __init__(self):
+        disable_created_metrics()  # TorchServe's and KServe's expositions have no *_created samples
+        self.registry = CollectorRegistry()
+        self.predict_seconds = Histogram(
+            "request_predict_seconds", "predict latency", ["model_name"], registry=self.registry
+        )
+        self.hostname = socket.gethostname()
+        # TorchServe's counters carry no _total suffix: kept here and exposed as they are named.
+        self.frontend: Dict[str, Dict[Tuple, float]] = {name: {} for name in FRONTEND_COUNTERS}
+        self.backend: Dict[Tuple[str, str], Dict[Tuple, float]] = {}  # (name, type) -> labels -> value
+        self.lock = threading.Lock()
+        self.engine = None  # set by the engine: worker counts and load times are read when scraped
+        self.registry.register(_Live(self))
+
+    def _add(self, name: str, labels: Tuple, value: float):
+        series = self.frontend[name]
+        series[labels] = series.get(labels, 0.0) + value
+
+    def observer(self, spec):
+        model = (("model_name", spec.name), ("model_version", spec.version))
+        host = (("Level", "Host"), ("Hostname", self.hostname))
+
+        def observe(jobs, responses, sent: float, done: float):
+            with self.lock:
+                for job, response in zip(jobs, responses):
+                    self._add("ts_inference_requests_total", model, 1)
+                    self._add("ts_inference_latency_microseconds", model, (done - job.arrived) * 1e6)
+                    self._add("ts_queue_latency_microseconds", model, max(0.0, sent - job.arrived) * 1e6)
+                    kind = "2XX" if response.status < 400 else ("4XX" if response.status < 500 else "5XX")
+                    self._add(f"Requests{kind}", host, 1)
+            for job in jobs:
+                self.predict_seconds.labels(spec.name).observe(done - job.arrived)
+
+        return observe
+
+    def worker_line(self, worker, line: str):
+        """A worker's output line: a metric it emitted is recorded; the others go to its log."""
+        match = METRIC_LINE.search(line)
+        if not match:
+            if "Backend received inference at" not in line:
+                worker_log_line(worker, line)
+            return
+        name = match.group("name")
+        try:
+            value = float(match.group("value"))
+        except ValueError:
+            return
+        if not NAME.match(name):
+            return
+        labels = []
+        for pair in match.group("dims").split(","):
+            key, _, dim = pair.partition(":")
+            if key and LABEL.match(key):
+                labels.append((key, dim))
+        labels.append(("Hostname", match.group("host") or self.hostname))
+        kind = KINDS.get((match.group("type") or "GAUGE").upper(), "gauge")
+        with self.lock:
+            series = self.backend.setdefault((name, kind), {})
+            key = tuple(labels)
+            if key not in series and sum(len(s) for s in self.backend.values()) >= MAX_SERIES:
+                return
+            series[key] = series.get(key, 0.0) + value if kind == "counter" else value
+
+    def render(self) -> Tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def worker_log_line(worker, line: str):
+    import logging
+
+    logging.getLogger("tsctl.worker").info("[%s w%d] %s", worker.owner.label, worker.index, line)
+
+
+class _Live:
+    """What is read when scraped: worker counts and load times, and the workers' own metrics."""
+
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+
+    def collect(self):
+        metrics, engine = self.metrics, self.metrics.engine
+        with metrics.lock:
+            frontend = {name: dict(series) for name, series in metrics.frontend.items()}
+            snapshot = {key: dict(series) for key, series in metrics.backend.items()}
+        for name, series in frontend.items():
+            family = Metric(name, FRONTEND_COUNTERS[name], "counter")
+            for labels, value in series.items():
+                family.add_sample(name, dict(labels), value)
+            yield family
+        for (name, kind), series in sorted(snapshot.items()):
+            family = Metric(name, f"{name}, as the workers emit it", kind)
+            for labels, value in series.items():
+                family.add_sample(name, dict(labels), value)
+            yield family
+        if engine is None:
+            return
+        workers = Metric("ts_workers", "Workers of each model version, by status", "gauge")
+        load = Metric("WorkerLoadTime", "Seconds from a worker's start to its model loaded", "gauge")
+        for model in engine.all():
+            counts: Dict[str, int] = {}
+            for worker in model.workers:
+                counts[worker.status] = counts.get(worker.status, 0) + 1
+                if worker.load_seconds is not None:
+                    name = f"W-{model.first_port + worker.index}-{model.spec.name}_{model.spec.version}"
+                    labels = {"WorkerName": name, "Level": "Host", "Hostname": metrics.hostname}
+                    load.add_sample("WorkerLoadTime", labels, worker.load_seconds)
+            for status in ("READY", "BUSY", "STARTING"):
+                labels = {"model_name": model.spec.name, "model_version": model.spec.version, "status": status}
+                workers.add_sample("ts_workers", labels, counts.get(status, 0))
+        yield workers
+        yield load

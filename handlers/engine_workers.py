@@ -1,0 +1,502 @@
+"""The tsctl engine's workers: TorchServe's own Python worker processes, driven as its frontend drives them.
+
+Each worker is ``ts/model_service_worker.py`` (the file TorchServe's Java frontend starts), run the
+way the frontend runs it: in the unpacked archive's directory, with that directory on
+``PYTHONPATH``, ``TS_DECODE_INPUT_REQUEST`` from the config, listening on a Unix socket of its own.
+The engine connects, sends the load command (model name and directory, handler, batch size, gpu,
+envelope, limitMaxImagePixels) and then one inference command per batch, in the frontend's binary
+protocol (``encode_load``, ``encode_batch``); the reply is read back as the frontend reads it
+(``read_reply``: per request the status, content type, headers and body the handler set). So an
+archive runs in its own process with its own imports, exactly as on TorchServe: no module swapping,
+and one model's crash is that worker's alone.
+
+``ModelWorkers`` is one model version on the engine: a bounded job queue (``job_queue_size``; a
+full queue answers 503), batches gathered as TorchServe gathers them (up to ``batchSize`` within
+``maxBatchDelay`` ms of the first request), and ``minWorkers`` workers each taking the next batch.
+
+- **A worker that dies** (killed, out of memory, a handler calling ``sys.exit``) fails only the
+  batch it held: each of its requests gets 503 with the cause; a batch gathered but not yet sent
+  goes back to the queue for the next free worker. The worker is started again, after 0, 1, 1, 2,
+  3, 5... seconds as TorchServe backs off.
+- **responseTimeout** is enforced per batch: a worker that has not answered in time is killed, its
+  requests get 503 naming the timeout, and it is started again.
+- **Threads.** Each worker gets ``OMP_NUM_THREADS`` = the cores divided among the model's workers
+  (unless the environment sets it), as the toolkit handlers divide them on TorchServe.
+- **Metrics.** A worker's ``[METRICS]`` log lines (``HandlerTime``, ``PredictionTime``, a handler's
+  own metrics) are handed to ``on_metric``; its other lines go to the ``tsctl.worker`` log.
+"""
+
+import asyncio
+import collections
+import json
+import logging
+import os
+import re
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Deque, Dict, List, Optional
+
+import ts
+
+from .ts_config import Frontend, ModelSpec
+from .worker import Request, Response, batch_error, mime_type, read_answers
+
+logger = logging.getLogger("tsctl.engine")
+worker_log = logging.getLogger("tsctl.worker")
+
+WORKER_SCRIPT = os.path.join(os.path.dirname(ts.__file__), "model_service_worker.py")
+METRICS_YAML = os.path.join(os.path.dirname(ts.__file__), "configs", "metrics.yaml")
+BACKOFF = (0, 1, 1, 2, 3, 5, 8, 13, 21, 34)  # seconds before each restart, as TorchServe's
+LOAD_TIMEOUT = 300.0  # s for a worker to start and load its model
+PYTHON_ERROR = re.compile(r"^\s*(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception)\b:.*")
+
+
+class WorkerDied(Exception):
+    """The worker's process ended (or its socket closed) with requests of ours inside it."""
+
+
+class NotSent(Exception):
+    """The batch never reached the worker (its process had already ended): it may go to another."""
+
+
+# ---- The frontend's side of TorchServe's worker protocol -----------------------------------------
+def _field(data: bytes) -> bytes:
+    return struct.pack("!i", len(data)) + data
+
+
+def encode_load(spec: ModelSpec, model_dir: Path, handler: str, frontend: Frontend) -> bytes:
+    """The load command (``otf_message_handler._retrieve_load_msg`` reads it)."""
+    return b"".join(
+        [
+            b"L",
+            _field(spec.name.encode()),
+            _field(str(model_dir).encode()),
+            struct.pack("!i", spec.batch_size),
+            _field(handler.encode()),
+            struct.pack("!i", -1),  # no gpu
+            _field((frontend.envelope or "").encode()),
+            struct.pack("!?", frontend.limit_max_image_pixels),
+        ]
+    )
+
+
+def encode_batch(requests: List[Request], ids: List[str]) -> bytes:
+    """The inference command for one batch (``_retrieve_inference_msg`` reads it): per request its
+    id, its HTTP headers, and one ``body`` parameter with the request's MIME type."""
+    parts = [b"I"]
+    for request, request_id in zip(requests, ids):
+        parts.append(_field(request_id.encode()))
+        for name, value in request.headers.items():
+            parts.append(_field(name.encode("utf-8")) + _field(value.encode("utf-8")))
+        parts.append(struct.pack("!i", -1))
+        parts.append(_field(b"body") + _field(mime_type(request.headers).encode("utf-8")) + _field(request.body))
+        parts.append(struct.pack("!i", -1))
+    parts.append(struct.pack("!i", -1))
+    return b"".join(parts)
+
+
+class _Stream:
+    """Reads the worker's replies off its socket: length-prefixed fields, big-endian."""
+
+    def __init__(self, sock: socket.socket):
+        self.file = sock.makefile("rb")
+
+    def exactly(self, length: int) -> bytes:
+        data = self.file.read(length)
+        if data is None or len(data) < length:
+            raise WorkerDied("the worker closed its socket")
+        return data
+
+    def int(self) -> int:
+        return struct.unpack("!i", self.exactly(4))[0]
+
+    def field(self) -> bytes:
+        length = self.int()
+        return b"" if length < 0 else self.exactly(length)
+
+    def reply(self) -> bytes:
+        """One whole reply (``create_predict_response``), as bytes ``worker.read_reply`` parses."""
+        out = [self.exactly(4)]  # code
+        out.append(self._raw_field())  # message
+        while True:
+            head = self.exactly(4)
+            out.append(head)
+            (length,) = struct.unpack("!i", head)
+            if length < 0:
+                return b"".join(out)
+            out.append(self.exactly(length))  # request id
+            out.append(self._raw_field())  # content type
+            out.append(self.exactly(4))  # status
+            out.append(self._raw_field())  # reason phrase
+            count = self.exactly(4)
+            out.append(count)
+            for _ in range(struct.unpack("!i", count)[0] * 2):
+                out.append(self._raw_field())
+            out.append(self._raw_field())  # body
+
+    def _raw_field(self) -> bytes:
+        head = self.exactly(4)
+        (length,) = struct.unpack("!i", head)
+        return head + (self.exactly(length) if length > 0 else b"")
+
+
+# ---- One worker process -------------------------------------------------------------------------
+class WorkerProcess:
+    """One running ``model_service_worker.py`` with the model loaded, and its socket."""
+
+    def __init__(self, process: subprocess.Popen, sock: socket.socket, started: float):
+        self.process, self.sock, self.started = process, sock, started
+        self.stream = _Stream(sock)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def predict(self, requests: List[Request]) -> List[Response]:
+        """One batch, blocking: NotSent if it never reached the worker, WorkerDied if the worker
+        ended while it held the batch."""
+        ids = [str(uuid.uuid4()) for _ in requests]
+        message = encode_batch(requests, ids)
+        if not self.alive():
+            raise NotSent()
+        try:
+            self.sock.sendall(message)
+        except OSError:
+            raise NotSent() from None
+        answers: Dict[str, Response] = {}
+        try:
+            while True:  # a streaming handler (ts_stream_next) answers in several replies
+                code, message, got = read_answers(self.stream.reply())
+                if code != 200:
+                    return batch_error(code, message, len(ids))
+                for request_id, response in got.items():
+                    if request_id in answers:
+                        answers[request_id].body += response.body or b""
+                        answers[request_id].headers.update(response.headers)
+                    else:
+                        answers[request_id] = response
+                if all(i in answers and answers[i].headers.get("ts_stream_next") != "true" for i in ids):
+                    break
+        except (OSError, struct.error) as exc:
+            raise WorkerDied(str(exc)) from None
+        return [answers[i] for i in ids]
+
+    def kill(self):
+        try:
+            self.process.kill()
+        except OSError:
+            pass
+        self.sock.close()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def start_worker(
+    spec: ModelSpec,
+    model_dir: Path,
+    handler: str,
+    frontend: Frontend,
+    socket_path: str,
+    env: dict,
+    on_line: Callable[[str], None],
+) -> WorkerProcess:
+    """Start a worker process and load the model in it, as the frontend does; raises RuntimeError
+    with the worker's own last error when it cannot load."""
+    try:
+        os.unlink(socket_path)
+    except FileNotFoundError:
+        pass
+    metrics = frontend.metrics_config or METRICS_YAML
+    command = [sys.executable, WORKER_SCRIPT, "--sock-type", "unix", "--sock-name", socket_path]
+    command += ["--metrics-config", metrics]
+    started = time.time()
+    process = subprocess.Popen(
+        command,
+        cwd=model_dir,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    lines: Deque[str] = collections.deque(maxlen=200)
+
+    def read_output():
+        for raw in process.stdout:
+            line = raw.decode("utf-8", errors="replace").rstrip("\n")
+            lines.append(line)
+            on_line(line)
+
+    threading.Thread(target=read_output, name=f"out-{spec.name}-{process.pid}", daemon=True).start()
+    deadline = time.monotonic() + LOAD_TIMEOUT
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        while True:  # the worker binds its socket once its imports are done
+            if process.poll() is not None:
+                raise RuntimeError(_last_error(lines) or f"the worker exited with code {process.returncode}")
+            try:
+                sock.connect(socket_path)
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the worker did not listen within {LOAD_TIMEOUT:.0f}s") from None
+                time.sleep(0.05)
+        sock.sendall(encode_load(spec, model_dir, handler, frontend))
+        stream = _Stream(sock)
+        code, message = stream.int(), stream.field().decode("utf-8", errors="replace")
+        stream.int()  # the empty prediction list
+        if code != 200:
+            raise RuntimeError(_last_error(lines) or f"{code} {message}")
+    except BaseException as exc:
+        sock.close()
+        process.kill()
+        process.wait()
+        if isinstance(exc, WorkerDied):
+            time.sleep(0.2)  # let the output reader catch the worker's last lines
+            raise RuntimeError(_last_error(lines) or f"the worker exited with code {process.returncode}") from None
+        raise
+    return WorkerProcess(process, sock, started)
+
+
+def _last_error(lines) -> Optional[str]:
+    """The worker's last Python error line, not TorchServe's re-raise of it."""
+    errors = [line.strip() for line in lines if PYTHON_ERROR.match(line)]
+    real = [e for e in errors if not re.match(r"^RuntimeError: \d{3} - ", e) and "ts.torch_handler." not in e]
+    return (real or errors or [None])[-1]
+
+
+# ---- A model version's queue and workers ---------------------------------------------------------
+class Job:
+    __slots__ = ("request", "done", "arrived")
+
+    def __init__(self, request: Request, done: asyncio.Future):
+        self.request, self.done, self.arrived = request, done, time.perf_counter()
+
+
+class JobQueue:
+    """Requests waiting for a worker, in arrival order; ``batch`` gathers the next batch."""
+
+    def __init__(self, limit: int):
+        self.limit = max(1, limit)
+        self.items: Deque[Job] = collections.deque()
+        self.changed = asyncio.Condition()
+
+    def __len__(self):
+        return len(self.items)
+
+    async def put(self, job: Job) -> bool:
+        if len(self.items) >= self.limit:
+            return False
+        self.items.append(job)
+        async with self.changed:
+            self.changed.notify()
+        return True
+
+    async def put_back(self, jobs: List[Job]):
+        self.items.extendleft(reversed(jobs))
+        async with self.changed:
+            self.changed.notify(len(jobs))
+
+    async def batch(self, size: int, delay: float) -> List[Job]:
+        """Up to ``size`` jobs: the first to come, and those arriving within ``delay`` s of it."""
+        taken: List[Job] = []
+        try:
+            async with self.changed:
+                await self.changed.wait_for(lambda: self.items)
+                taken.append(self.items.popleft())
+                deadline = asyncio.get_running_loop().time() + delay
+                while len(taken) < size:
+                    if self.items:
+                        taken.append(self.items.popleft())
+                        continue
+                    wait = deadline - asyncio.get_running_loop().time()
+                    if wait <= 0:
+                        break
+                    try:
+                        await asyncio.wait_for(self.changed.wait_for(lambda: self.items), wait)
+                    except asyncio.TimeoutError:
+                        break
+        except asyncio.CancelledError:
+            self.items.extendleft(reversed(taken))  # nothing taken is lost
+            raise
+        return [job for job in taken if not job.done.done()]  # clients that gave up are skipped
+
+
+def unavailable(message: str, status: int = 503) -> Response:
+    """The frontend's answer for a request no worker could answer."""
+    body = json.dumps({"code": status, "type": "ServiceUnavailableException", "message": message}, indent=2)
+    return Response(status, body.encode(), "application/json")
+
+
+class Worker:
+    """One worker slot of a model version: its process, restarted when it dies."""
+
+    def __init__(self, owner: "ModelWorkers", index: int):
+        self.owner, self.index = owner, index
+        self.process: Optional[WorkerProcess] = None
+        self.status = "STARTING"  # READY, BUSY, STARTING (TorchServe: WORKER_STARTED / MODEL_LOADED ...)
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix=f"w-{owner.spec.name}-{index}")
+        self.failures = 0
+        self.task: Optional[asyncio.Task] = None
+        self.died = asyncio.Event()
+        self.load_seconds: Optional[float] = None
+
+    @property
+    def socket_path(self) -> str:
+        return os.path.join(self.owner.run_dir, f".ts.sock.{self.owner.first_port + self.index}")
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.status = "STARTING"
+        self.died = asyncio.Event()
+        died = self.died
+
+        def on_line(line: str):
+            self.owner.on_line(self, line)
+
+        self.process = await loop.run_in_executor(
+            self.thread,
+            start_worker,
+            self.owner.spec,
+            self.owner.model_dir,
+            self.owner.handler,
+            self.owner.frontend,
+            self.socket_path,
+            self.owner.env,
+            on_line,
+        )
+        if self.owner.stopping:  # the engine began to stop while this worker loaded
+            self.process.kill()
+            raise asyncio.CancelledError()
+        self.load_seconds = time.time() - self.process.started
+        process = self.process.process
+        threading.Thread(target=lambda: (process.wait(), loop.call_soon_threadsafe(died.set)), daemon=True).start()
+        self.status = "READY"
+        self.failures = 0
+        logger.info("%s worker %d ready (pid %d)", self.owner.label, self.index, self.process.pid)
+
+    async def serve(self):
+        """Take batches off the queue and run them, for as long as the engine runs."""
+        owner, loop = self.owner, asyncio.get_running_loop()
+        while not owner.stopping:
+            if self.process is None or not self.process.alive():
+                await self._restart()
+                continue
+            getting = asyncio.ensure_future(owner.queue.batch(owner.spec.batch_size, owner.spec.max_batch_delay / 1000))
+            dying = asyncio.ensure_future(self.died.wait())
+            await asyncio.wait({getting, dying}, return_when=asyncio.FIRST_COMPLETED)
+            dying.cancel()
+            if not getting.done():
+                getting.cancel()
+                try:
+                    await getting
+                except asyncio.CancelledError:
+                    pass
+                continue  # died while idle: restarted above, nothing lost
+            jobs = getting.result()
+            if not jobs:
+                continue
+            self.status = "BUSY"
+            sent = time.perf_counter()
+            timeout = owner.spec.response_timeout
+            try:
+                responses = await asyncio.wait_for(
+                    loop.run_in_executor(self.thread, self.process.predict, [j.request for j in jobs]), timeout
+                )
+            except NotSent:
+                await owner.queue.put_back(jobs)
+                continue
+            except asyncio.TimeoutError:
+                logger.error("%s worker %d (pid %d) did not answer within %ds: killed", owner.label, self.index,
+                             self.process.pid, timeout)  # fmt: skip
+                self.process.kill()
+                message = f"the worker did not answer within responseTimeout ({timeout}s) and was restarted"
+                responses = [unavailable(message)] * len(jobs)
+            except WorkerDied as exc:
+                code = self.process.process.poll()
+                cause = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                logger.error("%s worker %d (pid %d) died (%s): %s", owner.label, self.index, self.process.pid, cause,
+                             exc)  # fmt: skip
+                responses = [unavailable(f"Worker died ({cause}) while it held this request.")] * len(jobs)
+            self.status = "READY" if self.process.alive() else "STARTING"
+            owner.finished(jobs, responses, sent)
+
+    async def _restart(self):
+        self.status = "STARTING"
+        if self.process is not None:
+            self.process.kill()
+            self.process = None
+        wait = BACKOFF[min(self.failures, len(BACKOFF) - 1)]
+        self.failures += 1
+        if wait:
+            await asyncio.sleep(wait)
+        if self.owner.stopping:
+            return
+        try:
+            await self.start()
+        except RuntimeError as exc:
+            logger.error("%s worker %d could not start: %s", self.owner.label, self.index, exc)
+
+    def stop(self):
+        if self.task is not None:
+            self.task.cancel()
+        if self.process is not None:
+            self.process.kill()
+        self.thread.shutdown(wait=False)
+
+
+class ModelWorkers:
+    """One model version: its queue, its workers, and what it counts for /metrics and describe."""
+
+    def __init__(self, spec: ModelSpec, model_dir: Path, handler: str, frontend: Frontend, run_dir: str,
+                 first_port: int, env: dict, on_line: Callable):  # fmt: skip
+        self.spec, self.model_dir, self.handler, self.frontend = spec, model_dir, handler, frontend
+        self.run_dir, self.first_port, self.env, self.on_line = run_dir, first_port, env, on_line
+        self.label = f"{spec.name} {spec.version}"
+        self.queue = JobQueue(frontend.job_queue_size)
+        self.workers = [Worker(self, i) for i in range(spec.min_workers)]
+        self.observe: Callable = lambda jobs, responses, sent, done: None  # metrics hook
+        self.loaded_at = time.time()
+        self.stopping = False
+
+    async def start(self):
+        """Start every worker and wait until each has loaded the model; RuntimeError if one cannot."""
+        await asyncio.gather(*(w.start() for w in self.workers))
+        for worker in self.workers:
+            worker.task = asyncio.ensure_future(worker.serve())
+
+    @property
+    def ready(self) -> bool:
+        return all(w.status in ("READY", "BUSY") for w in self.workers)
+
+    async def submit(self, request: Request) -> Response:
+        done = asyncio.get_running_loop().create_future()
+        if not await self.queue.put(Job(request, done)):
+            return unavailable(
+                f"model {self.spec.name} version {self.spec.version}: its job queue is full "
+                f"({self.queue.limit} requests, job_queue_size): retry later"
+            )
+        return await done
+
+    def finished(self, jobs: List[Job], responses: List[Response], sent: float):
+        done_at = time.perf_counter()
+        for job, response in zip(jobs, responses):
+            if not job.done.done():
+                job.done.set_result(response)
+        self.observe(jobs, responses, sent, done_at)
+
+    def stop(self):
+        self.stopping = True
+        for worker in self.workers:
+            worker.stop()

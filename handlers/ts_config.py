@@ -1,0 +1,250 @@
+"""TorchServe's config.properties, read as TorchServe reads it: the one file both engines serve from.
+
+``read_properties`` parses the Java properties file; ``models`` turns it and the model store into
+one ``ModelSpec`` per model version: its archive, whether it is the default version, and the
+model_snapshot's worker settings (minWorkers, maxWorkers, batchSize, maxBatchDelay,
+responseTimeout), TorchServe's defaults where a key is missing. Without a config file, every
+archive in the store is served with its own model-config.yaml settings, as ``torchserve
+--models all`` would. ``Frontend`` holds the keys the frontend itself honours (request size, queue
+size, envelope, decoding, image pixel limit, metrics config). A key the tsctl engine cannot honour
+(TLS, token authorisation, several model stores) is refused in one line (``ConfigError``).
+
+No torch, no archiver: the engine (handlers/engine.py) and ``tsctl`` (archiver/properties.py)
+read the same file through this module.
+"""
+
+import json
+import os
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import yaml
+
+from .archives import ArchiveError, read_manifest, read_member
+
+SNAPSHOT_KEYS = ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout")
+SNAPSHOT_DEFAULTS = {"minWorkers": 1, "maxWorkers": 1, "batchSize": 1, "maxBatchDelay": 100, "responseTimeout": 120}
+MAX_CONFIG_BYTES = 1 << 20
+# Keys whose meaning the tsctl engine cannot give: refused rather than silently ignored.
+UNSUPPORTED = {
+    "enable_grpc_ssl": "TLS: terminate it in front of the engine (KServe's ingress does)",
+    "certificate_file": "TLS: terminate it in front of the engine (KServe's ingress does)",
+    "private_key_file": "TLS: terminate it in front of the engine (KServe's ingress does)",
+    "keystore": "TLS: terminate it in front of the engine (KServe's ingress does)",
+}
+
+
+class ConfigError(ValueError):
+    """A config.properties the engine cannot serve as written: one sentence naming the key and the fix."""
+
+
+def read_properties(path) -> Dict[str, str]:
+    """A Java .properties file as a dict (the subset TorchServe configs use: key=value lines)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist: write it with 'tsctl config'")
+    props = OrderedDict()
+    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith(("#", "!")):
+            continue
+        sep = min((i for i in (line.find("="), line.find(":")) if i > 0), default=-1)
+        if sep < 0:
+            raise ConfigError(f"{path} line {number}: expected key=value, got {line!r}")
+        props[line[:sep].strip()] = line[sep + 1 :].strip()
+    return props
+
+
+def snapshot_of(properties: Dict[str, str], path="config.properties") -> dict:
+    raw = properties.get("model_snapshot")
+    if not raw:
+        raise ConfigError(f"{path} has no model_snapshot: regenerate it with 'tsctl config'")
+    try:
+        snapshot = json.loads(raw)
+    except ValueError as exc:
+        raise ConfigError(
+            f"{path}: model_snapshot is not valid JSON ({exc}): regenerate it with 'tsctl config'"
+        ) from None
+    if not isinstance(snapshot, dict) or not isinstance(snapshot.get("models"), dict):
+        raise ConfigError(f"{path}: model_snapshot has no 'models' object: regenerate it with 'tsctl config'")
+    return snapshot
+
+
+@dataclass
+class ModelSpec:
+    """One model version to serve, with its worker settings."""
+
+    name: str
+    version: str
+    archive: Path
+    default: bool = True
+    min_workers: int = 1
+    max_workers: int = 1
+    batch_size: int = 1
+    max_batch_delay: int = 100  # ms
+    response_timeout: int = 120  # s, per batch
+
+    def describe_settings(self) -> dict:
+        return {
+            "minWorkers": self.min_workers,
+            "maxWorkers": self.max_workers,
+            "batchSize": self.batch_size,
+            "maxBatchDelay": self.max_batch_delay,
+            "responseTimeout": self.response_timeout,
+        }
+
+
+@dataclass
+class Frontend:
+    """What TorchServe's frontend does with a request before and around the worker, from the config."""
+
+    max_request_size: int = 6553500  # TorchServe's default
+    job_queue_size: int = 100  # per model version; a full queue answers 503
+    envelope: Optional[str] = None  # service_envelope: kserve / kservev2 wrap non-toolkit handlers
+    decode_input_request: bool = True
+    limit_max_image_pixels: bool = True
+    metrics_config: Optional[str] = None
+    default_workers: int = 1
+    default_response_timeout: int = 120
+    notes: List[str] = field(default_factory=list)  # settings read but not applied, one line each
+
+
+def frontend_of(properties: Dict[str, str], path) -> Frontend:
+    for key, why in UNSUPPORTED.items():
+        if properties.get(key) and properties[key].lower() != "false":
+            raise ConfigError(f"{path}: {key} is set, which the tsctl engine does not support ({why}): remove it")
+    if properties.get("disable_token_authorization", "true").lower() == "false":
+        raise ConfigError(
+            f"{path}: disable_token_authorization=false asks for TorchServe's token authorisation, which the "
+            "tsctl engine does not have: set it to true and put authorisation in front (KServe's ingress)"
+        )
+    frontend = Frontend()
+    frontend.max_request_size = _int(properties, "max_request_size", frontend.max_request_size, path)
+    frontend.job_queue_size = _int(properties, "job_queue_size", frontend.job_queue_size, path)
+    frontend.envelope = properties.get("service_envelope") or None
+    frontend.decode_input_request = properties.get("decode_input_request", "true").lower() == "true"
+    frontend.limit_max_image_pixels = properties.get("limit_max_image_pixels", "true").lower() == "true"
+    frontend.metrics_config = properties.get("metrics_config") or None
+    frontend.default_workers = _int(properties, "default_workers_per_model", 0, path) or 1
+    frontend.default_response_timeout = _int(properties, "default_response_timeout", 120, path)
+    if properties.get("install_py_dep_per_model", "false").lower() == "true":
+        frontend.notes.append(
+            "install_py_dep_per_model=true: the tsctl engine installs nothing per model; "
+            "its image holds each archive's requirements (tsctl export kserve --engine kserve)"
+        )
+    return frontend
+
+
+def _int(properties: Dict[str, str], key: str, default: int, path) -> int:
+    value = properties.get(key)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{path}: {key}={value!r} is not a whole number: fix it or remove it") from None
+
+
+def models(config: Optional[Path], model_store: Path) -> "tuple[List[ModelSpec], Frontend]":
+    """The model versions to serve and the frontend's settings: from ``config``'s model_snapshot, or,
+    without a config file, every archive in ``model_store`` with its model-config.yaml settings."""
+    model_store = Path(model_store)
+    if not model_store.is_dir():
+        raise ConfigError(f"model store {model_store} does not exist: build archives with 'tsctl package'")
+    if config is None:
+        frontend = Frontend()
+        return [_from_archive(archive, frontend) for archive in archives_in(model_store)], frontend
+    properties = read_properties(config)
+    frontend = frontend_of(properties, config)
+    snapshot = snapshot_of(properties, config)
+    specs = []
+    for name, versions in snapshot["models"].items():
+        if not isinstance(versions, dict) or not versions:
+            raise ConfigError(f"{config}: model_snapshot's {name!r} has no versions: regenerate it with 'tsctl config'")
+        for version, entry in versions.items():
+            specs.append(_from_snapshot(config, model_store, name, version, entry, frontend))
+        defaults = [s for s in specs if s.name == name and s.default]
+        if len(defaults) != 1:  # TorchServe makes the first version the default when none is marked
+            for spec in specs:
+                if spec.name == name:
+                    spec.default = spec is next(s for s in specs if s.name == name)
+    if not specs:
+        raise ConfigError(f"{config}: model_snapshot lists no models: package some and run 'tsctl config'")
+    return specs, frontend
+
+
+def _from_snapshot(config, model_store: Path, name: str, version: str, entry, frontend: Frontend) -> ModelSpec:
+    where = f"{config}: model_snapshot's {name!r} version {version!r}"
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where} is not an object: regenerate the file with 'tsctl config'")
+    mar_name = entry.get("marName")
+    if not isinstance(mar_name, str) or "/" in mar_name or not (model_store / mar_name).exists():
+        raise ConfigError(
+            f"{where} names archive {mar_name!r}, which is not in {model_store}: regenerate the file with 'tsctl config'"
+        )
+    values = {}
+    for key in SNAPSHOT_KEYS:
+        value = entry.get(key, SNAPSHOT_DEFAULTS[key])
+        if not isinstance(value, int) or isinstance(value, bool) or value < (0 if key == "maxBatchDelay" else 1):
+            raise ConfigError(f"{where}: {key} is {value!r}, not a positive whole number: fix it in the snapshot")
+        values[key] = value
+    workers = max(values["minWorkers"], 1)
+    return ModelSpec(
+        name=name,
+        version=str(version),
+        archive=model_store / mar_name,
+        default=bool(entry.get("defaultVersion", False)),
+        min_workers=workers,
+        max_workers=max(values["maxWorkers"], workers),
+        batch_size=values["batchSize"],
+        max_batch_delay=values["maxBatchDelay"],
+        response_timeout=values["responseTimeout"],
+    )
+
+
+def archives_in(model_store: Path) -> List[Path]:
+    found = sorted(p for p in Path(model_store).iterdir() if p.suffix == ".mar")
+    if not found:
+        raise ConfigError(f"{model_store} holds no model archives (.mar): build them with 'tsctl package'")
+    return found
+
+
+def archive_config(archive: Path) -> dict:
+    """The archive's model-config.yaml as a dict ({} without one)."""
+    config_file = read_manifest(archive)["model"].get("configFile")
+    data = read_member(archive, config_file, MAX_CONFIG_BYTES) if config_file else None
+    try:
+        config = yaml.safe_load(data) if data else {}
+    except yaml.YAMLError as exc:
+        raise ArchiveError(f"{archive}: {config_file} is not valid YAML ({exc}): package it again") from None
+    return config if isinstance(config, dict) else {}
+
+
+def _from_archive(archive: Path, frontend: Frontend) -> ModelSpec:
+    """TorchServe registering an archive with no snapshot: model-config.yaml's settings, else defaults."""
+    model = read_manifest(archive)["model"]
+    config = archive_config(archive)
+
+    def setting(key: str, default: int) -> int:
+        value = config.get(key, default)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
+
+    workers = max(1, setting("minWorkers", frontend.default_workers))
+    return ModelSpec(
+        name=model["modelName"],
+        version=str(model.get("modelVersion") or "1.0"),
+        archive=archive,
+        min_workers=workers,
+        max_workers=max(workers, setting("maxWorkers", workers)),
+        batch_size=max(1, setting("batchSize", 1)),
+        max_batch_delay=setting("maxBatchDelay", 100),
+        response_timeout=max(1, setting("responseTimeout", frontend.default_response_timeout)),
+    )
+
+
+def default_config(model_store: Path) -> Optional[Path]:
+    """``config/config.properties`` beside the store (the PVC tree tsctl writes), when there is one."""
+    candidate = Path(model_store).resolve().parent / "config" / "config.properties"
+    return candidate if candidate.is_file() and os.access(candidate, os.R_OK) else None

@@ -1,0 +1,339 @@
+"""The tsctl engine (``python -m handlers.engine``) serving a TorchServe tree: a model store and its
+config.properties, with an archive of ours and one torch-model-archiver made from a plain function.
+
+Real processes, real HTTP and gRPC: the engine is started as a whole process, detached in its own
+process group, on free 127.0.0.1 ports, and stopped with SIGTERM by the test that started it; each
+test checks that no worker outlives it. Answers are compared with the archive run in-process
+(``LocalModel``); v2 goes through tritonclient's HTTP and gRPC clients. The worker-death and
+timeout tests kill and stall real worker processes and check that only the requests those workers
+held fail, with 503, while their neighbours answer, and that the worker comes back.
+"""
+
+import base64
+import concurrent.futures
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_grpc
+import tritonclient.http as triton_http
+
+from archiver import server
+from conftest import package_resnet, short_tmp
+from handlers.testing import LocalModel
+from samples.image_model import sample_jpeg
+from test_hostile import assert_close
+
+BIN = Path(sys.executable).parent
+ECHO = '''\
+import json, os, sys, time
+
+
+def handle(data, context):
+    """Echo each body with the worker's pid; 'sleep S' sleeps, 'exit' ends the worker process."""
+    if data is None:
+        return None
+    answers = []
+    for row in data:
+        body = row.get("body") if row.get("body") is not None else row.get("data")
+        if isinstance(body, (bytes, bytearray)):
+            body = bytes(body).decode()
+        text = body if isinstance(body, str) else json.dumps(body)
+        if text.startswith("sleep "):
+            time.sleep(float(text.split()[1]))
+        if text == "exit":
+            sys.exit(3)
+        answers.append({"echo": text, "pid": os.getpid()})
+    return answers
+'''
+
+
+def snapshot_entry(mar: str, workers: int, batch: int, delay: int, timeout: int) -> dict:
+    return {"1.0": {"defaultVersion": True, "marName": mar, "minWorkers": workers, "maxWorkers": workers,
+                    "batchSize": batch, "maxBatchDelay": delay, "responseTimeout": timeout}}  # fmt: skip
+
+
+def write_config(path: Path, models: dict, extra: str = "") -> Path:
+    snapshot = {"name": "startup.cfg", "modelCount": len(models), "models": models}
+    path.write_text(
+        "inference_address=http://0.0.0.0:8085\nmax_request_size=16777216\ndisable_token_authorization=true\n"
+        f"{extra}model_snapshot={json.dumps(snapshot)}\n"
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def tree(image_sample, tmp_path_factory):
+    """model-store/ (resnet18 of ours, echo made by torch-model-archiver) and config/config.properties."""
+    root = tmp_path_factory.mktemp("engine")
+    store = root / "model-store"
+    package_resnet(image_sample, store, config_text="batchSize: 4\nmaxBatchDelay: 50\n")
+    handler = root / "echo.py"
+    handler.write_text(ECHO)
+    command = [str(BIN / "torch-model-archiver"), "--model-name", "echo", "--version", "1.0", "--handler",
+               str(handler), "--export-path", str(store)]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True, env=dict(os.environ, TMPDIR=str(root)))
+    models = {"resnet18": snapshot_entry("resnet18.mar", 1, 4, 50, 120), "echo": snapshot_entry("echo.mar", 2, 1, 0, 4)}
+    (root / "config").mkdir()
+    write_config(root / "config" / "config.properties", models)
+    return root
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Engine:
+    """``python -m handlers.engine`` on free ports, detached; ``stop()`` ends its process group."""
+
+    def __init__(self, root: Path, *extra: str, config: Path = None, timeout: float = 240):
+        self.home = short_tmp("engine-")
+        self.http, self.grpc = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.http}"
+        self.out = self.home / "engine.out"
+        config = config or root / "config" / "config.properties"
+        command = [sys.executable, "-m", "handlers.engine", "--model_store", str(root / "model-store"),
+                   "--ts_config", str(config), "--host", "127.0.0.1", "--http_port", str(self.http),
+                   "--grpc_port", str(self.grpc), *extra]  # fmt: skip
+        with open(self.out, "wb") as out:
+            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                            start_new_session=True, env=dict(os.environ, TEMP=str(self.home)))  # fmt: skip
+        self.timeout = timeout
+
+    def wait_ready(self):
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.output()
+            try:
+                status, _ = server.request(f"{self.url}/v2/health/ready", timeout=5)
+            except OSError:
+                status = None
+            if status == 200:
+                return self
+            time.sleep(0.3)
+        raise AssertionError(f"not ready after {self.timeout}s: {self.output()[-3000:]}")
+
+    def output(self) -> str:
+        return self.out.read_text(errors="replace")
+
+    def get(self, path: str):
+        return server.request(self.url + path, timeout=30)
+
+    def post(self, path: str, body: bytes, kind: str = "text/plain", timeout: float = 60):
+        return server.request(self.url + path, body, "POST", {"Content-Type": kind}, timeout)
+
+    def workers(self, model: str) -> list:
+        status, body = self.get(f"/models/{model}")
+        assert status == 200, body
+        return body[0]["workers"]
+
+    def stop(self):
+        """SIGTERM to the group, as tsctl stop and a pod's end send it; then nothing of it may remain."""
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        code = self.process.wait(30)
+        deadline = time.monotonic() + 10
+        while server.group_members(self.process.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = server.group_members(self.process.pid)
+        if left:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        assert not left, f"processes of the engine outlived it: {left}"
+        return code
+
+
+@pytest.fixture(scope="module")
+def engine(tree):
+    running = Engine(tree).wait_ready()
+    yield running
+    running.stop()
+
+
+def echo_json(engine, text: str, timeout: float = 60):
+    return engine.post("/predictions/echo", text.encode(), "text/plain", timeout)
+
+
+def test_it_serves_the_tree_under_torchservess_and_kserves_apis(engine, tree, image_sample):
+    status, listed = engine.get("/models")
+    assert status == 200 and sorted(m["modelName"] for m in listed["models"]) == ["echo", "resnet18"]
+    echo_workers = engine.workers("echo")
+    assert len(echo_workers) == 2 and all(w["status"] == "READY" for w in echo_workers), echo_workers
+    pids = {w["pid"] for w in echo_workers}
+    assert len(pids) == 2 and all(Path(f"/proc/{pid}").exists() for pid in pids)
+    status, described = engine.get("/models/resnet18")
+    assert described[0]["batchSize"] == 4 and described[0]["maxBatchDelay"] == 50, described
+
+    # The same answers as in-process, on TorchServe's route and KServe v1's, raw and as JSON.
+    jpeg = sample_jpeg(3, (300, 200))
+    v1 = json.dumps({"instances": [base64.b64encode(jpeg).decode()]}).encode()
+    with LocalModel(tree / "model-store" / "resnet18.mar", decode_input_request=False) as local:
+        want_raw, want_v1 = [r.json() for r in local.predict([jpeg, json.loads(v1)])]
+    status, got = engine.post("/predictions/resnet18", jpeg, "image/jpeg")
+    assert status == 200
+    assert_close(got, want_raw)
+    status, got = engine.post("/v1/models/resnet18:predict", v1, "application/json")
+    assert status == 200
+    assert_close(got, want_v1)
+
+    # A function handler torch-model-archiver packaged: each request answered by one of two workers.
+    answers = [echo_json(engine, f"hello {i}") for i in range(6)]
+    assert all(status == 200 for status, _ in answers), answers
+    assert {body["pid"] for _, body in answers} <= pids
+
+    # A bad request fails alone, with the handler's 4xx on KServe's route too.
+    status, body = engine.post("/v1/models/resnet18:predict", b"{bad", "application/json")
+    assert status == 400 and body["error"], body
+    assert engine.post("/predictions/nope", b"x")[0] == 404 and engine.post("/predictions/echo/9.9", b"x")[0] == 404
+
+
+def test_v2_over_http_and_grpc_from_tritonclient(engine, tree):
+    jpeg = sample_jpeg(5, (256, 256))
+    with LocalModel(tree / "model-store" / "resnet18.mar", decode_input_request=False) as local:
+        body = {"inputs": [{"name": "input-0", "shape": [1], "datatype": "BYTES", "data": [base64.b64encode(jpeg).decode()]}]}
+        [want] = local.predict([body])
+    want = want.json()["outputs"][0]
+
+    http = triton_http.InferenceServerClient(f"127.0.0.1:{engine.http}", network_timeout=60)
+    assert http.is_server_ready() and http.is_model_ready("resnet18")
+    tensor = triton_http.InferInput("input-0", [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([jpeg], dtype=np.object_), binary_data=True)
+    answer = http.infer("resnet18", [tensor]).as_numpy("output-0")  # binary, as tritonclient asks by default
+    assert_close([json.loads(x) for x in answer], [json.loads(x) for x in want["data"]])
+
+    grpc = triton_grpc.InferenceServerClient(f"127.0.0.1:{engine.grpc}")
+    assert grpc.is_server_ready() and grpc.is_model_ready("resnet18")
+    tensor = triton_grpc.InferInput("input-0", [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([jpeg], dtype=np.object_))
+    response = grpc.infer("resnet18", [tensor]).get_response()
+    # tritonclient's as_numpy of BYTES fails under numpy 2 (copy=False): read the message itself
+    raw = response.raw_output_contents
+    answer = split_bytes(raw[0]) if raw else list(response.outputs[0].contents.bytes_contents)
+    assert_close([json.loads(x) for x in answer], [json.loads(x) for x in want["data"]])
+
+
+def test_nothing_changes_state_and_every_listener_binds_where_rest_binds(engine):
+    for path in ("/v2/repository/models/echo/unload", "/v2/repository/models/echo/load", "/models/echo"):
+        status, _ = server.request(engine.url + path, b"", "POST", timeout=10)
+        assert status in (404, 405), (path, status)
+    grpc = triton_grpc.InferenceServerClient(f"127.0.0.1:{engine.grpc}")
+    with pytest.raises(Exception, match="(?i)unimplemented"):
+        grpc.unload_model("echo")
+    assert grpc.is_model_ready("echo")
+    listening = listeners(engine.process.pid)
+    assert {engine.http, engine.grpc} <= {port for _, port in listening}, listening
+    assert all(address in ("127.0.0.1", "::ffff:127.0.0.1") for address, _ in listening), listening
+
+
+def test_metrics_under_torchservess_names(engine):
+    echo_json(engine, "count me")
+    status, text = engine.get("/metrics")
+    assert status == 200
+    for name in ("ts_inference_requests_total", "ts_inference_latency_microseconds", "ts_queue_latency_microseconds",
+                 "HandlerTime", "PredictionTime", "ts_workers", "Requests2XX", "request_predict_seconds_count"):  # fmt: skip
+        assert f"\n{name}{{" in text, name
+    assert 'ts_workers{model_name="echo",model_version="1.0",status="READY"} 2.0' in text
+
+
+def test_a_dead_worker_fails_only_the_requests_it_held_and_comes_back(engine):
+    """kill -9 one of echo's two workers while each holds a request: its request gets 503, the
+    other worker's 200; the killed worker is back within 30 s, and serves."""
+    before = {w["pid"] for w in engine.workers("echo")}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        held = [pool.submit(echo_json, engine, "sleep 1.5") for _ in range(2)]
+        time.sleep(0.7)
+        busy = [w["pid"] for w in engine.workers("echo")]
+        victim = busy[0]
+        os.kill(victim, signal.SIGKILL)
+        answers = [f.result(60) for f in held]
+    statuses = sorted(status for status, _ in answers)
+    assert statuses == [200, 503], answers
+    died = next(body for status, body in answers if status == 503)
+    assert "Worker died" in died["message"], died
+    assert next(body for status, body in answers if status == 200)["pid"] != victim
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        now = engine.workers("echo")
+        if all(w["status"] == "READY" and w["pid"] > 0 for w in now) and victim not in {w["pid"] for w in now}:
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"the killed worker did not come back: {engine.workers('echo')}")
+    assert len(before & {w["pid"] for w in now}) == 1
+    assert all(echo_json(engine, f"after {i}")[0] == 200 for i in range(4))
+
+
+def test_response_timeout_and_a_handler_that_exits(engine):
+    start = time.monotonic()
+    status, body = echo_json(engine, "sleep 30")
+    assert status == 503 and "responseTimeout (4s)" in body["message"], body
+    assert time.monotonic() - start < 15
+    status, body = echo_json(engine, "exit")
+    assert status == 503 and "Worker died" in body["message"], body
+    deadline = time.monotonic() + 30
+    while not all(w["status"] == "READY" for w in engine.workers("echo")):
+        assert time.monotonic() < deadline, engine.workers("echo")
+        time.sleep(0.5)
+    assert echo_json(engine, "still here")[0] == 200
+
+
+def test_a_setting_it_cannot_honour_is_refused_in_one_line(tree, tmp_path):
+    models = {"echo": snapshot_entry("echo.mar", 1, 1, 0, 4)}
+    config = write_config(tmp_path / "config.properties", models, "enable_grpc_ssl=true\n")
+    engine = Engine(tree, config=config)
+    code = engine.process.wait(60)
+    assert code == 2
+    assert engine.output().strip().splitlines()[-1].startswith("tsctl engine: ") and "enable_grpc_ssl" in engine.output()
+    missing = write_config(tmp_path / "missing.properties", {"gone": snapshot_entry("gone.mar", 1, 1, 0, 4)})
+    engine = Engine(tree, config=missing)
+    assert engine.process.wait(60) == 2 and "gone.mar" in engine.output()
+
+
+def split_bytes(raw: bytes) -> list:
+    """A v2 BYTES tensor's elements: each a 4-byte little-endian length and its bytes."""
+    items, at = [], 0
+    while at < len(raw):
+        size = int.from_bytes(raw[at : at + 4], "little")
+        items.append(raw[at + 4 : at + 4 + size])
+        at += 4 + size
+    return items
+
+
+def listeners(pgid: int) -> list:
+    """(address, port) of every TCP socket listening in the process group (its processes' inodes
+    matched against /proc/net/tcp and tcp6)."""
+    inodes = set()
+    for pid in server.group_members(pgid):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = []
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                address, port = fields[1].split(":")
+                found.append((_address(address, width), int(port, 16)))
+    return found
+
+
+def _address(hex_address: str, width: int) -> str:
+    raw = bytes.fromhex(hex_address)
+    if width == 8:
+        return socket.inet_ntop(socket.AF_INET, raw[::-1])
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
+    return socket.inet_ntop(socket.AF_INET6, words)
