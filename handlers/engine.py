@@ -29,6 +29,7 @@ refused with 413 before it is read whole. Needs ``torchserve`` (its worker, not 
 import argparse
 import asyncio
 import contextlib
+import importlib
 import json
 import logging
 import os
@@ -49,7 +50,7 @@ from . import identity, ts_config
 from .archives import ArchiveError, check_inside, read_manifest, unpack
 from .engine_metrics import Metrics
 from .engine_workers import ModelWorkers
-from .worker import Request, Response
+from .ts_wire import Request, Response
 
 logger = logging.getLogger("tsctl.engine")
 
@@ -438,11 +439,10 @@ async def serve(engine: Engine, args) -> int:
     http_task = asyncio.ensure_future(http.serve())
     grpc_server = None
     try:
-        if args.enable_grpc == "true":
-            from .engine_grpc import start_grpc
-
-            grpc_server = await start_grpc(engine, args.host, args.grpc_port)
-        starting = asyncio.ensure_future(engine.start())
+        starting = asyncio.ensure_future(engine.start())  # the workers first: they take longest
+        if args.enable_grpc == "true":  # KServe's protocol types take seconds to import: off the loop
+            grpc = await loop.run_in_executor(None, importlib.import_module, f"{__package__}.engine_grpc")
+            grpc_server = await grpc.start_grpc(engine, args.host, args.grpc_port)
         waiting = asyncio.ensure_future(stopping.wait())
         await asyncio.wait({starting, waiting, http_task}, return_when=asyncio.FIRST_COMPLETED)
         waiting.cancel()

@@ -14,11 +14,16 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as pb_grpc
 from kserve.protocol.infer_type import InferRequest, InferResponse, to_http_parameters
 
-from .worker import Request
+from .ts_wire import Request
 
 BINARY_LENGTH = "inference-header-content-length"
-STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-          503: grpc.StatusCode.UNAVAILABLE, 507: grpc.StatusCode.RESOURCE_EXHAUSTED}  # fmt: skip
+STATUS = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    507: grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
 
 
 def as_request(request: pb.ModelInferRequest) -> Request:

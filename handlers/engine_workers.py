@@ -46,7 +46,7 @@ from typing import Callable, Deque, Dict, List, Optional
 import ts
 
 from .ts_config import Frontend, ModelSpec
-from .worker import Request, Response, batch_error, mime_type, read_answers
+from .ts_wire import Request, Response, Stream, WorkerDied, batch_error, encode_batch, encode_load, read_answers
 
 logger = logging.getLogger("tsctl.engine")
 worker_log = logging.getLogger("tsctl.worker")
@@ -58,93 +58,8 @@ LOAD_TIMEOUT = 300.0  # s for a worker to start and load its model
 PYTHON_ERROR = re.compile(r"^\s*(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception)\b:.*")
 
 
-class WorkerDied(Exception):
-    """The worker's process ended (or its socket closed) with requests of ours inside it."""
-
-
 class NotSent(Exception):
     """The batch never reached the worker (its process had already ended): it may go to another."""
-
-
-# ---- The frontend's side of TorchServe's worker protocol -----------------------------------------
-def _field(data: bytes) -> bytes:
-    return struct.pack("!i", len(data)) + data
-
-
-def encode_load(spec: ModelSpec, model_dir: Path, handler: str, frontend: Frontend) -> bytes:
-    """The load command (``otf_message_handler._retrieve_load_msg`` reads it)."""
-    return b"".join(
-        [
-            b"L",
-            _field(spec.name.encode()),
-            _field(str(model_dir).encode()),
-            struct.pack("!i", spec.batch_size),
-            _field(handler.encode()),
-            struct.pack("!i", -1),  # no gpu
-            _field((frontend.envelope or "").encode()),
-            struct.pack("!?", frontend.limit_max_image_pixels),
-        ]
-    )
-
-
-def encode_batch(requests: List[Request], ids: List[str]) -> bytes:
-    """The inference command for one batch (``_retrieve_inference_msg`` reads it): per request its
-    id, its HTTP headers, and one ``body`` parameter with the request's MIME type."""
-    parts = [b"I"]
-    for request, request_id in zip(requests, ids):
-        parts.append(_field(request_id.encode()))
-        for name, value in request.headers.items():
-            parts.append(_field(name.encode("utf-8")) + _field(value.encode("utf-8")))
-        parts.append(struct.pack("!i", -1))
-        parts.append(_field(b"body") + _field(mime_type(request.headers).encode("utf-8")) + _field(request.body))
-        parts.append(struct.pack("!i", -1))
-    parts.append(struct.pack("!i", -1))
-    return b"".join(parts)
-
-
-class _Stream:
-    """Reads the worker's replies off its socket: length-prefixed fields, big-endian."""
-
-    def __init__(self, sock: socket.socket):
-        self.file = sock.makefile("rb")
-
-    def exactly(self, length: int) -> bytes:
-        data = self.file.read(length)
-        if data is None or len(data) < length:
-            raise WorkerDied("the worker closed its socket")
-        return data
-
-    def int(self) -> int:
-        return struct.unpack("!i", self.exactly(4))[0]
-
-    def field(self) -> bytes:
-        length = self.int()
-        return b"" if length < 0 else self.exactly(length)
-
-    def reply(self) -> bytes:
-        """One whole reply (``create_predict_response``), as bytes ``worker.read_reply`` parses."""
-        out = [self.exactly(4)]  # code
-        out.append(self._raw_field())  # message
-        while True:
-            head = self.exactly(4)
-            out.append(head)
-            (length,) = struct.unpack("!i", head)
-            if length < 0:
-                return b"".join(out)
-            out.append(self.exactly(length))  # request id
-            out.append(self._raw_field())  # content type
-            out.append(self.exactly(4))  # status
-            out.append(self._raw_field())  # reason phrase
-            count = self.exactly(4)
-            out.append(count)
-            for _ in range(struct.unpack("!i", count)[0] * 2):
-                out.append(self._raw_field())
-            out.append(self._raw_field())  # body
-
-    def _raw_field(self) -> bytes:
-        head = self.exactly(4)
-        (length,) = struct.unpack("!i", head)
-        return head + (self.exactly(length) if length > 0 else b"")
 
 
 # ---- One worker process -------------------------------------------------------------------------
@@ -153,7 +68,7 @@ class WorkerProcess:
 
     def __init__(self, process: subprocess.Popen, sock: socket.socket, started: float):
         self.process, self.sock, self.started = process, sock, started
-        self.stream = _Stream(sock)
+        self.stream = Stream(sock)
 
     @property
     def pid(self) -> int:
@@ -252,8 +167,12 @@ def start_worker(
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the worker did not listen within {LOAD_TIMEOUT:.0f}s") from None
                 time.sleep(0.05)
-        sock.sendall(encode_load(spec, model_dir, handler, frontend))
-        stream = _Stream(sock)
+        sock.sendall(
+            encode_load(
+                spec.name, model_dir, handler, spec.batch_size, frontend.envelope, frontend.limit_max_image_pixels
+            )
+        )
+        stream = Stream(sock)
         code, message = stream.int(), stream.field().decode("utf-8", errors="replace")
         stream.int()  # the empty prediction list
         if code != 200:

@@ -182,7 +182,8 @@ def _from_snapshot(config, model_store: Path, name: str, version: str, entry, fr
     mar_name = entry.get("marName")
     if not isinstance(mar_name, str) or "/" in mar_name or not (model_store / mar_name).exists():
         raise ConfigError(
-            f"{where} names archive {mar_name!r}, which is not in {model_store}: regenerate the file with 'tsctl config'"
+            f"{where} names archive {mar_name!r}, which is not in {model_store}: "
+            "regenerate the file with 'tsctl config'"
         )
     values = {}
     for key in SNAPSHOT_KEYS:

@@ -25,12 +25,10 @@ bytes a client of TorchServe receives: a dict answer is ``json.dumps(answer, ind
 import json
 import logging
 import os
-import struct
 import threading
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import ts
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
@@ -38,56 +36,11 @@ from ts.model_loader import TsModelLoader
 from ts.service import Service
 
 from .requests import content_type
+from .ts_wire import Request, Response, mime_type, read_reply
 
 logger = logging.getLogger(__name__)
 
 METRICS_YAML = os.path.join(os.path.dirname(ts.__file__), "configs", "metrics.yaml")  # the frontend's default
-
-
-@dataclass
-class Request:
-    """One HTTP request to ``/predictions/MODEL``: its body and its headers (Content-Type among them)."""
-
-    body: bytes
-    headers: Dict[str, str] = field(default_factory=dict)
-
-    @property
-    def content_type(self) -> str:
-        return mime_type(self.headers)
-
-
-def mime_type(headers: Dict[str, str]) -> str:
-    """The Content-Type's MIME type, without parameters (``charset=``), as the frontend passes it on."""
-    for name, value in headers.items():
-        if name.lower() == "content-type":
-            return value.split(";", 1)[0].strip()
-    return ""
-
-
-@dataclass
-class Response:
-    """What TorchServe's frontend sends back for one request."""
-
-    status: int
-    body: Any  # bytes, as a client receives them
-    content_type: Optional[str] = None
-    headers: dict = field(default_factory=dict)
-
-    def json(self):
-        body = self.body
-        if isinstance(body, (bytes, bytearray)):
-            body = body.decode("utf-8")
-        return json.loads(body) if isinstance(body, str) else body
-
-    def answer(self):
-        """The body as JSON when it is JSON, else as text when it is UTF-8, else the bytes."""
-        try:
-            return self.json()
-        except (UnicodeDecodeError, ValueError):
-            try:
-                return self.body.decode("utf-8")
-            except (AttributeError, UnicodeDecodeError):
-                return self.body
 
 
 def as_request(value: Any) -> Request:
@@ -181,58 +134,3 @@ def predict(service: Service, batch: List[dict]) -> List[Response]:
         logger.error("the worker would have died: %s: %s", type(exc).__name__, exc, exc_info=True)
         body = json.dumps({"code": 500, "type": "InternalServerException", "message": "Worker died."}, indent=2)
         return [Response(500, body.encode(), "application/json") for _ in ids]
-
-
-def read_reply(reply: bytes, request_ids: List[str]) -> List[Response]:
-    """The worker's reply (``create_predict_response``) as the frontend turns it into HTTP answers."""
-    code, message, answers = read_answers(reply)
-    if code != 200:
-        return batch_error(code, message, len(request_ids))
-    return [answers[i] for i in request_ids]
-
-
-def batch_error(code: int, message: str, count: int) -> List[Response]:
-    """BatchAggregator.sendResponse for a batch that failed as a whole: every job gets the error."""
-    status = 507 if code == 413 else code
-    body = json.dumps({"code": status, "type": "InternalServerException", "message": message}, indent=2)
-    return [Response(status, body.encode(), "application/json") for _ in range(count)]
-
-
-def read_answers(reply: bytes) -> Tuple[int, str, Dict[str, Response]]:
-    """A reply's code, message and answers by request id (a streamed reply holds some of a batch's)."""
-    reader = _Reader(reply)
-    code, message = reader.int(), reader.text()
-    answers = {}
-    while True:
-        request_id = reader.text()
-        if request_id is None:
-            break
-        kind = reader.text()
-        status, _phrase = reader.int(), reader.text()
-        headers = {reader.text(): reader.text() for _ in range(reader.int())}
-        answers[request_id] = Response(status, reader.bytes(), kind or None, headers)
-    return code, message, answers
-
-
-class _Reader:
-    """Big-endian length-prefixed fields, as ``otf_message_handler`` writes them."""
-
-    def __init__(self, data: bytes):
-        self.data, self.at = bytes(data), 0
-
-    def int(self) -> int:
-        (value,) = struct.unpack_from("!i", self.data, self.at)
-        self.at += 4
-        return value
-
-    def bytes(self) -> Optional[bytes]:
-        length = self.int()
-        if length < 0:
-            return None
-        value = self.data[self.at : self.at + length]
-        self.at += length
-        return value
-
-    def text(self) -> Optional[str]:
-        value = self.bytes()
-        return None if value is None else value.decode("utf-8")
