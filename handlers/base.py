@@ -1,6 +1,6 @@
 """The lifecycle every toolkit handler shares: one TorchServe batch in, one response per request out.
 
-    rows ──parse_request──► Request(items)                       (requests.py; limits checked here)
+    rows ──parse_request──► Request(items)                       (protocol.py; limits checked here)
     items ──decode(item)──► model-ready input                    per item, in ``decode_threads`` threads
     inputs ──preprocess──► batch ──inference──► output ──postprocess(output, inputs)──► one answer per input
                                                                  in chunks of at most batchSize inputs
@@ -11,7 +11,8 @@ Isolation is built in, not left to each hook: whatever parsing or ``decode`` rai
 becomes that request's 4xx; the other requests go on. Only the batched forward pass
 (preprocess/inference/postprocess) is shared, and when it fails for a chunk holding several
 requests, each of them is run again alone, so only the request that really fails gets an error:
-the ClientError a hook raised (a tensor the model cannot take), else a 500.
+the ClientError a hook raised (a tensor the model cannot take), else a 500 (507 out of memory).
+Every status comes from ``protocol.STATUS``; requests are decoded and answers encoded by protocol.py.
 
 Subclasses set ``Settings`` (a dataclass, read from model-config.yaml's ``handler:`` section) and
 ``item_keys``, and override ``decode``, ``preprocess``, ``inference``, ``postprocess``; optionally
@@ -25,7 +26,6 @@ TorchServe's captum explanations and its profiler are not run by toolkit handler
 
 import http
 import inspect
-import json
 import logging
 import threading
 import time
@@ -36,24 +36,14 @@ from typing import Any, List, Optional
 import torch
 from ts.torch_handler.base_handler import BaseHandler
 
-from . import envelopes, golden, toolkit, v2binary
+from . import envelopes, golden, protocol, toolkit
 from .loading import load_model, pick_device, pick_threads
-from .requests import ClientError, Limits, Request, encode_answer, parse_request, too_large
+from .protocol import ClientError, InferenceError, Limits, Request, too_large  # noqa: F401 (InferenceError)
 from .settings import Settings, read_settings
 
 logger = logging.getLogger(__name__)
 
-JSON = "application/json"
 MIN_AUTO_ITEMS = 16  # max_items: 0 allows max(4 x batchSize, this many) inputs per request
-
-
-class InferenceError(ClientError):
-    """The model failed on one request's inputs (the 500 that request gets, not a client mistake)."""
-
-    kind = "InferenceError"
-
-    def __init__(self, message: str):
-        super().__init__(message, 500)
 
 
 @dataclass(eq=False)
@@ -64,7 +54,7 @@ class Job:
     error: Optional[ClientError] = None
     inputs: list = field(default_factory=list)
     answers: list = field(default_factory=list)
-    binary: bool = False  # KServe v2: answer in the binary tensor extension (v2binary.py)
+    binary: bool = False  # KServe v2: answer in the binary tensor extension (protocol.py)
     spent: dict = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -220,16 +210,12 @@ class ToolkitHandler(BaseHandler):
         return responses
 
     def read(self, row, index: int = 0) -> Job:
-        """One TorchServe row (request ``index`` of the batch) as a Job: its parsed request, or the
-        error it gets. A KServe v2 request in the binary tensor extension is split by v2binary.py."""
+        """One TorchServe row (request ``index`` of the batch) as a Job: its request, decoded once
+        (protocol.py: JSON, KServe v1/v2, v2's binary tensor extension), or the error it gets."""
         try:
             headers = request_headers(self.context, index)
-            length = v2binary.header_length(headers)
-            if length is None:
-                request = parse_request(row, self.item_keys, self.v2_datatypes, self.limits)
-            else:
-                request = v2binary.parse_request(row, length, self.item_keys, self.v2_datatypes, self.limits)
-            binary = v2binary.wants_binary(request, self.v2_output_name)
+            request = protocol.parse_request(row, self.item_keys, self.v2_datatypes, self.limits, headers)
+            binary = protocol.wants_binary(request, self.v2_output_name)
             if binary and headers is None:  # no context to set the answer's header length on
                 raise ClientError("binary outputs need a TorchServe worker's context: ask for JSON outputs")
             return Job(request, binary=binary)
@@ -291,7 +277,7 @@ class ToolkitHandler(BaseHandler):
                 job.fail(error)
             except Exception as exc:  # noqa: BLE001 - the model failed on this request
                 logger.exception("tsctl inference failed for one request")
-                job.fail(InferenceError(f"inference failed: {type(exc).__name__}: {exc}"))
+                job.fail(protocol.error_for(exc, protocol.INFERENCE, "inference failed"))
 
     def _run(self, inputs: list) -> list:
         """preprocess -> inference -> postprocess for one chunk; exactly one answer per input."""
@@ -305,22 +291,20 @@ class ToolkitHandler(BaseHandler):
             )
         return answers
 
-    def _respond(self, context, index: int, job: Job) -> str:
+    def _respond(self, context, index: int, job: Job) -> bytes:
+        """The request's answer or error, encoded once (protocol.py), its status and headers set."""
         if job.error is not None:
             error = job.error
             self._set_status(context, index, error.status, http.HTTPStatus(error.status).phrase)
-            body = error.body()
             logger.info("tsctl request %d rejected (%d): %s", index, error.status, error.message)
+            data, headers = protocol.encode_error(error)
         else:
-            v2 = self.v2_output(job.answers) if job.request.form == "v2" else None
-            body = encode_answer(job.request, job.answers, self.model_name, v2, self.model_version)
-            if job.binary:
-                data, length = v2binary.encode_response(body)
-                context.set_response_header(index, v2binary.HEADER, str(length))
-                context.set_response_content_type(index, v2binary.OCTET_STREAM)
-                return data
-        self._set_content_type(context, index)
-        return json.dumps(body)
+            v2 = self.v2_output(job.answers) if job.request.form == protocol.V2 else None
+            data, headers = protocol.encode_answers(
+                job.request, job.answers, self.model_name, v2, self.model_version, job.binary
+            )
+        self._set_headers(context, index, headers)
+        return data
 
     @staticmethod
     def _set_status(context, index: int, status: int, phrase: str):
@@ -329,10 +313,14 @@ class ToolkitHandler(BaseHandler):
             context.set_response_status(status, phrase, idx=index)
 
     @staticmethod
-    def _set_content_type(context, index: int):
+    def _set_headers(context, index: int, headers: dict):
         processors = getattr(context, "request_processor", None)
         if processors is not None and index < len(processors):
-            context.set_response_content_type(index, JSON)
+            for name, value in headers.items():
+                if name == "Content-Type":
+                    context.set_response_content_type(index, value)
+                else:
+                    context.set_response_header(index, name, value)
 
 
 def takes_inputs(method) -> bool:
@@ -352,16 +340,12 @@ def request_headers(context, index: int) -> Optional[dict]:
 
 
 def client_error(exc: BaseException, what: str) -> ClientError:
-    """The error one request gets for an exception raised while reading or decoding it. Anything but
-    a ClientError is a handler bug or an input too big to handle: logged with its traceback."""
-    if isinstance(exc, ClientError):
-        return exc
-    if isinstance(exc, RecursionError):
-        return ClientError(f"{what}: it is nested too deeply", 413)
-    logger.warning("tsctl: %s", what, exc_info=exc)
-    if isinstance(exc, MemoryError):
-        return ClientError(f"{what}: it needs more memory than the worker has", 413)
-    return ClientError(f"{what}: {type(exc).__name__}: {exc}")
+    """The error one request gets for an exception raised while reading or decoding it
+    (``protocol.STATUS``). Anything but a ClientError or a RecursionError is a handler bug or an
+    input too big to handle: logged with its traceback."""
+    if not isinstance(exc, (ClientError, RecursionError)):
+        logger.warning("tsctl: %s", what, exc_info=exc)
+    return protocol.error_for(exc, protocol.READ, what)
 
 
 def entry_point(handler_class):

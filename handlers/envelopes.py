@@ -10,9 +10,10 @@ body. Measured on TorchServe 0.12.0 (batchSize 4, 8 concurrent requests, see tes
 - the v2 envelope passes only the first element of a BYTES input, so a request holding several
   instances gets one answer.
 
-Toolkit handlers read KServe v1/v2 bodies themselves, per request (requests.py), and answer each
-request in its own protocol. So when TorchServe wraps a toolkit handler in an envelope, the
-envelope hands the rows through untouched; handlers of any other kind keep the stock envelope.
+Toolkit handlers read KServe v1/v2 bodies themselves, per request, and answer each request in its
+own protocol (protocol.py: JSON or v2's binary tensor extension). So when TorchServe wraps a toolkit
+handler in an envelope, the envelope hands the rows through untouched; handlers of any other kind
+keep the stock envelope.
 
 It is installed when handlers/base.py is imported: TorchServe imports the handler module before it
 wraps the entry point in the envelope, and the envelope's ``handle`` is looked up at that moment.

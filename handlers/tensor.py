@@ -1,9 +1,12 @@
 """Tensors in, raw model outputs out: the predictor behind a KServe transformer.
 
 Each input is one example as a tensor: a nested list (``{"instances": [[[...]]]}``, KServe v1) or a
-row of a KServe v2 FP32/FP16/INT tensor (``shape: [N, ...]``). The answer is the model's output row
-as a list (v2: one FP32 tensor ``[N, ...]``). The transformer (kserve_transformer.py) runs a toolkit
-handler's decode/preprocess before and its postprocess after.
+row of a KServe v2 numeric tensor (``shape: [N, ...]``, FP32/FP16/FP64/INT*/UINT8, JSON or the binary
+tensor extension). A v2 row arrives as the ``np.ndarray`` protocol.py read off the wire (binary: a
+view of the request's bytes), is cast to float32 only when it is another type, and is copied once,
+when ``preprocess`` stacks the batch. The answer is the model's output row (v2: one FP32 tensor
+``[N, ...]``, in binary when the request asks). The transformer (kserve_transformer.py) runs a
+toolkit handler's decode/preprocess before and its postprocess after.
 
 model-config.yaml, all optional::
 
@@ -13,10 +16,11 @@ model-config.yaml, all optional::
       max_json_values: 16777216
 """
 
+import numpy as np
 import torch
 
 from .base import ToolkitHandler, entry_point
-from .requests import ClientError
+from .protocol import ClientError
 from .settings import TensorSettings
 
 
@@ -26,31 +30,31 @@ class TensorPredictor(ToolkitHandler):
     input_kind = "tensor"
     v2_datatypes = ("FP32", "FP16", "FP64", "INT64", "INT32", "INT16", "INT8", "UINT8")
 
-    def decode(self, item) -> torch.Tensor:
-        shape = None
-        if isinstance(item, dict) and "data" in item:  # a row of a KServe v2 tensor
-            shape, item = item.get("shape"), item["data"]
-        try:
-            tensor = torch.tensor(item, dtype=torch.float32)
-        except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
-            raise ClientError(f"tensor input is not a rectangular list of numbers: {exc}") from None
-        if shape is not None:
+    def decode(self, item) -> np.ndarray:
+        """One input as a float32 array of its own shape: a v2 row as it came, a v1 list converted."""
+        if isinstance(item, np.ndarray):  # a row of a KServe v2 tensor
+            array = item
+        else:
             try:
-                tensor = tensor.reshape(shape)
-            except (TypeError, ValueError, RuntimeError) as exc:
-                raise ClientError(f"tensor input of {tensor.numel()} values cannot take shape {shape}: {exc}") from None
-        if tensor.numel() == 0:
-            raise ClientError(f"tensor input of shape {list(tensor.shape)} holds no values")
+                array = np.asarray(item)
+            except (ValueError, TypeError, OverflowError) as exc:
+                raise ClientError(f"tensor input is not a rectangular list of numbers: {exc}") from None
+            if array.dtype.kind not in "biuf":
+                raise ClientError("tensor input is not a rectangular list of numbers")
+        with np.errstate(over="ignore"):
+            array = array.astype(np.float32, copy=False)
+        if array.size == 0:
+            raise ClientError(f"tensor input of shape {list(array.shape)} holds no values")
         expected = self.settings.input_shape
-        if expected is not None and tuple(tensor.shape) != tuple(expected):
-            raise ClientError(f"tensor input has shape {list(tensor.shape)}, this model takes {list(expected)}")
-        return tensor
+        if expected is not None and tuple(array.shape) != tuple(expected):
+            raise ClientError(f"tensor input has shape {list(array.shape)}, this model takes {list(expected)}")
+        return array
 
     def preprocess(self, inputs):
-        shapes = sorted({tuple(t.shape) for t in inputs})
+        shapes = sorted({a.shape for a in inputs})
         if len(shapes) > 1:  # inputs of one request (a batch of several runs each request alone)
             raise ClientError(f"tensor inputs of one request must share one shape, got {[list(s) for s in shapes]}")
-        return super().preprocess(inputs)
+        return torch.from_numpy(np.stack(inputs)).to(self.device)  # the one copy: the batch
 
     def inference(self, batch, *args, **kwargs):
         try:
@@ -70,12 +74,11 @@ class TensorPredictor(ToolkitHandler):
         return output
 
     def postprocess(self, output, inputs=None):
-        return output.float().tolist()
+        return list(output.float().cpu().numpy())  # rows of one array: encoded from it, never as lists
 
     def v2_output(self, answers):
-        shape = list(torch.tensor(answers).shape)
-        flat = torch.tensor(answers).flatten().tolist()
-        return {"name": self.v2_output_name, "shape": shape, "datatype": "FP32", "data": flat}
+        data = np.stack(answers)
+        return {"name": self.v2_output_name, "shape": list(data.shape), "datatype": "FP32", "data": data}
 
 
 handle = entry_point(TensorPredictor)

@@ -6,7 +6,7 @@ on fails its own request) and truncated to ``max_length`` tokens; a batch is pad
 text, not to ``max_length``.
 
 A ``text/*`` body is one text, even when it looks like JSON: it is never parsed
-(``requests.text_request``, with the body's Content-Type from the request's headers, so both
+(``protocol.text_request``, with the body's Content-Type from the request's headers, so both
 ``decode_input_request`` settings read it the same). ``application/json`` bodies are JSON.
 
 model-config.yaml, all optional::
@@ -22,11 +22,10 @@ import os
 from dataclasses import dataclass
 from typing import Any, List, Sequence
 
-from . import v2binary
 from .base import Job, ToolkitHandler, client_error, request_headers
 from .loading import ModelLoadError
 from .onnx_runtime import OnnxModel
-from .requests import text_request, to_text, too_large
+from .protocol import header_length, text_request, to_text, too_large
 from .settings import TextSettings
 from .toolkit import ONNX_FILE, TRANSFORMERS
 
@@ -102,7 +101,7 @@ class TextHandler(ToolkitHandler):
         anything else is read as every handler reads it (JSON shapes, KServe v1/v2, binary v2)."""
         try:
             headers = request_headers(self.context, index)
-            request = None if v2binary.header_length(headers) is not None else text_request(row, headers, self.limits)
+            request = None if header_length(headers) is not None else text_request(row, headers, self.limits)
         except Exception as exc:  # noqa: BLE001 - one request's problem, whatever it is
             return Job(None, client_error(exc, "the request could not be read"))
         return super().read(row, index) if request is None else Job(request)

@@ -24,7 +24,7 @@ from tritonclient.utils import serialize_byte_tensor
 
 from archiver import mar
 from conftest import package_text
-from handlers import v2binary
+from handlers import protocol
 from handlers.testing import LocalModel
 from samples import hostile
 from samples.image_model import sample_jpeg
@@ -107,7 +107,7 @@ def check_batch(model, hostile_body, good, accepts=None, headers=None):
         assert neighbour.status == 200, neighbour.body
         assert_close(neighbour.json(), alone.json())
     attacked = responses[1]
-    if attacked.content_type == v2binary.OCTET_STREAM:  # a KServe v2 answer in the binary extension
+    if attacked.content_type == protocol.OCTET_STREAM:  # a KServe v2 answer in the binary extension
         assert attacked.status == 200
         check_binary_answer(attacked)
         return attacked
@@ -124,7 +124,7 @@ def check_batch(model, hostile_body, good, accepts=None, headers=None):
 
 def check_binary_answer(response):
     """A binary-extension answer: its JSON header, then exactly the bytes its outputs declare."""
-    length = int(response.headers[v2binary.HEADER])
+    length = int(response.headers[protocol.HEADER])
     header = json.loads(response.body[:length])
     sizes = [output["parameters"]["binary_data_size"] for output in header["outputs"]]
     assert all("data" not in output for output in header["outputs"]), header
@@ -337,7 +337,7 @@ def binary_requests(draw):
         shape = [len(elements)]
     else:
         shape = draw(st.lists(st.integers(1, 4), min_size=1, max_size=3))
-        itemsize = np.dtype(v2binary.NUMERIC.get(datatype, "u1")).itemsize
+        itemsize = np.dtype(protocol.NUMERIC.get(datatype, "u1")).itemsize
         raw = draw(st.binary(min_size=int(np.prod(shape)) * itemsize, max_size=int(np.prod(shape)) * itemsize))
     if draw(st.booleans()):  # something wrong in the data or the shape
         raw = raw[: draw(st.integers(0, len(raw)))] + draw(st.binary(max_size=6))
@@ -357,7 +357,7 @@ def binary_requests(draw):
     head = json.dumps(header).encode()
     length = len(head) + draw(st.sampled_from([0, 0, 0, 0, -1, 1, -len(head), 1 << 30]))
     value = draw(st.sampled_from([str(length)] * 6 + ["", "-1", "0x10", "1e3"]))
-    name = draw(st.sampled_from([v2binary.HEADER, v2binary.HEADER.lower(), v2binary.HEADER.upper()]))
+    name = draw(st.sampled_from([protocol.HEADER, protocol.HEADER.lower(), protocol.HEADER.upper()]))
     return head + raw + draw(st.sampled_from([b"", b"", b"\x00", b"trailing"])), {name: value}
 
 
@@ -381,17 +381,18 @@ def test_generated_binary_requests_tensor(tensor_model, request):
 
 def numeric_arrays(datatype):
     shapes = hnp.array_shapes(max_dims=3, max_side=5)
-    return st.tuples(st.just(datatype), hnp.arrays(np.dtype(v2binary.NUMERIC[datatype]), shapes))
+    return st.tuples(st.just(datatype), hnp.arrays(np.dtype(protocol.NUMERIC[datatype]), shapes))
 
 
 @FUZZ
-@given(array=st.sampled_from(sorted(v2binary.NUMERIC)).flatmap(numeric_arrays))
+@given(array=st.sampled_from(sorted(protocol.NUMERIC)).flatmap(numeric_arrays))
 def test_binary_numeric_tensors_read_as_numpy_wrote_them(array):
     """tritonclient sends ``array.tobytes()``: read back, the values are the array's; written, the bytes."""
     datatype, values = array
-    decoded = v2binary.decode_tensor(datatype, list(values.shape), memoryview(values.tobytes()))
-    np.testing.assert_array_equal(np.array(decoded, dtype=values.dtype), values.flatten())
-    written = v2binary.encode_tensor(datatype, decoded)
+    decoded = protocol.decode_tensor(datatype, list(values.shape), memoryview(values.tobytes()))
+    assert isinstance(decoded, np.ndarray) and decoded.dtype == values.dtype and decoded.shape == values.shape
+    np.testing.assert_array_equal(decoded, values)
+    written = protocol.encode_tensor(datatype, decoded)
     np.testing.assert_array_equal(np.frombuffer(written, dtype=values.dtype), values.flatten())
 
 
@@ -399,5 +400,5 @@ def test_binary_numeric_tensors_read_as_numpy_wrote_them(array):
 @given(elements=st.lists(st.binary(max_size=40), min_size=1, max_size=16))
 def test_binary_bytes_tensors_read_as_tritonclient_wrote_them(elements):
     raw = serialize_byte_tensor(np.array(elements, dtype=np.object_)).item()
-    assert v2binary.split_bytes(memoryview(raw), len(elements)) == elements
-    assert v2binary.encode_tensor("BYTES", elements) == raw
+    assert protocol.split_bytes(memoryview(raw), len(elements)) == elements
+    assert protocol.encode_tensor("BYTES", elements) == raw

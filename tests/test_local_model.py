@@ -42,16 +42,16 @@ _unmarked = ImageClassifier.postprocess
 
 
 def _marked(self, output):
-    from handlers.requests import EDITED
+    from handlers.protocol import EDITED
 
-    return [dict(answer, copy=MARKER, requests=EDITED) for answer in _unmarked(self, output)]
+    return [dict(answer, copy=MARKER, protocol=EDITED) for answer in _unmarked(self, output)]
 
 
 ImageClassifier.postprocess = _marked
 """
-REQUESTS_MARKER = """
+PROTOCOL_MARKER = """
 
-EDITED = "edited requests.py"
+EDITED = "edited protocol.py"
 _body = ClientError.body
 ClientError.body = lambda self: dict(_body(self), copy=EDITED)
 """
@@ -110,7 +110,7 @@ def package(tmp_path: Path, name: str, handler="image_classifier", config=CONFIG
 
 
 def edit_bundled_copy(model_dir: Path):
-    for name, marker in (("image.py", IMAGE_MARKER), ("requests.py", REQUESTS_MARKER)):
+    for name, marker in (("image.py", IMAGE_MARKER), ("protocol.py", PROTOCOL_MARKER)):
         path = model_dir / "handlers" / name
         path.write_text(path.read_text() + marker)
 
@@ -124,7 +124,7 @@ def rewritten(archive: Path, out: Path, replace: dict) -> Path:
 
 
 def without_marks(answer: dict) -> dict:
-    return {k: v for k, v in answer.items() if k not in ("copy", "requests", "mine")}
+    return {k: v for k, v in answer.items() if k not in ("copy", "protocol", "mine")}
 
 
 class ProcessState:
@@ -179,8 +179,8 @@ def test_the_archives_handlers_copy_runs_and_archives_do_not_mix(tmp_path):
             answers = list(pool.map(lambda m: m.predict([IMAGE])[0].json(), [mine, plain] * 6))
 
     assert good.status == 200 and good.json()["copy"] == "edited image.py"
-    assert good.json()["requests"] == "edited requests.py"  # imported at call time: the archive's too
-    assert bad.status == 400 and bad.json()["copy"] == "edited requests.py"  # base.py -> .requests
+    assert good.json()["protocol"] == "edited protocol.py"  # imported at call time: the archive's too
+    assert bad.status == 400 and bad.json()["copy"] == "edited protocol.py"  # base.py -> .protocol
     assert plain_good.status == 200 and "copy" not in plain_good.json()  # the installed code's answer
     assert plain_bad.json() == {k: v for k, v in bad.json().items() if k != "copy"}
     assert without_marks(good.json()) == plain_good.json()

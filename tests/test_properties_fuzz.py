@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from handlers.image import decode_image, open_image
-from handlers.requests import ClientError, encode_answer, parse_request, to_bytes, to_text
+from handlers.protocol import ClientError, encode_answers, parse_request, to_bytes, to_text
 from handlers.settings import SAFE_FORMATS
 
 json_values = st.recursive(
@@ -36,7 +36,7 @@ def decode_everything(row):
                 decode(item)
             except ClientError:
                 pass
-    encode_answer(request, [None] * len(request.items), "m")
+    encode_answers(request, [None] * len(request.items), "m")
 
 
 @settings(max_examples=300, deadline=None)

@@ -5,8 +5,8 @@ import struct
 import numpy as np
 import pytest
 
-from handlers import v2binary
-from handlers.requests import ClientError, Limits, encode_answer, parse_request, to_bytes, to_text
+from handlers import protocol
+from handlers.protocol import ClientError, Limits, answer_body, parse_request, to_bytes, to_text
 
 KEYS = ("data", "b64")
 
@@ -30,14 +30,14 @@ def test_kserve_v1_instances():
     request = parse_request({"body": body}, KEYS)
     assert request.form == "v1" and len(request.items) == 2
     assert [to_bytes(i) for i in request.items] == [b"hi", b"hi"]
-    assert encode_answer(request, [1, 2], "m") == {"predictions": [1, 2]}
+    assert answer_body(request, [1, 2], "m") == {"predictions": [1, 2]}
 
 
 def test_kserve_v2_bytes_input():
     body = {"id": "r1", "inputs": [{"name": "in", "shape": [2], "datatype": "BYTES", "data": ["a", "b"]}]}
     request = parse_request({"body": body}, KEYS)
     assert request.form == "v2" and request.items == ["a", "b"]
-    answer = encode_answer(request, [{"x": 1}, {"y": 2}], "m")
+    answer = answer_body(request, [{"x": 1}, {"y": 2}], "m")
     assert answer["id"] == "r1" and answer["model_name"] == "m"
     assert answer["outputs"][0]["shape"] == [2]
     assert [json.loads(d) for d in answer["outputs"][0]["data"]] == [{"x": 1}, {"y": 2}]
@@ -45,7 +45,7 @@ def test_kserve_v2_bytes_input():
 
 def test_json_list_answers_with_a_list():
     request = parse_request({"body": ["a", "b", "c"]}, KEYS)
-    assert request.form == "list" and encode_answer(request, [1, 2, 3], "m") == [1, 2, 3]
+    assert request.form == "list" and answer_body(request, [1, 2, 3], "m") == [1, 2, 3]
 
 
 @pytest.mark.parametrize(
@@ -82,11 +82,16 @@ def test_base64_and_text_decoding():
         to_text("   ")
 
 
-# ---- KServe v2 binary tensor extension (handlers/v2binary.py) ------------------------------------------
+# ---- KServe v2 binary tensor extension (handlers/protocol.py) ------------------------------------------
 def binary_row(inputs, raws, **extra):
     """A row of the binary extension: the JSON header, then the raw data; and the header's length."""
     head = json.dumps({"inputs": inputs, **extra}).encode()
     return {"body": head + b"".join(raws)}, len(head)
+
+
+def binary_parse(row, length, keys, datatypes=("BYTES",), limits=Limits()):
+    """``row`` of a request whose Inference-Header-Content-Length is ``length``, read as a worker reads it."""
+    return parse_request(row, keys, datatypes, limits, {protocol.HEADER: str(length)})
 
 
 def texts_raw(texts):
@@ -94,13 +99,13 @@ def texts_raw(texts):
 
 
 def test_header_length_in_any_letter_case():
-    assert v2binary.header_length({"Inference-Header-Content-Length": "12"}) == 12
-    assert v2binary.header_length({"inference-header-content-length": " 7 ", "body": {"content-type": "x"}}) == 7
-    assert v2binary.header_length({"Content-Type": "application/json"}) is None
-    assert v2binary.header_length(None) is None
+    assert protocol.header_length({"Inference-Header-Content-Length": "12"}) == 12
+    assert protocol.header_length({"inference-header-content-length": " 7 ", "body": {"content-type": "x"}}) == 7
+    assert protocol.header_length({"Content-Type": "application/json"}) is None
+    assert protocol.header_length(None) is None
     for bad in ("-1", "12abc", "", "1e3", "١٢"):
         with pytest.raises(ClientError, match="header must be the JSON header's length in bytes"):
-            v2binary.header_length({"Inference-Header-Content-Length": bad})
+            protocol.header_length({"Inference-Header-Content-Length": bad})
 
 
 def test_binary_bytes_input_gives_the_items_of_its_json_form():
@@ -108,7 +113,7 @@ def test_binary_bytes_input_gives_the_items_of_its_json_form():
     raw = texts_raw(texts)
     tensor = {"name": "in", "shape": [3], "datatype": "BYTES", "parameters": {"binary_data_size": len(raw)}}
     row, length = binary_row([tensor], [raw], id="r1")
-    request = v2binary.parse_request(row, length, KEYS, ("BYTES",))
+    request = binary_parse(row, length, KEYS, ("BYTES",))
     assert request.form == "v2" and request.items == texts and request.v2_id == "r1"
 
 
@@ -118,22 +123,27 @@ def test_binary_numeric_input_gives_the_items_of_its_json_form(datatype, dtype):
     raw = values.tobytes()
     tensor = {"name": "in", "shape": [2, 3, 2], "datatype": datatype}
     row, length = binary_row([{**tensor, "parameters": {"binary_data_size": len(raw)}}], [raw])
-    binary = v2binary.parse_request(row, length, KEYS, (datatype,))
+    binary = binary_parse(row, length, KEYS, (datatype,))
     as_json = parse_request({"body": {"inputs": [{**tensor, "data": values.tolist()}]}}, KEYS, (datatype,))
-    assert binary.items == as_json.items and len(binary.items) == 2
-    assert binary.items[0] == {"shape": [3, 2], "data": [0, 1, 2, 3, 4, 5]}
+    flat = parse_request({"body": {"inputs": [{**tensor, "data": values.flatten().tolist()}]}}, KEYS, (datatype,))
+    assert len(binary.items) == len(as_json.items) == len(flat.items) == 2
+    for items in (binary.items, as_json.items, flat.items):  # rows as arrays of the declared type, never lists
+        for row, expected in zip(items, values):
+            assert isinstance(row, np.ndarray) and row.dtype == np.dtype(dtype) and row.shape == (3, 2)
+            np.testing.assert_array_equal(row, expected)
+    assert not binary.items[0].flags.owndata  # a view of the request's bytes, not a copy
 
 
 def test_json_inputs_next_to_binary_ones_and_a_body_torchserve_parsed():
     tensor = {"name": "in", "shape": [1], "datatype": "BYTES", "data": ["plain"]}
     row, length = binary_row([tensor], [])
-    assert v2binary.parse_request(row, length, KEYS).items == ["plain"]
+    assert binary_parse(row, length, KEYS).items == ["plain"]
     # decode_input_request=true and a JSON content type: TorchServe parsed the body, nothing followed it
-    assert v2binary.parse_request({"body": {"inputs": [tensor]}}, 10, KEYS).items == ["plain"]
+    assert binary_parse({"body": {"inputs": [tensor]}}, 10, KEYS).items == ["plain"]
     claimed = {**tensor, "parameters": {"binary_data_size": 5}}
     del claimed["data"]
     with pytest.raises(ClientError, match="says 5 bytes, but only 0 bytes of binary data are left"):
-        v2binary.parse_request({"body": {"inputs": [claimed]}}, 10, KEYS)
+        binary_parse({"body": {"inputs": [claimed]}}, 10, KEYS)
 
 
 def bytes_tensor(shape, size):
@@ -167,7 +177,7 @@ def bytes_tensor(shape, size):
 def test_binary_requests_whose_sizes_do_not_add_up(make, status, words):
     row, length = make()
     with pytest.raises(ClientError) as caught:
-        v2binary.parse_request(row, length, KEYS, ("BYTES",))
+        binary_parse(row, length, KEYS, ("BYTES",))
     assert words in caught.value.message and caught.value.status == status, caught.value.message
 
 
@@ -175,10 +185,10 @@ def test_binary_requests_are_bounded_by_the_limits():
     raw = texts_raw([b"x" * 100])
     row, length = binary_row([bytes_tensor([1], len(raw))], [raw])
     with pytest.raises(ClientError, match=r"handler\.max_body_bytes"):
-        v2binary.parse_request(row, length, KEYS, limits=Limits(max_body_bytes=100))
+        binary_parse(row, length, KEYS, limits=Limits(max_body_bytes=100))
     deep = {"body": b'{"inputs": [{"x": ' + b"[" * 40 + b"]" * 40 + b"}]}"}
     with pytest.raises(ClientError, match=r"handler\.max_json_depth"):
-        v2binary.parse_request(deep, len(deep["body"]), KEYS)
+        binary_parse(deep, len(deep["body"]), KEYS)
 
 
 def test_binary_data_size_without_the_header_names_the_extension():
@@ -193,17 +203,17 @@ def v2_request(**extra):
 
 
 def test_binary_outputs_when_asked_for():
-    assert not v2binary.wants_binary(v2_request(), "out")
-    assert v2binary.wants_binary(v2_request(parameters={"binary_data_output": True}), "out")
-    assert v2binary.wants_binary(v2_request(outputs=[{"name": "out", "parameters": {"binary_data": True}}]), "out")
+    assert not protocol.wants_binary(v2_request(), "out")
+    assert protocol.wants_binary(v2_request(parameters={"binary_data_output": True}), "out")
+    assert protocol.wants_binary(v2_request(outputs=[{"name": "out", "parameters": {"binary_data": True}}]), "out")
     named = v2_request(
         outputs=[{"name": "out", "parameters": {"binary_data": False}}], parameters={"binary_data_output": True}
     )
-    assert not v2binary.wants_binary(named, "out")
-    assert v2binary.wants_binary(v2_request(outputs=[{"name": "out"}], parameters={"binary_data_output": True}), "out")
-    assert not v2binary.wants_binary(parse_request({"body": {"instances": ["x"]}}, KEYS), "out")
+    assert not protocol.wants_binary(named, "out")
+    assert protocol.wants_binary(v2_request(outputs=[{"name": "out"}], parameters={"binary_data_output": True}), "out")
+    assert not protocol.wants_binary(parse_request({"body": {"instances": ["x"]}}, KEYS), "out")
     with pytest.raises(ClientError, match="'outputs' names 'logits'; this model's only output is 'out'"):
-        v2binary.wants_binary(v2_request(outputs=[{"name": "logits"}]), "out")
+        protocol.wants_binary(v2_request(outputs=[{"name": "logits"}]), "out")
     for extra, words in [
         ({"outputs": [{"name": "out", "parameters": {"classification": 3}}]}, "classification extension"),
         ({"outputs": [{"name": "out", "parameters": {"binary_data": "yes"}}]}, "'binary_data' must be true or false"),
@@ -226,7 +236,7 @@ def test_binary_response_reads_back_with_tritonclient():
             {"name": "b", "shape": [2, 2], "datatype": "FP32", "data": [0.5, -1.0, 3.25, 1e-7]},
         ],
     }
-    data, length = v2binary.encode_response(body)
+    data, length = protocol.encode_binary(body)
     header = json.loads(data[:length])
     assert header["id"] == "r1" and all("data" not in output for output in header["outputs"])
     assert [o["parameters"]["binary_data_size"] for o in header["outputs"]] == [4 + 8 + 4 + 2, 16]
