@@ -165,11 +165,10 @@ def models(config: Optional[Path], model_store: Path) -> "tuple[List[ModelSpec],
             raise ConfigError(f"{config}: model_snapshot's {name!r} has no versions: regenerate it with 'tsctl config'")
         for version, entry in versions.items():
             specs.append(_from_snapshot(config, model_store, name, version, entry, frontend))
-        defaults = [s for s in specs if s.name == name and s.default]
-        if len(defaults) != 1:  # TorchServe makes the first version the default when none is marked
-            for spec in specs:
-                if spec.name == name:
-                    spec.default = spec is next(s for s in specs if s.name == name)
+        mine = [s for s in specs if s.name == name]
+        if sum(s.default for s in mine) != 1:  # TorchServe makes the first version the default then
+            for spec in mine:
+                spec.default = spec is mine[0]
     if not specs:
         raise ConfigError(f"{config}: model_snapshot lists no models: package some and run 'tsctl config'")
     return specs, frontend
