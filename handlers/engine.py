@@ -273,9 +273,7 @@ def describe_model(model: ModelWorkers) -> dict:
             {
                 "id": str(model.first_port + worker.index),
                 "startTime": iso_time(process.started) if process else None,
-                "status": "READY"
-                if worker.status == "BUSY"
-                else ("UNLOADING" if worker.status == "STARTING" else worker.status),
+                "status": {"BUSY": "READY", "STARTING": "LOADING"}.get(worker.status, worker.status),
                 "memoryUsage": rss(process.pid) if process else 0,
                 "pid": process.pid if process and process.alive() else -1,
                 "gpu": False,
