@@ -8,4 +8,5 @@ its option declarations need up front live here.
 ARCHIVE_FORMATS = {"default": ".mar", "zip-store": ".mar", "tgz": ".tar.gz", "no-archive": ""}  # -> suffix
 KSERVE_PROTOCOLS = ("v1", "v2")  # tsctl export kserve --protocol
 MAX_BENCH_SECONDS = 600  # tsctl bench --duration, and how long any benchmark may run
-ENGINES = ("torchserve", "kserve")  # tsctl serve / export kserve --engine
+# --engine's choices come from archiver.engines.ENGINES (a light module too).
+RUNTIME_KINDS = ("ClusterServingRuntime", "ServingRuntime")  # tsctl export kserve --engine kserve --runtime-kind

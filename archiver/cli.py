@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from . import choices, runtimes, scaffold
+from . import choices, engines, runtimes, scaffold
 from .errors import ServerError, UserError
 
 # TorchServe's BaseHandler logs optional-backend notices (OpenVINO, ONNX, TensorRT) on import.
@@ -34,9 +34,14 @@ class Command(click.Command):
 
 
 def engine_option(help_text: str):
-    """``--engine torchserve|kserve``: which server runs the archives."""
+    """``--engine NAME``: which engine runs the archives, one of archiver.engines.ENGINES."""
+    lines = " ".join(engine.help for engine in engines.ENGINES.values())
     return click.option(
-        "--engine", type=click.Choice(choices.ENGINES), default="torchserve", show_default=True, help=help_text
+        "--engine",
+        type=click.Choice(list(engines.ENGINES)),
+        default="torchserve",
+        show_default=True,
+        help=f"{help_text} {lines}",
     )
 
 
@@ -195,32 +200,33 @@ def config(model_store, output, min_workers, max_workers, batch_size, max_batch_
 
 
 @main.command(cls=Command)
-@click.option("--config", "config_path", default="config/config.properties", show_default=True)
+@click.option(
+    "--config",
+    "config_path",
+    help=f"config.properties (default {engines.DEFAULT_CONFIG}; the kserve engine serves every archive in the "
+    "store without one).",
+)
 @click.option("--model-store", default="model-store", show_default=True)
 @click.option("--home", default=".tsctl", show_default=True, help="State directory: logs, pid lock, server.json.")
 @click.option("--timeout", default=180.0, show_default=True, help="Seconds to wait for every model to be READY.")
 @click.option("--install-deps", is_flag=True, help="pip-install each archive's requirements.txt first, as KServe does.")
 @click.option("--enable-model-api", is_flag=True, help="Allow (re)registering models, e.g. for 'tsctl bench --sweep'.")
-@engine_option("kserve: KServe's Python ModelServer serves every archive in the model store (no Java, no config file).")
+@engine_option("What serves the store.")
 def serve(config_path, model_store, home, timeout, install_deps, enable_model_api, engine):
     """Start a server in the background on 127.0.0.1 and wait until every model is ready."""
-    from . import server
-
-    if engine == "kserve":
-        for flag, given in (("--install-deps", install_deps), ("--enable-model-api", enable_model_api)):
-            if given:
-                raise UserError(f"{flag} is a TorchServe option: drop it, or serve with --engine torchserve")
-        srv = server.start_kserve(model_store, home, timeout)
-        click.echo(f"KServe ModelServer ready (pid {srv.pid}): {', '.join(srv.models)}")
-        click.echo(f"  inference  {srv.inference}  (/v1/models/NAME:predict, /v2/models/NAME/infer)")
-        click.echo(f"  output     {Path(srv.home) / server.KSERVE_OUT}")
-        return
-    env = {"TS_ENABLE_MODEL_API": "true"} if enable_model_api else None
-    srv = server.start(config_path, model_store, home, timeout, env=env, install_deps=install_deps)
-    click.echo(f"TorchServe ready (pid {srv.pid}): {', '.join(srv.models)}")
-    click.echo(f"  inference  {srv.inference}")
-    click.echo(f"  management {srv.management}")
-    click.echo(f"  logs       {srv.logs}")
+    srv = engines.serve(
+        engine,
+        config_path,
+        model_store,
+        home,
+        timeout,
+        install_deps=install_deps,
+        enable_model_api=enable_model_api,
+    )
+    chosen = engines.engine_of(srv)
+    click.echo(f"{chosen.title} ready (pid {srv.pid}): {', '.join(srv.models)}")
+    for label, address in chosen.addresses(srv):
+        click.echo(f"  {label:<10} {address}")
 
 
 @main.command(cls=Command)
@@ -230,8 +236,12 @@ def stop(home):
     from . import server
 
     srv = server.read_state(Path(home).resolve())
-    if server.stop(srv, home=home):
-        click.echo(f"{'KServe ModelServer' if srv.engine == 'kserve' else 'TorchServe'} stopped")
+    if srv is None:
+        click.echo("no server was running")
+        return
+    chosen = engines.engine_of(srv)
+    if chosen.stop(srv):
+        click.echo(f"{chosen.title} stopped")
     else:
         click.echo("no server was running")
 
@@ -242,8 +252,8 @@ def stop(home):
 @click.option("--home", default=".tsctl", show_default=True)
 @click.option("--timeout", default=60.0, show_default=True)
 def predict(model, inputs, home, timeout):
-    """Send each INPUT file to MODEL on the running server (TorchServe's /predictions/MODEL, KServe's
-    /v1/models/MODEL:predict) and print the answers."""
+    """Send each INPUT file to MODEL on the running server (where its engine takes one request:
+    /predictions/MODEL) and print the answers."""
     from . import server
 
     paths = [input_file(p) for p in inputs]
@@ -262,16 +272,22 @@ def predict(model, inputs, home, timeout):
 @main.command(cls=Command)
 @click.argument("archive", type=click.Path())
 @click.option("--url", help="A running server (TorchServe, KServe, a transformer); default: in-process.")
+@click.option("--served", is_flag=True, help="Against the server 'tsctl serve' started from --home (either engine).")
+@click.option("--home", default=".tsctl", show_default=True, help="With --served: the server's state directory.")
 @click.option("--protocol", type=click.Choice(["ts", "v1", "v2"]), default="ts", show_default=True)
 @click.option("--model", help="The model name at --url (default: the archive's).")
 @click.option("--atol", type=click.FloatRange(0), default=1e-4, show_default=True, help="How far a number may move.")
 @click.option("--timeout", default=60.0, show_default=True)
 @click.option("--golden-from", type=click.Path(), help="Use another archive's golden answers (an export's original).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def verify(archive, url, protocol, model, atol, timeout, golden_from, as_json):
+def verify(archive, url, served, home, protocol, model, atol, timeout, golden_from, as_json):
     """Replay ARCHIVE's golden requests (package --golden) and compare each answer with the recorded one."""
     from . import golden
 
+    if served:
+        if url:
+            raise UserError("--served and --url both name a server: give one")
+        url = running_server(home).inference  # either engine answers every protocol on its inference address
     try:
         report = golden.verify(archive, url, protocol, atol, model, timeout, golden_from)
     except OSError as exc:
@@ -377,8 +393,13 @@ def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay,
     if count is None and duration is None:
         raise UserError("give --requests N or --duration SECONDS: a benchmark must be bounded")
     headers = srv.headers("inference")
-    if sweep_batch and srv.engine == "kserve":
-        raise UserError("--sweep-batch re-registers models through TorchServe's management API: serve with TorchServe")
+    chosen = engines.engine_of(srv)
+    if sweep_batch and not chosen.model_api:
+        able = [engine.name for engine in engines.ENGINES.values() if engine.model_api]
+        raise UserError(
+            f"--sweep-batch re-registers models through a management API, which the {chosen.title} does not "
+            f"offer: serve with --engine {able[0]}"
+        )
     if sweep_batch:
         rows = load.sweep(
             srv.inference,
@@ -455,16 +476,22 @@ def parse_split(values):
 @click.option("--memory", default="2Gi", show_default=True)
 @runtime_option("The TorchServe image KServe runs: each archive's requirements are resolved and pinned for it.")
 @click.option("--offline", is_flag=True, help="Bundle each archive's wheels: its per-model install needs no index.")
-@engine_option("kserve: a custom predictor on KServe's ModelServer (no TorchServe); needs --image.")
-@click.option("--image", help="The custom predictor's image (--engine kserve), built from OUT/predictor-image.")
+@engine_option("What serves the tree in the pod; kserve writes a serving runtime for the engine's image (--image).")
+@click.option("--image", help="The tsctl engine's image (--engine kserve), built from OUT/predictor-image.")
+@click.option(
+    "--runtime-kind",
+    type=click.Choice(choices.RUNTIME_KINDS),
+    help="--engine kserve: the runtime's kind (default ClusterServingRuntime; ServingRuntime: in --namespace).",
+)
 def export_kserve(out, config_path, split, **options):
     """Write OUT/{config,model-store} for a PVC, the InferenceService and the deploy commands."""
     from . import kserve
 
-    if options["engine"] == "torchserve":
-        what = "resolving and downloading" if options["offline"] else "resolving"
-        click.echo(f"{what} each archive's requirements for {options['runtime']} ...", err=True)
-    result = kserve.export(kserve.ExportOptions(out=out, config=config_path, split=parse_split(split), **options))
+    export_options = kserve.ExportOptions(out=out, config=config_path, split=parse_split(split), **options)
+    notice = engines.named(export_options.engine).export_notice(export_options)
+    if notice:
+        click.echo(notice, err=True)
+    result = kserve.export(export_options)
     for path in result.files:
         click.echo(f"wrote {path}")
     for note in result.notes:

@@ -3,6 +3,14 @@
 Kubernetes prunes or, with strict field validation (kubectl's default), rejects fields a schema does not
 declare; plain JSON Schema would let them pass. So objects that declare ``properties`` are checked
 strictly here too, unless the schema says ``x-kubernetes-preserve-unknown-fields``.
+
+The ServingRuntime and ClusterServingRuntime CRDs are not among the vendored files (nor in
+../shared/kserve/): their schema here (``runtime_schema``) is built from what is. The containers are
+checked against the vendored InferenceService CRD's own container schema (corev1.Container, the type a
+runtime's containers have too); the spec's other keys, and their types, are those of KServe's own
+TorchServe runtime (../shared/kserve/kserve-torchserve-runtime.yaml, which
+tests/test_kserve_export.py validates against this schema); ``protocolVersions`` takes KServe's
+protocol names (v1, v2, grpc-v1, grpc-v2).
 """
 
 import json
@@ -17,14 +25,76 @@ SCHEMAS = {
     ("serving.kserve.io/v1beta1", "InferenceService"): "inferenceservice.v1beta1.json",
     ("serving.kserve.io/v1alpha1", "InferenceGraph"): "inferencegraph.v1alpha1.json",
 }
+RUNTIME_KINDS = ("ServingRuntime", "ClusterServingRuntime")  # serving.kserve.io/v1alpha1
+PROTOCOLS = ("v1", "v2", "grpc-v1", "grpc-v2")  # KServe's protocol names (constants.InferenceServiceProtocol)
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 
 
 @lru_cache(maxsize=None)
 def schema_for(api_version: str, kind: str) -> dict:
+    if api_version == "serving.kserve.io/v1alpha1" and kind in RUNTIME_KINDS:
+        return runtime_schema(kind)
     name = SCHEMAS.get((api_version, kind))
     if name is None:
         raise UserError(f"no KServe schema for {kind} {api_version}")
-    return strict(json.loads((Path(__file__).parent / "crds" / name).read_text()))
+    return strict(vendored(name))
+
+
+@lru_cache(maxsize=None)
+def vendored(name: str) -> dict:
+    return json.loads((Path(__file__).parent / "crds" / name).read_text())
+
+
+def runtime_schema(kind: str) -> dict:
+    """A (Cluster)ServingRuntime's schema, built from the vendored CRDs and KServe's TorchServe runtime
+    (see the module docstring): a cluster-scoped one has no namespace."""
+    isvc = vendored(SCHEMAS[("serving.kserve.io/v1beta1", "InferenceService")])
+    container = isvc["properties"]["spec"]["properties"]["predictor"]["properties"]["containers"]["items"]
+    strings = {"type": "object", "additionalProperties": {"type": "string"}}
+    metadata = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "pattern": DNS_SUBDOMAIN},
+            "namespace": {"type": "string"},
+            "labels": strings,
+            "annotations": strings,
+        },
+        "required": ["name"],
+    }
+    if kind == "ClusterServingRuntime":
+        metadata["not"] = {"required": ["namespace"]}
+    formats = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "version": {"type": "string"},
+            "autoSelect": {"type": "boolean"},
+            "priority": {"type": "integer", "format": "int32"},
+        },
+        "required": ["name"],
+    }
+    spec = {
+        "type": "object",
+        "properties": {
+            "annotations": strings,
+            "supportedModelFormats": {"type": "array", "items": formats},
+            "protocolVersions": {"type": "array", "items": {"type": "string", "enum": list(PROTOCOLS)}},
+            "containers": {"type": "array", "minItems": 1, "items": container},
+        },
+        "required": ["containers", "supportedModelFormats"],
+    }
+    return strict(
+        {
+            "type": "object",
+            "properties": {
+                "apiVersion": {"type": "string"},
+                "kind": {"type": "string"},
+                "metadata": metadata,
+                "spec": spec,
+            },
+            "required": ["apiVersion", "kind", "metadata", "spec"],
+        }
+    )
 
 
 def strict(schema):

@@ -180,43 +180,26 @@ def in_process(archive: Path, requests: List[Tuple[bytes, str]]) -> Tuple[List[T
 
 
 def served(url: str, protocol: str, model: str, kind: str, case: dict, timeout: float) -> Tuple[int, Any]:
-    """Send one golden request the way ``protocol`` carries it; (status, the answer for it)."""
+    """Send one golden request the way ``protocol`` carries it; (status, the answer for it). A file's
+    bytes go as one KServe instance (text as itself, anything else base64), the request built and
+    the answer read by handlers/protocol.py."""
+    from handlers import protocol as wire
+
     from .server import request
 
     data, content = answers.body(case), case["content_type"]
-    is_json = content == "application/json"
     if protocol == "ts":
         return request(f"{url}/predictions/{model}", data, "POST", {"Content-Type": content}, timeout)
-    if is_json:  # a whole request body (KServe v1/v2 shapes included): sent as it is
-        path = f"/v1/models/{model}:predict" if protocol == "v1" else f"/v2/models/{model}/infer"
+    path = f"/v1/models/{model}:predict" if protocol == "v1" else f"/v2/models/{model}/infer"
+    if content == wire.JSON_TYPE:  # a whole request body (KServe v1/v2 shapes included): sent as it is
         return request(url + path, data, "POST", {"Content-Type": content}, timeout)
     item = data.decode("utf-8") if kind == "text" else base64.b64encode(data).decode()
-    if protocol == "v1":
-        status, body = request(
-            f"{url}/v1/models/{model}:predict",
-            json.dumps({"instances": [item]}).encode(),
-            "POST",
-            {"Content-Type": "application/json"},
-            timeout,
-        )
-        if status == 200 and isinstance(body, dict) and isinstance(body.get("predictions"), list):
-            return status, body["predictions"][0]
-        return status, body
-    v2 = {"inputs": [{"name": "input-0", "shape": [1], "datatype": "BYTES", "data": [item]}]}
-    status, body = request(
-        f"{url}/v2/models/{model}/infer", json.dumps(v2).encode(), "POST", {"Content-Type": "application/json"}, timeout
-    )
-    if status != 200 or not isinstance(body, dict) or not body.get("outputs"):
-        return status, body
-    output = body["outputs"][0]
-    if output.get("datatype") == "BYTES":
-        return status, json.loads(output["data"][0])
-    return status, nest(output["data"], output["shape"])[0]
-
-
-def nest(flat: list, shape: List[int]) -> list:
-    """A flat v2 tensor's data as nested lists of ``shape``."""
-    if len(shape) <= 1:
-        return list(flat)
-    step = len(flat) // shape[0] if shape[0] else 0
-    return [nest(flat[i * step : (i + 1) * step], shape[1:]) for i in range(shape[0])]
+    body, headers = wire.encode_request([item], protocol)
+    status, answer = request(url + path, body, "POST", headers, timeout)
+    if status != 200:
+        return status, answer
+    try:
+        found = wire.decode_answers(answer)
+    except ValueError:
+        return status, answer
+    return (status, wire.jsonable(found[0])) if found else (status, answer)

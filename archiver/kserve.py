@@ -8,13 +8,15 @@
     OUT/pvc.yaml                     the PersistentVolumeClaim (ReadWriteOnce, twice the archives' size, >= 2Gi)
     OUT/pvc-copy-pod.yaml            a helper pod mounting the claim, for kubectl cp (restricted Pod Security Standard)
     OUT/DEPLOY.md                    the exact commands: claim, copy, apply, ingress, request bodies, one curl per model
-    OUT/predictor-image/             with --engine kserve: the custom predictor's image (kserve_engine.py)
+    OUT/servingruntime.yaml          with --engine kserve: the tsctl engine's (Cluster)ServingRuntime (kserve_engine.py)
+    OUT/predictor-image/             with --engine kserve: the build context of the runtime's image
 
 KServe's TorchServe runtime runs ``torchserve --start --model-store=/mnt/models/model-store
 --ts-config=/mnt/models/config/config.properties`` with ``TS_SERVICE_ENVELOPE=kserve|kservev2``;
-the storage URI is mounted at /mnt/models. With ``--engine kserve`` the predictor is instead a custom
-container running KServe's Python ModelServer over the same model store (archiver/kserve_engine.py).
-Every manifest is validated against KServe's CRDs first.
+the storage URI is mounted at /mnt/models. What differs by engine (``--engine``: the checks, the
+predictor, more manifests and files, DEPLOY.md's steps) the engine object says (archiver/engines.py):
+with ``--engine kserve`` the tsctl engine serves the same tree, and the InferenceService differs only
+in naming its runtime. Every manifest is validated against KServe's CRDs first.
 """
 
 import json
@@ -29,7 +31,7 @@ from typing import Dict, List, Optional, Tuple
 
 import yaml
 
-from . import crds, kserve_engine, runtimes
+from . import crds, engines, runtimes
 from .choices import KSERVE_PROTOCOLS
 from .errors import UserError
 from .mar import handler_record, model_config, read_manifest, rewrite_archive
@@ -60,8 +62,9 @@ class ExportOptions:
     memory: str = "2Gi"
     runtime: str = runtimes.DEFAULT  # the torchserve-kfs image the InferenceService runs (archiver/runtimes.py)
     offline: bool = False  # bundle each archive's wheels: its per-model install needs no package index
-    engine: str = "torchserve"  # or "kserve": a custom predictor running KServe's ModelServer (kserve_engine.py)
-    image: Optional[str] = None  # the custom predictor's image (--engine kserve)
+    engine: str = "torchserve"  # a key of archiver.engines.ENGINES: what serves the tree in the pod
+    image: Optional[str] = None  # the tsctl engine's image (--engine kserve), built from OUT/predictor-image
+    runtime_kind: Optional[str] = None  # --engine kserve: ClusterServingRuntime (default) or ServingRuntime
 
 
 @dataclass
@@ -79,27 +82,20 @@ def export(options: ExportOptions) -> Export:
 
 def _export(options: ExportOptions, scratch: Path) -> Export:
     notes: List[str] = []
+    engine = engines.named(options.engine)
     claim, sub_path = check_options(options)
     config_path = Path(options.config)
     properties = read_properties(config_path)
     check_keys(properties, config_path)
     snapshot = snapshot_of(properties, config_path)
-    check_properties(properties, config_path)
-    archives = check_models(snapshot, Path(options.model_store), notes, options.engine)
+    engine.check_properties(properties, config_path)
+    archives = check_models(snapshot, Path(options.model_store), notes, engine.envelope_batches())
     check_split(options, snapshot)
     transformer_archive = check_transformer(options, snapshot)
-    if options.engine == "kserve":
-        locked = {}  # the image installs every archive's requirements (predictor-image/requirements.txt)
-    else:
-        # tsctl config leaves TorchServe's per-model install off (the local environment has the packages);
-        # KServe's image has not: the exported config turns it on, for the requirements locked below.
-        properties["install_py_dep_per_model"] = "true"
-        runtime = runtimes.runtime_named(options.runtime)
-        notes.extend(runtime_notes(runtime))
-        locked = runtimes.for_runtime(archives, runtime, options.offline, scratch, notes)
+    locked = engine.prepare(options, properties, archives, notes, scratch)
 
-    isvc = inference_service(options, snapshot)
-    manifests = {"inferenceservice.yaml": isvc}
+    manifests = engine.manifests(options, resources(options))  # the runtime the InferenceService names first
+    manifests["inferenceservice.yaml"] = inference_service(options, snapshot)
     if options.split:
         manifests["inferencegraph.yaml"] = inference_graph(options)
     for name, manifest in manifests.items():
@@ -122,8 +118,7 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
         else:
             copy_archive(archive, target)
         files.append(target)
-    if options.engine == "kserve":
-        files += kserve_engine.write_image_context(out, options.image, archives)
+    files += engine.write_files(out, options, archives)
     if transformer_archive is not None:
         (out / "transformer").mkdir(exist_ok=True)
         copy_archive(transformer_archive, out / "transformer" / transformer_archive.name)
@@ -161,37 +156,13 @@ def check_options(options: ExportOptions) -> Tuple[str, str]:
         raise UserError(f"--protocol {options.protocol!r} must be v1 or v2")
     if options.canary is not None and not 0 <= options.canary <= 100:
         raise UserError(f"--canary {options.canary} must be a percentage from 0 to 100")
-    if options.engine not in ("torchserve", "kserve"):
-        raise UserError(f"--engine {options.engine!r} must be torchserve or kserve")
-    if options.engine == "kserve" and not options.image:
-        raise UserError("--engine kserve needs --image REGISTRY/NAME:TAG: the image you build from the export")
-    if options.engine == "kserve" and options.offline:
-        raise UserError(
-            "--offline bundles wheels for TorchServe's per-model install; --engine kserve installs "
-            "them in the predictor image instead: drop --offline"
-        )
-    if options.image and options.engine != "kserve":
-        raise UserError("--image is the KServe engine's predictor image: add --engine kserve, or drop --image")
+    engines.named(options.engine).check_export(options)
     return match.group(1), (match.group(3) or "/").strip("/")
 
 
-def check_properties(properties: Dict[str, str], path: Path):
-    expected = {
-        "enable_envvars_config": ("true", "KServe's TS_SERVICE_ENVELOPE is ignored without it"),
-        "disable_token_authorization": ("true", "KServe's requests carry no TorchServe token, so every one gets 401"),
-    }
-    for key, (value, why) in expected.items():
-        if properties.get(key, "").lower() != value:
-            raise UserError(f"{path}: {key} must be {value} ({why}); regenerate it with 'tsctl config'")
-    if properties.get("enable_model_api", "").lower() not in ("true", "false"):
-        raise UserError(
-            f"{path}: set enable_model_api explicitly (TorchServe 0.11+ turns it off by default); "
-            "regenerate it with 'tsctl config'"
-        )
-
-
-def check_models(snapshot: dict, store: Path, notes: List[str], engine: str = "torchserve") -> List[Path]:
-    """Each snapshot entry's archive exists and names the same model; batch sizes safe under envelopes."""
+def check_models(snapshot: dict, store: Path, notes: List[str], envelope_batches: bool = True) -> List[Path]:
+    """Each snapshot entry's archive exists and names the same model; with ``envelope_batches`` (TorchServe
+    under KServe), batch sizes safe under its envelope."""
     if not store.is_dir():
         raise UserError(f"model store {store} does not exist: build archives with 'tsctl package'")
     archives = []
@@ -211,7 +182,7 @@ def check_models(snapshot: dict, store: Path, notes: List[str], engine: str = "t
                     "run 'tsctl config' again"
                 )
             toolkit = handler_record(archive) is not None
-            if engine == "torchserve" and not toolkit and entry.get("batchSize", 1) > 1:
+            if envelope_batches and not toolkit and entry.get("batchSize", 1) > 1:
                 entry["batchSize"] = 1
                 notes.append(
                     f"{name}: batchSize set to 1 in the exported config: its handler ({manifest.get('handler')}) runs "
@@ -289,15 +260,7 @@ def inference_service(options: ExportOptions, snapshot: dict) -> dict:
     predictor: dict = {}
     if options.canary is not None:
         predictor["canaryTrafficPercent"] = options.canary
-    if options.engine == "kserve":
-        predictor.update(kserve_engine.predictor(options.image, options.storage_uri, resources(options)))
-    else:
-        predictor["model"] = {
-            "modelFormat": {"name": "pytorch"},
-            "protocolVersion": options.protocol,
-            "storageUri": options.storage_uri,
-            "resources": resources(options),
-        }
+    predictor.update(engines.named(options.engine).predictor(options, resources(options)))
     spec = {"predictor": predictor}
     if options.transformer_image:
         spec["transformer"] = transformer(options)
@@ -581,6 +544,7 @@ def deploy_steps(options: ExportOptions, claim: str, sub_path: str, archives: Li
     root = f"/pvc/{sub_path}".rstrip("/")
     mounted = f"{claim}/{sub_path}".rstrip("/")
     models = served_models(options, archives)
+    engine = engines.named(options.engine)
     lines = [
         f"# Deploying {options.name}",
         "",
@@ -591,14 +555,14 @@ def deploy_steps(options: ExportOptions, claim: str, sub_path: str, archives: Li
         "```",
         "",
         "You need kubectl for a cluster with KServe, and python3 for step 5."
-        + (" Step 0 needs docker (or any image builder)." if options.engine == "kserve" else "")
+        + (" Step 0 needs docker (or any image builder)." if options.image else "")
         + (
             f" The namespace `{options.namespace}` must exist (`kubectl create namespace {options.namespace}`)."
             if options.namespace != "default"
             else ""
         ),
         "",
-        *(kserve_engine.build_steps(options.image) if options.engine == "kserve" else []),
+        *engine.deploy_steps(options),
         "## 1. The claim",
         "",
         f"`pvc.yaml` asks for the PersistentVolumeClaim `{claim}`: {claim_size(options, archives)}, ReadWriteOnce, "
@@ -639,6 +603,7 @@ def deploy_steps(options: ExportOptions, claim: str, sub_path: str, archives: Li
         "## 3. Deploy",
         "",
         "```sh",
+        *engine.apply_lines(options),
         f"kubectl apply {ns} -f inferenceservice.yaml",
     ]
     if options.split:
@@ -691,13 +656,13 @@ OUTPUTS = (
     "pvc-copy-pod.yaml",
     "pvc.yaml",
     "DEPLOY.md",
-    kserve_engine.IMAGE_DIR,
 )
 
 
 def clear_previous_export(out: Path):
-    """Remove what an earlier export wrote to ``out`` (only the names export writes), so nothing stale stays."""
-    for name in OUTPUTS:
+    """Remove what an earlier export wrote to ``out`` (only the names export writes, for any engine), so nothing
+    stale stays."""
+    for name in OUTPUTS + tuple(name for engine in engines.ENGINES.values() for name in engine.outputs()):
         path = out / name
         if path.is_dir():
             shutil.rmtree(path)

@@ -1,13 +1,21 @@
-"""``tsctl export kserve --engine kserve``: the archives on KServe's Python ModelServer, no TorchServe.
+"""``tsctl export kserve --engine kserve``: the same PVC tree served by the tsctl engine, no TorchServe.
 
-The InferenceService's predictor is a custom container running ``python -m handlers.kserve_predictor
---model_store /mnt/models/model-store`` (KServe mounts the storage URI at /mnt/models, as for its
-TorchServe runtime), from an image built with the files written to OUT/predictor-image/:
+The engine (``python -m handlers.engine``, handlers/engine.py) reads what KServe's TorchServe runtime
+reads: ``/mnt/models/model-store`` and ``/mnt/models/config/config.properties`` (its model_snapshot:
+workers, batching, timeouts, versions). So the export declares it as a runtime of its own and the
+InferenceService changes only its runtime, not its storage:
 
-    Dockerfile          python:X.Y-slim, uid 1000, the requirements, handlers/; ENTRYPOINT the predictor
-    requirements.txt    torch, torchvision, torchserve (its Python model loader only), kserve, and every
-                        archive's own requirements, pinned to the versions tsctl was tested with here
-    handlers/           the toolkit's handlers package (each archive runs its own copy; this one starts them)
+    OUT/servingruntime.yaml   a ClusterServingRuntime (default) or ServingRuntime (--runtime-kind) for
+                              the engine's image: modelFormat pytorch (autoSelect false: only
+                              InferenceServices naming it use it), protocols v1, v2, grpc-v2
+    inferenceservice.yaml     predictor.model: modelFormat pytorch, runtime NAME, the same storageUri
+    OUT/predictor-image/      the image's build context:
+        Dockerfile            python:X.Y-slim, uid 1000, the requirements, handlers/; ENTRYPOINT the engine
+        requirements.txt      torch, torchvision, torchserve (its Python worker only), the engine's server
+                              packages, and every archive's own requirements, pinned to the versions tsctl
+                              was tested with here (the engine installs nothing per model)
+        handlers/             the toolkit's handlers package (each archive runs its own copy; this one is
+                              the engine)
 
 No torch import here: versions come from the installed distributions' metadata.
 """
@@ -16,36 +24,109 @@ import shutil
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 from handlers import archives as archive_files
 
+from .choices import RUNTIME_KINDS
+from .errors import UserError
+
 IMAGE_DIR = "predictor-image"
-PORT = 8080
-BASE_PACKAGES = ("torch", "torchvision", "torchserve", "kserve", "numpy", "Pillow", "PyYAML")
+RUNTIME_FILE = "servingruntime.yaml"
+HTTP_PORT = 8080
+GRPC_PORT = 8081
+DEFAULT_RUNTIME_KIND = RUNTIME_KINDS[0]
+MODEL_STORE = "/mnt/models/model-store"
+TS_CONFIG = "/mnt/models/config/config.properties"
+UID = 1000  # as KServe's TorchServe runtime runs: the files the copy pod wrote are its own
+# What the engine and the workers it starts import (handlers/engine.py, engine_workers.py, engine_metrics.py,
+# the gRPC server), pinned to the versions installed here; then each archive's own requirements.
+BASE_PACKAGES = (
+    "torch",
+    "torchvision",
+    "torchserve",
+    "numpy",
+    "Pillow",
+    "PyYAML",
+    "starlette",
+    "uvicorn",
+    "prometheus-client",
+    "grpcio",
+    "protobuf",
+    "kserve",  # the v2 gRPC service's generated code (handlers/engine_grpc.py)
+)
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 MAX_REQUIREMENTS_BYTES = 1 << 20
 
 
-def predictor(image: str, storage_uri: str, resources: dict) -> dict:
-    """The InferenceService predictor: the custom container, the storage URI mounted at /mnt/models."""
+def check_runtime_kind(kind: Optional[str]):
+    if kind is not None and kind not in RUNTIME_KINDS:
+        raise UserError(f"--runtime-kind {kind!r} must be {' or '.join(RUNTIME_KINDS)}")
+
+
+def runtime_kind(options) -> str:
+    return options.runtime_kind or DEFAULT_RUNTIME_KIND
+
+
+def runtime_name(options) -> str:
+    """The runtime's name: one per export, as its image holds this export's archives' requirements. A
+    ClusterServingRuntime is cluster-wide, so its name carries the namespace too."""
+    if runtime_kind(options) == "ClusterServingRuntime":
+        return f"tsctl-{options.namespace}-{options.name}"
+    return f"tsctl-{options.name}"
+
+
+def container_args() -> List[str]:
+    return [
+        f"--model_store={MODEL_STORE}",
+        f"--ts_config={TS_CONFIG}",
+        f"--http_port={HTTP_PORT}",
+        f"--grpc_port={GRPC_PORT}",
+    ]
+
+
+def serving_runtime(options, resources: dict) -> dict:
+    """The (Cluster)ServingRuntime for the engine's image, laid out as KServe's own TorchServe runtime
+    (kserve-torchserve: the same keys, security context and uid, resources, Prometheus annotations)."""
+    kind = runtime_kind(options)
+    metadata_ = {"name": runtime_name(options)}
+    if kind == "ServingRuntime":
+        metadata_["namespace"] = options.namespace
     return {
-        "containers": [
-            {
-                "name": "kserve-container",
-                "image": image,
-                "args": ["--model_store", "/mnt/models/model-store", "--http_port", str(PORT)],
-                "env": [{"name": "STORAGE_URI", "value": storage_uri}],
-                "ports": [{"containerPort": PORT, "protocol": "TCP"}],
-                "resources": resources,
-            }
-        ]
+        "apiVersion": "serving.kserve.io/v1alpha1",
+        "kind": kind,
+        "metadata": metadata_,
+        "spec": {
+            "annotations": {"prometheus.kserve.io/port": str(HTTP_PORT), "prometheus.kserve.io/path": "/metrics"},
+            # autoSelect false: KServe's own TorchServe runtime stays the pick for modelFormat pytorch;
+            # only InferenceServices that name this runtime use it.
+            "supportedModelFormats": [{"name": "pytorch", "version": "1", "autoSelect": False}],
+            "protocolVersions": ["v1", "v2", "grpc-v2"],
+            "containers": [
+                {
+                    "name": "kserve-container",
+                    "image": options.image,
+                    "args": container_args(),
+                    # One port, as Knative allows and KServe's runtimes use: HTTP (TorchServe's inference
+                    # API, v1, v2, /metrics). gRPC listens on GRPC_PORT; DEPLOY.md says how to expose it.
+                    "ports": [{"containerPort": HTTP_PORT, "protocol": "TCP"}],
+                    "securityContext": {
+                        "runAsUser": UID,
+                        "allowPrivilegeEscalation": False,
+                        "privileged": False,
+                        "runAsNonRoot": True,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                    "resources": resources,
+                }
+            ],
+        },
     }
 
 
 def requirements(archives: List[Path]) -> str:
     """The image's requirements: the serving stack at the versions installed here, then each archive's
-    own requirements.txt lines (the ModelServer installs nothing per model)."""
+    own requirements.txt lines (the engine installs nothing per model)."""
     lines = [f"{name}=={metadata.version(name)}" for name in BASE_PACKAGES]
     for archive in archives:
         manifest = archive_files.read_manifest(archive)["model"]
@@ -59,21 +140,21 @@ def requirements(archives: List[Path]) -> str:
 
 
 DOCKERFILE = """\
-# The predictor image of a tsctl export: KServe's ModelServer serving every archive in
-# /mnt/models/model-store (handlers/kserve_predictor.py). Build and push it, then apply
-# inferenceservice.yaml:   docker build -t {image} . && docker push {image}
+# The image of a tsctl export's serving runtime: the tsctl engine serving /mnt/models/model-store as
+# /mnt/models/config/config.properties says (handlers/engine.py). Build and push it, then apply
+# servingruntime.yaml and inferenceservice.yaml:   docker build -t {image} . && docker push {image}
 FROM python:{python}-slim
 ARG TORCH_INDEX={torch_index}
-RUN useradd --uid 1000 --create-home model
+RUN useradd --uid {uid} --create-home model
 WORKDIR /app
 COPY requirements.txt .
 RUN pip install --no-cache-dir --extra-index-url "$TORCH_INDEX" -r requirements.txt
 COPY handlers/ handlers/
-USER 1000
+USER {uid}
 ENV PYTHONUNBUFFERED=1
-EXPOSE {port}
-ENTRYPOINT ["python", "-m", "handlers.kserve_predictor"]
-CMD ["--model_store", "/mnt/models/model-store", "--http_port", "{port}"]
+EXPOSE {http_port} {grpc_port}
+ENTRYPOINT ["python", "-m", "handlers.engine"]
+CMD [{args}]
 """
 
 
@@ -83,7 +164,17 @@ def write_image_context(out: Path, image: str, archives: List[Path]) -> List[Pat
     context.mkdir(parents=True)
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     dockerfile = context / "Dockerfile"
-    dockerfile.write_text(DOCKERFILE.format(image=image, python=python, torch_index=CPU_TORCH_INDEX, port=PORT))
+    dockerfile.write_text(
+        DOCKERFILE.format(
+            image=image,
+            python=python,
+            torch_index=CPU_TORCH_INDEX,
+            uid=UID,
+            http_port=HTTP_PORT,
+            grpc_port=GRPC_PORT,
+            args=", ".join(f'"{arg}"' for arg in container_args()),
+        )
+    )
     pinned = context / "requirements.txt"
     pinned.write_text(requirements(archives))
     source = Path(archive_files.__file__).parent
@@ -91,20 +182,41 @@ def write_image_context(out: Path, image: str, archives: List[Path]) -> List[Pat
     return [dockerfile, pinned, context / "handlers"]
 
 
-def build_steps(image: str) -> List[str]:
-    """DEPLOY.md's step 0 for the KServe engine: build and push the predictor image."""
+def build_steps(options) -> List[str]:
+    """DEPLOY.md's step 0 for the engine: build and push its image."""
     return [
-        "## 0. The predictor image",
+        "## 0. The serving runtime's image",
         "",
-        "The InferenceService runs KServe's ModelServer from an image of your own (no TorchServe, no Java):",
-        f"`{IMAGE_DIR}/` is its build context. Push it where the cluster pulls from:",
+        "The InferenceService runs the tsctl engine from an image of your own (no TorchServe frontend, no Java), "
+        f"declared as the {runtime_kind(options)} `{runtime_name(options)}` in `{RUNTIME_FILE}`: `{IMAGE_DIR}/` "
+        "is its build context. Push it where the cluster pulls from:",
         "",
         "```sh",
-        f"docker build -t {image} {IMAGE_DIR}",
-        f"docker push {image}",
+        f"docker build -t {options.image} {IMAGE_DIR}",
+        f"docker push {options.image}",
         "```",
         "",
-        "It batches each model as its archive's model-config.yaml says (batchSize, maxBatchDelay); "
-        "config/config.properties is copied for TorchServe and not read.",
+        "It serves the tree below as config/config.properties says (its model_snapshot: workers, batchSize, "
+        "maxBatchDelay, responseTimeout, versions), on port 8080: TorchServe's inference API (`/predictions/NAME`), "
+        "KServe v1 and v2, `/metrics`; and v2 gRPC on 8081.",
         "",
+        *GRPC_NOTE,
     ]
+
+
+def apply_lines(options) -> List[str]:
+    """Step 3's commands before the InferenceService: the runtime it names."""
+    if runtime_kind(options) == "ClusterServingRuntime":
+        return [
+            f"kubectl apply -f {RUNTIME_FILE}   # a ClusterServingRuntime: needs rights on cluster-wide resources",
+        ]
+    return [f"kubectl apply -n {options.namespace} -f {RUNTIME_FILE}"]
+
+
+GRPC_NOTE = [
+    "The runtime exposes one port, 8080 (HTTP), as Knative allows one and KServe's own runtimes do. For v2 gRPC,",
+    f"put `ports: [{{name: h2c, containerPort: {GRPC_PORT}, protocol: TCP}}]` under the InferenceService's "
+    "`predictor.model`",
+    "(and drop the HTTP clients: that revision then speaks gRPC only).",
+    "",
+]

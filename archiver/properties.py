@@ -24,6 +24,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from handlers import ts_config
 from handlers.settings import did_you_mean
 
 from .errors import UserError
@@ -32,8 +33,7 @@ from .runtimes import DEFAULT as DEFAULT_RUNTIME
 from .runtimes import runtime_named
 
 KSERVE_MODEL_STORE = "/mnt/models/model-store"
-SNAPSHOT_KEYS = ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout")
-SNAPSHOT_DEFAULTS = {"minWorkers": 1, "maxWorkers": 1, "batchSize": 1, "maxBatchDelay": 100, "responseTimeout": 120}
+SNAPSHOT_KEYS, SNAPSHOT_DEFAULTS = ts_config.SNAPSHOT_KEYS, ts_config.SNAPSHOT_DEFAULTS
 
 BASE_PROPERTIES = OrderedDict(
     [
@@ -283,29 +283,15 @@ def write_config(
 
 
 def read_properties(path) -> Dict[str, str]:
-    """A Java .properties file as a dict (the subset TorchServe configs use: key=value lines)."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path} does not exist: write it with 'tsctl config'")
-    props = OrderedDict()
-    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith(("#", "!")):
-            continue
-        sep = min((i for i in (line.find("="), line.find(":")) if i > 0), default=-1)
-        if sep < 0:
-            raise UserError(f"{path} line {number}: expected key=value, got {line!r}")
-        props[line[:sep].strip()] = line[sep + 1 :].strip()
-    return props
+    """A Java .properties file as a dict, read as the tsctl engine reads it (``handlers/ts_config.py``)."""
+    try:
+        return ts_config.read_properties(path)
+    except ts_config.ConfigError as exc:
+        raise UserError(str(exc)) from None
 
 
 def snapshot_of(properties: Dict[str, str], path="config.properties") -> dict:
-    raw = properties.get("model_snapshot")
-    if not raw:
-        raise UserError(f"{path} has no model_snapshot: regenerate it with 'tsctl config'")
     try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise UserError(
-            f"{path}: model_snapshot is not valid JSON ({exc}): regenerate it with 'tsctl config'"
-        ) from None
+        return ts_config.snapshot_of(properties, path)
+    except ts_config.ConfigError as exc:
+        raise UserError(str(exc)) from None

@@ -1,7 +1,9 @@
 """Starting, waiting for and stopping a local server, and talking to it over HTTP.
 
-Two engines serve the same model store: TorchServe (``start``), and KServe's Python ModelServer
-running the archives through ``handlers/kserve_predictor.py`` (``start_kserve``: no Java).
+What every engine shares lives here: ``Server`` (server.json: pid, the engine's name, its addresses),
+starting a command detached (``spawn``), one state directory per server, ``stop``, free ports and
+HTTP. TorchServe's own launch and readiness (``start``, ``wait_ready``) are here too; the engines
+themselves, and how ``tsctl`` picks one, are ``archiver/engines.py``.
 A server runs detached in its own process group (``setsid``, stdin from /dev/null, output to a
 file) with its own state directory: ``TEMP`` (TorchServe's one-instance pid lock), ``LOG_LOCATION``
 and ``server.json`` (pid and addresses) all live there, so several servers can run side by side and
@@ -36,23 +38,32 @@ STATE_FILE = "server.json"
 
 @dataclass
 class Server:
+    """A running server, as server.json records it. Every address is a base URL (``http://HOST:PORT``);
+    ``grpc`` is ``HOST:PORT`` where the engine serves gRPC, else None."""
+
     pid: int
     home: str
     inference: str
     management: str
     metrics: str
     models: List[str]
-    engine: str = "torchserve"  # or "kserve": KServe's ModelServer (handlers/kserve_predictor.py)
+    engine: str = "torchserve"  # a key of archiver.engines.ENGINES
+    grpc: Optional[str] = None
 
     @property
     def logs(self) -> Path:
         return Path(self.home) / "logs"
 
+    @property
+    def metrics_url(self) -> str:
+        """The Prometheus endpoint."""
+        return f"{self.metrics}/metrics"
+
     def predict_url(self, model: str) -> str:
-        """Where one request for ``model`` goes: TorchServe's /predictions, KServe's v1 predict."""
-        if self.engine == "kserve":
-            return f"{self.inference}/v1/models/{model}:predict"
-        return f"{self.inference}/predictions/{model}"
+        """Where one request for ``model`` goes, as its engine says."""
+        from .engines import engine_of
+
+        return engine_of(self).predict_url(self, model)
 
     def headers(self, api: str = "inference") -> Dict[str, str]:
         """Authorization for token-auth servers (keys from the server's key_file.json)."""
@@ -94,30 +105,39 @@ def start(
     ``--foreground``, no ``--ncs``): the launcher exits and the server lives on in its process group."""
     config, model_store, home = Path(config).resolve(), Path(model_store).resolve(), Path(home).resolve()
     properties = read_properties(config)
-    check_keys(properties, config)
-    snapshot = snapshot_of(properties, config)
-    models = list(snapshot["models"])
+    models = snapshot_models(properties, config, model_store)
     if properties.get("enable_envvars_config", "false").lower() != "true":
         raise UserError(
             f"{config}: enable_envvars_config must be true so tsctl can bind 127.0.0.1 ports; "
             "regenerate the file with 'tsctl config'"
         )
+    if install_deps:
+        check_pip(python or sys.executable)
+    check_home(home)
+    return with_port_retry(
+        lambda: _launch(config, model_store, home, timeout, python, env, install_deps, kserve_args, models)
+    )
+
+
+def snapshot_models(properties: Dict[str, str], config: Path, model_store: Path) -> List[str]:
+    """The models a config's model_snapshot serves from ``model_store``: its keys are known TorchServe
+    keys, the store exists and holds every archive the snapshot names (else one UserError naming it)."""
+    check_keys(properties, config)
+    snapshot = snapshot_of(properties, config)
     if not model_store.is_dir():
         raise UserError(f"model store {model_store} does not exist: build archives with 'tsctl package'")
-    for name, versions in snapshot["models"].items():
-        for entry in versions.values():
+    models = snapshot.get("models") if isinstance(snapshot, dict) else None
+    if not isinstance(models, dict):
+        raise UserError(f"{config}: model_snapshot has no 'models' object: regenerate the file with 'tsctl config'")
+    for name, versions in models.items():
+        for entry in (versions or {}).values() if isinstance(versions, dict) else [None]:
             mar_name = entry.get("marName") if isinstance(entry, dict) else None
             if not mar_name or not (model_store / mar_name).exists():
                 raise UserError(
                     f"{config}: model_snapshot names {mar_name!r} for model {name!r}, which is not in {model_store}: "
                     "regenerate the file with 'tsctl config'"
                 )
-    if install_deps:
-        check_pip(python or sys.executable)
-    check_home(home)
-    return _with_port_retry(
-        lambda: _launch(config, model_store, home, timeout, python, env, install_deps, kserve_args, models)
-    )
+    return list(models)
 
 
 def check_home(home: Path):
@@ -129,7 +149,7 @@ def check_home(home: Path):
         (home / sub).mkdir(parents=True, exist_ok=True)
 
 
-def _with_port_retry(launch) -> "Server":
+def with_port_retry(launch) -> "Server":
     """Launch; once more if a free port was taken by another process before the server bound it."""
     for attempt in (1, 2):
         try:
@@ -176,10 +196,17 @@ def _launch(config, model_store, home, timeout, python, env, install_deps, kserv
         management=run_env["TS_MANAGEMENT_ADDRESS"],
         metrics=run_env["TS_METRICS_ADDRESS"],
         models=models,
+        grpc=f"127.0.0.1:{ports['grpc_i']}",
     )
-    (home / STATE_FILE).write_text(json.dumps(asdict(server), indent=2))
+    return recorded(server, lambda: wait_ready(server, timeout, None if kserve_args else process))
+
+
+def recorded(server: Server, wait) -> Server:
+    """Write the started ``server``'s server.json, then ``wait()`` for it; if that fails (or is
+    interrupted), stop it and clear the state before raising."""
+    write_state(server)
     try:
-        wait_ready(server, timeout, None if kserve_args else process)
+        wait()
     except BaseException:
         stop(server)
         raise
@@ -199,96 +226,6 @@ def spawn(command: List[str], home: Path, env: Dict[str, str], out_name: str) ->
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-
-
-# ---- KServe's ModelServer -------------------------------------------------------------------------
-KSERVE_OUT = "kserve.out"
-
-
-def start_kserve(
-    model_store="model-store",
-    home=".tsctl",
-    timeout: float = 180,
-    python: Optional[str] = None,
-    batch_size: Optional[int] = None,
-    max_batch_delay: Optional[int] = None,
-    metrics_config: Optional[str] = None,
-) -> Server:
-    """Serve every archive in ``model_store`` with KServe's ModelServer (``handlers.kserve_predictor``)
-    on a free 127.0.0.1 port, detached, and wait until each model is ready. Batching comes from each
-    archive's model-config.yaml unless ``batch_size``/``max_batch_delay`` say otherwise;
-    ``metrics_config`` is TorchServe's property of that name (the workers' metrics.yaml)."""
-    from .mar import read_manifest  # no torch: the manifest only
-
-    model_store, home = Path(model_store).resolve(), Path(home).resolve()
-    if not model_store.is_dir():
-        raise UserError(f"model store {model_store} does not exist: build archives with 'tsctl package'")
-    archives = sorted(model_store.glob("*.mar"))
-    if not archives:
-        raise UserError(f"model store {model_store} holds no .mar archives: build them with 'tsctl package'")
-    models = [read_manifest(archive)["model"]["modelName"] for archive in archives]
-    check_home(home)
-    arguments = ["-m", "handlers.kserve_predictor", "--host", "127.0.0.1", "--enable_grpc", "false"]
-    arguments += [f"--archive={archive}" for archive in archives]
-    if batch_size:
-        arguments += ["--batch_size", str(batch_size)]
-    if max_batch_delay is not None:
-        arguments += ["--max_batch_delay", str(max_batch_delay)]
-    if metrics_config:
-        arguments += ["--metrics_config", str(Path(metrics_config).resolve())]
-
-    def launch() -> Server:
-        port = free_port()
-        env = dict(os.environ, TEMP=str(home / "tmp"))
-        process = spawn([python or sys.executable, *arguments, "--http_port", str(port)], home, env, KSERVE_OUT)
-        address = f"http://127.0.0.1:{port}"
-        server = Server(process.pid, str(home), address, "", f"{address}/metrics", models, engine="kserve")
-        (home / STATE_FILE).write_text(json.dumps(asdict(server), indent=2))
-        try:
-            wait_kserve_ready(server, timeout, process)
-        except BaseException:
-            stop(server)
-            raise
-        return server
-
-    return _with_port_retry(launch)
-
-
-def wait_kserve_ready(server: Server, timeout: float, process: subprocess.Popen):
-    """Poll /v1/models/NAME until every model is ready; fail as soon as the server exits, with the
-    error it printed."""
-    deadline = time.monotonic() + timeout
-    pending = list(server.models)
-    while pending:
-        if process.poll() is not None:
-            code = process.returncode
-            raise ServerError(f"the KServe model server exited with code {code}: {kserve_problem(server)}")
-        if time.monotonic() > deadline:
-            raise ServerError(f"models {', '.join(pending)} not ready after {timeout:.0f}s: {kserve_problem(server)}")
-        still = []
-        for name in pending:
-            try:
-                status, body = request(f"{server.inference}/v1/models/{name}", timeout=5)
-            except OSError:
-                status, body = None, None
-            if not (status == 200 and isinstance(body, dict) and body.get("ready")):
-                still.append(name)
-        pending = still
-        if pending:
-            time.sleep(0.5)
-
-
-KSERVE_ERROR = re.compile(r"^(?:ERROR:[\w.]+:)?\s*([A-Za-z_.]*(?:Error|Exception)\b:.*)$")
-
-
-def kserve_problem(server: Server) -> str:
-    """The last Python error the KServe model server printed (a handler that failed to load, a port
-    already taken), else where to look."""
-    out = Path(server.home) / KSERVE_OUT
-    lines = _log_lines(out)
-    errors = [m.group(1).strip() for m in map(KSERVE_ERROR.match, lines) if m]
-    bind = [line.strip() for line in lines if "address already in use" in line.lower()]
-    return (bind or errors or [f"no error in the output; see {out}"])[-1]
 
 
 def check_pip(python: str):
@@ -452,11 +389,17 @@ def group_members(pgid: int) -> List[int]:
     return found
 
 
+def write_state(server: Server):
+    (Path(server.home) / STATE_FILE).write_text(json.dumps(asdict(server), indent=2))
+
+
 def read_state(home: Path) -> Optional[Server]:
     state = Path(home) / STATE_FILE
     if not state.exists():
         return None
-    return Server(**json.loads(state.read_text()))
+    recorded = json.loads(state.read_text())
+    known = {name: recorded[name] for name in Server.__dataclass_fields__ if name in recorded}
+    return Server(**known)
 
 
 def read_keys(home: Path) -> Dict[str, str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from common import alternate, median, served_side, write_section
 
-from archiver import properties, server  # noqa: E402
+from archiver import engines, properties, server  # noqa: E402
 from conftest import package_resnet, package_text, short_tmp  # noqa: E402
 from samples import image_model, text_models  # noqa: E402
 
@@ -44,14 +44,14 @@ def main():
     torchserve = server.start(properties.write_config(store, home / "config.properties"), store, home)
     ready = {"TorchServe": time.monotonic() - started}
     started = time.monotonic()
-    kserve = server.start_kserve(store, short_tmp("bk-"))
+    kserve = engines.ENGINES["kserve"].start(store, home=short_tmp("bk-"))
     ready["KServe engine"] = time.monotonic() - started
     try:
-        engines = {"TorchServe": torchserve, "KServe engine": kserve}
+        servers = {"TorchServe": torchserve, "KServe engine": kserve}
         sides = {
             (engine, model): served_side(srv, model, inputs[model], CONCURRENCY, REQUESTS)
             for model in inputs
-            for engine, srv in engines.items()
+            for engine, srv in servers.items()
         }
         results = alternate(sides)
     finally:
@@ -64,7 +64,7 @@ def main():
     ]
     for model in inputs:
         base = median(results[("TorchServe", model)])
-        for engine in engines:
+        for engine in servers:
             side = sides[(engine, model)]
             rps = median(results[(engine, model)])
             p50 = median([lat["p50"] for lat in side.latency])

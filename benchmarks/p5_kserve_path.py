@@ -28,7 +28,7 @@ from pathlib import Path
 from common import alternate, median, write_section
 from test_kserve_wrapper import KFS, WRAPPER, start_stack, stop_stack  # noqa: E402
 
-from archiver import bench, server  # noqa: E402
+from archiver import bench, engines, server  # noqa: E402
 from conftest import export_tree, package_resnet, package_text, short_tmp  # noqa: E402
 from samples import image_model, kserve_wrapper_launcher, runtime_env, text_models  # noqa: E402
 
@@ -91,7 +91,7 @@ def three_paths():
     stack = start_stack(exported, protos, kfs_python, sys.executable, "v1")
     engine = None
     try:
-        engine = server.start_kserve(exported / "model-store", short_tmp("p5-"), timeout=300)
+        engine = engines.ENGINES["kserve"].start(exported / "model-store", home=short_tmp("p5-"), timeout=300)
         yield stack, engine
     finally:
         if engine is not None:

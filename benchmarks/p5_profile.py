@@ -14,7 +14,7 @@ from archiver import server  # noqa: E402
 BUCKETS = (
     ("model forward", lambda f: "forward" in f and "modeling" in f),
     ("tokenizer", lambda f: "tokeniz" in f.lower()),
-    ("the handler's own work (parse, batch, answer)", lambda f: "handlers/" in f and "kserve_predictor" not in f),
+    ("the handler's own work (parse, batch, answer)", lambda f: "handlers/" in f and "engine" not in f),
     (
         "HTTP and KServe (uvicorn, FastAPI, kserve, JSON)",
         lambda f: any(k in f for k in ("uvicorn", "fastapi", "starlette", "kserve", "orjson", "pydantic")),

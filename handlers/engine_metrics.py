@@ -108,7 +108,30 @@ class Metrics:
             series[key] = series.get(key, 0.0) + value if kind == "counter" else value
 
     def render(self) -> Tuple[bytes, str]:
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        """TorchServe's families as TorchServe writes them (a counter named as its samples are), then
+        the prometheus_client registry (worker counts, load times, KServe's histogram)."""
+        with self.lock:
+            families = [
+                (name, FRONTEND_COUNTERS[name], "counter", dict(series)) for name, series in self.frontend.items()
+            ]
+            families += [
+                (name, f"{name}, as the workers emit it", kind, dict(series))
+                for (name, kind), series in sorted(self.backend.items())
+            ]
+        lines = []
+        for name, doc, kind, series in families:
+            if not series:
+                continue
+            lines += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}"]
+            for labels, value in series.items():
+                text = ",".join(f'{key}="{escape(str(label))}"' for key, label in labels)
+                lines.append(f"{name}{{{text}}} {float(value)!r}")
+        text = ("\n".join(lines) + "\n").encode() if lines else b""
+        return text + generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 def worker_log_line(worker, line: str):
@@ -125,19 +148,6 @@ class _Live:
 
     def collect(self):
         metrics, engine = self.metrics, self.metrics.engine
-        with metrics.lock:
-            frontend = {name: dict(series) for name, series in metrics.frontend.items()}
-            snapshot = {key: dict(series) for key, series in metrics.backend.items()}
-        for name, series in frontend.items():
-            family = Metric(name, FRONTEND_COUNTERS[name], "counter")
-            for labels, value in series.items():
-                family.add_sample(name, dict(labels), value)
-            yield family
-        for (name, kind), series in sorted(snapshot.items()):
-            family = Metric(name, f"{name}, as the workers emit it", kind)
-            for labels, value in series.items():
-                family.add_sample(name, dict(labels), value)
-            yield family
         if engine is None:
             return
         workers = Metric("ts_workers", "Workers of each model version, by status", "gauge")

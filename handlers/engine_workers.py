@@ -153,13 +153,14 @@ def start_worker(
             lines.append(line)
             on_line(line)
 
-    threading.Thread(target=read_output, name=f"out-{spec.name}-{process.pid}", daemon=True).start()
+    reader = threading.Thread(target=read_output, name=f"out-{spec.name}-{process.pid}", daemon=True)
+    reader.start()
     deadline = time.monotonic() + LOAD_TIMEOUT
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         while True:  # the worker binds its socket once its imports are done
             if process.poll() is not None:
-                raise RuntimeError(_last_error(lines) or f"the worker exited with code {process.returncode}")
+                raise WorkerDied(f"the worker exited with code {process.returncode}")
             try:
                 sock.connect(socket_path)
                 break
@@ -176,14 +177,17 @@ def start_worker(
         code, message = stream.int(), stream.field().decode("utf-8", errors="replace")
         stream.int()  # the empty prediction list
         if code != 200:
-            raise RuntimeError(_last_error(lines) or f"{code} {message}")
+            raise WorkerDied(f"{code} {message}")
     except BaseException as exc:
         sock.close()
-        process.kill()
-        process.wait()
+        try:
+            process.wait(5)  # a worker whose load failed exits by itself, its traceback written
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        reader.join(5)  # every line it wrote read: its own error is among them
         if isinstance(exc, WorkerDied):
-            time.sleep(0.2)  # let the output reader catch the worker's last lines
-            raise RuntimeError(_last_error(lines) or f"the worker exited with code {process.returncode}") from None
+            raise RuntimeError(_last_error(lines) or str(exc)) from None
         raise
     return WorkerProcess(process, sock, started)
 
@@ -343,8 +347,14 @@ class Worker:
                 message = f"the worker did not answer within responseTimeout ({timeout}s) and was restarted"
                 responses = [unavailable(message)] * len(jobs)
             except WorkerDied as exc:
-                code = self.process.process.poll()
-                cause = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                try:
+                    code = self.process.process.wait(2)
+                except subprocess.TimeoutExpired:
+                    code = None
+                if code is None:
+                    cause = "its socket closed"
+                else:
+                    cause = f"signal {-code}" if code < 0 else f"exit code {code}"
                 logger.error("%s worker %d (pid %d) died (%s): %s", owner.label, self.index, self.process.pid, cause,
                              exc)  # fmt: skip
                 responses = [unavailable(f"Worker died ({cause}) while it held this request.")] * len(jobs)

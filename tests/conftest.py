@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from archiver import mar, properties, server  # noqa: E402
+from archiver import engines, mar, properties, server  # noqa: E402
 from samples import image_model  # noqa: E402
 
 
@@ -202,9 +202,9 @@ def post_mixed_concurrently(srv, path, bodies):
 
 
 def batch_lines(srv):
-    """The handler's per-batch log lines from the worker log (the KServe engine's output), parsed."""
+    """The handler's per-batch log lines from where its engine puts them, parsed."""
     lines = []
-    log = Path(srv.home) / server.KSERVE_OUT if srv.engine == "kserve" else srv.logs / "model_log.log"
+    log = engines.engine_of(srv).handler_log(srv)
     for line in log.read_text(errors="replace").splitlines():
         if "tsctl batch " in line:
             fields = dict(f.split("=") for f in line.split("tsctl batch ", 1)[1].split())
@@ -213,11 +213,8 @@ def batch_lines(srv):
 
 
 def workers(srv, model):
-    """(id, start time, pid) of the model's workers; on the KServe engine, the one server process."""
-    if srv.engine == "kserve":
-        assert server.group_alive(srv.pid), "the KServe model server is gone"
-        started = Path(f"/proc/{srv.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-        return [("kserve", started, srv.pid)]
+    """(id, start time, pid) of the model's workers, from its engine's management API (both engines
+    describe a model as TorchServe does)."""
     status, body = server.request(f"{srv.management}/models/{model}", timeout=10)
     assert status == 200, body
     return [(w["id"], w["startTime"], w["pid"]) for w in body[0]["workers"]]

@@ -1,20 +1,28 @@
-"""tsctl bench against the real TorchServe: bounded load, honest counts, and the batch-size sweep."""
+"""tsctl bench against the real TorchServe: bounded load, honest counts, and the batch-size sweep; what
+server.json records for TorchServe, and the CLI's serve / stop through its engine object."""
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from archiver import bench, server
+from archiver import bench, engines, properties, server
 from archiver.cli import main
 from archiver.errors import UserError
-from conftest import RunningServer, package_resnet
+from conftest import RunningServer, package_resnet, short_tmp
 
 
 @pytest.fixture(scope="module")
-def srv(image_sample, tmp_path_factory):
+def store(image_sample, tmp_path_factory):
     store = tmp_path_factory.mktemp("bench") / "model-store"
     package_resnet(image_sample, store, config_text="batchSize: 2\nmaxBatchDelay: 20\n")
+    return store
+
+
+@pytest.fixture(scope="module")
+def srv(store):
     with RunningServer(store, env={"TS_ENABLE_MODEL_API": "true"}) as running:
         yield running
 
@@ -85,3 +93,45 @@ def test_sweep_reregisters_and_recommends(srv, inputs):
 def test_bounds_are_required():
     with pytest.raises(UserError, match="exactly one of --requests and --duration"):
         bench.run_load("http://127.0.0.1:9/x", [(b"", "a/b")], 1)
+
+
+def test_server_json_records_the_engine_and_base_addresses(srv):
+    recorded = json.loads((Path(srv.home) / "server.json").read_text())
+    assert recorded["engine"] == "torchserve" and recorded["models"] == ["resnet18"]
+    for api in ("inference", "management", "metrics"):
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+", recorded[api]), (api, recorded[api])
+    assert re.fullmatch(r"127\.0\.0\.1:\d+", recorded["grpc"])
+    status, metrics = server.request(srv.metrics_url, timeout=10)
+    assert srv.metrics_url == recorded["metrics"] + "/metrics" and status == 200 and "ts_inference" in metrics
+    assert engines.engine_of(srv).predict_url(srv, "resnet18") == f"{srv.inference}/predictions/resnet18"
+
+
+def test_the_cli_serves_and_stops_torchserve_through_its_engine(store, tmp_path):
+    config = properties.write_config(store, tmp_path / "config.properties")
+    home = short_tmp("bs-")
+    runner = CliRunner()
+    started = runner.invoke(main, ["serve", "--config", str(config), "--model-store", str(store), "--home", str(home)])
+    try:
+        assert started.exit_code == 0, started.output
+        assert started.output.startswith("TorchServe ready (pid ")
+        running = server.read_state(home)
+        for label, address in engines.ENGINES["torchserve"].addresses(running):
+            assert f"  {label:<10} {address}\n" in started.output
+        again = [
+            "serve",
+            "--engine",
+            "kserve",
+            "--config",
+            str(config),
+            "--model-store",
+            str(store),
+            "--home",
+            str(home),
+        ]
+        refused = runner.invoke(main, again)
+        assert refused.exit_code == 2 and "is still running" in refused.output  # one server per home, any engine
+    finally:
+        stopped = runner.invoke(main, ["stop", "--home", str(home)])
+    assert stopped.exit_code == 0 and stopped.output == "TorchServe stopped\n"
+    assert not server.group_alive(running.pid)
+    assert runner.invoke(main, ["stop", "--home", str(home)]).output == "no server was running\n"

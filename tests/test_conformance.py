@@ -6,7 +6,7 @@ image_classifier, object_detector and image_segmenter, custom metrics, a transfo
 ``file.py:function`` entry point, the working-directory probe) is packaged by ``tsctl package`` and by
 ``torch-model-archiver`` and run three ways: in-process (``LocalModel``; each request its own batch,
 as TorchServe runs them with batchSize 1), served by TorchServe 0.12, and served by the KServe engine
-(``archiver.server.start_kserve``: KServe's ModelServer). Equal means: the same statuses; the same
+(``archiver.engines.KServeEngine``: the tsctl engine). Equal means: the same statuses; the same
 JSON structure (keys in the same order, lists of the same length, the same strings and integers);
 floats within 1e-4 relative + 1e-5 absolute; errors with the same message.
 
@@ -38,7 +38,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import pytest
 
-from archiver import server
+from archiver import engines, server
 from archiver.errors import ServerError, UserError
 from conftest import RunningServer, short_tmp
 from handlers.testing import LocalModel
@@ -296,16 +296,17 @@ class Runs:
             try:
                 properties = [self.examples[n].properties for n in names]
                 metrics_config = next((p["metrics_config"] for p in properties if "metrics_config" in p), None)
-                srv = server.start_kserve(directory, home, timeout=300, metrics_config=metrics_config)
+                engine = engines.ENGINES["kserve"]
+                srv = engine.start(directory, home=home, timeout=300, metrics_config=metrics_config)
                 try:
                     outcomes = self.requests(srv, names)
+                    status, exposed = server.request(srv.metrics_url, timeout=30)  # the workers' metrics, by name
                 finally:
-                    server.stop(srv)
-                output = (home / server.KSERVE_OUT).read_text(errors="replace")
+                    engine.stop(srv)
             finally:
                 shutil.rmtree(home, ignore_errors=True)
-            seen = set(METRIC.findall(output))  # one process for every model: names only
-            for name in names:
+            seen = set(re.findall(r"^([A-Za-z_:][\w:]*)[{ ]", exposed, re.M)) if status == 200 else set()  # samples
+            for name in names:  # one /metrics for every model: names only
                 outcomes[name].metrics = seen
             return outcomes
 

@@ -105,8 +105,10 @@ class Engine:
                    "--ts_config", str(config), "--host", "127.0.0.1", "--http_port", str(self.http),
                    "--grpc_port", str(self.grpc), *extra]  # fmt: skip
         with open(self.out, "wb") as out:
-            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                            start_new_session=True, env=dict(os.environ, TEMP=str(self.home)))  # fmt: skip
+            env = dict(os.environ, TEMP=str(self.home))
+            self.process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
+            )
         self.timeout = timeout
 
     def wait_ready(self):
@@ -200,7 +202,11 @@ def test_it_serves_the_tree_under_torchservess_and_kserves_apis(engine, tree, im
 def test_v2_over_http_and_grpc_from_tritonclient(engine, tree):
     jpeg = sample_jpeg(5, (256, 256))
     with LocalModel(tree / "model-store" / "resnet18.mar", decode_input_request=False) as local:
-        body = {"inputs": [{"name": "input-0", "shape": [1], "datatype": "BYTES", "data": [base64.b64encode(jpeg).decode()]}]}
+        body = {
+            "inputs": [
+                {"name": "input-0", "shape": [1], "datatype": "BYTES", "data": [base64.b64encode(jpeg).decode()]}
+            ]
+        }
         [want] = local.predict([body])
     want = want.json()["outputs"][0]
 
@@ -239,10 +245,19 @@ def test_metrics_under_torchservess_names(engine):
     echo_json(engine, "count me")
     status, text = engine.get("/metrics")
     assert status == 200
-    for name in ("ts_inference_requests_total", "ts_inference_latency_microseconds", "ts_queue_latency_microseconds",
-                 "HandlerTime", "PredictionTime", "ts_workers", "Requests2XX", "request_predict_seconds_count"):  # fmt: skip
+    names = ["ts_inference_requests_total", "ts_inference_latency_microseconds", "ts_queue_latency_microseconds"]
+    names += ["HandlerTime", "PredictionTime", "ts_workers", "Requests2XX", "request_predict_seconds_count"]
+    for name in names:
         assert f"\n{name}{{" in text, name
     assert 'ts_workers{model_name="echo",model_version="1.0",status="READY"} 2.0' in text
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {  # read back by a strict parser: every sample belongs to a family of its type
+        sample.name: (family.type, sample)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+    assert samples["ts_inference_requests_total"][0] == "counter" and samples["HandlerTime"][0] == "gauge"
 
 
 def test_a_dead_worker_fails_only_the_requests_it_held_and_comes_back(engine):
@@ -293,7 +308,9 @@ def test_a_setting_it_cannot_honour_is_refused_in_one_line(tree, tmp_path):
     engine = Engine(tree, config=config)
     code = engine.process.wait(60)
     assert code == 2
-    assert engine.output().strip().splitlines()[-1].startswith("tsctl engine: ") and "enable_grpc_ssl" in engine.output()
+    assert (
+        engine.output().strip().splitlines()[-1].startswith("tsctl engine: ") and "enable_grpc_ssl" in engine.output()
+    )
     missing = write_config(tmp_path / "missing.properties", {"gone": snapshot_entry("gone.mar", 1, 1, 0, 4)})
     engine = Engine(tree, config=missing)
     assert engine.process.wait(60) == 2 and "gone.mar" in engine.output()

@@ -10,7 +10,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from archiver import golden, mar, server
+from archiver import engines, golden, mar, server
 from archiver.cli import main
 from conftest import RunningServer, Transformer, export_tree, package_resnet, short_tmp
 from handlers import golden as answers
@@ -102,11 +102,13 @@ def test_verify_against_servers_passes_and_catches_other_preprocessing(built):
     with RunningServer(built / "model-store") as srv:
         result = tsctl("verify", archive, "--url", srv.inference)
         assert result.exit_code == 0, result.output
-    engine = server.start_kserve(built / "model-store", short_tmp("gk-"))
+    engine = engines.ENGINES["kserve"].start(built / "model-store", home=short_tmp("gk-"))
     try:
         for protocol in ("v1", "v2"):
             report = golden.verify(archive, engine.inference, protocol)
             assert report.problems == [] and report.checked == 4, (protocol, report)
+        result = tsctl("verify", archive, "--served", "--home", engine.home)  # the server tsctl serve records
+        assert result.exit_code == 0 and f"4 of 4 golden answers match ({engine.inference} (ts))" in result.output
     finally:
         server.stop(engine)
     with RunningServer(built / "skewed-store") as skewed:  # same name, same weights, other normalisation

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from archiver import mar, properties, scaffold, server
+from archiver import engines, mar, properties, scaffold, server
 from archiver.cli import main
 from archiver.model_config import check_model_config
 from conftest import ROOT, RunningServer, batch_lines, export_tree, post_concurrently, post_to_concurrently, short_tmp
@@ -282,7 +282,8 @@ def test_the_generated_image_handler_serves_on_the_kserve_engine_as_in_process(p
     archive = packaged["image_classifier"]
     with LocalModel(archive) as model:
         expected = [response.json() for response in model.predict(jpegs[:4])]
-    engine = server.start_kserve(archive.parent, short_tmp("ki-"), timeout=240)  # the same archive, no Java
+    # the same archive, no Java
+    engine = engines.ENGINES["kserve"].start(archive.parent, home=short_tmp("ki-"), timeout=240)
     try:
         url = engine.predict_url("pets")[len(engine.inference) :]
         answers = post_to_concurrently(engine, url, jpegs[:4], "image/jpeg")

@@ -1,4 +1,6 @@
-"""tsctl export kserve: the PVC tree, manifests valid against KServe's CRDs, and the checks before writing."""
+"""tsctl export kserve: the PVC tree, manifests valid against KServe's CRDs, and the checks before writing; with
+--engine kserve, a serving runtime for the tsctl engine's image and an InferenceService naming it over the same
+storage; the engine registry behind --engine."""
 
 import base64
 import json
@@ -14,7 +16,7 @@ import yaml
 from click.testing import CliRunner
 from kubernetes.client import models as k8s
 
-from archiver import crds, kserve, properties
+from archiver import crds, engines, kserve, kserve_engine, properties
 from archiver.cli import main
 from archiver.errors import UserError
 from conftest import package_resnet, package_text
@@ -491,3 +493,182 @@ def test_transformer_predictor_that_is_not_a_tensor_model_is_refused(mixed, tmp_
     assert line.startswith(f"error: --transformer-model '{model}' is served by {predictor}, whose handler is ")
     assert "(MANIFEST model.handler)" in line and "package the same weights with --handler tensor" in line
     assert not (tmp_path / "out").exists()
+
+
+# ---- the engine registry, and --engine kserve's serving runtime ------------------------------------------
+def test_the_engine_registry_is_the_clis_engine_choice():
+    for command in (main.commands["serve"], main.commands["export"].commands["kserve"]):
+        [option] = [param for param in command.params if param.name == "engine"]
+        assert list(option.type.choices) == list(engines.ENGINES), command.name
+        assert all(engine.help in option.help for engine in engines.ENGINES.values())
+    for name, engine in engines.ENGINES.items():
+        assert engine.name == name and engines.named(name) is engine and engine.title
+        assert set(engine.serve_flags) <= set(engines.SERVE_FLAGS) and set(engine.export_flags) <= set(
+            engines.EXPORT_FLAGS
+        )
+    with pytest.raises(UserError, match="--engine 'mlserver' must be one of torchserve, kserve"):
+        engines.named("mlserver")
+
+
+def test_an_engine_added_to_the_registry_is_asked_not_compared(project, tmp_path, monkeypatch):
+    """What a third engine needs: a subclass and a registry entry; serve's flag checks, the server's
+    predict URL and export's predictor come from it."""
+
+    class Stub(engines.Engine):
+        name, title, help = "stub", "stub engine", "stub: a test double."
+        export_flags = ("image",)
+
+        def predict_url(self, server, model):
+            return f"{server.inference}/v2/models/{model}/infer"
+
+        def predictor(self, options, resources):
+            return {"model": engines.storage_model(options, resources, "stub-runtime")}
+
+    monkeypatch.setitem(engines.ENGINES, "stub", Stub())
+    from archiver.server import Server
+
+    served = Server(1, str(tmp_path), "http://127.0.0.1:1", "", "", ["m"], engine="stub")
+    assert served.predict_url("m") == "http://127.0.0.1:1/v2/models/m/infer"
+    assert served.metrics_url == "/metrics"
+    with pytest.raises(UserError, match="--install-deps is not an option of --engine stub .*--engine torchserve"):
+        engines.named("stub").check_serve_flags(install_deps=True)
+    kserve.export(options(project, tmp_path / "out", engine="stub", image="r/stub:1"))
+    isvc = yaml.safe_load((tmp_path / "out" / "inferenceservice.yaml").read_text())
+    assert isvc["spec"]["predictor"]["model"]["runtime"] == "stub-runtime"
+    with pytest.raises(UserError, match="--offline is not an option of --engine stub"):
+        kserve.export(options(project, tmp_path / "o2", engine="stub", image="r/stub:1", offline=True))
+
+
+IMAGE = "registry.local/tsctl-engine:1"
+
+
+@pytest.mark.parametrize("kind", [None, "ServingRuntime"])
+def test_engine_export_is_a_serving_runtime_and_an_isvc_over_the_same_storage(project, tmp_path, kind):
+    kserve.export(options(project, tmp_path / "ts", canary=10))
+    result = kserve.export(
+        options(project, tmp_path / "engine", canary=10, engine="kserve", image=IMAGE, runtime_kind=kind)
+    )
+    names = sorted(p.relative_to(tmp_path / "engine").as_posix() for p in result.files)
+    assert "servingruntime.yaml" in names and "predictor-image/Dockerfile" in names
+    runtime = yaml.safe_load((tmp_path / "engine" / "servingruntime.yaml").read_text())
+    isvc = yaml.safe_load((tmp_path / "engine" / "inferenceservice.yaml").read_text())
+    torchserve = yaml.safe_load((tmp_path / "ts" / "inferenceservice.yaml").read_text())
+    assert crds.problems(runtime) == [] and crds.problems(isvc) == []
+
+    # moving off TorchServe is a change of runtime, not of storage
+    model = isvc["spec"]["predictor"]["model"]
+    assert model.pop("runtime") == runtime["metadata"]["name"]
+    assert isvc == torchserve
+    assert model["storageUri"] == "pvc://models/tsctl" and model["modelFormat"] == {"name": "pytorch"}
+
+    assert runtime["apiVersion"] == "serving.kserve.io/v1alpha1"
+    if kind == "ServingRuntime":
+        assert runtime["kind"] == "ServingRuntime"
+        assert runtime["metadata"] == {"name": "tsctl-vision", "namespace": "default"}
+    else:
+        assert runtime["kind"] == "ClusterServingRuntime" and runtime["metadata"] == {"name": "tsctl-default-vision"}
+    spec = runtime["spec"]
+    assert spec["supportedModelFormats"] == [{"name": "pytorch", "version": "1", "autoSelect": False}]
+    assert spec["protocolVersions"] == ["v1", "v2", "grpc-v2"]
+    [container] = spec["containers"]
+    assert container["name"] == "kserve-container" and container["image"] == IMAGE
+    assert container["args"] == [
+        "--model_store=/mnt/models/model-store",
+        "--ts_config=/mnt/models/config/config.properties",
+        "--http_port=8080",
+        "--grpc_port=8081",
+    ]
+    assert container["ports"] == [{"containerPort": 8080, "protocol": "TCP"}]
+    assert container["resources"] == torchserve["spec"]["predictor"]["model"]["resources"]
+    assert container["securityContext"]["runAsUser"] == 1000 and container["securityContext"]["runAsNonRoot"]
+
+    deploy = (tmp_path / "engine" / "DEPLOY.md").read_text()
+    namespace = " -n default" if kind == "ServingRuntime" else ""
+    assert deploy.index(f"kubectl apply{namespace} -f servingruntime.yaml") < deploy.index("-f inferenceservice.yaml")
+    assert f"docker build -t {IMAGE} predictor-image" in deploy and f"docker push {IMAGE}" in deploy
+    dockerfile = (tmp_path / "engine" / "predictor-image" / "Dockerfile").read_text()
+    assert 'ENTRYPOINT ["python", "-m", "handlers.engine"]' in dockerfile and "USER 1000" in dockerfile
+    assert '"--ts_config=/mnt/models/config/config.properties"' in dockerfile
+    # the engine reads the snapshot as written: no TorchServe envelope, no per-model install to lock for
+    snapshot = json.loads(properties.read_properties(tmp_path / "engine/config/config.properties")["model_snapshot"])
+    assert snapshot["models"]["custom"]["1.0"]["batchSize"] == 8
+    assert not any("batchSize set to 1" in note for note in result.notes)
+    for archive in (project / "model-store").glob("*.mar"):
+        assert (tmp_path / "engine" / "model-store" / archive.name).read_bytes() == archive.read_bytes()
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        (
+            lambda r: r["spec"]["containers"][0].update(imagePullPolcy="Always"),
+            "spec.containers.0: Additional properties",
+        ),
+        (lambda r: r["spec"].update(protocolVersions=["v3"]), "spec.protocolVersions.0: 'v3' is not one of"),
+        (
+            lambda r: r["spec"]["supportedModelFormats"][0].update(autoSelect="no"),
+            "spec.supportedModelFormats.0.autoSelect: 'no' is not",
+        ),
+        (lambda r: r["metadata"].update(namespace="default"), "metadata: {"),  # cluster-scoped: no namespace
+        (lambda r: r["spec"].pop("containers"), "spec: 'containers' is a required property"),
+    ],
+)
+def test_the_runtime_check_catches_what_kserve_would_refuse(project, change, problem):
+    runtime = kserve_engine.serving_runtime(options(project, "unused", engine="kserve", image=IMAGE), {})
+    assert crds.problems(runtime) == []
+    change(runtime)
+    assert any(p.startswith(problem) for p in crds.problems(runtime)), crds.problems(runtime)
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/kserve is not beside this checkout")
+def test_kserves_own_torchserve_runtime_passes_the_runtime_check():
+    """The runtime schema is built (no ServingRuntime CRD is vendored): KServe's own runtime must pass it."""
+    reference = yaml.safe_load((SHARED / "kserve-torchserve-runtime.yaml").read_text())
+    assert crds.problems(reference) == []
+    assert set(reference["spec"]) == set(
+        crds.schema_for(reference["apiVersion"], reference["kind"])["properties"]["spec"]["properties"]
+    )
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--engine", "kserve"], "--engine kserve needs --image"),
+        (["--engine", "kserve", "--image", IMAGE, "--offline"], "--offline is not an option of --engine kserve"),
+        (
+            ["--image", IMAGE],
+            "--image is not an option of --engine torchserve (TorchServe): drop --image, or export with --engine "
+            "kserve",
+        ),
+        (["--runtime-kind", "ServingRuntime"], "--runtime-kind is not an option of --engine torchserve"),
+        (["--engine", "kserve", "--image", IMAGE, "--runtime-kind", "Runtime"], "'Runtime' is not one of"),
+    ],
+)
+def test_export_engine_mistakes_are_one_sentence(project, tmp_path, args, words):
+    result = cli_export(project, tmp_path / "out", *args)
+    assert result.exit_code == 2, result.output
+    assert words in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_serve_reads_config_properties_unless_the_engine_can_do_without_the_missing_file(tmp_path, monkeypatch):
+    """``tsctl serve`` without --config: config/config.properties; an engine that serves a store without
+    one (needs_config false) is given none when that file does not exist."""
+    started = []
+
+    class Recorder(engines.Engine):
+        name, title, help = "recorder", "recorder", "recorder: a test double."
+
+        def start(self, model_store="model-store", config=None, home=".tsctl", timeout=180, **options):
+            started.append(config)
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(engines.ENGINES, "recorder", Recorder())
+    engines.serve("recorder")
+    Recorder.needs_config = False
+    engines.serve("recorder")
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.properties").write_text("")
+    engines.serve("recorder")
+    engines.serve("recorder", "other.properties")
+    assert started == ["config/config.properties", None, "config/config.properties", "other.properties"]

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from ts.context import Context, RequestProcessor
 from ts.protocol import otf_message_handler
 
-from archiver import mar, server
+from archiver import engines, mar, server
 from archiver.errors import UserError
 from archiver.model_config import check_model_config
 from conftest import RunningServer, post_mixed_concurrently, short_tmp, write_model_config
@@ -268,14 +268,14 @@ def test_in_process_answers_equal_torchserves_for_a_basehandler_archive(probe_st
             for (status, answer), response, (_, _, label) in zip(served, here, PROBE_REQUESTS):
                 assert (status, answer) == (response.status, response.json()), label
             assert failed[0] == (boom.status, boom.json())
-        status, metrics = server.request(f"{srv.metrics}/metrics", timeout=10)
+        status, metrics = server.request(srv.metrics_url, timeout=10)
         assert status == 200
         for name in ("HandlerTime", "PredictionTime"):  # BaseHandler's and the worker's own, as in-process
             assert any(line.startswith(name + "{") and "probe_tma" in line for line in metrics.splitlines()), name
 
 
 def test_a_basehandler_archive_serves_on_the_kserve_engine_as_in_process(probe_store):
-    engine = server.start_kserve(probe_store, short_tmp("pk-"), timeout=240)
+    engine = engines.ENGINES["kserve"].start(probe_store, home=short_tmp("pk-"), timeout=240)
     try:
         for body, kind, label in PROBE_REQUESTS[:4]:
             headers = {"Content-Type": kind, "X-Probe": label}
@@ -556,12 +556,14 @@ def test_what_would_kill_a_worker_is_that_batchs_500_in_process(dying_store):
 
 
 def test_a_handler_that_exits_does_not_stop_the_kserve_engine(dying_store):
-    engine = server.start_kserve(dying_store, short_tmp("dk-"), timeout=240)
+    """On the tsctl engine the handler runs in a TorchServe worker process: what kills it fails only the
+    request it held (the engine's 503 naming the death) and the worker is started again."""
+    engine = engines.ENGINES["kserve"].start(dying_store, home=short_tmp("dk-"), timeout=240)
     try:
         url = f"{engine.inference}/v1/models/dying:predict"
         for body in ("exit", "surrogate"):
             status, answer = server.request(url, body.encode(), "POST", {"Content-Type": "text/plain"}, 60)
-            assert status == 500, answer
+            assert status == 503 and answer["message"].startswith("Worker died"), answer
         assert server.group_alive(engine.pid)
         status, answer = server.request(url, b"again", "POST", {"Content-Type": "text/plain"}, 60)
         assert (status, answer) == (200, "fine")  # a text answer, as a JSON string

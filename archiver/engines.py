@@ -1,0 +1,488 @@
+"""The engines that serve a model store, behind one interface: ``tsctl serve/predict/bench/verify/stop``
+and ``tsctl export kserve`` ask the engine object, never compare names.
+
+    ENGINES = {"torchserve": TorchServeEngine(), "kserve": KServeEngine()}   # --engine's choices
+
+An ``Engine`` knows how to
+
+- **serve locally**: ``start(model_store, config, home, timeout, ...)`` launches it detached on free
+  127.0.0.1 ports (``server.spawn``), records a ``Server`` (server.json: the engine's name, its
+  ``inference``/``management``/``metrics`` base addresses and ``grpc`` HOST:PORT) and returns once
+  ``wait_ready`` says every model can answer; ``predict_url`` is where one request for a model goes;
+  ``addresses`` is what ``serve`` prints; ``output``/``handler_log`` are where its own and the
+  handlers' lines go; ``stop`` ends its process group. ``serve_flags`` are the optional ``serve``
+  flags it honours, ``model_api`` whether its management API can re-register models (``bench
+  --sweep-batch``), ``needs_config`` whether it can run without a config.properties;
+- **export for KServe**: ``check_export``, ``check_properties``, ``prepare`` (the archives' locked
+  requirements, the exported config's changes), ``predictor`` (the InferenceService's predictor),
+  ``manifests`` (more manifests beside it), ``write_files`` (more files in the export) and
+  ``deploy_steps``/``apply_lines`` (DEPLOY.md). ``export_flags`` are the export options it takes.
+
+A third engine (MLServer, say) is a subclass with these methods and one line in ``ENGINES``; the
+command line builds ``--engine``'s choices from the registry and needs no change.
+
+This module imports nothing heavy at import time (``tsctl --help`` builds its choices from it): what
+serving or exporting needs is imported inside the methods.
+"""
+
+import re
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+
+from .errors import ServerError, UserError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .kserve import ExportOptions
+    from .server import Server
+
+DEFAULT_CONFIG = "config/config.properties"  # tsctl config's output: what serve reads unless told
+
+# The optional flags of ``tsctl serve`` and ``tsctl export kserve`` that not every engine takes:
+# option name -> the flag as typed. An engine lists those it takes in serve_flags/export_flags.
+SERVE_FLAGS = {"install_deps": "--install-deps", "enable_model_api": "--enable-model-api"}
+EXPORT_FLAGS = {"image": "--image", "runtime_kind": "--runtime-kind", "offline": "--offline"}
+
+
+class Engine:
+    """One way to serve a model store; see the module docstring. Subclasses set the class attributes
+    and implement ``start``, ``wait_ready``, ``predict_url`` and the export methods."""
+
+    name = ""  # the --engine value and server.json's "engine"
+    title = ""  # what messages call it: "TorchServe ready", "TorchServe stopped"
+    help = ""  # one line for --engine's help
+    needs_config = True  # False: serves a model store without config.properties (each archive's model-config.yaml)
+    model_api = False  # its management API can (re)register models: bench --sweep-batch
+    serve_flags: Tuple[str, ...] = ()  # keys of SERVE_FLAGS it honours
+    export_flags: Tuple[str, ...] = ()  # keys of EXPORT_FLAGS it takes
+
+    # ---- serving locally ----
+    def start(
+        self,
+        model_store="model-store",
+        config=None,
+        home=".tsctl",
+        timeout: float = 180,
+        python: Optional[str] = None,
+        env: Optional[Dict[str, str]] = None,
+        **options,
+    ) -> "Server":
+        raise NotImplementedError
+
+    def wait_ready(self, server: "Server", timeout: float, process=None):
+        raise NotImplementedError
+
+    def predict_url(self, server: "Server", model: str) -> str:
+        return f"{server.inference}/predictions/{model}"
+
+    def addresses(self, server: "Server") -> List[Tuple[str, str]]:
+        """(label, address) lines for ``tsctl serve`` to print."""
+        lines = [("inference", server.inference)]
+        if server.management:
+            lines.append(("management", server.management))
+        if server.metrics:
+            lines.append(("metrics", server.metrics_url))
+        if server.grpc:
+            lines.append(("grpc", server.grpc))
+        return lines + [("logs", str(self.output(server)))]
+
+    def output(self, server: "Server") -> Path:
+        """Where the server's own output goes."""
+        raise NotImplementedError
+
+    def handler_log(self, server: "Server") -> Path:
+        """The file the handlers' log lines (``logger.info`` in a handler) end up in."""
+        raise NotImplementedError
+
+    def stop(self, server: "Server", grace: float = 20) -> bool:
+        from . import server as servers
+
+        return servers.stop(server, grace=grace)
+
+    def check_serve_flags(self, **given):
+        """Refuse a ``serve`` flag this engine does not honour, naming the engines that do."""
+        refuse(self, given, SERVE_FLAGS, "serve_flags", "serve")
+
+    # ---- exporting for KServe ----
+    def check_export(self, options: "ExportOptions"):
+        given = {key: getattr(options, key) for key in EXPORT_FLAGS}
+        refuse(self, given, EXPORT_FLAGS, "export_flags", "export")
+
+    def check_properties(self, properties: Dict[str, str], path: Path):
+        """What the exported config must say for this engine under KServe (UserError naming the key)."""
+        expected = {"disable_token_authorization": ("true", "KServe's requests carry no TorchServe token")}
+        check_values(properties, path, expected)
+
+    def envelope_batches(self) -> bool:
+        """True when archives of handlers that are not the toolkit's run inside TorchServe's KServe
+        envelope, which answers every request of a batch of several with 503 (export sets batchSize 1)."""
+        return False
+
+    def prepare(self, options, properties: Dict[str, str], archives: List[Path], notes: List[str], scratch: Path):
+        """Change the exported config for this engine; return {archive: its requirements.txt for the
+        image} for the archives to rewrite with locked requirements (the others are copied as they are)."""
+        return {}
+
+    def export_notice(self, options: "ExportOptions") -> Optional[str]:
+        """A line to print before a slow export (resolving requirements), if any."""
+        return None
+
+    def predictor(self, options: "ExportOptions", resources: dict) -> dict:
+        """The InferenceService's ``spec.predictor`` entries serving the storage URI's tree."""
+        raise NotImplementedError
+
+    def manifests(self, options: "ExportOptions", resources: dict) -> Dict[str, dict]:
+        """More manifests to write beside inferenceservice.yaml, by file name (validated first)."""
+        return {}
+
+    def write_files(self, out: Path, options: "ExportOptions", archives: List[Path]) -> List[Path]:
+        """More files for the export (an image's build context)."""
+        return []
+
+    def outputs(self) -> Tuple[str, ...]:
+        """Names in OUT that this engine's export writes (cleared before a new export)."""
+        return ()
+
+    def deploy_steps(self, options: "ExportOptions") -> List[str]:
+        """DEPLOY.md lines before the claim (step 0: building an image)."""
+        return []
+
+    def apply_lines(self, options: "ExportOptions") -> List[str]:
+        """DEPLOY.md's commands of step 3 before the InferenceService is applied."""
+        return []
+
+
+def refuse(engine: Engine, given: dict, flags: Dict[str, str], attribute: str, command: str):
+    """A UserError for the first flag in ``given`` that ``engine`` does not list in ``attribute``
+    (serve_flags, export_flags), naming an engine that takes it."""
+    for key, value in given.items():
+        if value and key not in getattr(engine, attribute):
+            owners = [other.name for other in ENGINES.values() if key in getattr(other, attribute)]
+            flag = flags[key]
+            instead = f", or {command} with --engine {owners[0]}" if owners else ""
+            raise UserError(f"{flag} is not an option of --engine {engine.name} ({engine.title}): drop {flag}{instead}")
+
+
+def check_values(properties: Dict[str, str], path: Path, expected: Dict[str, Tuple[str, str]]):
+    for key, (value, why) in expected.items():
+        if properties.get(key, "").lower() != value:
+            raise UserError(f"{path}: {key} must be {value} ({why}); regenerate it with 'tsctl config'")
+
+
+# ---- TorchServe ---------------------------------------------------------------------------------------
+class TorchServeEngine(Engine):
+    """TorchServe 0.12 (Java frontend, Python workers), as KServe's TorchServe runtime runs it."""
+
+    name = "torchserve"
+    title = "TorchServe"
+    help = "torchserve: TorchServe itself (Java 17)."
+    model_api = True
+    serve_flags = ("install_deps", "enable_model_api")
+    export_flags = ("offline",)
+
+    def start(
+        self,
+        model_store="model-store",
+        config=None,
+        home=".tsctl",
+        timeout: float = 180,
+        python: Optional[str] = None,
+        env: Optional[Dict[str, str]] = None,
+        install_deps: bool = False,
+        enable_model_api: bool = False,
+        kserve_args: bool = False,
+    ) -> "Server":
+        from . import server
+
+        if enable_model_api:
+            env = {**(env or {}), "TS_ENABLE_MODEL_API": "true"}
+        return server.start(
+            config or DEFAULT_CONFIG, model_store, home, timeout, python, env, install_deps, kserve_args
+        )
+
+    def wait_ready(self, server: "Server", timeout: float, process=None):
+        from . import server as servers
+
+        servers.wait_ready(server, timeout, process)
+
+    def output(self, server: "Server") -> Path:
+        return server.logs
+
+    def handler_log(self, server: "Server") -> Path:
+        return server.logs / "model_log.log"
+
+    # ---- export: KServe's own TorchServe runtime (modelFormat pytorch) ----
+    def check_properties(self, properties: Dict[str, str], path: Path):
+        super().check_properties(properties, path)
+        check_values(
+            properties, path, {"enable_envvars_config": ("true", "KServe's TS_SERVICE_ENVELOPE is ignored without it")}
+        )
+        if properties.get("enable_model_api", "").lower() not in ("true", "false"):
+            raise UserError(
+                f"{path}: set enable_model_api explicitly (TorchServe 0.11+ turns it off by default); "
+                "regenerate it with 'tsctl config'"
+            )
+
+    def envelope_batches(self) -> bool:
+        return True
+
+    def export_notice(self, options: "ExportOptions") -> Optional[str]:
+        what = "resolving and downloading" if options.offline else "resolving"
+        return f"{what} each archive's requirements for {options.runtime} ..."
+
+    def prepare(self, options, properties, archives, notes, scratch):
+        from . import kserve, runtimes
+
+        # tsctl config leaves TorchServe's per-model install off (the local environment has the packages);
+        # KServe's image has not: the exported config turns it on, for the requirements locked here.
+        properties["install_py_dep_per_model"] = "true"
+        runtime = runtimes.runtime_named(options.runtime)
+        notes.extend(kserve.runtime_notes(runtime))
+        return runtimes.for_runtime(archives, runtime, options.offline, scratch, notes)
+
+    def predictor(self, options: "ExportOptions", resources: dict) -> dict:
+        return {"model": storage_model(options, resources)}
+
+
+def storage_model(options: "ExportOptions", resources: dict, runtime: Optional[str] = None) -> dict:
+    """``predictor.model`` for the PVC tree: KServe picks the runtime for modelFormat pytorch (its
+    TorchServe runtime) unless ``runtime`` names one."""
+    model = {"modelFormat": {"name": "pytorch"}}
+    if runtime:
+        model["runtime"] = runtime
+    model.update({"protocolVersion": options.protocol, "storageUri": options.storage_uri, "resources": resources})
+    return model
+
+
+# ---- the tsctl engine (handlers/engine.py) ------------------------------------------------------------
+ENGINE_OUT = "engine.out"
+ENGINE_LINE = re.compile(r"^tsctl engine: (.+)$")  # what the engine prints before it exits
+PYTHON_ERROR = re.compile(r"^(?:ERROR:[\w.]+:)?\s*([A-Za-z_.]*(?:Error|Exception)\b:.*)$")
+# A worker's own error, as the engine logs its output: "... tsctl.worker: [MODEL VERSION wN] XError: ..."
+WORKER_ERROR = re.compile(r"tsctl\.worker: \[[^\]]*\]\s+([A-Za-z_][\w.]*(?:Error|Exception)\b:.*)$")
+# TorchServe's re-raise of the real error, and its fallback import after it: never the cause
+WORKER_RERAISE = re.compile(r"^RuntimeError: \d{3} - |No module named 'ts\.torch_handler\.")
+
+
+class KServeEngine(Engine):
+    """The tsctl engine (``python -m handlers.engine``): TorchServe's model store and config.properties
+    served in Python, no Java, TorchServe's inference and read-only management APIs, KServe v1/v2 REST
+    and v2 gRPC, Prometheus metrics, all on one HTTP port (and gRPC on another)."""
+
+    name = "kserve"
+    title = "tsctl engine"
+    help = (
+        "kserve: the tsctl engine (no Java): TorchServe's inference API, KServe v1/v2 and gRPC, from the same "
+        "config and model store."
+    )
+    needs_config = False
+    export_flags = ("image", "runtime_kind")
+
+    def start(
+        self,
+        model_store="model-store",
+        config=None,
+        home=".tsctl",
+        timeout: float = 180,
+        python: Optional[str] = None,
+        env: Optional[Dict[str, str]] = None,
+        batch_size: Optional[int] = None,
+        max_batch_delay: Optional[int] = None,
+        metrics_config: Optional[str] = None,
+        enable_grpc: bool = True,
+    ) -> "Server":
+        """Serve ``model_store`` as ``config`` says (None: the engine's default, config/config.properties
+        beside the store when there is one, else every archive with its model-config.yaml) on free
+        127.0.0.1 ports; return once every model's workers are up. ``batch_size``/``max_batch_delay``
+        override every model's; ``metrics_config`` is TorchServe's property of that name."""
+        import os
+
+        from . import server as servers
+
+        model_store, home = Path(model_store).resolve(), Path(home).resolve()
+        config = Path(config).resolve() if config is not None else None
+        models = self.models(model_store, config)
+        servers.check_home(home)
+        arguments = ["-m", "handlers.engine", "--model_store", str(model_store), "--host", "127.0.0.1"]
+        if config is not None:
+            arguments += ["--ts_config", str(config)]
+        if not enable_grpc:
+            arguments += ["--enable_grpc", "false"]
+        if batch_size:
+            arguments += ["--batch_size", str(batch_size)]
+        if max_batch_delay is not None:
+            arguments += ["--max_batch_delay", str(max_batch_delay)]
+        if metrics_config:
+            arguments += ["--metrics_config", str(Path(metrics_config).resolve())]
+        run_env = dict(os.environ, TEMP=str(home / "tmp"))
+        run_env.update(env or {})
+
+        def launch() -> "Server":
+            http, grpc = servers.free_port(), servers.free_port()
+            command = [python or sys.executable, *arguments, "--http_port", str(http), "--grpc_port", str(grpc)]
+            process = servers.spawn(command, home, run_env, ENGINE_OUT)
+            address = f"http://127.0.0.1:{http}"
+            server = servers.Server(
+                pid=process.pid,
+                home=str(home),
+                inference=address,
+                management=address,
+                metrics=address,
+                models=models,
+                engine=self.name,
+                grpc=f"127.0.0.1:{grpc}" if enable_grpc else None,
+            )
+            return servers.recorded(server, lambda: self.wait_ready(server, timeout, process))
+
+        return servers.with_port_retry(launch)
+
+    @staticmethod
+    def models(model_store: Path, config: Optional[Path]) -> List[str]:
+        """The models the engine will serve, checked as it will check them (one UserError otherwise): a
+        config's model_snapshot (each archive it names in the store, as for TorchServe), or without one
+        every archive in the store."""
+        from handlers import ts_config
+
+        from . import server as servers
+        from .properties import read_properties
+
+        if config is not None:
+            servers.snapshot_models(read_properties(config), config, model_store)
+        try:
+            specs, _ = ts_config.models(config or ts_config.default_config(model_store), model_store)
+        except ts_config.ConfigError as exc:
+            raise UserError(str(exc)) from None
+        return list(dict.fromkeys(spec.name for spec in specs))
+
+    def wait_ready(self, server: "Server", timeout: float, process=None):
+        """Poll ``/v2/health/ready`` until 200 (every model's workers up). Fail as soon as the engine
+        exits, with the last error it printed; on timeout, name the models that are not ready."""
+        from . import server as servers
+
+        deadline = time.monotonic() + timeout
+        while True:
+            if process is not None and process.poll() is not None:
+                raise ServerError(f"the {self.title} exited with code {process.returncode}: {self.problem(server)}")
+            if process is None and not servers.group_alive(server.pid):
+                raise ServerError(f"the {self.title} exited: {self.problem(server)}")
+            try:
+                status, _ = servers.request(f"{server.inference}/v2/health/ready", timeout=5)
+            except OSError:
+                status = None
+            if status == 200:
+                return
+            if time.monotonic() > deadline:
+                pending = ", ".join(self.not_ready(server)) or "(none answered)"
+                raise ServerError(f"models {pending} not ready after {timeout:.0f}s: {self.problem(server)}")
+            time.sleep(0.5)
+
+    @staticmethod
+    def not_ready(server: "Server") -> List[str]:
+        from . import server as servers
+
+        pending = []
+        for name in server.models:
+            try:
+                status, _ = servers.request(f"{server.inference}/v2/models/{name}/ready", timeout=5)
+            except OSError:
+                status = None
+            if status != 200:
+                pending.append(name)
+        return pending
+
+    def problem(self, server: "Server") -> str:
+        """The engine's last word: its own fatal line (a model that could not load, a config it refuses)
+        with the worker's own last error when the line does not carry it, else a port already taken,
+        else the last Python error it printed, else where to look."""
+        out = self.output(server)
+        lines = out.read_text(errors="replace").splitlines() if out.exists() else []
+        fatal = [m.group(1).strip() for m in map(ENGINE_LINE.match, lines) if m]
+        worker = [m.group(1).strip() for m in map(WORKER_ERROR.search, lines) if m]
+        worker = [error for error in worker if not WORKER_RERAISE.search(error)]
+        if fatal:
+            cause = worker[-1] if worker and worker[-1] not in fatal[-1] else None
+            return f"{fatal[-1]} (the worker's last error: {cause})" if cause else fatal[-1]
+        bind = [line.strip() for line in lines if "address already in use" in line.lower() or "failed to bind" in line]
+        errors = [m.group(1).strip() for m in map(PYTHON_ERROR.match, lines) if m]
+        return (bind or errors or worker or [f"no error in the output; see {out}"])[-1]
+
+    def output(self, server: "Server") -> Path:
+        return Path(server.home) / ENGINE_OUT
+
+    def handler_log(self, server: "Server") -> Path:
+        return Path(server.home) / ENGINE_OUT  # the workers' lines, through the engine's log
+
+    # ---- export: a ServingRuntime for the engine's image, and an InferenceService naming it ----
+    def check_export(self, options: "ExportOptions"):
+        super().check_export(options)
+        if not options.image:
+            raise UserError(
+                f"--engine {self.name} needs --image REGISTRY/NAME:TAG: the image you build from the export"
+            )
+        from . import kserve_engine
+
+        kserve_engine.check_runtime_kind(options.runtime_kind)
+
+    def predictor(self, options: "ExportOptions", resources: dict) -> dict:
+        from . import kserve_engine
+
+        return {"model": storage_model(options, resources, kserve_engine.runtime_name(options))}
+
+    def manifests(self, options: "ExportOptions", resources: dict) -> Dict[str, dict]:
+        from . import kserve_engine
+
+        return {kserve_engine.RUNTIME_FILE: kserve_engine.serving_runtime(options, resources)}
+
+    def write_files(self, out: Path, options: "ExportOptions", archives: List[Path]) -> List[Path]:
+        from . import kserve_engine
+
+        return kserve_engine.write_image_context(out, options.image, archives)
+
+    def outputs(self) -> Tuple[str, ...]:
+        from . import kserve_engine
+
+        return (kserve_engine.IMAGE_DIR, kserve_engine.RUNTIME_FILE)
+
+    def deploy_steps(self, options: "ExportOptions") -> List[str]:
+        from . import kserve_engine
+
+        return kserve_engine.build_steps(options)
+
+    def apply_lines(self, options: "ExportOptions") -> List[str]:
+        from . import kserve_engine
+
+        return kserve_engine.apply_lines(options)
+
+
+ENGINES: Dict[str, Engine] = {engine.name: engine for engine in (TorchServeEngine(), KServeEngine())}
+
+
+def named(name: str) -> Engine:
+    """The engine called ``name``, else a UserError listing them."""
+    engine = ENGINES.get(name)
+    if engine is None:
+        raise UserError(f"--engine {name!r} must be one of {', '.join(ENGINES)}")
+    return engine
+
+
+def engine_of(server: "Server") -> Engine:
+    """The engine that runs ``server`` (server.json's "engine")."""
+    return named(server.engine)
+
+
+def serve(
+    engine: str = "torchserve",
+    config: Optional[str] = None,
+    model_store="model-store",
+    home=".tsctl",
+    timeout: float = 180,
+    **flags,
+) -> "Server":
+    """``tsctl serve``: start ``engine`` on ``model_store`` with ``config`` (None: config/config.properties;
+    an engine that can do without one serves every archive in the store when that file is absent)."""
+    chosen = named(engine)
+    chosen.check_serve_flags(**flags)
+    if config is None and (chosen.needs_config or Path(DEFAULT_CONFIG).exists()):
+        config = DEFAULT_CONFIG
+    return chosen.start(model_store, config, home, timeout, **{k: v for k, v in flags.items() if v})
