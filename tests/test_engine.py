@@ -20,9 +20,9 @@ import sys
 import time
 from pathlib import Path
 
+import grpc_client
 import numpy as np
 import pytest
-import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 
 from archiver import server
@@ -217,25 +217,17 @@ def test_v2_over_http_and_grpc_from_tritonclient(engine, tree):
     answer = http.infer("resnet18", [tensor]).as_numpy("output-0")  # binary, as tritonclient asks by default
     assert_close([json.loads(x) for x in answer], [json.loads(x) for x in want["data"]])
 
-    grpc = triton_grpc.InferenceServerClient(f"127.0.0.1:{engine.grpc}")
-    assert grpc.is_server_ready() and grpc.is_model_ready("resnet18")
-    tensor = triton_grpc.InferInput("input-0", [1], "BYTES")
-    tensor.set_data_from_numpy(np.array([jpeg], dtype=np.object_))
-    response = grpc.infer("resnet18", [tensor]).get_response()
-    # tritonclient's as_numpy of BYTES fails under numpy 2 (copy=False): read the message itself
-    raw = response.raw_output_contents
-    answer = split_bytes(raw[0]) if raw else list(response.outputs[0].contents.bytes_contents)
-    assert_close([json.loads(x) for x in answer], [json.loads(x) for x in want["data"]])
+    got = grpc_client.call(f"127.0.0.1:{engine.grpc}", "resnet18", [jpeg])
+    assert got["server_ready"] and got["model_ready"]
+    assert_close([json.loads(x) for x in got["answers"]], [json.loads(x) for x in want["data"]])
 
 
 def test_nothing_changes_state_and_every_listener_binds_where_rest_binds(engine):
     for path in ("/v2/repository/models/echo/unload", "/v2/repository/models/echo/load", "/models/echo"):
         status, _ = server.request(engine.url + path, b"", "POST", timeout=10)
         assert status in (404, 405), (path, status)
-    grpc = triton_grpc.InferenceServerClient(f"127.0.0.1:{engine.grpc}")
-    with pytest.raises(Exception, match="(?i)unimplemented"):
-        grpc.unload_model("echo")
-    assert grpc.is_model_ready("echo")
+    got = grpc_client.call(f"127.0.0.1:{engine.grpc}", "echo", unload=True)
+    assert "unimplemented" in got["unload_error"].lower() and got["ready_after"], got
     listening = listeners(engine.process.pid)
     assert {engine.http, engine.grpc} <= {port for _, port in listening}, listening
     assert all(address in ("127.0.0.1", "::ffff:127.0.0.1") for address, _ in listening), listening
@@ -314,16 +306,6 @@ def test_a_setting_it_cannot_honour_is_refused_in_one_line(tree, tmp_path):
     missing = write_config(tmp_path / "missing.properties", {"gone": snapshot_entry("gone.mar", 1, 1, 0, 4)})
     engine = Engine(tree, config=missing)
     assert engine.process.wait(60) == 2 and "gone.mar" in engine.output()
-
-
-def split_bytes(raw: bytes) -> list:
-    """A v2 BYTES tensor's elements: each a 4-byte little-endian length and its bytes."""
-    items, at = [], 0
-    while at < len(raw):
-        size = int.from_bytes(raw[at : at + 4], "little")
-        items.append(raw[at + 4 : at + 4 + size])
-        at += 4 + size
-    return items
 
 
 def listeners(pgid: int) -> list:
