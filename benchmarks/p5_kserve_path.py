@@ -42,11 +42,10 @@ SENTENCES = [
     "short",
 ]
 WHY = """
-Why the goals are missed where they are (P5 profile below): for resnet18 the forward pass dominates
-every path, so the wrapper costs TorchServe only ~15 % and no path can be twice another. For MiniLM
-the wrapper's second Python HTTP hop halves TorchServe's rate, and the engine, which needs no hop,
-gets most of it back but runs each archive on one model thread in a process that also parses HTTP,
-and leaves part of the 2 cores idle.
+Why the goals are missed where they are: for resnet18 the forward pass dominates every path, so the
+wrapper costs TorchServe only a few per cent and no path can be twice another. For MiniLM the wrapper's
+second Python HTTP hop costs TorchServe a third of its rate; the engine needs no hop and drives the same
+TorchServe worker from a lighter frontend. (The P5 profile below was taken with the engine before #20.)
 """
 PATHS = {"(a) TorchServe direct": "ts", "(b) kserve_wrapper -> TorchServe": "wrapper", "(c) --engine kserve": "engine"}
 
