@@ -261,8 +261,6 @@ ENGINE_LINE = re.compile(r"^tsctl engine: (.+)$")  # what the engine prints befo
 PYTHON_ERROR = re.compile(r"^(?:ERROR:[\w.]+:)?\s*([A-Za-z_.]*(?:Error|Exception)\b:.*)$")
 # A worker's own error, as the engine logs its output: "... tsctl.worker: [MODEL VERSION wN] XError: ..."
 WORKER_ERROR = re.compile(r"tsctl\.worker: \[[^\]]*\]\s+([A-Za-z_][\w.]*(?:Error|Exception)\b:.*)$")
-# TorchServe's re-raise of the real error, and its fallback import after it: never the cause
-WORKER_RERAISE = re.compile(r"^RuntimeError: \d{3} - |No module named 'ts\.torch_handler\.")
 
 
 class KServeEngine(Engine):
@@ -347,10 +345,13 @@ class KServeEngine(Engine):
         from . import server as servers
         from .properties import read_properties
 
-        if config is not None:
-            servers.snapshot_models(read_properties(config), config, model_store)
         try:
-            specs, _ = ts_config.models(config or ts_config.default_config(model_store), model_store)
+            if config is None:
+                specs, _ = ts_config.models(ts_config.default_config(model_store), model_store)
+            else:
+                properties = read_properties(config)
+                servers.snapshot_models(properties, config, model_store)  # as TorchServe's start checks it
+                specs, _ = ts_config.from_properties(properties, config, model_store)
         except ts_config.ConfigError as exc:
             raise UserError(str(exc)) from None
         return list(dict.fromkeys(spec.name for spec in specs))
@@ -395,11 +396,13 @@ class KServeEngine(Engine):
         """The engine's last word: its own fatal line (a model that could not load, a config it refuses)
         with the worker's own last error when the line does not carry it, else a port already taken,
         else the last Python error it printed, else where to look."""
+        from handlers.ts_wire import FALLBACK, RERAISE
+
         out = self.output(server)
         lines = out.read_text(errors="replace").splitlines() if out.exists() else []
         fatal = [m.group(1).strip() for m in map(ENGINE_LINE.match, lines) if m]
         worker = [m.group(1).strip() for m in map(WORKER_ERROR.search, lines) if m]
-        worker = [error for error in worker if not WORKER_RERAISE.search(error)]
+        worker = [error for error in worker if not RERAISE.search(error) and not FALLBACK.search(error)]
         if fatal:
             cause = worker[-1] if worker and worker[-1] not in fatal[-1] else None
             return f"{fatal[-1]} (the worker's last error: {cause})" if cause else fatal[-1]

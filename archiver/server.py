@@ -28,7 +28,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from handlers import ts_config
 from handlers.requests import content_type
+from handlers.ts_wire import RERAISE, cause_of
 
 from .errors import ServerError, UserError
 from .properties import check_keys, read_properties, snapshot_of
@@ -124,20 +126,14 @@ def snapshot_models(properties: Dict[str, str], config: Path, model_store: Path)
     keys, the store exists and holds every archive the snapshot names (else one UserError naming it)."""
     check_keys(properties, config)
     snapshot = snapshot_of(properties, config)
-    if not model_store.is_dir():
-        raise UserError(f"model store {model_store} does not exist: build archives with 'tsctl package'")
-    models = snapshot.get("models") if isinstance(snapshot, dict) else None
-    if not isinstance(models, dict):
-        raise UserError(f"{config}: model_snapshot has no 'models' object: regenerate the file with 'tsctl config'")
-    for name, versions in models.items():
-        for entry in (versions or {}).values() if isinstance(versions, dict) else [None]:
-            mar_name = entry.get("marName") if isinstance(entry, dict) else None
-            if not mar_name or not (model_store / mar_name).exists():
-                raise UserError(
-                    f"{config}: model_snapshot names {mar_name!r} for model {name!r}, which is not in {model_store}: "
-                    "regenerate the file with 'tsctl config'"
-                )
-    return list(models)
+    try:
+        ts_config.check_store(model_store)
+        for name, versions in snapshot["models"].items():
+            for entry in versions.values() if isinstance(versions, dict) else [None]:
+                ts_config.snapshot_archive(config, model_store, name, entry)
+    except ts_config.ConfigError as exc:
+        raise UserError(str(exc)) from None
+    return list(snapshot["models"])
 
 
 def check_home(home: Path):
@@ -279,8 +275,6 @@ def wait_ready(server: Server, timeout: float, process: Optional[subprocess.Pope
 
 WORKER_DIED = re.compile(r"(Backend worker process died|Load model failed|Failed to load model)")
 PY_ERROR = re.compile(r"MODEL_LOG - ([A-Za-z_.]*(?:Error|Exception)\b.*)$")
-TS_RERAISE = re.compile(r"^RuntimeError: \d{3} - ")  # the worker's wrapper around the real error
-TS_FALLBACK = re.compile(r"No module named 'ts\.torch_handler\.")  # TorchServe's retry after the real ImportError
 REGISTRATION_ERROR = re.compile(r"\[ERROR\] main org\.pytorch\.serve\.(?:snapshot|wlm)\.\w+ - (.*)$")
 JAVA_EXCEPTION = re.compile(r"^(?:[a-z]\w*\.)+([A-Z]\w*(?:Exception|Error)): (.+)$")
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT")
@@ -316,9 +310,8 @@ def worker_failure(server: Server) -> Optional[str]:
 def last_python_error(server: Server) -> Optional[str]:
     """The worker's last real Python error: not TorchServe's re-raise of it, not its fallback import."""
     lines = _log_lines(server.logs / "model_log.log")
-    errors = [m.group(1).strip() for m in map(PY_ERROR.search, lines) if m and not TS_RERAISE.match(m.group(1))]
-    real = [error for error in errors if not TS_FALLBACK.search(error)]
-    return (real or errors or [None])[-1]
+    errors = [m.group(1).strip() for m in map(PY_ERROR.search, lines) if m and not RERAISE.match(m.group(1))]
+    return cause_of(errors)
 
 
 def startup_problem(server: Server) -> str:

@@ -56,7 +56,6 @@ logger = logging.getLogger("tsctl.engine")
 
 # Headers describing the HTTP body as it came: the worker gets the body, not the transfer.
 HOP_HEADERS = frozenset(("content-length", "transfer-encoding", "connection", "expect", "host"))
-BINARY_LENGTH = "inference-header-content-length"  # KServe v2 binary tensor extension
 
 
 class Engine:
@@ -115,14 +114,10 @@ class Engine:
             if isinstance(result, BaseException):
                 raise RuntimeError(f"model {model.label} ({model.spec.archive.name}) could not load: {result}")
 
-    @property
-    def stopping(self) -> bool:
-        return any(model.stopping for model in self.all())
-
-    @stopping.setter
-    def stopping(self, value: bool):
+    def begin_stop(self):
+        """No worker starts or restarts from now on (the engine is stopping)."""
         for model in self.all():
-            model.stopping = value
+            model.stopping = True
 
     def close(self):
         for model in self.all():
@@ -271,7 +266,7 @@ def describe_model(model: ModelWorkers) -> dict:
         process = worker.process
         workers.append(
             {
-                "id": str(model.first_port + worker.index),
+                "id": str(worker.id),
                 "startTime": iso_time(process.started) if process else None,
                 "status": {"BUSY": "READY", "STARTING": "LOADING"}.get(worker.status, worker.status),
                 "memoryUsage": rss(process.pid) if process else 0,
@@ -428,7 +423,7 @@ async def serve(engine: Engine, args) -> int:
     stopping = asyncio.Event()
 
     def stop():
-        engine.stopping = True
+        engine.begin_stop()
         http.should_exit = True
         stopping.set()
 
@@ -460,7 +455,7 @@ async def serve(engine: Engine, args) -> int:
         print(f"tsctl engine: {message}", file=sys.stderr, flush=True)
         return 1
     finally:
-        engine.stopping = True
+        engine.begin_stop()
         http.should_exit = True
         if not http_task.done():
             await asyncio.wait({http_task}, timeout=5)

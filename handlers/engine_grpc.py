@@ -14,9 +14,9 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as pb_grpc
 from kserve.protocol.infer_type import InferRequest, InferResponse, to_http_parameters
 
+from .protocol import HEADER, header_length
 from .ts_wire import Request
 
-BINARY_LENGTH = "inference-header-content-length"
 STATUS = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     404: grpc.StatusCode.NOT_FOUND,
@@ -37,7 +37,7 @@ def as_request(request: pb.ModelInferRequest) -> Request:
     body, json_length = infer.to_rest()
     if json_length is None:
         return Request(json.dumps(body).encode("utf-8"), {"content-type": "application/json"})
-    return Request(body, {"content-type": "application/octet-stream", BINARY_LENGTH: str(json_length)})
+    return Request(body, {"content-type": "application/octet-stream", HEADER.lower(): str(json_length)})
 
 
 class Servicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -85,9 +85,9 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
                 message = body.decode("utf-8", errors="replace")
             await context.abort(STATUS.get(response.status, grpc.StatusCode.INTERNAL), message)
         try:
-            length = {k.lower(): v for k, v in response.headers.items()}.get(BINARY_LENGTH)
+            length = header_length(response.headers)
             if length is not None:
-                answer = InferResponse.from_bytes(body, int(length))
+                answer = InferResponse.from_bytes(body, length)
             else:
                 answer = InferResponse.from_rest(json.loads(body))
             answer.model_name = answer.model_name or request.model_name

@@ -157,7 +157,7 @@ class _Live:
             for worker in model.workers:
                 counts[worker.status] = counts.get(worker.status, 0) + 1
                 if worker.load_seconds is not None:
-                    name = f"W-{model.first_port + worker.index}-{model.spec.name}_{model.spec.version}"
+                    name = f"W-{worker.id}-{model.spec.name}_{model.spec.version}"
                     labels = {"WorkerName": name, "Level": "Host", "Hostname": metrics.hostname}
                     load.add_sample("WorkerLoadTime", labels, worker.load_seconds)
             for status in ("READY", "BUSY", "STARTING"):

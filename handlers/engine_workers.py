@@ -46,7 +46,17 @@ from typing import Callable, Deque, Dict, List, Optional
 import ts
 
 from .ts_config import Frontend, ModelSpec
-from .ts_wire import Request, Response, Stream, WorkerDied, batch_error, encode_batch, encode_load, read_answers
+from .ts_wire import (
+    Request,
+    Response,
+    Stream,
+    WorkerDied,
+    batch_error,
+    cause_of,
+    encode_batch,
+    encode_load,
+    read_answers,
+)
 
 logger = logging.getLogger("tsctl.engine")
 worker_log = logging.getLogger("tsctl.worker")
@@ -66,9 +76,8 @@ class NotSent(Exception):
 class WorkerProcess:
     """One running ``model_service_worker.py`` with the model loaded, and its socket."""
 
-    def __init__(self, process: subprocess.Popen, sock: socket.socket, started: float):
-        self.process, self.sock, self.started = process, sock, started
-        self.stream = Stream(sock)
+    def __init__(self, process: subprocess.Popen, sock: socket.socket, stream: Stream, started: float):
+        self.process, self.sock, self.stream, self.started = process, sock, stream, started
 
     @property
     def pid(self) -> int:
@@ -180,6 +189,8 @@ def start_worker(
             raise WorkerDied(f"{code} {message}")
     except BaseException as exc:
         sock.close()
+        if not isinstance(exc, WorkerDied):
+            process.kill()
         try:
             process.wait(5)  # a worker whose load failed exits by itself, its traceback written
         except subprocess.TimeoutExpired:
@@ -189,14 +200,12 @@ def start_worker(
         if isinstance(exc, WorkerDied):
             raise RuntimeError(_last_error(lines) or str(exc)) from None
         raise
-    return WorkerProcess(process, sock, started)
+    return WorkerProcess(process, sock, stream, started)
 
 
 def _last_error(lines) -> Optional[str]:
-    """The worker's last Python error line, not TorchServe's re-raise of it."""
-    errors = [line.strip() for line in lines if PYTHON_ERROR.match(line)]
-    real = [e for e in errors if not re.match(r"^RuntimeError: \d{3} - ", e) and "ts.torch_handler." not in e]
-    return (real or errors or [None])[-1]
+    """The worker's own last Python error line (``ts_wire.cause_of``)."""
+    return cause_of([line.strip() for line in lines if PYTHON_ERROR.match(line)])
 
 
 # ---- A model version's queue and workers ---------------------------------------------------------
@@ -276,8 +285,13 @@ class Worker:
         self.load_seconds: Optional[float] = None
 
     @property
+    def id(self) -> int:
+        """TorchServe's worker id (its port, here the suffix of its socket's name)."""
+        return self.owner.first_port + self.index
+
+    @property
     def socket_path(self) -> str:
-        return os.path.join(self.owner.run_dir, f".ts.sock.{self.owner.first_port + self.index}")
+        return os.path.join(self.owner.run_dir, f".ts.sock.{self.id}")
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -396,7 +410,6 @@ class ModelWorkers:
         self.queue = JobQueue(frontend.job_queue_size)
         self.workers = [Worker(self, i) for i in range(spec.min_workers)]
         self.observe: Callable = lambda jobs, responses, sent, done: None  # metrics hook
-        self.loaded_at = time.time()
         self.stopping = False
 
     async def start(self):

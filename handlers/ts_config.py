@@ -150,13 +150,22 @@ def _int(properties: Dict[str, str], key: str, default: int, path) -> int:
 def models(config: Optional[Path], model_store: Path) -> "tuple[List[ModelSpec], Frontend]":
     """The model versions to serve and the frontend's settings: from ``config``'s model_snapshot, or,
     without a config file, every archive in ``model_store`` with its model-config.yaml settings."""
-    model_store = Path(model_store)
-    if not model_store.is_dir():
-        raise ConfigError(f"model store {model_store} does not exist: build archives with 'tsctl package'")
+    check_store(model_store)
     if config is None:
         frontend = Frontend()
-        return [_from_archive(archive, frontend) for archive in archives_in(model_store)], frontend
-    properties = read_properties(config)
+        return [_from_archive(archive, frontend) for archive in archives_in(Path(model_store))], frontend
+    return from_properties(read_properties(config), config, model_store)
+
+
+def check_store(model_store: Path):
+    if not Path(model_store).is_dir():
+        raise ConfigError(f"model store {model_store} does not exist: build archives with 'tsctl package'")
+
+
+def from_properties(properties: Dict[str, str], config, model_store: Path) -> "tuple[List[ModelSpec], Frontend]":
+    """``models`` for a config file already read (``properties``, read from ``config``)."""
+    model_store = Path(model_store)
+    check_store(model_store)
     frontend = frontend_of(properties, config)
     snapshot = snapshot_of(properties, config)
     specs = []
@@ -174,16 +183,22 @@ def models(config: Optional[Path], model_store: Path) -> "tuple[List[ModelSpec],
     return specs, frontend
 
 
+def snapshot_archive(config, model_store: Path, name: str, entry) -> Path:
+    """The archive a model_snapshot entry names, which must be a file name in ``model_store``."""
+    mar_name = entry.get("marName") if isinstance(entry, dict) else None
+    if not isinstance(mar_name, str) or not mar_name or "/" in mar_name or not (model_store / mar_name).exists():
+        raise ConfigError(
+            f"{config}: model_snapshot names {mar_name!r} for model {name!r}, which is not in {model_store}: "
+            "regenerate the file with 'tsctl config'"
+        )
+    return model_store / mar_name
+
+
 def _from_snapshot(config, model_store: Path, name: str, version: str, entry, frontend: Frontend) -> ModelSpec:
     where = f"{config}: model_snapshot's {name!r} version {version!r}"
     if not isinstance(entry, dict):
         raise ConfigError(f"{where} is not an object: regenerate the file with 'tsctl config'")
-    mar_name = entry.get("marName")
-    if not isinstance(mar_name, str) or "/" in mar_name or not (model_store / mar_name).exists():
-        raise ConfigError(
-            f"{where} names archive {mar_name!r}, which is not in {model_store}: "
-            "regenerate the file with 'tsctl config'"
-        )
+    archive = snapshot_archive(config, model_store, name, entry)
     values = {}
     for key in SNAPSHOT_KEYS:
         value = entry.get(key, SNAPSHOT_DEFAULTS[key])
@@ -194,7 +209,7 @@ def _from_snapshot(config, model_store: Path, name: str, version: str, entry, fr
     return ModelSpec(
         name=name,
         version=str(version),
-        archive=model_store / mar_name,
+        archive=archive,
         default=bool(entry.get("defaultVersion", False)),
         min_workers=workers,
         max_workers=max(values["maxWorkers"], workers),

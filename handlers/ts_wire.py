@@ -11,11 +11,24 @@ Used in-process by ``handlers/worker.py`` (LocalModel) and across processes by t
 """
 
 import json
+import re
 import socket
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
+
+# A worker's log around a failed load: TorchServe re-raises the real error as "RuntimeError: 500 - ..."
+# and then retries the handler as a built-in ("No module named 'ts.torch_handler.x'"): neither is the cause.
+RERAISE = re.compile(r"^RuntimeError: \d{3} - ")
+FALLBACK = re.compile(r"No module named 'ts\.torch_handler\.")
+
+
+def cause_of(errors: List[str]) -> Optional[str]:
+    """The worker's real error among the Python error lines of its log: the last that is neither
+    TorchServe's re-raise nor its fallback import, else the last of them, else None."""
+    real = [error for error in errors if not RERAISE.search(error) and not FALLBACK.search(error)]
+    return (real or errors or [None])[-1]
 
 
 @dataclass
