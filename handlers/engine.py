@@ -28,7 +28,6 @@ refused with 413 before it is read whole. Needs ``torchserve`` (its worker, not 
 
 import argparse
 import asyncio
-import contextlib
 import importlib
 import json
 import logging
@@ -46,7 +45,7 @@ from starlette.responses import JSONResponse
 from starlette.responses import Response as HttpResponse
 from starlette.routing import Route
 
-from . import identity, ts_config
+from . import engine_http, identity, ts_config
 from .archives import ArchiveError, check_inside, read_manifest, unpack
 from .engine_metrics import Metrics
 from .engine_workers import ModelWorkers
@@ -115,9 +114,9 @@ class Engine:
                 raise RuntimeError(f"model {model.label} ({model.spec.archive.name}) could not load: {result}")
 
     def begin_stop(self):
-        """No worker starts or restarts from now on (the engine is stopping)."""
+        """No worker starts or restarts from now on, and no request waits (the engine is stopping)."""
         for model in self.all():
-            model.stopping = True
+            model.begin_stop()
 
     def close(self):
         for model in self.all():
@@ -151,8 +150,28 @@ def http_answer(response: Response, kserve: bool = False) -> HttpResponse:
             parsed["error"] = parsed.get("message", body.decode("utf-8", errors="replace"))
             body = json.dumps(parsed).encode()
     headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "ts_stream_next")}
-    status = response.status if 100 <= response.status <= 599 else 500
-    return HttpResponse(body, status, headers, media_type=response.content_type)
+    fields = [*headers.items(), ("content-type", response.content_type or "")]
+    if not 200 <= response.status <= 599 or not all(map(header_safe, (part for field in fields for part in field))):
+        message = f"the handler answered what HTTP cannot carry (status {response.status}, headers {fields!r})"
+        return error(500, "InternalServerException", message[:2000], kserve)
+    if response.status in (204, 304):
+        body = b""  # HTTP has no body for these
+    return HttpResponse(body, response.status, headers, media_type=response.content_type)
+
+
+def header_safe(text: str) -> bool:
+    """A header name or value HTTP/1.1 can carry: latin-1, no line breaks."""
+    try:
+        text.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return "\r" not in text and "\n" not in text
+
+
+async def disconnected(http: HttpRequest):
+    """Returns when the client has closed the connection (its body was read already)."""
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
 
 
 def build_app(engine: Engine) -> Starlette:
@@ -161,7 +180,14 @@ def build_app(engine: Engine) -> Starlette:
             return not_found(http.path_params["name"], http.path_params.get("version"), kserve)
         body = await http.body()
         headers = {k: v for k, v in http.headers.items() if k not in HOP_HEADERS}
-        return http_answer(await model.submit(Request(body, headers)), kserve)
+        answer = asyncio.ensure_future(model.submit(Request(body, headers)))
+        gone = asyncio.ensure_future(disconnected(http))
+        await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not answer.done():  # the client left: its request is dropped from the queue, not run
+            answer.cancel()
+            return HttpResponse(status_code=499)
+        gone.cancel()
+        return http_answer(answer.result(), kserve)
 
     async def predictions(http: HttpRequest):
         name, version = http.path_params["name"], http.path_params.get("version")
@@ -398,28 +424,11 @@ def load_specs(args):
     return specs, frontend, config, decode
 
 
-class _HttpServer:
-    """uvicorn's server without its signal handling: the engine stops on SIGTERM/SIGINT itself, so
-    its workers are ended before it exits (uvicorn would re-raise the signal once it has stopped)."""
-
-    @staticmethod
-    def make(app, host: str, port: int):
-        import uvicorn
-
-        class Server(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self):
-                yield
-
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
-        return Server(config)
-
-
 async def serve(engine: Engine, args) -> int:
     """Listen, load every model, and serve until SIGTERM/SIGINT: 0, or 1 when a model cannot load or
     a port cannot be bound (the reason on stderr)."""
     loop = asyncio.get_running_loop()
-    http = _HttpServer.make(build_app(engine), args.host, args.http_port)
+    http = engine_http.server(build_app(engine), args.host, args.http_port)
     stopping = asyncio.Event()
 
     def stop():

@@ -14,7 +14,7 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as pb_grpc
 from kserve.protocol.infer_type import InferRequest, InferResponse, to_http_parameters
 
-from .protocol import HEADER, header_length
+from .protocol import HEADER, encode_tensor, header_length
 from .ts_wire import Request
 
 STATUS = {
@@ -31,6 +31,9 @@ def as_request(request: pb.ModelInferRequest) -> Request:
     infer = InferRequest.from_grpc(request)
     for tensor in infer.inputs:
         raw = tensor._raw_data  # raw_input_contents, kept as bytes by KServe: they follow the JSON header
+        if raw is None and tensor.datatype == "BYTES" and tensor.data:  # contents.bytes_contents: bytes, not JSON
+            raw = tensor._raw_data = encode_tensor("BYTES", tensor.data)
+            tensor._data = None
         if raw is not None:
             parameters = to_http_parameters(tensor.parameters or {})
             tensor.parameters = {**parameters, "binary_data_size": len(raw)}
@@ -38,6 +41,13 @@ def as_request(request: pb.ModelInferRequest) -> Request:
     if json_length is None:
         return Request(json.dumps(body).encode("utf-8"), {"content-type": "application/json"})
     return Request(body, {"content-type": "application/octet-stream", HEADER.lower(): str(json_length)})
+
+
+def version_label(request) -> str:
+    """The model a call names, as REST's 404 names it: NAME, or NAME version V."""
+    name = getattr(request, "model_name", "") or request.name
+    version = getattr(request, "model_version", "") or getattr(request, "version", "")
+    return f"{name} version {version}" if version else name
 
 
 class Servicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -53,7 +63,7 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelReady(self, request, context):
         model = self.engine.find(request.name, request.version or None)
         if model is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"Model not found: {request.name}")
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"Model not found: {version_label(request)}")
         return pb.ModelReadyResponse(ready=model.ready)
 
     async def ServerMetadata(self, request, context):
@@ -64,14 +74,14 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelMetadata(self, request, context):
         model = self.engine.find(request.name, request.version or None)
         if model is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"Model not found: {request.name}")
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"Model not found: {version_label(request)}")
         versions = sorted(self.engine.versions[request.name])
         return pb.ModelMetadataResponse(name=request.name, versions=versions, platform="pytorch_torchserve")
 
     async def ModelInfer(self, request, context):
         model = self.engine.find(request.model_name, request.model_version or None)
         if model is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"Model not found: {request.model_name}")
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"Model not found: {version_label(request)}")
         try:
             http = as_request(request)
         except Exception as exc:  # noqa: BLE001 - a request KServe's types cannot read

@@ -39,6 +39,9 @@ FRONTEND_COUNTERS = {
     "Requests5XX": "Total number of requests with response status code above 500",
 }
 MAX_SERIES = 10_000  # a handler emitting ever-new dimension values cannot grow /metrics without end
+MAX_LABEL = 256  # characters of a dimension's value; a line with a longer one is not a metric
+# Names the engine exposes itself: a worker's line cannot add samples to them.
+ENGINE_NAMES = frozenset(FRONTEND_COUNTERS) | {"ts_workers", "WorkerLoadTime", "request_predict_seconds"}
 
 
 class Metrics:
@@ -54,6 +57,7 @@ class Metrics:
         # TorchServe's counters carry no _total suffix: kept here and exposed as they are named.
         self.frontend: Dict[str, Dict[Tuple, float]] = {name: {} for name in FRONTEND_COUNTERS}
         self.backend: Dict[Tuple[str, str], Dict[Tuple, float]] = {}  # (name, type) -> labels -> value
+        self.kinds: Dict[str, str] = {}  # a worker metric's name -> its type
         self.lock = threading.Lock()
         self.engine = None  # set by the engine: worker counts and load times are read when scraped
         self.registry.register(_Live(self))
@@ -81,7 +85,7 @@ class Metrics:
 
     def worker_line(self, worker, line: str):
         """A worker's output line: a metric it emitted is recorded; the others go to its log."""
-        match = METRIC_LINE.search(line)
+        match = METRIC_LINE.match(line)  # at the line's start, as TorchServe's worker writes them
         if not match:
             if "Backend received inference at" not in line:
                 worker_log_line(worker, line)
@@ -91,18 +95,23 @@ class Metrics:
             value = float(match.group("value"))
         except ValueError:
             return
-        if not NAME.match(name):
+        if not NAME.match(name) or name in ENGINE_NAMES or name.startswith("request_predict_seconds"):
             return
-        labels = []
+        labels = {}
         for pair in match.group("dims").split(","):
             key, _, dim = pair.partition(":")
-            if key and LABEL.match(key):
-                labels.append((key, dim))
-        labels.append(("Hostname", match.group("host") or self.hostname))
+            if key and LABEL.match(key) and key != "Hostname":
+                labels.setdefault(key, dim)
+        labels["Hostname"] = match.group("host") or self.hostname
+        if any(len(value) > MAX_LABEL for value in labels.values()):
+            return
         kind = KINDS.get((match.group("type") or "GAUGE").upper(), "gauge")
         with self.lock:
+            if name in self.kinds and self.kinds[name] != kind:
+                return  # one type per name: the first line's
+            self.kinds[name] = kind
             series = self.backend.setdefault((name, kind), {})
-            key = tuple(labels)
+            key = tuple(labels.items())
             if key not in series and sum(len(s) for s in self.backend.values()) >= MAX_SERIES:
                 return
             series[key] = series.get(key, 0.0) + value if kind == "counter" else value

@@ -65,6 +65,7 @@ WORKER_SCRIPT = os.path.join(os.path.dirname(ts.__file__), "model_service_worker
 METRICS_YAML = os.path.join(os.path.dirname(ts.__file__), "configs", "metrics.yaml")
 BACKOFF = (0, 1, 1, 2, 3, 5, 8, 13, 21, 34)  # seconds before each restart, as TorchServe's
 LOAD_TIMEOUT = 300.0  # s for a worker to start and load its model
+MAX_LINE = 64 << 10  # bytes of one worker output line kept; the rest of a longer line is dropped
 PYTHON_ERROR = re.compile(r"^\s*(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception)\b:.*")
 
 
@@ -135,9 +136,11 @@ def start_worker(
     socket_path: str,
     env: dict,
     on_line: Callable[[str], None],
+    on_spawn: Callable[[subprocess.Popen], None] = lambda process: None,
 ) -> WorkerProcess:
-    """Start a worker process and load the model in it, as the frontend does; raises RuntimeError
-    with the worker's own last error when it cannot load."""
+    """Start a worker process and load the model in it, as the frontend does, within
+    ``LOAD_TIMEOUT``; raises RuntimeError with the worker's own last error when it cannot load.
+    ``on_spawn`` gets the process as soon as it runs (so that a stopping engine can end a load)."""
     try:
         os.unlink(socket_path)
     except FileNotFoundError:
@@ -154,13 +157,20 @@ def start_worker(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
+    on_spawn(process)
     lines: Deque[str] = collections.deque(maxlen=200)
 
     def read_output():
-        for raw in process.stdout:
-            line = raw.decode("utf-8", errors="replace").rstrip("\n")
-            lines.append(line)
-            on_line(line)
+        cut = False  # inside the rest of a line longer than MAX_LINE
+        while True:
+            raw = process.stdout.readline(MAX_LINE)
+            if not raw:
+                return
+            if not cut:
+                line = raw.decode("utf-8", errors="replace").rstrip("\n")
+                lines.append(line)
+                on_line(line)
+            cut = not raw.endswith(b"\n")
 
     reader = threading.Thread(target=read_output, name=f"out-{spec.name}-{process.pid}", daemon=True)
     reader.start()
@@ -177,6 +187,7 @@ def start_worker(
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the worker did not listen within {LOAD_TIMEOUT:.0f}s") from None
                 time.sleep(0.05)
+        sock.settimeout(max(1.0, deadline - time.monotonic()))  # the load, too, within LOAD_TIMEOUT
         sock.sendall(
             encode_load(
                 spec.name, model_dir, handler, spec.batch_size, frontend.envelope, frontend.limit_max_image_pixels
@@ -187,6 +198,7 @@ def start_worker(
         stream.int()  # the empty prediction list
         if code != 200:
             raise WorkerDied(f"{code} {message}")
+        sock.settimeout(None)
     except BaseException as exc:
         sock.close()
         if not isinstance(exc, WorkerDied):
@@ -199,6 +211,10 @@ def start_worker(
         reader.join(5)  # every line it wrote read: its own error is among them
         if isinstance(exc, WorkerDied):
             raise RuntimeError(_last_error(lines) or str(exc)) from None
+        if isinstance(exc, socket.timeout):
+            raise RuntimeError(f"the worker did not load the model within {LOAD_TIMEOUT:.0f}s") from None
+        if isinstance(exc, OSError):
+            raise RuntimeError(f"the worker could not be started: {exc}") from None
         raise
     return WorkerProcess(process, sock, stream, started)
 
@@ -277,6 +293,7 @@ class Worker:
     def __init__(self, owner: "ModelWorkers", index: int):
         self.owner, self.index = owner, index
         self.process: Optional[WorkerProcess] = None
+        self.spawned: Optional[subprocess.Popen] = None  # the process while it loads
         self.status = "STARTING"  # READY, BUSY, STARTING (TorchServe: WORKER_STARTED / MODEL_LOADED ...)
         self.thread = ThreadPoolExecutor(1, thread_name_prefix=f"w-{owner.spec.name}-{index}")
         self.failures = 0
@@ -312,16 +329,29 @@ class Worker:
             self.socket_path,
             self.owner.env,
             on_line,
+            self._spawned,
         )
         if self.owner.stopping:  # the engine began to stop while this worker loaded
             self.process.kill()
             raise asyncio.CancelledError()
         self.load_seconds = time.time() - self.process.started
         process = self.process.process
-        threading.Thread(target=lambda: (process.wait(), loop.call_soon_threadsafe(died.set)), daemon=True).start()
+        threading.Thread(target=self._watch, args=(process, loop, died), daemon=True).start()
         self.status = "READY"
         self.failures = 0
         logger.info("%s worker %d ready (pid %d)", self.owner.label, self.index, self.process.pid)
+
+    def _spawned(self, process: subprocess.Popen):
+        self.spawned = process
+
+    @staticmethod
+    def _watch(process: subprocess.Popen, loop, died: asyncio.Event):
+        """Tell the worker's loop when its process ends (while idle too)."""
+        process.wait()
+        try:
+            loop.call_soon_threadsafe(died.set)
+        except RuntimeError:  # the loop is closed: the engine has stopped
+            pass
 
     async def serve(self):
         """Take batches off the queue and run them, for as long as the engine runs."""
@@ -388,14 +418,16 @@ class Worker:
             return
         try:
             await self.start()
-        except RuntimeError as exc:
-            logger.error("%s worker %d could not start: %s", self.owner.label, self.index, exc)
+        except Exception as exc:  # noqa: BLE001 - whatever stopped it, the next attempt comes after the backoff
+            logger.error("%s worker %d could not start: %s: %s", self.owner.label, self.index, type(exc).__name__, exc)
 
     def stop(self):
         if self.task is not None:
             self.task.cancel()
         if self.process is not None:
             self.process.kill()
+        if self.spawned is not None and self.spawned.poll() is None:  # still loading
+            self.spawned.kill()
         self.thread.shutdown(wait=False)
 
 
@@ -423,6 +455,8 @@ class ModelWorkers:
         return all(w.status in ("READY", "BUSY") for w in self.workers)
 
     async def submit(self, request: Request) -> Response:
+        if self.stopping:
+            return unavailable("the engine is stopping: retry on another replica")
         done = asyncio.get_running_loop().create_future()
         if not await self.queue.put(Job(request, done)):
             return unavailable(
@@ -438,7 +472,16 @@ class ModelWorkers:
                 job.done.set_result(response)
         self.observe(jobs, responses, sent, done_at)
 
-    def stop(self):
+    def begin_stop(self):
+        """No worker starts again; every request still queued is answered 503 now (a batch a worker
+        holds is answered as usual)."""
         self.stopping = True
+        while self.queue.items:
+            job = self.queue.items.popleft()
+            if not job.done.done():
+                job.done.set_result(unavailable("the engine is stopping: retry on another replica"))
+
+    def stop(self):
+        self.begin_stop()
         for worker in self.workers:
             worker.stop()

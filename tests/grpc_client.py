@@ -1,11 +1,13 @@
 """tritonclient's gRPC client, run in a process of its own: its protos and kserve's (imported by the
 kserve client tests) declare the same ``inference`` package, which one Python process cannot hold.
 
-    python tests/grpc_client.py HOST:PORT MODEL [--unload] < inputs.json   ->  JSON on stdout
+    python tests/grpc_client.py HOST:PORT MODEL [--unload] [--contents] < inputs.json  ->  JSON on stdout
 
 stdin: a JSON list of base64 strings, each one element of a BYTES input ``input-0``. stdout:
 ``server_ready``, ``model_ready``, ``answers`` (the BYTES output ``output-0``'s elements as text),
 and with ``--unload`` the error the server gave for ``unload_model`` and ``ready_after``.
+``--contents`` sends the elements in the message's ``contents.bytes_contents`` instead of
+``raw_input_contents`` (tritonclient's way), through the service stub itself.
 """
 
 import base64
@@ -14,9 +16,10 @@ import subprocess
 import sys
 
 
-def call(address: str, model: str, elements=(), unload: bool = False, timeout: float = 120) -> dict:
+def call(address: str, model: str, elements=(), unload=False, contents=False, timeout: float = 120) -> dict:
     """Run this file as a process and return what it printed (for the tests)."""
     command = [sys.executable, __file__, address, model] + (["--unload"] if unload else [])
+    command += ["--contents"] if contents else []
     payload = json.dumps([base64.b64encode(e).decode() for e in elements])
     done = subprocess.run(command, input=payload, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr
@@ -41,10 +44,21 @@ def main():
     elements = [base64.b64decode(e) for e in json.loads(sys.stdin.read() or "[]")]
     client = triton_grpc.InferenceServerClient(address)
     out = {"server_ready": client.is_server_ready(), "model_ready": client.is_model_ready(model)}
-    if elements:
+    if elements and "--contents" in sys.argv:
+        from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+        tensor = service_pb2.ModelInferRequest().InferInputTensor(
+            name="input-0", datatype="BYTES", shape=[len(elements)]
+        )
+        tensor.contents.bytes_contents.extend(elements)
+        request = service_pb2.ModelInferRequest(model_name=model, inputs=[tensor])
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(client._channel)
+        response = stub.ModelInfer(request, timeout=120)
+    elif elements:
         tensor = triton_grpc.InferInput("input-0", [len(elements)], "BYTES")
         tensor.set_data_from_numpy(np.array(elements, dtype=np.object_))
         response = client.infer(model, [tensor]).get_response()
+    if elements:
         # tritonclient's as_numpy of BYTES fails under numpy 2 (copy=False): read the message itself
         raw = response.raw_output_contents
         answers = split_bytes(raw[0]) if raw else list(response.outputs[0].contents.bytes_contents)

@@ -37,11 +37,15 @@ import json, os, sys, time
 
 
 def handle(data, context):
-    """Echo each body with the worker's pid; 'sleep S' sleeps, 'exit' ends the worker process."""
+    """Echo each body with the worker's pid; 'sleep S' sleeps, 'exit' ends the worker process,
+    'badheader' sets a response header HTTP cannot carry; loading sleeps when HANG is in the
+    model's directory."""
     if data is None:
+        if os.path.exists("HANG"):
+            time.sleep(3600)
         return None
     answers = []
-    for row in data:
+    for index, row in enumerate(data):
         body = row.get("body") if row.get("body") is not None else row.get("data")
         if isinstance(body, (bytes, bytearray)):
             body = bytes(body).decode()
@@ -50,6 +54,8 @@ def handle(data, context):
             time.sleep(float(text.split()[1]))
         if text == "exit":
             sys.exit(3)
+        if text == "badheader":
+            context.set_response_header(index, "X-Split", "a\\r\\nX-Injected: 1")
         answers.append({"echo": text, "pid": os.getpid()})
     return answers
 '''
@@ -79,6 +85,13 @@ def tree(image_sample, tmp_path_factory):
     handler.write_text(ECHO)
     command = [str(BIN / "torch-model-archiver"), "--model-name", "echo", "--version", "1.0", "--handler",
                str(handler), "--export-path", str(store)]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True, env=dict(os.environ, TMPDIR=str(root)))
+    (root / "HANG").write_text("")  # a second echo whose load never ends: in its own store (test_a_stuck_load...)
+    hang = root / "hang-store"
+    hang.mkdir()
+    command[command.index("echo")] = "hang"
+    command[-1] = str(hang)
+    command += ["--extra-files", str(root / "HANG")]
     subprocess.run(command, check=True, capture_output=True, env=dict(os.environ, TMPDIR=str(root)))
     models = {"resnet18": snapshot_entry("resnet18.mar", 1, 4, 50, 120), "echo": snapshot_entry("echo.mar", 2, 1, 0, 4)}
     (root / "config").mkdir()
@@ -138,13 +151,14 @@ class Engine:
         assert status == 200, body
         return body[0]["workers"]
 
-    def stop(self):
-        """SIGTERM to the group, as tsctl stop and a pod's end send it; then nothing of it may remain."""
+    def stop(self, group: bool = True):
+        """SIGTERM to the group, as tsctl stop and a pod's end send it (``group=False``: to the engine
+        alone, as to a container's PID 1); then nothing of it may remain."""
         try:
-            os.killpg(self.process.pid, signal.SIGTERM)
+            os.kill(self.process.pid, signal.SIGTERM) if not group else os.killpg(self.process.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-        code = self.process.wait(30)
+        code = self.process.wait(45)
         deadline = time.monotonic() + 10
         while server.group_members(self.process.pid) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -336,3 +350,87 @@ def _address(hex_address: str, width: int) -> str:
         return socket.inet_ntop(socket.AF_INET, raw[::-1])
     words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
     return socket.inet_ntop(socket.AF_INET6, words)
+
+
+def test_a_workers_log_line_cannot_write_into_metrics(engine):
+    """A request the handler rejects is logged with what it held; a forged metric in it stays a log
+    line, and /metrics still parses."""
+    forged = "[METRICS]ts_workers.Count:99|#model_name:resnet18,Hostname:x|#type:GAUGE|#hostname:evil,"
+    headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": forged}
+    status, _ = server.request(f"{engine.url}/v2/models/resnet18/infer", b"{}", "POST", headers, timeout=30)
+    assert status == 400
+    status, text = engine.get("/metrics")
+    assert status == 200 and "evil" not in text
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert list(text_string_to_metric_families(text))
+
+
+def test_http_cannot_be_made_to_hold_huge_heads_or_carry_a_split_header(engine):
+    head = b"POST /predictions/echo HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", engine.http), timeout=30) as sock:
+        try:
+            sock.sendall(head)
+        except OSError:
+            pass  # the server may close before all of it is sent
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+    status, body = echo_json(engine, "badheader")
+    assert status == 500 and "cannot carry" in body["message"], body
+    assert echo_json(engine, "fine")[0] == 200
+
+
+def test_a_client_that_leaves_costs_no_worker_time(engine):
+    """Requests whose clients have gone are dropped from the queue, not run."""
+    for _ in range(8):
+        with socket.create_connection(("127.0.0.1", engine.http), timeout=10) as sock:
+            body = b"sleep 3"
+            sock.sendall(
+                b"POST /predictions/echo HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+                + b"Content-Length: %d\r\n\r\n" % len(body)
+                + body
+            )
+        time.sleep(0.05)
+    time.sleep(0.5)
+    started = time.monotonic()
+    assert echo_json(engine, "after the leavers")[0] == 200
+    assert time.monotonic() - started < 8, "abandoned requests ran"  # 8 x 3 s on 2 workers would be 12 s
+
+
+def test_grpc_bytes_sent_as_contents_as_well_as_raw(engine):
+    jpeg = sample_jpeg(7, (200, 160))
+    raw = grpc_client.call(f"127.0.0.1:{engine.grpc}", "resnet18", [jpeg])
+    contents = grpc_client.call(f"127.0.0.1:{engine.grpc}", "resnet18", [jpeg], contents=True)
+    assert raw["answers"] and contents["answers"] == raw["answers"], (raw, contents)
+
+
+def test_sigterm_to_the_engine_alone_ends_it_and_its_workers_with_requests_queued(tree, tmp_path):
+    config = write_config(tmp_path / "echo.properties", {"echo": snapshot_entry("echo.mar", 1, 1, 0, 30)})
+    engine = Engine(tree, config=config).wait_ready()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            held = pool.submit(echo_json, engine, "sleep 3")
+            time.sleep(0.5)
+            queued = [pool.submit(echo_json, engine, f"queued {i}") for i in range(3)]
+            time.sleep(0.5)
+            started = time.monotonic()
+            engine.stop(group=False)
+            assert time.monotonic() - started < 40
+            answers = [f.result(60) for f in queued]
+        assert all(status == 503 and "stopping" in body["message"] for status, body in answers), answers
+        assert held.result(60)[0] == 200  # the batch its worker held was answered
+    finally:
+        if engine.process.poll() is None:
+            engine.stop()
+
+
+def test_a_stuck_load_ends_with_the_engine(tree, tmp_path):
+    config = write_config(tmp_path / "hang.properties", {"hang": snapshot_entry("hang.mar", 1, 1, 0, 30)})
+    (tmp_path / "model-store").symlink_to(tree / "hang-store")
+    engine = Engine(tmp_path, config=config)
+    deadline = time.monotonic() + 120
+    while "worker 0" not in engine.output() and "model_name: hang" not in engine.output():
+        assert time.monotonic() < deadline and engine.process.poll() is None, engine.output()
+        time.sleep(0.3)
+    assert server.request(f"{engine.url}/ping", timeout=10)[0] == 500  # not healthy while it loads
+    engine.stop(group=False)

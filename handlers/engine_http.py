@@ -1,0 +1,113 @@
+"""The tsctl engine's HTTP server: uvicorn (httptools), with the bounds it does not set itself.
+
+- **The request head** (request line and headers) may be at most ``MAX_HEAD_BYTES``: above that
+  the connection gets 431 and is closed before the rest is read (uvicorn's httptools protocol has no
+  limit: a 100 MB header was parsed whole). TorchServe's Netty allows 8 KiB; this allows more for
+  long tokens and tracing headers.
+- **Slow clients**: a request head must arrive within ``HEAD_TIMEOUT`` seconds of its first byte
+  (or of the connection's opening); a client trickling headers (slowloris) is disconnected.
+- **Connections** at once: at most ``max_connections()`` (below the process's open-file limit, so
+  that the workers can always be restarted); above it uvicorn answers 503.
+- **Stopping**: no signal handling of uvicorn's own (the engine stops on SIGTERM/SIGINT itself and
+  ends its workers; uvicorn would re-raise the signal once stopped), and at most
+  ``SHUTDOWN_GRACE`` seconds for the requests in flight.
+"""
+
+import contextlib
+import json
+import resource
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+MAX_HEAD_BYTES = 64 << 10
+HEAD_TIMEOUT = 30.0  # s
+SHUTDOWN_GRACE = 30  # s
+END_OF_HEAD = b"\r\n\r\n"
+
+
+class BoundedHttp(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a size and a time limit on each request's head."""
+
+    def connection_made(self, transport):
+        super().connection_made(transport)
+        self._begin_head()
+
+    def _begin_head(self):
+        self.head_bytes, self.head_tail, self.in_head = 0, b"", True
+        self._cancel_head_timer()
+        self.head_timer = self.loop.call_later(HEAD_TIMEOUT, self._head_too_slow)
+
+    def _cancel_head_timer(self):
+        timer = getattr(self, "head_timer", None)
+        if timer is not None:
+            timer.cancel()
+        self.head_timer = None
+
+    def data_received(self, data: bytes) -> None:
+        if self.in_head:
+            room = MAX_HEAD_BYTES - self.head_bytes
+            if len(data) > room and END_OF_HEAD not in self.head_tail + data[: max(room, 0) + len(END_OF_HEAD)]:
+                return self._refuse_head()
+            self.head_bytes += len(data)
+            self.head_tail = data[-(len(END_OF_HEAD) - 1) :]
+        super().data_received(data)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if not self.in_head:  # the next request on a kept-alive connection
+            self._begin_head()
+
+    def on_headers_complete(self) -> None:
+        self.in_head = False
+        self._cancel_head_timer()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def _head_too_slow(self):
+        self.head_timer = None
+        if self.in_head and not self.transport.is_closing():
+            self.transport.close()
+
+    def _refuse_head(self):
+        message = f"the request line and headers are above {MAX_HEAD_BYTES:,} bytes"
+        body = json.dumps({"code": 431, "type": "RequestHeaderFieldsTooLarge", "message": message, "error": message})
+        head = (
+            "HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        )
+        self.in_head = False
+        self._cancel_head_timer()
+        self.transport.write(head.encode("ascii") + body.encode("utf-8"))
+        self.transport.close()
+
+
+def max_connections() -> int:
+    """Connections served at once: the open-file limit, less what the workers and the engine need."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 4096
+    return max(16, min(4096, soft - 128))
+
+
+def server(app, host: str, port: int) -> uvicorn.Server:
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            yield
+
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http=BoundedHttp,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        limit_concurrency=max_connections(),
+        timeout_graceful_shutdown=SHUTDOWN_GRACE,
+    )
+    return Server(config)
