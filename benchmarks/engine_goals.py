@@ -34,17 +34,17 @@ CONFIG = "minWorkers: {w}\nmaxWorkers: {w}\nbatchSize: 8\nmaxBatchDelay: 20\nres
 REQUESTS, CONCURRENCY = 160, 16
 WHY = """
 Where a goal is missed, why, and what would change it:
-- **resnet18 (1.03x at 2 workers, 1.08x at 1; goal 1.05x).** Both engines run the same TorchServe worker
+- **resnet18 (about 1.0x at 2 workers, 1.1x at 1, from run to run; goal 1.05x at the best of each).** Both engines run the same TorchServe worker
   processes, so only the frontend differs, and resnet18's forward pass and JPEG decoding are nearly all of a
   request's CPU: the engine's lighter frontend (uvicorn/httptools and one Unix-socket hop instead of Netty
   and the JVM) frees ~5 % of two cores at one worker and less at two, where both workers already hold both
   cores. What would change it is work inside the worker (draft JPEG decoding, P1), not the frontend.
-- **MiniLM at 0.89x the raw forward pass (goal 0.95x).** The raw figure is the model alone on pre-tokenised
+- **MiniLM at about 0.9x the raw forward pass (goal 0.95x).** The raw figure is the model alone on pre-tokenised
   batches; a served request also pays HTTP parsing, tokenisation and JSON encoding on the same 2 cores, and
   requests arrive as 16 clients' worth, so batches are not always full. The engine's own share is what is left
   after the 1.28x over TorchServe.
-- **Cold start 0.88x (goal 0.5x).** Both sides spend nearly all of it in the same place: each worker process
-  importing torch (and transformers) and loading its model, ~5 s of the engine's 5.5 s; the JVM's start,
+- **Cold start about 0.9x (goal 0.5x).** Both sides spend nearly all of it in the same place: each worker process
+  importing torch (and transformers) and loading its model, ~5 s of the engine's 5.6 s; the JVM's start,
   which the engine saves, overlaps the workers' imports on TorchServe. Halving it needs workers that do not
   import torch from scratch: forked from a process that already has (a fork server with torch and ts
   preloaded), not built here.
