@@ -38,7 +38,7 @@ from ts.torch_handler.base_handler import BaseHandler
 
 from . import envelopes, golden, protocol, toolkit
 from .loading import load_model, pick_device, pick_threads
-from .protocol import ClientError, InferenceError, Limits, Request, too_large  # noqa: F401 (InferenceError)
+from .protocol import Busy, ClientError, InferenceError, Limits, Request, too_large  # noqa: F401 (InferenceError)
 from .settings import Settings, read_settings
 
 logger = logging.getLogger(__name__)
@@ -60,7 +60,45 @@ class Job:
 
     def fail(self, error: ClientError):
         if self.error is None:
-            self.error = error
+            self.error = protocol.forget(error)
+
+
+class Budget:
+    """What one batch's requests may cost together, counted as they are read and decoded (``spend``).
+
+    Memory (``protocol.MEMORY``: parsed JSON, tensors, estimated before they are built) may not pass
+    ``handler.max_batch_bytes`` for the whole batch; every other unit (JSON values, pixels, text...)
+    ``handler.batch_budget`` times its per-request limit. A request above its own limit gets 413; one
+    within it that does not fit beside the requests read before it gets 503 with ``Retry-After``
+    (sent again, it is read in another batch). A refused request's counts are given back."""
+
+    def __init__(self, share: float):
+        self.share, self.totals, self.lock = share, {}, threading.Lock()
+
+    def spend(self, job: Optional[Job], amount: int, unit: str, setting: str, limit: int):
+        with self.lock:
+            mine = amount + (job.spent.get(unit, 0) if job else 0)
+            if mine > limit:
+                subject = "the request would take" if unit == protocol.MEMORY else "the request holds"
+                raise too_large(subject, mine, unit, setting, limit)
+            if job is None:  # decode called on its own (a test, a transformer): its own limit only
+                return
+            ceiling = limit if unit == protocol.MEMORY else int(limit * self.share)
+            total = self.totals.get(unit, 0) + amount
+            if total > ceiling:
+                how = f"handler.{setting}" if unit == protocol.MEMORY else f"handler.batch_budget x handler.{setting}"
+                raise Busy(
+                    f"this batch's requests hold {total:,} {unit} with this one, above the batch's budget of "
+                    f"{ceiling:,} ({how}): send it again"
+                )
+            job.spent[unit], self.totals[unit] = mine, total
+
+    def give_back(self, job: Job):
+        """Return what a refused request had counted."""
+        with self.lock:
+            for unit, amount in job.spent.items():
+                self.totals[unit] = self.totals.get(unit, 0) - amount
+            job.spent.clear()
 
 
 class ToolkitHandler(BaseHandler):
@@ -95,6 +133,7 @@ class ToolkitHandler(BaseHandler):
         self.batch_size = max(1, int(properties.get("batch_size") or 1))
         self.threads = pick_threads(self.settings.torch_threads, yaml_config.get("minWorkers"))
         self.limits = self.request_limits()
+        self.budget = Budget(self.settings.batch_budget)
         threads = self.settings.decode_threads
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="decode") if threads > 1 else None
         self.current = threading.local()  # the Job a decode thread is working for
@@ -136,7 +175,7 @@ class ToolkitHandler(BaseHandler):
     def request_limits(self) -> Limits:
         s = self.settings
         max_items = s.max_items or max(4 * self.batch_size, MIN_AUTO_ITEMS)
-        return Limits(max_items, s.max_body_bytes, s.max_json_depth, s.max_json_values)
+        return Limits(max_items, s.max_body_bytes, s.max_json_depth, s.max_json_values, s.max_batch_bytes)
 
     def load_model(self):
         return load_model(self.model_dir, self.manifest.get("model", {}), self.device, self.settings.allow_pickle)
@@ -177,23 +216,22 @@ class ToolkitHandler(BaseHandler):
         return None
 
     def spend(self, amount: int, unit: str, setting: str, limit: int):
-        """Count ``amount`` of ``unit`` (e.g. decoded pixels) against the current request's ``limit``;
-        the request gets 413 once its items together exceed it. Call it from ``decode``."""
-        job = getattr(self.current, "job", None)
-        if job is None:  # decode called on its own (a test, a transformer)
-            total = amount
-        else:
-            with job.lock:
-                total = job.spent[unit] = job.spent.get(unit, 0) + amount
-        if total > limit:
-            raise too_large("the request holds", total, unit, setting, limit)
+        """Count ``amount`` of ``unit`` (e.g. decoded pixels) against the current request's ``limit``
+        (413 once its items together exceed it) and its batch's budget (503, ``Budget``). Call it
+        from ``decode``, before the work it counts."""
+        budget = getattr(self, "budget", None) or Budget(self.settings.batch_budget)
+        budget.spend(getattr(self.current, "job", None), amount, unit, setting, limit)
 
     # ---- one batch -------------------------------------------------------------------------
     def handle(self, data, context):
         started = time.perf_counter()
         self.context = context
+        self.budget = Budget(self.settings.batch_budget)
         jobs = [self.read(row, index) for index, row in enumerate(data)]
         self.decode_jobs(jobs)
+        for job in jobs:  # what was parsed has been decoded: the parsed bodies can go
+            if job.request is not None:
+                job.request.items = []
         self._forward([job for job in jobs if job.error is None])
         responses = [self._respond(context, index, job) for index, job in enumerate(jobs)]
         elapsed_ms = (time.perf_counter() - started) * 1000
@@ -212,15 +250,27 @@ class ToolkitHandler(BaseHandler):
     def read(self, row, index: int = 0) -> Job:
         """One TorchServe row (request ``index`` of the batch) as a Job: its request, decoded once
         (protocol.py: JSON, KServe v1/v2, v2's binary tensor extension), or the error it gets."""
+        job = Job(None)
+        self.current.job = job  # what parsing meters (self.spend) is this request's
         try:
             headers = request_headers(self.context, index)
-            request = protocol.parse_request(row, self.item_keys, self.v2_datatypes, self.limits, headers)
-            binary = protocol.wants_binary(request, self.v2_output_name)
-            if binary and headers is None:  # no context to set the answer's header length on
+            request = protocol.parse_request(row, self.item_keys, self.v2_datatypes, self.limits, headers, self.spend)
+            job.binary = protocol.wants_binary(request, self.v2_output_name)
+            if job.binary and headers is None:  # no context to set the answer's header length on
                 raise ClientError("binary outputs need a TorchServe worker's context: ask for JSON outputs")
-            return Job(request, binary=binary)
+            job.request = request
         except Exception as exc:  # noqa: BLE001 - one request's problem, whatever it is
-            return Job(None, client_error(exc, "the request could not be read"))
+            self.refuse(job, client_error(exc, "the request could not be read"))
+        finally:
+            self.current.job = None
+        return job
+
+    def refuse(self, job: Job, error: ClientError):
+        """Fail ``job`` with ``error``; what it had counted against its batch's budget is given back."""
+        job.fail(error)
+        budget = getattr(self, "budget", None)
+        if budget is not None:
+            budget.give_back(job)
 
     def decode_jobs(self, jobs: List[Job]):
         """Decode every item of the jobs not failed yet, in ``decode_threads`` threads."""
@@ -246,7 +296,7 @@ class ToolkitHandler(BaseHandler):
             error = client_error(exc, "the input could not be decoded")
             if len(job.request.items) > 1:
                 error = type(error)(f"input {position}: {error.message}", error.status)
-            job.fail(error)
+            self.refuse(job, error)
         finally:
             self.current.job = None
 

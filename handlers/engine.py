@@ -280,7 +280,9 @@ def build_app(engine: Engine) -> Starlette:
         Route("/metrics", metrics, methods=["GET"]),
     ]
     app = Starlette(routes=routes)
-    app.add_middleware(BodyLimit, limit=engine.frontend.max_request_size)
+    frontend = engine.frontend
+    inflight = frontend.max_inflight_bytes or engine_http.max_inflight_bytes(frontend.max_request_size)
+    app.add_middleware(BodyLimit, limit=frontend.max_request_size, inflight=InFlight(inflight))
     return app
 
 
@@ -343,36 +345,58 @@ class BodyTooLarge(Exception):
     pass
 
 
-class BodyLimit:
-    """ASGI middleware refusing, with 413, a request body above ``max_request_size``: by its
-    Content-Length before anything is read, or, sent chunked, as soon as what has arrived passes the
-    limit; either way the body is never held whole."""
+class InFlight:
+    """The bytes of request bodies the engine holds, all requests together (one event loop: no lock)."""
 
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
+    def __init__(self, limit: int):
+        self.limit, self.held = limit, 0
+
+
+class BodyLimit:
+    """ASGI middleware bounding request bodies (``engine_http``'s docstring):
+
+    - one body above ``max_request_size``: 413, by its Content-Length before anything is read, or,
+      sent chunked, as soon as what has arrived passes the limit; the body is never held whole;
+    - all bodies together: what has arrived of every request not answered yet (received, queued, at
+      a worker) above ``inflight.limit`` (``--max_inflight_bytes``): the request whose bytes would
+      pass it gets 503 with ``Retry-After``, as soon as they arrive (150 uploads of 32 MiB, sent or
+      half sent, no longer exhaust the engine);
+    - a body that stops arriving for ``BODY_IDLE_TIMEOUT`` seconds: 408."""
+
+    def __init__(self, app, limit: int, inflight: InFlight):
+        self.app, self.limit, self.inflight = app, limit, inflight
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        limit = self.limit
+        limit, inflight = self.limit, self.inflight
         length = dict(scope["headers"]).get(b"content-length", b"")
         if length.isdigit() and int(length) > limit:
-            return await self.refuse(scope, send, int(length))
-        seen, over, started = 0, False, False
+            return await self.refuse(scope, send, 413, self.too_large(int(length)))
+        seen, refusal, started = 0, None, False
 
         async def counted():
-            nonlocal seen, over
-            message = await receive()
+            nonlocal seen, refusal
+            try:
+                message = await asyncio.wait_for(receive(), engine_http.BODY_IDLE_TIMEOUT)
+            except asyncio.TimeoutError:
+                refusal = (408, f"no byte of the request body came for {engine_http.BODY_IDLE_TIMEOUT:.0f} s")
+                raise BodyTooLarge() from None
             if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > limit:
-                    over = True
+                size = len(message.get("body", b""))
+                if seen + size > limit:
+                    refusal = (413, self.too_large(seen + size, "at least "))
+                elif inflight.held + size > inflight.limit:
+                    refusal = (503, self.busy(inflight.limit))
+                if refusal:
                     raise BodyTooLarge()
+                seen += size
+                inflight.held += size
             return message
 
         async def tracked(message):
             nonlocal started
-            if over and not started:
+            if refusal and not started:
                 return
             started = started or message["type"] == "http.response.start"
             await send(message)
@@ -381,13 +405,27 @@ class BodyLimit:
             await self.app(scope, counted, tracked)
         except BodyTooLarge:
             pass
-        if over and not started:
-            await self.refuse(scope, send, seen, "at least ")
+        finally:
+            inflight.held -= seen
+        if refusal and not started:
+            await self.refuse(scope, send, *refusal)
 
-    async def refuse(self, scope, send, size: int, qualifier: str = ""):
-        message = f"the request body is {qualifier}{size:,} bytes, above the limit of {self.limit:,} (max_request_size)"
-        body = {"code": 413, "type": "RequestEntityTooLarge", "message": message, "error": message}
-        await JSONResponse(body, status_code=413)(scope, None, send)
+    def too_large(self, size: int, qualifier: str = "") -> str:
+        return f"the request body is {qualifier}{size:,} bytes, above the limit of {self.limit:,} (max_request_size)"
+
+    @staticmethod
+    def busy(limit: int) -> str:
+        return (
+            f"the engine holds {limit:,} bytes of request bodies in flight, its limit (--max_inflight_bytes): "
+            "send it again"
+        )
+
+    @staticmethod
+    async def refuse(scope, send, status: int, message: str):
+        kind = {408: "RequestTimeout", 413: "RequestEntityTooLarge", 503: "ServiceUnavailableException"}[status]
+        body = {"code": status, "type": kind, "message": message, "error": message}
+        headers = {"Retry-After": "1"} if status == 503 else None
+        await JSONResponse(body, status_code=status, headers=headers)(scope, None, send)
 
 
 # ---- Running ------------------------------------------------------------------------------------
@@ -402,6 +440,11 @@ def parse_args(argv=None):
     parser.add_argument("--metrics_config", help="The workers' metrics.yaml (TorchServe's metrics_config).")
     parser.add_argument("--batch_size", type=int, help="Override every model's batchSize.")
     parser.add_argument("--max_batch_delay", type=int, help="Override every model's maxBatchDelay (ms).")
+    parser.add_argument(
+        "--max_inflight_bytes",
+        type=int,
+        help="Request bodies held at once, all requests together (default: a quarter of the memory limit).",
+    )
     args, unknown = parser.parse_known_args(argv)  # KServe passes --model_name and others it knows
     if unknown:
         logger.info("ignoring arguments the engine does not use: %s", " ".join(unknown))
@@ -419,6 +462,8 @@ def load_specs(args):
             spec.max_batch_delay = args.max_batch_delay
     if args.metrics_config:
         frontend.metrics_config = str(Path(args.metrics_config).resolve())
+    if args.max_inflight_bytes:
+        frontend.max_inflight_bytes = args.max_inflight_bytes
     # Without a config, a toolkit archive reads raw bodies (tsctl config's decode_input_request=false).
     decode = None if config else (lambda model_dir: identity.read(model_dir) is None)
     return specs, frontend, config, decode

@@ -55,11 +55,13 @@ import binascii
 import json
 import mimetypes
 import re
+import secrets
 import struct
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 SINGLE, LIST, V1, V2 = "single", "list", "v1", "v2"
 JSON_TYPE = "application/json"
@@ -80,6 +82,13 @@ NUMERIC = {  # v2 datatype -> numpy dtype of its binary form
     "FP64": "<f8",
 }
 DIGITS = re.compile(r"[0-9]{1,18}")
+MAX_DIMS = 64  # numpy's own limit on a shape's dimensions
+MAX_DIM = (1 << 63) - 1  # one dimension: what an int64 holds (a shape of 1,000-digit numbers is refused unmultiplied)
+MAX_DIGITS = 4300  # a JSON number of more digits costs quadratic time to parse (Python's own int limit)
+LONG_INT = re.compile(r"[0-9]{19}")
+LONG_NUMBER = re.compile(r"(?<![0-9])[0-9]{%d}" % (MAX_DIGITS + 1))  # from a run's start: linear
+JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+NUMBER_LIST = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|\[[-+0-9.eE,\s]+\]')  # a string, or a list of numbers
 JSON_SCALARS = frozenset((str, int, float, bool, type(None)))
 SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -96,6 +105,7 @@ class ClientError(Exception):
     """A problem with one request: answered with ``status`` and a JSON body, never a worker crash."""
 
     kind = "ClientError"
+    headers: Dict[str, str] = {}  # sent with the answer (Busy: Retry-After)
 
     def __init__(self, message: str, status: int = 400):
         super().__init__(message)
@@ -119,6 +129,17 @@ class ServerError(ClientError):
     """A batch or a worker that failed as a whole, in the words of TorchServe's frontend."""
 
     kind = "InternalServerException"
+
+
+class Busy(ClientError):
+    """A request within its own limits that does not fit beside the rest of its batch (the batch's
+    budget, handlers/base.py): 503 with ``Retry-After``; sent again, it is read in another batch."""
+
+    kind = "ServiceUnavailable"
+    headers = {"Retry-After": "1"}
+
+    def __init__(self, message: str, status: int = 503):
+        super().__init__(message, status)
 
 
 READ, INFERENCE, BATCH, WORKER = "read", "inference", "batch", "worker"
@@ -152,16 +173,24 @@ def error_for(exc: BaseException, stage: str = READ, what: str = "") -> ClientEr
     """The error a request gets for ``exc`` raised at ``stage`` (``STATUS``); ``what`` prefixes the
     message (``"the request could not be read"``)."""
     if isinstance(exc, ClientError):
-        return exc
+        return forget(exc)
     kind = MemoryError if out_of_memory(exc) else type(exc)
     _, status, error_class, words = next(row for row in STATUS[stage] if issubclass(kind, row[0]))
     message = words or f"{type(exc).__name__}: {exc}"
     return error_class(f"{what}: {message}" if what else message, status)
 
 
+def forget(error: BaseException) -> BaseException:
+    """``error`` without its traceback and chained exceptions: a refusal kept until its batch is
+    answered must not keep the frames that read the request, and with them its parsed body (770 MB
+    for a 32 MiB ``[[],[],...]``)."""
+    error.__traceback__ = error.__context__ = error.__cause__ = None
+    return error
+
+
 def encode_error(error: ClientError) -> Tuple[bytes, Dict[str, str]]:
     """A refused request's body and headers."""
-    return to_json(error.body()), {"Content-Type": JSON_TYPE}
+    return to_json(error.body()), {"Content-Type": JSON_TYPE, **error.headers}
 
 
 def too_large(subject: str, value: int, unit: str, setting: str, limit: int) -> ClientError:
@@ -183,6 +212,24 @@ class Limits:
     max_body_bytes: int = 32 << 20
     max_json_depth: int = 32
     max_json_values: int = 100_000
+    max_batch_bytes: int = 1 << 30  # what a whole batch's requests may take in memory once read
+
+
+VALUES, MEMORY = "values", "bytes once read"  # the units decode_request meters
+VALUE_BYTES = 160  # what one parsed JSON value may take (an object of one member: about 190 bytes for two)
+NUMBER_BYTES = 8  # one number read into an array (parse_numeric)
+
+
+Meter = Callable[[int, str, str, int], None]
+"""``meter(amount, unit, setting, limit)`` counts ``amount`` of ``unit`` (values, pixels...) for the
+request being read and raises once it passes ``limit``, the ``handler:`` setting named ``setting``
+(413), or its share of the batch's budget (503, ``Busy``: handlers/base.py)."""
+
+
+def within(amount: int, unit: str, setting: str, limit: int):
+    """The meter of a request read on its own: its own limit only."""
+    if amount > limit:
+        raise too_large("the request holds", amount, unit, setting, limit)
 
 
 def check_size(payload: Any, limits: Limits):
@@ -190,12 +237,13 @@ def check_size(payload: Any, limits: Limits):
         raise too_large("the request body is", len(payload), "bytes", "max_body_bytes", limits.max_body_bytes)
 
 
-def check_json(value: Any, limits: Limits):
+def check_json(value: Any, limits: Limits) -> int:
     """Refuse JSON nested deeper than ``max_json_depth`` or holding more than ``max_json_values``
-    values. Walked without recursion; a container is counted before its children are visited, so a
-    list of millions is refused at once."""
+    values; the values it holds. Walked without recursion; a container is counted before its
+    children are visited, so a list of millions is refused at once. (Arrays the numeric reader made,
+    ``read_json``, were counted before parsing.)"""
     if not isinstance(value, (list, dict)):
-        return
+        return 0
     count, stack = 0, [(value, 1)]
     while stack:
         node, depth = stack.pop()
@@ -208,6 +256,21 @@ def check_json(value: Any, limits: Limits):
         if set(map(type, children)) <= JSON_SCALARS:  # no containers: not walked value by value
             continue
         stack.extend((child, depth + 1) for child in children if isinstance(child, (list, dict)))
+    return count
+
+
+def json_values(text: str, limits: Limits) -> int:
+    """How many values (list items, object members) the JSON ``text`` holds, at most, counted before
+    it is parsed: its commas plus its containers, outside strings. The count over the raw text is
+    exact enough unless it passes the limit; then strings (whose commas are text) are left out and it
+    is counted again. A number of more than ``MAX_DIGITS`` digits (quadratic to parse) is refused."""
+    count = text.count(",") + text.count("[") + text.count("{") - text.count("[]") - text.count("{}")
+    if count > limits.max_json_values or LONG_NUMBER.search(text):
+        bare = JSON_STRING.sub('""', text)
+        count = bare.count(",") + bare.count("[") + bare.count("{") - bare.count("[]") - bare.count("{}")
+        if LONG_NUMBER.search(bare):
+            raise ClientError(f"the JSON body holds a number of more than {MAX_DIGITS:,} digits")
+    return count
 
 
 def check_count(items: list, limits: Limits):
@@ -297,9 +360,10 @@ def parse_request(
     v2_datatypes: Sequence[str] = ("BYTES",),
     limits: Limits = Limits(),
     headers: Optional[Mapping] = None,
+    meter: Meter = within,
 ) -> Request:
     """Split one TorchServe row, of a request with these HTTP ``headers``, into items."""
-    return decode_request(row_payload(row), headers, item_keys, v2_datatypes, limits)
+    return decode_request(row_payload(row), headers, item_keys, v2_datatypes, limits, meter)
 
 
 def decode_request(
@@ -308,45 +372,127 @@ def decode_request(
     item_keys: Sequence[str],
     v2_datatypes: Sequence[str] = ("BYTES",),
     limits: Limits = Limits(),
+    meter: Meter = within,
 ) -> Request:
     """A request body (bytes, text, or JSON TorchServe parsed already) and its HTTP headers, split
     into items. ``item_keys`` name the JSON fields that hold one item; ``v2_datatypes`` the KServe v2
-    datatypes the handler takes; ``limits`` bound the request."""
+    datatypes the handler takes (a numeric one: lists of numbers are read straight into arrays);
+    ``limits`` bound the request; ``meter`` counts its values before they are parsed (``Meter``)."""
     check_size(payload, limits)
     length = header_length(headers)
+    numeric = any(datatype in NUMERIC for datatype in v2_datatypes)
     if length is None:
-        body = maybe_json(payload, limits)
-        check_json(body, limits)
+        body = read_json(payload, limits, meter, numeric)
     else:
         header, binary = split_body(payload, length)
-        body = read_header(header, limits)
-        attach(body["inputs"], binary, limits, "input")
-    request = _split(body, item_keys, v2_datatypes)
+        body = read_header(header, limits, meter)
+        attach(body["inputs"], binary, limits, "input", meter)
+    request = _split(body, item_keys, v2_datatypes, limits)
     check_count(request.items, limits)
     return request
+
+
+def read_json(payload: Any, limits: Limits = Limits(), meter: Meter = within, numeric: bool = False) -> Any:
+    """A body as JSON, within the limits, its values metered before it is parsed; anything that is
+    not JSON as it is (``maybe_json``). JSON TorchServe parsed already is checked as it is."""
+    text = json_text(payload)
+    if text is None:
+        if isinstance(payload, (list, dict)):  # parsed by TorchServe (decode_input_request)
+            meter(check_json(payload, limits), VALUES, "max_json_values", limits.max_json_values)
+        return payload
+    values = json_values(text, limits)
+    meter(values, VALUES, "max_json_values", limits.max_json_values)
+    if numeric:
+        body = parse_numeric(text, limits, values, meter)
+    else:
+        meter(len(text) + VALUE_BYTES * values, MEMORY, "max_batch_bytes", limits.max_batch_bytes)
+        body = _loads(text, limits)
+    if body is None:
+        return payload  # not JSON after all
+    check_json(body, limits)
+    return body
+
+
+def json_text(payload: Any) -> Optional[str]:
+    """The text of bytes or text that look like a JSON object or array, else None."""
+    if isinstance(payload, (bytes, bytearray)):
+        head = bytes(payload[:64]).lstrip()
+        if head[:1] not in (b"{", b"["):
+            return None
+        try:
+            return str(payload, "utf-8")  # no copy of a bytearray first
+        except UnicodeDecodeError:
+            return None
+    if isinstance(payload, str) and payload.lstrip()[:1] in ("{", "["):
+        return payload
+    return None
+
+
+def _loads(text: str, limits: Limits, **hooks) -> Any:
+    """``json.loads``, or None when the text is not JSON; too deep for the parser is a 413."""
+    try:
+        return json.loads(text, **hooks)
+    except RecursionError:
+        raise too_deep(limits.max_json_depth) from None
+    except ValueError:
+        return None
+
+
+def parse_numeric(text: str, limits: Limits = Limits(), values: int = 0, meter: Meter = within) -> Any:
+    """JSON whose lists of numbers become float64 or int64 arrays as they are parsed, never a Python
+    number per value (15 M floats: 120 MB instead of 480 MB): each such list is read by numpy from
+    the text, and the rest of the JSON parsed around it. A list numpy cannot read exactly (not JSON
+    numbers, an int above int64) is left to the JSON parser. What it will take in memory is metered
+    before any of it is built: ``values`` (``json_values``), of which the listed numbers as arrays."""
+    np = numpy()
+    spans = [m.span() for m in NUMBER_LIST.finditer(text) if text[m.start()] == "["]
+    numbers = sum(text.count(",", start, end) + 1 for start, end in spans)
+    estimate = len(text) + NUMBER_BYTES * numbers + VALUE_BYTES * max(0, values - numbers)
+    meter(estimate, MEMORY, "max_batch_bytes", limits.max_batch_bytes)
+    arrays, pieces, last = [], [], 0
+    mark = "tsctl:" + secrets.token_hex(16)  # the key of a placeholder object; no body can guess it
+    for start, end in spans:
+        array = _number_list(np, text[start:end])
+        if array is None:
+            continue
+        pieces += [text[last:start], '{"%s":%d}' % (mark, len(arrays))]
+        arrays.append(array)
+        last = end
+    if not arrays:
+        return _loads(text, limits)
+    pieces.append(text[last:])
+
+    def placeholder(members: dict):
+        return arrays[members[mark]] if len(members) == 1 and mark in members else members
+
+    return _loads("".join(pieces), limits, object_hook=placeholder)
+
+
+def _number_list(np, text: str):
+    """``[1, 2.5, -3e2]`` as the array ``np.asarray`` makes of the list (int64 when every value is a
+    whole number, else float64), or None when numpy cannot read it as JSON would (a number of 19 or
+    more digits, text that is not JSON numbers)."""
+    inner = text[1:-1].strip()
+    if not inner or inner.endswith(",") or inner.startswith(","):
+        return None
+    if LONG_INT.search(inner):  # an int beyond int64 (numpy would make objects of the list): Python's
+        return None
+    whole = not any(c in inner for c in ".eE")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy warns, and stops, at what it cannot read
+        try:
+            array = np.fromstring(inner, dtype=np.int64 if whole else np.float64, sep=",")
+        except (ValueError, DeprecationWarning):
+            return None
+    return array if array.size == inner.count(",") + 1 else None
 
 
 def maybe_json(payload: Any, limits: Limits = Limits()) -> Any:
     """Parse bytes or text that look like a JSON object or array; anything else is returned as is.
     JSON nested too deep for the parser is refused (413), never a RecursionError."""
-    if isinstance(payload, (bytes, bytearray)):
-        head = bytes(payload[:64]).lstrip()
-        if head[:1] not in (b"{", b"["):
-            return payload
-        try:
-            text = str(payload, "utf-8")  # no copy of a bytearray first
-        except UnicodeDecodeError:
-            return payload
-    elif isinstance(payload, str) and payload.lstrip()[:1] in ("{", "["):
-        text = payload
-    else:
-        return payload
-    try:
-        return json.loads(text)
-    except RecursionError:
-        raise too_deep(limits.max_json_depth) from None
-    except ValueError:
-        return payload
+    text = json_text(payload)
+    body = None if text is None else _loads(text, limits)
+    return payload if body is None else body
 
 
 def text_request(row: Any, headers: Optional[Mapping], limits: Limits = Limits()) -> Optional[Request]:
@@ -381,17 +527,17 @@ def text_request(row: Any, headers: Optional[Mapping], limits: Limits = Limits()
     return Request([text], SINGLE)
 
 
-def _split(body: Any, item_keys: Sequence[str], v2_datatypes: Sequence[str]) -> Request:
+def _split(body: Any, item_keys: Sequence[str], v2_datatypes: Sequence[str], limits: Limits = Limits()) -> Request:
     if isinstance(body, dict):
         if "instances" in body:
-            return Request(_item_list(body["instances"], "instances"), V1)
+            return Request(_item_list(body["instances"], "instances", limits), V1)
         if "inputs" in body and _looks_like_v2(body["inputs"]):
             return _parse_v2(body, v2_datatypes)
         for key in item_keys:
             if key in body:
                 value = body[key]
-                if isinstance(value, list):
-                    return Request(_item_list(value, key), LIST)
+                if _is_list(value):
+                    return Request(_item_list(value, key, limits), LIST)
                 return Request([value], SINGLE)
         keys = ", ".join(sorted(body)) or "none"
         wanted = ", ".join(repr(k) for k in item_keys)
@@ -399,18 +545,26 @@ def _split(body: Any, item_keys: Sequence[str], v2_datatypes: Sequence[str]) -> 
             f"the JSON body has no input field (found keys: {keys}); send one of {wanted}, "
             "'instances' (KServe v1) or 'inputs' (KServe v2)"
         )
-    if isinstance(body, list):
-        return Request(_item_list(body, "the body list"), LIST)
+    if _is_list(body):
+        return Request(_item_list(body, "the body list", limits), LIST)
     if body is None:
         raise ClientError("the request body is empty")
     return Request([body], SINGLE)
 
 
-def _item_list(value: Any, where: str) -> list:
-    if not isinstance(value, list):
+def _is_list(value: Any) -> bool:
+    """A JSON list: a list, or a list of numbers read as an array (``parse_numeric``)."""
+    return isinstance(value, list) or (getattr(value, "ndim", 0) >= 1 and hasattr(value, "dtype"))
+
+
+def _item_list(value: Any, where: str, limits: Limits = Limits()) -> list:
+    if not _is_list(value):
         raise ClientError(f"{where} must be a list, got {type(value).__name__}")
-    if not value:
+    if not len(value):
         raise ClientError(f"{where} is empty: send at least one input")
+    if not isinstance(value, list):  # an array of numbers: its rows, once they are known to be few
+        check_count(value, limits)
+        return list(value)
     return value
 
 
@@ -432,17 +586,17 @@ def _parse_v2(body: dict, datatypes: Sequence[str]) -> Request:
     missing = [k for k in ("name", "shape", "datatype", "data") if k not in tensor]
     if missing:
         raise ClientError(f"KServe v2 input is missing {', '.join(missing)}")
-    shape, datatype, data = tensor["shape"], tensor["datatype"], tensor["data"]
+    shape, datatype, data = as_shape(tensor["shape"]), tensor["datatype"], tensor["data"]
     count = element_count(shape)
-    if isinstance(data, list):
+    if datatype not in datatypes:
+        wanted = ", ".join(datatypes)
+        raise ClientError(f"KServe v2 datatype {datatype!r} is not supported by this model; send {wanted}")
+    if _is_list(data):
         values = _flatten(data) if datatype == "BYTES" else data
     elif isinstance(data, Binary):  # the binary extension's data, read already
         values = data.value
     else:
         raise ClientError(f"KServe v2 input 'data' must be a list, got {type(data).__name__}")
-    if datatype not in datatypes:
-        wanted = ", ".join(datatypes)
-        raise ClientError(f"KServe v2 datatype {datatype!r} is not supported by this model; send {wanted}")
     if datatype != "BYTES":  # a numeric tensor: one item per row of the first dimension
         values = values if isinstance(data, Binary) else json_tensor(values, datatype, shape, count)
     elif count != len(values):
@@ -454,13 +608,35 @@ def _parse_v2(body: dict, datatypes: Sequence[str]) -> Request:
     return Request(items, V2, v2_id=body.get("id"), v2_binary_output=binary_output, v2_outputs=outputs)
 
 
+def as_shape(shape: Any) -> Any:
+    """A shape the numeric reader made an int64 array (``parse_numeric``) as the list it was sent as."""
+    if isinstance(shape, list) or not _is_list(shape) or shape.ndim != 1 or len(shape) > MAX_DIMS:
+        return shape
+    return shape.tolist() if shape.dtype.kind in "iu" else shape
+
+
 def element_count(shape: Any) -> int:
-    if not (isinstance(shape, list) and shape and all(type(d) is int and d >= 0 for d in shape)):
-        raise ClientError(f"KServe v2 input 'shape' must be a list of non-negative integers, got {shape!r}")
+    """The values a v2 ``shape`` holds. Its form is checked first, so the product is of at most 64
+    numbers of at most 63 bits: a shape of 8,000 dimensions of 1,000 digits is refused, not multiplied."""
+    if not (
+        isinstance(shape, list)
+        and 0 < len(shape) <= MAX_DIMS
+        and all(type(d) is int and 0 <= d <= MAX_DIM for d in shape)
+    ):
+        raise ClientError(
+            f"KServe v2 input 'shape' must be a list of 1 to {MAX_DIMS} non-negative integers below 2**63, "
+            f"got {shown_shape(shape)}"
+        )
     count = 1
     for dim in shape:
         count *= dim
     return count
+
+
+def shown_shape(shape: Any) -> str:
+    """A shape for an error message, cut short: an attacker's may be megabytes."""
+    text = repr(shape) if not isinstance(shape, list) or len(shape) <= MAX_DIMS else f"a list of {len(shape):,} values"
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def json_tensor(data: list, datatype: str, shape: List[int], count: int):
@@ -569,12 +745,17 @@ def split_body(payload: Any, length: int) -> Tuple[Any, memoryview]:
     return bytes(view[:length]), view[length:]
 
 
-def read_header(header: Any, limits: Limits) -> dict:
+def read_header(header: Any, limits: Limits, meter: Meter = within) -> dict:
     """The JSON header as a KServe v2 request, within the JSON limits."""
     what = f"the JSON header (the first bytes of the body, as many as {HEADER} says)"
     if isinstance(header, bytes):
         try:
-            header = json.loads(header.decode("utf-8"))
+            text = header.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ClientError(f"{what} is not valid JSON: {exc}") from None
+        meter(json_values(text, limits), VALUES, "max_json_values", limits.max_json_values)
+        try:
+            header = json.loads(text)
         except RecursionError:
             raise too_deep(limits.max_json_depth) from None
         except ValueError as exc:
@@ -591,7 +772,7 @@ def read_header(header: Any, limits: Limits) -> dict:
     return header
 
 
-def attach(tensors: list, binary: memoryview, limits: Optional[Limits], what: str = "input"):
+def attach(tensors: list, binary: memoryview, limits: Optional[Limits], what: str = "input", meter: Meter = within):
     """Give each tensor sent as binary data its ``data`` (a ``Binary``), read from its share of
     ``binary``; the shares must add up to exactly what follows the JSON header."""
     offset = 0
@@ -614,7 +795,7 @@ def attach(tensors: list, binary: memoryview, limits: Optional[Limits], what: st
                 f"{len(binary) - offset:,} bytes of binary data are left after the JSON header"
             )
         raw = binary[offset : offset + size]
-        tensor["data"] = Binary(decode_tensor(tensor.get("datatype"), tensor.get("shape"), raw, limits))
+        tensor["data"] = Binary(decode_tensor(tensor.get("datatype"), tensor.get("shape"), raw, limits, meter))
         tensor["parameters"] = {k: v for k, v in parameters.items() if k != "binary_data_size"}
         offset += size
     if offset != len(binary):
@@ -624,7 +805,9 @@ def attach(tensors: list, binary: memoryview, limits: Optional[Limits], what: st
         )
 
 
-def decode_tensor(datatype: Any, shape: Any, raw: memoryview, limits: Optional[Limits] = Limits()):
+def decode_tensor(
+    datatype: Any, shape: Any, raw: memoryview, limits: Optional[Limits] = Limits(), meter: Meter = within
+):
     """One tensor's binary data: a list of bytes (BYTES), else an array of ``shape`` viewing ``raw``
     (no copy). The shape is counted against the limits (None: no limits) before anything is read."""
     count = element_count(shape)
@@ -636,10 +819,11 @@ def decode_tensor(datatype: Any, shape: Any, raw: memoryview, limits: Optional[L
     if dtype is None:
         known = ", ".join(["BYTES", *NUMERIC])
         raise ClientError(f"KServe v2 datatype {datatype!r} cannot be read as binary data; send one of {known}")
-    if limits is not None and count > limits.max_json_values:
-        raise too_large("the request holds", count, "values", "max_json_values", limits.max_json_values)
     np = numpy()
     itemsize = np.dtype(dtype).itemsize
+    if limits is not None:
+        meter(count, VALUES, "max_json_values", limits.max_json_values)
+        meter(count * itemsize, MEMORY, "max_batch_bytes", limits.max_batch_bytes)  # a view now, copied later
     if len(raw) != count * itemsize:
         raise ClientError(
             f"KServe v2 tensor of shape {shape} and datatype {datatype} needs {count * itemsize:,} bytes "

@@ -115,6 +115,8 @@ class Settings:
     max_body_bytes: int = 32 << 20  # a request body above this is refused before it is parsed
     max_json_depth: int = 32  # nesting of a JSON body
     max_json_values: int = 100_000  # values in a JSON body (list items and object members)
+    max_batch_bytes: int = 1 << 30  # memory a whole batch's requests may take once read (estimated before)
+    batch_budget: float = 4.0  # a batch holds at most this many requests' worth of each per-request limit
     decode_threads: int = 1  # decode a batch's inputs in this many threads
     torch_threads: int = 0  # intra-op threads per worker; 0: OMP_NUM_THREADS, else the cores / minWorkers
     verify_on_start: bool = False  # replay MAR-INF/golden.json at start; refuse to start if an answer drifted
@@ -123,9 +125,11 @@ class Settings:
     def check(self):
         if not 0 <= self.torch_threads <= MAX_TORCH_THREADS:
             return f"'handler.torch_threads' must be 0 (the cores / minWorkers) to {MAX_TORCH_THREADS}"
-        for key in ("max_body_bytes", "max_json_depth", "max_json_values", "decode_threads"):
+        for key in ("max_body_bytes", "max_json_depth", "max_json_values", "max_batch_bytes", "decode_threads"):
             if getattr(self, key) < 1:
                 return f"'handler.{key}' must be at least 1"
+        if self.batch_budget < 1:
+            return "'handler.batch_budget' must be at least 1 (one request's worth of each limit)"
         if self.max_items < 0:
             return "'handler.max_items' must be 0 (4 x batchSize) or more"
         return None

@@ -434,3 +434,38 @@ def test_a_stuck_load_ends_with_the_engine(tree, tmp_path):
         time.sleep(0.3)
     assert server.request(f"{engine.url}/ping", timeout=10)[0] == 500  # not healthy while it loads
     engine.stop(group=False)
+
+
+def partial_upload(port: int, declared: int, sent: int) -> socket.socket:
+    """A connection that declared a body of ``declared`` bytes and has sent ``sent`` of them."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(
+        b"POST /predictions/echo HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+        + b"Content-Length: %d\r\n\r\n" % declared
+        + b"a" * sent
+    )
+    return sock
+
+
+def test_bodies_in_flight_are_bounded_across_all_requests(tree):
+    """Half-sent uploads hold only what they sent; the body that would pass --max_inflight_bytes gets
+    503 with Retry-After as its bytes arrive, other requests go on, and a finished upload frees its
+    share. (150 half-sent 32 MiB uploads OOM-killed the KServe engine of #20's round.)"""
+    engine = Engine(tree, "--max_inflight_bytes", "3000000", "--enable_grpc", "false").wait_ready()
+    try:
+        holders = [partial_upload(engine.http, 2_000_000, 1_000_000) for _ in range(2)]
+        time.sleep(1)
+        pushing = partial_upload(engine.http, 2_000_000, 1_500_000)
+        answer = pushing.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in answer.lower(), answer[:300]
+        assert b"max_inflight_bytes" in answer
+        assert echo_json(engine, "small bodies still fit")[0] == 200
+        holders[0].sendall(b"a" * 1_000_000)  # completed: answered, and its 2 MB are released
+        assert holders[0].recv(65536).startswith(b"HTTP/1.1 200")
+        for sock in holders + [pushing]:
+            sock.close()
+        time.sleep(0.5)
+        status, _ = engine.post("/predictions/echo", b"b" * 2_500_000, timeout=30)
+        assert status == 200  # the abandoned uploads gave their bytes back
+    finally:
+        assert engine.stop() == 0
