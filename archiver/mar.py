@@ -44,6 +44,7 @@ import handlers
 from handlers import TOOLKIT_HANDLERS, archives, fit, identity, toolkit
 from handlers.settings import did_you_mean
 
+from . import requirements
 from .choices import ARCHIVE_FORMATS
 from .errors import UserError
 from .model_config import check_model_config, parse_model_config
@@ -448,9 +449,11 @@ def _requirements(path: Optional[str], needed, inputs: Inputs) -> Optional[Tuple
         inputs._follow(source, "--requirements-file")
         name = source.name
         try:
-            lines = source.read_text(encoding="utf-8").splitlines()
+            text = source.read_text(encoding="utf-8")
         except (UnicodeDecodeError, IsADirectoryError) as exc:
             raise UserError(f"--requirements-file {path} is not a UTF-8 text file: {exc}") from None
+        requirements.check(text, f"--requirements-file {path}")  # plain requirements only: one line otherwise
+        lines = text.splitlines()
     named = {requirement_name(line) for line in lines if line.strip()}
     lines += [requirement for requirement in needed if requirement_name(requirement) not in named]
     if not lines:

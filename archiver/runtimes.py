@@ -19,7 +19,6 @@ Python 3.9; requirements/torch_linux.txt and torch_common.txt; kubernetes/kserve
 whose transformers is unpinned: the release current when the tag was cut is assumed).
 """
 
-import os
 import re
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Tuple
 
+from . import requirements
 from .errors import UserError
 
 PLATFORM = "x86_64-manylinux_2_28"  # uv's name; the images are Ubuntu 22.04+ on x86_64
@@ -106,11 +106,13 @@ class Lock:
         return (OFFLINE_HEADER if offline else "") + "".join(line + "\n" for line in self.lines)
 
 
-def lock(requirements: str, runtime: Runtime, where: str) -> Lock:
-    """Exact versions of ``requirements`` (requirements.txt text) and their dependencies for
-    ``runtime``: the image's own versions where the ranges allow them, else the lowest allowed with
-    the image's torch and numpy kept. A UserError naming ``where`` when nothing resolves."""
-    lines = [line for line in requirements.splitlines() if line.strip() and not line.lstrip().startswith(("#", "-"))]
+def lock(text: str, runtime: Runtime, where: str) -> Lock:
+    """Exact versions of ``text``'s requirements (requirements.txt, checked to be plain
+    requirements: ``archiver/requirements.py``) and their dependencies for ``runtime``: the image's
+    own versions where the ranges allow them, else the lowest allowed with the image's torch and
+    numpy kept. A UserError naming ``where`` when a line is not a plain requirement or nothing
+    resolves."""
+    lines = requirements.check(text, where)
     if not lines:
         return Lock([])
     from .mar import requirement_name  # here, not at the top: the CLI reads RUNTIMES for every command's --help
@@ -143,15 +145,20 @@ def lock(requirements: str, runtime: Runtime, where: str) -> Lock:
 
 
 def _compile(lines: List[str], python: str, pins: Dict[str, str], resolution: str) -> Tuple[list, str]:
-    """uv's resolver for the runtime's Python and platform: (pinned lines, None) or (None, uv's reason)."""
+    """uv's resolver for the runtime's Python and platform: (pinned lines, None) or (None, uv's reason).
+    Wheels only (``--no-build``: no sdist is built, no build backend runs), from one index, with
+    uv's configuration files and settings ignored (a planted ``uv.toml`` above the temporary
+    directory redirected it)."""
     with tempfile.TemporaryDirectory(prefix="tsctl-lock-") as tmp:
         (Path(tmp) / "requirements.in").write_text("\n".join(lines) + "\n", encoding="utf-8")
         constraints = "".join(f"{name}=={version}\n" for name, version in sorted(pins.items()))
         (Path(tmp) / "constraints.txt").write_text(constraints, encoding="utf-8")
         command = [sys.executable, "-m", "uv", "pip", "compile", "--quiet", "--no-header", "--no-annotate"]
+        command += ["--no-config", "--no-build", "--index-url", requirements.index_url()]
         command += ["--python-platform", PLATFORM, "--resolution", resolution]
         command += ["--python-version", python, "requirements.in", "-c", "constraints.txt"]
-        done = subprocess.run(command, cwd=tmp, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        env = requirements.tool_env()
+        done = subprocess.run(command, cwd=tmp, capture_output=True, text=True, stdin=subprocess.DEVNULL, env=env)
     if done.returncode != 0:
         text = " ".join(done.stderr.split())
         for marker in ("╰─▶", "cause:"):
@@ -167,28 +174,24 @@ def _compile(lines: List[str], python: str, pins: Dict[str, str], resolution: st
 def wheels(lock_lines: List[str], runtime: Runtime, into: Path) -> List[Path]:
     """Download the wheel of each locked package for the runtime's Python and platform into ``into``."""
     into.mkdir(parents=True, exist_ok=True)
-    requirements = into / "requirements.lock"
-    requirements.write_text("\n".join(lock_lines) + "\n", encoding="utf-8")
+    lockfile = into / "requirements.lock"
+    lockfile.write_text("\n".join(lock_lines) + "\n", encoding="utf-8")
     tag = runtime.python.replace(".", "")
-    command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"]
+    command = [sys.executable, "-m", "pip", "download", "--quiet", "--isolated", "--no-deps", "--only-binary=:all:"]
+    command += ["--index-url", requirements.index_url()]
     command += ["--python-version", runtime.python, "--implementation", "cp", "--abi", f"cp{tag}", "--abi", "abi3"]
     command += ["--abi", "none"] + [arg for p in PIP_PLATFORMS for arg in ("--platform", p)] + ["--platform", "any"]
-    command += ["-d", str(into), "-r", str(requirements)]
-    done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL, env=_pip_env())
-    requirements.unlink()
+    command += ["-d", str(into), "-r", str(lockfile)]
+    done = subprocess.run(
+        command, capture_output=True, text=True, stdin=subprocess.DEVNULL, env=requirements.tool_env()
+    )
+    lockfile.unlink()
     if done.returncode != 0:
         if "No module named pip" in done.stderr:
             raise UserError("--offline downloads wheels with pip, which is not installed: run 'uv pip install pip'")
         reason = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "pip failed"
         raise UserError(f"could not download the wheels for {runtime.name}: {reason}")
     return sorted(into.glob("*.whl"))
-
-
-def _pip_env() -> dict:
-    env = dict(os.environ)
-    env.pop("PIP_CONSTRAINT", None)
-    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    return env
 
 
 def for_runtime(archives: List[Path], runtime: Runtime, offline: bool, scratch: Path, notes: List[str]) -> dict:
@@ -200,7 +203,13 @@ def for_runtime(archives: List[Path], runtime: Runtime, offline: bool, scratch: 
     changes, locks = {}, {}
     for archive in archives:
         name = read_manifest(archive)["model"].get("requirementsFile")
-        text = read_member(archive, name).decode("utf-8", "replace") if name else ""
+        data = read_member(archive, name) if name else b""
+        if data is None:
+            raise UserError(
+                f"{archive}: its MANIFEST.json names requirementsFile {name!r}, which the archive does not hold: "
+                "package it again with its --requirements-file"
+            )
+        text = data.decode("utf-8", "replace")
         if not text.strip():
             continue
         if text not in locks:

@@ -1,0 +1,68 @@
+"""An archive's requirements file, read as data: package names and version ranges, nothing else.
+
+A requirements file can do more than name packages: ``name @ https://...``, a bare URL, ``git+...``,
+a local path or ``-e DIR`` make pip or uv fetch that URL, clone that repository or run that
+directory's ``setup.py`` on the machine that resolves them; option lines (``--index-url``,
+``--extra-index-url``, ``--find-links``, ``-r``, ``-c``) redirect where every package comes from.
+Whoever wrote the archive would run code on the machine that packages or exports it. So each line
+must be a requirement ``packaging`` reads (a name, extras, a version range, markers) without a URL;
+anything else is refused with one line naming the file, the line and the fix (``check``).
+
+Resolving and downloading (``archiver/runtimes.py``) then run uv and pip with their configuration
+files ignored, no environment settings of theirs, one explicit index (``index_url``) and binary
+wheels only: no sdist is built, no build backend runs.
+"""
+
+import os
+import re
+from typing import List
+
+from packaging.requirements import InvalidRequirement, Requirement
+
+from .errors import UserError
+
+DEFAULT_INDEX = "https://pypi.org/simple"
+FIX = "name the package and a version range instead (the package index must serve it as a wheel)"
+
+
+def check(text: str, where: str) -> List[str]:
+    """The requirement lines of ``text`` (comments and blank lines left out), each checked to be a
+    plain requirement; a UserError naming ``where`` and the line otherwise."""
+    lines = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = re.split(r"\s+--hash[= ]", raw.split(" #", 1)[0])[0].strip()  # pip's hashes: kept out
+        if not line or line.startswith("#"):
+            continue
+        shown = line if len(line) <= 120 else line[:120] + "..."
+        if line.startswith("-"):
+            raise UserError(
+                f"{where}, line {number}: {shown!r} is a pip option; an archive's requirements may only name "
+                f"packages (where they come from is the exporting machine's choice: --index-url); remove it"
+            )
+        try:
+            requirement = Requirement(line)
+        except InvalidRequirement:
+            raise UserError(
+                f"{where}, line {number}: {shown!r} is not a package requirement (a URL, a path or a VCS "
+                f"link would be fetched or built where it is resolved); {FIX}"
+            ) from None
+        if requirement.url:
+            raise UserError(
+                f"{where}, line {number}: {shown!r} names a URL ({requirement.url[:80]}), which would be "
+                f"fetched and built where it is resolved; {FIX}"
+            )
+        lines.append(line)
+    return lines
+
+
+def index_url() -> str:
+    """The one index packages are resolved from: ``TSCTL_INDEX_URL``, else PyPI."""
+    return os.environ.get("TSCTL_INDEX_URL") or DEFAULT_INDEX
+
+
+def tool_env() -> dict:
+    """The environment uv and pip run in: this one without their own settings (``UV_*``, ``PIP_*``:
+    an index, find-links or a config file given there would add sources), with config files off."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "PIP_"))}
+    env.update(UV_NO_CONFIG="1", PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1")
+    return env
