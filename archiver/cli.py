@@ -142,23 +142,25 @@ def package(golden, **flags):
 @click.argument("archive", type=click.Path())
 def inspect(archive):
     """Print an archive's manifest, files and sizes."""
+    from handlers import golden  # no torch: the golden.json format
+    from handlers.archives import printable  # names and values of the archive's: control characters escaped
+
     from . import mar
 
     manifest = mar.read_manifest(archive)
-    click.echo(json.dumps(manifest, indent=2))
+    click.echo(json.dumps(manifest, indent=2))  # JSON escapes control characters itself
     for name, size in sorted(mar.list_entries(archive)):
-        click.echo(f"{size:>12,d}  {name}")
-    from handlers import golden  # no torch: the golden.json format
-
+        click.echo(f"{size:>12,d}  {printable(name)}")
     recorded = golden.read(archive)
     if recorded is not None:
         fingerprint = recorded.get("fingerprint", {})
-        libraries = ", ".join(f"{k} {v}" for k, v in fingerprint.get("versions", {}).items() if v)
-        click.echo(f"golden: {len(recorded['cases'])} answers ({', '.join(c['name'] for c in recorded['cases'])})")
-        click.echo(f"  made by {fingerprint.get('handler')} with {libraries}")
-        click.echo(
-            f"  weights sha256 {fingerprint.get('weights_sha256')}; settings {json.dumps(fingerprint.get('settings'))}"
-        )
+        versions = fingerprint.get("versions") if isinstance(fingerprint.get("versions"), dict) else {}
+        libraries = ", ".join(f"{k} {v}" for k, v in versions.items() if v)
+        names = ", ".join(c["name"] for c in recorded["cases"])
+        click.echo(printable(f"golden: {len(recorded['cases'])} answers ({names})"))
+        click.echo(printable(f"  made by {fingerprint.get('handler')} with {libraries}"))
+        settings = json.dumps(fingerprint.get("settings"))
+        click.echo(printable(f"  weights sha256 {fingerprint.get('weights_sha256')}; settings {settings}"))
 
 
 @main.command(cls=Command)

@@ -53,7 +53,7 @@ MANIFEST = archives.MANIFEST
 ARCHIVER_VERSION = "0.12.0"  # the torch-model-archiver format these archives follow
 # Names and versions end up in config.properties' model_snapshot (JSON inside a Java properties
 # file, read again by KServe's wrapper with a plain split): only characters neither format escapes.
-MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-.]*$")
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-.]{0,127}$")  # 128 at most: a file name, a URL path segment
 VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-.+]{0,63}$")
 WEIGHT_SUFFIXES = (".pt", ".pth", ".pt2", ".bin", ".safetensors", ".onnx", ".ckpt", ".h5", ".msgpack")
 SKIP_DIRS = {"__pycache__", "__MACOSX"}
@@ -137,16 +137,23 @@ def check_target(target: Path, entries: Dict[str, Source]):
                 )
 
 
+def shown_name(name) -> str:
+    """A name for an error message: repr'd (control characters escaped) and cut to 80 characters."""
+    text = repr(name)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def plan(options: PackageOptions) -> Plan:
     """The archive's entries (name inside -> file on disk) and its manifest, after validation."""
     name = options.model_name
     if not MODEL_NAME.match(name or ""):
         raise UserError(
-            f"invalid --model-name {name!r}: use letters, digits, '_', '-' and '.', starting with a letter or digit"
+            f"invalid --model-name {shown_name(name)}: use up to 128 letters, digits, '_', '-' and '.', starting with "
+            "a letter or digit"
         )
     if not VERSION.match(options.version or ""):
         raise UserError(
-            f"invalid --version {options.version!r}: use up to 64 letters, digits, '.', '_', '+' and '-', "
+            f"invalid --version {shown_name(options.version)}: use up to 64 letters, digits, '.', '_', '+' and '-', "
             "starting with a letter or digit"
         )
     if options.archive_format not in ARCHIVE_FORMATS:

@@ -13,8 +13,7 @@ import difflib
 from pathlib import Path
 from typing import Optional
 
-import yaml
-
+from handlers import archives
 from handlers.settings import SettingsError, read_settings, shown
 
 from .errors import UserError
@@ -52,15 +51,13 @@ def load_model_config(path: Path) -> dict:
 
 
 def parse_model_config(text: bytes, where: str, fix: str) -> dict:
-    """model-config.yaml's content as a mapping ({} when empty); UserError naming ``where`` otherwise."""
+    """model-config.yaml's content as a mapping ({} when empty); UserError naming ``where`` otherwise.
+    Read within bounds (``archives.bounded_yaml``: an alias bomb is refused before it is built)."""
     try:
-        data = yaml.safe_load(text)
-    except RecursionError:
-        raise UserError(f"{where} nests deeper than Python can read: {fix}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" (line {mark.line + 1})" if mark else ""
-        raise UserError(f"{where} is not valid YAML{line}: {fix}") from None
+        data = archives.bounded_yaml(text, where)
+    except archives.ArchiveError as exc:
+        message = str(exc)
+        raise UserError(message.replace(": fix the syntax", f": {fix}") if "YAML" in message else message) from None
     if data is None:
         return {}
     if not isinstance(data, dict):

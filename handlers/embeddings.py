@@ -88,7 +88,9 @@ class TextEmbedder(TextHandler):
             raise ModelLoadError(
                 "'handler.normalize: false' contradicts the Normalize module in modules.json: remove the setting"
             )
-        model = SentenceTransformer(self.hf_dir, device=str(self.device), local_files_only=True)
+        model = SentenceTransformer(
+            self.hf_dir, device=str(self.device), local_files_only=True, trust_remote_code=False
+        )
         return model.eval()
 
     def setup(self):

@@ -57,7 +57,30 @@ def read(archive) -> Optional[dict]:
         return None
     if not isinstance(golden, dict) or not isinstance(golden.get("cases"), list):
         raise archives.ArchiveError(f"{archive}: {GOLDEN} has no list of cases: package it again")
+    if not isinstance(golden.get("fingerprint", {}), dict):
+        raise archives.ArchiveError(f"{archive}: {GOLDEN}'s fingerprint is not an object: package it again")
+    for index, case in enumerate(golden["cases"]):
+        problem = case_problem(case)
+        if problem:
+            raise archives.ArchiveError(f"{archive}: {GOLDEN} case {index} {problem}: package it again")
     return golden
+
+
+CASE_TYPES = {"name": str, "content_type": str, "body_b64": str, "status": int}
+
+
+def case_problem(case: Any) -> Optional[str]:
+    """What is wrong with one recorded case's shape, or None."""
+    if not isinstance(case, dict):
+        return f"is not an object but {type(case).__name__}"
+    for key, kind in CASE_TYPES.items():
+        if not isinstance(case.get(key), kind) or isinstance(case.get(key), bool):
+            return f"has no {key} of type {kind.__name__}"
+    try:
+        base64.b64decode(case["body_b64"], validate=True)
+    except ValueError:
+        return "has a body_b64 that is not base64"
+    return None
 
 
 def body(case: dict) -> bytes:

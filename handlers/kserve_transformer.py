@@ -30,13 +30,12 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 import torch
 import ts
-import yaml
 from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer, model_server
 from kserve.errors import InferenceError as KServeInferenceError
 from kserve.errors import InvalidInput
 from ts.context import Context
 
-from . import golden, identity, protocol
+from . import archives, golden, identity, protocol
 from .archives import ArchiveError, check_inside, read_manifest, unpack
 from .base import Job
 from .protocol import ClientError, Request
@@ -57,7 +56,8 @@ def load_handler(archive, with_model: bool = False):
     if str(model_dir) not in sys.path:  # a handler file of the user's own, as a worker imports it
         sys.path.insert(0, str(model_dir))
     handler_class = getattr(importlib.import_module(record["module"]), record["class"])
-    config = yaml.safe_load((model_dir / model["configFile"]).read_text()) if model.get("configFile") else {}
+    config_file = model_dir / model["configFile"] if model.get("configFile") else None
+    config = archives.bounded_yaml(config_file.read_bytes(), str(config_file)) if config_file else {}
     context = Context(model["modelName"], str(model_dir), manifest, 1, None, ts.__version__, model_yaml_config=config)
     handler = handler_class()
     handler.with_model = with_model

@@ -41,7 +41,7 @@ def load_model(model_dir: str, manifest_model: dict, device: torch.device, allow
         return OnnxModel(path)
     if suffix == ".pt2":
         # An exported program is already in inference form; its module refuses .eval() and .to().
-        program = torch.export.load(path)
+        program = load_exported(path, allow_pickle)
         if device.type != "cpu":
             program = torch.export.passes.move_to_device_pass(program, device)
         return program.module()
@@ -134,3 +134,41 @@ def pick_device(gpu_id: Optional[int]) -> torch.device:
     if gpu_id is not None and torch.cuda.is_available():
         return torch.device(f"cuda:{gpu_id}")
     return torch.device("cpu")
+
+
+def load_exported(path: str, allow_pickle: bool):
+    """``torch.export.load`` that unpickles nothing unless ``allow_pickle``: torch.export falls back
+    to ``torch.load(weights_only=False)`` for weights and constants it cannot read safely and
+    ``pickle.loads`` its custom and opaque objects, so a .pt2 could run code from the MAR. Without
+    ``allow_pickle`` an archive holding such objects is refused, and every ``torch.load`` it makes is
+    weights-only (torch's own ``TORCH_FORCE_WEIGHTS_ONLY_LOAD``, for the load's duration)."""
+    if allow_pickle:
+        return torch.export.load(path)
+    import zipfile
+
+    from torch.export.pt2_archive import constants
+
+    prefixes = (constants.CUSTOM_OBJ_FILENAME_PREFIX, constants.OPAQUE_OBJ_FILENAME_PREFIX)
+    with zipfile.ZipFile(path) as archive:
+        pickled = [n for n in archive.namelist() if os.path.basename(n).startswith(prefixes)]
+    if pickled:
+        raise ModelLoadError(
+            f"{os.path.basename(path)} holds pickled objects ({pickled[0]}), which run code when they load: "
+            "export the model without custom objects, or set handler.allow_pickle: true if you trust the MAR"
+        )
+    saved = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        return torch.export.load(path)
+    except Exception as exc:  # noqa: BLE001 - a weights-only refusal names what was pickled
+        if "weights_only" in str(exc) or "Weights only load failed" in str(exc):
+            raise ModelLoadError(
+                f"{os.path.basename(path)} holds pickled data that runs code when it loads: set "
+                "handler.allow_pickle: true if you trust the MAR"
+            ) from None
+        raise
+    finally:
+        if saved is None:
+            os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
+        else:
+            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = saved

@@ -57,15 +57,19 @@ class TextHandler(ToolkitHandler):
         self.hf_dir = self.hf_directory()
         onnx = os.path.join(self.hf_dir, ONNX_FILE)
         if os.path.isfile(onnx):  # the same directory exported to ONNX: ONNX Runtime runs it
-            config = transformers.AutoConfig.from_pretrained(self.hf_dir, local_files_only=True)
+            config = transformers.AutoConfig.from_pretrained(
+                self.hf_dir, local_files_only=True, trust_remote_code=False
+            )
             return OnnxModel(onnx, config)
-        model = getattr(transformers, self.auto_class).from_pretrained(self.hf_dir, local_files_only=True)
+        model = getattr(transformers, self.auto_class).from_pretrained(
+            self.hf_dir, local_files_only=True, trust_remote_code=False
+        )
         return model.to(self.device).eval()
 
     def setup(self):
         from transformers import AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(self.hf_dir, local_files_only=True)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.hf_dir, local_files_only=True, trust_remote_code=False)
         self.max_length = self.settings.max_length or self.default_max_length()
 
     directory_files = ("config.json",)  # the serialized directory holds one of these

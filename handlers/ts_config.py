@@ -20,9 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-import yaml
-
-from .archives import ArchiveError, read_manifest, read_member
+from .archives import bounded_yaml, read_manifest, read_member
 
 SNAPSHOT_KEYS = ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout")
 SNAPSHOT_DEFAULTS = {"minWorkers": 1, "maxWorkers": 1, "batchSize": 1, "maxBatchDelay": 100, "responseTimeout": 120}
@@ -231,10 +229,7 @@ def archive_config(archive: Path) -> dict:
     """The archive's model-config.yaml as a dict ({} without one)."""
     config_file = read_manifest(archive)["model"].get("configFile")
     data = read_member(archive, config_file, MAX_CONFIG_BYTES) if config_file else None
-    try:
-        config = yaml.safe_load(data) if data else {}
-    except yaml.YAMLError as exc:
-        raise ArchiveError(f"{archive}: {config_file} is not valid YAML ({exc}): package it again") from None
+    config = bounded_yaml(data, f"{archive}: {config_file}") if data else {}
     return config if isinstance(config, dict) else {}
 
 
