@@ -119,8 +119,9 @@ def test_inspect_escapes_what_the_archive_names(image_sample, tmp_path):
 
 
 def test_a_model_name_too_long_is_one_line(image_sample, tmp_path):
-    done = tsctl("package", "--model-name", "a" * 5000, "--serialized-file", str(image_sample / "resnet18.pt"),
-                 "--model-file", str(image_sample / "model.py"), "--handler", "image_classifier", cwd=tmp_path)  # fmt: skip
+    weights, model_file = str(image_sample / "resnet18.pt"), str(image_sample / "model.py")
+    done = tsctl("package", "--model-name", "a" * 5000, "--serialized-file", weights,
+                 "--model-file", model_file, "--handler", "image_classifier", cwd=tmp_path)  # fmt: skip
     one_line_error(done, "--model-name", "up to 128")
     assert len(done.stderr) < 500
 
@@ -145,7 +146,8 @@ def test_a_pt2_holding_a_pickle_is_refused_without_allow_pickle(tmp_path):
     evil = tmp_path / "pkg" / "model.pt2"
     with zipfile.ZipFile(good) as src, zipfile.ZipFile(evil, "w") as dst:
         for item in src.infolist():
-            dst.writestr(item, buffer.getvalue() if item.filename.endswith("sample_inputs/model.pt") else src.read(item))
+            inputs = item.filename.endswith("sample_inputs/model.pt")
+            dst.writestr(item, buffer.getvalue() if inputs else src.read(item))
     from archiver import mar
 
     def package(config: str) -> Path:
