@@ -64,7 +64,7 @@ def rewritten(archive: Path, replace: dict, add: dict = None) -> Path:
 
 
 BOMB = "".join(
-    [f'l0: &l0 [{", ".join(["x"] * 9)}]\n']
+    [f"l0: &l0 [{', '.join(['x'] * 9)}]\n"]
     + [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 10)]
     + ["minWorkers: 1\n"]
 )
