@@ -25,10 +25,11 @@ class Command(click.Command):
 
     def invoke(self, ctx):
         from handlers.archives import ArchiveError
+        from handlers.signing import SignatureError
 
         try:
             return super().invoke(ctx)
-        except (UserError, ServerError, ArchiveError) as error:
+        except (UserError, ServerError, ArchiveError, SignatureError) as error:
             click.secho(f"error: {error}", fg="red", err=True)
             ctx.exit(error.exit_code)
 
@@ -107,6 +108,11 @@ def init(name, kind):
     "--golden",
     type=click.Path(),
     help="Inputs (a directory, or a JSON list of request bodies) whose answers the archive keeps, for 'tsctl verify'.",
+)
+@click.option(
+    "--sign-key",
+    type=click.Path(),
+    help="Sign every file with this PEM EC private key (OpenSSF model-signing, MAR-INF/model.sig).",
 )
 def package(golden, **flags):
     """Build model-store/NAME.mar (torch-model-archiver's flags)."""
@@ -282,9 +288,21 @@ def predict(model, inputs, home, timeout):
 @click.option("--timeout", default=60.0, show_default=True)
 @click.option("--golden-from", type=click.Path(), help="Use another archive's golden answers (an export's original).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def verify(archive, url, served, home, protocol, model, atol, timeout, golden_from, as_json):
-    """Replay ARCHIVE's golden requests (package --golden) and compare each answer with the recorded one."""
+@click.option("--public-key", type=click.Path(), help="Check ARCHIVE's signature (package --sign-key) with this key.")
+def verify(archive, url, served, home, protocol, model, atol, timeout, golden_from, as_json, public_key):
+    """Replay ARCHIVE's golden requests (package --golden) and compare each answer with the recorded one;
+    with --public-key, check its signature first (and stop there when it has no golden answers)."""
+    from handlers import golden as golden_format
+
     from . import golden
+
+    if public_key:
+        from . import signing
+
+        signing.verify_archive(archive, public_key)
+        click.echo(f"{archive}: signature verified: every file is as signed")
+        if not served and not url and golden_format.read(archive) is None:
+            return
 
     if served:
         if url:
@@ -309,9 +327,11 @@ def verify(archive, url, served, home, protocol, model, atol, timeout, golden_fr
 @main.command(cls=Command)
 @click.argument("archive", type=click.Path())
 @click.argument("inputs", nargs=-1, required=True, type=click.Path())
-def run(archive, inputs):
+@click.option("--public-key", type=click.Path(), help="Run ARCHIVE only if it is signed with this key's private half.")
+def run(archive, inputs, public_key):
     """Run ARCHIVE's handler in-process (no server) on INPUT files as one batch."""
     from handlers.archives import ArchiveError
+    from handlers.signing import SignatureError
 
     from . import mar
 
@@ -320,8 +340,8 @@ def run(archive, inputs):
     from handlers.testing import LocalModel
 
     try:
-        model = LocalModel(archive, batch_size=len(paths))
-    except ArchiveError:
+        model = LocalModel(archive, batch_size=len(paths), public_key=public_key)
+    except (ArchiveError, SignatureError):
         raise
     except Exception as exc:  # the archive's own handler failed to load: its error, in one line
         raise handler_failure(archive, exc) from None

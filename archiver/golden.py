@@ -109,11 +109,11 @@ def package(options: mar.PackageOptions, source: str) -> Tuple[Path, mar.Plan, d
     if (target.exists() or target.is_symlink()) and not options.force:
         raise UserError(f"{target} already exists: pass --force to overwrite it")
     with tempfile.TemporaryDirectory(prefix="tsctl-golden-") as scratch:
-        built, planned = mar.build(dataclasses.replace(options, export_path=scratch, force=True))
+        built, planned = mar.build(dataclasses.replace(options, export_path=scratch, force=True, sign_key=None))
         golden = record(built, Path(source), options.serialized_file)
         Path(options.export_path).mkdir(parents=True, exist_ok=True)
         data = (json.dumps(golden, indent=1, sort_keys=True) + "\n").encode()
-        mar.rewrite_archive(built, target, {answers.GOLDEN: data})
+        mar.rewrite_archive(built, target, {answers.GOLDEN: data}, options.sign_key)
     return target, planned, golden
 
 

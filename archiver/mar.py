@@ -20,6 +20,7 @@ model names and versions that config.properties could not carry.
 
 import ast
 import contextlib
+import dataclasses
 import errno
 import gzip
 import importlib
@@ -80,6 +81,7 @@ class PackageOptions:
     archive_format: str = "default"
     force: bool = False
     follow_symlinks: bool = False
+    sign_key: Optional[str] = None  # a PEM private key: MAR-INF/model.sig over every file (handlers/signing.py)
 
 
 @dataclass
@@ -107,6 +109,12 @@ def build(options: PackageOptions) -> Tuple[Path, Plan]:
     check_target(target, planned.entries)
     if (target.exists() or target.is_symlink()) and not options.force:
         raise UserError(f"{target} already exists: pass --force to overwrite it")
+    if options.sign_key:  # built aside, then signed as it is written in place
+        Path(options.export_path).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="tsctl-sign-", dir=options.export_path) as scratch:
+            built, _ = build(dataclasses.replace(options, export_path=scratch, force=True, sign_key=None))
+            rewrite_archive(built, target, {}, options.sign_key)
+        return target, planned
     try:
         Path(options.export_path).mkdir(parents=True, exist_ok=True)
         write_archive(target, planned.entries, planned.manifest, options.archive_format, options.force)
@@ -492,7 +500,7 @@ def _open(source: Source):
 # ---- writing ------------------------------------------------------------------------------------
 def write_archive(target: Path, entries: Dict[str, Source], manifest: dict, archive_format: str, force=True):
     """Write the archive; with ``force`` it replaces ``target``, else FileExistsError if it exists."""
-    manifest_bytes = (json.dumps(manifest, indent=2) + "\n").encode("utf-8")
+    manifest_bytes = manifest_text(manifest)
     epoch = _build_time(entries)
     if archive_format == "no-archive":
         _write_directory(target, entries, manifest_bytes, force)
@@ -657,12 +665,20 @@ def model_config(archive) -> dict:
     return parse_model_config(data, f"{archive}: {config_name}", "fix it and package again")
 
 
-def rewrite_archive(source: Path, target: Path, replace: Dict[str, Source]):
+def manifest_text(manifest: dict) -> bytes:
+    """MANIFEST.json's bytes, as every build writes them."""
+    return (json.dumps(manifest, indent=2) + "\n").encode("utf-8")
+
+
+def rewrite_archive(source: Path, target: Path, replace: Dict[str, Source], sign_key: Optional[str] = None):
     """Write ``target``: ``source`` (a .mar, .tar.gz or directory) with the entries in ``replace``
-    added or replaced, in the same format, atomically; ``source`` is not touched."""
+    added or replaced, in the same format, atomically; ``source`` is not touched. With ``sign_key``
+    the tree as written (MANIFEST.json included) is signed first: ``MAR-INF/model.sig``."""
     source = Path(source)
     manifest = read_manifest(source)
     what = _kind(source)
+    if sign_key and what == "dir":
+        raise UserError("--sign-key signs .mar and .tar.gz archives: drop --archive-format no-archive")
     with tempfile.TemporaryDirectory(prefix="tsctl-rewrite-", dir=target.parent) as tmp:
         if what == "dir":
             root = source
@@ -675,6 +691,14 @@ def rewrite_archive(source: Path, target: Path, replace: Dict[str, Source]):
             if path.is_file() and path.relative_to(root).as_posix() != MANIFEST
         }
         entries.update(replace)
+        if sign_key:  # root is the unpacked copy: make it the tree as written, and sign that
+            from . import signing
+
+            for name, data in replace.items():
+                (root / name).parent.mkdir(parents=True, exist_ok=True)
+                (root / name).write_bytes(data if isinstance(data, bytes) else Path(data).read_bytes())
+            (root / MANIFEST).write_bytes(manifest_text(manifest))
+            entries[signing.SIGNATURE] = signing.sign(root, sign_key)
         formats = {"dir": "no-archive", "tar": "tgz", "zip": "default"}
         write_archive(target, entries, manifest, formats[what], force=True)
 

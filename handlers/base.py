@@ -36,7 +36,7 @@ from typing import Any, List, Optional
 import torch
 from ts.torch_handler.base_handler import BaseHandler
 
-from . import envelopes, golden, protocol, toolkit
+from . import envelopes, golden, protocol, signing, toolkit
 from .loading import load_model, pick_device, pick_threads
 from .protocol import Busy, ClientError, InferenceError, Limits, Request, too_large  # noqa: F401 (InferenceError)
 from .settings import Settings, read_settings
@@ -122,6 +122,8 @@ class ToolkitHandler(BaseHandler):
     def initialize(self, context):
         properties = context.system_properties
         self.context = context
+        if signing.required_key():  # TSCTL_PUBLIC_KEY: TorchServe ran this code first; the engine checks before
+            signing.verify(properties.get("model_dir"), signing.required_key(), context.model_name)
         self.manifest = context.manifest or {}
         self.model_dir = properties.get("model_dir")
         self.model_name = context.model_name

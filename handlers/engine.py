@@ -45,7 +45,7 @@ from starlette.responses import JSONResponse
 from starlette.responses import Response as HttpResponse
 from starlette.routing import Route
 
-from . import engine_http, identity, ts_config
+from . import engine_http, identity, signing, ts_config
 from .archives import ArchiveError, check_inside, read_manifest, unpack
 from .engine_metrics import Metrics
 from .engine_workers import ModelWorkers
@@ -70,6 +70,8 @@ class Engine:
         try:
             for number, spec in enumerate(specs):
                 model_dir = unpack(spec.archive, os.path.join(self.run_dir, f"m{number}")).resolve()
+                if frontend.public_key:  # before any of the archive's code can run
+                    signing.verify(model_dir, frontend.public_key, spec.archive.name)
                 manifest = read_manifest(model_dir)
                 check_inside(model_dir, manifest)
                 model = manifest["model"]
@@ -441,6 +443,10 @@ def parse_args(argv=None):
     parser.add_argument("--batch_size", type=int, help="Override every model's batchSize.")
     parser.add_argument("--max_batch_delay", type=int, help="Override every model's maxBatchDelay (ms).")
     parser.add_argument(
+        "--public_key",
+        help="Serve only archives signed with this key's private half (tsctl package --sign-key); refuse the rest.",
+    )
+    parser.add_argument(
         "--max_inflight_bytes",
         type=int,
         help="Request bodies held at once, all requests together (default: a quarter of the memory limit).",
@@ -464,6 +470,7 @@ def load_specs(args):
         frontend.metrics_config = str(Path(args.metrics_config).resolve())
     if args.max_inflight_bytes:
         frontend.max_inflight_bytes = args.max_inflight_bytes
+    frontend.public_key = args.public_key
     # Without a config, a toolkit archive reads raw bodies (tsctl config's decode_input_request=false).
     decode = None if config else (lambda model_dir: identity.read(model_dir) is None)
     return specs, frontend, config, decode
@@ -538,6 +545,9 @@ def main(argv=None):
     except (ts_config.ConfigError, ArchiveError) as exc:
         print(f"tsctl engine: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except signing.SignatureError as exc:
+        print(f"tsctl engine: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)
     try:
         code = asyncio.run(serve(engine, args))
     finally:

@@ -64,7 +64,7 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Union
 
 from ts.torch_handler.request_envelope.base import BaseEnvelope
 
-from . import identity, worker
+from . import identity, signing, worker
 from .archives import check_inside, read_manifest, unpack
 from .worker import Request, Response, as_request
 
@@ -88,6 +88,7 @@ class LocalModel:
         decode_input_request: bool = True,
         limit_max_image_pixels: bool = True,
         metrics_config: Optional[str] = None,
+        public_key: Optional[str] = None,
     ):
         archive = Path(archive)
         self.decode_input_request = decode_input_request
@@ -106,6 +107,8 @@ class LocalModel:
                 self._tmp = tempfile.mkdtemp(prefix="tsctl-run-")
                 self.model_dir = unpack(archive, self._tmp).resolve()
             check_inside(self.model_dir, self.manifest)
+            if public_key:  # before any of the archive's code is imported
+                signing.verify(self.model_dir, public_key, archive.name)
             model = self.manifest["model"]
             self.model_name = model["modelName"]
             self._names = own_names(self.model_dir, model)

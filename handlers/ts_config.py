@@ -101,6 +101,7 @@ class Frontend:
     max_request_size: int = 6553500  # TorchServe's default
     job_queue_size: int = 100  # per model version; a full queue answers 503
     max_inflight_bytes: Optional[int] = None  # the engine's bodies in flight (None: engine_http's default)
+    public_key: Optional[str] = None  # the engine serves only archives signed for it (handlers/signing.py)
     envelope: Optional[str] = None  # service_envelope: kserve / kservev2 wrap non-toolkit handlers
     decode_input_request: bool = True
     limit_max_image_pixels: bool = True

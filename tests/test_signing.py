@@ -1,0 +1,162 @@
+"""Signed archives (issue #21): ``tsctl package --sign-key`` signs every file in the OpenSSF
+model-signing format, ``tsctl verify --public-key`` checks it, and what serves an archive refuses
+one whose signature is missing or does not match, naming the first file that differs: the tsctl
+engine (``--public_key``, before any of the archive's code runs), ``LocalModel``/``tsctl run``, and
+toolkit handlers on TorchServe (``TSCTL_PUBLIC_KEY``). A signed archive still serves on stock
+TorchServe, and model-signing's own CLI verifies it unpacked.
+"""
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from test_engine import Engine, snapshot_entry, write_config
+
+from conftest import RunningServer, package_resnet, post
+from handlers.signing import SignatureError
+from handlers.testing import LocalModel
+
+BIN = Path(sys.executable).parent
+
+
+def key_pair(where: Path, name: str):
+    key = ec.generate_private_key(ec.SECP256R1())
+    private, public = where / f"{name}.pem", where / f"{name}.pub.pem"
+    private.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    public.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    return private, public
+
+
+@pytest.fixture(scope="module")
+def signed(image_sample, tmp_path_factory):
+    """A key pair, another public key, and resnet18 signed (with golden answers) and unsigned."""
+    root = tmp_path_factory.mktemp("signing")
+    private, public = key_pair(root, "signer")
+    _, other = key_pair(root, "other")
+    store = root / "model-store"
+    golden = root / "golden"
+    golden.mkdir()
+    (golden / "kitten.jpg").write_bytes((image_sample / "kitten.jpg").read_bytes())
+    done = subprocess.run(
+        [str(BIN / "tsctl"), "package", "--model-name", "signed",
+         "--serialized-file", str(image_sample / "resnet18.pt"),
+         "--model-file", str(image_sample / "model.py"), "--handler", "image_classifier", "--extra-files",
+         str(image_sample / "index_to_name.json"), "--export-path", str(store), "--golden", str(golden),
+         "--sign-key", str(private)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    unsigned = package_resnet(image_sample, root / "unsigned-store", name="unsigned")
+    return {"root": root, "public": public, "other": other, "archive": store / "signed.mar", "unsigned": unsigned}
+
+
+def tampered(archive: Path, entry: str) -> Path:
+    out = archive.parent.parent / f"tampered-{entry.replace('/', '_')}" / archive.name
+    out.parent.mkdir(exist_ok=True)
+    with zipfile.ZipFile(archive) as src, zipfile.ZipFile(out, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            if item.filename == entry and entry.endswith(".json"):  # still JSON: another value
+                data = data.replace(b'"1.0"', b'"6.6"', 1) if b'"1.0"' in data else data.replace(b"class_", b"klass", 1)
+            elif item.filename == entry:
+                data = data[:-1] + bytes([data[-1] ^ 1])
+            dst.writestr(item, data)
+    return out
+
+
+def tsctl(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "tsctl"), *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def test_verify_checks_the_signature_then_the_golden_answers(signed):
+    done = tsctl("verify", signed["archive"], "--public-key", signed["public"])
+    assert done.returncode == 0, done.stderr
+    assert "signature verified" in done.stdout and "1 of 1 golden answers match" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "case, words",
+    [
+        ("weights", "resnet18.pt differs from what was signed"),
+        ("manifest", "MAR-INF/MANIFEST.json differs from what was signed"),
+        ("other key", "signed with another key"),
+        ("unsigned", "is not signed"),
+    ],
+)
+def test_a_tampered_unsigned_or_foreign_archive_is_refused_in_one_line(signed, case, words):
+    archive, key = signed["archive"], signed["public"]
+    if case == "weights":
+        archive = tampered(archive, "resnet18.pt")
+    elif case == "manifest":
+        archive = tampered(archive, "MAR-INF/MANIFEST.json")
+    elif case == "other key":
+        key = signed["other"]
+    elif case == "unsigned":
+        archive = signed["unsigned"]
+    done = tsctl("verify", archive, "--public-key", key)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert words in done.stderr and "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1
+    with pytest.raises(SignatureError, match=words):
+        LocalModel(archive, public_key=str(key))
+
+
+def test_model_signing_cli_verifies_the_unpacked_archive(signed, tmp_path):
+    with zipfile.ZipFile(signed["archive"]) as archive:
+        archive.extractall(tmp_path)
+    cli = BIN / "model_signing"
+    done = subprocess.run(
+        [str(cli), "verify", "key", str(tmp_path), "--signature", str(tmp_path / "MAR-INF" / "model.sig"),
+         "--public_key", str(signed["public"])],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0 and "Verification succeeded" in done.stdout + done.stderr, done.stderr
+
+
+def test_toolkit_handlers_check_themselves_under_tsctl_public_key(signed, monkeypatch):
+    """On TorchServe the worker runs the archive's handler first; a toolkit handler checks its own
+    archive in initialize when the worker's environment names a key."""
+    monkeypatch.setenv("TSCTL_PUBLIC_KEY", str(signed["public"]))
+    with LocalModel(signed["archive"]) as model:
+        assert model.predict([b"not an image"])[0].status == 400  # loaded, answering
+    with pytest.raises(Exception, match="differs from what was signed"):
+        LocalModel(tampered(signed["archive"], "index_to_name.json"))
+
+
+def test_the_engine_serves_signed_archives_and_refuses_the_rest(signed, image_sample, tmp_path):
+    root = tmp_path / "tree"
+    store = root / "model-store"
+    store.mkdir(parents=True)
+    (store / "signed.mar").write_bytes(signed["archive"].read_bytes())
+    (root / "config").mkdir()
+    write_config(root / "config" / "config.properties", {"signed": snapshot_entry("signed.mar", 1, 1, 0, 120)})
+    engine = Engine(root, "--public_key", str(signed["public"]), "--enable_grpc", "false").wait_ready()
+    try:
+        status, body = engine.post("/predictions/signed", (image_sample / "kitten.jpg").read_bytes(), "image/jpeg")
+        assert status == 200, body
+    finally:
+        assert engine.stop() == 0
+    (store / "signed.mar").write_bytes(tampered(signed["archive"], "resnet18.pt").read_bytes())
+    refused = Engine(root, "--public_key", str(signed["public"]), "--enable_grpc", "false")
+    assert refused.process.wait(60) == 1
+    assert "resnet18.pt differs from what was signed" in refused.output(), refused.output()[-2000:]
+
+
+def test_a_signed_archive_serves_on_torchserve_as_an_unsigned_one(signed, image_sample, tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "signed.mar").write_bytes(signed["archive"].read_bytes())
+    kitten = (image_sample / "kitten.jpg").read_bytes()
+    with LocalModel(signed["unsigned"]) as model:
+        expected = model.predict([kitten])[0].json()
+    with RunningServer(store, env={**os.environ, "TSCTL_PUBLIC_KEY": str(signed["public"])}) as srv:
+        status, body = post(srv, "signed", kitten, "image/jpeg")
+    assert status == 200 and body.keys() == expected.keys(), body
