@@ -31,7 +31,7 @@ from .base import entry_point
 from .fit import pooling_modes, sentence_modules_problem
 from .loading import ModelLoadError
 from .settings import POOLINGS, EmbedderSettings
-from .text import Encoded, TextHandler
+from .text import Encoded, TextHandler, read_prefix
 from .toolkit import ONNX_FILE, SENTENCE_TRANSFORMERS
 
 logger = logging.getLogger(__name__)
@@ -126,12 +126,19 @@ class TextEmbedder(TextHandler):
             return super().decode(item)
         text = self.text(item)
         model = self.sentence_model
-        if hasattr(model, "preprocess"):  # sentence-transformers 6: prompt and its length handled there
-            features = model.preprocess([text], prompt=self.prompt)
+
+        def tokenize(part: str) -> dict:
+            if hasattr(model, "preprocess"):  # sentence-transformers 6: prompt and its length handled there
+                return model.preprocess([part], prompt=self.prompt)
+            return model.tokenize([part if self.prompt is None else self.prompt + part])
+
+        window = getattr(model, "max_seq_length", None)  # what it truncates to: only that much is tokenised
+        if window:
+            features = read_prefix(text, tokenize, lambda f: int(f["input_ids"].shape[-1]), int(window))
         else:
-            features = model.tokenize([text if self.prompt is None else self.prompt + text])
-            if self.prompt_length is not None:
-                features["prompt_length"] = self.prompt_length
+            features = tokenize(text)
+        if not hasattr(model, "preprocess") and self.prompt_length is not None:
+            features["prompt_length"] = self.prompt_length
         lists, extra = {}, {}
         for name, value in features.items():
             if torch.is_tensor(value) and value.dim() == 2 and value.shape[0] == 1:

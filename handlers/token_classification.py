@@ -34,7 +34,7 @@ import torch
 from .base import entry_point
 from .loading import ModelLoadError
 from .settings import TokenSettings
-from .text import Encoded, TextHandler
+from .text import Encoded, TextHandler, read_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,11 @@ class TokenClassifier(TextHandler):
         options.update(return_offsets_mapping=True, return_special_tokens_mask=True)
         if stride is not None:
             options.update(return_overflowing_tokens=True, stride=stride)
-        encoding = self.tokenizer(text, **options)
+        if stride is None:  # only the first max_length tokens are read: tokenise no more (text.read_prefix)
+            tokenize = lambda part: self.tokenizer(part, **options)  # noqa: E731
+            encoding = read_prefix(text, tokenize, lambda e: len(e["input_ids"]), self.max_length)
+        else:  # every window of the text is read: all of it is tokenised (within max_text_chars)
+            encoding = self.tokenizer(text, **options)
         if stride is None:
             windows = [self.window(encoding, None)]
             if encoding.encodings[0].overflowing and not self.truncation_noted:
