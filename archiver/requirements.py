@@ -34,6 +34,8 @@ def check(text: str, where: str) -> List[str]:
         if not line or line.startswith("#"):
             continue
         shown = line if len(line) <= 120 else line[:120] + "..."
+        if line.startswith("-") and safe_option(line):
+            continue
         if line.startswith("-"):
             raise UserError(
                 f"{where}, line {number}: {shown!r} is a pip option; an archive's requirements may only name "
@@ -53,6 +55,22 @@ def check(text: str, where: str) -> List[str]:
             )
         lines.append(line)
     return lines
+
+
+SAFE_OPTIONS = ("--no-index", "--prefer-binary", "--require-hashes", "--only-binary")
+
+
+def safe_option(line: str) -> bool:
+    """A pip option line that only narrows where packages come from: ``--no-index``,
+    ``--only-binary``, ``--prefer-binary``, ``--require-hashes``, or ``--find-links`` to a directory
+    inside the archive (what ``export --offline`` writes: ``--find-links wheels``)."""
+    option, _, value = line.replace("=", " ", 1).partition(" ")
+    if option in SAFE_OPTIONS:
+        return option != "--only-binary" or value.strip() != ""
+    if option in ("--find-links", "-f"):
+        path = value.strip()
+        return bool(path) and ":" not in path and not path.startswith(("/", "~")) and ".." not in path.split("/")
+    return False
 
 
 def index_url() -> str:
