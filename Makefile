@@ -58,6 +58,8 @@ bench: venv
 	$(BIN)/python benchmarks/p4_cold_start.py
 	$(BIN)/python benchmarks/kserve_envelopes.py
 	$(BIN)/python benchmarks/hostile_load.py
+	$(BIN)/python benchmarks/batch_memory.py
+	$(BIN)/python benchmarks/signing.py
 	$(BIN)/python benchmarks/engine_goals.py
 	$(BIN)/python benchmarks/soak.py
 	$(BIN)/python benchmarks/kserve_engine.py
