@@ -228,10 +228,7 @@ def read_manifest(archive: PathLike) -> dict:
     data = read_member(archive, MANIFEST, MAX_MANIFEST_BYTES)
     if data is None:
         raise ArchiveError(f"{archive} has no {MANIFEST}: it is not a model archive")
-    try:
-        manifest = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ArchiveError(f"{archive}: {MANIFEST} is not valid JSON ({exc}): build the archive again") from None
+    manifest = bounded_json(data, f"{archive}: {MANIFEST}")
     model = manifest.get("model") if isinstance(manifest, dict) else None
     if not isinstance(model, dict):
         raise ArchiveError(f"{archive}: {MANIFEST} has no 'model' object: it is not a TorchServe model archive")

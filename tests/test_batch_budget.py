@@ -200,3 +200,40 @@ def same(got, expected) -> bool:
 @pytest.mark.parametrize("bad", ["[1,,2]", "[1 2]", "[1,2,]", "[,1]", "[1e]", "[--1]", "[1.2.3]"])
 def test_lists_that_are_not_json_numbers_are_not_json(bad):
     assert protocol.parse_numeric('{"data": %s}' % bad) is None
+
+
+def test_served_8_concurrent_big_tensor_bodies_do_not_kill_a_worker_under_3_gib(tensor_archive):
+    """The issue's attack served: real TorchServe, the worker in a 3 GiB memory cgroup, 8 clients at
+    once with 15,000,000-number bodies and 4 good requests among them. Before: 507 'Worker died' for
+    the batch (OOM-killed). Now: attackers get 4xx/503, good requests 200, the worker's pid is the
+    same and its peak RSS under the limit."""
+    import concurrent.futures
+
+    from archiver import properties, server
+    from conftest import MemoryLimit, peak_rss, short_tmp, workers
+
+    store = tensor_archive.parent
+    home = short_tmp("budget-served-")
+    srv = server.start(properties.write_config(store, home / "config.properties"), store, home)
+    limit = None
+    try:
+        before = workers(srv, "tensor")
+        limit = MemoryLimit(before[0][2], 3 << 30)
+        attack = b'{"instances": [[' + b"1," * (15_000_000 - 1) + b"1]]}"
+        good = b'{"instances": [[1.0, 2.0, 3.0, 4.0]]}'
+        url = f"{srv.inference}/predictions/tensor"
+
+        def post(body):
+            return server.request(url, body, "POST", {"Content-Type": "application/json"}, 180)
+
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            answers = list(pool.map(post, [attack] * 4 + [good] * 2 + [attack] * 4 + [good] * 2))
+        statuses = [status for status, _ in answers]
+        assert [statuses[i] for i in (4, 5, 10, 11)] == [200] * 4, statuses
+        assert all(400 <= s < 500 or s == 503 for i, s in enumerate(statuses) if i not in (4, 5, 10, 11)), statuses
+        assert workers(srv, "tensor") == before
+        assert peak_rss(before[0][2]) < 3 << 30
+    finally:
+        server.stop(srv)
+        if limit is not None:
+            limit.release()
