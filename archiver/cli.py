@@ -219,8 +219,9 @@ def config(model_store, output, min_workers, max_workers, batch_size, max_batch_
 @click.option("--timeout", default=180.0, show_default=True, help="Seconds to wait for every model to be READY.")
 @click.option("--install-deps", is_flag=True, help="pip-install each archive's requirements.txt first, as KServe does.")
 @click.option("--enable-model-api", is_flag=True, help="Allow (re)registering models, e.g. for 'tsctl bench --sweep'.")
+@click.option("--python", type=click.Path(), help="The Python that runs the engine (default: this one).")
 @engine_option("What serves the store.")
-def serve(config_path, model_store, home, timeout, install_deps, enable_model_api, engine):
+def serve(config_path, model_store, home, timeout, install_deps, enable_model_api, python, engine):
     """Start a server in the background on 127.0.0.1 and wait until every model is ready."""
     srv = engines.serve(
         engine,
@@ -230,6 +231,7 @@ def serve(config_path, model_store, home, timeout, install_deps, enable_model_ap
         timeout,
         install_deps=install_deps,
         enable_model_api=enable_model_api,
+        python=python,
     )
     chosen = engines.engine_of(srv)
     click.echo(f"{chosen.title} ready (pid {srv.pid}): {', '.join(srv.models)}")
@@ -453,6 +455,7 @@ def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay,
                 "put them in its model-config.yaml to keep them"
             )
         return
+    files = [chosen.request_body(data, kind) for data, kind in files]
     result = load.run_load(srv.predict_url(model), files, concurrency, count, duration, headers)
     summary = result.summary()
     if as_json:

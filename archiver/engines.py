@@ -25,6 +25,7 @@ This module imports nothing heavy at import time (``tsctl --help`` builds its ch
 serving or exporting needs is imported inside the methods.
 """
 
+import json
 import re
 import sys
 import time
@@ -76,6 +77,10 @@ class Engine:
     def predict_url(self, server: "Server", model: str) -> str:
         return f"{server.inference}/predictions/{model}"
 
+    def request_body(self, data: bytes, content_type: str) -> Tuple[bytes, str]:
+        """One file as the body ``predict_url`` takes, and its content type: the file itself here."""
+        return data, content_type
+
     def addresses(self, server: "Server") -> List[Tuple[str, str]]:
         """(label, address) lines for ``tsctl serve`` to print."""
         lines = [("inference", server.inference)]
@@ -102,7 +107,7 @@ class Engine:
 
     def check_serve_flags(self, **given):
         """Refuse a ``serve`` flag this engine does not honour, naming the engines that do."""
-        refuse(self, given, SERVE_FLAGS, "serve_flags", "serve")
+        refuse(self, {k: v for k, v in given.items() if k in SERVE_FLAGS}, SERVE_FLAGS, "serve_flags", "serve")
 
     # ---- exporting for KServe ----
     def check_export(self, options: "ExportOptions"):
@@ -458,7 +463,125 @@ class KServeEngine(Engine):
         return kserve_engine.apply_lines(options)
 
 
-ENGINES: Dict[str, Engine] = {engine.name: engine for engine in (TorchServeEngine(), KServeEngine())}
+# ---- MLServer (handlers/mlserver_runtime.py) ----------------------------------------------------------
+MLSERVER_OUT = "mlserver.out"
+
+
+class MLServerEngine(KServeEngine):
+    """MLServer (Seldon Core 2's server) with tsctl's runtime: every archive of the store served as the
+    tsctl engine serves it (TorchServe's workers, the archive's batching), over the Open Inference
+    Protocol only: REST ``/v2/models/NAME/infer`` and gRPC. Readiness and failures read as the tsctl
+    engine's (``/v2/health/ready``, the last error it printed). Exported with ``tsctl export seldon``."""
+
+    name = "mlserver"
+    title = "MLServer"
+    help = "mlserver: MLServer 1.7 with tsctl's runtime (Seldon Core 2's server): the Open Inference Protocol only."
+    export_flags = ()
+
+    def start(
+        self,
+        model_store="model-store",
+        config=None,
+        home=".tsctl",
+        timeout: float = 180,
+        python: Optional[str] = None,
+        env: Optional[Dict[str, str]] = None,
+        batch_size: Optional[int] = None,
+        max_batch_delay: Optional[int] = None,
+    ) -> "Server":
+        """Serve ``model_store`` (its config.properties' model_snapshot, or every archive with its
+        model-config.yaml) with MLServer from ``python`` on free 127.0.0.1 ports."""
+        import os
+
+        import handlers
+
+        from . import mlserver
+        from . import server as servers
+
+        python = mlserver.find_python(python)
+        model_store, home = Path(model_store).resolve(), Path(home).resolve()
+        config = Path(config).resolve() if config is not None else None
+        specs = self.specs(model_store, config)
+        for spec in specs:
+            spec.batch_size = batch_size or spec.batch_size
+            spec.max_batch_delay = spec.max_batch_delay if max_batch_delay is None else max_batch_delay
+        servers.check_home(home)
+        folder = mlserver.write_repository(specs, home / "mlserver")
+        source = str(Path(handlers.__file__).resolve().parent.parent)  # the runtime: tsctl's handlers package
+        run_env = dict(os.environ, TEMP=str(home / "tmp"))
+        run_env["PYTHONPATH"] = os.pathsep.join(p for p in (source, os.environ.get("PYTHONPATH")) if p)
+        run_env.update(env or {})
+        models = list(dict.fromkeys(spec.name for spec in specs))
+
+        def launch() -> "Server":
+            http, grpc, metrics = servers.free_port(), servers.free_port(), servers.free_port()
+            settings = mlserver.server_settings("127.0.0.1", http, grpc, metrics)
+            (folder / mlserver.SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
+            process = servers.spawn(mlserver.command(python, folder), home, run_env, MLSERVER_OUT)
+            server = servers.Server(
+                pid=process.pid,
+                home=str(home),
+                inference=f"http://127.0.0.1:{http}",
+                management="",
+                metrics=f"http://127.0.0.1:{metrics}",
+                models=models,
+                engine=self.name,
+                grpc=f"127.0.0.1:{grpc}",
+            )
+            return servers.recorded(server, lambda: self.wait_ready(server, timeout, process))
+
+        return servers.with_port_retry(launch)
+
+    @staticmethod
+    def specs(model_store: Path, config: Optional[Path]):
+        """The model versions to serve, read as the tsctl engine reads them (one UserError otherwise)."""
+        from handlers import ts_config
+
+        from . import server as servers
+        from .properties import read_properties
+
+        try:
+            if config is None:
+                return ts_config.models(ts_config.default_config(model_store), model_store)[0]
+            properties = read_properties(config)
+            servers.snapshot_models(properties, config, model_store)
+            return ts_config.from_properties(properties, config, model_store)[0]
+        except ts_config.ConfigError as exc:
+            raise UserError(str(exc)) from None
+
+    def predict_url(self, server: "Server", model: str) -> str:
+        return f"{server.inference}/v2/models/{model}/infer"
+
+    def request_body(self, data: bytes, content_type: str) -> Tuple[bytes, str]:
+        """A file as one Open Inference Protocol request: a JSON file as it is (a request body), text
+        as one BYTES element, anything else base64 in one."""
+        from handlers import protocol
+
+        if content_type == protocol.JSON_TYPE:
+            return data, content_type
+        item = data.decode("utf-8", errors="replace") if content_type.startswith("text/") else base64_text(data)
+        body, headers = protocol.encode_request([item], protocol.V2)
+        return body, headers["Content-Type"]
+
+    def output(self, server: "Server") -> Path:
+        return Path(server.home) / MLSERVER_OUT
+
+    def handler_log(self, server: "Server") -> Path:
+        return Path(server.home) / MLSERVER_OUT
+
+    def check_export(self, options: "ExportOptions"):
+        raise UserError("--engine mlserver is exported for Seldon Core 2: run 'tsctl export seldon OUT' instead")
+
+
+def base64_text(data: bytes) -> str:
+    import base64
+
+    return base64.b64encode(data).decode("ascii")
+
+
+ENGINES: Dict[str, Engine] = {
+    engine.name: engine for engine in (TorchServeEngine(), KServeEngine(), MLServerEngine())
+}
 
 
 def named(name: str) -> Engine:

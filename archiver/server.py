@@ -471,6 +471,8 @@ def predict(server: Server, model: str, path: Path, timeout: float = 60) -> Tupl
     path = Path(path)
     if not path.is_file():
         raise UserError(f"input {path} does not exist")
-    headers = {"Content-Type": content_type(path)}
-    headers.update(server.headers("inference"))
-    return request(server.predict_url(model), path.read_bytes(), "POST", headers, timeout)
+    from .engines import engine_of
+
+    body, kind = engine_of(server).request_body(path.read_bytes(), content_type(path))
+    headers = {"Content-Type": kind, **server.headers("inference")}
+    return request(server.predict_url(model), body, "POST", headers, timeout)

@@ -46,9 +46,9 @@ from starlette.responses import Response as HttpResponse
 from starlette.routing import Route
 
 from . import engine_http, identity, signing, ts_config
-from .archives import ArchiveError, check_inside, read_manifest, unpack
+from .archives import ArchiveError
 from .engine_metrics import Metrics
-from .engine_workers import ModelWorkers
+from .engine_workers import ModelWorkers, open_model
 from .ts_wire import Request, Response
 
 logger = logging.getLogger("tsctl.engine")
@@ -66,24 +66,10 @@ class Engine:
         self.metrics = Metrics()
         self.versions: Dict[str, Dict[str, ModelWorkers]] = {}
         self.defaults: Dict[str, ModelWorkers] = {}
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         try:
             for number, spec in enumerate(specs):
-                model_dir = unpack(spec.archive, os.path.join(self.run_dir, f"m{number}")).resolve()
-                if frontend.public_key:  # before any of the archive's code can run
-                    signing.verify(model_dir, frontend.public_key, spec.archive.name)
-                manifest = read_manifest(model_dir)
-                check_inside(model_dir, manifest)
-                model = manifest["model"]
-                if model.get("modelName") != spec.name:
-                    logger.info("%s: served as %s (its manifest says %s)", spec.archive, spec.name, model["modelName"])
-                decode = frontend.decode_input_request if decode_default is None else decode_default(model_dir)
-                env = dict(os.environ)
-                env["PYTHONPATH"] = os.pathsep.join(p for p in (str(model_dir), os.environ.get("PYTHONPATH")) if p)
-                env["TS_DECODE_INPUT_REQUEST"] = "true" if decode else "false"
-                env.setdefault("OMP_NUM_THREADS", str(max(1, cores // spec.min_workers)))
-                workers = ModelWorkers(
-                    spec, model_dir, model["handler"], frontend, self.run_dir, 9000 + 100 * number, env,
+                workers = open_model(
+                    spec, frontend, os.path.join(self.run_dir, f"m{number}"), 9000 + 100 * number, decode_default,
                     self.metrics.worker_line,
                 )  # fmt: skip
                 workers.observe = self.metrics.observer(spec)

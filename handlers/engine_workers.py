@@ -485,3 +485,34 @@ class ModelWorkers:
         self.begin_stop()
         for worker in self.workers:
             worker.stop()
+
+
+def open_model(
+    spec: ModelSpec, frontend: Frontend, unpack_dir: str, first_port: int, decode_default=None, on_line=None
+) -> ModelWorkers:
+    """One model version ready to start: its archive unpacked into ``unpack_dir`` and checked (the
+    signature first when ``frontend.public_key`` asks, before any of its code can run), its workers'
+    environment made as TorchServe's frontend makes it. ``decode_default(model_dir)``: whether its
+    requests are decoded (None: the config's ``decode_input_request``); ``on_line`` gets every line a
+    worker prints."""
+    from . import signing
+    from .archives import check_inside, read_manifest, unpack
+
+    model_dir = unpack(spec.archive, unpack_dir).resolve()
+    if frontend.public_key:  # before any of the archive's code can run
+        signing.verify(model_dir, frontend.public_key, spec.archive.name)
+    manifest = read_manifest(model_dir)
+    check_inside(model_dir, manifest)
+    model = manifest["model"]
+    if model.get("modelName") != spec.name:
+        logger.info("%s: served as %s (its manifest says %s)", spec.archive, spec.name, model["modelName"])
+    decode = frontend.decode_input_request if decode_default is None else decode_default(model_dir)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(model_dir), os.environ.get("PYTHONPATH")) if p)
+    env["TS_DECODE_INPUT_REQUEST"] = "true" if decode else "false"
+    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // spec.min_workers)))
+    run_dir = str(Path(unpack_dir).parent)
+    return ModelWorkers(
+        spec, model_dir, model["handler"], frontend, run_dir, first_port, env, on_line or worker_log.info
+    )

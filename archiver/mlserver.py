@@ -1,0 +1,111 @@
+"""MLServer as an engine: the model repository it reads, and where to find it.
+
+MLServer (``mlserver start FOLDER``) serves every folder below FOLDER that holds a
+``model-settings.json``, with the server's own ``settings.json`` at the top. For a model store the
+repository is one folder per model version:
+
+    FOLDER/settings.json                      ports, host, parallel_workers 0 (the archive's workers
+                                              are processes of their own already), no debug
+    FOLDER/NAME-VERSION/model-settings.json   name, version, implementation ArchiveModel
+                                              (handlers/mlserver_runtime.py), the archive's uri, and
+                                              its worker settings in parameters.extra
+
+``model_settings`` is what ``tsctl serve --engine mlserver`` writes beside each archive's path and
+what ``tsctl export seldon`` puts in each model's folder next to the archive itself.
+
+MLServer runs in an environment that has it (``mlserver==1.7.*``, with torch and torchserve for the
+workers): this one when it does, else ``--python``. Its dependencies (an older fastapi, starlette
+and protobuf than kserve's) rarely fit beside the rest of a development environment, so a venv of
+its own is the usual home: ``samples/runtime_env.py mlserver-1.7.1`` builds the one the tests use.
+"""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from handlers.ts_config import ModelSpec
+
+from .errors import UserError
+
+IMPLEMENTATION = "handlers.mlserver_runtime.ArchiveModel"
+VERSION = "1.7"  # the MLServer release the runtime is written and tested for
+SETTINGS = "settings.json"
+MODEL_SETTINGS = "model-settings.json"
+
+
+def model_settings(spec: ModelSpec, uri: str, extra: Optional[Dict[str, Any]] = None) -> dict:
+    """One model version's model-settings.json. MLServer's adaptive batching stays off
+    (``max_batch_size`` 1): the runtime batches with the archive's ``batchSize``/``maxBatchDelay``
+    itself, each request keeping its own answer."""
+    settings = {
+        "name": spec.name,
+        "implementation": IMPLEMENTATION,
+        "max_batch_size": 1,
+        "max_batch_time": 0,
+        "parameters": {
+            "uri": uri,
+            "version": spec.version,
+            "extra": {
+                "minWorkers": spec.min_workers,
+                "batchSize": spec.batch_size,
+                "maxBatchDelay": spec.max_batch_delay,
+                "responseTimeout": spec.response_timeout,
+                **(extra or {}),
+            },
+        },
+    }
+    return settings
+
+
+def server_settings(host: str, http_port: int, grpc_port: int, metrics_port: int) -> dict:
+    return {
+        "debug": False,
+        "host": host,
+        "http_port": http_port,
+        "grpc_port": grpc_port,
+        "metrics_port": metrics_port,
+        "parallel_workers": 0,  # predict runs on MLServer's loop; the archive's workers are processes already
+        "load_models_at_startup": True,
+    }
+
+
+def write_repository(specs: List[ModelSpec], folder: Path, extra: Optional[Dict[str, Any]] = None) -> Path:
+    """FOLDER as ``mlserver start`` reads it, each model's uri the absolute path of its archive;
+    anything there from an earlier start is replaced."""
+    import shutil
+
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for spec in specs:
+        model = folder / f"{spec.name}-{spec.version}"
+        model.mkdir()
+        settings = model_settings(spec, str(Path(spec.archive).resolve()), extra)
+        (model / MODEL_SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
+    return folder
+
+
+def find_python(python: Optional[str]) -> str:
+    """The Python that runs MLServer: ``python`` if given, else this one; a UserError naming the fix
+    when MLServer is not importable there."""
+    if python is None:
+        if importlib.util.find_spec("mlserver") is not None:
+            return sys.executable
+        raise UserError(
+            f"MLServer is not installed in this environment ({sys.executable}): install 'mlserver=={VERSION}.*' "
+            "with torch and torchserve in a venv of its own and pass its python with --python"
+        )
+    found = subprocess.run([python, "-c", "import mlserver, ts"], capture_output=True)
+    if found.returncode != 0:
+        raise UserError(
+            f"--python {python} cannot import mlserver and ts: install 'mlserver=={VERSION}.*', torch and "
+            "torchserve==0.12.0 there"
+        )
+    return python
+
+
+def command(python: str, folder: Path) -> List[str]:
+    return [python, "-c", "import sys; from mlserver.cli.main import main; sys.argv[0] = 'mlserver'; main()",
+            "start", str(folder)]  # fmt: skip

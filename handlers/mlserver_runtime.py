@@ -1,0 +1,170 @@
+"""An MLServer custom runtime that serves one TorchServe archive, as the other engines do.
+
+    model-settings.json: {"name": "resnet18", "implementation": "handlers.mlserver_runtime.ArchiveModel",
+                          "parameters": {"uri": "./resnet18.mar", "version": "1.0",
+                                         "extra": {"batchSize": 4, "maxBatchDelay": 50, ...}}}
+
+MLServer (1.7, Seldon Core 2's server and one of KServe's runtimes) loads ``ArchiveModel`` for each
+model folder; ``load`` starts the archive's workers exactly as the tsctl engine does
+(``engine_workers.open_model``: TorchServe's own worker processes, its context and hooks, batches of
+up to ``batchSize`` gathered within ``maxBatchDelay`` ms, a dead worker restarted). So any archive
+TorchServe serves (the toolkit's, ``BaseHandler`` subclasses, pytorch/serve's examples) serves here.
+
+**One request, one answer.** MLServer hands ``predict`` one Open Inference Protocol request, already
+parsed. It goes to the handler as a KServe v2 body (``request_body``: JSON, or the binary tensor
+extension when an input carries bytes, as gRPC's ``bytes_contents`` do) with the request's headers,
+and the handler's v2 answer comes back as MLServer's ``InferenceResponse``. MLServer's own adaptive
+batching is left off (``max_batch_size`` 1): it merges requests into one and fails them all when one
+fails. Batching happens in ``ModelWorkers`` instead, where each request keeps its own answer: a bad
+request gets its own 4xx (``MLServerError`` with the handler's status and message), its neighbours
+their 200s.
+
+**Archives that are not the toolkit's** read KServe v2 bodies through TorchServe's ``kservev2``
+envelope, as on KServe's TorchServe runtime with ``protocolVersion: v2``; that envelope fails a batch
+of several, so they run with ``batchSize`` 1. Toolkit archives read the bytes as they came
+(``decode_input_request`` off) and batch as their settings say.
+
+``parameters.extra`` (written by ``tsctl serve --engine mlserver`` and ``tsctl export seldon`` from
+config.properties or model-config.yaml): ``minWorkers``, ``batchSize``, ``maxBatchDelay``,
+``responseTimeout``, ``jobQueueSize``, ``maxRequestSize``, ``publicKey``, ``metricsConfig``.
+"""
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, Tuple
+
+from mlserver import MLModel
+from mlserver.errors import MLServerError
+from mlserver.types import InferenceRequest, InferenceResponse
+from mlserver.utils import get_model_uri
+
+from . import identity, protocol
+from .engine_workers import ModelWorkers, open_model
+from .ts_config import Frontend, ModelSpec
+from .ts_wire import Request, Response
+
+logger = logging.getLogger("tsctl.mlserver")
+
+# Request headers that describe MLServer's HTTP body, not the one the handler gets.
+HOP_HEADERS = frozenset(("content-length", "content-type", "transfer-encoding", "connection", "expect", "host"))
+EXTRA = {  # parameters.extra key -> (ModelSpec field, smallest value)
+    "minWorkers": ("min_workers", 1),
+    "batchSize": ("batch_size", 1),
+    "maxBatchDelay": ("max_batch_delay", 0),
+    "responseTimeout": ("response_timeout", 1),
+}
+
+
+class ArchiveModel(MLModel):
+    """One archive's workers behind MLServer's model interface."""
+
+    async def load(self) -> bool:
+        archive = Path(await get_model_uri(self.settings))
+        extra: Dict[str, Any] = dict(self.settings.parameters.extra or {})
+        spec, frontend = model_spec(self.name, self.version or "1.0", archive, extra)
+        self._run_dir = tempfile.mkdtemp(prefix="tsctl-mlserver-")
+        try:
+            toolkit = identity.read(archive) is not None
+            if not toolkit:
+                frontend.envelope = "kservev2"
+                spec.batch_size = 1
+            self._workers: ModelWorkers = open_model(
+                spec, frontend, os.path.join(self._run_dir, "model"), 9000, lambda _: not toolkit
+            )
+            await self._workers.start()
+        except BaseException:
+            shutil.rmtree(self._run_dir, ignore_errors=True)
+            raise
+        logger.info("%s: %s ready (%d workers, batchSize %d)", self.name, archive.name, spec.min_workers,
+                    spec.batch_size)  # fmt: skip
+        return True
+
+    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        body, headers = request_body(payload)
+        answer = await self._workers.submit(Request(body, headers))
+        return response_of(answer, self.name, self.version)
+
+    async def unload(self) -> bool:
+        self._workers.stop()
+        shutil.rmtree(self._run_dir, ignore_errors=True)
+        return True
+
+
+def model_spec(name: str, version: str, archive: Path, extra: Dict[str, Any]) -> Tuple[ModelSpec, Frontend]:
+    """The worker settings ``parameters.extra`` names (each a whole number within bounds, else a
+    ValueError naming the key, which MLServer reports as the model's load failure)."""
+    spec = ModelSpec(name=name, version=str(version), archive=archive)
+    for key, (attribute, least) in EXTRA.items():
+        value = extra.get(key, getattr(spec, attribute))
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"model-settings.json of {name}: parameters.extra.{key} is {value!r}, not a whole "
+                             f"number >= {least}")  # fmt: skip
+        setattr(spec, attribute, value)
+    spec.max_workers = spec.min_workers
+    frontend = Frontend()
+    frontend.job_queue_size = int(extra.get("jobQueueSize", frontend.job_queue_size))
+    frontend.max_request_size = int(extra.get("maxRequestSize", frontend.max_request_size))
+    frontend.public_key = extra.get("publicKey") or None
+    frontend.metrics_config = extra.get("metricsConfig") or None
+    return spec, frontend
+
+
+def request_body(payload: InferenceRequest) -> Tuple[bytes, Dict[str, str]]:
+    """MLServer's parsed request as the KServe v2 body a handler reads, and the client's headers.
+    Binary outputs are not asked for (MLServer answers JSON); inputs that carry bytes go in the
+    binary tensor extension, the rest as JSON."""
+    parameters = payload.parameters
+    client_headers = dict((parameters.headers or {}) if parameters else {})
+    body = payload.model_dump(exclude_none=True, exclude={"parameters": {"headers"}})
+    for key in ("binary_data_output",):
+        body.get("parameters", {}).pop(key, None)
+    for tensor in body.get("outputs", []):
+        tensor.get("parameters", {}).pop("binary_data", None)
+    headers = {k: str(v) for k, v in client_headers.items() if k.lower() not in HOP_HEADERS}
+    if any(has_bytes(tensor["data"]) for tensor in body["inputs"]):
+        data, length = protocol.encode_binary(body, "inputs")
+        return data, {**headers, "Content-Type": protocol.OCTET_STREAM, protocol.HEADER: str(length)}
+    return protocol.to_json(body), {**headers, "Content-Type": protocol.JSON_TYPE}
+
+
+def has_bytes(data: Any) -> bool:
+    if isinstance(data, (bytes, bytearray)):
+        return True
+    return isinstance(data, list) and any(has_bytes(value) for value in data)
+
+
+def response_of(answer: Response, name: str, version) -> InferenceResponse:
+    """The handler's answer as MLServer's response, or an ``MLServerError`` with its status and
+    message (MLServer answers ``{"error": message}`` with that status; gRPC maps it)."""
+    if answer.status >= 400:
+        raise MLServerError(error_message(answer), status_code=answer.status)
+    try:
+        body = json.loads(answer.body)
+        if not isinstance(body, dict) or "outputs" not in body:
+            raise ValueError("no 'outputs'")
+        body["model_name"], body["model_version"] = name, version
+        headers = {k: v for k, v in answer.headers.items() if k.lower() not in ("content-length", "content-type")}
+        if headers:
+            body.setdefault("parameters", {})["headers"] = headers
+        return InferenceResponse.model_validate(body)
+    except (ValueError, TypeError, UnicodeDecodeError) as exc:
+        raise MLServerError(
+            f"model {name}'s handler answered what is not an Open Inference Protocol response ({exc}): "
+            f"{bytes(answer.body or b'')[:200]!r}",
+            status_code=500,
+        ) from None
+
+
+def error_message(answer: Response) -> str:
+    """The message of a handler's or worker's error body (``{"message": ...}``), else its text."""
+    try:
+        body = answer.json()
+    except (ValueError, UnicodeDecodeError):
+        return bytes(answer.body or b"").decode("utf-8", errors="replace")[:2000]
+    if isinstance(body, dict):
+        return str(body.get("message") or body.get("error") or body)
+    return str(body)
