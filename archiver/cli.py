@@ -526,5 +526,46 @@ def export_kserve(out, config_path, split, **options):
         click.echo(f"  {line}")
 
 
+@export.command("seldon", cls=Command)
+@click.argument("out", type=click.Path())
+@click.option("--image", required=True, help="The server image to build from OUT/server-image (REGISTRY/NAME:TAG).")
+@click.option("--model-store", default="model-store", show_default=True)
+@click.option(
+    "--config",
+    "config_path",
+    help="config.properties (default: config/config.properties beside the store when it exists, else each "
+    "archive's model-config.yaml).",
+)
+@click.option("--server", default="tsctl-mlserver", show_default=True, help="The Seldon Server's name.")
+@click.option("--claim", default="tsctl-models", show_default=True, help="The PersistentVolumeClaim holding models/.")
+@click.option("--namespace", default="seldon-mesh", show_default=True)
+@click.option("--cpu", default="1", show_default=True, help="The mlserver container's CPU.")
+@click.option("--memory", default="2Gi", show_default=True, help="Each Model's memory (the server asks for the sum).")
+@click.option("--ab", multiple=True, help="MODEL=WEIGHT, twice or more: an Experiment between models of the store.")
+@click.option("--default", "default_model", help="The --ab candidate whose own endpoint is split too (default: first).")
+@click.option("--experiment", help="The Experiment's name (default: FIRST-ab).")
+@click.option(
+    "--transformer-archive", help="A toolkit .mar run as the Pipeline step before the model (its preprocessing)."
+)
+@click.option("--transformer-model", help="The model (or the --ab experiment) the transformer's Pipeline sends to.")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print {files, notes} as JSON.")
+def export_seldon(out, config_path, ab, default_model, as_json, **options):
+    """Write OUT/models/NAME/ for a PVC, a Seldon Core 2 Server, Models (Experiment, Pipeline) and DEPLOY.md."""
+    from . import seldon
+
+    result = seldon.export(
+        seldon.SeldonOptions(out=out, config=config_path, ab=seldon.parse_ab(ab), default=default_model, **options)
+    )
+    if as_json:
+        click.echo(json.dumps({"files": [str(path) for path in result.files], "notes": result.notes}, indent=2))
+        return
+    for path in result.files:
+        click.echo(f"wrote {path}")
+    for note in result.notes:
+        click.echo(f"note: {note}")
+    click.echo(f"deploy: see {Path(out) / 'DEPLOY.md'}")
+
+
 if __name__ == "__main__":
     main()

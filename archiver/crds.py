@@ -1,4 +1,5 @@
-"""Validating KServe manifests against the CRDs' own OpenAPI schemas (archiver/crds/*.json).
+"""Validating KServe and Seldon Core 2 manifests against the CRDs' own OpenAPI schemas (archiver/crds/*.json,
+archiver/crds/seldon/*.json; where each comes from: archiver/crds/README.md).
 
 Kubernetes prunes or, with strict field validation (kubectl's default), rejects fields a schema does not
 declare; plain JSON Schema would let them pass. So objects that declare ``properties`` are checked
@@ -24,7 +25,14 @@ from .errors import UserError
 SCHEMAS = {
     ("serving.kserve.io/v1beta1", "InferenceService"): "inferenceservice.v1beta1.json",
     ("serving.kserve.io/v1alpha1", "InferenceGraph"): "inferencegraph.v1alpha1.json",
+    # Seldon Core 2 (tsctl export seldon writes all but ServerConfig, which Seldon's install provides)
+    ("mlops.seldon.io/v1alpha1", "Model"): "seldon/model.v1alpha1.json",
+    ("mlops.seldon.io/v1alpha1", "Server"): "seldon/server.v1alpha1.json",
+    ("mlops.seldon.io/v1alpha1", "ServerConfig"): "seldon/serverconfig.v1alpha1.json",
+    ("mlops.seldon.io/v1alpha1", "Experiment"): "seldon/experiment.v1alpha1.json",
+    ("mlops.seldon.io/v1alpha1", "Pipeline"): "seldon/pipeline.v1alpha1.json",
 }
+PROJECTS = {"serving.kserve.io": "KServe", "mlops.seldon.io": "Seldon Core"}  # API group -> whose CRD it is
 RUNTIME_KINDS = ("ServingRuntime", "ClusterServingRuntime")  # serving.kserve.io/v1alpha1
 PROTOCOLS = ("v1", "v2", "grpc-v1", "grpc-v2")  # KServe's protocol names (constants.InferenceServiceProtocol)
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
@@ -36,7 +44,7 @@ def schema_for(api_version: str, kind: str) -> dict:
         return runtime_schema(kind)
     name = SCHEMAS.get((api_version, kind))
     if name is None:
-        raise UserError(f"no KServe schema for {kind} {api_version}")
+        raise UserError(f"no {project(api_version)} schema for {kind} {api_version}")
     return strict(vendored(name))
 
 
@@ -97,6 +105,11 @@ def runtime_schema(kind: str) -> dict:
     )
 
 
+def project(api_version: str) -> str:
+    """Whose CRDs an apiVersion's group is (KServe's, Seldon Core's), for messages."""
+    return PROJECTS.get(api_version.split("/", 1)[0], "KServe")
+
+
 def strict(schema):
     """A copy where objects with declared properties refuse undeclared ones."""
     if isinstance(schema, list):
@@ -129,4 +142,5 @@ def check(manifest: dict, where: str):
     found = problems(manifest)
     if found:
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        raise UserError(f"{where} does not match KServe's {manifest.get('kind')} schema: {found[0]}{more}")
+        owner = project(str(manifest.get("apiVersion", "")))
+        raise UserError(f"{where} does not match {owner}'s {manifest.get('kind')} schema: {found[0]}{more}")

@@ -372,16 +372,21 @@ class KServeEngine(Engine):
                 raise ServerError(f"the {self.title} exited with code {process.returncode}: {self.problem(server)}")
             if process is None and not servers.group_alive(server.pid):
                 raise ServerError(f"the {self.title} exited: {self.problem(server)}")
-            try:
-                status, _ = servers.request(f"{server.inference}/v2/health/ready", timeout=5)
-            except OSError:
-                status = None
-            if status == 200:
+            if self.is_ready(server):
                 return
             if time.monotonic() > deadline:
                 pending = ", ".join(self.not_ready(server)) or "(none answered)"
                 raise ServerError(f"models {pending} not ready after {timeout:.0f}s: {self.problem(server)}")
             time.sleep(0.5)
+
+    def is_ready(self, server: "Server") -> bool:
+        from . import server as servers
+
+        try:
+            status, _ = servers.request(f"{server.inference}/v2/health/ready", timeout=5)
+        except OSError:
+            return False
+        return status == 200
 
     @staticmethod
     def not_ready(server: "Server") -> List[str]:
@@ -549,6 +554,11 @@ class MLServerEngine(KServeEngine):
         except ts_config.ConfigError as exc:
             raise UserError(str(exc)) from None
 
+    def is_ready(self, server: "Server") -> bool:
+        """Every model ready: MLServer's own readiness is true while it serves no model at all (one that
+        failed its load is dropped before MLServer stops)."""
+        return super().is_ready(server) and not self.not_ready(server)
+
     def predict_url(self, server: "Server", model: str) -> str:
         return f"{server.inference}/v2/models/{model}/infer"
 
@@ -579,9 +589,7 @@ def base64_text(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-ENGINES: Dict[str, Engine] = {
-    engine.name: engine for engine in (TorchServeEngine(), KServeEngine(), MLServerEngine())
-}
+ENGINES: Dict[str, Engine] = {engine.name: engine for engine in (TorchServeEngine(), KServeEngine(), MLServerEngine())}
 
 
 def named(name: str) -> Engine:

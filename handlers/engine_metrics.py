@@ -22,6 +22,8 @@ from prometheus_client import CollectorRegistry, Histogram, disable_created_metr
 from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from .engine_workers import worker_log_line
+
 # [METRICS]HandlerTime.ms:12.3|#ModelName:resnet18,Level:Model|#type:GAUGE|#hostname:h,1700000000,req
 METRIC_LINE = re.compile(
     r"\[METRICS\](?P<name>[^.|:]+)\.(?P<unit>[^:|]*):(?P<value>[^|]+)\|#(?P<dims>[^|]*)"
@@ -141,12 +143,6 @@ class Metrics:
 
 def escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def worker_log_line(worker, line: str):
-    import logging
-
-    logging.getLogger("tsctl.worker").info("[%s w%d] %s", worker.owner.label, worker.index, line)
 
 
 class _Live:

@@ -219,6 +219,11 @@ def start_worker(
     return WorkerProcess(process, sock, stream, started)
 
 
+def worker_log_line(worker, line: str):
+    """A worker's output line, in the ``tsctl.worker`` log under its model and index."""
+    worker_log.info("[%s w%d] %s", worker.owner.label, worker.index, line)
+
+
 def _last_error(lines) -> Optional[str]:
     """The worker's own last Python error line (``ts_wire.cause_of``)."""
     return cause_of([line.strip() for line in lines if PYTHON_ERROR.match(line)])
@@ -514,5 +519,5 @@ def open_model(
     env.setdefault("OMP_NUM_THREADS", str(max(1, cores // spec.min_workers)))
     run_dir = str(Path(unpack_dir).parent)
     return ModelWorkers(
-        spec, model_dir, model["handler"], frontend, run_dir, first_port, env, on_line or worker_log.info
+        spec, model_dir, model["handler"], frontend, run_dir, first_port, env, on_line or worker_log_line
     )

@@ -63,6 +63,7 @@ class ArchiveModel(MLModel):
     """One archive's workers behind MLServer's model interface."""
 
     async def load(self) -> bool:
+        log_to_stderr()
         archive = Path(await get_model_uri(self.settings))
         extra: Dict[str, Any] = dict(self.settings.parameters.extra or {})
         spec, frontend = model_spec(self.name, self.version or "1.0", archive, extra)
@@ -92,6 +93,17 @@ class ArchiveModel(MLModel):
         self._workers.stop()
         shutil.rmtree(self._run_dir, ignore_errors=True)
         return True
+
+
+def log_to_stderr():
+    """The workers' lines (the handler's own log among them) and the runtime's in MLServer's output."""
+    named = logging.getLogger("tsctl")
+    if not named.handlers:
+        output = logging.StreamHandler()
+        output.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        named.setLevel(logging.INFO)
+        named.addHandler(output)
+        named.propagate = False
 
 
 def model_spec(name: str, version: str, archive: Path, extra: Dict[str, Any]) -> Tuple[ModelSpec, Frontend]:
@@ -125,6 +137,9 @@ def request_body(payload: InferenceRequest) -> Tuple[bytes, Dict[str, str]]:
     for tensor in body.get("outputs", []):
         tensor.get("parameters", {}).pop("binary_data", None)
     headers = {k: str(v) for k, v in client_headers.items() if k.lower() not in HOP_HEADERS}
+    for tensor in body["inputs"]:
+        if tensor.get("datatype") == "BYTES":
+            tensor["data"] = protocol.flatten(tensor["data"])
     if any(has_bytes(tensor["data"]) for tensor in body["inputs"]):
         data, length = protocol.encode_binary(body, "inputs")
         return data, {**headers, "Content-Type": protocol.OCTET_STREAM, protocol.HEADER: str(length)}
@@ -147,6 +162,11 @@ def response_of(answer: Response, name: str, version) -> InferenceResponse:
         if not isinstance(body, dict) or "outputs" not in body:
             raise ValueError("no 'outputs'")
         body["model_name"], body["model_version"] = name, version
+        for output in body["outputs"]:  # MLServer holds BYTES as bytes (its REST side writes them as text)
+            if output.get("datatype") == "BYTES" and isinstance(output.get("data"), list):
+                output["data"] = [
+                    v.encode("utf-8") if isinstance(v, str) else v for v in protocol.flatten(output["data"])
+                ]
         headers = {k: v for k, v in answer.headers.items() if k.lower() not in ("content-length", "content-type")}
         if headers:
             body.setdefault("parameters", {})["headers"] = headers

@@ -592,7 +592,7 @@ def _parse_v2(body: dict, datatypes: Sequence[str]) -> Request:
         wanted = ", ".join(datatypes)
         raise ClientError(f"KServe v2 datatype {datatype!r} is not supported by this model; send {wanted}")
     if _is_list(data):
-        values = _flatten(data) if datatype == "BYTES" else data
+        values = flatten(data) if datatype == "BYTES" else data
     elif isinstance(data, Binary):  # the binary extension's data, read already
         values = data.value
     else:
@@ -663,7 +663,7 @@ def json_tensor(data: list, datatype: str, shape: List[int], count: int):
     return array.reshape(shape)
 
 
-def _flatten(data: list) -> list:
+def flatten(data: list) -> list:
     """Nested lists to one flat list, in order, without recursion."""
     out, stack = [], [iter(data)]
     while stack:
@@ -1002,7 +1002,7 @@ def decode_answers(body: Any, headers: Optional[Mapping] = None) -> list:
     datatype, shape, data = output.get("datatype"), output.get("shape"), output.get("data")
     values = data.value if isinstance(data, Binary) else data
     if datatype == "BYTES":
-        return [_json_or_text(v) for v in (values if isinstance(data, Binary) else _flatten(values or []))]
+        return [_json_or_text(v) for v in (values if isinstance(data, Binary) else flatten(values or []))]
     if datatype not in NUMERIC or not isinstance(shape, list) or not shape:
         raise ValueError(f"the answer's output has datatype {datatype!r} and shape {shape!r}")
     try:

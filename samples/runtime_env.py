@@ -47,5 +47,35 @@ def ensure(name: str, root: Path = ROOT) -> Path:
     return python
 
 
+# MLServer with tsctl's runtime (handlers/mlserver_runtime.py), as archiver/seldon.py's image holds it: its
+# fastapi, starlette and protobuf are older than kserve's, so it lives in a venv of its own. The serving
+# stack is pinned to this environment's versions, so served answers can be compared with in-process ones.
+MLSERVER = "mlserver-1.7.1"
+MLSERVER_PACKAGES = ("mlserver==1.7.1", "torchserve==0.12.0")
+MLSERVER_SAME = (
+    "torch", "torchvision", "transformers", "tokenizers", "safetensors", "numpy", "Pillow", "PyYAML",
+    "captum",  # TorchServe's vision handlers import it (pytorch/serve's image examples)
+)  # fmt: skip
+
+
+def ensure_mlserver(root: Path = ROOT) -> Path:
+    """The python of a venv with MLServer 1.7.1 and what the workers import, built once."""
+    from importlib import metadata
+
+    venv = root / MLSERVER
+    python = venv / "bin" / "python"
+    done = venv / ".complete"
+    packages = list(MLSERVER_PACKAGES) + [f"{name}=={metadata.version(name)}" for name in MLSERVER_SAME]
+    if done.exists() and done.read_text() == "\n".join(packages):
+        return python
+    uv = [sys.executable, "-m", "uv"]
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    subprocess.run(uv + ["venv", "--quiet", "--seed", "--allow-existing", "-p", interpreter(version), str(venv)], check=True)
+    subprocess.run(uv + ["pip", "install", "--quiet", "--python", str(python)] + packages, check=True)
+    done.write_text("\n".join(packages))
+    return python
+
+
 if __name__ == "__main__":
-    print(ensure(sys.argv[1] if len(sys.argv) > 1 else "torchserve-kfs:0.9.0"))
+    name = sys.argv[1] if len(sys.argv) > 1 else "torchserve-kfs:0.9.0"
+    print(ensure_mlserver() if name == MLSERVER else ensure(name))

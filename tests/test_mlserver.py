@@ -1,0 +1,366 @@
+"""MLServer as an engine (``tsctl serve --engine mlserver``): the real MLServer 1.7.1 (in a venv of its own,
+samples/runtime_env.py) serving one store of every toolkit handler kind and pytorch/serve's mnist example
+through handlers/mlserver_runtime.py, driven by clients nobody here wrote (tritonclient's HTTP and gRPC).
+
+- every answer equals the archive's answer in-process (LocalModel, the same v2 request);
+- a bad request in a batch fails alone: its own 4xx and message, its neighbours their right answers, in
+  the same batch (MLServer's adaptive batcher would fail them all);
+- the hostile image corpus, each attack as a client would send it over the Open Inference Protocol
+  (base64 in a BYTES tensor) beside good neighbours, the worker under a memory limit: no worker restarts;
+- the CLI's serve / predict / verify / bench / stop work on it; a model that cannot load makes serve fail
+  fast with the handler's own error;
+- an A/B experiment as ``tsctl export seldon --ab`` writes it, routed by a small router in the test as
+  Seldon Core 2 routes one (a candidate drawn by weight, ``x-seldon-route`` naming it): the split over
+  1,000 requests is within sampling error and every answer is the in-process answer of the model that
+  served it."""
+
+import base64
+import concurrent.futures
+import json
+import math
+import os
+import random
+import sys
+import zipfile
+from pathlib import Path
+
+import grpc_client
+import numpy as np
+import pytest
+import tritonclient.http as triton
+from click.testing import CliRunner
+
+from archiver import engines, golden, mar, server
+from archiver.cli import main
+from conftest import (
+    MemoryLimit,
+    batch_lines,
+    package_resnet,
+    package_text,
+    peak_rss,
+    post_mixed_concurrently,
+    short_tmp,
+)
+from handlers import protocol
+from handlers.testing import LocalModel
+from samples import hostile, runtime_env, text_models, ts_examples
+from samples.image_model import sample_jpeg
+from test_hostile import assert_close
+
+ENGINE = engines.ENGINES["mlserver"]
+BATCHING = "batchSize: 8\nmaxBatchDelay: 200\n"
+TEXTS = ["The cat sits on the mat.", "Ünïcödé, emoji 🙂 and a rather longer sentence about nothing much", "short"]
+JPEGS = [sample_jpeg(seed, (320 + 32 * seed, 240)) for seed in range(3)]
+PIXELS = np.random.default_rng(1).standard_normal((2, 3, 224, 224)).astype(np.float32)
+
+
+MNIST_INPUTS = []  # the mnist example's requests, set by the store fixture
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+@pytest.fixture(scope="module")
+def mlserver_python():
+    return str(runtime_env.ensure_mlserver())
+
+
+@pytest.fixture(scope="module")
+def store(image_sample, text_samples, tmp_path_factory):
+    root = tmp_path_factory.mktemp("mlserver")
+    store = root / "model-store"
+    package_resnet(image_sample, store, config_text=BATCHING)
+    tensor = root / "tensor.yaml"
+    tensor.write_text(BATCHING + "handler:\n  input_shape: [3, 224, 224]\n")
+    package_resnet(image_sample, store, name="resnet18-t", handler="tensor", config_file=str(tensor), extra_files=[])
+    package_text(text_samples, store, "sentiment", "text_classifier", "classifier", BATCHING)
+    package_text(text_samples, store, "tagger", "token_classifier", "tagger", BATCHING)
+    package_text(text_samples, store, "minilm", "text_embedder", "minilm", BATCHING)
+    # A/B: a second classifier, other weights, the same labels
+    other = text_models.small_bert("BertForSequenceClassification", text_models.SENTIMENT, root / "classifier-b", 7)
+    package_text(other.parent, store, "sentiment-b", "text_classifier", "classifier-b", BATCHING)
+    # pytorch/serve's mnist example (its own files with TSCTL_PYTORCH_SERVE, else the stand-in): a BaseHandler
+    example = ts_examples.build_mnist(root / "mnist", ts_examples.checkout())
+    ts_examples.package(example, "torch-model-archiver", store)
+    MNIST_INPUTS[:] = example.inputs
+    return store
+
+
+@pytest.fixture(scope="module")
+def srv(store, mlserver_python):
+    running = ENGINE.start(store, home=short_tmp("ml-"), timeout=300, python=mlserver_python)
+    running.store = store
+    yield running
+    ENGINE.stop(running)
+
+
+def v2(tensors) -> bytes:
+    return json.dumps({"inputs": tensors}).encode()
+
+
+def bytes_tensor(items) -> dict:
+    return {"name": "input-0", "shape": [len(items)], "datatype": "BYTES", "data": list(items)}
+
+
+REQUESTS = {  # model: v2 JSON bodies
+    "resnet18": [v2([bytes_tensor([b64(JPEGS[0])])]), v2([bytes_tensor([b64(j) for j in JPEGS[1:]])])],
+    "resnet18-t": [
+        v2([{"name": "input-0", "shape": [2, 3, 224, 224], "datatype": "FP32", "data": PIXELS.reshape(-1).tolist()}])
+    ],  # fmt: skip
+    "sentiment": [v2([bytes_tensor(TEXTS)])],
+    "tagger": [v2([bytes_tensor(TEXTS[:2])])],
+    "minilm": [v2([bytes_tensor(TEXTS)])],
+}
+
+
+def in_process(store: Path, model: str, bodies, content_type="application/json"):
+    with LocalModel(store / f"{model}.mar", decode_input_request=False) as local:
+        answers = local.predict_rows([{"body": b} for b in bodies], [{"Content-Type": content_type}] * len(bodies))
+    return [(r.status, r.json()) for r in answers]
+
+
+def outputs(body) -> list:
+    """Each output's name, datatype and shape, then the answers it holds (BYTES elements read as JSON,
+    numbers as numbers): what must match, to rounding."""
+    described = [(o["name"], o["datatype"], o["shape"]) for o in body["outputs"]]
+    return [described, [protocol.jsonable(answer) for answer in protocol.decode_answers(body)]]
+
+
+def test_every_kind_answers_as_in_process(srv, store):
+    for model, bodies in REQUESTS.items():
+        want = in_process(store, model, bodies)
+        got = [server.request(srv.predict_url(model), body, "POST", {"Content-Type": "application/json"}, 120)
+               for body in bodies]  # fmt: skip
+        for (status, body), (want_status, want_body) in zip(got, want):
+            assert (status, want_status) == (200, 200), (model, body, want_body)
+            assert body["model_name"] == model and body["model_version"] == "1.0"
+            assert_close(outputs(body), outputs(want_body))
+    print({model: len(bodies) for model, bodies in REQUESTS.items()}, "requests, each as in-process")
+
+
+def test_tritonclient_http_and_grpc(srv, store):
+    """tritonclient's HTTP client (JSON: MLServer reads no binary extension) and its gRPC client, both
+    ways it sends BYTES (raw_input_contents, contents.bytes_contents), get the in-process answer."""
+    [(_, want)] = in_process(store, "sentiment", REQUESTS["sentiment"])
+    want_answers = [json.loads(a) for a in want["outputs"][0]["data"]]
+    client = triton.InferenceServerClient(srv.inference.split("//")[1], network_timeout=120)
+    assert client.is_server_ready() and client.is_model_ready("sentiment")
+    texts = triton.InferInput("input-0", [len(TEXTS)], "BYTES")
+    texts.set_data_from_numpy(np.array([t.encode() for t in TEXTS], dtype=np.object_), binary_data=False)
+    result = client.infer("sentiment", [texts], outputs=[triton.InferRequestedOutput("output-0", binary_data=False)])
+    assert_close([json.loads(a) for a in result.as_numpy("output-0")], want_answers)
+
+    pixels = triton.InferInput("input-0", list(PIXELS.shape), "FP32")
+    pixels.set_data_from_numpy(PIXELS, binary_data=False)
+    logits = client.infer("resnet18-t", [pixels]).as_numpy("output-0")
+    [(_, want_t)] = in_process(store, "resnet18-t", REQUESTS["resnet18-t"])
+    assert_close(logits.reshape(-1).tolist(), want_t["outputs"][0]["data"])
+
+    for contents in (False, True):
+        answer = grpc_client.call(srv.grpc, "sentiment", [t.encode() for t in TEXTS], contents=contents)
+        assert answer["server_ready"] and answer["model_ready"]
+        assert_close([json.loads(a) for a in answer["answers"]], want_answers)
+
+
+def test_mnist_example_through_the_kservev2_envelope(srv, store):
+    """pytorch/serve's mnist (a BaseHandler subclass, packaged by torch-model-archiver) answers a v2
+    request as in-process through TorchServe's kservev2 envelope, as on KServe's TorchServe runtime."""
+    bodies = [v2([bytes_tensor([b64(png)])]) for png, _ in MNIST_INPUTS]
+    got = post_mixed_concurrently(srv, "/v2/models/mnist/infer", [(b, "application/json") for b in bodies])
+    with LocalModel(store / "mnist.mar", envelope="kservev2", batch_size=1) as local:
+        want = [local.predict([json.loads(b)])[0].json() for b in bodies]  # the envelope takes batches of one
+    for (status, body), expected in zip(got, want):
+        assert status == 200, body
+        assert_close(outputs(body), outputs(expected))
+    print("mnist digits:", [body["outputs"][0]["data"] for _, body in got])
+
+
+def test_a_bad_request_fails_alone_in_its_batch(srv, store):
+    good = REQUESTS["sentiment"][0]
+    bad = [
+        (v2([bytes_tensor([{"not": "text"}])]), 400),  # an element that is not a string
+        (v2([bytes_tensor(["x" * 200_000])]), 413),  # above handler.max_text_chars
+        (v2([{"name": "input-0", "shape": [1], "datatype": "FP32", "data": [1.5]}]), 400),  # not text
+    ]
+    [(_, want)] = in_process(store, "sentiment", [good])
+    before = len(batch_lines(srv))
+    bodies = [(good, "application/json")] * 4 + [(body, "application/json") for body, _ in bad]
+    results = post_mixed_concurrently(srv, "/v2/models/sentiment/infer", bodies)
+    for status, body in results[:4]:
+        assert status == 200, body
+        assert_close(outputs(body), outputs(want))
+    for (status, body), (_, expected) in zip(results[4:], bad):
+        assert status in (400, 413, 422), body
+        assert isinstance(body, dict) and body.get("error"), body
+    lines = batch_lines(srv)[before:]
+    assert any(line["rejected"] and line["size"] > line["rejected"] for line in lines), lines
+
+
+def worker_pids(srv) -> list:
+    """The TorchServe worker processes under MLServer (its children running model_service_worker.py)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+            if parent == srv.pid and b"model_service_worker.py" in cmdline:
+                pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def model_of(pid: int) -> str:
+    """The model a worker serves: the manifest of the unpacked archive it runs in."""
+    manifest = Path(f"/proc/{pid}/cwd").resolve() / "MAR-INF" / "MANIFEST.json"
+    return json.loads(manifest.read_text())["model"]["modelName"]
+
+
+def test_hostile_image_corpus_as_v2(srv, store):
+    """Every attack of the image corpus as an Open Inference Protocol client sends a file (base64 in a
+    BYTES tensor), four at a time beside four good requests, the resnet18 worker in a 3 GiB limit."""
+    good = sample_jpeg(5, (640, 480))
+    good_body = v2([bytes_tensor([b64(good)])])
+    [(_, want)] = in_process(store, "resnet18", [good_body])
+    pids = worker_pids(srv)
+    resnet = [pid for pid in pids if model_of(pid) == "resnet18"]
+    assert len(resnet) == 1, resnet
+    limit = MemoryLimit(resnet[0], 3 << 30)
+    problems = []
+    cases = hostile.image_corpus(good)
+    try:
+        for start in range(0, len(cases), 4):
+            group = cases[start : start + 4]
+            bodies = [(good_body, "application/json")] * 4
+            bodies += [(v2([bytes_tensor([b64(case.body)])]), "application/json") for case in group]
+            results = post_mixed_concurrently(srv, "/v2/models/resnet18/infer", bodies)
+            for status, body in results[:4]:
+                if status != 200:
+                    problems.append(f"a good neighbour got {status}: {body}")
+                else:
+                    assert_close(outputs(body), outputs(want))
+            for case, (status, body) in zip(group, results[4:]):
+                if not (status == 200 or 400 <= status < 500):
+                    problems.append(f"{case.name}: {status} {str(body)[:200]}")
+                elif status != 200 and not (isinstance(body, dict) and body.get("error")):
+                    problems.append(f"{case.name}: {status} without an error body: {str(body)[:200]}")
+        peak = peak_rss(resnet[0])
+    finally:
+        limit.release()
+    assert not problems, "\n".join(problems)
+    assert worker_pids(srv) == pids, "a worker restarted"
+    print(f"{len(cases)} attacks under {limit.kind}, worker {resnet[0]} peak RSS {peak / 1e9:.2f} GB")
+    assert peak < 2_000_000_000
+
+
+def test_cli_serve_predict_verify_bench_stop(store, mlserver_python, image_sample, tmp_path):
+    """The CLI on the engine, as a user runs it: serve --engine mlserver --python, predict a JPEG (sent
+    as a v2 request), verify golden answers over v2, bench, stop."""
+    home = short_tmp("mc-")
+    solo = tmp_path / "model-store"
+    solo.mkdir()
+    inputs = tmp_path / "golden-inputs"
+    inputs.mkdir()
+    (inputs / "kitten.jpg").write_bytes((image_sample / "kitten.jpg").read_bytes())
+    options = mar.PackageOptions(model_name="resnet18", handler="image_classifier",
+                                 serialized_file=str(image_sample / "resnet18.pt"),
+                                 model_file=str(image_sample / "model.py"),
+                                 extra_files=[str(image_sample / "index_to_name.json")],
+                                 export_path=str(solo))  # fmt: skip
+    archive, _, _ = golden.package(options, str(inputs))
+    runner = CliRunner()
+    common = ["--home", str(home)]
+    try:
+        done = runner.invoke(main, ["serve", "--engine", "mlserver", "--python", mlserver_python,
+                                    "--model-store", str(solo), "--timeout", "300", *common])  # fmt: skip
+        assert done.exit_code == 0, done.output
+        assert "MLServer ready" in done.output and "grpc" in done.output
+        done = runner.invoke(main, ["predict", "resnet18", str(image_sample / "kitten.jpg"), *common])
+        assert done.exit_code == 0, done.output
+        assert '"outputs"' in done.output and "class_" in done.output
+        srv = server.read_state(home)
+        report = golden.verify(str(archive), srv.inference, "v2", 1e-4, None, 60, None)
+        assert report.checked >= 1 and not report.problems, report.problems
+        done = runner.invoke(main, ["bench", "resnet18", "--input", str(image_sample / "kitten.jpg"),
+                                    "--requests", "16", "--concurrency", "4", "--json", *common])  # fmt: skip
+        assert done.exit_code == 0, done.output
+        summary = json.loads(done.output)
+        assert summary["requests"] == 16 and summary["errors"] == 0
+    finally:
+        done = runner.invoke(main, ["stop", *common])
+    assert done.exit_code == 0 and "MLServer stopped" in done.output, done.output
+
+
+def test_serve_fails_fast_with_the_handlers_error(image_sample, mlserver_python, tmp_path):
+    store = tmp_path / "model-store"
+    package_resnet(image_sample, store)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    # the same archive, its weights replaced by bytes torch cannot read
+    with zipfile.ZipFile(store / "resnet18.mar") as source, zipfile.ZipFile(broken / "resnet18.mar", "w") as out:
+        for item in source.infolist():
+            data = source.read(item)
+            out.writestr(item, b"not weights" if item.filename.endswith(".pt") else data)
+    home = short_tmp("mf-")
+    with pytest.raises(Exception) as failed:
+        ENGINE.start(broken, home=home, timeout=300, python=mlserver_python)
+    message = str(failed.value)
+    assert "MLServer exited" in message or "exited" in message, message
+    assert "Error" in message, message
+    assert server.read_state(home) is None
+
+
+def test_ab_split_as_seldon_routes_it(srv, store, tmp_path):
+    """``tsctl export seldon --ab sentiment=90 --ab sentiment-b=10``'s Experiment, routed as Seldon Core 2
+    does: each request to a candidate drawn by weight. 1,000 requests: the share of each is within 4
+    standard deviations of its weight, and each answer is the in-process answer of the model that
+    served it (the two models answer differently)."""
+    import yaml
+
+    from archiver import seldon
+
+    out = tmp_path / "seldon"
+    seldon.export(seldon.SeldonOptions(out=str(out), model_store=str(store), image="registry.example/tsctl:1",
+                                       ab=[("sentiment", 90), ("sentiment-b", 10)]))  # fmt: skip
+    experiment = yaml.safe_load((out / "experiment.yaml").read_text())
+    candidates = [(c["name"], c["weight"]) for c in experiment["spec"]["candidates"]]
+    assert candidates == [("sentiment", 90), ("sentiment-b", 10)]
+    names, weights = zip(*candidates)
+    texts = [f"request number {i}: {'good' if i % 3 else 'bad'} news" for i in range(40)]
+    want = {}
+    for name in names:
+        bodies = [v2([bytes_tensor([t])]) for t in texts]
+        want[name] = [outputs(body) for _, body in in_process(store, name, bodies)]
+    assert want[names[0]] != want[names[1]], "the two models must answer differently for the test to see who served"
+    headers = {"Content-Type": "application/json", "seldon-model": f"{experiment['metadata']['name']}.experiment"}
+    rng = random.Random(22)
+    routes = [rng.choices(names, weights)[0] for _ in range(1000)]  # Seldon's experiment: a candidate by weight
+
+    def send(i: int):
+        body = v2([bytes_tensor([texts[i % len(texts)]])])
+        return server.request(srv.predict_url(routes[i]), body, "POST", headers, 60)
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(send, range(len(routes))))
+    served = {name: 0 for name in names}
+    for i, (route, (status, body)) in enumerate(zip(routes, answers)):
+        assert status == 200, body
+        assert body["model_name"] == route
+        assert_close(outputs(body), want[route][i % len(texts)])
+        served[route] += 1
+    total = len(routes)
+    share = weights[0] / sum(weights)
+    sigma = math.sqrt(total * share * (1 - share))
+    assert abs(served[names[0]] - total * share) < 4 * sigma, served
+    print("A/B served:", served)
+
+
+def test_mlserver_missing_is_one_line(tmp_path):
+    if sys.executable and os.path.exists(sys.executable):
+        done = CliRunner().invoke(main, ["serve", "--engine", "mlserver", "--python", sys.executable,
+                                         "--model-store", str(tmp_path), "--home", str(tmp_path / "h")])  # fmt: skip
+        assert done.exit_code == 2, done.output
+        assert "cannot import mlserver" in done.output and "Traceback" not in done.output
