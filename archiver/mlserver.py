@@ -32,6 +32,7 @@ from .errors import UserError
 
 IMPLEMENTATION = "handlers.mlserver_runtime.ArchiveModel"
 VERSION = "1.7"  # the MLServer release the runtime is written and tested for
+REQUIREMENT = "mlserver==1.7.1"  # what an image of it installs (samples/runtime_env.py's venv too)
 SETTINGS = "settings.json"
 MODEL_SETTINGS = "model-settings.json"
 

@@ -64,13 +64,16 @@ MOUNT = "/var/models"  # where the rclone container sees the claim (Seldon's k8s
 MODELS_DIR = "models"  # OUT/models/ is the claim's models/
 CLAIM_VOLUME = "models-pvc"  # as in Seldon's k8s-pvc example
 IMAGE_DIR = "server-image"
-BASE_IMAGE = "seldonio/mlserver:1.7.1-slim"
-IMAGE_PYTHON = (3, 10)  # the Python of BASE_IMAGE (MLServer's Dockerfile: conda, python 3.10.12)
+# python:X.Y-slim with this environment's Python, MLServer and the pins below: what samples/runtime_env.py's
+# mlserver venv (the tests' server) holds. Seldon's own mlserver image has Python 3.10, where several pins
+# have no wheels.
+BASE_IMAGE = "python:{python}-slim"
 RUNTIME_PATH = "/opt/tsctl"  # the handlers package in the image, on PYTHONPATH
 AGENT_VOLUME_BYTES = 1 << 30  # the mlserver ServerConfig's mlserver-models volume (1Gi): what the agent copies into
 # The runtime's own imports (handlers/mlserver_runtime.py, engine_workers.py: TorchServe's worker) and the
-# toolkit handlers', at the versions installed here; mlserver and its server stack come with the base image.
-BASE_PACKAGES = ("torch", "torchvision", "torchserve", "numpy", "Pillow", "PyYAML")
+# toolkit handlers', at the versions installed here; MLServer at the release the runtime is tested with;
+# captum, which TorchServe's own vision handlers import (pytorch/serve's image examples).
+BASE_PACKAGES = ("torch", "torchvision", "torchserve", "numpy", "Pillow", "PyYAML", "captum")
 TEXT_PACKAGES = ("transformers", "safetensors")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 MEMORY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([KMGTPE]i|[kMGTPE])?$")
@@ -395,13 +398,6 @@ def size_notes(options: SeldonOptions, entries: List[Entry]) -> List[str]:
             f"{len(entries)} Models of --memory {options.memory} each (Seldon places a Model only where the memory "
             "its Models declare still fits the container's memory request)"
         )
-    if sys.version_info[:2] != IMAGE_PYTHON:
-        here = f"{sys.version_info.major}.{sys.version_info.minor}"
-        notes.append(
-            f"{IMAGE_DIR}/requirements.txt pins the versions installed here (Python {here}); {BASE_IMAGE} runs "
-            f"Python {IMAGE_PYTHON[0]}.{IMAGE_PYTHON[1]}: if pip finds no wheel of a pin for it, the image build "
-            "fails naming that package: relax its line"
-        )
     return notes
 
 
@@ -502,7 +498,7 @@ def requirements(archives: List[Path], text: bool) -> str:
     (read as archiver/kserve_engine.requirements reads them: its lines without its engine's server packages,
     which would replace MLServer's own)."""
     names = BASE_PACKAGES + (TEXT_PACKAGES if text else ())
-    lines = [f"{name}=={metadata.version(name)}" for name in names]
+    lines = [mlserver.REQUIREMENT] + [pinned(name) for name in names]
     engine_pins = {f"{name}=={metadata.version(name)}" for name in kserve_engine.BASE_PACKAGES}
     for line in kserve_engine.requirements(archives).splitlines():
         if line not in engine_pins and line not in lines:
@@ -512,17 +508,27 @@ def requirements(archives: List[Path], text: bool) -> str:
 
 DOCKERFILE = """\
 # Seldon Core 2's MLServer with tsctl's runtime (handlers.mlserver_runtime.ArchiveModel): the image
-# server.yaml's mlserver container runs. From the directory DEPLOY.md is in:
+# server.yaml's mlserver container runs, started as Seldon's mlserver image starts (the ServerConfig sets
+# its ports and MLSERVER_MODELS_DIR). From the directory DEPLOY.md is in:
 #   docker build -t {image} {context} && docker push {image}
 FROM {base}
-USER root
 ARG TORCH_INDEX={torch_index}
+RUN useradd --uid 1000 --create-home mlserver
 COPY requirements.txt {runtime}/requirements.txt
 RUN pip install --no-cache-dir --extra-index-url "$TORCH_INDEX" -r {runtime}/requirements.txt
 COPY handlers/ {runtime}/handlers/
-ENV PYTHONPATH={runtime}
+ENV PYTHONPATH={runtime} PYTHONUNBUFFERED=1 MLSERVER_MODELS_DIR=/mnt/agent/models
 USER 1000
+CMD ["sh", "-c", "exec mlserver start \\"$MLSERVER_MODELS_DIR\\""]
 """
+
+
+def pinned(name: str) -> str:
+    """``name==VERSION`` as installed here, else the bare name."""
+    try:
+        return f"{name}=={metadata.version(name)}"
+    except metadata.PackageNotFoundError:
+        return name
 
 
 def write_image_context(out: Path, options: SeldonOptions, entries: List[Entry]) -> List[Path]:
@@ -533,7 +539,7 @@ def write_image_context(out: Path, options: SeldonOptions, entries: List[Entry])
         DOCKERFILE.format(
             image=options.image,
             context=IMAGE_DIR,
-            base=BASE_IMAGE,
+            base=BASE_IMAGE.format(python=f"{sys.version_info.major}.{sys.version_info.minor}"),
             torch_index=kserve_engine.CPU_TORCH_INDEX,
             runtime=RUNTIME_PATH,
         )

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from archiver.mlserver import REQUIREMENT
 from archiver.runtimes import RUNTIMES
 
 ROOT = Path(__file__).resolve().parent.parent / ".runtimes"
@@ -51,7 +52,7 @@ def ensure(name: str, root: Path = ROOT) -> Path:
 # fastapi, starlette and protobuf are older than kserve's, so it lives in a venv of its own. The serving
 # stack is pinned to this environment's versions, so served answers can be compared with in-process ones.
 MLSERVER = "mlserver-1.7.1"
-MLSERVER_PACKAGES = ("mlserver==1.7.1", "torchserve==0.12.0")
+MLSERVER_PACKAGES = (REQUIREMENT, "torchserve==0.12.0")
 MLSERVER_SAME = (
     "torch", "torchvision", "transformers", "tokenizers", "safetensors", "numpy", "Pillow", "PyYAML",
     "captum",  # TorchServe's vision handlers import it (pytorch/serve's image examples)
@@ -70,7 +71,8 @@ def ensure_mlserver(root: Path = ROOT) -> Path:
         return python
     uv = [sys.executable, "-m", "uv"]
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    subprocess.run(uv + ["venv", "--quiet", "--seed", "--allow-existing", "-p", interpreter(version), str(venv)], check=True)
+    subprocess.run(uv + ["venv", "--quiet", "--seed", "--allow-existing", "-p", interpreter(version), str(venv)],
+                   check=True)  # fmt: skip
     subprocess.run(uv + ["pip", "install", "--quiet", "--python", str(python)] + packages, check=True)
     done.write_text("\n".join(packages))
     return python

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -110,14 +111,15 @@ def test_the_tree_and_every_manifest_are_valid(store, tmp_path):
     assert pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "tsctl-models"
 
     dockerfile = (out / "server-image/Dockerfile").read_text()
-    assert "FROM seldonio/mlserver:1.7.1-slim\n" in dockerfile
+    assert f"FROM python:{sys.version_info.major}.{sys.version_info.minor}-slim\n" in dockerfile
+    assert 'CMD ["sh", "-c", "exec mlserver start \\"$MLSERVER_MODELS_DIR\\""]' in dockerfile
     assert "COPY handlers/ /opt/tsctl/handlers/\n" in dockerfile
     assert (out / "server-image/handlers/mlserver_runtime.py").is_file()
     assert not list((out / "server-image/handlers").rglob("__pycache__"))
     pins = (out / "server-image/requirements.txt").read_text().splitlines()
     for package in ("torch", "torchvision", "numpy", "Pillow", "PyYAML", "transformers", "safetensors"):
         assert any(re.fullmatch(rf"{package}==[\w.+]+", line) for line in pins), package  # a text model: transformers
-    assert "torchserve==0.12.0" in pins
+    assert "torchserve==0.12.0" in pins and mlserver.REQUIREMENT in pins
     assert not any(line.startswith(("kserve", "starlette", "uvicorn", "protobuf", "grpcio")) for line in pins)
 
 
