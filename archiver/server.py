@@ -340,18 +340,18 @@ def stop(server: Optional[Server] = None, home=".tsctl", grace: float = 20) -> b
         stopped = True
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline and group_alive(server.pid):
-            _reap(server.pid)
+            reap(server.pid)
             time.sleep(0.1)
         if not group_alive(server.pid):
             break
-    _reap(server.pid)
+    reap(server.pid)
     state = Path(server.home) / STATE_FILE
     if state.exists():
         state.unlink()
     return stopped
 
 
-def _reap(pid: int):
+def reap(pid: int):
     try:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
