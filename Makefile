@@ -30,10 +30,11 @@ test: venv
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
-# Venvs standing in for KServe's TorchServe images (.runtimes/; samples/runtime_env.py); the tests build
-# them on demand too.
+# Venvs standing in for KServe's TorchServe images and MLServer with tsctl's runtime (.runtimes/;
+# samples/runtime_env.py); the tests build them on demand too.
 runtimes: venv
 	$(BIN)/python -m samples.runtime_env torchserve-kfs:0.9.0
+	$(BIN)/python -m samples.runtime_env mlserver-1.7.1
 
 # The runtime matrix: every served path on TorchServe 0.9.0 (Python 3.9) and 0.12.0 (Python 3.11), both
 # KServe envelopes, through pytorch/serve's kserve_wrapper. `make test` runs one smoke path of each.
@@ -65,6 +66,7 @@ bench: venv
 	$(BIN)/python benchmarks/kserve_engine.py
 	$(BIN)/python benchmarks/p5_kserve_path.py
 	$(BIN)/python benchmarks/p5_profile.py
+	$(BIN)/python benchmarks/mlserver_engine.py
 
 clean:
 	rm -rf $(VENV) .runtimes .tsctl samples/build logs

@@ -458,6 +458,12 @@ def curl_lines(options: ExportOptions, snapshot: dict) -> List[str]:
 def input_steps(options: ExportOptions, models: List[Served]) -> List[str]:
     body = "a KServe v2 body (a BYTES tensor)" if options.protocol == "v2" else "a KServe v1 body (`instances`)"
     lines = ["## 5. Build the request bodies", "", f"Each file holds {body}, as the InferenceService takes it.", ""]
+    return lines + request_bodies(options.protocol, models)
+
+
+def request_bodies(protocol: str, models: List[Served]) -> List[str]:
+    """DEPLOY.md's commands writing each model's request body (``protocol`` v1 or v2), by its handler's kind."""
+    lines = []
     for kind, variable, example, what in [
         ("image", "IMAGE", "kitten.jpg   # your image file", "the image's bytes in base64"),
         ("text", "TEXT", "'A sentence to send'   # your text", "the text"),
@@ -470,7 +476,7 @@ def input_steps(options: ExportOptions, models: List[Served]) -> List[str]:
                 "",
                 "```sh",
                 f"{variable}={example}",
-                input_command(options.protocol, model),
+                input_command(protocol, model),
                 "```",
                 "",
             ]
@@ -480,7 +486,7 @@ def input_steps(options: ExportOptions, models: List[Served]) -> List[str]:
                 f"{model.name}: its handler takes tensors; `{model.input_file}` holds zeros of shape {model.shape}:",
                 "",
                 "```sh",
-                input_command(options.protocol, model),
+                input_command(protocol, model),
                 "```",
                 "",
             ]

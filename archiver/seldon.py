@@ -67,7 +67,7 @@ IMAGE_DIR = "server-image"
 # python:X.Y-slim with this environment's Python, MLServer and the pins below: what samples/runtime_env.py's
 # mlserver venv (the tests' server) holds. Seldon's own mlserver image has Python 3.10, where several pins
 # have no wheels.
-BASE_IMAGE = "python:{python}-slim"
+BASE_IMAGE = f"python:{sys.version_info.major}.{sys.version_info.minor}-slim"
 RUNTIME_PATH = "/opt/tsctl"  # the handlers package in the image, on PYTHONPATH
 AGENT_VOLUME_BYTES = 1 << 30  # the mlserver ServerConfig's mlserver-models volume (1Gi): what the agent copies into
 # The runtime's own imports (handlers/mlserver_runtime.py, engine_workers.py: TorchServe's worker) and the
@@ -539,7 +539,7 @@ def write_image_context(out: Path, options: SeldonOptions, entries: List[Entry])
         DOCKERFILE.format(
             image=options.image,
             context=IMAGE_DIR,
-            base=BASE_IMAGE.format(python=f"{sys.version_info.major}.{sys.version_info.minor}"),
+            base=BASE_IMAGE,
             torch_index=kserve_engine.CPU_TORCH_INDEX,
             runtime=RUNTIME_PATH,
         )
@@ -616,44 +616,7 @@ def input_steps(served: List[kserve.Served]) -> List[str]:
         "of its file (a JPEG, say), for text the strings.",
         "",
     ]
-    for kind, variable, example, what in [
-        ("image", "IMAGE", "kitten.jpg   # your image file", "a BYTES tensor with the base64 of the image"),
-        ("text", "TEXT", "'A sentence to send'   # your text", "a BYTES tensor with the text"),
-    ]:
-        of_kind = [m for m in served if m.kind == kind]
-        if of_kind:
-            lines += [
-                f"{', '.join(m.name for m in of_kind)}: `{of_kind[0].input_file}` holds {what}:",
-                "",
-                "```sh",
-                f"{variable}={example}",
-                kserve.input_command("v2", of_kind[0]),
-                "```",
-                "",
-            ]
-    for m in served:
-        if m.kind == "tensor" and m.shape:
-            lines += [
-                f"{m.name}: its handler takes tensors; `{m.input_file}` holds zeros of shape {m.shape}:",
-                "",
-                "```sh",
-                kserve.input_command("v2", m),
-                "```",
-                "",
-            ]
-        elif m.kind == "tensor":
-            lines += [
-                f"{m.name}: its handler takes tensors of its model's input shape (no handler.input_shape in its "
-                f"model-config.yaml to build one from): put such a v2 body in `{m.input_file}`.",
-                "",
-            ]
-        elif m.kind not in kserve.READERS:
-            lines += [
-                f"{m.name}: its handler ({m.handler}) takes what it was written for: put that v2 body in "
-                f"`{m.input_file}`.",
-                "",
-            ]
-    return lines
+    return lines + kserve.request_bodies("v2", served)
 
 
 def deploy_steps(options: SeldonOptions, plan: Plan) -> str:

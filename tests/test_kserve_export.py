@@ -506,8 +506,10 @@ def test_the_engine_registry_is_the_clis_engine_choice():
         assert set(engine.serve_flags) <= set(engines.SERVE_FLAGS) and set(engine.export_flags) <= set(
             engines.EXPORT_FLAGS
         )
-    with pytest.raises(UserError, match="--engine 'mlserver' must be one of torchserve, kserve"):
-        engines.named("mlserver")
+    with pytest.raises(UserError, match="--engine 'triton' must be one of torchserve, kserve, mlserver"):
+        engines.named("triton")
+    with pytest.raises(UserError, match="run 'tsctl export seldon OUT' instead"):
+        engines.named("mlserver").check_export(None)
 
 
 def test_an_engine_added_to_the_registry_is_asked_not_compared(project, tmp_path, monkeypatch):
