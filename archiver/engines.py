@@ -496,14 +496,9 @@ class MLServerEngine(KServeEngine):
     ) -> "Server":
         """Serve ``model_store`` (its config.properties' model_snapshot, or every archive with its
         model-config.yaml) with MLServer from ``python`` on free 127.0.0.1 ports."""
-        import os
-
-        import handlers
-
         from . import mlserver
         from . import server as servers
 
-        python = mlserver.find_python(python)
         model_store, home = Path(model_store).resolve(), Path(home).resolve()
         config = Path(config).resolve() if config is not None else None
         specs = self.specs(model_store, config)
@@ -512,11 +507,29 @@ class MLServerEngine(KServeEngine):
             spec.max_batch_delay = spec.max_batch_delay if max_batch_delay is None else max_batch_delay
         servers.check_home(home)
         folder = mlserver.write_repository(specs, home / "mlserver")
+        models = list(dict.fromkeys(spec.name for spec in specs))
+        return self.serve_repository(folder, models, home, timeout, python, env)
+
+    def serve_repository(
+        self, folder: Path, models: List[str], home=".tsctl", timeout: float = 180, python=None, env=None
+    ) -> "Server":
+        """MLServer on a model repository as it is (``folder``: a folder of model folders, each with its
+        model-settings.json, as ``export seldon`` writes them and Seldon's agent copies them), on free
+        127.0.0.1 ports; returns once each of ``models`` is ready."""
+        import os
+
+        import handlers
+
+        from . import mlserver
+        from . import server as servers
+
+        python = mlserver.find_python(python)
+        home = Path(home).resolve()
+        servers.check_home(home)
         source = str(Path(handlers.__file__).resolve().parent.parent)  # the runtime: tsctl's handlers package
         run_env = dict(os.environ, TEMP=str(home / "tmp"))
         run_env["PYTHONPATH"] = os.pathsep.join(p for p in (source, os.environ.get("PYTHONPATH")) if p)
         run_env.update(env or {})
-        models = list(dict.fromkeys(spec.name for spec in specs))
 
         def launch() -> "Server":
             http, grpc, metrics = servers.free_port(), servers.free_port(), servers.free_port()

@@ -3,17 +3,18 @@
     OUT/models/NAME/NAME.mar              each model's archive (the default version of each model)
     OUT/models/NAME/model-settings.json   archiver.mlserver.model_settings: implementation
                                           handlers.mlserver_runtime.ArchiveModel, uri ./NAME.mar
-    OUT/models/T/                         with --transformer-archive: the transformer's archive and settings
-                                          (parameters.extra.role "transformer"), T = its model name + "-transformer"
+    OUT/models/T-pre/, OUT/models/T-post/ with --transformer-archive: the transformer's archive twice, its
+                                          settings' parameters.extra.role "preprocess" and "postprocess"
+                                          (handlers/mlserver_runtime.py), T = the archive's model name
     OUT/server.yaml                       a Server on the mlserver ServerConfig: the image built from
                                           server-image/, the claim mounted read-only into its rclone container
     OUT/models.yaml                       one Model per folder: storageUri /var/models/models/NAME,
                                           requirements [tsctl, pvc] (only this Server advertises both)
     OUT/experiment.yaml                   with --ab: an Experiment (A/B) between models of the store
-    OUT/pipeline.yaml                     with --transformer-archive: a Pipeline, transformer then model
+    OUT/pipeline.yaml                     with --transformer-archive: a Pipeline T-pre -> model -> T-post
     OUT/pvc.yaml, OUT/pvc-copy-pod.yaml   the claim and a pod to copy models/ onto it (archiver/kserve.py's)
-    OUT/server-image/                     the server image's build context: seldonio/mlserver, the archives'
-                                          requirements, the handlers package at /opt/tsctl
+    OUT/server-image/                     the server image's build context: python:X.Y-slim, MLServer, the
+                                          archives' requirements, the handlers package at /opt/tsctl
     OUT/DEPLOY.md                         every command, from the image build to one curl per model
 
 How Seldon Core 2 uses them (SeldonIO/seldon-core at 7b77f8b7, read from the source where the docs are
@@ -128,7 +129,7 @@ class Plan:
     """Everything the export writes, decided and checked before any of it is."""
 
     entries: List[Entry]
-    transformer: Optional[Entry]
+    transformers: List[Entry]  # with a transformer: its preprocess and postprocess Models, else none
     manifests: Dict[str, List[dict]]
     experiment: Optional[str]
     pipeline: Optional[str]
@@ -174,8 +175,8 @@ def check(options: SeldonOptions) -> Plan:
     entries = [entry_of(spec) for spec in specs]
     names = [entry.name for entry in entries]
     experiment = check_ab(options, names)
-    transformer, pipeline, pipeline_model = check_transformer(options, entries, experiment, notes)
-    all_entries = entries + ([transformer] if transformer else [])
+    transformers, pipeline, pipeline_model = check_transformer(options, entries, experiment, notes)
+    all_entries = entries + transformers
     notes += size_notes(options, all_entries)
     manifests = {
         "server.yaml": [server(options, len(all_entries))],
@@ -184,14 +185,14 @@ def check(options: SeldonOptions) -> Plan:
     if experiment:
         manifests["experiment.yaml"] = [experiment_manifest(options, experiment)]
     if pipeline:
-        manifests["pipeline.yaml"] = [pipeline_manifest(options, pipeline, transformer.name, pipeline_model)]
+        manifests["pipeline.yaml"] = [pipeline_manifest(options, pipeline, transformers, pipeline_model)]
     for name, documents in manifests.items():
         for document in documents:
             crds.check(document, name)
     view = kserve_view(options)
     manifests["pvc.yaml"] = [kserve.claim_manifest(view, options.claim, [e.archive for e in all_entries])]
     manifests["pvc-copy-pod.yaml"] = [kserve.copy_pod(view, options.claim)]
-    return Plan(entries, transformer, manifests, experiment, pipeline, pipeline_model, notes)
+    return Plan(entries, transformers, manifests, experiment, pipeline, pipeline_model, notes)
 
 
 def check_out(options: SeldonOptions):
@@ -316,10 +317,13 @@ def check_ab(options: SeldonOptions, names: List[str]) -> Optional[str]:
 
 def check_transformer(
     options: SeldonOptions, entries: List[Entry], experiment: Optional[str], notes: List[str]
-) -> Tuple[Optional[Entry], Optional[str], Optional[str]]:
-    """The transformer's Model, the pipeline's name and its model step; Nones without a transformer."""
+) -> Tuple[List[Entry], Optional[str], Optional[str]]:
+    """The transformer's preprocess and postprocess Models, the pipeline's name and its model step; ([],
+    None, None) without a transformer. As for KServe's transformer, the archive's handler must split
+    (preprocessing to one tensor, postprocessing from the model's raw output) and the model step must
+    take tensors (``--handler tensor`` with the same weights)."""
     if not options.transformer_archive:
-        return None, None, None
+        return [], None, None
     archive = Path(options.transformer_archive)
     if not archive.exists():
         raise UserError(f"--transformer-archive {archive} does not exist")
@@ -330,6 +334,12 @@ def check_transformer(
             f"--transformer-archive {archive} is not a toolkit archive (no {identity.RECORD}; handler {handler!r}): "
             "package it with a toolkit handler, e.g. --handler image_classifier"
         )
+    if not record.get("splits"):
+        raise UserError(
+            f"--transformer-archive {archive}: its handler ({record.get('class')}) cannot run apart from its model "
+            f"({identity.RECORD} splits: false; the text handlers' preprocessing makes several token tensors): "
+            "use an archive built with --handler image_classifier"
+        )
     names = {entry.name: entry for entry in entries}
     target = options.transformer_model
     if target not in names and target != experiment:
@@ -337,43 +347,39 @@ def check_transformer(
         raise UserError(
             f"--transformer-model '{target}' is not a model of the store ({', '.join(names)}{also}): name one of them"
         )
+    predictors = [candidate for candidate, _ in options.ab] if target == experiment else [target]
+    for predictor in predictors:
+        if names[predictor].kind != "tensor":
+            raise UserError(
+                f"--transformer-model: '{predictor}' gets the transformer's tensors in the pipeline, but its handler "
+                f"({names[predictor].handler}) reads {names[predictor].kind or 'its own'} requests: package the same "
+                "weights with --handler tensor and name that model"
+            )
     model_name = archive_files.read_manifest(archive)["model"]["modelName"]
-    name = f"{suggest(model_name)}-transformer"
-    label(name, "the transformer's Model name", f"package {archive.name} again with a shorter --model-name")
-    if name in names:
-        raise UserError(
-            f"the transformer's Model name '{name}' is also a model of the store: package {archive.name} again "
-            "under another --model-name"
-        )
-    spec = transformer_spec(archive, name)
-    transformer = entry_of(spec, {"role": "transformer"})
+    base = suggest(model_name)[:58]
+    transformers = []
+    for role, suffix in (("preprocess", "pre"), ("postprocess", "post")):
+        name = f"{base}-{suffix}"
+        label(name, "the transformer's Model name", f"package {archive.name} again with a shorter --model-name")
+        if name in names:
+            raise UserError(
+                f"the transformer's Model name '{name}' is also a model of the store: package {archive.name} again "
+                "under another --model-name"
+            )
+        transformers.append(entry_of(transformer_spec(archive, name), {"role": role}))
     step = options.default if target == experiment else target
     pipeline = f"{target}-pipeline"
     shorter = "--experiment" if target == experiment else "--transformer-model"
     label(pipeline, "the pipeline's name", f"use a shorter {shorter}")
-    if pipeline in names or pipeline == name:
+    if pipeline in names or pipeline in (t.name for t in transformers):
         raise UserError(f"the pipeline's name '{pipeline}' is also the name of one of its models: rename that model")
-    if not record.get("splits"):
-        notes.append(
-            f"{archive.name}: its handler's preprocessing cannot run apart from its model ({identity.RECORD} "
-            "splits: false; the text handlers' makes a dict of token tensors), so the transformer step cannot answer "
-            "the model step with one tensor: an archive built with --handler image_classifier can"
-        )
-    predictors = [candidate for candidate, _ in options.ab] if target == experiment else [target]
-    for predictor in predictors:
-        if names[predictor].kind != "tensor":
-            notes.append(
-                f"{predictor}: the pipeline sends it what the transformer answers (tensors), but its handler "
-                f"({names[predictor].handler}) reads {names[predictor].kind or 'its own'} requests: serve the same "
-                "weights with --handler tensor for the pipeline"
-            )
     if target == experiment:
         notes.append(
             f"pipeline {pipeline}: its model step is '{step}', the experiment's default; a Pipeline step names a "
             f"Model, not an Experiment, and Seldon routes the step's calls (seldon-model: {step}) by {experiment}'s "
             "weights because the experiment has that default (x-seldon-route does not pin a route inside a pipeline)"
         )
-    return transformer, pipeline, step
+    return transformers, pipeline, step
 
 
 def transformer_spec(archive: Path, name: str) -> ts_config.ModelSpec:
@@ -475,14 +481,17 @@ def experiment_manifest(options: SeldonOptions, name: str) -> dict:
     }
 
 
-def pipeline_manifest(options: SeldonOptions, name: str, transformer: str, step: str) -> dict:
+def pipeline_manifest(options: SeldonOptions, name: str, transformers: List[Entry], step: str) -> dict:
+    """The transformer's preprocessing, the model, the transformer's postprocessing: each step's outputs are
+    the next one's inputs (the tensor ``input-0``, then the model's ``output-0``)."""
+    pre, post = (t.name for t in transformers)
     return {
         "apiVersion": API_VERSION,
         "kind": "Pipeline",
         "metadata": metadata_of(options, name),
         "spec": {
-            "steps": [{"name": transformer}, {"name": step, "inputs": [transformer]}],
-            "output": {"steps": [step]},
+            "steps": [{"name": pre}, {"name": step, "inputs": [pre]}, {"name": post, "inputs": [step]}],
+            "output": {"steps": [post]},
         },
     }
 
@@ -555,8 +564,7 @@ def write_image_context(out: Path, options: SeldonOptions, entries: List[Entry])
 # ---- writing ------------------------------------------------------------------------------------------
 def write(plan: Plan, options: SeldonOptions, root: Path) -> List[Path]:
     files: List[Path] = []
-    entries = plan.entries + ([plan.transformer] if plan.transformer else [])
-    for entry in entries:
+    for entry in plan.entries + plan.transformers:
         folder = root / MODELS_DIR / entry.name
         folder.mkdir(parents=True)
         kserve.copy_archive(entry.archive, folder / entry.archive.name)
@@ -565,7 +573,7 @@ def write(plan: Plan, options: SeldonOptions, root: Path) -> List[Path]:
     for name, documents in plan.manifests.items():
         (root / name).write_text(yaml.safe_dump_all(documents, sort_keys=False), encoding="utf-8")
         files.append(root / name)
-    files += write_image_context(root, options, entries)
+    files += write_image_context(root, options, plan.entries + plan.transformers)
     (root / "DEPLOY.md").write_text(deploy_steps(options, plan), encoding="utf-8")
     files.append(root / "DEPLOY.md")
     return files
@@ -603,7 +611,7 @@ def curl_lines(options: SeldonOptions, plan: Plan) -> List[str]:
         first = by_name[options.ab[0][0]]
         lines.append(curl_line(f"{plan.experiment}.experiment", plan.experiment, first.served.input_file, True))
     if plan.pipeline:
-        lines.append(curl_line(f"{plan.pipeline}.pipeline", plan.pipeline, plan.transformer.served.input_file))
+        lines.append(curl_line(f"{plan.pipeline}.pipeline", plan.pipeline, plan.transformers[0].served.input_file))
     return lines
 
 
@@ -622,11 +630,11 @@ def input_steps(served: List[kserve.Served]) -> List[str]:
 def deploy_steps(options: SeldonOptions, plan: Plan) -> str:
     ns = f"-n {options.namespace}"
     pod = f"{options.server}-copy"
-    entries = plan.entries + ([plan.transformer] if plan.transformer else [])
+    entries = plan.entries + plan.transformers
     curls = curl_lines(options, plan)
     served = [entry.served for entry in plan.entries]
-    if plan.transformer and all(s.input_file != plan.transformer.served.input_file for s in served):
-        served.append(plan.transformer.served)
+    if plan.transformers and all(s.input_file != plan.transformers[0].served.input_file for s in served):
+        served.append(plan.transformers[0].served)
     claim_size = kserve.claim_size(kserve_view(options), [entry.archive for entry in entries])
     lines = [
         f"# Deploying {', '.join(e.name for e in plan.entries)} on Seldon Core 2",
@@ -758,15 +766,16 @@ def deploy_steps(options: SeldonOptions, plan: Plan) -> str:
         ]
     if plan.pipeline:
         lines += [
-            f"The pipeline `{plan.pipeline}` sends each request to `{plan.transformer.name}` "
-            f"({plan.transformer.archive.name} in tsctl's runtime, `parameters.extra.role: transformer`), then "
-            f"what that step answers to `{plan.pipeline_model}`"
+            f"The pipeline `{plan.pipeline}` sends each request to `{plan.transformers[0].name}` "
+            f"({plan.transformers[0].archive.name}'s preprocessing in tsctl's runtime: one tensor), that tensor to "
+            f"`{plan.pipeline_model}`"
             + (
                 f", whose calls the experiment `{plan.experiment}` splits between its candidates"
                 if options.transformer_model == plan.experiment
                 else ""
             )
-            + f"; the pipeline answers with `{plan.pipeline_model}`'s answer:",
+            + f", and its raw output to `{plan.transformers[1].name}` ({plan.transformers[0].archive.name}'s "
+            "postprocessing), whose answer is the pipeline's:",
             "",
             "```sh",
             curls[-1],

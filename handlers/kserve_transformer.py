@@ -19,50 +19,20 @@ against the archive's fingerprint; else the predictor: other weights or another 
 """
 
 import argparse
-import importlib
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 import numpy as np
-import torch
-import ts
 from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer, model_server
 from kserve.errors import InferenceError as KServeInferenceError
 from kserve.errors import InvalidInput
-from ts.context import Context
 
-from . import archives, golden, identity, protocol
-from .archives import ArchiveError, check_inside, read_manifest, unpack
+from . import golden, protocol, split
 from .base import Job
 from .protocol import ClientError, Request
-
-
-def load_handler(archive, with_model: bool = False):
-    """The archive's toolkit handler, initialised like a worker's (weights only if ``with_model``)."""
-    manifest = read_manifest(archive)
-    record = identity.read(archive) or {}
-    if not record.get("splits"):
-        raise ArchiveError(
-            f"{archive}: its handler ({record.get('class') or manifest['model']['handler']}) cannot run as a KServe "
-            "transformer: its preprocess does not turn a request into one tensor (MAR-INF/tsctl.json 'splits')"
-        )
-    model_dir = unpack(archive, tempfile.mkdtemp(prefix="tsctl-transformer-"))
-    check_inside(model_dir, manifest)
-    model = manifest["model"]
-    if str(model_dir) not in sys.path:  # a handler file of the user's own, as a worker imports it
-        sys.path.insert(0, str(model_dir))
-    handler_class = getattr(importlib.import_module(record["module"]), record["class"])
-    config_file = model_dir / model["configFile"] if model.get("configFile") else None
-    config = archives.bounded_yaml(config_file.read_bytes(), str(config_file)) if config_file else {}
-    context = Context(model["modelName"], str(model_dir), manifest, 1, None, ts.__version__, model_yaml_config=config)
-    handler = handler_class()
-    handler.with_model = with_model
-    handler.initialize(context)
-    return handler
 
 
 def kserve_error(exc: BaseException, stage: str = protocol.READ, what: str = "") -> Exception:
@@ -128,21 +98,17 @@ FORWARDED = ("x-request-id", "x-b3-traceid", "authorization")  # the client's he
 class ToolkitTransformer(Model):
     def __init__(self, name: str, archive: str, predictor: Predictor):
         super().__init__(name)
-        self.handler = load_handler(archive)
+        self.handler = split.load_handler(archive)
         self.predictor = predictor
         self.ready = True
 
     def batch(self, job: Job) -> np.ndarray:
         """One request's items decoded and preprocessed as the handler would in a worker (same limits,
         same errors): the batch tensor, as an array."""
-        self.handler.decode_jobs([job])
-        if job.error is not None:
-            raise kserve_error(job.error)
         try:
-            with torch.inference_mode():
-                return self.handler.preprocess(job.inputs).cpu().numpy()
-        except Exception as exc:  # noqa: BLE001 - a ClientError keeps its status; anything else is a 500
-            raise kserve_error(exc, protocol.INFERENCE, "preprocess failed") from None
+            return split.batch(self.handler, job)
+        except ClientError as error:
+            raise kserve_error(error) from None
 
     def preprocess(self, payload, headers=None):
         """The batch for the predictor, in a dict (what KServe's ``validate`` lets through)."""
@@ -165,10 +131,9 @@ class ToolkitTransformer(Model):
 
     def answers(self, outputs: np.ndarray) -> list:
         try:
-            with torch.inference_mode():
-                return self.handler.call_postprocess(torch.from_numpy(outputs), None)
-        except Exception as exc:  # noqa: BLE001 - a ClientError keeps its status; anything else is a 500
-            raise kserve_error(exc, protocol.INFERENCE, "postprocess failed") from None
+            return split.answers(self.handler, outputs)
+        except ClientError as error:
+            raise kserve_error(error) from None
 
     def postprocess(self, result, headers=None, response_headers=None):
         answers = self.answers(result["output"])

@@ -24,11 +24,19 @@ envelope, as on KServe's TorchServe runtime with ``protocolVersion: v2``; that e
 of several, so they run with ``batchSize`` 1. Toolkit archives read the bytes as they came
 (``decode_input_request`` off) and batch as their settings say.
 
+**A Seldon pipeline's transformer** (``parameters.extra.role``, ``tsctl export seldon
+--transformer-archive``): an image archive's handler run apart from its model (``handlers/split.py``, as
+the KServe transformer runs it), in this process, without its weights. ``preprocess`` answers a request's
+images as one FP32 tensor ``input-0`` (the batch the model step reads); ``postprocess`` reads the model
+step's raw output (its first tensor, one row per image) and answers the handler's answers as BYTES
+``output-0``, as the whole archive would.
+
 ``parameters.extra`` (written by ``tsctl serve --engine mlserver`` and ``tsctl export seldon`` from
 config.properties or model-config.yaml): ``minWorkers``, ``batchSize``, ``maxBatchDelay``,
-``responseTimeout``, ``jobQueueSize``, ``maxRequestSize``, ``publicKey``, ``metricsConfig``.
+``responseTimeout``, ``jobQueueSize``, ``maxRequestSize``, ``publicKey``, ``metricsConfig``, ``role``.
 """
 
+import asyncio
 import json
 import logging
 import os
@@ -37,6 +45,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, Tuple
 
+import numpy as np
 from mlserver import MLModel
 from mlserver.errors import MLServerError
 from mlserver.types import InferenceRequest, InferenceResponse
@@ -59,13 +68,26 @@ EXTRA = {  # parameters.extra key -> (ModelSpec field, smallest value)
 }
 
 
+ROLES = ("preprocess", "postprocess")  # parameters.extra.role: a pipeline's transformer steps
+
+
 class ArchiveModel(MLModel):
-    """One archive's workers behind MLServer's model interface."""
+    """One archive's workers behind MLServer's model interface (or, with a role, its handler's split)."""
 
     async def load(self) -> bool:
         log_to_stderr()
         archive = Path(await get_model_uri(self.settings))
         extra: Dict[str, Any] = dict(self.settings.parameters.extra or {})
+        self._role = extra.get("role")
+        if self._role is not None:
+            if self._role not in ROLES:
+                raise ValueError(f"model-settings.json of {self.name}: parameters.extra.role is {self._role!r}, "
+                                 f"not one of {', '.join(ROLES)}")  # fmt: skip
+            from . import split  # torch, in this process: only a transformer step needs it here
+
+            self._split = split
+            self._handler = await asyncio.get_running_loop().run_in_executor(None, split.load_handler, archive)
+            return True
         spec, frontend = model_spec(self.name, self.version or "1.0", archive, extra)
         self._run_dir = tempfile.mkdtemp(prefix="tsctl-mlserver-")
         try:
@@ -85,11 +107,44 @@ class ArchiveModel(MLModel):
         return True
 
     async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        if self._role is not None:
+            return await asyncio.get_running_loop().run_in_executor(None, self.transform, payload)
         body, headers = request_body(payload)
         answer = await self._workers.submit(Request(body, headers))
         return response_of(answer, self.name, self.version)
 
+    def transform(self, payload: InferenceRequest) -> InferenceResponse:
+        """A transformer step: the request's images as the model's input tensor, or the model's raw
+        output as the handler's answers; a request it refuses gets the status a worker would give."""
+        from .base import Job  # torch: only a transformer step imports it in this process
+
+        split, handler = self._split, self._handler
+        tensor = payload.inputs[0]
+        try:
+            if self._role == "preprocess":
+                items = protocol.flatten(list(tensor.data))
+                protocol.check_count(items, handler.limits)
+                array = split.batch(handler, Job(protocol.Request(items, protocol.V2)))
+                output = {"name": "input-0", "shape": list(array.shape), "datatype": "FP32",
+                          "data": array.reshape(-1).tolist()}  # fmt: skip
+            else:
+                dtype = protocol.NUMERIC.get(str(tensor.datatype.value if hasattr(tensor.datatype, "value")
+                                                 else tensor.datatype))  # fmt: skip
+                if dtype is None:
+                    raise protocol.ClientError(f"postprocess reads the model's numeric output, not {tensor.datatype}")
+                outputs = np.asarray(protocol.flatten(list(tensor.data)), dtype=dtype).reshape(tensor.shape)
+                answers = split.answers(handler, outputs)
+                output = {"name": "output-0", "shape": [len(answers)], "datatype": "BYTES",
+                          "data": [json.dumps(answer).encode("utf-8") for answer in answers]}  # fmt: skip
+        except protocol.ClientError as error:
+            raise MLServerError(error.message, status_code=error.status) from None
+        except (ValueError, TypeError) as exc:
+            raise MLServerError(f"{self.name}: {exc}", status_code=400) from None
+        return InferenceResponse(model_name=self.name, model_version=self.version, id=payload.id, outputs=[output])
+
     async def unload(self) -> bool:
+        if self._role is not None:
+            return True
         self._workers.stop()
         shutil.rmtree(self._run_dir, ignore_errors=True)
         return True

@@ -358,6 +358,49 @@ def test_ab_split_as_seldon_routes_it(srv, store, tmp_path):
     print("A/B served:", served)
 
 
+def test_the_seldon_export_serves_and_its_pipeline_answers_as_the_archive(store, mlserver_python, tmp_path):
+    """``export seldon --transformer-archive resnet18.mar --transformer-model resnet18-t``'s model folders,
+    served by MLServer as Seldon's agent hands them over (the folders as they are), and its Pipeline run
+    step after step as Seldon runs one (each step's outputs the next one's inputs): preprocessing (the
+    image archive's handler, no weights), the tensor model, postprocessing. Each JPEG's answer equals
+    the whole image archive's answer in-process."""
+    import shutil
+
+    import yaml
+
+    from archiver import seldon
+
+    out = tmp_path / "seldon"
+    seldon.export(seldon.SeldonOptions(out=str(out), model_store=str(store), image="registry.example/tsctl:1",
+                                       transformer_archive=str(store / "resnet18.mar"),
+                                       transformer_model="resnet18-t"))  # fmt: skip
+    pipeline = yaml.safe_load((out / "pipeline.yaml").read_text())
+    steps = [step["name"] for step in pipeline["spec"]["steps"]]
+    assert steps == ["resnet18-pre", "resnet18-t", "resnet18-post"]
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    for step in steps:
+        shutil.copytree(out / "models" / step, repository / step)
+    home = short_tmp("mp-")
+    running = ENGINE.serve_repository(repository, steps, home, timeout=300, python=mlserver_python)
+    try:
+        for jpeg in JPEGS:
+            body = v2([bytes_tensor([b64(jpeg)])])
+            for step in steps:  # Seldon's pipeline: a step's outputs are the next step's inputs
+                status, answer = server.request(running.predict_url(step), body, "POST",
+                                                {"Content-Type": "application/json"}, 120)  # fmt: skip
+                assert status == 200, (step, answer)
+                body = json.dumps({"inputs": answer["outputs"]}).encode()
+            with LocalModel(store / "resnet18.mar") as local:
+                [want] = local.predict([jpeg])
+            assert_close([json.loads(a) for a in answer["outputs"][0]["data"]], [want.json()])
+        status, answer = server.request(running.predict_url(steps[0]), v2([bytes_tensor(["not base64!"])]), "POST",
+                                        {"Content-Type": "application/json"}, 60)  # fmt: skip
+        assert status == 400 and "base64" in answer["error"], answer
+    finally:
+        ENGINE.stop(running)
+
+
 def test_mlserver_missing_is_one_line(tmp_path):
     if sys.executable and os.path.exists(sys.executable):
         done = CliRunner().invoke(main, ["serve", "--engine", "mlserver", "--python", sys.executable,

@@ -230,45 +230,56 @@ def test_an_experiment_splits_by_weight_with_its_default(store, tmp_path):
 def test_a_pipeline_runs_the_transformer_then_the_model(store, tmp_path):
     out = tmp_path / "out"
     archive = store.parent / "pre" / "pre.mar"
-    result = seldon.export(options(store, out, transformer_archive=str(archive), transformer_model="resnet18-t"))
-    folder = out / "models" / "pre-transformer"
-    assert (folder / "pre.mar").read_bytes() == archive.read_bytes()
-    settings = json.loads((folder / "model-settings.json").read_text())
-    assert settings["implementation"] == mlserver.IMPLEMENTATION and settings["parameters"]["uri"] == "./pre.mar"
-    assert settings["parameters"]["extra"]["role"] == "transformer"
-    assert "pre-transformer" in [m["metadata"]["name"] for m in documents(out / "models.yaml")]
+    seldon.export(options(store, out, transformer_archive=str(archive), transformer_model="resnet18-t"))
+    for step, role in (("pre-pre", "preprocess"), ("pre-post", "postprocess")):  # the archive's two halves
+        folder = out / "models" / step
+        assert (folder / "pre.mar").read_bytes() == archive.read_bytes()
+        settings = json.loads((folder / "model-settings.json").read_text())
+        assert settings["implementation"] == mlserver.IMPLEMENTATION and settings["parameters"]["uri"] == "./pre.mar"
+        assert settings["parameters"]["extra"]["role"] == role and settings["name"] == step
+        assert step in [m["metadata"]["name"] for m in documents(out / "models.yaml")]
     [pipeline] = documents(out / "pipeline.yaml")
     assert crds.problems(pipeline) == []
     assert pipeline["metadata"]["name"] == "resnet18-t-pipeline"
     assert pipeline["spec"] == {
-        "steps": [{"name": "pre-transformer"}, {"name": "resnet18-t", "inputs": ["pre-transformer"]}],
-        "output": {"steps": ["resnet18-t"]},
+        "steps": [
+            {"name": "pre-pre"},
+            {"name": "resnet18-t", "inputs": ["pre-pre"]},
+            {"name": "pre-post", "inputs": ["resnet18-t"]},
+        ],
+        "output": {"steps": ["pre-post"]},
     }
-    assert not any("pipeline sends it" in note for note in result.notes)  # a tensor model: what it takes
     deploy = (out / "DEPLOY.md").read_text()
     assert '-H "seldon-model: resnet18-t-pipeline.pipeline"' in deploy
-    assert "models/pre-transformer/pre.mar" in deploy and "model/pre-transformer" in deploy
+    assert "models/pre-pre/pre.mar" in deploy and "model/pre-pre" in deploy and "model/pre-post" in deploy
 
 
-def test_a_pipeline_into_an_experiment_steps_into_its_default_model(store, tmp_path):
+def test_a_pipeline_into_an_experiment_steps_into_its_default_model(store, image_sample, tmp_path):
     out = tmp_path / "out"
     archive = store.parent / "pre" / "pre.mar"
+    ab = dict(ab=[("resnet18-t", 50), ("resnet18-b", 50)], default="resnet18-t", experiment="split")
+    with pytest.raises(UserError, match="'resnet18-b' gets the transformer's tensors .* --handler tensor"):
+        seldon.export(options(store, out, transformer_archive=str(archive), transformer_model="split", **ab))
+    assert not out.exists()
+    tensors = tmp_path / "tensors"  # two tensor models: both candidates take the transformer's tensors
+    for name in ("t1", "t2"):
+        package_resnet(image_sample, tensors, name=name, handler="tensor", extra_files=[],
+                       config_file=str(store.parent / "tensor.yaml"))  # fmt: skip
     result = seldon.export(
         options(
-            store,
+            tensors,
             out,
-            ab=[("resnet18", 50), ("resnet18-t", 50)],
-            default="resnet18-t",
+            ab=[("t1", 50), ("t2", 50)],
+            default="t2",
             experiment="split",
             transformer_archive=str(archive),
             transformer_model="split",
-        )
+        )  # fmt: skip
     )
     [pipeline] = documents(out / "pipeline.yaml")
     assert pipeline["metadata"]["name"] == "split-pipeline"
-    assert [step["name"] for step in pipeline["spec"]["steps"]] == ["pre-transformer", "resnet18-t"]
+    assert [step["name"] for step in pipeline["spec"]["steps"]] == ["pre-pre", "t2", "pre-post"]
     assert any("a Pipeline step names a Model, not an Experiment" in note for note in result.notes)
-    assert any(note.startswith("resnet18: the pipeline sends it") for note in result.notes)  # an image model
     deploy = (out / "DEPLOY.md").read_text()
     assert "whose calls the experiment `split` splits between its candidates" in deploy
 
@@ -284,11 +295,12 @@ def test_transformer_archives_are_checked(store, tmp_path):
         seldon.export(
             options(store, tmp_path / "o", transformer_archive=str(tmp_path / "gone.mar"), transformer_model="resnet18")
         )
-    assert not (tmp_path / "o").exists()
+    with pytest.raises(UserError, match="'resnet18' gets the transformer's tensors"):  # an image model: no tensors
+        seldon.export(options(store, tmp_path / "o", transformer_archive=pre, transformer_model="resnet18"))
     text = str(store / "sentiment.mar")  # a toolkit archive whose preprocessing needs its model
-    result = seldon.export(options(store, tmp_path / "o", transformer_archive=text, transformer_model="resnet18-t"))
-    assert any(note.startswith("sentiment.mar: its handler's preprocessing cannot run apart") for note in result.notes)
-    assert (tmp_path / "o" / "models" / "sentiment-transformer" / "sentiment.mar").is_file()
+    with pytest.raises(UserError, match="sentiment.mar: its handler .* cannot run apart from its model"):
+        seldon.export(options(store, tmp_path / "o", transformer_archive=text, transformer_model="resnet18-t"))
+    assert not (tmp_path / "o").exists()
 
 
 def test_force_never_replaces_an_out_holding_the_inputs(store, tmp_path):
@@ -343,8 +355,8 @@ def test_deploy_md_runs_from_out_and_applies_every_manifest(store, tmp_path, jpe
     ]
     assert [deploy.index(step) for step in order] == sorted(deploy.index(step) for step in order)
     commands = [line for block in code_blocks(deploy) for line in block.splitlines()]
-    for entry in ("resnet18", "resnet18-b", "resnet18-t", "sentiment", "pre-transformer"):
-        for file in (f"{'pre' if entry == 'pre-transformer' else entry}.mar", "model-settings.json"):
+    for entry in ("resnet18", "resnet18-b", "resnet18-t", "sentiment", "pre-pre", "pre-post"):
+        for file in (f"{'pre' if entry.startswith('pre-') else entry}.mar", "model-settings.json"):
             path = f"models/{entry}/{file}"
             assert (out / path).is_file()
             assert f"kubectl cp -n seldon-mesh {path} tsctl-mlserver-copy:/pvc/{path}" in commands
