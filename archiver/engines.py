@@ -1,7 +1,7 @@
 """The engines that serve a model store, behind one interface: ``tsctl serve/predict/bench/verify/stop``
 and ``tsctl export kserve`` ask the engine object, never compare names.
 
-    ENGINES = {"torchserve": TorchServeEngine(), "kserve": KServeEngine()}   # --engine's choices
+    ENGINES = {"torchserve": TorchServeEngine(), "kserve": KServeEngine(), "mlserver": MLServerEngine()}
 
 An ``Engine`` knows how to
 
@@ -18,8 +18,9 @@ An ``Engine`` knows how to
   ``manifests`` (more manifests beside it), ``write_files`` (more files in the export) and
   ``deploy_steps``/``apply_lines`` (DEPLOY.md). ``export_flags`` are the export options it takes.
 
-A third engine (MLServer, say) is a subclass with these methods and one line in ``ENGINES``; the
-command line builds ``--engine``'s choices from the registry and needs no change.
+Another engine is a subclass with these methods and one line in ``ENGINES`` (MLServer was added so); the
+command line builds ``--engine``'s choices from the registry and needs no change. ``request_body`` is how
+``predict`` and ``bench`` send a file where the engine takes only one protocol (MLServer: KServe v2).
 
 This module imports nothing heavy at import time (``tsctl --help`` builds its choices from it): what
 serving or exporting needs is imported inside the methods.
