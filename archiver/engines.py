@@ -500,6 +500,7 @@ class MLServerEngine(KServeEngine):
         from . import mlserver
         from . import server as servers
 
+        python = mlserver.find_python(python)  # first: without MLServer nothing else matters
         model_store, home = Path(model_store).resolve(), Path(home).resolve()
         config = Path(config).resolve() if config is not None else None
         specs = self.specs(model_store, config)

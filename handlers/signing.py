@@ -61,7 +61,8 @@ def verify(model_dir: Union[str, Path], public_key: Union[str, Path], name: Opti
 def difference(message: str) -> str:
     """model-signing's mismatch message as one sentence naming the first file."""
     for pattern, words in (
-        (r"Hash mismatch for '([^']+)'", "{} differs from what was signed"),
+        # model-signing's message may come as the repr of a list of them, its quotes escaped (\\')
+        (r"Hash mismatch for \\?'([^'\\]+)\\?'", "{} differs from what was signed"),
         (r"Extra files found in model '[^']*': ([^\"'\]]+)", "{} was not signed (added after signing)"),
         (r"Missing files in model '[^']*': ([^\"'\]]+)", "{} was signed but is missing"),
     ):

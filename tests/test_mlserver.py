@@ -12,7 +12,12 @@ through handlers/mlserver_runtime.py, driven by clients nobody here wrote (trito
 - an A/B experiment as ``tsctl export seldon --ab`` writes it, routed by a small router in the test as
   Seldon Core 2 routes one (a candidate drawn by weight, ``x-seldon-route`` naming it): the split over
   1,000 requests is within sampling error and every answer is the in-process answer of the model that
-  served it."""
+  served it;
+- the export's model folders, served as Seldon's agent hands them to MLServer, run its pipeline (the
+  transformer's preprocessing, the tensor model, its postprocessing) to the archive's own answers.
+
+``make test`` runs the parity, tritonclient, mnist and bad-request tests (one MLServer for all); the
+hostile corpus, the CLI, the failed load, the pipeline and the A/B split run in ``make matrix``."""
 
 import base64
 import concurrent.futures
@@ -219,6 +224,7 @@ def model_of(pid: int) -> str:
     return json.loads(manifest.read_text())["model"]["modelName"]
 
 
+@pytest.mark.matrix
 def test_hostile_image_corpus_as_v2(srv, store):
     """Every attack of the image corpus as an Open Inference Protocol client sends a file (base64 in a
     BYTES tensor), four at a time beside four good requests, the resnet18 worker in a 3 GiB limit."""
@@ -256,6 +262,7 @@ def test_hostile_image_corpus_as_v2(srv, store):
     assert peak < 2_000_000_000
 
 
+@pytest.mark.matrix
 def test_cli_serve_predict_verify_bench_stop(store, mlserver_python, image_sample, tmp_path):
     """The CLI on the engine, as a user runs it: serve --engine mlserver --python, predict a JPEG (sent
     as a v2 request), verify golden answers over v2, bench, stop."""
@@ -294,6 +301,7 @@ def test_cli_serve_predict_verify_bench_stop(store, mlserver_python, image_sampl
     assert done.exit_code == 0 and "MLServer stopped" in done.output, done.output
 
 
+@pytest.mark.matrix
 def test_serve_fails_fast_with_the_handlers_error(image_sample, mlserver_python, tmp_path):
     store = tmp_path / "model-store"
     package_resnet(image_sample, store)
@@ -313,6 +321,7 @@ def test_serve_fails_fast_with_the_handlers_error(image_sample, mlserver_python,
     assert server.read_state(home) is None
 
 
+@pytest.mark.matrix
 def test_ab_split_as_seldon_routes_it(srv, store, tmp_path):
     """``tsctl export seldon --ab sentiment=90 --ab sentiment-b=10``'s Experiment, routed as Seldon Core 2
     does: each request to a candidate drawn by weight. 1,000 requests: the share of each is within 4
@@ -358,6 +367,7 @@ def test_ab_split_as_seldon_routes_it(srv, store, tmp_path):
     print("A/B served:", served)
 
 
+@pytest.mark.matrix
 def test_the_seldon_export_serves_and_its_pipeline_answers_as_the_archive(store, mlserver_python, tmp_path):
     """``export seldon --transformer-archive resnet18.mar --transformer-model resnet18-t``'s model folders,
     served by MLServer as Seldon's agent hands them over (the folders as they are), and its Pipeline run

@@ -160,3 +160,13 @@ def test_a_signed_archive_serves_on_torchserve_as_an_unsigned_one(signed, image_
     with RunningServer(store, env={**os.environ, "TSCTL_PUBLIC_KEY": str(signed["public"])}) as srv:
         status, body = post(srv, "signed", kitten, "image/jpeg")
     assert status == 200 and body.keys() == expected.keys(), body
+
+
+def test_a_mismatch_message_in_any_quoting_names_the_file():
+    """model-signing's message may be a list's repr whose quotes are escaped (a hash's bytes held a quote)."""
+    from handlers.signing import difference
+
+    escaped = "Signature mismatch: ['Hash mismatch for \\'MAR-INF/MANIFEST.json\\': value=b\\'\\\\xc8\"\\']"
+    plain = "Hash mismatch for 'resnet18.pt': Expected b'...'"
+    assert difference(escaped).startswith("MAR-INF/MANIFEST.json differs from what was signed")
+    assert difference(plain).startswith("resnet18.pt differs from what was signed")
