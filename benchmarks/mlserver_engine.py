@@ -20,20 +20,12 @@ import tempfile
 from pathlib import Path
 
 from common import alternate, median, served_side, write_section
+from p5_kserve_path import CONCURRENCY, CONFIG, REQUESTS, SENTENCES  # P5's bodies and settings
 
 from archiver import engines  # noqa: E402
 from conftest import package_resnet, package_text, short_tmp  # noqa: E402
 from samples import image_model, runtime_env, text_models  # noqa: E402
 
-CONFIG = "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 8\nmaxBatchDelay: 20\nresponseTimeout: 120\n"
-REQUESTS = 160
-CONCURRENCY = 16
-SENTENCES = [
-    "A man is playing a guitar on stage in front of a large crowd.",
-    "The new movie is awesome, I loved every minute of it.",
-    "Stock markets fell sharply after the central bank raised interest rates again.",
-    "short",
-]
 SIDES = {"(k) --engine kserve": "kserve", "(m) --engine mlserver": "mlserver"}
 
 
