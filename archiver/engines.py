@@ -500,10 +500,10 @@ class MLServerEngine(KServeEngine):
         from . import mlserver
         from . import server as servers
 
-        python = mlserver.find_python(python)  # first: without MLServer nothing else matters
         model_store, home = Path(model_store).resolve(), Path(home).resolve()
         config = Path(config).resolve() if config is not None else None
         specs = self.specs(model_store, config)
+        python = mlserver.find_python(python)  # before anything is written
         for spec in specs:
             spec.batch_size = batch_size or spec.batch_size
             spec.max_batch_delay = spec.max_batch_delay if max_batch_delay is None else max_batch_delay
