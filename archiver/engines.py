@@ -592,6 +592,7 @@ class MLServerEngine(KServeEngine):
         """MLServer first, alone: it stops its servers and its workers go with it (2 s). A TERM to the
         whole group ends the workers first and MLServer never answers it (10 s, then KILL)."""
         import os
+        import shutil
         import signal
 
         from . import server as servers
@@ -605,6 +606,8 @@ class MLServerEngine(KServeEngine):
             servers.reap(server.pid)
             time.sleep(0.1)
         servers.stop(server, grace=1)  # whatever is left of the group, and server.json
+        # the unpacked archives (TEMP): MLServer unloads no model when it stops
+        shutil.rmtree(Path(server.home) / "tmp", ignore_errors=True)
         return True
 
     def output(self, server: "Server") -> Path:

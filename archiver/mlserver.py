@@ -21,6 +21,7 @@ its own is the usual home: ``samples/runtime_env.py mlserver-1.7.1`` builds the 
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -95,8 +96,18 @@ def find_python(python: Optional[str]) -> str:
         if importlib.util.find_spec("mlserver") is not None:
             return sys.executable
         raise UserError(
-            f"MLServer is not installed in this environment ({sys.executable}): install 'mlserver=={VERSION}.*' "
-            "with torch and torchserve in a venv of its own and pass its python with --python"
+            f"MLServer is not installed in this environment ({sys.executable}): pass --python with a Python that has "
+            f"mlserver=={VERSION}.*, torch and torchserve ('make runtimes' in tsctl's checkout builds one: "
+            ".runtimes/mlserver-1.7.1/bin/python)"
+        )
+    path = Path(python)
+    if path.is_dir() and (path / "bin" / "python").is_file():
+        raise UserError(f"--python {python} is a directory: pass its interpreter, --python {path / 'bin' / 'python'}")
+    if not path.is_file() or not os.access(path, os.X_OK):
+        where = "" if path.is_absolute() else f" (a path relative to {Path.cwd()})"
+        raise UserError(
+            f"--python {python} is not a Python interpreter{where}: give the full path of the MLServer venv's "
+            "bin/python ('make runtimes' in tsctl's checkout builds .runtimes/mlserver-1.7.1)"
         )
     found = subprocess.run([python, "-c", "import mlserver, ts"], capture_output=True)
     if found.returncode != 0:

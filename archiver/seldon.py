@@ -141,6 +141,10 @@ def parse_ab(values) -> List[Tuple[str, int]]:
     """``--ab MODEL=WEIGHT`` values as pairs; a UserError for one that is not that."""
     pairs = []
     for value in values:
+        if "," in value or " " in value.strip():
+            raise UserError(
+                f"--ab {value!r} names several candidates: give each its own --ab, e.g. --ab a=90 --ab b=10"
+            )
         model, sep, weight = value.rpartition("=")
         if not sep or not model or not weight.isdigit() or int(weight) < 1:
             raise UserError(
@@ -270,7 +274,7 @@ def default_versions(options: SeldonOptions, notes: List[str]) -> List[ts_config
                 "model name to serve both)"
             )
     for spec in chosen.values():
-        fix = f"package it again with --model-name {suggest(spec.name)}"
+        fix = f"package it again with --model-name {suggest(spec.name)} and remove {spec.archive} from the store"
         label(spec.name, f"model {spec.archive.name}'s name", fix)
     return list(chosen.values())
 
@@ -337,8 +341,8 @@ def check_transformer(
     if not record.get("splits"):
         raise UserError(
             f"--transformer-archive {archive}: its handler ({record.get('class')}) cannot run apart from its model "
-            f"({identity.RECORD} splits: false; the text handlers' preprocessing makes several token tensors): "
-            "use an archive built with --handler image_classifier"
+            f"({identity.RECORD} splits: false: its preprocessing does not make one tensor of a request, or there is "
+            "none): use an archive built with --handler image_classifier"
         )
     names = {entry.name: entry for entry in entries}
     target = options.transformer_model
@@ -350,8 +354,9 @@ def check_transformer(
     predictors = [candidate for candidate, _ in options.ab] if target == experiment else [target]
     for predictor in predictors:
         if names[predictor].kind != "tensor":
+            role = f"a candidate of the experiment '{target}'" if target == experiment else "the pipeline's model step"
             raise UserError(
-                f"--transformer-model: '{predictor}' gets the transformer's tensors in the pipeline, but its handler "
+                f"--transformer-model: '{predictor}' ({role}) gets the transformer's tensors, but its handler "
                 f"({names[predictor].handler}) reads {names[predictor].kind or 'its own'} requests: package the same "
                 "weights with --handler tensor and name that model"
             )

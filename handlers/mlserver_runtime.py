@@ -40,6 +40,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -59,7 +60,10 @@ from .ts_wire import Request, Response
 logger = logging.getLogger("tsctl.mlserver")
 
 # Request headers that describe MLServer's HTTP body, not the one the handler gets.
-HOP_HEADERS = frozenset(("content-length", "content-type", "transfer-encoding", "connection", "expect", "host"))
+HOP_HEADERS = frozenset(
+    ("content-length", "content-type", "transfer-encoding", "connection", "expect", "host", protocol.HEADER.lower())
+)
+ID = re.compile(r"^[\x21-\x7e]{1,256}$")  # a request id MLServer can put in its response headers (ce-id)
 EXTRA = {  # parameters.extra key -> (ModelSpec field, smallest value)
     "minWorkers": ("min_workers", 1),
     "batchSize": ("batch_size", 1),
@@ -86,6 +90,8 @@ class ArchiveModel(MLModel):
             from . import split  # torch, in this process: only a transformer step needs it here
 
             self._split = split
+            self._transforms = asyncio.Semaphore(max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                                      else (os.cpu_count() or 1)))  # fmt: skip
             self._handler = await asyncio.get_running_loop().run_in_executor(None, split.load_handler, archive)
             return True
         spec, frontend = model_spec(self.name, self.version or "1.0", archive, extra)
@@ -107,39 +113,60 @@ class ArchiveModel(MLModel):
         return True
 
     async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        check_id(payload.id)
         if self._role is not None:
-            return await asyncio.get_running_loop().run_in_executor(None, self.transform, payload)
+            async with self._transforms:  # each holds a whole batch as JSON (16 images: 45 MB): a few at a time
+                return await asyncio.get_running_loop().run_in_executor(None, self.transform, payload)
         body, headers = request_body(payload)
         answer = await self._workers.submit(Request(body, headers))
         return response_of(answer, self.name, self.version)
 
     def transform(self, payload: InferenceRequest) -> InferenceResponse:
         """A transformer step: the request's images as the model's input tensor, or the model's raw
-        output as the handler's answers; a request it refuses gets the status a worker would give."""
+        output as the handler's answers; a request it refuses gets the status a worker would give, and
+        one that is not what the step reads 400. What a request may hold is the handler's own limits:
+        ``max_items`` images (or output rows), ``max_json_values`` numbers."""
         from .base import Job  # torch: only a transformer step imports it in this process
 
         split, handler = self._split, self._handler
-        tensor = payload.inputs[0]
+        limits = handler.limits
         try:
+            if len(payload.inputs) != 1:
+                raise protocol.ClientError(f"{self.name} reads one input tensor, got {len(payload.inputs)}")
+            tensor = payload.inputs[0]
+            count = protocol.element_count(protocol.as_shape(list(tensor.shape)))
             if self._role == "preprocess":
                 items = protocol.flatten(list(tensor.data))
-                protocol.check_count(items, handler.limits)
+                if len(items) != count:
+                    raise protocol.ClientError(
+                        f"input shape {list(tensor.shape)} holds {count} elements, got {len(items)}"
+                    )
+                protocol.check_count(items, limits)
                 array = split.batch(handler, Job(protocol.Request(items, protocol.V2)))
                 output = {"name": "input-0", "shape": list(array.shape), "datatype": "FP32",
                           "data": array.reshape(-1).tolist()}  # fmt: skip
             else:
-                dtype = protocol.NUMERIC.get(str(tensor.datatype.value if hasattr(tensor.datatype, "value")
-                                                 else tensor.datatype))  # fmt: skip
-                if dtype is None:
-                    raise protocol.ClientError(f"postprocess reads the model's numeric output, not {tensor.datatype}")
-                outputs = np.asarray(protocol.flatten(list(tensor.data)), dtype=dtype).reshape(tensor.shape)
+                datatype = str(getattr(tensor.datatype, "value", tensor.datatype))
+                if datatype not in protocol.NUMERIC:
+                    raise protocol.ClientError(f"postprocess reads the model's numeric output, not {datatype}")
+                shape = list(tensor.shape)
+                if len(shape) != 2:  # the image classifier's logits: the one handler kind that splits
+                    raise protocol.ClientError(
+                        f"postprocess reads one output row per image (shape [N, K]), got {shape}"
+                    )
+                protocol.within(shape[0], "rows", "max_items", limits.max_items)
+                protocol.within(count, "values", "max_json_values", limits.max_json_values)
+                values = protocol.flatten(list(tensor.data))
+                if len(values) != count:
+                    raise protocol.ClientError(f"output shape {shape} holds {count} values, got {len(values)}")
+                outputs = np.asarray(values, dtype=protocol.NUMERIC[datatype]).reshape(shape)
                 answers = split.answers(handler, outputs)
                 output = {"name": "output-0", "shape": [len(answers)], "datatype": "BYTES",
                           "data": [json.dumps(answer).encode("utf-8") for answer in answers]}  # fmt: skip
         except protocol.ClientError as error:
             raise MLServerError(error.message, status_code=error.status) from None
-        except (ValueError, TypeError) as exc:
-            raise MLServerError(f"{self.name}: {exc}", status_code=400) from None
+        except (ValueError, TypeError, OverflowError, IndexError) as exc:
+            raise MLServerError(f"{self.name}: {type(exc).__name__}: {exc}", status_code=400) from None
         return InferenceResponse(model_name=self.name, model_version=self.version, id=payload.id, outputs=[output])
 
     async def unload(self) -> bool:
@@ -148,6 +175,12 @@ class ArchiveModel(MLModel):
         self._workers.stop()
         shutil.rmtree(self._run_dir, ignore_errors=True)
         return True
+
+
+def check_id(request_id):
+    """A request ``id`` is echoed in MLServer's response headers: printable ASCII only, at most 256."""
+    if request_id is not None and not ID.match(request_id):
+        raise MLServerError("the request's id must be 1 to 256 printable ASCII characters, no spaces", status_code=400)
 
 
 def log_to_stderr():

@@ -199,6 +199,13 @@ def test_a_bad_request_fails_alone_in_its_batch(srv, store):
         assert isinstance(body, dict) and body.get("error"), body
     lines = batch_lines(srv)[before:]
     assert any(line["rejected"] and line["size"] > line["rejected"] for line in lines), lines
+    # an id MLServer would echo into its headers, and a header describing a body the handler never sees
+    status, body = server.request(srv.predict_url("sentiment"), json.dumps({"id": "a\nb", **json.loads(good)}).encode(),
+                                  "POST", {"Content-Type": "application/json"}, 60)  # fmt: skip
+    assert status == 400 and "id" in body["error"], body
+    headers = {"Content-Type": "application/json", "Inference-Header-Content-Length": "10"}
+    status, body = server.request(srv.predict_url("sentiment"), good, "POST", headers, 60)
+    assert status == 200, body
 
 
 def worker_pids(srv) -> list:
@@ -406,6 +413,23 @@ def test_the_seldon_export_serves_and_its_pipeline_answers_as_the_archive(store,
         status, answer = server.request(running.predict_url(steps[0]), v2([bytes_tensor(["not base64!"])]), "POST",
                                         {"Content-Type": "application/json"}, 60)  # fmt: skip
         assert status == 400 and "base64" in answer["error"], answer
+        # what an attacker sent the transformer's steps (found by one): each its own 4xx, the bounds the handler's
+        fp32 = {"name": "o", "datatype": "FP32"}
+        refused = [
+            (steps[2], v2([{**fp32, "shape": [17, 1000], "data": [0.0] * 17000}]), 413),  # rows > max_items
+            (steps[2], v2([{**fp32, "shape": [16, 7000], "data": [0.0] * 112000}]), 413),  # > max_json_values
+            (steps[2], v2([{**fp32, "shape": [1000], "data": [0.0] * 1000}]), 400),  # not one row per image
+            (steps[2], v2([{**fp32, "shape": [1, 1000, 1], "data": [0.0] * 1000}]), 400),
+            (steps[2], v2([{"name": "o", "shape": [1, 1000], "datatype": "INT64", "data": [2**70] * 1000}]), 400),
+            (steps[2], v2([{**fp32, "shape": [1, 1000], "data": [0.0] * 10}]), 400),  # shape and data disagree
+            (steps[0], v2([]), 400),
+            (steps[0], v2([bytes_tensor([b64(JPEGS[0])]), bytes_tensor([b64(JPEGS[1])])]), 400),  # two inputs
+            (steps[0], v2([{**bytes_tensor([b64(JPEGS[0])]), "shape": [1000]}]), 400),
+        ]
+        for step, body, want in refused:
+            status, answer = server.request(running.predict_url(step), body, "POST",
+                                            {"Content-Type": "application/json"}, 60)  # fmt: skip
+            assert status == want and answer.get("error"), (step, body[:100], status, answer)
     finally:
         ENGINE.stop(running)
 
@@ -414,7 +438,7 @@ def test_mlserver_missing_is_one_line(store, tmp_path):
     """A Python without MLServer (this one: kserve's environment) is one line naming the fix, before anything
     is written or started."""
     home = tmp_path / "h"
-    for python in ([], ["--python", sys.executable]):
+    for python in ([], ["--python", sys.executable], ["--python", str(tmp_path / "nowhere" / "python")]):
         done = CliRunner().invoke(main, ["serve", "--engine", "mlserver", *python, "--model-store", str(store),
                                          "--home", str(home)])  # fmt: skip
         assert done.exit_code == 2, done.output

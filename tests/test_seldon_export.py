@@ -184,6 +184,7 @@ def test_vendored_schemas_match_the_seldon_crds():
     "args, words",
     [
         (["--ab", "resnet18=90"], "--ab needs at least two candidates"),
+        (["--ab", "resnet18=90,resnet18-b=10"], "names several candidates: give each its own --ab"),
         (["--ab", "resnet18=0", "--ab", "resnet18-b=10"], "--ab 'resnet18=0' must be MODEL=WEIGHT"),
         (["--ab", "resnet18=9.5", "--ab", "resnet18-b=10"], "WEIGHT a positive whole number"),
         (["--ab", "resnet18:90", "--ab", "resnet18-b=10"], "must be MODEL=WEIGHT"),
@@ -258,7 +259,10 @@ def test_a_pipeline_into_an_experiment_steps_into_its_default_model(store, image
     out = tmp_path / "out"
     archive = store.parent / "pre" / "pre.mar"
     ab = dict(ab=[("resnet18-t", 50), ("resnet18-b", 50)], default="resnet18-t", experiment="split")
-    with pytest.raises(UserError, match="'resnet18-b' gets the transformer's tensors .* --handler tensor"):
+    with pytest.raises(
+        UserError,
+        match=r"'resnet18-b' \(a candidate of the experiment 'split'\) gets the transformer's tensors, .* --handler",
+    ):
         seldon.export(options(store, out, transformer_archive=str(archive), transformer_model="split", **ab))
     assert not out.exists()
     tensors = tmp_path / "tensors"  # two tensor models: both candidates take the transformer's tensors
@@ -295,7 +299,8 @@ def test_transformer_archives_are_checked(store, tmp_path):
         seldon.export(
             options(store, tmp_path / "o", transformer_archive=str(tmp_path / "gone.mar"), transformer_model="resnet18")
         )
-    with pytest.raises(UserError, match="'resnet18' gets the transformer's tensors"):  # an image model: no tensors
+    step = r"'resnet18' \(the pipeline's model step\) gets the transformer's tensors"  # an image model: no tensors
+    with pytest.raises(UserError, match=step):
         seldon.export(options(store, tmp_path / "o", transformer_archive=pre, transformer_model="resnet18"))
     text = str(store / "sentiment.mar")  # a toolkit archive whose preprocessing needs its model
     with pytest.raises(UserError, match="sentiment.mar: its handler .* cannot run apart from its model"):
