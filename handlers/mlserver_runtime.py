@@ -179,7 +179,7 @@ class ArchiveModel(MLModel):
 
 def check_id(request_id):
     """A request ``id`` is echoed in MLServer's response headers: printable ASCII only, at most 256."""
-    if request_id is not None and not ID.match(request_id):
+    if request_id and not ID.match(request_id):  # tritonclient's gRPC sends ""
         raise MLServerError("the request's id must be 1 to 256 printable ASCII characters, no spaces", status_code=400)
 
 
