@@ -259,13 +259,19 @@ def check_json(value: Any, limits: Limits) -> int:
     return count
 
 
+def may_hold_long_number(text: str) -> bool:
+    """Whether ``text`` has digits enough for a number of more than ``MAX_DIGITS`` digits: counted in C,
+    a third of the time of the regex that finds one (most bodies of millions of values are lists)."""
+    return sum(map(text.count, "0123456789")) > MAX_DIGITS
+
+
 def json_values(text: str, limits: Limits) -> int:
     """How many values (list items, object members) the JSON ``text`` holds, at most, counted before
     it is parsed: its commas plus its containers, outside strings. The count over the raw text is
     exact enough unless it passes the limit; then strings (whose commas are text) are left out and it
     is counted again. A number of more than ``MAX_DIGITS`` digits (quadratic to parse) is refused."""
     count = text.count(",") + text.count("[") + text.count("{") - text.count("[]") - text.count("{}")
-    if count > limits.max_json_values or LONG_NUMBER.search(text):
+    if count > limits.max_json_values or may_hold_long_number(text) and LONG_NUMBER.search(text):
         bare = JSON_STRING.sub('""', text)
         count = bare.count(",") + bare.count("[") + bare.count("{") - bare.count("[]") - bare.count("{}")
         if LONG_NUMBER.search(bare):
