@@ -1,5 +1,7 @@
 # tsctl: `make demo` runs the whole flow on a sample model; `make test` runs the test suite.
-# Everything runs in .venv, created with uv (it installs a torch + torchvision pair that work on CPU).
+# Everything runs in .venv, exactly the versions uv.lock pins (`uv sync --locked`: uv, not pip, so the
+# torch and torchvision pair work together; it fails, changing nothing, when pyproject.toml and the lock
+# disagree: `uv lock` then commit both).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,10 +11,9 @@ SAMPLE := samples/build/resnet18
 .PHONY: venv runtimes demo test matrix fuzz bench clean
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: setup.cfg pyproject.toml
-	$(UV) --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet uv
-	$(UV) venv --quiet --seed --allow-existing $(VENV)
-	$(UV) pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[test]'
+$(VENV)/.installed: pyproject.toml uv.lock
+	$(UV) --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet 'uv>=0.5'
+	$(UV) sync --quiet --locked --compile-bytecode --extra test
 	touch $@
 
 demo: venv
@@ -50,7 +51,7 @@ fuzz: venv
 
 # The figures in BENCHMARKS.md, one script each (several minutes; not part of `make test`).
 bench: venv
-	$(UV) pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[test,bench]'
+	$(UV) sync --quiet --locked --compile-bytecode --extra test --extra bench
 	$(BIN)/python benchmarks/p1_image.py
 	$(BIN)/python benchmarks/p1_profile.py
 	$(BIN)/python benchmarks/p2_text.py

@@ -21,7 +21,7 @@ from typing import Optional, Union
 from . import archives
 
 RECORD = "MAR-INF/tsctl.json"
-VERSION = "0.1.0"  # the toolkit's version, as setup.cfg says
+VERSION = "0.1.0"  # the toolkit's version, as pyproject.toml says
 MAX_RECORD_BYTES = 64 << 10
 
 
