@@ -307,7 +307,7 @@ class KServeEngine(Engine):
         model_store, home = Path(model_store).resolve(), Path(home).resolve()
         config = Path(config).resolve() if config is not None else None
         models = self.models(model_store, config)
-        servers.check_home(home)
+        temp = servers.check_home(home)
         arguments = ["-m", "handlers.engine", "--model_store", str(model_store), "--host", "127.0.0.1"]
         if config is not None:
             arguments += ["--ts_config", str(config)]
@@ -319,7 +319,7 @@ class KServeEngine(Engine):
             arguments += ["--max_batch_delay", str(max_batch_delay)]
         if metrics_config:
             arguments += ["--metrics_config", str(Path(metrics_config).resolve())]
-        run_env = dict(os.environ, TEMP=str(home / "tmp"))
+        run_env = dict(os.environ, TEMP=str(temp))
         run_env.update(env or {})
 
         def launch() -> "Server":
@@ -527,9 +527,9 @@ class MLServerEngine(KServeEngine):
 
         python = mlserver.find_python(python)
         home = Path(home).resolve()
-        servers.check_home(home)
+        temp = servers.check_home(home)
         source = str(Path(handlers.__file__).resolve().parent.parent)  # the runtime: tsctl's handlers package
-        run_env = dict(os.environ, TEMP=str(home / "tmp"))
+        run_env = dict(os.environ, TEMP=str(temp))
         run_env["PYTHONPATH"] = os.pathsep.join(p for p in (source, os.environ.get("PYTHONPATH")) if p)
         run_env.update(env or {})
 
@@ -592,7 +592,6 @@ class MLServerEngine(KServeEngine):
         """MLServer first, alone: it stops its servers and its workers go with it (2 s). A TERM to the
         whole group ends the workers first and MLServer never answers it (10 s, then KILL)."""
         import os
-        import shutil
         import signal
 
         from . import server as servers
@@ -607,7 +606,7 @@ class MLServerEngine(KServeEngine):
             time.sleep(0.1)
         servers.stop(server, grace=1)  # whatever is left of the group, and server.json
         # the unpacked archives (TEMP): MLServer unloads no model when it stops
-        shutil.rmtree(Path(server.home) / "tmp", ignore_errors=True)
+        servers.remove_temp(Path(server.home))
         return True
 
     def output(self, server: "Server") -> Path:

@@ -18,10 +18,12 @@ import os
 import random
 import re
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.parse
 from dataclasses import asdict, dataclass
@@ -115,9 +117,9 @@ def start(
         )
     if install_deps:
         check_pip(python or sys.executable)
-    check_home(home)
+    temp = check_home(home)
     return with_port_retry(
-        lambda: _launch(config, model_store, home, timeout, python, env, install_deps, kserve_args, models)
+        lambda: _launch(config, model_store, home, temp, timeout, python, env, install_deps, kserve_args, models)
     )
 
 
@@ -136,13 +138,47 @@ def snapshot_models(properties: Dict[str, str], config: Path, model_store: Path)
     return list(snapshot["models"])
 
 
-def check_home(home: Path):
-    """Refuse a state directory whose server still runs; make its tmp/ and logs/."""
+def check_home(home: Path) -> Path:
+    """Refuse a state directory whose server still runs; make its logs/ and its tmp/, the server's TEMP,
+    which this returns (``temp_dir``)."""
     existing = read_state(home)
     if existing and group_alive(existing.pid):
         raise UserError(f"a server started from {home} is still running (pid {existing.pid}): run 'tsctl stop' first")
-    for sub in ("tmp", "logs"):
-        (home / sub).mkdir(parents=True, exist_ok=True)
+    (home / "logs").mkdir(parents=True, exist_ok=True)
+    return temp_dir(home)
+
+
+# A worker's socket is TEMP/.ts.sock.PORT, and a Unix socket's path ends at 107 bytes: past this, TEMP
+# moves to a short directory (a project deep in the file system failed with "AF_UNIX path too long").
+MAX_TEMP_PATH = 88
+
+
+def temp_dir(home: Path) -> Path:
+    """The server's TEMP (its pid lock, the workers' sockets, unpacked archives): ``home/tmp``, or when
+    that path is too long for a socket, a private directory under the system's temporary directory that
+    ``home/tmp`` links to. Whatever the last server left there is removed."""
+    remove_temp(home)
+    link = home / "tmp"
+    if len(os.fsencode(str(link))) <= MAX_TEMP_PATH:
+        link.mkdir()
+        return link
+    short = Path(tempfile.mkdtemp(prefix="tsctl-"))
+    if len(os.fsencode(str(short))) > MAX_TEMP_PATH:
+        raise UserError(f"the temporary directory {short.parent} has too long a path for sockets: set TMPDIR=/tmp")
+    link.symlink_to(short, target_is_directory=True)
+    return short
+
+
+def remove_temp(home: Path) -> None:
+    """Remove ``home/tmp`` and, when it links to a directory ``temp_dir`` made, that directory."""
+    link = Path(home) / "tmp"
+    if link.is_symlink():
+        target = Path(os.readlink(link))
+        if target.name.startswith("tsctl-") and target.parent == Path(tempfile.gettempdir()):
+            shutil.rmtree(target, ignore_errors=True)
+        link.unlink()
+    elif link.exists():
+        shutil.rmtree(link, ignore_errors=True)
 
 
 def with_port_retry(launch) -> "Server":
@@ -156,7 +192,7 @@ def with_port_retry(launch) -> "Server":
                 raise
 
 
-def _launch(config, model_store, home, timeout, python, env, install_deps, kserve_args, models) -> Server:
+def _launch(config, model_store, home, temp, timeout, python, env, install_deps, kserve_args, models) -> Server:
     """Start TorchServe once on free 127.0.0.1 ports and wait for it."""
     for old in (home / "logs").glob("*.log"):
         old.unlink()
@@ -164,7 +200,7 @@ def _launch(config, model_store, home, timeout, python, env, install_deps, kserv
     run_env = dict(os.environ)
     run_env.update(
         {
-            "TEMP": str(home / "tmp"),
+            "TEMP": str(temp),
             "LOG_LOCATION": str(home / "logs"),
             "METRICS_LOCATION": str(home / "logs"),
             "TS_INFERENCE_ADDRESS": f"http://127.0.0.1:{ports['inference']}",
@@ -345,6 +381,8 @@ def stop(server: Optional[Server] = None, home=".tsctl", grace: float = 20) -> b
         if not group_alive(server.pid):
             break
     reap(server.pid)
+    if (Path(server.home) / "tmp").is_symlink():
+        remove_temp(Path(server.home))  # a directory of the system's temporary directory
     state = Path(server.home) / STATE_FILE
     if state.exists():
         state.unlink()

@@ -117,3 +117,21 @@ def test_install_deps_without_pip_is_a_user_error(image_sample, tmp_path):
     with pytest.raises(UserError, match="--install-deps needs pip"):
         server.start(config, store, home, python=str(nopip), install_deps=True)
     shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_home_too_deep_for_a_unix_socket_gets_a_short_temp_that_stop_removes(tmp_path):
+    """A project deep in the file system: TEMP/.ts.sock.PORT past 107 bytes failed every worker with
+    "AF_UNIX path too long" (README's flow, run from pytest's tmp_path). TEMP moves to a private short
+    directory that home/tmp links to; stop removes both. (Served end to end: tests/test_readme.py.)"""
+    home = tmp_path / ("deep-" * 12) / ".tsctl"
+    home.mkdir(parents=True)
+    temp = server.check_home(home)
+    assert len(str(temp / ".ts.sock.65535")) < 108 and temp.is_dir()
+    assert (home / "tmp").resolve() == temp.resolve() and oct(temp.stat().st_mode)[-3:] == "700"
+    (temp / "unpacked").write_text("x")
+    again = server.check_home(home)  # a new start clears what the last one left
+    assert not temp.exists() and again.is_dir()
+    server.remove_temp(home)
+    assert not again.exists() and not (home / "tmp").exists()
+    shallow = short_tmp("ts-")
+    assert server.check_home(shallow) == shallow / "tmp"  # a short home keeps its own tmp/
