@@ -168,6 +168,10 @@ def render(properties: Dict[str, str]) -> str:
             "# Under KServe (mounted at /mnt/models) as is only when its image has every archive's requirements",
             "# (tsctl config names each archive whose requirements it lacks); else use 'tsctl export kserve'.",
         ]
+    # Plain key=value, not javaproperties' escaped form: pytorch/serve's kserve_wrapper reads this file by
+    # splitting each line at its first '=', so the snapshot's JSON must stay as it is ('\:' would reach
+    # json.loads). tsctl's own values (addresses, /mnt/models paths, the JSON of names check_carriable allows)
+    # hold no backslash and start with no blank, so Java reads them back unchanged (test_properties_reading.py).
     lines += [f"{key}={value}" for key, value in properties.items()]
     return "\n".join(lines) + "\n"
 
@@ -283,7 +287,8 @@ def write_config(
 
 
 def read_properties(path) -> Dict[str, str]:
-    """A Java .properties file as a dict, read as the tsctl engine reads it (``handlers/ts_config.py``)."""
+    """A Java .properties file as a dict, read as TorchServe and the tsctl engine read it
+    (``handlers/ts_config.py``: javaproperties); a UserError naming the file when it cannot be."""
     try:
         return ts_config.read_properties(path)
     except ts_config.ConfigError as exc:
