@@ -208,7 +208,8 @@ def _does_without(archive: Path, model: dict, line: str) -> bool:
     embedder whose sentence-transformers modules (Transformer, mean/cls/max Pooling, Normalize) it
     computes itself with the same answers. Asked from the directory's JSON files as the handler asks
     when it loads (``handlers.fit.sentence_modules_problem``)."""
-    from .mar import list_entries, requirement_name
+    from .mar import list_entries
+    from .requirements import requirement_name
 
     record = handler_record(archive) or {}
     classes = [f"{record.get('module')}.{record.get('class')}", *record.get("bases", [])]
@@ -236,8 +237,10 @@ def _lacks(line: str, runtime) -> Optional[Tuple[str, str]]:
     from packaging.requirements import InvalidRequirement, Requirement  # transformers' and torchserve's dependency
     from packaging.utils import canonicalize_name
 
-    line = line.split(" #", 1)[0].strip()
-    if not line or line.startswith("#"):
+    from .requirements import strip
+
+    line = strip(line)  # no comment, no --hash
+    if not line:
         return None
     if line.startswith("-") and not line.startswith(("-r", "-e", "--requirement", "--editable")):
         return None  # --no-index, --find-links ...: how to install, not what
