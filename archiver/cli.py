@@ -13,8 +13,9 @@ from pathlib import Path
 
 import click
 
-from . import choices, engines, output, runtimes, scaffold
+from . import choices, engines, runtimes, scaffold
 from .errors import ServerError, UserError
+from .output import json_option, print_json
 
 # TorchServe's BaseHandler logs optional-backend notices (OpenVINO, ONNX, TensorRT) on import.
 logging.getLogger("ts.torch_handler.base_handler").setLevel(logging.ERROR)
@@ -568,7 +569,7 @@ def export_seldon(out, config_path, ab, default_model, as_json, **options):
 
 
 @main.command(cls=Command)
-@output.json_option
+@json_option
 def doctor(as_json):
     """Check what this machine needs for each engine: one line per check, each problem with its fix.
 
@@ -579,7 +580,7 @@ def doctor(as_json):
     found = checks.run_checks()
     ok = checks.all_ok(found)
     if as_json:
-        output.print_json({"ok": ok, "checks": [check.to_dict() for check in found]})
+        print_json({"ok": ok, "checks": [check.to_dict() for check in found]})
     else:
         for check in found:
             click.echo(check.line())
