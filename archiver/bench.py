@@ -43,11 +43,15 @@ class LoadResult:
     def throughput(self) -> float:
         return self.requests / self.seconds if self.seconds else 0.0
 
-    def percentile(self, p: float) -> float:
+    def percentile(self, p: int) -> float:
+        """The ``p``th percentile (1 to 99) of the latencies: linear interpolation between the two nearest
+        of the sorted values (``statistics.quantiles``' inclusive method, numpy's and Excel's default
+        percentile); NaN without any."""
         if not self.latencies_ms:
             return float("nan")
-        ordered = sorted(self.latencies_ms)
-        return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+        if len(self.latencies_ms) == 1:  # quantiles wants two values before Python 3.13
+            return self.latencies_ms[0]
+        return statistics.quantiles(self.latencies_ms, n=100, method="inclusive")[p - 1]
 
     def summary(self) -> dict:
         return {

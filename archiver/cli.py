@@ -15,6 +15,7 @@ import click
 
 from . import choices, engines, runtimes, scaffold
 from .errors import ServerError, UserError
+from .output import json_option, print_json
 
 # TorchServe's BaseHandler logs optional-backend notices (OpenVINO, ONNX, TensorRT) on import.
 logging.getLogger("ts.torch_handler.base_handler").setLevel(logging.ERROR)
@@ -565,6 +566,25 @@ def export_seldon(out, config_path, ab, default_model, as_json, **options):
     for note in result.notes:
         click.echo(f"note: {note}")
     click.echo(f"deploy: see {Path(out) / 'DEPLOY.md'}")
+
+
+@main.command(cls=Command)
+@json_option
+def doctor(as_json):
+    """Check what this machine needs for each engine: one line per check, each problem with its fix.
+
+    Exits 0 when the default engine (TorchServe) has everything it needs (Python, TorchServe and torch,
+    Java 17+), 1 when it lacks something; what only other engines and commands need is reported alone."""
+    from . import doctor as checks
+
+    found = checks.run_checks()
+    ok = checks.all_ok(found)
+    if as_json:
+        print_json({"ok": ok, "checks": [check.to_dict() for check in found]})
+    else:
+        for check in found:
+            click.echo(check.line())
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ BASE_PACKAGES = (
     "grpcio",
     "protobuf",
     "kserve",  # the v2 gRPC service's generated code (handlers/engine_grpc.py)
+    "javaproperties",  # config.properties, read as TorchServe reads it (handlers/ts_config.py)
 )
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 MAX_REQUIREMENTS_BYTES = 1 << 20

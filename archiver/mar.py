@@ -469,16 +469,11 @@ def _requirements(path: Optional[str], needed, inputs: Inputs) -> Optional[Tuple
             raise UserError(f"--requirements-file {path} is not a UTF-8 text file: {exc}") from None
         requirements.check(text, f"--requirements-file {path}")  # plain requirements only: one line otherwise
         lines = text.splitlines()
-    named = {requirement_name(line) for line in lines if line.strip()}
-    lines += [requirement for requirement in needed if requirement_name(requirement) not in named]
+    named = {requirements.requirement_name(line) for line in lines} - {None}
+    lines += [requirement for requirement in needed if requirements.requirement_name(requirement) not in named]
     if not lines:
         return None
     return name, ("\n".join(lines) + "\n").encode("utf-8")
-
-
-def requirement_name(requirement: str) -> str:
-    """``Transformers_X>=4`` -> ``transformers-x``: a requirement line's package, normalised."""
-    return re.split(r"[<>=!~\[; ]", requirement.strip(), maxsplit=1)[0].lower().replace("_", "-")
 
 
 def _build_time(entries: Dict[str, Source]) -> int:

@@ -168,6 +168,10 @@ def render(properties: Dict[str, str]) -> str:
             "# Under KServe (mounted at /mnt/models) as is only when its image has every archive's requirements",
             "# (tsctl config names each archive whose requirements it lacks); else use 'tsctl export kserve'.",
         ]
+    # Plain key=value, not javaproperties' escaped form: pytorch/serve's kserve_wrapper reads this file by
+    # splitting each line at its first '=', so the snapshot's JSON must stay as it is ('\:' would reach
+    # json.loads). tsctl's own values (addresses, /mnt/models paths, the JSON of names check_carriable allows)
+    # hold no backslash and start with no blank, so Java reads them back unchanged (test_properties_reading.py).
     lines += [f"{key}={value}" for key, value in properties.items()]
     return "\n".join(lines) + "\n"
 
@@ -204,7 +208,8 @@ def _does_without(archive: Path, model: dict, line: str) -> bool:
     embedder whose sentence-transformers modules (Transformer, mean/cls/max Pooling, Normalize) it
     computes itself with the same answers. Asked from the directory's JSON files as the handler asks
     when it loads (``handlers.fit.sentence_modules_problem``)."""
-    from .mar import list_entries, requirement_name
+    from .mar import list_entries
+    from .requirements import requirement_name
 
     record = handler_record(archive) or {}
     classes = [f"{record.get('module')}.{record.get('class')}", *record.get("bases", [])]
@@ -232,8 +237,10 @@ def _lacks(line: str, runtime) -> Optional[Tuple[str, str]]:
     from packaging.requirements import InvalidRequirement, Requirement  # transformers' and torchserve's dependency
     from packaging.utils import canonicalize_name
 
-    line = line.split(" #", 1)[0].strip()
-    if not line or line.startswith("#"):
+    from .requirements import strip
+
+    line = strip(line)  # no comment, no --hash
+    if not line:
         return None
     if line.startswith("-") and not line.startswith(("-r", "-e", "--requirement", "--editable")):
         return None  # --no-index, --find-links ...: how to install, not what
@@ -283,7 +290,8 @@ def write_config(
 
 
 def read_properties(path) -> Dict[str, str]:
-    """A Java .properties file as a dict, read as the tsctl engine reads it (``handlers/ts_config.py``)."""
+    """A Java .properties file as a dict, read as TorchServe and the tsctl engine read it
+    (``handlers/ts_config.py``: javaproperties); a UserError naming the file when it cannot be."""
     try:
         return ts_config.read_properties(path)
     except ts_config.ConfigError as exc:

@@ -15,9 +15,10 @@ wheels only: no sdist is built, no build backend runs.
 
 import os
 import re
-from typing import List
+from typing import List, Optional
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from .errors import UserError
 
@@ -30,12 +31,19 @@ def check(text: str, where: str) -> List[str]:
     plain requirement; a UserError naming ``where`` and the line otherwise."""
     lines = []
     for number, raw in enumerate(text.splitlines(), 1):
-        line = re.split(r"\s+--hash[= ]", raw.split(" #", 1)[0])[0].strip()  # pip's hashes: kept out
-        if not line or line.startswith("#"):
+        line = strip(raw)
+        if not line:
             continue
         shown = line if len(line) <= 120 else line[:120] + "..."
         if line.startswith("-") and safe_option(line):
             continue
+        included = include_of(line)
+        if included:
+            raise UserError(
+                f"{where}, line {number}: {shown!r} includes {included}, which the archive does not carry "
+                f"(TorchServe's per-model install runs pip install -r on this file alone, inside the unpacked "
+                f"archive); copy the requirements of {included} into this file instead"
+            )
         if line.startswith("-"):
             raise UserError(
                 f"{where}, line {number}: {shown!r} is a pip option; an archive's requirements may only name "
@@ -55,6 +63,37 @@ def check(text: str, where: str) -> List[str]:
             )
         lines.append(line)
     return lines
+
+
+COMMENT = re.compile(r"(^|\s)#.*")  # pip's: '#' at the start of a line or after a blank
+HASHES = re.compile(r"\s--hash[= ].*")  # pip's --hash options after a requirement: how to check it, not what
+
+
+def strip(raw: str) -> str:
+    """One requirements.txt line without its comment and hashes ("" for a blank or comment line)."""
+    return HASHES.sub("", COMMENT.sub("", raw)).strip()
+
+
+def requirement_name(line: str) -> Optional[str]:
+    """The package a requirements.txt line names, as pip and PyPI compare names (PEP 503: case, '.', '_'
+    and '-' folded: ``Sentence_Transformers.X>=3`` -> ``sentence-transformers-x``); None for a blank or
+    comment line, a pip option (``--no-index``, ``-r other.txt``) and anything else that is no requirement."""
+    line = strip(line)
+    if not line or line.startswith("-"):
+        return None
+    try:
+        return canonicalize_name(Requirement(line).name)
+    except InvalidRequirement:
+        return None
+
+
+def include_of(line: str) -> Optional[str]:
+    """The file a ``-r FILE`` / ``--requirement FILE`` line includes, else None."""
+    found = INCLUDE.match(line)
+    return found.group(1) if found else None
+
+
+INCLUDE = re.compile(r"(?:-r\s*|--requirement(?:\s+|=))(\S.*)")
 
 
 SAFE_OPTIONS = ("--no-index", "--prefer-binary", "--require-hashes", "--only-binary")

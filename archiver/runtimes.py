@@ -115,9 +115,7 @@ def lock(text: str, runtime: Runtime, where: str) -> Lock:
     lines = requirements.check(text, where)
     if not lines:
         return Lock([])
-    from .mar import requirement_name  # here, not at the top: the CLI reads RUNTIMES for every command's --help
-
-    direct = {requirement_name(line) for line in lines}
+    direct = {requirements.requirement_name(line) for line in lines}
     attempts = (  # the image's versions of everything; else of all it has but the archive's own; else torch's
         ({n: v for n, v in runtime.pins.items()}, "highest"),
         ({n: v for n, v in runtime.pins.items() if n not in direct}, "lowest-direct"),

@@ -343,7 +343,28 @@ def content_type(path) -> str:
     """The Content-Type a file is sent with (``tsctl predict``, ``run``, ``bench``, ``--golden``):
     what its suffix says (``.jpg`` image/jpeg, ``.webp`` image/webp, ``.txt`` text/plain, ``.json``
     application/json), else ``application/octet-stream``."""
-    return mimetypes.guess_type(Path(path).name)[0] or OCTET_STREAM
+    name = Path(path).name
+    return IMAGE_TYPES.get(Path(name).suffix.lower()) or mimetypes.guess_type(name)[0] or OCTET_STREAM
+
+
+# The formats the image handler opens (settings.SAFE_FORMATS), by suffix, the same on every machine: Python's
+# own table (all mimetypes has without a system mime.types, as in slim containers) lacks .webp before 3.13
+# and says image/x-ms-bmp for .bmp before 3.11, and a system mime.types may say otherwise again.
+IMAGE_TYPES = {
+    **dict.fromkeys((".jpg", ".jpeg", ".jpe", ".jfif"), "image/jpeg"),
+    ".png": "image/png",
+    ".gif": "image/gif",
+    ".bmp": "image/bmp",
+    ".webp": "image/webp",
+    ".tif": "image/tiff",
+    ".tiff": "image/tiff",
+    ".ico": "image/vnd.microsoft.icon",
+    ".tga": "image/x-tga",
+    ".ppm": "image/x-portable-pixmap",
+    ".pgm": "image/x-portable-graymap",
+    ".pbm": "image/x-portable-bitmap",
+    ".pnm": "image/x-portable-anymap",
+}
 
 
 # ---- requests ------------------------------------------------------------------------------------------

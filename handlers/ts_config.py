@@ -39,20 +39,30 @@ class ConfigError(ValueError):
 
 
 def read_properties(path) -> Dict[str, str]:
-    """A Java .properties file as a dict (the subset TorchServe configs use: key=value lines)."""
+    """A Java .properties file as a dict, read as TorchServe's ConfigManager reads it
+    (``java.util.Properties.load`` of the file's bytes, ISO-8859-1): ``key=value``, ``key: value`` and
+    ``key value`` lines, ``#`` and ``!`` comments, lines continued by a trailing backslash (a
+    model_snapshot spread over many lines), ``\\uXXXX`` and the other escapes; a key given twice keeps
+    its last value, a key alone has the value ""."""
+    # javaproperties, not a parser of our own. handlers/ otherwise imports only what a TorchServe worker
+    # has (torch, numpy, Pillow, the standard library), but this function never runs in a worker: only
+    # tsctl (archiver/, whose environment installs javaproperties) and the tsctl engine's own process call
+    # it (handlers/engine.py, run from tsctl's environment or from the image archiver/kserve_engine.py
+    # writes, whose requirements list javaproperties). It is imported here, not at the top, because
+    # engine_workers.py and mlserver_runtime.py (MLServer's environment, no javaproperties) import this
+    # module for its dataclasses alone.
+    import javaproperties
+
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path} does not exist: write it with 'tsctl config'")
-    props = OrderedDict()
-    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith(("#", "!")):
-            continue
-        sep = min((i for i in (line.find("="), line.find(":")) if i > 0), default=-1)
-        if sep < 0:
-            raise ConfigError(f"{path} line {number}: expected key=value, got {line!r}")
-        props[line[:sep].strip()] = line[sep + 1 :].strip()
-    return props
+    with path.open("rb") as stream:  # bytes: javaproperties decodes them as Java does, ISO-8859-1
+        try:
+            return javaproperties.load(stream, object_pairs_hook=OrderedDict)
+        except javaproperties.InvalidUEscapeError as exc:
+            raise ConfigError(
+                f"{path}: {exc} (TorchServe refuses the file too): write a complete \\uXXXX, or \\\\ for a backslash"
+            ) from None
 
 
 def snapshot_of(properties: Dict[str, str], path="config.properties") -> dict:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from archiver import kserve, mar, properties, requirements, runtimes
+from archiver import kserve, properties, requirements, runtimes
 from archiver.errors import UserError
 from conftest import package_resnet
 
@@ -193,4 +193,4 @@ def test_the_requirement_check_reads_lines_as_packaging_does():
         "A>=1",
         "b[x]==2 ; python_version<'4'",
     ]
-    assert mar.requirement_name("Transformers_X>=4") == "transformers-x"
+    assert requirements.requirement_name("Transformers_X>=4") == "transformers-x"
