@@ -284,7 +284,12 @@ def predict(model, inputs, home, timeout):
 @click.option("--url", help="A running server (TorchServe, KServe, a transformer); default: in-process.")
 @click.option("--served", is_flag=True, help="Against the server 'tsctl serve' started from --home (either engine).")
 @click.option("--home", default=".tsctl", show_default=True, help="With --served: the server's state directory.")
-@click.option("--protocol", type=click.Choice(["ts", "v1", "v2"]), default="ts", show_default=True)
+@click.option(
+    "--protocol",
+    type=click.Choice(["ts", "v1", "v2"]),
+    help="How requests are sent: ts (TorchServe's /predictions/MODEL), v1 or v2 (KServe). Default: with --served "
+    "the engine's own (MLServer: v2), else ts.",
+)
 @click.option("--model", help="The model name at --url (default: the archive's).")
 @click.option("--atol", type=click.FloatRange(0), default=1e-4, show_default=True, help="How far a number may move.")
 @click.option("--timeout", default=60.0, show_default=True)
@@ -309,7 +314,10 @@ def verify(archive, url, served, home, protocol, model, atol, timeout, golden_fr
     if served:
         if url:
             raise UserError("--served and --url both name a server: give one")
-        url = running_server(home).inference  # either engine answers every protocol on its inference address
+        srv = running_server(home)
+        url = srv.inference
+        protocol = protocol or engines.engine_of(srv).protocol  # MLServer speaks v2 only
+    protocol = protocol or "ts"
     try:
         report = golden.verify(archive, url, protocol, atol, model, timeout, golden_from)
     except OSError as exc:

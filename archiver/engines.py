@@ -12,7 +12,8 @@ An ``Engine`` knows how to
   ``addresses`` is what ``serve`` prints; ``output``/``handler_log`` are where its own and the
   handlers' lines go; ``stop`` ends its process group. ``serve_flags`` are the optional ``serve``
   flags it honours, ``model_api`` whether its management API can re-register models (``bench
-  --sweep-batch``), ``needs_config`` whether it can run without a config.properties;
+  --sweep-batch``), ``needs_config`` whether it can run without a config.properties, ``protocol`` what
+  it answers natively (``verify --served``'s default: ``ts``, MLServer ``v2``);
 - **export for KServe**: ``check_export``, ``check_properties``, ``prepare`` (the archives' locked
   requirements, the exported config's changes), ``predictor`` (the InferenceService's predictor),
   ``manifests`` (more manifests beside it), ``write_files`` (more files in the export) and
@@ -56,6 +57,7 @@ class Engine:
     help = ""  # one line for --engine's help
     needs_config = True  # False: serves a model store without config.properties (each archive's model-config.yaml)
     model_api = False  # its management API can (re)register models: bench --sweep-batch
+    protocol = "ts"  # what it natively answers, as verify --protocol names it: ts (/predictions/MODEL), v1, v2
     serve_flags: Tuple[str, ...] = ()  # keys of SERVE_FLAGS it honours
     export_flags: Tuple[str, ...] = ()  # keys of EXPORT_FLAGS it takes
 
@@ -483,6 +485,7 @@ class MLServerEngine(KServeEngine):
     title = "MLServer"
     help = "mlserver: MLServer 1.7 with tsctl's runtime (Seldon Core 2's server): the Open Inference Protocol only."
     export_flags = ()
+    protocol = "v2"
 
     def start(
         self,
