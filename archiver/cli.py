@@ -318,10 +318,24 @@ def verify(archive, url, served, home, protocol, model, atol, timeout, golden_fr
         url = srv.inference
         protocol = protocol or engines.engine_of(srv).protocol  # MLServer speaks v2 only
     protocol = protocol or "ts"
-    try:
-        report = golden.verify(archive, url, protocol, atol, model, timeout, golden_from)
-    except OSError as exc:
-        raise ServerError(f"could not reach {url}: {exc}") from None
+    if url is None:  # in-process: the handler's log kept off the terminal, its failure one line
+        from handlers.archives import ArchiveError
+        from handlers.signing import SignatureError
+
+        from . import inprocess
+
+        with inprocess.quiet_logs():
+            try:
+                report = golden.verify(archive, url, protocol, atol, model, timeout, golden_from)
+            except (UserError, ServerError, ArchiveError, SignatureError):
+                raise
+            except Exception as exc:
+                raise handler_failure(archive, exc) from None
+    else:
+        try:
+            report = golden.verify(archive, url, protocol, atol, model, timeout, golden_from)
+        except OSError as exc:
+            raise ServerError(f"could not reach {url}: {exc}") from None
     if as_json:
         click.echo(json.dumps(report.as_json(), indent=2))
     else:
@@ -339,30 +353,26 @@ def verify(archive, url, served, home, protocol, model, atol, timeout, golden_fr
 @click.argument("inputs", nargs=-1, required=True, type=click.Path())
 @click.option("--public-key", type=click.Path(), help="Run ARCHIVE only if it is signed with this key's private half.")
 def run(archive, inputs, public_key):
-    """Run ARCHIVE's handler in-process (no server) on INPUT files as one batch."""
+    """Run ARCHIVE's handler in-process (no server) on each INPUT file, answering as 'tsctl predict' does."""
     from handlers.archives import ArchiveError
     from handlers.signing import SignatureError
 
-    from . import mar
+    from . import inprocess, mar
 
     paths = [input_file(p) for p in inputs]
     mar.read_manifest(archive)  # a missing, foreign or unsafe archive is refused before torch loads
-    from handlers.testing import LocalModel
-
     try:
-        model = LocalModel(archive, batch_size=len(paths), public_key=public_key)
-    except (ArchiveError, SignatureError):
+        answered = inprocess.run(archive, paths, public_key)
+    except (ArchiveError, SignatureError, UserError, ServerError):
         raise
     except Exception as exc:  # the archive's own handler failed to load: its error, in one line
         raise handler_failure(archive, exc) from None
-    with model:
-        responses = model.predict([Path(p) for p in paths])
-    for path, response in zip(inputs, responses):
+    for path, response in answered:
         answer = response.answer()
         binary = isinstance(answer, bytes)
         shown = f"<{len(answer):,} bytes of {response.content_type}>" if binary else json.dumps(answer)
         click.echo(f"{path}: {response.status} {shown}")
-    sys.exit(0 if all(r.status == 200 for r in responses) else 1)
+    sys.exit(0 if all(r.status == 200 for _, r in answered) else 1)
 
 
 # The archive's own handlers/ copy raises its own ModelLoadError/SettingsError classes: match by name.

@@ -7,6 +7,8 @@ on small stand-in models: an image classifier and a tensor model (with golden an
 Commands that load torch run as whole processes where what a user sees on the terminal (a traceback,
 progress lines) is the point; the others through click's runner."""
 
+import base64
+import json
 import os
 import pty
 import re
@@ -23,7 +25,8 @@ from click.testing import CliRunner
 from archiver import golden, mar, properties, server
 from archiver.cli import main
 from conftest import short_tmp
-from test_hostile import Linear, build, scripted
+from samples.image_model import sample_jpeg
+from test_hostile import Linear, assert_close, build, scripted
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "batchSize: 4\nmaxBatchDelay: 20\n"
@@ -146,3 +149,94 @@ def test_a_server_without_the_protocols_endpoint_is_said_so_not_reported_as_drif
     assert "golden answers match" not in result.output
     result = cli("verify", root / "model-store" / "tensor.mar", "--url", srv.inference, "--model", "nosuch")
     assert result.exit_code == 1 and "serves no model nosuch" in one_error_line(result.stderr), result.output
+
+
+# ---- run: a handler's failure, and the same answers as predict -------------------------------------------
+FAILING = """
+def handle(data, context):
+    if data is None:
+        return None
+    raise ValueError("no answer for you")
+"""
+
+FAILING_POSTPROCESS = """
+from handlers.base import entry_point
+from handlers.image import ImageClassifier
+
+
+class Failing(ImageClassifier):
+    def postprocess(self, output, inputs):
+        raise KeyError("postprocess exploded")
+
+
+handle = entry_point(Failing)
+"""
+
+
+@pytest.fixture(scope="module")
+def failing(root):
+    """Two archives whose handler fails on every request: one of one's own (handle raises: TorchServe
+    answers the batch 503 'Prediction failed') and a toolkit subclass (postprocess raises: the toolkit
+    answers that request 500 and logs the traceback); and a JPEG to send them."""
+    archives = {}
+    for name, code in (("failing", FAILING), ("failing_post", FAILING_POSTPROCESS)):
+        (root / f"{name}.py").write_text(code)
+        options = mar.PackageOptions(
+            model_name=name,
+            handler=str(root / f"{name}.py"),
+            serialized_file=str(root / "image.pt"),
+            export_path=str(root / "failing-store"),
+        )
+        archives[name] = mar.package(options)
+    (root / "photo.jpg").write_bytes(sample_jpeg(1, (64, 48)))
+    return archives, root / "photo.jpg"
+
+
+def test_a_handler_failing_during_inference_is_one_line_naming_the_archive(failing, tmp_path):
+    """No traceback: the handler's error, where it was raised, the archive and the input, exit 1."""
+    archives, image = failing
+    code, out, err = tsctl("run", archives["failing"], image, cwd=tmp_path)
+    assert code == 1 and out == "", out + err
+    assert one_error_line(err) == (
+        f"error: {archives['failing']}: the handler failed on {image}: ValueError: no answer for you "
+        "(failing.py:5 in handle)"
+    )
+
+
+def answers_of(output: str) -> dict:
+    """{path: (status, answer)} from predict's and run's lines, ``PATH: STATUS JSON``."""
+    found = {}
+    for line in output.splitlines():
+        path, status, answer = re.match(r"^(.*?): (\d{3}) (.*)$", line).groups()
+        found[Path(path).name] = (int(status), json.loads(answer))
+    return found
+
+
+def test_run_answers_as_predict_does(root, served, tmp_path):
+    """A .txt is text/plain for both; a toolkit archive reads it raw on the server tsctl config set up
+    (decode_input_request=false), so base64 text of a JPEG is not an image there and must not be one
+    in-process either; a real JPEG, a JSON body and a tensor as text answer alike."""
+    _, _, srv = served
+    jpeg = sample_jpeg(2, (80, 60))
+    inputs = {
+        "b64.txt": base64.b64encode(jpeg),
+        "photo.jpg": jpeg,
+        "body.json": b'{"data": "%s"}' % base64.b64encode(jpeg),
+    }
+    for name, data in inputs.items():
+        (tmp_path / name).write_bytes(data)
+    (tmp_path / "row.txt").write_text("[[1, 2, 3, 4]]")
+    found = {}
+    for model, names in (("image", list(inputs)), ("tensor", ["row.txt"])):
+        files = [tmp_path / name for name in names]
+        ran = answers_of(cli("run", root / "model-store" / f"{model}.mar", *files).stdout)
+        predicted = answers_of(cli("predict", model, *files, "--home", srv.home).stdout)
+        assert ran.keys() == predicted.keys() == set(names)
+        for name in names:
+            (status, answer), (served_status, served_answer) = found[name] = ran[name], predicted[name]
+            assert status == served_status, (model, name, ran[name], predicted[name])
+            if status == 200:
+                assert_close(answer, served_answer)
+            else:
+                assert answer["message"] == served_answer["message"], (model, name)
+    assert [found[name][0][0] for name in ("b64.txt", "photo.jpg", "body.json", "row.txt")] == [400, 200, 200, 200]
