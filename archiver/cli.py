@@ -247,13 +247,15 @@ def stop(home):
 
     srv = server.read_state(Path(home).resolve())
     if srv is None:
-        click.echo("no server was running")
+        click.echo(
+            f"no server is running from {server.where(home)}: nothing to stop (or pass --home to where it was started)"
+        )
         return
     chosen = engines.engine_of(srv)
     if chosen.stop(srv):
         click.echo(f"{chosen.title} stopped")
     else:
-        click.echo("no server was running")
+        click.echo(f"the server started from {server.where(home)} (pid {srv.pid}) had already exited")
 
 
 @main.command(cls=Command)
@@ -267,7 +269,7 @@ def predict(model, inputs, home, timeout):
     from . import server
 
     paths = [input_file(p) for p in inputs]
-    srv = running_server(home)
+    srv = running_server(home, model)
     failed = False
     for path in paths:
         try:
@@ -314,7 +316,9 @@ def verify(archive, url, served, home, protocol, model, atol, timeout, golden_fr
     if served:
         if url:
             raise UserError("--served and --url both name a server: give one")
-        srv = running_server(home)
+        from . import mar
+
+        srv = running_server(home, model or mar.read_manifest(archive)["model"]["modelName"])
         url = srv.inference
         protocol = protocol or engines.engine_of(srv).protocol  # MLServer speaks v2 only
     protocol = protocol or "ts"
@@ -397,13 +401,14 @@ def input_file(path: str) -> Path:
     return p
 
 
-def running_server(home):
-    """The server 'tsctl serve' started from ``home``, else a one-line UserError."""
+def running_server(home, model=None):
+    """The live server 'tsctl serve' started from ``home`` (serving ``model``, when given), else one
+    UserError saying where it looked and about --home (or which models it serves)."""
     from . import server
 
-    srv = server.read_state(Path(home).resolve())
-    if srv is None:
-        raise UserError(f"no server is running from {home}: start one with 'tsctl serve'")
+    srv = server.running(home)
+    if model is not None:
+        engines.require_model(srv, model)
     return srv
 
 
@@ -430,7 +435,7 @@ def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay,
     """Drive MODEL on the running server and report throughput, p50/p90/p99 latency and errors."""
     from . import bench as load
 
-    srv = running_server(home)
+    srv = running_server(home, model)
     files = load.read_inputs(inputs)
     if count is None and duration is None:
         raise UserError("give --requests N or --duration SECONDS: a benchmark must be bounded")

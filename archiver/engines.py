@@ -95,6 +95,21 @@ class Engine:
             lines.append(("grpc", server.grpc))
         return lines + [("logs", str(self.output(server)))]
 
+    def served_models(self, server: "Server") -> List[str]:
+        """The models the running server serves now, from its management API's model list (TorchServe's
+        and the tsctl engine's); the models server.json recorded when it does not answer."""
+        from . import server as servers
+
+        try:
+            status, body = servers.request(
+                f"{server.management}/models?limit=1000", headers=server.headers("management"), timeout=10
+            )
+        except OSError:
+            return list(server.models)
+        if status != 200 or not isinstance(body, dict) or not isinstance(body.get("models"), list):
+            return list(server.models)
+        return [m["modelName"] for m in body["models"] if isinstance(m, dict) and "modelName" in m]
+
     def output(self, server: "Server") -> Path:
         """Where the server's own output goes."""
         raise NotImplementedError
@@ -580,6 +595,18 @@ class MLServerEngine(KServeEngine):
     def predict_url(self, server: "Server", model: str) -> str:
         return f"{server.inference}/v2/models/{model}/infer"
 
+    def served_models(self, server: "Server") -> List[str]:
+        """MLServer's repository index (it has no management API), else what server.json recorded."""
+        from . import server as servers
+
+        try:
+            status, body = servers.request(f"{server.inference}/v2/repository/index", b"{}", "POST", timeout=10)
+        except OSError:
+            return list(server.models)
+        if status != 200 or not isinstance(body, list):
+            return list(server.models)
+        return [m["name"] for m in body if isinstance(m, dict) and "name" in m]
+
     def request_body(self, data: bytes, content_type: str) -> Tuple[bytes, str]:
         """A file as one Open Inference Protocol request: a JSON file as it is (a request body), text
         as one BYTES element, anything else base64 in one."""
@@ -643,6 +670,15 @@ def named(name: str) -> Engine:
 def engine_of(server: "Server") -> Engine:
     """The engine that runs ``server`` (server.json's "engine")."""
     return named(server.engine)
+
+
+def require_model(server: "Server", model: str):
+    """Refuse (one UserError) a model the running ``server`` does not serve, naming those it does."""
+    chosen = engine_of(server)
+    models = chosen.served_models(server)
+    if model not in models:
+        served = ", ".join(models) if models else "no model"
+        raise UserError(f"{chosen.title} started from {server.home} serves no model {model!r}: it serves {served}")
 
 
 def serve(

@@ -382,6 +382,36 @@ def group_members(pgid: int) -> List[int]:
     return found
 
 
+def where(home) -> str:
+    """A state directory as messages name it: as given, and where it is when given relative."""
+    path = Path(home)
+    return str(home) if path.is_absolute() else f"{home} (in {path.resolve().parent})"
+
+
+def running(home) -> Server:
+    """The live server 'tsctl serve' started from ``home``, else one UserError saying where it looked
+    and how to point at another state directory (``--home``)."""
+    state = Path(home).resolve()
+    try:
+        srv = read_state(state)
+    except (ValueError, TypeError, UnicodeDecodeError):
+        raise UserError(
+            f"{state / STATE_FILE} is not a server record tsctl wrote: remove it, or pass --home to where the "
+            "server was started"
+        ) from None
+    if srv is None:
+        raise UserError(
+            f"no server is running from {where(home)}: start one with 'tsctl serve', or pass --home to where "
+            "it was started"
+        )
+    if not group_alive(srv.pid):
+        raise UserError(
+            f"the server started from {where(home)} (pid {srv.pid}) is no longer running: start it again with "
+            "'tsctl serve'"
+        )
+    return srv
+
+
 def write_state(server: Server):
     (Path(server.home) / STATE_FILE).write_text(json.dumps(asdict(server), indent=2))
 

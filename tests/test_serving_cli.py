@@ -240,3 +240,52 @@ def test_run_answers_as_predict_does(root, served, tmp_path):
             else:
                 assert answer["message"] == served_answer["message"], (model, name)
     assert [found[name][0][0] for name in ("b64.txt", "photo.jpg", "body.json", "row.txt")] == [400, 200, 200, 200]
+
+
+# ---- which server, which model -------------------------------------------------------------------------
+def test_a_model_not_served_is_one_line_naming_the_served_ones(root, served):
+    _, _, srv = served
+    photo = root / "model-store" / "image.mar"  # any file: refused before it is sent
+    for args in (
+        ("predict", "imagee", photo),
+        ("bench", "imagee", "--input", photo, "--requests", "1"),
+        ("verify", root / "model-store" / "tensor.mar", "--served", "--model", "imagee"),
+    ):
+        result = cli(*args, "--home", srv.home)
+        assert result.exit_code == 2, (args, result.output)
+        line = one_error_line(result.stderr)
+        assert line == f"error: TorchServe started from {srv.home} serves no model 'imagee': it serves image, tensor"
+
+
+def test_commands_run_where_no_server_was_started_mention_home(root, tmp_path):
+    photo = root / "model-store" / "image.mar"
+    runner = CliRunner()
+    with runner.isolated_filesystem(temp_dir=tmp_path) as elsewhere:
+        said = (
+            f"no server is running from .tsctl (in {Path(elsewhere).resolve()}): start one with 'tsctl serve', "
+            "or pass --home to where it was started"
+        )
+        for args in (
+            ("predict", "image", photo),
+            ("bench", "image", "--input", photo, "--requests", "1"),
+            ("verify", root / "model-store" / "tensor.mar", "--served"),
+        ):
+            result = runner.invoke(main, [str(a) for a in args])
+            assert result.exit_code == 2 and one_error_line(result.stderr) == f"error: {said}", (args, result.output)
+        result = runner.invoke(main, ["stop"])
+        assert result.exit_code == 0, result.output
+        assert result.stdout.strip() == (
+            f"no server is running from .tsctl (in {Path(elsewhere).resolve()}): nothing to stop "
+            "(or pass --home to where it was started)"
+        )
+        # a server that was killed: its server.json is left, its process gone
+        exited = subprocess.Popen(["true"])
+        exited.wait()
+        Path(".tsctl").mkdir()
+        dead = server.Server(exited.pid, str(Path(".tsctl").resolve()), "http://127.0.0.1:1", "", "", ["image"])
+        server.write_state(dead)
+        result = runner.invoke(main, ["predict", "image", str(photo)])
+        assert result.exit_code == 2 and one_error_line(result.stderr) == (
+            f"error: the server started from .tsctl (in {Path(elsewhere).resolve()}) (pid {exited.pid}) is no longer "
+            "running: start it again with 'tsctl serve'"
+        ), result.output
