@@ -284,6 +284,9 @@ ENGINE_LINE = re.compile(r"^tsctl engine: (.+)$")  # what the engine prints befo
 PYTHON_ERROR = re.compile(r"^(?:ERROR:[\w.]+:)?\s*([A-Za-z_.]*(?:Error|Exception)\b:.*)$")
 # A worker's own error, as the engine logs its output: "... tsctl.worker: [MODEL VERSION wN] XError: ..."
 WORKER_ERROR = re.compile(r"tsctl\.worker: \[[^\]]*\]\s+([A-Za-z_][\w.]*(?:Error|Exception)\b:.*)$")
+# A traceback through the engine's own imports (a line of its own: a worker's lines carry their prefix).
+ENGINE_IMPORT = re.compile(r'^\s*File ".*[/\\]handlers[/\\]engine\w*\.py", line \d+, in <module>$')
+MISSING_MODULE = re.compile(r"^ModuleNotFoundError: No module named '([\w.]+)'")
 
 
 class KServeEngine(Engine):
@@ -299,6 +302,7 @@ class KServeEngine(Engine):
     )
     needs_config = False
     export_flags = ("image", "runtime_kind")
+    extra = "kserve"  # the optional dependencies (pyproject.toml) the engine imports
 
     def start(
         self,
@@ -387,8 +391,10 @@ class KServeEngine(Engine):
         deadline = time.monotonic() + timeout
         while True:
             if process is not None and process.poll() is not None:
+                self.check_extra(server)
                 raise ServerError(f"the {self.title} exited with code {process.returncode}: {self.problem(server)}")
             if process is None and not servers.group_alive(server.pid):
+                self.check_extra(server)
                 raise ServerError(f"the {self.title} exited: {self.problem(server)}")
             if self.is_ready(server):
                 return
@@ -419,6 +425,22 @@ class KServeEngine(Engine):
             if status != 200:
                 pending.append(name)
         return pending
+
+    def check_extra(self, server: "Server"):
+        """The engine could not import what it runs on (starlette, uvicorn, kserve and its fastapi: the
+        kserve extra): one UserError saying what to install, not the ModuleNotFoundError."""
+        if not self.extra:
+            return
+        out = self.output(server)
+        lines = out.read_text(errors="replace").splitlines() if out.exists() else []
+        if not any(map(ENGINE_IMPORT.match, lines)):  # the engine's own imports, not a handler's or a worker's
+            return
+        missing = [m.group(1) for m in map(MISSING_MODULE.match, lines) if m]
+        if missing:
+            raise UserError(
+                f"the {self.name} engine needs the {self.extra} extra (its Python has no module {missing[-1]!r}): "
+                f"pip install 'tsctl[{self.extra}]' (or uv sync --extra {self.extra})"
+            )
 
     def problem(self, server: "Server") -> str:
         """The engine's last word: its own fatal line (a model that could not load, a config it refuses)
@@ -501,6 +523,7 @@ class MLServerEngine(KServeEngine):
     help = "mlserver: MLServer 1.7 with tsctl's runtime (Seldon Core 2's server): the Open Inference Protocol only."
     export_flags = ()
     protocol = "v2"
+    extra = None  # MLServer runs from a Python of its own (--python), checked before it starts
 
     def start(
         self,

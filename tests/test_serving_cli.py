@@ -289,3 +289,36 @@ def test_commands_run_where_no_server_was_started_mention_home(root, tmp_path):
             f"error: the server started from .tsctl (in {Path(elsewhere).resolve()}) (pid {exited.pid}) is no longer "
             "running: start it again with 'tsctl serve'"
         ), result.output
+
+
+# ---- serve --engine kserve without the kserve extra ----------------------------------------------------
+BLOCKER = """
+import sys
+
+
+class Blocker:  # this Python has no kserve (nor kserve's fastapi), as without 'pip install tsctl[kserve]'
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"fastapi", "kserve"}:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, Blocker())
+"""
+
+
+def test_serve_engine_kserve_without_the_kserve_extra_says_what_to_install(root, tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(BLOCKER)
+    home = short_tmp("nokserve-")
+    try:
+        code, out, err = tsctl(
+            "serve", "--engine", "kserve", "--home", home, cwd=root, env={"PYTHONPATH": f"{tmp_path}:{ROOT}"}
+        )
+        assert code == 2, out + err
+        assert one_error_line(err) == (
+            "error: the kserve engine needs the kserve extra (its Python has no module 'kserve'): "
+            "pip install 'tsctl[kserve]' (or uv sync --extra kserve)"
+        )
+        assert server.read_state(home) is None  # what it started was stopped
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
