@@ -223,12 +223,15 @@ def config(model_store, output, min_workers, max_workers, batch_size, max_batch_
 @engine_option("What serves the store.")
 def serve(config_path, model_store, home, timeout, install_deps, enable_model_api, python, engine):
     """Start a server in the background on 127.0.0.1 and wait until every model is ready."""
+    from .output import Progress
+
     srv = engines.serve(
         engine,
         config_path,
         model_store,
         home,
         timeout,
+        progress=Progress.for_command(),
         install_deps=install_deps,
         enable_model_api=enable_model_api,
         python=python,
@@ -322,6 +325,9 @@ def verify(archive, url, served, home, protocol, model, atol, timeout, golden_fr
         url = srv.inference
         protocol = protocol or engines.engine_of(srv).protocol  # MLServer speaks v2 only
     protocol = protocol or "ts"
+    from .output import Progress
+
+    progress = Progress.for_command(as_json)
     if url is None:  # in-process: the handler's log kept off the terminal, its failure one line
         from handlers.archives import ArchiveError
         from handlers.signing import SignatureError
@@ -330,14 +336,14 @@ def verify(archive, url, served, home, protocol, model, atol, timeout, golden_fr
 
         with inprocess.quiet_logs():
             try:
-                report = golden.verify(archive, url, protocol, atol, model, timeout, golden_from)
+                report = golden.verify(archive, url, protocol, atol, model, timeout, golden_from, progress)
             except (UserError, ServerError, ArchiveError, SignatureError):
                 raise
             except Exception as exc:
                 raise handler_failure(archive, exc) from None
     else:
         try:
-            report = golden.verify(archive, url, protocol, atol, model, timeout, golden_from)
+            report = golden.verify(archive, url, protocol, atol, model, timeout, golden_from, progress)
         except OSError as exc:
             raise ServerError(f"could not reach {url}: {exc}") from None
     if as_json:
@@ -362,11 +368,12 @@ def run(archive, inputs, public_key):
     from handlers.signing import SignatureError
 
     from . import inprocess, mar
+    from .output import Progress
 
     paths = [input_file(p) for p in inputs]
     mar.read_manifest(archive)  # a missing, foreign or unsafe archive is refused before torch loads
     try:
-        answered = inprocess.run(archive, paths, public_key)
+        answered = inprocess.run(archive, paths, public_key, Progress.for_command())
     except (ArchiveError, SignatureError, UserError, ServerError):
         raise
     except Exception as exc:  # the archive's own handler failed to load: its error, in one line

@@ -8,7 +8,8 @@ An ``Engine`` knows how to
 - **serve locally**: ``start(model_store, config, home, timeout, ...)`` launches it detached on free
   127.0.0.1 ports (``server.spawn``), records a ``Server`` (server.json: the engine's name, its
   ``inference``/``management``/``metrics`` base addresses and ``grpc`` HOST:PORT) and returns once
-  ``wait_ready`` says every model can answer; ``predict_url`` is where one request for a model goes;
+  ``wait_ready`` says every model can answer (telling ``progress`` each model's state as it changes:
+  starting, extracting, loading, READY); ``predict_url`` is where one request for a model goes;
   ``addresses`` is what ``serve`` prints; ``output``/``handler_log`` are where its own and the
   handlers' lines go; ``stop`` ends its process group. ``serve_flags`` are the optional ``serve``
   flags it honours, ``model_api`` whether its management API can re-register models (``bench
@@ -32,9 +33,10 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from .errors import ServerError, UserError
+from .output import quiet
 
 if TYPE_CHECKING:  # pragma: no cover
     from .kserve import ExportOptions
@@ -70,11 +72,12 @@ class Engine:
         timeout: float = 180,
         python: Optional[str] = None,
         env: Optional[Dict[str, str]] = None,
+        progress: Callable[[str], None] = quiet,
         **options,
     ) -> "Server":
         raise NotImplementedError
 
-    def wait_ready(self, server: "Server", timeout: float, process=None):
+    def wait_ready(self, server: "Server", timeout: float, process=None, progress: Callable[[str], None] = quiet):
         raise NotImplementedError
 
     def predict_url(self, server: "Server", model: str) -> str:
@@ -215,19 +218,20 @@ class TorchServeEngine(Engine):
         install_deps: bool = False,
         enable_model_api: bool = False,
         kserve_args: bool = False,
+        progress: Callable[[str], None] = quiet,
     ) -> "Server":
         from . import server
 
         if enable_model_api:
             env = {**(env or {}), "TS_ENABLE_MODEL_API": "true"}
         return server.start(
-            config or DEFAULT_CONFIG, model_store, home, timeout, python, env, install_deps, kserve_args
+            config or DEFAULT_CONFIG, model_store, home, timeout, python, env, install_deps, kserve_args, progress
         )
 
-    def wait_ready(self, server: "Server", timeout: float, process=None):
+    def wait_ready(self, server: "Server", timeout: float, process=None, progress: Callable[[str], None] = quiet):
         from . import server as servers
 
-        servers.wait_ready(server, timeout, process)
+        servers.wait_ready(server, timeout, process, progress)
 
     def output(self, server: "Server") -> Path:
         return server.logs
@@ -316,6 +320,7 @@ class KServeEngine(Engine):
         max_batch_delay: Optional[int] = None,
         metrics_config: Optional[str] = None,
         enable_grpc: bool = True,
+        progress: Callable[[str], None] = quiet,
     ) -> "Server":
         """Serve ``model_store`` as ``config`` says (None: the engine's default, config/config.properties
         beside the store when there is one, else every archive with its model-config.yaml) on free
@@ -358,7 +363,7 @@ class KServeEngine(Engine):
                 engine=self.name,
                 grpc=f"127.0.0.1:{grpc}" if enable_grpc else None,
             )
-            return servers.recorded(server, lambda: self.wait_ready(server, timeout, process))
+            return servers.recorded(server, lambda: self.wait_ready(server, timeout, process, progress))
 
         return servers.with_port_retry(launch)
 
@@ -383,12 +388,14 @@ class KServeEngine(Engine):
             raise UserError(str(exc)) from None
         return list(dict.fromkeys(spec.name for spec in specs))
 
-    def wait_ready(self, server: "Server", timeout: float, process=None):
-        """Poll ``/v2/health/ready`` until 200 (every model's workers up). Fail as soon as the engine
-        exits, with the last error it printed; on timeout, name the models that are not ready."""
+    def wait_ready(self, server: "Server", timeout: float, process=None, progress: Callable[[str], None] = quiet):
+        """Poll ``/v2/health/ready`` until 200 (every model's workers up), telling ``progress`` each
+        model's state as it changes (``model_states``). Fail as soon as the engine exits, with the last
+        error it printed; on timeout, name the models that are not ready."""
         from . import server as servers
 
         deadline = time.monotonic() + timeout
+        report = servers.States(progress)
         while True:
             if process is not None and process.poll() is not None:
                 self.check_extra(server)
@@ -396,7 +403,13 @@ class KServeEngine(Engine):
             if process is None and not servers.group_alive(server.pid):
                 self.check_extra(server)
                 raise ServerError(f"the {self.title} exited: {self.problem(server)}")
-            if self.is_ready(server):
+            ready = self.is_ready(server)
+            states = {name: servers.READY for name in server.models} if ready else self.model_states(server)
+            if states is None:
+                report(self.title, "starting")
+            for name, state in (states or {}).items():
+                report(name, state)
+            if ready:
                 return
             if time.monotonic() > deadline:
                 pending = ", ".join(self.not_ready(server)) or "(none answered)"
@@ -411,6 +424,14 @@ class KServeEngine(Engine):
         except OSError:
             return False
         return status == 200
+
+    def model_states(self, server: "Server") -> Optional[Dict[str, str]]:
+        """Each model's state as its management API describes it (``server.model_state``: unpacking,
+        loading, READY); None while the engine does not answer yet."""
+        from . import server as servers
+
+        states = {name: servers.model_state(server, name, "unpacking") for name in server.models}
+        return None if None in states.values() else states
 
     @staticmethod
     def not_ready(server: "Server") -> List[str]:
@@ -535,6 +556,7 @@ class MLServerEngine(KServeEngine):
         env: Optional[Dict[str, str]] = None,
         batch_size: Optional[int] = None,
         max_batch_delay: Optional[int] = None,
+        progress: Callable[[str], None] = quiet,
     ) -> "Server":
         """Serve ``model_store`` (its config.properties' model_snapshot, or every archive with its
         model-config.yaml) with MLServer from ``python`` on free 127.0.0.1 ports."""
@@ -551,10 +573,17 @@ class MLServerEngine(KServeEngine):
         servers.check_home(home)
         folder = mlserver.write_repository(specs, home / "mlserver")
         models = list(dict.fromkeys(spec.name for spec in specs))
-        return self.serve_repository(folder, models, home, timeout, python, env)
+        return self.serve_repository(folder, models, home, timeout, python, env, progress)
 
     def serve_repository(
-        self, folder: Path, models: List[str], home=".tsctl", timeout: float = 180, python=None, env=None
+        self,
+        folder: Path,
+        models: List[str],
+        home=".tsctl",
+        timeout: float = 180,
+        python=None,
+        env=None,
+        progress=quiet,
     ) -> "Server":
         """MLServer on a model repository as it is (``folder``: a folder of model folders, each with its
         model-settings.json, as ``export seldon`` writes them and Seldon's agent copies them), on free
@@ -589,7 +618,7 @@ class MLServerEngine(KServeEngine):
                 engine=self.name,
                 grpc=f"127.0.0.1:{grpc}",
             )
-            return servers.recorded(server, lambda: self.wait_ready(server, timeout, process))
+            return servers.recorded(server, lambda: self.wait_ready(server, timeout, process, progress))
 
         return servers.with_port_retry(launch)
 
@@ -614,6 +643,19 @@ class MLServerEngine(KServeEngine):
         """Every model ready: MLServer's own readiness is true while it serves no model at all (one that
         failed its load is dropped before MLServer stops)."""
         return super().is_ready(server) and not self.not_ready(server)
+
+    def model_states(self, server: "Server") -> Optional[Dict[str, str]]:
+        """loading or READY per model, from ``/v2/models/NAME/ready`` (MLServer has no management API);
+        None while it does not answer yet."""
+        from . import server as servers
+
+        if not super().is_ready(server):
+            try:
+                servers.request(f"{server.inference}/v2/health/live", timeout=5)
+            except OSError:
+                return None
+        pending = set(self.not_ready(server))
+        return {name: "loading" if name in pending else servers.READY for name in server.models}
 
     def predict_url(self, server: "Server", model: str) -> str:
         return f"{server.inference}/v2/models/{model}/infer"
@@ -710,12 +752,15 @@ def serve(
     model_store="model-store",
     home=".tsctl",
     timeout: float = 180,
+    progress: Callable[[str], None] = quiet,
     **flags,
 ) -> "Server":
     """``tsctl serve``: start ``engine`` on ``model_store`` with ``config`` (None: config/config.properties;
-    an engine that can do without one serves every archive in the store when that file is absent)."""
+    an engine that can do without one serves every archive in the store when that file is absent);
+    ``progress`` hears of each model's state as it changes."""
     chosen = named(engine)
     chosen.check_serve_flags(**flags)
     if config is None and (chosen.needs_config or Path(DEFAULT_CONFIG).exists()):
         config = DEFAULT_CONFIG
-    return chosen.start(model_store, config, home, timeout, **{k: v for k, v in flags.items() if v})
+    options = {k: v for k, v in flags.items() if v}
+    return chosen.start(model_store, config, home, timeout, progress=progress, **options)

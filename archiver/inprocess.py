@@ -89,11 +89,12 @@ def run(
     docstring). The handler's failure to load is raised as it is (the caller names it); its failure on
     a batch is a ServerError naming ``archive``, the input and the handler's error."""
     from handlers import identity
-    from handlers.testing import LocalModel  # torch
 
     archive = Path(archive)
     raw = identity.read(archive) is not None  # a toolkit handler: served with decode_input_request=false
     progress(f"loading {archive.name}")
+    from handlers.testing import LocalModel  # torch: seconds
+
     with quiet_logs() as records:
         model = LocalModel(archive, batch_size=batch_size(archive), decode_input_request=not raw, public_key=public_key)
         with model:

@@ -26,13 +26,14 @@ import time
 import urllib.parse
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from handlers import ts_config
 from handlers.requests import content_type
 from handlers.ts_wire import RERAISE, cause_of
 
 from .errors import ServerError, UserError
+from .output import quiet
 from .properties import check_keys, read_properties, snapshot_of
 
 STATE_FILE = "server.json"
@@ -97,8 +98,10 @@ def start(
     env: Optional[Dict[str, str]] = None,
     install_deps: bool = False,
     kserve_args: bool = False,
+    progress: Callable[[str], None] = quiet,
 ) -> Server:
-    """Start TorchServe detached and wait until every snapshot model has a READY worker.
+    """Start TorchServe detached and wait until every snapshot model has a READY worker (``progress``
+    hears of each model's state as it changes: ``wait_ready``).
 
     ``install_deps`` turns TorchServe's per-model install on (``TS_INSTALL_PY_DEP_PER_MODEL=true``), as
     in the config ``tsctl export kserve`` writes: each archive's requirements.txt goes into its model
@@ -117,7 +120,7 @@ def start(
         check_pip(python or sys.executable)
     check_home(home)
     return with_port_retry(
-        lambda: _launch(config, model_store, home, timeout, python, env, install_deps, kserve_args, models)
+        lambda: _launch(config, model_store, home, timeout, python, env, install_deps, kserve_args, models, progress)
     )
 
 
@@ -156,7 +159,7 @@ def with_port_retry(launch) -> "Server":
                 raise
 
 
-def _launch(config, model_store, home, timeout, python, env, install_deps, kserve_args, models) -> Server:
+def _launch(config, model_store, home, timeout, python, env, install_deps, kserve_args, models, progress) -> Server:
     """Start TorchServe once on free 127.0.0.1 ports and wait for it."""
     for old in (home / "logs").glob("*.log"):
         old.unlink()
@@ -194,7 +197,10 @@ def _launch(config, model_store, home, timeout, python, env, install_deps, kserv
         models=models,
         grpc=f"127.0.0.1:{ports['grpc_i']}",
     )
-    return recorded(server, lambda: wait_ready(server, timeout, None if kserve_args else process))
+    registering = "extracting, installing its requirements" if install_deps else "extracting"
+    return recorded(
+        server, lambda: wait_ready(server, timeout, None if kserve_args else process, progress, registering)
+    )
 
 
 def recorded(server: Server, wait) -> Server:
@@ -235,12 +241,20 @@ def check_pip(python: str):
         )
 
 
-def wait_ready(server: Server, timeout: float, process: Optional[subprocess.Popen] = None):
+def wait_ready(
+    server: Server,
+    timeout: float,
+    process: Optional[subprocess.Popen] = None,
+    progress: Callable[[str], None] = quiet,
+    registering: str = "extracting",
+):
     """Poll the management API until each model has a READY worker. Fail as soon as the logs say why
     it will not happen (a model TorchServe could not register, a crash-looping worker, TorchServe
-    exiting), with that reason."""
+    exiting), with that reason. ``progress`` hears of each model's state when it changes
+    (``model_state``; ``registering`` names what a model not registered yet is going through)."""
     deadline = time.monotonic() + timeout
     pending = list(server.models)
+    report = States(progress)
     while pending:
         if process is not None and process.poll() is not None:
             raise ServerError(f"TorchServe exited with code {process.returncode}: {startup_problem(server)}")
@@ -258,19 +272,46 @@ def wait_ready(server: Server, timeout: float, process: Optional[subprocess.Pope
             raise ServerError(f"a model worker failed to start: {failure} (full log: {server.logs / 'model_log.log'})")
         still = []
         for name in pending:
-            try:
-                status, body = request(
-                    f"{server.management}/models/{name}", headers=server.headers("management"), timeout=5
-                )
-            except OSError:
-                still.append(name)
-                continue
-            workers = body[0].get("workers", []) if status == 200 and isinstance(body, list) and body else []
-            if not any(w.get("status") == "READY" for w in workers):
+            state = model_state(server, name, registering)
+            if state is None:
+                report("TorchServe", "starting")
+            else:
+                report(name, state)
+            if state != READY:
                 still.append(name)
         pending = still
         if pending:
             time.sleep(0.5)
+
+
+READY = "READY"
+
+
+def model_state(server: Server, name: str, registering: str = "extracting") -> Optional[str]:
+    """What a model is going through, as the management API describes it (TorchServe's, and the tsctl
+    engine's): ``registering`` while it is not registered yet (the archive being unpacked), ``loading``
+    while no worker is READY (workers starting, the handler's initialize), ``READY``; None while the
+    API does not answer (the server starting)."""
+    try:
+        status, body = request(f"{server.management}/models/{name}", headers=server.headers("management"), timeout=5)
+    except OSError:
+        return None
+    if status == 404:
+        return registering
+    workers = body[0].get("workers", []) if status == 200 and isinstance(body, list) and body else []
+    return READY if any(w.get("status") == READY for w in workers) else "loading"
+
+
+class States:
+    """``report(name, state)``: tells ``progress`` "NAME: STATE" when NAME's state changed."""
+
+    def __init__(self, progress: Callable[[str], None]):
+        self.progress, self.seen = progress, {}
+
+    def __call__(self, name: str, state: str):
+        if self.seen.get(name) != state:
+            self.seen[name] = state
+            self.progress(f"{name}: {state}")
 
 
 WORKER_DIED = re.compile(r"(Backend worker process died|Load model failed|Failed to load model)")

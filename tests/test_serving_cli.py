@@ -322,3 +322,50 @@ def test_serve_engine_kserve_without_the_kserve_extra_says_what_to_install(root,
         assert server.read_state(home) is None  # what it started was stopped
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+# ---- progress: on a terminal, never in a pipe -----------------------------------------------------------
+def progress_lines(stderr: str) -> list:
+    lines = stderr.splitlines()
+    assert all(PROGRESS.match(line) for line in lines), stderr  # nothing but progress (no traceback, no log)
+    return [PROGRESS.sub("", line) for line in lines]
+
+
+def test_serve_shows_each_models_progress_on_a_terminal(served):
+    out, err, srv = served
+    assert out.startswith(f"TorchServe ready (pid {srv.pid}): image, tensor\n"), out
+    shown = progress_lines(err)
+    assert shown[-2:] in (["image: READY", "tensor: READY"], ["tensor: READY", "image: READY"]), shown
+    for model in ("image", "tensor"):
+        states = [line.split(": ", 1)[1] for line in shown if line.startswith(f"{model}: ")]
+        assert states[-1] == "READY" and len(states) == len(set(states)), shown  # each change once
+
+
+def test_serve_in_a_pipe_prints_no_progress(root, tmp_path):
+    home = short_tmp("pipe-")
+    (tmp_path / "model-store").mkdir()
+    shutil.copy(root / "model-store" / "tensor.mar", tmp_path / "model-store")  # one model: one worker
+    try:
+        code, out, err = tsctl("serve", "--engine", "kserve", "--home", home, cwd=tmp_path)
+        assert code == 0 and err == "", out + err
+        assert out.startswith("tsctl engine ready (pid "), out
+    finally:
+        srv = server.read_state(home)
+        if srv is not None:
+            server.stop(srv)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def test_run_and_verify_show_progress_per_input_on_a_terminal_only(root, served, failing):
+    """run of a toolkit handler whose postprocess fails: the request's 500 printed as predict prints it,
+    the handler's logged traceback nowhere; progress lines on a terminal, nothing on stderr in a pipe."""
+    _, _, srv = served
+    archives, image = failing
+    code, out, err = tsctl("run", archives["failing_post"], image, tty=True, cwd=root)
+    assert code == 1 and out.startswith(f"{image}: 500 ") and "KeyError: 'postprocess exploded'" in out, out + err
+    assert progress_lines(err) == ["loading failing_post.mar", f"1/1 {image}: 500"]
+    assert tsctl("run", archives["failing_post"], image, cwd=root) == (1, out, "")
+    archive = root / "model-store" / "tensor.mar"
+    code, out, err = tsctl("verify", archive, "--served", "--home", srv.home, tty=True)
+    assert code == 0 and progress_lines(err) == ["1/2 a.json: 200", "2/2 b.json: 200"], out + err
+    assert tsctl("verify", archive, "--served", "--home", srv.home) == (0, out, "")
