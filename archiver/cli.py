@@ -15,6 +15,7 @@ import click
 
 from . import choices, engines, runtimes, scaffold
 from .errors import ServerError, UserError
+from .output import json_option, print_json
 
 # TorchServe's BaseHandler logs optional-backend notices (OpenVINO, ONNX, TensorRT) on import.
 logging.getLogger("ts.torch_handler.base_handler").setLevel(logging.ERROR)
@@ -221,7 +222,8 @@ def config(model_store, output, min_workers, max_workers, batch_size, max_batch_
 @click.option("--enable-model-api", is_flag=True, help="Allow (re)registering models, e.g. for 'tsctl bench --sweep'.")
 @click.option("--python", type=click.Path(), help="The Python that runs the engine (default: this one).")
 @engine_option("What serves the store.")
-def serve(config_path, model_store, home, timeout, install_deps, enable_model_api, python, engine):
+@json_option
+def serve(config_path, model_store, home, timeout, install_deps, enable_model_api, python, engine, as_json):
     """Start a server in the background on 127.0.0.1 and wait until every model is ready."""
     from .output import Progress
 
@@ -231,12 +233,18 @@ def serve(config_path, model_store, home, timeout, install_deps, enable_model_ap
         model_store,
         home,
         timeout,
-        progress=Progress.for_command(),
+        progress=Progress.for_command(as_json),
         install_deps=install_deps,
         enable_model_api=enable_model_api,
         python=python,
     )
     chosen = engines.engine_of(srv)
+    if as_json:
+        addresses = dict(chosen.addresses(srv))
+        print_json(
+            {"engine": chosen.name, "pid": srv.pid, "home": srv.home, "models": srv.models, "addresses": addresses}
+        )
+        return
     click.echo(f"{chosen.title} ready (pid {srv.pid}): {', '.join(srv.models)}")
     for label, address in chosen.addresses(srv):
         click.echo(f"  {label:<10} {address}")
@@ -244,18 +252,28 @@ def serve(config_path, model_store, home, timeout, install_deps, enable_model_ap
 
 @main.command(cls=Command)
 @click.option("--home", default=".tsctl", show_default=True)
-def stop(home):
+@json_option
+def stop(home, as_json):
     """Stop the server started by 'tsctl serve'."""
     from . import server
 
     srv = server.read_state(Path(home).resolve())
-    if srv is None:
+    chosen = engines.engine_of(srv) if srv is not None else None
+    stopped = chosen.stop(srv) if chosen is not None else False
+    if as_json:
+        print_json(
+            {
+                "stopped": stopped,
+                "engine": chosen.name if chosen else None,
+                "pid": srv.pid if srv else None,
+                "home": str(Path(home).resolve()),
+            }
+        )
+    elif srv is None:
         click.echo(
             f"no server is running from {server.where(home)}: nothing to stop (or pass --home to where it was started)"
         )
-        return
-    chosen = engines.engine_of(srv)
-    if chosen.stop(srv):
+    elif stopped:
         click.echo(f"{chosen.title} stopped")
     else:
         click.echo(f"the server started from {server.where(home)} (pid {srv.pid}) had already exited")
@@ -266,22 +284,26 @@ def stop(home):
 @click.argument("inputs", nargs=-1, required=True, type=click.Path())
 @click.option("--home", default=".tsctl", show_default=True)
 @click.option("--timeout", default=60.0, show_default=True)
-def predict(model, inputs, home, timeout):
+@json_option
+def predict(model, inputs, home, timeout, as_json):
     """Send each INPUT file to MODEL on the running server (where its engine takes one request:
     /predictions/MODEL) and print the answers."""
     from . import server
 
     paths = [input_file(p) for p in inputs]
     srv = running_server(home, model)
-    failed = False
+    results = []
     for path in paths:
         try:
             status, body = server.predict(srv, model, Path(path), timeout)
         except OSError as exc:
             raise ServerError(f"could not reach {srv.inference}: {exc}") from None
-        failed |= status != 200
-        click.echo(f"{path}: {status} {json.dumps(body)}")
-    sys.exit(1 if failed else 0)
+        results.append({"path": str(path), "status": status, "body": body})
+        if not as_json:
+            click.echo(f"{path}: {status} {json.dumps(body)}")
+    if as_json:
+        print_json({"model": model, "url": srv.predict_url(model), "results": results})
+    sys.exit(1 if any(r["status"] != 200 for r in results) else 0)
 
 
 @main.command(cls=Command)
@@ -299,7 +321,7 @@ def predict(model, inputs, home, timeout):
 @click.option("--atol", type=click.FloatRange(0), default=1e-4, show_default=True, help="How far a number may move.")
 @click.option("--timeout", default=60.0, show_default=True)
 @click.option("--golden-from", type=click.Path(), help="Use another archive's golden answers (an export's original).")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@json_option
 @click.option("--public-key", type=click.Path(), help="Check ARCHIVE's signature (package --sign-key) with this key.")
 def verify(archive, url, served, home, protocol, model, atol, timeout, golden_from, as_json, public_key):
     """Replay ARCHIVE's golden requests (package --golden) and compare each answer with the recorded one;
@@ -308,12 +330,16 @@ def verify(archive, url, served, home, protocol, model, atol, timeout, golden_fr
 
     from . import golden
 
+    signature = None
     if public_key:
         from . import signing
 
         signing.verify_archive(archive, public_key)
-        click.echo(f"{archive}: signature verified: every file is as signed")
+        signature = "verified"
+        click.echo(f"{archive}: signature verified: every file is as signed", err=as_json)  # --json: stdout is JSON
         if not served and not url and golden_format.read(archive) is None:
+            if as_json:
+                print_json({"where": None, "checked": 0, "problems": [], "versions": [], "signature": signature})
             return
 
     if served:
@@ -347,7 +373,7 @@ def verify(archive, url, served, home, protocol, model, atol, timeout, golden_fr
         except OSError as exc:
             raise ServerError(f"could not reach {url}: {exc}") from None
     if as_json:
-        click.echo(json.dumps(report.as_json(), indent=2))
+        print_json({**report.as_json(), "signature": signature})
     else:
         for line in report.problems:
             click.echo(f"mismatch: {line}")
@@ -362,7 +388,8 @@ def verify(archive, url, served, home, protocol, model, atol, timeout, golden_fr
 @click.argument("archive", type=click.Path())
 @click.argument("inputs", nargs=-1, required=True, type=click.Path())
 @click.option("--public-key", type=click.Path(), help="Run ARCHIVE only if it is signed with this key's private half.")
-def run(archive, inputs, public_key):
+@json_option
+def run(archive, inputs, public_key, as_json):
     """Run ARCHIVE's handler in-process (no server) on each INPUT file, answering as 'tsctl predict' does."""
     from handlers.archives import ArchiveError
     from handlers.signing import SignatureError
@@ -373,16 +400,33 @@ def run(archive, inputs, public_key):
     paths = [input_file(p) for p in inputs]
     mar.read_manifest(archive)  # a missing, foreign or unsafe archive is refused before torch loads
     try:
-        answered = inprocess.run(archive, paths, public_key, Progress.for_command())
+        answered = inprocess.run(archive, paths, public_key, Progress.for_command(as_json))
     except (ArchiveError, SignatureError, UserError, ServerError):
         raise
     except Exception as exc:  # the archive's own handler failed to load: its error, in one line
         raise handler_failure(archive, exc) from None
+    results = []
     for path, response in answered:
         answer = response.answer()
         binary = isinstance(answer, bytes)
-        shown = f"<{len(answer):,} bytes of {response.content_type}>" if binary else json.dumps(answer)
-        click.echo(f"{path}: {response.status} {shown}")
+        if as_json:
+            import base64
+
+            shown = base64.b64encode(answer).decode("ascii") if binary else answer
+            results.append(
+                {
+                    "path": str(path),
+                    "status": response.status,
+                    "content_type": response.content_type,
+                    "answer": shown,
+                    "base64": binary,
+                }
+            )
+        else:
+            shown = f"<{len(answer):,} bytes of {response.content_type}>" if binary else json.dumps(answer)
+            click.echo(f"{path}: {response.status} {shown}")
+    if as_json:
+        print_json({"archive": str(archive), "results": results})
     sys.exit(0 if all(r.status == 200 for _, r in answered) else 1)
 
 
@@ -419,6 +463,15 @@ def running_server(home, model=None):
     return srv
 
 
+def finite(value):
+    """``value`` with null for each NaN (a latency of no answer): JSON has no NaN."""
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return None if isinstance(value, float) and value != value else value
+
+
 def int_list(value: str):
     try:
         return [int(v) for v in value.split(",") if v.strip()]
@@ -436,7 +489,7 @@ def int_list(value: str):
 )
 @click.option("--sweep-batch", help="Sweep batchSize over these values, e.g. 1,4,8 (needs --enable-model-api).")
 @click.option("--sweep-delay", default="5,50", show_default=True, help="maxBatchDelay values (ms) for the sweep.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option
 @click.option("--home", default=".tsctl", show_default=True)
 def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay, as_json, home):
     """Drive MODEL on the running server and report throughput, p50/p90/p99 latency and errors."""
@@ -468,7 +521,7 @@ def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay,
             headers,
         )
         if as_json:
-            click.echo(json.dumps(rows, indent=2))
+            print_json(finite(rows))
             return
         click.echo(f"{'batch':>5} {'delay':>5} {'req/s':>8} {'p50':>8} {'p90':>8} {'p99':>8} {'errors':>6}")
         for r in rows:
@@ -489,7 +542,7 @@ def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay,
     result = load.run_load(srv.predict_url(model), files, concurrency, count, duration, headers)
     summary = result.summary()
     if as_json:
-        click.echo(json.dumps(summary, indent=2))
+        print_json(finite(summary))
     else:
         lat = summary["latency_ms"]
         click.echo(
