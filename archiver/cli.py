@@ -215,11 +215,13 @@ def config(model_store, output, min_workers, max_workers, batch_size, max_batch_
     help=f"config.properties (default {engines.DEFAULT_CONFIG}; the kserve engine serves every archive in the "
     "store without one).",
 )
-@click.option("--model-store", default="model-store", show_default=True)
+@click.option("--model-store", default="model-store", show_default=True, help="The directory of archives to serve.")
 @click.option("--home", default=".tsctl", show_default=True, help="State directory: logs, pid lock, server.json.")
 @click.option("--timeout", default=180.0, show_default=True, help="Seconds to wait for every model to be READY.")
 @click.option("--install-deps", is_flag=True, help="pip-install each archive's requirements.txt first, as KServe does.")
-@click.option("--enable-model-api", is_flag=True, help="Allow (re)registering models, e.g. for 'tsctl bench --sweep'.")
+@click.option(
+    "--enable-model-api", is_flag=True, help="Allow (re)registering models, e.g. for 'tsctl bench --sweep-batch'."
+)
 @click.option("--python", type=click.Path(), help="The Python that runs the engine (default: this one).")
 @engine_option("What serves the store.")
 @json_option
@@ -251,7 +253,12 @@ def serve(config_path, model_store, home, timeout, install_deps, enable_model_ap
 
 
 @main.command(cls=Command)
-@click.option("--home", default=".tsctl", show_default=True)
+@click.option(
+    "--home",
+    default=".tsctl",
+    show_default=True,
+    help="The server's state directory: what 'tsctl serve --home' was given.",
+)
 @json_option
 def stop(home, as_json):
     """Stop the server started by 'tsctl serve'."""
@@ -282,8 +289,13 @@ def stop(home, as_json):
 @main.command(cls=Command)
 @click.argument("model")
 @click.argument("inputs", nargs=-1, required=True, type=click.Path())
-@click.option("--home", default=".tsctl", show_default=True)
-@click.option("--timeout", default=60.0, show_default=True)
+@click.option(
+    "--home",
+    default=".tsctl",
+    show_default=True,
+    help="The server's state directory: what 'tsctl serve --home' was given.",
+)
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for each answer.")
 @json_option
 def predict(model, inputs, home, timeout, as_json):
     """Send each INPUT file to MODEL on the running server (where its engine takes one request:
@@ -308,7 +320,10 @@ def predict(model, inputs, home, timeout, as_json):
 
 @main.command(cls=Command)
 @click.argument("archive", type=click.Path())
-@click.option("--url", help="A running server (TorchServe, KServe, a transformer); default: in-process.")
+@click.option(
+    "--url",
+    help="A running server (TorchServe, KServe, a transformer): http://HOST:PORT, or HOST:PORT; default: in-process.",
+)
 @click.option("--served", is_flag=True, help="Against the server 'tsctl serve' started from --home (either engine).")
 @click.option("--home", default=".tsctl", show_default=True, help="With --served: the server's state directory.")
 @click.option(
@@ -317,9 +332,9 @@ def predict(model, inputs, home, timeout, as_json):
     help="How requests are sent: ts (TorchServe's /predictions/MODEL), v1 or v2 (KServe). Default: with --served "
     "the engine's own (MLServer: v2), else ts.",
 )
-@click.option("--model", help="The model name at --url (default: the archive's).")
+@click.option("--model", help="The model's name on the server (default: the archive's).")
 @click.option("--atol", type=click.FloatRange(0), default=1e-4, show_default=True, help="How far a number may move.")
-@click.option("--timeout", default=60.0, show_default=True)
+@click.option("--timeout", default=60.0, show_default=True, help="With a server: seconds to wait for each answer.")
 @click.option("--golden-from", type=click.Path(), help="Use another archive's golden answers (an export's original).")
 @json_option
 @click.option("--public-key", type=click.Path(), help="Check ARCHIVE's signature (package --sign-key) with this key.")
@@ -482,7 +497,13 @@ def int_list(value: str):
 @main.command(cls=Command)
 @click.argument("model")
 @click.option("--input", "inputs", multiple=True, required=True, help="A file to send; repeat for several.")
-@click.option("--concurrency", type=click.IntRange(1, 256), default=8, show_default=True)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 256),
+    default=8,
+    show_default=True,
+    help="Requests in flight at once (one connection each).",
+)
 @click.option("--requests", "count", type=click.IntRange(1), help="Stop after this many requests.")
 @click.option(
     "--duration", type=click.FloatRange(0, choices.MAX_BENCH_SECONDS, min_open=True), help="Stop after seconds."
@@ -490,7 +511,12 @@ def int_list(value: str):
 @click.option("--sweep-batch", help="Sweep batchSize over these values, e.g. 1,4,8 (needs --enable-model-api).")
 @click.option("--sweep-delay", default="5,50", show_default=True, help="maxBatchDelay values (ms) for the sweep.")
 @json_option
-@click.option("--home", default=".tsctl", show_default=True)
+@click.option(
+    "--home",
+    default=".tsctl",
+    show_default=True,
+    help="The server's state directory: what 'tsctl serve --home' was given.",
+)
 def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay, as_json, home):
     """Drive MODEL on the running server and report throughput, p50/p90/p99 latency and errors."""
     from . import bench as load

@@ -18,6 +18,7 @@ import sys
 import threading
 from pathlib import Path
 
+import click
 import pytest
 import torch
 from click.testing import CliRunner
@@ -369,3 +370,14 @@ def test_run_and_verify_show_progress_per_input_on_a_terminal_only(root, served,
     code, out, err = tsctl("verify", archive, "--served", "--home", srv.home, tty=True)
     assert code == 0 and progress_lines(err) == ["1/2 a.json: 200", "2/2 b.json: 200"], out + err
     assert tsctl("verify", archive, "--served", "--home", srv.home) == (0, out, "")
+
+
+def test_every_option_of_these_commands_says_what_it_does():
+    for name in ("serve", "stop", "predict", "run", "verify", "bench"):
+        command = main.commands[name]
+        undocumented = [p.opts[0] for p in command.params if isinstance(p, click.Option) and not (p.help or "").strip()]
+        assert not undocumented, (name, undocumented)
+        shown = cli(name, "--help").stdout
+        for option in command.params:
+            if isinstance(option, click.Option):
+                assert option.opts[-1] in shown, (name, option.opts)
