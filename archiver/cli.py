@@ -264,7 +264,7 @@ def stop(home, as_json):
     """Stop the server started by 'tsctl serve'."""
     from . import server
 
-    srv = server.read_state(Path(home).resolve())
+    srv = server.recorded_in(home)
     chosen = engines.engine_of(srv) if srv is not None else None
     stopped = chosen.stop(srv) if chosen is not None else False
     if as_json:
@@ -420,28 +420,11 @@ def run(archive, inputs, public_key, as_json):
         raise
     except Exception as exc:  # the archive's own handler failed to load: its error, in one line
         raise handler_failure(archive, exc) from None
-    results = []
-    for path, response in answered:
-        answer = response.answer()
-        binary = isinstance(answer, bytes)
-        if as_json:
-            import base64
-
-            shown = base64.b64encode(answer).decode("ascii") if binary else answer
-            results.append(
-                {
-                    "path": str(path),
-                    "status": response.status,
-                    "content_type": response.content_type,
-                    "answer": shown,
-                    "base64": binary,
-                }
-            )
-        else:
-            shown = f"<{len(answer):,} bytes of {response.content_type}>" if binary else json.dumps(answer)
-            click.echo(f"{path}: {response.status} {shown}")
     if as_json:
-        print_json({"archive": str(archive), "results": results})
+        print_json({"archive": str(archive), "results": [inprocess.as_json(p, r) for p, r in answered]})
+    else:
+        for path, response in answered:
+            click.echo(inprocess.line(path, response))
     sys.exit(0 if all(r.status == 200 for _, r in answered) else 1)
 
 

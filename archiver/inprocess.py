@@ -13,7 +13,9 @@ batch the handler failed as a whole (TorchServe's frontend answers 503 ``Predict
 Nothing here imports torch until a model is loaded.
 """
 
+import base64
 import contextlib
+import json
 import logging
 import traceback
 from pathlib import Path
@@ -108,3 +110,24 @@ def run(
                 answered.append((Path(path), response))
                 progress(f"{number}/{len(paths)} {path}: {response.status}")
     return answered
+
+
+def line(path, response) -> str:
+    """``PATH: STATUS ANSWER`` as 'tsctl predict' prints it (a binary answer by its size and type)."""
+    answer = response.answer()
+    if isinstance(answer, bytes):
+        return f"{path}: {response.status} <{len(answer):,} bytes of {response.content_type}>"
+    return f"{path}: {response.status} {json.dumps(answer)}"
+
+
+def as_json(path, response) -> dict:
+    """One result of 'tsctl run --json' (docs/json-output.md): a binary answer in base64, flagged."""
+    answer = response.answer()
+    binary = isinstance(answer, bytes)
+    return {
+        "path": str(path),
+        "status": response.status,
+        "content_type": response.content_type,
+        "answer": base64.b64encode(answer).decode("ascii") if binary else answer,
+        "base64": binary,
+    }

@@ -429,17 +429,23 @@ def where(home) -> str:
     return str(home) if path.is_absolute() else f"{home} (in {path.resolve().parent})"
 
 
-def running(home) -> Server:
-    """The live server 'tsctl serve' started from ``home``, else one UserError saying where it looked
-    and how to point at another state directory (``--home``)."""
+def recorded_in(home) -> Optional[Server]:
+    """The server ``home``'s server.json records (None without one); a file that is not tsctl's is one
+    UserError naming it."""
     state = Path(home).resolve()
     try:
-        srv = read_state(state)
+        return read_state(state)
     except (ValueError, TypeError, UnicodeDecodeError):
         raise UserError(
             f"{state / STATE_FILE} is not a server record tsctl wrote: remove it, or pass --home to where the "
             "server was started"
         ) from None
+
+
+def running(home) -> Server:
+    """The live server 'tsctl serve' started from ``home``, else one UserError saying where it looked
+    and how to point at another state directory (``--home``)."""
+    srv = recorded_in(home)
     if srv is None:
         raise UserError(
             f"no server is running from {where(home)}: start one with 'tsctl serve', or pass --home to where "

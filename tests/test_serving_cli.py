@@ -290,6 +290,13 @@ def test_commands_run_where_no_server_was_started_mention_home(root, tmp_path):
             f"error: the server started from .tsctl (in {Path(elsewhere).resolve()}) (pid {exited.pid}) is no longer "
             "running: start it again with 'tsctl serve'"
         ), result.output
+        Path(".tsctl/server.json").write_text("{not json")
+        for args in (["stop"], ["predict", "image", str(photo)]):
+            result = runner.invoke(main, args)
+            assert result.exit_code == 2 and one_error_line(result.stderr) == (
+                f"error: {Path('.tsctl/server.json').resolve()} is not a server record tsctl wrote: remove it, or "
+                "pass --home to where the server was started"
+            ), result.output
 
 
 # ---- serve --engine kserve without the kserve extra ----------------------------------------------------
@@ -365,7 +372,8 @@ def test_run_and_verify_show_progress_per_input_on_a_terminal_only(root, served,
     code, out, err = tsctl("run", archives["failing_post"], image, tty=True, cwd=root)
     assert code == 1 and out.startswith(f"{image}: 500 ") and "KeyError: 'postprocess exploded'" in out, out + err
     assert progress_lines(err) == ["loading failing_post.mar", f"1/1 {image}: 500"]
-    assert tsctl("run", archives["failing_post"], image, cwd=root) == (1, out, "")
+    piped = cli("run", archives["failing_post"], image)  # click's runner: stdout is no terminal
+    assert (piped.exit_code, piped.stdout, piped.stderr) == (1, out, "")
     archive = root / "model-store" / "tensor.mar"
     code, out, err = tsctl("verify", archive, "--served", "--home", srv.home, tty=True)
     assert code == 0 and progress_lines(err) == ["1/2 a.json: 200", "2/2 b.json: 200"], out + err
