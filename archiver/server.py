@@ -270,16 +270,17 @@ def wait_ready(
         failure = worker_failure(server)
         if failure:
             raise ServerError(f"a model worker failed to start: {failure} (full log: {server.logs / 'model_log.log'})")
-        still = []
-        for name in pending:
-            state = model_state(server, name, registering)
-            if state is None:
+        states = {name: model_state(server, name, registering) for name in pending}
+        if None in states.values():  # its APIs do not answer yet: they bind once the snapshot is registered
+            early = startup_states(server, registering)
+            if not early:
                 report("TorchServe", "starting")
-            else:
+            for name, state in early.items():
                 report(name, state)
-            if state != READY:
-                still.append(name)
-        pending = still
+        else:
+            for name, state in states.items():
+                report(name, state)
+        pending = [name for name, state in states.items() if state != READY]
         if pending:
             time.sleep(0.5)
 
@@ -300,6 +301,27 @@ def model_state(server: Server, name: str, registering: str = "extracting") -> O
         return registering
     workers = body[0].get("workers", []) if status == 200 and isinstance(body, list) and body else []
     return READY if any(w.get("status") == READY for w in workers) else "loading"
+
+
+SNAPSHOT_RESTORE = re.compile(r"SnapshotManager - Validating snapshot ")
+MODEL_REGISTERED = re.compile(r"ModelManager - Model (\S+) loaded\.$")
+
+
+def startup_states(server: Server, registering: str = "extracting") -> Dict[str, str]:
+    """What TorchServe's log says of its models before its APIs answer: it registers the snapshot's
+    models one after the other (unpacking each archive, installing its requirements when the per-model
+    install is on), then binds its APIs. A model registered ('Model NAME loaded.') is ``loading`` (its
+    workers start), the first one not registered yet ``registering``; {} before the snapshot is read."""
+    lines = _log_lines(server.logs / "ts_log.log")
+    if not any(SNAPSHOT_RESTORE.search(line) for line in lines):
+        return {}
+    registered = {m.group(1) for m in map(MODEL_REGISTERED.search, lines) if m}
+    states = {}
+    for name in server.models:
+        states[name] = "loading" if name in registered else registering
+        if name not in registered:
+            break
+    return states
 
 
 class States:
