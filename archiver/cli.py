@@ -215,82 +215,128 @@ def config(model_store, output, min_workers, max_workers, batch_size, max_batch_
     help=f"config.properties (default {engines.DEFAULT_CONFIG}; the kserve engine serves every archive in the "
     "store without one).",
 )
-@click.option("--model-store", default="model-store", show_default=True)
+@click.option("--model-store", default="model-store", show_default=True, help="The directory of archives to serve.")
 @click.option("--home", default=".tsctl", show_default=True, help="State directory: logs, pid lock, server.json.")
 @click.option("--timeout", default=180.0, show_default=True, help="Seconds to wait for every model to be READY.")
 @click.option("--install-deps", is_flag=True, help="pip-install each archive's requirements.txt first, as KServe does.")
-@click.option("--enable-model-api", is_flag=True, help="Allow (re)registering models, e.g. for 'tsctl bench --sweep'.")
+@click.option(
+    "--enable-model-api", is_flag=True, help="Allow (re)registering models, e.g. for 'tsctl bench --sweep-batch'."
+)
 @click.option("--python", type=click.Path(), help="The Python that runs the engine (default: this one).")
 @engine_option("What serves the store.")
-def serve(config_path, model_store, home, timeout, install_deps, enable_model_api, python, engine):
+@json_option
+def serve(config_path, model_store, home, timeout, install_deps, enable_model_api, python, engine, as_json):
     """Start a server in the background on 127.0.0.1 and wait until every model is ready."""
+    from .output import Progress
+
     srv = engines.serve(
         engine,
         config_path,
         model_store,
         home,
         timeout,
+        progress=Progress.for_command(as_json),
         install_deps=install_deps,
         enable_model_api=enable_model_api,
         python=python,
     )
     chosen = engines.engine_of(srv)
+    if as_json:
+        addresses = dict(chosen.addresses(srv))
+        print_json(
+            {"engine": chosen.name, "pid": srv.pid, "home": srv.home, "models": srv.models, "addresses": addresses}
+        )
+        return
     click.echo(f"{chosen.title} ready (pid {srv.pid}): {', '.join(srv.models)}")
     for label, address in chosen.addresses(srv):
         click.echo(f"  {label:<10} {address}")
 
 
 @main.command(cls=Command)
-@click.option("--home", default=".tsctl", show_default=True)
-def stop(home):
+@click.option(
+    "--home",
+    default=".tsctl",
+    show_default=True,
+    help="The server's state directory: what 'tsctl serve --home' was given.",
+)
+@json_option
+def stop(home, as_json):
     """Stop the server started by 'tsctl serve'."""
     from . import server
 
-    srv = server.read_state(Path(home).resolve())
-    if srv is None:
-        click.echo("no server was running")
-        return
-    chosen = engines.engine_of(srv)
-    if chosen.stop(srv):
+    srv = server.recorded_in(home)
+    chosen = engines.engine_of(srv) if srv is not None else None
+    stopped = chosen.stop(srv) if chosen is not None else False
+    if as_json:
+        print_json(
+            {
+                "stopped": stopped,
+                "engine": chosen.name if chosen else None,
+                "pid": srv.pid if srv else None,
+                "home": str(Path(home).resolve()),
+            }
+        )
+    elif srv is None:
+        click.echo(
+            f"no server is running from {server.where(home)}: nothing to stop (or pass --home to where it was started)"
+        )
+    elif stopped:
         click.echo(f"{chosen.title} stopped")
     else:
-        click.echo("no server was running")
+        click.echo(f"the server started from {server.where(home)} (pid {srv.pid}) had already exited")
 
 
 @main.command(cls=Command)
 @click.argument("model")
 @click.argument("inputs", nargs=-1, required=True, type=click.Path())
-@click.option("--home", default=".tsctl", show_default=True)
-@click.option("--timeout", default=60.0, show_default=True)
-def predict(model, inputs, home, timeout):
+@click.option(
+    "--home",
+    default=".tsctl",
+    show_default=True,
+    help="The server's state directory: what 'tsctl serve --home' was given.",
+)
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for each answer.")
+@json_option
+def predict(model, inputs, home, timeout, as_json):
     """Send each INPUT file to MODEL on the running server (where its engine takes one request:
     /predictions/MODEL) and print the answers."""
     from . import server
 
     paths = [input_file(p) for p in inputs]
-    srv = running_server(home)
-    failed = False
+    srv = running_server(home, model)
+    results = []
     for path in paths:
         try:
             status, body = server.predict(srv, model, Path(path), timeout)
         except OSError as exc:
             raise ServerError(f"could not reach {srv.inference}: {exc}") from None
-        failed |= status != 200
-        click.echo(f"{path}: {status} {json.dumps(body)}")
-    sys.exit(1 if failed else 0)
+        results.append({"path": str(path), "status": status, "body": body})
+        if not as_json:
+            click.echo(f"{path}: {status} {json.dumps(body)}")
+    if as_json:
+        print_json({"model": model, "url": srv.predict_url(model), "results": results})
+    sys.exit(1 if any(r["status"] != 200 for r in results) else 0)
 
 
 @main.command(cls=Command)
 @click.argument("archive", type=click.Path())
-@click.option("--url", help="A running server (TorchServe, KServe, a transformer); default: in-process.")
+@click.option(
+    "--url",
+    help="A running server (TorchServe, KServe, a transformer): http://HOST:PORT, or HOST:PORT; default: in-process.",
+)
 @click.option("--served", is_flag=True, help="Against the server 'tsctl serve' started from --home (either engine).")
 @click.option("--home", default=".tsctl", show_default=True, help="With --served: the server's state directory.")
-@click.option("--protocol", type=click.Choice(["ts", "v1", "v2"]), default="ts", show_default=True)
-@click.option("--model", help="The model name at --url (default: the archive's).")
+@click.option(
+    "--protocol",
+    type=click.Choice(["ts", "v1", "v2"]),
+    help="How requests are sent: ts (TorchServe's /predictions/MODEL), v1 or v2 (KServe). Default: with --served "
+    "the engine's own (MLServer: v2), else ts.",
+)
+@click.option("--model", help="The model's name on the server (default: the archive's).")
 @click.option("--atol", type=click.FloatRange(0), default=1e-4, show_default=True, help="How far a number may move.")
-@click.option("--timeout", default=60.0, show_default=True)
+@click.option("--timeout", default=60.0, show_default=True, help="With a server: seconds to wait for each answer.")
 @click.option("--golden-from", type=click.Path(), help="Use another archive's golden answers (an export's original).")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@json_option
 @click.option("--public-key", type=click.Path(), help="Check ARCHIVE's signature (package --sign-key) with this key.")
 def verify(archive, url, served, home, protocol, model, atol, timeout, golden_from, as_json, public_key):
     """Replay ARCHIVE's golden requests (package --golden) and compare each answer with the recorded one;
@@ -299,24 +345,50 @@ def verify(archive, url, served, home, protocol, model, atol, timeout, golden_fr
 
     from . import golden
 
+    signature = None
     if public_key:
         from . import signing
 
         signing.verify_archive(archive, public_key)
-        click.echo(f"{archive}: signature verified: every file is as signed")
+        signature = "verified"
+        click.echo(f"{archive}: signature verified: every file is as signed", err=as_json)  # --json: stdout is JSON
         if not served and not url and golden_format.read(archive) is None:
+            if as_json:
+                print_json({"where": None, "checked": 0, "problems": [], "versions": [], "signature": signature})
             return
 
     if served:
         if url:
             raise UserError("--served and --url both name a server: give one")
-        url = running_server(home).inference  # either engine answers every protocol on its inference address
-    try:
-        report = golden.verify(archive, url, protocol, atol, model, timeout, golden_from)
-    except OSError as exc:
-        raise ServerError(f"could not reach {url}: {exc}") from None
+        from . import mar
+
+        srv = running_server(home, model or mar.read_manifest(archive)["model"]["modelName"])
+        url = srv.inference
+        protocol = protocol or engines.engine_of(srv).protocol  # MLServer speaks v2 only
+    protocol = protocol or "ts"
+    from .output import Progress
+
+    progress = Progress.for_command(as_json)
+    if url is None:  # in-process: the handler's log kept off the terminal, its failure one line
+        from handlers.archives import ArchiveError
+        from handlers.signing import SignatureError
+
+        from . import inprocess
+
+        with inprocess.quiet_logs():
+            try:
+                report = golden.verify(archive, url, protocol, atol, model, timeout, golden_from, progress)
+            except (UserError, ServerError, ArchiveError, SignatureError):
+                raise
+            except Exception as exc:
+                raise handler_failure(archive, exc) from None
+    else:
+        try:
+            report = golden.verify(archive, url, protocol, atol, model, timeout, golden_from, progress)
+        except OSError as exc:
+            raise ServerError(f"could not reach {url}: {exc}") from None
     if as_json:
-        click.echo(json.dumps(report.as_json(), indent=2))
+        print_json({**report.as_json(), "signature": signature})
     else:
         for line in report.problems:
             click.echo(f"mismatch: {line}")
@@ -331,31 +403,29 @@ def verify(archive, url, served, home, protocol, model, atol, timeout, golden_fr
 @click.argument("archive", type=click.Path())
 @click.argument("inputs", nargs=-1, required=True, type=click.Path())
 @click.option("--public-key", type=click.Path(), help="Run ARCHIVE only if it is signed with this key's private half.")
-def run(archive, inputs, public_key):
-    """Run ARCHIVE's handler in-process (no server) on INPUT files as one batch."""
+@json_option
+def run(archive, inputs, public_key, as_json):
+    """Run ARCHIVE's handler in-process (no server) on each INPUT file, answering as 'tsctl predict' does."""
     from handlers.archives import ArchiveError
     from handlers.signing import SignatureError
 
-    from . import mar
+    from . import inprocess, mar
+    from .output import Progress
 
     paths = [input_file(p) for p in inputs]
     mar.read_manifest(archive)  # a missing, foreign or unsafe archive is refused before torch loads
-    from handlers.testing import LocalModel
-
     try:
-        model = LocalModel(archive, batch_size=len(paths), public_key=public_key)
-    except (ArchiveError, SignatureError):
+        answered = inprocess.run(archive, paths, public_key, Progress.for_command(as_json))
+    except (ArchiveError, SignatureError, UserError, ServerError):
         raise
     except Exception as exc:  # the archive's own handler failed to load: its error, in one line
         raise handler_failure(archive, exc) from None
-    with model:
-        responses = model.predict([Path(p) for p in paths])
-    for path, response in zip(inputs, responses):
-        answer = response.answer()
-        binary = isinstance(answer, bytes)
-        shown = f"<{len(answer):,} bytes of {response.content_type}>" if binary else json.dumps(answer)
-        click.echo(f"{path}: {response.status} {shown}")
-    sys.exit(0 if all(r.status == 200 for r in responses) else 1)
+    if as_json:
+        print_json({"archive": str(archive), "results": [inprocess.as_json(p, r) for p, r in answered]})
+    else:
+        for path, response in answered:
+            click.echo(inprocess.line(path, response))
+    sys.exit(0 if all(r.status == 200 for _, r in answered) else 1)
 
 
 # The archive's own handlers/ copy raises its own ModelLoadError/SettingsError classes: match by name.
@@ -380,14 +450,24 @@ def input_file(path: str) -> Path:
     return p
 
 
-def running_server(home):
-    """The server 'tsctl serve' started from ``home``, else a one-line UserError."""
+def running_server(home, model=None):
+    """The live server 'tsctl serve' started from ``home`` (serving ``model``, when given), else one
+    UserError saying where it looked and about --home (or which models it serves)."""
     from . import server
 
-    srv = server.read_state(Path(home).resolve())
-    if srv is None:
-        raise UserError(f"no server is running from {home}: start one with 'tsctl serve'")
+    srv = server.running(home)
+    if model is not None:
+        engines.require_model(srv, model)
     return srv
+
+
+def finite(value):
+    """``value`` with null for each NaN (a latency of no answer): JSON has no NaN."""
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return None if isinstance(value, float) and value != value else value
 
 
 def int_list(value: str):
@@ -400,20 +480,31 @@ def int_list(value: str):
 @main.command(cls=Command)
 @click.argument("model")
 @click.option("--input", "inputs", multiple=True, required=True, help="A file to send; repeat for several.")
-@click.option("--concurrency", type=click.IntRange(1, 256), default=8, show_default=True)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 256),
+    default=8,
+    show_default=True,
+    help="Requests in flight at once (one connection each).",
+)
 @click.option("--requests", "count", type=click.IntRange(1), help="Stop after this many requests.")
 @click.option(
     "--duration", type=click.FloatRange(0, choices.MAX_BENCH_SECONDS, min_open=True), help="Stop after seconds."
 )
 @click.option("--sweep-batch", help="Sweep batchSize over these values, e.g. 1,4,8 (needs --enable-model-api).")
 @click.option("--sweep-delay", default="5,50", show_default=True, help="maxBatchDelay values (ms) for the sweep.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@click.option("--home", default=".tsctl", show_default=True)
+@json_option
+@click.option(
+    "--home",
+    default=".tsctl",
+    show_default=True,
+    help="The server's state directory: what 'tsctl serve --home' was given.",
+)
 def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay, as_json, home):
     """Drive MODEL on the running server and report throughput, p50/p90/p99 latency and errors."""
     from . import bench as load
 
-    srv = running_server(home)
+    srv = running_server(home, model)
     files = load.read_inputs(inputs)
     if count is None and duration is None:
         raise UserError("give --requests N or --duration SECONDS: a benchmark must be bounded")
@@ -439,7 +530,7 @@ def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay,
             headers,
         )
         if as_json:
-            click.echo(json.dumps(rows, indent=2))
+            print_json(finite(rows))
             return
         click.echo(f"{'batch':>5} {'delay':>5} {'req/s':>8} {'p50':>8} {'p90':>8} {'p99':>8} {'errors':>6}")
         for r in rows:
@@ -460,7 +551,7 @@ def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay,
     result = load.run_load(srv.predict_url(model), files, concurrency, count, duration, headers)
     summary = result.summary()
     if as_json:
-        click.echo(json.dumps(summary, indent=2))
+        print_json(finite(summary))
     else:
         lat = summary["latency_ms"]
         click.echo(

@@ -8,11 +8,13 @@ An ``Engine`` knows how to
 - **serve locally**: ``start(model_store, config, home, timeout, ...)`` launches it detached on free
   127.0.0.1 ports (``server.spawn``), records a ``Server`` (server.json: the engine's name, its
   ``inference``/``management``/``metrics`` base addresses and ``grpc`` HOST:PORT) and returns once
-  ``wait_ready`` says every model can answer; ``predict_url`` is where one request for a model goes;
+  ``wait_ready`` says every model can answer (telling ``progress`` each model's state as it changes:
+  starting, extracting, loading, READY); ``predict_url`` is where one request for a model goes;
   ``addresses`` is what ``serve`` prints; ``output``/``handler_log`` are where its own and the
   handlers' lines go; ``stop`` ends its process group. ``serve_flags`` are the optional ``serve``
   flags it honours, ``model_api`` whether its management API can re-register models (``bench
-  --sweep-batch``), ``needs_config`` whether it can run without a config.properties;
+  --sweep-batch``), ``needs_config`` whether it can run without a config.properties, ``protocol`` what
+  it answers natively (``verify --served``'s default: ``ts``, MLServer ``v2``);
 - **export for KServe**: ``check_export``, ``check_properties``, ``prepare`` (the archives' locked
   requirements, the exported config's changes), ``predictor`` (the InferenceService's predictor),
   ``manifests`` (more manifests beside it), ``write_files`` (more files in the export) and
@@ -31,9 +33,10 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from .errors import ServerError, UserError
+from .output import quiet
 
 if TYPE_CHECKING:  # pragma: no cover
     from .kserve import ExportOptions
@@ -56,6 +59,7 @@ class Engine:
     help = ""  # one line for --engine's help
     needs_config = True  # False: serves a model store without config.properties (each archive's model-config.yaml)
     model_api = False  # its management API can (re)register models: bench --sweep-batch
+    protocol = "ts"  # what it natively answers, as verify --protocol names it: ts (/predictions/MODEL), v1, v2
     serve_flags: Tuple[str, ...] = ()  # keys of SERVE_FLAGS it honours
     export_flags: Tuple[str, ...] = ()  # keys of EXPORT_FLAGS it takes
 
@@ -68,11 +72,12 @@ class Engine:
         timeout: float = 180,
         python: Optional[str] = None,
         env: Optional[Dict[str, str]] = None,
+        progress: Callable[[str], None] = quiet,
         **options,
     ) -> "Server":
         raise NotImplementedError
 
-    def wait_ready(self, server: "Server", timeout: float, process=None):
+    def wait_ready(self, server: "Server", timeout: float, process=None, progress: Callable[[str], None] = quiet):
         raise NotImplementedError
 
     def predict_url(self, server: "Server", model: str) -> str:
@@ -92,6 +97,21 @@ class Engine:
         if server.grpc:
             lines.append(("grpc", server.grpc))
         return lines + [("logs", str(self.output(server)))]
+
+    def served_models(self, server: "Server") -> List[str]:
+        """The models the running server serves now, from its management API's model list (TorchServe's
+        and the tsctl engine's); the models server.json recorded when it does not answer."""
+        from . import server as servers
+
+        try:
+            status, body = servers.request(
+                f"{server.management}/models?limit=1000", headers=server.headers("management"), timeout=10
+            )
+        except OSError:
+            return list(server.models)
+        if status != 200 or not isinstance(body, dict) or not isinstance(body.get("models"), list):
+            return list(server.models)
+        return [m["modelName"] for m in body["models"] if isinstance(m, dict) and "modelName" in m]
 
     def output(self, server: "Server") -> Path:
         """Where the server's own output goes."""
@@ -198,19 +218,20 @@ class TorchServeEngine(Engine):
         install_deps: bool = False,
         enable_model_api: bool = False,
         kserve_args: bool = False,
+        progress: Callable[[str], None] = quiet,
     ) -> "Server":
         from . import server
 
         if enable_model_api:
             env = {**(env or {}), "TS_ENABLE_MODEL_API": "true"}
         return server.start(
-            config or DEFAULT_CONFIG, model_store, home, timeout, python, env, install_deps, kserve_args
+            config or DEFAULT_CONFIG, model_store, home, timeout, python, env, install_deps, kserve_args, progress
         )
 
-    def wait_ready(self, server: "Server", timeout: float, process=None):
+    def wait_ready(self, server: "Server", timeout: float, process=None, progress: Callable[[str], None] = quiet):
         from . import server as servers
 
-        servers.wait_ready(server, timeout, process)
+        servers.wait_ready(server, timeout, process, progress)
 
     def output(self, server: "Server") -> Path:
         return server.logs
@@ -267,6 +288,9 @@ ENGINE_LINE = re.compile(r"^tsctl engine: (.+)$")  # what the engine prints befo
 PYTHON_ERROR = re.compile(r"^(?:ERROR:[\w.]+:)?\s*([A-Za-z_.]*(?:Error|Exception)\b:.*)$")
 # A worker's own error, as the engine logs its output: "... tsctl.worker: [MODEL VERSION wN] XError: ..."
 WORKER_ERROR = re.compile(r"tsctl\.worker: \[[^\]]*\]\s+([A-Za-z_][\w.]*(?:Error|Exception)\b:.*)$")
+# A traceback through the engine's own imports (a line of its own: a worker's lines carry their prefix).
+ENGINE_IMPORT = re.compile(r'^\s*File ".*[/\\]handlers[/\\]engine\w*\.py", line \d+, in <module>$')
+MISSING_MODULE = re.compile(r"^ModuleNotFoundError: No module named '([\w.]+)'")
 
 
 class KServeEngine(Engine):
@@ -282,6 +306,7 @@ class KServeEngine(Engine):
     )
     needs_config = False
     export_flags = ("image", "runtime_kind")
+    extra = "kserve"  # the optional dependencies (pyproject.toml) the engine imports
 
     def start(
         self,
@@ -295,6 +320,7 @@ class KServeEngine(Engine):
         max_batch_delay: Optional[int] = None,
         metrics_config: Optional[str] = None,
         enable_grpc: bool = True,
+        progress: Callable[[str], None] = quiet,
     ) -> "Server":
         """Serve ``model_store`` as ``config`` says (None: the engine's default, config/config.properties
         beside the store when there is one, else every archive with its model-config.yaml) on free
@@ -337,7 +363,7 @@ class KServeEngine(Engine):
                 engine=self.name,
                 grpc=f"127.0.0.1:{grpc}" if enable_grpc else None,
             )
-            return servers.recorded(server, lambda: self.wait_ready(server, timeout, process))
+            return servers.recorded(server, lambda: self.wait_ready(server, timeout, process, progress))
 
         return servers.with_port_retry(launch)
 
@@ -362,18 +388,28 @@ class KServeEngine(Engine):
             raise UserError(str(exc)) from None
         return list(dict.fromkeys(spec.name for spec in specs))
 
-    def wait_ready(self, server: "Server", timeout: float, process=None):
-        """Poll ``/v2/health/ready`` until 200 (every model's workers up). Fail as soon as the engine
-        exits, with the last error it printed; on timeout, name the models that are not ready."""
+    def wait_ready(self, server: "Server", timeout: float, process=None, progress: Callable[[str], None] = quiet):
+        """Poll ``/v2/health/ready`` until 200 (every model's workers up), telling ``progress`` each
+        model's state as it changes (``model_states``). Fail as soon as the engine exits, with the last
+        error it printed; on timeout, name the models that are not ready."""
         from . import server as servers
 
         deadline = time.monotonic() + timeout
+        report = servers.States(progress)
         while True:
             if process is not None and process.poll() is not None:
+                self.check_extra(server)
                 raise ServerError(f"the {self.title} exited with code {process.returncode}: {self.problem(server)}")
             if process is None and not servers.group_alive(server.pid):
+                self.check_extra(server)
                 raise ServerError(f"the {self.title} exited: {self.problem(server)}")
-            if self.is_ready(server):
+            ready = self.is_ready(server)
+            states = {name: servers.READY for name in server.models} if ready else self.model_states(server)
+            if states is None:
+                report(self.title, "starting")
+            for name, state in (states or {}).items():
+                report(name, state)
+            if ready:
                 return
             if time.monotonic() > deadline:
                 pending = ", ".join(self.not_ready(server)) or "(none answered)"
@@ -389,6 +425,14 @@ class KServeEngine(Engine):
             return False
         return status == 200
 
+    def model_states(self, server: "Server") -> Optional[Dict[str, str]]:
+        """Each model's state as its management API describes it (``server.model_state``: unpacking,
+        loading, READY); None while the engine does not answer yet."""
+        from . import server as servers
+
+        states = {name: servers.model_state(server, name, "unpacking") for name in server.models}
+        return None if None in states.values() else states
+
     @staticmethod
     def not_ready(server: "Server") -> List[str]:
         from . import server as servers
@@ -402,6 +446,22 @@ class KServeEngine(Engine):
             if status != 200:
                 pending.append(name)
         return pending
+
+    def check_extra(self, server: "Server"):
+        """The engine could not import what it runs on (starlette, uvicorn, kserve and its fastapi: the
+        kserve extra): one UserError saying what to install, not the ModuleNotFoundError."""
+        if not self.extra:
+            return
+        out = self.output(server)
+        lines = out.read_text(errors="replace").splitlines() if out.exists() else []
+        if not any(map(ENGINE_IMPORT.match, lines)):  # the engine's own imports, not a handler's or a worker's
+            return
+        missing = [m.group(1) for m in map(MISSING_MODULE.match, lines) if m]
+        if missing:
+            raise UserError(
+                f"the {self.name} engine needs the {self.extra} extra (its Python has no module {missing[-1]!r}): "
+                f"pip install 'tsctl[{self.extra}]' (or uv sync --extra {self.extra})"
+            )
 
     def problem(self, server: "Server") -> str:
         """The engine's last word: its own fatal line (a model that could not load, a config it refuses)
@@ -483,6 +543,8 @@ class MLServerEngine(KServeEngine):
     title = "MLServer"
     help = "mlserver: MLServer 1.7 with tsctl's runtime (Seldon Core 2's server): the Open Inference Protocol only."
     export_flags = ()
+    protocol = "v2"
+    extra = None  # MLServer runs from a Python of its own (--python), checked before it starts
 
     def start(
         self,
@@ -494,6 +556,7 @@ class MLServerEngine(KServeEngine):
         env: Optional[Dict[str, str]] = None,
         batch_size: Optional[int] = None,
         max_batch_delay: Optional[int] = None,
+        progress: Callable[[str], None] = quiet,
     ) -> "Server":
         """Serve ``model_store`` (its config.properties' model_snapshot, or every archive with its
         model-config.yaml) with MLServer from ``python`` on free 127.0.0.1 ports."""
@@ -510,10 +573,17 @@ class MLServerEngine(KServeEngine):
         servers.check_home(home)
         folder = mlserver.write_repository(specs, home / "mlserver")
         models = list(dict.fromkeys(spec.name for spec in specs))
-        return self.serve_repository(folder, models, home, timeout, python, env)
+        return self.serve_repository(folder, models, home, timeout, python, env, progress)
 
     def serve_repository(
-        self, folder: Path, models: List[str], home=".tsctl", timeout: float = 180, python=None, env=None
+        self,
+        folder: Path,
+        models: List[str],
+        home=".tsctl",
+        timeout: float = 180,
+        python=None,
+        env=None,
+        progress=quiet,
     ) -> "Server":
         """MLServer on a model repository as it is (``folder``: a folder of model folders, each with its
         model-settings.json, as ``export seldon`` writes them and Seldon's agent copies them), on free
@@ -548,7 +618,7 @@ class MLServerEngine(KServeEngine):
                 engine=self.name,
                 grpc=f"127.0.0.1:{grpc}",
             )
-            return servers.recorded(server, lambda: self.wait_ready(server, timeout, process))
+            return servers.recorded(server, lambda: self.wait_ready(server, timeout, process, progress))
 
         return servers.with_port_retry(launch)
 
@@ -574,8 +644,33 @@ class MLServerEngine(KServeEngine):
         failed its load is dropped before MLServer stops)."""
         return super().is_ready(server) and not self.not_ready(server)
 
+    def model_states(self, server: "Server") -> Optional[Dict[str, str]]:
+        """loading or READY per model, from ``/v2/models/NAME/ready`` (MLServer has no management API);
+        None while it does not answer yet."""
+        from . import server as servers
+
+        if not super().is_ready(server):
+            try:
+                servers.request(f"{server.inference}/v2/health/live", timeout=5)
+            except OSError:
+                return None
+        pending = set(self.not_ready(server))
+        return {name: "loading" if name in pending else servers.READY for name in server.models}
+
     def predict_url(self, server: "Server", model: str) -> str:
         return f"{server.inference}/v2/models/{model}/infer"
+
+    def served_models(self, server: "Server") -> List[str]:
+        """MLServer's repository index (it has no management API), else what server.json recorded."""
+        from . import server as servers
+
+        try:
+            status, body = servers.request(f"{server.inference}/v2/repository/index", b"{}", "POST", timeout=10)
+        except OSError:
+            return list(server.models)
+        if status != 200 or not isinstance(body, list):
+            return list(server.models)
+        return [m["name"] for m in body if isinstance(m, dict) and "name" in m]
 
     def request_body(self, data: bytes, content_type: str) -> Tuple[bytes, str]:
         """A file as one Open Inference Protocol request: a JSON file as it is (a request body), text
@@ -641,18 +736,30 @@ def engine_of(server: "Server") -> Engine:
     return named(server.engine)
 
 
+def require_model(server: "Server", model: str):
+    """Refuse (one UserError) a model the running ``server`` does not serve, naming those it does."""
+    chosen = engine_of(server)
+    models = chosen.served_models(server)
+    if model not in models:
+        served = ", ".join(models) if models else "no model"
+        raise UserError(f"{chosen.title} started from {server.home} serves no model {model!r}: it serves {served}")
+
+
 def serve(
     engine: str = "torchserve",
     config: Optional[str] = None,
     model_store="model-store",
     home=".tsctl",
     timeout: float = 180,
+    progress: Callable[[str], None] = quiet,
     **flags,
 ) -> "Server":
     """``tsctl serve``: start ``engine`` on ``model_store`` with ``config`` (None: config/config.properties;
-    an engine that can do without one serves every archive in the store when that file is absent)."""
+    an engine that can do without one serves every archive in the store when that file is absent);
+    ``progress`` hears of each model's state as it changes."""
     chosen = named(engine)
     chosen.check_serve_flags(**flags)
     if config is None and (chosen.needs_config or Path(DEFAULT_CONFIG).exists()):
         config = DEFAULT_CONFIG
-    return chosen.start(model_store, config, home, timeout, **{k: v for k, v in flags.items() if v})
+    options = {k: v for k, v in flags.items() if v}
+    return chosen.start(model_store, config, home, timeout, progress=progress, **options)

@@ -13,16 +13,17 @@ import dataclasses
 import hashlib
 import json
 import tempfile
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from handlers import golden as answers
 from handlers import identity
 from handlers.requests import content_type
 
 from . import mar
-from .errors import UserError
+from .errors import ServerError, UserError
 
 MAX_INPUT_BYTES = 16 << 20
 MAX_TOTAL_BYTES = 48 << 20
@@ -129,6 +130,27 @@ class Report:
         return dataclasses.asdict(self)
 
 
+def base_url(url: str) -> str:
+    """``--url`` as the base URL requests are sent under: ``http://HOST:PORT[/PATH]``, where
+    ``HOST:PORT`` alone means ``http://HOST:PORT``. Anything else is one UserError naming the fix."""
+    text = url.strip()
+    if "://" not in text:
+        text = f"http://{text}"
+    parts = urllib.parse.urlsplit(text)
+    example = "give http://HOST:PORT, e.g. http://127.0.0.1:8080"
+    if parts.scheme.lower() != "http":
+        raise UserError(f"--url {url}: only plain http:// servers can be reached (not {parts.scheme}://): {example}")
+    try:
+        port = parts.port
+    except ValueError:
+        raise UserError(f"--url {url} has no valid port: {example}") from None
+    if not parts.hostname or (port is None and parts.netloc.endswith(":")):
+        raise UserError(f"--url {url} names no host and port: {example}")
+    if parts.query or parts.fragment or parts.username or parts.password:
+        raise UserError(f"--url {url} may hold a host, a port and a path only: {example}")
+    return text.rstrip("/")
+
+
 def verify(
     archive,
     url: Optional[str] = None,
@@ -137,9 +159,13 @@ def verify(
     model: Optional[str] = None,
     timeout: float = 60,
     golden_from=None,
+    progress: Callable[[str], None] = lambda message: None,
 ) -> Report:
     """Replay the golden answers of ``archive`` (or of ``golden_from``: another archive of the same
-    model, e.g. the original of an ONNX export) in-process with ``archive`` or against ``url``."""
+    model, e.g. the original of an ONNX export) in-process with ``archive`` or against ``url``
+    (``base_url``). A server that has no endpoint for ``protocol`` (every answer a 404 no golden
+    answer was) is a ServerError saying so, never a report of mismatches. ``progress`` hears of each
+    input as it is answered."""
     archive = Path(archive)
     source = Path(golden_from) if golden_from else archive
     golden = answers.read(source)
@@ -149,15 +175,23 @@ def verify(
         raise UserError(f"--protocol {protocol!r} must be one of {', '.join(PROTOCOLS)}")
     model = model or mar.read_manifest(archive)["model"]["modelName"]
     kind = (identity.read(archive) or {}).get("input", "any")
+    cases = golden["cases"]
     if url is None:
         report = Report("in-process")
-        cases = golden["cases"]
-        results, _ = in_process(archive, [(answers.body(c), c["content_type"]) for c in cases])
+        progress(f"loading {archive.name}")
+        results, _ = in_process(archive, [(answers.body(c), c["content_type"]) for c in cases], progress, cases)
         report.versions = answers.version_changes(golden)
     else:
+        url = base_url(url)
         report = Report(f"{url} ({protocol})")
-        results = [served(url.rstrip("/"), protocol, model, kind, case, timeout) for case in golden["cases"]]
-    for case, (status, answer) in zip(golden["cases"], results):
+        results = []
+        for number, case in enumerate(cases, 1):
+            results.append(served(url, protocol, model, kind, case, timeout))
+            progress(f"{number}/{len(cases)} {case['name']}: {results[-1][0]}")
+        missing = missing_endpoint(url, protocol, model, cases, results)
+        if missing:
+            raise ServerError(missing)
+    for case, (status, answer) in zip(cases, results):
         report.checked += 1
         problem = answers.check_case(case, status, answer, atol)
         if problem:
@@ -165,18 +199,44 @@ def verify(
     return report
 
 
-def in_process(archive: Path, requests: List[Tuple[bytes, str]]) -> Tuple[List[Tuple[int, Any]], dict]:
+def in_process(
+    archive: Path, requests: List[Tuple[bytes, str]], progress=None, cases=None
+) -> Tuple[List[Tuple[int, Any]], dict]:
     """(status, answer) of each (body, content type), one request at a time as a worker would run
-    it alone; and the handler's settings."""
+    it alone; and the handler's settings. ``progress`` hears of each answer (named by ``cases``)."""
     from handlers.testing import LocalModel, Request  # torch: only for --golden and in-process verify
 
     with LocalModel(archive, batch_size=1) as model:
         results = []
-        for body, kind in requests:
+        for number, (body, kind) in enumerate(requests, 1):
             [response] = model.serve([Request(body, {"Content-Type": kind})])
             results.append((response.status, response.json()))
+            if progress is not None:
+                name = cases[number - 1]["name"] if cases else f"request {number}"
+                progress(f"{number}/{len(requests)} {name}: {response.status}")
         settings = dataclasses.asdict(model.handler.settings) if model.handler is not None else {}
     return results, settings
+
+
+ENDPOINTS = {"ts": "/predictions/{model}", "v1": "/v1/models/{model}:predict", "v2": "/v2/models/{model}/infer"}
+
+
+def missing_endpoint(url: str, protocol: str, model: str, cases: List[dict], results) -> Optional[str]:
+    """What to say when the server at ``url`` has no endpoint for ``protocol`` or no ``model``: every
+    answer a 404 where no golden answer was one; None otherwise (the answers are compared)."""
+    if not results or any(status != 404 for status, _ in results) or any(c["status"] == 404 for c in cases):
+        return None
+    answer = results[0][1]
+    said = answer.get("message") or answer.get("error") or answer.get("detail") if isinstance(answer, dict) else answer
+    said = " ".join(str(said or "").split())[:160]
+    path = ENDPOINTS[protocol].format(model=model)
+    if model in said and "not found" in said.lower():  # the server speaks the protocol: the model is missing
+        return f"{url} serves no model {model} (404: {said}): pass --model with the name it is served under"
+    if protocol == "ts":
+        hint = "is it a KServe server? try --protocol v1 or v2"
+    else:
+        hint = "is it TorchServe? try --protocol ts (or the other of v1 and v2)"
+    return f"{url} has no {path} (404 on every golden request: {said}): {hint}"
 
 
 def served(url: str, protocol: str, model: str, kind: str, case: dict, timeout: float) -> Tuple[int, Any]:

@@ -28,13 +28,14 @@ import time
 import urllib.parse
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from handlers import ts_config
 from handlers.requests import content_type
 from handlers.ts_wire import RERAISE, cause_of
 
 from .errors import ServerError, UserError
+from .output import quiet
 from .properties import check_keys, read_properties, snapshot_of
 
 STATE_FILE = "server.json"
@@ -99,8 +100,10 @@ def start(
     env: Optional[Dict[str, str]] = None,
     install_deps: bool = False,
     kserve_args: bool = False,
+    progress: Callable[[str], None] = quiet,
 ) -> Server:
-    """Start TorchServe detached and wait until every snapshot model has a READY worker.
+    """Start TorchServe detached and wait until every snapshot model has a READY worker (``progress``
+    hears of each model's state as it changes: ``wait_ready``).
 
     ``install_deps`` turns TorchServe's per-model install on (``TS_INSTALL_PY_DEP_PER_MODEL=true``), as
     in the config ``tsctl export kserve`` writes: each archive's requirements.txt goes into its model
@@ -119,7 +122,9 @@ def start(
         check_pip(python or sys.executable)
     temp = check_home(home)
     return with_port_retry(
-        lambda: _launch(config, model_store, home, temp, timeout, python, env, install_deps, kserve_args, models)
+        lambda: _launch(
+            config, model_store, home, temp, timeout, python, env, install_deps, kserve_args, models, progress
+        )
     )
 
 
@@ -192,7 +197,9 @@ def with_port_retry(launch) -> "Server":
                 raise
 
 
-def _launch(config, model_store, home, temp, timeout, python, env, install_deps, kserve_args, models) -> Server:
+def _launch(
+    config, model_store, home, temp, timeout, python, env, install_deps, kserve_args, models, progress
+) -> Server:
     """Start TorchServe once on free 127.0.0.1 ports and wait for it."""
     for old in (home / "logs").glob("*.log"):
         old.unlink()
@@ -230,7 +237,10 @@ def _launch(config, model_store, home, temp, timeout, python, env, install_deps,
         models=models,
         grpc=f"127.0.0.1:{ports['grpc_i']}",
     )
-    return recorded(server, lambda: wait_ready(server, timeout, None if kserve_args else process))
+    registering = "extracting, installing its requirements" if install_deps else "extracting"
+    return recorded(
+        server, lambda: wait_ready(server, timeout, None if kserve_args else process, progress, registering)
+    )
 
 
 def recorded(server: Server, wait) -> Server:
@@ -271,12 +281,20 @@ def check_pip(python: str):
         )
 
 
-def wait_ready(server: Server, timeout: float, process: Optional[subprocess.Popen] = None):
+def wait_ready(
+    server: Server,
+    timeout: float,
+    process: Optional[subprocess.Popen] = None,
+    progress: Callable[[str], None] = quiet,
+    registering: str = "extracting",
+):
     """Poll the management API until each model has a READY worker. Fail as soon as the logs say why
     it will not happen (a model TorchServe could not register, a crash-looping worker, TorchServe
-    exiting), with that reason."""
+    exiting), with that reason. ``progress`` hears of each model's state when it changes
+    (``model_state``; ``registering`` names what a model not registered yet is going through)."""
     deadline = time.monotonic() + timeout
     pending = list(server.models)
+    report = States(progress)
     while pending:
         if process is not None and process.poll() is not None:
             raise ServerError(f"TorchServe exited with code {process.returncode}: {startup_problem(server)}")
@@ -292,21 +310,70 @@ def wait_ready(server: Server, timeout: float, process: Optional[subprocess.Pope
         failure = worker_failure(server)
         if failure:
             raise ServerError(f"a model worker failed to start: {failure} (full log: {server.logs / 'model_log.log'})")
-        still = []
-        for name in pending:
-            try:
-                status, body = request(
-                    f"{server.management}/models/{name}", headers=server.headers("management"), timeout=5
-                )
-            except OSError:
-                still.append(name)
-                continue
-            workers = body[0].get("workers", []) if status == 200 and isinstance(body, list) and body else []
-            if not any(w.get("status") == "READY" for w in workers):
-                still.append(name)
-        pending = still
+        states = {name: model_state(server, name, registering) for name in pending}
+        if None in states.values():  # its APIs do not answer yet: they bind once the snapshot is registered
+            early = startup_states(server, registering)
+            if not early:
+                report("TorchServe", "starting")
+            for name, state in early.items():
+                report(name, state)
+        else:
+            for name, state in states.items():
+                report(name, state)
+        pending = [name for name, state in states.items() if state != READY]
         if pending:
             time.sleep(0.5)
+
+
+READY = "READY"
+
+
+def model_state(server: Server, name: str, registering: str = "extracting") -> Optional[str]:
+    """What a model is going through, as the management API describes it (TorchServe's, and the tsctl
+    engine's): ``registering`` while it is not registered yet (the archive being unpacked), ``loading``
+    while no worker is READY (workers starting, the handler's initialize), ``READY``; None while the
+    API does not answer (the server starting)."""
+    try:
+        status, body = request(f"{server.management}/models/{name}", headers=server.headers("management"), timeout=5)
+    except OSError:
+        return None
+    if status == 404:
+        return registering
+    workers = body[0].get("workers", []) if status == 200 and isinstance(body, list) and body else []
+    return READY if any(w.get("status") == READY for w in workers) else "loading"
+
+
+SNAPSHOT_RESTORE = re.compile(r"SnapshotManager - Validating snapshot ")
+MODEL_REGISTERED = re.compile(r"ModelManager - Model (\S+) loaded\.$")
+
+
+def startup_states(server: Server, registering: str = "extracting") -> Dict[str, str]:
+    """What TorchServe's log says of its models before its APIs answer: it registers the snapshot's
+    models one after the other (unpacking each archive, installing its requirements when the per-model
+    install is on), then binds its APIs. A model registered ('Model NAME loaded.') is ``loading`` (its
+    workers start), the first one not registered yet ``registering``; {} before the snapshot is read."""
+    lines = _log_lines(server.logs / "ts_log.log")
+    if not any(SNAPSHOT_RESTORE.search(line) for line in lines):
+        return {}
+    registered = {m.group(1) for m in map(MODEL_REGISTERED.search, lines) if m}
+    states = {}
+    for name in server.models:
+        states[name] = "loading" if name in registered else registering
+        if name not in registered:
+            break
+    return states
+
+
+class States:
+    """``report(name, state)``: tells ``progress`` "NAME: STATE" when NAME's state changed."""
+
+    def __init__(self, progress: Callable[[str], None]):
+        self.progress, self.seen = progress, {}
+
+    def __call__(self, name: str, state: str):
+        if self.seen.get(name) != state:
+            self.seen[name] = state
+            self.progress(f"{name}: {state}")
 
 
 WORKER_DIED = re.compile(r"(Backend worker process died|Load model failed|Failed to load model)")
@@ -418,6 +485,42 @@ def group_members(pgid: int) -> List[int]:
         except (OSError, psutil.Error):  # gone meanwhile, or not ours to look at
             continue
     return found
+
+
+def where(home) -> str:
+    """A state directory as messages name it: as given, and where it is when given relative."""
+    path = Path(home)
+    return str(home) if path.is_absolute() else f"{home} (in {path.resolve().parent})"
+
+
+def recorded_in(home) -> Optional[Server]:
+    """The server ``home``'s server.json records (None without one); a file that is not tsctl's is one
+    UserError naming it."""
+    state = Path(home).resolve()
+    try:
+        return read_state(state)
+    except (ValueError, TypeError, UnicodeDecodeError):
+        raise UserError(
+            f"{state / STATE_FILE} is not a server record tsctl wrote: remove it, or pass --home to where the "
+            "server was started"
+        ) from None
+
+
+def running(home) -> Server:
+    """The live server 'tsctl serve' started from ``home``, else one UserError saying where it looked
+    and how to point at another state directory (``--home``)."""
+    srv = recorded_in(home)
+    if srv is None:
+        raise UserError(
+            f"no server is running from {where(home)}: start one with 'tsctl serve', or pass --home to where "
+            "it was started"
+        )
+    if not group_alive(srv.pid):
+        raise UserError(
+            f"the server started from {where(home)} (pid {srv.pid}) is no longer running: start it again with "
+            "'tsctl serve'"
+        )
+    return srv
 
 
 def write_state(server: Server):

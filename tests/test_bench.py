@@ -134,4 +134,5 @@ def test_the_cli_serves_and_stops_torchserve_through_its_engine(store, tmp_path)
         stopped = runner.invoke(main, ["stop", "--home", str(home)])
     assert stopped.exit_code == 0 and stopped.output == "TorchServe stopped\n"
     assert not server.group_alive(running.pid)
-    assert runner.invoke(main, ["stop", "--home", str(home)]).output == "no server was running\n"
+    again = runner.invoke(main, ["stop", "--home", str(home)]).output
+    assert again == f"no server is running from {home}: nothing to stop (or pass --home to where it was started)\n"

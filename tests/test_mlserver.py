@@ -297,6 +297,9 @@ def test_cli_serve_predict_verify_bench_stop(store, mlserver_python, image_sampl
         srv = server.read_state(home)
         report = golden.verify(str(archive), srv.inference, "v2", 1e-4, None, 60, None)
         assert report.checked >= 1 and not report.problems, report.problems
+        done = runner.invoke(main, ["verify", str(archive), "--served", *common])  # MLServer's own protocol: v2
+        assert done.exit_code == 0, done.output
+        assert done.stdout.strip() == f"1 of 1 golden answers match ({srv.inference} (v2))", done.output
         done = runner.invoke(main, ["bench", "resnet18", "--input", str(image_sample / "kitten.jpg"),
                                     "--requests", "16", "--concurrency", "4", "--json", *common])  # fmt: skip
         assert done.exit_code == 0, done.output
