@@ -170,13 +170,39 @@ def inspect(archive):
 
 
 @main.command(cls=Command)
-@click.option("--model-store", default="model-store", show_default=True)
-@click.option("--output", default="config/config.properties", show_default=True)
-@click.option("--min-workers", type=click.IntRange(0), help="For every model (else model-config.yaml, else 1).")
-@click.option("--max-workers", type=click.IntRange(1))
-@click.option("--batch-size", type=click.IntRange(1))
-@click.option("--max-batch-delay", type=click.IntRange(0), help="Milliseconds to wait to fill a batch.")
-@click.option("--response-timeout", type=click.IntRange(1), help="Seconds.")
+@click.option(
+    "--model-store",
+    default="model-store",
+    show_default=True,
+    help="The directory of archives: each one gets a model_snapshot entry.",
+)
+@click.option("--output", default="config/config.properties", show_default=True, help="Where to write the config.")
+@click.option(
+    "--min-workers",
+    type=click.IntRange(0),
+    help="Workers each model starts with, for every model (else its model-config.yaml's minWorkers, else 1).",
+)
+@click.option(
+    "--max-workers",
+    type=click.IntRange(1),
+    help="Most workers per model, for every model (else its model-config.yaml's maxWorkers, else 1).",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(1),
+    help="Most requests per handler call, for every model (else its model-config.yaml's batchSize, else 1).",
+)
+@click.option(
+    "--max-batch-delay",
+    type=click.IntRange(0),
+    help="Milliseconds to wait to fill a batch, for every model (else its model-config.yaml's, else 100).",
+)
+@click.option(
+    "--response-timeout",
+    type=click.IntRange(1),
+    help="Seconds a batch may take before its worker is restarted, for every model (else its "
+    "model-config.yaml's, else 120).",
+)
 @runtime_option(
     "The TorchServe image KServe runs: archives whose requirements it lacks are named (nothing is resolved)."
 )
@@ -488,17 +514,41 @@ def parse_split(values):
 @click.argument("out", type=click.Path())
 @click.option("--name", required=True, help="InferenceService name.")
 @click.option("--storage-uri", required=True, help="pvc://CLAIM/PATH the tree is copied to.")
-@click.option("--protocol", type=click.Choice(choices.KSERVE_PROTOCOLS), default="v1", show_default=True)
-@click.option("--config", "config_path", default="config/config.properties", show_default=True)
-@click.option("--model-store", default="model-store", show_default=True)
+@click.option(
+    "--protocol",
+    type=click.Choice(choices.KSERVE_PROTOCOLS),
+    default="v1",
+    show_default=True,
+    help="The InferenceService's protocolVersion, which DEPLOY.md's request bodies and curl lines speak.",
+)
+@click.option(
+    "--config",
+    "config_path",
+    default="config/config.properties",
+    show_default=True,
+    help="The config to export ('tsctl config' writes it): its model_snapshot names the models.",
+)
+@click.option(
+    "--model-store",
+    default="model-store",
+    show_default=True,
+    help="The directory holding the archives the config names.",
+)
 @click.option("--canary", type=int, help="Percent of traffic for the new revision (canaryTrafficPercent).")
 @click.option("--split", multiple=True, help="MODEL=PERCENT, given twice: an InferenceGraph Splitter (A/B).")
 @click.option("--transformer-image", help="Image for a custom transformer running a toolkit handler's pre/post.")
 @click.option("--transformer-archive", help="The toolkit .mar whose pre/post the transformer runs.")
 @click.option("--transformer-model", help="The predictor model the transformer sends tensors to.")
-@click.option("--namespace", default="default", show_default=True)
-@click.option("--cpu", default="1", show_default=True)
-@click.option("--memory", default="2Gi", show_default=True)
+@click.option(
+    "--namespace",
+    default="default",
+    show_default=True,
+    help="The Kubernetes namespace of the InferenceService, the claim and the copy pod.",
+)
+@click.option("--cpu", default="1", show_default=True, help="CPU request and limit of the predictor's container.")
+@click.option(
+    "--memory", default="2Gi", show_default=True, help="Memory request and limit of the predictor's container."
+)
 @runtime_option("The TorchServe image KServe runs: each archive's requirements are resolved and pinned for it.")
 @click.option("--offline", is_flag=True, help="Bundle each archive's wheels: its per-model install needs no index.")
 @engine_option("What serves the tree in the pod; kserve writes a serving runtime for the engine's image (--image).")
@@ -529,7 +579,9 @@ def export_kserve(out, config_path, split, **options):
 @export.command("seldon", cls=Command)
 @click.argument("out", type=click.Path())
 @click.option("--image", required=True, help="The server image to build from OUT/server-image (REGISTRY/NAME:TAG).")
-@click.option("--model-store", default="model-store", show_default=True)
+@click.option(
+    "--model-store", default="model-store", show_default=True, help="The directory holding the archives to export."
+)
 @click.option(
     "--config",
     "config_path",
@@ -538,7 +590,12 @@ def export_kserve(out, config_path, split, **options):
 )
 @click.option("--server", default="tsctl-mlserver", show_default=True, help="The Seldon Server's name.")
 @click.option("--claim", default="tsctl-models", show_default=True, help="The PersistentVolumeClaim holding models/.")
-@click.option("--namespace", default="seldon-mesh", show_default=True)
+@click.option(
+    "--namespace",
+    default="seldon-mesh",
+    show_default=True,
+    help="The namespace Seldon Core 2 runs in: the Server, Models, claim and copy pod go there.",
+)
 @click.option("--cpu", default="1", show_default=True, help="The mlserver container's CPU.")
 @click.option("--memory", default="2Gi", show_default=True, help="Each Model's memory (the server asks for the sum).")
 @click.option("--ab", multiple=True, help="MODEL=WEIGHT, twice or more: an Experiment between models of the store.")
