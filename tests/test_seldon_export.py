@@ -413,7 +413,7 @@ def test_json_output_parses(store, tmp_path):
     result = invoke(store, out, "--json", "--server", "vision", "--namespace", "ml", "--memory", "1.5Gi")
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
-    assert set(report) == {"files", "notes"} and str(out / "DEPLOY.md") in report["files"]
+    assert set(report) == {"out", "deploy", "files", "notes", "curls"} and str(out / "DEPLOY.md") in report["files"]
     assert all(Path(f).exists() for f in report["files"])
     [server] = documents(out / "server.yaml")
     assert server["metadata"] == {"name": "vision", "namespace": "ml"}
