@@ -15,7 +15,7 @@ import click
 
 from . import choices, engines, runtimes, scaffold
 from .errors import ServerError, UserError
-from .output import json_option, print_json
+from .output import Progress, json_option, print_json
 
 # TorchServe's BaseHandler logs optional-backend notices (OpenVINO, ONNX, TensorRT) on import.
 logging.getLogger("ts.torch_handler.base_handler").setLevel(logging.ERROR)
@@ -135,7 +135,7 @@ def package(golden, as_json, **flags):
         from . import golden as golden_answers  # runs the archive in-process: imports torch
 
         try:
-            path, planned, recorded = golden_answers.package(options, golden)
+            path, planned, recorded = golden_answers.package(options, golden, Progress.for_command(as_json))
         except (UserError, ArchiveError):
             raise
         except Exception as exc:  # the new archive's handler failed on its golden run: nothing was written
@@ -551,10 +551,12 @@ def export_kserve(out, config_path, split, as_json, **options):
     """Write OUT/{config,model-store} for a PVC, the InferenceService and the deploy commands."""
     from . import kserve, reports
 
+    progress = Progress.for_command(as_json)  # resolving and downloading requirements takes seconds per archive
     export_options = kserve.ExportOptions(out=out, config=config_path, split=parse_split(split), **options)
+    export_options.progress = progress
     notice = engines.named(export_options.engine).export_notice(export_options)
-    if notice and not as_json:
-        click.echo(notice, err=True)
+    if notice:
+        progress(notice)
     result = kserve.export(export_options)
     emit(reports.export_report(out, result), lambda report: reports.export_text(report, curls=True), as_json)
 

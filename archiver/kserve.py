@@ -27,7 +27,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import yaml
 
@@ -35,6 +35,7 @@ from . import crds, engines, runtimes
 from .choices import KSERVE_PROTOCOLS
 from .errors import UserError
 from .mar import handler_record, model_config, read_manifest, rewrite_archive
+from .output import quiet
 from .properties import check_keys, read_properties, render, snapshot_of
 
 NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -65,6 +66,7 @@ class ExportOptions:
     engine: str = "torchserve"  # a key of archiver.engines.ENGINES: what serves the tree in the pod
     image: Optional[str] = None  # the tsctl engine's image (--engine kserve), built from OUT/predictor-image
     runtime_kind: Optional[str] = None  # --engine kserve: ClusterServingRuntime (default) or ServingRuntime
+    progress: Callable[[str], None] = field(default=quiet, repr=False, compare=False)  # archiver.output.Progress
 
 
 @dataclass
