@@ -4,7 +4,6 @@ curl are stub scripts first on PATH that record their arguments (and answer noth
 ``kubectl apply -f`` / ``kubectl cp`` / ``docker build`` / ``curl --data-binary @`` names exists relative to
 the directory DEPLOY.md is in, and no path of the machine that exported it appears anywhere in the tree."""
 
-import json
 import os
 import re
 import shlex
@@ -15,9 +14,11 @@ from pathlib import Path
 from typing import Dict, List
 
 STUBBED = ("kubectl", "docker", "curl")  # the cluster's side, and the calls that would reach it
+SEPARATOR = "\x1f"  # between a call's arguments; a call per line
 STUB = """#!/bin/sh
-# records its arguments, one JSON list per call, and answers nothing
-python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$(basename "$0")" "$@" >> "{log}"
+# records its name and arguments, one call per line, and answers nothing
+printf '%s\\037' "$(basename "$0")" "$@" >> "{log}"
+printf '\\n' >> "{log}"
 """
 
 
@@ -49,7 +50,8 @@ def run_deploy_md(out: Path, stubs: Path, env: Dict[str, str] = None) -> Run:
     output = done.stdout + done.stderr
     assert done.returncode == 0, f"DEPLOY.md's commands failed (exit {done.returncode}):\n{output}"
     assert "error:" not in output, output
-    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    lines = log.read_text().splitlines() if log.exists() else []
+    calls = [line.split(SEPARATOR)[:-1] for line in lines]
     return Run(calls, output)
 
 

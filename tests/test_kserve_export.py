@@ -509,6 +509,38 @@ def test_deploy_md_runs_from_its_directory_and_its_bodies_get_200(mixed, tmp_pat
     assert (typed["instances"][0] if protocol == "v1" else typed["inputs"][0]["data"][0]) == TEXT
 
 
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {"engine": "kserve", "image": "registry.example.com/tsctl-engine:1", "namespace": "ml"},
+        {"transformer_image": "registry.example.com/t:1", "transformer_model": "resnet18_t", "protocol": "v2"},
+        {"split": [("resnet18", 90), ("resnet18_b", 10)]},
+    ],
+    ids=["engine", "transformer", "split"],
+)
+def test_every_variant_of_deploy_md_runs_as_written(project, tmp_path, tmp_path_factory, variant):
+    """The tsctl engine's (step 0 builds its image), a transformer's and a split's DEPLOY.md: every file they
+    build, apply, copy or send is in OUT, and no path of this machine is in the tree."""
+    if "transformer_image" in variant:
+        variant = dict(variant, transformer_archive=str(project / "model-store" / "resnet18.mar"))
+    out = tmp_path / "deploy"
+    kserve.export(options(project, out, **variant))
+    run = deploy_md.run_deploy_md(out, tmp_path / "stubs")
+    deploy_md.check_referenced_files_exist(out, run)
+    here = [str(tmp_path_factory.getbasetemp()), str(Path.cwd()), str(Path(__file__).resolve().parents[1])]
+    assert deploy_md.paths_in_tree(out, here) == []
+    applied = [deploy_md.positional(args)[-1] for args in run.of("kubectl") if args[0] == "apply"]
+    assert "inferenceservice.yaml" in applied
+    if "engine" in variant:
+        assert run.of("docker")[0] == ["build", "-t", variant["image"], "predictor-image"]
+        assert applied.index("servingruntime.yaml") < applied.index("inferenceservice.yaml")
+    if "split" in variant:
+        assert applied[-1] == "inferencegraph.yaml"
+    if "transformer_image" in variant:
+        assert any(args[:4] == ["cp", "-n", "default", "transformer/resnet18.mar"] for args in run.of("kubectl"))
+        assert "component=transformer" in (out / "DEPLOY.md").read_text()
+
+
 def test_a_missing_input_file_is_one_line_and_no_body(mixed, tmp_path):
     out = tmp_path / "deploy"
     kserve.export(options(mixed, out, protocol="v2"))
