@@ -15,7 +15,7 @@ import click
 
 from . import choices, engines, runtimes, scaffold
 from .errors import ServerError, UserError
-from .output import json_option, print_json
+from .output import Progress, json_option, print_json
 
 # TorchServe's BaseHandler logs optional-backend notices (OpenVINO, ONNX, TensorRT) on import.
 logging.getLogger("ts.torch_handler.base_handler").setLevel(logging.ERROR)
@@ -58,6 +58,15 @@ def runtime_option(help_text: str):
     )
 
 
+def emit(report: dict, as_text, as_json: bool):
+    """Print a command's report: as one JSON document (--json), else the lines ``as_text`` makes of it."""
+    if as_json:
+        print_json(report)
+        return
+    for line in as_text(report):
+        click.echo(line)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="tsctl")
 def main():
@@ -73,17 +82,15 @@ def main():
     type=click.Choice(list(scaffold.KINDS)),
     help="The toolkit handler to subclass; blank: ToolkitHandler with every hook written out.",
 )
-def init(name, kind):
+@json_option
+def init(name, kind, as_json):
     """Write NAME/: a handler of your own (handler.py), its model-config.yaml and a test."""
+    from . import reports
+
     written = scaffold.init(name, kind)
     base = scaffold.KINDS[kind]
-    click.echo(f"wrote {written.files[0]}  class {written.class_name}({base.handler}), handle = entry_point(...)")
-    click.echo(f"wrote {written.files[1]}  every handler: setting with its default")
-    click.echo(f"wrote {written.files[2]}  packages the handler with a stand-in model and runs it")
-    click.echo("next:")
-    for command in written.next_commands:
-        click.echo(f"  {command}")
-    click.echo(f"  # {written.note}")
+    report = reports.init_report(written, kind, f"{base.module}.{base.handler}")
+    emit(report, reports.init_text, as_json)
 
 
 @main.command(cls=Command)
@@ -115,11 +122,12 @@ def init(name, kind):
     type=click.Path(),
     help="Sign every file with this PEM EC private key (OpenSSF model-signing, MAR-INF/model.sig).",
 )
-def package(golden, **flags):
+@json_option
+def package(golden, as_json, **flags):
     """Build model-store/NAME.mar (torch-model-archiver's flags)."""
     from handlers.archives import ArchiveError
 
-    from . import mar
+    from . import mar, reports
 
     extra = [p.strip() for p in flags.pop("extra_files").split(",") if p.strip()]
     options = mar.PackageOptions(extra_files=extra, **flags)
@@ -127,66 +135,78 @@ def package(golden, **flags):
         from . import golden as golden_answers  # runs the archive in-process: imports torch
 
         try:
-            path, planned, recorded = golden_answers.package(options, golden)
+            path, planned, recorded = golden_answers.package(options, golden, Progress.for_command(as_json))
         except (UserError, ArchiveError):
             raise
         except Exception as exc:  # the new archive's handler failed on its golden run: nothing was written
             raise handler_failure(options.model_name, exc) from None
     else:
         path, planned = mar.build(options)
-    for link, real in planned.followed:
-        click.echo(f"followed {link} -> {real}")
+        recorded = None
     size = path.stat().st_size if path.is_file() else sum(s for _, s in mar.list_entries(path))
-    click.echo(f"wrote {path} ({size / 1e6:.1f} MB)")
-    if golden:
-        statuses = sorted({case["status"] for case in recorded["cases"]})
-        click.echo(
-            f"  golden: {len(recorded['cases'])} answers recorded (statuses {statuses}); check with 'tsctl verify'"
-        )
+    emit(reports.package_report(path, size, planned.followed, recorded), reports.package_text, as_json)
 
 
 @main.command(cls=Command)
 @click.argument("archive", type=click.Path())
-def inspect(archive):
+@json_option
+def inspect(archive, as_json):
     """Print an archive's manifest, files and sizes."""
     from handlers import golden  # no torch: the golden.json format
-    from handlers.archives import printable  # names and values of the archive's: control characters escaped
 
-    from . import mar
+    from . import mar, reports
 
     manifest = mar.read_manifest(archive)
-    click.echo(json.dumps(manifest, indent=2))  # JSON escapes control characters itself
-    for name, size in sorted(mar.list_entries(archive)):
-        click.echo(f"{size:>12,d}  {printable(name)}")
-    recorded = golden.read(archive)
-    if recorded is not None:
-        fingerprint = recorded.get("fingerprint", {})
-        versions = fingerprint.get("versions") if isinstance(fingerprint.get("versions"), dict) else {}
-        libraries = ", ".join(f"{k} {v}" for k, v in versions.items() if v)
-        names = ", ".join(c["name"] for c in recorded["cases"])
-        click.echo(printable(f"golden: {len(recorded['cases'])} answers ({names})"))
-        click.echo(printable(f"  made by {fingerprint.get('handler')} with {libraries}"))
-        settings = json.dumps(fingerprint.get("settings"))
-        click.echo(printable(f"  weights sha256 {fingerprint.get('weights_sha256')}; settings {settings}"))
+    report = reports.inspect_report(manifest, mar.list_entries(archive), golden.read(archive))
+    emit(report, reports.inspect_text, as_json)
 
 
 @main.command(cls=Command)
-@click.option("--model-store", default="model-store", show_default=True)
-@click.option("--output", default="config/config.properties", show_default=True)
-@click.option("--min-workers", type=click.IntRange(0), help="For every model (else model-config.yaml, else 1).")
-@click.option("--max-workers", type=click.IntRange(1))
-@click.option("--batch-size", type=click.IntRange(1))
-@click.option("--max-batch-delay", type=click.IntRange(0), help="Milliseconds to wait to fill a batch.")
-@click.option("--response-timeout", type=click.IntRange(1), help="Seconds.")
+@click.option(
+    "--model-store",
+    default="model-store",
+    show_default=True,
+    help="The directory of archives: each one gets a model_snapshot entry.",
+)
+@click.option("--output", default="config/config.properties", show_default=True, help="Where to write the config.")
+@click.option(
+    "--min-workers",
+    type=click.IntRange(0),
+    help="Workers each model starts with, for every model (else its model-config.yaml's minWorkers, else 1).",
+)
+@click.option(
+    "--max-workers",
+    type=click.IntRange(1),
+    help="Most workers per model, for every model (else its model-config.yaml's maxWorkers, else 1).",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(1),
+    help="Most requests per handler call, for every model (else its model-config.yaml's batchSize, else 1).",
+)
+@click.option(
+    "--max-batch-delay",
+    type=click.IntRange(0),
+    help="Milliseconds to wait to fill a batch, for every model (else its model-config.yaml's, else 100).",
+)
+@click.option(
+    "--response-timeout",
+    type=click.IntRange(1),
+    help="Seconds a batch may take before its worker is restarted, for every model (else its "
+    "model-config.yaml's, else 120).",
+)
 @runtime_option(
     "The TorchServe image KServe runs: archives whose requirements it lacks are named (nothing is resolved)."
 )
-def config(model_store, output, min_workers, max_workers, batch_size, max_batch_delay, response_timeout, runtime):
+@json_option
+def config(
+    model_store, output, min_workers, max_workers, batch_size, max_batch_delay, response_timeout, runtime, as_json
+):
     """Write config/config.properties with a model_snapshot of every archive in the store.
 
     The per-model pip install is off: torchserve runs in an environment that has the archives'
     packages. Each archive whose requirements KServe's image lacks is named, with what to run instead."""
-    from . import properties
+    from . import properties, reports
 
     overrides = {
         "minWorkers": min_workers,
@@ -197,15 +217,8 @@ def config(model_store, output, min_workers, max_workers, batch_size, max_batch_
     }
     path = properties.write_config(model_store, output, overrides)
     snapshot = properties.snapshot_of(properties.read_properties(path), path)
-    click.echo(f"wrote {path}")
-    for name, versions in snapshot["models"].items():
-        entry = next(iter(versions.values()))
-        click.echo(
-            f"  {name}: {entry['marName']} workers {entry['minWorkers']}-{entry['maxWorkers']}, "
-            f"batch {entry['batchSize']} / {entry['maxBatchDelay']} ms, timeout {entry['responseTimeout']} s"
-        )
-    for gap in properties.kserve_gaps(model_store, runtime):
-        click.echo(f"note: {gap}")
+    report = reports.config_report(path, snapshot, properties.kserve_gaps(model_store, runtime))
+    emit(report, reports.config_text, as_json)
 
 
 @main.command(cls=Command)
@@ -580,17 +593,41 @@ def parse_split(values):
 @click.argument("out", type=click.Path())
 @click.option("--name", required=True, help="InferenceService name.")
 @click.option("--storage-uri", required=True, help="pvc://CLAIM/PATH the tree is copied to.")
-@click.option("--protocol", type=click.Choice(choices.KSERVE_PROTOCOLS), default="v1", show_default=True)
-@click.option("--config", "config_path", default="config/config.properties", show_default=True)
-@click.option("--model-store", default="model-store", show_default=True)
+@click.option(
+    "--protocol",
+    type=click.Choice(choices.KSERVE_PROTOCOLS),
+    default="v1",
+    show_default=True,
+    help="The InferenceService's protocolVersion, which DEPLOY.md's request bodies and curl lines speak.",
+)
+@click.option(
+    "--config",
+    "config_path",
+    default="config/config.properties",
+    show_default=True,
+    help="The config to export ('tsctl config' writes it): its model_snapshot names the models.",
+)
+@click.option(
+    "--model-store",
+    default="model-store",
+    show_default=True,
+    help="The directory holding the archives the config names.",
+)
 @click.option("--canary", type=int, help="Percent of traffic for the new revision (canaryTrafficPercent).")
 @click.option("--split", multiple=True, help="MODEL=PERCENT, given twice: an InferenceGraph Splitter (A/B).")
 @click.option("--transformer-image", help="Image for a custom transformer running a toolkit handler's pre/post.")
 @click.option("--transformer-archive", help="The toolkit .mar whose pre/post the transformer runs.")
 @click.option("--transformer-model", help="The predictor model the transformer sends tensors to.")
-@click.option("--namespace", default="default", show_default=True)
-@click.option("--cpu", default="1", show_default=True)
-@click.option("--memory", default="2Gi", show_default=True)
+@click.option(
+    "--namespace",
+    default="default",
+    show_default=True,
+    help="The Kubernetes namespace of the InferenceService, the claim and the copy pod.",
+)
+@click.option("--cpu", default="1", show_default=True, help="CPU request and limit of the predictor's container.")
+@click.option(
+    "--memory", default="2Gi", show_default=True, help="Memory request and limit of the predictor's container."
+)
 @runtime_option("The TorchServe image KServe runs: each archive's requirements are resolved and pinned for it.")
 @click.option("--offline", is_flag=True, help="Bundle each archive's wheels: its per-model install needs no index.")
 @engine_option("What serves the tree in the pod; kserve writes a serving runtime for the engine's image (--image).")
@@ -600,28 +637,27 @@ def parse_split(values):
     type=click.Choice(choices.RUNTIME_KINDS),
     help="--engine kserve: the runtime's kind (default ClusterServingRuntime; ServingRuntime: in --namespace).",
 )
-def export_kserve(out, config_path, split, **options):
+@json_option
+def export_kserve(out, config_path, split, as_json, **options):
     """Write OUT/{config,model-store} for a PVC, the InferenceService and the deploy commands."""
-    from . import kserve
+    from . import kserve, reports
 
+    progress = Progress.for_command(as_json)  # resolving and downloading requirements takes seconds per archive
     export_options = kserve.ExportOptions(out=out, config=config_path, split=parse_split(split), **options)
+    export_options.progress = progress
     notice = engines.named(export_options.engine).export_notice(export_options)
     if notice:
-        click.echo(notice, err=True)
+        progress(notice)
     result = kserve.export(export_options)
-    for path in result.files:
-        click.echo(f"wrote {path}")
-    for note in result.notes:
-        click.echo(f"note: {note}")
-    click.echo(f"deploy: see {Path(out) / 'DEPLOY.md'}; then, per model:")
-    for line in result.curls:
-        click.echo(f"  {line}")
+    emit(reports.export_report(out, result), lambda report: reports.export_text(report, curls=True), as_json)
 
 
 @export.command("seldon", cls=Command)
 @click.argument("out", type=click.Path())
 @click.option("--image", required=True, help="The server image to build from OUT/server-image (REGISTRY/NAME:TAG).")
-@click.option("--model-store", default="model-store", show_default=True)
+@click.option(
+    "--model-store", default="model-store", show_default=True, help="The directory holding the archives to export."
+)
 @click.option(
     "--config",
     "config_path",
@@ -630,7 +666,12 @@ def export_kserve(out, config_path, split, **options):
 )
 @click.option("--server", default="tsctl-mlserver", show_default=True, help="The Seldon Server's name.")
 @click.option("--claim", default="tsctl-models", show_default=True, help="The PersistentVolumeClaim holding models/.")
-@click.option("--namespace", default="seldon-mesh", show_default=True)
+@click.option(
+    "--namespace",
+    default="seldon-mesh",
+    show_default=True,
+    help="The namespace Seldon Core 2 runs in: the Server, Models, claim and copy pod go there.",
+)
 @click.option("--cpu", default="1", show_default=True, help="The mlserver container's CPU.")
 @click.option("--memory", default="2Gi", show_default=True, help="Each Model's memory (the server asks for the sum).")
 @click.option("--ab", multiple=True, help="MODEL=WEIGHT, twice or more: an Experiment between models of the store.")
@@ -641,22 +682,15 @@ def export_kserve(out, config_path, split, **options):
 )
 @click.option("--transformer-model", help="The model (or the --ab experiment) the transformer's Pipeline sends to.")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
-@click.option("--json", "as_json", is_flag=True, help="Print {files, notes} as JSON.")
+@json_option
 def export_seldon(out, config_path, ab, default_model, as_json, **options):
     """Write OUT/models/NAME/ for a PVC, a Seldon Core 2 Server, Models (Experiment, Pipeline) and DEPLOY.md."""
-    from . import seldon
+    from . import reports, seldon
 
     result = seldon.export(
         seldon.SeldonOptions(out=out, config=config_path, ab=seldon.parse_ab(ab), default=default_model, **options)
     )
-    if as_json:
-        click.echo(json.dumps({"files": [str(path) for path in result.files], "notes": result.notes}, indent=2))
-        return
-    for path in result.files:
-        click.echo(f"wrote {path}")
-    for note in result.notes:
-        click.echo(f"note: {note}")
-    click.echo(f"deploy: see {Path(out) / 'DEPLOY.md'}")
+    emit(reports.export_report(out, result), lambda report: reports.export_text(report, curls=False), as_json)
 
 
 @main.command(cls=Command)

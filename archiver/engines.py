@@ -266,7 +266,7 @@ class TorchServeEngine(Engine):
         properties["install_py_dep_per_model"] = "true"
         runtime = runtimes.runtime_named(options.runtime)
         notes.extend(kserve.runtime_notes(runtime))
-        return runtimes.for_runtime(archives, runtime, options.offline, scratch, notes)
+        return runtimes.for_runtime(archives, runtime, options.offline, scratch, notes, options.progress)
 
     def predictor(self, options: "ExportOptions", resources: dict) -> dict:
         return {"model": storage_model(options, resources)}

@@ -20,10 +20,12 @@ from typing import Any, Callable, List, Optional, Tuple
 
 from handlers import golden as answers
 from handlers import identity
+from handlers.archives import printable
 from handlers.requests import content_type
 
 from . import mar
 from .errors import ServerError, UserError
+from .output import quiet
 
 MAX_INPUT_BYTES = 16 << 20
 MAX_TOTAL_BYTES = 48 << 20
@@ -74,10 +76,16 @@ def weights_sha256(path: Optional[str]) -> Optional[str]:
     return digest.hexdigest()
 
 
-def record(archive: Path, source: Path, weights: Optional[str] = None) -> dict:
-    """Run ``archive`` in-process on the golden requests; the golden.json it gets."""
+def record(archive: Path, source: Path, weights: Optional[str] = None, progress: Callable = quiet) -> dict:
+    """Run ``archive`` in-process on the golden requests; the golden.json it gets. ``progress`` hears of
+    the load and of each input (archiver.output.Progress)."""
     requests = requests_in(source)
-    results, settings = in_process(archive, [(body, kind) for _, body, kind in requests])
+    progress(f"golden: loading the archive in-process for {len(requests)} inputs (torch, the handler)")
+
+    def each(index: int):
+        progress(f"golden: input {index + 1}/{len(requests)} {printable(requests[index][0])}")
+
+    results, settings = in_process(archive, [(body, kind) for _, body, kind in requests], each)
     cases = [
         {
             "name": name,
@@ -103,15 +111,15 @@ def record(archive: Path, source: Path, weights: Optional[str] = None) -> dict:
     }
 
 
-def package(options: mar.PackageOptions, source: str) -> Tuple[Path, mar.Plan, dict]:
+def package(options: mar.PackageOptions, source: str, progress: Callable = quiet) -> Tuple[Path, mar.Plan, dict]:
     """Build the archive in a scratch directory, record its golden answers, and only then write it,
-    with MAR-INF/golden.json, to its place (atomically, as every build)."""
+    with MAR-INF/golden.json, to its place (atomically, as every build). ``progress`` hears of each step."""
     target = mar.archive_path(options.export_path, options.model_name, options.archive_format)
     if (target.exists() or target.is_symlink()) and not options.force:
         raise UserError(f"{target} already exists: pass --force to overwrite it")
     with tempfile.TemporaryDirectory(prefix="tsctl-golden-") as scratch:
         built, planned = mar.build(dataclasses.replace(options, export_path=scratch, force=True, sign_key=None))
-        golden = record(built, Path(source), options.serialized_file)
+        golden = record(built, Path(source), options.serialized_file, progress)
         Path(options.export_path).mkdir(parents=True, exist_ok=True)
         data = (json.dumps(golden, indent=1, sort_keys=True) + "\n").encode()
         mar.rewrite_archive(built, target, {answers.GOLDEN: data}, options.sign_key)
@@ -179,7 +187,8 @@ def verify(
     if url is None:
         report = Report("in-process")
         progress(f"loading {archive.name}")
-        results, _ = in_process(archive, [(answers.body(c), c["content_type"]) for c in cases], progress, cases)
+        bodies = [(answers.body(c), c["content_type"]) for c in cases]
+        results, _ = in_process(archive, bodies, lambda i: progress(f"{i + 1}/{len(cases)} {cases[i]['name']}"))
         report.versions = answers.version_changes(golden)
     else:
         url = base_url(url)
@@ -200,20 +209,19 @@ def verify(
 
 
 def in_process(
-    archive: Path, requests: List[Tuple[bytes, str]], progress=None, cases=None
+    archive: Path, requests: List[Tuple[bytes, str]], before_each: Optional[Callable[[int], None]] = None
 ) -> Tuple[List[Tuple[int, Any]], dict]:
     """(status, answer) of each (body, content type), one request at a time as a worker would run
-    it alone; and the handler's settings. ``progress`` hears of each answer (named by ``cases``)."""
+    it alone; and the handler's settings. ``before_each(i)`` is called before request i runs."""
     from handlers.testing import LocalModel, Request  # torch: only for --golden and in-process verify
 
     with LocalModel(archive, batch_size=1) as model:
         results = []
-        for number, (body, kind) in enumerate(requests, 1):
+        for index, (body, kind) in enumerate(requests):
+            if before_each is not None:
+                before_each(index)
             [response] = model.serve([Request(body, {"Content-Type": kind})])
             results.append((response.status, response.json()))
-            if progress is not None:
-                name = cases[number - 1]["name"] if cases else f"request {number}"
-                progress(f"{number}/{len(requests)} {name}: {response.status}")
         settings = dataclasses.asdict(model.handler.settings) if model.handler is not None else {}
     return results, settings
 

@@ -7,7 +7,9 @@
     OUT/transformer/*.mar            with --transformer-image: the archive whose pre/post the transformer runs
     OUT/pvc.yaml                     the PersistentVolumeClaim (ReadWriteOnce, twice the archives' size, >= 2Gi)
     OUT/pvc-copy-pod.yaml            a helper pod mounting the claim, for kubectl cp (restricted Pod Security Standard)
-    OUT/DEPLOY.md                    the exact commands: claim, copy, apply, ingress, request bodies, one curl per model
+    OUT/DEPLOY.md                    the exact commands: claim, copy, apply, ingress, request bodies, a curl per model,
+                                     each relative to OUT (no path of this machine in the tree)
+    OUT/inputs/                      what the request bodies are built from: a drawn picture, a golden input
     OUT/servingruntime.yaml          with --engine kserve: the tsctl engine's (Cluster)ServingRuntime (kserve_engine.py)
     OUT/predictor-image/             with --engine kserve: the build context of the runtime's image
 
@@ -27,7 +29,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import yaml
 
@@ -35,6 +37,7 @@ from . import crds, engines, runtimes
 from .choices import KSERVE_PROTOCOLS
 from .errors import UserError
 from .mar import handler_record, model_config, read_manifest, rewrite_archive
+from .output import quiet
 from .properties import check_keys, read_properties, render, snapshot_of
 
 NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -65,6 +68,7 @@ class ExportOptions:
     engine: str = "torchserve"  # a key of archiver.engines.ENGINES: what serves the tree in the pod
     image: Optional[str] = None  # the tsctl engine's image (--engine kserve), built from OUT/predictor-image
     runtime_kind: Optional[str] = None  # --engine kserve: ClusterServingRuntime (default) or ServingRuntime
+    progress: Callable[[str], None] = field(default=quiet, repr=False, compare=False)  # archiver.output.Progress
 
 
 @dataclass
@@ -101,6 +105,8 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     for name, manifest in manifests.items():
         crds.check(manifest, name)
     curls = curl_lines(options, snapshot)
+    models = served_models(options, archives)
+    inputs = sample_inputs(models)
     manifests["pvc-copy-pod.yaml"] = copy_pod(options, claim)
     manifests["pvc.yaml"] = claim_manifest(options, claim, archives)
 
@@ -126,7 +132,9 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     for name, manifest in manifests.items():
         (out / name).write_text(yaml.safe_dump(manifest, sort_keys=False), encoding="utf-8")
         files.append(out / name)
-    (out / "DEPLOY.md").write_text(deploy_steps(options, claim, sub_path, archives, curls), encoding="utf-8")
+    files += write_inputs(out, inputs)
+    deploy = deploy_steps(options, claim, sub_path, archives, curls, models, locked)
+    (out / "DEPLOY.md").write_text(deploy, encoding="utf-8")
     files.append(out / "DEPLOY.md")
     return Export(files, notes, curls)
 
@@ -377,6 +385,8 @@ class Served:
     handler: str
     kind: Optional[str]  # "image", "text", "tensor"; None for a handler of the user's own
     shape: Optional[List[int]] = None  # a tensor model's handler.input_shape
+    archive: Optional[Path] = None  # the archive serving it
+    sample: Optional[str] = None  # the file (relative to OUT) its request body is built from: sample_inputs()
 
     @property
     def input_file(self) -> str:
@@ -394,14 +404,15 @@ def served_models(options: ExportOptions, archives: List[Path]) -> List[Served]:
     """Each snapshot model with the kind of input its archive's handler takes; with a transformer in front,
     only the transformer's model, which takes what the transformer archive's handler reads."""
     if options.transformer_archive:
-        handler = read_manifest(options.transformer_archive)["model"]["handler"]
-        return [Served(options.transformer_model, handler, kind_of(Path(options.transformer_archive)))]
+        archive = Path(options.transformer_archive)
+        handler = read_manifest(archive)["model"]["handler"]
+        return [Served(options.transformer_model, handler, kind_of(archive), archive=archive)]
     served: Dict[str, Served] = {}
     for archive in archives:
         model = read_manifest(archive)["model"]
         kind = kind_of(archive)
         shape = (model_config(archive).get("handler") or {}).get("input_shape") if kind == "tensor" else None
-        served.setdefault(model["modelName"], Served(model["modelName"], model["handler"], kind, shape))
+        served.setdefault(model["modelName"], Served(model["modelName"], model["handler"], kind, shape, archive))
     return list(served.values())
 
 
@@ -410,34 +421,105 @@ def snapshot_archives(options: ExportOptions, snapshot: dict) -> List[Path]:
     return [store / entry["marName"] for versions in snapshot["models"].values() for entry in versions.values()]
 
 
-# Request bodies, built by python3 from a file or a text (the variable x in the body).
-READERS = {
-    "image": ('"$IMAGE"', 'import base64, json, sys; x = base64.b64encode(open(sys.argv[1], "rb").read()).decode()'),
-    "text": ('"$TEXT"', "import json, sys; x = sys.argv[1]"),
+# Request bodies, built by python3 from a file, a text or a shape (the variable x in the body), each command
+# writing its file itself, after reading its input: a missing input is one line on stderr, and no empty body.
+INPUTS_DIR = "inputs"  # OUT/inputs/: the files DEPLOY.md's request bodies are built from
+SAMPLE_IMAGE = f"{INPUTS_DIR}/sample.png"
+FILE_READER = (
+    "import base64, json, os, sys; "
+    'os.path.isfile(sys.argv[1]) or sys.exit("error: no file at " + repr(sys.argv[1]) + ": set {variable} to {what}"); '
+    'x = base64.b64encode(open(sys.argv[1], "rb").read()).decode()'
+)
+READERS = {  # kind: (variable, python reading it into x)
+    "image": ("IMAGE", FILE_READER.format(variable="IMAGE", what="an image file (JPEG, PNG, ...)")),
+    "text": ("TEXT", "import json, sys; x = sys.argv[1]"),
+    None: ("INPUT", FILE_READER.format(variable="INPUT", what="a file your handler reads")),
 }
-V1_BODIES = {"image": '{"instances": [{"data": x}]}', "text": '{"instances": [x]}'}
+V1_FILE = '{"instances": [{"data": x}]}'
+V1_BODIES = {"image": V1_FILE, "text": '{"instances": [x]}', None: V1_FILE}
 V2_BODY = '{"inputs": [{"name": "input-0", "shape": [1], "datatype": "BYTES", "data": [x]}]}'
+WRITE = 'open(sys.argv[-1], "w").write(json.dumps({body}))'
 
 
-def input_command(protocol: str, model: Served) -> Optional[str]:
-    """A shell line writing ``model.input_file``, or None when the body is the user's own to write."""
-    if model.kind in READERS:
-        argument, read = READERS[model.kind]
-        body = V2_BODY if protocol == "v2" else V1_BODIES[model.kind]
-        code = f"{read}; print(json.dumps({body}))"
-        return f"python3 -c '{code}' {argument} > {model.input_file}"
-    if model.kind == "tensor" and model.shape:
-        shape = [int(n) for n in model.shape]
+def input_command(protocol: str, model: Served) -> str:
+    """A shell line writing ``model.input_file`` (from $IMAGE, $TEXT, $INPUT or $SHAPE, as the model takes)."""
+    if model.kind == "tensor":
+        if model.shape:
+            shape = f"s = {[int(n) for n in model.shape]}"
+        else:
+            shape = (
+                's = [int(n) for n in sys.argv[1].split()] or sys.exit("error: set SHAPE to the input shape of one '
+                'row of your model, e.g. 3 224 224")'
+            )
         if protocol == "v2":
             body = (
                 '{"inputs": [{"name": "input-0", "shape": [1, *s], "datatype": "FP32", "data": [0.0] * math.prod(s)}]}'
             )
-            code = f"import json, math; s = {shape}; print(json.dumps({body}))"
         else:
-            code = f"import functools, json; x = functools.reduce(lambda t, n: [t] * n, {shape[::-1]}, 0.0); "
-            code += 'print(json.dumps({"instances": [x]}))'
-        return f"python3 -c '{code}' > {model.input_file}"
+            body = '{"instances": [functools.reduce(lambda t, n: [t] * n, s[::-1], 0.0)]}'
+        code = f"import functools, json, math, sys; {shape}; {WRITE.format(body=body)}"
+        argument = "" if model.shape else '"$SHAPE" '
+        return f"python3 -c '{code}' {argument}{model.input_file}"
+    kind = model.kind if model.kind in READERS else None
+    variable, read = READERS[kind]
+    body = V2_BODY if protocol == "v2" else V1_BODIES[kind]
+    return f"python3 -c '{read}; {WRITE.format(body=body)}' \"${variable}\" {model.input_file}"
+
+
+def sample_png(size: int = 64) -> bytes:
+    """A small RGB gradient as a PNG (zlib and struct: no image library), the image DEPLOY.md sends when it
+    has none of the user's."""
+    import struct
+    import zlib
+
+    rows = b"".join(b"\0" + bytes(v for x in range(size) for v in (4 * x % 256, 4 * y % 256, 128)) for y in range(size))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", size, size, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+def golden_input(archive: Optional[Path]) -> Optional[Tuple[str, bytes]]:
+    """The first golden input (package --golden) the archive answered with 200, when it is a file's bytes
+    (not a JSON request body): (a file name for it, its bytes). None without one."""
+    from handlers import golden
+
+    recorded = golden.read(archive) if archive is not None else None
+    for case in (recorded or {}).get("cases", []):
+        if case["status"] == 200 and not case["content_type"].startswith("application/json"):
+            name = re.sub(r"[^A-Za-z0-9._-]+", "_", case["name"]).strip("._-")[:64] or "input"
+            return name, golden.body(case)
     return None
+
+
+def sample_inputs(models: List[Served]) -> Dict[str, bytes]:
+    """The files under OUT/inputs/ that the request bodies of ``models`` are built from, by path relative to
+    OUT; sets each model's ``sample``. An image model gets a picture drawn here; a handler of the user's own
+    the first input its golden answers were 200 for, else that picture too. Text and tensor models need none."""
+    files: Dict[str, bytes] = {}
+    for model in models:
+        if model.kind in ("text", "tensor"):
+            continue
+        found = golden_input(model.archive) if model.kind is None else None
+        if found:
+            model.sample = f"{INPUTS_DIR}/{model.name}-{found[0]}"
+            files[model.sample] = found[1]
+        else:
+            model.sample = SAMPLE_IMAGE
+            files[SAMPLE_IMAGE] = sample_png()
+    return files
+
+
+def write_inputs(out: Path, files: Dict[str, bytes]) -> List[Path]:
+    written = []
+    for relative, data in files.items():
+        path = out / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        written.append(path)
+    return written
 
 
 def curl_line(path: str, input_file: str) -> str:
@@ -457,29 +539,43 @@ def curl_lines(options: ExportOptions, snapshot: dict) -> List[str]:
 
 def input_steps(options: ExportOptions, models: List[Served]) -> List[str]:
     body = "a KServe v2 body (a BYTES tensor)" if options.protocol == "v2" else "a KServe v1 body (`instances`)"
-    lines = ["## 5. Build the request bodies", "", f"Each file holds {body}, as the InferenceService takes it.", ""]
+    lines = [
+        "## 5. Build the request bodies",
+        "",
+        f"Each file holds {body}, as the InferenceService takes it; each command says which file it lacks, if it "
+        "does, and then writes nothing.",
+        "",
+    ]
     return lines + request_bodies(options.protocol, models)
 
 
 def request_bodies(protocol: str, models: List[Served]) -> List[str]:
-    """DEPLOY.md's commands writing each model's request body (``protocol`` v1 or v2), by its handler's kind."""
+    """DEPLOY.md's commands writing each model's request body (``protocol`` v1 or v2), by its handler's kind,
+    from the files sample_inputs() chose (call it first)."""
     lines = []
-    for kind, variable, example, what in [
-        ("image", "IMAGE", "kitten.jpg   # your image file", "the image's bytes in base64"),
-        ("text", "TEXT", "'A sentence to send'   # your text", "the text"),
-    ]:
-        names = [m.name for m in models if m.kind == kind]
-        if names:
-            model = next(m for m in models if m.kind == kind)
-            lines += [
-                f"{', '.join(names)}: `{model.input_file}` holds {what}:",
-                "",
-                "```sh",
-                f"{variable}={example}",
-                input_command(protocol, model),
-                "```",
-                "",
-            ]
+    images = [m for m in models if m.kind == "image"]
+    if images:
+        lines += [
+            f"{', '.join(m.name for m in images)}: `{images[0].input_file}` holds the image's bytes in base64; "
+            f"`{SAMPLE_IMAGE}` is a picture tsctl drew (any image works; set IMAGE to one of yours):",
+            "",
+            "```sh",
+            f"IMAGE={images[0].sample or SAMPLE_IMAGE}",
+            input_command(protocol, images[0]),
+            "```",
+            "",
+        ]
+    texts = [m for m in models if m.kind == "text"]
+    if texts:
+        lines += [
+            f"{', '.join(m.name for m in texts)}: `{texts[0].input_file}` holds the text:",
+            "",
+            "```sh",
+            "TEXT='A sentence to send'   # your text",
+            input_command(protocol, texts[0]),
+            "```",
+            "",
+        ]
     for model in models:
         if model.kind == "tensor" and model.shape:
             lines += [
@@ -492,17 +588,51 @@ def request_bodies(protocol: str, models: List[Served]) -> List[str]:
             ]
         elif model.kind == "tensor":
             lines += [
-                f"{model.name}: its handler takes tensors of its model's input shape (no handler.input_shape in its "
-                f"model-config.yaml to build one from): put such a body in `{model.input_file}`.",
+                f"{model.name}: its handler takes tensors of its model's input shape, which its model-config.yaml "
+                f"does not give (`handler.input_shape`): set SHAPE to it; `{model.input_file}` holds zeros of it:",
+                "",
+                "```sh",
+                "SHAPE=''   # the shape of one input of your model, without the batch dimension, e.g. '3 224 224'",
+                input_command(protocol, model),
+                "```",
                 "",
             ]
-        elif model.kind not in READERS:
-            lines += [
-                f"{model.name}: its handler ({model.handler}) takes what it was written for: put that JSON body "
-                f"in `{model.input_file}`.",
-                "",
-            ]
+        elif model.kind not in ("image", "text"):
+            lines += custom_body(protocol, model)
     return lines
+
+
+def custom_body(protocol: str, model: Served) -> List[str]:
+    """A handler of the user's own: what it reads is its own, so its body carries a file's bytes, in base64,
+    as TorchServe's KServe envelopes hand each request to a handler (``data``), which TorchServe's own
+    handlers decode. From the first golden input the archive answered 200 for, else the drawn picture."""
+    if protocol == "v2":
+        shape = (
+            "a v2 BYTES tensor of one element, the file's bytes in base64: TorchServe's v2 envelope hands that string "
+            "to the handler as the request's `data` (an FP32 tensor would reach it as nested lists, which a handler "
+            "reading files refuses)"
+        )
+    else:
+        shape = (
+            '`{"instances": [{"data": ...}]}`, the file\'s bytes in base64, which the v1 envelope hands to the handler '
+            "as a row"
+        )
+    if model.sample and model.sample != SAMPLE_IMAGE:
+        source = f"`{model.sample}` is the first input its golden answers (package --golden) answered 200 for"
+    else:
+        source = (
+            f"`{SAMPLE_IMAGE}` is a picture tsctl drew (the archive has no golden answers to take one from): set INPUT "
+            f"to a file of what your handler reads, what 'tsctl predict {model.name} FILE' would send"
+        )
+    return [
+        f"{model.name}: its handler ({model.handler}) is your own; `{model.input_file}` holds {shape}. {source}:",
+        "",
+        "```sh",
+        f"INPUT={model.sample or SAMPLE_IMAGE}",
+        input_command(protocol, model),
+        "```",
+        "",
+    ]
 
 
 INGRESS_STEPS = [
@@ -541,23 +671,90 @@ INGRESS_STEPS = [
     "export INGRESS_PORT=8080",
     "```",
     "",
+    "Other ingresses: with Knative's Kourier instead of Istio, the gateway is the service `kourier` in",
+    "`kourier-system` (the same commands with those names, its port named `http2`); with the Gateway API",
+    "(`kubectl get gateway -A`), the address and port of the Gateway KServe routes through.",
+    "",
 ]
 
 
-def deploy_steps(options: ExportOptions, claim: str, sub_path: str, archives: List[Path], curls: List[str]) -> str:
+def port_forward_steps(options: ExportOptions) -> List[str]:
+    """No ingress at all (or none you can reach): forward a local port to the serving pod itself."""
+    component = "transformer" if options.transformer_image else "predictor"
+    ns = f"-n {options.namespace}"
+    selector = f"serving.kserve.io/inferenceservice={options.name},component={component}"
+    return [
+        f"Or, past any ingress (a test, or a RawDeployment without one), forward a local port to the {component}'s "
+        "pod (its container serves on 8080) in a second terminal that you leave running,",
+        "",
+        "```sh",
+        f"kubectl port-forward {ns} $(kubectl get pod {ns} -l {selector} -o name | head -n 1) 8080:8080",
+        "```",
+        "",
+        "with INGRESS_HOST=localhost and INGRESS_PORT=8080 as above (the Host header is then not needed).",
+        "",
+    ]
+
+
+def requirements_steps(options: ExportOptions, locked: Dict[Path, dict]) -> List[str]:
+    """What the pod installs when it starts, for archives with requirements (TorchServe's per-model install)."""
+    needing = []
+    for archive, entries in locked.items():
+        lines = [
+            line
+            for data in entries.values()
+            if isinstance(data, bytes)
+            for line in data.decode("utf-8", "replace").splitlines()
+            if line.strip() and not line.startswith("-")
+        ]
+        if lines:
+            needing.append(f"{archive.name} ({len(lines)} locked packages)")
+    if not needing:
+        return []
+    if options.offline:
+        return [
+            f"When the pod starts, TorchServe installs the requirements of {', '.join(needing)} into each model's "
+            "directory from the wheels inside the archive (`--offline`): no package index is needed.",
+            "",
+        ]
+    return [
+        f"When the pod starts, TorchServe installs the requirements of {', '.join(needing)} into each model's "
+        "directory with pip, from the package index the image's pip uses (PyPI unless the image configures "
+        "another): the cluster needs outbound access to it, and the model is READY only once the install is done. "
+        "Without that access, export again with `--offline`: the locked wheels then go inside the archive and the "
+        "install needs no index.",
+        "",
+    ]
+
+
+HERE_CHECK = (
+    'test -f DEPLOY.md -a -d {folder} || echo "error: run these commands from the directory DEPLOY.md is in" >&2'
+)
+
+
+def deploy_steps(
+    options: ExportOptions,
+    claim: str,
+    sub_path: str,
+    archives: List[Path],
+    curls: List[str],
+    models: List[Served],
+    locked: Dict[Path, dict],
+) -> str:
+    """DEPLOY.md: every command relative to its own directory (the export can be moved or copied anywhere)."""
     pod = f"{options.name}-copy"
     ns = f"-n {options.namespace}"
     root = f"/pvc/{sub_path}".rstrip("/")
     mounted = f"{claim}/{sub_path}".rstrip("/")
-    models = served_models(options, archives)
     engine = engines.named(options.engine)
     lines = [
         f"# Deploying {options.name}",
         "",
-        "Run every command from the directory this file is in (the paths below are relative to it):",
+        "Run every command from the directory this file is in: the paths below are relative to it. `cd` there; "
+        "this says so if you are elsewhere:",
         "",
         "```sh",
-        f"cd {Path(options.out).resolve()}",
+        HERE_CHECK.format(folder="model-store"),
         "```",
         "",
         "You need kubectl for a cluster with KServe, and python3 for step 5."
@@ -608,6 +805,7 @@ def deploy_steps(options: ExportOptions, claim: str, sub_path: str, archives: Li
         "",
         "## 3. Deploy",
         "",
+        *requirements_steps(options, locked),
         "```sh",
         *engine.apply_lines(options),
         f"kubectl apply {ns} -f inferenceservice.yaml",
@@ -619,6 +817,7 @@ def deploy_steps(options: ExportOptions, claim: str, sub_path: str, archives: Li
         "```",
         "",
         *INGRESS_STEPS,
+        *port_forward_steps(options),
         *input_steps(options, models),
         "## 6. Call each model",
         "",
@@ -654,6 +853,7 @@ def deploy_steps(options: ExportOptions, claim: str, sub_path: str, archives: Li
 
 
 OUTPUTS = (
+    INPUTS_DIR,
     "config",
     "model-store",
     "transformer",

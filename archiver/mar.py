@@ -21,6 +21,7 @@ model names and versions that config.properties could not carry.
 import ast
 import contextlib
 import dataclasses
+import difflib
 import errno
 import gzip
 import importlib
@@ -316,9 +317,9 @@ def _resolve_handler(handler: str, inputs: Inputs, extra_files: List[str] = ()) 
     if handler in TOOLKIT_HANDLERS:
         return TOOLKIT_HANDLERS[handler], True
     path, _, function = handler.partition(":")
+    if _looks_like_a_path(path) and not Path(path).is_file() and not Path(path + ".py").is_file():
+        raise UserError(_missing_handler_file(path))  # a file meant, not a name: the file is missing
     if Path(path).suffix == ".py":
-        if not Path(path).is_file():
-            raise UserError(f"--handler {path} does not exist: check the path of your handler file")
         return _handler_file(Path(path), function, inputs)
     builtin = handler.removeprefix(BUILTIN_PREFIX)
     if builtin in torchserve_handlers():  # written as torch-model-archiver writes a built-in's name
@@ -335,6 +336,34 @@ def _resolve_handler(handler: str, inputs: Inputs, extra_files: List[str] = ()) 
     raise UserError(
         f"unknown --handler {handler!r}: not a toolkit handler, a TorchServe built-in, a module TorchServe "
         f"can import, nor a .py file{did_you_mean(path, known, 'handlers')}"
+    )
+
+
+def _looks_like_a_path(value: str) -> bool:
+    """A ``--handler`` value that names a file (``dir/x``, ``x.py``), never a handler or module name."""
+    return "/" in value or os.sep in value or value.strip().lower().endswith(".py")
+
+
+def _missing_handler_file(path: str) -> str:
+    """The one line for a ``--handler`` file that is not there: the path, a near file of its directory,
+    and the fix."""
+    given = Path(path)
+    if given.is_dir():
+        return f"--handler {path}: is a directory, not a handler file: give the .py file in it (e.g. {path}/handler.py)"
+    folder = given.parent
+    near = ""
+    if folder.is_dir():
+        try:
+            files = sorted(p.name for p in folder.iterdir() if p.suffix == ".py" and p.is_file())
+        except OSError:
+            files = []
+        close = difflib.get_close_matches(given.name, files, n=1, cutoff=0.6)
+        if close:
+            near = f" (did you mean {(folder / close[0]).as_posix() if str(folder) != '.' else close[0]}?)"
+    shown = path if path == path.strip() else repr(path)  # a stray space is what is wrong: show it
+    return (
+        f"--handler {shown}: no such file{near}: check the path of your handler file (relative to the directory "
+        "tsctl runs in), or give a toolkit handler by name: " + ", ".join(sorted(TOOLKIT_HANDLERS))
     )
 
 

@@ -9,11 +9,13 @@ Writes ``NAME/`` with three files:
   records in MAR-INF/tsctl.json.
 - ``model-config.yaml``: TorchServe's worker keys, then every ``handler:`` setting with its default and
   its comment. It passes ``tsctl package``'s validation as written.
-- ``test_handler.py``: packages the handler with a stand-in model (``archiver.mar.package``), runs it
-  with ``handlers.testing.LocalModel`` and checks answers and per-request errors.
+- ``test_NAME.py``: packages the handler with a stand-in model (``archiver.mar.package``), runs it
+  with ``handlers.testing.LocalModel`` and checks answers and per-request errors. Its name is the
+  handler's own, so the tests of several handlers run in one pytest process (two ``test_handler.py``
+  would be one module name twice: pytest's "import file mismatch").
 
 No torch here, so the command stays fast. The files are text templates (``templates/KIND/*.tmpl``,
-``__NAME__`` and ``__CLASS__`` replaced). The toolkit's settings, defaults and comments come from
+``__NAME__``, ``__CLASS__`` and ``__TEST__`` replaced). The toolkit's settings, defaults and comments come from
 ``templates/settings.json``, a table written from the real Settings classes by
 ``python -m archiver.scaffold`` (which imports them); tests/test_init.py fails when the table and the
 classes disagree. The handler's own settings are read from the rendered handler.py with ``ast``.
@@ -32,14 +34,14 @@ import sys
 import tokenize
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from .errors import UserError
 
 TEMPLATES = Path(__file__).parent / "templates"
 SETTINGS_TABLE = TEMPLATES / "settings.json"
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
-FILES = ("handler.py", "model-config.yaml", "test_handler.py")
+TEST_TEMPLATE = "test_handler.py"  # templates/KIND/test_handler.py.tmpl, written as test_NAME.py
 RESERVED = {"handlers", "archiver"}  # a NAME/ directory would hide them from the generated test
 COMMENT_COLUMN = 32  # model-config.yaml's comments start here, unless the entry is longer
 
@@ -152,7 +154,7 @@ def init(name: str, kind: str, parent: Path = Path(".")) -> Written:
     written = []
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        for file_name in FILES:
+        for file_name in files(name):
             path = directory / file_name
             with open(path, "x", encoding="utf-8") as out:  # never over a file that appeared meanwhile
                 out.write(contents[file_name])
@@ -162,13 +164,24 @@ def init(name: str, kind: str, parent: Path = Path(".")) -> Written:
     return Written(directory, written, class_name(name, kind), next_commands(name, kind), KINDS[kind].weights_are)
 
 
+def files(name: str) -> Tuple[str, str, str]:
+    """The three files ``init`` writes in NAME/, in order: the handler, its config, its test."""
+    return ("handler.py", "model-config.yaml", test_file(name))
+
+
+def test_file(name: str) -> str:
+    """``test_NAME.py``: a module name no other handler's test has (pytest imports each test file by its
+    base name; ``test_scorer-v2`` imports as it is)."""
+    return f"test_{name}.py"
+
+
 def render(name: str, kind: str) -> Dict[str, str]:
     """The three files' contents, by file name."""
     klass = class_name(name, kind)
     handler = fill(template(kind, "handler.py"), name, klass)
-    test = fill(template(kind, "test_handler.py"), name, klass)
+    test = fill(template(kind, TEST_TEMPLATE), name, klass)
     own = own_settings(handler, klass + "Settings")
-    return {"handler.py": handler, "model-config.yaml": model_config(name, kind, klass, own), "test_handler.py": test}
+    return {"handler.py": handler, "model-config.yaml": model_config(name, kind, klass, own), test_file(name): test}
 
 
 def template(kind: str, file_name: str) -> str:
@@ -176,7 +189,7 @@ def template(kind: str, file_name: str) -> str:
 
 
 def fill(text: str, name: str, klass: str) -> str:
-    return text.replace("__NAME__", name).replace("__CLASS__", klass)
+    return text.replace("__TEST__", test_file(name)).replace("__NAME__", name).replace("__CLASS__", klass)
 
 
 def class_name(name: str, kind: str) -> str:
@@ -205,7 +218,7 @@ def template_names(kind: str) -> set:
 def next_commands(name: str, kind: str) -> List[str]:
     spec = KINDS[kind]
     return [
-        f"python -m pytest {name}/test_handler.py",
+        f"python -m pytest {name}/{test_file(name)}",
         f"tsctl package --model-name {name} --handler {name}/handler.py --config-file {name}/model-config.yaml "
         f"{spec.weights}",
         "tsctl config",

@@ -15,7 +15,8 @@
     OUT/pvc.yaml, OUT/pvc-copy-pod.yaml   the claim and a pod to copy models/ onto it (archiver/kserve.py's)
     OUT/server-image/                     the server image's build context: python:X.Y-slim, MLServer, the
                                           archives' requirements, the handlers package at /opt/tsctl
-    OUT/DEPLOY.md                         every command, from the image build to one curl per model
+    OUT/DEPLOY.md                         every command, from the image build to one curl per model (relative to OUT)
+    OUT/inputs/                           what the request bodies are built from (archiver/kserve.py: sample_inputs)
 
 How Seldon Core 2 uses them (SeldonIO/seldon-core at 7b77f8b7, read from the source where the docs are
 silent): the operator merges the Server's podSpec into the ServerConfig's by container name, appending
@@ -121,7 +122,7 @@ class Entry:
 
     @property
     def served(self) -> kserve.Served:
-        return kserve.Served(self.name, self.handler, self.kind, self.shape)
+        return kserve.Served(self.name, self.handler, self.kind, self.shape, self.archive)
 
 
 @dataclass
@@ -579,7 +580,9 @@ def write(plan: Plan, options: SeldonOptions, root: Path) -> List[Path]:
         (root / name).write_text(yaml.safe_dump_all(documents, sort_keys=False), encoding="utf-8")
         files.append(root / name)
     files += write_image_context(root, options, plan.entries + plan.transformers)
-    (root / "DEPLOY.md").write_text(deploy_steps(options, plan), encoding="utf-8")
+    served = served_models(plan)
+    files += kserve.write_inputs(root, kserve.sample_inputs(served))
+    (root / "DEPLOY.md").write_text(deploy_steps(options, plan, served), encoding="utf-8")
     files.append(root / "DEPLOY.md")
     return files
 
@@ -632,19 +635,32 @@ def input_steps(served: List[kserve.Served]) -> List[str]:
     return lines + kserve.request_bodies("v2", served)
 
 
-def deploy_steps(options: SeldonOptions, plan: Plan) -> str:
+def served_models(plan: Plan) -> List[kserve.Served]:
+    """The models DEPLOY.md builds request bodies for: each Model, and the pipeline's first step when its
+    requests differ from theirs."""
+    served = [entry.served for entry in plan.entries]
+    if plan.transformers and all(s.input_file != plan.transformers[0].served.input_file for s in served):
+        served.append(plan.transformers[0].served)
+    return served
+
+
+def deploy_steps(options: SeldonOptions, plan: Plan, served: List[kserve.Served]) -> str:
+    """DEPLOY.md, every command relative to its own directory; ``served``: served_models(plan), their
+    sample inputs chosen (kserve.sample_inputs)."""
     ns = f"-n {options.namespace}"
     pod = f"{options.server}-copy"
     entries = plan.entries + plan.transformers
     curls = curl_lines(options, plan)
-    served = [entry.served for entry in plan.entries]
-    if plan.transformers and all(s.input_file != plan.transformers[0].served.input_file for s in served):
-        served.append(plan.transformers[0].served)
     claim_size = kserve.claim_size(kserve_view(options), [entry.archive for entry in entries])
     lines = [
         f"# Deploying {', '.join(e.name for e in plan.entries)} on Seldon Core 2",
         "",
-        "Run every command from the directory this file is in: the paths below are relative to it.",
+        "Run every command from the directory this file is in: the paths below are relative to it. `cd` there; "
+        "this says so if you are elsewhere:",
+        "",
+        "```sh",
+        kserve.HERE_CHECK.format(folder=MODELS_DIR),
+        "```",
         "",
         f"You need kubectl for a cluster running Seldon Core 2 in the namespace `{options.namespace}` (its "
         f"`{SERVER_CONFIG}` ServerConfig and the `seldon-mesh` service), docker (or any image builder) and python3.",
@@ -653,7 +669,8 @@ def deploy_steps(options: SeldonOptions, plan: Plan) -> str:
         "",
         f"`{IMAGE_DIR}/` is the build context of `{options.image}`: {BASE_IMAGE} with tsctl's MLServer runtime "
         f"(`{mlserver.IMPLEMENTATION}`, the handlers package at {RUNTIME_PATH}) and what the archives need, pinned in "
-        f"`{IMAGE_DIR}/requirements.txt`. Push it where the cluster pulls from:",
+        f"`{IMAGE_DIR}/requirements.txt`, installed when the image is built (the build needs the package index; the "
+        "pods install nothing). Push it where the cluster pulls from:",
         "",
         "```sh",
         f"docker build -t {options.image} {IMAGE_DIR}",

@@ -3,9 +3,10 @@ validates and records itself when packaged (MAR-INF/tsctl.json), and, for the im
 real TorchServe as it answers in-process. The command itself imports no torch; the table it writes
 model-config.yaml from is the real Settings classes'.
 
-The generated tests run as a user runs them (``python -m pytest NAME/test_handler.py`` where
-``tsctl init`` ran), in subprocesses started by the first test, two at a time, while the other tests
-go on; the last test collects them."""
+The generated tests run as a user runs them (``python -m pytest NAME/test_NAME.py`` where
+``tsctl init`` ran), in two pytest processes started by the first test, each running several
+handlers' tests together (as a user running ``python -m pytest`` over a project of several handlers
+does), while the other tests go on; the last tests collect them."""
 
 import concurrent.futures
 import dataclasses
@@ -58,10 +59,17 @@ def tsctl(*args, cwd: Path):
         os.chdir(old)
 
 
-def run_generated_test(root: Path, name: str) -> subprocess.CompletedProcess:
+# The generated tests, in two pytest processes of several handlers each (about the same time each).
+TOGETHER = (("blank", "image_classifier", "token_classifier"), ("text_classifier", "text_embedder"))
+
+
+def run_generated_tests(root: Path, names) -> subprocess.CompletedProcess:
+    """``python -m pytest NAME/test_NAME.py ...`` for every name, in one pytest process, verbose (a line
+    per test: ``NAME/test_NAME.py::test_x PASSED``)."""
     started = time.monotonic()
+    tests = [f"{name}/{scaffold.test_file(name)}" for name in names]
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", f"{name}/test_handler.py", "-q", "-rs", "-p", "no:cacheprovider"],
+        [sys.executable, "-m", "pytest", *tests, "-v", "-rs", "-p", "no:cacheprovider"],
         cwd=root,
         capture_output=True,
         text=True,
@@ -75,7 +83,7 @@ def run_generated_test(root: Path, name: str) -> subprocess.CompletedProcess:
 class Project:
     root: Path
     outputs: Dict[str, str]  # what tsctl init printed, per kind
-    runs: Dict[str, concurrent.futures.Future]  # the generated tests, running
+    runs: Dict[str, concurrent.futures.Future]  # the generated tests, running: the process of each kind's
 
     def handler(self, kind: str) -> Path:
         return self.root / NAMES[kind] / "handler.py"
@@ -93,8 +101,11 @@ def project(tmp_path_factory):
         result = tsctl("init", name, "--from", kind, cwd=root)
         assert result.exit_code == 0, result.output
         outputs[kind] = result.output
-    pool = concurrent.futures.ThreadPoolExecutor(2)
-    runs = {kind: pool.submit(run_generated_test, root, name) for kind, name in NAMES.items()}
+    pool = concurrent.futures.ThreadPoolExecutor(len(TOGETHER))
+    runs = {}
+    for kinds in TOGETHER:
+        future = pool.submit(run_generated_tests, root, [NAMES[kind] for kind in kinds])
+        runs.update({kind: future for kind in kinds})
     try:
         yield Project(root, outputs, runs)
     finally:
@@ -112,7 +123,7 @@ def handler_class(path: Path):
 def test_init_writes_a_handler_its_config_and_a_test(project):
     for kind, name in NAMES.items():
         spec, klass = scaffold.KINDS[kind], CLASSES[kind]
-        assert sorted(p.name for p in (project.root / name).iterdir()) == sorted(scaffold.FILES)
+        assert sorted(p.name for p in (project.root / name).iterdir()) == sorted(scaffold.files(name))
         source = project.handler(kind).read_text()
         assert f"class {klass}({spec.handler}):" in source and f"handle = entry_point({klass})" in source
         assert f"class {klass}Settings({spec.settings}):" in source
@@ -122,9 +133,9 @@ def test_init_writes_a_handler_its_config_and_a_test(project):
         if kind != "blank":
             assert "return super().decode(item)" in source
         output = project.outputs[kind]
-        for file_name in scaffold.FILES:
+        for file_name in scaffold.files(name):
             assert f"wrote {name}/{file_name}" in output
-        for command in (f"python -m pytest {name}/test_handler.py", "tsctl config", "tsctl serve", "tsctl stop"):
+        for command in (f"python -m pytest {name}/test_{name}.py", "tsctl config", "tsctl serve", "tsctl stop"):
             assert f"\n  {command}\n" in output, (kind, command)
         assert f"tsctl predict {name} {spec.predict}\n" in output
         assert f"  tsctl package --model-name {name} --handler {name}/handler.py --config-file " in output
@@ -311,12 +322,25 @@ def test_export_keeps_the_generated_handlers_batch_size(packaged, tmp_path):
 
 
 # ---- the generated tests, as a user runs them ------------------------------------------------------------
+def test_the_generated_tests_of_several_handlers_run_in_one_pytest_process(project):
+    """Each process ran several handlers' tests together: no two test files share a module name (two
+    test_handler.py were pytest's "import file mismatch", exit 2 before any test ran)."""
+    assert set(project.runs) == set(NAMES) and all(len(kinds) > 1 for kinds in TOGETHER)
+    for kinds in TOGETHER:
+        done = project.runs[kinds[0]].result(timeout=900)
+        output = done.stdout + done.stderr
+        assert done.returncode == 0, output
+        assert "import file mismatch" not in output
+        ran = {line.split("/", 1)[0] for line in output.splitlines() if "::test_" in line and " PASSED" in line}
+        assert ran == {NAMES[kind] for kind in kinds}, output
+
+
 @pytest.mark.parametrize("kind", list(NAMES))
 def test_the_generated_test_passes(project, kind):
     done = project.runs[kind].result(timeout=900)
     output = done.stdout + done.stderr
-    assert done.returncode == 0, output
-    passed = re.search(r"(\d+) passed", output)
-    assert passed and int(passed.group(1)) >= 3, output
-    assert not re.search(r"\d+ (skipped|failed|errors?)\b", output), output
-    print(f"{NAMES[kind]}/test_handler.py: {passed.group(0)} in {done.seconds:.0f} s")
+    name = NAMES[kind]
+    mine = [line for line in output.splitlines() if line.startswith(f"{name}/{scaffold.test_file(name)}::")]
+    outcomes = [line.split()[1] if len(line.split()) > 1 else "" for line in mine]
+    assert len(mine) >= 3 and set(outcomes) == {"PASSED"}, output
+    print(f"{name}/{scaffold.test_file(name)}: {len(mine)} passed (its process: {done.seconds:.0f} s)")

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import deploy_md
 import pydantic
 import pytest
 import yaml
@@ -60,6 +61,7 @@ def test_export_writes_the_pvc_tree_and_valid_manifests(project, tmp_path):
         "DEPLOY.md",
         "config/config.properties",
         "inferenceservice.yaml",
+        "inputs/sample.png",
         "model-store/custom.mar",
         "model-store/resnet18.mar",
         "model-store/resnet18_b.mar",
@@ -295,7 +297,8 @@ def test_deploy_md_is_complete(project, tmp_path):
     out = tmp_path / "deploy"
     result = kserve.export(options(project, out))
     deploy = (out / "DEPLOY.md").read_text()
-    assert f"cd {out.resolve()}\n" in deploy  # every path after it is relative to OUT
+    assert "cd " not in deploy and str(tmp_path) not in deploy  # every path is relative to OUT, wherever it is
+    assert 'test -f DEPLOY.md -a -d model-store || echo "error: run these commands from' in deploy
 
     claim = yaml.safe_load((out / "pvc.yaml").read_text())
     assert core_v1_problems(claim) == []
@@ -320,16 +323,22 @@ def test_deploy_md_is_complete(project, tmp_path):
         assert line + "\n" in deploy
     assert deploy.index("INGRESS_HOST=") < deploy.index("curl ")
 
-    # every curl sends JSON with its Content-Type, from a file a line above writes (or the user's own handler's)
+    # every curl sends JSON with its Content-Type, from a file a line above writes
     curls = [line for block in code_blocks(deploy) for line in block.splitlines() if line.startswith("curl ")]
     assert curls == result.curls
-    written = set(re.findall(r"> (input-[\w-]+\.json)$", deploy, re.M))
-    assert written == {"input-image.json", "input-resnet18_t.json"}
+    written = set(re.findall(r"^python3 .* (input-[\w-]+\.json)$", deploy, re.M))
+    assert written == {"input-image.json", "input-resnet18_t.json", "input-custom.json"}
     for line in curls:
         assert '-H "Content-Type: application/json"' in line
         [body] = re.findall(r"--data-binary @(\S+)$", line)
-        assert body in written or body == "input-custom.json"
-    assert "custom: its handler (my_handler.py) takes what it was written for" in deploy
+        assert body in written
+    assert "custom: its handler (my_handler.py) is your own; `input-custom.json` holds" in deploy
+    assert "INPUT=inputs/sample.png\n" in deploy and "IMAGE=inputs/sample.png\n" in deploy
+
+    # no ingress: a port-forward to the predictor's pod; other ingresses named
+    pods = "-l serving.kserve.io/inferenceservice=vision,component=predictor -o name | head -n 1"
+    assert f"kubectl port-forward -n default $(kubectl get pod -n default {pods}) 8080:8080" in deploy
+    assert "Kourier" in deploy and "Gateway API" in deploy
 
 
 @pytest.mark.parametrize(
@@ -370,66 +379,178 @@ def test_claim_is_twice_the_archives_and_at_least_2gi(project, tmp_path):
     assert kserve.claim_size(options(project, "unused"), [small, big]) == "3Gi"
 
 
+READER = """import base64
+
+
+def handle(data, context):
+    \"\"\"A handler of one's own that reads files: each request's bytes (raw, or base64 as KServe's envelopes
+    hand a BYTES element or an instance's data) to their size; anything else is refused.\"\"\"
+    if data is None:
+        return None
+    answers = []
+    for row in data:
+        value = row.get("data") if row.get("data") is not None else row.get("body")
+        if isinstance(value, str):
+            value = base64.b64decode(value, validate=True)
+        if not isinstance(value, (bytes, bytearray)):
+            raise ValueError(f"expected a file's bytes, got {type(value).__name__}")
+        answers.append({"bytes": len(value)})
+    return answers
+"""
+
+
 @pytest.fixture(scope="module")
 def mixed(project, text_samples, tmp_path_factory):
-    """An image, a tensor and a text model: one of each kind of request body."""
+    """An image, a tensor and a text model: one of each kind of request body; and two archives of a handler of
+    one's own that reads files, one with golden answers (package --golden), one without."""
+    from archiver import golden, mar
+
     root = tmp_path_factory.mktemp("mixed")
     store = root / "model-store"
     store.mkdir()
     for name in ("resnet18.mar", "resnet18_t.mar"):
         shutil.copyfile(project / "model-store" / name, store / name)
     package_text(text_samples, store, "sentiment", "text_classifier", "classifier")
+    reader = root / "reader.py"
+    reader.write_text(READER)
+    inputs = root / "golden"
+    inputs.mkdir()
+    (inputs / "reading.bin").write_bytes(b"\x00\x01 a reading \xff")
+    for name, source in (("reader_golden", str(inputs)), ("reader_plain", None)):
+        flags = mar.PackageOptions(
+            model_name=name,
+            handler=str(reader),
+            serialized_file=str(project / "model-store" / "resnet18_t.mar"),  # any file: the handler loads none
+            export_path=str(store),
+        )
+        golden.package(flags, source) if source else mar.package(flags)
     properties.write_config(store, root / "config" / "config.properties")
     return root
 
 
 TEXT = """He said "héllo" & 'bye' $HOME `date`"""  # quotes, non-ASCII, shell characters: all kept as typed
+MODELS = {  # model: its request body in DEPLOY.md
+    "resnet18": "input-image.json",
+    "sentiment": "input-text.json",
+    "resnet18_t": "input-resnet18_t.json",
+    "reader_golden": "input-reader_golden.json",
+    "reader_plain": "input-reader_plain.json",
+}
 
 
 @pytest.mark.parametrize("protocol", ["v1", "v2"])
-def test_input_commands_build_the_bodies_the_models_answer(mixed, jpegs, tmp_path, protocol):
+def test_deploy_md_runs_from_its_directory_and_its_bodies_get_200(mixed, tmp_path, tmp_path_factory, protocol):
+    """DEPLOY.md's shell blocks run as written from OUT (kubectl, docker and curl recording their arguments):
+    every file they apply, copy or send is in the tree, no path of this machine is, and each body the
+    handlers get under KServe's envelope is answered 200."""
     out = tmp_path / "deploy"
-    kserve.export(options(mixed, out, protocol=protocol))
+    result = kserve.export(options(mixed, out, protocol=protocol))
+    run = deploy_md.run_deploy_md(out, tmp_path / "stubs")
+    deploy_md.check_referenced_files_exist(out, run)
+    here = [str(tmp_path_factory.getbasetemp()), str(Path.cwd()), str(Path(__file__).resolve().parents[1])]
+    assert deploy_md.paths_in_tree(out, here) == []
+    applied = [deploy_md.positional(args)[-1] for args in run.of("kubectl") if args[0] == "apply"]
+    assert applied == ["pvc.yaml", "pvc-copy-pod.yaml", "inferenceservice.yaml"]
+    sent = [arg[1:] for args in run.of("curl") for arg in args if arg.startswith("@")]
+    assert sorted(sent) == sorted(MODELS.values()) and len(result.curls) == len(MODELS)
     deploy = (out / "DEPLOY.md").read_text()
-    commands = [line for block in code_blocks(deploy) for line in block.splitlines() if line.startswith("python3 ")]
-    assert len(commands) == 3
-    image = jpegs[0]
-    (tmp_path / "photo.jpg").write_bytes(image)
-    env = dict(os.environ, IMAGE=str(tmp_path / "photo.jpg"), TEXT=TEXT)
-    for command in commands:
-        subprocess.run(["sh", "-c", command], cwd=out, env=env, check=True, timeout=60)
+    # the text model's requirements: installed in the pod from the index, --offline the way around it
+    assert "installs the requirements of sentiment.mar (" in deploy and "the cluster needs outbound access" in deploy
+    assert "export again with `--offline`" in deploy
 
-    bodies = {kind: json.loads((out / f"input-{kind}.json").read_text()) for kind in ("image", "text", "resnet18_t")}
+    bodies = {name: json.loads((out / body).read_text()) for name, body in MODELS.items()}
+    image = (out / "inputs" / "sample.png").read_bytes()
+    golden_input = (out / "inputs" / "reader_golden-reading.bin").read_bytes()
+    assert golden_input == b"\x00\x01 a reading \xff" and "INPUT=inputs/reader_golden-reading.bin\n" in deploy
     if protocol == "v1":
-        [item] = bodies["image"]["instances"]
+        [item] = bodies["resnet18"]["instances"]
         assert list(item) == ["data"] and base64.b64decode(item["data"], validate=True) == image
-        assert bodies["text"] == {"instances": [TEXT]}
+        assert bodies["sentiment"] == {"instances": ["A sentence to send"]}
         [tensor] = bodies["resnet18_t"]["instances"]
         assert [len(tensor), len(tensor[0]), len(tensor[0][0])] == [3, 224, 224] and tensor[2][223][223] == 0.0
+        assert base64.b64decode(bodies["reader_golden"]["instances"][0]["data"]) == golden_input
     else:
-        [image_input] = bodies["image"]["inputs"]
+        [image_input] = bodies["resnet18"]["inputs"]
         assert {k: v for k, v in image_input.items() if k != "data"} == {
             "name": "input-0",
             "shape": [1],
             "datatype": "BYTES",
         }
         assert base64.b64decode(image_input["data"][0], validate=True) == image
-        assert bodies["text"] == {"inputs": [{"name": "input-0", "shape": [1], "datatype": "BYTES", "data": [TEXT]}]}
+        assert bodies["sentiment"] == {
+            "inputs": [{"name": "input-0", "shape": [1], "datatype": "BYTES", "data": ["A sentence to send"]}]
+        }
         [tensor] = bodies["resnet18_t"]["inputs"]
         assert tensor["shape"] == [1, 3, 224, 224] and tensor["datatype"] == "FP32"
         assert tensor["data"] == [0.0] * (3 * 224 * 224)
+        assert base64.b64decode(bodies["reader_golden"]["inputs"][0]["data"][0]) == golden_input
+    assert base64.b64decode(json.dumps(bodies["reader_plain"]).split('"')[-2]) == image  # no golden: the picture
 
-    # and the handlers, under the envelope KServe sets for the protocol, answer them
+    # and the handlers, under the envelope KServe sets for the protocol, answer them: 200
     envelope = "kservev2" if protocol == "v2" else "kserve"
-    for archive, body in [("resnet18", "image"), ("sentiment", "text"), ("resnet18_t", "resnet18_t")]:
-        with LocalModel(out / "model-store" / f"{archive}.mar", envelope=envelope) as model:
-            [response] = model.predict([(out / f"input-{body}.json").read_bytes()])
-        assert response.status == 200, response.json()
+    for name, body in bodies.items():
+        with LocalModel(out / "model-store" / f"{name}.mar", envelope=envelope) as model:
+            [response] = model.predict([json.dumps(body).encode()])
+            if name == "reader_plain" and protocol == "v2":  # the FP32 body a user would try first: refused
+                fp32 = {"inputs": [{"name": "input-0", "shape": [1, 2], "datatype": "FP32", "data": [0.5, 1.0]}]}
+                [refused] = model.predict([json.dumps(fp32).encode()])
+                assert refused.status != 200
+        assert response.status == 200, (name, response.json())
         answer = response.json()
         if protocol == "v1":
             assert len(answer["predictions"]) == 1
         else:
-            assert answer["model_name"] == archive and answer["outputs"][0]["shape"][0] == 1
+            assert answer["model_name"] == name and len(answer["outputs"]) == 1
+
+    # a text typed with quotes and shell characters reaches the body as typed
+    [command] = [c for b in code_blocks(deploy) for c in b.splitlines() if c.startswith("python3 ") and "TEXT" in c]
+    subprocess.run(["sh", "-c", command], cwd=out, env=dict(os.environ, TEXT=TEXT), check=True, timeout=60)
+    typed = json.loads((out / "input-text.json").read_text())
+    assert (typed["instances"][0] if protocol == "v1" else typed["inputs"][0]["data"][0]) == TEXT
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {"engine": "kserve", "image": "registry.example.com/tsctl-engine:1", "namespace": "ml"},
+        {"transformer_image": "registry.example.com/t:1", "transformer_model": "resnet18_t", "protocol": "v2"},
+        {"split": [("resnet18", 90), ("resnet18_b", 10)]},
+    ],
+    ids=["engine", "transformer", "split"],
+)
+def test_every_variant_of_deploy_md_runs_as_written(project, tmp_path, tmp_path_factory, variant):
+    """The tsctl engine's (step 0 builds its image), a transformer's and a split's DEPLOY.md: every file they
+    build, apply, copy or send is in OUT, and no path of this machine is in the tree."""
+    if "transformer_image" in variant:
+        variant = dict(variant, transformer_archive=str(project / "model-store" / "resnet18.mar"))
+    out = tmp_path / "deploy"
+    kserve.export(options(project, out, **variant))
+    run = deploy_md.run_deploy_md(out, tmp_path / "stubs")
+    deploy_md.check_referenced_files_exist(out, run)
+    here = [str(tmp_path_factory.getbasetemp()), str(Path.cwd()), str(Path(__file__).resolve().parents[1])]
+    assert deploy_md.paths_in_tree(out, here) == []
+    applied = [deploy_md.positional(args)[-1] for args in run.of("kubectl") if args[0] == "apply"]
+    assert "inferenceservice.yaml" in applied
+    if "engine" in variant:
+        assert run.of("docker")[0] == ["build", "-t", variant["image"], "predictor-image"]
+        assert applied.index("servingruntime.yaml") < applied.index("inferenceservice.yaml")
+    if "split" in variant:
+        assert applied[-1] == "inferencegraph.yaml"
+    if "transformer_image" in variant:
+        assert any(args[:4] == ["cp", "-n", "default", "transformer/resnet18.mar"] for args in run.of("kubectl"))
+        assert "component=transformer" in (out / "DEPLOY.md").read_text()
+
+
+def test_a_missing_input_file_is_one_line_and_no_body(mixed, tmp_path):
+    out = tmp_path / "deploy"
+    kserve.export(options(mixed, out, protocol="v2"))
+    deploy = (out / "DEPLOY.md").read_text()
+    [command] = [c for b in code_blocks(deploy) for c in b.splitlines() if c.startswith("python3 ") and "IMAGE" in c]
+    done = subprocess.run(
+        ["sh", "-c", command], cwd=out, env=dict(os.environ, IMAGE="kitten.jpg"), capture_output=True, text=True
+    )
+    assert done.returncode == 1 and not (out / "input-image.json").exists()
+    assert done.stderr == "error: no file at 'kitten.jpg': set IMAGE to an image file (JPEG, PNG, ...)\n"
 
 
 def cli_export(project, out, *args):

@@ -118,6 +118,31 @@ def test_user_mistakes_are_one_clear_sentence(image_sample, tmp_path, changes, w
     assert not list(tmp_path.glob("*"))  # nothing written, not even a temp file
 
 
+@pytest.mark.parametrize("handler", ["path/typo.py", "path/typo.py:handle", "path/typo", "./typo", "typo.py"])
+def test_a_handler_path_that_does_not_exist_is_no_such_file(image_sample, tmp_path, handler):
+    """A value that names a file (a '/' in it, or .py) is a missing file, not an unknown handler name."""
+    code, output = cli(*package_args(image_sample, tmp_path / "store", **{"--handler": handler}))
+    assert code == 2, output
+    path = handler.partition(":")[0]
+    assert output.startswith(f"error: --handler {path}: no such file: check the path of your handler file"), output
+    assert "image_classifier" in output  # the fix: the toolkit's names, for who meant one
+    assert "unknown --handler" not in output and "Traceback" not in output and output.count("\n") == 1
+    assert not (tmp_path / "store").exists()
+
+
+def test_a_mistyped_handler_file_is_named_with_the_file_meant(image_sample, tmp_path, monkeypatch):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "my_handler.py").write_text("def handle(data, context):\n    return data\n")
+    monkeypatch.chdir(tmp_path)
+    code, output = cli(*package_args(image_sample, tmp_path / "store", **{"--handler": "src/my_handlr.py"}))
+    assert code == 2, output
+    assert "--handler src/my_handlr.py: no such file (did you mean src/my_handler.py?)" in output
+    code, output = cli(*package_args(image_sample, tmp_path / "store", **{"--handler": "src/"}))
+    assert code == 2 and "--handler src/: is a directory, not a handler file" in output, output
+    code, output = cli(*package_args(image_sample, tmp_path / "store", **{"--handler": "image_clasifier"}))
+    assert "unknown --handler 'image_clasifier'" in output and "did you mean 'image_classifier'" in output
+
+
 @pytest.mark.parametrize(
     "config_text, words",
     [

@@ -2,6 +2,7 @@
 against the vendored CRD schemas, the A/B experiment and the transformer pipeline, the server image's context,
 DEPLOY.md, and the checks that run before anything is written. No cluster and no server: files only."""
 
+import base64
 import json
 import os
 import re
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import deploy_md
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -66,6 +68,7 @@ def test_the_tree_and_every_manifest_are_valid(store, tmp_path):
         *(f"models/{m}/{f}" for m in models for f in (f"{m}.mar", "model-settings.json")),
         *("server.yaml", "models.yaml", "pvc.yaml", "pvc-copy-pod.yaml", "DEPLOY.md"),
         *("server-image/Dockerfile", "server-image/requirements.txt", "server-image/handlers"),
+        "inputs/sample.png",
     }
     for model in models:  # each folder holds its archive, and its settings name it and tsctl's runtime
         folder = out / "models" / model
@@ -385,6 +388,24 @@ def test_deploy_md_runs_from_out_and_applies_every_manifest(store, tmp_path, jpe
         assert (out / body).is_file(), line
 
 
+def test_deploy_md_runs_as_written_from_its_directory(store, tmp_path, tmp_path_factory):
+    """Its shell blocks, as a user pastes them in OUT (kubectl, docker and curl recording their arguments): every
+    file they build, apply, copy or send is in the tree, and no path of this machine is anywhere in it."""
+    out = tmp_path / "out"
+    seldon.export(options(store, out, ab=[("resnet18", 90), ("resnet18-b", 10)]))
+    run = deploy_md.run_deploy_md(out, tmp_path / "stubs")
+    deploy_md.check_referenced_files_exist(out, run)
+    here = [str(tmp_path_factory.getbasetemp()), str(Path.cwd()), str(Path(__file__).resolve().parents[1])]
+    assert deploy_md.paths_in_tree(out, here) == []
+    assert [args[:3] for args in run.of("docker")] == [["build", "-t", IMAGE], ["push", IMAGE]]
+    applied = [deploy_md.positional(args)[-1] for args in run.of("kubectl") if args[0] == "apply"]
+    assert applied == ["pvc.yaml", "pvc-copy-pod.yaml", "server.yaml", "models.yaml", "experiment.yaml"]
+    sent = {arg[1:] for args in run.of("curl") for arg in args if arg.startswith("@")}
+    assert sent == {"input-image.json", "input-text.json", "input-resnet18-t.json"}
+    image = json.loads((out / "input-image.json").read_text())["inputs"][0]["data"][0]
+    assert base64.b64decode(image) == (out / "inputs" / "sample.png").read_bytes()
+
+
 def test_a_failed_write_leaves_no_out_and_the_previous_one_stays(store, tmp_path, monkeypatch):
     out = tmp_path / "out"
 
@@ -413,7 +434,7 @@ def test_json_output_parses(store, tmp_path):
     result = invoke(store, out, "--json", "--server", "vision", "--namespace", "ml", "--memory", "1.5Gi")
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
-    assert set(report) == {"files", "notes"} and str(out / "DEPLOY.md") in report["files"]
+    assert set(report) == {"out", "deploy", "files", "notes", "curls"} and str(out / "DEPLOY.md") in report["files"]
     assert all(Path(f).exists() for f in report["files"])
     [server] = documents(out / "server.yaml")
     assert server["metadata"] == {"name": "vision", "namespace": "ml"}
