@@ -356,7 +356,7 @@ def test_torchserves_handler_names_mean_what_they_mean_to_torch_model_archiver(i
     [
         ("image_clasifier", "unknown --handler 'image_clasifier'"),
         ("object_detecter", "did you mean 'object_detector'?"),
-        ("missing/handler.py", "--handler missing/handler.py does not exist"),
+        ("missing/handler.py", "--handler missing/handler.py: no such file"),
         ("no_such_module.thing", "unknown --handler 'no_such_module.thing'"),
     ],
 )
@@ -672,5 +672,6 @@ def test_package_golden_verify_and_run_take_a_basehandler_archive(tmp_path):
     assert result.exit_code == 0, result.output
     lines = result.output.strip().splitlines()
     first = json.loads(lines[0].split(": 200 ", 1)[1])
-    assert first["body"] == "hello" and first["properties"]["batch_size"] == 2 and first["model"] == "probe"
+    # each file one request, on the archive's batchSize (1 here), as the server predict sends it to
+    assert first["body"] == "hello" and first["properties"]["batch_size"] == 1 and first["model"] == "probe"
     assert json.loads(lines[1].split(": 200 ", 1)[1])["body"] == {"n": 1}
