@@ -6,6 +6,7 @@ calls when it runs, so ``tsctl --help`` loads click and little else, and no comm
 ``verify`` and ``package --golden`` (which run the model) loads torch.
 """
 
+import base64
 import json
 import logging
 import sys
@@ -323,9 +324,11 @@ def predict(model, inputs, home, timeout, as_json):
             status, body = server.predict(srv, model, Path(path), timeout)
         except OSError as exc:
             raise ServerError(f"could not reach {srv.inference}: {exc}") from None
-        results.append({"path": str(path), "status": status, "body": body})
+        binary = isinstance(body, bytes)  # not UTF-8: an image, a tensor file
+        shown = base64.b64encode(body).decode("ascii") if binary else body
+        results.append({"path": str(path), "status": status, "body": shown, "base64": binary})
         if not as_json:
-            click.echo(f"{path}: {status} {json.dumps(body)}")
+            click.echo(f"{path}: {status} " + (f"<{len(body):,} bytes>" if binary else json.dumps(body)))
     if as_json:
         print_json({"model": model, "url": srv.predict_url(model), "results": results})
     sys.exit(1 if any(r["status"] != 200 for r in results) else 0)

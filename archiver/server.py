@@ -556,8 +556,10 @@ def request(
     method: Optional[str] = None,
     headers: Optional[Dict[str, str]] = None,
     timeout: float = 60,
+    binary: bool = False,
 ) -> Tuple[int, object]:
-    """One HTTP call; returns (status, JSON body or text). Network errors raise OSError.
+    """One HTTP call; returns (status, its body as ``answer(raw, binary)`` reads it). Network errors
+    raise OSError.
 
     A body above 1 MiB is sent as curl sends it, with ``Expect: 100-continue``: the server may refuse
     it (TorchServe's 413 above max_request_size) before it is sent, and that answer is returned
@@ -583,11 +585,22 @@ def request(
         raise OSError(f"bad HTTP answer from {url}: {exc!r}") from None
     finally:
         connection.close()
-    text = raw.decode("utf-8", errors="replace")
+    return status, answer(raw, binary)
+
+
+def answer(raw: bytes, binary: bool = True):
+    """A response body as JSON, else as text, else (not UTF-8) as bytes when ``binary``, else as text
+    with the undecodable bytes replaced."""
     try:
-        return status, json.loads(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        if binary:
+            return raw
+        text = raw.decode("utf-8", errors="replace")
+    try:
+        return json.loads(text)
     except ValueError:
-        return status, text
+        return text
 
 
 EXPECT_CONTINUE = 1 << 20
@@ -608,7 +621,8 @@ def _may_continue(sock, wait: float = 1.0) -> bool:
 
 
 def predict(server: Server, model: str, path: Path, timeout: float = 60) -> Tuple[int, object]:
-    """POST one file to the model (``Server.predict_url``), with the content type its suffix says."""
+    """POST one file to the model (``Server.predict_url``), with the content type its suffix says; the
+    answer as JSON, text, or bytes (an image, a tensor file: not UTF-8)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"input {path} does not exist")
@@ -616,4 +630,4 @@ def predict(server: Server, model: str, path: Path, timeout: float = 60) -> Tupl
 
     body, kind = engine_of(server).request_body(path.read_bytes(), content_type(path))
     headers = {"Content-Type": kind, **server.headers("inference")}
-    return request(server.predict_url(model), body, "POST", headers, timeout)
+    return request(server.predict_url(model), body, "POST", headers, timeout, binary=True)

@@ -108,16 +108,23 @@ def test_serve(served):
 
 def test_predict(root, served):
     _, _, home = served
-    code, document, _ = tsctl_json("predict", "tensor", root / "row.json", root / "bad.json", "--home", home)
+    inputs = (root / "row.json", root / "bad.json", root / "binary.json")
+    code, document, _ = tsctl_json("predict", "tensor", *inputs, "--home", home)
     assert code == 1  # bad.json is refused
     assert set(document) == {"model", "url", "results"}
     assert_documented("predict", *document)
     assert document["model"] == "tensor" and document["url"].endswith("/predictions/tensor")
-    row, bad = document["results"]
-    assert set(row) == {"path", "status", "body"}
+    row, bad, binary = document["results"]
+    assert set(row) == {"path", "status", "body", "base64"}
     assert_documented("predict", *row)
-    assert (row["path"], row["status"], len(row["body"][0])) == (str(root / "row.json"), 200, 2)
+    assert (row["path"], row["status"], len(row["body"][0]), row["base64"]) == (str(root / "row.json"), 200, 2, False)
     assert bad["status"] == 400 and bad["body"]["type"] == "ClientError"
+    # a binary answer (v2's binary tensor extension): its bytes, in base64, not text with U+FFFD in it
+    raw = base64.b64decode(binary["body"]) if binary["base64"] else b""
+    header, end = json.JSONDecoder().raw_decode(raw.decode("latin-1"))
+    assert header["outputs"][0]["shape"] == [1, 2] and len(raw) - end == 2 * 4, binary
+    text = CliRunner().invoke(main, ["predict", "tensor", str(root / "binary.json"), "--home", str(home)]).output
+    assert re.fullmatch(rf"{re.escape(str(root / 'binary.json'))}: 200 <\d+ bytes>\n", text), text
 
 
 def test_run(root, served):
