@@ -677,6 +677,8 @@ def json_tensor(data: list, datatype: str, shape: List[int], count: int):
         values = np.asarray(data)
     except (ValueError, TypeError, OverflowError):
         raise ClientError(f"{what}: 'data' is not a list of numbers nested as its shape {shape}") from None
+    if values.dtype.kind in "fO" and np.dtype(NUMERIC[datatype]).kind in "iu":
+        values = whole_numbers(np, data, values, NUMERIC[datatype], what)
     if values.dtype.kind not in "biuf":
         raise ClientError(f"{what}: 'data' must hold numbers (or true/false), got {values.dtype.kind!r} values")
     if values.size != count:
@@ -688,6 +690,24 @@ def json_tensor(data: list, datatype: str, shape: List[int], count: int):
         if exact and not np.array_equal(array, values):
             raise ClientError(f"{what}: 'data' holds values {datatype} cannot hold (fractions, or out of its range)")
     return array.reshape(shape)
+
+
+def whole_numbers(np, data: list, values, dtype: str, what: str):
+    """Whole numbers for an integer datatype exactly: numpy reads a list of small and big ints (0 and
+    2**63 + 1) as floats, which round the big ones (to 2**63). Read as ``dtype`` when every value is a
+    JSON integer (one out of its range is a 400); else ``values`` as numpy read them."""
+    flat = []
+    for value in flatten(data) if isinstance(data, list) else [data]:
+        if type(value) is int:
+            flat.append(value)
+        elif isinstance(value, np.ndarray) and value.dtype.kind in "iu":  # a list parse_numeric read
+            flat.extend(value.ravel().tolist())
+        else:
+            return values
+    try:
+        return np.array(flat, dtype=dtype)
+    except OverflowError:
+        raise ClientError(f"{what}: 'data' holds values out of its range") from None
 
 
 def flatten(data: list) -> list:
