@@ -231,7 +231,13 @@ def config(
 )
 @click.option("--model-store", default="model-store", show_default=True, help="The directory of archives to serve.")
 @click.option("--home", default=".tsctl", show_default=True, help="State directory: logs, pid lock, server.json.")
-@click.option("--timeout", default=180.0, show_default=True, help="Seconds to wait for every model to be READY.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(0, min_open=True),
+    default=180.0,
+    show_default=True,
+    help="Seconds to wait for every model to be READY.",
+)
 @click.option("--install-deps", is_flag=True, help="pip-install each archive's requirements.txt first, as KServe does.")
 @click.option(
     "--enable-model-api", is_flag=True, help="Allow (re)registering models, e.g. for 'tsctl bench --sweep-batch'."
@@ -309,7 +315,13 @@ def stop(home, as_json):
     show_default=True,
     help="The server's state directory: what 'tsctl serve --home' was given.",
 )
-@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for each answer.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for each answer.",
+)
 @json_option
 def predict(model, inputs, home, timeout, as_json):
     """Send each INPUT file to MODEL on the running server (where its engine takes one request:
@@ -350,7 +362,13 @@ def predict(model, inputs, home, timeout, as_json):
 )
 @click.option("--model", help="The model's name on the server (default: the archive's).")
 @click.option("--atol", type=click.FloatRange(0), default=1e-4, show_default=True, help="How far a number may move.")
-@click.option("--timeout", default=60.0, show_default=True, help="With a server: seconds to wait for each answer.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="With a server: seconds to wait for each answer.",
+)
 @click.option("--golden-from", type=click.Path(), help="Use another archive's golden answers (an export's original).")
 @json_option
 @click.option("--public-key", type=click.Path(), help="Check ARCHIVE's signature (package --sign-key) with this key.")

@@ -80,6 +80,9 @@ class Export:
 
 def export(options: ExportOptions) -> Export:
     """Check everything, then write the tree and manifests. Nothing is written if a check fails."""
+    out = Path(options.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out} exists and is not a directory: give a directory for OUT")
     with tempfile.TemporaryDirectory(prefix="tsctl-export-") as scratch:  # wheels, until they are packed
         return _export(options, Path(scratch))
 

@@ -48,7 +48,7 @@ from handlers.settings import did_you_mean
 
 from . import requirements
 from .choices import ARCHIVE_FORMATS
-from .errors import UserError
+from .errors import UserError, make_directory
 from .model_config import check_model_config, parse_model_config
 
 MANIFEST = archives.MANIFEST
@@ -110,14 +110,13 @@ def build(options: PackageOptions) -> Tuple[Path, Plan]:
     check_target(target, planned.entries)
     if (target.exists() or target.is_symlink()) and not options.force:
         raise UserError(f"{target} already exists: pass --force to overwrite it")
+    make_directory(options.export_path, "--export-path")
     if options.sign_key:  # built aside, then signed as it is written in place
-        Path(options.export_path).mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="tsctl-sign-", dir=options.export_path) as scratch:
             built, _ = build(dataclasses.replace(options, export_path=scratch, force=True, sign_key=None))
             rewrite_archive(built, target, {}, options.sign_key)
         return target, planned
     try:
-        Path(options.export_path).mkdir(parents=True, exist_ok=True)
         write_archive(target, planned.entries, planned.manifest, options.archive_format, options.force)
     except FileExistsError:
         raise UserError(f"{target} was created by someone else while this build ran: pass --force to overwrite it")

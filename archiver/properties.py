@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Tuple
 from handlers import ts_config
 from handlers.settings import did_you_mean
 
-from .errors import UserError
+from .errors import UserError, make_directory
 from .mar import MODEL_NAME, VERSION, handler_record, model_config, read_manifest, read_member
 from .runtimes import DEFAULT as DEFAULT_RUNTIME
 from .runtimes import runtime_named
@@ -282,7 +282,9 @@ def write_config(
     properties.update(extra or {})
     properties["model_snapshot"] = json.dumps(snapshot, separators=(",", ":"))
     output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
+    make_directory(output.parent, "--output")
+    if output.is_dir():
+        raise UserError(f"--output {output} is a directory: give the config file's path")
     tmp = output.with_name(f".{output.name}.tmp")
     tmp.write_text(render(properties), encoding="utf-8")
     tmp.replace(output)

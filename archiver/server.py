@@ -149,8 +149,13 @@ def check_home(home: Path) -> Path:
     existing = read_state(home)
     if existing and group_alive(existing.pid):
         raise UserError(f"a server started from {home} is still running (pid {existing.pid}): run 'tsctl stop' first")
-    (home / "logs").mkdir(parents=True, exist_ok=True)
-    return temp_dir(home)
+    if home.exists() and not home.is_dir():
+        raise UserError(f"--home {home} is a file: give a directory for the server's state (default .tsctl)")
+    try:
+        (home / "logs").mkdir(parents=True, exist_ok=True)
+        return temp_dir(home)
+    except OSError as exc:
+        raise UserError(f"--home {home}: cannot write there ({exc.strerror}): give a directory you can write") from None
 
 
 # A worker's socket is TEMP/.ts.sock.PORT, and a Unix socket's path ends at 107 bytes: past this, TEMP
@@ -423,6 +428,11 @@ def startup_problem(server: Server) -> str:
     if reason:
         return reason
     out = _log_lines(Path(server.home) / "torchserve.out")
+    if any("java not found" in line.lower() for line in out):  # TorchServe's launcher says only this
+        return (
+            "TorchServe found no Java: install Java 17 and put it on PATH or set JAVA_HOME "
+            "('tsctl doctor' checks; --engine kserve needs no Java)"
+        )
     exceptions = [m.group(1) + ": " + m.group(2) for m in map(JAVA_EXCEPTION.match, out) if m]
     if exceptions:
         return exceptions[0]

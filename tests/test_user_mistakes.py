@@ -1,0 +1,85 @@
+"""Mistakes a newcomer made on a fresh clone (issue #23's review): each is one `error:` line, exit 2 (a
+user mistake) or 1 (the server), never a traceback, and names what to do."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from archiver import mar, properties
+from archiver.cli import main
+from conftest import short_tmp
+from test_hostile import scripted
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mistakes")
+    options = mar.PackageOptions(
+        model_name="tensor",
+        handler="tensor",
+        serialized_file=str(scripted(root / "tensor.pt", torch.nn.Linear(4, 2))),
+        export_path=str(root / "model-store"),
+    )
+    mar.build(options)
+    return root
+
+
+def tsctl(*args, cwd=None):
+    previous = os.getcwd()
+    os.chdir(cwd or previous)
+    try:
+        return CliRunner().invoke(main, [str(a) for a in args])
+    finally:
+        os.chdir(previous)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["config", "--output", "afile/c.properties"], "--output afile: afile is a file, not a directory"),
+        (["config", "--output", "."], "--output . is a directory"),
+        (["serve", "--home", "afile"], "--home"),
+        (["export", "kserve", "afile", "--name", "x", "--storage-uri", "pvc://c/p"], "afile exists and is not a dir"),
+        (["predict", "tensor", "afile", "--timeout", "-1"], "--timeout"),
+        (["verify", "model-store/tensor.mar", "--served", "--timeout", "0"], "--timeout"),
+        (["serve", "--timeout", "0"], "--timeout"),
+    ],
+)
+def test_a_path_or_value_in_the_way_is_one_line(store, args, message):
+    (store / "afile").write_text("x")
+    properties.write_config(store / "model-store", store / "config" / "config.properties")
+    done = tsctl(*args, cwd=store)
+    assert done.exit_code == 2 and isinstance(done.exception, SystemExit), done.output
+    assert message in done.output and "Traceback" not in done.output, done.output
+
+
+def test_package_into_a_file_says_so(store):
+    (store / "afile").write_text("x")
+    done = tsctl(
+        "package", "--model-name", "q", "--handler", "tensor", "--serialized-file", "tensor.pt",
+        "--export-path", "afile", "--force", cwd=store,
+    )  # fmt: skip
+    assert done.exit_code == 2 and "--export-path afile: afile is a file, not a directory" in done.output, done.output
+    assert (store / "afile").read_text() == "x"
+
+
+def test_serve_without_java_says_so(store):
+    """TorchServe's launcher prints 'java not found' and exits 0: serve said 'no error in the logs'."""
+    config = properties.write_config(store / "model-store", store / "config" / "config.properties")
+    home = short_tmp("nojava-")
+    bin_dir = Path(sys.executable).parent
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env["PATH"] = str(bin_dir)  # the venv alone: no java
+    done = subprocess.run(
+        [str(bin_dir / "tsctl"), "serve", "--config", str(config), "--model-store", str(store / "model-store"),
+         "--home", str(home), "--timeout", "60"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    subprocess.run([str(bin_dir / "tsctl"), "stop", "--home", str(home)], capture_output=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert "found no Java" in done.stderr and "JAVA_HOME" in done.stderr and "Traceback" not in done.stderr
