@@ -69,6 +69,19 @@ class LoadResult:
         }
 
 
+def summary_line(summary: dict) -> str:
+    """``Result.summary()`` as tsctl bench prints it; the statuses of the requests that failed."""
+    head = f"{summary['requests']} requests in {summary['seconds']:.1f}s: {summary['throughput_rps']:.1f} req/s"
+    failed = {status: n for status, n in summary["statuses"].items() if status != "200"}
+    errors = f"{summary['errors']} errors" + (
+        " (" + ", ".join(f"{n} answered {status}" for status, n in failed.items()) + ")" if failed else ""
+    )
+    lat = summary["latency_ms"]
+    if lat["p50"] != lat["p50"] or lat["p50"] is None:  # nothing answered 200: no latency to report
+        return f"{head}, {errors}: none answered 200"
+    return f"{head}, p50 {lat['p50']:.1f} ms, p90 {lat['p90']:.1f} ms, p99 {lat['p99']:.1f} ms, {errors}"
+
+
 def read_inputs(paths: Sequence[str]) -> List[Tuple[bytes, str]]:
     inputs = []
     for path in paths:

@@ -334,6 +334,8 @@ def predict(model, inputs, home, timeout, as_json):
     for path in paths:
         try:
             status, body = server.predict(srv, model, Path(path), timeout)
+        except TimeoutError:
+            raise ServerError(f"{path}: no answer from {model} within {timeout:g} s: raise --timeout") from None
         except OSError as exc:
             raise ServerError(f"could not reach {srv.inference}: {exc}") from None
         binary = isinstance(body, bytes)  # not UTF-8: an image, a tensor file
@@ -542,6 +544,8 @@ def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay,
     files = load.read_inputs(inputs)
     if count is None and duration is None:
         raise UserError("give --requests N or --duration SECONDS: a benchmark must be bounded")
+    if duration is not None and duration != duration:  # nan passes click's range
+        raise UserError("--duration must be a number of seconds, e.g. --duration 30")
     headers = srv.headers("inference")
     chosen = engines.engine_of(srv)
     if sweep_batch and not chosen.model_api:
@@ -587,11 +591,7 @@ def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay,
     if as_json:
         print_json(finite(summary))
     else:
-        lat = summary["latency_ms"]
-        click.echo(
-            f"{summary['requests']} requests in {summary['seconds']:.1f}s: {summary['throughput_rps']:.1f} req/s, "
-            f"p50 {lat['p50']:.1f} ms, p90 {lat['p90']:.1f} ms, p99 {lat['p99']:.1f} ms, {summary['errors']} errors"
-        )
+        click.echo(load.summary_line(summary))
     sys.exit(1 if summary["errors"] else 0)
 
 

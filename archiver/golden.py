@@ -156,6 +156,14 @@ def base_url(url: str) -> str:
         raise UserError(f"--url {url} names no host and port: {example}")
     if parts.query or parts.fragment or parts.username or parts.password:
         raise UserError(f"--url {url} may hold a host, a port and a path only: {example}")
+    if parts.hostname.isdigit():  # '57397': a port without its host
+        raise UserError(f"--url {url} names no host: {example}")
+    endpoint = next((p for p in ("/predictions/", "/v1/models/", "/v2/models/") if p in parts.path + "/"), None)
+    if endpoint:
+        raise UserError(
+            f"--url {url} names an endpoint ({endpoint}...): give the server's base URL, e.g. "
+            f"{parts.scheme}://{parts.netloc}; verify adds the path --protocol asks for"
+        )
     return text.rstrip("/")
 
 

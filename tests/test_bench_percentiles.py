@@ -37,3 +37,14 @@ def test_one_latency_is_every_percentile_and_none_is_nan():
     assert result([12.5]).summary()["latency_ms"] == {"p50": 12.5, "p90": 12.5, "p99": 12.5, "mean": 12.5}
     assert math.isnan(result([]).percentile(50))
     assert result([]).summary()["latency_ms"]["mean"] is None
+
+
+def test_the_line_bench_prints_names_the_failed_statuses_and_no_nan():
+    """Every request refused printed 'p50 nan ms, p90 nan ms, p99 nan ms, 4 errors' without a status."""
+    from archiver.bench import summary_line
+
+    refused = LoadResult(seconds=0.5, statuses=Counter({400: 4}))
+    line = summary_line(refused.summary())
+    assert line == "4 requests in 0.5s: 8.0 req/s, 4 errors (4 answered 400): none answered 200", line
+    mixed = LoadResult(seconds=1.0, latencies_ms=[10.0, 20.0], statuses=Counter({200: 2, 503: 1}))
+    assert summary_line(mixed.summary()).endswith("p99 19.9 ms, 1 errors (1 answered 503)")

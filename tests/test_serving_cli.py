@@ -132,6 +132,9 @@ def test_a_malformed_url_is_one_line(root):
         ("127.0.0.1:port", "has no valid port"),
         ("http://:8080", "names no host"),
         ("http://127.0.0.1:8080/?q=1", "a host, a port and a path only"),
+        ("57397", "names no host"),  # a port alone: was sent to a host named 57397
+        ("http://127.0.0.1:8080/predictions/tensor", "give the server's base URL, e.g. http://127.0.0.1:8080"),
+        ("127.0.0.1:8080/v2/models/tensor/infer", "names an endpoint (/v2/models/...)"),
     ):
         result = cli("verify", archive, "--url", url)
         assert result.exit_code == 2, (url, result.output)
@@ -389,3 +392,13 @@ def test_every_option_of_these_commands_says_what_it_does():
         for option in command.params:
             if isinstance(option, click.Option):
                 assert option.opts[-1] in shown, (name, option.opts)
+
+
+def test_an_answer_slower_than_timeout_is_said_so_not_unreachable(root, served):
+    """--timeout 0.05 on a live server said 'could not reach ...: timed out'."""
+    _, _, srv = served
+    body = root / "slow.json"
+    body.write_text("[" + ",".join(["[1.0, 2.0, 3.0, 4.0]"] * 20000) + "]")
+    result = cli("predict", "tensor", body, "--home", srv.home, "--timeout", "0.001")
+    assert result.exit_code == 1, result.output
+    assert "no answer from tensor within 0.001 s: raise --timeout" in one_error_line(result.stderr)
