@@ -33,7 +33,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import yaml
 
-from . import crds, engines, runtimes
+from . import crds, engines, kube, runtimes
 from .choices import KSERVE_PROTOCOLS
 from .errors import UserError
 from .mar import handler_record, model_config, read_manifest, rewrite_archive
@@ -160,6 +160,8 @@ def check_options(options: ExportOptions) -> Tuple[str, str]:
             f"--name {options.name!r} is not a valid InferenceService name: use lowercase letters, digits and '-', "
             "starting with a letter"
         )
+    kube.label(options.namespace, "--namespace", "give the namespace the InferenceService goes in, e.g. default")
+    kube.check_resources(options.cpu, options.memory)
     match = PVC_URI.match(options.storage_uri)
     if not match:
         raise UserError(f"--storage-uri {options.storage_uri!r} must look like pvc://CLAIM/PATH")

@@ -40,7 +40,6 @@ a failure leaves no OUT (or the previous one, with --force).
 """
 
 import json
-import re
 import shutil
 import sys
 import tempfile
@@ -56,8 +55,9 @@ import yaml
 from handlers import archives as archive_files
 from handlers import identity, ts_config
 
-from . import crds, kserve, kserve_engine, mlserver
+from . import crds, kserve, kserve_engine, kube, mlserver
 from .errors import UserError
+from .kube import check_resources, label, suggest
 
 API_VERSION = "mlops.seldon.io/v1alpha1"
 SERVER_CONFIG = "mlserver"  # Seldon Core 2's own MLServer ServerConfig
@@ -77,10 +77,6 @@ AGENT_VOLUME_BYTES = 1 << 30  # the mlserver ServerConfig's mlserver-models volu
 # captum, which TorchServe's own vision handlers import (pytorch/serve's image examples).
 BASE_PACKAGES = ("torch", "torchvision", "torchserve", "numpy", "Pillow", "PyYAML", "captum")
 TEXT_PACKAGES = ("transformers", "safetensors")
-DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-MEMORY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([KMGTPE]i|[kMGTPE])?$")
-CPU = re.compile(r"^([0-9]+(?:\.[0-9]+)?m?)$")
-LABEL_RULE = "lowercase letters, digits and '-', starting and ending with a letter or digit, at most 63 characters"
 
 
 @dataclass
@@ -213,17 +209,6 @@ def check_out(options: SeldonOptions):
             raise UserError(f"{flag} {value} is inside OUT {out}, which the export replaces: choose another OUT")
 
 
-def label(value: str, what: str, fix: str):
-    """``value`` is a DNS-1123 label, as Seldon's scheduler and Kubernetes need names to be."""
-    if not DNS_LABEL.match(value or ""):
-        raise UserError(f"{what} {value!r} is not a valid Kubernetes name ({LABEL_RULE}): {fix}")
-
-
-def suggest(name: str) -> str:
-    """A DNS-1123 label close to ``name``, for the fix of an error."""
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:63].strip("-") or "model"
-
-
 def check_flags(options: SeldonOptions):
     label(options.server, "--server", "name the Server another way, e.g. --server tsctl-mlserver")
     label(options.claim, "--claim", "name the claim another way, e.g. --claim tsctl-models")
@@ -233,12 +218,7 @@ def check_flags(options: SeldonOptions):
             f"--image {options.image!r} must name the image to build from OUT/{IMAGE_DIR}, "
             "e.g. --image registry.example.com/tsctl-mlserver:1"
         )
-    if not MEMORY.match(options.memory):
-        raise UserError(f"--memory {options.memory!r} must be a memory quantity such as 2Gi or 1500Mi")
-    if Decimal(MEMORY.match(options.memory).group(1)) == 0:
-        raise UserError(f"--memory {options.memory!r} must be more than 0, e.g. --memory 2Gi")
-    if not CPU.match(options.cpu) or float(options.cpu.rstrip("m")) == 0:
-        raise UserError(f"--cpu {options.cpu!r} must be a CPU quantity such as 1, 2 or 500m")
+    check_resources(options.cpu, options.memory)
     if not options.ab and (options.default or options.experiment):
         flag = "--default" if options.default else "--experiment"
         raise UserError(f"{flag} is for an A/B experiment: give its candidates with --ab MODEL=WEIGHT (twice or more)")
@@ -419,7 +399,7 @@ def metadata_of(options: SeldonOptions, name: str) -> dict:
 
 
 def server_memory(options: SeldonOptions, models: int) -> str:
-    number, unit = MEMORY.match(options.memory).groups()
+    number, unit = kube.MEMORY.match(options.memory).groups()
     total = Decimal(number) * models
     text = str(int(total)) if total == total.to_integral_value() else format(total.normalize(), "f")
     return f"{text}{unit or ''}"

@@ -20,7 +20,7 @@ from kubernetes.client import models as k8s
 from archiver import crds, engines, kserve, kserve_engine, properties
 from archiver.cli import main
 from archiver.errors import UserError
-from conftest import package_resnet, package_text
+from conftest import export_tree, package_resnet, package_text
 from handlers.testing import LocalModel
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "kserve"
@@ -795,3 +795,19 @@ def test_serve_reads_config_properties_unless_the_engine_can_do_without_the_miss
     engines.serve("recorder")
     engines.serve("recorder", "other.properties")
     assert started == ["config/config.properties", None, "config/config.properties", "other.properties"]
+
+
+@pytest.mark.parametrize(
+    "option, value, said",
+    [
+        ("namespace", "Bad_NS", "--namespace 'Bad_NS' is not a valid Kubernetes name"),
+        ("memory", "2GB", "--memory '2GB' must be a memory quantity such as 2Gi or 1500Mi (did you mean 2Gi?)"),
+        ("cpu", "abc", "--cpu 'abc' must be a CPU quantity such as 1, 2 or 500m"),
+    ],
+)
+def test_kubernetes_values_are_one_line_naming_the_flag(project, tmp_path, option, value, said):
+    """--namespace Bad_NS was written into every manifest; --memory 2GB failed with the CRD's regex."""
+    with pytest.raises(UserError) as refused:
+        export_tree(project, f"out-{option}", **{option: value})
+    assert str(refused.value).startswith(said), refused.value
+    assert not (project / f"out-{option}").exists()

@@ -1,0 +1,35 @@
+"""Kubernetes names and quantities as both exports (``export kserve``, ``export seldon``) check them
+before writing: a flag Kubernetes would refuse is one line naming it and the fix, not a schema dump."""
+
+import re
+from decimal import Decimal
+
+from .errors import UserError
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+MEMORY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([KMGTPE]i|[kMGTPE])?$")
+CPU = re.compile(r"^([0-9]+(?:\.[0-9]+)?m?)$")
+LABEL_RULE = "lowercase letters, digits and '-', starting and ending with a letter or digit, at most 63 characters"
+
+
+def label(value: str, what: str, fix: str):
+    """``value`` is a DNS-1123 label, as Kubernetes (and Seldon's scheduler) need names to be."""
+    if not DNS_LABEL.match(value or ""):
+        raise UserError(f"{what} {value!r} is not a valid Kubernetes name ({LABEL_RULE}): {fix}")
+
+
+def suggest(name: str) -> str:
+    """A DNS-1123 label close to ``name``, for the fix of an error."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:63].strip("-") or "model"
+
+
+def check_resources(cpu: str, memory: str):
+    """``--cpu`` and ``--memory`` as Kubernetes quantities above 0 (``2GB`` is not one: ``2Gi``)."""
+    found = MEMORY.match(memory or "")
+    if not found:
+        hint = f" (did you mean {memory[:-1]}i?)" if re.fullmatch(r"[0-9.]+[KMGTPE]B", memory or "") else ""
+        raise UserError(f"--memory {memory!r} must be a memory quantity such as 2Gi or 1500Mi{hint}")
+    if Decimal(found.group(1)) == 0:
+        raise UserError(f"--memory {memory!r} must be more than 0, e.g. --memory 2Gi")
+    if not CPU.match(cpu or "") or float(cpu.rstrip("m")) == 0:
+        raise UserError(f"--cpu {cpu!r} must be a CPU quantity such as 1, 2 or 500m")
