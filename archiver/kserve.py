@@ -216,6 +216,11 @@ def check_split(options: ExportOptions, snapshot: dict):
             raise UserError(f"--split model '{model}' is not in the config's model_snapshot ({', '.join(models)})")
     if options.split[0][0] == options.split[1][0]:
         raise UserError("--split needs two different models")
+    store = Path(options.model_store)
+    check_same_input(
+        "--split",
+        {model: kind_of(store / next(iter(models[model].values()))["marName"]) for model, _ in options.split},
+    )
     total = sum(weight for _, weight in options.split)
     if total != 100:
         raise UserError(f"--split weights add up to {total}, not 100")
@@ -396,6 +401,18 @@ class Served:
     @property
     def input_file(self) -> str:
         return f"input-{self.kind}.json" if self.kind in ("image", "text") else f"input-{self.name}.json"
+
+
+def check_same_input(flag: str, kinds: Dict[str, Optional[str]]):
+    """The candidates of a split (``--split``, ``--ab``) take the same kind of input: the router sends each
+    request to either, so an image to a text model would fail. Unknown kinds (a handler of your own) pass."""
+    known = {model: kind for model, kind in kinds.items() if kind}
+    if len(set(known.values())) > 1:
+        said = ", ".join(f"{model} takes {kind}" for model, kind in known.items())
+        raise UserError(
+            f"{flag}: {said}; a split sends each request to either candidate, so they must take the same input: "
+            "split between versions of one model"
+        )
 
 
 def kind_of(archive: Path) -> Optional[str]:

@@ -176,6 +176,9 @@ def check(options: SeldonOptions) -> Plan:
     entries = [entry_of(spec) for spec in specs]
     names = [entry.name for entry in entries]
     experiment = check_ab(options, names)
+    if options.ab:
+        kinds = {entry.name: entry.kind for entry in entries}
+        kserve.check_same_input("--ab", {model: kinds[model] for model, _ in options.ab})
     transformers, pipeline, pipeline_model = check_transformer(options, entries, experiment, notes)
     all_entries = entries + transformers
     notes += size_notes(options, all_entries)

@@ -264,8 +264,8 @@ def test_a_pipeline_into_an_experiment_steps_into_its_default_model(store, image
     ab = dict(ab=[("resnet18-t", 50), ("resnet18-b", 50)], default="resnet18-t", experiment="split")
     with pytest.raises(
         UserError,
-        match=r"'resnet18-b' \(a candidate of the experiment 'split'\) gets the transformer's tensors, .* --handler",
-    ):
+        match=r"--ab: resnet18-t takes tensor, resnet18-b takes image; a split sends each request to either",
+    ):  # candidates of mixed kinds are refused before the pipeline is looked at
         seldon.export(options(store, out, transformer_archive=str(archive), transformer_model="split", **ab))
     assert not out.exists()
     tensors = tmp_path / "tensors"  # two tensor models: both candidates take the transformer's tensors
@@ -480,4 +480,10 @@ def test_model_names_must_be_kubernetes_names(store, tmp_path):
     assert result.exit_code == 2
     assert "model resnet18.mar's name 'ResNet_18' is not a valid Kubernetes name" in result.output
     assert "package it again with --model-name resnet-18" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_experiment_between_an_image_and_a_text_model_is_refused(store, tmp_path):
+    with pytest.raises(UserError, match="--ab: resnet18 takes image, sentiment takes text; a split sends"):
+        seldon.export(options(store, tmp_path / "out", ab=[("resnet18", 90), ("sentiment", 10)]))
     assert not (tmp_path / "out").exists()
