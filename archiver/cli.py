@@ -670,7 +670,7 @@ def export_kserve(out, config_path, split, as_json, **options):
     if notice:
         progress(notice)
     result = kserve.export(export_options)
-    emit(reports.export_report(out, result), lambda report: reports.export_text(report, curls=True), as_json)
+    emit(reports.export_report(out, result), reports.export_text, as_json)
 
 
 @export.command("seldon", cls=Command)
@@ -711,7 +711,7 @@ def export_seldon(out, config_path, ab, default_model, as_json, **options):
     result = seldon.export(
         seldon.SeldonOptions(out=out, config=config_path, ab=seldon.parse_ab(ab), default=default_model, **options)
     )
-    emit(reports.export_report(out, result), lambda report: reports.export_text(report, curls=False), as_json)
+    emit(reports.export_report(out, result), reports.export_text, as_json)
 
 
 @main.command(cls=Command)

@@ -137,8 +137,6 @@ def export_report(out, result) -> dict:
     }
 
 
-def export_text(report: dict, curls: bool) -> List[str]:
+def export_text(report: dict) -> List[str]:
     lines = [f"wrote {path}" for path in report["files"]] + [f"note: {note}" for note in report["notes"]]
-    if not curls:
-        return lines + [f"deploy: see {report['deploy']}"]
     return lines + [f"deploy: see {report['deploy']}; then, per model:"] + [f"  {c}" for c in report["curls"]]

@@ -487,3 +487,15 @@ def test_an_experiment_between_an_image_and_a_text_model_is_refused(store, tmp_p
     with pytest.raises(UserError, match="--ab: resnet18 takes image, sentiment takes text; a split sends"):
         seldon.export(options(store, tmp_path / "out", ab=[("resnet18", 90), ("sentiment", 10)]))
     assert not (tmp_path / "out").exists()
+
+
+def test_the_text_output_ends_with_the_curl_lines_as_export_kserve_does(store, tmp_path):
+    from click.testing import CliRunner
+
+    from archiver.cli import main
+
+    out = tmp_path / "cli-out"
+    done = CliRunner().invoke(main, ["export", "seldon", str(out), "--image", IMAGE, "--model-store", str(store)])
+    assert done.exit_code == 0, done.output
+    tail = done.output.split("then, per model:\n", 1)[1].splitlines()
+    assert tail and all(line.startswith("  curl ") for line in tail), done.output
