@@ -314,7 +314,11 @@ def wait_ready(
             )
         failure = worker_failure(server)
         if failure:
-            raise ServerError(f"a model worker failed to start: {failure} (full log: {server.logs / 'model_log.log'})")
+            whose = failing_model(server)
+            raise ServerError(
+                f"{f'model {whose}: ' if whose else ''}a model worker failed to start: {failure} "
+                f"(full log: {server.logs / 'model_log.log'})"
+            )
         states = {name: model_state(server, name, registering) for name in pending}
         if None in states.values():  # its APIs do not answer yet: they bind once the snapshot is registered
             early = startup_states(server, registering)
@@ -420,6 +424,18 @@ def last_python_error(server: Server) -> Optional[str]:
     lines = _log_lines(server.logs / "model_log.log")
     errors = [m.group(1).strip() for m in map(PY_ERROR.search, lines) if m and not RERAISE.match(m.group(1))]
     return cause_of(errors)
+
+
+WORKER_OF = re.compile(r"\bW-\d+-(\S+)_[^_\s]+-std(?:out|err) MODEL_LOG - ")  # W-9000-resnet18_1.0-stdout
+
+
+def failing_model(server: Server) -> Optional[str]:
+    """The model whose worker logged the last Python error (its worker's name: W-PORT-MODEL_VERSION)."""
+    for line in reversed(_log_lines(server.logs / "model_log.log")):
+        found = PY_ERROR.search(line) and WORKER_OF.search(line)
+        if found and not RERAISE.match(PY_ERROR.search(line).group(1)):
+            return found.group(1)
+    return None
 
 
 def startup_problem(server: Server) -> str:

@@ -29,6 +29,7 @@ def test_a_worker_that_cannot_load_fails_serve_with_its_error(image_sample, tmp_
         server.start(config, store, home, timeout=240)
     elapsed = time.monotonic() - started
     assert "resnet18.pt could not be read by torch.load" in str(caught.value)
+    assert str(caught.value).startswith("model resnet18: a model worker failed to start"), caught.value  # whose
     assert elapsed < 120, f"took {elapsed:.0f}s to notice the crash loop"
     assert server.read_state(home) is None  # start() stopped what it started
     assert not processes_mentioning(str(home)), "a TorchServe process outlived the failed start"
