@@ -190,10 +190,11 @@ def plan(options: PackageOptions) -> Plan:
     for extra in options.extra_files:
         inputs.add(extra, "--extra-files")
 
-    misfit = fit.problem(options.handler, options.serialized_file, options.model_file)
-    if misfit:
-        raise UserError(misfit)
     kind = _handler_kind(options.handler, handler_entry, bundle)
+    fitted = _fitted_handler(options.handler, kind)
+    misfit = fit.problem(fitted, options.serialized_file, options.model_file)
+    if misfit:
+        raise UserError(misfit if fitted == options.handler else f"{options.handler} subclasses {fitted}: {misfit}")
     if kind is not None:
         module = handler_entry.partition(":")[0].removesuffix(".py")
         inputs.put(identity.RECORD, identity.encode(identity.describe(kind, handler_entry, module)), "")
@@ -443,6 +444,15 @@ def _handler_kind(handler: str, handler_entry: str, bundle: bool) -> Optional[to
         return toolkit.KINDS[handler]
     handler_class = _handler_class(handler_entry, handler) if bundle else None
     return toolkit.kind_of(handler_class) if handler_class is not None else None
+
+
+def _fitted_handler(handler: str, kind: Optional[toolkit.Kind]) -> str:
+    """The toolkit handler whose fit to the model ``fit.problem`` checks: ``--handler``'s name, or for a
+    handler file (``tsctl init``'s) the toolkit handler its class subclasses, unless it loads its model
+    itself."""
+    if handler in toolkit.KINDS or kind is None or kind.loads_own_model:
+        return handler
+    return toolkit.toolkit_name(kind) or handler
 
 
 def _handler_class(handler_entry: str, handler: str):

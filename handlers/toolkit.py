@@ -35,6 +35,7 @@ class Kind:
     requirements: Tuple[str, ...] = ()  # what requirements.txt always asks for
     # (file, requirement): asked for too when the model directory holds that file
     requirements_if_present: Tuple[Tuple[str, str], ...] = ()
+    loads_own_model: bool = False  # a subclass that overrides load_model: its weights are its own business
 
     def requirements_for(self, serialized: Optional[str]) -> Tuple[str, ...]:
         """What an archive of ``serialized`` (the --serialized-file) needs installed: ``requirements``,
@@ -61,7 +62,16 @@ def kind_of(handler_class) -> Kind:
         settings=handler_class.Settings,
         requirements=tuple(handler_class.requirements),
         requirements_if_present=tuple(handler_class.requirements_if_present),
+        loads_own_model=any("load_model" in vars(c) for c in handler_class.__mro__ if c not in toolkit),
     )
+
+
+def toolkit_name(kind: Kind) -> Optional[str]:
+    """The name (``image_classifier``) of the toolkit handler ``kind``'s class subclasses, nearest first."""
+    for name, base in KINDS.items():
+        if kind.bases and kind.bases[0].rsplit(".", 1)[-1] == base.class_name and kind.bases[1:] == base.bases:
+            return name
+    return None
 
 
 BASE = "handlers.base.ToolkitHandler"

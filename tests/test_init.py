@@ -344,3 +344,26 @@ def test_the_generated_test_passes(project, kind):
     outcomes = [line.split()[1] if len(line.split()) > 1 else "" for line in mine]
     assert len(mine) >= 3 and set(outcomes) == {"PASSED"}, output
     print(f"{name}/{scaffold.test_file(name)}: {len(mine)} passed (its process: {done.seconds:.0f} s)")
+
+
+@pytest.mark.parametrize(
+    "kind, weights, said",
+    [
+        ("text_classifier", "resnet18.pt", "subclasses text_classifier: --serialized-file {w} is a file, but"),
+        ("image_classifier", "classifier", "subclasses image_classifier: --serialized-file {w} is a Hugging Face"),
+    ],
+)
+def test_a_generated_handler_is_checked_against_its_model_as_its_toolkit_base_is(
+    project, image_sample, text_samples, kind, weights, said
+):
+    """A TextClassifier subclass packaged resnet18.pt, an ImageClassifier subclass a BERT directory: both
+    were written, and failed only when served ('--handler text_classifier' itself was refused)."""
+    path = image_sample / weights if weights.endswith(".pt") else text_samples / weights
+    name = NAMES[kind]
+    store = project.root / f"misfit-{kind}"
+    result = tsctl(
+        "package", "--model-name", name, "--handler", f"{name}/handler.py", "--serialized-file", path,
+        "--export-path", store, cwd=project.root,
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert said.format(w=path) in result.output and not store.exists(), result.output
