@@ -188,11 +188,15 @@ def sweep(
     requests: Optional[int] = None,
     duration: Optional[float] = None,
     headers=None,
+    progress=lambda message: None,
 ) -> List[dict]:
-    """One load run per (batchSize, maxBatchDelay); rows sorted as measured, best marked."""
+    """One load run per (batchSize, maxBatchDelay); rows sorted as measured, best marked. ``progress``
+    hears of each setting as it starts (archiver.output.Progress)."""
     mar_url = model_url(management, model, headers)
     rows = []
-    for batch_size, delay in itertools.product(batch_sizes, delays):
+    settings = list(itertools.product(batch_sizes, delays))
+    for number, (batch_size, delay) in enumerate(settings, 1):
+        progress(f"{number}/{len(settings)}: batchSize {batch_size}, maxBatchDelay {delay} ms: registering, warming")
         register(management, model, mar_url, batch_size, delay, headers)
         url = f"{inference}/predictions/{model}"
         run_load(url, inputs, concurrency, requests=min(requests or 16, 16), headers=headers)  # warm-up

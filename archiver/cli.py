@@ -541,6 +541,7 @@ def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay,
     from . import bench as load
 
     srv = running_server(home, model)
+    progress = Progress.for_command(as_json)
     files = load.read_inputs(inputs)
     if count is None and duration is None:
         raise UserError("give --requests N or --duration SECONDS: a benchmark must be bounded")
@@ -566,6 +567,7 @@ def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay,
             count,
             duration,
             headers,
+            progress,
         )
         if as_json:
             print_json(finite(rows))
@@ -586,6 +588,8 @@ def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay,
             )
         return
     files = [chosen.request_body(data, kind) for data, kind in files]
+    bound = f"{count} requests" if count is not None else f"{duration:g} s"
+    progress(f"{model}: {concurrency} clients, {bound}")
     result = load.run_load(srv.predict_url(model), files, concurrency, count, duration, headers)
     summary = result.summary()
     if as_json:

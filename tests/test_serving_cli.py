@@ -402,3 +402,15 @@ def test_an_answer_slower_than_timeout_is_said_so_not_unreachable(root, served):
     result = cli("predict", "tensor", body, "--home", srv.home, "--timeout", "0.001")
     assert result.exit_code == 1, result.output
     assert "no answer from tensor within 0.001 s: raise --timeout" in one_error_line(result.stderr)
+
+
+def test_bench_says_what_it_sends_on_a_terminal_only(root, served, tmp_path):
+    """bench was silent until its table (17 s for a sweep of two settings)."""
+    _, _, srv = served
+    body = tmp_path / "row.json"
+    body.write_text("[[1.0, 2.0, 3.0, 4.0]]")
+    args = ("bench", "tensor", "--input", body, "--requests", "3", "--concurrency", "2", "--home", srv.home)
+    code, out, err = tsctl(*args, tty=True)
+    assert code == 0 and progress_lines(err) == ["tensor: 2 clients, 3 requests"], err
+    code, out, err = tsctl(*args)
+    assert code == 0 and err == "" and out.startswith("3 requests in "), out + err
