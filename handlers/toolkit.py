@@ -54,6 +54,7 @@ class Kind:
 def kind_of(handler_class) -> Kind:
     """The Kind a handler class (a ToolkitHandler subclass) declares."""
     toolkit = [c for c in handler_class.__mro__[1:] if c.__module__.startswith("handlers.")]
+    own = [c for c in handler_class.__mro__ if not c.__module__.startswith("handlers.")]
     return Kind(
         class_name=handler_class.__qualname__,
         bases=tuple(f"{c.__module__}.{c.__qualname__}" for c in toolkit),
@@ -62,7 +63,7 @@ def kind_of(handler_class) -> Kind:
         settings=handler_class.Settings,
         requirements=tuple(handler_class.requirements),
         requirements_if_present=tuple(handler_class.requirements_if_present),
-        loads_own_model=any("load_model" in vars(c) for c in handler_class.__mro__ if c not in toolkit),
+        loads_own_model=any("load_model" in vars(c) for c in own),
     )
 
 

@@ -120,3 +120,21 @@ def test_each_toolkit_kind_is_what_its_class_declares(name):
     handler_class = getattr(importlib.import_module(module), function).handler_class
     assert toolkit.kind_of(handler_class) == toolkit.KINDS[name]
     assert set(toolkit.KINDS) == set(TOOLKIT_HANDLERS)
+
+
+def test_a_subclass_loads_its_own_model_only_when_it_overrides_load_model():
+    """A user's subclass of a toolkit handler is checked against its weights as its base is, unless it
+    defines ``load_model`` itself; the toolkit's own ``load_model`` overrides do not count."""
+    from handlers.image import ImageClassifier
+
+    class Tinted(ImageClassifier):
+        def postprocess(self, data):
+            return data
+
+    class OwnWeights(Tinted):
+        def load_model(self):
+            return None
+
+    assert not toolkit.kind_of(Tinted).loads_own_model
+    assert toolkit.kind_of(OwnWeights).loads_own_model
+    assert toolkit.toolkit_name(toolkit.kind_of(Tinted)) == "image_classifier"
