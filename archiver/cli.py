@@ -662,6 +662,7 @@ def parse_split(values):
     type=click.Choice(choices.RUNTIME_KINDS),
     help="--engine kserve: the runtime's kind (default ClusterServingRuntime; ServingRuntime: in --namespace).",
 )
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @json_option
 def export_kserve(out, config_path, split, as_json, **options):
     """Write OUT/{config,model-store} for a PVC, the InferenceService and the deploy commands."""

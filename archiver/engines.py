@@ -166,10 +166,6 @@ class Engine:
         """More files for the export (an image's build context)."""
         return []
 
-    def outputs(self) -> Tuple[str, ...]:
-        """Names in OUT that this engine's export writes (cleared before a new export)."""
-        return ()
-
     def deploy_steps(self, options: "ExportOptions") -> List[str]:
         """DEPLOY.md lines before the claim (step 0: building an image)."""
         return []
@@ -512,11 +508,6 @@ class KServeEngine(Engine):
         from . import kserve_engine
 
         return kserve_engine.write_image_context(out, options.image, archives)
-
-    def outputs(self) -> Tuple[str, ...]:
-        from . import kserve_engine
-
-        return (kserve_engine.IMAGE_DIR, kserve_engine.RUNTIME_FILE)
 
     def deploy_steps(self, options: "ExportOptions") -> List[str]:
         from . import kserve_engine

@@ -33,7 +33,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import yaml
 
-from . import crds, engines, kube, runtimes
+from . import crds, engines, kube, out_dir, runtimes
 from .choices import KSERVE_PROTOCOLS
 from .errors import UserError
 from .mar import handler_record, model_config, read_manifest, rewrite_archive
@@ -68,6 +68,7 @@ class ExportOptions:
     engine: str = "torchserve"  # a key of archiver.engines.ENGINES: what serves the tree in the pod
     image: Optional[str] = None  # the tsctl engine's image (--engine kserve), built from OUT/predictor-image
     runtime_kind: Optional[str] = None  # --engine kserve: ClusterServingRuntime (default) or ServingRuntime
+    force: bool = False  # replace an OUT that holds files
     progress: Callable[[str], None] = field(default=quiet, repr=False, compare=False)  # archiver.output.Progress
 
 
@@ -80,9 +81,8 @@ class Export:
 
 def export(options: ExportOptions) -> Export:
     """Check everything, then write the tree and manifests. Nothing is written if a check fails."""
-    out = Path(options.out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out} exists and is not a directory: give a directory for OUT")
+    inputs = [("--model-store", options.model_store), ("--config", options.config)]
+    out_dir.check(Path(options.out), options.force, inputs + [("--transformer-archive", options.transformer_archive)])
     with tempfile.TemporaryDirectory(prefix="tsctl-export-") as scratch:  # wheels, until they are packed
         return _export(options, Path(scratch))
 
@@ -113,33 +113,32 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     manifests["pvc-copy-pod.yaml"] = copy_pod(options, claim)
     manifests["pvc.yaml"] = claim_manifest(options, claim, archives)
 
-    out = Path(options.out)
-    clear_previous_export(out)
-    (out / "config").mkdir(parents=True, exist_ok=True)
-    (out / "model-store").mkdir(parents=True, exist_ok=True)
-    properties["model_snapshot"] = json.dumps(snapshot, separators=(",", ":"))
-    files = [out / "config" / "config.properties"]
-    files[0].write_text(render(properties), encoding="utf-8")
-    for archive in archives:
-        target = out / "model-store" / archive.name
-        if archive in locked:
-            rewrite_archive(archive, target, locked[archive])
-        else:
-            copy_archive(archive, target)
-        files.append(target)
-    files += engine.write_files(out, options, archives)
-    if transformer_archive is not None:
-        (out / "transformer").mkdir(exist_ok=True)
-        copy_archive(transformer_archive, out / "transformer" / transformer_archive.name)
-        files.append(out / "transformer" / transformer_archive.name)
-    for name, manifest in manifests.items():
-        (out / name).write_text(yaml.safe_dump(manifest, sort_keys=False), encoding="utf-8")
-        files.append(out / name)
-    files += write_inputs(out, inputs)
-    deploy = deploy_steps(options, claim, sub_path, archives, curls, models, locked)
-    (out / "DEPLOY.md").write_text(deploy, encoding="utf-8")
-    files.append(out / "DEPLOY.md")
-    return Export(files, notes, curls)
+    with out_dir.written_beside(Path(options.out)) as out:
+        (out / "config").mkdir()
+        (out / "model-store").mkdir()
+        properties["model_snapshot"] = json.dumps(snapshot, separators=(",", ":"))
+        files = [out / "config" / "config.properties"]
+        files[0].write_text(render(properties), encoding="utf-8")
+        for archive in archives:
+            target = out / "model-store" / archive.name
+            if archive in locked:
+                rewrite_archive(archive, target, locked[archive])
+            else:
+                copy_archive(archive, target)
+            files.append(target)
+        files += engine.write_files(out, options, archives)
+        if transformer_archive is not None:
+            (out / "transformer").mkdir()
+            copy_archive(transformer_archive, out / "transformer" / transformer_archive.name)
+            files.append(out / "transformer" / transformer_archive.name)
+        for name, manifest in manifests.items():
+            (out / name).write_text(yaml.safe_dump(manifest, sort_keys=False), encoding="utf-8")
+            files.append(out / name)
+        files += write_inputs(out, inputs)
+        deploy = deploy_steps(options, claim, sub_path, archives, curls, models, locked)
+        (out / "DEPLOY.md").write_text(deploy, encoding="utf-8")
+        files.append(out / "DEPLOY.md")
+    return Export(out_dir.moved(files, out, Path(options.out)), notes, curls)
 
 
 # ---- checks -------------------------------------------------------------------------------------------
@@ -872,30 +871,6 @@ def deploy_steps(
             "",
         ]
     return "\n".join(lines)
-
-
-OUTPUTS = (
-    INPUTS_DIR,
-    "config",
-    "model-store",
-    "transformer",
-    "inferenceservice.yaml",
-    "inferencegraph.yaml",
-    "pvc-copy-pod.yaml",
-    "pvc.yaml",
-    "DEPLOY.md",
-)
-
-
-def clear_previous_export(out: Path):
-    """Remove what an earlier export wrote to ``out`` (only the names export writes, for any engine), so nothing
-    stale stays."""
-    for name in OUTPUTS + tuple(name for engine in engines.ENGINES.values() for name in engine.outputs()):
-        path = out / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
 
 
 def copy_archive(source: Path, target: Path):

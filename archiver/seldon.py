@@ -42,7 +42,6 @@ a failure leaves no OUT (or the previous one, with --force).
 import json
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from decimal import Decimal
 from importlib import metadata
@@ -55,7 +54,7 @@ import yaml
 from handlers import archives as archive_files
 from handlers import identity, ts_config
 
-from . import crds, kserve, kserve_engine, kube, mlserver
+from . import crds, kserve, kserve_engine, kube, mlserver, out_dir
 from .errors import UserError
 from .kube import check_resources, label, suggest
 
@@ -155,16 +154,9 @@ def export(options: SeldonOptions) -> SeldonExport:
     """Check everything, then write the tree into a directory beside OUT and rename it into place."""
     plan = check(options)
     out = Path(options.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tsctl-", dir=out.parent))
-    try:
+    with out_dir.written_beside(out) as staging:
         written = write(plan, options, staging)
-        replace(out, staging)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    files = [out / path.relative_to(staging) for path in written]
-    return SeldonExport(files, plan.notes, curl_lines(options, plan))
+    return SeldonExport(out_dir.moved(written, staging, out), plan.notes, curl_lines(options, plan))
 
 
 # ---- checks -------------------------------------------------------------------------------------------
@@ -200,16 +192,9 @@ def check(options: SeldonOptions) -> Plan:
 
 
 def check_out(options: SeldonOptions):
-    out = Path(options.out)
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise UserError(f"{out} exists and is not a directory: choose another OUT")
-    if out.is_dir() and any(out.iterdir()) and not options.force:
-        raise UserError(f"{out} exists and is not empty: pass --force to replace it, or choose another OUT")
     inputs = [("--model-store", options.model_store), ("--config", options.config)]
     inputs.append(("--transformer-archive", options.transformer_archive))
-    for flag, value in inputs:
-        if value and out.is_dir() and Path(value).resolve().is_relative_to(out.resolve()):
-            raise UserError(f"{flag} {value} is inside OUT {out}, which the export replaces: choose another OUT")
+    out_dir.check(Path(options.out), options.force, inputs)
 
 
 def check_flags(options: SeldonOptions):
@@ -568,22 +553,6 @@ def write(plan: Plan, options: SeldonOptions, root: Path) -> List[Path]:
     (root / "DEPLOY.md").write_text(deploy_steps(options, plan, served), encoding="utf-8")
     files.append(root / "DEPLOY.md")
     return files
-
-
-def replace(out: Path, staging: Path):
-    """Put ``staging`` where ``out`` is: renames on one filesystem, the previous OUT removed only after."""
-    if not out.exists():
-        staging.rename(out)
-        return
-    previous = Path(tempfile.mkdtemp(prefix=f".{out.name}.previous-", dir=out.parent))
-    previous.rmdir()
-    out.rename(previous)
-    try:
-        staging.rename(out)
-    except BaseException:
-        previous.rename(out)
-        raise
-    shutil.rmtree(previous, ignore_errors=True)
 
 
 # ---- DEPLOY.md ----------------------------------------------------------------------------------------

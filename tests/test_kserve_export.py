@@ -818,3 +818,38 @@ def test_a_split_between_an_image_and_a_text_model_is_refused(mixed, tmp_path):
     with pytest.raises(UserError, match="--split: resnet18 takes image, sentiment takes text; a split sends"):
         export_tree(mixed, "split-kinds", split=[("resnet18", 90), ("sentiment", 10)])
     assert not (mixed / "split-kinds").exists()
+
+
+def test_exporting_into_the_project_is_refused_and_deletes_nothing(project, tmp_path):
+    """OUT holding the store: the export used to clear OUT/model-store (the input) before copying from it."""
+    mine = tmp_path / "mine"
+    shutil.copytree(project, mine)
+    before = sorted(p.name for p in (mine / "model-store").iterdir())
+    for args in ((), ("--force",)):
+        result = cli_export(mine, mine, *args)
+        assert result.exit_code == 2, result.output
+        assert "--model-store" in result.output and "is inside OUT" in result.output, result.output
+    assert sorted(p.name for p in (mine / "model-store").iterdir()) == before
+    assert (mine / "config" / "config.properties").is_file()
+
+
+def test_a_non_empty_out_needs_force_and_a_failed_write_keeps_the_previous_one(project, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    result = cli_export(project, out)
+    assert result.exit_code == 2 and "exists and is not empty: pass --force" in result.output, result.output
+
+    def broken(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(kserve, "write_inputs", broken)
+    with pytest.raises(OSError, match="disk full"):
+        kserve.export(options(project, out, force=True))
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and (out / "keep.txt").read_text() == "mine"
+    monkeypatch.undo()
+    result = cli_export(project, out, "--force")
+    assert result.exit_code == 0, result.output
+    assert not (out / "keep.txt").exists() and (out / "DEPLOY.md").is_file()  # nothing stale stays
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert ".tsctl-" not in (out / "DEPLOY.md").read_text()  # written beside OUT, no trace of where
