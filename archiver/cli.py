@@ -97,7 +97,10 @@ def init(name, kind, as_json):
 @main.command(cls=Command)
 @click.option("--model-name", required=True, help="Model name (the URL path /predictions/NAME).")
 @click.option("--version", "version", default="1.0", show_default=True, help="Model version.")
-@click.option("--serialized-file", help="Weights: state_dict .pt/.pth, TorchScript, .pt2 or .safetensors.")
+@click.option(
+    "--serialized-file",
+    help="Weights: state_dict .pt/.pth, TorchScript, .pt2, .safetensors, .onnx, or a Hugging Face model directory.",
+)
 @click.option("--model-file", help="Python file defining the model class (eager and safetensors weights).")
 @click.option("--handler", required=True, help="A toolkit handler (image_classifier) or your handler .py file.")
 @click.option("--extra-files", default="", help="Comma-separated files or directories to add.")
@@ -297,9 +300,7 @@ def stop(home, as_json):
             }
         )
     elif srv is None:
-        click.echo(
-            f"no server is running from {server.where(home)}: nothing to stop (or pass --home to where it was started)"
-        )
+        click.echo(f"no server is running from {server.where(home)}: nothing to stop (or {server.elsewhere(home)})")
     elif stopped:
         click.echo(f"{chosen.title} stopped")
     else:

@@ -93,8 +93,10 @@ def check_keys(properties: Dict[str, str], path):
 def archives_in(model_store: Path):
     """Model archives in the store: *.mar, *.tar.gz and unpacked directories with a manifest."""
     model_store = Path(model_store)
-    if not model_store.is_dir():
-        raise UserError(f"model store {model_store} does not exist: build archives with 'tsctl package' first")
+    try:
+        ts_config.check_store(model_store)
+    except ts_config.ConfigError as exc:
+        raise UserError(str(exc)) from None
     found = []
     for p in sorted(model_store.iterdir()):
         if p.name.startswith("."):

@@ -519,6 +519,15 @@ def where(home) -> str:
     return str(home) if path.is_absolute() else f"{home} (in {path.resolve().parent})"
 
 
+def elsewhere(home) -> str:
+    """How to point at the server: ``--home HOME/.tsctl`` when that directory records one (``--home`` was
+    given the project instead of its state directory), else to pass --home to where it was started."""
+    inside = Path(home) / ".tsctl"
+    if (inside / STATE_FILE).is_file():
+        return f"{inside} records one: pass --home {inside}"
+    return "pass --home to where it was started"
+
+
 def recorded_in(home) -> Optional[Server]:
     """The server ``home``'s server.json records (None without one); a file that is not tsctl's is one
     UserError naming it."""
@@ -537,10 +546,7 @@ def running(home) -> Server:
     and how to point at another state directory (``--home``)."""
     srv = recorded_in(home)
     if srv is None:
-        raise UserError(
-            f"no server is running from {where(home)}: start one with 'tsctl serve', or pass --home to where "
-            "it was started"
-        )
+        raise UserError(f"no server is running from {where(home)}: start one with 'tsctl serve', or {elsewhere(home)}")
     if not group_alive(srv.pid):
         raise UserError(
             f"the server started from {where(home)} (pid {srv.pid}) is no longer running: start it again with "

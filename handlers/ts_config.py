@@ -168,6 +168,9 @@ def models(config: Optional[Path], model_store: Path) -> "tuple[List[ModelSpec],
 
 
 def check_store(model_store: Path):
+    """A one-line ConfigError unless ``model_store`` is a directory."""
+    if Path(model_store).exists() and not Path(model_store).is_dir():
+        raise ConfigError(f"model store {model_store} is a file, not a directory: give the directory of the archives")
     if not Path(model_store).is_dir():
         raise ConfigError(f"model store {model_store} does not exist: build archives with 'tsctl package'")
 

@@ -300,6 +300,11 @@ def test_commands_run_where_no_server_was_started_mention_home(root, tmp_path):
                 f"error: {Path('.tsctl/server.json').resolve()} is not a server record tsctl wrote: remove it, or "
                 "pass --home to where the server was started"
             ), result.output
+        # --home given the project, one level above the state directory that records the server
+        server.write_state(dead)
+        for args in (["stop"], ["predict", "image", str(photo)]):
+            result = runner.invoke(main, [*args, "--home", "."])
+            assert ".tsctl records one: pass --home .tsctl" in result.output, result.output
 
 
 # ---- serve --engine kserve without the kserve extra ----------------------------------------------------

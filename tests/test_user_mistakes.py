@@ -48,6 +48,8 @@ def tsctl(*args, cwd=None):
         (["predict", "tensor", "afile", "--timeout", "-1"], "--timeout"),
         (["verify", "model-store/tensor.mar", "--served", "--timeout", "0"], "--timeout"),
         (["serve", "--timeout", "0"], "--timeout"),
+        (["config", "--model-store", "afile"], "model store afile is a file, not a directory"),
+        (["serve", "--model-store", "afile"], "afile is a file, not a directory: give the directory of the archives"),
     ],
 )
 def test_a_path_or_value_in_the_way_is_one_line(store, args, message):
