@@ -93,10 +93,21 @@ def _weights_problem(handler: str, serialized: str, model_file: Optional[str]) -
             )
         return f"--serialized-file {serialized} is a directory: --handler {handler} takes one weights file"
     suffix = os.path.splitext(serialized)[1].lower()
-    if model_file or suffix in (".onnx", ".pt2"):
+    if suffix in (".onnx", ".pt2"):
         return None
     if suffix == ".safetensors":
+        if not is_safetensors(serialized):
+            return f"--serialized-file {serialized} is not a safetensors file: save it with safetensors.torch.save_file"
+        if model_file:
+            return None
         return f"--serialized-file {serialized} holds only weights: pass --model-file model.py defining the model class"
+    if model_file:
+        if is_torch_save(serialized) or is_torchscript(serialized):
+            return None
+        return (
+            f"--serialized-file {serialized} is not weights torch.save wrote (a state_dict), which --model-file "
+            f"{model_file} needs: save the model's state_dict with torch.save"
+        )
     if not is_torchscript(serialized):
         return (
             f"--serialized-file {serialized} is not TorchScript (a state_dict or a pickled model): pass "
@@ -124,6 +135,33 @@ def is_torchscript(path: str) -> bool:
     except Exception:  # noqa: BLE001 - not a zip, or one zipfile cannot read: not TorchScript either way
         return False
     return any("/code/" in n or n.endswith("/constants.pkl") for n in names)
+
+
+def is_torch_save(path: str) -> bool:
+    """True for what ``torch.save`` writes: a zip holding ``data.pkl``, or (before torch 1.6, or with
+    ``_use_new_zipfile_serialization=False``) a pickle, which starts with the PROTO opcode."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            return any(n == "data.pkl" or n.endswith("/data.pkl") for n in z.namelist())
+    except Exception:  # noqa: BLE001 - not a zip: maybe the older pickle format
+        pass
+    try:
+        with open(path, "rb") as f:
+            return f.read(1) == b"\x80"
+    except OSError:
+        return False
+
+
+def is_safetensors(path: str) -> bool:
+    """True when the file starts as safetensors does: an 8-byte little-endian header length, then a JSON
+    object that fits in the file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+            size = os.fstat(f.fileno()).st_size
+    except OSError:
+        return False
+    return len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") <= size - 8
 
 
 def sentence_modules_problem(directory: str) -> Optional[str]:

@@ -405,7 +405,13 @@ def test_handlers_that_cannot_fit_their_model_are_refused_at_package_time(image_
     torch.save(resnet18().state_dict(), state_dict)
     pickled = tmp_path / "pickled.pth"
     torch.save(torch.nn.Linear(2, 2), pickled)
-    (tmp_path / "w.safetensors").write_bytes(b"")
+    from safetensors.torch import save_file
+
+    save_file({"weight": torch.zeros(2, 2)}, str(tmp_path / "w.safetensors"))
+    (tmp_path / "empty.safetensors").write_bytes(b"")
+    legacy = tmp_path / "legacy.pth"  # torch.save's pre-1.6 format: a pickle, no zip
+    torch.save(resnet18().state_dict(), legacy, _use_new_zipfile_serialization=False)
+    photo = image_sample / "kitten.jpg"
     (tmp_path / "vocab.pt").write_bytes(b"")
     (tmp_path / "model.py").write_text("import torch\n")
     cases = [
@@ -441,6 +447,20 @@ def test_handlers_that_cannot_fit_their_model_are_refused_at_package_time(image_
             "--model-file",
         ),
         (
+            dict(handler="image_classifier", serialized_file=str(photo), model_file=str(image_sample / "model.py")),
+            f"--serialized-file {photo} is not weights torch.save wrote (a state_dict)",
+            "save the model's state_dict with torch.save",
+        ),
+        (
+            dict(
+                handler="tensor",
+                serialized_file=str(tmp_path / "empty.safetensors"),
+                model_file=str(tmp_path / "model.py"),
+            ),
+            "is not a safetensors file",
+            "safetensors.torch.save_file",
+        ),
+        (
             dict(
                 handler="text_classifier",
                 serialized_file=str(tmp_path / "vocab.pt"),
@@ -472,6 +492,7 @@ def test_handlers_that_cannot_fit_their_model_are_refused_at_package_time(image_
         dict(handler="text_embedder", serialized_file=str(classifier)),
         dict(handler="text_classifier", serialized_file=str(classifier)),
         dict(handler="image_classifier", serialized_file=str(state_dict), model_file=str(image_sample / "model.py")),
+        dict(handler="image_classifier", serialized_file=str(legacy), model_file=str(image_sample / "model.py")),
     ):
         assert mar.package(mar.PackageOptions(model_name="ok", export_path=str(tmp_path / "ok"), force=True, **options))
 
