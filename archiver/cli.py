@@ -148,7 +148,7 @@ def package(golden, as_json, **flags):
         path, planned = mar.build(options)
         recorded = None
     size = path.stat().st_size if path.is_file() else sum(s for _, s in mar.list_entries(path))
-    emit(reports.package_report(path, size, planned.followed, recorded), reports.package_text, as_json)
+    emit(reports.package_report(path, size, planned, recorded), reports.package_text, as_json)
 
 
 @main.command(cls=Command)

@@ -92,6 +92,7 @@ class Plan:
     entries: Dict[str, Source]
     manifest: dict
     followed: List[Tuple[Path, Path]] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)  # what will work, but maybe not as meant
 
 
 def archive_path(export_path, model_name: str, archive_format: str = "default") -> Path:
@@ -205,10 +206,12 @@ def plan(options: PackageOptions) -> Plan:
         inputs.put(name_in_mar, content, "the archive's requirements (--requirements-file)")
         model["requirementsFile"] = name_in_mar
 
+    settings = {}
     if options.config_file:
         config = inputs.add(options.config_file, "--config-file")
-        check_model_config(config, kind.settings if kind else None)
+        settings = check_model_config(config, kind.settings if kind else None).get("handler") or {}
         model["configFile"] = config.name
+    notes = _label_notes(fitted, settings, inputs.entries)
 
     if bundle:
         taken = sorted(n for n in inputs.entries if n.split("/", 1)[0] == "handlers")
@@ -226,7 +229,19 @@ def plan(options: PackageOptions) -> Plan:
         "model": model,
         "archiverVersion": ARCHIVER_VERSION,
     }
-    return Plan(inputs.entries, manifest, inputs.followed)
+    return Plan(inputs.entries, manifest, inputs.followed, notes)
+
+
+def _label_notes(fitted: str, settings: dict, entries: Dict[str, Source]) -> List[str]:
+    """A note when an image classifier's archive holds no labels file: its answers are then keyed by
+    class index (``"238"``), which reads as broken to whoever expected names."""
+    labels = settings.get("labels", "index_to_name.json") if isinstance(settings, dict) else "index_to_name.json"
+    if fitted != "image_classifier" or not isinstance(labels, str) or labels in entries:
+        return []
+    return [
+        f"the archive holds no {labels} (handler.labels): answers name classes by index ('238'), not label; "
+        f"add it with --extra-files {labels}"
+    ]
 
 
 class Inputs:

@@ -38,13 +38,15 @@ def init_text(report: dict) -> List[str]:
 
 
 # ---- tsctl package ------------------------------------------------------------------------------------
-def package_report(path: Path, size: int, followed: Iterable[Tuple[Path, Path]], golden: Optional[dict]) -> dict:
-    """``golden``: the golden.json recorded (package --golden), else None."""
+def package_report(path: Path, size: int, planned, golden: Optional[dict]) -> dict:
+    """``planned``: the build's archiver.mar.Plan; ``golden``: the golden.json recorded (package --golden),
+    else None."""
     return {
         "path": str(path),
         "bytes": size,
-        "followed": [{"link": str(link), "target": str(real)} for link, real in followed],
+        "followed": [{"link": str(link), "target": str(real)} for link, real in planned.followed],
         "golden": golden_summary(golden) if golden is not None else None,
+        "notes": list(planned.notes),
     }
 
 
@@ -56,7 +58,7 @@ def package_text(report: dict) -> List[str]:
         lines.append(
             f"  golden: {golden['answers']} answers recorded (statuses {golden['statuses']}); check with 'tsctl verify'"
         )
-    return lines
+    return lines + [f"note: {note}" for note in report["notes"]]
 
 
 def golden_summary(recorded: dict) -> dict:

@@ -96,6 +96,8 @@ def test_package_inspect_and_config(project, tmp_path):
     assert report["path"] == str(archive) and report["bytes"] == archive.stat().st_size
     assert report["followed"] == [{"link": str(project / "link.json"), "target": str(project / "labels.json")}]
     assert report["golden"] is None
+    [note] = report["notes"]  # the labels went in as link.json
+    assert "holds no index_to_name.json" in note and "--extra-files index_to_name.json" in note, note
 
     shown = run_json("inspect", archive)
     assert_shaped_like(shown, documented("inspect"))
@@ -137,6 +139,7 @@ def test_package_with_golden_and_inspect_it(image_sample, jpegs, tmp_path):
     assert golden["answers"] == 2 and golden["names"] == ["cat.jpg", "not-an-image.jpg"]
     assert golden["statuses"] == [200, 400] and golden["handler"] == "handlers.image.ImageClassifier"
     assert "torch" in golden["versions"] and golden["settings"]["top_k"] == 5
+    assert report["notes"] == []  # index_to_name.json is in it
 
     shown = run_json("inspect", store / "resnet18.mar")
     assert_shaped_like(shown, documented("inspect"))

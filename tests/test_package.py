@@ -237,3 +237,35 @@ def test_a_build_killed_mid_write_leaves_the_old_archive_and_no_temp_file(image_
     process.wait(timeout=30)
     assert sorted(p.name for p in store.iterdir()) == ["resnet18.mar"]
     assert (store / "resnet18.mar").read_bytes() == previous
+
+
+@pytest.mark.parametrize(
+    "handler, config, extra, noted",
+    [
+        ("image_classifier", None, "index_to_name.json", False),
+        ("image_classifier", None, None, True),
+        ("image_classifier", "handler:\n  labels: classes.json\n", "classes.json", False),
+        ("image_classifier", "handler:\n  labels: classes.json\n", "index_to_name.json", True),
+        ("tensor", None, None, False),  # a tensor model answers tensors: no labels to miss
+    ],
+)
+def test_an_image_classifier_without_its_labels_file_gets_a_note(image_sample, tmp_path, handler, config, extra, noted):
+    """Without labels the answers name classes by index ('238': 0.02), which a newcomer read as broken."""
+    options = dict(handler=handler, serialized_file=str(image_sample / "resnet18.pt"))
+    options.update(model_file=str(image_sample / "model.py"))
+    if config:
+        (tmp_path / "model-config.yaml").write_text(config)
+        options.update(config_file=str(tmp_path / "model-config.yaml"))
+    if extra:
+        (tmp_path / extra).write_text('{"0": "tench"}')
+        options.update(extra_files=[str(tmp_path / extra)])
+    planned = mar.plan(mar.PackageOptions(model_name="m", export_path=str(tmp_path / "s"), **options))
+    labels = "classes.json" if config else "index_to_name.json"
+    assert planned.notes == (
+        [
+            f"the archive holds no {labels} (handler.labels): answers name classes by index "
+            f"('238'), not label; add it with --extra-files {labels}"
+        ]
+        if noted
+        else []
+    )
