@@ -170,12 +170,46 @@ def render(properties: Dict[str, str]) -> str:
             "# Under KServe (mounted at /mnt/models) as is only when its image has every archive's requirements",
             "# (tsctl config names each archive whose requirements it lacks); else use 'tsctl export kserve'.",
         ]
-    # Plain key=value, not javaproperties' escaped form: pytorch/serve's kserve_wrapper reads this file by
-    # splitting each line at its first '=', so the snapshot's JSON must stay as it is ('\:' would reach
-    # json.loads). tsctl's own values (addresses, /mnt/models paths, the JSON of names check_carriable allows)
-    # hold no backslash and start with no blank, so Java reads them back unchanged (test_properties_reading.py).
-    lines += [f"{key}={value}" for key, value in properties.items()]
+    # key=value with only what Java would misread escaped, not javaproperties' fully escaped form:
+    # pytorch/serve's kserve_wrapper reads this file by splitting each line at its first '=', so the
+    # snapshot's JSON must stay as it is ('\:' would reach json.loads). tsctl's own values (addresses,
+    # /mnt/models paths, the JSON of names check_carriable allows) need no escape and are written as they
+    # are; a user's value with a backslash, a line break, a leading blank or a character beyond
+    # ISO-8859-1 is escaped, so Java reads back what was read (test_properties_reading.py).
+    lines += [f"{java_key(key)}={java_value(value)}" for key, value in properties.items()]
     return "\n".join(lines) + "\n"
+
+
+def java_value(value: str) -> str:
+    """``value`` as java.util.Properties.load reads it back from an ASCII file: backslashes, line breaks, a
+    leading blank and characters beyond ASCII escaped; ':' and '=' left as they are (a value may hold them)."""
+    return _escaped(value, "", leading=" \t\f")
+
+
+def java_key(key: str) -> str:
+    """``key`` escaped as Java reads keys: also its '=', ':' and blanks, and a leading '#' or '!'."""
+    return _escaped(key, "=: \t\f", leading="#!")
+
+
+def _escaped(text: str, anywhere: str, leading: str) -> str:
+    named = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\f": "\\f", "\t": "\\t"}
+    out = []
+    for i, c in enumerate(text):
+        if c in anywhere or (i == 0 and c in leading):
+            out.append(named.get(c, "\\" + c))
+        elif c in "\\\n\r":
+            out.append(named[c])
+        elif ord(c) < 128:
+            out.append(c)
+        else:
+            out.append("".join(f"\\u{u:04x}" for u in utf16(c)))
+    return "".join(out)
+
+
+def utf16(c: str) -> List[int]:
+    """The UTF-16 code units of one character (two for one beyond the Basic Multilingual Plane)."""
+    data = c.encode("utf-16-be")
+    return [int.from_bytes(data[i : i + 2], "big") for i in range(0, len(data), 2)]
 
 
 def kserve_gaps(model_store, runtime_name: str = DEFAULT_RUNTIME) -> List[str]:

@@ -181,3 +181,41 @@ def test_java_reads_the_same_values(tmp_path, text):
     assert dict(properties.read_properties(path)) == java
     if "model_snapshot" in java:
         assert json.loads(java["model_snapshot"])["models"]["resnet18"]["1.0"]["maxWorkers"] == 3
+
+
+TRICKY = {
+    "windows_path": "C:\\models\\store",  # a backslash Java would read as an escape
+    "lines": "one\ntwo\r\nthree",
+    "leading": "  spaced",
+    "tabbed": "\tx\ty",
+    "accents": "café",  # beyond ASCII: Java reads the file as ISO-8859-1
+    "snowman": "☃ and 🐍",  # beyond ISO-8859-1, and beyond the BMP
+    "url": "http://0.0.0.0:8085",  # ':' and '=' stay as they are (kserve_wrapper splits at the first '=')
+    "equals": "a=b",
+    "key with = and : in it": "v",
+    "#not a comment": "w",
+    "!neither": "z",
+    "empty": "",
+}
+
+
+def test_what_render_writes_java_reads_back_as_it_was(tmp_path):
+    """export kserve reads a user's config and writes it again: a value Java would read another way (a
+    Windows path's backslash, a line break, a leading blank, a non-ASCII letter) is escaped, and tsctl's
+    own values are written as they are."""
+    path = tmp_path / "config.properties"
+    path.write_text(properties.render(TRICKY), encoding="ascii")
+    assert dict(properties.read_properties(path)) == TRICKY
+    assert "url=http://0.0.0.0:8085\n" in path.read_text() and "equals=a=b\n" in path.read_text()
+    if shutil.which("java"):
+        (tmp_path / "Dump.java").write_text(JAVA_DUMP)
+        done = subprocess.run(
+            ["java", str(tmp_path / "Dump.java"), str(path)], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+
+        def unhex(word):
+            return "".join(chr(int(word[i : i + 4], 16)) for i in range(1, len(word), 4))
+
+        java = dict(tuple(map(unhex, line.split(" "))) for line in done.stdout.splitlines())
+        assert {k: v.encode("utf-16", "surrogatepass").decode("utf-16") for k, v in java.items()} == TRICKY
