@@ -213,7 +213,8 @@ def test_a_build_killed_mid_write_leaves_the_old_archive_and_no_temp_file(image_
     store = tmp_path / "store"
     previous = package_resnet(image_sample, store).read_bytes()
     big = tmp_path / "big.pt"
-    with open(big, "wb") as f:  # 1.5 GB of zeros: the write takes long enough to be caught in the middle
+    with open(big, "wb") as f:  # 1.5 GB, mostly zeros: the write takes long enough to be caught in the middle
+        f.write(b"\x80\x02")  # begins as torch.save's older pickle format does, which packaging checks
         f.truncate(1536 << 20)
     script = (
         "from archiver import mar; mar.package(mar.PackageOptions(model_name='resnet18', handler='image_classifier', "
