@@ -166,18 +166,25 @@ public class Dump {
 """
 
 
-@pytest.mark.skipif(shutil.which("java") is None, reason="no java on PATH")
-@pytest.mark.parametrize("text", [JAVA_SYNTAX, SPREAD_SNAPSHOT], ids=["syntax", "snapshot"])
-def test_java_reads_the_same_values(tmp_path, text):
-    path = write(tmp_path / "config.properties", text)
-    (tmp_path / "Dump.java").write_text(JAVA_DUMP)
-    done = subprocess.run(["java", str(tmp_path / "Dump.java"), str(path)], capture_output=True, text=True, timeout=120)
+def java_reads(path: Path) -> dict:
+    """What java.util.Properties.load reads from ``path``, as TorchServe's ConfigManager loads it."""
+    (path.parent / "Dump.java").write_text(JAVA_DUMP)
+    command = ["java", str(path.parent / "Dump.java"), str(path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
 
     def unhex(word):
         return "".join(chr(int(word[i : i + 4], 16)) for i in range(1, len(word), 4))
 
-    java = dict(tuple(map(unhex, line.split(" "))) for line in done.stdout.splitlines())
+    pairs = (map(unhex, line.split(" ")) for line in done.stdout.splitlines())
+    return {k: v.encode("utf-16", "surrogatepass").decode("utf-16") for k, v in pairs}  # surrogate pairs joined
+
+
+@pytest.mark.skipif(shutil.which("java") is None, reason="no java on PATH")
+@pytest.mark.parametrize("text", [JAVA_SYNTAX, SPREAD_SNAPSHOT], ids=["syntax", "snapshot"])
+def test_java_reads_the_same_values(tmp_path, text):
+    path = write(tmp_path / "config.properties", text)
+    java = java_reads(path)
     assert dict(properties.read_properties(path)) == java
     if "model_snapshot" in java:
         assert json.loads(java["model_snapshot"])["models"]["resnet18"]["1.0"]["maxWorkers"] == 3
@@ -208,14 +215,4 @@ def test_what_render_writes_java_reads_back_as_it_was(tmp_path):
     assert dict(properties.read_properties(path)) == TRICKY
     assert "url=http://0.0.0.0:8085\n" in path.read_text() and "equals=a=b\n" in path.read_text()
     if shutil.which("java"):
-        (tmp_path / "Dump.java").write_text(JAVA_DUMP)
-        done = subprocess.run(
-            ["java", str(tmp_path / "Dump.java"), str(path)], capture_output=True, text=True, timeout=120
-        )
-        assert done.returncode == 0, done.stderr
-
-        def unhex(word):
-            return "".join(chr(int(word[i : i + 4], 16)) for i in range(1, len(word), 4))
-
-        java = dict(tuple(map(unhex, line.split(" "))) for line in done.stdout.splitlines())
-        assert {k: v.encode("utf-16", "surrogatepass").decode("utf-16") for k, v in java.items()} == TRICKY
+        assert java_reads(path) == TRICKY
