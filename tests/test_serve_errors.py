@@ -19,7 +19,8 @@ def test_a_worker_that_cannot_load_fails_serve_with_its_error(image_sample, tmp_
     broken.mkdir()
     for name in ("model.py", "index_to_name.json", "model-config.yaml"):
         (broken / name).write_bytes((image_sample / name).read_bytes())
-    (broken / "resnet18.pt").write_bytes(b"these are not weights" * 100)
+    # begins as torch.save's pickle does (what packaging checks), then is not weights: only loading finds out
+    (broken / "resnet18.pt").write_bytes(b"\x80\x02" + b"these are not weights" * 100)
     store = tmp_path / "model-store"
     package_resnet(broken, store)
     home = short_tmp("ts-")
