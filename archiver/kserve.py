@@ -742,8 +742,8 @@ def requirements_steps(options: ExportOptions, locked: Dict[Path, dict]) -> List
         f"When the pod starts, TorchServe installs the requirements of {', '.join(needing)} into each model's "
         "directory with pip, from the package index the image's pip uses (PyPI unless the image configures "
         "another): the cluster needs outbound access to it, and the model is READY only once the install is done. "
-        "Without that access, export again with `--offline`: the locked wheels then go inside the archive and the "
-        "install needs no index.",
+        "Without that access, export again with `--offline --force`: the locked wheels then go inside the archive "
+        "and the install needs no index.",
         "",
     ]
 

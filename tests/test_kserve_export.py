@@ -456,7 +456,7 @@ def test_deploy_md_runs_from_its_directory_and_its_bodies_get_200(mixed, tmp_pat
     deploy = (out / "DEPLOY.md").read_text()
     # the text model's requirements: installed in the pod from the index, --offline the way around it
     assert "installs the requirements of sentiment.mar (" in deploy and "the cluster needs outbound access" in deploy
-    assert "export again with `--offline`" in deploy
+    assert "export again with `--offline --force`" in deploy
 
     bodies = {name: json.loads((out / body).read_text()) for name, body in MODELS.items()}
     image = (out / "inputs" / "sample.png").read_bytes()
