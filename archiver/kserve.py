@@ -113,32 +113,32 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     manifests["pvc-copy-pod.yaml"] = copy_pod(options, claim)
     manifests["pvc.yaml"] = claim_manifest(options, claim, archives)
 
-    with out_dir.written_beside(Path(options.out)) as out:
-        (out / "config").mkdir()
-        (out / "model-store").mkdir()
+    with out_dir.written_beside(Path(options.out)) as staging:
+        (staging / "config").mkdir()
+        (staging / "model-store").mkdir()
         properties["model_snapshot"] = json.dumps(snapshot, separators=(",", ":"))
-        files = [out / "config" / "config.properties"]
+        files = [staging / "config" / "config.properties"]
         files[0].write_text(render(properties), encoding="utf-8")
         for archive in archives:
-            target = out / "model-store" / archive.name
+            target = staging / "model-store" / archive.name
             if archive in locked:
                 rewrite_archive(archive, target, locked[archive])
             else:
                 copy_archive(archive, target)
             files.append(target)
-        files += engine.write_files(out, options, archives)
+        files += engine.write_files(staging, options, archives)
         if transformer_archive is not None:
-            (out / "transformer").mkdir()
-            copy_archive(transformer_archive, out / "transformer" / transformer_archive.name)
-            files.append(out / "transformer" / transformer_archive.name)
+            (staging / "transformer").mkdir()
+            copy_archive(transformer_archive, staging / "transformer" / transformer_archive.name)
+            files.append(staging / "transformer" / transformer_archive.name)
         for name, manifest in manifests.items():
-            (out / name).write_text(yaml.safe_dump(manifest, sort_keys=False), encoding="utf-8")
-            files.append(out / name)
-        files += write_inputs(out, inputs)
+            (staging / name).write_text(yaml.safe_dump(manifest, sort_keys=False), encoding="utf-8")
+            files.append(staging / name)
+        files += write_inputs(staging, inputs)
         deploy = deploy_steps(options, claim, sub_path, archives, curls, models, locked)
-        (out / "DEPLOY.md").write_text(deploy, encoding="utf-8")
-        files.append(out / "DEPLOY.md")
-    return Export(out_dir.moved(files, out, Path(options.out)), notes, curls)
+        (staging / "DEPLOY.md").write_text(deploy, encoding="utf-8")
+        files.append(staging / "DEPLOY.md")
+    return Export(out_dir.moved(files, staging, Path(options.out)), notes, curls)
 
 
 # ---- checks -------------------------------------------------------------------------------------------
