@@ -33,6 +33,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import yaml
 
+from handlers import ts_config
+
 from . import crds, engines, kube, out_dir, runtimes
 from .choices import KSERVE_PROTOCOLS
 from .errors import UserError
@@ -97,6 +99,7 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     snapshot = snapshot_of(properties, config_path)
     engine.check_properties(properties, config_path)
     archives = check_models(snapshot, Path(options.model_store), notes, engine.envelope_batches())
+    notes += memory_notes(options, snapshot)
     check_split(options, snapshot)
     transformer_archive = check_transformer(options, snapshot)
     locked = engine.prepare(options, properties, archives, notes, scratch)
@@ -172,11 +175,37 @@ def check_options(options: ExportOptions) -> Tuple[str, str]:
     return match.group(1), (match.group(3) or "/").strip("/")
 
 
+WORKER_BYTES = 1 << 30  # one model worker's peak RSS, rounded up: 875-956 MiB measured for resnet18 and
+# all-MiniLM-L6-v2 (BENCHMARKS.md, "tsctl engine"); a bigger model needs more
+
+
+def memory_notes(options: ExportOptions, snapshot: dict) -> List[str]:
+    """A note when the predictor's one container (``--memory``) cannot hold a worker per minWorkers of every
+    model at about WORKER_BYTES each, with 1 GiB more for the server and headroom (TorchServe's JVM: 209 MiB
+    after warm-up, measured beside two resnet18 workers of 785 MiB; its heap may grow to a quarter of the
+    container's limit): such a container is OOM-killed under load, or as its last workers load."""
+    workers = sum(
+        max(1, int(entry.get("minWorkers", 1) or 1))
+        for versions in snapshot.get("models", {}).values()
+        for entry in versions.values()
+    )
+    needed = (workers + 1) * WORKER_BYTES
+    if kube.memory_bytes(options.memory) >= needed:
+        return []
+    return [
+        f"the predictor runs {workers} model worker{'s' if workers != 1 else ''} in one container of --memory "
+        f"{options.memory}; a worker peaks near 1 GiB (875-956 MiB measured for resnet18 and all-MiniLM-L6-v2), "
+        f"so give at least --memory {workers + 1}Gi (or fewer minWorkers), more for bigger models"
+    ]
+
+
 def check_models(snapshot: dict, store: Path, notes: List[str], envelope_batches: bool = True) -> List[Path]:
     """Each snapshot entry's archive exists and names the same model; with ``envelope_batches`` (TorchServe
     under KServe), batch sizes safe under its envelope."""
-    if not store.is_dir():
-        raise UserError(f"model store {store} does not exist: build archives with 'tsctl package'")
+    try:
+        ts_config.check_store(store)
+    except ts_config.ConfigError as exc:
+        raise UserError(str(exc)) from None
     archives = []
     for name, versions in snapshot.get("models", {}).items():
         for version, entry in versions.items():

@@ -9,6 +9,8 @@ from .errors import UserError
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 MEMORY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([KMGTPE]i|[kMGTPE])?$")
 CPU = re.compile(r"^([0-9]+(?:\.[0-9]+)?m?)$")
+UNITS = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+UNITS.update({f"{unit.upper()}i": 2 ** (10 * power) for power, unit in enumerate("kMGTPE", 1)})
 LABEL_RULE = "lowercase letters, digits and '-', starting and ending with a letter or digit, at most 63 characters"
 
 
@@ -21,6 +23,12 @@ def label(value: str, what: str, fix: str):
 def suggest(name: str) -> str:
     """A DNS-1123 label close to ``name``, for the fix of an error."""
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:63].strip("-") or "model"
+
+
+def memory_bytes(memory: str) -> int:
+    """A memory quantity (``2Gi``, ``1500M``, ``1073741824``) in bytes; check_resources has checked it."""
+    number, unit = MEMORY.match(memory).groups()
+    return int(Decimal(number) * UNITS.get(unit, 1))
 
 
 def check_resources(cpu: str, memory: str):

@@ -853,3 +853,20 @@ def test_a_non_empty_out_needs_force_and_a_failed_write_keeps_the_previous_one(p
     assert not (out / "keep.txt").exists() and (out / "DEPLOY.md").is_file()  # nothing stale stays
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
     assert ".tsctl-" not in (out / "DEPLOY.md").read_text()  # written beside OUT, no trace of where
+
+
+@pytest.mark.parametrize(
+    "memory, noted",
+    [("2Gi", "give at least --memory 5Gi"), ("5Gi", None), ("4500Mi", "give at least --memory 5Gi"), ("6G", None)],
+)
+def test_a_container_too_small_for_its_workers_gets_a_note(project, tmp_path, memory, noted):
+    """The project's 4 models run a worker each in the predictor's one container: 2Gi (the default) cannot
+    hold 4 workers of ~1 GiB and the server."""
+    result = kserve.export(options(project, tmp_path / "out", memory=memory))
+    said = [note for note in result.notes if "model worker" in note]
+    if noted:
+        [note] = said
+        assert note.startswith(f"the predictor runs 4 model workers in one container of --memory {memory};"), note
+        assert noted in note, note
+    else:
+        assert said == []

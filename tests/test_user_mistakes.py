@@ -50,6 +50,10 @@ def tsctl(*args, cwd=None):
         (["serve", "--timeout", "0"], "--timeout"),
         (["config", "--model-store", "afile"], "model store afile is a file, not a directory"),
         (["serve", "--model-store", "afile"], "afile is a file, not a directory: give the directory of the archives"),
+        (
+            ["export", "kserve", "o", "--name", "x", "--storage-uri", "pvc://c/p", "--model-store", "afile"],
+            "model store afile is a file, not a directory",
+        ),
     ],
 )
 def test_a_path_or_value_in_the_way_is_one_line(store, args, message):
