@@ -25,6 +25,7 @@ import json
 import math
 import random
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -188,17 +189,25 @@ def test_a_bad_request_fails_alone_in_its_batch(srv, store):
         (v2([{"name": "input-0", "shape": [1], "datatype": "FP32", "data": [1.5]}]), 400),  # not text
     ]
     [(_, want)] = in_process(store, "sentiment", [good])
-    before = len(batch_lines(srv))
     bodies = [(good, "application/json")] * 4 + [(body, "application/json") for body, _ in bad]
-    results = post_mixed_concurrently(srv, "/v2/models/sentiment/infer", bodies)
-    for status, body in results[:4]:
-        assert status == 200, body
-        assert_close(outputs(body), outputs(want))
-    for (status, body), (_, expected) in zip(results[4:], bad):
-        assert status in (400, 413, 422), body
-        assert isinstance(body, dict) and body.get("error"), body
-    lines = batch_lines(srv)[before:]
-    assert any(line["rejected"] and line["size"] > line["rejected"] for line in lines), lines
+    mixed = False
+    for _ in range(5):  # on a loaded machine the requests may reach the worker one batch each: send again
+        before = len(batch_lines(srv))
+        results = post_mixed_concurrently(srv, "/v2/models/sentiment/infer", bodies)
+        for status, body in results[:4]:
+            assert status == 200, body
+            assert_close(outputs(body), outputs(want))
+        for (status, body), (_, expected) in zip(results[4:], bad):
+            assert status in (400, 413, 422), body
+            assert isinstance(body, dict) and body.get("error"), body
+        deadline = time.monotonic() + 10  # the log line is written after the answers
+        while not mixed and time.monotonic() < deadline:
+            lines = batch_lines(srv)[before:]
+            mixed = any(line["rejected"] and line["size"] > line["rejected"] for line in lines)
+            time.sleep(0.2)
+        if mixed:
+            break
+    assert mixed, batch_lines(srv)[-20:]  # a bad request shared a batch with good ones, which all answered
     # an id MLServer would echo into its headers, and a header describing a body the handler never sees
     status, body = server.request(srv.predict_url("sentiment"), json.dumps({"id": "a\nb", **json.loads(good)}).encode(),
                                   "POST", {"Content-Type": "application/json"}, 60)  # fmt: skip
