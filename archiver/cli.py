@@ -10,6 +10,7 @@ import base64
 import json
 import logging
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -26,14 +27,47 @@ class Command(click.Command):
     """Runs the command and turns our errors into one line on stderr and an honest exit code."""
 
     def invoke(self, ctx):
-        from handlers.archives import ArchiveError
-        from handlers.signing import SignatureError
-
         try:
             return super().invoke(ctx)
-        except (UserError, ServerError, ArchiveError, SignatureError) as error:
+        except our_errors() as error:
             click.secho(f"error: {error}", fg="red", err=True)
             ctx.exit(error.exit_code)
+
+
+def our_errors() -> tuple:
+    """The errors a command reports in one line (tsctl's own, and the archive readers'); imported when
+    asked, so that --help loads no handlers."""
+    from handlers.archives import ArchiveError
+    from handlers.signing import SignatureError
+
+    return (UserError, ServerError, ArchiveError, SignatureError)
+
+
+@contextmanager
+def handler_errors(archive):
+    """Around an archive's handler run in-process: our errors pass as they are, any other (the handler's
+    own, failing to load or to answer) becomes one line naming ``archive`` (``handler_failure``)."""
+    try:
+        yield
+    except our_errors():
+        raise
+    except Exception as exc:
+        raise handler_failure(archive, exc) from None
+
+
+SERVER_HOME = "The server's state directory: what 'tsctl serve --home' was given."
+
+
+def home_option(help_text: str = SERVER_HOME):
+    """``--home DIR``: the state directory of the server 'tsctl serve' starts (default .tsctl)."""
+    return click.option("--home", default=".tsctl", show_default=True, help=help_text)
+
+
+def timeout_option(default: float, help_text: str):
+    """``--timeout SECONDS``, above 0."""
+    return click.option(
+        "--timeout", type=click.FloatRange(0, min_open=True), default=default, show_default=True, help=help_text
+    )
 
 
 def engine_option(help_text: str):
@@ -129,8 +163,6 @@ def init(name, kind, as_json):
 @json_option
 def package(golden, as_json, **flags):
     """Build model-store/NAME.mar (torch-model-archiver's flags)."""
-    from handlers.archives import ArchiveError
-
     from . import mar, reports
 
     extra = [p.strip() for p in flags.pop("extra_files").split(",") if p.strip()]
@@ -138,12 +170,8 @@ def package(golden, as_json, **flags):
     if golden:
         from . import golden as golden_answers  # runs the archive in-process: imports torch
 
-        try:
+        with handler_errors(options.model_name):  # its handler failing on the golden run: nothing written
             path, planned, recorded = golden_answers.package(options, golden, Progress.for_command(as_json))
-        except (UserError, ArchiveError):
-            raise
-        except Exception as exc:  # the new archive's handler failed on its golden run: nothing was written
-            raise handler_failure(options.model_name, exc) from None
     else:
         path, planned = mar.build(options)
         recorded = None
@@ -233,14 +261,8 @@ def config(
     "store without one).",
 )
 @click.option("--model-store", default="model-store", show_default=True, help="The directory of archives to serve.")
-@click.option("--home", default=".tsctl", show_default=True, help="State directory: logs, pid lock, server.json.")
-@click.option(
-    "--timeout",
-    type=click.FloatRange(0, min_open=True),
-    default=180.0,
-    show_default=True,
-    help="Seconds to wait for every model to be READY.",
-)
+@home_option("State directory: logs, pid lock, server.json.")
+@timeout_option(180.0, "Seconds to wait for every model to be READY.")
 @click.option("--install-deps", is_flag=True, help="pip-install each archive's requirements.txt first, as KServe does.")
 @click.option(
     "--enable-model-api", is_flag=True, help="Allow (re)registering models, e.g. for 'tsctl bench --sweep-batch'."
@@ -276,12 +298,7 @@ def serve(config_path, model_store, home, timeout, install_deps, enable_model_ap
 
 
 @main.command(cls=Command)
-@click.option(
-    "--home",
-    default=".tsctl",
-    show_default=True,
-    help="The server's state directory: what 'tsctl serve --home' was given.",
-)
+@home_option()
 @json_option
 def stop(home, as_json):
     """Stop the server started by 'tsctl serve'."""
@@ -310,19 +327,8 @@ def stop(home, as_json):
 @main.command(cls=Command)
 @click.argument("model")
 @click.argument("inputs", nargs=-1, required=True, type=click.Path())
-@click.option(
-    "--home",
-    default=".tsctl",
-    show_default=True,
-    help="The server's state directory: what 'tsctl serve --home' was given.",
-)
-@click.option(
-    "--timeout",
-    type=click.FloatRange(0, min_open=True),
-    default=60.0,
-    show_default=True,
-    help="Seconds to wait for each answer.",
-)
+@home_option()
+@timeout_option(60.0, "Seconds to wait for each answer.")
 @json_option
 def predict(model, inputs, home, timeout, as_json):
     """Send each INPUT file to MODEL on the running server (where its engine takes one request:
@@ -356,7 +362,7 @@ def predict(model, inputs, home, timeout, as_json):
     help="A running server (TorchServe, KServe, a transformer): http://HOST:PORT, or HOST:PORT; default: in-process.",
 )
 @click.option("--served", is_flag=True, help="Against the server 'tsctl serve' started from --home (either engine).")
-@click.option("--home", default=".tsctl", show_default=True, help="With --served: the server's state directory.")
+@home_option("With --served: the server's state directory.")
 @click.option(
     "--protocol",
     type=click.Choice(["ts", "v1", "v2"]),
@@ -365,13 +371,7 @@ def predict(model, inputs, home, timeout, as_json):
 )
 @click.option("--model", help="The model's name on the server (default: the archive's).")
 @click.option("--atol", type=click.FloatRange(0), default=1e-4, show_default=True, help="How far a number may move.")
-@click.option(
-    "--timeout",
-    type=click.FloatRange(0, min_open=True),
-    default=60.0,
-    show_default=True,
-    help="With a server: seconds to wait for each answer.",
-)
+@timeout_option(60.0, "With a server: seconds to wait for each answer.")
 @click.option("--golden-from", type=click.Path(), help="Use another archive's golden answers (an export's original).")
 @json_option
 @click.option("--public-key", type=click.Path(), help="Check ARCHIVE's signature (package --sign-key) with this key.")
@@ -407,18 +407,10 @@ def verify(archive, url, served, home, protocol, model, atol, timeout, golden_fr
 
     progress = Progress.for_command(as_json)
     if url is None:  # in-process: the handler's log kept off the terminal, its failure one line
-        from handlers.archives import ArchiveError
-        from handlers.signing import SignatureError
-
         from . import inprocess
 
-        with inprocess.quiet_logs():
-            try:
-                report = golden.verify(archive, url, protocol, atol, model, timeout, golden_from, progress)
-            except (UserError, ServerError, ArchiveError, SignatureError):
-                raise
-            except Exception as exc:
-                raise handler_failure(archive, exc) from None
+        with inprocess.quiet_logs(), handler_errors(archive):
+            report = golden.verify(archive, url, protocol, atol, model, timeout, golden_from, progress)
     else:
         try:
             report = golden.verify(archive, url, protocol, atol, model, timeout, golden_from, progress)
@@ -443,20 +435,13 @@ def verify(archive, url, served, home, protocol, model, atol, timeout, golden_fr
 @json_option
 def run(archive, inputs, public_key, as_json):
     """Run ARCHIVE's handler in-process (no server) on each INPUT file, answering as 'tsctl predict' does."""
-    from handlers.archives import ArchiveError
-    from handlers.signing import SignatureError
-
     from . import inprocess, mar
     from .output import Progress
 
     paths = [input_file(p) for p in inputs]
     mar.read_manifest(archive)  # a missing, foreign or unsafe archive is refused before torch loads
-    try:
+    with handler_errors(archive):
         answered = inprocess.run(archive, paths, public_key, Progress.for_command(as_json))
-    except (ArchiveError, SignatureError, UserError, ServerError):
-        raise
-    except Exception as exc:  # the archive's own handler failed to load: its error, in one line
-        raise handler_failure(archive, exc) from None
     if as_json:
         print_json({"archive": str(archive), "results": [inprocess.as_json(p, r) for p, r in answered]})
     else:
@@ -531,12 +516,7 @@ def int_list(value: str):
 @click.option("--sweep-batch", help="Sweep batchSize over these values, e.g. 1,4,8 (needs --enable-model-api).")
 @click.option("--sweep-delay", default="5,50", show_default=True, help="maxBatchDelay values (ms) for the sweep.")
 @json_option
-@click.option(
-    "--home",
-    default=".tsctl",
-    show_default=True,
-    help="The server's state directory: what 'tsctl serve --home' was given.",
-)
+@home_option()
 def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay, as_json, home):
     """Drive MODEL on the running server and report throughput, p50/p90/p99 latency and errors."""
     from . import bench as load
