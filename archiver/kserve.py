@@ -33,14 +33,12 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import yaml
 
-from handlers import ts_config
-
 from . import crds, engines, kube, out_dir, runtimes
 from .choices import KSERVE_PROTOCOLS
 from .errors import UserError
 from .mar import handler_record, model_config, read_manifest, rewrite_archive
 from .output import quiet
-from .properties import check_keys, read_properties, render, snapshot_of
+from .properties import check_keys, check_store, read_properties, render, snapshot_of
 
 NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 PVC_URI = re.compile(r"^pvc://([a-z0-9]([-a-z0-9.]*[a-z0-9])?)(/[^\s]*)?$")
@@ -202,10 +200,7 @@ def memory_notes(options: ExportOptions, snapshot: dict) -> List[str]:
 def check_models(snapshot: dict, store: Path, notes: List[str], envelope_batches: bool = True) -> List[Path]:
     """Each snapshot entry's archive exists and names the same model; with ``envelope_batches`` (TorchServe
     under KServe), batch sizes safe under its envelope."""
-    try:
-        ts_config.check_store(store)
-    except ts_config.ConfigError as exc:
-        raise UserError(str(exc)) from None
+    check_store(store)
     archives = []
     for name, versions in snapshot.get("models", {}).items():
         for version, entry in versions.items():

@@ -93,10 +93,7 @@ def check_keys(properties: Dict[str, str], path):
 def archives_in(model_store: Path):
     """Model archives in the store: *.mar, *.tar.gz and unpacked directories with a manifest."""
     model_store = Path(model_store)
-    try:
-        ts_config.check_store(model_store)
-    except ts_config.ConfigError as exc:
-        raise UserError(str(exc)) from None
+    check_store(model_store)
     found = []
     for p in sorted(model_store.iterdir()):
         if p.name.startswith("."):
@@ -325,6 +322,14 @@ def write_config(
     tmp.write_text(render(properties), encoding="utf-8")
     tmp.replace(output)
     return output
+
+
+def check_store(model_store: Path):
+    """A one-line UserError unless ``model_store`` is a directory (``ts_config.check_store``)."""
+    try:
+        ts_config.check_store(model_store)
+    except ts_config.ConfigError as exc:
+        raise UserError(str(exc)) from None
 
 
 def read_properties(path) -> Dict[str, str]:

@@ -34,7 +34,7 @@ from handlers import ts_config
 from handlers.requests import content_type
 from handlers.ts_wire import RERAISE, cause_of
 
-from .errors import ServerError, UserError
+from .errors import ServerError, UserError, make_directory
 from .output import quiet
 from .properties import check_keys, read_properties, snapshot_of
 
@@ -149,10 +149,9 @@ def check_home(home: Path) -> Path:
     existing = read_state(home)
     if existing and group_alive(existing.pid):
         raise UserError(f"a server started from {home} is still running (pid {existing.pid}): run 'tsctl stop' first")
-    if home.exists() and not home.is_dir():
-        raise UserError(f"--home {home} is a file: give a directory for the server's state (default .tsctl)")
+    make_directory(home, "--home")  # a file in the way, or no permission: one line
     try:
-        (home / "logs").mkdir(parents=True, exist_ok=True)
+        (home / "logs").mkdir(exist_ok=True)
         return temp_dir(home)
     except OSError as exc:
         raise UserError(f"--home {home}: cannot write there ({exc.strerror}): give a directory you can write") from None
@@ -432,9 +431,10 @@ WORKER_OF = re.compile(r"\bW-\d+-(\S+)_[^_\s]+-std(?:out|err) MODEL_LOG - ")  # 
 def failing_model(server: Server) -> Optional[str]:
     """The model whose worker logged the last Python error (its worker's name: W-PORT-MODEL_VERSION)."""
     for line in reversed(_log_lines(server.logs / "model_log.log")):
-        found = PY_ERROR.search(line) and WORKER_OF.search(line)
-        if found and not RERAISE.match(PY_ERROR.search(line).group(1)):
-            return found.group(1)
+        error = PY_ERROR.search(line)
+        worker = error and WORKER_OF.search(line)
+        if worker and not RERAISE.match(error.group(1)):
+            return worker.group(1)
     return None
 
 
