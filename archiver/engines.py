@@ -99,18 +99,23 @@ class Engine:
         return lines + [("logs", str(self.output(server)))]
 
     def served_models(self, server: "Server") -> List[str]:
-        """The models the running server serves now, from its management API's model list (TorchServe's
-        and the tsctl engine's); the models server.json recorded when it does not answer."""
+        """The models the running server serves now (``list_models``); the models server.json recorded
+        when it does not answer, or not with a list."""
+        try:
+            listed = self.list_models(server)
+        except OSError:
+            listed = None
+        return list(server.models) if listed is None else listed
+
+    def list_models(self, server: "Server") -> Optional[List[str]]:
+        """The management API's model list (TorchServe's and the tsctl engine's); None for another answer."""
         from . import server as servers
 
-        try:
-            status, body = servers.request(
-                f"{server.management}/models?limit=1000", headers=server.headers("management"), timeout=10
-            )
-        except OSError:
-            return list(server.models)
+        status, body = servers.request(
+            f"{server.management}/models?limit=1000", headers=server.headers("management"), timeout=10
+        )
         if status != 200 or not isinstance(body, dict) or not isinstance(body.get("models"), list):
-            return list(server.models)
+            return None
         return [m["modelName"] for m in body["models"] if isinstance(m, dict) and "modelName" in m]
 
     def output(self, server: "Server") -> Path:
@@ -651,16 +656,13 @@ class MLServerEngine(KServeEngine):
     def predict_url(self, server: "Server", model: str) -> str:
         return f"{server.inference}/v2/models/{model}/infer"
 
-    def served_models(self, server: "Server") -> List[str]:
-        """MLServer's repository index (it has no management API), else what server.json recorded."""
+    def list_models(self, server: "Server") -> Optional[List[str]]:
+        """MLServer's repository index (it has no management API); None for another answer."""
         from . import server as servers
 
-        try:
-            status, body = servers.request(f"{server.inference}/v2/repository/index", b"{}", "POST", timeout=10)
-        except OSError:
-            return list(server.models)
+        status, body = servers.request(f"{server.inference}/v2/repository/index", b"{}", "POST", timeout=10)
         if status != 200 or not isinstance(body, list):
-            return list(server.models)
+            return None
         return [m["name"] for m in body if isinstance(m, dict) and "name" in m]
 
     def request_body(self, data: bytes, content_type: str) -> Tuple[bytes, str]:
