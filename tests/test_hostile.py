@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from tritonclient.utils import serialize_byte_tensor
 
-from archiver import mar
+from archiver import golden, mar
 from conftest import package_text
 from handlers import protocol
 from handlers.testing import LocalModel
@@ -53,7 +53,9 @@ def scripted(path: Path, module: torch.nn.Module) -> Path:
     return path
 
 
-def build(tmp: Path, name: str, handler: str, weights: Path, config: str) -> Path:
+def build(tmp: Path, name: str, handler: str, weights: Path, config: str, golden_inputs: Path = None) -> Path:
+    """tmp/store/NAME.mar of ``weights`` under ``handler``, ``config`` its model-config.yaml; with
+    ``golden_inputs``, their golden answers recorded in it (package --golden)."""
     (tmp / f"{name}.yaml").write_text(config)
     options = mar.PackageOptions(
         model_name=name,
@@ -63,6 +65,8 @@ def build(tmp: Path, name: str, handler: str, weights: Path, config: str) -> Pat
         export_path=str(tmp / "store"),
         force=True,
     )
+    if golden_inputs is not None:
+        return golden.package(options, str(golden_inputs))[0]
     return mar.package(options)
 
 

@@ -16,10 +16,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from archiver import golden, mar, properties, server
+from archiver import properties, server
 from archiver.cli import main
 from conftest import short_tmp
-from test_hostile import scripted
+from test_hostile import build, scripted
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "json-output.md").read_text()
@@ -47,16 +47,9 @@ def root(tmp_path_factory):
     root = tmp_path_factory.mktemp("json")
     (root / "golden").mkdir()
     (root / "golden" / "row.json").write_text("[[1, 2, 3, 4]]")
-    (root / "config.yaml").write_text("batchSize: 2\nmaxBatchDelay: 10\n")
-    options = mar.PackageOptions(
-        model_name="tensor",
-        handler="tensor",
-        serialized_file=str(scripted(root / "tensor.pt", torch.nn.Linear(4, 2))),
-        config_file=str(root / "config.yaml"),
-        export_path=str(root / "model-store"),
-        force=True,
-    )
-    golden.package(options, str(root / "golden"))
+    weights = scripted(root / "tensor.pt", torch.nn.Linear(4, 2))
+    build(root, "tensor", "tensor", weights, "batchSize: 2\nmaxBatchDelay: 10\n", root / "golden")
+    (root / "store").rename(root / "model-store")
     properties.write_config(root / "model-store", root / "config" / "config.properties")
     (root / "row.json").write_text("[[1, 2, 3, 4]]")
     (root / "bad.json").write_text('{"nothing": "here"}')

@@ -23,7 +23,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from archiver import golden, mar, properties, server
+from archiver import mar, properties, server
 from archiver.cli import main
 from conftest import short_tmp
 from samples.image_model import sample_jpeg
@@ -82,21 +82,12 @@ def root(tmp_path_factory):
     two golden answers), config/config.properties from tsctl config, and inputs."""
     root = tmp_path_factory.mktemp("serving-cli")
     build(root, "image", "image_classifier", scripted(root / "image.pt", Linear()), CONFIG)
-    (root / "store").rename(root / "model-store")
     golden_inputs = root / "golden"
     golden_inputs.mkdir()
     (golden_inputs / "a.json").write_text('{"instances": [[1, 2, 3, 4]]}')
     (golden_inputs / "b.json").write_text("[[0, 0, 1, 1]]")
-    (root / "tensor.yaml").write_text(CONFIG)
-    options = mar.PackageOptions(
-        model_name="tensor",
-        handler="tensor",
-        serialized_file=str(scripted(root / "tensor.pt", torch.nn.Linear(4, 2))),
-        config_file=str(root / "tensor.yaml"),
-        export_path=str(root / "model-store"),
-        force=True,
-    )
-    golden.package(options, str(golden_inputs))
+    build(root, "tensor", "tensor", scripted(root / "tensor.pt", torch.nn.Linear(4, 2)), CONFIG, golden_inputs)
+    (root / "store").rename(root / "model-store")
     properties.write_config(root / "model-store", root / "config" / "config.properties")
     return root
 
