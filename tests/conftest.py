@@ -1,12 +1,15 @@
 """Shared fixtures: sample models built on the spot, archives, and real TorchServe instances."""
 
 import concurrent.futures
+import http.server
 import json
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import zipfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -316,3 +319,21 @@ def _read(path: Path, prefix: str = "") -> str:
 def peak_rss(pid: int) -> int:
     """The process's peak resident memory so far (VmHWM), in bytes."""
     return int(_read(Path(f"/proc/{pid}/status"), "VmHWM:").split()[0]) * 1024
+
+
+@contextmanager
+def stand_in_http(handler_class):
+    """A stand-in HTTP server on a free 127.0.0.1 port answering with ``handler_class`` (its request log
+    silenced): its address, ``http://127.0.0.1:PORT``; shut down after."""
+
+    class Quiet(handler_class):
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

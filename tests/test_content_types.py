@@ -7,12 +7,12 @@ import http.server
 import mimetypes
 import os
 import subprocess
-import threading
 from pathlib import Path
 
 import pytest
 
 from archiver import server
+from conftest import stand_in_http
 from handlers import protocol
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,21 +58,12 @@ def test_predict_sends_the_image_type(no_system_mime_types, tmp_path):
             self.end_headers()
             self.wfile.write(b"{}")
 
-        def log_message(self, *args):
-            pass
-
-    httpd = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        address = f"http://127.0.0.1:{httpd.server_port}"
+    with stand_in_http(Handler) as address:
         running = server.Server(os.getpid(), str(tmp_path), address, address, address, ["m"])
         for suffix in IMAGES:
             image = tmp_path / f"cat{suffix}"
             image.write_bytes(b"not decoded here")
             assert server.predict(running, "m", image) == (200, {})
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
     assert seen == list(IMAGES.values())
 
 

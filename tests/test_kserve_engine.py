@@ -32,7 +32,7 @@ from click.testing import CliRunner
 from archiver import engines, mar, properties, server
 from archiver import golden as golden_answers
 from archiver.cli import main
-from conftest import ROOT, RunningServer, export_tree, package_resnet, package_text, short_tmp
+from conftest import ROOT, RunningServer, export_tree, package_resnet, package_text, short_tmp, stand_in_http
 from handlers.testing import LocalModel
 from samples import runtime_env
 from samples.image_model import sample_jpeg
@@ -393,7 +393,6 @@ def test_wait_ready_fails_at_once_with_the_engines_last_word(tmp_path):
 def test_wait_ready_names_the_models_not_ready_on_timeout(tmp_path):
     """/v2/health/ready stays 503: after the timeout, the models whose /v2/models/NAME/ready is not 200."""
     import http.server
-    import threading
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -401,15 +400,7 @@ def test_wait_ready_names_the_models_not_ready_on_timeout(tmp_path):
             self.send_header("Content-Length", "0")
             self.end_headers()
 
-        def log_message(self, *args):
-            pass
-
-    stand_in = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=stand_in.serve_forever, daemon=True).start()
-    try:
-        address = f"http://127.0.0.1:{stand_in.server_address[1]}"
+    with stand_in_http(Handler) as address:
         srv = server.Server(os.getpgid(0), str(tmp_path), address, address, address, ["up", "down", "slow"], "kserve")
         with pytest.raises(server.ServerError, match=r"^models down, slow not ready after 1s: no error in the output"):
             ENGINE.wait_ready(srv, 1)
-    finally:
-        stand_in.shutdown()
