@@ -499,6 +499,12 @@ class KServeEngine(Engine):
 
         kserve_engine.check_runtime_kind(options.runtime_kind)
 
+    def prepare(self, options, properties, archives, notes, scratch):
+        from . import kserve_engine
+
+        kserve_engine.requirements(archives)  # every archive's requirement lines checked before anything is written
+        return {}
+
     def predictor(self, options: "ExportOptions", resources: dict) -> dict:
         from . import kserve_engine
 

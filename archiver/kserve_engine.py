@@ -28,6 +28,7 @@ from typing import List, Optional
 
 from handlers import archives as archive_files
 
+from . import requirements as requirement_files
 from .choices import RUNTIME_KINDS
 from .errors import UserError
 
@@ -57,7 +58,6 @@ BASE_PACKAGES = (
     "javaproperties",  # config.properties, read as TorchServe reads it (handlers/ts_config.py)
 )
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
-MAX_REQUIREMENTS_BYTES = 1 << 20
 
 
 def check_runtime_kind(kind: Optional[str]):
@@ -127,16 +127,12 @@ def serving_runtime(options, resources: dict) -> dict:
 
 def requirements(archives: List[Path]) -> str:
     """The image's requirements: the serving stack at the versions installed here, then each archive's
-    own requirements.txt lines (the engine installs nothing per model)."""
+        own requirement lines (the engine installs nothing per model), each checked to be a plain requirement
+    (archiver/requirements.py: ``docker build`` would fetch a URL or run a local setup.py)."""
     lines = [f"{name}=={metadata.version(name)}" for name in BASE_PACKAGES]
     for archive in archives:
-        manifest = archive_files.read_manifest(archive)["model"]
-        member = manifest.get("requirementsFile")
-        data = archive_files.read_member(archive, member, MAX_REQUIREMENTS_BYTES) if member else None
-        for line in (data or b"").decode("utf-8", errors="replace").splitlines():
-            line = line.split("#", 1)[0].strip()
-            if line and not line.startswith("-") and line not in lines:
-                lines.append(line)
+        _, _, checked = requirement_files.of_archive(archive)  # plain requirements only: one line otherwise
+        lines += [line for line in checked if line not in lines]
     return "\n".join(lines) + "\n"
 
 

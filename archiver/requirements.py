@@ -6,7 +6,10 @@ directory's ``setup.py`` on the machine that resolves them; option lines (``--in
 ``--extra-index-url``, ``--find-links``, ``-r``, ``-c``) redirect where every package comes from.
 Whoever wrote the archive would run code on the machine that packages or exports it. So each line
 must be a requirement ``packaging`` reads (a name, extras, a version range, markers) without a URL;
-anything else is refused with one line naming the file, the line and the fix (``check``).
+anything else is refused with one line naming the file, the line and the fix (``check``). Every
+command that takes an archive's requirements elsewhere reads them through ``of_archive``: the
+TorchServe export (locked for KServe's image), ``export kserve --engine kserve`` and ``export seldon``
+(copied into the image's requirements.txt, which ``docker build`` installs).
 
 Resolving and downloading (``archiver/runtimes.py``) then run uv and pip with their configuration
 files ignored, no environment settings of theirs, one explicit index (``index_url``) and binary
@@ -15,7 +18,8 @@ wheels only: no sdist is built, no build backend runs.
 
 import os
 import re
-from typing import List, Optional
+from pathlib import Path
+from typing import List, Optional, Tuple
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -23,6 +27,7 @@ from packaging.utils import canonicalize_name
 from .errors import UserError
 
 DEFAULT_INDEX = "https://pypi.org/simple"
+MAX_BYTES = 1 << 20  # an archive's requirements file, read whole
 FIX = "name the package and a version range instead (the package index must serve it as a wheel)"
 
 
@@ -63,6 +68,24 @@ def check(text: str, where: str) -> List[str]:
             )
         lines.append(line)
     return lines
+
+
+def of_archive(archive: Path) -> Tuple[Optional[str], str, List[str]]:
+    """An archive's requirements file: its name in the archive (None without one), its text and its
+    requirement lines, each checked (``check``: a UserError naming ``ARCHIVE's FILE, line N``)."""
+    from handlers import archives
+
+    name = archives.read_manifest(archive)["model"].get("requirementsFile")
+    if not name:
+        return None, "", []
+    data = archives.read_member(archive, name, MAX_BYTES)
+    if data is None:
+        raise UserError(
+            f"{archive}: its MANIFEST.json names requirementsFile {name!r}, which the archive does not hold: "
+            "package it again with its --requirements-file"
+        )
+    text = data.decode("utf-8", "replace")
+    return name, text, check(text, f"{Path(archive).name}'s {name}")
 
 
 COMMENT = re.compile(r"(^|\s)#.*")  # pip's: '#' at the start of a line or after a blank

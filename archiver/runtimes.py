@@ -202,18 +202,9 @@ def for_runtime(
     {archive: {entry name: bytes or Path}}; archives without requirements are left out. ``progress``
     (archiver.output.Progress) hears of each archive resolved and each download."""
     progress = progress or (lambda message: None)
-    from .mar import read_manifest, read_member
-
     changes, locks = {}, {}
     for archive in archives:
-        name = read_manifest(archive)["model"].get("requirementsFile")
-        data = read_member(archive, name) if name else b""
-        if data is None:
-            raise UserError(
-                f"{archive}: its MANIFEST.json names requirementsFile {name!r}, which the archive does not hold: "
-                "package it again with its --requirements-file"
-            )
-        text = data.decode("utf-8", "replace")
+        name, text, _ = requirements.of_archive(archive)  # every line checked, before anything resolves
         if not text.strip():
             continue
         if text not in locks:

@@ -173,6 +173,7 @@ def check(options: SeldonOptions) -> Plan:
         kserve.check_same_input("--ab", {model: kinds[model] for model, _ in options.ab})
     transformers, pipeline, pipeline_model = check_transformer(options, entries, experiment, notes)
     all_entries = entries + transformers
+    requirements([entry.archive for entry in all_entries], False)  # each line checked before anything is written
     notes += size_notes(options, all_entries)
     manifests = {
         "server.yaml": [server(options, len(all_entries))],
