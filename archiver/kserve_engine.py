@@ -127,7 +127,7 @@ def serving_runtime(options, resources: dict) -> dict:
 
 def requirements(archives: List[Path]) -> str:
     """The image's requirements: the serving stack at the versions installed here, then each archive's
-        own requirement lines (the engine installs nothing per model), each checked to be a plain requirement
+    own requirement lines (the engine installs nothing per model), each checked to be a plain requirement
     (archiver/requirements.py: ``docker build`` would fetch a URL or run a local setup.py)."""
     lines = [f"{name}=={metadata.version(name)}" for name in BASE_PACKAGES]
     for archive in archives:
