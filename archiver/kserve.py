@@ -42,6 +42,7 @@ from .properties import check_keys, check_store, read_properties, render, snapsh
 
 NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 PVC_URI = re.compile(r"^pvc://([a-z0-9]([-a-z0-9.]*[a-z0-9])?)(/[^\s]*)?$")
+PATH_SEGMENT = re.compile(r"^[A-Za-z0-9_.-]+$")  # a segment of the path inside the claim (storage_path)
 COPY_POD_IMAGE = "busybox:1.36"  # has tar, which kubectl cp runs in the pod
 COPY_POD_UID = 1000  # the uid KServe's TorchServe runtime runs as: the copied files are its own
 MIN_CLAIM_GIB = 2
@@ -162,15 +163,35 @@ def check_options(options: ExportOptions) -> Tuple[str, str]:
         )
     kube.label(options.namespace, "--namespace", "give the namespace the InferenceService goes in, e.g. default")
     kube.check_resources(options.cpu, options.memory)
-    match = PVC_URI.match(options.storage_uri)
-    if not match:
-        raise UserError(f"--storage-uri {options.storage_uri!r} must look like pvc://CLAIM/PATH")
+    claim, sub_path = storage_path(options.storage_uri)
     if options.protocol not in KSERVE_PROTOCOLS:
         raise UserError(f"--protocol {options.protocol!r} must be v1 or v2")
     if options.canary is not None and not 0 <= options.canary <= 100:
         raise UserError(f"--canary {options.canary} must be a percentage from 0 to 100")
     engines.named(options.engine).check_export(options)
-    return match.group(1), (match.group(3) or "/").strip("/")
+    return claim, sub_path
+
+
+def storage_path(uri: str) -> Tuple[str, str]:
+    """The claim and the path inside it of ``--storage-uri pvc://CLAIM/PATH`` (PATH "" for the claim's
+    root). PATH is where DEPLOY.md copies the tree, inside the claim: segments of letters, digits, '-',
+    '_' and '.', none empty (``//``: an absolute path), '.' or '..' (outside the claim); one trailing '/'
+    is allowed. A one-line UserError otherwise."""
+    match = PVC_URI.match(uri)
+    if not match:
+        raise UserError(f"--storage-uri {uri!r} must look like pvc://CLAIM/PATH")
+    path = match.group(3) or ""
+    path = path[:-1] if path.endswith("/") else path
+    segments = path.split("/")[1:]
+    bad = next((s for s in segments if s in ("", ".", "..") or not PATH_SEGMENT.match(s)), None)
+    if bad is not None:
+        named = {"": "an empty segment (//)", ".": "a '.' segment", "..": "a '..' segment"}
+        why = named.get(bad, f"the segment {bad!r}")
+        raise UserError(
+            f"--storage-uri {uri!r} has {why} in its path, which DEPLOY.md would copy to: give a path inside "
+            "the claim of letters, digits, '-', '_' and '.' segments, e.g. pvc://models/vision"
+        )
+    return match.group(1), "/".join(segments)
 
 
 WORKER_BYTES = 1 << 30  # one model worker's peak RSS, rounded up: 875-956 MiB measured for resnet18 and

@@ -89,3 +89,33 @@ def test_serve_without_java_says_so(store):
     subprocess.run([str(bin_dir / "tsctl"), "stop", "--home", str(home)], capture_output=True, timeout=60)
     assert done.returncode == 1, done.stderr
     assert "found no Java" in done.stderr and "JAVA_HOME" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "uri, why",
+    [
+        ("pvc://models/../vision", "a '..' segment"),
+        ("pvc://models/vision/..", "a '..' segment"),
+        ("pvc://models//etc/vision", "an empty segment (//)"),
+        ("pvc://models/a//b", "an empty segment (//)"),
+        ("pvc://models/./vision", "a '.' segment"),
+        ("pvc://models/a\\..\\b", "the segment 'a\\\\..\\\\b'"),
+        ("pvc://models/v;rm", "the segment 'v;rm'"),
+    ],
+)
+def test_a_storage_uri_path_leaving_the_claim_is_refused(store, uri, why):
+    """DEPLOY.md copies the tree to /pvc/PATH: '..', '//' or a backslash put it outside the claim."""
+    properties.write_config(store / "model-store", store / "config" / "config.properties")
+    done = tsctl("export", "kserve", "out", "--name", "x", "--storage-uri", uri, cwd=store)
+    assert done.exit_code == 2 and isinstance(done.exception, SystemExit), done.output
+    lines = done.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --storage-uri {uri!r} has {why} in its path"), lines
+    assert not (store / "out").exists()
+
+
+@pytest.mark.parametrize("uri, path", [("pvc://models/vision/", "vision"), ("pvc://models/a-1/b_2.v3", "a-1/b_2.v3")])
+def test_a_storage_uri_inside_the_claim_is_copied_there(store, tmp_path, uri, path):
+    properties.write_config(store / "model-store", store / "config" / "config.properties")
+    done = tsctl("export", "kserve", tmp_path / "out", "--name", "x", "--storage-uri", uri, cwd=store)
+    assert done.exit_code == 0, done.output
+    assert f"models/{path}" in (tmp_path / "out" / "DEPLOY.md").read_text()
