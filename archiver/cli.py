@@ -203,7 +203,7 @@ def inspect(archive, as_json):
 @click.option("--output", default="config/config.properties", show_default=True, help="Where to write the config.")
 @click.option(
     "--min-workers",
-    type=click.IntRange(0),
+    type=click.IntRange(1),
     help="Workers each model starts with, for every model (else its model-config.yaml's minWorkers, else 1).",
 )
 @click.option(

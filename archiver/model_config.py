@@ -13,7 +13,7 @@ import difflib
 from pathlib import Path
 from typing import Optional
 
-from handlers import archives
+from handlers import archives, ts_config
 from handlers.settings import SettingsError, read_settings, shown
 
 from .errors import UserError
@@ -81,6 +81,9 @@ def check_model_config(path: Path, settings_class=None) -> dict:
             raise UserError(f"{path}: '{key}' must be a {expected.__name__}, got {shown(value)}")
         if expected is int and value < 0:
             raise UserError(f"{path}: '{key}' must not be negative, got {value}")
+    problem = ts_config.settings_problem(data)  # the worker settings, as tsctl config and the engine check them
+    if problem:
+        raise UserError(f"{path}: {problem}")
     if settings_class is not None:
         try:
             read_settings(settings_class, data.get("handler"), where=str(path))

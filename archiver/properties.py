@@ -114,15 +114,7 @@ def build_snapshot(model_store: Path, overrides: Optional[Dict[str, int]] = None
         name = manifest["model"]["modelName"]
         version = str(manifest["model"].get("modelVersion") or "1.0")
         check_carriable(archive, name, version)
-        config = model_config(archive)
-        entry = {"defaultVersion": True, "marName": archive.name}
-        for key in SNAPSHOT_KEYS:
-            value = overrides.get(key, config.get(key, SNAPSHOT_DEFAULTS[key]))
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise UserError(f"{archive}: model-config.yaml '{key}' must be a whole number, got {value!r}")
-            entry[key] = value
-        if entry["maxWorkers"] < entry["minWorkers"]:
-            entry["maxWorkers"] = entry["minWorkers"]
+        entry = {"defaultVersion": True, "marName": archive.name, **worker_settings(archive, overrides)}
         if name in models:
             raise UserError(
                 f"{archive} and {models[name][version_of(models[name])]['marName']} both hold model '{name}': "
@@ -132,6 +124,33 @@ def build_snapshot(model_store: Path, overrides: Optional[Dict[str, int]] = None
     if not models:
         raise UserError(f"model store {model_store} holds no model archives: build one with 'tsctl package'")
     return {"name": "startup.cfg", "modelCount": len(models), "models": models}
+
+
+FLAGS = {"minWorkers": "--min-workers", "maxWorkers": "--max-workers", "batchSize": "--batch-size",
+         "maxBatchDelay": "--max-batch-delay", "responseTimeout": "--response-timeout"}  # fmt: skip
+
+
+def worker_settings(archive: Path, overrides: Dict[str, int]) -> Dict[str, int]:
+    """An archive's snapshot settings: ``overrides`` (config's flags), else its model-config.yaml's, else
+    TorchServe's defaults; a minWorkers above the default maxWorkers raises it. Checked as the engine reads
+    them (``ts_config.settings_problem``): a UserError naming the archive, the key and where it came from."""
+    own = {key: value for key, value in model_config(archive).items() if key in SNAPSHOT_KEYS}
+    problem = ts_config.settings_problem(own)
+    if problem:
+        raise UserError(f"{archive}'s model-config.yaml: {problem}, and package the archive again")
+    given = {**own, **overrides}
+    values = {**SNAPSHOT_DEFAULTS, **given}
+    if "maxWorkers" not in given:
+        values["maxWorkers"] = max(values["maxWorkers"], values["minWorkers"])
+    problem = ts_config.settings_problem(values)
+    if problem:
+        sources = ", ".join(
+            f"{key} from {FLAGS[key] if key in overrides else 'its model-config.yaml'}"
+            for key in SNAPSHOT_KEYS
+            if key in given and key in problem
+        )
+        raise UserError(f"{archive}: {problem} ({sources})")
+    return values
 
 
 def check_carriable(archive: Path, name: str, version: str):

@@ -24,6 +24,10 @@ from .archives import bounded_yaml, read_manifest, read_member
 
 SNAPSHOT_KEYS = ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout")
 SNAPSHOT_DEFAULTS = {"minWorkers": 1, "maxWorkers": 1, "batchSize": 1, "maxBatchDelay": 100, "responseTimeout": 120}
+# The least value of each worker setting (settings_problem): TorchServe 0.12's ModelConfig ignores, with a log
+# line only, a negative worker count or maxBatchDelay and a batchSize or responseTimeout below 1; a model with
+# no worker answers every request 503.
+SNAPSHOT_LEAST = {"minWorkers": 1, "maxWorkers": 1, "batchSize": 1, "maxBatchDelay": 0, "responseTimeout": 1}
 MAX_CONFIG_BYTES = 1 << 20
 # Keys whose meaning the tsctl engine cannot give: refused rather than silently ignored.
 UNSUPPORTED = {
@@ -78,6 +82,28 @@ def snapshot_of(properties: Dict[str, str], path="config.properties") -> dict:
     if not isinstance(snapshot, dict) or not isinstance(snapshot.get("models"), dict):
         raise ConfigError(f"{path}: model_snapshot has no 'models' object: regenerate it with 'tsctl config'")
     return snapshot
+
+
+def settings_problem(values: Dict[str, object]) -> Optional[str]:
+    """What is wrong with the worker settings in ``values`` (a model-config.yaml or a model_snapshot entry:
+    whichever of SNAPSHOT_KEYS it holds), one clause naming the key; None when TorchServe and the tsctl
+    engine would both serve them as written. The one check of these settings: ``tsctl package`` (the
+    model-config.yaml), ``tsctl config`` (each archive's, and the snapshot it writes) and the engine's
+    reader (``_from_snapshot``) all call it."""
+    for key, least in SNAPSHOT_LEAST.items():
+        if key not in values:
+            continue
+        value = values[key]
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"{key} is {value!r}, not a whole number"
+        if value == 0 and key in ("minWorkers", "maxWorkers"):
+            return f"{key} is 0: a model with no worker answers every request 503; give at least 1"
+        if value < least:
+            return f"{key} is {value}, which TorchServe ignores with a log line only: give at least {least}"
+    low, high = values.get("minWorkers"), values.get("maxWorkers")
+    if isinstance(low, int) and isinstance(high, int) and low > high:
+        return f"minWorkers {low} is above maxWorkers {high}: give maxWorkers at least minWorkers"
+    return None
 
 
 @dataclass
@@ -212,20 +238,17 @@ def _from_snapshot(config, model_store: Path, name: str, version: str, entry, fr
     if not isinstance(entry, dict):
         raise ConfigError(f"{where} is not an object: regenerate the file with 'tsctl config'")
     archive = snapshot_archive(config, model_store, name, entry)
-    values = {}
-    for key in SNAPSHOT_KEYS:
-        value = entry.get(key, SNAPSHOT_DEFAULTS[key])
-        if not isinstance(value, int) or isinstance(value, bool) or value < (0 if key == "maxBatchDelay" else 1):
-            raise ConfigError(f"{where}: {key} is {value!r}, not a positive whole number: fix it in the snapshot")
-        values[key] = value
-    workers = max(values["minWorkers"], 1)
+    values = {key: entry.get(key, SNAPSHOT_DEFAULTS[key]) for key in SNAPSHOT_KEYS}
+    problem = settings_problem(values)
+    if problem:
+        raise ConfigError(f"{where}: {problem}: fix it in the snapshot, or regenerate it with 'tsctl config'")
     return ModelSpec(
         name=name,
         version=str(version),
         archive=archive,
         default=bool(entry.get("defaultVersion", False)),
-        min_workers=workers,
-        max_workers=max(values["maxWorkers"], workers),
+        min_workers=values["minWorkers"],
+        max_workers=values["maxWorkers"],
         batch_size=values["batchSize"],
         max_batch_delay=values["maxBatchDelay"],
         response_timeout=values["responseTimeout"],

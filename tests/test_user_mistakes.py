@@ -1,9 +1,11 @@
 """Mistakes a newcomer made on a fresh clone (issue #23's review): each is one `error:` line, exit 2 (a
 user mistake) or 1 (the server), never a traceback, and names what to do."""
 
+import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -119,3 +121,73 @@ def test_a_storage_uri_inside_the_claim_is_copied_there(store, tmp_path, uri, pa
     done = tsctl("export", "kserve", tmp_path / "out", "--name", "x", "--storage-uri", uri, cwd=store)
     assert done.exit_code == 0, done.output
     assert f"models/{path}" in (tmp_path / "out" / "DEPLOY.md").read_text()
+
+
+BAD_SETTINGS = {
+    "batchSize: 0\n": "batchSize is 0, which TorchServe ignores",
+    "responseTimeout: 0\n": "responseTimeout is 0, which TorchServe ignores",
+    "minWorkers: 0\n": "minWorkers is 0: a model with no worker answers every request 503",
+    "maxWorkers: 0\n": "maxWorkers is 0: a model with no worker",
+    "minWorkers: 3\nmaxWorkers: 1\n": "minWorkers 3 is above maxWorkers 1",
+    "maxBatchDelay: -1\n": "'maxBatchDelay' must not be negative",
+}
+
+
+@pytest.mark.parametrize("text", list(BAD_SETTINGS))
+def test_package_refuses_worker_settings_torchserve_would_ignore(store, tmp_path, text):
+    """batchSize 0 passed package and config, then the engine refused tsctl's own snapshot; minWorkers 3 with
+    maxWorkers 1 became workers 3-3 without a word."""
+    (tmp_path / "model-config.yaml").write_text(text)
+    done = tsctl(
+        "package", "--model-name", "q", "--handler", "tensor", "--serialized-file", store / "tensor.pt",
+        "--config-file", tmp_path / "model-config.yaml", "--export-path", tmp_path / "out",
+    )  # fmt: skip
+    lines = done.output.strip().splitlines()
+    assert done.exit_code == 2 and len(lines) == 1, done.output
+    assert lines[0].startswith(f"error: {tmp_path / 'model-config.yaml'}: ") and BAD_SETTINGS[text] in lines[0], lines
+    assert not (tmp_path / "out" / "q.mar").exists()
+
+
+def built_elsewhere(store: Path, tmp: Path, text: str) -> Path:
+    """A store whose one archive carries model-config.yaml ``text`` unchecked (torch-model-archiver checks
+    nothing): tensor.mar with the file put in."""
+    root = tmp / "elsewhere"
+    (root / "model-store").mkdir(parents=True)
+    with zipfile.ZipFile(store / "model-store" / "tensor.mar") as source:
+        with zipfile.ZipFile(root / "model-store" / "tensor.mar", "w") as target:
+            for item in source.infolist():
+                data = source.read(item)
+                if item.filename == "MAR-INF/MANIFEST.json":
+                    manifest = json.loads(data)
+                    manifest["model"]["configFile"] = "model-config.yaml"
+                    data = json.dumps(manifest).encode()
+                target.writestr(item, data)
+            target.writestr("model-config.yaml", text)
+    return root
+
+
+@pytest.mark.parametrize("text", [t for t in BAD_SETTINGS if "must not be negative" not in BAD_SETTINGS[t]])
+def test_config_refuses_an_archive_s_worker_settings_torchserve_would_ignore(store, tmp_path, text):
+    root = built_elsewhere(store, tmp_path, text)
+    done = tsctl("config", cwd=root)
+    lines = done.output.strip().splitlines()
+    assert done.exit_code == 2 and len(lines) == 1, done.output
+    assert lines[0].startswith("error: model-store/tensor.mar's model-config.yaml: "), lines
+    assert BAD_SETTINGS[text] in lines[0] and "package the archive again" in lines[0], lines
+    assert not (root / "config").exists()
+
+
+def test_config_refuses_a_flag_against_an_archive_s_setting_naming_both(store, tmp_path):
+    root = built_elsewhere(store, tmp_path, "maxWorkers: 2\n")
+    done = tsctl("config", "--min-workers", "3", cwd=root)
+    assert done.exit_code == 2, done.output
+    assert "minWorkers 3 is above maxWorkers 2" in done.output, done.output
+    assert "(minWorkers from --min-workers, maxWorkers from its model-config.yaml)" in done.output, done.output
+    done = tsctl("config", "--min-workers", "3", "--max-workers", "4", cwd=root)
+    assert done.exit_code == 0, done.output
+    snapshot = properties.snapshot_of(properties.read_properties(root / "config" / "config.properties"))
+    assert (
+        snapshot["models"]["tensor"]["1.0"]["minWorkers"] == 3
+        and snapshot["models"]["tensor"]["1.0"]["maxWorkers"] == 4
+    )
+    assert tsctl("config", "--min-workers", "0", cwd=root).exit_code == 2
