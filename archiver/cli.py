@@ -274,6 +274,12 @@ def serve(config_path, model_store, home, timeout, install_deps, enable_model_ap
     """Start a server in the background on 127.0.0.1 and wait until every model is ready."""
     from .output import Progress
 
+    notes = []
+
+    def note(line: str):  # on stderr as it is found, before the wait (stdout keeps the answer alone)
+        notes.append(line)
+        click.echo(f"note: {line}", err=True)
+
     srv = engines.serve(
         engine,
         config_path,
@@ -281,6 +287,7 @@ def serve(config_path, model_store, home, timeout, install_deps, enable_model_ap
         home,
         timeout,
         progress=Progress.for_command(as_json),
+        notes=note,
         install_deps=install_deps,
         enable_model_api=enable_model_api,
         python=python,
@@ -288,9 +295,8 @@ def serve(config_path, model_store, home, timeout, install_deps, enable_model_ap
     chosen = engines.engine_of(srv)
     if as_json:
         addresses = dict(chosen.addresses(srv))
-        print_json(
-            {"engine": chosen.name, "pid": srv.pid, "home": srv.home, "models": srv.models, "addresses": addresses}
-        )
+        report = {"engine": chosen.name, "pid": srv.pid, "home": srv.home, "models": srv.models}
+        print_json({**report, "addresses": addresses, "notes": notes})
         return
     click.echo(f"{chosen.title} ready (pid {srv.pid}): {', '.join(srv.models)}")
     for label, address in chosen.addresses(srv):

@@ -751,14 +751,21 @@ def serve(
     home=".tsctl",
     timeout: float = 180,
     progress: Callable[[str], None] = quiet,
+    notes: Callable[[str], None] = quiet,
     **flags,
 ) -> "Server":
     """``tsctl serve``: start ``engine`` on ``model_store`` with ``config`` (None: config/config.properties;
     an engine that can do without one serves every archive in the store when that file is absent);
-    ``progress`` hears of each model's state as it changes."""
+    ``progress`` hears of each model's state as it changes, ``notes`` of each archive in the store the
+    config's snapshot leaves out, before it starts (one the snapshot names but the store lacks is an error)."""
+    from . import server as servers
+
     chosen = named(engine)
     chosen.check_serve_flags(**flags)
     if config is None and (chosen.needs_config or Path(DEFAULT_CONFIG).exists()):
         config = DEFAULT_CONFIG
+    if config is not None:
+        for line in servers.unlisted_archives(config, model_store):
+            notes(line)
     options = {k: v for k, v in flags.items() if v}
     return chosen.start(model_store, config, home, timeout, progress=progress, **options)

@@ -128,6 +128,32 @@ def start(
     )
 
 
+def unlisted_archives(config, model_store) -> List[str]:
+    """A note for each archive in ``model_store`` that ``config``'s model_snapshot does not name (packaged
+    after 'tsctl config' ran): TorchServe and the engines serve the snapshot alone, so it would not be
+    served, without a word. None when the config or the store cannot be read: starting says why."""
+    from .properties import archives_in
+
+    try:
+        snapshot = ts_config.snapshot_of(ts_config.read_properties(config), config)
+        found = archives_in(model_store)
+    except (ts_config.ConfigError, UserError, OSError):
+        return []
+    named = {
+        entry.get("marName")
+        for versions in snapshot["models"].values()
+        if isinstance(versions, dict)
+        for entry in versions.values()
+        if isinstance(entry, dict)
+    }
+    return [
+        f"{Path(model_store) / archive.name} is not in the model_snapshot of {config}, so it is not served: "
+        "run 'tsctl config' to add it"
+        for archive in found
+        if archive.name not in named
+    ]
+
+
 def snapshot_models(properties: Dict[str, str], config: Path, model_store: Path) -> List[str]:
     """The models a config's model_snapshot serves from ``model_store``: its keys are known TorchServe
     keys, the store exists and holds every archive the snapshot names (else one UserError naming it)."""

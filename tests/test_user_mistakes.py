@@ -3,6 +3,7 @@ user mistake) or 1 (the server), never a traceback, and names what to do."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -191,3 +192,37 @@ def test_config_refuses_a_flag_against_an_archive_s_setting_naming_both(store, t
         and snapshot["models"]["tensor"]["1.0"]["maxWorkers"] == 4
     )
     assert tsctl("config", "--min-workers", "0", cwd=root).exit_code == 2
+
+
+def test_serve_names_an_archive_the_config_leaves_out(store, tmp_path):
+    """A model packaged after 'tsctl config' ran was silently not served: serve says so (stderr, and the
+    --json document's notes), and serves the snapshot."""
+    root = tmp_path / "project"
+    shutil.copytree(store / "model-store", root / "model-store")
+    properties.write_config(root / "model-store", root / "config" / "config.properties")
+    shutil.copy(root / "model-store" / "tensor.mar", root / "model-store" / "new.mar")  # packaged since
+    home = short_tmp("unlisted-")
+    command = [sys.executable, "-m", "archiver.cli", "serve", "--engine", "kserve", "--home", str(home), "--json"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    try:
+        done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=180)
+    finally:
+        subprocess.run([*command[:3], "stop", "--home", str(home)], cwd=root, env=env, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    note = "model-store/new.mar is not in the model_snapshot of config/config.properties, so it is not served: "
+    assert f"note: {note}run 'tsctl config' to add it" in done.stderr.splitlines(), done.stderr
+    document = json.loads(done.stdout)
+    assert document["models"] == ["tensor"] and len(document["notes"]) == 1 and note in document["notes"][0]
+
+
+def test_serve_refuses_a_config_naming_an_archive_the_store_lacks(store, tmp_path):
+    root = tmp_path / "project"
+    shutil.copytree(store / "model-store", root / "model-store")
+    properties.write_config(root / "model-store", root / "config" / "config.properties")
+    (root / "model-store" / "tensor.mar").rename(root / "elsewhere.mar")
+    for engine in ("torchserve", "kserve", "mlserver"):
+        done = tsctl("serve", "--engine", engine, "--home", tmp_path / "home", cwd=root)
+        lines = done.output.strip().splitlines()
+        assert done.exit_code == 2 and len(lines) == 1, (engine, done.output)
+        assert "model_snapshot names 'tensor.mar' for model 'tensor', which is not in" in lines[0], lines
+        assert not (tmp_path / "home" / "server.json").exists()
