@@ -156,22 +156,32 @@ def init(name, kind, as_json):
     help="Inputs (a directory, or a JSON list of request bodies) whose answers the archive keeps, for 'tsctl verify'.",
 )
 @click.option(
+    "--golden-allow-errors",
+    is_flag=True,
+    help="With --golden: record the handler failing (5xx) as a golden answer too, instead of refusing.",
+)
+@click.option(
     "--sign-key",
     type=click.Path(),
     help="Sign every file with this PEM EC private key (OpenSSF model-signing, MAR-INF/model.sig).",
 )
 @json_option
-def package(golden, as_json, **flags):
+def package(golden, golden_allow_errors, as_json, **flags):
     """Build model-store/NAME.mar (torch-model-archiver's flags)."""
     from . import mar, reports
 
     extra = [p.strip() for p in flags.pop("extra_files").split(",") if p.strip()]
     options = mar.PackageOptions(extra_files=extra, **flags)
+    if golden_allow_errors and not golden:
+        raise UserError("--golden-allow-errors goes with --golden DIR: give the inputs whose answers to record")
     if golden:
         from . import golden as golden_answers  # runs the archive in-process: imports torch
+        from . import inprocess
 
-        with handler_errors(options.model_name):  # its handler failing on the golden run: nothing written
-            path, planned, recorded = golden_answers.package(options, golden, Progress.for_command(as_json))
+        progress = Progress.for_command(as_json)
+        # its handler failing on the golden run: nothing written, one line (its log kept off the terminal)
+        with inprocess.quiet_logs(), handler_errors(options.model_name):
+            path, planned, recorded = golden_answers.package(options, golden, progress, golden_allow_errors)
     else:
         path, planned = mar.build(options)
         recorded = None

@@ -76,9 +76,13 @@ def weights_sha256(path: Optional[str]) -> Optional[str]:
     return digest.hexdigest()
 
 
-def record(archive: Path, source: Path, weights: Optional[str] = None, progress: Callable = quiet) -> dict:
+def record(
+    archive: Path, source: Path, weights: Optional[str] = None, progress: Callable = quiet, allow_errors=False
+) -> dict:
     """Run ``archive`` in-process on the golden requests; the golden.json it gets. ``progress`` hears of
-    the load and of each input (archiver.output.Progress)."""
+    the load and of each input (archiver.output.Progress). An answer of the handler failing (5xx) is no
+    golden answer: a ServerError naming the input and the handler's error, unless ``allow_errors``
+    (a refusal, 4xx, is one: the input is checked to be refused)."""
     requests = requests_in(source)
     progress(f"golden: loading the archive in-process for {len(requests)} inputs (torch, the handler)")
 
@@ -86,6 +90,15 @@ def record(archive: Path, source: Path, weights: Optional[str] = None, progress:
         progress(f"golden: input {index + 1}/{len(requests)} {printable(requests[index][0])}")
 
     results, settings = in_process(archive, [(body, kind) for _, body, kind in requests], each)
+    failed = [(name, answer) for (name, _, _), (status, answer) in zip(requests, results) if status >= 500]
+    if failed and not allow_errors:
+        name, answer = failed[0]
+        said = answer.get("message") if isinstance(answer, dict) else None
+        more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        raise ServerError(
+            f"--golden {printable(name)}{more}: the handler failed ({printable(str(said or answer))[:300]}): fix "
+            "the handler or the input, or pass --golden-allow-errors to record its error answers"
+        )
     cases = [
         {
             "name": name,
@@ -111,15 +124,24 @@ def record(archive: Path, source: Path, weights: Optional[str] = None, progress:
     }
 
 
-def package(options: mar.PackageOptions, source: str, progress: Callable = quiet) -> Tuple[Path, mar.Plan, dict]:
+def package(
+    options: mar.PackageOptions, source: str, progress: Callable = quiet, allow_errors=False
+) -> Tuple[Path, mar.Plan, dict]:
     """Build the archive in a scratch directory, record its golden answers, and only then write it,
-    with MAR-INF/golden.json, to its place (atomically, as every build). ``progress`` hears of each step."""
+    with MAR-INF/golden.json, to its place (atomically, as every build). ``progress`` hears of each step;
+    ``allow_errors`` records the handler's failures (5xx) too, with a note naming them."""
     target = mar.archive_path(options.export_path, options.model_name, options.archive_format)
     if (target.exists() or target.is_symlink()) and not options.force:
         raise UserError(f"{target} already exists: pass --force to overwrite it")
     with tempfile.TemporaryDirectory(prefix="tsctl-golden-") as scratch:
         built, planned = mar.build(dataclasses.replace(options, export_path=scratch, force=True, sign_key=None))
-        golden = record(built, Path(source), options.serialized_file, progress)
+        golden = record(built, Path(source), options.serialized_file, progress, allow_errors)
+        failed = [case["name"] for case in golden["cases"] if case["status"] >= 500]
+        if failed:
+            planned.notes.append(
+                f"golden: {len(failed)} of the recorded answers are the handler failing ({', '.join(failed)}; "
+                "--golden-allow-errors): 'tsctl verify' expects them to fail the same way"
+            )
         Path(options.export_path).mkdir(parents=True, exist_ok=True)
         data = (json.dumps(golden, indent=1, sort_keys=True) + "\n").encode()
         mar.rewrite_archive(built, target, {answers.GOLDEN: data}, options.sign_key)

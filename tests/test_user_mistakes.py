@@ -226,3 +226,32 @@ def test_serve_refuses_a_config_naming_an_archive_the_store_lacks(store, tmp_pat
         assert done.exit_code == 2 and len(lines) == 1, (engine, done.output)
         assert "model_snapshot names 'tensor.mar' for model 'tensor', which is not in" in lines[0], lines
         assert not (tmp_path / "home" / "server.json").exists()
+
+
+FAILING = """from handlers.tensor import TensorPredictor
+
+
+class Failing(TensorPredictor):
+    def inference(self, data, *args, **kwargs):
+        raise RuntimeError("the model is broken")
+"""
+
+
+def test_package_golden_refuses_the_handler_failing_unless_allowed(store, tmp_path):
+    """A handler failing on every golden input was recorded as golden 500s, exit 0."""
+    (tmp_path / "failing.py").write_text(FAILING)
+    (tmp_path / "inputs").mkdir()
+    (tmp_path / "inputs" / "row.json").write_text("[[1, 2, 3, 4]]")
+    args = ["package", "--model-name", "f", "--handler", tmp_path / "failing.py", "--serialized-file",
+            store / "tensor.pt", "--golden", tmp_path / "inputs", "--export-path", tmp_path / "out"]  # fmt: skip
+    done = tsctl(*args)
+    lines = done.output.strip().splitlines()
+    assert done.exit_code == 1 and len(lines) == 1, done.output
+    assert lines[0].startswith("error: --golden row.json: the handler failed (") and "the model is broken" in lines[0]
+    assert "--golden-allow-errors" in lines[0] and not (tmp_path / "out" / "f.mar").exists()
+    allowed = tsctl(*args, "--golden-allow-errors")
+    assert allowed.exit_code == 0, allowed.output
+    assert "note: golden: 1 of the recorded answers are the handler failing (row.json" in allowed.output
+    assert (tmp_path / "out" / "f.mar").exists()
+    alone = tsctl(*args[:-4], "--export-path", tmp_path / "other", "--golden-allow-errors")
+    assert alone.exit_code == 2 and "--golden-allow-errors goes with --golden" in alone.output, alone.output
