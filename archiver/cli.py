@@ -17,19 +17,32 @@ import click
 
 from . import choices, engines, runtimes, scaffold
 from .errors import ServerError, UserError
-from .output import Progress, json_option, print_json
+from .output import Progress, json_option, print_json, print_json_error
 
 # TorchServe's BaseHandler logs optional-backend notices (OpenVINO, ONNX, TensorRT) on import.
 logging.getLogger("ts.torch_handler.base_handler").setLevel(logging.ERROR)
 
 
 class Command(click.Command):
-    """Runs the command and turns our errors into one line on stderr and an honest exit code."""
+    """Runs the command and turns our errors into one line on stderr and an honest exit code; with
+    ``--json``, the error is also a JSON document on stdout (``print_json_error``), for our errors and
+    for click's own (a bad flag or value: click prints its usage lines on stderr and exits 2)."""
+
+    def parse_args(self, ctx, args):
+        as_json = "--json" in args  # before parsing, which consumes the list
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as error:
+            if as_json:
+                print_json_error(error.format_message(), error.exit_code)
+            raise
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except our_errors() as error:
+            if ctx.params.get("as_json"):
+                print_json_error(str(error), error.exit_code)
             click.secho(f"error: {error}", fg="red", err=True)
             ctx.exit(error.exit_code)
 

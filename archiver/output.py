@@ -23,6 +23,12 @@ def print_json(data) -> None:
     click.echo(json.dumps(data, indent=2))
 
 
+def print_json_error(message: str, exit_code: int) -> None:
+    """A failed ``--json`` command's document (docs/json-output.md, "Errors"): ``{"error": {"message",
+    "exit_code"}}`` on stdout, besides the ``error: ...`` line on stderr and the exit code."""
+    print_json({"error": {"message": message, "exit_code": exit_code}})
+
+
 class Progress:
     """``progress("loading resnet18")`` prints ``[  3.2 s] loading resnet18`` on stderr when stdout is a
     terminal and the command prints text, else nothing. Elapsed seconds count from its creation."""

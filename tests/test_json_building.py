@@ -184,7 +184,9 @@ def test_export_seldon(exportable, tmp_path):
     assert '-H "seldon-model: img"' in curl and curl in (out / "DEPLOY.md").read_text()
 
 
-def test_a_mistake_prints_nothing_on_stdout(project, tmp_path):
+def test_a_mistake_prints_only_the_error_document_on_stdout(project, tmp_path):
     result = CliRunner().invoke(main, ["inspect", str(tmp_path / "missing.mar"), "--json"])
-    assert result.exit_code == 2 and result.stdout == ""
+    assert result.exit_code == 2 and json.loads(result.stdout) == {
+        "error": {"message": f"{tmp_path / 'missing.mar'} does not exist: check the path", "exit_code": 2}
+    }, result.stdout
     assert result.stderr.startswith("error: ") and len(result.stderr.strip().splitlines()) == 1

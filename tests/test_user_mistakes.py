@@ -9,6 +9,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import click
 import pytest
 import torch
 from click.testing import CliRunner
@@ -255,3 +256,72 @@ def test_package_golden_refuses_the_handler_failing_unless_allowed(store, tmp_pa
     assert (tmp_path / "out" / "f.mar").exists()
     alone = tsctl(*args[:-4], "--export-path", tmp_path / "other", "--golden-allow-errors")
     assert alone.exit_code == 2 and "--golden-allow-errors goes with --golden" in alone.output, alone.output
+
+
+def json_commands(group=main, prefix=()) -> list:
+    """Every tsctl command that takes --json, as its words (("export", "kserve"), ...)."""
+    found = []
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            found += json_commands(command, prefix + (name,))
+        elif any(param.name == "as_json" for param in command.params):
+            found.append(prefix + (name,))
+    return found
+
+
+MISTAKES = {  # each command's arguments for one of our errors, before anything runs
+    ("init",): ["afile", "--from", "blank"],
+    ("package",): ["--model-name", "q", "--handler", "tensor", "--serialized-file", "missing.pt"],
+    ("inspect",): ["missing.mar"],
+    ("config",): ["--model-store", "afile"],
+    ("serve",): ["--model-store", "afile"],
+    ("stop",): ["--home", "badhome"],
+    ("predict",): ["tensor", "afile", "--home", "nohome"],
+    ("run",): ["missing.mar", "afile"],
+    ("verify",): ["missing.mar"],
+    ("bench",): ["tensor", "--input", "afile", "--requests", "1", "--home", "nohome"],
+    ("export", "kserve"): ["out", "--name", "x", "--storage-uri", "s3://x"],
+    ("export", "seldon"): ["out", "--image", "a b"],
+}
+NO_ERRORS = {("doctor",)}  # every problem it finds is a check line of its answer, exit 1: never an error
+
+
+def runner_invoke(args, cwd):
+    previous = os.getcwd()
+    os.chdir(cwd)
+    try:
+        return CliRunner().invoke(main, [str(a) for a in args])
+    finally:
+        os.chdir(previous)
+
+
+def test_every_json_command_is_covered():
+    assert set(json_commands()) == set(MISTAKES) | NO_ERRORS
+
+
+@pytest.mark.parametrize("words", list(MISTAKES), ids=" ".join)
+def test_under_json_an_error_is_a_json_document_too(store, words):
+    """Under --json, errors were plain text on stderr alone: a script reading stdout got nothing to parse."""
+    (store / "afile").write_text("x")
+    (store / "badhome").mkdir(exist_ok=True)
+    (store / "badhome" / "server.json").write_text("not json")
+    done = runner_invoke([*words, *MISTAKES[words], "--json"], store)
+    assert done.exit_code in (1, 2) and isinstance(done.exception, SystemExit), done.output
+    error = json.loads(done.stdout)["error"]
+    assert set(json.loads(done.stdout)) == {"error"} and error["exit_code"] == done.exit_code, done.stdout
+    stderr = done.stderr.strip().splitlines()
+    assert stderr == [f"error: {error['message']}"] and "\n" not in error["message"], done.stderr
+
+
+@pytest.mark.parametrize("words", json_commands(), ids=" ".join)
+def test_under_json_a_usage_error_is_a_json_document_too(store, words):
+    done = runner_invoke([*words, "--no-such-flag", "--json"], store)
+    assert done.exit_code == 2, done.output
+    error = json.loads(done.stdout)["error"]
+    assert error["exit_code"] == 2 and "--no-such-flag" in error["message"], done.stdout
+    assert f"Error: {error['message']}" in done.stderr, done.stderr  # click's own lines stay on stderr
+
+
+def test_without_json_an_error_prints_nothing_on_stdout(store):
+    done = runner_invoke(["inspect", "missing.mar"], store)
+    assert done.exit_code == 2 and done.stdout == "" and done.stderr.startswith("error: "), done.output
