@@ -274,21 +274,19 @@ def _from_archive(archive: Path, frontend: Frontend) -> ModelSpec:
     """TorchServe registering an archive with no snapshot: model-config.yaml's settings, else defaults."""
     model = read_manifest(archive)["model"]
     config = archive_config(archive)
-
-    def setting(key: str, default: int) -> int:
-        value = config.get(key, default)
-        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
-
-    workers = max(1, setting("minWorkers", frontend.default_workers))
+    problem = settings_problem(config)
+    if problem:
+        raise ConfigError(f"{archive}'s model-config.yaml: {problem}, and package the archive again")
+    workers = config.get("minWorkers", max(1, frontend.default_workers))
     return ModelSpec(
         name=model["modelName"],
         version=str(model.get("modelVersion") or "1.0"),
         archive=archive,
         min_workers=workers,
-        max_workers=max(workers, setting("maxWorkers", workers)),
-        batch_size=max(1, setting("batchSize", 1)),
-        max_batch_delay=setting("maxBatchDelay", 100),
-        response_timeout=max(1, setting("responseTimeout", frontend.default_response_timeout)),
+        max_workers=max(workers, config.get("maxWorkers", workers)),  # only a default minWorkers can be above it
+        batch_size=config.get("batchSize", 1),
+        max_batch_delay=config.get("maxBatchDelay", 100),
+        response_timeout=config.get("responseTimeout", frontend.default_response_timeout),
     )
 
 

@@ -222,7 +222,10 @@ def test_serve_refuses_a_config_naming_an_archive_the_store_lacks(store, tmp_pat
     properties.write_config(root / "model-store", root / "config" / "config.properties")
     (root / "model-store" / "tensor.mar").rename(root / "elsewhere.mar")
     for engine in ("torchserve", "kserve", "mlserver"):
-        done = tsctl("serve", "--engine", engine, "--home", tmp_path / "home", cwd=root)
+        try:
+            done = tsctl("serve", "--engine", engine, "--home", tmp_path / "home", cwd=root)
+        finally:
+            tsctl("stop", "--home", tmp_path / "home")  # had it started, it is stopped
         lines = done.output.strip().splitlines()
         assert done.exit_code == 2 and len(lines) == 1, (engine, done.output)
         assert "model_snapshot names 'tensor.mar' for model 'tensor', which is not in" in lines[0], lines
@@ -325,3 +328,20 @@ def test_under_json_a_usage_error_is_a_json_document_too(store, words):
 def test_without_json_an_error_prints_nothing_on_stdout(store):
     done = runner_invoke(["inspect", "missing.mar"], store)
     assert done.exit_code == 2 and done.stdout == "" and done.stderr.startswith("error: "), done.output
+
+
+@pytest.mark.parametrize("text", [t for t in BAD_SETTINGS if "must not be negative" not in BAD_SETTINGS[t]])
+def test_without_a_config_the_engine_and_export_seldon_refuse_them_too(store, tmp_path, text):
+    """Without config.properties the engine and export seldon read each archive's model-config.yaml, where
+    TorchServe's --models all ignores such a value silently: refused in the same words."""
+    root = built_elsewhere(store, tmp_path, text)
+    home = short_tmp("settings-")
+    for args in (["serve", "--engine", "kserve", "--home", home], ["export", "seldon", "out", "--image", "i:1"]):
+        try:
+            done = tsctl(*args, cwd=root)
+        finally:
+            tsctl("stop", "--home", home)  # had it started (as it did before the check), it is stopped
+        lines = done.output.strip().splitlines()
+        assert done.exit_code == 2 and len(lines) == 1, (args, done.output)
+        assert "tensor.mar's model-config.yaml: " in lines[0] and BAD_SETTINGS[text] in lines[0], lines
+    assert not (root / "out").exists()
