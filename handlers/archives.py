@@ -60,7 +60,13 @@ def kind(archive: Path) -> str:
     if not archive.is_file():
         raise ArchiveError(f"{archive} is not a regular file: give a .mar, .tar.gz or model directory")
     if zipfile.is_zipfile(archive):
-        check_zip(archive)
+        stat = archive.stat()  # a command reads an archive several times: each version of a file is checked once
+        version = (str(archive.resolve()), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+        if version not in _CHECKED_ZIPS:
+            check_zip(archive)
+            if len(_CHECKED_ZIPS) >= 1024:
+                _CHECKED_ZIPS.clear()
+            _CHECKED_ZIPS.add(version)
         return "zip"
     try:
         if tarfile.is_tarfile(archive):
@@ -70,6 +76,7 @@ def kind(archive: Path) -> str:
     raise ArchiveError(f"{archive} is not a model archive (.mar zip, .tar.gz or directory), or it is truncated")
 
 
+_CHECKED_ZIPS: set = set()  # (path, device, inode, size, mtime, ctime) of the zips check_zip passed
 LOCAL = struct.Struct("<4sHHHHHIIIHH")  # a local file header, 30 bytes
 END = struct.Struct("<4sHHHHIIH")  # end of central directory, 22 bytes
 END64_LOCATOR = struct.Struct("<4sIQI")  # 20 bytes
@@ -108,7 +115,7 @@ def _check_zip(archive: Path, f, z: zipfile.ZipFile):
         name = info.orig_filename
         if pos != info.header_offset:
             raise _disagree(archive, _between(f, pos, info.header_offset, f"entry {name}"))
-        normal = PurePosixPath(name).as_posix()
+        normal = "/".join(part for part in name.split("/") if part not in ("", "."))  # as a file system would
         if normal in seen or "\x00" in name:
             raise _disagree(archive, f"entry {name} is listed twice" if normal in seen else f"entry {name!r} has a NUL")
         seen.add(normal)
@@ -140,8 +147,8 @@ def _check_entry(archive: Path, f, info: zipfile.ZipInfo, pos: int) -> int:
     _, _, flags, method, _, _, crc, csize, usize, name_length, extra_length = LOCAL.unpack(head)
     raw_name = f.read(name_length)
     extra = f.read(extra_length)
-    local_name = raw_name.decode("utf-8" if flags & UTF8_NAME else "cp437", "replace")
-    if local_name != name or (flags ^ info.flag_bits) & UTF8_NAME:
+    if raw_name != name.encode("utf-8" if flags & UTF8_NAME else "cp437") or (flags ^ info.flag_bits) & UTF8_NAME:
+        local_name = raw_name.decode("utf-8" if flags & UTF8_NAME else "cp437", "replace")
         raise _disagree(archive, f"entry {name} is named {local_name} in its local header")
     if not flags & UTF8_NAME and not raw_name.isascii():  # Java reads such a name as UTF-8, zipfile as cp437
         raise _disagree(archive, f"entry {name}'s name is neither ASCII nor marked UTF-8")
