@@ -50,7 +50,7 @@ class ArchiveError(ValueError):
 
 
 def kind(archive: Path) -> str:
-    """'dir', 'zip' or 'tar'; an ArchiveError for anything else."""
+    """'dir', 'zip' (one check_zip passed) or 'tar'; an ArchiveError for anything else."""
     if not archive.exists() and not archive.is_symlink():
         raise ArchiveError(f"{archive} does not exist: check the path")
     if archive.is_dir():
