@@ -103,6 +103,11 @@ def expect_options(command):
     )(command)
 
 
+def check_expectations(public_key, expect_name, expect_version):
+    if (expect_name or expect_version) and not public_key:
+        raise UserError("--expect-name and --expect-version check what ARCHIVE is signed as: give --public-key too")
+
+
 def emit(report: dict, as_text, as_json: bool):
     """Print a command's report: as one JSON document (--json), else the lines ``as_text`` makes of it."""
     if as_json:
@@ -399,6 +404,7 @@ def verify(
 
     from . import golden
 
+    check_expectations(public_key, expect_name, expect_version)
     signature = None
     if public_key:
         from . import signing
@@ -460,6 +466,7 @@ def run(archive, inputs, public_key, expect_name, expect_version, as_json):
     from .output import Progress
 
     paths = [input_file(p) for p in inputs]
+    check_expectations(public_key, expect_name, expect_version)
     mar.read_manifest(archive)  # a missing, foreign or unsafe archive is refused before torch loads
     expected = (None, None)
     if public_key:  # the key file and the expected name checked before torch loads

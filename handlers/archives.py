@@ -158,6 +158,8 @@ def _check_entry(archive: Path, f, info: zipfile.ZipInfo, pos: int) -> int:
         raise _disagree(archive, f"entry {name}'s local header has another method or flags than its central record")
     if method not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
         raise _disagree(archive, f"entry {name} is compressed with method {method}, which TorchServe cannot read")
+    if method == zipfile.ZIP_STORED and info.compress_size != info.file_size:
+        raise _disagree(archive, f"entry {name} is stored (not compressed) but its two sizes differ")
     start = pos + LOCAL.size + name_length + extra_length
     end = start + info.compress_size
     if not flags & DEFLATED_WITH_DESCRIPTOR:

@@ -101,6 +101,17 @@ def resized_locally(data: bytes) -> bytes:
     return bytes(out)
 
 
+def stored_sizes_differ(data: bytes) -> bytes:
+    """resnet18.pt is stored: both headers agree on a size other than the stored bytes' (Java refuses
+    such an entry, zipfile reads it)."""
+    at = entry_offsets(data)["resnet18.pt"]
+    record = next(r for r in central(data)[2] if struct.unpack_from("<I", data, r + 42)[0] == at)
+    out = bytearray(data)
+    for where in (at + 22, record + 24):  # the uncompressed size, local and central
+        struct.pack_into("<I", out, where, struct.unpack_from("<I", data, where)[0] - 1)
+    return bytes(out)
+
+
 def trailing(data: bytes) -> bytes:
     return data + b"trailing bytes"
 
@@ -123,6 +134,7 @@ MUTATIONS = {
     "duplicate name": (duplicate_name, "index_to_name.json"),
     "local name differs": (renamed_locally, "index_to_name.json"),
     "sizes differ": (resized_locally, "index_to_name.json"),
+    "stored sizes differ": (stored_sizes_differ, "resnet18.pt"),
     "trailing bytes": (trailing, "end record"),
     "prefix bytes": (prefixed, "MAR-INF/tsctl.json"),
     "gap between entries": (gap, "index_to_name.json"),

@@ -216,6 +216,8 @@ def test_an_older_version_copied_over_the_current_one_is_refused(signed, version
     renamed.write_bytes(replayed.read_bytes())  # another model's file: the name is its stem
     done = tsctl("verify", renamed, "--public-key", key)
     assert done.returncode == 1 and "is signed as signed version 1.0, expected other:" in done.stderr, done.stderr
+    done = tsctl("verify", replayed, "--expect-version", "2.0")  # which checks nothing without a key
+    assert done.returncode == 2 and "give --public-key too" in done.stderr, done.stderr
     with pytest.raises(SignatureError, match="expected signed version 2.0"):
         LocalModel(replayed, public_key=str(key), expected=("signed", "2.0"))
 
