@@ -42,6 +42,16 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069
 
 PathLike = Union[str, Path]
 
+_CHECKED_ZIPS: set = set()  # (path, device, inode, size, mtime, ctime) of the zips check_zip passed
+LOCAL = struct.Struct("<4sHHHHHIIIHH")  # a local file header, 30 bytes
+END = struct.Struct("<4sHHHHIIH")  # end of central directory, 22 bytes
+END64_LOCATOR = struct.Struct("<4sIQI")  # 20 bytes
+END64 = struct.Struct("<4sQHHIIQQQQ")  # 56 bytes
+MAX32 = 0xFFFFFFFF
+DEFLATED_WITH_DESCRIPTOR = 8  # flag bit 3: sizes and CRC in a data descriptor after the data
+UTF8_NAME = 0x800  # flag bit 11
+ENCRYPTED = 1
+
 
 class ArchiveError(ValueError):
     """A model archive that cannot or must not be read; the message names it and the problem."""
@@ -74,17 +84,6 @@ def kind(archive: Path) -> str:
     except (OSError, EOFError):
         pass
     raise ArchiveError(f"{archive} is not a model archive (.mar zip, .tar.gz or directory), or it is truncated")
-
-
-_CHECKED_ZIPS: set = set()  # (path, device, inode, size, mtime, ctime) of the zips check_zip passed
-LOCAL = struct.Struct("<4sHHHHHIIIHH")  # a local file header, 30 bytes
-END = struct.Struct("<4sHHHHIIH")  # end of central directory, 22 bytes
-END64_LOCATOR = struct.Struct("<4sIQI")  # 20 bytes
-END64 = struct.Struct("<4sQHHIIQQQQ")  # 56 bytes
-MAX32 = 0xFFFFFFFF
-DEFLATED_WITH_DESCRIPTOR = 8  # flag bit 3: sizes and CRC in a data descriptor after the data
-UTF8_NAME = 0x800  # flag bit 11
-ENCRYPTED = 1
 
 
 def check_zip(archive: Path):

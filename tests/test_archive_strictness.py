@@ -197,6 +197,13 @@ def test_clean_archives_pass(clean, image_sample, tmp_path):
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
     archives.check_zip(tmp_path / "tma.mar")
+    with zipfile.ZipFile(tmp_path / "zip64.zip", "w") as z:  # mar.py writes entries of 4 GB and more so
+        for method in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            info = zipfile.ZipInfo(f"weights-{method}.bin")
+            info.compress_type = method
+            with z.open(info, "w", force_zip64=True) as f:
+                f.write(b"w" * 100_000)
+    archives.check_zip(tmp_path / "zip64.zip")
     done = tsctl("inspect", tmp_path / "tma.mar")
     assert done.returncode == 0, done.stderr
 
