@@ -106,6 +106,21 @@ def runtime_option(help_text: str):
     )
 
 
+def expect_options(command):
+    """``--expect-name`` and ``--expect-version``: what a signed archive must be signed as (with --public-key)."""
+    command = click.option(
+        "--expect-version", help="With --public-key: the model version ARCHIVE must be signed as (else any)."
+    )(command)
+    return click.option(
+        "--expect-name", help="With --public-key: the model name ARCHIVE must be signed as (default: its file name)."
+    )(command)
+
+
+def check_expectations(public_key, expect_name, expect_version):
+    if (expect_name or expect_version) and not public_key:
+        raise UserError("--expect-name and --expect-version check what ARCHIVE is signed as: give --public-key too")
+
+
 def emit(report: dict, as_text, as_json: bool):
     """Print a command's report: as one JSON document (--json), else the lines ``as_text`` makes of it."""
     if as_json:
@@ -198,21 +213,24 @@ def package(golden, golden_allow_errors, as_json, **flags):
     else:
         path, planned = mar.build(options)
         recorded = None
+    from handlers.signing import signature_of
+
     size = path.stat().st_size if path.is_file() else sum(s for _, s in mar.list_entries(path))
-    emit(reports.package_report(path, size, planned, recorded), reports.package_text, as_json)
+    emit(reports.package_report(path, size, planned, recorded, signature_of(path)), reports.package_text, as_json)
 
 
 @main.command(cls=Command)
 @click.argument("archive", type=click.Path())
 @json_option
 def inspect(archive, as_json):
-    """Print an archive's manifest, files and sizes."""
-    from handlers import golden  # no torch: the golden.json format
+    """Print an archive's manifest, files and sizes, and whether it is signed and by which key."""
+    from handlers import golden, signing  # no torch: the golden.json and signature formats
 
     from . import mar, reports
 
     manifest = mar.read_manifest(archive)
-    report = reports.inspect_report(manifest, mar.list_entries(archive), golden.read(archive))
+    signature = signing.signature_of(archive)
+    report = reports.inspect_report(manifest, mar.list_entries(archive), golden.read(archive), signature)
     emit(report, reports.inspect_text, as_json)
 
 
@@ -404,20 +422,28 @@ def predict(model, inputs, home, timeout, as_json):
 @click.option("--golden-from", type=click.Path(), help="Use another archive's golden answers (an export's original).")
 @json_option
 @click.option("--public-key", type=click.Path(), help="Check ARCHIVE's signature (package --sign-key) with this key.")
-def verify(archive, url, served, home, protocol, model, atol, timeout, golden_from, as_json, public_key):
+@expect_options
+def verify(
+    archive, url, served, home, protocol, model, atol, timeout, golden_from, as_json, public_key, expect_name,
+    expect_version
+):  # fmt: skip
     """Replay ARCHIVE's golden requests (package --golden) and compare each answer with the recorded one;
     with --public-key, check its signature first (and stop there when it has no golden answers)."""
     from handlers import golden as golden_format
 
     from . import golden
 
+    check_expectations(public_key, expect_name, expect_version)
     signature = None
     if public_key:
         from . import signing
 
-        signing.verify_archive(archive, public_key)
-        signature = "verified"
-        click.echo(f"{archive}: signature verified: every file is as signed", err=as_json)  # --json: stdout is JSON
+        name, version, key = signing.verify_archive(archive, public_key, expect_name, expect_version)
+        signature = {"signed": True, "verified": True, "name": name, "version": version, "key_fingerprint": key}
+        click.echo(  # --json: stdout is JSON
+            f"{archive}: signature verified: every file is as signed, as {name} version {version} by key {key}",
+            err=as_json,
+        )
         if not served and not url and golden_format.read(archive) is None:
             if as_json:
                 print_json({"where": None, "checked": 0, "problems": [], "versions": [], "signature": signature})
@@ -461,16 +487,26 @@ def verify(archive, url, served, home, protocol, model, atol, timeout, golden_fr
 @click.argument("archive", type=click.Path())
 @click.argument("inputs", nargs=-1, required=True, type=click.Path())
 @click.option("--public-key", type=click.Path(), help="Run ARCHIVE only if it is signed with this key's private half.")
+@expect_options
 @json_option
-def run(archive, inputs, public_key, as_json):
+def run(archive, inputs, public_key, expect_name, expect_version, as_json):
     """Run ARCHIVE's handler in-process (no server) on each INPUT file, answering as 'tsctl predict' does."""
     from . import inprocess, mar
     from .output import Progress
 
     paths = [input_file(p) for p in inputs]
+    check_expectations(public_key, expect_name, expect_version)
     mar.read_manifest(archive)  # a missing, foreign or unsafe archive is refused before torch loads
+    expected = (None, None)
+    if public_key:  # the key file and the expected name checked before torch loads
+        from handlers.signing import read_key
+
+        from .signing import stem
+
+        read_key(public_key)
+        expected = (expect_name or stem(Path(archive)), expect_version)
     with handler_errors(archive):
-        answered = inprocess.run(archive, paths, public_key, Progress.for_command(as_json))
+        answered = inprocess.run(archive, paths, public_key, Progress.for_command(as_json), expected)
     if as_json:
         print_json({"archive": str(archive), "results": [inprocess.as_json(p, r) for p, r in answered]})
     else:

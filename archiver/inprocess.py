@@ -86,10 +86,12 @@ def run(
     paths: Sequence[Path],
     public_key: Optional[str] = None,
     progress: Callable[[str], None] = lambda message: None,
+    expected: Tuple[Optional[str], Optional[str]] = (None, None),
 ) -> List[Tuple[Path, object]]:
     """(path, Response) for each file, answered as ``tsctl predict`` would be answered (module
     docstring). The handler's failure to load is raised as it is (the caller names it); its failure on
-    a batch is a ServerError naming ``archive``, the input and the handler's error."""
+    a batch is a ServerError naming ``archive``, the input and the handler's error. With ``public_key``
+    the archive must be signed as ``expected`` (name, version; None: any)."""
     from handlers import identity
 
     archive = Path(archive)
@@ -98,7 +100,13 @@ def run(
     from handlers.testing import LocalModel  # torch: seconds
 
     with quiet_logs() as records:
-        model = LocalModel(archive, batch_size=batch_size(archive), decode_input_request=not raw, public_key=public_key)
+        model = LocalModel(
+            archive,
+            batch_size=batch_size(archive),
+            decode_input_request=not raw,
+            public_key=public_key,
+            expected=expected,
+        )
         with model:
             answered = []
             for number, path in enumerate(paths, 1):

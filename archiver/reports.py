@@ -38,21 +38,30 @@ def init_text(report: dict) -> List[str]:
 
 
 # ---- tsctl package ------------------------------------------------------------------------------------
-def package_report(path: Path, size: int, planned, golden: Optional[dict]) -> dict:
+def package_report(path: Path, size: int, planned, golden: Optional[dict], signature: dict) -> dict:
     """``planned``: the build's archiver.mar.Plan; ``golden``: the golden.json recorded (package --golden),
-    else None."""
+    else None; ``signature``: handlers.signing.signature_of the archive written."""
     return {
         "path": str(path),
         "bytes": size,
         "followed": [{"link": str(link), "target": str(real)} for link, real in planned.followed],
         "golden": golden_summary(golden) if golden is not None else None,
+        "signature": signature,
         "notes": list(planned.notes),
     }
+
+
+def signature_line(signature: dict) -> str:
+    if not signature["signed"]:
+        return "  not signed (tsctl package --sign-key KEY signs it)"
+    key = signature["key_fingerprint"] or "an unnamed key"
+    return f"  signed by key {key} (check it: tsctl verify ARCHIVE --public-key PUB)"
 
 
 def package_text(report: dict) -> List[str]:
     lines = [f"followed {item['link']} -> {item['target']}" for item in report["followed"]]
     lines.append(f"wrote {report['path']} ({report['bytes'] / 1e6:.1f} MB)")
+    lines.append(signature_line(report["signature"]))
     golden = report["golden"]
     if golden:
         lines.append(
@@ -79,11 +88,12 @@ def golden_summary(recorded: dict) -> dict:
 
 
 # ---- tsctl inspect ------------------------------------------------------------------------------------
-def inspect_report(manifest: dict, entries: Iterable[Tuple[str, int]], golden: Optional[dict]) -> dict:
+def inspect_report(manifest: dict, entries: Iterable[Tuple[str, int]], golden: Optional[dict], signature: dict) -> dict:
     return {
         "manifest": manifest,
         "entries": [{"name": name, "size": size} for name, size in sorted(entries)],
         "golden": golden_summary(golden) if golden is not None else None,
+        "signature": signature,
     }
 
 
@@ -92,6 +102,7 @@ def inspect_text(report: dict) -> List[str]:
     archive names is printed with control characters escaped."""
     lines = [json.dumps(report["manifest"], indent=2)]
     lines += [f"{entry['size']:>12,d}  {printable(entry['name'])}" for entry in report["entries"]]
+    lines.append(signature_line(report["signature"]).strip())
     golden = report["golden"]
     if golden is not None:
         libraries = ", ".join(f"{k} {v}" for k, v in golden["versions"].items())

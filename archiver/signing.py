@@ -2,6 +2,7 @@
 and checks it)."""
 
 from pathlib import Path
+from typing import Optional
 
 from handlers import signing
 
@@ -17,12 +18,10 @@ def sign(model_dir: Path, private_key: str) -> bytes:
         from model_signing import signing as model_signing
     except ImportError as exc:
         raise UserError(f"--sign-key needs the model-signing package ({exc}): pip install 'tsctl[sign]'") from None
-    key = Path(private_key)
-    if not key.is_file():
-        raise UserError(f"--sign-key {private_key} does not exist: give a PEM private key (EC P-256/384)")
+    signing.read_key(private_key, private=True)
     target = model_dir / signing.SIGNATURE
     try:
-        model_signing.Config().use_elliptic_key_signer(private_key=key).set_hashing_config(
+        model_signing.Config().use_elliptic_key_signer(private_key=Path(private_key)).set_hashing_config(
             signing.hashing_config(model_dir)
         ).sign(model_dir, target)
     except (ValueError, TypeError) as exc:
@@ -34,17 +33,31 @@ def sign(model_dir: Path, private_key: str) -> bytes:
     return data
 
 
-def verify_archive(archive, public_key: str):
+def stem(archive: Path) -> str:
+    """The model name an archive's file name gives: NAME.mar, NAME.tar.gz, NAME/."""
+    name = archive.resolve().name if archive.is_dir() else archive.name
+    for suffix in (".mar", ".tar.gz", ".tgz"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def verify_archive(archive, public_key: str, expect_name: Optional[str] = None, expect_version: Optional[str] = None):
     """Check ``archive`` (a .mar, .tar.gz or directory) against ``public_key``: unpacked aside, as a
-    worker would see it; SignatureError (exit 1) naming the first file that differs."""
+    worker would see it, and signed as ``expect_name`` (default: its file name) and ``expect_version``
+    (when given); SignatureError (exit 1) naming the first file that differs or what it is signed as.
+    Returns (name, version, key fingerprint) as signed."""
     import tempfile
 
     from handlers import archives
 
     archive = Path(archive)
-    if not Path(public_key).is_file():
-        raise UserError(f"--public-key {public_key} does not exist: give the PEM public key the archive was signed for")
+    key = signing.read_key(public_key)  # a wrong key file is named before anything is unpacked
+    expect_name = expect_name or stem(archive)
     if archive.is_dir():
-        return signing.verify(archive, public_key, archive.name)
-    with tempfile.TemporaryDirectory(prefix="tsctl-verify-") as tmp:
-        signing.verify(archives.unpack(archive, tmp), public_key, archive.name)
+        name, version = signing.verify(archive, public_key, archive.name, expect_name, expect_version)
+    else:
+        with tempfile.TemporaryDirectory(prefix="tsctl-verify-") as tmp:
+            model_dir = archives.unpack(archive, tmp)
+            name, version = signing.verify(model_dir, public_key, archive.name, expect_name, expect_version)
+    return name, version, signing.fingerprint(key)

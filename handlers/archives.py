@@ -7,6 +7,11 @@ byte, more than ``unpack_limit`` (a zip bomb) or more than the disk has free; an
 manifest names must lie inside the archive. Every problem is an ``ArchiveError``: one sentence
 naming the archive and what is wrong with it.
 
+A zip is read two ways: Python's ``zipfile`` (tsctl) reads its central directory, TorchServe's frontend
+(Java's ``ZipInputStream``) its local entries in order. ``check_zip`` refuses any zip where the two
+could differ (a hidden entry, duplicate names, sizes, gaps, prefix or trailing data), so what tsctl
+checks and signs is what TorchServe unpacks; ``kind`` runs it on every zip before anything else reads it.
+
 Metadata (MANIFEST.json, MAR-INF/tsctl.json, MAR-INF/golden.json, model-config.yaml) is read with
 bounds on size, depth and values before it is parsed (``read_json_member``, ``bounded_yaml``): a
 132 KB golden.json that unpacks to 60 MB of ``[[],[],...]`` took 1.6 GB to parse, a YAML alias bomb
@@ -18,8 +23,10 @@ Used by ``LocalModel`` and the KServe transformer (which run archives) and by ts
 import json
 import re
 import shutil
+import struct
 import tarfile
 import zipfile
+import zlib
 from pathlib import Path, PurePosixPath
 from typing import Any, List, Optional, Tuple, Union
 
@@ -35,6 +42,16 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069
 
 PathLike = Union[str, Path]
 
+_CHECKED_ZIPS: set = set()  # (path, device, inode, size, mtime, ctime) of the zips check_zip passed
+LOCAL = struct.Struct("<4sHHHHHIIIHH")  # a local file header, 30 bytes
+END = struct.Struct("<4sHHHHIIH")  # end of central directory, 22 bytes
+END64_LOCATOR = struct.Struct("<4sIQI")  # 20 bytes
+END64 = struct.Struct("<4sQHHIIQQQQ")  # 56 bytes
+MAX32 = 0xFFFFFFFF
+DEFLATED_WITH_DESCRIPTOR = 8  # flag bit 3: sizes and CRC in a data descriptor after the data
+UTF8_NAME = 0x800  # flag bit 11
+ENCRYPTED = 1
+
 
 class ArchiveError(ValueError):
     """A model archive that cannot or must not be read; the message names it and the problem."""
@@ -43,7 +60,7 @@ class ArchiveError(ValueError):
 
 
 def kind(archive: Path) -> str:
-    """'dir', 'zip' or 'tar'; an ArchiveError for anything else."""
+    """'dir', 'zip' (one check_zip passed) or 'tar'; an ArchiveError for anything else."""
     if not archive.exists() and not archive.is_symlink():
         raise ArchiveError(f"{archive} does not exist: check the path")
     if archive.is_dir():
@@ -53,6 +70,13 @@ def kind(archive: Path) -> str:
     if not archive.is_file():
         raise ArchiveError(f"{archive} is not a regular file: give a .mar, .tar.gz or model directory")
     if zipfile.is_zipfile(archive):
+        stat = archive.stat()  # a command reads an archive several times: each version of a file is checked once
+        version = (str(archive.resolve()), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+        if version not in _CHECKED_ZIPS:
+            check_zip(archive)
+            if len(_CHECKED_ZIPS) >= 1024:
+                _CHECKED_ZIPS.clear()
+            _CHECKED_ZIPS.add(version)
         return "zip"
     try:
         if tarfile.is_tarfile(archive):
@@ -60,6 +84,169 @@ def kind(archive: Path) -> str:
     except (OSError, EOFError):
         pass
     raise ArchiveError(f"{archive} is not a model archive (.mar zip, .tar.gz or directory), or it is truncated")
+
+
+def check_zip(archive: Path):
+    """Refuse a zip whose local entries, read in order from offset 0 as Java's ``ZipInputStream``
+    (TorchServe) reads them, are not exactly the entries of its central directory, which Python's
+    ``zipfile`` (tsctl) reads: same names, offsets, methods, CRCs and sizes, in the same order, one
+    after another with nothing between them, the central directory right after the last one and its
+    end record (no comment) the end of the file. Only headers are read, except that a deflated entry
+    with a data descriptor is inflated (output discarded) to find where ZipInputStream ends it."""
+    try:
+        with open(archive, "rb") as f, zipfile.ZipFile(f) as z:
+            _check_zip(archive, f, z)
+    except (zipfile.BadZipFile, struct.error, EOFError, OSError, zlib.error) as exc:
+        raise ArchiveError(f"{archive} is damaged or truncated ({exc}): build it again") from None
+
+
+def _disagree(archive: Path, what: str) -> ArchiveError:
+    return ArchiveError(
+        f"{archive}: {printable(what)}: its entries and its central directory disagree, so TorchServe would "
+        "unpack other files than tsctl checks; refusing it (build it again)"
+    )
+
+
+def _check_zip(archive: Path, f, z: zipfile.ZipFile):
+    seen = set()
+    pos = 0
+    for info in z.infolist():  # zipfile's offsets count any data before the first entry
+        name = info.orig_filename
+        if pos != info.header_offset:
+            raise _disagree(archive, _between(f, pos, info.header_offset, f"entry {name}"))
+        normal = "/".join(part for part in name.split("/") if part not in ("", "."))  # as a file system would
+        if normal in seen or "\x00" in name:
+            raise _disagree(archive, f"entry {name} is listed twice" if normal in seen else f"entry {name!r} has a NUL")
+        seen.add(normal)
+        pos = _check_entry(archive, f, info, pos)
+    if pos != z.start_dir:
+        raise _disagree(archive, _between(f, pos, z.start_dir, "the central directory"))
+    _check_end(archive, f, z.start_dir, len(z.infolist()))
+
+
+def _between(f, pos: int, expected: int, what: str) -> str:
+    """What lies at ``pos`` where ``what`` was expected to start at ``expected``."""
+    if pos > expected:
+        return f"{what} starts at byte {expected:,}, inside the entry before it (which ends at byte {pos:,})"
+    f.seek(pos)
+    head = f.read(LOCAL.size)
+    if len(head) == LOCAL.size and head[:4] == b"PK\x03\x04":
+        hidden = f.read(LOCAL.unpack(head)[9]).decode("utf-8", "replace")
+        return f"it holds a hidden entry {hidden} that its central directory does not list (before {what})"
+    return f"{expected - pos:,} bytes of unlisted data lie before {what}"
+
+
+def _check_entry(archive: Path, f, info: zipfile.ZipInfo, pos: int) -> int:
+    """Check one local entry against its central record; where the next entry must start."""
+    name = info.orig_filename
+    f.seek(pos)
+    head = f.read(LOCAL.size)
+    if len(head) < LOCAL.size or head[:4] != b"PK\x03\x04":
+        raise _disagree(archive, f"entry {name} has no local header at byte {pos:,}")
+    _, _, flags, method, _, _, crc, csize, usize, name_length, extra_length = LOCAL.unpack(head)
+    raw_name = f.read(name_length)
+    extra = f.read(extra_length)
+    if raw_name != name.encode("utf-8" if flags & UTF8_NAME else "cp437") or (flags ^ info.flag_bits) & UTF8_NAME:
+        local_name = raw_name.decode("utf-8" if flags & UTF8_NAME else "cp437", "replace")
+        raise _disagree(archive, f"entry {name} is named {local_name} in its local header")
+    if not flags & UTF8_NAME and not raw_name.isascii():  # Java reads such a name as UTF-8, zipfile as cp437
+        raise _disagree(archive, f"entry {name}'s name is neither ASCII nor marked UTF-8")
+    if flags & ENCRYPTED or info.flag_bits & ENCRYPTED:
+        raise _disagree(archive, f"entry {name} is encrypted")
+    if method != info.compress_type or (flags ^ info.flag_bits) & DEFLATED_WITH_DESCRIPTOR:
+        raise _disagree(archive, f"entry {name}'s local header has another method or flags than its central record")
+    if method not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise _disagree(archive, f"entry {name} is compressed with method {method}, which TorchServe cannot read")
+    if method == zipfile.ZIP_STORED and info.compress_size != info.file_size:
+        raise _disagree(archive, f"entry {name} is stored (not compressed) but its two sizes differ")
+    start = pos + LOCAL.size + name_length + extra_length
+    end = start + info.compress_size
+    if not flags & DEFLATED_WITH_DESCRIPTOR:
+        if MAX32 in (csize, usize):
+            usize, csize = _zip64_sizes(archive, name, extra)
+        if (crc, csize, usize) != (info.CRC, info.compress_size, info.file_size):
+            raise _disagree(archive, f"entry {name}'s local header gives other sizes or CRC than its central record")
+        return end
+    if method != zipfile.ZIP_DEFLATED:
+        raise _disagree(archive, f"entry {name} is stored with a data descriptor, which TorchServe cannot read")
+    if not _deflate_ends_at(f, start, info.compress_size):
+        raise _disagree(archive, f"entry {name}'s compressed data does not end where its central record says")
+    f.seek(end)
+    wide = info.compress_size > MAX32 or info.file_size > MAX32  # ZipInputStream's rule for 8-byte sizes
+    descriptor = f.read(4 + 4 + (16 if wide else 8))
+    signed = descriptor[:4] == b"PK\x07\x08"
+    if not signed:
+        descriptor = descriptor[:-4]
+    crc, csize, usize = struct.unpack("<IQQ" if wide else "<III", descriptor[4:] if signed else descriptor)
+    if (crc, csize, usize) != (info.CRC, info.compress_size, info.file_size):
+        raise _disagree(archive, f"entry {name}'s data descriptor gives other sizes or CRC than its central record")
+    return end + len(descriptor)
+
+
+def _zip64_sizes(archive: Path, name: str, extra: bytes) -> Tuple[int, int]:
+    """(size, compressed size) from a local header's ZIP64 extra field (both, as Java reads them)."""
+    at = 0
+    while at + 4 <= len(extra):
+        tag, length = struct.unpack_from("<HH", extra, at)
+        if tag == 1 and length >= 16:
+            return struct.unpack_from("<QQ", extra, at + 4)
+        at += 4 + length
+    raise _disagree(archive, f"entry {name}'s local header has no ZIP64 sizes")
+
+
+def _deflate_ends_at(f, start: int, size: int) -> bool:
+    """Whether the deflate stream at ``start`` ends exactly ``size`` bytes later (ZipInputStream reads a
+    data descriptor where the stream ends, zipfile where the central directory says)."""
+    f.seek(start)
+    inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+    left = size
+    while left and not inflater.eof:
+        chunk = f.read(min(left, 1 << 20))
+        if not chunk:
+            return False
+        left -= len(chunk)
+        while chunk and not inflater.eof:
+            inflater.decompress(chunk, 1 << 20)  # output discarded, at most 1 MB at a time
+            chunk = inflater.unconsumed_tail
+    return inflater.eof and not inflater.unused_data and left == 0
+
+
+def _check_end(archive: Path, f, cd_offset: int, entries: int):
+    """The end record (or ZIP64's) must say the central directory starts at ``cd_offset`` and holds
+    ``entries`` entries, end right where it starts, and be the end of the file (no comment)."""
+    size = f.seek(0, 2)
+    f.seek(max(0, size - END.size))
+    record = f.read(END.size)
+    if len(record) < END.size or record[:4] != b"PK\x05\x06" or END.unpack(record)[7]:
+        raise _disagree(archive, "its end record is not the end of the file (a comment or trailing data follows)")
+    _, disk, cd_disk, here, count, cd_size, offset, _ = END.unpack(record)
+    end = size - END.size
+    zip64 = _zip64_start(f)
+    if zip64 is not None:
+        f.seek(zip64)
+        _, _, _, _, disk, cd_disk, here, count, cd_size, offset = END64.unpack(f.read(END64.size))
+        end = zip64
+    if disk or cd_disk or here != count:
+        raise ArchiveError(f"{archive} spans several disks: build it again as one file")
+    if (offset, count) != (cd_offset, entries) or offset + cd_size != end:
+        raise _disagree(archive, "its end record does not frame its central directory exactly")
+
+
+def _zip64_start(f) -> Optional[int]:
+    """Where the ZIP64 end record starts, when the archive has one (right before its locator)."""
+    size = f.seek(0, 2)
+    if size < END.size + END64_LOCATOR.size + END64.size:
+        return None
+    f.seek(size - END.size - END64_LOCATOR.size)
+    signature, _, offset, _ = END64_LOCATOR.unpack(f.read(END64_LOCATOR.size))
+    if signature != b"PK\x06\x07":
+        return None
+    if offset != size - END.size - END64_LOCATOR.size - END64.size:
+        raise ArchiveError(f"{f.name}: its ZIP64 end record is not where its locator says: build it again")
+    f.seek(offset)
+    if f.read(4) != b"PK\x06\x06":
+        raise ArchiveError(f"{f.name}: its ZIP64 end record is damaged: build it again")
+    return offset
 
 
 def check_name(archive: Path, name: str):

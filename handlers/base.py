@@ -123,7 +123,8 @@ class ToolkitHandler(BaseHandler):
         properties = context.system_properties
         self.context = context
         if signing.required_key():  # TSCTL_PUBLIC_KEY: TorchServe ran this code first; the engine checks before
-            signing.verify(properties.get("model_dir"), signing.required_key(), context.model_name)
+            model_dir, name = properties.get("model_dir"), context.model_name  # signed as the name it is served as
+            signing.verify(model_dir, signing.required_key(), name, expect_name=name)
         self.manifest = context.manifest or {}
         self.model_dir = properties.get("model_dir")
         self.model_name = context.model_name

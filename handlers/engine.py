@@ -531,9 +531,9 @@ def main(argv=None):
     except (ts_config.ConfigError, ArchiveError) as exc:
         print(f"tsctl engine: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
-    except signing.SignatureError as exc:
+    except signing.SignatureError as exc:  # exit 2 for a key file that is no public key (KeyFileError)
         print(f"tsctl engine: {exc}", file=sys.stderr, flush=True)
-        sys.exit(1)
+        sys.exit(exc.exit_code)
     try:
         code = asyncio.run(serve(engine, args))
     finally:

@@ -504,8 +504,8 @@ def open_model(
     from .archives import check_inside, read_manifest, unpack
 
     model_dir = unpack(spec.archive, unpack_dir).resolve()
-    if frontend.public_key:  # before any of the archive's code can run
-        signing.verify(model_dir, frontend.public_key, spec.archive.name)
+    if frontend.public_key:  # before any of the archive's code can run; signed as the snapshot's name and version
+        signing.verify(model_dir, frontend.public_key, spec.archive.name, spec.name, spec.version)
     manifest = read_manifest(model_dir)
     check_inside(model_dir, manifest)
     model = manifest["model"]

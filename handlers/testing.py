@@ -60,7 +60,7 @@ import tempfile
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Union
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple, Union
 
 from ts.torch_handler.request_envelope.base import BaseEnvelope
 
@@ -89,6 +89,7 @@ class LocalModel:
         limit_max_image_pixels: bool = True,
         metrics_config: Optional[str] = None,
         public_key: Optional[str] = None,
+        expected: Tuple[Optional[str], Optional[str]] = (None, None),
     ):
         archive = Path(archive)
         self.decode_input_request = decode_input_request
@@ -108,7 +109,7 @@ class LocalModel:
                 self.model_dir = unpack(archive, self._tmp).resolve()
             check_inside(self.model_dir, self.manifest)
             if public_key:  # before any of the archive's code is imported
-                signing.verify(self.model_dir, public_key, archive.name)
+                signing.verify(self.model_dir, public_key, archive.name, *expected)
             model = self.manifest["model"]
             self.model_name = model["modelName"]
             self._names = own_names(self.model_dir, model)

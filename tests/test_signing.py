@@ -170,3 +170,121 @@ def test_a_mismatch_message_in_any_quoting_names_the_file():
     plain = "Hash mismatch for 'resnet18.pt': Expected b'...'"
     assert difference(escaped).startswith("MAR-INF/MANIFEST.json differs from what was signed")
     assert difference(plain).startswith("resnet18.pt differs from what was signed")
+
+
+# ---- issue #29: what a signature binds, the key files, who signed ------------------------------------
+def test_a_hidden_zip_entry_in_a_signed_archive_is_refused(signed, tmp_path):
+    """The reproduction: one more local entry the central directory does not list passed verify
+    ("every file is as signed") while TorchServe's ZipInputStream unpacked it (test_archive_strictness.py)."""
+    from test_archive_strictness import HIDDEN, hidden_entry
+
+    archive = tmp_path / "signed.mar"
+    archive.write_bytes(hidden_entry(signed["archive"].read_bytes()))
+    done = tsctl("verify", archive, "--public-key", signed["public"])
+    assert done.returncode == 2 and "every file is as signed" not in done.stdout, (done.stdout, done.stderr)
+    assert HIDDEN in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+
+
+@pytest.fixture(scope="module")
+def versions(signed, image_sample, tmp_path_factory):
+    """Versions 1.0 and 2.0 of one model signed with one key, and a store whose signed.mar is v2's file
+    with v1 copied over it."""
+    root = tmp_path_factory.mktemp("versions")
+    private = signed["root"] / "signer.pem"
+    v1 = package_resnet(image_sample, root / "v1", name="signed", version="1.0", sign_key=str(private))
+    v2 = package_resnet(image_sample, root / "v2", name="signed", version="2.0", sign_key=str(private))
+    store = root / "tree" / "model-store"
+    store.mkdir(parents=True)
+    (store / "signed.mar").write_bytes(v1.read_bytes())  # copied over v2's file
+    return {"v1": v1, "v2": v2, "store": store}
+
+
+def test_an_older_version_copied_over_the_current_one_is_refused(signed, versions):
+    key = signed["public"]
+    replayed = versions["store"] / "signed.mar"
+    done = tsctl("verify", versions["v2"], "--public-key", key, "--expect-version", "2.0")
+    assert done.returncode == 0 and "as signed version 2.0" in done.stdout, done.stderr
+    done = tsctl("verify", replayed, "--public-key", key, "--expect-version", "2.0")
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, (done.stdout, done.stderr)
+    assert (
+        "signed.mar is signed as signed version 1.0, expected signed version 2.0: an older archive was copied over it?"
+        in done.stderr
+    )
+    done = tsctl("verify", replayed, "--public-key", key)  # no expected version: says what is signed
+    assert done.returncode == 0 and "as signed version 1.0 by key sha256:" in done.stdout, done.stderr
+    renamed = versions["store"].parent / "other.mar"
+    renamed.write_bytes(replayed.read_bytes())  # another model's file: the name is its stem
+    done = tsctl("verify", renamed, "--public-key", key)
+    assert done.returncode == 1 and "is signed as signed version 1.0, expected other:" in done.stderr, done.stderr
+    done = tsctl("verify", replayed, "--expect-version", "2.0")  # which checks nothing without a key
+    assert done.returncode == 2 and "give --public-key too" in done.stderr, done.stderr
+    with pytest.raises(SignatureError, match="expected signed version 2.0"):
+        LocalModel(replayed, public_key=str(key), expected=("signed", "2.0"))
+
+
+def test_the_engine_refuses_an_archive_signed_as_another_version_than_its_snapshot(signed, versions):
+    root = versions["store"].parent
+    (root / "config").mkdir(exist_ok=True)
+    entry = snapshot_entry("signed.mar", 1, 1, 0, 60)["1.0"]
+    write_config(root / "config" / "config.properties", {"signed": {"2.0": entry}})
+    engine = Engine(root, "--public_key", str(signed["public"]), "--enable_grpc", "false")
+    try:
+        assert engine.process.wait(60) == 1
+    finally:
+        engine.stop()
+    refusals = [line for line in engine.output().splitlines() if line.startswith("tsctl engine:")]
+    assert len(refusals) == 1, engine.output()[-2000:]
+    assert "signed.mar is signed as signed version 1.0, expected signed version 2.0" in refusals[0]
+
+
+def test_a_private_key_or_another_file_given_as_the_public_key_is_one_line(signed, image_sample, tmp_path):
+    private = signed["root"] / "signer.pem"
+    not_a_key = image_sample / "index_to_name.json"
+    cases = [
+        (private, f"{private} is a private key: give its public half (openssl pkey -in {private} -pubout)"),
+        (not_a_key, f"{not_a_key} is not a PEM public key"),
+    ]
+    for key, words in cases:
+        for command in (["verify", signed["archive"]], ["run", signed["archive"], image_sample / "kitten.jpg"]):
+            done = tsctl(*command, "--public-key", key)
+            assert done.returncode == 2, (command, done.stdout, done.stderr)
+            assert words in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+    root = tmp_path / "tree"
+    (root / "model-store").mkdir(parents=True)
+    (root / "model-store" / "signed.mar").write_bytes(signed["archive"].read_bytes())
+    (root / "config").mkdir()
+    write_config(root / "config" / "config.properties", {"signed": snapshot_entry("signed.mar", 1, 1, 0, 60)})
+    engine = Engine(root, "--public_key", str(private), "--enable_grpc", "false")
+    try:
+        assert engine.process.wait(60) == 2
+    finally:
+        engine.stop()
+    assert f"tsctl engine: {cases[0][1]}" in engine.output(), engine.output()[-2000:]
+    done = tsctl("package", "--model-name", "x", "--handler", "image_classifier", "--export-path", tmp_path,
+                 "--serialized-file", image_sample / "resnet18.pt", "--model-file", image_sample / "model.py",
+                 "--sign-key", signed["public"])  # fmt: skip
+    assert done.returncode == 2 and "is a public key: signing needs its private half" in done.stderr, done.stderr
+
+
+def test_inspect_and_package_say_whether_an_archive_is_signed_and_by_which_key(signed, image_sample, tmp_path):
+    import json
+
+    from handlers.signing import fingerprint, read_key
+
+    expected = fingerprint(read_key(signed["public"]))
+    openssl = subprocess.run(["openssl", "pkey", "-pubin", "-in", str(signed["public"])], capture_output=True)
+    if openssl.returncode == 0:  # the documented way to compute it
+        import hashlib
+
+        assert expected == "sha256:" + hashlib.sha256(openssl.stdout).hexdigest()
+    done = tsctl("inspect", signed["archive"], "--json")
+    assert json.loads(done.stdout)["signature"] == {"signed": True, "key_fingerprint": expected}, done.stderr
+    assert f"signed by key {expected}" in tsctl("inspect", signed["archive"]).stdout
+    done = tsctl("inspect", signed["unsigned"], "--json")
+    assert json.loads(done.stdout)["signature"] == {"signed": False, "key_fingerprint": None}
+    assert "not signed" in tsctl("inspect", signed["unsigned"]).stdout
+    done = tsctl("package", "--model-name", "fresh", "--handler", "image_classifier", "--export-path", tmp_path,
+                 "--serialized-file", image_sample / "resnet18.pt", "--model-file", image_sample / "model.py",
+                 "--sign-key", signed["root"] / "signer.pem", "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["signature"] == {"signed": True, "key_fingerprint": expected}
