@@ -399,6 +399,7 @@ class KServeEngine(Engine):
         report = servers.States(progress)
         while True:
             if process is not None and process.poll() is not None:
+                servers.output_written(process)
                 self.check_extra(server)
                 raise ServerError(f"the {self.title} exited with code {process.returncode}: {self.problem(server)}")
             if process is None and not servers.group_alive(server.pid):

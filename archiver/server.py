@@ -261,17 +261,38 @@ def recorded(server: Server, wait) -> Server:
 
 def spawn(command: List[str], home: Path, env: Dict[str, str], out_name: str) -> subprocess.Popen:
     """Start ``command`` detached: its own session and process group, stdin from /dev/null, output
-    to ``home/out_name``."""
-    with open(home / out_name, "wb") as out:
-        return subprocess.Popen(
+    to ``home/out_name`` through ``bounded_log`` (rotated, at most its limits); the writer is the
+    process's ``log_writer`` (``output_written``)."""
+    from . import bounded_log
+
+    writer = bounded_log.start(home / out_name)
+    try:
+        process = subprocess.Popen(
             command,
             cwd=home,
             env=env,
             stdin=subprocess.DEVNULL,
-            stdout=out,
+            stdout=writer.stdin,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    except BaseException:
+        writer.kill()
+        raise
+    finally:
+        writer.stdin.close()  # the server's copy is the only one: the writer ends when the server's output does
+    process.log_writer = writer
+    return process
+
+
+def output_written(process: Optional[subprocess.Popen], timeout: float = 5):
+    """Wait until everything the exited ``process`` (from ``spawn``) wrote is in its output file."""
+    writer = getattr(process, "log_writer", None)
+    if writer is not None:
+        try:
+            writer.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def check_pip(python: str):
@@ -301,6 +322,7 @@ def wait_ready(
     report = States(progress)
     while pending:
         if process is not None and process.poll() is not None:
+            output_written(process)
             raise ServerError(f"TorchServe exited with code {process.returncode}: {startup_problem(server)}")
         if process is None and not group_alive(server.pid):  # started detached: the launcher has exited
             raise ServerError(f"TorchServe exited: {startup_problem(server)}")
@@ -385,7 +407,7 @@ class States:
 
 
 WORKER_DIED = re.compile(r"(Backend worker process died|Load model failed|Failed to load model)")
-PY_ERROR = re.compile(r"MODEL_LOG - ([A-Za-z_.]*(?:Error|Exception)\b.*)$")
+PY_ERROR = re.compile(r"MODEL_LOG - \s*([A-Za-z_.]*(?:Error|Exception)\b.*)$")
 REGISTRATION_ERROR = re.compile(r"\[ERROR\] main org\.pytorch\.serve\.(?:snapshot|wlm)\.\w+ - (.*)$")
 JAVA_EXCEPTION = re.compile(r"^(?:[a-z]\w*\.)+([A-Z]\w*(?:Exception|Error)): (.+)$")
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT")

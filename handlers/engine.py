@@ -70,7 +70,7 @@ class Engine:
             for number, spec in enumerate(specs):
                 workers = open_model(
                     spec, frontend, os.path.join(self.run_dir, f"m{number}"), 9000 + 100 * number, decode_default,
-                    self.metrics.worker_line,
+                    on_metric=self.metrics.worker_metric,
                 )  # fmt: skip
                 workers.observe = self.metrics.observer(spec)
                 self.versions.setdefault(spec.name, {})[spec.version] = workers
@@ -241,8 +241,8 @@ def build_app(engine: Engine) -> Starlette:
             return not_found(name, version, kserve=True)
         return JSONResponse({"name": name, "ready": model.ready}, status_code=200 if model.ready else 503)
 
-    async def metrics(_):
-        text, kind = engine.metrics.render()
+    async def metrics(_):  # rendered off the event loop: requests go on while a large exposition is made
+        text, kind = await asyncio.get_running_loop().run_in_executor(None, engine.metrics.render)
         return HttpResponse(text, media_type=kind)
 
     infer = ["POST"]
