@@ -363,6 +363,7 @@ class KServeEngine(Engine):
                 models=models,
                 engine=self.name,
                 grpc=f"127.0.0.1:{grpc}" if enable_grpc else None,
+                log_writer=process.log_writer.pid,
             )
             return servers.recorded(server, lambda: self.wait_ready(server, timeout, process, progress))
 
@@ -614,6 +615,7 @@ class MLServerEngine(KServeEngine):
                 models=models,
                 engine=self.name,
                 grpc=f"127.0.0.1:{grpc}",
+                log_writer=process.log_writer.pid,
             )
             return servers.recorded(server, lambda: self.wait_ready(server, timeout, process, progress))
 

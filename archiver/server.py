@@ -54,6 +54,7 @@ class Server:
     models: List[str]
     engine: str = "torchserve"  # a key of archiver.engines.ENGINES
     grpc: Optional[str] = None
+    log_writer: Optional[int] = None  # the pid of the process writing its output (spawn's bounded_log)
 
     @property
     def logs(self) -> Path:
@@ -240,6 +241,7 @@ def _launch(
         metrics=run_env["TS_METRICS_ADDRESS"],
         models=models,
         grpc=f"127.0.0.1:{ports['grpc_i']}",
+        log_writer=process.log_writer.pid,
     )
     registering = "extracting, installing its requirements" if install_deps else "extracting"
     return recorded(
@@ -496,12 +498,35 @@ def stop(server: Optional[Server] = None, home=".tsctl", grace: float = 20) -> b
         if not group_alive(server.pid):
             break
     reap(server.pid)
+    end_log_writer(server.log_writer)
     if (Path(server.home) / "tmp").is_symlink():
         remove_temp(Path(server.home))  # a directory of the system's temporary directory
     state = Path(server.home) / STATE_FILE
     if state.exists():
         state.unlink()
     return stopped
+
+
+def end_log_writer(pid: Optional[int], grace: float = 5):
+    """The server's output writer (``spawn``'s bounded_log) ends by itself once the server's output has
+    closed: wait for that, at most ``grace`` seconds, then kill it."""
+    deadline = time.monotonic() + grace
+    while pid and log_writer_running(pid):
+        reap(pid)
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            deadline = float("inf")
+        time.sleep(0.05)
+
+
+def log_writer_running(pid: int) -> bool:
+    """``pid`` is a bounded_log writer that has not ended (a zombie has)."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return b"archiver.bounded_log" in command and state != "Z"
 
 
 def reap(pid: int):

@@ -266,16 +266,18 @@ class OutputBudget:
     def __init__(self, rate: float, burst: float):
         self.rate, self.burst, self.tokens, self.at = rate, burst, burst, time.monotonic()
         self.dropped = self.dropped_bytes = 0
+        self.lock = threading.Lock()  # a worker's stdout and (without on_metric) its metrics reader share it
 
     def take(self, size: int) -> bool:
-        now = time.monotonic()
-        self.tokens, self.at = min(self.burst, self.tokens + (now - self.at) * self.rate), now
-        if size <= self.tokens:
-            self.tokens -= size
-            return True
-        self.dropped += 1
-        self.dropped_bytes += size
-        return False
+        with self.lock:
+            now = time.monotonic()
+            self.tokens, self.at = min(self.burst, self.tokens + (now - self.at) * self.rate), now
+            if size <= self.tokens:
+                self.tokens -= size
+                return True
+            self.dropped += 1
+            self.dropped_bytes += size
+            return False
 
     def dropped_note(self) -> str:
         """The line logged in place of the lines dropped since the last (and the count reset)."""

@@ -24,7 +24,10 @@ class OneRecord(logging.Filter):
     """Rewrites a record as the text it would log, escaped (see the module docstring)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        text = printable(record.getMessage())
+        try:
+            text = printable(record.getMessage())
+        except Exception:  # noqa: BLE001 - arguments that do not fit the format: logged as they are
+            text = printable(f"{record.msg} {record.args!r}")
         details = []
         if record.exc_info and record.exc_info[0] is not None:
             details.append("".join(traceback.format_exception(*record.exc_info)))
