@@ -363,6 +363,7 @@ class KServeEngine(Engine):
                 models=models,
                 engine=self.name,
                 grpc=f"127.0.0.1:{grpc}" if enable_grpc else None,
+                log_writer=process.log_writer.pid,
             )
             return servers.recorded(server, lambda: self.wait_ready(server, timeout, process, progress))
 
@@ -399,6 +400,7 @@ class KServeEngine(Engine):
         report = servers.States(progress)
         while True:
             if process is not None and process.poll() is not None:
+                servers.output_written(process)
                 self.check_extra(server)
                 raise ServerError(f"the {self.title} exited with code {process.returncode}: {self.problem(server)}")
             if process is None and not servers.group_alive(server.pid):
@@ -619,6 +621,7 @@ class MLServerEngine(KServeEngine):
                 models=models,
                 engine=self.name,
                 grpc=f"127.0.0.1:{grpc}",
+                log_writer=process.log_writer.pid,
             )
             return servers.recorded(server, lambda: self.wait_ready(server, timeout, process, progress))
 

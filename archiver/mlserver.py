@@ -13,6 +13,9 @@ repository is one folder per model version:
 ``model_settings`` is what ``tsctl serve --engine mlserver`` writes beside each archive's path and
 what ``tsctl export seldon`` puts in each model's folder next to the archive itself.
 
+MLServer starts through ``handlers/mlserver_start.py`` (``command``): nothing can load or unload a model
+through its model repository API, and its REST app bounds request bodies as the tsctl engine does.
+
 MLServer runs in an environment that has it (``mlserver==1.7.*``, with torch and torchserve for the
 workers): this one when it does, else ``--python``. Its dependencies (an older fastapi, starlette
 and protobuf than kserve's) rarely fit beside the rest of a development environment, so a venv of
@@ -119,5 +122,6 @@ def find_python(python: Optional[str]) -> str:
 
 
 def command(python: str, folder: Path) -> List[str]:
-    return [python, "-c", "import sys; from mlserver.cli.main import main; sys.argv[0] = 'mlserver'; main()",
-            "start", str(folder)]  # fmt: skip
+    """``mlserver start FOLDER`` through handlers/mlserver_start.py: its model repository's load and unload
+    calls refused (REST and gRPC), request bodies bounded."""
+    return [python, "-m", "handlers.mlserver_start", "--read-only", "start", str(folder)]

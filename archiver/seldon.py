@@ -12,6 +12,8 @@
                                           requirements [tsctl, pvc] (only this Server advertises both)
     OUT/experiment.yaml                   with --ab: an Experiment (A/B) between models of the store
     OUT/pipeline.yaml                     with --transformer-archive: a Pipeline T-pre -> model -> T-post
+    OUT/networkpolicy.yaml                a NetworkPolicy: other pods reach the Server's pods only on the agent's
+                                          ports (its proxies, its metrics), never MLServer's own (network_policy)
     OUT/pvc.yaml, OUT/pvc-copy-pod.yaml   the claim and a pod to copy models/ onto it (archiver/kserve.py's)
     OUT/server-image/                     the server image's build context: python:X.Y-slim, MLServer, the
                                           archives' requirements, the handlers package at /opt/tsctl
@@ -70,6 +72,10 @@ IMAGE_DIR = "server-image"
 # have no wheels.
 BASE_IMAGE = f"python:{sys.version_info.major}.{sys.version_info.minor}-slim"
 RUNTIME_PATH = "/opt/tsctl"  # the handlers package in the image, on PYTHONPATH
+# Seldon's mlserver ServerConfig: the agent's REST and gRPC reverse proxies (what seldon-mesh calls) and its
+# metrics; MLServer itself listens on 9000 (REST) and 9500 (gRPC), which only the agent, in the pod, calls.
+AGENT_PORTS = (9001, 9501, 9006)
+SERVER_POD_LABEL = "seldon-server-name"  # the label Seldon's operator gives a Server's pods (its name)
 AGENT_VOLUME_BYTES = 1 << 30  # the mlserver ServerConfig's mlserver-models volume (1Gi): what the agent copies into
 # The runtime's own imports (handlers/mlserver_runtime.py, engine_workers.py: TorchServe's worker) and the
 # toolkit handlers', at the versions installed here; MLServer at the release the runtime is tested with;
@@ -186,6 +192,7 @@ def check(options: SeldonOptions) -> Plan:
     for name, documents in manifests.items():
         for document in documents:
             crds.check(document, name)
+    manifests["networkpolicy.yaml"] = [network_policy(options)]
     view = kserve_view(options)
     manifests["pvc.yaml"] = [kserve.claim_manifest(view, options.claim, [e.archive for e in all_entries])]
     manifests["pvc-copy-pod.yaml"] = [kserve.copy_pod(view, options.claim)]
@@ -435,6 +442,22 @@ def storage_uri(name: str) -> str:
     return f"{MOUNT}/{MODELS_DIR}/{name}"
 
 
+def network_policy(options: SeldonOptions) -> dict:
+    """Ingress to the Server's pods on the agent's ports only (``AGENT_PORTS``): MLServer's own REST and gRPC
+    ports, whose model repository API loads and unloads models, are closed to other pods (the agent calls
+    them from inside the pod; the kubelet's probes come from the node, which a NetworkPolicy never blocks)."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata_of(options, f"{options.server}-agent-ports-only"),
+        "spec": {
+            "podSelector": {"matchLabels": {SERVER_POD_LABEL: options.server}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"ports": [{"protocol": "TCP", "port": port} for port in AGENT_PORTS]}],
+        },
+    }
+
+
 def model(options: SeldonOptions, name: str) -> dict:
     return {
         "apiVersion": API_VERSION,
@@ -493,7 +516,8 @@ def requirements(archives: List[Path], text: bool) -> str:
 DOCKERFILE = """\
 # Seldon Core 2's MLServer with tsctl's runtime (handlers.mlserver_runtime.ArchiveModel): the image
 # server.yaml's mlserver container runs, started as Seldon's mlserver image starts (the ServerConfig sets
-# its ports and MLSERVER_MODELS_DIR). From the directory DEPLOY.md is in:
+# its ports and MLSERVER_MODELS_DIR), through handlers/mlserver_start.py: no REST model repository load or
+# unload (Seldon's agent uses gRPC's), request bodies bounded. From the directory DEPLOY.md is in:
 #   docker build -t {image} {context} && docker push {image}
 FROM {base}
 ARG TORCH_INDEX={torch_index}
@@ -503,7 +527,7 @@ RUN pip install --no-cache-dir --extra-index-url "$TORCH_INDEX" -r {runtime}/req
 COPY handlers/ {runtime}/handlers/
 ENV PYTHONPATH={runtime} PYTHONUNBUFFERED=1 MLSERVER_MODELS_DIR=/mnt/agent/models
 USER 1000
-CMD ["sh", "-c", "exec mlserver start \\"$MLSERVER_MODELS_DIR\\""]
+CMD ["sh", "-c", "exec python -m handlers.mlserver_start start \\"$MLSERVER_MODELS_DIR\\""]
 """
 
 
@@ -667,7 +691,12 @@ def deploy_steps(options: SeldonOptions, plan: Plan, served: List[kserve.Served]
         f"step 1, advertising the capabilities {', '.join(CAPABILITIES)}); `models.yaml` holds one Model per folder of "
         f"models/, each requiring those capabilities, so they are placed on this Server.",
         "",
+        "`networkpolicy.yaml` lets other pods reach the Server's pods only on the agent's ports "
+        f"({', '.join(map(str, AGENT_PORTS))}: its REST and gRPC proxies, which `seldon-mesh` calls, and its metrics), "
+        'never MLServer\'s own 9000 and 9500 (see "What reaches MLServer" below).',
+        "",
         "```sh",
+        f"kubectl apply {ns} -f networkpolicy.yaml",
         f"kubectl apply {ns} -f server.yaml",
         f"kubectl wait {ns} --for condition=ready --timeout=600s server/{options.server}",
         f"kubectl apply {ns} -f models.yaml",
@@ -757,7 +786,39 @@ def deploy_steps(options: SeldonOptions, plan: Plan, served: List[kserve.Served]
             "```",
             "",
         ]
-    return "\n".join(lines)
+    return "\n".join(lines + exposure_lines(options))
+
+
+def exposure_lines(options: SeldonOptions) -> List[str]:
+    """DEPLOY.md's last section: what keeps clients from MLServer's model repository API, and its body bound."""
+    from handlers.ts_config import Frontend
+
+    ports, ns, limit = ", ".join(map(str, AGENT_PORTS)), f"-n {options.namespace}", Frontend().max_request_size
+    return [
+        "## What reaches MLServer",
+        "",
+        "- **Loading and unloading models.** MLServer's model repository API (`POST /v2/repository/models/NAME/load`, "
+        "`/unload`, and the same calls over gRPC) loads and unloads models, for whoever calls it; MLServer has no "
+        "setting to turn it off, and the agent's REST proxy forwards any path to MLServer. The image starts MLServer "
+        "through tsctl's `handlers/mlserver_start.py`, whose REST app has no load and unload routes (404). The gRPC "
+        "calls stay: the agent, in the Server's pod, loads and unloads Models with them on MLServer's port 9500 (its "
+        "own gRPC proxy, which `seldon-mesh` calls, forwards only ModelInfer, ModelMetadata and ModelReady). "
+        f"`networkpolicy.yaml` admits other pods to the Server's pods (label `{SERVER_POD_LABEL}: {options.server}`) "
+        f"on the agent's ports {ports} only, so no other pod reaches MLServer's 9000 and 9500; the kubelet's probes "
+        "come from the node, which a NetworkPolicy always admits. It is enforced only where the cluster's network "
+        "plugin enforces NetworkPolicies (Calico, Cilium; not flannel alone). To check it, from another pod: "
+        f"`kubectl run {ns} -it --rm probe --image=busybox --restart=Never -- wget -T 5 -O- "
+        f"http://POD_IP:9000/v2/health/live` must time out (POD_IP: `kubectl get pods {ns} -o wide "
+        f"-l {SERVER_POD_LABEL}={options.server}`).",
+        f"- **Request bodies.** The image refuses a REST body above {limit:,} bytes (TorchServe's "
+        "`max_request_size`) with 413 before MLServer parses it; `TSCTL_MAX_REQUEST_SIZE` in the mlserver "
+        "container's env (server.yaml) changes it. gRPC messages are not bounded by it: Seldon's ServerConfig lets "
+        "them reach 1 GB (`MLSERVER_GRPC_MAX_MESSAGE_LENGTH` in the same env lowers it). Bound both before the "
+        "mesh too: with an nginx ingress in "
+        "front, its annotation `nginx.ingress.kubernetes.io/proxy-body-size: 8m`; with Envoy, its buffer filter's "
+        "`max_request_bytes: 8388608`.",
+        "",
+    ]
 
 
 def served_input(plan: Plan, options: SeldonOptions) -> str:

@@ -54,6 +54,7 @@ class Server:
     models: List[str]
     engine: str = "torchserve"  # a key of archiver.engines.ENGINES
     grpc: Optional[str] = None
+    log_writer: Optional[int] = None  # the pid of the process writing its output (spawn's bounded_log)
 
     @property
     def logs(self) -> Path:
@@ -266,6 +267,7 @@ def _launch(
         metrics=run_env["TS_METRICS_ADDRESS"],
         models=models,
         grpc=f"127.0.0.1:{ports['grpc_i']}",
+        log_writer=process.log_writer.pid,
     )
     registering = "extracting, installing its requirements" if install_deps else "extracting"
     return recorded(
@@ -287,17 +289,38 @@ def recorded(server: Server, wait) -> Server:
 
 def spawn(command: List[str], home: Path, env: Dict[str, str], out_name: str) -> subprocess.Popen:
     """Start ``command`` detached: its own session and process group, stdin from /dev/null, output
-    to ``home/out_name``."""
-    with open(home / out_name, "wb") as out:
-        return subprocess.Popen(
+    to ``home/out_name`` through ``bounded_log`` (rotated, at most its limits); the writer is the
+    process's ``log_writer`` (``output_written``)."""
+    from . import bounded_log
+
+    writer = bounded_log.start(home / out_name)
+    try:
+        process = subprocess.Popen(
             command,
             cwd=home,
             env=env,
             stdin=subprocess.DEVNULL,
-            stdout=out,
+            stdout=writer.stdin,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    except BaseException:
+        writer.kill()
+        raise
+    finally:
+        writer.stdin.close()  # the server's copy is the only one: the writer ends when the server's output does
+    process.log_writer = writer
+    return process
+
+
+def output_written(process: Optional[subprocess.Popen], timeout: float = 5):
+    """Wait until everything the exited ``process`` (from ``spawn``) wrote is in its output file."""
+    writer = getattr(process, "log_writer", None)
+    if writer is not None:
+        try:
+            writer.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def check_pip(python: str):
@@ -327,6 +350,7 @@ def wait_ready(
     report = States(progress)
     while pending:
         if process is not None and process.poll() is not None:
+            output_written(process)
             raise ServerError(f"TorchServe exited with code {process.returncode}: {startup_problem(server)}")
         if process is None and not group_alive(server.pid):  # started detached: the launcher has exited
             raise ServerError(f"TorchServe exited: {startup_problem(server)}")
@@ -411,7 +435,7 @@ class States:
 
 
 WORKER_DIED = re.compile(r"(Backend worker process died|Load model failed|Failed to load model)")
-PY_ERROR = re.compile(r"MODEL_LOG - ([A-Za-z_.]*(?:Error|Exception)\b.*)$")
+PY_ERROR = re.compile(r"MODEL_LOG - \s*([A-Za-z_.]*(?:Error|Exception)\b.*)$")
 REGISTRATION_ERROR = re.compile(r"\[ERROR\] main org\.pytorch\.serve\.(?:snapshot|wlm)\.\w+ - (.*)$")
 JAVA_EXCEPTION = re.compile(r"^(?:[a-z]\w*\.)+([A-Z]\w*(?:Exception|Error)): (.+)$")
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT")
@@ -500,12 +524,35 @@ def stop(server: Optional[Server] = None, home=".tsctl", grace: float = 20) -> b
         if not group_alive(server.pid):
             break
     reap(server.pid)
+    end_log_writer(server.log_writer)
     if (Path(server.home) / "tmp").is_symlink():
         remove_temp(Path(server.home))  # a directory of the system's temporary directory
     state = Path(server.home) / STATE_FILE
     if state.exists():
         state.unlink()
     return stopped
+
+
+def end_log_writer(pid: Optional[int], grace: float = 5):
+    """The server's output writer (``spawn``'s bounded_log) ends by itself once the server's output has
+    closed: wait for that, at most ``grace`` seconds, then kill it."""
+    deadline = time.monotonic() + grace
+    while pid and log_writer_running(pid):
+        reap(pid)
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            deadline = float("inf")
+        time.sleep(0.05)
+
+
+def log_writer_running(pid: int) -> bool:
+    """``pid`` is a bounded_log writer that has not ended (a zombie has)."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return b"archiver.bounded_log" in command and state != "Z"
 
 
 def reap(pid: int):

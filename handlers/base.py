@@ -26,7 +26,6 @@ TorchServe's captum explanations and its profiler are not run by toolkit handler
 
 import http
 import inspect
-import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,12 +35,12 @@ from typing import Any, List, Optional
 import torch
 from ts.torch_handler.base_handler import BaseHandler
 
-from . import envelopes, golden, protocol, signing, toolkit
+from . import envelopes, golden, log_text, protocol, signing, toolkit
 from .loading import load_model, pick_device, pick_threads
 from .protocol import Busy, ClientError, InferenceError, Limits, Request, too_large  # noqa: F401 (InferenceError)
 from .settings import Settings, read_settings
 
-logger = logging.getLogger(__name__)
+logger = log_text.logger(__name__)
 
 MIN_AUTO_ITEMS = 16  # max_items: 0 allows max(4 x batchSize, this many) inputs per request
 

@@ -21,12 +21,12 @@ model-config.yaml, all optional::
       max_length: 256    # default: the model's max_seq_length
 """
 
-import logging
 import os
 from typing import List
 
 import torch
 
+from . import log_text
 from .base import entry_point
 from .fit import pooling_modes, sentence_modules_problem
 from .loading import ModelLoadError
@@ -34,7 +34,7 @@ from .settings import POOLINGS, EmbedderSettings
 from .text import Encoded, TextHandler, read_prefix
 from .toolkit import ONNX_FILE, SENTENCE_TRANSFORMERS
 
-logger = logging.getLogger(__name__)
+logger = log_text.logger(__name__)
 
 
 class TextEmbedder(TextHandler):

@@ -47,6 +47,7 @@ from starlette.routing import Route
 
 from . import engine_http, identity, signing, ts_config
 from .archives import ArchiveError
+from .body_limit import BodyLimit, InFlight, max_inflight_bytes
 from .engine_metrics import Metrics
 from .engine_workers import ModelWorkers, open_model
 from .ts_wire import Request, Response
@@ -70,7 +71,7 @@ class Engine:
             for number, spec in enumerate(specs):
                 workers = open_model(
                     spec, frontend, os.path.join(self.run_dir, f"m{number}"), 9000 + 100 * number, decode_default,
-                    self.metrics.worker_line,
+                    on_metric=self.metrics.worker_metric,
                 )  # fmt: skip
                 workers.observe = self.metrics.observer(spec)
                 self.versions.setdefault(spec.name, {})[spec.version] = workers
@@ -241,8 +242,8 @@ def build_app(engine: Engine) -> Starlette:
             return not_found(name, version, kserve=True)
         return JSONResponse({"name": name, "ready": model.ready}, status_code=200 if model.ready else 503)
 
-    async def metrics(_):
-        text, kind = engine.metrics.render()
+    async def metrics(_):  # rendered off the event loop: requests go on while a large exposition is made
+        text, kind = await asyncio.get_running_loop().run_in_executor(None, engine.metrics.render)
         return HttpResponse(text, media_type=kind)
 
     infer = ["POST"]
@@ -269,7 +270,7 @@ def build_app(engine: Engine) -> Starlette:
     ]
     app = Starlette(routes=routes)
     frontend = engine.frontend
-    inflight = frontend.max_inflight_bytes or engine_http.max_inflight_bytes(frontend.max_request_size)
+    inflight = frontend.max_inflight_bytes or max_inflight_bytes(frontend.max_request_size)
     app.add_middleware(BodyLimit, limit=frontend.max_request_size, inflight=InFlight(inflight))
     return app
 
@@ -327,93 +328,6 @@ def version_string() -> str:
         return metadata.version("tsctl")
     except metadata.PackageNotFoundError:
         return "unknown"
-
-
-class BodyTooLarge(Exception):
-    pass
-
-
-class InFlight:
-    """The bytes of request bodies the engine holds, all requests together (one event loop: no lock)."""
-
-    def __init__(self, limit: int):
-        self.limit, self.held = limit, 0
-
-
-class BodyLimit:
-    """ASGI middleware bounding request bodies (``engine_http``'s docstring):
-
-    - one body above ``max_request_size``: 413, by its Content-Length before anything is read, or,
-      sent chunked, as soon as what has arrived passes the limit; the body is never held whole;
-    - all bodies together: what has arrived of every request not answered yet (received, queued, at
-      a worker) above ``inflight.limit`` (``--max_inflight_bytes``): the request whose bytes would
-      pass it gets 503 with ``Retry-After``, as soon as they arrive (150 uploads of 32 MiB, sent or
-      half sent, no longer exhaust the engine);
-    - a body that stops arriving for ``BODY_IDLE_TIMEOUT`` seconds: 408."""
-
-    def __init__(self, app, limit: int, inflight: InFlight):
-        self.app, self.limit, self.inflight = app, limit, inflight
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        limit, inflight = self.limit, self.inflight
-        length = dict(scope["headers"]).get(b"content-length", b"")
-        if length.isdigit() and int(length) > limit:
-            return await self.refuse(scope, send, 413, self.too_large(int(length)))
-        seen, refusal, started = 0, None, False
-
-        async def counted():
-            nonlocal seen, refusal
-            try:
-                message = await asyncio.wait_for(receive(), engine_http.BODY_IDLE_TIMEOUT)
-            except asyncio.TimeoutError:
-                refusal = (408, f"no byte of the request body came for {engine_http.BODY_IDLE_TIMEOUT:.0f} s")
-                raise BodyTooLarge() from None
-            if message["type"] == "http.request":
-                size = len(message.get("body", b""))
-                if seen + size > limit:
-                    refusal = (413, self.too_large(seen + size, "at least "))
-                elif inflight.held + size > inflight.limit:
-                    refusal = (503, self.busy(inflight.limit))
-                if refusal:
-                    raise BodyTooLarge()
-                seen += size
-                inflight.held += size
-            return message
-
-        async def tracked(message):
-            nonlocal started
-            if refusal and not started:
-                return
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, counted, tracked)
-        except BodyTooLarge:
-            pass
-        finally:
-            inflight.held -= seen
-        if refusal and not started:
-            await self.refuse(scope, send, *refusal)
-
-    def too_large(self, size: int, qualifier: str = "") -> str:
-        return f"the request body is {qualifier}{size:,} bytes, above the limit of {self.limit:,} (max_request_size)"
-
-    @staticmethod
-    def busy(limit: int) -> str:
-        return (
-            f"the engine holds {limit:,} bytes of request bodies in flight, its limit (--max_inflight_bytes): "
-            "send it again"
-        )
-
-    @staticmethod
-    async def refuse(scope, send, status: int, message: str):
-        kind = {408: "RequestTimeout", 413: "RequestEntityTooLarge", 503: "ServiceUnavailableException"}[status]
-        body = {"code": status, "type": kind, "message": message, "error": message}
-        headers = {"Retry-After": "1"} if status == 503 else None
-        await JSONResponse(body, status_code=status, headers=headers)(scope, None, send)
 
 
 # ---- Running ------------------------------------------------------------------------------------

@@ -6,11 +6,11 @@
   long tokens and tracing headers.
 - **Slow clients**: a request head must arrive within ``HEAD_TIMEOUT`` seconds of its first byte
   (or of the connection's opening); a client trickling headers (slowloris) is disconnected.
-- **Bodies in flight**: what all requests' bodies hold together (being received, queued, at a
+- **Bodies in flight** (``body_limit.py``): what all requests' bodies hold together (being received, queued, at a
   worker) may be at most ``--max_inflight_bytes`` (default: a quarter of the memory the process may
   use, ``memory_limit()``); a request whose body would pass it gets 503 with ``Retry-After``. A
   body must keep arriving: ``BODY_IDLE_TIMEOUT`` seconds without a byte of it end the request (408).
-  (``BodyLimit`` in engine.py counts both.)
+  (``body_limit.py``'s ``BodyLimit`` counts both.)
 - **Connections** at once: at most ``max_connections()`` (below the process's open-file limit, so
   that the workers can always be restarted); above it uvicorn answers 503.
 - **Stopping**: no signal handling of uvicorn's own (the engine stops on SIGTERM/SIGINT itself and
@@ -20,7 +20,6 @@
 
 import contextlib
 import json
-import os
 import resource
 
 import uvicorn
@@ -28,7 +27,6 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 MAX_HEAD_BYTES = 64 << 10
 HEAD_TIMEOUT = 30.0  # s
-BODY_IDLE_TIMEOUT = 30.0  # s without a byte of a request's body
 SHUTDOWN_GRACE = 30  # s
 END_OF_HEAD = b"\r\n\r\n"
 
@@ -90,27 +88,6 @@ class BoundedHttp(HttpToolsProtocol):
         self._cancel_head_timer()
         self.transport.write(head.encode("ascii") + body.encode("utf-8"))
         self.transport.close()
-
-
-def memory_limit() -> int:
-    """The memory this process may use: its cgroup's limit (v2 ``memory.max``, v1
-    ``memory.limit_in_bytes``) when one is set below the machine's memory, else the machine's."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(path) as limit:
-                text = limit.read().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            return min(total, int(text))
-    return total
-
-
-def max_inflight_bytes(max_request_size: int) -> int:
-    """The default bound on request bodies in flight: a quarter of ``memory_limit()``, and at least
-    one body of ``max_request_size``."""
-    return max(max_request_size, memory_limit() // 4)
 
 
 def max_connections() -> int:

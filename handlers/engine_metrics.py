@@ -6,11 +6,18 @@
   ``Requests2XX``/``Requests4XX``/``Requests5XX`` counters, and ``WorkerLoadTime`` per worker.
 - Worker counts: ``ts_workers{model_name, model_version, status}`` (TorchServe shows them only in
   describe; a gauge makes a dead or restarting worker visible to an alert).
-- What the workers themselves emit, parsed from their ``[METRICS]`` log lines as TorchServe's
-  frontend parses them: ``HandlerTime`` and ``PredictionTime`` (ms, gauges, labels ModelName, Level,
-  Hostname) and any metric a handler adds through ``context.metrics``, with the type and dimensions
-  its line carries.
+- What the workers themselves emit, parsed from the lines of their metrics logger (a channel of its
+  own, ``handlers/worker_launch.py``: never their stdout, where a handler may print a request's data)
+  as TorchServe's frontend parses them: ``HandlerTime`` and ``PredictionTime`` (ms, gauges, labels
+  ModelName, Level, Hostname) and any metric a handler adds through ``context.metrics``, with the
+  type and dimensions its line carries.
 - KServe's ``request_predict_seconds`` histogram, per model name.
+- ``tsctl_metrics_dropped_total{reason}``: the workers' metric lines not recorded because of a bound.
+
+**Bounds.** A handler's metrics cannot grow ``/metrics`` without end: at most ``MAX_SERIES`` series,
+each with at most ``MAX_LABELS`` labels of at most ``MAX_LABEL`` characters (names and values), and
+all the workers' series together at most ``MAX_WORKER_BYTES`` bytes of exposition; a line past a
+bound is dropped and counted. ``render`` runs off the event loop (engine.py's ``/metrics`` route).
 """
 
 import re
@@ -18,7 +25,7 @@ import socket
 import threading
 from typing import Dict, Tuple
 
-from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -41,13 +48,18 @@ FRONTEND_COUNTERS = {
     "Requests5XX": "Total number of requests with response status code above 500",
 }
 MAX_SERIES = 10_000  # a handler emitting ever-new dimension values cannot grow /metrics without end
-MAX_LABEL = 256  # characters of a dimension's value; a line with a longer one is not a metric
+MAX_LABEL = 256  # characters of a metric's name, a dimension's name or value; a line with a longer one is dropped
+MAX_LABELS = 16  # dimensions of one series (Hostname included); a line with more is dropped
+MAX_WORKER_BYTES = 4 << 20  # exposition bytes of the workers' series together; a new series past it is dropped
 # Names the engine exposes itself: a worker's line cannot add samples to them.
 ENGINE_NAMES = frozenset(FRONTEND_COUNTERS) | {"ts_workers", "WorkerLoadTime", "request_predict_seconds"}
+ENGINE_PREFIXES = ("request_predict_seconds", "tsctl_")
+DROP_REASONS = ("labels", "label_length", "series", "bytes")  # tsctl_metrics_dropped_total's reasons
 
 
 class Metrics:
-    """The engine's registry; ``observer`` per model version, ``worker_line`` per worker log line."""
+    """The engine's registry; ``observer`` per model version, ``worker_metric`` per line of a worker's
+    metrics logger."""
 
     def __init__(self):
         disable_created_metrics()  # TorchServe's and KServe's expositions have no *_created samples
@@ -60,6 +72,15 @@ class Metrics:
         self.frontend: Dict[str, Dict[Tuple, float]] = {name: {} for name in FRONTEND_COUNTERS}
         self.backend: Dict[Tuple[str, str], Dict[Tuple, float]] = {}  # (name, type) -> labels -> value
         self.kinds: Dict[str, str] = {}  # a worker metric's name -> its type
+        self.worker_series = self.worker_bytes = 0  # the workers' series, and their exposition's size
+        self.dropped = Counter(
+            "tsctl_metrics_dropped",
+            "Metric lines of the workers not recorded, by the bound they passed",
+            ["reason"],
+            registry=self.registry,
+        )
+        for reason in DROP_REASONS:
+            self.dropped.labels(reason)
         self.lock = threading.Lock()
         self.engine = None  # set by the engine: worker counts and load times are read when scraped
         self.registry.register(_Live(self))
@@ -85,19 +106,19 @@ class Metrics:
 
         return observe
 
-    def worker_line(self, worker, line: str):
-        """A worker's output line: a metric it emitted is recorded; the others go to its log."""
-        match = METRIC_LINE.match(line)  # at the line's start, as TorchServe's worker writes them
+    def worker_metric(self, worker, line: str):
+        """A line of a worker's metrics logger: the metric it carries is recorded (within the bounds);
+        any other line (TorchServe's "[METRICS]Failed to update metric ...") goes to its log."""
+        match = METRIC_LINE.match(line)
         if not match:
-            if "Backend received inference at" not in line:
-                worker_log_line(worker, line)
+            worker_log_line(worker, line)
             return
         name = match.group("name")
         try:
             value = float(match.group("value"))
         except ValueError:
             return
-        if not NAME.match(name) or name in ENGINE_NAMES or name.startswith("request_predict_seconds"):
+        if not NAME.match(name) or name in ENGINE_NAMES or name.startswith(ENGINE_PREFIXES):
             return
         labels = {}
         for pair in match.group("dims").split(","):
@@ -105,17 +126,25 @@ class Metrics:
             if key and LABEL.match(key) and key != "Hostname":
                 labels.setdefault(key, dim)
         labels["Hostname"] = match.group("host") or self.hostname
-        if any(len(value) > MAX_LABEL for value in labels.values()):
-            return
+        if len(labels) > MAX_LABELS:
+            return self.dropped.labels("labels").inc()
+        if any(len(text) > MAX_LABEL for text in (name, *labels, *labels.values())):
+            return self.dropped.labels("label_length").inc()
         kind = KINDS.get((match.group("type") or "GAUGE").upper(), "gauge")
         with self.lock:
             if name in self.kinds and self.kinds[name] != kind:
                 return  # one type per name: the first line's
-            self.kinds[name] = kind
-            series = self.backend.setdefault((name, kind), {})
+            series = self.backend.get((name, kind), {})
             key = tuple(labels.items())
-            if key not in series and sum(len(s) for s in self.backend.values()) >= MAX_SERIES:
-                return
+            if key not in series:
+                size = series_bytes(name, key)
+                if self.worker_series >= MAX_SERIES:
+                    return self.dropped.labels("series").inc()
+                if self.worker_bytes + size > MAX_WORKER_BYTES:
+                    return self.dropped.labels("bytes").inc()
+                self.worker_series, self.worker_bytes = self.worker_series + 1, self.worker_bytes + size
+                self.kinds[name] = kind
+                self.backend[(name, kind)] = series
             series[key] = series.get(key, 0.0) + value if kind == "counter" else value
 
     def render(self) -> Tuple[bytes, str]:
@@ -139,6 +168,11 @@ class Metrics:
                 lines.append(f"{name}{{{text}}} {float(value)!r}")
         text = ("\n".join(lines) + "\n").encode() if lines else b""
         return text + generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def series_bytes(name: str, labels: Tuple) -> int:
+    """About the bytes one series takes in the exposition (its line, its value at most 24 characters)."""
+    return len(name) + sum(len(key) + len(escape(str(value))) + 4 for key, value in labels) + 28
 
 
 def escape(value: str) -> str:

@@ -22,8 +22,15 @@ full queue answers 503), batches gathered as TorchServe gathers them (up to ``ba
   requests get 503 naming the timeout, and it is started again.
 - **Threads.** Each worker gets ``OMP_NUM_THREADS`` = the cores divided among the model's workers
   (unless the environment sets it), as the toolkit handlers divide them on TorchServe.
-- **Metrics.** A worker's ``[METRICS]`` log lines (``HandlerTime``, ``PredictionTime``, a handler's
-  own metrics) are handed to ``on_metric``; its other lines go to the ``tsctl.worker`` log.
+- **Metrics.** The worker is started through ``handlers/worker_launch.py``, which sends the records
+  of TorchServe's metrics logger (``ts.metrics.caching_metric``: ``HandlerTime``, ``PredictionTime``,
+  a handler's own ``context.metrics``) to a pipe of their own, one record a line, and then runs
+  ``model_service_worker.py`` unchanged. Those lines are handed to ``on_metric``; what the worker
+  writes on stdout and stderr is only log text for the ``tsctl.worker`` log, even a line starting
+  with ``[METRICS]`` (a handler printing a request's data cannot forge a metric).
+- **Output volume.** A worker's log lines are logged up to ``WORKER_LOG_RATE`` bytes a second (after
+  a burst of ``WORKER_LOG_BURST``); the rest is dropped and counted in one line once logging resumes,
+  so that a handler printing without end cannot fill the disk or spend the engine's CPU on logging.
 """
 
 import asyncio
@@ -62,10 +69,13 @@ logger = logging.getLogger("tsctl.engine")
 worker_log = logging.getLogger("tsctl.worker")
 
 WORKER_SCRIPT = os.path.join(os.path.dirname(ts.__file__), "model_service_worker.py")
+LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_launch.py")
 METRICS_YAML = os.path.join(os.path.dirname(ts.__file__), "configs", "metrics.yaml")
 BACKOFF = (0, 1, 1, 2, 3, 5, 8, 13, 21, 34)  # seconds before each restart, as TorchServe's
 LOAD_TIMEOUT = 300.0  # s for a worker to start and load its model
 MAX_LINE = 64 << 10  # bytes of one worker output line kept; the rest of a longer line is dropped
+WORKER_LOG_RATE = 1 << 20  # bytes a second of one worker's output logged, once WORKER_LOG_BURST is spent
+WORKER_LOG_BURST = 4 << 20  # bytes of one worker's output logged at once
 PYTHON_ERROR = re.compile(r"^\s*(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception)\b:.*")
 
 
@@ -137,43 +147,59 @@ def start_worker(
     env: dict,
     on_line: Callable[[str], None],
     on_spawn: Callable[[subprocess.Popen], None] = lambda process: None,
+    on_metric: Optional[Callable[[str], None]] = None,
 ) -> WorkerProcess:
     """Start a worker process and load the model in it, as the frontend does, within
     ``LOAD_TIMEOUT``; raises RuntimeError with the worker's own last error when it cannot load.
-    ``on_spawn`` gets the process as soon as it runs (so that a stopping engine can end a load)."""
+    ``on_line`` gets its log lines (within ``WORKER_LOG_RATE``), ``on_metric`` the lines of its
+    metrics logger (None: they are log lines too); ``on_spawn`` gets the process as soon as it runs
+    (so that a stopping engine can end a load)."""
     try:
         os.unlink(socket_path)
     except FileNotFoundError:
         pass
     metrics = frontend.metrics_config or METRICS_YAML
-    command = [sys.executable, WORKER_SCRIPT, "--sock-type", "unix", "--sock-name", socket_path]
-    command += ["--metrics-config", metrics]
+    metric_read, metric_write = os.pipe()
+    command = [sys.executable, LAUNCHER, str(metric_write), WORKER_SCRIPT, "--sock-type", "unix"]
+    command += ["--sock-name", socket_path, "--metrics-config", metrics]
     started = time.time()
-    process = subprocess.Popen(
-        command,
-        cwd=model_dir,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    try:
+        process = subprocess.Popen(
+            command,
+            cwd=model_dir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            pass_fds=(metric_write,),
+        )
+    except BaseException:
+        os.close(metric_read)
+        raise
+    finally:
+        os.close(metric_write)
     on_spawn(process)
     lines: Deque[str] = collections.deque(maxlen=200)
+    budget = OutputBudget(WORKER_LOG_RATE, WORKER_LOG_BURST)
 
-    def read_output():
-        cut = False  # inside the rest of a line longer than MAX_LINE
-        while True:
-            raw = process.stdout.readline(MAX_LINE)
-            if not raw:
-                return
-            if not cut:
-                line = raw.decode("utf-8", errors="replace").rstrip("\n")
-                lines.append(line)
-                on_line(line)
-            cut = not raw.endswith(b"\n")
+    def log_line(line: str):
+        lines.append(line)
+        if budget.take(len(line)):
+            if budget.dropped:
+                on_line(budget.dropped_note())
+            on_line(line)
 
-    reader = threading.Thread(target=read_output, name=f"out-{spec.name}-{process.pid}", daemon=True)
-    reader.start()
+    readers = [
+        threading.Thread(target=read_lines, args=(process.stdout, log_line), name=f"out-{spec.name}-{process.pid}"),
+        threading.Thread(
+            target=read_lines,
+            args=(os.fdopen(metric_read, "rb"), on_metric or log_line),
+            name=f"metrics-{spec.name}-{process.pid}",
+        ),
+    ]
+    for reader in readers:
+        reader.daemon = True
+        reader.start()
     deadline = time.monotonic() + LOAD_TIMEOUT
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -208,7 +234,7 @@ def start_worker(
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-        reader.join(5)  # every line it wrote read: its own error is among them
+        readers[0].join(5)  # every line it wrote read: its own error is among them
         if isinstance(exc, WorkerDied):
             raise RuntimeError(_last_error(lines) or str(exc)) from None
         if isinstance(exc, socket.timeout):
@@ -219,8 +245,55 @@ def start_worker(
     return WorkerProcess(process, sock, stream, started)
 
 
+def read_lines(stream, handle: Callable[[str], None]):
+    """Each line of ``stream`` (a worker's pipe) to ``handle``, until it closes; of a line longer than
+    ``MAX_LINE`` only the beginning."""
+    with stream:
+        cut = False  # inside the rest of a line longer than MAX_LINE
+        while True:
+            raw = stream.readline(MAX_LINE)
+            if not raw:
+                return
+            if not cut:
+                handle(raw.decode("utf-8", errors="replace").rstrip("\n"))
+            cut = not raw.endswith(b"\n")
+
+
+class OutputBudget:
+    """How much of a worker's output is logged: ``rate`` bytes a second after a burst of ``burst``
+    (a token bucket); ``take`` says whether a line is, and counts those that are not."""
+
+    def __init__(self, rate: float, burst: float):
+        self.rate, self.burst, self.tokens, self.at = rate, burst, burst, time.monotonic()
+        self.dropped = self.dropped_bytes = 0
+        self.lock = threading.Lock()  # a worker's stdout and (without on_metric) its metrics reader share it
+
+    def take(self, size: int) -> bool:
+        with self.lock:
+            now = time.monotonic()
+            self.tokens, self.at = min(self.burst, self.tokens + (now - self.at) * self.rate), now
+            if size <= self.tokens:
+                self.tokens -= size
+                return True
+            self.dropped += 1
+            self.dropped_bytes += size
+            return False
+
+    def dropped_note(self) -> str:
+        """The line logged in place of the lines dropped since the last (and the count reset)."""
+        note = (
+            f"[tsctl] {self.dropped:,} lines ({self.dropped_bytes:,} bytes) of this worker's output were not logged: "
+            f"above {WORKER_LOG_RATE:,} bytes a second (WORKER_LOG_RATE)"
+        )
+        self.dropped = self.dropped_bytes = 0
+        return note
+
+
 def worker_log_line(worker, line: str):
-    """A worker's output line, in the ``tsctl.worker`` log under its model and index."""
+    """A worker's output line, in the ``tsctl.worker`` log under its model and index (but the line
+    TorchServe's worker writes for every request)."""
+    if "Backend received inference at" in line:
+        return
     worker_log.info("[%s w%d] %s", worker.owner.label, worker.index, line)
 
 
@@ -324,6 +397,12 @@ class Worker:
         def on_line(line: str):
             self.owner.on_line(self, line)
 
+        on_metric = None
+        if self.owner.on_metric is not None:
+
+            def on_metric(line: str):
+                self.owner.on_metric(self, line)
+
         self.process = await loop.run_in_executor(
             self.thread,
             start_worker,
@@ -335,6 +414,7 @@ class Worker:
             self.owner.env,
             on_line,
             self._spawned,
+            on_metric,
         )
         if self.owner.stopping:  # the engine began to stop while this worker loaded
             self.process.kill()
@@ -440,9 +520,10 @@ class ModelWorkers:
     """One model version: its queue, its workers, and what it counts for /metrics and describe."""
 
     def __init__(self, spec: ModelSpec, model_dir: Path, handler: str, frontend: Frontend, run_dir: str,
-                 first_port: int, env: dict, on_line: Callable):  # fmt: skip
+                 first_port: int, env: dict, on_line: Callable, on_metric: Optional[Callable] = None):  # fmt: skip
         self.spec, self.model_dir, self.handler, self.frontend = spec, model_dir, handler, frontend
         self.run_dir, self.first_port, self.env, self.on_line = run_dir, first_port, env, on_line
+        self.on_metric = on_metric  # (worker, line) for each line of its metrics logger; None: logged
         self.label = f"{spec.name} {spec.version}"
         self.queue = JobQueue(frontend.job_queue_size)
         self.workers = [Worker(self, i) for i in range(spec.min_workers)]
@@ -493,13 +574,20 @@ class ModelWorkers:
 
 
 def open_model(
-    spec: ModelSpec, frontend: Frontend, unpack_dir: str, first_port: int, decode_default=None, on_line=None
+    spec: ModelSpec,
+    frontend: Frontend,
+    unpack_dir: str,
+    first_port: int,
+    decode_default=None,
+    on_line=None,
+    on_metric=None,
 ) -> ModelWorkers:
     """One model version ready to start: its archive unpacked into ``unpack_dir`` and checked (the
     signature first when ``frontend.public_key`` asks, before any of its code can run), its workers'
     environment made as TorchServe's frontend makes it. ``decode_default(model_dir)``: whether its
-    requests are decoded (None: the config's ``decode_input_request``); ``on_line`` gets every line a
-    worker prints."""
+    requests are decoded (None: the config's ``decode_input_request``); ``on_line(worker, line)`` gets
+    the lines a worker prints (default: the ``tsctl.worker`` log), ``on_metric(worker, line)`` those of
+    its metrics logger (default: logged as the others)."""
     from . import signing
     from .archives import check_inside, read_manifest, unpack
 
@@ -519,5 +607,5 @@ def open_model(
     env.setdefault("OMP_NUM_THREADS", str(max(1, cores // spec.min_workers)))
     run_dir = str(Path(unpack_dir).parent)
     return ModelWorkers(
-        spec, model_dir, model["handler"], frontend, run_dir, first_port, env, on_line or worker_log_line
+        spec, model_dir, model["handler"], frontend, run_dir, first_port, env, on_line or worker_log_line, on_metric
     )

@@ -25,18 +25,18 @@ model-config.yaml, all optional::
       stride: 64             # tag all of a long text, in windows overlapping by 64 tokens (default: truncate)
 """
 
-import logging
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import torch
 
+from . import log_text
 from .base import entry_point
 from .loading import ModelLoadError
 from .settings import TokenSettings
 from .text import Encoded, TextHandler, read_prefix
 
-logger = logging.getLogger(__name__)
+logger = log_text.logger(__name__)
 
 
 @dataclass

@@ -23,7 +23,6 @@ bytes a client of TorchServe receives: a dict answer is ``json.dumps(answer, ind
 """
 
 import json
-import logging
 import os
 import threading
 import uuid
@@ -35,10 +34,11 @@ from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 from ts.model_loader import TsModelLoader
 from ts.service import Service
 
+from . import log_text
 from .requests import content_type
 from .ts_wire import Request, Response, mime_type, read_reply
 
-logger = logging.getLogger(__name__)
+logger = log_text.logger(__name__)
 
 METRICS_YAML = os.path.join(os.path.dirname(ts.__file__), "configs", "metrics.yaml")  # the frontend's default
 

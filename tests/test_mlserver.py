@@ -217,6 +217,30 @@ def test_a_bad_request_fails_alone_in_its_batch(srv, store):
     assert status == 200, body
 
 
+def test_no_client_can_unload_a_model_and_bodies_are_bounded(srv, store):
+    """tsctl starts MLServer through handlers/mlserver_start.py: its repository's load and unload calls are
+    gone over REST and refused over gRPC, the model still answers, a body above the limit gets 413 before
+    MLServer parses it."""
+    before = worker_pids(srv)
+    for action in ("unload", "load"):
+        status, body = server.request(f"{srv.inference}/v2/repository/models/resnet18/{action}", b"", "POST",
+                                      timeout=30)  # fmt: skip
+        assert status in (403, 404), (action, status, body)
+    got = grpc_client.call(srv.grpc, "resnet18", unload=True)
+    assert got["unload_error"] and "load and unload calls are off" in got["unload_error"], got
+    assert got["ready_after"], got
+    assert ENGINE.list_models(srv) and "resnet18" in ENGINE.list_models(srv)  # the read-only index stays
+    [(_, want)] = in_process(store, "resnet18", [REQUESTS["resnet18"][0]])
+    status, body = server.request(srv.predict_url("resnet18"), REQUESTS["resnet18"][0], "POST",
+                                  {"Content-Type": "application/json"}, 60)  # fmt: skip
+    assert status == 200, body
+    assert_close(outputs(body), outputs(want))
+    huge = v2([bytes_tensor(["x" * (8 << 20)])])
+    status, body = server.request(srv.predict_url("resnet18"), huge, "POST", {"Content-Type": "application/json"}, 60)
+    assert status == 413 and "max_request_size" in body["message"], (status, body)
+    assert worker_pids(srv) == before
+
+
 def worker_pids(srv) -> list:
     """The TorchServe worker processes under MLServer (its children running model_service_worker.py)."""
     pids = []

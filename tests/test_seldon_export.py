@@ -66,7 +66,7 @@ def test_the_tree_and_every_manifest_are_valid(store, tmp_path):
     models = ["resnet18", "resnet18-b", "resnet18-t", "sentiment"]
     assert names == {
         *(f"models/{m}/{f}" for m in models for f in (f"{m}.mar", "model-settings.json")),
-        *("server.yaml", "models.yaml", "pvc.yaml", "pvc-copy-pod.yaml", "DEPLOY.md"),
+        *("server.yaml", "models.yaml", "networkpolicy.yaml", "pvc.yaml", "pvc-copy-pod.yaml", "DEPLOY.md"),
         *("server-image/Dockerfile", "server-image/requirements.txt", "server-image/handlers"),
         "inputs/sample.png",
     }
@@ -115,7 +115,8 @@ def test_the_tree_and_every_manifest_are_valid(store, tmp_path):
 
     dockerfile = (out / "server-image/Dockerfile").read_text()
     assert f"FROM python:{sys.version_info.major}.{sys.version_info.minor}-slim\n" in dockerfile
-    assert 'CMD ["sh", "-c", "exec mlserver start \\"$MLSERVER_MODELS_DIR\\""]' in dockerfile
+    assert 'CMD ["sh", "-c", "exec python -m handlers.mlserver_start start \\"$MLSERVER_MODELS_DIR\\""]' in dockerfile
+    assert (out / "server-image/handlers/mlserver_start.py").is_file()
     assert "COPY handlers/ /opt/tsctl/handlers/\n" in dockerfile
     assert (out / "server-image/handlers/mlserver_runtime.py").is_file()
     assert not list((out / "server-image/handlers").rglob("__pycache__"))
@@ -344,6 +345,7 @@ def test_deploy_md_runs_from_out_and_applies_every_manifest(store, tmp_path, jpe
         "models.yaml",
         "experiment.yaml",
         "pipeline.yaml",
+        "networkpolicy.yaml",
         "pvc.yaml",
         "pvc-copy-pod.yaml",
     }
@@ -399,11 +401,60 @@ def test_deploy_md_runs_as_written_from_its_directory(store, tmp_path, tmp_path_
     assert deploy_md.paths_in_tree(out, here) == []
     assert [args[:3] for args in run.of("docker")] == [["build", "-t", IMAGE], ["push", IMAGE]]
     applied = [deploy_md.positional(args)[-1] for args in run.of("kubectl") if args[0] == "apply"]
-    assert applied == ["pvc.yaml", "pvc-copy-pod.yaml", "server.yaml", "models.yaml", "experiment.yaml"]
+    assert applied == ["pvc.yaml", "pvc-copy-pod.yaml", "networkpolicy.yaml", "server.yaml", "models.yaml",
+                       "experiment.yaml"]  # fmt: skip
     sent = {arg[1:] for args in run.of("curl") for arg in args if arg.startswith("@")}
     assert sent == {"input-image.json", "input-text.json", "input-resnet18-t.json"}
     image = json.loads((out / "input-image.json").read_text())["inputs"][0]["data"][0]
     assert base64.b64decode(image) == (out / "inputs" / "sample.png").read_bytes()
+
+
+def kubernetes_problems(value, kind: str, where: str = "") -> list:
+    """Where ``value`` does not fit the Kubernetes API type ``kind`` (the kubernetes client's models, generated
+    from the API's OpenAPI spec): unknown keys, wrong types, missing required fields."""
+    import re
+
+    import kubernetes.client
+
+    if kind.lower().startswith("list["):
+        inner = kind[5:-1]
+        if not isinstance(value, list):
+            return [f"{where}: not a list"]
+        return [p for i, item in enumerate(value) for p in kubernetes_problems(item, inner, f"{where}[{i}]")]
+    if kind.lower().startswith(("dict(", "dict[")):
+        return [] if isinstance(value, dict) else [f"{where}: not a mapping"]
+    simple = {"str": str, "int": int, "bool": bool, "object": object}
+    if kind in simple:
+        return [] if isinstance(value, simple[kind]) else [f"{where}: not {kind}"]
+    model = getattr(kubernetes.client, kind)
+    if not isinstance(value, dict):
+        return [f"{where}: not a {kind}"]
+    by_key = {key: attribute for attribute, key in model.attribute_map.items()}
+    problems = [f"{where}.{key}: not a field of {kind}" for key in value if key not in by_key]
+    for key, item in value.items():
+        if key in by_key:
+            problems += kubernetes_problems(item, model.openapi_types[by_key[key]], f"{where}.{key}")
+    source = Path(kubernetes.client.__file__).parent / "models" / f"{re.sub(r'(?<!^)(?=[A-Z])', '_', kind).lower()}.py"
+    required = re.findall(r"Invalid value for `(\w+)`, must not be `None`", source.read_text())
+    problems += [f"{where}: {kind} needs {model.attribute_map[name]}" for name in required
+                 if model.attribute_map[name] not in value]  # fmt: skip
+    return problems
+
+
+def test_the_network_policy_closes_mlservers_own_ports(store, tmp_path):
+    out = tmp_path / "out"
+    seldon.export(options(store, out))
+    policy = yaml.safe_load((out / "networkpolicy.yaml").read_text())
+    assert kubernetes_problems(policy, "V1NetworkPolicy") == []
+    assert kubernetes_problems({**policy, "spec": {**policy["spec"], "ingres": []}}, "V1NetworkPolicy")  # it checks
+    server = yaml.safe_load((out / "server.yaml").read_text())
+    assert policy["metadata"]["namespace"] == server["metadata"]["namespace"]
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"seldon-server-name": server["metadata"]["name"]}}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    [rule] = policy["spec"]["ingress"]
+    assert "from" not in rule and sorted(p["port"] for p in rule["ports"]) == [9001, 9006, 9501]  # not 9000, 9500
+    deploy = (out / "DEPLOY.md").read_text()
+    assert "## What reaches MLServer" in deploy and "proxy-body-size" in deploy and "max_request_bytes" in deploy
 
 
 def test_a_failed_write_leaves_no_out_and_the_previous_one_stays(store, tmp_path, monkeypatch):
