@@ -64,6 +64,9 @@ class Engine:
         self.frontend = frontend
         self.run_dir = tempfile.mkdtemp(prefix="tsctl-engine-")
         self.metrics = Metrics()
+        bound, why = engine_http.max_inflight_bytes(frontend.max_request_size, frontend.max_inflight_bytes)
+        logger.info("bodies in flight: at most %s bytes (%s)", f"{bound:,}", why)
+        self.inflight = engine_http.InFlight(bound)  # REST's and gRPC's bodies together
         self.versions: Dict[str, Dict[str, ModelWorkers]] = {}
         self.defaults: Dict[str, ModelWorkers] = {}
         try:
@@ -268,9 +271,8 @@ def build_app(engine: Engine) -> Starlette:
         Route("/metrics", metrics, methods=["GET"]),
     ]
     app = Starlette(routes=routes)
-    frontend = engine.frontend
-    inflight = frontend.max_inflight_bytes or engine_http.max_inflight_bytes(frontend.max_request_size)
-    app.add_middleware(BodyLimit, limit=frontend.max_request_size, inflight=InFlight(inflight))
+    idle = engine.frontend.body_idle_timeout or engine_http.BODY_IDLE_TIMEOUT
+    app.add_middleware(BodyLimit, limit=engine.frontend.max_request_size, inflight=engine.inflight, idle=idle)
     return app
 
 
@@ -333,13 +335,6 @@ class BodyTooLarge(Exception):
     pass
 
 
-class InFlight:
-    """The bytes of request bodies the engine holds, all requests together (one event loop: no lock)."""
-
-    def __init__(self, limit: int):
-        self.limit, self.held = limit, 0
-
-
 class BodyLimit:
     """ASGI middleware bounding request bodies (``engine_http``'s docstring):
 
@@ -349,10 +344,13 @@ class BodyLimit:
       a worker) above ``inflight.limit`` (``--max_inflight_bytes``): the request whose bytes would
       pass it gets 503 with ``Retry-After``, as soon as they arrive (150 uploads of 32 MiB, sent or
       half sent, no longer exhaust the engine);
-    - a body that stops arriving for ``BODY_IDLE_TIMEOUT`` seconds: 408."""
+    - a body that stops arriving for ``idle`` seconds (``--body_idle_timeout``) while it is still
+      arriving: 408. Once its last chunk came, reading on (``disconnected()`` watching for the
+      client leaving while the model answers) waits as long as it must: ``responseTimeout`` alone
+      bounds the answer."""
 
-    def __init__(self, app, limit: int, inflight: InFlight):
-        self.app, self.limit, self.inflight = app, limit, inflight
+    def __init__(self, app, limit: int, inflight: engine_http.InFlight, idle: float = engine_http.BODY_IDLE_TIMEOUT):
+        self.app, self.limit, self.inflight, self.idle = app, limit, inflight, idle
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -361,25 +359,29 @@ class BodyLimit:
         length = dict(scope["headers"]).get(b"content-length", b"")
         if length.isdigit() and int(length) > limit:
             return await self.refuse(scope, send, 413, self.too_large(int(length)))
-        seen, refusal, started = 0, None, False
+        seen, refusal, started, whole = 0, None, False, False
 
         async def counted():
-            nonlocal seen, refusal
+            nonlocal seen, refusal, whole
+            if whole:  # the body came whole: nothing more to count or to time
+                return await receive()
             try:
-                message = await asyncio.wait_for(receive(), engine_http.BODY_IDLE_TIMEOUT)
+                message = await asyncio.wait_for(receive(), self.idle)
             except asyncio.TimeoutError:
-                refusal = (408, f"no byte of the request body came for {engine_http.BODY_IDLE_TIMEOUT:.0f} s")
+                refusal = (408, f"no byte of the request body came for {self.idle:g} s")
                 raise BodyTooLarge() from None
             if message["type"] == "http.request":
                 size = len(message.get("body", b""))
                 if seen + size > limit:
                     refusal = (413, self.too_large(seen + size, "at least "))
-                elif inflight.held + size > inflight.limit:
-                    refusal = (503, self.busy(inflight.limit))
+                elif not inflight.take(size):
+                    refusal = (503, inflight.busy())
                 if refusal:
                     raise BodyTooLarge()
                 seen += size
-                inflight.held += size
+                whole = not message.get("more_body", False)
+            else:
+                whole = True  # http.disconnect: nothing more will come
             return message
 
         async def tracked(message):
@@ -394,19 +396,12 @@ class BodyLimit:
         except BodyTooLarge:
             pass
         finally:
-            inflight.held -= seen
+            inflight.give(seen)
         if refusal and not started:
             await self.refuse(scope, send, *refusal)
 
     def too_large(self, size: int, qualifier: str = "") -> str:
         return f"the request body is {qualifier}{size:,} bytes, above the limit of {self.limit:,} (max_request_size)"
-
-    @staticmethod
-    def busy(limit: int) -> str:
-        return (
-            f"the engine holds {limit:,} bytes of request bodies in flight, its limit (--max_inflight_bytes): "
-            "send it again"
-        )
 
     @staticmethod
     async def refuse(scope, send, status: int, message: str):
@@ -437,6 +432,12 @@ def parse_args(argv=None):
         type=int,
         help="Request bodies held at once, all requests together (default: a quarter of the memory limit).",
     )
+    parser.add_argument(
+        "--body_idle_timeout",
+        type=float,
+        default=engine_http.BODY_IDLE_TIMEOUT,
+        help="Seconds a request body may pause while it arrives before the request ends with 408 (default: 30).",
+    )
     args, unknown = parser.parse_known_args(argv)  # KServe passes --model_name and others it knows
     if unknown:
         logger.info("ignoring arguments the engine does not use: %s", " ".join(unknown))
@@ -456,6 +457,7 @@ def load_specs(args):
         frontend.metrics_config = str(Path(args.metrics_config).resolve())
     if args.max_inflight_bytes:
         frontend.max_inflight_bytes = args.max_inflight_bytes
+    frontend.body_idle_timeout = args.body_idle_timeout
     frontend.public_key = args.public_key
     # Without a config, a toolkit archive reads raw bodies (tsctl config's decode_input_request=false).
     decode = None if config else (lambda model_dir: identity.read(model_dir) is None)

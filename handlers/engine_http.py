@@ -7,9 +7,13 @@
 - **Slow clients**: a request head must arrive within ``HEAD_TIMEOUT`` seconds of its first byte
   (or of the connection's opening); a client trickling headers (slowloris) is disconnected.
 - **Bodies in flight**: what all requests' bodies hold together (being received, queued, at a
-  worker) may be at most ``--max_inflight_bytes`` (default: a quarter of the memory the process may
-  use, ``memory_limit()``); a request whose body would pass it gets 503 with ``Retry-After``. A
-  body must keep arriving: ``BODY_IDLE_TIMEOUT`` seconds without a byte of it end the request (408).
+  worker), REST and gRPC alike, may be at most ``--max_inflight_bytes`` (default: a quarter of the
+  memory the process may use, ``memory_limit()``: the smallest limit of its memory cgroup and the
+  groups above it, read through ``/proc/self/cgroup``, or the machine's memory; logged at start); a
+  REST request whose body would pass it gets 503 with ``Retry-After``, a gRPC call UNAVAILABLE, with
+  the same message (``InFlight``: the one counter both use). A body must keep arriving:
+  ``--body_idle_timeout`` seconds (``BODY_IDLE_TIMEOUT``) without a byte of it end the request
+  (408); once the body is whole, only the model's ``responseTimeout`` bounds the answer.
   (``BodyLimit`` in engine.py counts both.)
 - **Connections** at once: at most ``max_connections()`` (below the process's open-file limit, so
   that the workers can always be restarted); above it uvicorn answers 503.
@@ -21,14 +25,16 @@
 import contextlib
 import json
 import os
+import re
 import resource
+from typing import List, Optional, Tuple
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 MAX_HEAD_BYTES = 64 << 10
 HEAD_TIMEOUT = 30.0  # s
-BODY_IDLE_TIMEOUT = 30.0  # s without a byte of a request's body
+BODY_IDLE_TIMEOUT = 30.0  # s without a byte of a request's body while it arrives (--body_idle_timeout)
 SHUTDOWN_GRACE = 30  # s
 END_OF_HEAD = b"\r\n\r\n"
 
@@ -92,25 +98,115 @@ class BoundedHttp(HttpToolsProtocol):
         self.transport.close()
 
 
-def memory_limit() -> int:
-    """The memory this process may use: its cgroup's limit (v2 ``memory.max``, v1
-    ``memory.limit_in_bytes``) when one is set below the machine's memory, else the machine's."""
+def memory_limit(proc: str = "/proc/self") -> Tuple[int, str]:
+    """The memory this process may use, and what sets it: the smallest limit of its memory cgroup and
+    of every group above it up to the hierarchy's root (v1 ``memory.limit_in_bytes``, v2
+    ``memory.max``), or the machine's memory when that is smaller or no group limits it. The group
+    is the process's own (``proc``/cgroup, v1 ``N:memory:/path`` or v2 ``0::/path``), found where its
+    hierarchy is mounted (``proc``/mountinfo: /sys/fs/cgroup/memory, /sys/fs/cgroup,
+    /sys/fs/cgroup/unified ...): on a host without a cgroup namespace the mount's top is the host's
+    root group, not ours."""
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(path) as limit:
-                text = limit.read().strip()
-        except OSError:
+    limit, source = total, "the machine's memory"
+    found = memory_cgroup(proc)
+    if found is None:
+        return limit, source
+    mount, group, limit_file = found
+    path = group
+    while True:
+        value = _read_number(os.path.join(mount, path.lstrip("/"), limit_file))
+        if value is not None and value < limit:
+            limit, source = value, f"the limit of cgroup {path} ({limit_file})"
+        if path in ("/", ""):
+            return limit, source
+        path = os.path.dirname(path)
+
+
+def memory_cgroup(proc: str = "/proc/self") -> Optional[Tuple[str, str, str]]:
+    """(mount point, the process's group below it, limit file) of its memory cgroup: v1's memory
+    controller when there is one (a hybrid host's v2 mount has no memory controller), else v2."""
+    v1 = v2 = None
+    for line in _read_lines(os.path.join(proc, "cgroup")):
+        number, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if "memory" in controllers.split(","):
+            v1 = path
+        elif number == "0" and controllers == "":
+            v2 = path
+    for line in _read_lines(os.path.join(proc, "mountinfo")):
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
             continue
-        if text.isdigit():
-            return min(total, int(text))
-    return total
+        root, mount = _unescape(fields[3]), _unescape(fields[4])
+        kind, _source, options = (line.split(" - ", 1)[1].split() + ["", "", ""])[:3]
+        if v1 is not None and kind == "cgroup" and "memory" in options.split(","):
+            return mount, _below(v1, root), "memory.limit_in_bytes"
+        if v1 is None and v2 is not None and kind == "cgroup2":
+            return mount, _below(v2, root), "memory.max"
+    return None
 
 
-def max_inflight_bytes(max_request_size: int) -> int:
-    """The default bound on request bodies in flight: a quarter of ``memory_limit()``, and at least
-    one body of ``max_request_size``."""
-    return max(max_request_size, memory_limit() // 4)
+def _below(group: str, root: str) -> str:
+    """The group's path under a mount of ``root`` (a mount of a group's own subtree: ``/`` is its top)."""
+    if root in ("/", ""):
+        return group
+    if group == root or group.startswith(root.rstrip("/") + "/"):
+        return group[len(root.rstrip("/")) :] or "/"
+    return "/"  # not below the mount's root: only the mount's own top is visible
+
+
+def _unescape(text: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+
+
+def _read_lines(path: str) -> List[str]:
+    try:
+        with open(path) as lines:
+            return lines.read().splitlines()
+    except OSError:
+        return []
+
+
+def _read_number(path: str) -> Optional[int]:
+    """A limit file's number; None when it is missing or says ``max``."""
+    lines = _read_lines(path)
+    text = lines[0].strip() if lines else ""
+    return int(text) if text.isdigit() else None
+
+
+def max_inflight_bytes(max_request_size: int, configured: Optional[int] = None) -> Tuple[int, str]:
+    """The bound on request bodies in flight and why: ``--max_inflight_bytes`` when given, else a
+    quarter of ``memory_limit()`` (at least one body of ``max_request_size``)."""
+    if configured:
+        return configured, "--max_inflight_bytes"
+    limit, source = memory_limit()
+    if limit // 4 < max_request_size:
+        return max_request_size, f"one body of max_request_size: a quarter of {source}, {limit:,} bytes, is less"
+    return limit // 4, f"a quarter of {source}, {limit:,} bytes"
+
+
+class InFlight:
+    """The bytes of request bodies the engine holds, all requests together, REST (``BodyLimit``) and
+    gRPC (``engine_grpc``) alike; one event loop serves both: no lock."""
+
+    def __init__(self, limit: int):
+        self.limit, self.held = limit, 0
+
+    def take(self, size: int) -> bool:
+        """Count ``size`` more bytes held; False (nothing counted) when they would pass the limit."""
+        if self.held + size > self.limit:
+            return False
+        self.held += size
+        return True
+
+    def give(self, size: int):
+        self.held -= size
+
+    def busy(self) -> str:
+        """What a request refused for it is told."""
+        return (
+            f"the engine holds {self.limit:,} bytes of request bodies in flight, its limit (--max_inflight_bytes): "
+            "send it again"
+        )
 
 
 def max_connections() -> int:
