@@ -23,7 +23,9 @@ model-config.yaml), runs each model version's ``minWorkers`` as TorchServe's own
 Every listener binds ``--host``. Nothing here changes state: there is no register, scale, load or
 unload call, over REST or gRPC (TorchServe's model API and KServe's repository API are absent).
 A request body above ``max_request_size`` (config.properties, TorchServe's 6.5 MB by default) is
-refused with 413 before it is read whole. Needs ``torchserve`` (its worker, not its frontend).
+refused with 413 before it is read whole; an answer above ``max_response_size`` fails alone with
+TorchServe's 500 and is never held (``ts_wire.Stream.reply``). Bodies in flight and slow bodies:
+``handlers/engine_http.py``. Needs ``torchserve`` (its worker, not its frontend).
 """
 
 import argparse

@@ -20,6 +20,9 @@ full queue answers 503), batches gathered as TorchServe gathers them (up to ``ba
   3, 5... seconds as TorchServe backs off.
 - **responseTimeout** is enforced per batch: a worker that has not answered in time is killed, its
   requests get 503 naming the timeout, and it is started again.
+- **max_response_size** is enforced per answer as the worker's reply is read (``Stream.reply``):
+  an answer above it gets 500 with TorchServe's message, its bytes dropped as they come; the
+  worker and the batch's other answers are kept.
 - **Threads.** Each worker gets ``OMP_NUM_THREADS`` = the cores divided among the model's workers
   (unless the environment sets it), as the toolkit handlers divide them on TorchServe.
 - **Metrics.** A worker's ``[METRICS]`` log lines (``HandlerTime``, ``PredictionTime``, a handler's
