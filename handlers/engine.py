@@ -438,7 +438,8 @@ def parse_args(argv=None):
         "--body_idle_timeout",
         type=float,
         default=engine_http.BODY_IDLE_TIMEOUT,
-        help="Seconds a request body may pause while it arrives before the request ends with 408 (default: 30).",
+        help="Seconds a request body may pause while it arrives before the request ends with 408 "
+        f"(default: {engine_http.BODY_IDLE_TIMEOUT:g}).",
     )
     args, unknown = parser.parse_known_args(argv)  # KServe passes --model_name and others it knows
     if unknown:
