@@ -319,12 +319,12 @@ def test_the_engine_bounds_bodies_by_its_own_cgroup_for_rest_and_grpc_alike(engi
     share = 15_000_000
     holders = [partial_upload(engine, 16_000_000, share) for _ in range(bound // share)]
     try:
-        time.sleep(1)
+        time.sleep(2)  # every byte sent read by the engine
         for sock in holders:  # all held, none refused
             sock.setblocking(False)
             with pytest.raises(BlockingIOError):
                 sock.recv(1)
-        code, message = grpc_infer(engine, "other", np.ones(8_000_000, np.float32))
+        code, message = grpc_infer(engine, "other", np.ones(12_000_000, np.float32))
         assert code == grpc.StatusCode.UNAVAILABLE and "--max_inflight_bytes" in message, (code, message)
         over = partial_upload(engine, 16_000_000, share)
         over.settimeout(20)
