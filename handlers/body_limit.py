@@ -5,42 +5,127 @@ Standard library and Starlette only (MLServer's environment has no httptools for
 
 import asyncio
 import os
+import re
+from typing import List, Optional, Tuple
 
 from starlette.responses import JSONResponse
 
-BODY_IDLE_TIMEOUT = 30.0  # s without a byte of a request's body
+BODY_IDLE_TIMEOUT = 30.0  # s without a byte of a request's body while it arrives (--body_idle_timeout)
 
 
-def memory_limit() -> int:
-    """The memory this process may use: its cgroup's limit (v2 ``memory.max``, v1
-    ``memory.limit_in_bytes``) when one is set below the machine's memory, else the machine's."""
+def memory_limit(proc: str = "/proc/self") -> Tuple[int, str]:
+    """The memory this process may use, and what sets it: the smallest limit of its memory cgroup and
+    of every group above it up to the hierarchy's root (v1 ``memory.limit_in_bytes``, v2
+    ``memory.max``), or the machine's memory when that is smaller or no group limits it. The group
+    is the process's own (``proc``/cgroup, v1 ``N:memory:/path`` or v2 ``0::/path``), found where its
+    hierarchy is mounted (``proc``/mountinfo: /sys/fs/cgroup/memory, /sys/fs/cgroup,
+    /sys/fs/cgroup/unified ...): on a host without a cgroup namespace the mount's top is the host's
+    root group, not ours."""
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(path) as limit:
-                text = limit.read().strip()
-        except OSError:
+    limit, source = total, "the machine's memory"
+    found = memory_cgroup(proc)
+    if found is None:
+        return limit, source
+    mount, group, limit_file = found
+    path = group
+    while True:
+        value = _read_number(os.path.join(mount, path.lstrip("/"), limit_file))
+        if value is not None and value < limit:
+            limit, source = value, f"the limit of cgroup {path} ({limit_file})"
+        if path in ("/", ""):
+            return limit, source
+        path = os.path.dirname(path)
+
+
+def memory_cgroup(proc: str = "/proc/self") -> Optional[Tuple[str, str, str]]:
+    """(mount point, the process's group below it, limit file) of its memory cgroup: v1's memory
+    controller when there is one (a hybrid host's v2 mount has no memory controller), else v2."""
+    v1 = v2 = None
+    for line in _read_lines(os.path.join(proc, "cgroup")):
+        number, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if "memory" in controllers.split(","):
+            v1 = path
+        elif number == "0" and controllers == "":
+            v2 = path
+    for line in _read_lines(os.path.join(proc, "mountinfo")):
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
             continue
-        if text.isdigit():
-            return min(total, int(text))
-    return total
+        root, mount = _unescape(fields[3]), _unescape(fields[4])
+        kind, _source, options = (line.split(" - ", 1)[1].split() + ["", "", ""])[:3]
+        if v1 is not None and kind == "cgroup" and "memory" in options.split(","):
+            return mount, _below(v1, root), "memory.limit_in_bytes"
+        if v1 is None and v2 is not None and kind == "cgroup2":
+            return mount, _below(v2, root), "memory.max"
+    return None
 
 
-def max_inflight_bytes(max_request_size: int) -> int:
-    """The default bound on request bodies in flight: a quarter of ``memory_limit()``, and at least
-    one body of ``max_request_size``."""
-    return max(max_request_size, memory_limit() // 4)
+def _below(group: str, root: str) -> str:
+    """The group's path under a mount of ``root`` (a mount of a group's own subtree: ``/`` is its top)."""
+    if root in ("/", ""):
+        return group
+    if group == root or group.startswith(root.rstrip("/") + "/"):
+        return group[len(root.rstrip("/")) :] or "/"
+    return "/"  # not below the mount's root: only the mount's own top is visible
+
+
+def _unescape(text: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+
+
+def _read_lines(path: str) -> List[str]:
+    try:
+        with open(path) as lines:
+            return lines.read().splitlines()
+    except OSError:
+        return []
+
+
+def _read_number(path: str) -> Optional[int]:
+    """A limit file's number; None when it is missing or says ``max``."""
+    lines = _read_lines(path)
+    text = lines[0].strip() if lines else ""
+    return int(text) if text.isdigit() else None
+
+
+def max_inflight_bytes(max_request_size: int, configured: Optional[int] = None) -> Tuple[int, str]:
+    """The bound on request bodies in flight and why: ``--max_inflight_bytes`` when given, else a
+    quarter of ``memory_limit()`` (at least one body of ``max_request_size``)."""
+    if configured:
+        return configured, "--max_inflight_bytes"
+    limit, source = memory_limit()
+    if limit // 4 < max_request_size:
+        return max_request_size, f"one body of max_request_size: a quarter of {source}, {limit:,} bytes, is less"
+    return limit // 4, f"a quarter of {source}, {limit:,} bytes"
+
+
+class InFlight:
+    """The bytes of request bodies the engine holds, all requests together, REST (``BodyLimit``) and
+    gRPC (``engine_grpc``) alike; one event loop serves both: no lock."""
+
+    def __init__(self, limit: int):
+        self.limit, self.held = limit, 0
+
+    def take(self, size: int) -> bool:
+        """Count ``size`` more bytes held; False (nothing counted) when they would pass the limit."""
+        if self.held + size > self.limit:
+            return False
+        self.held += size
+        return True
+
+    def give(self, size: int):
+        self.held -= size
+
+    def busy(self) -> str:
+        """What a request refused for it is told."""
+        return (
+            f"the engine holds {self.limit:,} bytes of request bodies in flight, its limit (--max_inflight_bytes): "
+            "send it again"
+        )
 
 
 class BodyTooLarge(Exception):
     pass
-
-
-class InFlight:
-    """The bytes of request bodies the engine holds, all requests together (one event loop: no lock)."""
-
-    def __init__(self, limit: int):
-        self.limit, self.held = limit, 0
 
 
 class BodyLimit:
@@ -52,10 +137,13 @@ class BodyLimit:
       a worker) above ``inflight.limit`` (``--max_inflight_bytes``): the request whose bytes would
       pass it gets 503 with ``Retry-After``, as soon as they arrive (150 uploads of 32 MiB, sent or
       half sent, no longer exhaust the engine);
-    - a body that stops arriving for ``BODY_IDLE_TIMEOUT`` seconds: 408."""
+    - a body that stops arriving for ``idle`` seconds (``--body_idle_timeout``) while it is still
+      arriving: 408. Once its last chunk came, reading on (``disconnected()`` watching for the
+      client leaving while the model answers) waits as long as it must: ``responseTimeout`` alone
+      bounds the answer."""
 
-    def __init__(self, app, limit: int, inflight: InFlight):
-        self.app, self.limit, self.inflight = app, limit, inflight
+    def __init__(self, app, limit: int, inflight: InFlight, idle: float = BODY_IDLE_TIMEOUT):
+        self.app, self.limit, self.inflight, self.idle = app, limit, inflight, idle
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -64,25 +152,29 @@ class BodyLimit:
         length = dict(scope["headers"]).get(b"content-length", b"")
         if length.isdigit() and int(length) > limit:
             return await self.refuse(scope, send, 413, self.too_large(int(length)))
-        seen, refusal, started = 0, None, False
+        seen, refusal, started, whole = 0, None, False, False
 
         async def counted():
-            nonlocal seen, refusal
+            nonlocal seen, refusal, whole
+            if whole:  # the body came whole: nothing more to count or to time
+                return await receive()
             try:
-                message = await asyncio.wait_for(receive(), BODY_IDLE_TIMEOUT)
+                message = await asyncio.wait_for(receive(), self.idle)
             except asyncio.TimeoutError:
-                refusal = (408, f"no byte of the request body came for {BODY_IDLE_TIMEOUT:.0f} s")
+                refusal = (408, f"no byte of the request body came for {self.idle:g} s")
                 raise BodyTooLarge() from None
             if message["type"] == "http.request":
                 size = len(message.get("body", b""))
                 if seen + size > limit:
                     refusal = (413, self.too_large(seen + size, "at least "))
-                elif inflight.held + size > inflight.limit:
-                    refusal = (503, self.busy(inflight.limit))
+                elif not inflight.take(size):
+                    refusal = (503, inflight.busy())
                 if refusal:
                     raise BodyTooLarge()
                 seen += size
-                inflight.held += size
+                whole = not message.get("more_body", False)
+            else:
+                whole = True  # http.disconnect: nothing more will come
             return message
 
         async def tracked(message):
@@ -97,19 +189,12 @@ class BodyLimit:
         except BodyTooLarge:
             pass
         finally:
-            inflight.held -= seen
+            inflight.give(seen)
         if refusal and not started:
             await self.refuse(scope, send, *refusal)
 
     def too_large(self, size: int, qualifier: str = "") -> str:
         return f"the request body is {qualifier}{size:,} bytes, above the limit of {self.limit:,} (max_request_size)"
-
-    @staticmethod
-    def busy(limit: int) -> str:
-        return (
-            f"the engine holds {limit:,} bytes of request bodies in flight, its limit (--max_inflight_bytes): "
-            "send it again"
-        )
 
     @staticmethod
     async def refuse(scope, send, status: int, message: str):

@@ -23,7 +23,9 @@ model-config.yaml), runs each model version's ``minWorkers`` as TorchServe's own
 Every listener binds ``--host``. Nothing here changes state: there is no register, scale, load or
 unload call, over REST or gRPC (TorchServe's model API and KServe's repository API are absent).
 A request body above ``max_request_size`` (config.properties, TorchServe's 6.5 MB by default) is
-refused with 413 before it is read whole. Needs ``torchserve`` (its worker, not its frontend).
+refused with 413 before it is read whole; an answer above ``max_response_size`` fails alone with
+TorchServe's 500 and is never held (``ts_wire.Stream.reply``). Bodies in flight and slow bodies:
+``handlers/engine_http.py``. Needs ``torchserve`` (its worker, not its frontend).
 """
 
 import argparse
@@ -47,7 +49,7 @@ from starlette.routing import Route
 
 from . import engine_http, identity, signing, ts_config
 from .archives import ArchiveError
-from .body_limit import BodyLimit, InFlight, max_inflight_bytes
+from .body_limit import BODY_IDLE_TIMEOUT, BodyLimit, InFlight, max_inflight_bytes
 from .engine_metrics import Metrics
 from .engine_workers import ModelWorkers, open_model
 from .ts_wire import Request, Response
@@ -65,6 +67,9 @@ class Engine:
         self.frontend = frontend
         self.run_dir = tempfile.mkdtemp(prefix="tsctl-engine-")
         self.metrics = Metrics()
+        bound, why = max_inflight_bytes(frontend.max_request_size, frontend.max_inflight_bytes)
+        logger.info("bodies in flight: at most %s bytes (%s)", f"{bound:,}", why)
+        self.inflight = InFlight(bound)  # REST's and gRPC's bodies together
         self.versions: Dict[str, Dict[str, ModelWorkers]] = {}
         self.defaults: Dict[str, ModelWorkers] = {}
         try:
@@ -269,9 +274,8 @@ def build_app(engine: Engine) -> Starlette:
         Route("/metrics", metrics, methods=["GET"]),
     ]
     app = Starlette(routes=routes)
-    frontend = engine.frontend
-    inflight = frontend.max_inflight_bytes or max_inflight_bytes(frontend.max_request_size)
-    app.add_middleware(BodyLimit, limit=frontend.max_request_size, inflight=InFlight(inflight))
+    idle = engine.frontend.body_idle_timeout or BODY_IDLE_TIMEOUT
+    app.add_middleware(BodyLimit, limit=engine.frontend.max_request_size, inflight=engine.inflight, idle=idle)
     return app
 
 
@@ -351,6 +355,13 @@ def parse_args(argv=None):
         type=int,
         help="Request bodies held at once, all requests together (default: a quarter of the memory limit).",
     )
+    parser.add_argument(
+        "--body_idle_timeout",
+        type=float,
+        default=BODY_IDLE_TIMEOUT,
+        help="Seconds a request body may pause while it arrives before the request ends with 408 "
+        f"(default: {BODY_IDLE_TIMEOUT:g}).",
+    )
     args, unknown = parser.parse_known_args(argv)  # KServe passes --model_name and others it knows
     if unknown:
         logger.info("ignoring arguments the engine does not use: %s", " ".join(unknown))
@@ -370,6 +381,7 @@ def load_specs(args):
         frontend.metrics_config = str(Path(args.metrics_config).resolve())
     if args.max_inflight_bytes:
         frontend.max_inflight_bytes = args.max_inflight_bytes
+    frontend.body_idle_timeout = args.body_idle_timeout
     frontend.public_key = args.public_key
     # Without a config, a toolkit archive reads raw bodies (tsctl config's decode_input_request=false).
     decode = None if config else (lambda model_dir: identity.read(model_dir) is None)

@@ -1,21 +1,28 @@
 """The tsctl engine's KServe v2 gRPC service (``inference.GRPCInferenceService``), bound where REST binds.
 
-A ``ModelInfer`` call becomes the v2 REST request it stands for, in the binary tensor extension
-(tensors stay the bytes they came as: ``raw_input_contents`` go on as they are), and goes to the
-model's workers like any request; the handler's v2 answer (JSON or binary) is turned back into a
-``ModelInferResponse`` with KServe's own protocol types. The repository calls (load, unload) are
-not served: ``UNIMPLEMENTED``, as is everything else that would change state.
+A ``ModelInfer`` call becomes the v2 REST request it stands for, always in the binary tensor
+extension: ``raw_input_contents`` go on as they are, typed ``contents`` (``fp32_contents`` ...) as
+their binary form read off the message's own wire bytes with numpy (never a Python number per
+element, never JSON numbers), ``bytes_contents`` as a BYTES tensor; then it goes to the model's
+workers like any request. The conversion runs in a thread, off the event loop, and the call's
+bytes (the message and the request made of it) count against the engine's bodies in flight
+(``body_limit.InFlight``, REST's counter): above ``--max_inflight_bytes`` a call gets UNAVAILABLE
+with REST's 503 message. The handler's v2 answer (JSON or binary) is turned back into a
+``ModelInferResponse`` with KServe's own protocol types, also off the loop. The repository calls
+(load, unload) are not served: ``UNIMPLEMENTED``, as is everything else that would change state.
 """
 
+import asyncio
 import json
+import uuid
 
 import grpc
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as pb_grpc
-from kserve.protocol.infer_type import InferRequest, InferResponse, to_http_parameters
+from kserve.protocol.infer_type import InferResponse, to_http_parameters
 
-from .protocol import HEADER, encode_tensor, header_length
-from .ts_wire import Request
+from .protocol import HEADER, NUMERIC, encode_tensor, header_length, numpy, to_json
+from .ts_wire import Request, Response
 
 STATUS = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -26,21 +33,122 @@ STATUS = {
 }
 
 
+CONTENTS = {  # v2 datatype -> its InferTensorContents field
+    "BOOL": "bool_contents",
+    **dict.fromkeys(("INT8", "INT16", "INT32"), "int_contents"),
+    "INT64": "int64_contents",
+    **dict.fromkeys(("UINT8", "UINT16", "UINT32"), "uint_contents"),
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+}
+
+
 def as_request(request: pb.ModelInferRequest) -> Request:
-    """The v2 REST request (binary extension when any tensor came raw) for a gRPC ModelInferRequest."""
-    infer = InferRequest.from_grpc(request)
-    for tensor in infer.inputs:
-        raw = tensor._raw_data  # raw_input_contents, kept as bytes by KServe: they follow the JSON header
-        if raw is None and tensor.datatype == "BYTES" and tensor.data:  # contents.bytes_contents: bytes, not JSON
-            raw = tensor._raw_data = encode_tensor("BYTES", tensor.data)
-            tensor._data = None
-        if raw is not None:
-            parameters = to_http_parameters(tensor.parameters or {})
-            tensor.parameters = {**parameters, "binary_data_size": len(raw)}
-    body, json_length = infer.to_rest()
-    if json_length is None:
-        return Request(json.dumps(body).encode("utf-8"), {"content-type": "application/json"})
-    return Request(body, {"content-type": "application/octet-stream", HEADER.lower(): str(json_length)})
+    """The v2 REST request in the binary tensor extension for a gRPC ModelInferRequest (KServe's
+    ``InferRequest.to_rest`` header: id, model_name, inputs, outputs, parameters). Slow for big
+    tensors: run it off the event loop."""
+    raws = list(request.raw_input_contents)
+    if raws and len(raws) != len(request.inputs):
+        raise ValueError(f"{len(raws)} raw_input_contents for {len(request.inputs)} inputs")
+    inputs, datas = [], []
+    for index, tensor in enumerate(request.inputs):
+        if raws:
+            raw = raws[index]
+        elif tensor.datatype == "BYTES":
+            raw = encode_tensor("BYTES", tensor.contents.bytes_contents)
+        elif tensor.datatype in CONTENTS:
+            raw = packed(tensor.contents, tensor.datatype)
+        else:
+            raise ValueError(f"input {tensor.name!r}: {tensor.datatype} tensors come as raw_input_contents only")
+        parameters = to_http_parameters(tensor.parameters) if tensor.parameters else {}
+        described = {"name": tensor.name, "shape": list(tensor.shape), "datatype": tensor.datatype}
+        described["parameters"] = {**parameters, "binary_data_size": len(raw)}
+        inputs.append(described)
+        datas.append(raw)
+    header = {"id": request.id or str(uuid.uuid4()), "model_name": request.model_name, "inputs": inputs}
+    outputs = [
+        {"name": o.name, **({"parameters": to_http_parameters(o.parameters)} if o.parameters else {})}
+        for o in request.outputs
+    ]
+    if outputs:
+        header["outputs"] = outputs
+    if request.parameters:
+        header["parameters"] = to_http_parameters(request.parameters)
+    head = to_json(header)
+    body = b"".join([head, *datas])
+    return Request(body, {"content-type": "application/octet-stream", HEADER.lower(): str(len(head))})
+
+
+def packed(contents: pb.InferTensorContents, datatype: str) -> memoryview:
+    """A typed ``contents`` field as the v2 binary form of ``datatype``, read off the message's wire
+    bytes (a packed repeated field: floats as they are, integers as varints decoded with numpy)."""
+    field = contents.DESCRIPTOR.fields_by_name[CONTENTS[datatype]]
+    wire = memoryview(contents.SerializeToString())
+    chunks = [payload for number, payload in wire_fields(wire) if number == field.number]
+    data = chunks[0] if len(chunks) == 1 else memoryview(b"".join(chunks))
+    if datatype in ("FP32", "FP64"):  # fixed32/fixed64, little-endian: already the binary form
+        return data
+    np = numpy()
+    values = varints(np.frombuffer(data, np.uint8))
+    return memoryview(values.view(np.int64).astype(NUMERIC[datatype]).tobytes())
+
+
+def wire_fields(wire: memoryview):
+    """(field number, payload) of each length-delimited field of a protobuf message's wire bytes."""
+    at = 0
+    while at < len(wire):
+        key, at = varint_at(wire, at)
+        kind = key & 7
+        if kind == 2:
+            length, at = varint_at(wire, at)
+            yield key >> 3, wire[at : at + length]
+            at += length
+        elif kind == 0:
+            _, at = varint_at(wire, at)
+        elif kind in (1, 5):
+            at += 8 if kind == 1 else 4
+        else:
+            raise ValueError(f"protobuf wire type {kind} in the tensor's contents")
+
+
+def varint_at(wire: memoryview, at: int):
+    value = shift = 0
+    while True:
+        byte = wire[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, at
+
+
+def varints(data):
+    """Protobuf varints (a numpy uint8 array of them, back to back) as uint64 values, with numpy."""
+    np = numpy()
+    ends = np.flatnonzero(data < 0x80)
+    starts = np.concatenate(([0], ends[:-1] + 1)).astype(np.int64)
+    values = np.zeros(len(ends), np.uint64)
+    for k in range(10):  # a varint has at most 10 bytes
+        at = starts + k
+        live = at <= ends
+        if not live.any():
+            break
+        values[live] |= (data[at[live]] & 0x7F).astype(np.uint64) << np.uint64(7 * k)
+    return values
+
+
+def as_answer(response: Response, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    """The handler's v2 answer (JSON or binary) as a ModelInferResponse; slow for big tensors."""
+    body = response.body or b""
+    length = header_length(response.headers)
+    if length is not None:
+        answer = InferResponse.from_bytes(body, length)
+    else:
+        answer = InferResponse.from_rest(json.loads(body))
+    answer.model_name = answer.model_name or request.model_name
+    answer.id = answer.id or request.id
+    return answer.to_grpc()
 
 
 def version_label(request) -> str:
@@ -82,27 +190,31 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
         model = self.engine.find(request.model_name, request.model_version or None)
         if model is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"Model not found: {version_label(request)}")
+        loop, inflight, held = asyncio.get_running_loop(), self.engine.inflight, 0
         try:
-            http = as_request(request)
-        except Exception as exc:  # noqa: BLE001 - a request KServe's types cannot read
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request could not be read: {exc}")
-        response = await model.submit(http)
-        body = response.body or b""
+            size = request.ByteSize()  # the message gRPC holds for as long as the call lasts
+            if not inflight.take(size):
+                await context.abort(grpc.StatusCode.UNAVAILABLE, inflight.busy())
+            held = size
+            try:
+                http = await loop.run_in_executor(None, as_request, request)
+            except Exception as exc:  # noqa: BLE001 - a request that cannot be read
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request could not be read: {exc}")
+            if not inflight.take(len(http.body)):  # the request made of it, held beside it until answered
+                await context.abort(grpc.StatusCode.UNAVAILABLE, inflight.busy())
+            held += len(http.body)
+            response = await model.submit(http)
+        finally:
+            inflight.give(held)
         if response.status >= 400:
+            body = response.body or b""
             try:
                 message = json.loads(body).get("message", "")
             except (ValueError, AttributeError):
                 message = body.decode("utf-8", errors="replace")
             await context.abort(STATUS.get(response.status, grpc.StatusCode.INTERNAL), message)
         try:
-            length = header_length(response.headers)
-            if length is not None:
-                answer = InferResponse.from_bytes(body, length)
-            else:
-                answer = InferResponse.from_rest(json.loads(body))
-            answer.model_name = answer.model_name or request.model_name
-            answer.id = answer.id or request.id
-            return answer.to_grpc()
+            return await loop.run_in_executor(None, as_answer, response, request)
         except Exception as exc:  # noqa: BLE001 - the handler's answer is not a v2 response
             await context.abort(grpc.StatusCode.INTERNAL, f"the model's answer is not a KServe v2 response: {exc}")
 

@@ -6,11 +6,14 @@
   long tokens and tracing headers.
 - **Slow clients**: a request head must arrive within ``HEAD_TIMEOUT`` seconds of its first byte
   (or of the connection's opening); a client trickling headers (slowloris) is disconnected.
-- **Bodies in flight** (``body_limit.py``): what all requests' bodies hold together (being received, queued, at a
-  worker) may be at most ``--max_inflight_bytes`` (default: a quarter of the memory the process may
-  use, ``memory_limit()``); a request whose body would pass it gets 503 with ``Retry-After``. A
-  body must keep arriving: ``BODY_IDLE_TIMEOUT`` seconds without a byte of it end the request (408).
-  (``body_limit.py``'s ``BodyLimit`` counts both.)
+- **Bodies in flight** (``body_limit.py``): what all requests' bodies hold together (being received,
+  queued, at a worker), REST and gRPC alike, may be at most ``--max_inflight_bytes`` (default: a
+  quarter of the memory the process may use, ``memory_limit()``: the smallest limit of its memory
+  cgroup and the groups above it, read through ``/proc/self/cgroup``, or the machine's memory; logged
+  at start); a REST request whose body would pass it gets 503 with ``Retry-After``, a gRPC call
+  UNAVAILABLE, with the same message (``InFlight``: the one counter both use). A body must keep
+  arriving: ``--body_idle_timeout`` seconds (``BODY_IDLE_TIMEOUT``) without a byte of it end the
+  request (408); once the body is whole, only the model's ``responseTimeout`` bounds the answer.
 - **Connections** at once: at most ``max_connections()`` (below the process's open-file limit, so
   that the workers can always be restarted); above it uvicorn answers 503.
 - **Stopping**: no signal handling of uvicorn's own (the engine stops on SIGTERM/SIGINT itself and

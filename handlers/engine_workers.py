@@ -20,6 +20,9 @@ full queue answers 503), batches gathered as TorchServe gathers them (up to ``ba
   3, 5... seconds as TorchServe backs off.
 - **responseTimeout** is enforced per batch: a worker that has not answered in time is killed, its
   requests get 503 naming the timeout, and it is started again.
+- **max_response_size** is enforced per answer as the worker's reply is read (``Stream.reply``):
+  an answer above it gets 500 with TorchServe's message, its bytes dropped as they come; the
+  worker and the batch's other answers are kept.
 - **Threads.** Each worker gets ``OMP_NUM_THREADS`` = the cores divided among the model's workers
   (unless the environment sets it), as the toolkit handlers divide them on TorchServe.
 - **Metrics.** The worker is started through ``handlers/worker_launch.py``, which sends the records
@@ -62,7 +65,6 @@ from .ts_wire import (
     cause_of,
     encode_batch,
     encode_load,
-    read_answers,
 )
 
 logger = logging.getLogger("tsctl.engine")
@@ -87,8 +89,10 @@ class NotSent(Exception):
 class WorkerProcess:
     """One running ``model_service_worker.py`` with the model loaded, and its socket."""
 
-    def __init__(self, process: subprocess.Popen, sock: socket.socket, stream: Stream, started: float):
+    def __init__(self, process: subprocess.Popen, sock: socket.socket, stream: Stream, started: float,
+                 max_response_size: int = 6553500):  # fmt: skip
         self.process, self.sock, self.stream, self.started = process, sock, stream, started
+        self.max_response_size = max_response_size
 
     @property
     def pid(self) -> int:
@@ -101,29 +105,35 @@ class WorkerProcess:
         """One batch, blocking: NotSent if it never reached the worker, WorkerDied if the worker
         ended while it held the batch."""
         ids = [str(uuid.uuid4()) for _ in requests]
-        message = encode_batch(requests, ids)
+        pieces = encode_batch(requests, ids)
         if not self.alive():
             raise NotSent()
         try:
-            self.sock.sendall(message)
+            for piece in pieces:  # a batch cut short is not one the worker can run: not sent either
+                self.sock.sendall(piece)
         except OSError:
             raise NotSent() from None
         answers: Dict[str, Response] = {}
+        parts: Dict[str, List[bytes]] = {}  # a streamed answer's chunks, joined once at its end
+        sizes: Dict[str, int] = {}  # each answer's bytes so far, against max_response_size (Stream.reply)
         try:
             while True:  # a streaming handler (ts_stream_next) answers in several replies
-                code, message, got = read_answers(self.stream.reply())
+                code, message, got = self.stream.reply(self.max_response_size, sizes)
                 if code != 200:
                     return batch_error(code, message, len(ids))
                 for request_id, response in got.items():
-                    if request_id in answers:
-                        answers[request_id].body += response.body or b""
-                        answers[request_id].headers.update(response.headers)
+                    if request_id not in answers or sizes[request_id] < 0:  # its first chunk, or too large
+                        answers[request_id], parts[request_id] = response, [response.body or b""]
                     else:
-                        answers[request_id] = response
+                        answers[request_id].headers.update(response.headers)
+                        parts[request_id].append(response.body or b"")
                 if all(i in answers and answers[i].headers.get("ts_stream_next") != "true" for i in ids):
                     break
         except (OSError, struct.error) as exc:
             raise WorkerDied(str(exc)) from None
+        for request_id, chunks in parts.items():
+            if len(chunks) > 1:
+                answers[request_id].body = b"".join(chunks)
         return [answers[i] for i in ids]
 
     def kill(self):
@@ -242,7 +252,7 @@ def start_worker(
         if isinstance(exc, OSError):
             raise RuntimeError(f"the worker could not be started: {exc}") from None
         raise
-    return WorkerProcess(process, sock, stream, started)
+    return WorkerProcess(process, sock, stream, started, frontend.max_response_size)
 
 
 def read_lines(stream, handle: Callable[[str], None]):

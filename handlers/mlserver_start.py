@@ -46,7 +46,7 @@ def bounded_app(create_app):
         app = create_app(*args, **kwargs)
         app.router.routes = [r for r in app.router.routes if getattr(r, "path", None) not in REPOSITORY_CHANGES]
         limit = max_request_size()
-        app.add_middleware(BodyLimit, limit=limit, inflight=InFlight(max_inflight_bytes(limit)))
+        app.add_middleware(BodyLimit, limit=limit, inflight=InFlight(max_inflight_bytes(limit)[0]))
         return app
 
     return create

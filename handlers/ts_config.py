@@ -137,6 +137,8 @@ class Frontend:
     max_request_size: int = 6553500  # TorchServe's default
     job_queue_size: int = 100  # per model version; a full queue answers 503
     max_inflight_bytes: Optional[int] = None  # the engine's bodies in flight (None: engine_http's default)
+    body_idle_timeout: Optional[float] = None  # s a body may pause while it arrives (None: engine_http's)
+    max_response_size: int = 6553500  # TorchServe's default: an answer's body (or any field) above it fails
     public_key: Optional[str] = None  # the engine serves only archives signed for it (handlers/signing.py)
     envelope: Optional[str] = None  # service_envelope: kserve / kservev2 wrap non-toolkit handlers
     decode_input_request: bool = True
@@ -158,6 +160,7 @@ def frontend_of(properties: Dict[str, str], path) -> Frontend:
         )
     frontend = Frontend()
     frontend.max_request_size = _int(properties, "max_request_size", frontend.max_request_size, path)
+    frontend.max_response_size = _int(properties, "max_response_size", frontend.max_response_size, path)
     frontend.job_queue_size = _int(properties, "job_queue_size", frontend.job_queue_size, path)
     frontend.envelope = properties.get("service_envelope") or None
     frontend.decode_input_request = properties.get("decode_input_request", "true").lower() == "true"

@@ -98,19 +98,21 @@ def encode_load(name: str, model_dir: Path, handler: str, batch_size: int, envel
     )
 
 
-def encode_batch(requests: List[Request], ids: List[str]) -> bytes:
+def encode_batch(requests: List[Request], ids: List[str]) -> List[bytes]:
     """The inference command for one batch (``_retrieve_inference_msg`` reads it): per request its
-    id, its HTTP headers, and one ``body`` parameter with the request's MIME type."""
-    parts = [b"I"]
+    id, its HTTP headers, and one ``body`` parameter with the request's MIME type. Returned as the
+    pieces to send in order, each body as it is (not copied into one message)."""
+    pieces, head = [], [b"I"]
     for request, request_id in zip(requests, ids):
-        parts.append(_field(request_id.encode()))
+        head.append(_field(request_id.encode()))
         for name, value in request.headers.items():
-            parts.append(_field(name.encode("utf-8")) + _field(value.encode("utf-8")))
-        parts.append(struct.pack("!i", -1))
-        parts.append(_field(b"body") + _field(mime_type(request.headers).encode("utf-8")) + _field(request.body))
-        parts.append(struct.pack("!i", -1))
-    parts.append(struct.pack("!i", -1))
-    return b"".join(parts)
+            head.append(_field(name.encode("utf-8")) + _field(value.encode("utf-8")))
+        head.append(struct.pack("!i", -1))
+        head.append(_field(b"body") + _field(mime_type(request.headers).encode("utf-8")))
+        pieces += [b"".join(head) + struct.pack("!i", len(request.body)), request.body]
+        head = [struct.pack("!i", -1)]
+    head.append(struct.pack("!i", -1))
+    return pieces + [b"".join(head)]
 
 
 class WorkerDied(Exception):
@@ -136,30 +138,63 @@ class Stream:
         length = self.int()
         return b"" if length < 0 else self.exactly(length)
 
-    def reply(self) -> bytes:
-        """One whole reply (``create_predict_response``), as bytes ``worker.read_reply`` parses."""
-        out = [self.exactly(4)]  # code
-        out.append(self._raw_field())  # message
-        while True:
-            head = self.exactly(4)
-            out.append(head)
-            (length,) = struct.unpack("!i", head)
-            if length < 0:
-                return b"".join(out)
-            out.append(self.exactly(length))  # request id
-            out.append(self._raw_field())  # content type
-            out.append(self.exactly(4))  # status
-            out.append(self._raw_field())  # reason phrase
-            count = self.exactly(4)
-            out.append(count)
-            for _ in range(struct.unpack("!i", count)[0] * 2):
-                out.append(self._raw_field())
-            out.append(self._raw_field())  # body
+    def reply(self, limit: int, sizes: Dict[str, int]) -> Tuple[int, str, Dict[str, Response]]:
+        """One reply (``create_predict_response``) read off the socket as TorchServe's frontend decodes
+        it (``ModelResponseDecoder``): its code, message and answers by request id, each field read
+        once, where it lands (no whole-reply buffer, no copy). Every field's length is read before
+        the field: a field above ``limit`` (``max_response_size``), or an answer's body that would
+        take the answer above it (``sizes``: what came of each request's answer in earlier replies,
+        as a streamed answer's chunks add up; updated here, -1 once it passed), is never held: its
+        bytes are read and dropped a MiB at a time, so the reply is read to its end and the worker
+        goes on serving, and that request's answer is ``too_large()``."""
+        over = False
 
-    def _raw_field(self) -> bytes:
-        head = self.exactly(4)
-        (length,) = struct.unpack("!i", head)
-        return head + (self.exactly(length) if length > 0 else b"")
+        def text() -> Optional[str]:
+            nonlocal over
+            length = self.int()
+            if length > limit:
+                self.drop(length)
+                over = True
+                return ""
+            return None if length < 0 else self.exactly(length).decode("utf-8")
+
+        code, message = self.int(), text()
+        answers: Dict[str, Response] = {}
+        while True:
+            over = False
+            request_id = text()
+            if request_id is None:
+                return code, message or "", answers
+            kind = text()
+            status, _phrase = self.int(), text()
+            headers = {text(): text() for _ in range(self.int())}
+            length, used = self.int(), sizes.get(request_id, 0)
+            if over or used < 0 or used + length > limit:
+                self.drop(length)
+                sizes[request_id] = -1
+                stream = {k: v for k, v in headers.items() if k == "ts_stream_next"}  # where the stream ends
+                answers[request_id] = too_large(max(used, 0) + max(length, 0), stream)
+                continue
+            sizes[request_id] = used + max(length, 0)
+            body = b"" if length < 0 else self.exactly(length)
+            answers[request_id] = Response(status, body, kind or None, headers)
+
+    def drop(self, length: int, chunk: int = 1 << 20):
+        """Read ``length`` bytes and keep none of them."""
+        while length > 0:
+            length -= len(self.exactly(min(length, chunk)))
+
+
+def too_large(size: int, headers: Optional[dict] = None) -> Response:
+    """The answer to a request whose answer is above ``max_response_size``: 500 and the message of
+    TorchServe's ``CodecUtils.readLength`` (TorchServe then closes the worker's channel, the worker
+    dies and the client gets 500 "Worker died."; here the reply is read to its end and the worker
+    stays)."""
+    message = (
+        f"Message size exceed limit: {size}\nConsider increasing the 'max_response_size' in 'config.properties' to fix."
+    )
+    body = json.dumps({"code": 500, "type": "InternalServerException", "message": message}, indent=2)
+    return Response(500, body.encode(), "application/json", dict(headers or {}))
 
 
 def read_reply(reply: bytes, request_ids: List[str]) -> List[Response]:

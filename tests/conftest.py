@@ -258,11 +258,13 @@ class MemoryLimit:
     """Put a worker process under a memory limit, as a pod limit would: a memory cgroup (v2 or v1)
     where this machine lets us make one, else RLIMIT_AS (allocations beyond it fail instead of the
     process being killed). Either way an attack that balloons the worker shows as a failed or
-    restarted worker, never as a machine swapping to death. ``kind`` says which was used."""
+    restarted worker, never as a machine swapping to death. ``kind`` says which was used.
+    ``pid=None``: the cgroup alone (None where none can be made), for a process to ``join()`` as it
+    starts."""
 
-    def __init__(self, pid: int, limit: int):
+    def __init__(self, pid, limit: int):
         self.pid, self.limit, self.cgroup = pid, limit, None
-        self.kind = self._cgroup() or self._rlimit()
+        self.kind = self._cgroup() or (self._rlimit() if pid is not None else None)
 
     def _cgroup(self):
         import uuid
@@ -279,7 +281,8 @@ class MemoryLimit:
             try:
                 group.mkdir()
                 (group / limit_file).write_text(str(self.limit))
-                (group / "cgroup.procs").write_text(str(self.pid))
+                if self.pid is not None:
+                    (group / "cgroup.procs").write_text(str(self.pid))
             except OSError:
                 if group.exists():
                     group.rmdir()
@@ -287,6 +290,13 @@ class MemoryLimit:
             self.cgroup = group
             return kind
         return None
+
+    def join(self):
+        """Put the calling process in the cgroup: a child's ``preexec_fn``, so that it starts (and
+        reads its memory limit) inside it, its own children with it."""
+        import os
+
+        (self.cgroup / "cgroup.procs").write_text(str(os.getpid()))
 
     def _rlimit(self):
         import resource

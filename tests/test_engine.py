@@ -108,7 +108,7 @@ def free_port() -> int:
 class Engine:
     """``python -m handlers.engine`` on free ports, detached; ``stop()`` ends its process group."""
 
-    def __init__(self, root: Path, *extra: str, config: Path = None, timeout: float = 240):
+    def __init__(self, root: Path, *extra: str, config: Path = None, timeout: float = 240, preexec_fn=None):
         self.home = short_tmp("engine-")
         self.http, self.grpc = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.http}"
@@ -120,8 +120,9 @@ class Engine:
         with open(self.out, "wb") as out:
             env = dict(os.environ, TEMP=str(self.home))
             self.process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
-            )
+                command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env=env, preexec_fn=preexec_fn,
+            )  # fmt: skip
         self.timeout = timeout
 
     def wait_ready(self):
