@@ -580,3 +580,202 @@ def test_export_kserve_refuses_a_tgz_whose_second_manifest_names_unchecked_requi
         from archiver import requirements
 
         requirements.check((as_served / "tiny" / named).read_text(), "the exported archive's requirements")
+
+
+# ---- signatures ---------------------------------------------------------------------------------------------
+def key_files(where: Path) -> dict:
+    """Every kind of file someone might give as a key, by what it is."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+    from cryptography.x509.oid import NameOID
+
+    where.mkdir(parents=True, exist_ok=True)
+    pem, spki = serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    signer = ec.generate_private_key(ec.SECP256R1())
+    other = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tsctl")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(signer.public_key())
+        .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+        .sign(signer, hashes.SHA256())
+    )  # fmt: skip
+    files = {
+        "signer private": signer.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+        "signer public": signer.public_key().public_bytes(pem, spki),
+        "other public": other.public_key().public_bytes(pem, spki),
+        "encrypted private": signer.private_bytes(
+            pem, serialization.PrivateFormat.PKCS8, serialization.BestAvailableEncryption(b"pw")
+        ),
+        "certificate": cert.public_bytes(pem),
+        "rsa public": rsa.generate_private_key(65537, 2048).public_key().public_bytes(pem, spki),
+        "ed25519 public": ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(pem, spki),
+        "P-192 public": ec.generate_private_key(ec.SECP192R1()).public_key().public_bytes(pem, spki),
+        "DER public": signer.public_key().public_bytes(serialization.Encoding.DER, spki),
+        "empty": b"",
+        "text": b"not a key\n",
+        "binary": os.urandom(4096),
+        "huge": b"A" * (64 << 20),
+        "key after 64 KB": b"\n" * (65 << 10) + signer.public_key().public_bytes(pem, spki),
+        "two keys": other.public_key().public_bytes(pem, spki) + signer.public_key().public_bytes(pem, spki),
+    }
+    paths = {}
+    for what, data in files.items():
+        paths[what] = where / (what.replace(" ", "-") + ".pem")
+        paths[what].write_bytes(data)
+    paths["directory"] = where / "a-directory.pem"
+    paths["directory"].mkdir()
+    paths["missing"] = where / "missing.pem"
+    paths["fifo"] = where / "fifo.pem"
+    os.mkfifo(paths["fifo"])
+    paths["dev null"] = Path("/dev/null")
+    paths["symlink to the key"] = where / "link.pem"
+    paths["symlink to the key"].symlink_to(paths["signer public"])
+    return paths
+
+
+@pytest.fixture(scope="module")
+def signed_small(tmp_path_factory):
+    """A small archive signed as tiny 2.0 and the same model signed as tiny 1.0, one key."""
+    from archiver import mar
+
+    root = tmp_path_factory.mktemp("signed")
+    keys = key_files(root / "keys")
+    (root / "labels.json").write_text('{"0": "cat", "1": "dog"}')
+    made = {}
+    for version in ("1.0", "2.0"):
+        options = mar.PackageOptions(
+            model_name="tiny", handler="image_classifier", version=version, force=True,
+            serialized_file=str(stand_in_torchscript(root / "tiny.pt")), extra_files=[str(root / "labels.json")],
+            export_path=str(root / f"v{version}"), sign_key=str(keys["signer private"]),
+        )  # fmt: skip
+        made[version] = mar.package(options)
+    return {"root": root, "keys": keys, "v1": made["1.0"], "v2": made["2.0"]}
+
+
+GOOD_KEYS = ("signer public", "symlink to the key")
+
+
+@pytest.mark.parametrize("what", ["signer private", "encrypted private", "certificate", "rsa public",
+                                  "ed25519 public", "P-192 public", "DER public", "empty", "text", "binary", "huge",
+                                  "key after 64 KB", "directory", "missing", "fifo", "dev null"])  # fmt: skip
+def test_any_other_file_given_as_the_public_key_is_one_line(signed_small, what):
+    key = signed_small["keys"][what]
+    for command in (["verify", signed_small["v2"]], ["run", signed_small["v2"], signed_small["root"] / "labels.json"]):
+        done = tsctl(*command, "--public-key", key, timeout=60)
+        one_line(done, 2, str(key))
+        done = tsctl(*command, "--public-key", key, "--json", timeout=60)
+        assert done.returncode == 2 and json.loads(done.stdout)["error"]["exit_code"] == 2, done.stdout
+
+
+def test_two_keys_in_one_file_verify_as_the_first_only(signed_small):
+    """A PEM file holding another key first: read_key takes the first, model-signing checks against it."""
+    done = tsctl("verify", signed_small["v2"], "--public-key", signed_small["keys"]["two keys"])
+    assert done.returncode != 0, done.stdout
+
+
+def test_the_signed_archive_verifies_through_a_symlinked_key(signed_small):
+    for what in GOOD_KEYS:
+        done = tsctl(
+            "verify", signed_small["v2"], "--public-key", signed_small["keys"][what], "--expect-version", "2.0"
+        )
+        assert done.returncode == 0 and "as tiny version 2.0" in done.stdout, done.stderr
+
+
+def replay(source: Path, target: Path) -> Path:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, target)
+    return target
+
+
+def rezipped(source: Path, target: Path, change) -> Path:
+    """``source`` rewritten entry by entry through ``change(name, data) -> [(name, data)]``."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(source) as src, zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            for name, data in change(info.filename, src.read(info)):
+                dst.writestr(name, data)
+    return target
+
+
+def edited_manifest(name, data):
+    if name == "MAR-INF/MANIFEST.json":
+        data = data.replace(b'"1.0"', b'"2.0"')
+    return [(name, data)]
+
+
+def moved_signature(name, data):
+    return [("model.sig" if name == "MAR-INF/model.sig" else name, data)]
+
+
+def second_signature(name, data):
+    return [(name, data)] + ([("MAR-INF/model.sig.bak", data)] if name == "MAR-INF/model.sig" else [])
+
+
+def dropped_signature(name, data):
+    return [] if name == "MAR-INF/model.sig" else [(name, data)]
+
+
+@pytest.mark.parametrize(
+    "case, words",
+    [
+        ("v1 copied over v2", "is signed as tiny version 1.0, expected tiny version 2.0"),
+        ("v2 renamed as another model", "is signed as tiny version 2.0, expected other"),
+        ("v1's MANIFEST.json edited to say 2.0", "MAR-INF/MANIFEST.json differs from what was signed"),
+        ("signature moved out of MAR-INF", "is not signed"),
+        ("signature copied beside itself", "MAR-INF/model.sig.bak was not signed"),
+        ("signature dropped", "is not signed"),
+        ("signed by another key", "signed with another key"),
+        ("unsigned", "is not signed"),
+    ],
+)
+def test_verify_with_an_expected_version_refuses_every_replay(signed_small, tmp_path, case, words):
+    v1, v2, keys = signed_small["v1"], signed_small["v2"], signed_small["keys"]
+    key = keys["signer public"]
+    store = tmp_path / "store"
+    if case == "v1 copied over v2":
+        archive = replay(v1, store / "tiny.mar")
+    elif case == "v2 renamed as another model":
+        archive = replay(v2, store / "other.mar")
+    elif case == "v1's MANIFEST.json edited to say 2.0":
+        archive = rezipped(v1, store / "tiny.mar", edited_manifest)
+    elif case == "signature moved out of MAR-INF":
+        archive = rezipped(v2, store / "tiny.mar", moved_signature)
+    elif case == "signature copied beside itself":
+        archive = rezipped(v2, store / "tiny.mar", second_signature)
+    elif case == "signature dropped":
+        archive = rezipped(v2, store / "tiny.mar", dropped_signature)
+    elif case == "signed by another key":
+        archive, key = replay(v2, store / "tiny.mar"), keys["other public"]
+    else:
+        archive = rezipped(
+            v2, store / "tiny.mar", lambda name, data: [] if name.startswith("MAR-INF/model") else [(name, data)]
+        )
+    done = tsctl("verify", archive, "--public-key", key, "--expect-version", "2.0")
+    one_line(done, 1, words)
+    done = tsctl("run", archive, signed_small["root"] / "labels.json", "--public-key", key, "--expect-version", "2.0")
+    one_line(done, 1, words)
+
+
+@pytest.mark.parametrize("snapshot", ["another model's name", "another version"])
+def test_the_engine_refuses_a_signed_archive_its_snapshot_names_otherwise(signed_small, tmp_path, snapshot):
+    from test_engine import Engine, snapshot_entry, write_config
+
+    root = tmp_path / "tree"
+    replay(signed_small["v2"], root / "model-store" / "tiny.mar")
+    (root / "config").mkdir()
+    entry_ = snapshot_entry("tiny.mar", 1, 1, 0, 60)
+    models = {"other": entry_} if snapshot == "another model's name" else {"tiny": {"3.0": entry_["1.0"]}}
+    write_config(root / "config" / "config.properties", models)
+    engine = Engine(root, "--public_key", str(signed_small["keys"]["signer public"]), "--enable_grpc", "false")
+    try:
+        assert engine.process.wait(60) == 1, engine.output()[-2000:]
+    finally:
+        engine.stop()
+    refusals = [line for line in engine.output().splitlines() if line.startswith("tsctl engine:")]
+    expected = "expected other" if snapshot == "another model's name" else "expected tiny version 3.0"
+    assert len(refusals) == 1 and "is signed as tiny version 2.0" in refusals[0], engine.output()[-2000:]
+    assert expected in refusals[0], refusals[0]
