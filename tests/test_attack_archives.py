@@ -941,3 +941,74 @@ def test_the_image_requirements_of_both_exports_hold_only_checked_lines(tmp_path
         for written in images:
             data = written.read_bytes()
             assert plain(data) and b"packaging>=20" in data and b"evil" not in data, data.decode()
+
+
+# ---- worker settings ------------------------------------------------------------------------------------------
+BAD_SETTINGS = {  # model-config.yaml text -> the key the refusal must name
+    "batchSize: 0": "batchSize", "batchSize: -1": "batchSize", "batchSize: true": "batchSize",
+    "batchSize: 4.0": "batchSize", "batchSize: '4'": "batchSize", "batchSize: .inf": "batchSize",
+    "batchSize: ~": "batchSize", "batchSize: [4]": "batchSize", "maxBatchDelay: -5": "maxBatchDelay",
+    "responseTimeout: 0": "responseTimeout", "minWorkers: 0": "minWorkers", "maxWorkers: 0": "maxWorkers",
+    "minWorkers: 4\nmaxWorkers: 2": "minWorkers", "minWorkers: 1e3": "minWorkers", "maxWorkers: 0x0": "maxWorkers",
+}  # fmt: skip
+# TorchServe reads each setting as a Java Integer (its ModelConfig: "should be positive int", a log line only):
+# YAML reads 2147483648 as a Long, which TorchServe ignores as it ignores 0.
+OVERFLOWING = {"batchSize: 2147483648": "batchSize", "responseTimeout: 99999999999999999999": "responseTimeout"}
+
+
+def package_with_config(tmp_path: Path, text: str) -> subprocess.CompletedProcess:
+    config = tmp_path / "model-config.yaml"
+    config.write_text(text + "\n")
+    model = stand_in_torchscript(tmp_path / "tiny.pt")
+    return tsctl("package", "--model-name", "tiny", "--handler", "image_classifier", "--serialized-file", model,
+                 "--config-file", config, "--export-path", tmp_path / "store")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "text",
+    list(BAD_SETTINGS)
+    + [pytest.param(t, marks=pytest.mark.xfail(strict=True, reason="no upper bound")) for t in OVERFLOWING],
+)
+def test_package_refuses_worker_settings_naming_the_key(tmp_path, text):
+    key = {**BAD_SETTINGS, **OVERFLOWING}[text]
+    one_line(package_with_config(tmp_path, text), 2, key, "model-config.yaml")
+    assert not (tmp_path / "store" / "tiny.mar").exists()
+
+
+def test_config_refuses_worker_flags_and_archives_naming_the_key(tmp_path):
+    store = tmp_path / "model-store"
+    assert package_with_config(tmp_path, "batchSize: 4\nminWorkers: 2\nmaxWorkers: 2").returncode == 0
+    shutil.move(tmp_path / "store", store)
+    for flags, key in (
+        (["--min-workers", "0"], "--min-workers"), (["--batch-size", "0"], "--batch-size"),
+        (["--max-workers", "1"], "maxWorkers"), (["--min-workers", "3", "--max-workers", "2"], "min"),
+        (["--response-timeout", "-1"], "--response-timeout"), (["--max-batch-delay", "-1"], "--max-batch-delay"),
+    ):  # fmt: skip
+        done = tsctl("config", "--model-store", store, "--output", tmp_path / "c.properties", *flags)
+        assert done.returncode == 2 and key in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 or done.stderr.startswith("Usage:"), done.stderr  # click's
+        done = tsctl("config", "--model-store", store, "--output", tmp_path / "c.properties", *flags, "--json")
+        assert done.returncode == 2 and json.loads(done.stdout)["error"]["message"], done.stdout
+
+
+# ---- --storage-uri ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "uri",
+    ["pvc://claim/../x", "pvc://claim/a/../../x", "pvc://claim//etc", "pvc://claim/./x", "pvc://claim/x/..",
+     "pvc://claim/x\\..\\y", "pvc://claim/x;rm -rf /", "pvc://claim/$(id)", "pvc://claim/`id`", "pvc://claim/x\ny",
+     "pvc://claim/x y", "pvc://claim/..%2fx", "pvc://claim/x//", "pvc://../x", "pvc://claim/%2e%2e/x",
+     "pvc://claim/\u2024\u2024/x", "pvc://claim/x\u202e", "pvc:///x", "s3://bucket/x", "pvc://cl aim/x",
+     "pvc://claim/x?y=1", "pvc://claim/x#y", "PVC://claim/x"],
+)  # fmt: skip
+def test_a_storage_uri_outside_its_claim_is_one_line(uri):
+    from archiver import kserve
+    from archiver.errors import UserError
+
+    try:
+        claim, path = kserve.storage_path(uri)
+    except UserError as exc:
+        assert "\n" not in str(exc) and "--storage-uri" in str(exc), str(exc)
+        return
+    segments = path.split("/") if path else []  # accepted: a plain path inside a plain claim
+    assert claim.replace("-", "").isalnum() and claim.isascii(), (uri, claim)
+    assert all(s not in ("", ".", "..") and s.isascii() and all(c.isalnum() or c in "-_." for c in s) for s in segments)
