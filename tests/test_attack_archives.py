@@ -667,8 +667,8 @@ def test_any_other_file_given_as_the_public_key_is_one_line(signed_small, what):
     for command in (["verify", signed_small["v2"]], ["run", signed_small["v2"], signed_small["root"] / "labels.json"]):
         done = tsctl(*command, "--public-key", key, timeout=60)
         one_line(done, 2, str(key))
-        done = tsctl(*command, "--public-key", key, "--json", timeout=60)
-        assert done.returncode == 2 and json.loads(done.stdout)["error"]["exit_code"] == 2, done.stdout
+    done = tsctl("verify", signed_small["v2"], "--public-key", key, "--json", timeout=60)
+    assert done.returncode == 2 and json.loads(done.stdout)["error"]["exit_code"] == 2, done.stdout
 
 
 def test_two_keys_in_one_file_verify_as_the_first_only(signed_small):
@@ -1012,3 +1012,54 @@ def test_a_storage_uri_outside_its_claim_is_one_line(uri):
     segments = path.split("/") if path else []  # accepted: a plain path inside a plain claim
     assert claim.replace("-", "").isalnum() and claim.isascii(), (uri, claim)
     assert all(s not in ("", ".", "..") and s.isascii() and all(c.isalnum() or c in "-_." for c in s) for s in segments)
+
+
+# ---- --json: a user mistake is a JSON error on stdout, never a traceback ----------------------------------------
+@pytest.fixture(scope="module")
+def mistakes(tmp_path_factory) -> Path:
+    where = tmp_path_factory.mktemp("mistakes")
+    (where / "afile").write_text("x")
+    (where / "adir").mkdir()
+    (where / "bad.yaml").write_text("a: [\n")
+    (where / "latin1.txt").write_bytes(b"caf\xe9\n")
+    os.mkfifo(where / "fifo")
+    stand_in_torchscript(where / "tiny.pt")
+    (where / "store").mkdir()
+    (where / "store" / "broken.mar").write_bytes(b"PK\x05\x06" + b"\0" * 18)
+    return where
+
+
+PACKAGE = "package --model-name m --handler image_classifier --serialized-file {w}/tiny.pt --export-path {w}/out"
+JSON_MISTAKES = [
+    "init ../x", "init x --from nope", "package", PACKAGE + " --extra-files {w}/missing",
+    PACKAGE + " --requirements-file {w}/adir", PACKAGE + " --requirements-file {w}/latin1.txt",
+    PACKAGE + " --config-file {w}/bad.yaml", PACKAGE + " --config-file /dev/zero", PACKAGE + " --archive-format rar",
+    PACKAGE + " --sign-key {w}/adir", PACKAGE + " --version ../1", PACKAGE + " --extra-files {w}/fifo",
+    "inspect {w}/adir", "inspect /dev/null", "inspect {w}/fifo", "inspect {w}/afile", "inspect {w}/store/broken.mar",
+    "config --model-store {w}/missing", "config --model-store {w}/store", "serve --engine nope",
+    "serve --config {w}/missing", "predict m {w}/missing", "predict m {w}/adir", "verify {w}/missing.mar",
+    "verify {w}/afile --url http://[::1", "verify {w}/afile --expect-version 2", "run {w}/afile {w}/missing",
+    "bench m --sweep-batch a,b", "bench m --home {w}/missing",
+    "export kserve {w}/ek --name x --storage-uri pvc://c/../x", "export kserve {w}/ek --name x --split bad",
+    "export seldon {w}/es --ab bad", "export seldon {w}/es --image x --model-store {w}/store",
+]  # fmt: skip
+JSON_BUGS = {
+    PACKAGE + " --config-file {w}/adir": "IsADirectoryError escapes: a traceback, no JSON",
+    PACKAGE + " --requirements-file {w}/fifo": "read without the 'not a regular file' check the other inputs get: "
+    "package waits on the pipe forever (and reads /dev/zero until memory runs out)",
+}
+
+
+@pytest.mark.parametrize(
+    "command",
+    JSON_MISTAKES + [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=why)) for c, why in JSON_BUGS.items()],
+)
+def test_every_user_mistake_under_json_is_a_json_error_and_its_exit_code(mistakes, command):
+    try:
+        done = tsctl(*command.format(w=mistakes).split(), "--json", timeout=8)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{command} hangs")
+    assert done.returncode in (1, 2) and "Traceback" not in done.stderr, (done.returncode, done.stderr[-1500:])
+    error = json.loads(done.stdout)["error"]
+    assert error["exit_code"] == done.returncode and error["message"].strip(), error
+    assert len(done.stderr.strip().splitlines()) == 1 or done.stderr.startswith("Usage:"), done.stderr
