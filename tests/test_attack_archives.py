@@ -756,8 +756,11 @@ def test_verify_with_an_expected_version_refuses_every_replay(signed_small, tmp_
         )
     done = tsctl("verify", archive, "--public-key", key, "--expect-version", "2.0")
     one_line(done, 1, words)
-    done = tsctl("run", archive, signed_small["root"] / "labels.json", "--public-key", key, "--expect-version", "2.0")
-    one_line(done, 1, words)
+    if case in ("v1 copied over v2", "v2 renamed as another model"):  # run shares verify's check (torch: slow)
+        done = tsctl(
+            "run", archive, signed_small["root"] / "labels.json", "--public-key", key, "--expect-version", "2.0"
+        )
+        one_line(done, 1, words)
 
 
 @pytest.mark.parametrize("snapshot", ["another model's name", "another version"])
@@ -1056,7 +1059,7 @@ JSON_BUGS = {
 )
 def test_every_user_mistake_under_json_is_a_json_error_and_its_exit_code(mistakes, command):
     try:
-        done = tsctl(*command.format(w=mistakes).split(), "--json", timeout=8)
+        done = tsctl(*command.format(w=mistakes).split(), "--json", timeout=5 if "fifo" in command else 30)
     except subprocess.TimeoutExpired:
         pytest.fail(f"{command} hangs")
     assert done.returncode in (1, 2) and "Traceback" not in done.stderr, (done.returncode, done.stderr[-1500:])
