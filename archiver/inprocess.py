@@ -50,9 +50,10 @@ def handler_error(records: Sequence[logging.LogRecord], model_dir: Optional[Path
     """The handler's own error among the log records: the last exception logged, as ``Type: message``
     and, when it was raised in the archive's code, where (``file.py:LINE in function``)."""
     for record in reversed(records):
-        if not record.exc_info or record.exc_info[1] is None:
+        exc_info = record.exc_info or getattr(record, "raised", None)  # log_text keeps it as ``raised``
+        if not exc_info or exc_info[1] is None:
             continue
-        exc = record.exc_info[1]
+        exc = exc_info[1]
         text = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
         where = None
         for frame in traceback.extract_tb(exc.__traceback__):

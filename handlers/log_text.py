@@ -9,7 +9,8 @@ the JSON keys it found; a traceback carries an exception's message), so a key li
 ``ts.service``, which logs a handler's exceptions) passes through ``OneRecord``, which writes its
 message on one line, control characters escaped (``archives.printable``: line breaks, ``\\r``,
 terminal escapes, Unicode line separators as ``\\xNN``/``\\uNNNN``), and its traceback, if any, on
-lines of its own, each escaped so and indented: no record starts a line of its own choosing.
+lines of its own, each escaped so and indented: no record starts a line of its own choosing. The
+exception itself stays on the record as ``raised`` (``exc_info`` is cleared, or handlers would print it again).
 """
 
 import logging
@@ -36,6 +37,7 @@ class OneRecord(logging.Filter):
         for detail in details:
             text += "".join(f"\n  {printable(line)}" for line in detail.rstrip("\n").split("\n"))
         record.msg = text
+        record.raised = record.exc_info  # the exception itself, for who reads records (inprocess.handler_error)
         record.args, record.exc_info, record.exc_text, record.stack_info = None, None, None, None
         return True
 
