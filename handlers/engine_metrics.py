@@ -190,7 +190,7 @@ class _Live:
         if engine is None:
             return
         workers = Metric("ts_workers", "Workers of each model version, by status", "gauge")
-        load = Metric("WorkerLoadTime", "Seconds from a worker's start to its model loaded", "gauge")
+        load = Metric("WorkerLoadTime", "Milliseconds from a worker's start to its model loaded, as TorchServe", "gauge")
         for model in engine.all():
             counts: Dict[str, int] = {}
             for worker in model.workers:
@@ -198,7 +198,7 @@ class _Live:
                 if worker.load_seconds is not None:
                     name = f"W-{worker.id}-{model.spec.name}_{model.spec.version}"
                     labels = {"WorkerName": name, "Level": "Host", "Hostname": metrics.hostname}
-                    load.add_sample("WorkerLoadTime", labels, worker.load_seconds)
+                    load.add_sample("WorkerLoadTime", labels, worker.load_seconds * 1000)
             for status in ("READY", "BUSY", "STARTING"):
                 labels = {"model_name": model.spec.name, "model_version": model.spec.version, "status": status}
                 workers.add_sample("ts_workers", labels, counts.get(status, 0))
