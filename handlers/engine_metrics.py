@@ -190,7 +190,7 @@ class _Live:
         if engine is None:
             return
         workers = Metric("ts_workers", "Workers of each model version, by status", "gauge")
-        load = Metric("WorkerLoadTime", "Milliseconds from a worker's start to its model loaded, as TorchServe", "gauge")
+        load = Metric("WorkerLoadTime", "Milliseconds from a worker's start to its model loaded", "gauge")
         for model in engine.all():
             counts: Dict[str, int] = {}
             for worker in model.workers:
