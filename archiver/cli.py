@@ -309,11 +309,24 @@ def config(
     "--enable-model-api", is_flag=True, help="Allow (re)registering models, e.g. for 'tsctl bench --sweep-batch'."
 )
 @click.option("--python", type=click.Path(), help="The Python that runs the engine (default: this one).")
+@click.option(
+    "--public-key",
+    type=click.Path(),
+    help="Serve only archives signed with this key's private half: the tsctl engine checks every archive before "
+    "its code runs; on TorchServe and MLServer toolkit handlers check themselves (TSCTL_PUBLIC_KEY).",
+)
 @engine_option("What serves the store.")
 @json_option
-def serve(config_path, model_store, home, timeout, install_deps, enable_model_api, python, engine, as_json):
+def serve(config_path, model_store, home, timeout, install_deps, enable_model_api, python, public_key, engine, as_json):
     """Start a server in the background on 127.0.0.1 and wait until every model is ready."""
     from .output import Progress
+
+    env = None
+    if public_key:  # checked here, in one line, before anything starts
+        from handlers.signing import ENVIRONMENT, read_key
+
+        read_key(public_key)
+        env = {ENVIRONMENT: str(Path(public_key).resolve())}
 
     notes = []
 
@@ -332,6 +345,7 @@ def serve(config_path, model_store, home, timeout, install_deps, enable_model_ap
         install_deps=install_deps,
         enable_model_api=enable_model_api,
         python=python,
+        env=env,
     )
     chosen = engines.engine_of(srv)
     if as_json:

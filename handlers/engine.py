@@ -348,7 +348,9 @@ def parse_args(argv=None):
     parser.add_argument("--max_batch_delay", type=int, help="Override every model's maxBatchDelay (ms).")
     parser.add_argument(
         "--public_key",
-        help="Serve only archives signed with this key's private half (tsctl package --sign-key); refuse the rest.",
+        default=signing.required_key(),
+        help="Serve only archives signed with this key's private half (tsctl package --sign-key); refuse the rest "
+        f"(default: ${signing.ENVIRONMENT}, tsctl serve --public-key).",
     )
     parser.add_argument(
         "--max_inflight_bytes",

@@ -38,6 +38,7 @@ ENVIRONMENT = "TSCTL_PUBLIC_KEY"
 MAX_KEY_BYTES = 64 << 10
 MAX_SIGNATURE_BYTES = 1 << 20
 CURVES = ("secp256r1", "secp384r1", "secp521r1")  # what model-signing signs with
+ANOTHER_KEY = "it was signed with another key than the one given"
 
 
 class SignatureError(RuntimeError):
@@ -119,11 +120,13 @@ def check_identity(name: str, signed: Tuple[str, str], expect_name: Optional[str
     """The one comparison of what an archive is signed as with what is expected of it."""
     if (expect_name or signed[0], expect_version or signed[1]) == signed:
         return
-    expected = expect_name or signed[0]
-    if expect_version:
-        expected += f" version {expect_version}"
+    if expect_name and expect_name != signed[0]:  # another model's archive, or one renamed
+        raise SignatureError(
+            f"{name} is signed as model {signed[0]}, expected {expect_name}: another model's archive under this "
+            f"name? (a renamed archive: give --expect-name {signed[0]})"
+        )
     raise SignatureError(
-        f"{name} is signed as {signed[0]} version {signed[1]}, expected {expected}: "
+        f"{name} is signed as {signed[0]} version {signed[1]}, expected {signed[0]} version {expect_version}: "
         "an older archive was copied over it?"
     )
 
@@ -148,7 +151,7 @@ def verify(
     that differs, or what it is signed as."""
     model_dir = Path(model_dir).resolve()
     name = name or model_dir.name
-    read_key(public_key)
+    key = read_key(public_key)
     if not (model_dir / SIGNATURE).is_file():
         raise SignatureError(f"{name} is not signed (no {SIGNATURE}): package it with 'tsctl package --sign-key'")
     try:
@@ -161,7 +164,11 @@ def verify(
     try:
         config.set_hashing_config(hashing_config(model_dir)).verify(model_dir, model_dir / SIGNATURE)
     except Exception as exc:  # noqa: BLE001 - model-signing raises ValueError and others; each is a refusal
-        raise SignatureError(f"{name}: {difference(str(exc))}") from None
+        why = difference(str(exc))
+        if why == ANOTHER_KEY:  # say which: the signature's key and the one given
+            signer = signature_of(model_dir).get("key_fingerprint") or "a key it does not name"
+            why += f" (signed by {signer}, given {fingerprint(key)})"
+        raise SignatureError(f"{name}: {why}") from None
     signed = identity(model_dir)
     check_identity(name, signed, expect_name, expect_version)
     return signed
@@ -180,7 +187,7 @@ def difference(message: str) -> str:
             first = found.group(1).split(",")[0].strip()
             return words.format(first) + ": the archive is not the one that was signed"
     if "Key mismatch" in message or "public key" in message.lower():
-        return "it was signed with another key than the one given"
+        return ANOTHER_KEY
     return f"its signature does not verify ({message.splitlines()[0][:200]})"
 
 

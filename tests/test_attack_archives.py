@@ -738,7 +738,7 @@ def dropped_signature(name, data):
     "case, words",
     [
         ("v1 copied over v2", "is signed as tiny version 1.0, expected tiny version 2.0"),
-        ("v2 renamed as another model", "is signed as tiny version 2.0, expected other"),
+        ("v2 renamed as another model", "is signed as model tiny, expected other: another model.s archive"),
         ("v1's MANIFEST.json edited to say 2.0", "MAR-INF/MANIFEST.json differs from what was signed"),
         ("signature moved out of MAR-INF", "is not signed"),
         ("signature copied beside itself", "MAR-INF/model.sig.bak was not signed"),
