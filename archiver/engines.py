@@ -761,10 +761,12 @@ def serve(
     an engine that can do without one serves every archive in the store when that file is absent);
     ``progress`` hears of each model's state as it changes, ``notes`` of each archive in the store the
     config's snapshot leaves out, before it starts (one the snapshot names but the store lacks is an error)."""
+    from . import bounded_log
     from . import server as servers
 
     chosen = named(engine)
     chosen.check_serve_flags(**flags)
+    bounded_log.limits()  # a bad TSCTL_LOG_* is refused before the last run's logs are cleared
     if config is None and (chosen.needs_config or Path(DEFAULT_CONFIG).exists()):
         config = DEFAULT_CONFIG
     if config is not None:

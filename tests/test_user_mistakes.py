@@ -345,3 +345,17 @@ def test_without_a_config_the_engine_and_export_seldon_refuse_them_too(store, tm
         assert done.exit_code == 2 and len(lines) == 1, (args, done.output)
         assert "tensor.mar's model-config.yaml: " in lines[0] and BAD_SETTINGS[text] in lines[0], lines
     assert not (root / "out").exists()
+
+
+def test_a_bad_log_limit_is_refused_before_the_last_runs_logs_are_cleared(tmp_path):
+    """TSCTL_LOG_MAX_BYTES below 4096: one line naming the variable, and the previous run's logs kept."""
+    home = tmp_path / ".tsctl"
+    (home / "logs").mkdir(parents=True)
+    (home / "logs" / "engine.out").write_text("what the last run said\n")
+    command = [sys.executable, "-m", "archiver.cli", "serve", "--engine", "kserve", "--home", str(home)]
+    done = subprocess.run(
+        command, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, TSCTL_LOG_MAX_BYTES="4000"),
+    )  # fmt: skip
+    assert done.returncode == 2 and "TSCTL_LOG_MAX_BYTES='4000' must be a whole number of at least 4096" in done.stderr
+    assert (home / "logs" / "engine.out").read_text() == "what the last run said\n"
