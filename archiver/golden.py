@@ -139,7 +139,7 @@ def package(
         failed = [case["name"] for case in golden["cases"] if case["status"] >= 500]
         if failed:
             planned.notes.append(
-                f"golden: {len(failed)} of the recorded answers are the handler failing ({', '.join(failed)}; "
+                f"golden: {len(failed)} recorded answer(s) of the handler failing ({', '.join(failed)}; "
                 "--golden-allow-errors): 'tsctl verify' expects them to fail the same way"
             )
         Path(options.export_path).mkdir(parents=True, exist_ok=True)

@@ -255,7 +255,7 @@ def test_package_golden_refuses_the_handler_failing_unless_allowed(store, tmp_pa
     assert "--golden-allow-errors" in lines[0] and not (tmp_path / "out" / "f.mar").exists()
     allowed = tsctl(*args, "--golden-allow-errors")
     assert allowed.exit_code == 0, allowed.output
-    assert "note: golden: 1 of the recorded answers are the handler failing (row.json" in allowed.output
+    assert "note: golden: 1 recorded answer(s) of the handler failing (row.json" in allowed.output
     assert (tmp_path / "out" / "f.mar").exists()
     alone = tsctl(*args[:-4], "--export-path", tmp_path / "other", "--golden-allow-errors")
     assert alone.exit_code == 2 and "--golden-allow-errors goes with --golden" in alone.output, alone.output
