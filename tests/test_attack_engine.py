@@ -628,7 +628,8 @@ def test_many_concurrent_grpc_calls_stay_within_the_bound(tree):
         data = request.SerializeToString()
         with concurrent.futures.ThreadPoolExecutor(200) as pool:
             codes = list(pool.map(lambda _: infer(own, data)[0], range(200)))
-        print(f"200 concurrent 4 MiB calls: {[(c, codes.count(c)) for c in set(codes)]}")
+        died = own.process.poll() is not None
+        print(f"200 concurrent 4 MiB calls: {[(c, codes.count(c)) for c in set(codes)]}; the engine died: {died}")
         assert own.process.poll() is None, "the engine died: " + own.output()[-500:]
         assert set(codes) <= {None, grpc.StatusCode.UNAVAILABLE}, codes
         assert own.post("/predictions/neighbour", b"echo")[0] == 200
