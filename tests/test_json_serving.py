@@ -84,8 +84,9 @@ def served(root):
 def test_serve(served):
     document, stderr, home = served
     assert stderr == ""
-    assert set(document) == {"engine", "pid", "home", "models", "addresses"}
+    assert set(document) == {"engine", "pid", "home", "models", "addresses", "notes"}
     assert_documented("serve", *document)
+    assert document["notes"] == []  # every archive of the store is in the config's snapshot
     recorded = server.read_state(home)
     assert (document["engine"], document["pid"], document["home"]) == ("torchserve", recorded.pid, str(home))
     assert document["models"] == ["tensor"]
