@@ -45,6 +45,7 @@ PathLike = Union[str, Path]
 _CHECKED_ZIPS: set = set()  # (path, device, inode, size, mtime, ctime) of the zips check_zip passed
 LOCAL = struct.Struct("<4sHHHHHIIIHH")  # a local file header, 30 bytes
 END = struct.Struct("<4sHHHHIIH")  # end of central directory, 22 bytes
+CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")  # a central directory record, 46 bytes
 END64_LOCATOR = struct.Struct("<4sIQI")  # 20 bytes
 END64 = struct.Struct("<4sQHHIIQQQQ")  # 56 bytes
 MAX32 = 0xFFFFFFFF
@@ -94,10 +95,44 @@ def check_zip(archive: Path):
     end record (no comment) the end of the file. Only headers are read, except that a deflated entry
     with a data descriptor is inflated (output discarded) to find where ZipInputStream ends it."""
     try:
-        with open(archive, "rb") as f, zipfile.ZipFile(f) as z:
-            _check_zip(archive, f, z)
+        with open(archive, "rb") as f:
+            try:
+                z = zipfile.ZipFile(f)
+            except UnicodeDecodeError as exc:  # a name flagged UTF-8 that is not
+                name = printable(exc.object.decode("utf-8", "replace"))
+                raise ArchiveError(
+                    f"{archive}: entry {name} is marked UTF-8 but its name is not: build it again"
+                ) from None
+            except NotImplementedError as exc:  # "zip file version 7.0": a central record's version needed
+                name = printable(_entry_needing_a_newer_zip(f))
+                raise ArchiveError(
+                    f"{archive}: entry {name} needs a newer zip reader ({exc}): build it again"
+                ) from None
+            with z:
+                _check_zip(archive, f, z)
     except (zipfile.BadZipFile, struct.error, EOFError, OSError, zlib.error) as exc:
         raise ArchiveError(f"{archive} is damaged or truncated ({exc}): build it again") from None
+
+
+def _entry_needing_a_newer_zip(f) -> str:
+    """The name of the first central record whose "version needed to extract" is above what zipfile reads
+    (zipfile's NotImplementedError names none); "?" when the central directory cannot be walked here."""
+    size = f.seek(0, 2)
+    f.seek(max(0, size - END.size))
+    record = f.read(END.size)
+    if len(record) < END.size or record[:4] != b"PK\x05\x06":
+        return "?"
+    _, _, _, _, count, _, at, _ = END.unpack(record)
+    for _ in range(count):
+        f.seek(at)
+        head = f.read(CENTRAL.size)
+        if len(head) < CENTRAL.size or head[:4] != b"PK\x01\x02":
+            return "?"
+        _, _, needed, *_, name_length, extra_length, comment_length, _, _, _, _ = CENTRAL.unpack(head)
+        if needed > zipfile.MAX_EXTRACT_VERSION:
+            return f.read(name_length).decode("utf-8", "replace")
+        at += CENTRAL.size + name_length + extra_length + comment_length
+    return "?"
 
 
 def _disagree(archive: Path, what: str) -> ArchiveError:
@@ -114,6 +149,8 @@ def _check_zip(archive: Path, f, z: zipfile.ZipFile):
         name = info.orig_filename
         if pos != info.header_offset:
             raise _disagree(archive, _between(f, pos, info.header_offset, f"entry {name}"))
+        if not name:
+            raise ArchiveError(f"{archive}: entry number {len(seen) + 1} has an empty name: build it again")
         normal = "/".join(part for part in name.split("/") if part not in ("", "."))  # as a file system would
         if normal in seen or "\x00" in name:
             raise _disagree(archive, f"entry {name} is listed twice" if normal in seen else f"entry {name!r} has a NUL")

@@ -425,7 +425,6 @@ UNREADABLE = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="zipfile's UnicodeDecodeError, IndexError, NotImplementedError escape tsctl")
 @pytest.mark.parametrize("case", list(UNREADABLE))
 def test_an_unreadable_zip_is_one_line_and_json_under_json(java, small_mar, tmp_path, case):
     archive = tmp_path / "tiny.mar"
