@@ -42,7 +42,7 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069
 
 PathLike = Union[str, Path]
 
-_CHECKED_ZIPS: set = set()  # (path, device, inode, size, mtime, ctime) of the zips check_zip passed
+_CHECKED: set = set()  # (path, device, inode, size, mtime, ctime) of the archives check_zip or check_tar passed
 LOCAL = struct.Struct("<4sHHHHHIIIHH")  # a local file header, 30 bytes
 END = struct.Struct("<4sHHHHIIH")  # end of central directory, 22 bytes
 CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")  # a central directory record, 46 bytes
@@ -61,7 +61,7 @@ class ArchiveError(ValueError):
 
 
 def kind(archive: Path) -> str:
-    """'dir', 'zip' (one check_zip passed) or 'tar'; an ArchiveError for anything else."""
+    """'dir', 'zip' (check_zip passed) or 'tar' (check_tar passed); an ArchiveError for anything else."""
     if not archive.exists() and not archive.is_symlink():
         raise ArchiveError(f"{archive} does not exist: check the path")
     if archive.is_dir():
@@ -71,20 +71,25 @@ def kind(archive: Path) -> str:
     if not archive.is_file():
         raise ArchiveError(f"{archive} is not a regular file: give a .mar, .tar.gz or model directory")
     if zipfile.is_zipfile(archive):
-        stat = archive.stat()  # a command reads an archive several times: each version of a file is checked once
-        version = (str(archive.resolve()), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
-        if version not in _CHECKED_ZIPS:
+        what = "zip"
+    else:
+        try:
+            what = "tar" if tarfile.is_tarfile(archive) else None
+        except (OSError, EOFError):
+            what = None
+    if what is None:
+        raise ArchiveError(f"{archive} is not a model archive (.mar zip, .tar.gz or directory), or it is truncated")
+    stat = archive.stat()  # a command reads an archive several times: each version of a file is checked once
+    version = (str(archive.resolve()), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+    if version not in _CHECKED:
+        if what == "zip":
             check_zip(archive)
-            if len(_CHECKED_ZIPS) >= 1024:
-                _CHECKED_ZIPS.clear()
-            _CHECKED_ZIPS.add(version)
-        return "zip"
-    try:
-        if tarfile.is_tarfile(archive):
-            return "tar"
-    except (OSError, EOFError):
-        pass
-    raise ArchiveError(f"{archive} is not a model archive (.mar zip, .tar.gz or directory), or it is truncated")
+        else:
+            check_tar(archive)
+        if len(_CHECKED) >= 1024:
+            _CHECKED.clear()
+        _CHECKED.add(version)
+    return what
 
 
 def check_zip(archive: Path):
@@ -145,6 +150,30 @@ def _entry_needing_a_newer_zip(f) -> str:
             return f.read(name_length).decode("utf-8", "replace")
         at += CENTRAL.size + name_length + extra_length + comment_length
     return "?"
+
+
+def check_tar(archive: Path):
+    """Refuse a .tar.gz that extraction could read otherwise than tsctl: a member name given twice (tar -x,
+    Python's extractall and TorchServe's TarArchiveInputStream loop keep the last copy, tsctl's readers
+    the first) or a member other than a regular file or directory (a link, device or pipe)."""
+    seen = set()
+    try:
+        with tarfile.open(archive) as t:
+            for m in t:
+                if not (m.isfile() or m.isdir()):
+                    raise ArchiveError(
+                        f"{archive} holds {printable(m.name)}, which is neither a regular file nor a directory "
+                        "(a link, device or pipe): build it again without it"
+                    )
+                normal = "/".join(part for part in m.name.split("/") if part not in ("", "."))
+                if normal in seen:
+                    raise ArchiveError(
+                        f"{archive} holds {printable(m.name)} twice: TorchServe would unpack the last copy, tsctl "
+                        "reads the first; refusing it (build it again)"
+                    )
+                seen.add(normal)
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+        raise ArchiveError(f"{archive} is damaged or truncated ({exc}): build it again") from None
 
 
 def _disagree(archive: Path, what: str) -> ArchiveError:

