@@ -917,6 +917,9 @@ REQUIREMENT_TEXTS = [
     "--only-binary :all:\n", "--only-binary\n", "--require-hashes\n", "--no-binary :all:\n", "--use-feature=x\n",
     "--config-settings k=v\nnumpy\n", "numpy --config-settings=k=v\n", "numpy --global-option=--x\n",
     "-Z\n", "--\n", "-\n", "numpy ===--index-url\n", "numpy === x\n", "x ; extra == 'a' \\\n",
+    "--no-index -e git+https://evil.example/x.git#egg=x\n", "--find-links wheels --index-url https://evil.example\n",
+    "--prefer-binary --extra-index-url=https://evil.example/simple\nnumpy\n",
+    "# vim: set fileencoding=utf-8 :\nnumpy\n", "# -*- coding: latin-1 -*-\nnumpy\n", "\n# coding=cp1252\nnumpy\n",
 ]  # fmt: skip
 
 
