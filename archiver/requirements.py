@@ -38,13 +38,16 @@ FIX = "name the package and a version range instead (the package index must serv
 def check(text: str, where: str) -> List[str]:
     """The requirement lines of ``text`` (comments and blank lines left out), each checked to be a
     plain requirement; a UserError naming ``where`` and the line otherwise."""
-    for number, raw in enumerate(text.split("\n")[:2], 1):  # pip's decoding: a coding line among the first two
-        declared = PEP263.search(raw) if raw.startswith("#") else None
-        if declared and _codec(declared.group(1)) not in ("utf-8", "ascii"):
-            raise UserError(
-                f"{where}, line {number}: {raw.strip()[:120]!r} declares the encoding {declared.group(1)!r}, which "
-                "pip would decode the file with; remove the line (the file is read as UTF-8)"
-            )
+    # pip decodes the file by a coding line among the first two of its raw bytes ("\n"-separated); package
+    # stores the lines check() reads (splitlines), one a line: neither may declare another encoding
+    for split in (text.split("\n"), text.splitlines()):
+        for number, raw in enumerate(split[:2], 1):
+            declared = PEP263.search(raw) if raw.startswith("#") else None
+            if declared and _codec(declared.group(1)) not in ("utf-8", "ascii"):
+                raise UserError(
+                    f"{where}, line {number}: {raw.strip()[:120]!r} declares the encoding {declared.group(1)!r}, "
+                    "which pip would decode the file with; remove the line (the file is read as UTF-8)"
+                )
     lines = []
     for number, raw in enumerate(text.splitlines(), 1):
         line = COMMENT.sub("", raw).strip()

