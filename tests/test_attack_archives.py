@@ -5,8 +5,8 @@ Zips: TorchServe's frontend unpacks a .mar with Java's ``ZipInputStream`` (local
 reads it with Python's ``zipfile`` (central directory). A tiny Java program (``ZipList``, compiled here)
 lists each zip as ZipInputStream does; mutants of a real packaged .mar (generated with hypothesis) are read
 both ways, and whenever the two see different (name, bytes) lists, ``handlers.archives.check_zip`` must
-refuse the zip. Attacks that currently succeed are written as the correct expectation and marked
-``xfail(strict=True)``: each is a bug, reproduced by its test.
+refuse the zip. Attacks that succeed are written as the correct expectation and marked
+``xfail(strict=True)`` until fixed: each is a bug, reproduced by its test.
 """
 
 import hashlib
@@ -345,7 +345,7 @@ def mutant(args: dict, data: st.DataObject) -> bytes:
         header = headers[args["flip"] % len(headers)]
         at = header + data.draw(st.integers(4, 45), label="offset")
         version_needed = out[header + 2 : header + 4] == b"\x01\x02" and at in (header + 6, header + 7)
-        if at < len(out) and not version_needed:  # a central record's version needed: its own test (xfail)
+        if at < len(out) and not version_needed:  # a central record's version needed: its own test
             out[at] = data.draw(st.integers(0, 255), label="byte")
     return bytes(out)
 
