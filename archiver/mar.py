@@ -33,6 +33,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 import tarfile
 import tempfile
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple, Union
 
 import handlers
-from handlers import TOOLKIT_HANDLERS, archives, fit, identity, toolkit
+from handlers import TOOLKIT_HANDLERS, archives, fit, identity, toolkit, ts_config
 from handlers.settings import did_you_mean
 
 from . import requirements
@@ -208,8 +209,9 @@ def plan(options: PackageOptions) -> Plan:
 
     settings = {}
     if options.config_file:
+        data = inputs.read(options.config_file, "--config-file", MAX_CONFIG_BYTES)
         config = inputs.add(options.config_file, "--config-file")
-        settings = check_model_config(config, kind.settings if kind else None).get("handler") or {}
+        settings = check_model_config(config, kind.settings if kind else None, data).get("handler") or {}
         model["configFile"] = config.name
     notes = _label_notes(fitted, settings, inputs.entries)
 
@@ -261,6 +263,26 @@ class Inputs:
             raise UserError(f"{flag} {path} does not exist: check the path")
         self._add(source, source.name, flag, set())
         return source
+
+    def read(self, path: str, flag: str, limit: int) -> bytes:
+        """The bytes of a file given on the command line to be read (not only stored): a regular file
+        (opened without blocking, so a pipe is refused, not waited on), at most ``limit`` bytes."""
+        source = Path(path)
+        if not source.exists() and not source.is_symlink():
+            raise UserError(f"{flag} {path} does not exist: check the path")
+        self._follow(source, flag)
+        try:
+            fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            raise UserError(f"{flag} {path} cannot be read: {exc.strerror}") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise UserError(f"{flag} {path} is not a regular file (a directory, device or pipe): give the file")
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise UserError(f"{flag} {path} is larger than {limit:,} bytes: give the file itself, trimmed")
+        return data
 
     def put(self, name: str, content: bytes, what: str):
         """Content tsctl writes itself (requirements.txt)."""
@@ -511,17 +533,14 @@ def _requirements(path: Optional[str], needed, inputs: Inputs) -> Optional[Tuple
     lines = []
     name = "requirements.txt"
     if path:
-        source = Path(path)
-        if not source.exists() and not source.is_symlink():
-            raise UserError(f"--requirements-file {path} does not exist: check the path")
-        inputs._follow(source, "--requirements-file")
-        name = source.name
+        name = Path(path).name
+        data = inputs.read(path, "--requirements-file", requirements.MAX_BYTES)
         try:
-            text = source.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, IsADirectoryError) as exc:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
             raise UserError(f"--requirements-file {path} is not a UTF-8 text file: {exc}") from None
         requirements.check(text, f"--requirements-file {path}")  # plain requirements only: one line otherwise
-        lines = text.splitlines()
+        lines = text.splitlines()  # stored as check() read them, one a line
     named = {requirements.requirement_name(line) for line in lines} - {None}
     lines += [requirement for requirement in needed if requirements.requirement_name(requirement) not in named]
     if not lines:
@@ -673,7 +692,7 @@ def _write_directory(target: Path, entries, manifest_bytes, force: bool):
 # ---- reading ------------------------------------------------------------------------------------
 # Archives are read by handlers/archives.py (LocalModel and the KServe transformer read them too);
 # these wrappers turn its ArchiveError into the CLI's UserError.
-MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_BYTES = ts_config.MAX_CONFIG_BYTES  # a model-config.yaml, read whole
 
 
 @contextlib.contextmanager

@@ -65,9 +65,10 @@ def parse_model_config(text: bytes, where: str, fix: str) -> dict:
     return data
 
 
-def check_model_config(path: Path, settings_class=None) -> dict:
-    """Load and validate; raise UserError naming the file, the key and the fix."""
-    data = load_model_config(path)
+def check_model_config(path: Path, settings_class=None, text: Optional[bytes] = None) -> dict:
+    """Load (or parse ``text``, read from ``path``) and validate; raise UserError naming the file, the key
+    and the fix."""
+    data = load_model_config(path) if text is None else parse_model_config(text, str(path), "fix the syntax")
     for key, value in data.items():
         expected = WORKER_KEYS.get(key)
         if expected is None:

@@ -6,7 +6,10 @@ directory's ``setup.py`` on the machine that resolves them; option lines (``--in
 ``--extra-index-url``, ``--find-links``, ``-r``, ``-c``) redirect where every package comes from.
 Whoever wrote the archive would run code on the machine that packages or exports it. So each line
 must be a requirement ``packaging`` reads (a name, extras, a version range, markers) without a URL;
-anything else is refused with one line naming the file, the line and the fix (``check``). Every
+anything else is refused with one line naming the file, the line and the fix (``check``). The text is
+read as pip reads it: after a requirement only ``--hash=ALGORITHM:HEX`` may follow (pip reads any other
+option there, and an option line after it), and a PEP 263 coding line other than UTF-8's is refused (pip
+decodes the whole file with it). Every
 command that takes an archive's requirements elsewhere reads them through ``of_archive``: the
 TorchServe export (locked for KServe's image), ``export kserve --engine kserve`` and ``export seldon``
 (copied into the image's requirements.txt, which ``docker build`` installs).
@@ -16,6 +19,7 @@ files ignored, no environment settings of theirs, one explicit index (``index_ur
 wheels only: no sdist is built, no build backend runs.
 """
 
+import codecs
 import os
 import re
 from pathlib import Path
@@ -34,9 +38,19 @@ FIX = "name the package and a version range instead (the package index must serv
 def check(text: str, where: str) -> List[str]:
     """The requirement lines of ``text`` (comments and blank lines left out), each checked to be a
     plain requirement; a UserError naming ``where`` and the line otherwise."""
+    # pip decodes the file by a coding line among the first two of its raw bytes ("\n"-separated); package
+    # stores the lines check() reads (splitlines), one a line: neither may declare another encoding
+    for split in (text.split("\n"), text.splitlines()):
+        for number, raw in enumerate(split[:2], 1):
+            declared = PEP263.search(raw) if raw.startswith("#") else None
+            if declared and _codec(declared.group(1)) not in ("utf-8", "ascii"):
+                raise UserError(
+                    f"{where}, line {number}: {raw.strip()[:120]!r} declares the encoding {declared.group(1)!r}, "
+                    "which pip would decode the file with; remove the line (the file is read as UTF-8)"
+                )
     lines = []
     for number, raw in enumerate(text.splitlines(), 1):
-        line = strip(raw)
+        line = COMMENT.sub("", raw).strip()
         if not line:
             continue
         shown = line if len(line) <= 120 else line[:120] + "..."
@@ -53,6 +67,13 @@ def check(text: str, where: str) -> List[str]:
             raise UserError(
                 f"{where}, line {number}: {shown!r} is a pip option; an archive's requirements may only name "
                 f"packages (where they come from is the exporting machine's choice: --index-url); remove it"
+            )
+        line, options = split_options(line)
+        odd = next((option for option in options if not HASH.fullmatch(option)), None)
+        if odd is not None:
+            raise UserError(
+                f"{where}, line {number}: {shown!r} has {odd[:80]!r} after its requirement, where pip reads it as "
+                "an option; only --hash=ALGORITHM:HEX may follow a requirement: remove the rest"
             )
         try:
             requirement = Requirement(line)
@@ -84,17 +105,41 @@ def of_archive(archive: Path) -> Tuple[Optional[str], str, List[str]]:
             f"{archive}: its MANIFEST.json names requirementsFile {name!r}, which the archive does not hold: "
             "package it again with its --requirements-file"
         )
-    text = data.decode("utf-8", "replace")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(
+            f"{archive}: its {name} is not UTF-8 ({exc.reason} at byte {exc.start}), which pip would read in "
+            "another encoding: package it again with a UTF-8 --requirements-file"
+        ) from None
     return name, text, check(text, f"{Path(archive).name}'s {name}")
 
 
 COMMENT = re.compile(r"(^|\s)#.*")  # pip's: '#' at the start of a line or after a blank
-HASHES = re.compile(r"\s--hash[= ].*")  # pip's --hash options after a requirement: how to check it, not what
+HASH = re.compile(r"--hash=[A-Za-z0-9]+:[0-9A-Fa-f]+")  # after a requirement: how to check it, not what
+PEP263 = re.compile(r"coding[:=]\s*([-\w.]+)", re.ASCII)  # pip's PEP263_ENCODING_RE, on a line starting '#'
+
+
+def _codec(name: str) -> Optional[str]:
+    try:
+        return codecs.lookup(name).name
+    except LookupError:
+        return None
+
+
+def split_options(line: str) -> Tuple[str, List[str]]:
+    """A requirements.txt line (comment removed) as pip splits it (``break_args_options``): the words up
+    to the first one starting with '-', and the options from there on."""
+    words = line.split(" ")
+    first = next((at for at, word in enumerate(words) if word.startswith("-")), len(words))
+    return " ".join(words[:first]).strip(), [word for word in words[first:] if word]
 
 
 def strip(raw: str) -> str:
-    """One requirements.txt line without its comment and hashes ("" for a blank or comment line)."""
-    return HASHES.sub("", COMMENT.sub("", raw)).strip()
+    """One requirements.txt line without its comment and the options after its requirement (its
+    hashes; "" for a blank or comment line); an option line as it is."""
+    line = COMMENT.sub("", raw).strip()
+    return line if line.startswith("-") else split_options(line)[0]
 
 
 def requirement_name(line: str) -> Optional[str]:
@@ -126,12 +171,12 @@ def safe_option(line: str) -> bool:
     """A pip option line that only narrows where packages come from: ``--no-index``,
     ``--only-binary``, ``--prefer-binary``, ``--require-hashes``, or ``--find-links`` to a directory
     inside the archive (what ``export --offline`` writes: ``--find-links wheels``)."""
-    option, _, value = line.replace("=", " ", 1).partition(" ")
+    option, *values = line.replace("=", " ", 1).split()  # one value at most: pip reads any word after as options
     if option in SAFE_OPTIONS:
-        return option != "--only-binary" or value.strip() != ""
-    if option in ("--find-links", "-f"):
-        path = value.strip()
-        return bool(path) and ":" not in path and not path.startswith(("/", "~")) and ".." not in path.split("/")
+        return len(values) == (1 if option == "--only-binary" else 0)
+    if option in ("--find-links", "-f") and len(values) == 1:
+        path = values[0]
+        return ":" not in path and not path.startswith(("/", "~")) and ".." not in path.split("/")
     return False
 
 

@@ -42,9 +42,10 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069
 
 PathLike = Union[str, Path]
 
-_CHECKED_ZIPS: set = set()  # (path, device, inode, size, mtime, ctime) of the zips check_zip passed
+_CHECKED: set = set()  # (path, device, inode, size, mtime, ctime) of the archives check_zip or check_tar passed
 LOCAL = struct.Struct("<4sHHHHHIIIHH")  # a local file header, 30 bytes
 END = struct.Struct("<4sHHHHIIH")  # end of central directory, 22 bytes
+CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")  # a central directory record, 46 bytes
 END64_LOCATOR = struct.Struct("<4sIQI")  # 20 bytes
 END64 = struct.Struct("<4sQHHIIQQQQ")  # 56 bytes
 MAX32 = 0xFFFFFFFF
@@ -60,7 +61,7 @@ class ArchiveError(ValueError):
 
 
 def kind(archive: Path) -> str:
-    """'dir', 'zip' (one check_zip passed) or 'tar'; an ArchiveError for anything else."""
+    """'dir', 'zip' (check_zip passed) or 'tar' (check_tar passed); an ArchiveError for anything else."""
     if not archive.exists() and not archive.is_symlink():
         raise ArchiveError(f"{archive} does not exist: check the path")
     if archive.is_dir():
@@ -70,20 +71,25 @@ def kind(archive: Path) -> str:
     if not archive.is_file():
         raise ArchiveError(f"{archive} is not a regular file: give a .mar, .tar.gz or model directory")
     if zipfile.is_zipfile(archive):
-        stat = archive.stat()  # a command reads an archive several times: each version of a file is checked once
-        version = (str(archive.resolve()), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
-        if version not in _CHECKED_ZIPS:
+        what = "zip"
+    else:
+        try:
+            what = "tar" if tarfile.is_tarfile(archive) else None
+        except (OSError, EOFError):
+            what = None
+    if what is None:
+        raise ArchiveError(f"{archive} is not a model archive (.mar zip, .tar.gz or directory), or it is truncated")
+    stat = archive.stat()  # a command reads an archive several times: each version of a file is checked once
+    version = (str(archive.resolve()), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+    if version not in _CHECKED:
+        if what == "zip":
             check_zip(archive)
-            if len(_CHECKED_ZIPS) >= 1024:
-                _CHECKED_ZIPS.clear()
-            _CHECKED_ZIPS.add(version)
-        return "zip"
-    try:
-        if tarfile.is_tarfile(archive):
-            return "tar"
-    except (OSError, EOFError):
-        pass
-    raise ArchiveError(f"{archive} is not a model archive (.mar zip, .tar.gz or directory), or it is truncated")
+        else:
+            check_tar(archive)
+        if len(_CHECKED) >= 1024:
+            _CHECKED.clear()
+        _CHECKED.add(version)
+    return what
 
 
 def check_zip(archive: Path):
@@ -91,12 +97,82 @@ def check_zip(archive: Path):
     (TorchServe) reads them, are not exactly the entries of its central directory, which Python's
     ``zipfile`` (tsctl) reads: same names, offsets, methods, CRCs and sizes, in the same order, one
     after another with nothing between them, the central directory right after the last one and its
-    end record (no comment) the end of the file. Only headers are read, except that a deflated entry
-    with a data descriptor is inflated (output discarded) to find where ZipInputStream ends it."""
+    end record (no comment) the end of the file.
+
+    Where each entry ends: a stored entry, by its size (both readers). A deflated entry without a data
+    descriptor, by its local header's compressed size (a ZIP64 extra field's when the header says
+    0xFFFFFFFF): ZipInputStream inflates to the end of the stream and fails the entry unless the bytes
+    it consumed are exactly that size, so once that size equals the central record's, where the stream
+    really ends needs no inflating. That size must be the only one Java could read: an extra block
+    (local or central) whose fields overrun it, leave bytes over, or give a field twice is refused
+    (ZipInputStream keeps the last ZIP64 field, this check would read one of them). A deflated entry
+    with a data descriptor (``zip -``, jar tools, streaming writers; never tsctl or
+    torch-model-archiver) ends where its stream ends, which only inflating tells: its stream is
+    inflated (output discarded) and refused as soon as it gives more than its declared size. Before
+    anything is inflated the declared sizes are held to ``unpack_limit`` (a zip bomb is refused from
+    its headers), so a check inflates at most that much; any other zip is checked from its headers."""
     try:
-        with open(archive, "rb") as f, zipfile.ZipFile(f) as z:
-            _check_zip(archive, f, z)
+        with open(archive, "rb") as f:
+            try:
+                z = zipfile.ZipFile(f)
+            except UnicodeDecodeError as exc:  # a name flagged UTF-8 that is not
+                name = printable(exc.object.decode("utf-8", "replace"))
+                raise ArchiveError(
+                    f"{archive}: entry {name} is marked UTF-8 but its name is not: build it again"
+                ) from None
+            except NotImplementedError as exc:  # "zip file version 7.0": a central record's version needed
+                name = printable(_entry_needing_a_newer_zip(f))
+                raise ArchiveError(
+                    f"{archive}: entry {name} needs a newer zip reader ({exc}): build it again"
+                ) from None
+            with z:
+                _check_zip(archive, f, z)
     except (zipfile.BadZipFile, struct.error, EOFError, OSError, zlib.error) as exc:
+        raise ArchiveError(f"{archive} is damaged or truncated ({exc}): build it again") from None
+
+
+def _entry_needing_a_newer_zip(f) -> str:
+    """The name of the first central record whose "version needed to extract" is above what zipfile reads
+    (zipfile's NotImplementedError names none); "?" when the central directory cannot be walked here."""
+    size = f.seek(0, 2)
+    f.seek(max(0, size - END.size))
+    record = f.read(END.size)
+    if len(record) < END.size or record[:4] != b"PK\x05\x06":
+        return "?"
+    _, _, _, _, count, _, at, _ = END.unpack(record)
+    for _ in range(count):
+        f.seek(at)
+        head = f.read(CENTRAL.size)
+        if len(head) < CENTRAL.size or head[:4] != b"PK\x01\x02":
+            return "?"
+        _, _, needed, *_, name_length, extra_length, comment_length, _, _, _, _ = CENTRAL.unpack(head)
+        if needed > zipfile.MAX_EXTRACT_VERSION:
+            return f.read(name_length).decode("utf-8", "replace")
+        at += CENTRAL.size + name_length + extra_length + comment_length
+    return "?"
+
+
+def check_tar(archive: Path):
+    """Refuse a .tar.gz that extraction could read otherwise than tsctl: a member name given twice (tar -x,
+    Python's extractall and TorchServe's TarArchiveInputStream loop keep the last copy, tsctl's readers
+    the first) or a member other than a regular file or directory (a link, device or pipe)."""
+    seen = set()
+    try:
+        with tarfile.open(archive) as t:
+            for m in t:
+                if not (m.isfile() or m.isdir()):
+                    raise ArchiveError(
+                        f"{archive} holds {printable(m.name)}, which is neither a regular file nor a directory "
+                        "(a link, device or pipe): build it again without it"
+                    )
+                normal = "/".join(part for part in m.name.split("/") if part not in ("", "."))
+                if normal in seen:
+                    raise ArchiveError(
+                        f"{archive} holds {printable(m.name)} twice: TorchServe would unpack the last copy, tsctl "
+                        "reads the first; refusing it (build it again)"
+                    )
+                seen.add(normal)
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
         raise ArchiveError(f"{archive} is damaged or truncated ({exc}): build it again") from None
 
 
@@ -108,12 +184,15 @@ def _disagree(archive: Path, what: str) -> ArchiveError:
 
 
 def _check_zip(archive: Path, f, z: zipfile.ZipFile):
+    check_unpacked_size(archive, sum(info.file_size for info in z.infolist()))  # before inflating anything
     seen = set()
     pos = 0
     for info in z.infolist():  # zipfile's offsets count any data before the first entry
         name = info.orig_filename
         if pos != info.header_offset:
             raise _disagree(archive, _between(f, pos, info.header_offset, f"entry {name}"))
+        if not name:
+            raise ArchiveError(f"{archive}: entry number {len(seen) + 1} has an empty name: build it again")
         normal = "/".join(part for part in name.split("/") if part not in ("", "."))  # as a file system would
         if normal in seen or "\x00" in name:
             raise _disagree(archive, f"entry {name} is listed twice" if normal in seen else f"entry {name!r} has a NUL")
@@ -161,15 +240,19 @@ def _check_entry(archive: Path, f, info: zipfile.ZipInfo, pos: int) -> int:
         raise _disagree(archive, f"entry {name} is stored (not compressed) but its two sizes differ")
     start = pos + LOCAL.size + name_length + extra_length
     end = start + info.compress_size
+    local_fields = _extra_fields(archive, name, extra, "local header")
+    _extra_fields(archive, name, info.extra, "central record")
     if not flags & DEFLATED_WITH_DESCRIPTOR:
-        if MAX32 in (csize, usize):
-            usize, csize = _zip64_sizes(archive, name, extra)
+        if MAX32 in (csize, usize):  # as ZipInputStream reads them: the ZIP64 field's, both sizes
+            if len(local_fields.get(1, b"")) < 16:
+                raise _disagree(archive, f"entry {name}'s local header has no ZIP64 sizes")
+            usize, csize = struct.unpack_from("<QQ", local_fields[1])
         if (crc, csize, usize) != (info.CRC, info.compress_size, info.file_size):
             raise _disagree(archive, f"entry {name}'s local header gives other sizes or CRC than its central record")
         return end
     if method != zipfile.ZIP_DEFLATED:
         raise _disagree(archive, f"entry {name} is stored with a data descriptor, which TorchServe cannot read")
-    if not _deflate_ends_at(f, start, info.compress_size):
+    if not _deflate_ends_at(f, start, info.compress_size, info.file_size):
         raise _disagree(archive, f"entry {name}'s compressed data does not end where its central record says")
     f.seek(end)
     wide = info.compress_size > MAX32 or info.file_size > MAX32  # ZipInputStream's rule for 8-byte sizes
@@ -183,30 +266,39 @@ def _check_entry(archive: Path, f, info: zipfile.ZipInfo, pos: int) -> int:
     return end + len(descriptor)
 
 
-def _zip64_sizes(archive: Path, name: str, extra: bytes) -> Tuple[int, int]:
-    """(size, compressed size) from a local header's ZIP64 extra field (both, as Java reads them)."""
-    at = 0
-    while at + 4 <= len(extra):
+def _extra_fields(archive: Path, name: str, extra: bytes, where: str) -> dict:
+    """An extra block's fields, {tag: data}; refused when a field overruns the block, bytes are left
+    over after the last field or a tag comes twice (Java and zipfile would each read the block their way)."""
+    fields, at = {}, 0
+    while at < len(extra):
+        if at + 4 > len(extra):
+            raise _disagree(archive, f"entry {name}'s {where} has {len(extra) - at} stray bytes in its extra fields")
         tag, length = struct.unpack_from("<HH", extra, at)
-        if tag == 1 and length >= 16:
-            return struct.unpack_from("<QQ", extra, at + 4)
+        if at + 4 + length > len(extra):
+            raise _disagree(archive, f"entry {name}'s {where} has an extra field 0x{tag:04x} longer than its block")
+        if tag in fields:
+            raise _disagree(archive, f"entry {name}'s {where} has two extra fields 0x{tag:04x}")
+        fields[tag] = extra[at + 4 : at + 4 + length]
         at += 4 + length
-    raise _disagree(archive, f"entry {name}'s local header has no ZIP64 sizes")
+    return fields
 
 
-def _deflate_ends_at(f, start: int, size: int) -> bool:
+def _deflate_ends_at(f, start: int, size: int, usize: int) -> bool:
     """Whether the deflate stream at ``start`` ends exactly ``size`` bytes later (ZipInputStream reads a
-    data descriptor where the stream ends, zipfile where the central directory says)."""
+    data descriptor where the stream ends, zipfile where the central directory says), inflating no more
+    than ``usize`` + 1 bytes: a stream that gives more than its declared size is refused there."""
     f.seek(start)
     inflater = zlib.decompressobj(-zlib.MAX_WBITS)
-    left = size
+    left, written = size, 0
     while left and not inflater.eof:
         chunk = f.read(min(left, 1 << 20))
         if not chunk:
             return False
         left -= len(chunk)
         while chunk and not inflater.eof:
-            inflater.decompress(chunk, 1 << 20)  # output discarded, at most 1 MB at a time
+            written += len(inflater.decompress(chunk, min(1 << 20, usize - written + 1)))  # output discarded
+            if written > usize:
+                return False
             chunk = inflater.unconsumed_tail
     return inflater.eof and not inflater.unused_data and left == 0
 
@@ -435,6 +527,17 @@ def unpack_limit(archive: Path) -> int:
     return max(MIN_UNPACK_LIMIT, UNPACK_RATIO * archive.stat().st_size)
 
 
+def check_unpacked_size(archive: Path, total: int):
+    """Refuse an archive whose declared sizes add up to more than ``unpack_limit`` (a zip bomb): from its
+    headers, before anything is inflated (``check_zip``) or written (``unpack``)."""
+    limit = unpack_limit(archive)
+    if total > limit:
+        raise ArchiveError(
+            f"{archive} would unpack to {total:,} bytes, more than {UNPACK_RATIO}x its size "
+            f"(limit {limit:,}): refusing a likely zip bomb"
+        )
+
+
 def unpack(archive: PathLike, into: PathLike) -> Path:
     """Extract a .mar or .tar.gz into ``into``; return the model directory (the one holding MAR-INF).
     The declared sizes are added up and refused before anything is written."""
@@ -444,12 +547,7 @@ def unpack(archive: PathLike, into: PathLike) -> Path:
         raise ArchiveError(f"{archive} is a directory: it is already unpacked")
     read_manifest(archive)
     total = sum(size for _, size in members(archive))
-    limit = unpack_limit(archive)
-    if total > limit:
-        raise ArchiveError(
-            f"{archive} would unpack to {total:,} bytes, more than {UNPACK_RATIO}x its size "
-            f"(limit {limit:,}): refusing a likely zip bomb"
-        )
+    check_unpacked_size(archive, total)
     into.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(into).free
     if total > free:

@@ -28,6 +28,9 @@ SNAPSHOT_DEFAULTS = {"minWorkers": 1, "maxWorkers": 1, "batchSize": 1, "maxBatch
 # line only, a negative worker count or maxBatchDelay and a batchSize or responseTimeout below 1; a model with
 # no worker answers every request 503.
 SNAPSHOT_LEAST = {"minWorkers": 1, "maxWorkers": 1, "batchSize": 1, "maxBatchDelay": 0, "responseTimeout": 1}
+# The greatest value of every worker setting: TorchServe reads each as a Java Integer (a larger YAML number is a
+# Long, which its ModelConfig ignores as it ignores 0).
+SNAPSHOT_MOST = 2**31 - 1
 MAX_CONFIG_BYTES = 1 << 20
 # Keys whose meaning the tsctl engine cannot give: refused rather than silently ignored.
 UNSUPPORTED = {
@@ -100,6 +103,8 @@ def settings_problem(values: Dict[str, object]) -> Optional[str]:
             return f"{key} is 0: a model with no worker answers every request 503; give at least 1"
         if value < least:
             return f"{key} is {value}, which TorchServe ignores with a log line only: give at least {least}"
+        if value > SNAPSHOT_MOST:
+            return f"{key} is {value}, above Java's int range, which TorchServe ignores: give at most {SNAPSHOT_MOST}"
     low, high = values.get("minWorkers"), values.get("maxWorkers")
     if isinstance(low, int) and isinstance(high, int) and low > high:
         return f"minWorkers {low} is above maxWorkers {high}: give maxWorkers at least minWorkers"
