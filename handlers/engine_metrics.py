@@ -18,8 +18,15 @@
 each with at most ``MAX_LABELS`` labels of at most ``MAX_LABEL`` characters (names and values), and
 all the workers' series together at most ``MAX_WORKER_BYTES`` bytes of exposition; a line past a
 bound is dropped and counted. ``render`` runs off the event loop (engine.py's ``/metrics`` route).
+
+**Values.** A counter's line is an increment: it must be finite and >= 0 (TorchServe's worker refuses
+a negative one, ``ts/metrics/caching_metric.py``; NaN slips through there), and so must the sum; any
+other is dropped and counted (reason ``value``), so a counter never goes down nor sticks at NaN. A
+gauge takes any value, NaN and ±Inf included: the exposition format has them, and the gauge's next
+line replaces it (nothing sticks).
 """
 
+import math
 import re
 import socket
 import threading
@@ -54,7 +61,7 @@ MAX_WORKER_BYTES = 4 << 20  # exposition bytes of the workers' series together; 
 # Names the engine exposes itself: a worker's line cannot add samples to them.
 ENGINE_NAMES = frozenset(FRONTEND_COUNTERS) | {"ts_workers", "WorkerLoadTime", "request_predict_seconds"}
 ENGINE_PREFIXES = ("request_predict_seconds", "tsctl_")
-DROP_REASONS = ("labels", "label_length", "series", "bytes")  # tsctl_metrics_dropped_total's reasons
+DROP_REASONS = ("value", "labels", "label_length", "series", "bytes")  # tsctl_metrics_dropped_total's reasons
 
 
 class Metrics:
@@ -117,7 +124,7 @@ class Metrics:
         try:
             value = float(match.group("value"))
         except ValueError:
-            return
+            return self.dropped.labels("value").inc()
         if not NAME.match(name) or name in ENGINE_NAMES or name.startswith(ENGINE_PREFIXES):
             return
         labels = {}
@@ -131,6 +138,8 @@ class Metrics:
         if any(len(text) > MAX_LABEL for text in (name, *labels, *labels.values())):
             return self.dropped.labels("label_length").inc()
         kind = KINDS.get((match.group("type") or "GAUGE").upper(), "gauge")
+        if kind == "counter" and not (math.isfinite(value) and value >= 0):
+            return self.dropped.labels("value").inc()
         with self.lock:
             if name in self.kinds and self.kinds[name] != kind:
                 return  # one type per name: the first line's
@@ -145,7 +154,11 @@ class Metrics:
                 self.worker_series, self.worker_bytes = self.worker_series + 1, self.worker_bytes + size
                 self.kinds[name] = kind
                 self.backend[(name, kind)] = series
-            series[key] = series.get(key, 0.0) + value if kind == "counter" else value
+            if kind == "counter":
+                value += series.get(key, 0.0)
+                if not math.isfinite(value):  # a sum past 1.8e308: the counter stays where it was
+                    return self.dropped.labels("value").inc()
+            series[key] = value
 
     def render(self) -> Tuple[bytes, str]:
         """TorchServe's families as TorchServe writes them (a counter named as its samples are), then
