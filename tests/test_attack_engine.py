@@ -746,12 +746,6 @@ def test_a_1_gb_line_without_a_line_break(engine):
     assert pids(engine) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BROKE: a worker's output is logged as it came: a handler writing "
-    "'\\x1b]0;owned\\x07\\x00\\rERROR tsctl.engine: forged' to stderr puts the terminal escape, NUL and "
-    "carriage return into the engine's log raw (the line displays as the forged one)",
-)
 def test_binary_and_stderr_output_is_logged_escaped(engine):
     before = pids(engine)
     size = engine.out.stat().st_size
@@ -765,6 +759,8 @@ def test_binary_and_stderr_output_is_logged_escaped(engine):
     assert b"forged" in written
     raw = [c for c in (b"\x1b", b"\x00", b"\r", b"\x07") if c in written]
     assert not raw, f"raw control characters in the engine's log: {raw}"
+    forged = [line for line in written.split(b"\n") if b"forged" in line]
+    assert forged and all(b" tsctl.worker: [victim 1.0 w" in line for line in forged), forged  # the worker's prefix
 
 
 @pytest.mark.xfail(
