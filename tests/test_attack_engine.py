@@ -688,11 +688,6 @@ def test_a_workers_counter_never_goes_down_or_becomes_nan(engine):
     assert refused and float(refused[0].split()[-1]) >= 1, refused  # the NaN increment, counted
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BROKE: the series budget (MAX_SERIES 10,000) is shared by every model: "
-    "victim's 100,000 series use it up and model quiet's first PredictionTime is dropped",
-)
 def test_a_handlers_100k_series_are_bounded_and_do_not_blind_the_other_models(engine):
     before = pids(engine)
     with Neighbour(engine) as neighbour:
