@@ -14,22 +14,36 @@
 - KServe's ``request_predict_seconds`` histogram, per model name.
 - ``tsctl_metrics_dropped_total{reason}``: the workers' metric lines not recorded because of a bound.
 
-**Bounds.** A handler's metrics cannot grow ``/metrics`` without end: at most ``MAX_SERIES`` series,
-each with at most ``MAX_LABELS`` labels of at most ``MAX_LABEL`` characters (names and values), and
-all the workers' series together at most ``MAX_WORKER_BYTES`` bytes of exposition; a line past a
-bound is dropped and counted. ``render`` runs off the event loop (engine.py's ``/metrics`` route).
+**Bounds.** A handler's metrics cannot grow ``/metrics`` without end, nor blind the other models'.
+A series has at most ``MAX_LABELS`` labels of at most ``MAX_LABEL`` characters (names and values).
+Each model version's workers (the worker that emitted a line: its model name and version) may add
+``MAX_MODEL_SERIES`` series and ``MAX_MODEL_BYTES`` bytes of exposition, all of them together
+``MAX_SERIES`` and ``MAX_WORKER_BYTES`` (the engine's memory); a new series past a bound is dropped
+and counted. A model's own ``BUILTIN`` series, those TorchServe's worker emits itself (``HandlerTime``,
+``PredictionTime``: ``model_metrics`` of ``ts/configs/metrics.yaml``, labelled with its own model
+name, ``Level`` Model and this host), are always admitted: two per model, whatever the others emitted,
+and their type is TorchServe's (a handler cannot claim their names as another type first).
+``render`` runs off the event loop (engine.py's ``/metrics`` route).
+
+**Values.** A counter's line is an increment: it must be finite and >= 0 (TorchServe's worker refuses
+a negative one, ``ts/metrics/caching_metric.py``; NaN slips through there), and so must the sum; any
+other is dropped and counted (reason ``value``), so a counter never goes down nor sticks at NaN. A
+gauge takes any value, NaN and ±Inf included: the exposition format has them, and the gauge's next
+line replaces it (nothing sticks).
 """
 
+import math
 import re
 import socket
 import threading
 from typing import Dict, Tuple
 
+import yaml
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from .engine_workers import worker_log_line
+from .engine_workers import METRICS_YAML, worker_log_line
 
 # [METRICS]HandlerTime.ms:12.3|#ModelName:resnet18,Level:Model|#type:GAUGE|#hostname:h,1700000000,req
 METRIC_LINE = re.compile(
@@ -47,14 +61,27 @@ FRONTEND_COUNTERS = {
     "Requests4XX": "Total number of requests with response in 400-500 status code range",
     "Requests5XX": "Total number of requests with response status code above 500",
 }
-MAX_SERIES = 10_000  # a handler emitting ever-new dimension values cannot grow /metrics without end
+MAX_MODEL_SERIES = 10_000  # series of one model version's workers: ever-new dimension values end there
+MAX_MODEL_BYTES = 4 << 20  # exposition bytes of one model version's series
+MAX_SERIES = 50_000  # series of all the workers together (their BUILTIN ones are admitted past it)
 MAX_LABEL = 256  # characters of a metric's name, a dimension's name or value; a line with a longer one is dropped
 MAX_LABELS = 16  # dimensions of one series (Hostname included); a line with more is dropped
-MAX_WORKER_BYTES = 4 << 20  # exposition bytes of the workers' series together; a new series past it is dropped
+MAX_WORKER_BYTES = 16 << 20  # exposition bytes of all the workers' series together (BUILTIN ones admitted past it)
 # Names the engine exposes itself: a worker's line cannot add samples to them.
 ENGINE_NAMES = frozenset(FRONTEND_COUNTERS) | {"ts_workers", "WorkerLoadTime", "request_predict_seconds"}
 ENGINE_PREFIXES = ("request_predict_seconds", "tsctl_")
-DROP_REASONS = ("labels", "label_length", "series", "bytes")  # tsctl_metrics_dropped_total's reasons
+DROP_REASONS = ("value", "labels", "label_length", "series", "bytes")  # tsctl_metrics_dropped_total's reasons
+
+
+def builtin_metrics(path: str = METRICS_YAML) -> Dict[str, str]:
+    """The metrics TorchServe's worker emits itself for a model (``model_metrics`` of its metrics.yaml):
+    name -> type (``KINDS``'s)."""
+    with open(path) as config:
+        model_metrics = yaml.safe_load(config)["model_metrics"]
+    return {entry["name"]: KINDS[kind.upper()] for kind, entries in model_metrics.items() for entry in entries}
+
+
+BUILTIN = builtin_metrics()  # HandlerTime, PredictionTime: gauges
 
 
 class Metrics:
@@ -71,8 +98,9 @@ class Metrics:
         # TorchServe's counters carry no _total suffix: kept here and exposed as they are named.
         self.frontend: Dict[str, Dict[Tuple, float]] = {name: {} for name in FRONTEND_COUNTERS}
         self.backend: Dict[Tuple[str, str], Dict[Tuple, float]] = {}  # (name, type) -> labels -> value
-        self.kinds: Dict[str, str] = {}  # a worker metric's name -> its type
+        self.kinds: Dict[str, str] = dict(BUILTIN)  # a worker metric's name -> its type
         self.worker_series = self.worker_bytes = 0  # the workers' series, and their exposition's size
+        self.models: Dict[Tuple[str, str], Tuple[int, int]] = {}  # the same, per model (name, version)
         self.dropped = Counter(
             "tsctl_metrics_dropped",
             "Metric lines of the workers not recorded, by the bound they passed",
@@ -117,7 +145,7 @@ class Metrics:
         try:
             value = float(match.group("value"))
         except ValueError:
-            return
+            return self.dropped.labels("value").inc()
         if not NAME.match(name) or name in ENGINE_NAMES or name.startswith(ENGINE_PREFIXES):
             return
         labels = {}
@@ -131,21 +159,32 @@ class Metrics:
         if any(len(text) > MAX_LABEL for text in (name, *labels, *labels.values())):
             return self.dropped.labels("label_length").inc()
         kind = KINDS.get((match.group("type") or "GAUGE").upper(), "gauge")
+        if kind == "counter" and not (math.isfinite(value) and value >= 0):
+            return self.dropped.labels("value").inc()
+        model = (worker.owner.spec.name, worker.owner.spec.version)
         with self.lock:
-            if name in self.kinds and self.kinds[name] != kind:
-                return  # one type per name: the first line's
+            if self.kinds.get(name, kind) != kind:
+                return  # one type per name: TorchServe's for BUILTIN, else the first line's
             series = self.backend.get((name, kind), {})
             key = tuple(labels.items())
             if key not in series:
                 size = series_bytes(name, key)
-                if self.worker_series >= MAX_SERIES:
-                    return self.dropped.labels("series").inc()
-                if self.worker_bytes + size > MAX_WORKER_BYTES:
-                    return self.dropped.labels("bytes").inc()
+                count, used = self.models.get(model, (0, 0))
+                builtin = (("ModelName", model[0]), ("Level", "Model"), ("Hostname", self.hostname))
+                if not (name in BUILTIN and key == builtin):  # a model's own BUILTIN series always fit
+                    if count >= MAX_MODEL_SERIES or self.worker_series >= MAX_SERIES:
+                        return self.dropped.labels("series").inc()
+                    if used + size > MAX_MODEL_BYTES or self.worker_bytes + size > MAX_WORKER_BYTES:
+                        return self.dropped.labels("bytes").inc()
+                self.models[model] = (count + 1, used + size)
                 self.worker_series, self.worker_bytes = self.worker_series + 1, self.worker_bytes + size
                 self.kinds[name] = kind
                 self.backend[(name, kind)] = series
-            series[key] = series.get(key, 0.0) + value if kind == "counter" else value
+            if kind == "counter":
+                value += series.get(key, 0.0)
+                if not math.isfinite(value):  # a sum past 1.8e308: the counter stays where it was
+                    return self.dropped.labels("value").inc()
+            series[key] = value
 
     def render(self) -> Tuple[bytes, str]:
         """TorchServe's families as TorchServe writes them (a counter named as its samples are), then

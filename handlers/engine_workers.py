@@ -55,6 +55,7 @@ from typing import Callable, Deque, Dict, List, Optional
 
 import ts
 
+from .archives import printable
 from .ts_config import Frontend, ModelSpec
 from .ts_wire import (
     Request,
@@ -301,15 +302,17 @@ class OutputBudget:
 
 def worker_log_line(worker, line: str):
     """A worker's output line, in the ``tsctl.worker`` log under its model and index (but the line
-    TorchServe's worker writes for every request)."""
+    TorchServe's worker writes for every request), its control characters escaped (``printable``: a
+    handler's ESC, CR or NUL cannot restyle or rewrite the line, nor make it read as the engine's)."""
     if "Backend received inference at" in line:
         return
-    worker_log.info("[%s w%d] %s", worker.owner.label, worker.index, line)
+    worker_log.info("[%s w%d] %s", printable(worker.owner.label), worker.index, printable(line))
 
 
 def _last_error(lines) -> Optional[str]:
-    """The worker's own last Python error line (``ts_wire.cause_of``)."""
-    return cause_of([line.strip() for line in lines if PYTHON_ERROR.match(line)])
+    """The worker's own last Python error line (``ts_wire.cause_of``), escaped as its log line is."""
+    error = cause_of([line.strip() for line in lines if PYTHON_ERROR.match(line)])
+    return None if error is None else printable(error)
 
 
 # ---- A model version's queue and workers ---------------------------------------------------------

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from unittest import mock
 
 import pytest
@@ -176,7 +177,7 @@ def test_metrics_stay_bounded_whatever_a_handler_emits(srv):
     time.sleep(1)
     text, took = metrics(srv)
     print(f"/metrics: {len(text.encode()):,} bytes in {took:.2f}s")
-    assert len(text.encode()) < engine_metrics.MAX_WORKER_BYTES + (256 << 10)
+    assert len(text.encode()) < engine_metrics.MAX_MODEL_BYTES + (256 << 10)  # one model emitted them
     assert took < 3
     assert "Wide230{" not in text and "Wide15{" in text
     dropped = {
@@ -210,3 +211,42 @@ def test_the_toolkit_logs_a_clients_data_on_its_own_line(store):
     lines = written.getvalue().splitlines()
     assert sum("keys: \\n[METRICS]HandlerTime.ms:999999" in line for line in lines) == 2, lines
     assert not [line for line in lines if line.startswith("[METRICS]") and "forged" in line]
+
+
+def test_each_model_has_its_own_series_budget_and_its_builtin_series_always_fit(monkeypatch):
+    """``Metrics.worker_metric`` alone, budgets made small: a model past its own budget does not take
+    another's; past the bound of all models together, a model's own PredictionTime (TorchServe's
+    labels: its name, Level Model, this host) is still admitted, a look-alike of it is not, and no
+    handler can claim PredictionTime's name as a counter."""
+    monkeypatch.setattr(engine_metrics, "MAX_MODEL_SERIES", 5)
+    monkeypatch.setattr(engine_metrics, "MAX_SERIES", 8)
+    metrics = engine_metrics.Metrics()
+
+    def emit(model, name, dims, kind="GAUGE", value=1.0):
+        worker = SimpleNamespace(owner=SimpleNamespace(spec=SimpleNamespace(name=model, version="1.0")), index=1)
+        line = f"[METRICS]{name}.ms:{value}|#{dims}|#type:{kind}|#hostname:{metrics.hostname},1700000000,req"
+        metrics.worker_metric(worker, line)
+
+    emit("hog", "PredictionTime", "ModelName:quiet,Level:Model", "COUNTER")  # TorchServe's gauge, as a counter
+    for n in range(20):
+        emit("hog", "Many", f"Id:{n}")  # 5 admitted: hog's budget
+    for n in range(20):
+        emit("other", "Many", f"Id:other{n}")  # 3 admitted: all models' 8
+    emit("quiet", "Many", "Id:quiet")
+    emit("quiet", "PredictionTime", "ModelName:quiet,Level:Model", value=2.5)
+    emit("quiet", "PredictionTime", "ModelName:quiet,Level:Forged", value=3.5)
+    emit("hog", "PredictionTime", "ModelName:hog2,Level:Model", value=4.5)  # another model's name: not hog's own
+    text = metrics.render()[0].decode()
+    many = [line for line in text.splitlines() if line.startswith("Many{")]
+    assert sum('Id="other' in line for line in many) == 3 and len(many) == 8, many
+    predictions = [line for line in text.splitlines() if line.startswith("PredictionTime{")]
+    assert predictions == [f'PredictionTime{{ModelName="quiet",Level="Model",Hostname="{metrics.hostname}"}} 2.5'], (
+        predictions
+    )
+    assert "# TYPE PredictionTime gauge" in text
+    dropped = {
+        line.split('"')[1]: float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("tsctl_metrics_dropped_total{")
+    }
+    assert dropped["series"] == 15 + 17 + 1 + 2, dropped
