@@ -53,11 +53,17 @@ def verify_archive(archive, public_key: str, expect_name: Optional[str] = None, 
 
     archive = Path(archive)
     key = signing.read_key(public_key)  # a wrong key file is named before anything is unpacked
-    expect_name = expect_name or stem(archive)
-    if archive.is_dir():
-        name, version = signing.verify(archive, public_key, archive.name, expect_name, expect_version)
-    else:
-        with tempfile.TemporaryDirectory(prefix="tsctl-verify-") as tmp:
-            model_dir = archives.unpack(archive, tmp)
-            name, version = signing.verify(model_dir, public_key, archive.name, expect_name, expect_version)
+    named = expect_name or stem(archive)
+    try:
+        if archive.is_dir():
+            name, version = signing.verify(archive, public_key, archive.name, named, expect_version)
+        else:
+            with tempfile.TemporaryDirectory(prefix="tsctl-verify-") as tmp:
+                model_dir = archives.unpack(archive, tmp)
+                name, version = signing.verify(model_dir, public_key, archive.name, named, expect_version)
+    except signing.IdentityError as exc:
+        if expect_name or exc.signed[0] == named:
+            raise
+        # the name expected came from the file's: say how to check an archive that was renamed
+        raise signing.IdentityError(f"{exc} (renamed? give --expect-name {exc.signed[0]})", exc.signed) from None
     return name, version, signing.fingerprint(key)

@@ -124,18 +124,27 @@ def identity(model_dir: Path) -> Tuple[str, str]:
     return model["modelName"], str(model.get("modelVersion") or "1.0")
 
 
+class IdentityError(SignatureError):
+    """An archive signed as another model or version than expected (``signed``: its (name, version))."""
+
+    def __init__(self, message: str, signed: Tuple[str, str]):
+        super().__init__(message)
+        self.signed = signed
+
+
 def check_identity(name: str, signed: Tuple[str, str], expect_name: Optional[str], expect_version: Optional[str]):
     """The one comparison of what an archive is signed as with what is expected of it."""
     if (expect_name or signed[0], expect_version or signed[1]) == signed:
         return
     if expect_name and expect_name != signed[0]:  # another model's archive, or one renamed
-        raise SignatureError(
-            f"{name} is signed as model {signed[0]}, expected {expect_name}: another model's archive under this "
-            f"name? (a renamed archive: give --expect-name {signed[0]})"
+        raise IdentityError(
+            f"{name} is signed as model {signed[0]}, expected {expect_name}: another model's archive under this name?",
+            signed,
         )
-    raise SignatureError(
+    raise IdentityError(
         f"{name} is signed as {signed[0]} version {signed[1]}, expected {signed[0]} version {expect_version}: "
-        "an older archive was copied over it?"
+        "an older archive was copied over it?",
+        signed,
     )
 
 
