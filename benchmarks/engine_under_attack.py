@@ -1,13 +1,14 @@
 """The tsctl engine under attack: good traffic's throughput with and without attackers, and the engine's peak memory.
 
-    .venv/bin/python benchmarks/engine_under_attack.py [SECONDS] [ROUNDS]
+    .venv/bin/python benchmarks/engine_under_attack.py [SECONDS] [ROUNDS]   (20 s, 3 rounds: about 9 minutes)
 
 One engine (``python -m handlers.engine``) in a 4 GiB memory cgroup of its own, joined at spawn (so its
 bound on bodies in flight is a quarter of that group's limit), serving resnet18 (the toolkit's
 ``image_classifier``, batchSize 4, one worker) and ``target`` (tests/test_engine_limits.py's handler, one
-worker). Good traffic: 4 clients posting a 640x480 JPEG to resnet18 for SECONDS. Each round runs it twice,
-alone and beside the attackers, in alternating order (the machine is noisy: only the ratio within a round
-means anything). The attackers, at once, all aimed at the engine (issue #29's reproductions):
+worker). Good traffic: 4 clients posting a 640x480 JPEG to resnet18 for SECONDS, alone, beside each attack in
+turn and beside all of them at once, the sides in alternating order (the machine is noisy: only ratios within
+a round mean anything); the CPU each process used is recorded, as the attackers share the machine's cores.
+The attacks, all aimed at the engine (issue #29's reproductions):
 
 - 24 connections each declaring a 32 MiB body and sending 16 MiB of it, reopened when refused;
 - 2 clients sending gRPC ``ModelInfer`` calls of 15.5 M FP32 values as typed contents;
@@ -15,7 +16,7 @@ means anything). The attackers, at once, all aimed at the engine (issue #29's re
 - 2 clients sending JSON whose key forges a ``[METRICS]`` line, and scraping ``/metrics``;
 - 40 connections trickling a request head a byte a second (slowloris).
 
-Reported: good requests per second alone and under attack, their p99, errors among good requests (must
+Reported: good requests per second alone and beside each attack, their p99, the cores used, errors among good requests (must
 be 0), the engine's peak RSS (VmHWM), whether any pid changed, and the size of ``/metrics`` at the end.
 """
 
@@ -64,8 +65,8 @@ def build(root: Path) -> Path:
 class Attackers:
     """Every attack at once, each in its own threads, until ``stop()``; counts what each got."""
 
-    def __init__(self, engine):
-        self.engine, self.stopping = engine, threading.Event()
+    def __init__(self, engine, kinds=None):
+        self.engine, self.stopping, self.kinds = engine, threading.Event(), kinds
         self.counts = {}
         self.lock = threading.Lock()
         self.threads = []
@@ -79,6 +80,8 @@ class Attackers:
         plan = [(self.partial_upload, 24), (self.grpc_typed, 2), (self.big_answer, 2), (self.forged_metric, 2)]
         plan += [(self.slowloris, 40)]
         for attack, copies in plan:
+            if self.kinds and attack.__name__ not in self.kinds:
+                continue
             for _ in range(copies):
                 thread = threading.Thread(target=self._loop, args=(attack,), daemon=True)
                 thread.start()
@@ -144,7 +147,24 @@ def good_traffic(engine, jpeg: bytes, seconds: float) -> dict:
     return {"rps": round(result.throughput, 2), "p99": summary["latency_ms"]["p99"], "errors": result.errors}
 
 
-def main(seconds: float = 30, rounds: int = 3):
+SIDES = {  # what runs beside the good traffic
+    "alone": (),
+    "uploads": ("partial_upload",),
+    "gRPC": ("grpc_typed",),
+    "big answers": ("big_answer",),
+    "forged metrics": ("forged_metric",),
+    "slowloris": ("slowloris",),
+    "all at once": ("partial_upload", "grpc_typed", "big_answer", "forged_metric", "slowloris"),
+}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds the process has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main(seconds: float = 20, rounds: int = 3):
     root = Path(tempfile.mkdtemp(prefix="under-attack-"))
     jpeg = build(root).read_bytes()
     group = MemoryLimit(None, GROUP_LIMIT)
@@ -152,25 +172,31 @@ def main(seconds: float = 30, rounds: int = 3):
         sys.exit("no memory cgroup can be made here")
     engine = Engine(root, preexec_fn=group.join).wait_ready()
     pids_before = {m: [w["pid"] for w in engine.workers(m)] for m in ("resnet18", "target")}
+    processes = {"engine": engine.process.pid, "resnet18 worker": pids_before["resnet18"][0],
+                 "target worker": pids_before["target"][0]}  # fmt: skip
     attackers = {}
     try:
         good_traffic(engine, jpeg, 5)  # warm-up
 
-        def alone():
-            return good_traffic(engine, jpeg, seconds)
+        def side(kinds):
+            def run():
+                attack = Attackers(engine, kinds)
+                attack.start()
+                if kinds:
+                    time.sleep(3)
+                used = {name: cpu_seconds(pid) for name, pid in processes.items()}
+                try:
+                    result = good_traffic(engine, jpeg, seconds)
+                finally:
+                    result["cpu"] = {name: cpu_seconds(pid) - used[name] for name, pid in processes.items()}
+                    attack.stop()
+                    for key, value in attack.counts.items():
+                        attackers[key] = attackers.get(key, 0) + value
+                return result
 
-        def attacked():
-            attack = Attackers(engine)
-            attack.start()
-            time.sleep(3)
-            try:
-                return good_traffic(engine, jpeg, seconds)
-            finally:
-                attack.stop()
-                for key, value in attack.counts.items():
-                    attackers[key] = attackers.get(key, 0) + value
+            return run
 
-        results = alternate({"alone": alone, "attacked": attacked}, rounds)
+        results = alternate({name: side(kinds) for name, kinds in SIDES.items()}, rounds)
         peak = peak_rss(engine.process.pid)
         pids_after = {m: [w["pid"] for w in engine.workers(m)] for m in ("resnet18", "target")}
         _, metrics_text = engine.get("/metrics")
@@ -180,29 +206,38 @@ def main(seconds: float = 30, rounds: int = 3):
     finally:
         code = engine.stop()
         group.release()
-    ratios = [a["rps"] / b["rps"] for a, b in zip(results["attacked"], results["alone"])]
-    row = lambda side: " / ".join(f"{r['rps']:.1f}" for r in results[side])  # noqa: E731
-    p99 = lambda side: statistics.median(r["p99"] for r in results[side])  # noqa: E731
+    alone = results["alone"]
     errors = sum(r["errors"] for side in results for r in results[side])
+    rows = []
+    for name in SIDES:
+        ratios = [r["rps"] / a["rps"] for r, a in zip(results[name], alone)]
+        cpu = {p: statistics.median(r["cpu"][p] for r in results[name]) / seconds for p in processes}
+        rows.append(
+            f"| {name} | {' / '.join(format(r['rps'], '.1f') for r in results[name])} | "
+            f"{statistics.median(ratios):.2f}x | {statistics.median(r['p99'] for r in results[name]):,.0f} | "
+            f"{cpu['engine']:.2f} | {cpu['resnet18 worker']:.2f} | {cpu['target worker']:.2f} |"
+        )
+    table = "\n".join(rows)
     outcomes = "\n".join(f"| {key} | {value:,} |" for key, value in sorted(attackers.items()))
     write_section(
         "UNDER_ATTACK",
         f"""
-## The engine under attack (issue #29): good traffic beside every attack at once
+## The engine under attack (issue #29): good traffic beside each attack, and all at once
 
 `benchmarks/engine_under_attack.py`: one tsctl engine in a {GROUP_LIMIT >> 30} GiB memory cgroup (joined at
-spawn), resnet18 (batchSize 4) and an attack target; 4 clients post a JPEG to resnet18 for {seconds:.0f} s,
-alone and beside the attackers (24 half-sent 32 MiB uploads, 2 clients of 15.5 M-float gRPC calls, 2 asking
-for 200 MB answers, 2 forging `[METRICS]` keys and scraping, 40 slowloris heads), {rounds} alternating rounds.
+spawn), serving resnet18 (batchSize 4, one worker) and an attack target (one worker). 4 clients post a JPEG to
+resnet18 for {seconds:.0f} s beside each attack: 24 half-sent 32 MiB uploads (reopened when refused), 2
+clients of 15.5 M-float typed gRPC calls, 2 asking for 200 MB answers (above `max_response_size`), 2 forging
+`[METRICS]` keys and scraping `/metrics`, 40 slowloris heads; {rounds} rounds, the sides alternating. The
+attackers run on the same 2 cores: CPU is the columns on the right (cores used by each process while the good
+traffic ran), and a side that takes the cores leaves fewer to resnet18 whatever the server does.
 
-| | alone | under attack |
-|---|---|---|
-| good requests/s, each round | {row("alone")} | {row("attacked")} |
-| median p99 (ms) | {p99("alone"):.0f} | {p99("attacked"):.0f} |
+| beside | good requests/s, each round | vs alone (median) | p99 ms (median) | engine cores | resnet18 worker cores | target worker cores |
+|---|---|---|---|---|---|---|
+{table}
 
-- Good throughput under attack / alone: **{statistics.median(ratios):.2f}x** (median of the rounds:
-  {", ".join(f"{r:.2f}" for r in ratios)}); errors among good requests: **{errors}**.
-- Engine peak RSS (VmHWM) over the whole run: **{peak / 2**20:,.0f} MiB**; the engine
+- Errors among good requests: **{errors}**. Engine peak RSS (VmHWM) over the whole run:
+  **{peak / 2**20:,.0f} MiB** in its {GROUP_LIMIT >> 30} GiB group; the engine
   {"stayed up" if alive else "**died**"} (exit {code} on SIGTERM); worker pids
   {"unchanged" if pids_before == pids_after else "**changed**: " + str((pids_before, pids_after))}.
 - `/metrics` at the end: {metrics_size:,} bytes; a forged series {"**is** in it" if forged else "is not in it"}.
