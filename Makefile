@@ -68,6 +68,7 @@ bench: venv
 	$(BIN)/python benchmarks/p5_kserve_path.py
 	$(BIN)/python benchmarks/p5_profile.py
 	$(BIN)/python benchmarks/mlserver_engine.py
+	$(BIN)/python benchmarks/engine_under_attack.py
 
 clean:
 	rm -rf $(VENV) .runtimes .tsctl samples/build logs
