@@ -80,7 +80,7 @@ class Attackers:
         plan = [(self.partial_upload, 24), (self.grpc_typed, 2), (self.big_answer, 2), (self.forged_metric, 2)]
         plan += [(self.slowloris, 40)]
         for attack, copies in plan:
-            if self.kinds and attack.__name__ not in self.kinds:
+            if self.kinds is not None and attack.__name__ not in self.kinds:
                 continue
             for _ in range(copies):
                 thread = threading.Thread(target=self._loop, args=(attack,), daemon=True)
