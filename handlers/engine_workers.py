@@ -20,9 +20,10 @@ full queue answers 503), batches gathered as TorchServe gathers them (up to ``ba
   3, 5... seconds as TorchServe backs off.
 - **responseTimeout** is enforced per batch: a worker that has not answered in time is killed, its
   requests get 503 naming the timeout, and it is started again.
-- **max_response_size** is enforced per answer as the worker's reply is read (``Stream.reply``):
-  an answer above it gets 500 with TorchServe's message, its bytes dropped as they come; the
-  worker and the batch's other answers are kept.
+- **max_response_size** is enforced per answer as the worker's reply is read (``Stream.reply``),
+  its headers, content type and reason phrase counted with its body: an answer above it gets 500
+  with TorchServe's message, its bytes dropped as they come; the worker and the batch's other
+  answers are kept. An answer to a request id the batch does not hold is dropped as it comes.
 - **Threads.** Each worker gets ``OMP_NUM_THREADS`` = the cores divided among the model's workers
   (unless the environment sets it), as the toolkit handlers divide them on TorchServe.
 - **Metrics.** The worker is started through ``handlers/worker_launch.py``, which sends the records
@@ -118,7 +119,7 @@ class WorkerProcess:
         sizes: Dict[str, int] = {}  # each answer's bytes so far, against max_response_size (Stream.reply)
         try:
             while True:  # a streaming handler (ts_stream_next) answers in several replies
-                code, message, got = self.stream.reply(self.max_response_size, sizes)
+                code, message, got = self.stream.reply(self.max_response_size, sizes, ids)
                 if code != 200:
                     return batch_error(code, message, len(ids))
                 for request_id, response in got.items():

@@ -429,12 +429,6 @@ def test_answers_to_clients_that_do_not_read_are_not_held_forever(engine):
     assert still < 2 * MAX_RESPONSE, still
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BROKE: max_response_size does not count an answer's headers: 'headers 12 "
-    "2000000' (24 MB of headers, limit 16 MiB) is answered 200 with all of them; 40 x 2 MB grew the "
-    "engine's peak by 314 MB and sent 80 MB of headers to the client",
-)
 def test_an_answer_whose_headers_pass_max_response_size_fails_alone(engine):
     before = pids(engine)
     base = reset_peak(engine.process.pid)
@@ -474,12 +468,6 @@ def test_thousands_of_answer_headers_and_streams_of_tiny_chunks(engine):
     assert after["engine"] == before["engine"] and after["neighbour"] == before["neighbour"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BROKE: intermediate answers to request ids nobody sent are kept, each up to "
-    "max_response_size: 'fakeids 40 10000000' (send_intermediate_predict_response with {0: 'fake-N'}) "
-    "grew the engine's peak by 400 MB under max_response_size 16 MiB; without end with more ids",
-)
 def test_answers_to_request_ids_nobody_sent_are_not_held(engine):
     before = pids(engine)
     base = reset_peak(engine.process.pid)
