@@ -21,8 +21,8 @@ full queue answers 503), batches gathered as TorchServe gathers them (up to ``ba
   killed with it (``kill_group``): what it forked dies with it. A reply that does not parse
   (``BrokenReply``: a handler wrote to the worker's socket) fails its batch with 500 and the worker
   is killed, so the next requests meet a clean stream; any other error in a batch too (logged): the
-  serve loop never ends before the engine, and a model whose loop has ended is not ready. The worker is started again, after 0, 1, 1, 2,
-  3, 5... seconds as TorchServe backs off.
+  serve loop never ends before the engine, and a model whose loop has ended is not ready. The
+  worker is started again, after 0, 1, 1, 2, 3, 5... seconds as TorchServe backs off.
 - **responseTimeout** is enforced per batch: a worker that has not answered in time is killed, its
   requests get 503 naming the timeout, and it is started again.
 - **max_response_size** is enforced per answer as the worker's reply is read (``Stream.reply``),
