@@ -397,12 +397,6 @@ def test_many_kept_alive_connections_each_holding_a_partial_body(engine):
 
 
 @pytest.mark.matrix
-@pytest.mark.xfail(
-    strict=True,
-    reason="BROKE: an answer to a client that does not read it is held without end: 12 "
-    "x 'big 15000000' unread kept the engine 188 MB larger for as long as the sockets stayed open "
-    "(no write deadline; nothing counts answers held; up to max_connections x max_response_size)",
-)
 def test_answers_to_clients_that_do_not_read_are_not_held_forever(engine):
     before = pids(engine)
     base = rss(engine.process.pid)
