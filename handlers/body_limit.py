@@ -113,6 +113,11 @@ class InFlight:
         self.held += size
         return True
 
+    def hold(self, size: int):
+        """Count ``size`` more bytes held whatever the limit (an answer made already, waiting to be sent:
+        requests' bodies are refused while it waits)."""
+        self.held += size
+
     def give(self, size: int):
         self.held -= size
 
@@ -140,7 +145,10 @@ class BodyLimit:
     - a body that stops arriving for ``idle`` seconds (``--body_idle_timeout``) while it is still
       arriving: 408. Once its last chunk came, reading on (``disconnected()`` watching for the
       client leaving while the model answers) waits as long as it must: ``responseTimeout`` alone
-      bounds the answer."""
+      bounds the answer.
+    - an answer's body counts in flight for as long as sending it waits for the client to read it
+      (uvicorn's flow control); the engine's server gives up on a client that reads nothing for
+      ``idle`` seconds (``engine_http.BoundedHttp``)."""
 
     def __init__(self, app, limit: int, inflight: InFlight, idle: float = BODY_IDLE_TIMEOUT):
         self.app, self.limit, self.inflight, self.idle = app, limit, inflight, idle
@@ -182,7 +190,12 @@ class BodyLimit:
             if refusal and not started:
                 return
             started = started or message["type"] == "http.response.start"
-            await send(message)
+            waiting = len(message.get("body", b"")) if message["type"] == "http.response.body" else 0
+            inflight.hold(waiting)  # held while the client does not read it (engine_http: send_timeout)
+            try:
+                await send(message)
+            finally:
+                inflight.give(waiting)
 
         try:
             await self.app(scope, counted, tracked)

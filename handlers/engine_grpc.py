@@ -4,11 +4,25 @@ A ``ModelInfer`` call becomes the v2 REST request it stands for, always in the b
 extension: ``raw_input_contents`` go on as they are, typed ``contents`` (``fp32_contents`` ...) as
 their binary form read off the message's own wire bytes with numpy (never a Python number per
 element, never JSON numbers), ``bytes_contents`` as a BYTES tensor; then it goes to the model's
-workers like any request. The conversion runs in a thread, off the event loop, and the call's
-bytes (the message and the request made of it) count against the engine's bodies in flight
-(``body_limit.InFlight``, REST's counter): above ``--max_inflight_bytes`` a call gets UNAVAILABLE
-with REST's 503 message. The handler's v2 answer (JSON or binary) is turned back into a
-``ModelInferResponse`` with KServe's own protocol types, also off the loop. The repository calls
+workers like any request. The conversion runs in a thread, off the event loop.
+
+Bounds, in the order a call meets them (one design: the message is counted before it is parsed):
+
+- ``ModelInfer`` is registered to receive the message's bytes unparsed (``start_grpc``): they count
+  against the engine's bodies in flight (``body_limit.InFlight``, REST's counter) as the call
+  begins, before protobuf builds anything of them; above ``--max_inflight_bytes`` the call gets
+  UNAVAILABLE with REST's 503 message (so concurrent calls, each held by gRPC, stay within the
+  bound with the REST bodies).
+- ``weigh`` then walks the wire bytes (no Python object per element): more than ``MAX_PARTS``
+  messages, strings and bytes elements (inputs, parameters, BYTES elements, map entries), a
+  string (name, parameter) above ``MAX_TEXT``, or a
+  request made of it above ``max_request_size`` (typed integers at 8 bytes an element: 4 M one-byte
+  varints are 32 MB) is INVALID_ARGUMENT in one line; what the conversion will allocate
+  (``conversion_cost``: the parsed message, the request, numpy's temporaries, each part's objects)
+  is counted in flight before it is parsed, and given back when the call ends.
+
+The handler's v2 answer (JSON or binary) is turned back into a ``ModelInferResponse`` with KServe's
+own protocol types, also off the loop. The repository calls
 (load, unload) are not served: ``UNIMPLEMENTED``, as is everything else that would change state.
 """
 
@@ -17,6 +31,7 @@ import json
 import uuid
 
 import grpc
+from google.protobuf.descriptor import FieldDescriptor
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as pb_grpc
 from kserve.protocol.infer_type import InferResponse, to_http_parameters
@@ -42,6 +57,89 @@ CONTENTS = {  # v2 datatype -> its InferTensorContents field
     "FP32": "fp32_contents",
     "FP64": "fp64_contents",
 }
+
+
+MAX_PARTS = 1 << 16  # messages, strings and bytes elements in one ModelInfer call (each costs Python/upb objects)
+MAX_TEXT = 1 << 20  # bytes of one string (a name, a parameter's key or value): each goes into the JSON header
+PART_COST = 256  # bytes a part costs once parsed and converted, counted in flight (conversion_cost)
+VARINT_TYPES = frozenset(
+    (
+        FieldDescriptor.TYPE_INT32,
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT32,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT32,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_BOOL,
+        FieldDescriptor.TYPE_ENUM,
+    )
+)
+
+
+def weigh(data: bytes, limit: int):
+    """(size, parts) of a serialized ModelInferRequest, read off its wire bytes with its descriptor
+    before anything is parsed: ``size`` the bytes of the request made of it (the message, each packed
+    integer at 8 bytes, each bytes element with its 4-byte length), ``parts`` its messages, strings,
+    bytes elements and unpacked scalars. ValueError (one line) above ``MAX_PARTS`` parts or ``limit``
+    (max_request_size) bytes."""
+    np = numpy()
+    parts = expansion = 0
+
+    def walk(wire: memoryview, descriptor):  # depth first: the schema nests 4 deep at most
+        nonlocal parts, expansion
+        at = 0
+        while at < len(wire):
+            key, at = varint_at(wire, at)
+            kind, field = key & 7, descriptor.fields_by_number.get(key >> 3)
+            if kind == 2:
+                length, at = varint_at(wire, at)
+                payload, at = wire[at : at + length], at + length
+                if field is not None and field.type == FieldDescriptor.TYPE_MESSAGE:
+                    walk(payload, field.message_type)
+                elif field is not None and field.type in VARINT_TYPES:  # packed: one element per last byte
+                    expansion += 8 * int(np.count_nonzero(np.frombuffer(payload, np.uint8) < 0x80))
+                    continue
+                elif field is not None and field.type == FieldDescriptor.TYPE_STRING:
+                    if length > MAX_TEXT:  # copied several times into the request's JSON header
+                        raise ValueError(
+                            f"{descriptor.name}.{field.name} is a string of {length:,} bytes, above the limit "
+                            f"of {MAX_TEXT:,} (MAX_TEXT)"
+                        )
+                elif field is not None and field.type != FieldDescriptor.TYPE_BYTES:
+                    continue  # packed floats: their binary form as they are
+                else:
+                    expansion += 4  # a BYTES element's length in the binary form
+            elif kind == 0:
+                _, at = varint_at(wire, at)
+            elif kind in (1, 5):
+                at += 8 if kind == 1 else 4
+            else:
+                raise ValueError(f"the request is no protobuf message (wire type {kind})")
+            parts += 1
+            if parts > MAX_PARTS:
+                raise ValueError(
+                    f"the request has more than {MAX_PARTS:,} parts (inputs, parameters, BYTES elements: "
+                    "MAX_PARTS): send big tensors as raw_input_contents"
+                )
+
+    try:
+        walk(memoryview(data), pb.ModelInferRequest.DESCRIPTOR)
+    except IndexError:
+        raise ValueError("the request is no protobuf message (it ends inside a field)") from None
+    size = len(data) + expansion
+    if size > limit:
+        raise ValueError(
+            f"the request made of this call would be {size:,} bytes (typed integers at 8 bytes each), above the "
+            f"limit of {limit:,} (max_request_size)"
+        )
+    return size, parts
+
+
+def conversion_cost(size: int, parts: int) -> int:
+    """The bytes a call of ``weigh``'s size and parts makes the engine hold at its peak: the parsed
+    message, the request made of it and numpy's temporaries (each at most ``size``), and each part's
+    objects (``PART_COST``)."""
+    return 3 * size + PART_COST * parts
 
 
 def as_request(request: pb.ModelInferRequest) -> Request:
@@ -76,6 +174,7 @@ def as_request(request: pb.ModelInferRequest) -> Request:
     if request.parameters:
         header["parameters"] = to_http_parameters(request.parameters)
     head = to_json(header)
+    del header, outputs  # their strings (a parameter's may be as long as the message) gone before the join
     body = b"".join([head, *datas])
     return Request(body, {"content-type": "application/octet-stream", HEADER.lower(): str(len(head))})
 
@@ -186,23 +285,32 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
         versions = sorted(self.engine.versions[request.name])
         return pb.ModelMetadataResponse(name=request.name, versions=versions, platform="pytorch_torchserve")
 
-    async def ModelInfer(self, request, context):
-        model = self.engine.find(request.model_name, request.model_version or None)
-        if model is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"Model not found: {version_label(request)}")
+    async def ModelInfer(self, data: bytes, context):
+        """``data``: the call's message unparsed (``start_grpc``), counted before it is parsed."""
         loop, inflight, held = asyncio.get_running_loop(), self.engine.inflight, 0
         try:
-            size = request.ByteSize()  # the message gRPC holds for as long as the call lasts
-            if not inflight.take(size):
+            if not inflight.take(len(data)):  # the message gRPC holds for as long as the call lasts
                 await context.abort(grpc.StatusCode.UNAVAILABLE, inflight.busy())
-            held = size
+            held = len(data)
+            try:
+                size, parts = await loop.run_in_executor(None, weigh, data, self.engine.frontend.max_request_size)
+            except ValueError as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            cost = conversion_cost(size, parts)
+            if not inflight.take(cost):  # what parsing and converting it will hold, counted before either
+                await context.abort(grpc.StatusCode.UNAVAILABLE, inflight.busy())
+            held += cost
+            try:
+                request = await loop.run_in_executor(None, pb.ModelInferRequest.FromString, data)
+            except Exception as exc:  # noqa: BLE001 - not a ModelInferRequest
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request could not be read: {exc}")
+            model = self.engine.find(request.model_name, request.model_version or None)
+            if model is None:
+                await context.abort(grpc.StatusCode.NOT_FOUND, f"Model not found: {version_label(request)}")
             try:
                 http = await loop.run_in_executor(None, as_request, request)
             except Exception as exc:  # noqa: BLE001 - a request that cannot be read
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request could not be read: {exc}")
-            if not inflight.take(len(http.body)):  # the request made of it, held beside it until answered
-                await context.abort(grpc.StatusCode.UNAVAILABLE, inflight.busy())
-            held += len(http.body)
             response = await model.submit(http)
         finally:
             inflight.give(held)
@@ -221,9 +329,32 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
 
 async def start_grpc(engine, host: str, port: int):
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", engine.frontend.max_request_size)])
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(Servicer(engine), server)
+    servicer, methods = Servicer(engine), _Methods()
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, methods)  # KServe's handlers, taken as made
+    infer = methods.handlers["ModelInfer"]
+    methods.handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
+        servicer.ModelInfer, request_deserializer=None, response_serializer=infer.response_serializer
+    )  # the message's bytes as they came: counted before they are parsed (this module's docstring)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, methods.handlers),))
+    server.add_registered_method_handlers(SERVICE, methods.handlers)
     bound = server.add_insecure_port(f"{host}:{port}")
     if not bound:
         raise RuntimeError(f"the gRPC port {host}:{port} could not be bound")
     await server.start()
     return server
+
+
+SERVICE = "inference.GRPCInferenceService"
+
+
+class _Methods:
+    """Stands for the server in KServe's ``add_GRPCInferenceServiceServicer_to_server``: keeps the
+    method handlers it makes, so that ``start_grpc`` registers them with ModelInfer's replaced."""
+
+    handlers: dict = {}
+
+    def add_generic_rpc_handlers(self, handlers):
+        pass
+
+    def add_registered_method_handlers(self, service, handlers):
+        self.handlers = dict(handlers)

@@ -15,14 +15,20 @@ full queue answers 503), batches gathered as TorchServe gathers them (up to ``ba
 ``maxBatchDelay`` ms of the first request), and ``minWorkers`` workers each taking the next batch.
 
 - **A worker that dies** (killed, out of memory, a handler calling ``sys.exit``) fails only the
-  batch it held: each of its requests gets 503 with the cause; a batch gathered but not yet sent
-  goes back to the queue for the next free worker. The worker is started again, after 0, 1, 1, 2,
-  3, 5... seconds as TorchServe backs off.
+  batch it held, as soon as its process ends (its socket shut down, even while a child it forked
+  holds it): each of its requests gets 503 with the cause; a batch gathered but not yet sent goes
+  back to the queue for the next free worker. Each worker runs in a process group of its own and is
+  killed with it (``kill_group``): what it forked dies with it. A reply that does not parse
+  (``BrokenReply``: a handler wrote to the worker's socket) fails its batch with 500 and the worker
+  is killed, so the next requests meet a clean stream; any other error in a batch too (logged): the
+  serve loop never ends before the engine, and a model whose loop has ended is not ready. The
+  worker is started again, after 0, 1, 1, 2, 3, 5... seconds as TorchServe backs off.
 - **responseTimeout** is enforced per batch: a worker that has not answered in time is killed, its
   requests get 503 naming the timeout, and it is started again.
-- **max_response_size** is enforced per answer as the worker's reply is read (``Stream.reply``):
-  an answer above it gets 500 with TorchServe's message, its bytes dropped as they come; the
-  worker and the batch's other answers are kept.
+- **max_response_size** is enforced per answer as the worker's reply is read (``Stream.reply``),
+  its headers, content type and reason phrase counted with its body: an answer above it gets 500
+  with TorchServe's message, its bytes dropped as they come; the worker and the batch's other
+  answers are kept. An answer to a request id the batch does not hold is dropped as it comes.
 - **Threads.** Each worker gets ``OMP_NUM_THREADS`` = the cores divided among the model's workers
   (unless the environment sets it), as the toolkit handlers divide them on TorchServe.
 - **Metrics.** The worker is started through ``handlers/worker_launch.py``, which sends the records
@@ -42,6 +48,7 @@ import json
 import logging
 import os
 import re
+import signal
 import socket
 import struct
 import subprocess
@@ -58,6 +65,7 @@ import ts
 from .archives import printable
 from .ts_config import Frontend, ModelSpec
 from .ts_wire import (
+    BrokenReply,
     Request,
     Response,
     Stream,
@@ -119,7 +127,7 @@ class WorkerProcess:
         sizes: Dict[str, int] = {}  # each answer's bytes so far, against max_response_size (Stream.reply)
         try:
             while True:  # a streaming handler (ts_stream_next) answers in several replies
-                code, message, got = self.stream.reply(self.max_response_size, sizes)
+                code, message, got = self.stream.reply(self.max_response_size, sizes, ids)
                 if code != 200:
                     return batch_error(code, message, len(ids))
                 for request_id, response in got.items():
@@ -138,8 +146,11 @@ class WorkerProcess:
         return [answers[i] for i in ids]
 
     def kill(self):
+        """End the worker and whatever it forked (its process group, ``start_worker``), and shut its socket
+        down so that a predict blocked on it returns at once, even while a forked child still holds it."""
+        kill_group(self.process)
         try:
-            self.process.kill()
+            self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self.sock.close()
@@ -147,6 +158,16 @@ class WorkerProcess:
             self.process.wait(10)
         except subprocess.TimeoutExpired:
             pass
+
+
+def kill_group(process: subprocess.Popen):
+    """SIGKILL to a worker's process group: the worker and every process it forked, even once it has
+    ended (TorchServe's frontend kills the worker process alone: a forked child would outlive it holding
+    its socket and pipes)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except OSError:  # the group is gone: the worker and all its children have ended
+        pass
 
 
 def start_worker(
@@ -183,6 +204,7 @@ def start_worker(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             pass_fds=(metric_write,),
+            process_group=0,  # its own group, the engine's session: kill_group ends what it forks with it
         )
     except BaseException:
         os.close(metric_read)
@@ -239,12 +261,13 @@ def start_worker(
     except BaseException as exc:
         sock.close()
         if not isinstance(exc, WorkerDied):
-            process.kill()
+            kill_group(process)
         try:
             process.wait(5)  # a worker whose load failed exits by itself, its traceback written
         except subprocess.TimeoutExpired:
-            process.kill()
+            kill_group(process)
             process.wait()
+        kill_group(process)  # what it forked
         readers[0].join(5)  # every line it wrote read: its own error is among them
         if isinstance(exc, WorkerDied):
             raise RuntimeError(_last_error(lines) or str(exc)) from None
@@ -452,62 +475,114 @@ class Worker:
             pass
 
     async def serve(self):
-        """Take batches off the queue and run them, for as long as the engine runs."""
-        owner, loop = self.owner, asyncio.get_running_loop()
-        while not owner.stopping:
-            if self.process is None or not self.process.alive():
-                await self._restart()
-                continue
-            getting = asyncio.ensure_future(owner.queue.batch(owner.spec.batch_size, owner.spec.max_batch_delay / 1000))
-            dying = asyncio.ensure_future(self.died.wait())
-            await asyncio.wait({getting, dying}, return_when=asyncio.FIRST_COMPLETED)
-            dying.cancel()
-            if not getting.done():
-                getting.cancel()
-                try:
-                    await getting
-                except asyncio.CancelledError:
-                    pass
-                continue  # died while idle: restarted above, nothing lost
-            jobs = getting.result()
-            if not jobs:
-                continue
-            self.status = "BUSY"
-            sent = time.perf_counter()
-            timeout = owner.spec.response_timeout
+        """Take batches off the queue and run them, for as long as the engine runs. Whatever goes wrong
+        in one turn is logged and that worker replaced: the loop itself never ends before the engine."""
+        while not self.owner.stopping:
             try:
-                responses = await asyncio.wait_for(
-                    loop.run_in_executor(self.thread, self.process.predict, [j.request for j in jobs]), timeout
-                )
-            except NotSent:
-                await owner.queue.put_back(jobs)
-                continue
-            except asyncio.TimeoutError:
+                await self.serve_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - logged; the worker is replaced and the loop goes on
+                logger.exception("%s worker %d: unexpected error; the worker is replaced", self.owner.label,
+                                 self.index)  # fmt: skip
+                if self.process is not None:
+                    self.process.kill()
+                await asyncio.sleep(1)
+
+    async def serve_once(self):
+        """Restart the worker if it is gone, else run the next batch on it."""
+        owner = self.owner
+        if self.process is None or not self.process.alive():
+            await self._restart()
+            return
+        getting = asyncio.ensure_future(owner.queue.batch(owner.spec.batch_size, owner.spec.max_batch_delay / 1000))
+        dying = asyncio.ensure_future(self.died.wait())
+        await asyncio.wait({getting, dying}, return_when=asyncio.FIRST_COMPLETED)
+        dying.cancel()
+        if not getting.done():
+            getting.cancel()
+            try:
+                await getting
+            except asyncio.CancelledError:
+                pass
+            return  # died while idle: restarted next turn, nothing lost
+        jobs = getting.result()
+        if not jobs:
+            return
+        self.status = "BUSY"
+        sent = time.perf_counter()
+        try:
+            responses = await self.run(jobs)
+        except NotSent:
+            await owner.queue.put_back(jobs)
+            return
+        except Exception as exc:  # noqa: BLE001 - whatever it was, this batch is answered and the worker replaced
+            logger.exception("%s worker %d (pid %d): unexpected error in a batch: killed", owner.label, self.index,
+                             self.process.pid)  # fmt: skip
+            self.process.kill()
+            message = f"the worker's batch failed ({type(exc).__name__}: {exc}); the worker was restarted"
+            responses = batch_error(500, message, len(jobs))
+        finally:
+            self.status = "READY" if self.process is not None and self.process.alive() else "STARTING"
+        owner.finished(jobs, responses, sent)
+
+    async def run(self, jobs: List[Job]) -> List[Response]:
+        """One batch on the worker: its answers, or what each request gets when the worker's process ends
+        (at once: its socket shut down, whatever it forked killed), when it passes responseTimeout, or
+        when its reply cannot be read (``BrokenReply``); in each case the worker is killed (serve
+        restarts it). NotSent when the batch never reached it."""
+        owner, process, loop = self.owner, self.process, asyncio.get_running_loop()
+        timeout = owner.spec.response_timeout
+        predicting = loop.run_in_executor(self.thread, process.predict, [j.request for j in jobs])
+        dying = asyncio.ensure_future(self.died.wait())
+        try:
+            await asyncio.wait({predicting, dying}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            dying.cancel()
+        if not predicting.done():
+            died = self.died.is_set()
+            process.kill()  # a predict blocked on the socket returns: the next load does not queue behind it
+            await asyncio.wait({predicting}, timeout=5)
+            if not died:
                 logger.error("%s worker %d (pid %d) did not answer within %ds: killed", owner.label, self.index,
-                             self.process.pid, timeout)  # fmt: skip
-                self.process.kill()
+                             process.pid, timeout)  # fmt: skip
                 message = f"the worker did not answer within responseTimeout ({timeout}s) and was restarted"
-                responses = [unavailable(message)] * len(jobs)
-            except WorkerDied as exc:
-                try:
-                    code = self.process.process.wait(2)
-                except subprocess.TimeoutExpired:
-                    code = None
-                if code is None:
-                    cause = "its socket closed"
-                else:
-                    cause = f"signal {-code}" if code < 0 else f"exit code {code}"
-                logger.error("%s worker %d (pid %d) died (%s): %s", owner.label, self.index, self.process.pid, cause,
-                             exc)  # fmt: skip
-                responses = [unavailable(f"Worker died ({cause}) while it held this request.")] * len(jobs)
-            self.status = "READY" if self.process.alive() else "STARTING"
-            owner.finished(jobs, responses, sent)
+                return [unavailable(message)] * len(jobs)
+            return self.died_with(jobs, "its process ended")
+        try:
+            return predicting.result()
+        except WorkerDied as exc:
+            try:  # the socket closed: the process ends with it, or is ended
+                await asyncio.wait_for(self.died.wait(), 2)
+            except asyncio.TimeoutError:
+                pass
+            process.kill()
+            return self.died_with(jobs, str(exc))
+        except BrokenReply as exc:
+            logger.error("%s worker %d (pid %d): its reply could not be read (%s): killed", owner.label, self.index,
+                         process.pid, exc)  # fmt: skip
+            process.kill()
+            message = f"the worker's reply could not be read ({exc}); the worker was restarted"
+            return batch_error(500, message, len(jobs))
+
+    def died_with(self, jobs: List[Job], detail: str) -> List[Response]:
+        """503 for each request of a worker that died holding them, with the cause."""
+        code = self.process.process.poll()
+        if code is None:
+            cause = "its socket closed"
+        else:
+            cause = f"signal {-code}" if code < 0 else f"exit code {code}"
+        logger.error("%s worker %d (pid %d) died (%s): %s", self.owner.label, self.index, self.process.pid, cause,
+                     detail)  # fmt: skip
+        return [unavailable(f"Worker died ({cause}) while it held this request.")] * len(jobs)
 
     async def _restart(self):
         self.status = "STARTING"
         if self.process is not None:
             self.process.kill()
             self.process = None
+        self.thread.shutdown(wait=False)  # a fresh thread for the next process: nothing of the last queues ahead
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix=f"w-{self.owner.spec.name}-{self.index}")
         wait = BACKOFF[min(self.failures, len(BACKOFF) - 1)]
         self.failures += 1
         if wait:
@@ -525,7 +600,7 @@ class Worker:
         if self.process is not None:
             self.process.kill()
         if self.spawned is not None and self.spawned.poll() is None:  # still loading
-            self.spawned.kill()
+            kill_group(self.spawned)
         self.thread.shutdown(wait=False)
 
 
@@ -551,7 +626,8 @@ class ModelWorkers:
 
     @property
     def ready(self) -> bool:
-        return all(w.status in ("READY", "BUSY") for w in self.workers)
+        """Every worker up and its serve loop running (a loop that ended would leave requests waiting)."""
+        return all(w.status in ("READY", "BUSY") and (w.task is None or not w.task.done()) for w in self.workers)
 
     async def submit(self, request: Request) -> Response:
         if self.stopping:

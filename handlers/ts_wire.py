@@ -16,7 +16,7 @@ import socket
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Collection, Dict, List, Optional, Tuple
 
 # A worker's log around a failed load: TorchServe re-raises the real error as "RuntimeError: 500 - ..."
 # and then retries the handler as a built-in ("No module named 'ts.torch_handler.x'"): neither is the cause.
@@ -119,6 +119,15 @@ class WorkerDied(Exception):
     """The worker's process ended (or its socket closed) with requests of ours inside it."""
 
 
+class BrokenReply(Exception):
+    """The worker's reply is not TorchServe's protocol (a handler wrote to ``context.cl_socket``): a
+    code or status outside 100-599, a negative length, a count below 0, text that is not UTF-8. What
+    follows on the socket cannot be read: the worker must be replaced."""
+
+
+ID_LENGTH = 256  # bytes of a request id read to compare with the batch's (ours: 36); a longer one is not ours
+
+
 class Stream:
     """Reads the worker's replies off its socket: length-prefixed fields, big-endian."""
 
@@ -138,51 +147,109 @@ class Stream:
         length = self.int()
         return b"" if length < 0 else self.exactly(length)
 
-    def reply(self, limit: int, sizes: Dict[str, int]) -> Tuple[int, str, Dict[str, Response]]:
+    def length(self, what: str) -> int:
+        """A field's length: -1 (no field) reads as 0; below -1 the reply is broken."""
+        length = self.int()
+        if length < -1:
+            raise BrokenReply(f"its reply gives {what} a length of {length}")
+        return max(length, 0)
+
+    def reply(self, limit: int, sizes: Dict[str, int], ids: Collection[str]) -> Tuple[int, str, Dict[str, Response]]:
         """One reply (``create_predict_response``) read off the socket as TorchServe's frontend decodes
         it (``ModelResponseDecoder``): its code, message and answers by request id, each field read
         once, where it lands (no whole-reply buffer, no copy). Every field's length is read before
-        the field: a field above ``limit`` (``max_response_size``), or an answer's body that would
-        take the answer above it (``sizes``: what came of each request's answer in earlier replies,
-        as a streamed answer's chunks add up; updated here, -1 once it passed), is never held: its
-        bytes are read and dropped a MiB at a time, so the reply is read to its end and the worker
-        goes on serving, and that request's answer is ``too_large()``."""
-        over = False
+        the field, and nothing is held that the limit does not allow:
 
-        def text() -> Optional[str]:
-            nonlocal over
-            length = self.int()
-            if length > limit:
-                self.drop(length)
-                over = True
-                return ""
-            return None if length < 0 else self.exactly(length).decode("utf-8")
-
-        code, message = self.int(), text()
+        - an answer counts its content type, reason phrase, header names and values and body against
+          ``limit`` (``max_response_size``), with what came of it in earlier replies (``sizes``, by
+          request id: a streamed answer's chunks add up; updated here, -1 once it passed): what would
+          take it above is read and dropped a MiB at a time, so the reply is read to its end and the
+          worker goes on serving, and that request's answer is ``too_large()``;
+        - an answer to a request id not in ``ids`` (the batch's) is read and dropped whole;
+        - a reply that does not parse raises ``BrokenReply`` (the code or a status outside 100-599, a
+          negative length or header count, text that is not UTF-8: a real worker writes none of
+          them)."""
+        code = self.int()
+        if not 100 <= code <= 599:
+            raise BrokenReply(f"its reply's code is {code}")
+        length = self.length("the message")
+        if length > limit:
+            self.drop(length)
+            message = ""
+        else:
+            message = text(self.exactly(length), "the message")
         answers: Dict[str, Response] = {}
         while True:
-            over = False
-            request_id = text()
-            if request_id is None:
-                return code, message or "", answers
-            kind = text()
-            status, _phrase = self.int(), text()
-            headers = {text(): text() for _ in range(self.int())}
-            length, used = self.int(), sizes.get(request_id, 0)
-            if over or used < 0 or used + length > limit:
+            length = self.int()
+            if length == -1:
+                return code, message, answers
+            if length < -1:
+                raise BrokenReply(f"its reply gives a request id a length of {length}")
+            request_id = None
+            if length <= ID_LENGTH:
+                request_id = text(self.exactly(length), "a request id")
+            else:
                 self.drop(length)
+            used = sizes.get(request_id, 0) if request_id in ids else -1
+            room = limit - used if used >= 0 else -1  # -1: keep nothing of this answer
+            status, kind, headers, body, size = self.answer(room)
+            if request_id not in ids:
+                continue  # no request of this batch: nothing of it kept
+            if body is None:  # above the limit: dropped
                 sizes[request_id] = -1
                 stream = {k: v for k, v in headers.items() if k == "ts_stream_next"}  # where the stream ends
-                answers[request_id] = too_large(max(used, 0) + max(length, 0), stream)
+                answers[request_id] = too_large(max(used, 0) + size, stream)
                 continue
-            sizes[request_id] = used + max(length, 0)
-            body = b"" if length < 0 else self.exactly(length)
+            sizes[request_id] = used + size
             answers[request_id] = Response(status, body, kind or None, headers)
+
+    def answer(self, room: int) -> Tuple[int, str, Dict[str, str], Optional[bytes], int]:
+        """One answer's status, content type, headers and body, and its size (every field's bytes);
+        the body None once the size passed ``room``: from there every field is dropped as it comes
+        but ``ts_stream_next``."""
+        size, over = 0, room < 0
+
+        def field(what: str, small: int = 0) -> Optional[bytes]:
+            nonlocal size, over
+            length = self.length(what)
+            size += length
+            over = over or size > room
+            if over and length > small:
+                self.drop(length)
+                return None
+            return self.exactly(length)
+
+        kind = field("a content type")
+        status = self.int()
+        if not 100 <= status <= 599:
+            raise BrokenReply(f"its reply gives an answer the status {status}")
+        field("a reason phrase")
+        count = self.int()
+        if count < 0:
+            raise BrokenReply(f"its reply gives an answer {count} headers")
+        headers: Dict[str, str] = {}
+        for _ in range(count):
+            name = field("a header name", len(b"ts_stream_next"))
+            value = field("a header value", len(b"false"))
+            if name is not None and value is not None and (not over or name == b"ts_stream_next"):
+                headers[text(name, "a header name")] = text(value, "a header value")
+        body = field("a body")
+        if over:
+            return status, "", headers, None, size
+        return status, text(kind, "a content type"), headers, body, size
 
     def drop(self, length: int, chunk: int = 1 << 20):
         """Read ``length`` bytes and keep none of them."""
         while length > 0:
             length -= len(self.exactly(min(length, chunk)))
+
+
+def text(data: bytes, what: str) -> str:
+    """A reply's text field: UTF-8, as TorchServe's worker encodes every one; else the reply is broken."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BrokenReply(f"{what} in its reply is not UTF-8") from None
 
 
 def too_large(size: int, headers: Optional[dict] = None) -> Response:
