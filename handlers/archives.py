@@ -52,6 +52,7 @@ MAX32 = 0xFFFFFFFF
 DEFLATED_WITH_DESCRIPTOR = 8  # flag bit 3: sizes and CRC in a data descriptor after the data
 UTF8_NAME = 0x800  # flag bit 11
 ENCRYPTED = 1
+KNOWN_FLAGS = 0x6 | DEFLATED_WITH_DESCRIPTOR | UTF8_NAME  # bits 1-2: deflate's speed, which changes no byte
 
 
 class ArchiveError(ValueError):
@@ -232,8 +233,10 @@ def _check_entry(archive: Path, f, info: zipfile.ZipInfo, pos: int) -> int:
         raise _disagree(archive, f"entry {name}'s name is neither ASCII nor marked UTF-8")
     if flags & ENCRYPTED or info.flag_bits & ENCRYPTED:
         raise _disagree(archive, f"entry {name} is encrypted")
-    if method != info.compress_type or (flags ^ info.flag_bits) & DEFLATED_WITH_DESCRIPTOR:
+    if method != info.compress_type or flags != info.flag_bits:
         raise _disagree(archive, f"entry {name}'s local header has another method or flags than its central record")
+    if flags & ~KNOWN_FLAGS:  # patched data, strong encryption...: zipfile refuses what Java reads, or both misread
+        raise _disagree(archive, f"entry {name} has flags {flags:#06x}, which tsctl does not read")
     if method not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
         raise _disagree(archive, f"entry {name} is compressed with method {method}, which TorchServe cannot read")
     if method == zipfile.ZIP_STORED and info.compress_size != info.file_size:

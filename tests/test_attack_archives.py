@@ -1149,3 +1149,20 @@ def test_every_user_mistake_under_json_is_a_json_error_and_its_exit_code(mistake
     error = json.loads(done.stdout)["error"]
     assert error["exit_code"] == done.returncode and error["message"].strip(), error
     assert len(done.stderr.strip().splitlines()) == 1 or done.stderr.startswith("Usage:"), done.stderr
+
+
+@pytest.mark.parametrize("where", ["central", "both"])
+def test_a_flag_zipfile_cannot_read_is_refused_by_check_zip(small_mar, tmp_path, where):
+    """Flag bit 5 (patched data) in a central record: zipfile refuses to read the entry, Java reads the local
+    header's flags; set in both, the two readers still disagree on whether it can be read (found by the mutants)."""
+    data = bytearray(small_mar.read_bytes())
+    end = data.rindex(b"PK\x05\x06")
+    central = struct.unpack_from("<I", data, end + 16)[0]  # the first central record: the first local entry's
+    data[central + 8] |= 0x20
+    if where == "both":
+        data[6] |= 0x20  # the first local header is at byte 0
+    path = tmp_path / "flagged.mar"
+    path.write_bytes(bytes(data))
+    with pytest.raises(archives.ArchiveError, match="flags") as refused_with:
+        archives.check_zip(path)
+    assert "\n" not in str(refused_with.value)

@@ -411,6 +411,7 @@ def test_grpc_bytes_sent_as_contents_as_well_as_raw(engine):
 def test_sigterm_to_the_engine_alone_ends_it_and_its_workers_with_requests_queued(tree, tmp_path):
     config = write_config(tmp_path / "echo.properties", {"echo": snapshot_entry("echo.mar", 1, 1, 0, 30)})
     engine = Engine(tree, config=config).wait_ready()
+    worker_pids = [w["pid"] for w in engine.workers("echo")]  # in process groups of their own
     try:
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             held = pool.submit(echo_json, engine, "sleep 3")
@@ -423,6 +424,8 @@ def test_sigterm_to_the_engine_alone_ends_it_and_its_workers_with_requests_queue
             answers = [f.result(60) for f in queued]
         assert all(status == 503 and "stopping" in body["message"] for status, body in answers), answers
         assert held.result(60)[0] == 200  # the batch its worker held was answered
+        left = [pid for pid in worker_pids if Path(f"/proc/{pid}").exists()]
+        assert not left, f"workers outlived the engine: {left}"
     finally:
         if engine.process.poll() is None:
             engine.stop()
