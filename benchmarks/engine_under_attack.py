@@ -20,6 +20,7 @@ Reported: good requests per second alone and beside each attack, their p99, the 
 be 0), the engine's peak RSS (VmHWM), whether any pid changed, and the size of ``/metrics`` at the end.
 """
 
+import multiprocessing
 import os
 import socket
 import statistics
@@ -63,13 +64,12 @@ def build(root: Path) -> Path:
 
 
 class Attackers:
-    """Every attack at once, each in its own threads, until ``stop()``; counts what each got."""
+    """The chosen attacks at once, each in its own threads of a process of their own (so that they hold its
+    GIL, not the good traffic's), from ``start()`` until ``stop()``; ``counts``: what each got."""
 
     def __init__(self, engine, kinds=None):
-        self.engine, self.stopping, self.kinds = engine, threading.Event(), kinds
-        self.counts = {}
+        self.engine, self.kinds, self.counts = engine, kinds, {}
         self.lock = threading.Lock()
-        self.threads = []
 
     def count(self, attack: str, outcome):
         with self.lock:
@@ -77,20 +77,30 @@ class Attackers:
             self.counts[key] = self.counts.get(key, 0) + 1
 
     def start(self):
+        context = multiprocessing.get_context("fork")
+        self.stopping, self.results = context.Event(), context.Queue()
+        self.process = context.Process(target=self._attack, daemon=True)
+        self.process.start()
+
+    def stop(self):
+        self.stopping.set()
+        self.counts = self.results.get(timeout=600)
+        self.process.join(60)
+
+    def _attack(self):
         plan = [(self.partial_upload, 24), (self.grpc_typed, 2), (self.big_answer, 2), (self.forged_metric, 2)]
         plan += [(self.slowloris, 40)]
+        threads = []
         for attack, copies in plan:
             if self.kinds is not None and attack.__name__ not in self.kinds:
                 continue
             for _ in range(copies):
-                thread = threading.Thread(target=self._loop, args=(attack,), daemon=True)
-                thread.start()
-                self.threads.append(thread)
-
-    def stop(self):
-        self.stopping.set()
-        for thread in self.threads:
+                threads.append(threading.Thread(target=self._loop, args=(attack,), daemon=True))
+                threads[-1].start()
+        self.stopping.wait()
+        for thread in threads:
             thread.join(120)
+        self.results.put(self.counts)
 
     def _loop(self, attack):
         while not self.stopping.is_set():
@@ -184,11 +194,12 @@ def main(seconds: float = 20, rounds: int = 3):
                 attack.start()
                 if kinds:
                     time.sleep(3)
-                used = {name: cpu_seconds(pid) for name, pid in processes.items()}
+                measured = {**processes, "attackers": attack.process.pid}
+                used = {name: cpu_seconds(pid) for name, pid in measured.items()}
                 try:
                     result = good_traffic(engine, jpeg, seconds)
                 finally:
-                    result["cpu"] = {name: cpu_seconds(pid) - used[name] for name, pid in processes.items()}
+                    result["cpu"] = {name: cpu_seconds(pid) - used[name] for name, pid in measured.items()}
                     attack.stop()
                     for key, value in attack.counts.items():
                         attackers[key] = attackers.get(key, 0) + value
@@ -211,11 +222,11 @@ def main(seconds: float = 20, rounds: int = 3):
     rows = []
     for name in SIDES:
         ratios = [r["rps"] / a["rps"] for r, a in zip(results[name], alone)]
-        cpu = {p: statistics.median(r["cpu"][p] for r in results[name]) / seconds for p in processes}
+        cpu = {p: statistics.median(r["cpu"][p] for r in results[name]) / seconds for p in (*processes, "attackers")}
         rows.append(
             f"| {name} | {' / '.join(format(r['rps'], '.1f') for r in results[name])} | "
             f"{statistics.median(ratios):.2f}x | {statistics.median(r['p99'] for r in results[name]):,.0f} | "
-            f"{cpu['engine']:.2f} | {cpu['resnet18 worker']:.2f} | {cpu['target worker']:.2f} |"
+            f"{cpu['engine']:.2f} | {cpu['resnet18 worker']:.2f} | {cpu['target worker']:.2f} | {cpu['attackers']:.2f} |"
         )
     table = "\n".join(rows)
     outcomes = "\n".join(f"| {key} | {value:,} |" for key, value in sorted(attackers.items()))
@@ -230,10 +241,11 @@ resnet18 for {seconds:.0f} s beside each attack: 24 half-sent 32 MiB uploads (re
 clients of 15.5 M-float typed gRPC calls, 2 asking for 200 MB answers (above `max_response_size`), 2 forging
 `[METRICS]` keys and scraping `/metrics`, 40 slowloris heads; {rounds} rounds, the sides alternating. The
 attackers run on the same 2 cores: CPU is the columns on the right (cores used by each process while the good
-traffic ran), and a side that takes the cores leaves fewer to resnet18 whatever the server does.
+traffic ran; the attackers are a process of their own, the good clients another), and a side that takes the
+cores leaves fewer to resnet18 whatever the server does.
 
-| beside | good requests/s, each round | vs alone (median) | p99 ms (median) | engine cores | resnet18 worker cores | target worker cores |
-|---|---|---|---|---|---|---|
+| beside | good requests/s, each round | vs alone (median) | p99 ms (median) | engine cores | resnet18 worker cores | target worker cores | attackers' cores |
+|---|---|---|---|---|---|---|---|
 {table}
 
 - Errors among good requests: **{errors}**. Engine peak RSS (VmHWM) over the whole run:
