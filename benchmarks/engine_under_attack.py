@@ -116,11 +116,15 @@ class Attackers:
             try:
                 for _ in range(16):
                     sock.sendall(chunk)
-                sock.settimeout(5)
-                answer = sock.recv(64)
-                self.count("partial_upload", answer[:12].decode(errors="replace") or "held")
             except OSError:
                 self.count("partial_upload", "refused while sending")
+                return
+            sock.settimeout(5)
+            try:
+                answer = sock.recv(64)
+                self.count("partial_upload", answer[:12].decode(errors="replace") or "closed")
+            except OSError:  # half a body: the engine waits for the rest, holding what came (counted in flight)
+                self.count("partial_upload", "held, unanswered (half its body sent)")
             self.stopping.wait(2)
 
     def grpc_typed(self):

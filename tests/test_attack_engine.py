@@ -23,6 +23,7 @@ import grpc
 import pytest
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from test_engine import BIN, Engine, received, snapshot_entry
+from test_engine_limits import engine_in_cgroup
 
 from conftest import MemoryLimit, peak_rss
 
@@ -198,20 +199,9 @@ def tree(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def limited():
-    group = MemoryLimit(None, GROUP_LIMIT)
-    if group.cgroup is None:
-        pytest.skip("no memory cgroup can be made here")
-    yield group
-    group.release()
-
-
-@pytest.fixture(scope="module")
-def engine(tree, limited):
-    running = Engine(tree, preexec_fn=limited.join).wait_ready()
-    running.cgroup = limited.cgroup
-    yield running
-    assert running.stop() == 0
+def engine(tree):
+    with engine_in_cgroup(tree, GROUP_LIMIT) as running:
+        yield running
 
 
 # ---- helpers -------------------------------------------------------------------------------------------

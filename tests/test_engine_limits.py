@@ -8,6 +8,7 @@ binary tensor; each checks the engine's and the workers' pids before and after.
 """
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import socket
@@ -168,21 +169,28 @@ def tree(tmp_path_factory):
     return root
 
 
-@pytest.fixture(scope="module")
-def limited():
-    group = MemoryLimit(None, GROUP_LIMIT)
+@contextlib.contextmanager
+def engine_in_cgroup(tree: Path, limit: int):
+    """The engine serving ``tree``, started inside a memory cgroup of its own of ``limit`` bytes (joined at
+    spawn, so that the bound on bodies in flight it computes at start is the group's), stopped after."""
+    group = MemoryLimit(None, limit)
     if group.cgroup is None:
         pytest.skip("no memory cgroup can be made here")
-    yield group
-    group.release()
+    try:
+        running = Engine(tree, preexec_fn=group.join).wait_ready()
+        running.cgroup = group.cgroup
+        try:
+            yield running
+        finally:
+            assert running.stop() == 0
+    finally:
+        group.release()
 
 
 @pytest.fixture(scope="module")
-def engine(tree, limited):
-    running = Engine(tree, preexec_fn=limited.join).wait_ready()
-    running.cgroup = limited.cgroup
-    yield running
-    assert running.stop() == 0
+def engine(tree):
+    with engine_in_cgroup(tree, GROUP_LIMIT) as running:
+        yield running
 
 
 def partial_upload(engine, declared: int, sent: int) -> socket.socket:
