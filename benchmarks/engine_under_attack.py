@@ -24,7 +24,6 @@ import multiprocessing
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -32,8 +31,8 @@ import time
 from pathlib import Path
 
 from common import alternate, write_section
-from test_engine import BIN, Engine, snapshot_entry  # noqa: E402
-from test_engine_limits import HANDLER, grpc_infer, write_config  # noqa: E402
+from test_engine import Engine, snapshot_entry  # noqa: E402
+from test_engine_limits import HANDLER, archive_handler, grpc_infer, write_config  # noqa: E402
 
 from archiver import bench  # noqa: E402
 from conftest import MemoryLimit, package_resnet, peak_rss  # noqa: E402
@@ -49,9 +48,7 @@ def build(root: Path) -> Path:
     store.mkdir(parents=True)
     handler = root / "target.py"
     handler.write_text(HANDLER)
-    command = [str(BIN / "torch-model-archiver"), "--model-name", "target", "--version", "1.0", "--handler",
-               str(handler), "--export-path", str(store)]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True, env=dict(os.environ, TMPDIR=str(root)))
+    archive_handler(handler, ["target"], store)
     sample = image_model.build(root / "sample")
     package_resnet(sample, store, config_text="batchSize: 4\nmaxBatchDelay: 20\n")
     (root / "config").mkdir()

@@ -22,8 +22,8 @@ from pathlib import Path
 import grpc
 import pytest
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
-from test_engine import BIN, Engine, received, snapshot_entry
-from test_engine_limits import engine_in_cgroup
+from test_engine import Engine, received, snapshot_entry
+from test_engine_limits import archive_handler, engine_in_cgroup, write_config
 
 from conftest import MemoryLimit, peak_rss
 
@@ -165,21 +165,10 @@ def handle(data, context):
 
 
 # ---- the served tree -------------------------------------------------------------------------------
-def write_config(path: Path, models: dict, extra: str = "") -> Path:
-    snapshot = {"name": "startup.cfg", "modelCount": len(models), "models": models}
-    path.write_text(
-        f"max_request_size={MAX_REQUEST}\nmax_response_size={MAX_RESPONSE}\ndisable_token_authorization=true\n"
-        f"{extra}model_snapshot={json.dumps(snapshot)}\n"
-    )
-    return path
-
-
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
     """model-store/ with the attack handler as ``victim`` (responseTimeout VICTIM_TIMEOUT), ``neighbour``
     and ``crashy`` (60 s), one worker each; ``control/``: files the handler's initialize reads."""
-    import subprocess
-
     root = tmp_path_factory.mktemp("attack")
     store = root / "model-store"
     store.mkdir()
@@ -187,14 +176,11 @@ def tree(tmp_path_factory):
     handler = root / "attack.py"
     handler.write_text(HANDLER % {"control": str(root / "control")})
     names = ("victim", "neighbour", "crashy", "quiet")
-    for name in names:
-        command = [str(BIN / "torch-model-archiver"), "--model-name", name, "--version", "1.0", "--handler",
-                   str(handler), "--export-path", str(store)]  # fmt: skip
-        subprocess.run(command, check=True, capture_output=True, env=dict(os.environ, TMPDIR=str(root)))
+    archive_handler(handler, names, store)
     (root / "config").mkdir()
     models = {name: snapshot_entry(f"{name}.mar", 1, 1, 0, VICTIM_TIMEOUT if name == "victim" else 60)
               for name in names}  # fmt: skip
-    write_config(root / "config" / "config.properties", models)
+    write_config(root / "config" / "config.properties", models, MAX_REQUEST, MAX_RESPONSE)
     return root
 
 

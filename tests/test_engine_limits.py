@@ -142,13 +142,21 @@ def test_the_bound_on_bodies_in_flight_is_a_quarter_of_the_limit_or_one_body():
 
 
 # ---- served: the engine in its own memory cgroup ---------------------------------------------------
-def write_config(path: Path, models: dict) -> Path:
+def write_config(path: Path, models: dict, max_request: int = MAX_REQUEST, max_response: int = MAX_RESPONSE) -> Path:
     snapshot = {"name": "startup.cfg", "modelCount": len(models), "models": models}
     path.write_text(
-        f"max_request_size={MAX_REQUEST}\nmax_response_size={MAX_RESPONSE}\ndisable_token_authorization=true\n"
+        f"max_request_size={max_request}\nmax_response_size={max_response}\ndisable_token_authorization=true\n"
         f"model_snapshot={json.dumps(snapshot)}\n"
     )
     return path
+
+
+def archive_handler(handler: Path, names, store: Path):
+    """``handler`` archived by torch-model-archiver under each of ``names`` into ``store``."""
+    for name in names:
+        command = [str(BIN / "torch-model-archiver"), "--model-name", name, "--version", "1.0", "--handler",
+                   str(handler), "--export-path", str(store)]  # fmt: skip
+        subprocess.run(command, check=True, capture_output=True, env=dict(os.environ, TMPDIR=str(store.parent)))
 
 
 @pytest.fixture(scope="module")
@@ -159,10 +167,7 @@ def tree(tmp_path_factory):
     store.mkdir()
     handler = root / "limits.py"
     handler.write_text(HANDLER)
-    for name in ("slow", "other"):
-        command = [str(BIN / "torch-model-archiver"), "--model-name", name, "--version", "1.0", "--handler",
-                   str(handler), "--export-path", str(store)]  # fmt: skip
-        subprocess.run(command, check=True, capture_output=True, env=dict(os.environ, TMPDIR=str(root)))
+    archive_handler(handler, ("slow", "other"), store)
     (root / "config").mkdir()
     models = {name: snapshot_entry(f"{name}.mar", 1, 1, 0, 60) for name in ("slow", "other")}
     write_config(root / "config" / "config.properties", models)
