@@ -33,7 +33,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import sys
 import tarfile
 import tempfile
@@ -272,14 +271,12 @@ class Inputs:
             raise UserError(f"{flag} {path} does not exist: check the path")
         self._follow(source, flag)
         try:
-            fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK)
+            data = archives.read_regular(source, limit + 1)
+        except archives.NotARegularFile:
+            what = "is not a regular file (a directory, device or pipe): give the file"
+            raise UserError(f"{flag} {path} {what}") from None
         except OSError as exc:
             raise UserError(f"{flag} {path} cannot be read: {exc.strerror}") from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise UserError(f"{flag} {path} is not a regular file (a directory, device or pipe): give the file")
-        with os.fdopen(fd, "rb") as f:
-            data = f.read(limit + 1)
         if len(data) > limit:
             raise UserError(f"{flag} {path} is larger than {limit:,} bytes: give the file itself, trimmed")
         return data

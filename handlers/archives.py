@@ -21,8 +21,10 @@ Used by ``LocalModel`` and the KServe transformer (which run archives) and by ts
 """
 
 import json
+import os
 import re
 import shutil
+import stat
 import struct
 import tarfile
 import zipfile
@@ -53,6 +55,22 @@ DEFLATED_WITH_DESCRIPTOR = 8  # flag bit 3: sizes and CRC in a data descriptor a
 UTF8_NAME = 0x800  # flag bit 11
 ENCRYPTED = 1
 KNOWN_FLAGS = 0x6 | DEFLATED_WITH_DESCRIPTOR | UTF8_NAME  # bits 1-2: deflate's speed, which changes no byte
+
+
+class NotARegularFile(OSError):
+    """A path that is a directory, a device or a pipe where a file's bytes were wanted."""
+
+
+def read_regular(path: PathLike, size: int) -> bytes:
+    """At most ``size`` bytes of ``path``, a regular file: opened without blocking, so a pipe raises
+    NotARegularFile instead of being waited on (as does a directory or a device); OSError when it
+    cannot be opened. For files a user names on the command line (key files, package's inputs)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a directory its own way
+        os.close(fd)
+        raise NotARegularFile(path)
+    with os.fdopen(fd, "rb") as f:
+        return f.read(size)
 
 
 class ArchiveError(ValueError):

@@ -28,7 +28,6 @@ entries TorchServe would unpack is refused where tsctl reads the archive, ``arch
 import hashlib
 import os
 import re
-import stat
 from pathlib import Path
 from typing import Optional, Tuple, Union
 
@@ -65,14 +64,11 @@ def read_key(path: Union[str, Path], private: bool = False):
     if not path.exists():
         raise KeyFileError(f"{path} does not exist: give the {wanted}")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a pipe is refused below, not waited on
+        data = archives.read_regular(path, MAX_KEY_BYTES)
+    except archives.NotARegularFile:
+        raise KeyFileError(f"{path} is not a regular file (a directory, device or pipe): give the {wanted}") from None
     except OSError as exc:
         raise KeyFileError(f"{path} cannot be read ({exc.strerror}): give the {wanted}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise KeyFileError(f"{path} is not a regular file (a directory, device or pipe): give the {wanted}")
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(MAX_KEY_BYTES)
     try:
         key = serialization.load_pem_private_key(data, None) if private else serialization.load_pem_public_key(data)
     except TypeError:  # a private key with a password
