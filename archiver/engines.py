@@ -283,7 +283,7 @@ def storage_model(options: "ExportOptions", resources: dict, runtime: Optional[s
     return model
 
 
-# ---- the tsctl engine (handlers/engine.py) ------------------------------------------------------------
+# ---- the tsctl engine (serving/engine.py) ------------------------------------------------------------
 ENGINE_OUT = "engine.out"
 ENGINE_LINE = re.compile(r"^tsctl engine: (.+)$")  # what the engine prints before it exits
 PYTHON_ERROR = re.compile(r"^(?:ERROR:[\w.]+:)?\s*([A-Za-z_.]*(?:Error|Exception)\b:.*)$")
@@ -295,7 +295,7 @@ MISSING_MODULE = re.compile(r"^ModuleNotFoundError: No module named '([\w.]+)'")
 
 
 class KServeEngine(Engine):
-    """The tsctl engine (``python -m handlers.engine``): TorchServe's model store and config.properties
+    """The tsctl engine (``python -m serving.engine``): TorchServe's model store and config.properties
     served in Python, no Java, TorchServe's inference and read-only management APIs, KServe v1/v2 REST
     and v2 gRPC, Prometheus metrics, all on one HTTP port (and gRPC on another)."""
 
@@ -335,7 +335,7 @@ class KServeEngine(Engine):
         config = Path(config).resolve() if config is not None else None
         models = self.models(model_store, config)
         temp = servers.check_home(home)
-        arguments = ["-m", "handlers.engine", "--model_store", str(model_store), "--host", "127.0.0.1"]
+        arguments = ["-m", "serving.engine", "--model_store", str(model_store), "--host", "127.0.0.1"]
         if config is not None:
             arguments += ["--ts_config", str(config)]
         if not enable_grpc:
@@ -374,7 +374,7 @@ class KServeEngine(Engine):
         """The models the engine will serve, checked as it will check them (one UserError otherwise): a
         config's model_snapshot (each archive it names in the store, as for TorchServe), or without one
         every archive in the store."""
-        from handlers import ts_config
+        from serving import ts_config
 
         from . import server as servers
         from .properties import read_properties
@@ -470,7 +470,7 @@ class KServeEngine(Engine):
         """The engine's last word: its own fatal line (a model that could not load, a config it refuses)
         with the worker's own last error when the line does not carry it, else a port already taken,
         else the last Python error it printed, else where to look."""
-        from handlers.ts_wire import FALLBACK, RERAISE
+        from serving.ts_wire import FALLBACK, RERAISE
 
         out = self.output(server)
         lines = out.read_text(errors="replace").splitlines() if out.exists() else []
@@ -533,7 +533,7 @@ class KServeEngine(Engine):
         return kserve_engine.apply_lines(options)
 
 
-# ---- MLServer (handlers/mlserver_runtime.py) ----------------------------------------------------------
+# ---- MLServer (serving/mlserver_runtime.py) ----------------------------------------------------------
 MLSERVER_OUT = "mlserver.out"
 
 
@@ -630,7 +630,7 @@ class MLServerEngine(KServeEngine):
     @staticmethod
     def specs(model_store: Path, config: Optional[Path]):
         """The model versions to serve, read as the tsctl engine reads them (one UserError otherwise)."""
-        from handlers import ts_config
+        from serving import ts_config
 
         from . import server as servers
         from .properties import read_properties

@@ -243,7 +243,7 @@ def in_process(
 ) -> Tuple[List[Tuple[int, Any]], dict]:
     """(status, answer) of each (body, content type), one request at a time as a worker would run
     it alone; and the handler's settings. ``before_each(i)`` is called before request i runs."""
-    from handlers.testing import LocalModel, Request  # torch: only for --golden and in-process verify
+    from serving.testing import LocalModel, Request  # torch: only for --golden and in-process verify
 
     with LocalModel(archive, batch_size=1) as model:
         results = []

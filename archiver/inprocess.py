@@ -76,7 +76,7 @@ def failed_whole(response) -> bool:
 
 def batch_size(archive) -> int:
     """The batchSize a server gives the archive: its model-config.yaml's (as 'tsctl config' writes it), else 1."""
-    from handlers import ts_config
+    from serving import ts_config
 
     value = ts_config.archive_config(Path(archive)).get("batchSize", 1)
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
@@ -98,7 +98,7 @@ def run(
     archive = Path(archive)
     raw = identity.read(archive) is not None  # a toolkit handler: served with decode_input_request=false
     progress(f"loading {archive.name}")
-    from handlers.testing import LocalModel  # torch: seconds
+    from serving.testing import LocalModel  # torch: seconds
 
     with quiet_logs() as records:
         model = LocalModel(

@@ -341,7 +341,7 @@ def transformer(options: ExportOptions) -> dict:
             {
                 "name": "kserve-container",
                 "image": options.transformer_image,
-                "command": ["python", "-m", "handlers.kserve_transformer"],
+                "command": ["python", "-m", "serving.kserve_transformer"],
                 "args": [
                     "--model_name",
                     options.transformer_model,

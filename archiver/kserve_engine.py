@@ -1,6 +1,6 @@
 """``tsctl export kserve --engine kserve``: the same PVC tree served by the tsctl engine, no TorchServe.
 
-The engine (``python -m handlers.engine``, handlers/engine.py) reads what KServe's TorchServe runtime
+The engine (``python -m serving.engine``, serving/engine.py) reads what KServe's TorchServe runtime
 reads: ``/mnt/models/model-store`` and ``/mnt/models/config/config.properties`` (its model_snapshot:
 workers, batching, timeouts, versions). So the export declares it as a runtime of its own and the
 InferenceService changes only its runtime, not its storage:
@@ -26,6 +26,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import List, Optional
 
+import serving
 from handlers import archives as archive_files
 
 from . import requirements as requirement_files
@@ -40,7 +41,7 @@ DEFAULT_RUNTIME_KIND = RUNTIME_KINDS[0]
 MODEL_STORE = "/mnt/models/model-store"
 TS_CONFIG = "/mnt/models/config/config.properties"
 UID = 1000  # as KServe's TorchServe runtime runs: the files the copy pod wrote are its own
-# What the engine and the workers it starts import (handlers/engine.py, engine_workers.py, engine_metrics.py,
+# What the engine and the workers it starts import (serving/engine.py, engine_workers.py, engine_metrics.py,
 # the gRPC server), pinned to the versions installed here; then each archive's own requirements.
 BASE_PACKAGES = (
     "torch",
@@ -54,8 +55,8 @@ BASE_PACKAGES = (
     "prometheus-client",
     "grpcio",
     "protobuf",
-    "kserve",  # the v2 gRPC service's generated code (handlers/engine_grpc.py)
-    "javaproperties",  # config.properties, read as TorchServe reads it (handlers/ts_config.py)
+    "kserve",  # the v2 gRPC service's generated code (serving/engine_grpc.py)
+    "javaproperties",  # config.properties, read as TorchServe reads it (serving/ts_config.py)
 )
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 
@@ -138,7 +139,7 @@ def requirements(archives: List[Path]) -> str:
 
 DOCKERFILE = """\
 # The image of a tsctl export's serving runtime: the tsctl engine serving /mnt/models/model-store as
-# /mnt/models/config/config.properties says (handlers/engine.py). Build and push it, then apply
+# /mnt/models/config/config.properties says (serving/engine.py). Build and push it, then apply
 # servingruntime.yaml and inferenceservice.yaml:   docker build -t {image} . && docker push {image}
 FROM python:{python}-slim
 ARG TORCH_INDEX={torch_index}
@@ -147,16 +148,17 @@ WORKDIR /app
 COPY requirements.txt .
 RUN pip install --no-cache-dir --extra-index-url "$TORCH_INDEX" -r requirements.txt
 COPY handlers/ handlers/
+COPY serving/ serving/
 USER {uid}
 ENV PYTHONUNBUFFERED=1
 EXPOSE {http_port} {grpc_port}
-ENTRYPOINT ["python", "-m", "handlers.engine"]
+ENTRYPOINT ["python", "-m", "serving.engine"]
 CMD [{args}]
 """
 
 
 def write_image_context(out: Path, image: str, archives: List[Path]) -> List[Path]:
-    """OUT/predictor-image/: Dockerfile, requirements.txt and the handlers package."""
+    """OUT/predictor-image/: Dockerfile, requirements.txt, the handlers and serving packages."""
     context = out / IMAGE_DIR
     context.mkdir(parents=True)
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -174,9 +176,17 @@ def write_image_context(out: Path, image: str, archives: List[Path]) -> List[Pat
     )
     pinned = context / "requirements.txt"
     pinned.write_text(requirements(archives))
-    source = Path(archive_files.__file__).parent
-    shutil.copytree(source, context / "handlers", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    return [dockerfile, pinned, context / "handlers"]
+    return [dockerfile, pinned] + copy_packages(context)
+
+
+def copy_packages(context: Path) -> List[Path]:
+    """The toolkit (``handlers/``) and the serving side (``serving/``) into an image's build context."""
+    copied = []
+    for package in (archive_files, serving):
+        source = Path(package.__file__).parent
+        copied.append(context / source.name)
+        shutil.copytree(source, copied[-1], ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return copied
 
 
 def build_steps(options) -> List[str]:

@@ -43,8 +43,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple, Union
 
 import handlers
-from handlers import TOOLKIT_HANDLERS, archives, fit, identity, toolkit, ts_config
+from handlers import TOOLKIT_HANDLERS, archives, fit, identity, toolkit
 from handlers.settings import did_you_mean
+from serving import ts_config
 
 from . import requirements
 from .choices import ARCHIVE_FORMATS

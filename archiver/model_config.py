@@ -13,8 +13,9 @@ import difflib
 from pathlib import Path
 from typing import Optional
 
-from handlers import archives, ts_config
+from handlers import archives
 from handlers.settings import SettingsError, read_settings, shown
+from serving import ts_config
 
 from .errors import UserError
 

@@ -24,8 +24,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from handlers import ts_config
 from handlers.settings import did_you_mean
+from serving import ts_config
 
 from .errors import UserError, make_directory
 from .mar import MODEL_NAME, VERSION, handler_record, model_config, read_manifest, read_member
@@ -353,7 +353,7 @@ def check_store(model_store: Path):
 
 def read_properties(path) -> Dict[str, str]:
     """A Java .properties file as a dict, read as TorchServe and the tsctl engine read it
-    (``handlers/ts_config.py``: javaproperties); a UserError naming the file when it cannot be."""
+    (``serving/ts_config.py``: javaproperties); a UserError naming the file when it cannot be."""
     try:
         return ts_config.read_properties(path)
     except ts_config.ConfigError as exc:

@@ -10,7 +10,7 @@ Writes ``NAME/`` with three files:
 - ``model-config.yaml``: TorchServe's worker keys, then every ``handler:`` setting with its default and
   its comment. It passes ``tsctl package``'s validation as written.
 - ``test_NAME.py``: packages the handler with a stand-in model (``archiver.mar.package``), runs it
-  with ``handlers.testing.LocalModel`` and checks answers and per-request errors. Its name is the
+  with ``serving.testing.LocalModel`` and checks answers and per-request errors. Its name is the
   handler's own, so the tests of several handlers run in one pytest process (two ``test_handler.py``
   would be one module name twice: pytest's "import file mismatch").
 
@@ -42,7 +42,7 @@ TEMPLATES = Path(__file__).parent / "templates"
 SETTINGS_TABLE = TEMPLATES / "settings.json"
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 TEST_TEMPLATE = "test_handler.py"  # templates/KIND/test_handler.py.tmpl, written as test_NAME.py
-RESERVED = {"handlers", "archiver"}  # a NAME/ directory would hide them from the generated test
+RESERVED = {"handlers", "serving", "archiver"}  # a NAME/ directory would hide them from the generated test
 COMMENT_COLUMN = 32  # model-config.yaml's comments start here, unless the entry is longer
 
 

@@ -2,10 +2,10 @@
 
     OUT/models/NAME/NAME.mar              each model's archive (the default version of each model)
     OUT/models/NAME/model-settings.json   archiver.mlserver.model_settings: implementation
-                                          handlers.mlserver_runtime.ArchiveModel, uri ./NAME.mar
+                                          serving.mlserver_runtime.ArchiveModel, uri ./NAME.mar
     OUT/models/T-pre/, OUT/models/T-post/ with --transformer-archive: the transformer's archive twice, its
                                           settings' parameters.extra.role "preprocess" and "postprocess"
-                                          (handlers/mlserver_runtime.py), T = the archive's model name
+                                          (serving/mlserver_runtime.py), T = the archive's model name
     OUT/server.yaml                       a Server on the mlserver ServerConfig: the image built from
                                           server-image/, the claim mounted read-only into its rclone container
     OUT/models.yaml                       one Model per folder: storageUri /var/models/models/NAME,
@@ -42,7 +42,6 @@ a failure leaves no OUT (or the previous one, with --force).
 """
 
 import json
-import shutil
 import sys
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -54,7 +53,8 @@ from typing import Dict, List, Optional, Tuple
 import yaml
 
 from handlers import archives as archive_files
-from handlers import identity, ts_config
+from handlers import identity
+from serving import ts_config
 
 from . import crds, kserve, kserve_engine, kube, mlserver, out_dir
 from .errors import UserError
@@ -77,7 +77,7 @@ RUNTIME_PATH = "/opt/tsctl"  # the handlers package in the image, on PYTHONPATH
 AGENT_PORTS = (9001, 9501, 9006)
 SERVER_POD_LABEL = "seldon-server-name"  # the label Seldon's operator gives a Server's pods (its name)
 AGENT_VOLUME_BYTES = 1 << 30  # the mlserver ServerConfig's mlserver-models volume (1Gi): what the agent copies into
-# The runtime's own imports (handlers/mlserver_runtime.py, engine_workers.py: TorchServe's worker) and the
+# The runtime's own imports (serving/mlserver_runtime.py, engine_workers.py: TorchServe's worker) and the
 # toolkit handlers', at the versions installed here; MLServer at the release the runtime is tested with;
 # captum, which TorchServe's own vision handlers import (pytorch/serve's image examples).
 BASE_PACKAGES = ("torch", "torchvision", "torchserve", "numpy", "Pillow", "PyYAML", "captum")
@@ -514,9 +514,9 @@ def requirements(archives: List[Path], text: bool) -> str:
 
 
 DOCKERFILE = """\
-# Seldon Core 2's MLServer with tsctl's runtime (handlers.mlserver_runtime.ArchiveModel): the image
+# Seldon Core 2's MLServer with tsctl's runtime (serving.mlserver_runtime.ArchiveModel): the image
 # server.yaml's mlserver container runs, started as Seldon's mlserver image starts (the ServerConfig sets
-# its ports and MLSERVER_MODELS_DIR), through handlers/mlserver_start.py: no REST model repository load or
+# its ports and MLSERVER_MODELS_DIR), through serving/mlserver_start.py: no REST model repository load or
 # unload (Seldon's agent uses gRPC's), request bodies bounded. From the directory DEPLOY.md is in:
 #   docker build -t {image} {context} && docker push {image}
 FROM {base}
@@ -525,9 +525,10 @@ RUN useradd --uid 1000 --create-home mlserver
 COPY requirements.txt {runtime}/requirements.txt
 RUN pip install --no-cache-dir --extra-index-url "$TORCH_INDEX" -r {runtime}/requirements.txt
 COPY handlers/ {runtime}/handlers/
+COPY serving/ {runtime}/serving/
 ENV PYTHONPATH={runtime} PYTHONUNBUFFERED=1 MLSERVER_MODELS_DIR=/mnt/agent/models
 USER 1000
-CMD ["sh", "-c", "exec python -m handlers.mlserver_start start \\"$MLSERVER_MODELS_DIR\\""]
+CMD ["sh", "-c", "exec python -m serving.mlserver_start start \\"$MLSERVER_MODELS_DIR\\""]
 """
 
 
@@ -555,9 +556,7 @@ def write_image_context(out: Path, options: SeldonOptions, entries: List[Entry])
     pinned = context / "requirements.txt"
     text = any(entry.kind == "text" for entry in entries)
     pinned.write_text(requirements([entry.archive for entry in entries], text))
-    source = Path(archive_files.__file__).parent
-    shutil.copytree(source, context / "handlers", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    return [dockerfile, pinned, context / "handlers"]
+    return [dockerfile, pinned] + kserve_engine.copy_packages(context)
 
 
 # ---- writing ------------------------------------------------------------------------------------------
@@ -791,7 +790,7 @@ def deploy_steps(options: SeldonOptions, plan: Plan, served: List[kserve.Served]
 
 def exposure_lines(options: SeldonOptions) -> List[str]:
     """DEPLOY.md's last section: what keeps clients from MLServer's model repository API, and its body bound."""
-    from handlers.ts_config import Frontend
+    from serving.ts_config import Frontend
 
     ports, ns, limit = ", ".join(map(str, AGENT_PORTS)), f"-n {options.namespace}", Frontend().max_request_size
     return [
@@ -800,7 +799,7 @@ def exposure_lines(options: SeldonOptions) -> List[str]:
         "- **Loading and unloading models.** MLServer's model repository API (`POST /v2/repository/models/NAME/load`, "
         "`/unload`, and the same calls over gRPC) loads and unloads models, for whoever calls it; MLServer has no "
         "setting to turn it off, and the agent's REST proxy forwards any path to MLServer. The image starts MLServer "
-        "through tsctl's `handlers/mlserver_start.py`, whose REST app has no load and unload routes (404). The gRPC "
+        "through tsctl's `serving/mlserver_start.py`, whose REST app has no load and unload routes (404). The gRPC "
         "calls stay: the agent, in the Server's pod, loads and unloads Models with them on MLServer's port 9500 (its "
         "own gRPC proxy, which `seldon-mesh` calls, forwards only ModelInfer, ModelMetadata and ModelReady). "
         f"`networkpolicy.yaml` admits other pods to the Server's pods (label `{SERVER_POD_LABEL}: {options.server}`) "

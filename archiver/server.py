@@ -30,9 +30,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
-from handlers import ts_config
 from handlers.requests import content_type
-from handlers.ts_wire import RERAISE, cause_of
+from serving import ts_config
+from serving.ts_wire import RERAISE, cause_of
 
 from .errors import ServerError, UserError, make_directory
 from .output import quiet

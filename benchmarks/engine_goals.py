@@ -4,7 +4,7 @@
 
 One model store (resnet18 eager on 640x480 JPEGs, all-MiniLM-L6-v2 on sentences; batchSize 8,
 maxBatchDelay 20 ms), one config.properties, served by TorchServe 0.12 and by the engine
-(``python -m handlers.engine``), each with 1 and with 2 workers per model:
+(``python -m serving.engine``), each with 1 and with 2 workers per model:
 
 1. throughput and p99 from 16 clients (TorchServe's ``/predictions`` on both), 160 requests per
    round after a warm-up, three rounds, sides alternating; each side's best configuration compared;

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/engine_under_attack.py [SECONDS] [ROUNDS]   (20 s, 3 rounds: about 9 minutes)
 
-One engine (``python -m handlers.engine``) in a 4 GiB memory cgroup of its own, joined at spawn (so its
+One engine (``python -m serving.engine``) in a 4 GiB memory cgroup of its own, joined at spawn (so its
 bound on bodies in flight is a quarter of that group's limit), serving resnet18 (the toolkit's
 ``image_classifier``, batchSize 4, one worker) and ``target`` (tests/test_engine_limits.py's handler, one
 worker). Good traffic: 4 clients posting a 640x480 JPEG to resnet18 for SECONDS, alone, beside each attack in

@@ -90,7 +90,7 @@ def export_tree(root: Path, out: str = "pvc", **options) -> Path:
 
 def local_answers(store: Path, inputs: dict) -> dict:
     """{model: [in-process answer, ...]} of ``store/NAME.mar`` for each model's inputs (LocalModel)."""
-    from handlers.testing import LocalModel
+    from serving.testing import LocalModel
 
     answers = {}
     for name, items in inputs.items():
@@ -100,7 +100,7 @@ def local_answers(store: Path, inputs: dict) -> dict:
 
 
 class Transformer:
-    """``python -m handlers.kserve_transformer`` for ``archive`` in front of the predictor at
+    """``python -m serving.kserve_transformer`` for ``archive`` in front of the predictor at
     ``predictor_host``, on free 127.0.0.1 ports, detached; ``url`` once it answers, or ``exit_code``
     and ``output`` if it exits first. ``stop()`` ends its process group."""
 
@@ -111,7 +111,7 @@ class Transformer:
         port = server.free_port()
         self.home = short_tmp("tr-")
         self.log = self.home / "transformer.log"
-        command = [sys.executable, "-m", "handlers.kserve_transformer", "--model_name", model]
+        command = [sys.executable, "-m", "serving.kserve_transformer", "--model_name", model]
         command += ["--archive", str(archive), "--predictor_host", predictor_host, "--predictor_protocol", protocol]
         command += ["--http_port", str(port), "--grpc_port", str(server.free_port()), "--enable_grpc", "false", *extra]
         with open(self.log, "wb") as out:

@@ -783,9 +783,9 @@ def test_a_batch_that_fails_unexpectedly_is_answered_and_the_model_is_not_ready_
     worker replaced and the next answered; while the serve loop is gone the model is not ready."""
     import asyncio
 
-    from handlers import ts_config
-    from handlers.engine_workers import open_model
-    from handlers.ts_wire import Request
+    from serving import ts_config
+    from serving.engine_workers import open_model
+    from serving.ts_wire import Request
 
     specs, frontend = ts_config.models(tree / "config" / "config.properties", tree / "model-store")
     [spec] = [s for s in specs if s.name == "quiet"]
@@ -814,7 +814,7 @@ def test_a_batch_that_fails_unexpectedly_is_answered_and_the_model_is_not_ready_
     asyncio.run(scenario())
 
 
-# ---- MLServer as tsctl starts it (handlers/mlserver_start.py) ----------------------------------------------
+# ---- MLServer as tsctl starts it (serving/mlserver_start.py) ----------------------------------------------
 ML_MAX_REQUEST = 4 << 20
 ML_GROUP_LIMIT = 2 << 30  # MLServer and its worker: bodies in flight may hold 512 MiB
 

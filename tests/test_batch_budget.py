@@ -31,7 +31,7 @@ MB = 1 << 20
 PROBE = textwrap.dedent(
     """
     import json, resource, sys, time
-    from handlers.testing import LocalModel
+    from serving.testing import LocalModel
 
     archive, kind, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
     with LocalModel(archive) as model:

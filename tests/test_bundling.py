@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from conftest import RunningServer, package_resnet, post, short_tmp
-from handlers.testing import LocalModel
+from serving.testing import LocalModel
 
 RUNTIME = ("torch", "torchvision", "torchserve", "pyyaml", "pillow")
 

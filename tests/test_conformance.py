@@ -41,10 +41,10 @@ import pytest
 from archiver import engines, server
 from archiver.errors import ServerError, UserError
 from conftest import RunningServer, short_tmp
-from handlers.testing import LocalModel
-from handlers.worker import Request
 from samples import ts_examples
 from samples.ts_examples import PACKAGERS, RUNTIMES
+from serving.testing import LocalModel
+from serving.worker import Request
 
 SERVE = ts_examples.checkout()  # None: the stand-ins; else pytorch/serve's files for the cases below
 REAL = SERVE is not None

@@ -1,4 +1,4 @@
-"""The tsctl engine (``python -m handlers.engine``) serving a TorchServe tree: a model store and its
+"""The tsctl engine (``python -m serving.engine``) serving a TorchServe tree: a model store and its
 config.properties, with an archive of ours and one torch-model-archiver made from a plain function.
 
 Real processes, real HTTP and gRPC: the engine is started as a whole process, detached in its own
@@ -27,8 +27,8 @@ import tritonclient.http as triton_http
 
 from archiver import server
 from conftest import package_resnet, short_tmp
-from handlers.testing import LocalModel
 from samples.image_model import sample_jpeg
+from serving.testing import LocalModel
 from test_hostile import assert_close
 
 BIN = Path(sys.executable).parent
@@ -106,7 +106,7 @@ def free_port() -> int:
 
 
 class Engine:
-    """``python -m handlers.engine`` on free ports, detached; ``stop()`` ends its process group."""
+    """``python -m serving.engine`` on free ports, detached; ``stop()`` ends its process group."""
 
     def __init__(self, root: Path, *extra: str, config: Path = None, timeout: float = 240, preexec_fn=None):
         self.home = short_tmp("engine-")
@@ -114,7 +114,7 @@ class Engine:
         self.url = f"http://127.0.0.1:{self.http}"
         self.out = self.home / "engine.out"
         config = config or root / "config" / "config.properties"
-        command = [sys.executable, "-m", "handlers.engine", "--model_store", str(root / "model-store"),
+        command = [sys.executable, "-m", "serving.engine", "--model_store", str(root / "model-store"),
                    "--ts_config", str(config), "--host", "127.0.0.1", "--http_port", str(self.http),
                    "--grpc_port", str(self.grpc), *extra]  # fmt: skip
         with open(self.out, "wb") as out:

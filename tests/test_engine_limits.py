@@ -23,7 +23,7 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from test_engine import BIN, Engine, received, snapshot_entry
 
 from conftest import MemoryLimit, peak_rss
-from handlers import body_limit
+from serving import body_limit
 
 GROUP_LIMIT = 2560 << 20  # the engine's cgroup (workers included): its bodies in flight may hold a quarter, 640 MiB
 MAX_REQUEST = 64 << 20

@@ -30,8 +30,8 @@ import pytest
 
 from archiver import bounded_log, engines, server
 from conftest import MemoryLimit, package_resnet, short_tmp, workers
-from handlers import engine_metrics
-from handlers.testing import LocalModel
+from serving import engine_metrics
+from serving.testing import LocalModel
 
 BIN = Path(sys.executable).parent
 LOG_CAP, LOG_BACKUPS = 1 << 20, 2

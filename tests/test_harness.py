@@ -14,8 +14,8 @@ from torchvision import transforms
 
 from archiver import mar
 from archiver.cli import main
-from handlers.testing import LocalModel
 from samples.image_model import sample_jpeg
+from serving.testing import LocalModel
 
 TINY = """\
 import torch

@@ -25,9 +25,9 @@ from tritonclient.utils import serialize_byte_tensor
 from archiver import golden, mar
 from conftest import package_text
 from handlers import protocol
-from handlers.testing import LocalModel
 from samples import hostile
 from samples.image_model import sample_jpeg
+from serving.testing import LocalModel
 
 BATCH = "batchSize: 8\nmaxBatchDelay: 100\n"
 # make fuzz runs many more: TSCTL_FUZZ_EXAMPLES=5000

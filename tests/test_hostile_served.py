@@ -23,9 +23,9 @@ from conftest import (
     short_tmp,
     workers,
 )
-from handlers.testing import LocalModel
 from samples import hostile
 from samples.image_model import sample_jpeg
+from serving.testing import LocalModel
 from test_hostile import assert_close
 
 BATCHING = "batchSize: 8\nmaxBatchDelay: 300\nresponseTimeout: 120\n"

@@ -13,7 +13,7 @@ from archiver import kserve, mar, properties
 from archiver.errors import UserError
 from conftest import RunningServer, batch_lines, package_resnet, post_concurrently, write_model_config
 from handlers import identity
-from handlers.testing import LocalModel
+from serving.testing import LocalModel
 
 MY_HANDLER = '''
 from dataclasses import dataclass

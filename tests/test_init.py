@@ -30,7 +30,7 @@ from archiver.cli import main
 from archiver.model_config import check_model_config
 from conftest import ROOT, RunningServer, batch_lines, export_tree, post_concurrently, post_to_concurrently, short_tmp
 from handlers import identity
-from handlers.testing import LocalModel
+from serving.testing import LocalModel
 
 # One NAME per kind: plain, short, one whose class would shadow the toolkit's, one with a hyphen.
 NAMES = {

@@ -1,6 +1,6 @@
 """One model store, every toolkit handler kind, served three ways with no change to the archives:
 TorchServe, the tsctl engine (``tsctl serve --engine kserve``: ``archiver.engines.KServeEngine`` starting
-``python -m handlers.engine``, no Java) and in-process (LocalModel). The same request to the engine's
+``python -m serving.engine``, no Java) and in-process (LocalModel). The same request to the engine's
 ``predict_url`` gets the same answer from each; v2 requests from tritonclient's HTTP and gRPC clients get
 the in-process answer on the engine; the CLI's serve / predict / bench / verify / stop work on it, from
 the same config.properties as TorchServe, and server.json records its addresses; a snapshot naming a
@@ -33,9 +33,9 @@ from archiver import engines, mar, properties, server
 from archiver import golden as golden_answers
 from archiver.cli import main
 from conftest import ROOT, RunningServer, export_tree, package_resnet, package_text, short_tmp, stand_in_http
-from handlers.testing import LocalModel
 from samples import runtime_env
 from samples.image_model import sample_jpeg
+from serving.testing import LocalModel
 from test_hostile import assert_close
 
 BATCHING = "batchSize: 4\nmaxBatchDelay: 100\n"
@@ -303,13 +303,13 @@ def test_export_writes_the_runtimes_image_recipe(exported, store):
     image = exported / "predictor-image"
     dockerfile = (image / "Dockerfile").read_text()
     assert f"FROM python:{sys.version_info.major}.{sys.version_info.minor}-slim" in dockerfile
-    assert 'ENTRYPOINT ["python", "-m", "handlers.engine"]' in dockerfile and "USER 1000" in dockerfile
+    assert 'ENTRYPOINT ["python", "-m", "serving.engine"]' in dockerfile and "USER 1000" in dockerfile
     wanted = {name: metadata.version(name) for name in ("torch", "torchvision", "torchserve", "kserve", "uvicorn")}
     lines = (image / "requirements.txt").read_text().splitlines()
     assert all(f"{name}=={version}" in lines for name, version in wanted.items()), lines
     assert any(line.startswith("transformers") for line in lines)  # the text archives' own requirement
     assert any(line.startswith("sentence-transformers") for line in lines)  # minilm's modules.json
-    assert (image / "handlers" / "engine.py").read_bytes() == (ROOT / "handlers/engine.py").read_bytes()
+    assert (image / "handlers" / "engine.py").read_bytes() == (ROOT / "serving/engine.py").read_bytes()
     assert (exported / "servingruntime.yaml").is_file()
     for archive in store.glob("*.mar"):  # archives go as they are: the image, not TorchServe, installs requirements
         assert (exported / "model-store" / archive.name).read_bytes() == archive.read_bytes()

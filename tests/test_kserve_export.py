@@ -21,7 +21,7 @@ from archiver import crds, engines, kserve, kserve_engine, properties
 from archiver.cli import main
 from archiver.errors import UserError
 from conftest import export_tree, package_resnet, package_text
-from handlers.testing import LocalModel
+from serving.testing import LocalModel
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "kserve"
 
@@ -710,7 +710,7 @@ def test_engine_export_is_a_serving_runtime_and_an_isvc_over_the_same_storage(pr
     assert deploy.index(f"kubectl apply{namespace} -f servingruntime.yaml") < deploy.index("-f inferenceservice.yaml")
     assert f"docker build -t {IMAGE} predictor-image" in deploy and f"docker push {IMAGE}" in deploy
     dockerfile = (tmp_path / "engine" / "predictor-image" / "Dockerfile").read_text()
-    assert 'ENTRYPOINT ["python", "-m", "handlers.engine"]' in dockerfile and "USER 1000" in dockerfile
+    assert 'ENTRYPOINT ["python", "-m", "serving.engine"]' in dockerfile and "USER 1000" in dockerfile
     assert '"--ts_config=/mnt/models/config/config.properties"' in dockerfile
     # the engine reads the snapshot as written: no TorchServe envelope, no per-model install to lock for
     snapshot = json.loads(properties.read_properties(tmp_path / "engine/config/config.properties")["model_snapshot"])

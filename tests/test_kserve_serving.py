@@ -23,8 +23,8 @@ from conftest import (
     post_json_concurrently,
     short_tmp,
 )
-from handlers.testing import LocalModel
 from samples.image_model import package_builtin, torchscript_resnet18
+from serving.testing import LocalModel
 
 TEXTS = ["a short one", "a considerably longer sentence that needs more tokens than the first", "mid length text"]
 

@@ -25,8 +25,8 @@ import handlers.settings
 from archiver import mar
 from archiver.cli import main
 from handlers.archives import unpack
-from handlers.testing import LocalModel
 from samples.image_model import sample_jpeg
+from serving.testing import LocalModel
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "batchSize: 4\nhandler:\n  resize: 40\n  crop: 32\n  top_k: 3\n  jpeg_draft: false\n"

@@ -1,6 +1,6 @@
 """MLServer as an engine (``tsctl serve --engine mlserver``): the real MLServer 1.7.1 (in a venv of its own,
 samples/runtime_env.py) serving one store of every toolkit handler kind and pytorch/serve's mnist example
-through handlers/mlserver_runtime.py, driven by clients nobody here wrote (tritonclient's HTTP and gRPC).
+through serving/mlserver_runtime.py, driven by clients nobody here wrote (tritonclient's HTTP and gRPC).
 
 - every answer equals the archive's answer in-process (LocalModel, the same v2 request);
 - a bad request in a batch fails alone: its own 4xx and message, its neighbours their right answers, in
@@ -47,9 +47,9 @@ from conftest import (
     short_tmp,
 )
 from handlers import protocol
-from handlers.testing import LocalModel
 from samples import hostile, runtime_env, text_models, ts_examples
 from samples.image_model import sample_jpeg
+from serving.testing import LocalModel
 from test_hostile import assert_close
 
 ENGINE = engines.ENGINES["mlserver"]
@@ -218,7 +218,7 @@ def test_a_bad_request_fails_alone_in_its_batch(srv, store):
 
 
 def test_no_client_can_unload_a_model_and_bodies_are_bounded(srv, store):
-    """tsctl starts MLServer through handlers/mlserver_start.py: its repository's load and unload calls are
+    """tsctl starts MLServer through serving/mlserver_start.py: its repository's load and unload calls are
     gone over REST and refused over gRPC, the model still answers, a body above the limit gets 413 before
     MLServer parses it."""
     before = worker_pids(srv)

@@ -15,8 +15,8 @@ from archiver import mar
 from archiver.cli import main
 from conftest import RunningServer, package_resnet, package_text, post_concurrently
 from handlers import golden as answers
-from handlers.testing import LocalModel
 from samples import onnx_export
+from serving.testing import LocalModel
 from test_hostile import assert_close
 
 BATCHING = "batchSize: 4\nmaxBatchDelay: 100\n"

@@ -11,7 +11,7 @@ import pytest
 
 from archiver import kserve_engine, properties
 from archiver.errors import UserError
-from handlers import ts_config
+from serving import ts_config
 
 # A model_snapshot as TorchServe's documentation and users write it: JSON over many lines, each ended by a
 # backslash, the next one indented.
@@ -131,7 +131,7 @@ def test_what_tsctl_config_writes_reads_back_unchanged(tmp_path):
 
 
 def test_the_engine_image_installs_what_reads_the_config():
-    """handlers/ts_config.py reads config.properties with javaproperties in the tsctl engine's process: its
+    """serving/ts_config.py reads config.properties with javaproperties in the tsctl engine's process: its
     image (archiver/kserve_engine.py) must install it."""
     from importlib import metadata
 

@@ -17,8 +17,8 @@ from hypothesis.extra import numpy as hnp
 from archiver import mar
 from handlers import protocol
 from handlers.protocol import V2, ClientError, Limits, Request
-from handlers.testing import LocalModel
-from handlers.worker import Request as HttpRequest
+from serving.testing import LocalModel
+from serving.worker import Request as HttpRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ("data", "tensor")

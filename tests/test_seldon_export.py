@@ -67,7 +67,7 @@ def test_the_tree_and_every_manifest_are_valid(store, tmp_path):
     assert names == {
         *(f"models/{m}/{f}" for m in models for f in (f"{m}.mar", "model-settings.json")),
         *("server.yaml", "models.yaml", "networkpolicy.yaml", "pvc.yaml", "pvc-copy-pod.yaml", "DEPLOY.md"),
-        *("server-image/Dockerfile", "server-image/requirements.txt", "server-image/handlers"),
+        *("server-image/Dockerfile", "server-image/requirements.txt", "server-image/handlers", "server-image/serving"),
         "inputs/sample.png",
     }
     for model in models:  # each folder holds its archive, and its settings name it and tsctl's runtime
@@ -115,10 +115,10 @@ def test_the_tree_and_every_manifest_are_valid(store, tmp_path):
 
     dockerfile = (out / "server-image/Dockerfile").read_text()
     assert f"FROM python:{sys.version_info.major}.{sys.version_info.minor}-slim\n" in dockerfile
-    assert 'CMD ["sh", "-c", "exec python -m handlers.mlserver_start start \\"$MLSERVER_MODELS_DIR\\""]' in dockerfile
-    assert (out / "server-image/handlers/mlserver_start.py").is_file()
-    assert "COPY handlers/ /opt/tsctl/handlers/\n" in dockerfile
-    assert (out / "server-image/handlers/mlserver_runtime.py").is_file()
+    assert 'CMD ["sh", "-c", "exec python -m serving.mlserver_start start \\"$MLSERVER_MODELS_DIR\\""]' in dockerfile
+    assert (out / "server-image/serving/mlserver_start.py").is_file()
+    assert "COPY handlers/ /opt/tsctl/handlers/\nCOPY serving/ /opt/tsctl/serving/\n" in dockerfile
+    assert (out / "server-image/serving/mlserver_runtime.py").is_file()
     assert not list((out / "server-image/handlers").rglob("__pycache__"))
     pins = (out / "server-image/requirements.txt").read_text().splitlines()
     for package in ("torch", "torchvision", "numpy", "Pillow", "PyYAML", "transformers", "safetensors"):

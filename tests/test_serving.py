@@ -10,8 +10,8 @@ from click.testing import CliRunner
 from archiver import mar, server
 from archiver.cli import main
 from conftest import RunningServer, batch_lines, package_resnet, post, post_concurrently, workers
-from handlers.testing import LocalModel
 from samples.image_model import torchscript_resnet18
+from serving.testing import LocalModel
 
 BATCHING = "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 4\nmaxBatchDelay: 200\nresponseTimeout: 120\n"
 

@@ -20,7 +20,7 @@ from test_engine import Engine, snapshot_entry, write_config
 
 from conftest import RunningServer, package_resnet, post, short_tmp
 from handlers.signing import SignatureError
-from handlers.testing import LocalModel
+from serving.testing import LocalModel
 
 BIN = Path(sys.executable).parent
 

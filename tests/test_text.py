@@ -9,7 +9,7 @@ import transformers
 from archiver import mar
 from archiver.errors import UserError
 from conftest import RunningServer, batch_lines, package_text, post, post_concurrently
-from handlers.testing import LocalModel
+from serving.testing import LocalModel
 
 SENTENCES = [
     "The cat sits on the mat.",

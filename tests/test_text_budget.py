@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from conftest import package_text
-from handlers.testing import LocalModel
 from handlers.text import read_prefix
+from serving.testing import LocalModel
 
 WORDS = st.sampled_from(
     ["the", "cat", "sat", "unbelievably", "naïve", "café", "東京", "🙂", "x" * 150, "...", "—", "A.B"]

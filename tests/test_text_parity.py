@@ -22,10 +22,10 @@ from archiver import mar
 from conftest import RunningServer, package_text, post
 from handlers.embeddings import SENTENCE_TRANSFORMERS, TextEmbedder
 from handlers.fit import pooling_modes
-from handlers.testing import LocalModel, Request
 from handlers.text_classification import TextClassifier
 from handlers.token_classification import drop_overlaps
 from samples import text_models
+from serving.testing import LocalModel, Request
 
 LONG = (
     "Ada Lovelace wrote to Charles Babbage from London about the Analytical Engine, and Grace Hopper later "

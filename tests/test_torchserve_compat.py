@@ -29,9 +29,9 @@ from archiver import engines, mar, server
 from archiver.errors import UserError
 from archiver.model_config import check_model_config
 from conftest import RunningServer, post_mixed_concurrently, short_tmp, write_model_config
-from handlers import worker
-from handlers.testing import LocalModel, Request
 from samples.image_model import resnet18, sample_jpeg
+from serving import worker
+from serving.testing import LocalModel, Request
 
 PROBE = '''\
 import json

@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from archiver import server
 from conftest import batch_lines, export_tree, package_resnet, package_text, workers
-from handlers.testing import LocalModel
+from serving.testing import LocalModel
 from test_kserve_serving import kserve_runtime
 
 HEADER = "Inference-Header-Content-Length"

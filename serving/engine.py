@@ -1,12 +1,12 @@
 """The tsctl engine: a TorchServe model store and config served in Python, no Java, no wrapper.
 
-    python -m handlers.engine --model_store model-store --ts_config config/config.properties \\
+    python -m serving.engine --model_store model-store --ts_config config/config.properties \\
         [--host 127.0.0.1] [--http_port 8080] [--grpc_port 8081] [--enable_grpc false]
 
-It reads the same tree as TorchServe (``handlers/ts_config.py``: the model_snapshot's models and
+It reads the same tree as TorchServe (``serving/ts_config.py``: the model_snapshot's models and
 versions, workers, batching, timeouts; without a config file every archive in the store with its
 model-config.yaml), runs each model version's ``minWorkers`` as TorchServe's own worker processes
-(``handlers/engine_workers.py``), and answers on one HTTP port:
+(``serving/engine_workers.py``), and answers on one HTTP port:
 
 - TorchServe's inference API: ``GET /ping``, ``POST /predictions/NAME[/VERSION]``, with the status,
   content type, headers and body the handler set, exactly as TorchServe's frontend sends them;
@@ -18,14 +18,14 @@ model-config.yaml), runs each model version's ``minWorkers`` as TorchServe's own
   handler's answer comes back as it made it: decoded once, encoded once;
 - readiness (``/ping``, ``/v2/health/ready``, ``/v1/models/NAME``, ``/v2/models/NAME/ready``, gRPC
   ServerReady/ModelReady): true only while every worker of the model is up;
-- ``GET /metrics``: Prometheus, under TorchServe's names (``handlers/engine_metrics.py``).
+- ``GET /metrics``: Prometheus, under TorchServe's names (``serving/engine_metrics.py``).
 
 Every listener binds ``--host``. Nothing here changes state: there is no register, scale, load or
 unload call, over REST or gRPC (TorchServe's model API and KServe's repository API are absent).
 A request body above ``max_request_size`` (config.properties, TorchServe's 6.5 MB by default) is
 refused with 413 before it is read whole; an answer above ``max_response_size`` fails alone with
 TorchServe's 500 and is never held (``ts_wire.Stream.reply``). Bodies in flight and slow bodies:
-``handlers/engine_http.py``. Needs ``torchserve`` (its worker, not its frontend).
+``serving/engine_http.py``. Needs ``torchserve`` (its worker, not its frontend).
 """
 
 import argparse
@@ -47,8 +47,10 @@ from starlette.responses import JSONResponse
 from starlette.responses import Response as HttpResponse
 from starlette.routing import Route
 
-from . import engine_http, identity, signing, ts_config
-from .archives import ArchiveError
+from handlers import identity, signing
+from handlers.archives import ArchiveError
+
+from . import engine_http, ts_config
 from .body_limit import BODY_IDLE_TIMEOUT, BodyLimit, InFlight, max_inflight_bytes
 from .engine_metrics import Metrics
 from .engine_workers import ModelWorkers, open_model
@@ -336,7 +338,7 @@ def version_string() -> str:
 
 # ---- Running ------------------------------------------------------------------------------------
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m handlers.engine", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m serving.engine", description=__doc__.split("\n")[0])
     parser.add_argument("--model_store", required=True, help="The model store (TorchServe's --model-store).")
     parser.add_argument("--ts_config", help="TorchServe's config.properties (default: config/ beside the store).")
     parser.add_argument("--host", default="0.0.0.0", help="Address every listener binds.")

@@ -1,6 +1,6 @@
 """A toolkit handler's decode/preprocess and postprocess as a KServe custom transformer.
 
-    python -m handlers.kserve_transformer --model_name resnet18 --archive /mnt/models/transformer/resnet18.mar \\
+    python -m serving.kserve_transformer --model_name resnet18 --archive /mnt/models/transformer/resnet18.mar \\
         --predictor_host resnet18-predictor.default --predictor_protocol v1
 
 The transformer loads the archive's handler without its weights. A request (KServe v1 instances or
@@ -30,9 +30,11 @@ from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer,
 from kserve.errors import InferenceError as KServeInferenceError
 from kserve.errors import InvalidInput
 
-from . import golden, protocol, split
-from .base import Job
-from .protocol import ClientError, Request
+from handlers import golden, protocol
+from handlers.base import Job
+from handlers.protocol import ClientError, Request
+
+from . import split
 
 
 def kserve_error(exc: BaseException, stage: str = protocol.READ, what: str = "") -> Exception:

@@ -7,7 +7,7 @@
 - Worker counts: ``ts_workers{model_name, model_version, status}`` (TorchServe shows them only in
   describe; a gauge makes a dead or restarting worker visible to an alert).
 - What the workers themselves emit, parsed from the lines of their metrics logger (a channel of its
-  own, ``handlers/worker_launch.py``: never their stdout, where a handler may print a request's data)
+  own, ``serving/worker_launch.py``: never their stdout, where a handler may print a request's data)
   as TorchServe's frontend parses them: ``HandlerTime`` and ``PredictionTime`` (ms, gauges, labels
   ModelName, Level, Hostname) and any metric a handler adds through ``context.metrics``, with the
   type and dimensions its line carries.

@@ -1,6 +1,6 @@
 """``mlserver start`` as tsctl runs it: MLServer 1.7 itself, with two things of its REST app changed.
 
-    python -m handlers.mlserver_start [--read-only] start FOLDER       (MLServer's own CLI after the flag)
+    python -m serving.mlserver_start [--read-only] start FOLDER       (MLServer's own CLI after the flag)
 
 MLServer's model repository API (``POST /v2/repository/models/NAME/load|unload``, and the same calls
 over gRPC) lets any client that reaches it unload a model, and MLServer has no setting to turn it off.

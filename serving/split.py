@@ -1,6 +1,6 @@
 """A toolkit handler run apart from its model: decode/preprocess a request into one tensor, postprocess the
-model's raw output into answers. What a KServe transformer (handlers/kserve_transformer.py) and a Seldon
-pipeline's pre- and postprocessing steps (handlers/mlserver_runtime.py) both run; no server library here.
+model's raw output into answers. What a KServe transformer (serving/kserve_transformer.py) and a Seldon
+pipeline's pre- and postprocessing steps (serving/mlserver_runtime.py) both run; no server library here.
 
 Only handlers whose ``splits`` is true (MAR-INF/tsctl.json) can: their preprocess turns a request into one
 batch tensor and their postprocess needs nothing but the model's output (the image classifier's).
@@ -16,9 +16,9 @@ import torch
 import ts
 from ts.context import Context
 
-from . import archives, identity, protocol
-from .archives import ArchiveError, check_inside, read_manifest, unpack
-from .base import Job
+from handlers import archives, identity, protocol
+from handlers.archives import ArchiveError, check_inside, read_manifest, unpack
+from handlers.base import Job
 
 
 def load_handler(archive, with_model: bool = False):

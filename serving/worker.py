@@ -34,8 +34,9 @@ from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 from ts.model_loader import TsModelLoader
 from ts.service import Service
 
-from . import log_text
-from .requests import content_type
+from handlers import log_text
+from handlers.requests import content_type
+
 from .ts_wire import Request, Response, mime_type, read_reply
 
 logger = log_text.logger(__name__)

@@ -1,6 +1,6 @@
 """TorchServe's worker with its metrics on a channel of their own: what the tsctl engine runs for a worker.
 
-    python handlers/worker_launch.py FD .../ts/model_service_worker.py --sock-type unix --sock-name ...
+    python serving/worker_launch.py FD .../ts/model_service_worker.py --sock-type unix --sock-name ...
 
 TorchServe's worker writes everything to stdout: its log, the handler's prints, and the metrics its
 ``ts.metrics.caching_metric`` logger emits (``[METRICS]HandlerTime.ms:...``, what ``context.metrics``

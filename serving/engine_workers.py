@@ -31,7 +31,7 @@ full queue answers 503), batches gathered as TorchServe gathers them (up to ``ba
   answers are kept. An answer to a request id the batch does not hold is dropped as it comes.
 - **Threads.** Each worker gets ``OMP_NUM_THREADS`` = the cores divided among the model's workers
   (unless the environment sets it), as the toolkit handlers divide them on TorchServe.
-- **Metrics.** The worker is started through ``handlers/worker_launch.py``, which sends the records
+- **Metrics.** The worker is started through ``serving/worker_launch.py``, which sends the records
   of TorchServe's metrics logger (``ts.metrics.caching_metric``: ``HandlerTime``, ``PredictionTime``,
   a handler's own ``context.metrics``) to a pipe of their own, one record a line, and then runs
   ``model_service_worker.py`` unchanged. Those lines are handed to ``on_metric``; what the worker
@@ -62,7 +62,8 @@ from typing import Callable, Deque, Dict, List, Optional
 
 import ts
 
-from .archives import printable
+from handlers.archives import printable
+
 from .ts_config import Frontend, ModelSpec
 from .ts_wire import (
     BrokenReply,
@@ -677,8 +678,8 @@ def open_model(
     requests are decoded (None: the config's ``decode_input_request``); ``on_line(worker, line)`` gets
     the lines a worker prints (default: the ``tsctl.worker`` log), ``on_metric(worker, line)`` those of
     its metrics logger (default: logged as the others)."""
-    from . import signing
-    from .archives import check_inside, read_manifest, unpack
+    from handlers import signing
+    from handlers.archives import check_inside, read_manifest, unpack
 
     model_dir = unpack(spec.archive, unpack_dir).resolve()
     if frontend.public_key:  # before any of the archive's code can run; signed as the snapshot's name and version

@@ -1,6 +1,6 @@
 """An MLServer custom runtime that serves one TorchServe archive, as the other engines do.
 
-    model-settings.json: {"name": "resnet18", "implementation": "handlers.mlserver_runtime.ArchiveModel",
+    model-settings.json: {"name": "resnet18", "implementation": "serving.mlserver_runtime.ArchiveModel",
                           "parameters": {"uri": "./resnet18.mar", "version": "1.0",
                                          "extra": {"batchSize": 4, "maxBatchDelay": 50, ...}}}
 
@@ -25,7 +25,7 @@ of several, so they run with ``batchSize`` 1. Toolkit archives read the bytes as
 (``decode_input_request`` off) and batch as their settings say.
 
 **A Seldon pipeline's transformer** (``parameters.extra.role``, ``tsctl export seldon
---transformer-archive``): an image archive's handler run apart from its model (``handlers/split.py``, as
+--transformer-archive``): an image archive's handler run apart from its model (``serving/split.py``, as
 the KServe transformer runs it), in this process, without its weights. ``preprocess`` answers a request's
 images as one FP32 tensor ``input-0`` (the batch the model step reads); ``postprocess`` reads the model
 step's raw output (its first tensor, one row per image) and answers the handler's answers as BYTES
@@ -52,7 +52,8 @@ from mlserver.errors import MLServerError
 from mlserver.types import InferenceRequest, InferenceResponse
 from mlserver.utils import get_model_uri
 
-from . import identity, protocol
+from handlers import identity, protocol
+
 from .engine_workers import ModelWorkers, open_model
 from .ts_config import Frontend, ModelSpec
 from .ts_wire import Request, Response
@@ -126,7 +127,7 @@ class ArchiveModel(MLModel):
         output as the handler's answers; a request it refuses gets the status a worker would give, and
         one that is not what the step reads 400. What a request may hold is the handler's own limits:
         ``max_items`` images (or output rows), ``max_json_values`` numbers."""
-        from .base import Job  # torch: only a transformer step imports it in this process
+        from handlers.base import Job  # torch: only a transformer step imports it in this process
 
         split, handler = self._split, self._handler
         limits = handler.limits

@@ -9,7 +9,7 @@ archive in the store is served with its own model-config.yaml settings, as ``tor
 size, envelope, decoding, image pixel limit, metrics config). A key the tsctl engine cannot honour
 (TLS, token authorisation, several model stores) is refused in one line (``ConfigError``).
 
-No torch, no archiver: the engine (handlers/engine.py) and ``tsctl`` (archiver/properties.py)
+No torch, no archiver: the engine (serving/engine.py) and ``tsctl`` (archiver/properties.py)
 read the same file through this module.
 """
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .archives import bounded_yaml, read_manifest, read_member
+from handlers.archives import bounded_yaml, read_manifest, read_member
 
 SNAPSHOT_KEYS = ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout")
 SNAPSHOT_DEFAULTS = {"minWorkers": 1, "maxWorkers": 1, "batchSize": 1, "maxBatchDelay": 100, "responseTimeout": 120}
@@ -54,7 +54,7 @@ def read_properties(path) -> Dict[str, str]:
     # javaproperties, not a parser of our own. handlers/ otherwise imports only what a TorchServe worker
     # has (torch, numpy, Pillow, the standard library), but this function never runs in a worker: only
     # tsctl (archiver/, whose environment installs javaproperties) and the tsctl engine's own process call
-    # it (handlers/engine.py, run from tsctl's environment or from the image archiver/kserve_engine.py
+    # it (serving/engine.py, run from tsctl's environment or from the image archiver/kserve_engine.py
     # writes, whose requirements list javaproperties). It is imported here, not at the top, because
     # engine_workers.py and mlserver_runtime.py (MLServer's environment, no javaproperties) import this
     # module for its dataclasses alone.

@@ -36,7 +36,8 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as pb_grpc
 from kserve.protocol.infer_type import InferResponse, to_http_parameters
 
-from .protocol import HEADER, NUMERIC, encode_tensor, header_length, numpy, to_json
+from handlers.protocol import HEADER, NUMERIC, encode_tensor, header_length, numpy, to_json
+
 from .ts_wire import Request, Response
 
 STATUS = {

@@ -1,12 +1,12 @@
 """Run a .mar (or an unpacked model directory) in-process, the way a TorchServe worker would.
 
-    from handlers.testing import LocalModel
+    from serving.testing import LocalModel
 
     with LocalModel("model-store/resnet18.mar") as model:
         [answer] = model.predict([open("kitten.jpg", "rb").read()])
         assert answer.status == 200, answer.json()
 
-The archive runs as a TorchServe 0.12 worker runs it (``handlers/worker.py``): TorchServe's own
+The archive runs as a TorchServe 0.12 worker runs it (``serving/worker.py``): TorchServe's own
 model loader, ``Service`` and ``Context`` (metrics cache, manifest, system properties,
 model-config.yaml, per-request headers), the ``module:function`` entry point or the one class of a
 handler file, envelopes; so any handler TorchServe serves (its built-in handlers, ``BaseHandler``
@@ -64,8 +64,10 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple, Union
 
 from ts.torch_handler.request_envelope.base import BaseEnvelope
 
-from . import identity, signing, worker
-from .archives import check_inside, read_manifest, unpack
+from handlers import identity, signing
+from handlers.archives import check_inside, read_manifest, unpack
+
+from . import worker
 from .worker import Request, Response, as_request
 
 __all__ = ["LocalModel", "Request", "Response"]
@@ -183,7 +185,7 @@ class LocalModel:
         return found if type(found).__qualname__ == self.record["class"] else None
 
     def serve(self, requests: List[Request]) -> List[Response]:
-        """Run one batch of HTTP requests as TorchServe's worker runs it (``handlers/worker.py``):
+        """Run one batch of HTTP requests as TorchServe's worker runs it (``serving/worker.py``):
         one Response per request, in order, as TorchServe's frontend would answer it."""
         return self._run(worker.frontend_batch(list(requests), self.decode_input_request))
 

@@ -6,8 +6,8 @@
 - ``read_reply``/``read_answers``/``Stream``: the worker's reply (``create_predict_response``) read
   back as the frontend reads it: per request the status, content type, headers and body bytes.
 
-Used in-process by ``handlers/worker.py`` (LocalModel) and across processes by the tsctl engine
-(``handlers/engine_workers.py``); the engine's server process never imports torch.
+Used in-process by ``serving/worker.py`` (LocalModel) and across processes by the tsctl engine
+(``serving/engine_workers.py``); the engine's server process never imports torch.
 """
 
 import json
