@@ -309,7 +309,8 @@ def test_export_writes_the_runtimes_image_recipe(exported, store):
     assert all(f"{name}=={version}" in lines for name, version in wanted.items()), lines
     assert any(line.startswith("transformers") for line in lines)  # the text archives' own requirement
     assert any(line.startswith("sentence-transformers") for line in lines)  # minilm's modules.json
-    assert (image / "handlers" / "engine.py").read_bytes() == (ROOT / "serving/engine.py").read_bytes()
+    assert (image / "serving" / "engine.py").read_bytes() == (ROOT / "serving/engine.py").read_bytes()
+    assert (image / "handlers" / "image.py").read_bytes() == (ROOT / "handlers/image.py").read_bytes()
     assert (exported / "servingruntime.yaml").is_file()
     for archive in store.glob("*.mar"):  # archives go as they are: the image, not TorchServe, installs requirements
         assert (exported / "model-store" / archive.name).read_bytes() == archive.read_bytes()
