@@ -29,7 +29,7 @@ def bare_python():
 
 
 def test_bare_python_cannot_import_the_toolkit(bare_python):
-    for module in ("handlers", "archiver"):
+    for module in ("handlers", "serving", "archiver"):
         result = subprocess.run(
             [str(bare_python), "-c", f"import {module}"], capture_output=True, text=True, cwd=bare_python.parents[1]
         )
