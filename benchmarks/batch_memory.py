@@ -23,8 +23,10 @@ import torch
 from common import write_section
 
 from archiver import properties, server  # noqa: E402
-from conftest import MemoryLimit, peak_rss, short_tmp, workers  # noqa: E402
-from test_hostile import build, scripted  # noqa: E402
+from helpers.cgroups import MemoryLimit, peak_rss  # noqa: E402
+from helpers.hostile import build, scripted  # noqa: E402
+from helpers.paths import short_tmp  # noqa: E402
+from helpers.servers import workers  # noqa: E402
 
 LIMIT = 3 << 30
 BATCHING = "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 8\nmaxBatchDelay: 100\nresponseTimeout: 120\n"

@@ -31,11 +31,12 @@ import time
 from pathlib import Path
 
 from common import alternate, write_section
-from test_engine import Engine, snapshot_entry  # noqa: E402
-from test_engine_limits import HANDLER, archive_handler, grpc_infer, write_config  # noqa: E402
 
 from archiver import bench  # noqa: E402
-from conftest import MemoryLimit, package_resnet, peak_rss  # noqa: E402
+from helpers.cgroups import MemoryLimit, peak_rss  # noqa: E402
+from helpers.engine import Engine, snapshot_entry  # noqa: E402
+from helpers.engine_limits import HANDLER, archive_handler, grpc_infer, write_config  # noqa: E402
+from helpers.models import package_resnet  # noqa: E402
 from samples import image_model  # noqa: E402
 
 GROUP_LIMIT = 4 << 30

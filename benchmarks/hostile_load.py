@@ -18,9 +18,12 @@ from pathlib import Path
 from common import write_section
 
 from archiver import properties, server  # noqa: E402
-from conftest import MemoryLimit, package_resnet, peak_rss, short_tmp, workers  # noqa: E402
+from helpers.cgroups import MemoryLimit, peak_rss  # noqa: E402
+from helpers.models import package_resnet  # noqa: E402
+from helpers.paths import short_tmp  # noqa: E402
+from helpers.servers import workers  # noqa: E402
 from samples import hostile, image_model  # noqa: E402
-from test_hostile_served import BATCHING, GOOD_JPEG, LIMIT, PEAK_GOAL, mixed_load  # noqa: E402
+from security.test_hostile_served import BATCHING, GOOD_JPEG, LIMIT, PEAK_GOAL, mixed_load  # noqa: E402
 
 
 def main(clients: int = 64, seconds: float = 60):
