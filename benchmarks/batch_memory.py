@@ -104,7 +104,7 @@ attacks answered with their own 4xx or 503 ({met(not any(f.startswith("attack") 
 peak RSS under the limit ({met(peak < LIMIT)}). Good requests share batches with attacks, so their
 latency includes reading up to `handler.max_batch_bytes` of attack bodies.
 
-Reproduce: `.venv/bin/python benchmarks/batch_memory.py` (`tests/test_batch_budget.py` runs the batch in-process).
+Reproduce: `.venv/bin/python benchmarks/batch_memory.py` (`tests/security/test_batch_budget.py` runs the batch in-process).
 """,
     )
 

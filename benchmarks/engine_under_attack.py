@@ -4,7 +4,7 @@
 
 One engine (``python -m serving.engine``) in a 4 GiB memory cgroup of its own, joined at spawn (so its
 bound on bodies in flight is a quarter of that group's limit), serving resnet18 (the toolkit's
-``image_classifier``, batchSize 4, one worker) and ``target`` (tests/test_engine_limits.py's handler, one
+``image_classifier``, batchSize 4, one worker) and ``target`` (tests/engine/test_engine_limits.py's handler, one
 worker). Good traffic: 4 clients posting a 640x480 JPEG to resnet18 for SECONDS, alone, beside each attack in
 turn and beside all of them at once, the sides in alternating order (the machine is noisy: only ratios within
 a round mean anything); the CPU each process used is recorded, as the attackers share the machine's cores.

@@ -5,7 +5,7 @@
 resnet18 (toolkit image_classifier, batchSize 8, 1 worker) served by TorchServe from `tsctl config`;
 the worker is put under a 3 GiB memory limit (a cgroup where possible, as a pod limit would). Each
 client sends a good 640x480 JPEG, or with probability 0.3 an attack drawn from samples/hostile.py's
-image corpus, and every answer is judged as it arrives (tests/test_hostile_served.py: `mixed_load`).
+image corpus, and every answer is judged as it arrives (tests/security/test_hostile_served.py: `mixed_load`).
 Goals: 0 answers outside 200/4xx (or with the wrong 4xx) for attacks, 0 errors and 0 wrong answers for
 good requests, no worker restart, peak worker RSS < 2 GB.
 """

@@ -125,7 +125,7 @@ def test_install_deps_without_pip_is_a_user_error(image_sample, tmp_path):
 def test_a_home_too_deep_for_a_unix_socket_gets_a_short_temp_that_stop_removes(tmp_path):
     """A project deep in the file system: TEMP/.ts.sock.PORT past 107 bytes failed every worker with
     "AF_UNIX path too long" (README's flow, run from pytest's tmp_path). TEMP moves to a private short
-    directory that home/tmp links to; stop removes both. (Served end to end: tests/test_readme.py.)"""
+    directory that home/tmp links to; stop removes both. (Served end to end: tests/cli/test_readme.py.)"""
     home = tmp_path / ("deep-" * 12) / ".tsctl"
     home.mkdir(parents=True)
     temp = server.check_home(home)

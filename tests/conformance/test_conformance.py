@@ -20,7 +20,7 @@ _of_the_builtin holds it to 1e-5 absolute, in ``make test``.
 
 ``make test`` runs the smoke path (about a minute and a half): every case packaged by tsctl, on one
 TorchServe, compared with in-process; and tsctl's acceptance of torch-model-archiver's --handler
-spellings. ``pytest -m matrix tests/test_conformance.py`` runs every cell (both packagers x the three
+spellings. ``pytest -m matrix tests/conformance/test_conformance.py`` runs every cell (both packagers x the three
 runtimes) and writes the table to /tmp/conformance_table.md (or ``TSCTL_CONFORMANCE_TABLE``).
 
 ``TSCTL_PYTORCH_SERVE=/path/to/serve`` (a pytorch/serve checkout) runs the mnist, resnet_18,

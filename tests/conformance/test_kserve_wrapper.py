@@ -313,7 +313,7 @@ def test_kserves_own_client_through_the_wrapper(stack, jpegs, expected):
 def test_the_binary_tensor_extension_stops_at_kserve_0_13(served, expected):
     """kserve 0.13's v2 route parses the body into its JSON request model: a binary-extension body
     (JSON header + raw bytes, Inference-Header-Content-Length) gets 422 there and never reaches
-    TorchServe, whose handlers take the same request (tests/test_v2_binary.py)."""
+    TorchServe, whose handlers take the same request (tests/conformance/test_v2_binary.py)."""
     stack, srv = served[1]["v2"], served[1]["v2"].torchserve
     count = len(batch_lines(srv))
     request = InferRequest("sentiment", [bytes_input([t.encode() for t in TEXTS], True)], request_id="k-1")

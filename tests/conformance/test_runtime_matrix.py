@@ -11,7 +11,7 @@ in-process ones (torch 2.15 here, 2.1.0 there: probabilities within 1e-3, embedd
 before anything is written); the served runs (text and image archives with the per-model install
 through the index, tritonclient's binary request, the offline export and install, its control, both
 envelopes) are in `make matrix`, about 10 minutes. make test's served smoke path on TorchServe 0.9.0
-is tests/test_kserve_wrapper.py's.
+is tests/conformance/test_kserve_wrapper.py's.
 """
 
 import base64
@@ -208,7 +208,7 @@ def test_export_pins_requirements_and_offline_bundles_wheels_without_touching_th
 
 # ---- served on the runtime ---------------------------------------------------------------------------
 @pytest.mark.matrix  # about 3 minutes (TorchServe 0.9.0's per-model install from the index); make test's 0.9.0
-# smoke path is tests/test_kserve_wrapper.py's
+# smoke path is tests/conformance/test_kserve_wrapper.py's
 @pytest.mark.parametrize("envelope", ["kservev2", "kserve"])
 def test_text_and_image_archives_install_and_serve_on_torchserve_0_9(store, kfs_python, expected, jpegs, envelope):
     """The per-model install goes through the package index, as on a cluster with outbound access."""
