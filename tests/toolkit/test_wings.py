@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, package_resnet
+from helpers.models import package_resnet
+from helpers.paths import ROOT
 
 WINGS = ("handlers", "serving", "archiver")
 MAX_FILE_LINES = 600
