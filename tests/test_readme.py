@@ -28,7 +28,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-SHELL = re.compile(r"^(<!-- (readme-test: ([\w-]+)|not run: [^>]+) -->\n)?```(sh|bash|shell|console)\n(.*?)^```", re.S | re.M)
+MARK = r"<!-- (readme-test: ([\w-]+)|not run: [^>]+) -->\n"
+SHELL = re.compile(r"^(%s)?```(sh|bash|shell|console)\n(.*?)^```" % MARK, re.S | re.M)
 FIXED_PORTS = ("8085", "8082")  # TorchServe's addresses in config.properties, as a reader types them
 
 
