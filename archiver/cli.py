@@ -12,6 +12,7 @@ import logging
 import sys
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Optional
 
 import click
 
@@ -215,8 +216,10 @@ def package(golden, golden_allow_errors, as_json, **flags):
         recorded = None
     from handlers.signing import signature_of
 
-    size = path.stat().st_size if path.is_file() else sum(s for _, s in mar.list_entries(path))
-    emit(reports.package_report(path, size, planned, recorded, signature_of(path)), reports.package_text, as_json)
+    with mar.opened(path) as built:
+        size = path.stat().st_size if path.is_file() else sum(s for _, s in built.members)
+        report = reports.package_report(path, size, planned, recorded, signature_of(built))
+    emit(report, reports.package_text, as_json)
 
 
 @main.command(cls=Command)
@@ -228,9 +231,10 @@ def inspect(archive, as_json):
 
     from . import mar, reports
 
-    manifest = mar.read_manifest(archive)
-    signature = signing.signature_of(archive)
-    report = reports.inspect_report(manifest, mar.list_entries(archive), golden.read(archive), signature)
+    with mar.opened(archive) as opened:
+        manifest = opened.manifest
+        signature = signing.signature_of(opened)
+        report = reports.inspect_report(manifest, opened.members, golden.read(opened), signature)
     emit(report, reports.inspect_text, as_json)
 
 
@@ -444,47 +448,41 @@ def verify(
     """Replay ARCHIVE's golden requests (package --golden) and compare each answer with the recorded one;
     with --public-key, check its signature first (and stop there when it has no golden answers)."""
     from handlers import golden as golden_format
+    from handlers.archives import opened
 
     from . import golden
 
     check_expectations(public_key, expect_name, expect_version)
-    signature = None
     if public_key:
-        from . import signing
+        from handlers.signing import read_key
 
-        name, version, key = signing.verify_archive(archive, public_key, expect_name, expect_version)
-        signature = {"signed": True, "verified": True, "name": name, "version": version, "key_fingerprint": key}
-        click.echo(  # --json: stdout is JSON
-            f"{archive}: signature verified: every file is as signed, as {name} version {version} by key {key}",
-            err=as_json,
-        )
-        if not served and not url and golden_format.read(archive) is None:
+        read_key(public_key)  # a wrong key file is named before the archive is read
+    with opened(archive) as found:  # read once: its signature, golden answers, manifest and files
+        signature = verified_signature(found, archive, public_key, expect_name, expect_version, as_json)
+        if signature and not served and not url and golden_format.read(found) is None:
             if as_json:
                 print_json({"where": None, "checked": 0, "problems": [], "versions": [], "signature": signature})
             return
+        if served:
+            if url:
+                raise UserError("--served and --url both name a server: give one")
+            srv = running_server(home, model or found.model_name)
+            url = srv.inference
+            protocol = protocol or engines.engine_of(srv).protocol  # MLServer speaks v2 only
+        protocol = protocol or "ts"
+        from .output import Progress
 
-    if served:
-        if url:
-            raise UserError("--served and --url both name a server: give one")
-        from . import mar
+        progress = Progress.for_command(as_json)
+        if url is None:  # in-process: the handler's log kept off the terminal, its failure one line
+            from . import inprocess
 
-        srv = running_server(home, model or mar.read_manifest(archive)["model"]["modelName"])
-        url = srv.inference
-        protocol = protocol or engines.engine_of(srv).protocol  # MLServer speaks v2 only
-    protocol = protocol or "ts"
-    from .output import Progress
-
-    progress = Progress.for_command(as_json)
-    if url is None:  # in-process: the handler's log kept off the terminal, its failure one line
-        from . import inprocess
-
-        with inprocess.quiet_logs(), handler_errors(archive):
-            report = golden.verify(archive, url, protocol, atol, model, timeout, golden_from, progress)
-    else:
-        try:
-            report = golden.verify(archive, url, protocol, atol, model, timeout, golden_from, progress)
-        except OSError as exc:
-            raise ServerError(f"could not reach {url}: {exc}") from None
+            with inprocess.quiet_logs(), handler_errors(archive):
+                report = golden.verify(found, url, protocol, atol, model, timeout, golden_from, progress)
+        else:
+            try:
+                report = golden.verify(found, url, protocol, atol, model, timeout, golden_from, progress)
+            except OSError as exc:
+                raise ServerError(f"could not reach {url}: {exc}") from None
     if as_json:
         print_json({**report.as_json(), "signature": signature})
     else:
@@ -497,6 +495,22 @@ def verify(
     sys.exit(1 if report.problems else 0)
 
 
+def verified_signature(archive, shown: str, public_key, expect_name, expect_version, as_json) -> Optional[dict]:
+    """With ``public_key``: ``archive``'s signature checked (exit 1 otherwise), said on the terminal
+    (stderr with --json, whose stdout is JSON) under the name the user gave it (``shown``), and
+    reported; None without a key."""
+    if not public_key:
+        return None
+    from . import signing
+
+    name, version, key = signing.verify_archive(archive, public_key, expect_name, expect_version)
+    click.echo(
+        f"{shown}: signature verified: every file is as signed, as {name} version {version} by key {key}",
+        err=as_json,
+    )
+    return {"signed": True, "verified": True, "name": name, "version": version, "key_fingerprint": key}
+
+
 @main.command(cls=Command)
 @click.argument("archive", type=click.Path())
 @click.argument("inputs", nargs=-1, required=True, type=click.Path())
@@ -505,22 +519,25 @@ def verify(
 @json_option
 def run(archive, inputs, public_key, expect_name, expect_version, as_json):
     """Run ARCHIVE's handler in-process (no server) on each INPUT file, answering as 'tsctl predict' does."""
-    from . import inprocess, mar
+    from handlers.archives import opened
+
+    from . import inprocess
     from .output import Progress
 
     paths = [input_file(p) for p in inputs]
     check_expectations(public_key, expect_name, expect_version)
-    mar.read_manifest(archive)  # a missing, foreign or unsafe archive is refused before torch loads
-    expected = (None, None)
-    if public_key:  # the key file and the expected name checked before torch loads
-        from handlers.signing import read_key
+    with opened(archive) as found:  # read once, here and by the run
+        found.manifest  # a missing, foreign or unsafe archive is refused before torch loads
+        expected = (None, None)
+        if public_key:  # the key file and the expected name checked before torch loads
+            from handlers.signing import read_key
 
-        from .signing import stem
+            from .signing import stem
 
-        read_key(public_key)
-        expected = (expect_name or stem(Path(archive)), expect_version)
-    with handler_errors(archive):
-        answered = inprocess.run(archive, paths, public_key, Progress.for_command(as_json), expected)
+            read_key(public_key)
+            expected = (expect_name or stem(Path(archive)), expect_version)
+        with handler_errors(archive):
+            answered = inprocess.run(found, paths, public_key, Progress.for_command(as_json), expected)
     if as_json:
         print_json({"archive": str(archive), "results": [inprocess.as_json(p, r) for p, r in answered]})
     else:

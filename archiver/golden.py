@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, List, Optional, Tuple
 
+from handlers import archives, identity
 from handlers import golden as answers
-from handlers import identity
 from handlers.archives import printable
 from handlers.requests import content_type
 
@@ -77,7 +77,11 @@ def weights_sha256(path: Optional[str]) -> Optional[str]:
 
 
 def record(
-    archive: Path, source: Path, weights: Optional[str] = None, progress: Callable = quiet, allow_errors=False
+    archive: archives.ArchiveLike,
+    source: Path,
+    weights: Optional[str] = None,
+    progress: Callable = quiet,
+    allow_errors=False,
 ) -> dict:
     """Run ``archive`` in-process on the golden requests; the golden.json it gets. ``progress`` hears of
     the load and of each input (archiver.output.Progress). An answer of the handler failing (5xx) is no
@@ -89,7 +93,10 @@ def record(
     def each(index: int):
         progress(f"golden: input {index + 1}/{len(requests)} {printable(requests[index][0])}")
 
-    results, settings = in_process(archive, [(body, kind) for _, body, kind in requests], each)
+    with archives.opened(archive) as opened:
+        results, settings = in_process(opened, [(body, kind) for _, body, kind in requests], each)
+        found = identity.read(opened) or {}
+        handler = f"{found.get('module')}.{found.get('class')}" if found else opened.model["handler"]
     failed = [(name, answer) for (name, _, _), (status, answer) in zip(requests, results) if status >= 500]
     if failed and not allow_errors:
         name, answer = failed[0]
@@ -109,12 +116,9 @@ def record(
         }
         for (name, body, kind), (status, answer) in zip(requests, results)
     ]
-    found = identity.read(archive) or {}
     return {
         "fingerprint": {
-            "handler": f"{found.get('module')}.{found.get('class')}"
-            if found
-            else mar.read_manifest(archive)["model"]["handler"],
+            "handler": handler,
             "settings": settings,
             "toolkit": identity.VERSION,
             "versions": answers.versions(),
@@ -128,24 +132,23 @@ def package(
     options: mar.PackageOptions, source: str, progress: Callable = quiet, allow_errors=False
 ) -> Tuple[Path, mar.Plan, dict]:
     """Build the archive in a scratch directory, record its golden answers, and only then write it,
-    with MAR-INF/golden.json, to its place (atomically, as every build). ``progress`` hears of each step;
-    ``allow_errors`` records the handler's failures (5xx) too, with a note naming them."""
+    with MAR-INF/golden.json, to its place (atomically, as every build; signed before that one write
+    with ``options.sign_key``). ``progress`` hears of each step; ``allow_errors`` records the handler's
+    failures (5xx) too, with a note naming them."""
     target = mar.archive_path(options.export_path, options.model_name, options.archive_format)
     if (target.exists() or target.is_symlink()) and not options.force:
         raise UserError(f"{target} already exists: pass --force to overwrite it")
     with tempfile.TemporaryDirectory(prefix="tsctl-golden-") as scratch:
         built, planned = mar.build(dataclasses.replace(options, export_path=scratch, force=True, sign_key=None))
         golden = record(built, Path(source), options.serialized_file, progress, allow_errors)
-        failed = [case["name"] for case in golden["cases"] if case["status"] >= 500]
-        if failed:
-            planned.notes.append(
-                f"golden: {len(failed)} recorded answer(s) of the handler failing ({', '.join(failed)}; "
-                "--golden-allow-errors): 'tsctl verify' expects them to fail the same way"
-            )
-        Path(options.export_path).mkdir(parents=True, exist_ok=True)
-        data = (json.dumps(golden, indent=1, sort_keys=True) + "\n").encode()
-        mar.rewrite_archive(built, target, {answers.GOLDEN: data}, options.sign_key)
-    return target, planned, golden
+    failed = [case["name"] for case in golden["cases"] if case["status"] >= 500]
+    if failed:
+        planned.notes.append(
+            f"golden: {len(failed)} recorded answer(s) of the handler failing ({', '.join(failed)}; "
+            "--golden-allow-errors): 'tsctl verify' expects them to fail the same way"
+        )
+    planned.entries[answers.GOLDEN] = (json.dumps(golden, indent=1, sort_keys=True) + "\n").encode()
+    return mar.write_plan(planned, options), planned, golden
 
 
 # ---- verify -------------------------------------------------------------------------------------------
@@ -204,19 +207,23 @@ def verify(
     (``base_url``). A server that has no endpoint for ``protocol`` (every answer a 404 no golden
     answer was) is a ServerError saying so, never a report of mismatches. ``progress`` hears of each
     input as it is answered."""
-    archive = Path(archive)
-    source = Path(golden_from) if golden_from else archive
-    golden = answers.read(source)
-    if golden is None:
-        raise UserError(f"{source} has no {answers.GOLDEN}: package it with --golden DIR first")
-    if protocol not in PROTOCOLS:
-        raise UserError(f"--protocol {protocol!r} must be one of {', '.join(PROTOCOLS)}")
-    model = model or mar.read_manifest(archive)["model"]["modelName"]
-    kind = (identity.read(archive) or {}).get("input", "any")
+    with archives.opened(archive) as opened:
+        golden = answers.read(golden_from or opened)
+        if golden is None:
+            raise UserError(f"{golden_from or opened.path} has no {answers.GOLDEN}: package it with --golden DIR first")
+        if protocol not in PROTOCOLS:
+            raise UserError(f"--protocol {protocol!r} must be one of {', '.join(PROTOCOLS)}")
+        model = model or opened.model_name
+        kind = (identity.read(opened) or {}).get("input", "any")
+        return replay(opened, golden, url, protocol, atol, model, kind, timeout, progress)
+
+
+def replay(archive: archives.Archive, golden: dict, url, protocol, atol, model, kind, timeout, progress) -> Report:
+    """``verify``'s replay of ``golden``'s cases, ``archive`` and its golden answers read."""
     cases = golden["cases"]
     if url is None:
         report = Report("in-process")
-        progress(f"loading {archive.name}")
+        progress(f"loading {archive.path.name}")
         bodies = [(answers.body(c), c["content_type"]) for c in cases]
         results, _ = in_process(archive, bodies, lambda i: progress(f"{i + 1}/{len(cases)} {cases[i]['name']}"))
         report.versions = answers.version_changes(golden)
@@ -239,7 +246,9 @@ def verify(
 
 
 def in_process(
-    archive: Path, requests: List[Tuple[bytes, str]], before_each: Optional[Callable[[int], None]] = None
+    archive: archives.ArchiveLike,
+    requests: List[Tuple[bytes, str]],
+    before_each: Optional[Callable[[int], None]] = None,
 ) -> Tuple[List[Tuple[int, Any]], dict]:
     """(status, answer) of each (body, content type), one request at a time as a worker would run
     it alone; and the handler's settings. ``before_each(i)`` is called before request i runs."""

@@ -75,10 +75,9 @@ def failed_whole(response) -> bool:
 
 
 def batch_size(archive) -> int:
-    """The batchSize a server gives the archive: its model-config.yaml's (as 'tsctl config' writes it), else 1."""
-    from serving import ts_config
-
-    value = ts_config.archive_config(Path(archive)).get("batchSize", 1)
+    """The batchSize a server gives the archive (an Archive): its model-config.yaml's (as 'tsctl config'
+    writes it), else 1."""
+    value = archive.config.get("batchSize", 1)
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
 
 
@@ -94,13 +93,13 @@ def run(
     a batch is a ServerError naming ``archive``, the input and the handler's error. With ``public_key``
     the archive must be signed as ``expected`` (name, version; None: any)."""
     from handlers import identity
+    from handlers.archives import opened
 
-    archive = Path(archive)
-    raw = identity.read(archive) is not None  # a toolkit handler: served with decode_input_request=false
-    progress(f"loading {archive.name}")
-    from serving.testing import LocalModel  # torch: seconds
+    with opened(archive) as archive, quiet_logs() as records:  # the archive read once: record, config, files
+        raw = identity.read(archive) is not None  # a toolkit handler: served with decode_input_request=false
+        progress(f"loading {archive.path.name}")
+        from serving.testing import LocalModel  # torch: seconds
 
-    with quiet_logs() as records:
         model = LocalModel(
             archive,
             batch_size=batch_size(archive),
@@ -115,7 +114,7 @@ def run(
                 [response] = model.predict([Path(path)])
                 if failed_whole(response):
                     cause = handler_error(records[seen:], model.model_dir) or response.json().get("message")
-                    raise ServerError(f"{archive}: the handler failed on {path}: {cause}")
+                    raise ServerError(f"{archive.path}: the handler failed on {path}: {cause}")
                 answered.append((Path(path), response))
                 progress(f"{number}/{len(paths)} {path}: {response.status}")
     return answered

@@ -1,15 +1,13 @@
-"""Building and reading model archives (.mar) in the format TorchServe 0.12 loads.
+"""Building model archives (.mar) in the format TorchServe 0.12 loads: what goes in, checked.
 
 A .mar is a zip: the serialized file, model file, handler, extra files, requirements and
 model-config.yaml at its root, plus ``MAR-INF/MANIFEST.json``. A toolkit handler
 (``--handler image_classifier``) bundles this project's ``handlers/`` package so a stock TorchServe
 loads it with nothing else installed. Directories keep their name and structure inside the archive.
 
-Builds are deterministic (sorted entries, fixed timestamps: ``SOURCE_DATE_EPOCH`` or the newest
-input's mtime, in UTC) and atomic (an unnamed file in the export directory, linked into place only
-when complete; without ``--force`` the link is exclusive, so of two racing builds one gets a clear
-error). Weights are stored uncompressed: they do not deflate, and storing them is what makes
-packaging fast.
+``plan`` gathers and checks the inputs; archiver/writing.py writes the plan (deterministic, atomic,
+signed before its one write with ``--sign-key``). Archives are read through handlers/archives.py's
+``Archive``; the few readers here turn its ArchiveError into the CLI's UserError.
 
 What a build refuses, before writing anything: a target that is one of its inputs (or holds one);
 symbolic links among the inputs unless ``follow_symlinks`` (each followed link is reported);
@@ -20,37 +18,28 @@ model names and versions that config.properties could not carry.
 
 import ast
 import contextlib
-import dataclasses
 import difflib
-import errno
-import gzip
 import importlib
 import importlib.machinery
 import importlib.util
 import inspect
-import io
-import json
 import os
 import re
-import shutil
 import sys
-import tarfile
-import tempfile
 import time
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import handlers
 from handlers import TOOLKIT_HANDLERS, archives, fit, identity, toolkit
 from handlers.settings import did_you_mean
-from serving import ts_config
 
 from . import requirements
 from .choices import ARCHIVE_FORMATS
 from .errors import UserError, make_directory
-from .model_config import check_model_config, parse_model_config
+from .model_config import check_model_config
+from .writing import Source, build_time, manifest_text, rewrite_archive, write, write_archive, write_error  # noqa: F401
 
 MANIFEST = archives.MANIFEST
 ARCHIVER_VERSION = "0.12.0"  # the torch-model-archiver format these archives follow
@@ -58,13 +47,8 @@ ARCHIVER_VERSION = "0.12.0"  # the torch-model-archiver format these archives fo
 # file, read again by KServe's wrapper with a plain split): only characters neither format escapes.
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-.]{0,127}$")  # 128 at most: a file name, a URL path segment
 VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-.+]{0,63}$")
-WEIGHT_SUFFIXES = (".pt", ".pth", ".pt2", ".bin", ".safetensors", ".onnx", ".ckpt", ".h5", ".msgpack")
 SKIP_DIRS = {"__pycache__", "__MACOSX"}
 BUILTIN_PREFIX = "ts.torch_handler."  # --handler ts.torch_handler.NAME: TorchServe's built-in NAME
-COPY_BUFFER = 4 << 20
-EARLIEST = 315532800  # 1980-01-01: zip dates start there
-
-Source = Union[Path, bytes]  # a file on disk, or content tsctl writes (a generated requirements.txt)
 
 
 @dataclass
@@ -108,30 +92,24 @@ def package(options: PackageOptions) -> Path:
 def build(options: PackageOptions) -> Tuple[Path, Plan]:
     """``package``, also returning the plan (the CLI reports the symbolic links it followed)."""
     planned = plan(options)
+    return write_plan(planned, options), planned
+
+
+def write_plan(planned: Plan, options: PackageOptions) -> Path:
+    """Write what ``plan`` found (and whatever was added to its entries since: golden answers) to its
+    place, signed first with ``options.sign_key``: one write. Returns the archive's path."""
     target = archive_path(options.export_path, options.model_name, options.archive_format)
     check_target(target, planned.entries)
     if (target.exists() or target.is_symlink()) and not options.force:
         raise UserError(f"{target} already exists: pass --force to overwrite it")
     make_directory(options.export_path, "--export-path")
-    if options.sign_key:  # built aside, then signed as it is written in place
-        with tempfile.TemporaryDirectory(prefix="tsctl-sign-", dir=options.export_path) as scratch:
-            built, _ = build(dataclasses.replace(options, export_path=scratch, force=True, sign_key=None))
-            rewrite_archive(built, target, {}, options.sign_key)
-        return target, planned
     try:
-        write_archive(target, planned.entries, planned.manifest, options.archive_format, options.force)
+        write(target, planned.entries, planned.manifest, options.archive_format, options.force, options.sign_key)
     except FileExistsError:
         raise UserError(f"{target} was created by someone else while this build ran: pass --force to overwrite it")
     except OSError as exc:
         raise write_error(exc, target) from None
-    return target, planned
-
-
-def write_error(exc: OSError, target: Path) -> UserError:
-    """One sentence for a build that the file system stopped (full disk, permissions)."""
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return UserError(f"no space left on the device of {target.parent}: free some, or pick another --export-path")
-    return UserError(f"could not build {target}: {exc.filename or target}: {exc.strerror or exc}")
+    return target
 
 
 def check_target(target: Path, entries: Dict[str, Source]):
@@ -209,7 +187,7 @@ def plan(options: PackageOptions) -> Plan:
 
     settings = {}
     if options.config_file:
-        data = inputs.read(options.config_file, "--config-file", MAX_CONFIG_BYTES)
+        data = inputs.read(options.config_file, "--config-file", archives.MAX_CONFIG_BYTES)
         config = inputs.add(options.config_file, "--config-file")
         settings = check_model_config(config, kind.settings if kind else None, data).get("handler") or {}
         model["configFile"] = config.name
@@ -226,7 +204,7 @@ def plan(options: PackageOptions) -> Plan:
             inputs.entries[f"handlers/{source.name}"] = source
 
     manifest = {
-        "createdOn": time.strftime("%d/%m/%Y %H:%M:%S", time.gmtime(_build_time(inputs.entries))),
+        "createdOn": time.strftime("%d/%m/%Y %H:%M:%S", time.gmtime(build_time(inputs.entries))),
         "runtime": "python",
         "model": model,
         "archiverVersion": ARCHIVER_VERSION,
@@ -546,234 +524,43 @@ def _requirements(path: Optional[str], needed, inputs: Inputs) -> Optional[Tuple
     return name, ("\n".join(lines) + "\n").encode("utf-8")
 
 
-def _build_time(entries: Dict[str, Source]) -> int:
-    """Seconds since the epoch (UTC) stamped on every entry: SOURCE_DATE_EPOCH or the newest input."""
-    if os.environ.get("SOURCE_DATE_EPOCH"):
-        return max(int(os.environ["SOURCE_DATE_EPOCH"]), EARLIEST)
-    stamps = [int(p.stat().st_mtime) for p in entries.values() if isinstance(p, Path)]
-    return max(stamps + [EARLIEST])
-
-
-def _size(source: Source) -> int:
-    return len(source) if isinstance(source, bytes) else source.stat().st_size
-
-
-def _open(source: Source):
-    return io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")
-
-
-# ---- writing ------------------------------------------------------------------------------------
-def write_archive(target: Path, entries: Dict[str, Source], manifest: dict, archive_format: str, force=True):
-    """Write the archive; with ``force`` it replaces ``target``, else FileExistsError if it exists."""
-    manifest_bytes = manifest_text(manifest)
-    epoch = _build_time(entries)
-    if archive_format == "no-archive":
-        _write_directory(target, entries, manifest_bytes, force)
-        return
-    writer = _write_tgz if archive_format == "tgz" else _write_zip
-    with _unnamed_file(target.parent) as (out, publish):
-        writer(out, entries, manifest_bytes, epoch, target.name, archive_format)
-        out.flush()
-        os.fsync(out.fileno())
-        publish(target, force)
-
-
-@contextlib.contextmanager
-def _unnamed_file(directory: Path):
-    """A file with no name until ``publish(target, replace)`` links it into place (Linux O_TMPFILE):
-    a build that fails, or a process killed mid-write, leaves neither a partial archive nor a
-    temporary file. Without ``replace`` the link is exclusive (FileExistsError if the target exists).
-    Where O_TMPFILE is not supported, a hidden named temporary file is removed on failure instead."""
-    try:
-        fd = os.open(directory, os.O_TMPFILE | os.O_WRONLY, 0o644)
-    except (AttributeError, OSError):
-        fd = None
-    if fd is not None:
-
-        def publish(target: Path, replace: bool):
-            name = f".{target.name}.{os.getpid()}.tmp" if replace else target.name
-            directory_fd = os.open(target.parent, os.O_RDONLY)
-            try:  # linkat(AT_SYMLINK_FOLLOW) gives the open file a name; plain link() cannot
-                os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=directory_fd, follow_symlinks=True)
-            finally:
-                os.close(directory_fd)
-            if replace:
-                os.replace(target.parent / name, target)
-
-        with os.fdopen(fd, "wb") as out:
-            yield out, publish
-        return
-    fd, tmp = tempfile.mkstemp(prefix=".", suffix=".tmp", dir=directory)
-
-    def publish_named(target: Path, replace: bool):
-        os.chmod(tmp, 0o644)
-        if replace:
-            os.replace(tmp, target)
-        else:
-            os.link(tmp, target)
-            os.unlink(tmp)
-
-    try:
-        with os.fdopen(fd, "wb") as out:
-            yield out, publish_named
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _write_zip(out, entries, manifest_bytes, epoch: int, _name, archive_format):
-    date_time = tuple(time.gmtime(epoch)[:6])
-    with zipfile.ZipFile(out, "w", allowZip64=True) as z:
-        for arcname in sorted(entries):
-            source = entries[arcname]
-            info = zipfile.ZipInfo(arcname, date_time)
-            info.create_system = 3
-            info.external_attr = 0o644 << 16
-            stored = archive_format == "zip-store" or arcname.lower().endswith(WEIGHT_SUFFIXES)
-            info.compress_type = zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED
-            size = _size(source)
-            with _open(source) as src, z.open(info, "w", force_zip64=size >= zipfile.ZIP64_LIMIT) as dst:
-                shutil.copyfileobj(src, dst, COPY_BUFFER)
-        info = zipfile.ZipInfo(MANIFEST, date_time)
-        info.create_system = 3
-        info.external_attr = 0o644 << 16
-        info.compress_type = zipfile.ZIP_DEFLATED
-        z.writestr(info, manifest_bytes)
-
-
-def _write_tgz(out, entries, manifest_bytes, epoch: int, name, _format):
-    top = name[: -len(".tar.gz")]
-    with gzip.GzipFile(fileobj=out, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
-        for arcname in sorted(entries) + [MANIFEST]:
-            info = tarfile.TarInfo(f"{top}/{arcname}")
-            info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = epoch, 0o644, 0, 0, "", ""
-            if arcname == MANIFEST:
-                info.size = len(manifest_bytes)
-                tar.addfile(info, io.BytesIO(manifest_bytes))
-            else:
-                info.size = _size(entries[arcname])
-                with _open(entries[arcname]) as src:
-                    tar.addfile(info, src)
-
-
-def _write_directory(target: Path, entries, manifest_bytes, force: bool):
-    """Write into a hidden directory, then rename it into place. With ``force`` an existing target is
-    moved aside first and removed after; without, the rename fails if the target appeared meanwhile."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-    try:
-        for arcname, source in entries.items():
-            (tmp / arcname).parent.mkdir(parents=True, exist_ok=True)
-            with _open(source) as src, open(tmp / arcname, "wb") as dst:
-                shutil.copyfileobj(src, dst, COPY_BUFFER)
-        (tmp / MANIFEST).parent.mkdir(parents=True, exist_ok=True)
-        (tmp / MANIFEST).write_bytes(manifest_bytes)
-        if force and (target.exists() or target.is_symlink()):
-            old = target.with_name(f".{target.name}.old")
-            os.replace(target, old)
-            os.replace(tmp, target)
-            if old.is_dir() and not old.is_symlink():
-                shutil.rmtree(old)
-            else:
-                old.unlink()
-        else:
-            try:
-                os.rename(tmp, target)  # fails if another build made a non-empty target meanwhile
-            except OSError as exc:
-                if exc.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
-                    raise FileExistsError(str(target)) from None
-                raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 # ---- reading ------------------------------------------------------------------------------------
-# Archives are read by handlers/archives.py (LocalModel and the KServe transformer read them too);
-# these wrappers turn its ArchiveError into the CLI's UserError.
-MAX_CONFIG_BYTES = ts_config.MAX_CONFIG_BYTES  # a model-config.yaml, read whole
-
-
 @contextlib.contextmanager
-def _as_user_error():
+def opened(archive) -> Iterator[archives.Archive]:
+    """``archive`` (a path, opened for the block, or an Archive: handlers/archives.py) with its
+    ArchiveError turned into the CLI's UserError."""
     try:
-        yield
+        with archives.opened(archive) as found:
+            yield found
     except archives.ArchiveError as exc:
         raise UserError(str(exc)) from None
 
 
 def list_entries(archive) -> List[Tuple[str, int]]:
     """(name, size) of every file in a .mar, .tar.gz or model directory; refuses unsafe names."""
-    with _as_user_error():
-        return archives.members(archive)
+    with opened(archive) as found:
+        return found.members
 
 
 def read_manifest(archive) -> dict:
     """MANIFEST.json, size-capped and checked (a ``model`` with ``modelName`` and ``handler``)."""
-    with _as_user_error():
-        return archives.read_manifest(archive)
+    with opened(archive) as found:
+        return found.manifest
 
 
-def read_member(archive, name: str, limit: int = MAX_CONFIG_BYTES) -> Optional[bytes]:
+def read_member(archive, name: str, limit: int = archives.MAX_CONFIG_BYTES) -> Optional[bytes]:
     """One file's bytes from an archive (at most ``limit``), or None when it is not there."""
-    with _as_user_error():
-        return archives.read_member(archive, name, limit)
+    with opened(archive) as found:
+        return found.read(name, limit)
 
 
 def model_config(archive) -> dict:
-    """The archive's model-config.yaml as a mapping ({} when it has none)."""
-    config_name = read_manifest(archive)["model"].get("configFile")
-    if not config_name:
-        return {}
-    data = read_member(archive, config_name)
-    if data is None:
-        return {}
-    return parse_model_config(data, f"{archive}: {config_name}", "fix it and package again")
-
-
-def manifest_text(manifest: dict) -> bytes:
-    """MANIFEST.json's bytes, as every build writes them."""
-    return (json.dumps(manifest, indent=2) + "\n").encode("utf-8")
-
-
-def rewrite_archive(source: Path, target: Path, replace: Dict[str, Source], sign_key: Optional[str] = None):
-    """Write ``target``: ``source`` (a .mar, .tar.gz or directory) with the entries in ``replace``
-    added or replaced, in the same format, atomically; ``source`` is not touched. With ``sign_key``
-    the tree as written (MANIFEST.json included) is signed first: ``MAR-INF/model.sig``."""
-    source = Path(source)
-    manifest = read_manifest(source)
-    what = _kind(source)
-    if sign_key and what == "dir":
-        raise UserError("--sign-key signs .mar and .tar.gz archives: drop --archive-format no-archive")
-    with tempfile.TemporaryDirectory(prefix="tsctl-rewrite-", dir=target.parent) as tmp:
-        if what == "dir":
-            root = source
-        else:
-            with _as_user_error():
-                root = archives.unpack(source, tmp)
-        entries: Dict[str, Source] = {
-            path.relative_to(root).as_posix(): path
-            for path in sorted(root.rglob("*"))
-            if path.is_file() and path.relative_to(root).as_posix() != MANIFEST
-        }
-        entries.update(replace)
-        if sign_key:  # root is the unpacked copy: make it the tree as written, and sign that
-            from . import signing
-
-            for name, data in replace.items():
-                (root / name).parent.mkdir(parents=True, exist_ok=True)
-                (root / name).write_bytes(data if isinstance(data, bytes) else Path(data).read_bytes())
-            (root / MANIFEST).write_bytes(manifest_text(manifest))
-            entries[signing.SIGNATURE] = signing.sign(root, sign_key)
-        formats = {"dir": "no-archive", "tar": "tgz", "zip": "default"}
-        write_archive(target, entries, manifest, formats[what], force=True)
-
-
-def _kind(archive: Path) -> str:
-    with _as_user_error():
-        return archives.kind(archive)
+    """The archive's model-config.yaml as a mapping ({} when it has none): ``Archive.config``."""
+    with opened(archive) as found:
+        return found.config
 
 
 def handler_record(archive) -> Optional[dict]:
     """The archive's MAR-INF/tsctl.json (handlers/identity.py), or None: not a toolkit handler."""
-    with _as_user_error():
-        return identity.read(archive)
+    with opened(archive) as found:
+        return identity.read(found)

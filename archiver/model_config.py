@@ -13,7 +13,7 @@ import difflib
 from pathlib import Path
 from typing import Optional
 
-from handlers import archives
+from handlers.metadata import ArchiveError, bounded_yaml
 from handlers.settings import SettingsError, read_settings, shown
 from serving import ts_config
 
@@ -52,13 +52,13 @@ def load_model_config(path: Path) -> dict:
 
 
 def parse_model_config(text: bytes, where: str, fix: str) -> dict:
-    """model-config.yaml's content as a mapping ({} when empty); UserError naming ``where`` otherwise.
-    Read within bounds (``archives.bounded_yaml``: an alias bomb is refused before it is built)."""
+    """A model-config.yaml given to ``tsctl package`` (an archive's is ``Archive.config``) as a mapping
+    ({} when empty); UserError naming ``where`` otherwise. Read within bounds (``metadata.bounded_yaml``:
+    an alias bomb is refused before it is built)."""
     try:
-        data = archives.bounded_yaml(text, where)
-    except archives.ArchiveError as exc:
-        message = str(exc)
-        raise UserError(message.replace(": fix the syntax", f": {fix}") if "YAML" in message else message) from None
+        data = bounded_yaml(text, where, fix)
+    except ArchiveError as exc:
+        raise UserError(str(exc)) from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -27,8 +27,9 @@ from typing import Dict, List, Optional, Tuple
 from handlers.settings import did_you_mean
 from serving import ts_config
 
+from . import requirements
 from .errors import UserError, make_directory
-from .mar import MODEL_NAME, VERSION, handler_record, model_config, read_manifest, read_member
+from .mar import MODEL_NAME, VERSION, handler_record, opened
 from .runtimes import DEFAULT as DEFAULT_RUNTIME
 from .runtimes import runtime_named
 
@@ -90,34 +91,24 @@ def check_keys(properties: Dict[str, str], path):
             raise UserError(f"{path}: unknown key '{key}'{did_you_mean(key, KNOWN_KEYS)}")
 
 
-def archives_in(model_store: Path):
-    """Model archives in the store: *.mar, *.tar.gz and unpacked directories with a manifest."""
-    model_store = Path(model_store)
+def archives_in(model_store: Path) -> List[Path]:
+    """Model archives in the store (``ts_config.archives_in``: .mar, .tar.gz, unpacked directories)."""
     check_store(model_store)
-    found = []
-    for p in sorted(model_store.iterdir()):
-        if p.name.startswith("."):
-            continue
-        if p.is_file() and (p.name.endswith(".mar") or p.name.endswith(".tar.gz")):
-            found.append(p)
-        elif p.is_dir() and (p / "MAR-INF" / "MANIFEST.json").is_file():
-            found.append(p)
-    return found
+    return ts_config.archives_in(Path(model_store))
 
 
 def build_snapshot(model_store: Path, overrides: Optional[Dict[str, int]] = None) -> dict:
     """The model_snapshot of every archive in the store."""
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     models = OrderedDict()
-    for archive in archives_in(model_store):
-        manifest = read_manifest(archive)
-        name = manifest["model"]["modelName"]
-        version = str(manifest["model"].get("modelVersion") or "1.0")
-        check_carriable(archive, name, version)
-        entry = {"defaultVersion": True, "marName": archive.name, **worker_settings(archive, overrides)}
+    for path in archives_in(model_store):
+        with opened(path) as archive:
+            name, version = archive.model_name, archive.version
+            check_carriable(path, name, version)
+            entry = {"defaultVersion": True, "marName": path.name, **worker_settings(archive, overrides)}
         if name in models:
             raise UserError(
-                f"{archive} and {models[name][version_of(models[name])]['marName']} both hold model '{name}': "
+                f"{path} and {models[name][version_of(models[name])]['marName']} both hold model '{name}': "
                 "remove one from the model store"
             )
         models[name] = {version: entry}
@@ -130,11 +121,12 @@ FLAGS = {"minWorkers": "--min-workers", "maxWorkers": "--max-workers", "batchSiz
          "maxBatchDelay": "--max-batch-delay", "responseTimeout": "--response-timeout"}  # fmt: skip
 
 
-def worker_settings(archive: Path, overrides: Dict[str, int]) -> Dict[str, int]:
-    """An archive's snapshot settings: ``overrides`` (config's flags), else its model-config.yaml's, else
-    TorchServe's defaults; a minWorkers above the default maxWorkers raises it. Checked as the engine reads
+def worker_settings(archive, overrides: Dict[str, int]) -> Dict[str, int]:
+    """An archive's snapshot settings (an Archive): ``overrides`` (config's flags), else its model-config.yaml's,
+    else TorchServe's defaults; a minWorkers above the default maxWorkers raises it. Checked as the engine reads
     them (``ts_config.settings_problem``): a UserError naming the archive, the key and where it came from."""
-    own = {key: value for key, value in model_config(archive).items() if key in SNAPSHOT_KEYS}
+    own = {key: value for key, value in archive.config.items() if key in SNAPSHOT_KEYS}
+    archive = archive.path
     problem = ts_config.settings_problem(own)
     if problem:
         raise UserError(f"{archive}'s model-config.yaml: {problem}, and package the archive again")
@@ -238,12 +230,13 @@ def kserve_gaps(model_store, runtime_name: str = DEFAULT_RUNTIME) -> List[str]:
     (``_does_without``). Nothing is resolved or downloaded."""
     runtime = runtime_named(runtime_name)
     gaps = []
-    for archive in archives_in(Path(model_store)):
-        model = read_manifest(archive)["model"]
-        name = model.get("requirementsFile")
-        text = (read_member(archive, name) or b"").decode("utf-8", "replace") if name else ""
-        missing = [why for why in (_lacks(line, runtime) for line in text.splitlines()) if why]
-        missing = [(line, has) for line, has in missing if not _does_without(archive, model, line)]
+    for path in archives_in(Path(model_store)):
+        with opened(path) as archive:
+            model = archive.model
+            name = model.get("requirementsFile")
+            text = (archive.read(name, requirements.MAX_BYTES) or b"").decode("utf-8", "replace") if name else ""
+            missing = [why for why in (_lacks(line, runtime) for line in text.splitlines()) if why]
+            missing = [(line, has) for line, has in missing if not _does_without(archive, model, line)]
         if missing:
             lacks = ", ".join(line for line, _ in missing)
             has = [has for _, has in missing if has]
@@ -258,12 +251,11 @@ def kserve_gaps(model_store, runtime_name: str = DEFAULT_RUNTIME) -> List[str]:
 EMBEDDER = "handlers.embeddings.TextEmbedder"
 
 
-def _does_without(archive: Path, model: dict, line: str) -> bool:
+def _does_without(archive, model: dict, line: str) -> bool:
     """True for a requirement the archive's handler loads without: sentence-transformers, for a text
     embedder whose sentence-transformers modules (Transformer, mean/cls/max Pooling, Normalize) it
     computes itself with the same answers. Asked from the directory's JSON files as the handler asks
     when it loads (``handlers.fit.sentence_modules_problem``)."""
-    from .mar import list_entries
     from .requirements import requirement_name
 
     record = handler_record(archive) or {}
@@ -274,11 +266,11 @@ def _does_without(archive: Path, model: dict, line: str) -> bool:
 
     prefix = str(model.get("serializedFile") or "").strip("/") + "/"
     with tempfile.TemporaryDirectory(prefix="tsctl-modules-") as directory:
-        for name, size in list_entries(archive):
+        for name, size in archive.members:
             if name.startswith(prefix) and name.endswith(".json") and size <= MAX_MODULE_JSON:
                 target = Path(directory, name[len(prefix) :])
                 target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(read_member(archive, name) or b"")
+                target.write_bytes(archive.read(name, MAX_MODULE_JSON) or b"")
         return Path(directory, "modules.json").is_file() and sentence_modules_problem(directory) is None
 
 

@@ -91,15 +91,17 @@ def check(text: str, where: str) -> List[str]:
     return lines
 
 
-def of_archive(archive: Path) -> Tuple[Optional[str], str, List[str]]:
-    """An archive's requirements file: its name in the archive (None without one), its text and its
-    requirement lines, each checked (``check``: a UserError naming ``ARCHIVE's FILE, line N``)."""
+def of_archive(archive) -> Tuple[Optional[str], str, List[str]]:
+    """An archive's requirements file (a path or an Archive): its name in the archive (None without one),
+    its text and its requirement lines, each checked (``check``: a UserError naming ``ARCHIVE's FILE, line N``)."""
     from handlers import archives
 
-    name = archives.read_manifest(archive)["model"].get("requirementsFile")
+    with archives.opened(archive) as found:
+        name = found.model.get("requirementsFile")
+        data = found.read(name, MAX_BYTES) if name else None
+        archive = found.path
     if not name:
         return None, "", []
-    data = archives.read_member(archive, name, MAX_BYTES)
     if data is None:
         raise UserError(
             f"{archive}: its MANIFEST.json names requirementsFile {name!r}, which the archive does not hold: "

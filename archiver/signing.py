@@ -1,10 +1,11 @@
 """Signing an archive: ``tsctl package --sign-key KEY`` (handlers/signing.py says what is signed,
 and checks it)."""
 
+import tempfile
 from pathlib import Path
 from typing import Optional
 
-from handlers import signing
+from handlers import archives, signing
 
 from .errors import UserError
 
@@ -42,28 +43,25 @@ def stem(archive: Path) -> str:
     return name
 
 
-def verify_archive(archive, public_key: str, expect_name: Optional[str] = None, expect_version: Optional[str] = None):
-    """Check ``archive`` (a .mar, .tar.gz or directory) against ``public_key``: unpacked aside, as a
-    worker would see it, and signed as ``expect_name`` (default: its file name) and ``expect_version``
-    (when given); SignatureError (exit 1) naming the first file that differs or what it is signed as.
-    Returns (name, version, key fingerprint) as signed."""
-    import tempfile
-
-    from handlers import archives
-
-    archive = Path(archive)
+def verify_archive(
+    archive: archives.ArchiveLike,
+    public_key: str,
+    expect_name: Optional[str] = None,
+    expect_version: Optional[str] = None,
+):
+    """Check ``archive`` (a .mar, .tar.gz or directory, or an open Archive) against ``public_key``:
+    unpacked aside, as a worker would see it, and signed as ``expect_name`` (default: its file name) and
+    ``expect_version`` (when given); SignatureError (exit 1) naming the first file that differs or what
+    it is signed as. Returns (name, version, key fingerprint) as signed."""
     key = signing.read_key(public_key)  # a wrong key file is named before anything is unpacked
-    named = expect_name or stem(archive)
-    try:
-        if archive.is_dir():
-            name, version = signing.verify(archive, public_key, archive.name, named, expect_version)
-        else:
-            with tempfile.TemporaryDirectory(prefix="tsctl-verify-") as tmp:
-                model_dir = archives.unpack(archive, tmp)
-                name, version = signing.verify(model_dir, public_key, archive.name, named, expect_version)
-    except signing.IdentityError as exc:
-        if expect_name or exc.signed[0] == named:
-            raise
-        # the name expected came from the file's: say how to check an archive that was renamed
-        raise signing.IdentityError(f"{exc} (renamed? give --expect-name {exc.signed[0]})", exc.signed) from None
+    with archives.opened(archive) as opened, tempfile.TemporaryDirectory(prefix="tsctl-verify-") as tmp:
+        named = expect_name or stem(opened.path)
+        model_dir = opened.path if opened.kind == "dir" else opened.unpack(tmp)
+        try:
+            name, version = signing.verify(model_dir, public_key, opened.path.name, named, expect_version)
+        except signing.IdentityError as exc:
+            if expect_name or exc.signed[0] == named:
+                raise
+            # the name expected came from the file's: say how to check an archive that was renamed
+            raise signing.IdentityError(f"{exc} (renamed? give --expect-name {exc.signed[0]})", exc.signed) from None
     return name, version, signing.fingerprint(key)

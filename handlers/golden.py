@@ -50,19 +50,26 @@ def version_changes(golden: dict) -> List[str]:
     ]
 
 
-def read(archive) -> Optional[dict]:
-    """The archive's golden.json, or None when it has none."""
-    golden = archives.read_json_member(archive, GOLDEN, MAX_GOLDEN_BYTES)
+def read(archive: archives.ArchiveLike) -> Optional[dict]:
+    """The archive's golden.json (an Archive's, read and checked once; a path is opened for the call),
+    or None when it has none."""
+    with archives.opened(archive) as opened:
+        return opened.cached("golden cases", lambda: _checked(opened))
+
+
+def _checked(archive: archives.Archive) -> Optional[dict]:
+    golden = archive.read_json(GOLDEN, MAX_GOLDEN_BYTES)
     if golden is None:
         return None
+    where = archive.path
     if not isinstance(golden, dict) or not isinstance(golden.get("cases"), list):
-        raise archives.ArchiveError(f"{archive}: {GOLDEN} has no list of cases: package it again")
+        raise archives.ArchiveError(f"{where}: {GOLDEN} has no list of cases: package it again")
     if not isinstance(golden.get("fingerprint", {}), dict):
-        raise archives.ArchiveError(f"{archive}: {GOLDEN}'s fingerprint is not an object: package it again")
+        raise archives.ArchiveError(f"{where}: {GOLDEN}'s fingerprint is not an object: package it again")
     for index, case in enumerate(golden["cases"]):
         problem = case_problem(case)
         if problem:
-            raise archives.ArchiveError(f"{archive}: {GOLDEN} case {index} {problem}: package it again")
+            raise archives.ArchiveError(f"{where}: {GOLDEN} case {index} {problem}: package it again")
     return golden
 
 

@@ -15,8 +15,7 @@ it without loading any model code.
 """
 
 import json
-from pathlib import Path
-from typing import Optional, Union
+from typing import Optional
 
 from . import archives
 
@@ -43,12 +42,14 @@ def encode(record: dict) -> bytes:
     return (json.dumps(record, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
 
-def read(archive: Union[str, Path]) -> Optional[dict]:
-    """The archive's record, or None when it has none (not a toolkit handler). A record that is not a
-    JSON object is refused (ArchiveError) rather than guessed at."""
-    record = archives.read_json_member(archive, RECORD, MAX_RECORD_BYTES)
-    if record is None:
-        return None
-    if not isinstance(record, dict) or not isinstance(record.get("input"), str):
-        raise archives.ArchiveError(f"{archive}: {RECORD} is not a tsctl handler record: package it again")
-    return record
+def read(archive: archives.ArchiveLike) -> Optional[dict]:
+    """The archive's record (an Archive's, read once; a path is opened for the call), or None when it has
+    none (not a toolkit handler). A record that is not a JSON object is refused (ArchiveError) rather
+    than guessed at."""
+    with archives.opened(archive) as opened:
+        record = opened.read_json(RECORD, MAX_RECORD_BYTES)
+        if record is None:
+            return None
+        if not isinstance(record, dict) or not isinstance(record.get("input"), str):
+            raise archives.ArchiveError(f"{opened.path}: {RECORD} is not a tsctl handler record: package it again")
+        return record

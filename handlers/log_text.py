@@ -7,7 +7,7 @@ the JSON keys it found; a traceback carries an exception's message), so a key li
 
 ``logger(name)`` is the toolkit modules' ``logging.getLogger``: each record of it (and of TorchServe's
 ``ts.service``, which logs a handler's exceptions) passes through ``OneRecord``, which writes its
-message on one line, control characters escaped (``archives.printable``: line breaks, ``\\r``,
+message on one line, control characters escaped (``metadata.printable``: line breaks, ``\\r``,
 terminal escapes, Unicode line separators as ``\\xNN``/``\\uNNNN``), and its traceback, if any, on
 lines of its own, each escaped so and indented: no record starts a line of its own choosing. The
 exception itself stays on the record as ``raised`` (``exc_info`` is cleared, or handlers would print it again).
@@ -16,7 +16,7 @@ exception itself stays on the record as ``raised`` (``exc_info`` is cleared, or 
 import logging
 import traceback
 
-from .archives import printable
+from .metadata import printable
 
 GUARDED = ("ts.service",)  # TorchServe's loggers that log the toolkit's exceptions (Service.predict)
 

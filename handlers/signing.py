@@ -97,12 +97,17 @@ def fingerprint(key) -> str:
     return "sha256:" + hashlib.sha256(pem).hexdigest()
 
 
-def signature_of(archive: Union[str, Path]) -> dict:
+def signature_of(archive: archives.ArchiveLike) -> dict:
     """Whether ``archive`` holds a signature and the fingerprint of the key it names (not checked:
-    only ``verify`` with the public key checks it): ``{"signed": bool, "key_fingerprint": str|None}``."""
+    only ``verify`` with the public key checks it): ``{"signed": bool, "key_fingerprint": str|None}``.
+    An Archive's is read once; a path is opened for the call."""
+    with archives.opened(archive) as opened:
+        return opened.cached(SIGNATURE, lambda: _signature(opened.read(SIGNATURE, MAX_SIGNATURE_BYTES)))
+
+
+def _signature(data: Optional[bytes]) -> dict:
     import json
 
-    data = archives.read_member(archive, SIGNATURE, MAX_SIGNATURE_BYTES)
     if data is None:
         return {"signed": False, "key_fingerprint": None}
     try:
@@ -116,8 +121,8 @@ def signature_of(archive: Union[str, Path]) -> dict:
 def identity(model_dir: Path) -> Tuple[str, str]:
     """(model name, version) of an unpacked archive's MANIFEST.json, the version "1.0" when it gives none
     (as TorchServe and tsctl config take it)."""
-    model = archives.read_manifest(model_dir)["model"]
-    return model["modelName"], str(model.get("modelVersion") or "1.0")
+    with archives.Archive(model_dir) as unpacked:
+        return unpacked.model_name, unpacked.version
 
 
 class IdentityError(SignatureError):

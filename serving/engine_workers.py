@@ -62,7 +62,7 @@ from typing import Callable, Deque, Dict, List, Optional
 
 import ts
 
-from handlers.archives import printable
+from handlers.archives import Archive, opened, printable
 
 from .ts_config import Frontend, ModelSpec
 from .ts_wire import (
@@ -671,25 +671,25 @@ def open_model(
     decode_default=None,
     on_line=None,
     on_metric=None,
+    archive: Optional[Archive] = None,
 ) -> ModelWorkers:
-    """One model version ready to start: its archive unpacked into ``unpack_dir`` and checked (the
-    signature first when ``frontend.public_key`` asks, before any of its code can run), its workers'
-    environment made as TorchServe's frontend makes it. ``decode_default(model_dir)``: whether its
-    requests are decoded (None: the config's ``decode_input_request``); ``on_line(worker, line)`` gets
-    the lines a worker prints (default: the ``tsctl.worker`` log), ``on_metric(worker, line)`` those of
-    its metrics logger (default: logged as the others)."""
+    """One model version ready to start: its archive (``archive``, opened already, else ``spec.archive``
+    opened here) unpacked into ``unpack_dir`` (an unpacked directory is served where it is, as TorchServe
+    serves it) and checked (the signature first when ``frontend.public_key`` asks, before any of its code
+    can run), its workers' environment made as TorchServe's frontend makes it. ``decode_default(archive)``:
+    whether its requests are decoded (None: the config's ``decode_input_request``); ``on_line(worker,
+    line)`` gets the lines a worker prints (default: the ``tsctl.worker`` log), ``on_metric(worker, line)``
+    those of its metrics logger (default: logged as the others)."""
     from handlers import signing
-    from handlers.archives import check_inside, read_manifest, unpack
 
-    model_dir = unpack(spec.archive, unpack_dir).resolve()
-    if frontend.public_key:  # before any of the archive's code can run; signed as the snapshot's name and version
-        signing.verify(model_dir, frontend.public_key, spec.archive.name, spec.name, spec.version)
-    manifest = read_manifest(model_dir)
-    check_inside(model_dir, manifest)
-    model = manifest["model"]
-    if model.get("modelName") != spec.name:
-        logger.info("%s: served as %s (its manifest says %s)", spec.archive, spec.name, model["modelName"])
-    decode = frontend.decode_input_request if decode_default is None else decode_default(model_dir)
+    with opened(archive or spec.archive) as found:
+        model_dir = found.model_dir(unpack_dir)
+        if frontend.public_key:  # before any of the archive's code can run; signed as the snapshot's name and version
+            signing.verify(model_dir, frontend.public_key, spec.archive.name, spec.name, spec.version)
+        model = found.model
+        if model["modelName"] != spec.name:
+            logger.info("%s: served as %s (its manifest says %s)", spec.archive, spec.name, model["modelName"])
+        decode = frontend.decode_input_request if decode_default is None else decode_default(found)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(model_dir), os.environ.get("PYTHONPATH")) if p)

@@ -53,6 +53,7 @@ from mlserver.types import InferenceRequest, InferenceResponse
 from mlserver.utils import get_model_uri
 
 from handlers import identity, protocol
+from handlers.archives import Archive
 
 from .engine_workers import ModelWorkers, open_model
 from .ts_config import Frontend, ModelSpec
@@ -98,13 +99,15 @@ class ArchiveModel(MLModel):
         spec, frontend = model_spec(self.name, self.version or "1.0", archive, extra)
         self._run_dir = tempfile.mkdtemp(prefix="tsctl-mlserver-")
         try:
-            toolkit = identity.read(archive) is not None
-            if not toolkit:
-                frontend.envelope = "kservev2"
-                spec.batch_size = 1
-            self._workers: ModelWorkers = open_model(
-                spec, frontend, os.path.join(self._run_dir, "model"), 9000, lambda _: not toolkit
-            )
+            with Archive(archive) as opened:  # read once: its record here, its files in open_model
+                toolkit = identity.read(opened) is not None
+                if not toolkit:
+                    frontend.envelope = "kservev2"
+                    spec.batch_size = 1
+                model_dir = os.path.join(self._run_dir, "model")
+                self._workers: ModelWorkers = open_model(
+                    spec, frontend, model_dir, 9000, lambda _: not toolkit, archive=opened
+                )
             await self._workers.start()
         except BaseException:
             shutil.rmtree(self._run_dir, ignore_errors=True)

@@ -16,29 +16,27 @@ import torch
 import ts
 from ts.context import Context
 
-from handlers import archives, identity, protocol
-from handlers.archives import ArchiveError, check_inside, read_manifest, unpack
+from handlers import identity, protocol
+from handlers.archives import ArchiveError, ArchiveLike, opened
 from handlers.base import Job
 
 
-def load_handler(archive, with_model: bool = False):
+def load_handler(archive: ArchiveLike, with_model: bool = False):
     """The archive's toolkit handler, initialised like a worker's (weights only if ``with_model``)."""
-    manifest = read_manifest(archive)
-    record = identity.read(archive) or {}
-    if not record.get("splits"):
-        raise ArchiveError(
-            f"{archive}: its handler ({record.get('class') or manifest['model']['handler']}) cannot run apart from "
-            "its model: its preprocess does not turn a request into one tensor (MAR-INF/tsctl.json 'splits')"
-        )
-    model_dir = unpack(archive, tempfile.mkdtemp(prefix="tsctl-transformer-"))
-    check_inside(model_dir, manifest)
-    model = manifest["model"]
+    with opened(archive) as found:
+        record = identity.read(found) or {}
+        if not record.get("splits"):
+            raise ArchiveError(
+                f"{found.path}: its handler ({record.get('class') or found.model['handler']}) cannot run apart from "
+                "its model: its preprocess does not turn a request into one tensor (MAR-INF/tsctl.json 'splits')"
+            )
+        model_dir = found.model_dir(tempfile.mkdtemp(prefix="tsctl-transformer-"))
+        manifest, config = found.manifest, found.config
     if str(model_dir) not in sys.path:  # a handler file of the user's own, as a worker imports it
         sys.path.insert(0, str(model_dir))
     handler_class = getattr(importlib.import_module(record["module"]), record["class"])
-    config_file = model_dir / model["configFile"] if model.get("configFile") else None
-    config = archives.bounded_yaml(config_file.read_bytes(), str(config_file)) if config_file else {}
-    context = Context(model["modelName"], str(model_dir), manifest, 1, None, ts.__version__, model_yaml_config=config)
+    model_name = manifest["model"]["modelName"]
+    context = Context(model_name, str(model_dir), manifest, 1, None, ts.__version__, model_yaml_config=config)
     handler = handler_class()
     handler.with_model = with_model
     handler.initialize(context)

@@ -65,7 +65,7 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple, Union
 from ts.torch_handler.request_envelope.base import BaseEnvelope
 
 from handlers import identity, signing
-from handlers.archives import check_inside, read_manifest, unpack
+from handlers.archives import Archive, opened
 
 from . import worker
 from .worker import Request, Response, as_request
@@ -83,7 +83,7 @@ class LocalModel:
 
     def __init__(
         self,
-        archive: Union[str, Path],
+        archive: Union[str, Path, Archive],
         batch_size: int = 8,
         envelope: Optional[str] = None,
         gpu: Optional[int] = None,
@@ -93,7 +93,6 @@ class LocalModel:
         public_key: Optional[str] = None,
         expected: Tuple[Optional[str], Optional[str]] = (None, None),
     ):
-        archive = Path(archive)
         self.decode_input_request = decode_input_request
         self._tmp = None
         self.model_dir = None
@@ -102,16 +101,15 @@ class LocalModel:
         self.record: Optional[dict] = None
         self._modules: Dict[str, Any] = {}  # this model's entries of sys.modules while it is not active
         try:
-            self.manifest = read_manifest(archive)
-            self.record = identity.read(archive)  # MAR-INF/tsctl.json: which class is the handler
-            if archive.is_dir():
-                self.model_dir = archive.resolve()
-            else:
-                self._tmp = tempfile.mkdtemp(prefix="tsctl-run-")
-                self.model_dir = unpack(archive, self._tmp).resolve()
-            check_inside(self.model_dir, self.manifest)
+            with opened(archive) as found:  # a path is opened here; an Archive given is read once for all
+                self.manifest = found.manifest
+                self.record = identity.read(found)  # MAR-INF/tsctl.json: which class is the handler
+                if found.kind != "dir":
+                    self._tmp = tempfile.mkdtemp(prefix="tsctl-run-")
+                self.model_dir = found.model_dir(self._tmp)
+                name = found.path.name
             if public_key:  # before any of the archive's code is imported
-                signing.verify(self.model_dir, public_key, archive.name, *expected)
+                signing.verify(self.model_dir, public_key, name, *expected)
             model = self.manifest["model"]
             self.model_name = model["modelName"]
             self._names = own_names(self.model_dir, model)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from handlers.archives import bounded_yaml, read_manifest, read_member
+from handlers.archives import MAX_CONFIG_BYTES, ArchiveLike, opened  # noqa: F401 - MAX_CONFIG_BYTES: callers'
 
 SNAPSHOT_KEYS = ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout")
 SNAPSHOT_DEFAULTS = {"minWorkers": 1, "maxWorkers": 1, "batchSize": 1, "maxBatchDelay": 100, "responseTimeout": 120}
@@ -31,7 +31,6 @@ SNAPSHOT_LEAST = {"minWorkers": 1, "maxWorkers": 1, "batchSize": 1, "maxBatchDel
 # The greatest value of every worker setting: TorchServe reads each as a Java Integer (a larger YAML number is a
 # Long, which its ModelConfig ignores as it ignores 0).
 SNAPSHOT_MOST = 2**31 - 1
-MAX_CONFIG_BYTES = 1 << 20
 # Keys whose meaning the tsctl engine cannot give: refused rather than silently ignored.
 UNSUPPORTED = {
     "enable_grpc_ssl": "TLS: terminate it in front of the engine (KServe's ingress does)",
@@ -197,7 +196,12 @@ def models(config: Optional[Path], model_store: Path) -> "tuple[List[ModelSpec],
     check_store(model_store)
     if config is None:
         frontend = Frontend()
-        return [_from_archive(archive, frontend) for archive in archives_in(Path(model_store))], frontend
+        found = archives_in(Path(model_store))
+        if not found:
+            raise ConfigError(
+                f"{model_store} holds no model archives (.mar, .tar.gz or directories): build them with 'tsctl package'"
+            )
+        return [_from_archive(archive, frontend) for archive in found], frontend
     return from_properties(read_properties(config), config, model_store)
 
 
@@ -264,38 +268,44 @@ def _from_snapshot(config, model_store: Path, name: str, version: str, entry, fr
 
 
 def archives_in(model_store: Path) -> List[Path]:
-    found = sorted(p for p in Path(model_store).iterdir() if p.suffix == ".mar")
-    if not found:
-        raise ConfigError(f"{model_store} holds no model archives (.mar): build them with 'tsctl package'")
+    """The model archives in a store, as TorchServe takes them: *.mar and *.tar.gz files and unpacked
+    directories with a MAR-INF/MANIFEST.json, hidden names left out, sorted. What 'tsctl config' lists in
+    the model_snapshot and what the engine serves without one."""
+    found = []
+    for p in sorted(Path(model_store).iterdir()):
+        if p.name.startswith("."):
+            continue
+        if p.is_file() and (p.name.endswith(".mar") or p.name.endswith(".tar.gz")):
+            found.append(p)
+        elif p.is_dir() and (p / "MAR-INF" / "MANIFEST.json").is_file():
+            found.append(p)
     return found
 
 
-def archive_config(archive: Path) -> dict:
-    """The archive's model-config.yaml as a dict ({} without one)."""
-    config_file = read_manifest(archive)["model"].get("configFile")
-    data = read_member(archive, config_file, MAX_CONFIG_BYTES) if config_file else None
-    config = bounded_yaml(data, f"{archive}: {config_file}") if data else {}
-    return config if isinstance(config, dict) else {}
+def archive_config(archive: ArchiveLike) -> dict:
+    """The archive's model-config.yaml as a dict ({} without one): ``Archive.config``."""
+    with opened(archive) as found:
+        return found.config
 
 
-def _from_archive(archive: Path, frontend: Frontend) -> ModelSpec:
+def _from_archive(archive: ArchiveLike, frontend: Frontend) -> ModelSpec:
     """TorchServe registering an archive with no snapshot: model-config.yaml's settings, else defaults."""
-    model = read_manifest(archive)["model"]
-    config = archive_config(archive)
-    problem = settings_problem(config)
-    if problem:
-        raise ConfigError(f"{archive}'s model-config.yaml: {problem}, and package the archive again")
-    workers = config.get("minWorkers", max(1, frontend.default_workers))
-    return ModelSpec(
-        name=model["modelName"],
-        version=str(model.get("modelVersion") or "1.0"),
-        archive=archive,
-        min_workers=workers,
-        max_workers=max(workers, config.get("maxWorkers", workers)),  # only a default minWorkers can be above it
-        batch_size=config.get("batchSize", 1),
-        max_batch_delay=config.get("maxBatchDelay", 100),
-        response_timeout=config.get("responseTimeout", frontend.default_response_timeout),
-    )
+    with opened(archive) as found:
+        config = found.config
+        problem = settings_problem(config)
+        if problem:
+            raise ConfigError(f"{found.path}'s model-config.yaml: {problem}, and package the archive again")
+        workers = config.get("minWorkers", max(1, frontend.default_workers))
+        return ModelSpec(
+            name=found.model_name,
+            version=found.version,
+            archive=found.path,
+            min_workers=workers,
+            max_workers=max(workers, config.get("maxWorkers", workers)),  # only a default minWorkers can be above it
+            batch_size=config.get("batchSize", 1),
+            max_batch_delay=config.get("maxBatchDelay", 100),
+            response_timeout=config.get("responseTimeout", frontend.default_response_timeout),
+        )
 
 
 def default_config(model_store: Path) -> Optional[Path]:

@@ -216,3 +216,33 @@ def test_what_render_writes_java_reads_back_as_it_was(tmp_path):
     assert "url=http://0.0.0.0:8085\n" in path.read_text() and "equals=a=b\n" in path.read_text()
     if shutil.which("java"):
         assert java_reads(path) == TRICKY
+
+
+def test_the_engine_without_a_config_serves_what_tsctl_config_lists(tmp_path):
+    """One ``archives_in``: a .mar, a .tar.gz and an unpacked directory, as TorchServe takes them, are what
+    'tsctl config' writes into the model_snapshot and what the engine serves without a config (it skipped
+    .tar.gz archives and directories)."""
+    import io
+    import tarfile
+    import zipfile
+
+    store = tmp_path / "model-store"
+    store.mkdir()
+
+    def manifest(name: str) -> bytes:
+        return json.dumps({"model": {"modelName": name, "handler": "h.py", "modelVersion": "1.0"}}).encode()
+
+    with zipfile.ZipFile(store / "zipped.mar", "w") as z:
+        z.writestr("MAR-INF/MANIFEST.json", manifest("zipped"))
+    with tarfile.open(store / "tarred.tar.gz", "w:gz") as t:
+        info = tarfile.TarInfo("tarred/MAR-INF/MANIFEST.json")
+        info.size = len(manifest("tarred"))
+        t.addfile(info, io.BytesIO(manifest("tarred")))
+    (store / "unpacked" / "MAR-INF").mkdir(parents=True)
+    (store / "unpacked" / "MAR-INF" / "MANIFEST.json").write_bytes(manifest("unpacked"))
+    (store / "notes.txt").write_text("not an archive")
+    listed = [p.name for p in properties.archives_in(store)]
+    assert listed == ["tarred.tar.gz", "unpacked", "zipped.mar"]
+    specs, _ = ts_config.models(None, store)
+    assert [(s.name, s.archive.name) for s in specs] == [(name.split(".")[0], name) for name in listed]
+    assert list(properties.build_snapshot(store)["models"]) == ["tarred", "unpacked", "zipped"]

@@ -253,3 +253,21 @@ def test_the_check_is_cheap_on_a_500_mb_archive(layout, tmp_path):
     print(f"check_zip: {size / 1e6:.0f} MB, {layout}: {took * 1000:.0f} ms")
     assert size > 400e6 or layout == "many small entries"
     assert took < 5
+
+
+def test_an_open_archive_is_checked_once_and_refused_when_written_over_while_open(tmp_path):
+    """``Archive`` runs the check once, on the file it keeps open; a file written over in place after that
+    (the check passed on other bytes) is refused, not read half old, half new."""
+    path = tmp_path / "m.mar"
+    manifest = b'{"model": {"modelName": "m", "handler": "h.py"}}'
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("MAR-INF/MANIFEST.json", manifest)
+        z.writestr("h.py", "x = 1\n")
+    with archives.Archive(path) as archive:
+        assert archive.kind == "zip" and archive.model_name == "m"
+        assert archive.read("h.py", 100) == b"x = 1\n"
+        with open(path, "r+b") as f:
+            f.write(f.read())  # the same bytes again, appended: another size, another ctime
+        with pytest.raises(archives.ArchiveError, match="changed on disk while tsctl read it"):
+            archive.read("h.py", 100)
+        assert archive.manifest["model"]["modelName"] == "m"  # what was read stays readable

@@ -304,3 +304,19 @@ def test_inspect_and_package_say_whether_an_archive_is_signed_and_by_which_key(s
                  "--sign-key", signed["root"] / "signer.pem", "--json")  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["signature"] == {"signed": True, "key_fingerprint": expected}
+
+
+def test_package_signs_before_its_one_write_and_unpacks_nothing(signed, image_sample, tmp_path, monkeypatch):
+    """--sign-key signs the archive's files as they will be written and writes the archive once: nothing
+    is written aside, unpacked and written again (an Archive's unpack would fail here)."""
+    from archiver import signing as archive_signing
+    from handlers import archives
+
+    def no_unpack(self, into):
+        raise AssertionError(f"{self.path} was unpacked while packaging")
+
+    monkeypatch.setattr(archives.Archive, "unpack", no_unpack)
+    archive = package_resnet(image_sample, tmp_path / "store", name="once", sign_key=str(signed["root"] / "signer.pem"))
+    monkeypatch.undo()
+    name, version, _ = archive_signing.verify_archive(archive, str(signed["public"]))
+    assert (name, version) == ("once", "1.0")
