@@ -9,8 +9,9 @@ import textwrap
 
 import pytest
 
-from archiver import kserve, mar, properties
+from archiver import mar, properties
 from archiver.errors import UserError
+from archiver.export import kserve
 from conftest import RunningServer, batch_lines, package_resnet, post_concurrently, write_model_config
 from handlers import identity
 from serving.testing import LocalModel

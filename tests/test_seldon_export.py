@@ -16,9 +16,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from archiver import crds, mlserver, properties, seldon
+from archiver import mlserver, properties
 from archiver.cli import main
 from archiver.errors import UserError
+from archiver.export import crds, seldon
 from conftest import package_resnet, package_text
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "seldon"
