@@ -4,7 +4,7 @@ Every handler module imports torch (and torchvision or transformers), seconds of
 only writes a zip. Packaging needs of a handler class no more than its ``Kind``: the names recorded
 in MAR-INF/tsctl.json (identity.py), what a request holds, whether it splits into a KServe
 transformer, its settings class (settings.py, no torch) and what the archive must install.
-``KINDS`` gives it for each toolkit handler by name; tests/test_package.py checks each against
+``KINDS`` gives it for each toolkit handler by name; tests/cli/test_package.py checks each against
 ``kind_of`` its real class. A user's ``--handler`` file is imported as TorchServe will import it,
 and ``kind_of`` reads its class.
 """
