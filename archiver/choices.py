@@ -8,5 +8,5 @@ its option declarations need up front live here.
 ARCHIVE_FORMATS = {"default": ".mar", "zip-store": ".mar", "tgz": ".tar.gz", "no-archive": ""}  # -> suffix
 KSERVE_PROTOCOLS = ("v1", "v2")  # tsctl export kserve --protocol
 MAX_BENCH_SECONDS = 600  # tsctl bench --duration, and how long any benchmark may run
-# --engine's choices come from archiver.engines.ENGINES (a light module too).
-RUNTIME_KINDS = ("ClusterServingRuntime", "ServingRuntime")  # tsctl export kserve --engine kserve --runtime-kind
+# --engine's choices come from archiver.engines.ENGINES and its ALIASES (a light package too).
+RUNTIME_KINDS = ("ClusterServingRuntime", "ServingRuntime")  # tsctl export kserve --engine tsctl --runtime-kind

@@ -85,15 +85,25 @@ def timeout_option(default: float, help_text: str):
 
 
 def engine_option(help_text: str):
-    """``--engine NAME``: which engine runs the archives, one of archiver.engines.ENGINES."""
+    """``--engine NAME``: which runtime runs the archives, one of archiver.engines.ENGINES or an alias of one
+    (``kserve``: the tsctl engine's older name, noted once on stderr)."""
     lines = " ".join(engine.help for engine in engines.ENGINES.values())
     return click.option(
         "--engine",
-        type=click.Choice(list(engines.ENGINES)),
+        type=click.Choice(list(engines.ENGINES) + list(engines.ALIASES)),
         default="torchserve",
         show_default=True,
+        callback=resolve_alias,
         help=f"{help_text} {lines}",
     )
+
+
+def resolve_alias(ctx, param, value):
+    """The runtime's own name for ``--engine ALIAS``, with a note on stderr (stdout stays the answer)."""
+    if value in engines.ALIASES:
+        click.echo(f"note: --engine {value} is an alias of --engine {engines.ALIASES[value]}", err=True)
+        return engines.ALIASES[value]
+    return value
 
 
 def runtime_option(help_text: str):
@@ -302,7 +312,7 @@ def config(
 @click.option(
     "--config",
     "config_path",
-    help=f"config.properties (default {engines.DEFAULT_CONFIG}; the kserve engine serves every archive in the "
+    help=f"config.properties (default {engines.DEFAULT_CONFIG}; the tsctl engine serves every archive in the "
     "store without one).",
 )
 @click.option("--model-store", default="model-store", show_default=True, help="The directory of archives to serve.")
@@ -398,14 +408,13 @@ def stop(home, as_json):
 def predict(model, inputs, home, timeout, as_json):
     """Send each INPUT file to MODEL on the running server (where its engine takes one request:
     /predictions/MODEL) and print the answers."""
-    from . import server
 
     paths = [input_file(p) for p in inputs]
     srv = running_server(home, model)
     results = []
     for path in paths:
         try:
-            status, body = server.predict(srv, model, Path(path), timeout)
+            status, body = engines.predict(srv, model, Path(path), timeout)
         except TimeoutError:
             raise ServerError(f"{path}: no answer from {model} within {timeout:g} s: raise --timeout") from None
         except OSError as exc:
@@ -416,7 +425,7 @@ def predict(model, inputs, home, timeout, as_json):
         if not as_json:
             click.echo(f"{path}: {status} " + (f"<{len(body):,} bytes>" if binary else json.dumps(body)))
     if as_json:
-        print_json({"model": model, "url": srv.predict_url(model), "results": results})
+        print_json({"model": model, "url": engines.predict_url(srv, model), "results": results})
     sys.exit(1 if any(r["status"] != 200 for r in results) else 0)
 
 
@@ -667,7 +676,7 @@ def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay,
     files = [chosen.request_body(data, kind) for data, kind in files]
     bound = f"{count} requests" if count is not None else f"{duration:g} s"
     progress(f"{model}: {concurrency} clients, {bound}")
-    result = load.run_load(srv.predict_url(model), files, concurrency, count, duration, headers)
+    result = load.run_load(engines.predict_url(srv, model), files, concurrency, count, duration, headers)
     summary = result.summary()
     if as_json:
         print_json(finite(summary))
@@ -732,23 +741,24 @@ def parse_split(values):
 )
 @runtime_option("The TorchServe image KServe runs: each archive's requirements are resolved and pinned for it.")
 @click.option("--offline", is_flag=True, help="Bundle each archive's wheels: its per-model install needs no index.")
-@engine_option("What serves the tree in the pod; kserve writes a serving runtime for the engine's image (--image).")
-@click.option("--image", help="The tsctl engine's image (--engine kserve), built from OUT/predictor-image.")
+@engine_option("What serves the tree in the pod; tsctl writes a serving runtime for the engine's image (--image).")
+@click.option("--image", help="The tsctl engine's image (--engine tsctl), built from OUT/predictor-image.")
 @click.option(
     "--runtime-kind",
     type=click.Choice(choices.RUNTIME_KINDS),
-    help="--engine kserve: the runtime's kind (default ClusterServingRuntime; ServingRuntime: in --namespace).",
+    help="--engine tsctl: the runtime's kind (default ClusterServingRuntime; ServingRuntime: in --namespace).",
 )
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @json_option
 def export_kserve(out, config_path, split, as_json, **options):
     """Write OUT/{config,model-store} for a PVC, the InferenceService and the deploy commands."""
-    from . import kserve, reports
+    from . import reports
+    from .export import kserve, targets
 
     progress = Progress.for_command(as_json)  # resolving and downloading requirements takes seconds per archive
     export_options = kserve.ExportOptions(out=out, config=config_path, split=parse_split(split), **options)
     export_options.progress = progress
-    notice = engines.named(export_options.engine).export_notice(export_options)
+    notice = targets.named(export_options.engine).export_notice(export_options)
     if notice:
         progress(notice)
     result = kserve.export(export_options)
@@ -788,7 +798,8 @@ def export_kserve(out, config_path, split, as_json, **options):
 @json_option
 def export_seldon(out, config_path, ab, default_model, as_json, **options):
     """Write OUT/models/NAME/ for a PVC, a Seldon Core 2 Server, Models (Experiment, Pipeline) and DEPLOY.md."""
-    from . import reports, seldon
+    from . import reports
+    from .export import seldon
 
     result = seldon.export(
         seldon.SeldonOptions(out=out, config=config_path, ab=seldon.parse_ab(ab), default=default_model, **options)

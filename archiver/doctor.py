@@ -3,7 +3,7 @@
 Each check says what it found (``detail``) and, when something is missing, the one fix (``fix``);
 ``needed_for`` names what needs it. ``TORCHSERVE`` marks what the default engine cannot run without
 (Python, TorchServe and torch, Java 17+): ``tsctl doctor`` exits 1 when one of those fails, else 0; the
-other checks (pip for ``serve --install-deps``, the kserve extra for ``--engine kserve``, MLServer for
+other checks (pip for ``serve --install-deps``, the kserve extra for ``--engine tsctl``, MLServer for
 ``--engine mlserver``, uv for ``export kserve --runtime``, free disk) are reported without changing the
 exit code. Nothing is installed or started; the checks find modules without importing them, and run
 only ``java -version`` and, when MLServer is not in this Python, the checkout's MLServer venv.
@@ -36,7 +36,7 @@ class Check:
     ok: bool
     detail: str  # what was found
     fix: Optional[str]  # the one thing to do when not ok, else None
-    needed_for: str  # what needs it: TORCHSERVE, "--engine kserve", "serve --install-deps", ...
+    needed_for: str  # what needs it: TORCHSERVE, "--engine tsctl", "serve --install-deps", ...
 
     def line(self) -> str:
         """``ok      java (for torchserve): Java 17.0.2 at ...``; a problem ends with ``; fix: ...``."""
@@ -175,9 +175,9 @@ def kserve_check() -> Check:
         fix = (
             "install tsctl's kserve extra: uv sync --extra kserve (in tsctl's checkout) or pip install 'tsctl[kserve]'"
         )
-        return Check("kserve-extra", False, detail, fix, "--engine kserve")
+        return Check("kserve-extra", False, detail, fix, "--engine tsctl")
     detail = f"kserve {_version('kserve')}, fastapi {_version('fastapi')}"
-    return Check("kserve-extra", True, detail, None, "--engine kserve")
+    return Check("kserve-extra", True, detail, None, "--engine tsctl")
 
 
 def mlserver_check(runtimes: Path) -> Check:

@@ -11,7 +11,7 @@ read as pip reads it: after a requirement only ``--hash=ALGORITHM:HEX`` may foll
 option there, and an option line after it), and a PEP 263 coding line other than UTF-8's is refused (pip
 decodes the whole file with it). Every
 command that takes an archive's requirements elsewhere reads them through ``of_archive``: the
-TorchServe export (locked for KServe's image), ``export kserve --engine kserve`` and ``export seldon``
+TorchServe export (locked for KServe's image), ``export kserve --engine tsctl`` and ``export seldon``
 (copied into the image's requirements.txt, which ``docker build`` installs).
 
 Resolving and downloading (``archiver/runtimes.py``) then run uv and pip with their configuration

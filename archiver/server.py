@@ -2,8 +2,9 @@
 
 What every engine shares lives here: ``Server`` (server.json: pid, the engine's name, its addresses),
 starting a command detached (``spawn``), one state directory per server, ``stop``, free ports and
-HTTP. TorchServe's own launch and readiness (``start``, ``wait_ready``) are here too; the engines
-themselves, and how ``tsctl`` picks one, are ``archiver/engines.py``.
+HTTP (``request``: archiver/http_client.py). TorchServe's own launch and readiness (``start``,
+``wait_ready``; what its logs say: archiver/torchserve_log.py) are here too; the runtimes themselves, and
+how ``tsctl`` picks one, are ``archiver/engines/``.
 A server runs detached in its own process group (``setsid``, stdin from /dev/null, output to a
 file) with its own state directory: ``TEMP`` (TorchServe's one-instance pid lock), ``LOG_LOCATION``
 and ``server.json`` (pid and addresses) all live there, so several servers can run side by side and
@@ -11,13 +12,9 @@ and ``server.json`` (pid and addresses) all live there, so several servers can r
 TorchServe's ``TS_*`` environment variables; the config file itself is not changed.
 """
 
-import http.client
-import itertools
 import json
 import os
 import random
-import re
-import select
 import shutil
 import signal
 import socket
@@ -25,18 +22,17 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional
 
-from handlers.requests import content_type
 from serving import ts_config
-from serving.ts_wire import RERAISE, cause_of
 
 from .errors import ServerError, UserError, make_directory
+from .http_client import request
 from .output import quiet
 from .properties import check_keys, read_properties, snapshot_of
+from .torchserve_log import failing_model, registration_failure, startup_problem, startup_states, worker_failure
 
 STATE_FILE = "server.json"
 
@@ -52,7 +48,7 @@ class Server:
     management: str
     metrics: str
     models: List[str]
-    engine: str = "torchserve"  # a key of archiver.engines.ENGINES
+    engine: str = "torchserve"  # a key of archiver.engines.ENGINES (or an alias of one)
     grpc: Optional[str] = None
     log_writer: Optional[int] = None  # the pid of the process writing its output (spawn's bounded_log)
 
@@ -64,12 +60,6 @@ class Server:
     def metrics_url(self) -> str:
         """The Prometheus endpoint."""
         return f"{self.metrics}/metrics"
-
-    def predict_url(self, model: str) -> str:
-        """Where one request for ``model`` goes, as its engine says."""
-        from .engines import engine_of
-
-        return engine_of(self).predict_url(self, model)
 
     def headers(self, api: str = "inference") -> Dict[str, str]:
         """Authorization for token-auth servers (keys from the server's key_file.json)."""
@@ -401,27 +391,6 @@ def model_state(server: Server, name: str, registering: str = "extracting") -> O
     return READY if any(w.get("status") == READY for w in workers) else "loading"
 
 
-SNAPSHOT_RESTORE = re.compile(r"SnapshotManager - Validating snapshot ")
-MODEL_REGISTERED = re.compile(r"ModelManager - Model (\S+) loaded\.$")
-
-
-def startup_states(server: Server, registering: str = "extracting") -> Dict[str, str]:
-    """What TorchServe's log says of its models before its APIs answer: it registers the snapshot's
-    models one after the other (unpacking each archive, installing its requirements when the per-model
-    install is on), then binds its APIs. A model registered ('Model NAME loaded.') is ``loading`` (its
-    workers start), the first one not registered yet ``registering``; {} before the snapshot is read."""
-    lines = _log_lines(server.logs / "ts_log.log")
-    if not any(SNAPSHOT_RESTORE.search(line) for line in lines):
-        return {}
-    registered = {m.group(1) for m in map(MODEL_REGISTERED.search, lines) if m}
-    states = {}
-    for name in server.models:
-        states[name] = "loading" if name in registered else registering
-        if name not in registered:
-            break
-    return states
-
-
 class States:
     """``report(name, state)``: tells ``progress`` "NAME: STATE" when NAME's state changed."""
 
@@ -432,77 +401,6 @@ class States:
         if self.seen.get(name) != state:
             self.seen[name] = state
             self.progress(f"{name}: {state}")
-
-
-WORKER_DIED = re.compile(r"(Backend worker process died|Load model failed|Failed to load model)")
-PY_ERROR = re.compile(r"MODEL_LOG - \s*([A-Za-z_.]*(?:Error|Exception)\b.*)$")
-REGISTRATION_ERROR = re.compile(r"\[ERROR\] main org\.pytorch\.serve\.(?:snapshot|wlm)\.\w+ - (.*)$")
-JAVA_EXCEPTION = re.compile(r"^(?:[a-z]\w*\.)+([A-Z]\w*(?:Exception|Error)): (.+)$")
-LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT")
-
-
-def _log_lines(path: Path) -> List[str]:
-    return path.read_text(errors="replace").splitlines() if path.exists() else []
-
-
-def registration_failure(server: Server) -> Optional[str]:
-    """Why TorchServe refused to register a model (a failed per-model pip install, an archive it
-    cannot read): the error line and the lines it continues on (pip's own ERROR lines if there are
-    any); None while there is none."""
-    lines = _log_lines(server.logs / "ts_log.log")
-    for number, line in enumerate(lines):
-        match = REGISTRATION_ERROR.search(line)
-        if match:
-            more = list(itertools.takewhile(lambda text: not LOG_LINE.match(text), lines[number + 1 : number + 200]))
-            more = [text.strip() for text in more if text.strip()]
-            errors = [text for text in more if text.startswith("ERROR:")]
-            return " ".join([match.group(1).strip()] + (errors or more[:3]))
-    return None
-
-
-def worker_failure(server: Server) -> Optional[str]:
-    """The worker's own error once a worker has died twice (a crash loop), else None."""
-    deaths = sum(bool(WORKER_DIED.search(line)) for line in _log_lines(server.logs / "ts_log.log"))
-    if deaths < 2:
-        return None
-    return last_python_error(server) or "see the log"
-
-
-def last_python_error(server: Server) -> Optional[str]:
-    """The worker's last real Python error: not TorchServe's re-raise of it, not its fallback import."""
-    lines = _log_lines(server.logs / "model_log.log")
-    errors = [m.group(1).strip() for m in map(PY_ERROR.search, lines) if m and not RERAISE.match(m.group(1))]
-    return cause_of(errors)
-
-
-WORKER_OF = re.compile(r"\bW-\d+-(\S+)_[^_\s]+-std(?:out|err) MODEL_LOG - ")  # W-9000-resnet18_1.0-stdout
-
-
-def failing_model(server: Server) -> Optional[str]:
-    """The model whose worker logged the last Python error (its worker's name: W-PORT-MODEL_VERSION)."""
-    for line in reversed(_log_lines(server.logs / "model_log.log")):
-        error = PY_ERROR.search(line)
-        worker = error and WORKER_OF.search(line)
-        if worker and not RERAISE.match(error.group(1)):
-            return worker.group(1)
-    return None
-
-
-def startup_problem(server: Server) -> str:
-    """The best reason the logs give for a server that did not come up; never access-log noise."""
-    reason = registration_failure(server) or last_python_error(server)
-    if reason:
-        return reason
-    out = _log_lines(Path(server.home) / "torchserve.out")
-    if any("java not found" in line.lower() for line in out):  # TorchServe's launcher says only this
-        return (
-            "TorchServe found no Java: install Java 17 and put it on PATH or set JAVA_HOME "
-            "('tsctl doctor' checks; --engine kserve needs no Java)"
-        )
-    exceptions = [m.group(1) + ": " + m.group(2) for m in map(JAVA_EXCEPTION.match, out) if m]
-    if exceptions:
-        return exceptions[0]
-    return f"no error in the logs; see {server.logs} and {Path(server.home) / 'torchserve.out'}"
 
 
 def stop(server: Optional[Server] = None, home=".tsctl", grace: float = 20) -> bool:
@@ -652,87 +550,3 @@ def read_keys(home: Path) -> Dict[str, str]:
     if not isinstance(data, dict):
         return {}
     return {api: (data.get(api) or {}).get("key") for api in ("management", "inference")}
-
-
-# ---- HTTP -----------------------------------------------------------------------------------------
-def request(
-    url: str,
-    data: Optional[bytes] = None,
-    method: Optional[str] = None,
-    headers: Optional[Dict[str, str]] = None,
-    timeout: float = 60,
-    binary: bool = False,
-) -> Tuple[int, object]:
-    """One HTTP call; returns (status, its body as ``answer(raw, binary)`` reads it). Network errors
-    raise OSError.
-
-    A body above 1 MiB is sent as curl sends it, with ``Expect: 100-continue``: the server may refuse
-    it (TorchServe's 413 above max_request_size) before it is sent, and that answer is returned
-    instead of a connection reset in the middle of the upload."""
-    parts = urllib.parse.urlsplit(url)
-    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
-    try:
-        target = f"{parts.path}?{parts.query}" if parts.query else parts.path
-        connection.putrequest(method or ("GET" if data is None else "POST"), target)
-        for key, value in (headers or {}).items():
-            connection.putheader(key, value)
-        if data is not None:
-            connection.putheader("Content-Length", str(len(data)))
-            expect = len(data) > EXPECT_CONTINUE
-            if expect:
-                connection.putheader("Expect", "100-continue")
-        connection.endheaders()
-        if data is not None and (not expect or _may_continue(connection.sock)):
-            connection.send(data)
-        response = connection.getresponse()
-        status, raw = response.status, response.read()
-    except http.client.HTTPException as exc:
-        raise OSError(f"bad HTTP answer from {url}: {exc!r}") from None
-    finally:
-        connection.close()
-    return status, answer(raw, binary)
-
-
-def answer(raw: bytes, binary: bool = True):
-    """A response body as JSON, else as text, else (not UTF-8) as bytes when ``binary``, else as text
-    with the undecodable bytes replaced."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        if binary:
-            return raw
-        text = raw.decode("utf-8", errors="replace")
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
-EXPECT_CONTINUE = 1 << 20
-
-
-def _may_continue(sock, wait: float = 1.0) -> bool:
-    """After ``Expect: 100-continue``: True to send the body (the server said 100, or said nothing
-    within ``wait`` seconds, as curl assumes); False when its final answer came first."""
-    if not select.select([sock], [], [], wait)[0]:
-        return True
-    head = sock.recv(64, socket.MSG_PEEK)
-    if not head.startswith((b"HTTP/1.1 100", b"HTTP/1.0 100")):
-        return False
-    interim = b""
-    while not interim.endswith(b"\r\n\r\n"):  # consume the interim answer, byte by byte
-        interim += sock.recv(1)
-    return True
-
-
-def predict(server: Server, model: str, path: Path, timeout: float = 60) -> Tuple[int, object]:
-    """POST one file to the model (``Server.predict_url``), with the content type its suffix says; the
-    answer as JSON, text, or bytes (an image, a tensor file: not UTF-8)."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"input {path} does not exist")
-    from .engines import engine_of
-
-    body, kind = engine_of(server).request_body(path.read_bytes(), content_type(path))
-    headers = {"Content-Type": kind, **server.headers("inference")}
-    return request(server.predict_url(model), body, "POST", headers, timeout, binary=True)

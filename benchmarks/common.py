@@ -43,10 +43,10 @@ def alternate(sides: dict, rounds: int = 3) -> dict:
 def served_side(srv, model: str, inputs, concurrency: int, requests: int):
     """A benchmark side against a running server: a short warm-up, then ``requests`` requests.
     Returns throughput (requests/s); ``.latency`` keeps each round's latency percentiles."""
-    from archiver import bench
+    from archiver import bench, engines
 
     def run():
-        url = srv.predict_url(model)
+        url = engines.predict_url(srv, model)
         bench.run_load(url, inputs, concurrency, requests=32)
         result = bench.run_load(url, inputs, concurrency, requests=requests)
         assert result.errors == 0, result.statuses

@@ -45,7 +45,7 @@ def main():
     torchserve = server.start(properties.write_config(store, home / "config.properties"), store, home)
     ready = {"TorchServe": time.monotonic() - started}
     started = time.monotonic()
-    kserve = engines.ENGINES["kserve"].start(store, home=short_tmp("bk-"))
+    kserve = engines.ENGINES["tsctl"].start(store, home=short_tmp("bk-"))
     ready["KServe engine"] = time.monotonic() - started
     try:
         servers = {"TorchServe": torchserve, "KServe engine": kserve}

@@ -47,7 +47,7 @@ def main():
     python = str(runtime_env.ensure_mlserver())
     running = {}
     try:
-        running["kserve"] = engines.ENGINES["kserve"].start(store, home=short_tmp("bk-"), timeout=300)
+        running["kserve"] = engines.ENGINES["tsctl"].start(store, home=short_tmp("bk-"), timeout=300)
         running["mlserver"] = engines.ENGINES["mlserver"].start(
             store, home=short_tmp("bm-"), timeout=300, python=python
         )

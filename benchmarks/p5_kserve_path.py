@@ -91,7 +91,7 @@ def three_paths():
     stack = start_stack(exported, protos, kfs_python, sys.executable, "v1")
     engine = None
     try:
-        engine = engines.ENGINES["kserve"].start(exported / "model-store", home=short_tmp("p5-"), timeout=300)
+        engine = engines.ENGINES["tsctl"].start(exported / "model-store", home=short_tmp("p5-"), timeout=300)
         yield stack, engine
     finally:
         if engine is not None:

@@ -48,7 +48,7 @@ def ensure(name: str, root: Path = ROOT) -> Path:
     return python
 
 
-# MLServer with tsctl's runtime (serving/mlserver_runtime.py), as archiver/seldon.py's image holds it: its
+# MLServer with tsctl's runtime (serving/mlserver_runtime.py), as archiver/export/seldon_image.py's image holds it: its
 # fastapi, starlette and protobuf are older than kserve's, so it lives in a venv of its own. The serving
 # stack is pinned to this environment's versions, so served answers can be compared with in-process ones.
 MLSERVER = "mlserver-1.7.1"

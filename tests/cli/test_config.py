@@ -8,8 +8,9 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from archiver import kserve, properties
+from archiver import properties
 from archiver.cli import main
+from archiver.export import kserve
 from helpers.models import package_resnet, package_text
 
 

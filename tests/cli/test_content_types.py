@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from archiver import server
+from archiver import engines, server
 from handlers import protocol
 from helpers.servers import stand_in_http
 
@@ -63,7 +63,7 @@ def test_predict_sends_the_image_type(no_system_mime_types, tmp_path):
         for suffix in IMAGES:
             image = tmp_path / f"cat{suffix}"
             image.write_bytes(b"not decoded here")
-            assert server.predict(running, "m", image) == (200, {})
+            assert engines.predict(running, "m", image) == (200, {})
     assert seen == list(IMAGES.values())
 
 

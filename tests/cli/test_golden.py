@@ -103,7 +103,7 @@ def test_verify_against_servers_passes_and_catches_other_preprocessing(built):
     with RunningServer(built / "model-store") as srv:
         result = tsctl("verify", archive, "--url", srv.inference)
         assert result.exit_code == 0, result.output
-    engine = engines.ENGINES["kserve"].start(built / "model-store", home=short_tmp("gk-"))
+    engine = engines.ENGINES["tsctl"].start(built / "model-store", home=short_tmp("gk-"))
     try:
         for protocol in ("v1", "v2"):
             report = golden.verify(archive, engine.inference, protocol)

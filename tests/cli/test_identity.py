@@ -9,8 +9,9 @@ import textwrap
 
 import pytest
 
-from archiver import kserve, mar, properties
+from archiver import mar, properties
 from archiver.errors import UserError
+from archiver.export import kserve
 from handlers import identity
 from helpers.models import package_resnet, write_model_config
 from helpers.servers import RunningServer, batch_lines, post_concurrently

@@ -296,9 +296,9 @@ def test_the_generated_image_handler_serves_on_the_kserve_engine_as_in_process(p
     with LocalModel(archive) as model:
         expected = [response.json() for response in model.predict(jpegs[:4])]
     # the same archive, no Java
-    engine = engines.ENGINES["kserve"].start(archive.parent, home=short_tmp("ki-"), timeout=240)
+    engine = engines.ENGINES["tsctl"].start(archive.parent, home=short_tmp("ki-"), timeout=240)
     try:
-        url = engine.predict_url("pets")[len(engine.inference) :]
+        url = engines.predict_url(engine, "pets")[len(engine.inference) :]
         answers = post_to_concurrently(engine, url, jpegs[:4], "image/jpeg")
         assert max(line["size"] for line in batch_lines(engine)) > 1
     finally:

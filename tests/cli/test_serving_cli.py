@@ -298,7 +298,7 @@ def test_commands_run_where_no_server_was_started_mention_home(root, tmp_path):
             assert ".tsctl records one: pass --home .tsctl" in result.output, result.output
 
 
-# ---- serve --engine kserve without the kserve extra ----------------------------------------------------
+# ---- serve --engine tsctl without the kserve extra -----------------------------------------------------
 BLOCKER = """
 import sys
 
@@ -314,21 +314,37 @@ sys.meta_path.insert(0, Blocker())
 """
 
 
-def test_serve_engine_kserve_without_the_kserve_extra_says_what_to_install(root, tmp_path):
+def test_serve_engine_tsctl_without_the_kserve_extra_says_what_to_install(root, tmp_path):
     (tmp_path / "sitecustomize.py").write_text(BLOCKER)
     home = short_tmp("nokserve-")
     try:
         code, out, err = tsctl(
-            "serve", "--engine", "kserve", "--home", home, cwd=root, env={"PYTHONPATH": f"{tmp_path}:{ROOT}"}
+            "serve", "--engine", "tsctl", "--home", home, cwd=root, env={"PYTHONPATH": f"{tmp_path}:{ROOT}"}
         )
         assert code == 2, out + err
         assert one_error_line(err) == (
-            "error: the kserve engine needs the kserve extra (its Python has no module 'kserve'): "
+            "error: the tsctl engine needs the kserve extra (its Python has no module 'kserve'): "
             "pip install 'tsctl[kserve]' (or uv sync --extra kserve)"
         )
         assert server.read_state(home) is None  # what it started was stopped
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_engine_kserve_is_an_alias_of_tsctl_said_once_on_stderr(root, tmp_path):
+    """``--engine kserve``, the tsctl engine's older name, does what ``--engine tsctl`` does: the same exit
+    code and the same one JSON document on stdout (--json stays clean), and on stderr the same lines after
+    one note naming the alias."""
+    home = short_tmp("alias-")
+    answers = {}
+    for engine in ("tsctl", "kserve"):
+        args = ("serve", "--engine", engine, "--model-store", tmp_path / "nowhere", "--home", home, "--json")
+        answers[engine] = tsctl(*args, cwd=root)
+    (code, out, err), (alias_code, alias_out, alias_err) = answers["tsctl"], answers["kserve"]
+    assert code == alias_code == 2 and out == alias_out, answers
+    assert "nowhere does not exist" in json.loads(out)["error"]["message"], out
+    assert alias_err.splitlines() == ["note: --engine kserve is an alias of --engine tsctl"] + err.splitlines()
+    assert server.read_state(home) is None
 
 
 # ---- progress: on a terminal, never in a pipe -----------------------------------------------------------
@@ -353,7 +369,7 @@ def test_serve_in_a_pipe_prints_no_progress(root, tmp_path):
     (tmp_path / "model-store").mkdir()
     shutil.copy(root / "model-store" / "tensor.mar", tmp_path / "model-store")  # one model: one worker
     try:
-        code, out, err = tsctl("serve", "--engine", "kserve", "--home", home, cwd=tmp_path)
+        code, out, err = tsctl("serve", "--engine", "tsctl", "--home", home, cwd=tmp_path)
         assert code == 0 and err == "", out + err
         assert out.startswith("tsctl engine ready (pid "), out
     finally:

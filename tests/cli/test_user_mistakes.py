@@ -221,7 +221,7 @@ def test_serve_refuses_a_config_naming_an_archive_the_store_lacks(store, tmp_pat
     shutil.copytree(store / "model-store", root / "model-store")
     properties.write_config(root / "model-store", root / "config" / "config.properties")
     (root / "model-store" / "tensor.mar").rename(root / "elsewhere.mar")
-    for engine in ("torchserve", "kserve", "mlserver"):
+    for engine in ("torchserve", "tsctl", "mlserver"):
         try:
             done = tsctl("serve", "--engine", engine, "--home", tmp_path / "home", cwd=root)
         finally:
@@ -336,7 +336,7 @@ def test_without_a_config_the_engine_and_export_seldon_refuse_them_too(store, tm
     TorchServe's --models all ignores such a value silently: refused in the same words."""
     root = built_elsewhere(store, tmp_path, text)
     home = short_tmp("settings-")
-    for args in (["serve", "--engine", "kserve", "--home", home], ["export", "seldon", "out", "--image", "i:1"]):
+    for args in (["serve", "--engine", "tsctl", "--home", home], ["export", "seldon", "out", "--image", "i:1"]):
         try:
             done = tsctl(*args, cwd=root)
         finally:

@@ -6,7 +6,7 @@ image_classifier, object_detector and image_segmenter, custom metrics, a transfo
 ``file.py:function`` entry point, the working-directory probe) is packaged by ``tsctl package`` and by
 ``torch-model-archiver`` and run three ways: in-process (``LocalModel``; each request its own batch,
 as TorchServe runs them with batchSize 1), served by TorchServe 0.12, and served by the KServe engine
-(``archiver.engines.KServeEngine``: the tsctl engine). Equal means: the same statuses; the same
+(``archiver.engines.TsctlRuntime``: the tsctl engine). Equal means: the same statuses; the same
 JSON structure (keys in the same order, lists of the same length, the same strings and integers);
 floats within 1e-4 relative + 1e-5 absolute; errors with the same message.
 
@@ -264,7 +264,9 @@ class Runs:
         for name in names:
             answers = []
             for body, kind in self.examples[name].inputs:
-                status, answer = server.request(srv.predict_url(name), body, "POST", {"Content-Type": kind}, 120)
+                status, answer = server.request(
+                    engines.predict_url(srv, name), body, "POST", {"Content-Type": kind}, 120
+                )
                 answers.append((status, answer))
             outcomes[name] = Outcome(answers)
         return outcomes
@@ -297,7 +299,7 @@ class Runs:
             try:
                 properties = [self.examples[n].properties for n in names]
                 metrics_config = next((p["metrics_config"] for p in properties if "metrics_config" in p), None)
-                engine = engines.ENGINES["kserve"]
+                engine = engines.ENGINES["tsctl"]
                 srv = engine.start(directory, home=home, timeout=300, metrics_config=metrics_config)
                 try:
                     outcomes = self.requests(srv, names)

@@ -277,7 +277,7 @@ def test_in_process_answers_equal_torchserves_for_a_basehandler_archive(probe_st
 
 
 def test_a_basehandler_archive_serves_on_the_kserve_engine_as_in_process(probe_store):
-    engine = engines.ENGINES["kserve"].start(probe_store, home=short_tmp("pk-"), timeout=240)
+    engine = engines.ENGINES["tsctl"].start(probe_store, home=short_tmp("pk-"), timeout=240)
     try:
         for body, kind, label in PROBE_REQUESTS[:4]:
             headers = {"Content-Type": kind, "X-Probe": label}
@@ -581,7 +581,7 @@ def test_what_would_kill_a_worker_is_that_batchs_500_in_process(dying_store):
 def test_a_handler_that_exits_does_not_stop_the_kserve_engine(dying_store):
     """On the tsctl engine the handler runs in a TorchServe worker process: what kills it fails only the
     request it held (the engine's 503 naming the death) and the worker is started again."""
-    engine = engines.ENGINES["kserve"].start(dying_store, home=short_tmp("dk-"), timeout=240)
+    engine = engines.ENGINES["tsctl"].start(dying_store, home=short_tmp("dk-"), timeout=240)
     try:
         url = f"{engine.inference}/v1/models/dying:predict"
         for body in ("exit", "surrogate"):

@@ -1,6 +1,6 @@
 """The tsctl engine's logs and /metrics against a hostile handler and hostile requests (issue #29).
 
-Served as ``tsctl serve --engine kserve`` serves it (``engines.ENGINES["kserve"].start``: detached, its
+Served as ``tsctl serve --engine kserve`` serves it (``engines.ENGINES["tsctl"].start``: detached, its
 output through ``archiver/bounded_log.py``), the engine and its workers under a memory cgroup; the
 engine's and the workers' pids are the same before and after each attack.
 
@@ -93,7 +93,7 @@ def srv(store):
     limits = []
     caps = {bounded_log.MAX_BYTES_VARIABLE: str(LOG_CAP), bounded_log.BACKUPS_VARIABLE: str(LOG_BACKUPS)}
     with mock.patch.dict(os.environ, caps):
-        running = engines.ENGINES["kserve"].start(store, None, home, timeout=240)
+        running = engines.ENGINES["tsctl"].start(store, None, home, timeout=240)
     try:
         pids = [running.pid] + [pid for model in ("noisy", "resnet18") for _, _, pid in workers(running, model)]
         limits = [MemoryLimit(pid, MEMORY) for pid in pids]

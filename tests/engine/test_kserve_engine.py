@@ -1,11 +1,11 @@
 """One model store, every toolkit handler kind, served three ways with no change to the archives:
-TorchServe, the tsctl engine (``tsctl serve --engine kserve``: ``archiver.engines.KServeEngine`` starting
+TorchServe, the tsctl engine (``tsctl serve --engine tsctl``: ``archiver.engines.TsctlRuntime`` starting
 ``python -m serving.engine``, no Java) and in-process (LocalModel). The same request to the engine's
 ``predict_url`` gets the same answer from each; v2 requests from tritonclient's HTTP and gRPC clients get
 the in-process answer on the engine; the CLI's serve / predict / bench / verify / stop work on it, from
 the same config.properties as TorchServe, and server.json records its addresses; a snapshot naming a
 missing archive is refused before anything starts, and an archive that cannot load makes ``serve`` fail
-fast with the handler's own error; ``export kserve --engine kserve``'s image recipe serves the exported
+fast with the handler's own error; ``export kserve --engine tsctl``'s image recipe serves the exported
 tree as the runtime's container starts it. ``make test`` runs the CLI, failure and export tests; the
 engine comparison, tritonclient and the image recipe run in ``make matrix``. (Malformed and hostile
 requests on both engines: test_hostile_served.py; the runtime and InferenceService manifests:
@@ -84,7 +84,7 @@ def in_process(store):
     return answers
 
 
-ENGINE = engines.ENGINES["kserve"]
+ENGINE = engines.ENGINES["tsctl"]
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def kserve_engine(store):
 
 def served(srv, model: str) -> list:
     return [
-        server.request(srv.predict_url(model), body, "POST", {"Content-Type": kind}, timeout=120)
+        server.request(engines.predict_url(srv, model), body, "POST", {"Content-Type": kind}, timeout=120)
         for body, kind in REQUESTS[model]
     ]
 
@@ -164,8 +164,8 @@ def package_golden(image_sample: Path, root: Path) -> Path:
 
 
 def test_the_cli_serves_predicts_benches_verifies_and_stops_on_the_engine(store, image_sample, tmp_path):
-    """``serve --engine kserve --config`` reads the same config.properties as TorchServe (its snapshot's
-    batchSize 2 wins over the archives' 4); server.json records the engine and its addresses."""
+    """``serve --engine kserve`` (an alias of tsctl) ``--config`` reads the same config.properties as TorchServe
+    (its snapshot's batchSize 2 wins over the archives' 4); server.json records the engine and its addresses."""
     image = tmp_path / "kitten.jpg"
     image.write_bytes(JPEGS[0])
     with LocalModel(store / "resnet18.mar") as local:
@@ -178,16 +178,17 @@ def test_the_cli_serves_predicts_benches_verifies_and_stops_on_the_engine(store,
     )
     try:
         assert started.exit_code == 0, started.output
-        assert started.output.startswith("tsctl engine ready (pid ")
+        assert started.stdout.startswith("tsctl engine ready (pid ")
+        assert started.stderr.splitlines().count("note: --engine kserve is an alias of --engine tsctl") == 1
         running = server.read_state(Path(home))
         recorded = json.loads((Path(home) / "server.json").read_text())
-        assert recorded["engine"] == "kserve" and sorted(recorded["models"]) == sorted(REQUESTS)
+        assert recorded["engine"] == "tsctl" and sorted(recorded["models"]) == sorted(REQUESTS)
         address = recorded["inference"]
         assert address.startswith("http://127.0.0.1:") and recorded["management"] == recorded["metrics"] == address
         assert recorded["grpc"].startswith("127.0.0.1:") and recorded["grpc"] != address.split("//")[1]
         for label in ("inference", "management", "metrics", "grpc", "logs"):
             assert f"  {label} " in started.output, label
-        assert running.predict_url("resnet18") == f"{address}/predictions/resnet18"
+        assert engines.predict_url(running, "resnet18") == f"{address}/predictions/resnet18"
         status, described = server.request(f"{running.management}/models/resnet18", timeout=10)
         assert status == 200 and described[0]["batchSize"] == 2  # the config's snapshot, not the archive's 4
         status, metrics = server.request(running.metrics_url, timeout=10)
@@ -244,7 +245,7 @@ def test_serve_refuses_what_the_engine_cannot_do_before_starting(store, tmp_path
     result = CliRunner().invoke(main, [*common, "--install-deps"])
     assert result.exit_code == 2, result.output
     assert (
-        "--install-deps is not an option of --engine kserve (tsctl engine): drop --install-deps, or serve with "
+        "--install-deps is not an option of --engine tsctl (tsctl engine): drop --install-deps, or serve with "
         "--engine torchserve" in result.output
     )
 
@@ -290,7 +291,7 @@ def test_an_archive_that_cannot_load_fails_serve_fast_with_its_own_error(store, 
     assert server.read_state(home) is None  # stopped and cleared: nothing left running
 
 
-# ---- tsctl export kserve --engine kserve: the runtime's image ------------------------------------------
+# ---- tsctl export kserve --engine tsctl: the runtime's image ------------------------------------------
 IMAGE = "registry.local/tsctl-engine:1"
 
 
@@ -368,7 +369,7 @@ def test_the_runtime_image_requirements_serve_the_exported_tree(exported, in_pro
         ENGINE.stop(srv)
 
 
-# ---- KServeEngine.wait_ready, against stand-ins ------------------------------------------------------------
+# ---- TsctlRuntime.wait_ready, against stand-ins ------------------------------------------------------------
 WORKER_OUTPUT = """\
 ValueError: an earlier line of the engine's own
 2026-01-01 00:00:00,000 INFO tsctl.worker: [m 1.0 w0] handlers.loading.ModelLoadError: m.pt is not weights

@@ -130,7 +130,7 @@ def outputs(body) -> list:
 def test_every_kind_answers_as_in_process(srv, store):
     for model, bodies in REQUESTS.items():
         want = in_process(store, model, bodies)
-        got = [server.request(srv.predict_url(model), body, "POST", {"Content-Type": "application/json"}, 120)
+        got = [server.request(engines.predict_url(srv, model), body, "POST", {"Content-Type": "application/json"}, 120)
                for body in bodies]  # fmt: skip
         for (status, body), (want_status, want_body) in zip(got, want):
             assert (status, want_status) == (200, 200), (model, body, want_body)
@@ -204,11 +204,12 @@ def test_a_bad_request_fails_alone_in_its_batch(srv, store):
             break
     assert mixed, batch_lines(srv)[-20:]  # a bad request shared a batch with good ones, which all answered
     # an id MLServer would echo into its headers, and a header describing a body the handler never sees
-    status, body = server.request(srv.predict_url("sentiment"), json.dumps({"id": "a\nb", **json.loads(good)}).encode(),
+    url = engines.predict_url(srv, "sentiment")
+    status, body = server.request(url, json.dumps({"id": "a\nb", **json.loads(good)}).encode(),
                                   "POST", {"Content-Type": "application/json"}, 60)  # fmt: skip
     assert status == 400 and "id" in body["error"], body
     headers = {"Content-Type": "application/json", "Inference-Header-Content-Length": "10"}
-    status, body = server.request(srv.predict_url("sentiment"), good, "POST", headers, 60)
+    status, body = server.request(engines.predict_url(srv, "sentiment"), good, "POST", headers, 60)
     assert status == 200, body
 
 
@@ -226,12 +227,14 @@ def test_no_client_can_unload_a_model_and_bodies_are_bounded(srv, store):
     assert got["ready_after"], got
     assert ENGINE.list_models(srv) and "resnet18" in ENGINE.list_models(srv)  # the read-only index stays
     [(_, want)] = in_process(store, "resnet18", [REQUESTS["resnet18"][0]])
-    status, body = server.request(srv.predict_url("resnet18"), REQUESTS["resnet18"][0], "POST",
+    status, body = server.request(engines.predict_url(srv, "resnet18"), REQUESTS["resnet18"][0], "POST",
                                   {"Content-Type": "application/json"}, 60)  # fmt: skip
     assert status == 200, body
     assert_close(outputs(body), outputs(want))
     huge = v2([bytes_tensor(["x" * (8 << 20)])])
-    status, body = server.request(srv.predict_url("resnet18"), huge, "POST", {"Content-Type": "application/json"}, 60)
+    status, body = server.request(
+        engines.predict_url(srv, "resnet18"), huge, "POST", {"Content-Type": "application/json"}, 60
+    )
     assert status == 413 and "max_request_size" in body["message"], (status, body)
     assert worker_pids(srv) == before
 
@@ -366,7 +369,7 @@ def test_ab_split_as_seldon_routes_it(srv, store, tmp_path):
     served it (the two models answer differently)."""
     import yaml
 
-    from archiver import seldon
+    from archiver.export import seldon
 
     out = tmp_path / "seldon"
     seldon.export(seldon.SeldonOptions(out=str(out), model_store=str(store), image="registry.example/tsctl:1",
@@ -387,7 +390,7 @@ def test_ab_split_as_seldon_routes_it(srv, store, tmp_path):
 
     def send(i: int):
         body = v2([bytes_tensor([texts[i % len(texts)]])])
-        return server.request(srv.predict_url(routes[i]), body, "POST", headers, 60)
+        return server.request(engines.predict_url(srv, routes[i]), body, "POST", headers, 60)
 
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(send, range(len(routes))))
@@ -415,7 +418,7 @@ def test_the_seldon_export_serves_and_its_pipeline_answers_as_the_archive(store,
 
     import yaml
 
-    from archiver import seldon
+    from archiver.export import seldon
 
     out = tmp_path / "seldon"
     seldon.export(seldon.SeldonOptions(out=str(out), model_store=str(store), image="registry.example/tsctl:1",
@@ -434,14 +437,15 @@ def test_the_seldon_export_serves_and_its_pipeline_answers_as_the_archive(store,
         for jpeg in JPEGS:
             body = v2([bytes_tensor([b64(jpeg)])])
             for step in steps:  # Seldon's pipeline: a step's outputs are the next step's inputs
-                status, answer = server.request(running.predict_url(step), body, "POST",
+                status, answer = server.request(engines.predict_url(running, step), body, "POST",
                                                 {"Content-Type": "application/json"}, 120)  # fmt: skip
                 assert status == 200, (step, answer)
                 body = json.dumps({"inputs": answer["outputs"]}).encode()
             with LocalModel(store / "resnet18.mar") as local:
                 [want] = local.predict([jpeg])
             assert_close([json.loads(a) for a in answer["outputs"][0]["data"]], [want.json()])
-        status, answer = server.request(running.predict_url(steps[0]), v2([bytes_tensor(["not base64!"])]), "POST",
+        url = engines.predict_url(running, steps[0])
+        status, answer = server.request(url, v2([bytes_tensor(["not base64!"])]), "POST",
                                         {"Content-Type": "application/json"}, 60)  # fmt: skip
         assert status == 400 and "base64" in answer["error"], answer
         # what an attacker sent the transformer's steps (found by one): each its own 4xx, the bounds the handler's
@@ -458,7 +462,7 @@ def test_the_seldon_export_serves_and_its_pipeline_answers_as_the_archive(store,
             (steps[0], v2([{**bytes_tensor([b64(JPEGS[0])]), "shape": [1000]}]), 400),
         ]
         for step, body, want in refused:
-            status, answer = server.request(running.predict_url(step), body, "POST",
+            status, answer = server.request(engines.predict_url(running, step), body, "POST",
                                             {"Content-Type": "application/json"}, 60)  # fmt: skip
             assert status == want and answer.get("error"), (step, body[:100], status, answer)
     finally:

@@ -1,4 +1,4 @@
-"""The requirements an export puts in an image's build context (``export kserve --engine kserve``'s
+"""The requirements an export puts in an image's build context (``export kserve --engine tsctl``'s
 predictor-image/, ``export seldon``'s server-image/) are checked as ``package`` and the TorchServe export
 check them (archiver/requirements.py): ``docker build`` runs ``pip install -r`` on that file, so a URL, a
 VCS link, a local path or a pip option in an archive built elsewhere would fetch or build the archive
@@ -65,7 +65,7 @@ def with_requirements(clean: Path, tmp: Path, text: str) -> Path:
 
 def export_kserve(root: Path, out: Path):
     args = ["export", "kserve", str(out), "--name", "tensor", "--storage-uri", "pvc://models/tensor",
-            "--engine", "kserve", "--image", IMAGE, "--config", str(root / "config" / "config.properties"),
+            "--engine", "tsctl", "--image", IMAGE, "--config", str(root / "config" / "config.properties"),
             "--model-store", str(root / "model-store")]  # fmt: skip
     return CliRunner().invoke(main, args)
 
@@ -75,7 +75,7 @@ def export_seldon(root: Path, out: Path):
     return CliRunner().invoke(main, args)
 
 
-EXPORTS = {"export kserve --engine kserve": export_kserve, "export seldon": export_seldon}
+EXPORTS = {"export kserve --engine tsctl": export_kserve, "export seldon": export_seldon}
 
 
 @pytest.mark.parametrize("export", list(EXPORTS))
@@ -92,7 +92,7 @@ def test_each_line_that_is_not_a_plain_requirement_is_refused(clean, tmp_path, e
     assert not (tmp_path / "out").exists()  # refused before anything is written: no OUT, no staging beside it
 
 
-@pytest.mark.parametrize("export, context", [("export kserve --engine kserve", "predictor-image"),
+@pytest.mark.parametrize("export, context", [("export kserve --engine tsctl", "predictor-image"),
                                              ("export seldon", "server-image")])  # fmt: skip
 def test_a_plain_pinned_requirement_is_copied_without_its_hashes_and_comments(clean, tmp_path, export, context):
     root = with_requirements(clean, tmp_path, "six==1.16.0 --hash=sha256:00  # pinned\n--no-index\n")

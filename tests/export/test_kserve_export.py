@@ -1,6 +1,6 @@
 """tsctl export kserve: the PVC tree, manifests valid against KServe's CRDs, and the checks before writing; with
---engine kserve, a serving runtime for the tsctl engine's image and an InferenceService naming it over the same
-storage; the engine registry behind --engine."""
+--engine tsctl (alias kserve), a serving runtime for the tsctl engine's image and an InferenceService naming it
+over the same storage; the runtime registry and the export targets behind --engine."""
 
 import base64
 import json
@@ -16,9 +16,10 @@ import yaml
 from click.testing import CliRunner
 from kubernetes.client import models as k8s
 
-from archiver import crds, engines, kserve, kserve_engine, properties
+from archiver import engines, properties
 from archiver.cli import main
 from archiver.errors import UserError
+from archiver.export import core, crds, kserve, targets, tsctl_image
 from helpers import deploy_md
 from helpers.models import export_tree, package_resnet, package_text
 from serving.testing import LocalModel
@@ -352,20 +353,20 @@ def test_deploy_md_is_complete(project, tmp_path):
     ],
 )
 def test_the_restricted_check_catches_each_missing_setting(project, change, problem):
-    pod = kserve.copy_pod(options(project, "unused"), "models")
+    pod = core.copy_pod("vision", "default", "models")
     change(pod["spec"]["containers"][0]["securityContext"], pod["spec"]["securityContext"])
     assert any(problem in p for p in restricted_problems(pod))
 
 
 def test_the_core_v1_check_catches_unknown_and_mistyped_fields(project):
-    pod = kserve.copy_pod(options(project, "unused"), "models")
+    pod = core.copy_pod("vision", "default", "models")
     pod["spec"]["securityContext"]["runAsUsr"] = 1000
     pod["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = "no"
     assert sorted(core_v1_problems(pod)) == [
         "spec.containers.0.securityContext.allowPrivilegeEscalation: Input should be a valid boolean",
         "spec.securityContext.runAsUsr: Extra inputs are not permitted",
     ]
-    claim = kserve.claim_manifest(options(project, "unused"), "models", [])
+    claim = core.claim_manifest("models", "default", [])
     claim["spec"]["resources"]["requests"]["storage"] = 2
     assert core_v1_problems(claim) == ["spec.resources.requests.storage: Input should be a valid string"]
 
@@ -375,8 +376,8 @@ def test_claim_is_twice_the_archives_and_at_least_2gi(project, tmp_path):
     with open(big, "wb") as f:
         f.truncate(int(1.4 * 2**30))  # sparse: its size is what counts
     small = project / "model-store" / "resnet18.mar"
-    assert kserve.claim_size(options(project, "unused"), [small]) == "2Gi"
-    assert kserve.claim_size(options(project, "unused"), [small, big]) == "3Gi"
+    assert core.claim_size([small]) == "2Gi"
+    assert core.claim_size([small, big]) == "3Gi"
 
 
 READER = """import base64
@@ -616,45 +617,53 @@ def test_transformer_predictor_that_is_not_a_tensor_model_is_refused(mixed, tmp_
     assert not (tmp_path / "out").exists()
 
 
-# ---- the engine registry, and --engine kserve's serving runtime ------------------------------------------
+# ---- the runtime registry, export targets, and --engine tsctl's serving runtime --------------------------
 def test_the_engine_registry_is_the_clis_engine_choice():
     for command in (main.commands["serve"], main.commands["export"].commands["kserve"]):
         [option] = [param for param in command.params if param.name == "engine"]
-        assert list(option.type.choices) == list(engines.ENGINES), command.name
+        assert list(option.type.choices) == list(engines.ENGINES) + list(engines.ALIASES), command.name
         assert all(engine.help in option.help for engine in engines.ENGINES.values())
     for name, engine in engines.ENGINES.items():
         assert engine.name == name and engines.named(name) is engine and engine.title
-        assert set(engine.serve_flags) <= set(engines.SERVE_FLAGS) and set(engine.export_flags) <= set(
-            engines.EXPORT_FLAGS
-        )
-    with pytest.raises(UserError, match="--engine 'triton' must be one of torchserve, kserve, mlserver"):
+        assert set(engine.serve_flags) <= set(engines.SERVE_FLAGS)
+    for name, target in targets.TARGETS.items():
+        assert target.name == name and targets.named(name) is target and engines.named(name).title == target.title
+        assert set(target.export_flags) <= set(targets.EXPORT_FLAGS)
+    assert engines.named("kserve") is engines.named("tsctl") and targets.named("kserve") is targets.named("tsctl")
+    with pytest.raises(UserError, match="--engine 'triton' must be one of torchserve, tsctl, mlserver"):
         engines.named("triton")
+    with pytest.raises(UserError, match="--engine 'triton' must be one of torchserve, tsctl, mlserver"):
+        targets.named("triton")
     with pytest.raises(UserError, match="run 'tsctl export seldon OUT' instead"):
-        engines.named("mlserver").check_export(None)
+        targets.named("mlserver")
 
 
 def test_an_engine_added_to_the_registry_is_asked_not_compared(project, tmp_path, monkeypatch):
-    """What a third engine needs: a subclass and a registry entry; serve's flag checks, the server's
-    predict URL and export's predictor come from it."""
+    """What a third engine needs: a runtime subclass and a registry entry, a target and its entry; serve's
+    flag checks and the server's predict URL come from the runtime, export's predictor from the target."""
 
-    class Stub(engines.Engine):
+    class Stub(engines.Runtime):
         name, title, help = "stub", "stub engine", "stub: a test double."
-        export_flags = ("image",)
 
         def predict_url(self, server, model):
             return f"{server.inference}/v2/models/{model}/infer"
 
+    class StubTarget(targets.Target):
+        name, title = "stub", "stub engine"
+        export_flags = ("image",)
+
         def predictor(self, options, resources):
-            return {"model": engines.storage_model(options, resources, "stub-runtime")}
+            return {"model": targets.storage_model(options, resources, "stub-runtime")}
 
     monkeypatch.setitem(engines.ENGINES, "stub", Stub())
+    monkeypatch.setitem(targets.TARGETS, "stub", StubTarget())
     from archiver.server import Server
 
     served = Server(1, str(tmp_path), "http://127.0.0.1:1", "", "", ["m"], engine="stub")
-    assert served.predict_url("m") == "http://127.0.0.1:1/v2/models/m/infer"
+    assert engines.predict_url(served, "m") == "http://127.0.0.1:1/v2/models/m/infer"
     assert served.metrics_url == "/metrics"
     with pytest.raises(UserError, match="--install-deps is not an option of --engine stub .*--engine torchserve"):
-        engines.named("stub").check_serve_flags(install_deps=True)
+        engines.check_serve_flags(engines.named("stub"), install_deps=True)
     kserve.export(options(project, tmp_path / "out", engine="stub", image="r/stub:1"))
     isvc = yaml.safe_load((tmp_path / "out" / "inferenceservice.yaml").read_text())
     assert isvc["spec"]["predictor"]["model"]["runtime"] == "stub-runtime"
@@ -737,7 +746,7 @@ def test_engine_export_is_a_serving_runtime_and_an_isvc_over_the_same_storage(pr
     ],
 )
 def test_the_runtime_check_catches_what_kserve_would_refuse(project, change, problem):
-    runtime = kserve_engine.serving_runtime(options(project, "unused", engine="kserve", image=IMAGE), {})
+    runtime = tsctl_image.serving_runtime(options(project, "unused", engine="tsctl", image=IMAGE), {})
     assert crds.problems(runtime) == []
     change(runtime)
     assert any(p.startswith(problem) for p in crds.problems(runtime)), crds.problems(runtime)
@@ -756,12 +765,11 @@ def test_kserves_own_torchserve_runtime_passes_the_runtime_check():
 @pytest.mark.parametrize(
     "args, words",
     [
-        (["--engine", "kserve"], "--engine kserve needs --image"),
-        (["--engine", "kserve", "--image", IMAGE, "--offline"], "--offline is not an option of --engine kserve"),
+        (["--engine", "kserve"], "--engine tsctl needs --image"),  # kserve: an alias of tsctl
+        (["--engine", "tsctl", "--image", IMAGE, "--offline"], "--offline is not an option of --engine tsctl"),
         (
             ["--image", IMAGE],
-            "--image is not an option of --engine torchserve (TorchServe): drop --image, or export with --engine "
-            "kserve",
+            "--image is not an option of --engine torchserve (TorchServe): drop --image, or export with --engine tsctl",
         ),
         (["--runtime-kind", "ServingRuntime"], "--runtime-kind is not an option of --engine torchserve"),
         (["--engine", "kserve", "--image", IMAGE, "--runtime-kind", "Runtime"], "'Runtime' is not one of"),
@@ -774,12 +782,28 @@ def test_export_engine_mistakes_are_one_sentence(project, tmp_path, args, words)
     assert not (tmp_path / "out").exists()
 
 
+def test_export_engine_kserve_writes_what_engine_tsctl_writes(project, tmp_path):
+    """``export kserve --engine kserve`` (an alias of tsctl) writes the same tree byte for byte and the
+    same --json document; stderr says once that it is an alias."""
+    trees, documents = {}, {}
+    for engine in ("tsctl", "kserve"):
+        out = tmp_path / engine
+        result = cli_export(project, out, "--engine", engine, "--image", IMAGE, "--json")
+        assert result.exit_code == 0, result.output
+        note = "note: --engine kserve is an alias of --engine tsctl"
+        assert result.stderr.splitlines().count(note) == (1 if engine == "kserve" else 0), result.stderr
+        documents[engine] = json.loads(result.stdout.replace(str(out), "OUT"))
+        trees[engine] = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert documents["kserve"] == documents["tsctl"]
+    assert trees["kserve"] == trees["tsctl"] and "servingruntime.yaml" in trees["tsctl"]
+
+
 def test_serve_reads_config_properties_unless_the_engine_can_do_without_the_missing_file(tmp_path, monkeypatch):
     """``tsctl serve`` without --config: config/config.properties; an engine that serves a store without
     one (needs_config false) is given none when that file does not exist."""
     started = []
 
-    class Recorder(engines.Engine):
+    class Recorder(engines.Runtime):
         name, title, help = "recorder", "recorder", "recorder: a test double."
 
         def start(self, model_store="model-store", config=None, home=".tsctl", timeout=180, **options):
@@ -843,7 +867,7 @@ def test_a_non_empty_out_needs_force_and_a_failed_write_keeps_the_previous_one(p
     def broken(*args):
         raise OSError("disk full")
 
-    monkeypatch.setattr(kserve, "write_inputs", broken)
+    monkeypatch.setattr(core, "write_inputs", broken)
     with pytest.raises(OSError, match="disk full"):
         kserve.export(options(project, out, force=True))
     assert [p.name for p in tmp_path.iterdir()] == ["out"] and (out / "keep.txt").read_text() == "mine"

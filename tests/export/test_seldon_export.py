@@ -15,9 +15,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from archiver import crds, mlserver, properties, seldon
+from archiver import mlserver, properties
 from archiver.cli import main
 from archiver.errors import UserError
+from archiver.export import crds, seldon
 from helpers import deploy_md
 from helpers.models import package_resnet, package_text
 

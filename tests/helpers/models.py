@@ -43,7 +43,7 @@ def package_resnet(sample: Path, store: Path, name="resnet18", config_text=None,
 def export_tree(root: Path, out: str = "pvc", **options) -> Path:
     """``tsctl config`` of ``root/model-store`` (unless ``root/config`` exists), then ``tsctl export
     kserve`` of it to ``root/out``: the tree KServe would mount."""
-    from archiver import kserve
+    from archiver.export import kserve
 
     config = root / "config" / "config.properties"
     if not config.exists():

@@ -992,8 +992,9 @@ def test_the_image_requirements_of_both_exports_hold_only_checked_lines(tmp_path
     """An archive carrying hidden lines (package refuses them: the archive is rewritten to carry them):
     export kserve --engine kserve and export seldon refuse them in one line naming the file, or write only
     check()'s lines into their image's requirements.txt."""
-    from archiver import kserve, mar, properties, seldon
+    from archiver import mar, properties
     from archiver.errors import UserError
+    from archiver.export import kserve, seldon
 
     source = tmp_path / "requirements.txt"
     source.write_text("packaging>=20\n")
@@ -1091,8 +1092,8 @@ def test_config_refuses_worker_flags_and_archives_naming_the_key(tmp_path):
      "pvc://claim/x?y=1", "pvc://claim/x#y", "PVC://claim/x"],
 )  # fmt: skip
 def test_a_storage_uri_outside_its_claim_is_one_line(uri):
-    from archiver import kserve
     from archiver.errors import UserError
+    from archiver.export import kserve
 
     try:
         claim, path = kserve.storage_path(uri)

@@ -44,7 +44,7 @@ def srv(request, store):
     if request.param == "kserve":  # from the config tsctl writes, as RunningServer serves TorchServe
         home = short_tmp("hk-")
         config = properties.write_config(store, home / "config.properties")
-        running = engines.ENGINES["kserve"].start(store, config, home, timeout=240)
+        running = engines.ENGINES["tsctl"].start(store, config, home, timeout=240)
         context = contextlib.nullcontext(running)
     else:
         context = RunningServer(store)
@@ -113,7 +113,7 @@ def run_corpus(srv, model, cases, good, good_type):
 
 
 def path_of(srv, model: str) -> str:
-    return srv.predict_url(model)[len(srv.inference) :]
+    return engines.predict_url(srv, model)[len(srv.inference) :]
 
 
 def sent_as(srv, body: bytes, kind: str) -> str:
@@ -166,7 +166,7 @@ def mixed_load(srv, model, good, good_type, cases, clients, seconds, hostile_sha
     stop = time.monotonic() + seconds
     lock = threading.Lock()
     result = {"good": 0, "hostile": 0, "failures": [], "latency_ms": [], "statuses": {}}
-    url = srv.predict_url(model)
+    url = engines.predict_url(srv, model)
 
     def client(number):
         rng = random.Random(seed * 1000 + number)

@@ -153,7 +153,7 @@ def test_the_engine_serves_signed_archives_and_refuses_the_rest(signed, image_sa
     assert "resnet18.pt differs from what was signed" in refused.output(), refused.output()[-2000:]
     # tsctl serve --public-key: the engine checks every archive (its --public_key from TSCTL_PUBLIC_KEY)
     home, config = short_tmp("signed-serve-"), root / "config" / "config.properties"
-    serve = ["serve", "--engine", "kserve", "--config", config, "--model-store", store, "--home", home]
+    serve = ["serve", "--engine", "tsctl", "--config", config, "--model-store", store, "--home", home]
     try:
         done = tsctl(*serve, "--public-key", signed["public"], "--timeout", "120")
         assert done.returncode == 1 and "resnet18.pt differs from what was signed" in done.stderr, done.stderr

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from archiver import kserve, properties, requirements, runtimes
+from archiver import properties, requirements, runtimes
 from archiver.errors import UserError
+from archiver.export import kserve
 from helpers.models import package_resnet
 
 BIN = Path(sys.executable).parent

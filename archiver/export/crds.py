@@ -1,5 +1,5 @@
-"""Validating KServe and Seldon Core 2 manifests against the CRDs' own OpenAPI schemas (archiver/crds/*.json,
-archiver/crds/seldon/*.json; where each comes from: archiver/crds/README.md).
+"""Validating KServe and Seldon Core 2 manifests against the CRDs' own OpenAPI schemas (archiver/export/crds/*.json,
+archiver/export/crds/seldon/*.json; where each comes from: archiver/export/crds/README.md).
 
 Kubernetes prunes or, with strict field validation (kubectl's default), rejects fields a schema does not
 declare; plain JSON Schema would let them pass. So objects that declare ``properties`` are checked
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import jsonschema
 
-from .errors import UserError
+from ..errors import UserError
 
 SCHEMAS = {
     ("serving.kserve.io/v1beta1", "InferenceService"): "inferenceservice.v1beta1.json",

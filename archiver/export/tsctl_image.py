@@ -1,4 +1,4 @@
-"""``tsctl export kserve --engine kserve``: the same PVC tree served by the tsctl engine, no TorchServe.
+"""``tsctl export kserve --engine tsctl``: the same PVC tree served by the tsctl engine, no TorchServe.
 
 The engine (``python -m serving.engine``, serving/engine.py) reads what KServe's TorchServe runtime
 reads: ``/mnt/models/model-store`` and ``/mnt/models/config/config.properties`` (its model_snapshot:
@@ -14,24 +14,19 @@ InferenceService changes only its runtime, not its storage:
         requirements.txt      torch, torchvision, torchserve (its Python worker only), the engine's server
                               packages, and every archive's own requirements, pinned to the versions tsctl
                               was tested with here (the engine installs nothing per model)
-        handlers/             the toolkit's handlers package (each archive runs its own copy; this one is
-                              the engine)
+        handlers/, serving/   the toolkit's handlers package (each archive runs its own copy) and the
+                              serving package (the engine)
 
-No torch import here: versions come from the installed distributions' metadata.
+DEPLOY.md's step 0 is templates/kserve-tsctl-image.md.
 """
 
-import shutil
-import sys
-from importlib import metadata
 from pathlib import Path
 from typing import List, Optional
 
-import serving
-from handlers import archives as archive_files
-
-from . import requirements as requirement_files
-from .choices import RUNTIME_KINDS
-from .errors import UserError
+from ..choices import RUNTIME_KINDS
+from ..errors import UserError
+from .core import render
+from .images import CPU_TORCH_INDEX, PYTHON, pins, with_archive_lines, write_context
 
 IMAGE_DIR = "predictor-image"
 RUNTIME_FILE = "servingruntime.yaml"
@@ -58,7 +53,6 @@ BASE_PACKAGES = (
     "kserve",  # the v2 gRPC service's generated code (serving/engine_grpc.py)
     "javaproperties",  # config.properties, read as TorchServe reads it (serving/ts_config.py)
 )
-CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
 def check_runtime_kind(kind: Optional[str]):
@@ -128,13 +122,8 @@ def serving_runtime(options, resources: dict) -> dict:
 
 def requirements(archives: List[Path]) -> str:
     """The image's requirements: the serving stack at the versions installed here, then each archive's
-    own requirement lines (the engine installs nothing per model), each checked to be a plain requirement
-    (archiver/requirements.py: ``docker build`` would fetch a URL or run a local setup.py)."""
-    lines = [f"{name}=={metadata.version(name)}" for name in BASE_PACKAGES]
-    for archive in archives:
-        _, _, checked = requirement_files.of_archive(archive)  # plain requirements only: one line otherwise
-        lines += [line for line in checked if line not in lines]
-    return "\n".join(lines) + "\n"
+    own requirement lines (the engine installs nothing per model), each checked (images.with_archive_lines)."""
+    return "\n".join(with_archive_lines(pins(BASE_PACKAGES), archives)) + "\n"
 
 
 DOCKERFILE = """\
@@ -159,56 +148,29 @@ CMD [{args}]
 
 def write_image_context(out: Path, image: str, archives: List[Path]) -> List[Path]:
     """OUT/predictor-image/: Dockerfile, requirements.txt, the handlers and serving packages."""
-    context = out / IMAGE_DIR
-    context.mkdir(parents=True)
-    python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    dockerfile = context / "Dockerfile"
-    dockerfile.write_text(
-        DOCKERFILE.format(
-            image=image,
-            python=python,
-            torch_index=CPU_TORCH_INDEX,
-            uid=UID,
-            http_port=HTTP_PORT,
-            grpc_port=GRPC_PORT,
-            args=", ".join(f'"{arg}"' for arg in container_args()),
-        )
+    dockerfile = DOCKERFILE.format(
+        image=image,
+        python=PYTHON,
+        torch_index=CPU_TORCH_INDEX,
+        uid=UID,
+        http_port=HTTP_PORT,
+        grpc_port=GRPC_PORT,
+        args=", ".join(f'"{arg}"' for arg in container_args()),
     )
-    pinned = context / "requirements.txt"
-    pinned.write_text(requirements(archives))
-    return [dockerfile, pinned] + copy_packages(context)
+    return write_context(out / IMAGE_DIR, dockerfile, requirements(archives))
 
 
-def copy_packages(context: Path) -> List[Path]:
-    """The toolkit (``handlers/``) and the serving side (``serving/``) into an image's build context."""
-    copied = []
-    for package in (archive_files, serving):
-        source = Path(package.__file__).parent
-        copied.append(context / source.name)
-        shutil.copytree(source, copied[-1], ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    return copied
-
-
-def build_steps(options) -> List[str]:
+def build_steps(options) -> str:
     """DEPLOY.md's step 0 for the engine: build and push its image."""
-    return [
-        "## 0. The serving runtime's image",
-        "",
-        "The InferenceService runs the tsctl engine from an image of your own (no TorchServe frontend, no Java), "
-        f"declared as the {runtime_kind(options)} `{runtime_name(options)}` in `{RUNTIME_FILE}`: `{IMAGE_DIR}/` "
-        "is its build context. Push it where the cluster pulls from:",
-        "",
-        "```sh",
-        f"docker build -t {options.image} {IMAGE_DIR}",
-        f"docker push {options.image}",
-        "```",
-        "",
-        "It serves the tree below as config/config.properties says (its model_snapshot: workers, batchSize, "
-        "maxBatchDelay, responseTimeout, versions), on port 8080: TorchServe's inference API (`/predictions/NAME`), "
-        "KServe v1 and v2, `/metrics`; and v2 gRPC on 8081.",
-        "",
-        *GRPC_NOTE,
-    ]
+    return render(
+        "kserve-tsctl-image",
+        kind=runtime_kind(options),
+        runtime=runtime_name(options),
+        runtime_file=RUNTIME_FILE,
+        image_dir=IMAGE_DIR,
+        image=options.image,
+        grpc_port=GRPC_PORT,
+    )
 
 
 def apply_lines(options) -> List[str]:
@@ -218,12 +180,3 @@ def apply_lines(options) -> List[str]:
             f"kubectl apply -f {RUNTIME_FILE}   # a ClusterServingRuntime: needs rights on cluster-wide resources",
         ]
     return [f"kubectl apply -n {options.namespace} -f {RUNTIME_FILE}"]
-
-
-GRPC_NOTE = [
-    "The runtime exposes one port, 8080 (HTTP), as Knative allows one and KServe's own runtimes do. For v2 gRPC,",
-    f"put `ports: [{{name: h2c, containerPort: {GRPC_PORT}, protocol: TCP}}]` under the InferenceService's "
-    "`predictor.model`",
-    "(and drop the HTTP clients: that revision then speaks gRPC only).",
-    "",
-]

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, Tuple
 
-from .errors import UserError
+from ..errors import UserError
 
 
 def check(out: Path, force: bool, inputs: Iterable[Tuple[str, Optional[str]]]):

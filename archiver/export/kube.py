@@ -4,7 +4,7 @@ before writing: a flag Kubernetes would refuse is one line naming it and the fix
 import re
 from decimal import Decimal
 
-from .errors import UserError
+from ..errors import UserError
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 MEMORY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([KMGTPE]i|[kMGTPE])?$")

@@ -1,0 +1,174 @@
+"""MLServer as a runtime (serving/mlserver_runtime.py): ``tsctl serve --engine mlserver``; its model
+repository and where to find it are archiver/mlserver.py."""
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+
+from ..output import quiet
+from .base import Launch
+from .tsctl import TsctlRuntime, model_specs
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..server import Server
+
+MLSERVER_OUT = "mlserver.out"
+
+
+class MLServerRuntime(TsctlRuntime):
+    """MLServer (Seldon Core 2's server) with tsctl's runtime: every archive of the store served as the
+    tsctl engine serves it (TorchServe's workers, the archive's batching), over the Open Inference
+    Protocol only: REST ``/v2/models/NAME/infer`` and gRPC. Readiness and failures read as the tsctl
+    engine's (``/v2/health/ready``, the last error it printed). Exported with ``tsctl export seldon``."""
+
+    name = "mlserver"
+    title = "MLServer"
+    help = "mlserver: MLServer 1.7 with tsctl's runtime (Seldon Core 2's server): the Open Inference Protocol only."
+    protocol = "v2"
+    extra = None  # MLServer runs from a Python of its own (--python), checked before it starts
+
+    def launch(self, run: Launch, batch_size: Optional[int] = None, max_batch_delay: Optional[int] = None) -> "Server":
+        """Serve ``run``'s store (its config.properties' model_snapshot, or every archive with its
+        model-config.yaml) with MLServer from ``run.python`` on free 127.0.0.1 ports."""
+        from .. import mlserver
+        from .. import server as servers
+
+        model_store, home = Path(run.model_store).resolve(), Path(run.home).resolve()
+        config = Path(run.config).resolve() if run.config is not None else None
+        specs = model_specs(model_store, config)
+        python = mlserver.find_python(run.python)  # before anything is written
+        for spec in specs:
+            spec.batch_size = batch_size or spec.batch_size
+            spec.max_batch_delay = spec.max_batch_delay if max_batch_delay is None else max_batch_delay
+        servers.check_home(home)
+        folder = mlserver.write_repository(specs, home / "mlserver")
+        models = list(dict.fromkeys(spec.name for spec in specs))
+        return self.serve_repository(folder, models, home, run.timeout, python, run.env, run.progress)
+
+    def serve_repository(
+        self,
+        folder: Path,
+        models: List[str],
+        home=".tsctl",
+        timeout: float = 180,
+        python=None,
+        env=None,
+        progress=quiet,
+    ) -> "Server":
+        """MLServer on a model repository as it is (``folder``: a folder of model folders, each with its
+        model-settings.json, as ``export seldon`` writes them and Seldon's agent copies them), on free
+        127.0.0.1 ports; returns once each of ``models`` is ready."""
+        import os
+
+        import handlers
+
+        from .. import mlserver
+        from .. import server as servers
+
+        python = mlserver.find_python(python)
+        home = Path(home).resolve()
+        temp = servers.check_home(home)
+        source = str(Path(handlers.__file__).resolve().parent.parent)  # the runtime: tsctl's handlers package
+        run_env = dict(os.environ, TEMP=str(temp))
+        run_env["PYTHONPATH"] = os.pathsep.join(p for p in (source, os.environ.get("PYTHONPATH")) if p)
+        run_env.update(env or {})
+
+        def launch() -> "Server":
+            http, grpc, metrics = servers.free_port(), servers.free_port(), servers.free_port()
+            settings = mlserver.server_settings("127.0.0.1", http, grpc, metrics)
+            (folder / mlserver.SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
+            process = servers.spawn(mlserver.command(python, folder), home, run_env, MLSERVER_OUT)
+            server = servers.Server(
+                pid=process.pid,
+                home=str(home),
+                inference=f"http://127.0.0.1:{http}",
+                management="",
+                metrics=f"http://127.0.0.1:{metrics}",
+                models=models,
+                engine=self.name,
+                grpc=f"127.0.0.1:{grpc}",
+                log_writer=process.log_writer.pid,
+            )
+            return servers.recorded(server, lambda: self.wait_ready(server, timeout, process, progress))
+
+        return servers.with_port_retry(launch)
+
+    @staticmethod
+    def specs(model_store: Path, config: Optional[Path]):
+        """The model versions to serve, read as the tsctl engine reads them (one UserError otherwise)."""
+        return model_specs(model_store, config)
+
+    def is_ready(self, server: "Server") -> bool:
+        """Every model ready: MLServer's own readiness is true while it serves no model at all (one that
+        failed its load is dropped before MLServer stops)."""
+        return super().is_ready(server) and not self.not_ready(server)
+
+    def model_states(self, server: "Server") -> Optional[Dict[str, str]]:
+        """loading or READY per model, from ``/v2/models/NAME/ready`` (MLServer has no management API);
+        None while it does not answer yet."""
+        from .. import server as servers
+
+        if not super().is_ready(server):
+            try:
+                servers.request(f"{server.inference}/v2/health/live", timeout=5)
+            except OSError:
+                return None
+        pending = set(self.not_ready(server))
+        return {name: "loading" if name in pending else servers.READY for name in server.models}
+
+    def predict_url(self, server: "Server", model: str) -> str:
+        return f"{server.inference}/v2/models/{model}/infer"
+
+    def list_models(self, server: "Server") -> Optional[List[str]]:
+        """MLServer's repository index (it has no management API); None for another answer."""
+        from .. import server as servers
+
+        status, body = servers.request(f"{server.inference}/v2/repository/index", b"{}", "POST", timeout=10)
+        if status != 200 or not isinstance(body, list):
+            return None
+        return [m["name"] for m in body if isinstance(m, dict) and "name" in m]
+
+    def request_body(self, data: bytes, content_type: str) -> Tuple[bytes, str]:
+        """A file as one Open Inference Protocol request: a JSON file as it is (a request body), text
+        as one BYTES element, anything else base64 in one."""
+        from handlers import protocol
+
+        if content_type == protocol.JSON_TYPE:
+            return data, content_type
+        item = data.decode("utf-8", errors="replace") if content_type.startswith("text/") else base64_text(data)
+        body, headers = protocol.encode_request([item], protocol.V2)
+        return body, headers["Content-Type"]
+
+    def stop(self, server: "Server", grace: float = 20) -> bool:
+        """MLServer first, alone: it stops its servers and its workers go with it (2 s). A TERM to the
+        whole group ends the workers first and MLServer never answers it (10 s, then KILL)."""
+        import os
+        import signal
+
+        from .. import server as servers
+
+        try:
+            os.kill(server.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return servers.stop(server, grace=grace)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and servers.group_alive(server.pid):
+            servers.reap(server.pid)
+            time.sleep(0.1)
+        servers.stop(server, grace=1)  # whatever is left of the group, and server.json
+        # the unpacked archives (TEMP): MLServer unloads no model when it stops
+        servers.remove_temp(Path(server.home))
+        return True
+
+    def output(self, server: "Server") -> Path:
+        return Path(server.home) / MLSERVER_OUT
+
+    def handler_log(self, server: "Server") -> Path:
+        return Path(server.home) / MLSERVER_OUT
+
+
+def base64_text(data: bytes) -> str:
+    import base64
+
+    return base64.b64encode(data).decode("ascii")

@@ -1,0 +1,44 @@
+"""TorchServe itself as a runtime: ``tsctl serve --engine torchserve`` (archiver/server.py launches it)."""
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from ..output import quiet
+from .base import DEFAULT_CONFIG, Launch, Runtime
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..server import Server
+
+
+class TorchServeRuntime(Runtime):
+    """TorchServe 0.12 (Java frontend, Python workers), as KServe's TorchServe runtime runs it."""
+
+    name = "torchserve"
+    title = "TorchServe"
+    help = "torchserve: TorchServe itself (Java 17)."
+    model_api = True
+    serve_flags = ("install_deps", "enable_model_api")
+
+    def launch(
+        self, run: Launch, install_deps: bool = False, enable_model_api: bool = False, kserve_args: bool = False
+    ) -> "Server":
+        """TorchServe on ``run``'s store (archiver/server.py: ``start``); ``kserve_args``: with exactly
+        the arguments of KServe's TorchServe runtime."""
+        from .. import server
+
+        env = {**(run.env or {}), "TS_ENABLE_MODEL_API": "true"} if enable_model_api else run.env
+        config = run.config or DEFAULT_CONFIG
+        return server.start(
+            config, run.model_store, run.home, run.timeout, run.python, env, install_deps, kserve_args, run.progress
+        )
+
+    def wait_ready(self, server: "Server", timeout: float, process=None, progress: Callable[[str], None] = quiet):
+        from .. import server as servers
+
+        servers.wait_ready(server, timeout, process, progress)
+
+    def output(self, server: "Server") -> Path:
+        return server.logs
+
+    def handler_log(self, server: "Server") -> Path:
+        return server.logs / "model_log.log"

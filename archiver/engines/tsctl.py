@@ -1,0 +1,222 @@
+"""The tsctl engine as a runtime (``python -m serving.engine``): ``tsctl serve --engine tsctl``.
+
+TorchServe's model store and config.properties served in Python, no Java. ``--engine kserve`` is an
+older name of it (archiver/engines/__init__.py: ALIASES): it serves KServe's protocols, but it is tsctl's own.
+"""
+
+import re
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional
+
+from ..errors import ServerError, UserError
+from ..output import quiet
+from .base import Launch, Runtime
+
+if TYPE_CHECKING:  # pragma: no cover
+    from serving.ts_config import ModelSpec
+
+    from ..server import Server
+
+ENGINE_OUT = "engine.out"
+ENGINE_LINE = re.compile(r"^tsctl engine: (.+)$")  # what the engine prints before it exits
+PYTHON_ERROR = re.compile(r"^(?:ERROR:[\w.]+:)?\s*([A-Za-z_.]*(?:Error|Exception)\b:.*)$")
+# A worker's own error, as the engine logs its output: "... tsctl.worker: [MODEL VERSION wN] XError: ..."
+WORKER_ERROR = re.compile(r"tsctl\.worker: \[[^\]]*\]\s+([A-Za-z_][\w.]*(?:Error|Exception)\b:.*)$")
+# A traceback through the engine's own imports (a line of its own: a worker's lines carry their prefix).
+ENGINE_IMPORT = re.compile(r'^\s*File ".*[/\\](?:serving|handlers)[/\\]engine\w*\.py", line \d+, in <module>$')
+MISSING_MODULE = re.compile(r"^ModuleNotFoundError: No module named '([\w.]+)'")
+
+
+class TsctlRuntime(Runtime):
+    """The tsctl engine (``python -m serving.engine``): TorchServe's model store and config.properties
+    served in Python, no Java, TorchServe's inference and read-only management APIs, KServe v1/v2 REST
+    and v2 gRPC, Prometheus metrics, all on one HTTP port (and gRPC on another)."""
+
+    name = "tsctl"
+    title = "tsctl engine"
+    help = (
+        "tsctl: the tsctl engine (no Java; kserve is an alias): TorchServe's inference API, KServe v1/v2 and gRPC, "
+        "from the same config and model store."
+    )
+    needs_config = False
+    extra = "kserve"  # the optional dependencies (pyproject.toml) the engine imports
+
+    def launch(
+        self,
+        run: Launch,
+        batch_size: Optional[int] = None,
+        max_batch_delay: Optional[int] = None,
+        metrics_config: Optional[str] = None,
+        enable_grpc: bool = True,
+    ) -> "Server":
+        """Serve ``model_store`` as ``config`` says (None: the engine's default, config/config.properties
+        beside the store when there is one, else every archive with its model-config.yaml) on free
+        127.0.0.1 ports; return once every model's workers are up. ``batch_size``/``max_batch_delay``
+        override every model's; ``metrics_config`` is TorchServe's property of that name."""
+        import os
+
+        from .. import server as servers
+
+        model_store, home = Path(run.model_store).resolve(), Path(run.home).resolve()
+        config = Path(run.config).resolve() if run.config is not None else None
+        models = self.models(model_store, config)
+        temp = servers.check_home(home)
+        arguments = ["-m", "serving.engine", "--model_store", str(model_store), "--host", "127.0.0.1"]
+        if config is not None:
+            arguments += ["--ts_config", str(config)]
+        if not enable_grpc:
+            arguments += ["--enable_grpc", "false"]
+        if batch_size:
+            arguments += ["--batch_size", str(batch_size)]
+        if max_batch_delay is not None:
+            arguments += ["--max_batch_delay", str(max_batch_delay)]
+        if metrics_config:
+            arguments += ["--metrics_config", str(Path(metrics_config).resolve())]
+        run_env = dict(os.environ, TEMP=str(temp))
+        run_env.update(run.env or {})
+
+        def launch() -> "Server":
+            http, grpc = servers.free_port(), servers.free_port()
+            command = [run.python or sys.executable, *arguments, "--http_port", str(http), "--grpc_port", str(grpc)]
+            process = servers.spawn(command, home, run_env, ENGINE_OUT)
+            address = f"http://127.0.0.1:{http}"
+            server = servers.Server(
+                pid=process.pid,
+                home=str(home),
+                inference=address,
+                management=address,
+                metrics=address,
+                models=models,
+                engine=self.name,
+                grpc=f"127.0.0.1:{grpc}" if enable_grpc else None,
+                log_writer=process.log_writer.pid,
+            )
+            return servers.recorded(server, lambda: self.wait_ready(server, run.timeout, process, run.progress))
+
+        return servers.with_port_retry(launch)
+
+    @staticmethod
+    def models(model_store: Path, config: Optional[Path]) -> List[str]:
+        """The models the engine will serve, checked as it will check them (one UserError otherwise)."""
+        return list(dict.fromkeys(spec.name for spec in model_specs(model_store, config)))
+
+    def wait_ready(self, server: "Server", timeout: float, process=None, progress: Callable[[str], None] = quiet):
+        """Poll ``/v2/health/ready`` until 200 (every model's workers up), telling ``progress`` each
+        model's state as it changes (``model_states``). Fail as soon as the engine exits, with the last
+        error it printed; on timeout, name the models that are not ready."""
+        from .. import server as servers
+
+        deadline = time.monotonic() + timeout
+        report = servers.States(progress)
+        while True:
+            if process is not None and process.poll() is not None:
+                servers.output_written(process)
+                self.check_extra(server)
+                raise ServerError(f"the {self.title} exited with code {process.returncode}: {self.problem(server)}")
+            if process is None and not servers.group_alive(server.pid):
+                self.check_extra(server)
+                raise ServerError(f"the {self.title} exited: {self.problem(server)}")
+            ready = self.is_ready(server)
+            states = {name: servers.READY for name in server.models} if ready else self.model_states(server)
+            if states is None:
+                report(self.title, "starting")
+            for name, state in (states or {}).items():
+                report(name, state)
+            if ready:
+                return
+            if time.monotonic() > deadline:
+                pending = ", ".join(self.not_ready(server)) or "(none answered)"
+                raise ServerError(f"models {pending} not ready after {timeout:.0f}s: {self.problem(server)}")
+            time.sleep(0.5)
+
+    def is_ready(self, server: "Server") -> bool:
+        from .. import server as servers
+
+        try:
+            status, _ = servers.request(f"{server.inference}/v2/health/ready", timeout=5)
+        except OSError:
+            return False
+        return status == 200
+
+    def model_states(self, server: "Server") -> Optional[Dict[str, str]]:
+        """Each model's state as its management API describes it (``server.model_state``: unpacking,
+        loading, READY); None while the engine does not answer yet."""
+        from .. import server as servers
+
+        states = {name: servers.model_state(server, name, "unpacking") for name in server.models}
+        return None if None in states.values() else states
+
+    @staticmethod
+    def not_ready(server: "Server") -> List[str]:
+        from .. import server as servers
+
+        pending = []
+        for name in server.models:
+            try:
+                status, _ = servers.request(f"{server.inference}/v2/models/{name}/ready", timeout=5)
+            except OSError:
+                status = None
+            if status != 200:
+                pending.append(name)
+        return pending
+
+    def check_extra(self, server: "Server"):
+        """The engine could not import what it runs on (starlette, uvicorn, kserve and its fastapi: the
+        kserve extra): one UserError saying what to install, not the ModuleNotFoundError."""
+        if not self.extra:
+            return
+        out = self.output(server)
+        lines = out.read_text(errors="replace").splitlines() if out.exists() else []
+        if not any(map(ENGINE_IMPORT.match, lines)):  # the engine's own imports, not a handler's or a worker's
+            return
+        missing = [m.group(1) for m in map(MISSING_MODULE.match, lines) if m]
+        if missing:
+            raise UserError(
+                f"the {self.name} engine needs the {self.extra} extra (its Python has no module {missing[-1]!r}): "
+                f"pip install 'tsctl[{self.extra}]' (or uv sync --extra {self.extra})"
+            )
+
+    def problem(self, server: "Server") -> str:
+        """The engine's last word: its own fatal line (a model that could not load, a config it refuses)
+        with the worker's own last error when the line does not carry it, else a port already taken,
+        else the last Python error it printed, else where to look."""
+        from serving.ts_wire import FALLBACK, RERAISE
+
+        out = self.output(server)
+        lines = out.read_text(errors="replace").splitlines() if out.exists() else []
+        fatal = [m.group(1).strip() for m in map(ENGINE_LINE.match, lines) if m]
+        worker = [m.group(1).strip() for m in map(WORKER_ERROR.search, lines) if m]
+        worker = [error for error in worker if not RERAISE.search(error) and not FALLBACK.search(error)]
+        if fatal:
+            cause = worker[-1] if worker and worker[-1] not in fatal[-1] else None
+            return f"{fatal[-1]} (the worker's last error: {cause})" if cause else fatal[-1]
+        bind = [line.strip() for line in lines if "address already in use" in line.lower() or "failed to bind" in line]
+        errors = [m.group(1).strip() for m in map(PYTHON_ERROR.match, lines) if m]
+        return (bind or errors or worker or [f"no error in the output; see {out}"])[-1]
+
+    def output(self, server: "Server") -> Path:
+        return Path(server.home) / ENGINE_OUT
+
+    def handler_log(self, server: "Server") -> Path:
+        return Path(server.home) / ENGINE_OUT  # the workers' lines, through the engine's log
+
+
+def model_specs(model_store: Path, config: Optional[Path]) -> List["ModelSpec"]:
+    """The model versions the engine (and MLServer's runtime) will serve, checked as the engine checks them
+    (one UserError otherwise): a config's model_snapshot (each archive it names in the store, as for
+    TorchServe), or without one every archive in the store with its model-config.yaml."""
+    from serving import ts_config
+
+    from .. import server as servers
+    from ..properties import read_properties
+
+    try:
+        if config is None:
+            return ts_config.models(ts_config.default_config(model_store), model_store)[0]
+        properties = read_properties(config)
+        servers.snapshot_models(properties, config, model_store)  # as TorchServe's start checks it
+        return ts_config.from_properties(properties, config, model_store)[0]
+    except ts_config.ConfigError as exc:
+        raise UserError(str(exc)) from None

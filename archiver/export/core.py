@@ -1,0 +1,132 @@
+"""What both exports (``export kserve``, ``export seldon``) write the same way: the claim the tree is copied
+onto and the pod that copies it, the archives hard-linked into the tree, the files under OUT/inputs/, and
+DEPLOY.md's sections rendered from the templates beside this module (archiver/export/templates/)."""
+
+import math
+import os
+import shutil
+import string
+from functools import lru_cache
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional
+
+from ..errors import UserError
+
+COPY_POD_IMAGE = "busybox:1.36"  # has tar, which kubectl cp runs in the pod
+COPY_POD_UID = 1000  # the uid KServe's TorchServe runtime runs as (and Seldon's servers): the copied files are its own
+MIN_CLAIM_GIB = 2
+TEMPLATES = Path(__file__).parent / "templates"
+HERE_CHECK = (
+    'test -f DEPLOY.md -a -d {folder} || echo "error: run these commands from the directory DEPLOY.md is in" >&2'
+)
+
+
+# ---- DEPLOY.md --------------------------------------------------------------------------------------------
+@lru_cache(maxsize=None)
+def template(name: str) -> string.Template:
+    """templates/NAME.md, a ``string.Template``: ``$name``/``${name}`` are filled in, ``$$`` is a ``$`` of the
+    shell commands it shows."""
+    return string.Template((TEMPLATES / f"{name}.md").read_text(encoding="utf-8"))
+
+
+def render(name: str, /, **values) -> str:
+    """templates/NAME.md with ``values`` filled in (a KeyError names a value the template wants and lacks)."""
+    return template(name).substitute(values)
+
+
+def lines(texts: Iterable[str]) -> str:
+    """Commands (or paragraphs) one a line, for a template value that holds several."""
+    return "\n".join(texts)
+
+
+# ---- the claim, and the pod that copies onto it ---------------------------------------------------------
+def copy_pod(owner: str, namespace: str, claim: str) -> dict:
+    """A pod ``OWNER-copy`` that mounts the claim for kubectl cp, admitted under the restricted Pod Security
+    Standard: non-root uid 1000 (KServe's TorchServe runtime's own), no privilege escalation, no
+    capabilities, RuntimeDefault seccomp; fsGroup makes the claim's root writable for that uid."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"{owner}-copy", "namespace": namespace},
+        "spec": {
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": COPY_POD_UID,
+                "runAsGroup": COPY_POD_UID,
+                "fsGroup": COPY_POD_UID,
+                "fsGroupChangePolicy": "OnRootMismatch",
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "copy",
+                    "image": COPY_POD_IMAGE,
+                    "command": ["sleep", "3600"],
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                    "volumeMounts": [{"name": "models", "mountPath": "/pvc"}],
+                }
+            ],
+            "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": claim}}],
+        },
+    }
+
+
+def disk_size(path: Path) -> int:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size
+
+
+def claim_size(paths: List[Path]) -> str:
+    """Twice what is copied onto the claim (room for the next version beside it), at least MIN_CLAIM_GIB."""
+    return f"{max(MIN_CLAIM_GIB, math.ceil(2 * sum(disk_size(p) for p in paths) / 2**30))}Gi"
+
+
+def claim_manifest(claim: str, namespace: str, paths: List[Path]) -> dict:
+    """The PersistentVolumeClaim for what ``paths`` hold (``claim_size``), ReadWriteOnce."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim, "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": claim_size(paths)}},
+        },
+    }
+
+
+# ---- files --------------------------------------------------------------------------------------------------
+def copy_archive(source: Path, target: Path):
+    """Hard-link when possible (same filesystem, no copy of GBs), else copy; directories are copied."""
+    if target.exists() or target.is_symlink():
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
+    if source.is_dir():
+        shutil.copytree(source, target)
+        return
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
+def write_inputs(out: Path, files: Dict[str, bytes]) -> List[Path]:
+    written = []
+    for relative, data in files.items():
+        path = out / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        written.append(path)
+    return written
+
+
+def check_same_input(flag: str, kinds: Dict[str, Optional[str]]):
+    """The candidates of a split (``--split``, ``--ab``) take the same kind of input: the router sends each
+    request to either, so an image to a text model would fail. Unknown kinds (a handler of your own) pass."""
+    known = {model: kind for model, kind in kinds.items() if kind}
+    if len(set(known.values())) > 1:
+        said = ", ".join(f"{model} takes {kind}" for model, kind in known.items())
+        raise UserError(
+            f"{flag}: {said}; a split sends each request to either candidate, so they must take the same input: "
+            "split between versions of one model"
+        )

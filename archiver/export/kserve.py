@@ -1,0 +1,364 @@
+"""``tsctl export kserve``: the tree to copy onto a PVC, and the manifests that serve it.
+
+    OUT/config/config.properties     the config, checked for what KServe trips on; per-model install on
+    OUT/model-store/*.mar            every archive the snapshot names
+    OUT/inferenceservice.yaml        v1beta1, modelFormat pytorch, storageUri, protocol, resources
+    OUT/inferencegraph.yaml          with --split: a Splitter between two models (A/B)
+    OUT/transformer/*.mar            with --transformer-image: the archive whose pre/post the transformer runs
+    OUT/pvc.yaml                     the PersistentVolumeClaim (ReadWriteOnce, twice the archives' size, >= 2Gi)
+    OUT/pvc-copy-pod.yaml            a helper pod mounting the claim, for kubectl cp (restricted Pod Security Standard)
+    OUT/DEPLOY.md                    the exact commands: claim, copy, apply, ingress, request bodies, a curl per model,
+                                     each relative to OUT (no path of this machine in the tree): kserve_deploy.py
+    OUT/inputs/                      what the request bodies are built from: a drawn picture, a golden input
+    OUT/servingruntime.yaml          with --engine tsctl: the tsctl engine's (Cluster)ServingRuntime (tsctl_image.py)
+    OUT/predictor-image/             with --engine tsctl: the build context of the runtime's image
+
+KServe's TorchServe runtime runs ``torchserve --start --model-store=/mnt/models/model-store
+--ts-config=/mnt/models/config/config.properties`` with ``TS_SERVICE_ENVELOPE=kserve|kservev2``;
+the storage URI is mounted at /mnt/models. What differs by runtime (``--engine``: the checks, the
+predictor, more manifests and files, DEPLOY.md's steps) the runtime's target says (archiver/export/targets.py):
+with ``--engine tsctl`` the tsctl engine serves the same tree, and the InferenceService differs only
+in naming its runtime. Every manifest is validated against KServe's CRDs first.
+"""
+
+import json
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import yaml
+
+from ..choices import KSERVE_PROTOCOLS
+from ..errors import UserError
+from ..mar import handler_record, model_config, read_manifest, rewrite_archive
+from ..properties import check_keys, check_store, read_properties, render, snapshot_of
+from . import core, crds, kube, out_dir, targets
+from .bodies import Served, kind_of, sample_inputs
+from .kserve_deploy import curl_lines, deploy_md, predict_path
+from .options import ExportOptions
+
+NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+PVC_URI = re.compile(r"^pvc://([a-z0-9]([-a-z0-9.]*[a-z0-9])?)(/[^\s]*)?$")
+PATH_SEGMENT = re.compile(r"^[A-Za-z0-9_.-]+$")  # a segment of the path inside the claim (storage_path)
+
+
+@dataclass
+class Export:
+    files: List[Path]
+    notes: List[str]
+    curls: List[str]
+
+
+def export(options: ExportOptions) -> Export:
+    """Check everything, then write the tree and manifests. Nothing is written if a check fails."""
+    inputs = [("--model-store", options.model_store), ("--config", options.config)]
+    out_dir.check(Path(options.out), options.force, inputs + [("--transformer-archive", options.transformer_archive)])
+    with tempfile.TemporaryDirectory(prefix="tsctl-export-") as scratch:  # wheels, until they are packed
+        return _export(options, Path(scratch))
+
+
+def _export(options: ExportOptions, scratch: Path) -> Export:
+    notes: List[str] = []
+    target = targets.named(options.engine)
+    claim, sub_path = check_options(options)
+    config_path = Path(options.config)
+    properties = read_properties(config_path)
+    check_keys(properties, config_path)
+    snapshot = snapshot_of(properties, config_path)
+    target.check_properties(properties, config_path)
+    archives = check_models(snapshot, Path(options.model_store), notes, target.envelope_batches())
+    notes += memory_notes(options, snapshot)
+    check_split(options, snapshot)
+    transformer_archive = check_transformer(options, snapshot)
+    locked = target.prepare(options, properties, archives, notes, scratch)
+
+    manifests = target.manifests(options, resources(options))  # the runtime the InferenceService names first
+    manifests["inferenceservice.yaml"] = inference_service(options, snapshot)
+    if options.split:
+        manifests["inferencegraph.yaml"] = inference_graph(options)
+    for name, manifest in manifests.items():
+        crds.check(manifest, name)
+    curls = curl_lines(options, served_models(options, snapshot_archives(options, snapshot)))
+    models = served_models(options, archives)
+    inputs = sample_inputs(models)
+    manifests["pvc-copy-pod.yaml"] = core.copy_pod(options.name, options.namespace, claim)
+    manifests["pvc.yaml"] = core.claim_manifest(claim, options.namespace, claimed(options, archives))
+
+    with out_dir.written_beside(Path(options.out)) as staging:
+        properties["model_snapshot"] = json.dumps(snapshot, separators=(",", ":"))
+        files = write_tree(staging, properties, archives, locked)
+        files += target.write_files(staging, options, archives)
+        if transformer_archive is not None:
+            (staging / "transformer").mkdir()
+            core.copy_archive(transformer_archive, staging / "transformer" / transformer_archive.name)
+            files.append(staging / "transformer" / transformer_archive.name)
+        for name, manifest in manifests.items():
+            (staging / name).write_text(yaml.safe_dump(manifest, sort_keys=False), encoding="utf-8")
+            files.append(staging / name)
+        files += core.write_inputs(staging, inputs)
+        deploy = deploy_md(options, claim, sub_path, archives, curls, models, locked)
+        (staging / "DEPLOY.md").write_text(deploy, encoding="utf-8")
+        files.append(staging / "DEPLOY.md")
+    return Export(out_dir.moved(files, staging, Path(options.out)), notes, curls)
+
+
+def write_tree(root: Path, properties: Dict[str, str], archives: List[Path], locked: Dict[Path, dict]) -> List[Path]:
+    """config/config.properties and model-store/: each archive as it is, or rewritten with its locked
+    requirements."""
+    (root / "config").mkdir()
+    (root / "model-store").mkdir()
+    files = [root / "config" / "config.properties"]
+    files[0].write_text(render(properties), encoding="utf-8")
+    for archive in archives:
+        target = root / "model-store" / archive.name
+        if archive in locked:
+            rewrite_archive(archive, target, locked[archive])
+        else:
+            core.copy_archive(archive, target)
+        files.append(target)
+    return files
+
+
+def claimed(options: ExportOptions, archives: List[Path]) -> List[Path]:
+    """What is copied onto the claim: the archives, and the transformer's."""
+    return archives + ([Path(options.transformer_archive)] if options.transformer_archive else [])
+
+
+# ---- checks -------------------------------------------------------------------------------------------
+def check_options(options: ExportOptions) -> Tuple[str, str]:
+    if not NAME.match(options.name):
+        raise UserError(
+            f"--name {options.name!r} is not a valid InferenceService name: use lowercase letters, digits and '-', "
+            "starting with a letter"
+        )
+    kube.label(options.namespace, "--namespace", "give the namespace the InferenceService goes in, e.g. default")
+    kube.check_resources(options.cpu, options.memory)
+    claim, sub_path = storage_path(options.storage_uri)
+    if options.protocol not in KSERVE_PROTOCOLS:
+        raise UserError(f"--protocol {options.protocol!r} must be v1 or v2")
+    if options.canary is not None and not 0 <= options.canary <= 100:
+        raise UserError(f"--canary {options.canary} must be a percentage from 0 to 100")
+    targets.named(options.engine).check_export(options)
+    return claim, sub_path
+
+
+def storage_path(uri: str) -> Tuple[str, str]:
+    """The claim and the path inside it of ``--storage-uri pvc://CLAIM/PATH`` (PATH "" for the claim's
+    root). PATH is where DEPLOY.md copies the tree, inside the claim: segments of letters, digits, '-',
+    '_' and '.', none empty (``//``: an absolute path), '.' or '..' (outside the claim); one trailing '/'
+    is allowed. A one-line UserError otherwise."""
+    match = PVC_URI.match(uri)
+    if not match:
+        raise UserError(f"--storage-uri {uri!r} must look like pvc://CLAIM/PATH")
+    path = match.group(3) or ""
+    path = path[:-1] if path.endswith("/") else path
+    segments = path.split("/")[1:]
+    bad = next((s for s in segments if s in ("", ".", "..") or not PATH_SEGMENT.match(s)), None)
+    if bad is not None:
+        named = {"": "an empty segment (//)", ".": "a '.' segment", "..": "a '..' segment"}
+        why = named.get(bad, f"the segment {bad!r}")
+        raise UserError(
+            f"--storage-uri {uri!r} has {why} in its path, which DEPLOY.md would copy to: give a path inside "
+            "the claim of letters, digits, '-', '_' and '.' segments, e.g. pvc://models/vision"
+        )
+    return match.group(1), "/".join(segments)
+
+
+WORKER_BYTES = 1 << 30  # one model worker's peak RSS, rounded up: 875-956 MiB measured for resnet18 and
+# all-MiniLM-L6-v2 (BENCHMARKS.md, "tsctl engine"); a bigger model needs more
+
+
+def memory_notes(options: ExportOptions, snapshot: dict) -> List[str]:
+    """A note when the predictor's one container (``--memory``) cannot hold a worker per minWorkers of every
+    model at about WORKER_BYTES each, with 1 GiB more for the server and headroom (TorchServe's JVM: 209 MiB
+    after warm-up, measured beside two resnet18 workers of 785 MiB; its heap may grow to a quarter of the
+    container's limit): such a container is OOM-killed under load, or as its last workers load."""
+    workers = sum(
+        max(1, int(entry.get("minWorkers", 1) or 1))
+        for versions in snapshot.get("models", {}).values()
+        for entry in versions.values()
+    )
+    needed = (workers + 1) * WORKER_BYTES
+    if kube.memory_bytes(options.memory) >= needed:
+        return []
+    return [
+        f"the predictor runs {workers} model worker{'s' if workers != 1 else ''} in one container of --memory "
+        f"{options.memory}; a worker peaks near 1 GiB (875-956 MiB measured for resnet18 and all-MiniLM-L6-v2), "
+        f"so give at least --memory {workers + 1}Gi (or fewer minWorkers), more for bigger models"
+    ]
+
+
+def check_models(snapshot: dict, store: Path, notes: List[str], envelope_batches: bool = True) -> List[Path]:
+    """Each snapshot entry's archive exists and names the same model; with ``envelope_batches`` (TorchServe
+    under KServe), batch sizes safe under its envelope."""
+    check_store(store)
+    archives = []
+    for name, versions in snapshot.get("models", {}).items():
+        for version, entry in versions.items():
+            archive = store / entry.get("marName", "")
+            if not entry.get("marName") or not archive.exists():
+                raise UserError(
+                    f"model_snapshot entry '{name}' names marName {entry.get('marName')!r}, which is not in {store}: "
+                    "run 'tsctl config' again after packaging"
+                )
+            manifest = read_manifest(archive)["model"]
+            if manifest["modelName"] != name:
+                raise UserError(
+                    f"model_snapshot key '{name}' differs from {archive.name}'s model name "
+                    f"'{manifest['modelName']}': KServe serves the key, so requests for either would miss one; "
+                    "run 'tsctl config' again"
+                )
+            toolkit = handler_record(archive) is not None
+            if envelope_batches and not toolkit and entry.get("batchSize", 1) > 1:
+                entry["batchSize"] = 1
+                notes.append(
+                    f"{name}: batchSize set to 1 in the exported config: its handler ({manifest.get('handler')}) runs "
+                    "inside TorchServe 0.12's KServe envelope, which answers every request of a larger batch with 503"
+                )
+            archives.append(archive)
+    return archives
+
+
+def check_split(options: ExportOptions, snapshot: dict):
+    if not options.split:
+        return
+    models = snapshot.get("models", {})
+    if len(options.split) != 2:
+        raise UserError("--split takes exactly two MODEL=PERCENT values, e.g. --split a=90 --split b=10")
+    for model, _ in options.split:
+        if model not in models:
+            raise UserError(f"--split model '{model}' is not in the config's model_snapshot ({', '.join(models)})")
+    if options.split[0][0] == options.split[1][0]:
+        raise UserError("--split needs two different models")
+    store = Path(options.model_store)
+    core.check_same_input(
+        "--split",
+        {model: kind_of(store / next(iter(models[model].values()))["marName"]) for model, _ in options.split},
+    )
+    total = sum(weight for _, weight in options.split)
+    if total != 100:
+        raise UserError(f"--split weights add up to {total}, not 100")
+    if options.transformer_image or options.transformer_archive:
+        raise UserError("--split and a transformer cannot be combined: split between models, or transform one")
+
+
+def check_transformer(options: ExportOptions, snapshot: dict) -> Optional[Path]:
+    if not (options.transformer_image or options.transformer_archive):
+        return None
+    if not (options.transformer_image and options.transformer_archive):
+        raise UserError(
+            "--transformer-image and --transformer-archive go together: the image runs the archive's pre/post"
+        )
+    archive = Path(options.transformer_archive)
+    if not archive.exists():
+        raise UserError(f"--transformer-archive {archive} does not exist")
+    record = handler_record(archive) or {}
+    if not record.get("splits"):
+        if record:
+            handler, where = f"{record['module']}.{record['class']}", "MAR-INF/tsctl.json"
+        else:
+            handler, where = read_manifest(archive)["model"]["handler"], "MANIFEST model.handler"
+        raise UserError(
+            f"--transformer-archive {archive} has handler {handler!r} ({where}), whose pre/post "
+            "cannot run apart from its model (preprocess must turn a request into one tensor, as image_classifier's "
+            "does; the text handlers' makes a dict of token tensors): give an archive built with "
+            "--handler image_classifier"
+        )
+    models = list(snapshot["models"])
+    model = options.transformer_model or models[0]
+    if model not in models:
+        raise UserError(f"--transformer-model '{model}' is not in the config's model_snapshot ({', '.join(models)})")
+    named = f"--transformer-model '{model}'" if options.transformer_model else f"model '{model}' (the first)"
+    for entry in snapshot["models"][model].values():
+        predictor = Path(options.model_store) / entry["marName"]
+        if kind_of(predictor) != "tensor":
+            handler = read_manifest(predictor)["model"]["handler"]
+            raise UserError(
+                f"{named} is served by {predictor}, whose handler is {handler!r} (MANIFEST model.handler), but the "
+                "transformer sends it tensors: package the same weights with --handler tensor under another model "
+                "name and pass that name as --transformer-model"
+            )
+    options.transformer_model = model
+    return archive
+
+
+# ---- manifests ----------------------------------------------------------------------------------------
+def resources(options: ExportOptions) -> dict:
+    amount = {"cpu": options.cpu, "memory": options.memory}
+    return {"requests": dict(amount), "limits": dict(amount)}
+
+
+def inference_service(options: ExportOptions, snapshot: dict) -> dict:
+    predictor: dict = {}
+    if options.canary is not None:
+        predictor["canaryTrafficPercent"] = options.canary
+    predictor.update(targets.named(options.engine).predictor(options, resources(options)))
+    spec = {"predictor": predictor}
+    if options.transformer_image:
+        spec["transformer"] = transformer(options)
+    return {
+        "apiVersion": "serving.kserve.io/v1beta1",
+        "kind": "InferenceService",
+        "metadata": {"name": options.name, "namespace": options.namespace},
+        "spec": spec,
+    }
+
+
+def transformer(options: ExportOptions) -> dict:
+    archive = Path(options.transformer_archive).name
+    return {
+        "containers": [
+            {
+                "name": "kserve-container",
+                "image": options.transformer_image,
+                "command": ["python", "-m", "serving.kserve_transformer"],
+                "args": [
+                    "--model_name",
+                    options.transformer_model,
+                    "--archive",
+                    f"/mnt/models/transformer/{archive}",
+                    "--predictor_protocol",
+                    options.protocol,
+                ],
+                "env": [{"name": "STORAGE_URI", "value": options.storage_uri}],
+                "resources": resources(options),
+            }
+        ]
+    }
+
+
+def inference_graph(options: ExportOptions) -> dict:
+    host = f"{options.name}-predictor.{options.namespace}.svc.cluster.local"
+    steps = [
+        {"name": model, "serviceUrl": f"http://{host}{predict_path(options.protocol, model)}", "weight": weight}
+        for model, weight in options.split
+    ]
+    return {
+        "apiVersion": "serving.kserve.io/v1alpha1",
+        "kind": "InferenceGraph",
+        "metadata": {"name": f"{options.name}-split", "namespace": options.namespace},
+        "spec": {"nodes": {"root": {"routerType": "Splitter", "steps": steps}}},
+    }
+
+
+def served_models(options: ExportOptions, archives: List[Path]) -> List[Served]:
+    """Each snapshot model with the kind of input its archive's handler takes; with a transformer in front,
+    only the transformer's model, which takes what the transformer archive's handler reads."""
+    if options.transformer_archive:
+        archive = Path(options.transformer_archive)
+        handler = read_manifest(archive)["model"]["handler"]
+        return [Served(options.transformer_model, handler, kind_of(archive), archive=archive)]
+    served: Dict[str, Served] = {}
+    for archive in archives:
+        model = read_manifest(archive)["model"]
+        kind = kind_of(archive)
+        shape = (model_config(archive).get("handler") or {}).get("input_shape") if kind == "tensor" else None
+        served.setdefault(model["modelName"], Served(model["modelName"], model["handler"], kind, shape, archive))
+    return list(served.values())
+
+
+def snapshot_archives(options: ExportOptions, snapshot: dict) -> List[Path]:
+    store = Path(options.model_store)
+    return [store / entry["marName"] for versions in snapshot["models"].values() for entry in versions.values()]

@@ -1,0 +1,136 @@
+"""``export kserve``'s DEPLOY.md (templates/kserve*.md) and its curl lines: every command relative to the
+directory DEPLOY.md is in (the export can be moved or copied anywhere)."""
+
+from pathlib import Path
+from typing import Dict, List
+
+from . import core, targets
+from .bodies import Served, request_bodies
+from .options import ExportOptions
+
+V1_BODY = "a KServe v1 body (`instances`)"
+V2_BODY = "a KServe v2 body (a BYTES tensor)"
+
+
+def predict_path(protocol: str, model: str) -> str:
+    return f"/v2/models/{model}/infer" if protocol == "v2" else f"/v1/models/{model}:predict"
+
+
+def curl_line(path: str, input_file: str) -> str:
+    return (
+        f'curl -H "Host: ${{SERVICE_HOSTNAME}}" -H "Content-Type: application/json" '
+        f'"http://${{INGRESS_HOST}}:${{INGRESS_PORT}}{path}" --data-binary @{input_file}'
+    )
+
+
+def curl_lines(options: ExportOptions, served: List[Served]) -> List[str]:
+    """One curl per model: the URL names the snapshot key (the model), the Host header the service."""
+    return [curl_line(predict_path(options.protocol, model.name), model.input_file) for model in served]
+
+
+def deploy_md(
+    options: ExportOptions,
+    claim: str,
+    sub_path: str,
+    archives: List[Path],
+    curls: List[str],
+    models: List[Served],
+    locked: Dict[Path, dict],
+) -> str:
+    """DEPLOY.md (templates/kserve.md); ``models``: the served models, their sample inputs chosen."""
+    pod, ns = f"{options.name}-copy", f"-n {options.namespace}"
+    root = f"/pvc/{sub_path}".rstrip("/")
+    target = targets.named(options.engine)
+    component = "transformer" if options.transformer_image else "predictor"
+    folders = [f"{root}/config", f"{root}/model-store"] + (
+        [f"{root}/transformer"] if options.transformer_archive else []
+    )
+    text = core.render(
+        "kserve",
+        name=options.name,
+        here_check=core.HERE_CHECK.format(folder="model-store"),
+        needs=needs(options),
+        image_steps=target.image_steps(options),
+        claim=claim,
+        claim_size=core.claim_size(archives + transformer_archives(options)),
+        ns=ns,
+        mounted=f"{claim}/{sub_path}".rstrip("/"),
+        uid=core.COPY_POD_UID,
+        pod=pod,
+        folders=" ".join(folders),
+        copies=core.lines(copy_lines(options, archives, ns, pod, root)),
+        root=root,
+        requirements=requirements_steps(options, locked),
+        apply=core.lines(apply_lines(options, target, ns)),
+        component=component,
+        selector=f"serving.kserve.io/inferenceservice={options.name},component={component}",
+        body=V2_BODY if options.protocol == "v2" else V1_BODY,
+        bodies=request_bodies(options.protocol, models),
+        transformer_note=transformer_note(options),
+        curls=core.lines(curls),
+        split=split_section(options, models, ns),
+    )
+    return text.rstrip("\n") + "\n"
+
+
+def transformer_archives(options: ExportOptions) -> List[Path]:
+    return [Path(options.transformer_archive)] if options.transformer_archive else []
+
+
+def needs(options: ExportOptions) -> str:
+    """What the reader needs beyond kubectl and python3: docker for an image, a namespace of their own."""
+    text = " Step 0 needs docker (or any image builder)." if options.image else ""
+    if options.namespace != "default":
+        text += f" The namespace `{options.namespace}` must exist (`kubectl create namespace {options.namespace}`)."
+    return text
+
+
+def copy_lines(options: ExportOptions, archives: List[Path], ns: str, pod: str, root: str) -> List[str]:
+    """Step 2's kubectl cp of the config, each archive and the transformer's archive."""
+    copies = [f"kubectl cp {ns} config/config.properties {pod}:{root}/config/config.properties"]
+    copies += [f"kubectl cp {ns} model-store/{a.name} {pod}:{root}/model-store/{a.name}" for a in archives]
+    copies += [
+        f"kubectl cp {ns} transformer/{a.name} {pod}:{root}/transformer/{a.name}" for a in transformer_archives(options)
+    ]
+    return copies
+
+
+def apply_lines(options: ExportOptions, target: targets.Target, ns: str) -> List[str]:
+    """Step 3's commands: the target's own, the InferenceService (and graph), then the wait."""
+    applied = target.apply_lines(options) + [f"kubectl apply {ns} -f inferenceservice.yaml"]
+    if options.split:
+        applied.append(f"kubectl apply {ns} -f inferencegraph.yaml")
+    return applied + [f"kubectl wait {ns} --for=condition=Ready inferenceservice/{options.name} --timeout=600s"]
+
+
+def requirements_steps(options: ExportOptions, locked: Dict[Path, dict]) -> str:
+    """What the pod installs when it starts, for archives with requirements (TorchServe's per-model install)."""
+    needing = []
+    for archive, entries in locked.items():
+        lines = [
+            line
+            for data in entries.values()
+            if isinstance(data, bytes)
+            for line in data.decode("utf-8", "replace").splitlines()
+            if line.strip() and not line.startswith("-")
+        ]
+        if lines:
+            needing.append(f"{archive.name} ({len(lines)} locked packages)")
+    if not needing:
+        return ""
+    section = "kserve-requirements-offline" if options.offline else "kserve-requirements"
+    return core.render(section, needing=", ".join(needing))
+
+
+def transformer_note(options: ExportOptions) -> str:
+    if not options.transformer_archive:
+        return ""
+    return f"\nWith the transformer in front, the InferenceService answers for {options.transformer_model} only."
+
+
+def split_section(options: ExportOptions, models: List[Served], ns: str) -> str:
+    """The A/B split's call through the InferenceGraph (``--split``), else nothing."""
+    if not options.split:
+        return ""
+    first = next(m for m in models if m.name == options.split[0][0])
+    return core.render("kserve-split", name=options.name, ns=ns, curl=curl_line("", first.input_file))

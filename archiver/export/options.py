@@ -1,0 +1,52 @@
+"""The flags of each export, as the command line passes them: ``ExportOptions`` (``tsctl export kserve``,
+archiver/export/kserve.py) and ``SeldonOptions`` (``tsctl export seldon``, archiver/export/seldon.py)."""
+
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Tuple
+
+from .. import runtimes
+from ..output import quiet
+
+
+@dataclass
+class ExportOptions:
+    out: str
+    name: str
+    storage_uri: str
+    protocol: str = "v1"
+    config: str = "config/config.properties"
+    model_store: str = "model-store"
+    canary: Optional[int] = None
+    split: List[Tuple[str, int]] = field(default_factory=list)
+    transformer_image: Optional[str] = None
+    transformer_archive: Optional[str] = None
+    transformer_model: Optional[str] = None
+    namespace: str = "default"
+    cpu: str = "1"
+    memory: str = "2Gi"
+    runtime: str = runtimes.DEFAULT  # the torchserve-kfs image the InferenceService runs (archiver/runtimes.py)
+    offline: bool = False  # bundle each archive's wheels: its per-model install needs no package index
+    engine: str = "torchserve"  # a key of archiver.export.targets.TARGETS: what serves the tree in the pod
+    image: Optional[str] = None  # the tsctl engine's image (--engine tsctl), built from OUT/predictor-image
+    runtime_kind: Optional[str] = None  # --engine tsctl: ClusterServingRuntime (default) or ServingRuntime
+    force: bool = False  # replace an OUT that holds files
+    progress: Callable[[str], None] = field(default=quiet, repr=False, compare=False)  # archiver.output.Progress
+
+
+@dataclass
+class SeldonOptions:
+    out: str
+    image: str
+    model_store: str = "model-store"
+    config: Optional[str] = None  # None: config/config.properties beside the store when it exists
+    server: str = "tsctl-mlserver"
+    claim: str = "tsctl-models"
+    namespace: str = "seldon-mesh"
+    cpu: str = "1"
+    memory: str = "2Gi"  # each Model's memory; the mlserver container asks for it times the number of Models
+    ab: List[Tuple[str, int]] = field(default_factory=list)
+    default: Optional[str] = None
+    experiment: Optional[str] = None
+    transformer_archive: Optional[str] = None
+    transformer_model: Optional[str] = None
+    force: bool = False

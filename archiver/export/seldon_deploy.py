@@ -1,0 +1,144 @@
+"""``export seldon``'s DEPLOY.md (templates/seldon*.md) and its curl lines: every command relative to the
+directory DEPLOY.md is in, from the image build to one curl per model."""
+
+from typing import List
+
+from serving.ts_config import Frontend
+
+from .. import mlserver
+from . import core
+from .bodies import Served, request_bodies
+from .options import SeldonOptions
+from .seldon_image import BASE_IMAGE, IMAGE_DIR
+from .seldon_plan import (
+    AGENT_PORTS,
+    CAPABILITIES,
+    MODELS_DIR,
+    MOUNT,
+    RUNTIME_PATH,
+    SERVER_CONFIG,
+    SERVER_POD_LABEL,
+    Plan,
+)
+
+
+def curl_line(seldon_model: str, path_name: str, input_file: str, show_headers: bool = False) -> str:
+    return (
+        f'curl{" -i" if show_headers else ""} -H "Content-Type: application/json" -H "seldon-model: {seldon_model}" '
+        f'"http://${{MESH_IP}}/v2/models/{path_name}/infer" --data-binary @{input_file}'
+    )
+
+
+def curl_lines(options: SeldonOptions, plan: Plan) -> List[str]:
+    """One curl per model, then the experiment's and the pipeline's."""
+    lines = [curl_line(entry.name, entry.name, entry.served.input_file) for entry in plan.entries]
+    if plan.experiment:
+        lines.append(curl_line(f"{plan.experiment}.experiment", plan.experiment, served_input(plan, options), True))
+    if plan.pipeline:
+        lines.append(curl_line(f"{plan.pipeline}.pipeline", plan.pipeline, plan.transformers[0].served.input_file))
+    return lines
+
+
+def served_input(plan: Plan, options: SeldonOptions) -> str:
+    """The request body of the experiment's first candidate."""
+    return next(e for e in plan.entries if e.name == options.ab[0][0]).served.input_file
+
+
+def served_models(plan: Plan) -> List[Served]:
+    """The models DEPLOY.md builds request bodies for: each Model, and the pipeline's first step when its
+    requests differ from theirs."""
+    served = [entry.served for entry in plan.entries]
+    if plan.transformers and all(s.input_file != plan.transformers[0].served.input_file for s in served):
+        served.append(plan.transformers[0].served)
+    return served
+
+
+def deploy_md(options: SeldonOptions, plan: Plan, served: List[Served]) -> str:
+    """DEPLOY.md (templates/seldon.md); ``served``: served_models(plan), their sample inputs chosen
+    (bodies.sample_inputs)."""
+    ns, pod = f"-n {options.namespace}", f"{options.server}-copy"
+    entries = plan.entries + plan.transformers
+    curls = curl_lines(options, plan)
+    copies = [
+        f"kubectl cp {ns} {MODELS_DIR}/{entry.name}/{file} {pod}:/pvc/{MODELS_DIR}/{entry.name}/{file}"
+        for entry in entries
+        for file in (entry.archive.name, mlserver.MODEL_SETTINGS)
+    ]
+    text = core.render(
+        "seldon",
+        models=", ".join(e.name for e in plan.entries),
+        here_check=core.HERE_CHECK.format(folder=MODELS_DIR),
+        namespace=options.namespace,
+        server_config=SERVER_CONFIG,
+        image_dir=IMAGE_DIR,
+        image=options.image,
+        base_image=BASE_IMAGE,
+        implementation=mlserver.IMPLEMENTATION,
+        runtime_path=RUNTIME_PATH,
+        claim=options.claim,
+        claim_size=core.claim_size([entry.archive for entry in entries]),
+        ns=ns,
+        mount=MOUNT,
+        uid=core.COPY_POD_UID,
+        pod=pod,
+        folders=" ".join(f"/pvc/{MODELS_DIR}/{e.name}" for e in entries),
+        copies=core.lines(copies),
+        models_dir=MODELS_DIR,
+        server=options.server,
+        capabilities=", ".join(CAPABILITIES),
+        ports=", ".join(map(str, AGENT_PORTS)),
+        waits=core.lines(wait_lines(plan, ns)),
+        bodies=request_bodies("v2", served),
+        curls=core.lines(curls[: len(plan.entries)]),
+        experiment=experiment_section(options, plan, curls),
+        pipeline=pipeline_section(options, plan, curls),
+        pod_label=SERVER_POD_LABEL,
+        limit=f"{Frontend().max_request_size:,}",
+    )
+    return text.rstrip("\n") + "\n"
+
+
+def wait_lines(plan: Plan, ns: str) -> List[str]:
+    """Step 4's commands after models.yaml: a wait per Model, then the experiment's and the pipeline's."""
+    entries = plan.entries + plan.transformers
+    lines = [f"kubectl wait {ns} --for condition=ready --timeout=600s model/{e.name}" for e in entries]
+    for kind, name in (("experiment", plan.experiment), ("pipeline", plan.pipeline)):
+        if name:
+            lines += [
+                f"kubectl apply {ns} -f {kind}.yaml",
+                f"kubectl wait {ns} --for condition=ready --timeout=300s {kind}/{name}",
+            ]
+    return lines
+
+
+def experiment_section(options: SeldonOptions, plan: Plan, curls: List[str]) -> str:
+    """How to call the A/B experiment, and keep a client on the model that answered; '' without one."""
+    if not plan.experiment:
+        return ""
+    route = curl_line(f"{plan.experiment}.experiment", plan.experiment, served_input(plan, options))
+    return core.render(
+        "seldon-experiment",
+        experiment=plan.experiment,
+        weights=", ".join(f"{name} {weight}" for name, weight in options.ab),
+        total=sum(weight for _, weight in options.ab),
+        default=options.default,
+        curl=curls[len(plan.entries)],
+        route_curl=route,
+    )
+
+
+def pipeline_section(options: SeldonOptions, plan: Plan, curls: List[str]) -> str:
+    """How to call the transformer's pipeline; '' without one."""
+    if not plan.pipeline:
+        return ""
+    split = options.transformer_model == plan.experiment
+    return core.render(
+        "seldon-pipeline",
+        pipeline=plan.pipeline,
+        pre=plan.transformers[0].name,
+        archive=plan.transformers[0].archive.name,
+        model=plan.pipeline_model,
+        split_note=f", whose calls the experiment `{plan.experiment}` splits between its candidates" if split else "",
+        post=plan.transformers[1].name,
+        curl=curls[-1],
+    )

@@ -1,0 +1,213 @@
+"""What ``tsctl export kserve --engine NAME`` writes for the runtime that serves the tree in the pod: a
+``Target`` per runtime, asked by archiver/export/kserve.py, never compared by name.
+
+    TARGETS = {"torchserve": TorchServeTarget(), "tsctl": TsctlTarget()}
+
+A target checks the export's flags (``check_export``, ``export_flags``) and the config
+(``check_properties``), prepares the archives (``prepare``: their locked requirements, the exported
+config's changes), gives the InferenceService's predictor (``predictor``), more manifests beside it
+(``manifests``), more files (``write_files``: an image's build context) and DEPLOY.md's steps of its own
+(``image_steps``, ``apply_lines``). MLServer has no KServe target: ``tsctl export seldon`` exports it.
+"""
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+
+from .. import engines
+from ..engines.base import refuse
+from ..errors import UserError
+from .options import ExportOptions
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .. import runtimes
+
+# The optional flags of ``tsctl export kserve`` that not every target takes: option name -> the flag as typed.
+EXPORT_FLAGS = {"image": "--image", "runtime_kind": "--runtime-kind", "offline": "--offline"}
+ELSEWHERE = {"mlserver": "is exported for Seldon Core 2: run 'tsctl export seldon OUT' instead"}
+
+
+class Target:
+    """What one runtime needs in a KServe export; see the module docstring."""
+
+    name = ""  # the runtime's name (archiver/engines), the --engine value
+    title = ""  # what messages call it
+    export_flags: Tuple[str, ...] = ()  # keys of EXPORT_FLAGS it takes
+
+    def check_export(self, options: ExportOptions):
+        given = {key: getattr(options, key) for key in EXPORT_FLAGS}
+        refuse(self.name, self.title, self.export_flags, given, EXPORT_FLAGS, flag_owners, "export")
+
+    def check_properties(self, properties: Dict[str, str], path: Path):
+        """What the exported config must say for this runtime under KServe (UserError naming the key)."""
+        expected = {"disable_token_authorization": ("true", "KServe's requests carry no TorchServe token")}
+        check_values(properties, path, expected)
+
+    def envelope_batches(self) -> bool:
+        """True when archives of handlers that are not the toolkit's run inside TorchServe's KServe
+        envelope, which answers every request of a batch of several with 503 (export sets batchSize 1)."""
+        return False
+
+    def prepare(self, options, properties: Dict[str, str], archives: List[Path], notes: List[str], scratch: Path):
+        """Change the exported config for this runtime; return {archive: its requirements.txt for the
+        image} for the archives to rewrite with locked requirements (the others are copied as they are)."""
+        return {}
+
+    def export_notice(self, options: ExportOptions) -> Optional[str]:
+        """A line to print before a slow export (resolving requirements), if any."""
+        return None
+
+    def predictor(self, options: ExportOptions, resources: dict) -> dict:
+        """The InferenceService's ``spec.predictor`` entries serving the storage URI's tree."""
+        raise NotImplementedError
+
+    def manifests(self, options: ExportOptions, resources: dict) -> Dict[str, dict]:
+        """More manifests to write beside inferenceservice.yaml, by file name (validated first)."""
+        return {}
+
+    def write_files(self, out: Path, options: ExportOptions, archives: List[Path]) -> List[Path]:
+        """More files for the export (an image's build context)."""
+        return []
+
+    def image_steps(self, options: ExportOptions) -> str:
+        """DEPLOY.md's section before the claim (step 0: building an image), if any."""
+        return ""
+
+    def apply_lines(self, options: ExportOptions) -> List[str]:
+        """DEPLOY.md's commands of step 3 before the InferenceService is applied."""
+        return []
+
+
+def check_values(properties: Dict[str, str], path: Path, expected: Dict[str, Tuple[str, str]]):
+    for key, (value, why) in expected.items():
+        if properties.get(key, "").lower() != value:
+            raise UserError(f"{path}: {key} must be {value} ({why}); regenerate it with 'tsctl config'")
+
+
+def storage_model(options: ExportOptions, resources: dict, runtime: Optional[str] = None) -> dict:
+    """``predictor.model`` for the PVC tree: KServe picks the runtime for modelFormat pytorch (its
+    TorchServe runtime) unless ``runtime`` names one."""
+    model = {"modelFormat": {"name": "pytorch"}}
+    if runtime:
+        model["runtime"] = runtime
+    model.update({"protocolVersion": options.protocol, "storageUri": options.storage_uri, "resources": resources})
+    return model
+
+
+# ---- KServe's own TorchServe runtime (modelFormat pytorch) ---------------------------------------------
+class TorchServeTarget(Target):
+    """TorchServe as KServe's TorchServe runtime runs it: the tree alone, requirements installed per model."""
+
+    name = "torchserve"
+    title = "TorchServe"
+    export_flags = ("offline",)
+
+    def check_properties(self, properties: Dict[str, str], path: Path):
+        super().check_properties(properties, path)
+        check_values(
+            properties, path, {"enable_envvars_config": ("true", "KServe's TS_SERVICE_ENVELOPE is ignored without it")}
+        )
+        if properties.get("enable_model_api", "").lower() not in ("true", "false"):
+            raise UserError(
+                f"{path}: set enable_model_api explicitly (TorchServe 0.11+ turns it off by default); "
+                "regenerate it with 'tsctl config'"
+            )
+
+    def envelope_batches(self) -> bool:
+        return True
+
+    def export_notice(self, options: ExportOptions) -> Optional[str]:
+        what = "resolving and downloading" if options.offline else "resolving"
+        return f"{what} each archive's requirements for {options.runtime} ..."
+
+    def prepare(self, options, properties, archives, notes, scratch):
+        from .. import runtimes
+
+        # tsctl config leaves TorchServe's per-model install off (the local environment has the packages);
+        # KServe's image has not: the exported config turns it on, for the requirements locked here.
+        properties["install_py_dep_per_model"] = "true"
+        runtime = runtimes.runtime_named(options.runtime)
+        notes.extend(runtime_notes(runtime))
+        return runtimes.for_runtime(archives, runtime, options.offline, scratch, notes, options.progress)
+
+    def predictor(self, options: ExportOptions, resources: dict) -> dict:
+        return {"model": storage_model(options, resources)}
+
+
+def runtime_notes(runtime: "runtimes.Runtime") -> List[str]:
+    """What the generated config asks for that the runtime's TorchServe does not do."""
+    if tuple(int(part) for part in runtime.torchserve.split(".")) >= (0, 11):
+        return []
+    return [
+        f"{runtime.name} runs TorchServe {runtime.torchserve}, which has no token authorization and ignores "
+        "enable_model_api=false: its management API (port 8085 inside the pod; KServe's service exposes only "
+        "the wrapper's 8080) can register and delete models"
+    ]
+
+
+# ---- the tsctl engine: a ServingRuntime for its image, and an InferenceService naming it ---------------
+class TsctlTarget(Target):
+    """The tsctl engine from an image of the export's own (archiver/export/tsctl_image.py)."""
+
+    name = "tsctl"
+    title = "tsctl engine"
+    export_flags = ("image", "runtime_kind")
+
+    def check_export(self, options: ExportOptions):
+        super().check_export(options)
+        if not options.image:
+            raise UserError(
+                f"--engine {self.name} needs --image REGISTRY/NAME:TAG: the image you build from the export"
+            )
+        from . import tsctl_image
+
+        tsctl_image.check_runtime_kind(options.runtime_kind)
+
+    def prepare(self, options, properties, archives, notes, scratch):
+        from . import tsctl_image
+
+        tsctl_image.requirements(archives)  # every archive's requirement lines checked before anything is written
+        return {}
+
+    def predictor(self, options: ExportOptions, resources: dict) -> dict:
+        from . import tsctl_image
+
+        return {"model": storage_model(options, resources, tsctl_image.runtime_name(options))}
+
+    def manifests(self, options: ExportOptions, resources: dict) -> Dict[str, dict]:
+        from . import tsctl_image
+
+        return {tsctl_image.RUNTIME_FILE: tsctl_image.serving_runtime(options, resources)}
+
+    def write_files(self, out: Path, options: ExportOptions, archives: List[Path]) -> List[Path]:
+        from . import tsctl_image
+
+        return tsctl_image.write_image_context(out, options.image, archives)
+
+    def image_steps(self, options: ExportOptions) -> str:
+        from . import tsctl_image
+
+        return tsctl_image.build_steps(options)
+
+    def apply_lines(self, options: ExportOptions) -> List[str]:
+        from . import tsctl_image
+
+        return tsctl_image.apply_lines(options)
+
+
+TARGETS: Dict[str, Target] = {target.name: target for target in (TorchServeTarget(), TsctlTarget())}
+
+
+def flag_owners(key: str) -> List[str]:
+    """The targets that take the export flag ``key``."""
+    return [target.name for target in TARGETS.values() if key in target.export_flags]
+
+
+def named(name: str) -> Target:
+    """The target of the runtime called ``name`` (or an alias of it), else one UserError: an unknown
+    runtime, or one exported another way."""
+    canonical = engines.ALIASES.get(name, name)
+    target = TARGETS.get(canonical)
+    if target is not None:
+        return target
+    runtime = engines.named(name)  # an unknown name: the runtimes it must be one of
+    raise UserError(f"--engine {runtime.name} {ELSEWHERE.get(runtime.name, 'has no KServe export')}")
