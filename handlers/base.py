@@ -35,7 +35,7 @@ from typing import Any, List, Optional
 import torch
 from ts.torch_handler.base_handler import BaseHandler
 
-from . import envelopes, golden, log_text, protocol, signing, toolkit
+from . import catalogue, envelopes, golden, log_text, protocol, signing
 from .loading import load_model, pick_device, pick_threads
 from .protocol import Busy, ClientError, InferenceError, Limits, Request, too_large  # noqa: F401 (InferenceError)
 from .settings import Settings, read_settings
@@ -114,8 +114,8 @@ class ToolkitHandler(BaseHandler):
 
     @classmethod
     def requirements_for(cls, serialized: Optional[str]) -> tuple:
-        """What an archive of ``serialized`` (the --serialized-file) needs installed (toolkit.Kind)."""
-        return toolkit.kind_of(cls).requirements_for(serialized)
+        """What an archive of ``serialized`` (the --serialized-file) needs installed (catalogue.Declared)."""
+        return catalogue.declared_by(cls).requirements_for(serialized)
 
     # ---- lifecycle -------------------------------------------------------------------------
     def initialize(self, context):
