@@ -94,7 +94,7 @@ class Project:
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    """``tsctl init NAME --from KIND`` for every kind in one directory; the generated tests start."""
+    """``tsctl init NAME --from HANDLER`` for every start in one directory; the generated tests start."""
     root = tmp_path_factory.mktemp("project")
     outputs = {}
     for kind, name in NAMES.items():
