@@ -14,8 +14,10 @@ Writes ``NAME/`` with three files:
   handler's own, so the tests of several handlers run in one pytest process (two ``test_handler.py``
   would be one module name twice: pytest's "import file mismatch").
 
-No torch here, so the command stays fast. The files are text templates (``templates/START/*.tmpl``,
-``__NAME__``, ``__CLASS__`` and ``__TEST__`` replaced). The toolkit's settings, defaults and comments come from
+What each ``--from`` start subclasses, and the flags and input files of the commands it prints next,
+come from the handler catalogue (``handlers.catalogue.STARTS``). No torch here, so the command stays
+fast. The files are text templates (``templates/START/*.tmpl``, ``__NAME__``, ``__CLASS__`` and
+``__TEST__`` replaced). The toolkit's settings, defaults and comments come from
 ``templates/settings.json``, a table written from the real Settings classes by
 ``python -m archiver.scaffold`` (which imports them); tests/test_init.py fails when the table and the
 classes disagree. The handler's own settings are read from the rendered handler.py with ``ast``.

@@ -220,7 +220,7 @@ def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay,
                 "put them in its model-config.yaml to keep them"
             )
         return
-    files = [chosen.request_body(data, kind) for data, kind in files]
+    files = [chosen.request_body(data, content_type) for data, content_type in files]
     bound = f"{count} requests" if count is not None else f"{duration:g} s"
     progress(f"{model}: {concurrency} clients, {bound}")
     result = load.run_load(srv.predict_url(model), files, concurrency, count, duration, headers)
