@@ -10,7 +10,7 @@ The ServingRuntime and ClusterServingRuntime CRDs are not among the vendored fil
 checked against the vendored InferenceService CRD's own container schema (corev1.Container, the type a
 runtime's containers have too); the spec's other keys, and their types, are those of KServe's own
 TorchServe runtime (../shared/kserve/kserve-torchserve-runtime.yaml, which
-tests/test_kserve_export.py validates against this schema); ``protocolVersions`` takes KServe's
+tests/export/test_kserve_export.py validates against this schema); ``protocolVersions`` takes KServe's
 protocol names (v1, v2, grpc-v1, grpc-v2).
 """
 

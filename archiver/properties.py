@@ -183,6 +183,9 @@ def render(properties: Dict[str, str]) -> str:
         lines = [
             "# Written by tsctl config. Locally, where the archives' packages are installed:",
             "#   torchserve --start --ncs --model-store model-store --ts-config config/config.properties",
+            "# after moving its addresses, KServe's on every interface (0.0.0.0:8085, metrics 0.0.0.0:8082), to the",
+            "# loopback (TS_INFERENCE_ADDRESS, TS_MANAGEMENT_ADDRESS, TS_METRICS_ADDRESS: http://127.0.0.1:PORT),",
+            "# as 'tsctl serve' does.",
             "# Under KServe (mounted at /mnt/models) as is only when its image has every archive's requirements",
             "# (tsctl config names each archive whose requirements it lacks); else use 'tsctl export kserve'.",
         ]

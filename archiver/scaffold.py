@@ -19,7 +19,7 @@ come from the handler catalogue (``handlers.catalogue.STARTS``). No torch here, 
 fast. The files are text templates (``templates/START/*.tmpl``, ``__NAME__``, ``__CLASS__`` and
 ``__TEST__`` replaced). The toolkit's settings, defaults and comments come from
 ``templates/settings.json``, a table written from the real Settings classes by
-``python -m archiver.scaffold`` (which imports them); tests/test_init.py fails when the table and the
+``python -m archiver.scaffold`` (which imports them); tests/cli/test_init.py fails when the table and the
 classes disagree. The handler's own settings are read from the rendered handler.py with ``ast``.
 """
 

@@ -23,8 +23,10 @@ import torch
 from common import write_section
 
 from archiver import properties, server  # noqa: E402
-from conftest import MemoryLimit, peak_rss, short_tmp, workers  # noqa: E402
-from test_hostile import build, scripted  # noqa: E402
+from helpers.cgroups import MemoryLimit, peak_rss  # noqa: E402
+from helpers.hostile import build, scripted  # noqa: E402
+from helpers.paths import short_tmp  # noqa: E402
+from helpers.servers import workers  # noqa: E402
 
 LIMIT = 3 << 30
 BATCHING = "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 8\nmaxBatchDelay: 100\nresponseTimeout: 120\n"
@@ -102,7 +104,7 @@ attacks answered with their own 4xx or 503 ({met(not any(f.startswith("attack") 
 peak RSS under the limit ({met(peak < LIMIT)}). Good requests share batches with attacks, so their
 latency includes reading up to `handler.max_batch_bytes` of attack bodies.
 
-Reproduce: `.venv/bin/python benchmarks/batch_memory.py` (`tests/test_batch_budget.py` runs the batch in-process).
+Reproduce: `.venv/bin/python benchmarks/batch_memory.py` (`tests/security/test_batch_budget.py` runs the batch in-process).
 """,
     )
 

@@ -27,7 +27,9 @@ from pathlib import Path
 from common import alternate, median, served_side, write_section
 
 from archiver import engines, properties, server  # noqa: E402
-from conftest import package_resnet, package_text, peak_rss, short_tmp  # noqa: E402
+from helpers.cgroups import peak_rss  # noqa: E402
+from helpers.models import package_resnet, package_text  # noqa: E402
+from helpers.paths import short_tmp  # noqa: E402
 from samples import image_model, text_models  # noqa: E402
 
 CONFIG = "minWorkers: {w}\nmaxWorkers: {w}\nbatchSize: 8\nmaxBatchDelay: 20\nresponseTimeout: 120\n"

@@ -4,7 +4,7 @@
 
 One engine (``python -m serving.engine``) in a 4 GiB memory cgroup of its own, joined at spawn (so its
 bound on bodies in flight is a quarter of that group's limit), serving resnet18 (the toolkit's
-``image_classifier``, batchSize 4, one worker) and ``target`` (tests/test_engine_limits.py's handler, one
+``image_classifier``, batchSize 4, one worker) and ``target`` (tests/engine/test_engine_limits.py's handler, one
 worker). Good traffic: 4 clients posting a 640x480 JPEG to resnet18 for SECONDS, alone, beside each attack in
 turn and beside all of them at once, the sides in alternating order (the machine is noisy: only ratios within
 a round mean anything); the CPU each process used is recorded, as the attackers share the machine's cores.
@@ -31,11 +31,12 @@ import time
 from pathlib import Path
 
 from common import alternate, write_section
-from test_engine import Engine, snapshot_entry  # noqa: E402
-from test_engine_limits import HANDLER, archive_handler, grpc_infer, write_config  # noqa: E402
 
 from archiver import bench  # noqa: E402
-from conftest import MemoryLimit, package_resnet, peak_rss  # noqa: E402
+from helpers.cgroups import MemoryLimit, peak_rss  # noqa: E402
+from helpers.engine import Engine, snapshot_entry  # noqa: E402
+from helpers.engine_limits import HANDLER, archive_handler, grpc_infer, write_config  # noqa: E402
+from helpers.models import package_resnet  # noqa: E402
 from samples import image_model  # noqa: E402
 
 GROUP_LIMIT = 4 << 30

@@ -5,7 +5,7 @@
 resnet18 (toolkit image_classifier, batchSize 8, 1 worker) served by TorchServe from `tsctl config`;
 the worker is put under a 3 GiB memory limit (a cgroup where possible, as a pod limit would). Each
 client sends a good 640x480 JPEG, or with probability 0.3 an attack drawn from samples/hostile.py's
-image corpus, and every answer is judged as it arrives (tests/test_hostile_served.py: `mixed_load`).
+image corpus, and every answer is judged as it arrives (tests/security/test_hostile_served.py: `mixed_load`).
 Goals: 0 answers outside 200/4xx (or with the wrong 4xx) for attacks, 0 errors and 0 wrong answers for
 good requests, no worker restart, peak worker RSS < 2 GB.
 """
@@ -18,9 +18,12 @@ from pathlib import Path
 from common import write_section
 
 from archiver import properties, server  # noqa: E402
-from conftest import MemoryLimit, package_resnet, peak_rss, short_tmp, workers  # noqa: E402
+from helpers.cgroups import MemoryLimit, peak_rss  # noqa: E402
+from helpers.models import package_resnet  # noqa: E402
+from helpers.paths import short_tmp  # noqa: E402
+from helpers.servers import workers  # noqa: E402
 from samples import hostile, image_model  # noqa: E402
-from test_hostile_served import BATCHING, GOOD_JPEG, LIMIT, PEAK_GOAL, mixed_load  # noqa: E402
+from security.test_hostile_served import BATCHING, GOOD_JPEG, LIMIT, PEAK_GOAL, mixed_load  # noqa: E402
 
 
 def main(clients: int = 64, seconds: float = 60):

@@ -16,7 +16,8 @@ from pathlib import Path
 from common import alternate, median, served_side, write_section
 
 from archiver import engines, properties, server  # noqa: E402
-from conftest import package_resnet, package_text, short_tmp  # noqa: E402
+from helpers.models import package_resnet, package_text  # noqa: E402
+from helpers.paths import short_tmp  # noqa: E402
 from samples import image_model, text_models  # noqa: E402
 
 CONFIG = "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 8\nmaxBatchDelay: 20\nresponseTimeout: 120\n"

@@ -23,7 +23,8 @@ from common import alternate, median, served_side, write_section
 from p5_kserve_path import CONCURRENCY, CONFIG, REQUESTS, SENTENCES  # P5's bodies and settings
 
 from archiver import engines  # noqa: E402
-from conftest import package_resnet, package_text, short_tmp  # noqa: E402
+from helpers.models import package_resnet, package_text  # noqa: E402
+from helpers.paths import short_tmp  # noqa: E402
 from samples import image_model, runtime_env, text_models  # noqa: E402
 
 SIDES = {"(k) --engine kserve": "kserve", "(m) --engine mlserver": "mlserver"}

@@ -23,7 +23,7 @@ from common import alternate, bar_plot, median, served_side, write_section
 from PIL import Image
 
 from archiver import mar, properties, server  # noqa: E402
-from conftest import short_tmp  # noqa: E402
+from helpers.paths import short_tmp  # noqa: E402
 from samples import image_model, onnx_export  # noqa: E402
 from serving.testing import LocalModel  # noqa: E402
 

@@ -10,7 +10,7 @@ from common import profile_tables, profile_worker, write_section
 from p1_image import CONCURRENCY, TWO_WORKERS, package_toolkit, photo, toolkit_store
 
 from archiver import properties, server  # noqa: E402
-from conftest import short_tmp  # noqa: E402
+from helpers.paths import short_tmp  # noqa: E402
 
 BUCKETS = (
     ("model forward", lambda f: "forward" in f or "inference (handlers/base.py" in f or "inference (base.py" in f),

@@ -11,7 +11,7 @@ from common import profile_tables, profile_worker, write_section
 from p2_text import CONCURRENCY, SENTENCES
 
 from archiver import mar, properties, server  # noqa: E402
-from conftest import short_tmp  # noqa: E402
+from helpers.paths import short_tmp  # noqa: E402
 from samples.text_models import minilm_dir  # noqa: E402
 
 BUCKETS = (

@@ -23,7 +23,7 @@ import transformers
 from common import alternate, bar_plot, median, served_side, write_section
 
 from archiver import mar, properties, server  # noqa: E402
-from conftest import short_tmp  # noqa: E402
+from helpers.paths import short_tmp  # noqa: E402
 from samples.text_models import minilm_dir  # noqa: E402
 
 SENTENCES = [

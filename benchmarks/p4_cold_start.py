@@ -14,7 +14,7 @@ from pathlib import Path
 from common import alternate, bar_plot, median, write_section
 
 from archiver import mar, properties, server  # noqa: E402
-from conftest import short_tmp  # noqa: E402
+from helpers.paths import short_tmp  # noqa: E402
 from samples import image_model  # noqa: E402
 
 

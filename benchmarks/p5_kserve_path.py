@@ -26,10 +26,11 @@ import tempfile
 from pathlib import Path
 
 from common import alternate, median, write_section
-from test_kserve_wrapper import KFS, WRAPPER, start_stack, stop_stack  # noqa: E402
 
 from archiver import bench, engines, server  # noqa: E402
-from conftest import export_tree, package_resnet, package_text, short_tmp  # noqa: E402
+from helpers.kserve_wrapper import KFS, WRAPPER, start_stack, stop_stack  # noqa: E402
+from helpers.models import export_tree, package_resnet, package_text  # noqa: E402
+from helpers.paths import short_tmp  # noqa: E402
 from samples import image_model, kserve_wrapper_launcher, runtime_env, text_models  # noqa: E402
 
 CONFIG = "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 8\nmaxBatchDelay: 20\nresponseTimeout: 120\n"

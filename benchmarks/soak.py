@@ -13,7 +13,8 @@ from pathlib import Path
 from common import write_section
 
 from archiver import bench, properties, server  # noqa: E402
-from conftest import package_resnet, short_tmp  # noqa: E402
+from helpers.models import package_resnet  # noqa: E402
+from helpers.paths import short_tmp  # noqa: E402
 from samples import image_model  # noqa: E402
 
 REQUESTS = 5000

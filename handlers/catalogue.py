@@ -14,7 +14,7 @@ only writes a zip. So what the rest of tsctl needs of a toolkit handler is writt
 
 A handler class declares the same facts as class attributes (``input_kind``, ``splits``, ``Settings``,
 ``requirements``...); ``declared_by`` reads them from a class, a user's ``--handler`` file's class
-included, and tests/test_cli_startup.py checks each entry against ``declared_by`` its real class.
+included, and tests/cli/test_cli_startup.py checks each entry against ``declared_by`` its real class.
 This module imports nothing of the toolkit at import time: ``tsctl --help`` reads it.
 """
 
@@ -126,7 +126,7 @@ class Handler:
         return f"{self.module}:handle"
 
     def declared(self) -> Declared:
-        """What its class declares (tests/test_cli_startup.py checks it against the class). Imports
+        """What its class declares (tests/cli/test_cli_startup.py checks it against the class). Imports
         handlers.settings, which holds no torch."""
         from . import settings
 

@@ -7,8 +7,8 @@
 - ``mutate(data, rng)``: truncations, bit flips, inserted and repeated chunks;
 - ``image_corpus(good)`` / ``text_corpus()``: named attacks, each with the status it must get.
 
-The tests send them through ``handle()`` in-process (tests/test_hostile.py) and through a served
-model whose worker runs under a memory limit (tests/test_hostile_served.py); benchmarks/hostile_load.py
+The tests send them through ``handle()`` in-process (tests/security/test_hostile.py) and through a served
+model whose worker runs under a memory limit (tests/security/test_hostile_served.py); benchmarks/hostile_load.py
 mixes them with good traffic from 64 clients.
 """
 

@@ -1,5 +1,5 @@
 """pytorch/serve's example handlers and TorchServe's built-in handlers, as files to package: the
-inputs of the conformance suite (tests/test_conformance.py).
+inputs of the conformance suite (tests/conformance/test_conformance.py).
 
     python -m samples.ts_examples samples/build/ts_examples        # build every case, print the flags
 

@@ -1,0 +1,89 @@
+"""The Content-Type tsctl sends a file with (predict, run, bench, --golden) does not depend on the machine's
+mime.types: the image formats the image handler opens have their image type even with Python's own table
+alone, where .webp is missing before Python 3.13 (slim containers have no /etc/mime.types)."""
+
+import glob
+import http.server
+import mimetypes
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from archiver import server
+from handlers import protocol
+from helpers.servers import stand_in_http
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES = {
+    ".bmp": "image/bmp",
+    ".webp": "image/webp",
+    ".gif": "image/gif",
+    ".tif": "image/tiff",
+    ".tiff": "image/tiff",
+    ".jpg": "image/jpeg",
+    ".JPEG": "image/jpeg",
+    ".png": "image/png",
+}
+OTHERS = {
+    ".txt": "text/plain",
+    ".json": "application/json",
+    ".npy": "application/octet-stream",
+    "": protocol.OCTET_STREAM,
+}
+
+
+@pytest.fixture
+def no_system_mime_types(monkeypatch):
+    """mimetypes with Python's built-in table only, as where no mime.types file exists."""
+    monkeypatch.setattr(mimetypes, "_db", mimetypes.MimeTypes(filenames=()))
+
+
+def test_image_files_have_image_types_without_a_system_table(no_system_mime_types):
+    for suffix, kind in {**IMAGES, **OTHERS}.items():
+        assert protocol.content_type(f"dir.d/input{suffix}") == kind, suffix
+
+
+def test_predict_sends_the_image_type(no_system_mime_types, tmp_path):
+    """tsctl predict's request, as a server receives it."""
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append(self.headers["Content-Type"])
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+    with stand_in_http(Handler) as address:
+        running = server.Server(os.getpid(), str(tmp_path), address, address, address, ["m"])
+        for suffix in IMAGES:
+            image = tmp_path / f"cat{suffix}"
+            image.write_bytes(b"not decoded here")
+            assert server.predict(running, "m", image) == (200, {})
+    assert seen == list(IMAGES.values())
+
+
+def pythons():
+    """Python 3.9 to 3.13 where pyenv has them (their built-in tables differ)."""
+    found = []
+    for minor in range(9, 14):
+        versions = sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/3.{minor}.*/bin/python3.{minor}")))
+        if versions:
+            found.append(pytest.param(versions[-1], id=f"3.{minor}"))
+    return found or [pytest.param(None, marks=pytest.mark.skip(reason="no pyenv Pythons 3.9-3.13 here"))]
+
+
+@pytest.mark.parametrize("python", pythons())
+def test_every_supported_pythons_own_table_gives_the_same_types(python):
+    code = (
+        "import mimetypes; mimetypes.knownfiles[:] = []\n"
+        "from handlers.protocol import content_type\n"
+        f"print([content_type('x' + s) for s in {list(IMAGES)!r}])"
+    )
+    done = subprocess.run([python, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(list(IMAGES.values()))

@@ -1,0 +1,165 @@
+"""The documentation's shell blocks run as written, wherever they live: README.md and docs/*.md.
+
+A block marked ``<!-- readme-test: NAME -->`` is run by bash (``set -euo pipefail``), each block in a
+shell of its own that starts in a fresh directory standing in for the repository's root (``.venv`` and
+``.runtimes`` link to this checkout's; ``samples`` is importable from it: ``python -m samples...``), as
+a reader who ran ``source .venv/bin/activate`` once. So a command that names a missing file, a flag
+that changed, an output the next line needs, or a block that relies on another block's ``cd`` or
+variables fails here, not on a newcomer's first try. The blocks of one test share the directory (the
+files one block writes, the next may use) and run in order.
+
+A shell block that cannot run here (it needs a cluster, an image builder, another machine, or it is
+the test suite itself) is marked ``<!-- not run: WHY -->`` instead, and its text says so: every shell
+block carries one of the two marks. TorchServe's fixed ports in a block (8085, 8082) become free
+127.0.0.1 ports, and its gRPC and worker ports, its pid file and its sockets (TEMP) are the test's own,
+so the block reads as a reader types it and two runs never meet."""
+
+import os
+import random
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+MARK = r"<!-- (readme-test: ([\w-]+)|not run: [^>]+) -->\n"
+SHELL = re.compile(r"^(%s)?```(sh|bash|shell|console)\n(.*?)^```" % MARK, re.S | re.M)
+FIXED_PORTS = ("8085", "8082")  # TorchServe's addresses in config.properties, as a reader types them
+
+
+def shell_blocks() -> list:
+    """(document, mark, name, text) of every shell block of the documents; mark None when unmarked."""
+    found = []
+    for doc in DOCUMENTS:
+        for mark, _, name, _, text in SHELL.findall(doc.read_text()):
+            found.append((doc.relative_to(ROOT), mark or None, name or None, text))
+    return found
+
+
+def blocks() -> dict:
+    """The marked blocks by name, each name once across all documents."""
+    named = [(name, text) for _, _, name, text in shell_blocks() if name]
+    assert len({name for name, _ in named}) == len(named), f"a block name is used twice: {sorted(n for n, _ in named)}"
+    return dict(named)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_blocks(tmp_path: Path, *names: str, timeout: int = 600) -> str:
+    """Run the blocks NAMES in order, each in its own bash starting in ``tmp_path`` (a stand-in
+    repository root); stop every server they started, whatever happened. Returns their stdout."""
+    found = blocks()
+    ports = {port: str(free_port()) for port in FIXED_PORTS}
+    (tmp_path / ".venv").symlink_to(Path(sys.prefix))
+    if (ROOT / ".runtimes").exists() and not (tmp_path / ".runtimes").exists():
+        (tmp_path / ".runtimes").symlink_to((ROOT / ".runtimes").resolve())
+    temp = Path(tempfile.mkdtemp(prefix="rd-", dir="/tmp"))  # short: TorchServe's unix sockets live in TEMP
+    path = os.pathsep.join([str(tmp_path / ".venv" / "bin"), os.environ["PATH"]])
+    env = {
+        **os.environ,
+        "PATH": path,
+        "PYTHONPATH": str(ROOT),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "TEMP": str(temp),
+        "TMPDIR": str(temp),
+        "TS_GRPC_INFERENCE_PORT": str(free_port()),
+        "TS_GRPC_MANAGEMENT_PORT": str(free_port()),
+        "TS_INITIAL_WORKER_PORT": str(random.randrange(20000, 60000, 100)),
+    }
+    out = []
+    try:
+        for name in names:
+            script = re.sub(r"\b(%s)\b" % "|".join(FIXED_PORTS), lambda m: ports[m.group(1)], found[name])
+            done = subprocess.run(
+                ["bash", "-c", "set -euo pipefail\n" + script],
+                cwd=tmp_path,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+            out.append(done.stdout)
+            assert done.returncode == 0, f"block {name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    finally:
+        for home in tmp_path.rglob(".tsctl"):  # stopped by the test that started it, by its own state
+            subprocess.run(
+                [sys.executable, "-m", "archiver.cli", "stop", "--home", str(home)],
+                cwd=ROOT,
+                capture_output=True,
+                timeout=120,
+            )
+        if (temp / ".model_server.pid").exists():  # a plain `torchserve --start` the block did not stop
+            subprocess.run(["torchserve", "--stop"], cwd=tmp_path, env=env, capture_output=True, timeout=120)
+        shutil.rmtree(temp, ignore_errors=True)
+    return "".join(out)
+
+
+def test_every_shell_block_is_run_or_says_why_not():
+    unmarked = [f"{doc}: {text.splitlines()[0]}" for doc, mark, _, text in shell_blocks() if mark is None]
+    assert not unmarked, "shell blocks marked neither readme-test nor 'not run':\n" + "\n".join(unmarked)
+
+
+def test_every_marked_block_is_run_by_a_test():
+    assert set(blocks()) == {
+        "flow", "curl", "torchserve", "engine", "kserve-export", "golden", "own-handler", "minilm",
+        "signing", "kserve-engine-export", "seldon-export", "mlserver",
+    }  # fmt: skip
+
+
+def test_the_flow_runs_as_written(tmp_path):
+    out = run_blocks(tmp_path, "flow", "curl", "torchserve", "engine", "kserve-export")
+    assert len(re.findall(r"kitten\.jpg: 200 ", out)) == 2, out  # on TorchServe and on tsctl's engine
+    assert len(re.findall(r'"class_\d+": ', out)) >= 2, out  # curl's answers, through tsctl serve and plain TorchServe
+    assert re.search(r"^DEPLOY\.md$", out, re.M) and re.search(r"^inferenceservice\.yaml$", out, re.M), out
+
+
+def test_golden_answers_run_as_written(tmp_path):
+    out = run_blocks(tmp_path, "golden")
+    assert "2 of 2 golden answers match (in-process" in out, out
+    assert re.search(r"2 of 2 golden answers match \(http://127\.0\.0\.1:\d+", out), out
+
+
+def test_signing_runs_as_written(tmp_path):
+    out = run_blocks(tmp_path, "signing")
+    assert re.search(r"signed by key sha256:[0-9a-f]", out), out
+    assert re.search(r"kitten\.jpg: 200 ", out), out
+
+
+@pytest.mark.timeout(900)
+def test_writing_your_own_handler_runs_as_written(tmp_path):
+    out = run_blocks(tmp_path, "own-handler")
+    assert re.search(r"passed", out), out
+    assert re.search(r"text\.txt: 200 .*(negative|neutral|positive)", out), out
+
+
+def test_the_sentence_embedder_runs_as_written(tmp_path):
+    out = run_blocks(tmp_path, "minilm")
+    assert re.search(r"^\[-?[0-9]", out, re.M), out  # the embedding, a list of floats
+
+
+def test_the_exports_run_as_written(tmp_path):
+    run_blocks(tmp_path, "kserve-engine-export", "seldon-export")
+    assert (tmp_path / "deploy-engine" / "servingruntime.yaml").is_file()
+    assert (tmp_path / "deploy-engine" / "predictor-image" / "Dockerfile").is_file()
+    assert (tmp_path / "seldon" / "experiment.yaml").is_file()
+    assert (tmp_path / "seldon" / "models" / "vision-a" / "model-settings.json").is_file()
+
+
+@pytest.mark.timeout(900)
+def test_mlserver_runs_as_written(tmp_path):
+    from samples import runtime_env
+
+    runtime_env.ensure_mlserver()  # .runtimes/mlserver-1.7.1, as `make runtimes` builds it
+    out = run_blocks(tmp_path, "mlserver")
+    assert re.search(r"kitten\.jpg: 200 ", out), out

@@ -1,0 +1,140 @@
+"""tsctl serve never hangs: whatever keeps a model from coming up, it fails within seconds naming the
+real cause from TorchServe's logs (the worker's own error, pip's error, the missing archive)."""
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from archiver import properties, server
+from archiver.cli import main
+from archiver.errors import ServerError, UserError
+from helpers.models import package_resnet
+from helpers.paths import short_tmp
+
+
+def test_a_worker_that_cannot_load_fails_serve_with_its_error(image_sample, tmp_path):
+    broken = tmp_path / "sample"
+    broken.mkdir()
+    for name in ("model.py", "index_to_name.json", "model-config.yaml"):
+        (broken / name).write_bytes((image_sample / name).read_bytes())
+    # begins as torch.save's pickle does (what packaging checks), then is not weights: only loading finds out
+    (broken / "resnet18.pt").write_bytes(b"\x80\x02" + b"these are not weights" * 100)
+    store = tmp_path / "model-store"
+    package_resnet(broken, store)
+    home = short_tmp("ts-")
+    config = properties.write_config(store, home / "config.properties")
+    started = time.monotonic()
+    with pytest.raises(ServerError) as caught:
+        server.start(config, store, home, timeout=240)
+    elapsed = time.monotonic() - started
+    assert "resnet18.pt could not be read by torch.load" in str(caught.value)
+    assert str(caught.value).startswith("model resnet18: a model worker failed to start"), caught.value  # whose
+    assert elapsed < 120, f"took {elapsed:.0f}s to notice the crash loop"
+    assert server.read_state(home) is None  # start() stopped what it started
+    assert not processes_mentioning(str(home)), "a TorchServe process outlived the failed start"
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def processes_mentioning(text):
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and text in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(proc.name))
+        except OSError:
+            pass
+    return found
+
+
+def test_serve_without_a_config_is_a_user_error(tmp_path):
+    result = CliRunner().invoke(main, ["serve", "--config", str(tmp_path / "none.properties"), "--home", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "does not exist: write it with 'tsctl config'" in result.output
+
+
+def failed_start(store, **options):
+    """server.start on ``store``; returns (the error it raised, seconds it took); nothing may be left running."""
+    home = short_tmp("ts-")
+    config = properties.write_config(store, home / "config.properties")
+    started = time.monotonic()
+    try:
+        with pytest.raises((ServerError, UserError)) as caught:
+            server.start(config, store, home, timeout=240, **options)
+        return caught.value, time.monotonic() - started
+    finally:
+        assert server.read_state(home) is None
+        assert not processes_mentioning(str(home)), "a TorchServe process outlived the failed start"
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def test_an_import_error_inside_the_users_handler_is_named(image_sample, tmp_path):
+    handler = tmp_path / "my_handler.py"
+    handler.write_text("import nosuchmodule_tsctl_test\n\n\ndef handle(data, context):\n    return data\n")
+    store = tmp_path / "store"
+    package_resnet(image_sample, store, handler=str(handler), config_file=None)
+    error, seconds = failed_start(store)
+    assert "No module named 'nosuchmodule_tsctl_test'" in str(error), error
+    assert "ts.torch_handler" not in str(error)  # TorchServe's fallback import, not the cause
+    assert seconds < 90, seconds
+
+
+def test_a_failed_per_model_pip_install_is_named_with_pips_error(image_sample, tmp_path):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("nosuchpackage-tsctl-test==9.9\n")
+    store = tmp_path / "store"
+    package_resnet(image_sample, store, requirements_file=str(requirements))
+    error, seconds = failed_start(store, install_deps=True)
+    assert isinstance(error, ServerError)
+    assert "Custom pip package installation failed for model resnet18" in str(error), error
+    assert "No matching distribution found for nosuchpackage-tsctl-test==9.9" in str(error), error
+    assert "ACCESS_LOG" not in str(error)
+    assert seconds < 90, seconds
+
+
+def test_a_snapshot_naming_a_missing_archive_is_refused_before_starting(image_sample, tmp_path):
+    store = tmp_path / "store"
+    package_resnet(image_sample, store)
+    home = short_tmp("ts-")
+    config = properties.write_config(store, home / "config.properties")
+    (store / "resnet18.mar").rename(store / "renamed.mar")
+    result = CliRunner().invoke(
+        main, ["serve", "--config", str(config), "--model-store", str(store), "--home", str(home)]
+    )
+    assert result.exit_code == 2, result.output
+    assert "model_snapshot names 'resnet18.mar' for model 'resnet18', which is not in" in result.output
+    assert not (home / "logs").exists()  # refused before TorchServe started
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def test_install_deps_without_pip_is_a_user_error(image_sample, tmp_path):
+    store = tmp_path / "store"
+    package_resnet(image_sample, store)
+    home = short_tmp("ts-")
+    config = properties.write_config(store, home / "config.properties")
+    nopip = tmp_path / "python"  # a Python whose environment has no pip
+    nopip.write_text("#!/bin/sh\nif [ \"$2\" = pip ]; then echo 'No module named pip' >&2; exit 1; fi\n")
+    nopip.chmod(0o755)
+    with pytest.raises(UserError, match="--install-deps needs pip"):
+        server.start(config, store, home, python=str(nopip), install_deps=True)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_home_too_deep_for_a_unix_socket_gets_a_short_temp_that_stop_removes(tmp_path):
+    """A project deep in the file system: TEMP/.ts.sock.PORT past 107 bytes failed every worker with
+    "AF_UNIX path too long" (README's flow, run from pytest's tmp_path). TEMP moves to a private short
+    directory that home/tmp links to; stop removes both. (Served end to end: tests/cli/test_readme.py.)"""
+    home = tmp_path / ("deep-" * 12) / ".tsctl"
+    home.mkdir(parents=True)
+    temp = server.check_home(home)
+    assert len(str(temp / ".ts.sock.65535")) < 108 and temp.is_dir()
+    assert (home / "tmp").resolve() == temp.resolve() and oct(temp.stat().st_mode)[-3:] == "700"
+    (temp / "unpacked").write_text("x")
+    again = server.check_home(home)  # a new start clears what the last one left
+    assert not temp.exists() and again.is_dir()
+    server.remove_temp(home)
+    assert not again.exists() and not (home / "tmp").exists()
+    shallow = short_tmp("ts-")
+    assert server.check_home(shallow) == shallow / "tmp"  # a short home keeps its own tmp/

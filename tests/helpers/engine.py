@@ -1,0 +1,111 @@
+"""The tsctl engine (``python -m serving.engine``) as a whole process, and the TorchServe tree it serves."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from archiver import server
+from helpers.paths import short_tmp
+
+BIN = Path(sys.executable).parent
+
+
+def snapshot_entry(mar: str, workers: int, batch: int, delay: int, timeout: int) -> dict:
+    return {"1.0": {"defaultVersion": True, "marName": mar, "minWorkers": workers, "maxWorkers": workers,
+                    "batchSize": batch, "maxBatchDelay": delay, "responseTimeout": timeout}}  # fmt: skip
+
+
+def write_config(path: Path, models: dict, extra: str = "") -> Path:
+    snapshot = {"name": "startup.cfg", "modelCount": len(models), "models": models}
+    path.write_text(
+        "inference_address=http://0.0.0.0:8085\nmax_request_size=16777216\ndisable_token_authorization=true\n"
+        f"{extra}model_snapshot={json.dumps(snapshot)}\n"
+    )
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Engine:
+    """``python -m serving.engine`` on free ports, detached; ``stop()`` ends its process group."""
+
+    def __init__(self, root: Path, *extra: str, config: Path = None, timeout: float = 240, preexec_fn=None):
+        self.home = short_tmp("engine-")
+        self.http, self.grpc = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.http}"
+        self.out = self.home / "engine.out"
+        config = config or root / "config" / "config.properties"
+        command = [sys.executable, "-m", "serving.engine", "--model_store", str(root / "model-store"),
+                   "--ts_config", str(config), "--host", "127.0.0.1", "--http_port", str(self.http),
+                   "--grpc_port", str(self.grpc), *extra]  # fmt: skip
+        with open(self.out, "wb") as out:
+            env = dict(os.environ, TEMP=str(self.home))
+            self.process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env=env, preexec_fn=preexec_fn,
+            )  # fmt: skip
+        self.timeout = timeout
+
+    def wait_ready(self):
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.output()
+            try:
+                status, _ = server.request(f"{self.url}/v2/health/ready", timeout=5)
+            except OSError:
+                status = None
+            if status == 200:
+                return self
+            time.sleep(0.3)
+        raise AssertionError(f"not ready after {self.timeout}s: {self.output()[-3000:]}")
+
+    def output(self) -> str:
+        return self.out.read_text(errors="replace")
+
+    def get(self, path: str):
+        return server.request(self.url + path, timeout=30)
+
+    def post(self, path: str, body: bytes, kind: str = "text/plain", timeout: float = 60):
+        return server.request(self.url + path, body, "POST", {"Content-Type": kind}, timeout)
+
+    def workers(self, model: str) -> list:
+        status, body = self.get(f"/models/{model}")
+        assert status == 200, body
+        return body[0]["workers"]
+
+    def stop(self, group: bool = True):
+        """SIGTERM to the group, as tsctl stop and a pod's end send it (``group=False``: to the engine
+        alone, as to a container's PID 1); then nothing of it may remain."""
+        try:
+            os.kill(self.process.pid, signal.SIGTERM) if not group else os.killpg(self.process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        code = self.process.wait(45)
+        deadline = time.monotonic() + 10
+        while server.group_members(self.process.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = server.group_members(self.process.pid)
+        if left:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        assert not left, f"processes of the engine outlived it: {left}"
+        return code
+
+
+def received(sock: socket.socket, until: bytes) -> bytes:
+    """What the server sent, read until ``until`` arrives or it closes (head and body may come apart)."""
+    data = b""
+    while until not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
