@@ -44,7 +44,6 @@ from typing import Dict, List, Optional, Tuple, Union
 
 import handlers
 from handlers import archives, catalogue, fit, identity
-from handlers.catalogue import HANDLERS
 from handlers.settings import did_you_mean
 from serving import ts_config
 
@@ -178,7 +177,7 @@ def plan(options: PackageOptions) -> Plan:
 
     handler_entry, bundle = _resolve_handler(options.handler, inputs, options.extra_files)
     model["handler"] = handler_entry
-    if options.handler in HANDLERS and not options.serialized_file:
+    if options.handler in catalogue.HANDLERS and not options.serialized_file:
         raise UserError(f"--handler {options.handler} needs the model's weights: pass --serialized-file")
 
     if options.model_file:
@@ -350,8 +349,8 @@ def _resolve_handler(handler: str, inputs: Inputs, extra_files: List[str] = ()) 
     makes of ``--handler NAME``; any other module TorchServe can import is written as it is. A
     toolkit handler's name (``image_classifier``, ``text_classifier``, ...) is the toolkit's
     handler, whose package is bundled."""
-    if handler in HANDLERS:
-        return HANDLERS[handler].entry_point, True
+    if handler in catalogue.HANDLERS:
+        return catalogue.HANDLERS[handler].entry_point, True
     path, _, function = handler.partition(":")
     if _looks_like_a_path(path) and not Path(path).is_file() and not Path(path + ".py").is_file():
         raise UserError(_missing_handler_file(path))  # a file meant, not a name: the file is missing
@@ -368,7 +367,7 @@ def _resolve_handler(handler: str, inputs: Inputs, extra_files: List[str] = ()) 
     carried = {Path(e).stem if e.endswith(".py") else Path(e).name for e in extra_files}
     if path.split(".")[0] in carried or _module_exists(path):
         return handler, False
-    known = sorted(set(HANDLERS) | set(torchserve_handlers()))
+    known = sorted(set(catalogue.HANDLERS) | set(torchserve_handlers()))
     raise UserError(
         f"unknown --handler {handler!r}: not a toolkit handler, a TorchServe built-in, a module TorchServe "
         f"can import, nor a .py file{did_you_mean(path, known, 'handlers')}"
@@ -399,7 +398,7 @@ def _missing_handler_file(path: str) -> str:
     shown = path if path == path.strip() else repr(path)  # a stray space is what is wrong: show it
     return (
         f"--handler {shown}: no such file{near}: check the path of your handler file (relative to the directory "
-        "tsctl runs in), or give a toolkit handler by name: " + ", ".join(sorted(HANDLERS))
+        "tsctl runs in), or give a toolkit handler by name: " + ", ".join(sorted(catalogue.HANDLERS))
     )
 
 
@@ -476,8 +475,8 @@ def _declared(handler: str, handler_entry: str, bundle: bool) -> Optional[catalo
     """What the toolkit handler behind ``--handler`` declares: a toolkit handler's by name, read
     from the catalogue (no torch); else that of its class in the user's ``--handler`` file (imported,
     as a worker will); None for a handler that is not a toolkit one."""
-    if handler in HANDLERS:
-        return HANDLERS[handler].declared()
+    if handler in catalogue.HANDLERS:
+        return catalogue.HANDLERS[handler].declared()
     handler_class = _handler_class(handler_entry, handler) if bundle else None
     return catalogue.declared_by(handler_class) if handler_class is not None else None
 
@@ -486,7 +485,7 @@ def _fitted_handler(handler: str, declared: Optional[catalogue.Declared]) -> str
     """The toolkit handler whose fit to the model ``fit.problem`` checks: ``--handler``'s name, or for a
     handler file (``tsctl init``'s) the toolkit handler its class subclasses, unless it loads its model
     itself."""
-    if handler in HANDLERS or declared is None or declared.loads_own_model:
+    if handler in catalogue.HANDLERS or declared is None or declared.loads_own_model:
         return handler
     subclassed = catalogue.subclassed(declared)
     return subclassed.name if subclassed else handler
