@@ -120,6 +120,32 @@ def inspect(archive, as_json):
     emit(report, reports.inspect_text, as_json)
 
 
+# tsctl config's flags that set one model-config.yaml key for every model: (flag, key, least value, help)
+WORKER_FLAGS = (
+    (
+        "--min-workers",
+        "minWorkers",
+        1,
+        "Workers each model starts with, for every model (else its model-config.yaml's minWorkers, else 1).",
+    ),
+    ("--max-workers", "maxWorkers", 1, "Most workers per model, for every model (else its model-config.yaml's "
+     "maxWorkers, else 1)."),
+    ("--batch-size", "batchSize", 1, "Most requests per handler call, for every model (else its model-config.yaml's "
+     "batchSize, else 1)."),
+    ("--max-batch-delay", "maxBatchDelay", 0, "Milliseconds to wait to fill a batch, for every model (else its "
+     "model-config.yaml's, else 100)."),
+    ("--response-timeout", "responseTimeout", 1, "Seconds a batch may take before its worker is restarted, for every "
+     "model (else its model-config.yaml's, else 120)."),
+)  # fmt: skip
+
+
+def worker_options(command):
+    """WORKER_FLAGS as options, in order; each arrives under its model-config.yaml key (None: not given)."""
+    for flag, key, least, help_text in reversed(WORKER_FLAGS):
+        command = click.option(flag, key, type=click.IntRange(least), help=help_text)(command)
+    return command
+
+
 @click.command(cls=Command)
 @click.option(
     "--model-store",
@@ -128,52 +154,18 @@ def inspect(archive, as_json):
     help="The directory of archives: each one gets a model_snapshot entry.",
 )
 @click.option("--output", default="config/config.properties", show_default=True, help="Where to write the config.")
-@click.option(
-    "--min-workers",
-    type=click.IntRange(1),
-    help="Workers each model starts with, for every model (else its model-config.yaml's minWorkers, else 1).",
-)
-@click.option(
-    "--max-workers",
-    type=click.IntRange(1),
-    help="Most workers per model, for every model (else its model-config.yaml's maxWorkers, else 1).",
-)
-@click.option(
-    "--batch-size",
-    type=click.IntRange(1),
-    help="Most requests per handler call, for every model (else its model-config.yaml's batchSize, else 1).",
-)
-@click.option(
-    "--max-batch-delay",
-    type=click.IntRange(0),
-    help="Milliseconds to wait to fill a batch, for every model (else its model-config.yaml's, else 100).",
-)
-@click.option(
-    "--response-timeout",
-    type=click.IntRange(1),
-    help="Seconds a batch may take before its worker is restarted, for every model (else its "
-    "model-config.yaml's, else 120).",
-)
+@worker_options
 @runtime_option(
     "The TorchServe image KServe runs: archives whose requirements it lacks are named (nothing is resolved)."
 )
 @json_option
-def config(
-    model_store, output, min_workers, max_workers, batch_size, max_batch_delay, response_timeout, runtime, as_json
-):
+def config(model_store, output, runtime, as_json, **overrides):
     """Write config/config.properties with a model_snapshot of every archive in the store.
 
     The per-model pip install is off: torchserve runs in an environment that has the archives'
     packages. Each archive whose requirements KServe's image lacks is named, with what to run instead."""
     from .. import properties, reports
 
-    overrides = {
-        "minWorkers": min_workers,
-        "maxWorkers": max_workers,
-        "batchSize": batch_size,
-        "maxBatchDelay": max_batch_delay,
-        "responseTimeout": response_timeout,
-    }
     path = properties.write_config(model_store, output, overrides)
     snapshot = properties.snapshot_of(properties.read_properties(path), path)
     report = reports.config_report(path, snapshot, properties.kserve_gaps(model_store, runtime))
