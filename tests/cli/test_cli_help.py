@@ -61,7 +61,7 @@ def test_the_help_and_docs_name_every_catalogue_handler():
 
     from handlers.catalogue import HANDLERS, STARTS
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     docs = "\n".join(p.read_text() for p in [root / "README.md", *sorted((root / "docs").rglob("*.md"))])
     package_help = "".join(CliRunner().invoke(main, ["package", "--help"]).output.split())  # unwrapped
     init_help = "".join(CliRunner().invoke(main, ["init", "--help"]).output.split())
