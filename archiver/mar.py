@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
 import handlers
-from handlers import TOOLKIT_HANDLERS, archives, fit, identity, toolkit
+from handlers import archives, catalogue, fit, identity
 from handlers.settings import did_you_mean
 
 from . import requirements
@@ -155,7 +155,7 @@ def plan(options: PackageOptions) -> Plan:
 
     handler_entry, bundle = _resolve_handler(options.handler, inputs, options.extra_files)
     model["handler"] = handler_entry
-    if handler_entry in TOOLKIT_HANDLERS.values() and not options.serialized_file:
+    if options.handler in catalogue.HANDLERS and not options.serialized_file:
         raise UserError(f"--handler {options.handler} needs the model's weights: pass --serialized-file")
 
     if options.model_file:
@@ -170,15 +170,15 @@ def plan(options: PackageOptions) -> Plan:
     for extra in options.extra_files:
         inputs.add(extra, "--extra-files")
 
-    kind = _handler_kind(options.handler, handler_entry, bundle)
-    fitted = _fitted_handler(options.handler, kind)
+    declared = _declared(options.handler, handler_entry, bundle)
+    fitted = _fitted_handler(options.handler, declared)
     misfit = fit.problem(fitted, options.serialized_file, options.model_file)
     if misfit:
         raise UserError(misfit if fitted == options.handler else f"{options.handler} subclasses {fitted}: {misfit}")
-    if kind is not None:
+    if declared is not None:
         module = handler_entry.partition(":")[0].removesuffix(".py")
-        inputs.put(identity.RECORD, identity.encode(identity.describe(kind, handler_entry, module)), "")
-    needed = kind.requirements_for(options.serialized_file) if kind else ()
+        inputs.put(identity.RECORD, identity.encode(identity.describe(declared, handler_entry, module)), "")
+    needed = declared.requirements_for(options.serialized_file) if declared else ()
     requirements = _requirements(options.requirements_file, needed, inputs)
     if requirements is not None:
         name_in_mar, content = requirements
@@ -189,7 +189,7 @@ def plan(options: PackageOptions) -> Plan:
     if options.config_file:
         data = inputs.read(options.config_file, "--config-file", archives.MAX_CONFIG_BYTES)
         config = inputs.add(options.config_file, "--config-file")
-        settings = check_model_config(config, kind.settings if kind else None, data).get("handler") or {}
+        settings = check_model_config(config, declared.settings if declared else None, data).get("handler") or {}
         model["configFile"] = config.name
     notes = _label_notes(fitted, settings, inputs.entries)
 
@@ -327,8 +327,8 @@ def _resolve_handler(handler: str, inputs: Inputs, extra_files: List[str] = ()) 
     makes of ``--handler NAME``; any other module TorchServe can import is written as it is. A
     toolkit handler's name (``image_classifier``, ``text_classifier``, ...) is the toolkit's
     handler, whose package is bundled."""
-    if handler in TOOLKIT_HANDLERS:
-        return TOOLKIT_HANDLERS[handler], True
+    if handler in catalogue.HANDLERS:
+        return catalogue.HANDLERS[handler].entry_point, True
     path, _, function = handler.partition(":")
     if _looks_like_a_path(path) and not Path(path).is_file() and not Path(path + ".py").is_file():
         raise UserError(_missing_handler_file(path))  # a file meant, not a name: the file is missing
@@ -339,13 +339,13 @@ def _resolve_handler(handler: str, inputs: Inputs, extra_files: List[str] = ()) 
         return builtin, False
     if Path(path + ".py").is_file():  # DIR/my_handler[:function]: torch-model-archiver adds the .py
         return _handler_file(Path(path + ".py"), function, inputs)
-    toolkit_name = {v.partition(":")[0]: k for k, v in TOOLKIT_HANDLERS.items()}.get(path)
-    if toolkit_name:  # handlers.image: the toolkit's own module, which is bundled only by its name
-        raise UserError(f"--handler {handler} is the toolkit's {toolkit_name}: pass --handler {toolkit_name}")
+    toolkit = catalogue.by_entry_module(path)
+    if toolkit:  # handlers.image: the toolkit's own module, which is bundled only by its name
+        raise UserError(f"--handler {handler} is the toolkit's {toolkit.name}: pass --handler {toolkit.name}")
     carried = {Path(e).stem if e.endswith(".py") else Path(e).name for e in extra_files}
     if path.split(".")[0] in carried or _module_exists(path):
         return handler, False
-    known = sorted(set(TOOLKIT_HANDLERS) | set(torchserve_handlers()))
+    known = sorted(set(catalogue.HANDLERS) | set(torchserve_handlers()))
     raise UserError(
         f"unknown --handler {handler!r}: not a toolkit handler, a TorchServe built-in, a module TorchServe "
         f"can import, nor a .py file{did_you_mean(path, known, 'handlers')}"
@@ -376,7 +376,7 @@ def _missing_handler_file(path: str) -> str:
     shown = path if path == path.strip() else repr(path)  # a stray space is what is wrong: show it
     return (
         f"--handler {shown}: no such file{near}: check the path of your handler file (relative to the directory "
-        "tsctl runs in), or give a toolkit handler by name: " + ", ".join(sorted(TOOLKIT_HANDLERS))
+        "tsctl runs in), or give a toolkit handler by name: " + ", ".join(sorted(catalogue.HANDLERS))
     )
 
 
@@ -449,23 +449,24 @@ def _imports_toolkit(source: Path) -> bool:
     return False
 
 
-def _handler_kind(handler: str, handler_entry: str, bundle: bool) -> Optional[toolkit.Kind]:
+def _declared(handler: str, handler_entry: str, bundle: bool) -> Optional[catalogue.Declared]:
     """What the toolkit handler behind ``--handler`` declares: a toolkit handler's by name, read
-    from toolkit.KINDS (no torch); else that of its class in the user's ``--handler`` file (imported,
+    from the catalogue (no torch); else that of its class in the user's ``--handler`` file (imported,
     as a worker will); None for a handler that is not a toolkit one."""
-    if handler in toolkit.KINDS:
-        return toolkit.KINDS[handler]
+    if handler in catalogue.HANDLERS:
+        return catalogue.HANDLERS[handler].declared()
     handler_class = _handler_class(handler_entry, handler) if bundle else None
-    return toolkit.kind_of(handler_class) if handler_class is not None else None
+    return catalogue.declared_by(handler_class) if handler_class is not None else None
 
 
-def _fitted_handler(handler: str, kind: Optional[toolkit.Kind]) -> str:
+def _fitted_handler(handler: str, declared: Optional[catalogue.Declared]) -> str:
     """The toolkit handler whose fit to the model ``fit.problem`` checks: ``--handler``'s name, or for a
     handler file (``tsctl init``'s) the toolkit handler its class subclasses, unless it loads its model
     itself."""
-    if handler in toolkit.KINDS or kind is None or kind.loads_own_model:
+    if handler in catalogue.HANDLERS or declared is None or declared.loads_own_model:
         return handler
-    return toolkit.toolkit_name(kind) or handler
+    subclassed = catalogue.subclassed(declared)
+    return subclassed.name if subclassed else handler
 
 
 def _handler_class(handler_entry: str, handler: str):

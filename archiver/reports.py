@@ -12,11 +12,12 @@ SNAPSHOT_SETTINGS = ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "
 
 
 # ---- tsctl init ---------------------------------------------------------------------------------------
-def init_report(written, kind: str, base: str) -> dict:
-    """``written``: archiver.scaffold.Written; ``base``: the toolkit class it subclasses (module.Class)."""
+def init_report(written, start: str, base: str) -> dict:
+    """``written``: archiver.scaffold.Written; ``start``: what --from named (the JSON's "kind", as before);
+    ``base``: the toolkit class it subclasses (module.Class)."""
     return {
         "directory": str(written.directory),
-        "kind": kind,
+        "kind": start,
         "class": written.class_name,
         "base": base,
         "files": [str(path) for path in written.files],

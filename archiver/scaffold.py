@@ -1,4 +1,4 @@
-"""``tsctl init NAME --from KIND``: a handler of your own, ready to change, test, package and serve.
+"""``tsctl init NAME --from START``: a handler of your own, ready to change, test, package and serve.
 
 Writes ``NAME/`` with three files:
 
@@ -14,8 +14,10 @@ Writes ``NAME/`` with three files:
   handler's own, so the tests of several handlers run in one pytest process (two ``test_handler.py``
   would be one module name twice: pytest's "import file mismatch").
 
-No torch here, so the command stays fast. The files are text templates (``templates/KIND/*.tmpl``,
-``__NAME__``, ``__CLASS__`` and ``__TEST__`` replaced). The toolkit's settings, defaults and comments come from
+What each ``--from`` start subclasses, and the flags and input files of the commands it prints next,
+come from the handler catalogue (``handlers.catalogue.STARTS``). No torch here, so the command stays
+fast. The files are text templates (``templates/START/*.tmpl``, ``__NAME__``, ``__CLASS__`` and
+``__TEST__`` replaced). The toolkit's settings, defaults and comments come from
 ``templates/settings.json``, a table written from the real Settings classes by
 ``python -m archiver.scaffold`` (which imports them); tests/cli/test_init.py fails when the table and the
 classes disagree. The handler's own settings are read from the rendered handler.py with ``ast``.
@@ -36,80 +38,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from handlers import catalogue
+
 from .errors import UserError
 
 TEMPLATES = Path(__file__).parent / "templates"
 SETTINGS_TABLE = TEMPLATES / "settings.json"
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
-TEST_TEMPLATE = "test_handler.py"  # templates/KIND/test_handler.py.tmpl, written as test_NAME.py
+TEST_TEMPLATE = "test_handler.py"  # templates/START/test_handler.py.tmpl, written as test_NAME.py
 RESERVED = {"handlers", "serving", "archiver"}  # a NAME/ directory would hide them from the generated test
 COMMENT_COLUMN = 32  # model-config.yaml's comments start here, unless the entry is longer
 
 
-@dataclass(frozen=True)
-class Kind:
-    """What ``--from KIND`` subclasses, and how the next commands look for it."""
+STARTS = catalogue.STARTS  # --from's choices: each toolkit handler a scaffold starts from, and blank
 
-    module: str  # the toolkit module
-    handler: str  # the toolkit class the handler subclasses
-    settings: str  # its Settings class, in ``module``
-    input: str  # what MAR-INF/tsctl.json records (``input_kind``)
-    weights: str  # tsctl package's flags for the model's files
-    weights_are: str  # what those files are
-    predict: str  # an input file for tsctl predict
-    make_input: str = ""  # a command writing it first
-
-
-TEXT_WEIGHTS = ("--serialized-file MODEL_DIR/", "MODEL_DIR/ is your model's directory, as save_pretrained wrote it")
-KINDS: Dict[str, Kind] = {
-    "image_classifier": Kind(
-        "handlers.image",
-        "ImageClassifier",
-        "ImageSettings",
-        "image",
-        "--serialized-file resnet18.pt --model-file model.py --extra-files index_to_name.json",
-        "resnet18.pt, model.py and index_to_name.json are your weights (a state_dict), model class and labels",
-        "kitten.jpg",
-    ),
-    "text_classifier": Kind(
-        "handlers.text_classification",
-        "TextClassifier",
-        "ClassifierSettings",
-        "text",
-        *TEXT_WEIGHTS,
-        "text.txt",
-        "echo 'What a lovely day' > text.txt && ",
-    ),
-    "token_classifier": Kind(
-        "handlers.token_classification",
-        "TokenClassifier",
-        "TokenSettings",
-        "text",
-        *TEXT_WEIGHTS,
-        "text.txt",
-        "echo 'Ada Lovelace lived in London' > text.txt && ",
-    ),
-    "text_embedder": Kind(
-        "handlers.embeddings",
-        "TextEmbedder",
-        "EmbedderSettings",
-        "text",
-        *TEXT_WEIGHTS,
-        "text.txt",
-        "echo 'A sentence to embed' > text.txt && ",
-    ),
-    "blank": Kind(
-        "handlers.base",
-        "ToolkitHandler",
-        "Settings",
-        "any",
-        "--serialized-file weights.pt",
-        "weights.pt: WeightedSum's state_dict, e.g. python -c \"import torch; torch.save({'weight': torch.ones(4)}, "
-        "'weights.pt')\"",
-        "input.json",
-        "echo '[[1, 2, 3, 4]]' > input.json && ",
-    ),
-}
 
 # TorchServe's keys, first in model-config.yaml: (key, value, comment).
 WORKER_KEYS = (
@@ -133,11 +75,11 @@ class Written:
     note: str
 
 
-def init(name: str, kind: str, parent: Path = Path(".")) -> Written:
-    """Write ``parent/name/`` for ``--from kind``. UserError (nothing written) for a NAME that is not
+def init(name: str, start: str, parent: Path = Path(".")) -> Written:
+    """Write ``parent/name/`` for ``--from start``. UserError (nothing written) for a NAME that is not
     a plain name, or a NAME/ that exists and is not empty."""
-    if kind not in KINDS:
-        raise UserError(f"unknown --from {kind!r}: use one of {', '.join(KINDS)}")
+    if start not in STARTS:
+        raise UserError(f"unknown --from {start!r}: use one of {', '.join(STARTS)}")
     if not NAME.match(name):
         raise UserError(
             f"invalid NAME {name!r}: use up to 64 letters, digits, '_' and '-', starting with a letter "
@@ -150,7 +92,7 @@ def init(name: str, kind: str, parent: Path = Path(".")) -> Written:
         raise UserError(f"{directory} already exists and is not a directory: pick another NAME")
     if directory.is_dir() and any(directory.iterdir()):
         raise UserError(f"{directory}/ already exists and is not empty: pick another NAME, or remove it")
-    contents = render(name, kind)
+    contents = render(name, start)
     written = []
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -161,7 +103,7 @@ def init(name: str, kind: str, parent: Path = Path(".")) -> Written:
             written.append(path)
     except OSError as exc:
         raise UserError(f"could not write {exc.filename or directory}: {exc.strerror or exc}") from None
-    return Written(directory, written, class_name(name, kind), next_commands(name, kind), KINDS[kind].weights_are)
+    return Written(directory, written, class_name(name, start), next_commands(name, start), STARTS[start].weights_are)
 
 
 def files(name: str) -> Tuple[str, str, str]:
@@ -175,37 +117,37 @@ def test_file(name: str) -> str:
     return f"test_{name}.py"
 
 
-def render(name: str, kind: str) -> Dict[str, str]:
+def render(name: str, start: str) -> Dict[str, str]:
     """The three files' contents, by file name."""
-    klass = class_name(name, kind)
-    handler = fill(template(kind, "handler.py"), name, klass)
-    test = fill(template(kind, TEST_TEMPLATE), name, klass)
+    klass = class_name(name, start)
+    handler = fill(template(start, "handler.py"), name, klass)
+    test = fill(template(start, TEST_TEMPLATE), name, klass)
     own = own_settings(handler, klass + "Settings")
-    return {"handler.py": handler, "model-config.yaml": model_config(name, kind, klass, own), test_file(name): test}
+    return {"handler.py": handler, "model-config.yaml": model_config(name, start, klass, own), test_file(name): test}
 
 
-def template(kind: str, file_name: str) -> str:
-    return (TEMPLATES / kind / f"{file_name}.tmpl").read_text(encoding="utf-8")
+def template(start: str, file_name: str) -> str:
+    return (TEMPLATES / start / f"{file_name}.tmpl").read_text(encoding="utf-8")
 
 
 def fill(text: str, name: str, klass: str) -> str:
     return text.replace("__TEST__", test_file(name)).replace("__NAME__", name).replace("__CLASS__", klass)
 
 
-def class_name(name: str, kind: str) -> str:
+def class_name(name: str, start: str) -> str:
     """``sentiment_v2`` -> ``SentimentV2``; ``My...`` when that name is taken in the handler file
     (``text_embedder`` would shadow the TextEmbedder it subclasses), a builtin or a keyword."""
     camel = "".join(part[:1].upper() + part[1:] for part in re.split(r"[_-]+", name) if part)
-    taken = template_names(kind) | set(dir(builtins))
+    taken = template_names(start) | set(dir(builtins))
     if keyword.iskeyword(camel) or camel in taken or camel + "Settings" in taken:
         camel = "My" + camel
     return camel
 
 
-def template_names(kind: str) -> set:
+def template_names(start: str) -> set:
     """The top-level names the handler template binds (imports, classes, functions), its own excepted."""
     names = set()
-    for node in ast.parse(template(kind, "handler.py")).body:
+    for node in ast.parse(template(start, "handler.py")).body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
         elif isinstance(node, (ast.ClassDef, ast.FunctionDef)):
@@ -215,8 +157,8 @@ def template_names(kind: str) -> set:
     return {name for name in names if "__CLASS__" not in name}
 
 
-def next_commands(name: str, kind: str) -> List[str]:
-    spec = KINDS[kind]
+def next_commands(name: str, start: str) -> List[str]:
+    spec = STARTS[start]
     return [
         f"python -m pytest {name}/{test_file(name)}",
         f"tsctl package --model-name {name} --handler {name}/handler.py --config-file {name}/model-config.yaml "
@@ -229,10 +171,10 @@ def next_commands(name: str, kind: str) -> List[str]:
 
 
 # ---- model-config.yaml ---------------------------------------------------------------------------
-def model_config(name: str, kind: str, klass: str, own: List[dict]) -> str:
+def model_config(name: str, start: str, klass: str, own: List[dict]) -> str:
     """TorchServe's worker keys, then the handler: section: the toolkit's settings (from the table) and
     the handler's own (``own``), each with its default and comment, grouped by where it is defined."""
-    rows = read_table()[kind] + [dict(row, source=f"yours: {klass}Settings in {name}/handler.py") for row in own]
+    rows = read_table()[start] + [dict(row, source=f"yours: {klass}Settings in {name}/handler.py") for row in own]
     lines = [
         f"# {name}: packaged into the archive with tsctl package --config-file {name}/model-config.yaml.",
         "# TorchServe reads the keys at the top; the handler reads its handler: section into",
@@ -258,7 +200,7 @@ def commented(entry: str, comment: str) -> str:
 
 def yaml_value(value) -> str:
     """One value as YAML flow text: 256, 0.5, null, [0.485, 0.456], index_to_name.json, 'yes'."""
-    import yaml  # here, not at the top: the CLI reads KINDS for every command's --help
+    import yaml  # here, not at the top: the CLI reads STARTS for every command's --help
 
     text = yaml.safe_dump([value], default_flow_style=True, width=10_000).strip()
     return text[1:-1]
@@ -307,11 +249,11 @@ FALLBACK_COMMENTS = {
 
 
 def settings_table() -> Dict[str, List[dict]]:
-    """For each kind, every field of its Settings class in order: key, default (tuples as lists),
+    """For each start (catalogue.STARTS), every field of its Settings class in order: key, default (tuples as lists),
     comment (the field's own ``# ...``, else the one its module's docstring gives the key, else the
     handler module's), and the class defining it (``source``)."""
     table = {}
-    for kind, spec in KINDS.items():
+    for start, spec in STARTS.items():
         module = importlib.import_module(spec.module)
         settings = getattr(module, spec.settings)
         rows = []
@@ -331,7 +273,7 @@ def settings_table() -> Dict[str, List[dict]]:
                     "source": f"{owner.__module__}.{owner.__qualname__}",
                 }
             )
-        table[kind] = rows
+        table[start] = rows
     return table
 
 

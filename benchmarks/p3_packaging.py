@@ -145,7 +145,7 @@ alternating rounds. Same flags on both sides (`--handler image_classifier`, defa
 - `tsctl --help`: {help_s * 1000:.0f} ms (median of 5 whole processes).
 - `python -X importtime` of `tsctl package`: {modules} modules, model libraries among them:
   {", ".join(heavy) if heavy else "none (no torch, torchvision, transformers, ts or numpy)"}. A toolkit handler
-  named by `--handler` is described by `handlers/toolkit.py` and its settings checked by
+  named by `--handler` is described by `handlers/catalogue.py` and its settings checked by
   `handlers/settings.py`, neither of which imports torch; a `--handler` file of your own is imported
   as TorchServe will import it, so what it imports loads.
 - First run with no bytecode at all (an empty `PYTHONPYCACHEPREFIX`, as after an install without

@@ -20,8 +20,13 @@ Subclasses set ``Settings`` (a dataclass, read from model-config.yaml's ``handle
 gets the chunk's inputs too (what ``decode`` returned for them: a text and its offsets, say); one
 written as ``postprocess(self, output)`` is called with the output alone.
 
-The base owns what TorchServe's ``BaseHandler.handle`` did (its ``HandlerTime`` metric included);
-TorchServe's captum explanations and its profiler are not run by toolkit handlers.
+``ToolkitHandler`` stands on its own: it owns the whole lifecycle TorchServe asks of a handler
+(``initialize``, then ``handle`` per batch, through the ``module:handle`` function ``entry_point`` makes),
+so it does not subclass TorchServe's ``BaseHandler``, none of whose methods it would run. It records
+what ``BaseHandler.handle`` did (its ``HandlerTime`` metric); TorchServe's captum explanations and its
+profiler are not run by toolkit handlers. Neither TorchServe 0.9.0 nor 0.12.0 asks a handler's class
+for more: their model loader calls the entry point function, or instantiates the one class a handler
+file defines and calls its ``initialize`` and ``handle``.
 """
 
 import http
@@ -33,9 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 import torch
-from ts.torch_handler.base_handler import BaseHandler
 
-from . import envelopes, golden, log_text, protocol, signing, toolkit
+from . import catalogue, envelopes, golden, log_text, protocol, signing
 from .loading import load_model, pick_device, pick_threads
 from .protocol import Busy, ClientError, InferenceError, Limits, Request, too_large  # noqa: F401 (InferenceError)
 from .settings import Settings, read_settings
@@ -100,7 +104,7 @@ class Budget:
             job.spent.clear()
 
 
-class ToolkitHandler(BaseHandler):
+class ToolkitHandler:
     Settings = Settings
     item_keys = ("data",)
     v2_datatypes = ("BYTES",)
@@ -114,10 +118,17 @@ class ToolkitHandler(BaseHandler):
 
     @classmethod
     def requirements_for(cls, serialized: Optional[str]) -> tuple:
-        """What an archive of ``serialized`` (the --serialized-file) needs installed (toolkit.Kind)."""
-        return toolkit.kind_of(cls).requirements_for(serialized)
+        """What an archive of ``serialized`` (the --serialized-file) needs installed (catalogue.Declared)."""
+        return catalogue.declared_by(cls).requirements_for(serialized)
 
     # ---- lifecycle -------------------------------------------------------------------------
+    def __init__(self):
+        self.model = None  # what load_model returned, once initialize ran
+        self.device = None
+        self.context = None  # TorchServe's Context of the batch being handled
+        self.manifest = None
+        self.initialized = False
+
     def initialize(self, context):
         properties = context.system_properties
         self.context = context
@@ -206,12 +217,6 @@ class ToolkitHandler(BaseHandler):
         if self.postprocess_takes_inputs:
             return self.postprocess(output, inputs)
         return self.postprocess(output)
-
-    def explain_handle(self, data_preprocess, raw_data):
-        raise NotImplementedError("toolkit handlers do not run TorchServe's captum explanations")
-
-    def _infer_with_profiler(self, data):
-        raise NotImplementedError("toolkit handlers do not run TorchServe's profiler (ENABLE_TORCH_PROFILER)")
 
     def v2_output(self, answers: list) -> Optional[dict]:
         """A KServe v2 output tensor for these answers; None means BYTES holding JSON."""

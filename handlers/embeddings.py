@@ -28,11 +28,11 @@ import torch
 
 from . import log_text
 from .base import entry_point
+from .catalogue import ONNX_FILE, SENTENCE_TRANSFORMERS
 from .fit import pooling_modes, sentence_modules_problem
 from .loading import ModelLoadError
 from .settings import POOLINGS, EmbedderSettings
 from .text import Encoded, TextHandler, read_prefix
-from .toolkit import ONNX_FILE, SENTENCE_TRANSFORMERS
 
 logger = log_text.logger(__name__)
 

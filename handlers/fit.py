@@ -12,12 +12,10 @@ import os
 import zipfile
 from typing import List, Optional
 
+from .catalogue import HANDLERS, ONNX_FILE, ModelFiles
 from .settings import POOLINGS
-from .toolkit import ONNX_FILE
 
-TEXT_HANDLERS = ("text_classifier", "token_classifier", "text_embedder")
-WEIGHTS_HANDLERS = ("image_classifier", "tensor")
-HEADS = {"text_classifier": "ForSequenceClassification", "token_classifier": "ForTokenClassification"}
+HEADS = {name: handler.head for name, handler in HANDLERS.items() if handler.head}  # catalogue.Handler.head
 PLAIN_MODULES = ("Transformer", "Pooling", "Normalize")  # what the handler computes without sentence-transformers
 TORCHTEXT_HINT = (
     "; for TorchServe's own torchtext text_classifier (a model file and source_vocab.pt), pass "
@@ -32,12 +30,13 @@ class Unreadable(ValueError):
 def problem(handler: str, serialized: Optional[str], model_file: Optional[str]) -> Optional[str]:
     """Why toolkit handler ``handler`` cannot run the model in ``serialized`` (and ``model_file``), in
     one sentence naming the file and the fix; None when it can (or when its files cannot tell)."""
-    if not serialized:
+    entry = HANDLERS.get(handler)
+    if not serialized or entry is None:
         return None
     try:
-        if handler in TEXT_HANDLERS:
+        if entry.model is ModelFiles.PRETRAINED_DIRECTORY:
             return _text_problem(handler, serialized, model_file)
-        if handler in WEIGHTS_HANDLERS:
+        if entry.model is ModelFiles.WEIGHTS_FILE:
             return _weights_problem(handler, serialized, model_file)
     except Unreadable as exc:
         return str(exc)

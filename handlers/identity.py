@@ -24,17 +24,17 @@ VERSION = "0.1.0"  # the toolkit's version, as pyproject.toml says
 MAX_RECORD_BYTES = 64 << 10
 
 
-def describe(kind, entry: str, module: str) -> dict:
-    """The record for the handler class ``kind`` describes (a toolkit.Kind) of ``module``, served by
-    ``entry``."""
+def describe(declared, entry: str, module: str) -> dict:
+    """The record for the handler class of ``module`` that ``declared`` (a catalogue.Declared) describes,
+    served by ``entry``."""
     return {
         "toolkit": VERSION,
         "entry": entry,
         "module": module,
-        "class": kind.class_name,
-        "bases": list(kind.bases),
-        "input": kind.input_kind,
-        "splits": kind.splits,
+        "class": declared.class_name,
+        "bases": list(declared.bases),
+        "input": declared.input,
+        "splits": declared.splits,
     }
 
 

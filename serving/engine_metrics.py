@@ -52,7 +52,7 @@ METRIC_LINE = re.compile(
 )
 NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-KINDS = {"GAUGE": "gauge", "COUNTER": "counter", "HISTOGRAM": "gauge"}  # a histogram line is one observation
+METRIC_TYPES = {"GAUGE": "gauge", "COUNTER": "counter", "HISTOGRAM": "gauge"}  # a histogram line is one observation
 FRONTEND_COUNTERS = {
     "ts_inference_requests_total": "Total number of inference requests.",
     "ts_inference_latency_microseconds": "Cumulative inference duration in microseconds",
@@ -75,10 +75,14 @@ DROP_REASONS = ("value", "labels", "label_length", "series", "bytes")  # tsctl_m
 
 def builtin_metrics(path: str = METRICS_YAML) -> Dict[str, str]:
     """The metrics TorchServe's worker emits itself for a model (``model_metrics`` of its metrics.yaml):
-    name -> type (``KINDS``'s)."""
+    name -> type (``METRIC_TYPES``'s)."""
     with open(path) as config:
         model_metrics = yaml.safe_load(config)["model_metrics"]
-    return {entry["name"]: KINDS[kind.upper()] for kind, entries in model_metrics.items() for entry in entries}
+    return {
+        entry["name"]: METRIC_TYPES[metric_type.upper()]
+        for metric_type, entries in model_metrics.items()
+        for entry in entries
+    }
 
 
 BUILTIN = builtin_metrics()  # HandlerTime, PredictionTime: gauges
@@ -98,7 +102,7 @@ class Metrics:
         # TorchServe's counters carry no _total suffix: kept here and exposed as they are named.
         self.frontend: Dict[str, Dict[Tuple, float]] = {name: {} for name in FRONTEND_COUNTERS}
         self.backend: Dict[Tuple[str, str], Dict[Tuple, float]] = {}  # (name, type) -> labels -> value
-        self.kinds: Dict[str, str] = dict(BUILTIN)  # a worker metric's name -> its type
+        self.types: Dict[str, str] = dict(BUILTIN)  # a worker metric's name -> its type
         self.worker_series = self.worker_bytes = 0  # the workers' series, and their exposition's size
         self.models: Dict[Tuple[str, str], Tuple[int, int]] = {}  # the same, per model (name, version)
         self.dropped = Counter(
@@ -127,8 +131,8 @@ class Metrics:
                     self._add("ts_inference_requests_total", model, 1)
                     self._add("ts_inference_latency_microseconds", model, (done - job.arrived) * 1e6)
                     self._add("ts_queue_latency_microseconds", model, max(0.0, sent - job.arrived) * 1e6)
-                    kind = "2XX" if response.status < 400 else ("4XX" if response.status < 500 else "5XX")
-                    self._add(f"Requests{kind}", host, 1)
+                    status_class = "2XX" if response.status < 400 else ("4XX" if response.status < 500 else "5XX")
+                    self._add(f"Requests{status_class}", host, 1)
             for job in jobs:
                 self.predict_seconds.labels(spec.name).observe(done - job.arrived)
 
@@ -158,14 +162,14 @@ class Metrics:
             return self.dropped.labels("labels").inc()
         if any(len(text) > MAX_LABEL for text in (name, *labels, *labels.values())):
             return self.dropped.labels("label_length").inc()
-        kind = KINDS.get((match.group("type") or "GAUGE").upper(), "gauge")
-        if kind == "counter" and not (math.isfinite(value) and value >= 0):
+        metric_type = METRIC_TYPES.get((match.group("type") or "GAUGE").upper(), "gauge")
+        if metric_type == "counter" and not (math.isfinite(value) and value >= 0):
             return self.dropped.labels("value").inc()
         model = (worker.owner.spec.name, worker.owner.spec.version)
         with self.lock:
-            if self.kinds.get(name, kind) != kind:
+            if self.types.get(name, metric_type) != metric_type:
                 return  # one type per name: TorchServe's for BUILTIN, else the first line's
-            series = self.backend.get((name, kind), {})
+            series = self.backend.get((name, metric_type), {})
             key = tuple(labels.items())
             if key not in series:
                 size = series_bytes(name, key)
@@ -178,9 +182,9 @@ class Metrics:
                         return self.dropped.labels("bytes").inc()
                 self.models[model] = (count + 1, used + size)
                 self.worker_series, self.worker_bytes = self.worker_series + 1, self.worker_bytes + size
-                self.kinds[name] = kind
-                self.backend[(name, kind)] = series
-            if kind == "counter":
+                self.types[name] = metric_type
+                self.backend[(name, metric_type)] = series
+            if metric_type == "counter":
                 value += series.get(key, 0.0)
                 if not math.isfinite(value):  # a sum past 1.8e308: the counter stays where it was
                     return self.dropped.labels("value").inc()
@@ -194,14 +198,14 @@ class Metrics:
                 (name, FRONTEND_COUNTERS[name], "counter", dict(series)) for name, series in self.frontend.items()
             ]
             families += [
-                (name, f"{name}, as the workers emit it", kind, dict(series))
-                for (name, kind), series in sorted(self.backend.items())
+                (name, f"{name}, as the workers emit it", metric_type, dict(series))
+                for (name, metric_type), series in sorted(self.backend.items())
             ]
         lines = []
-        for name, doc, kind, series in families:
+        for name, doc, metric_type, series in families:
             if not series:
                 continue
-            lines += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}"]
+            lines += [f"# HELP {name} {doc}", f"# TYPE {name} {metric_type}"]
             for labels, value in series.items():
                 text = ",".join(f'{key}="{escape(str(label))}"' for key, label in labels)
                 lines.append(f"{name}{{{text}}} {float(value)!r}")

@@ -28,7 +28,7 @@ class Served:
         return f"input-{self.kind}.json" if self.kind in ("image", "text") else f"input-{self.name}.json"
 
 
-def kind_of(archive: Path) -> Optional[str]:
+def input_of(archive: Path) -> Optional[str]:
     """What the archive's requests hold: image, text or tensor (MAR-INF/tsctl.json); None for a handler of
     the user's own that says no more."""
     kind = (handler_record(archive) or {}).get("input")

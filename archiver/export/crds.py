@@ -20,6 +20,7 @@ from pathlib import Path
 
 import jsonschema
 
+from ..choices import RUNTIME_KINDS
 from ..errors import UserError
 
 SCHEMAS = {
@@ -33,7 +34,6 @@ SCHEMAS = {
     ("mlops.seldon.io/v1alpha1", "Pipeline"): "seldon/pipeline.v1alpha1.json",
 }
 PROJECTS = {"serving.kserve.io": "KServe", "mlops.seldon.io": "Seldon Core"}  # API group -> whose CRD it is
-RUNTIME_KINDS = ("ServingRuntime", "ClusterServingRuntime")  # serving.kserve.io/v1alpha1
 PROTOCOLS = ("v1", "v2", "grpc-v1", "grpc-v2")  # KServe's protocol names (constants.InferenceServiceProtocol)
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 

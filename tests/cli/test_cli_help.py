@@ -52,3 +52,21 @@ def test_commands_scripts_read_take_json_and_document_it(path):
     doc = (Path(__file__).resolve().parents[2] / ROOT_DOC).read_text()
     section = doc.split(f"## tsctl {path}\n", 1)[1].split("\n## ", 1)[0]
     assert "(to be written)" not in section and "```" in section, f"{ROOT_DOC}: tsctl {path} has no schema"
+
+
+def test_the_help_and_docs_name_every_catalogue_handler():
+    """--handler's and --from's help and the docs (README.md, docs/) come from or follow handlers/catalogue.py:
+    each toolkit handler is named with its task, and each start of tsctl init."""
+    from pathlib import Path
+
+    from handlers.catalogue import HANDLERS, STARTS
+
+    root = Path(__file__).resolve().parents[2]
+    docs = "\n".join(p.read_text() for p in [root / "README.md", *sorted((root / "docs").rglob("*.md"))])
+    package_help = "".join(CliRunner().invoke(main, ["package", "--help"]).output.split())  # unwrapped
+    init_help = "".join(CliRunner().invoke(main, ["init", "--help"]).output.split())
+    for name, handler in HANDLERS.items():
+        assert "".join(f"{name}: {handler.task}".split()) in package_help, name
+        assert f"`{name}`" in docs, f"the docs do not name the toolkit handler {name}"
+    for name in STARTS:
+        assert name in init_help and f"`{name}`" in docs, name

@@ -3,7 +3,7 @@
 Each command runs as its own process (``python -X importtime -m archiver.cli ...``), as a user runs it,
 and the modules it imported are read from its import log: what matters is what a fresh process
 loads, which an in-process test cannot see once anything has imported torch. The toolkit handlers'
-``Kind`` (what packaging reads instead of importing them) is checked against the real classes.
+catalogue entries (what packaging reads instead of importing them) are checked against the real classes.
 """
 
 import importlib
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from handlers import TOOLKIT_HANDLERS, toolkit
+from handlers import catalogue
 from helpers.models import stand_in_torchscript
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,7 +77,7 @@ def test_package_of_toolkit_handlers_imports_no_model_library(store):
     assert not modules & MODEL_LIBRARIES, modules & MODEL_LIBRARIES
     with zipfile.ZipFile(store / "ms" / "emb.mar") as archive:
         requirements = archive.read("requirements.txt").decode().split()
-        assert requirements == [toolkit.TRANSFORMERS, toolkit.SENTENCE_TRANSFORMERS]
+        assert requirements == [catalogue.TRANSFORMERS, catalogue.SENTENCE_TRANSFORMERS]
         assert json.loads(archive.read("MAR-INF/tsctl.json"))["class"] == "TextEmbedder"
 
 
@@ -114,12 +114,13 @@ def test_every_command_but_the_model_runners_imports_no_model_library(store):
         assert not modules & MODEL_LIBRARIES, (command[0], modules & MODEL_LIBRARIES)
 
 
-@pytest.mark.parametrize("name", sorted(TOOLKIT_HANDLERS))
-def test_each_toolkit_kind_is_what_its_class_declares(name):
-    module, _, function = TOOLKIT_HANDLERS[name].partition(":")
+@pytest.mark.parametrize("name", sorted(catalogue.HANDLERS))
+def test_each_catalogue_entry_is_what_its_class_declares(name):
+    entry = catalogue.HANDLERS[name]
+    module, _, function = entry.entry_point.partition(":")
     handler_class = getattr(importlib.import_module(module), function).handler_class
-    assert toolkit.kind_of(handler_class) == toolkit.KINDS[name]
-    assert set(toolkit.KINDS) == set(TOOLKIT_HANDLERS)
+    assert catalogue.declared_by(handler_class) == entry.declared()
+    assert (entry.name, module, handler_class.__name__) == (name, entry.module, entry.class_name)
 
 
 def test_a_subclass_loads_its_own_model_only_when_it_overrides_load_model():
@@ -135,6 +136,6 @@ def test_a_subclass_loads_its_own_model_only_when_it_overrides_load_model():
         def load_model(self):
             return None
 
-    assert not toolkit.kind_of(Tinted).loads_own_model
-    assert toolkit.kind_of(OwnWeights).loads_own_model
-    assert toolkit.toolkit_name(toolkit.kind_of(Tinted)) == "image_classifier"
+    assert not catalogue.declared_by(Tinted).loads_own_model
+    assert catalogue.declared_by(OwnWeights).loads_own_model
+    assert catalogue.subclassed(catalogue.declared_by(Tinted)).name == "image_classifier"

@@ -96,7 +96,7 @@ class Project:
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    """``tsctl init NAME --from KIND`` for every kind in one directory; the generated tests start."""
+    """``tsctl init NAME --from HANDLER`` for every start in one directory; the generated tests start."""
     root = tmp_path_factory.mktemp("project")
     outputs = {}
     for kind, name in NAMES.items():
@@ -124,10 +124,10 @@ def handler_class(path: Path):
 # ---- the files --------------------------------------------------------------------------------------
 def test_init_writes_a_handler_its_config_and_a_test(project):
     for kind, name in NAMES.items():
-        spec, klass = scaffold.KINDS[kind], CLASSES[kind]
+        spec, klass = scaffold.STARTS[kind], CLASSES[kind]
         assert sorted(p.name for p in (project.root / name).iterdir()) == sorted(scaffold.files(name))
         source = project.handler(kind).read_text()
-        assert f"class {klass}({spec.handler}):" in source and f"handle = entry_point({klass})" in source
+        assert f"class {klass}({spec.class_name}):" in source and f"handle = entry_point({klass})" in source
         assert f"class {klass}Settings({spec.settings}):" in source
         assert f"tsctl package --model-name {name} --handler {name}/handler.py" in source
         for hook in ("decode", "preprocess", "inference", "postprocess") + (("load_model",) if kind == "blank" else ()):
@@ -271,10 +271,10 @@ def packaged(project, image_sample, text_samples):
 @pytest.mark.parametrize("kind", list(NAMES))
 def test_the_package_records_the_generated_class(packaged, kind):
     record = identity.read(packaged[kind])
-    spec = scaffold.KINDS[kind]
+    spec = scaffold.STARTS[kind]
     assert (record["class"], record["input"]) == (CLASSES[kind], spec.input)
     assert (record["module"], record["entry"]) == ("handler", "handler.py")
-    assert record["bases"][0] == f"{spec.module}.{spec.handler}"
+    assert record["bases"][0] == f"{spec.module}.{spec.class_name}"
     names = {name for name, _ in mar.list_entries(packaged[kind])}
     assert {"handler.py", "model-config.yaml", "handlers/base.py"} <= names
 

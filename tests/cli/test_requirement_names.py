@@ -7,7 +7,7 @@ import pytest
 
 from archiver import mar, properties, requirements, runtimes
 from archiver.errors import UserError
-from handlers import toolkit
+from handlers import catalogue
 
 
 @pytest.mark.parametrize(
@@ -69,7 +69,7 @@ def test_the_handlers_requirement_is_not_added_when_the_file_names_its_package_o
     archive, _ = package_embedder(tmp_path, "Sentence.Transformers==3.0.1\n# transformers comes from the handler\n")
     with zipfile.ZipFile(archive) as zf:
         lines = zf.read("requirements.txt").decode().splitlines()
-    assert lines == ["Sentence.Transformers==3.0.1", "# transformers comes from the handler", toolkit.TRANSFORMERS]
+    assert lines == ["Sentence.Transformers==3.0.1", "# transformers comes from the handler", catalogue.TRANSFORMERS]
 
 
 def test_an_included_requirements_file_is_refused_with_its_fix(tmp_path):

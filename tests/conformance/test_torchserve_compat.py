@@ -638,9 +638,9 @@ def test_malformed_model_files_and_configs_are_one_line_refusals(image_sample, t
 
 
 def toolkit_settings(name):
-    from handlers import toolkit
+    from handlers import catalogue
 
-    return toolkit.KINDS[name].settings
+    return catalogue.HANDLERS[name].declared().settings
 
 
 def test_handler_names_are_checked_without_running_anyones_code(image_sample, tmp_path, monkeypatch):

@@ -1,0 +1,164 @@
+"""Commands that check an archive or this machine: ``verify`` (replay its golden answers, check its
+signature), ``run`` (its handler in-process on files) and ``doctor`` (what each engine needs)."""
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from ..errors import ServerError, UserError
+from ..output import json_option, print_json
+from .common import Command, handler_errors, input_file, running_server
+from .options import check_expectations, expect_options, home_option, timeout_option
+
+
+@click.command(cls=Command)
+@click.argument("archive", type=click.Path())
+@click.option(
+    "--url",
+    help="A running server (TorchServe, KServe, a transformer): http://HOST:PORT, or HOST:PORT; default: in-process.",
+)
+@click.option("--served", is_flag=True, help="Against the server 'tsctl serve' started from --home (either engine).")
+@home_option("With --served: the server's state directory.")
+@click.option(
+    "--protocol",
+    type=click.Choice(["ts", "v1", "v2"]),
+    help="How requests are sent: ts (TorchServe's /predictions/MODEL), v1 or v2 (KServe). Default: with --served "
+    "the engine's own (MLServer: v2), else ts.",
+)
+@click.option("--model", help="The model's name on the server (default: the archive's).")
+@click.option("--atol", type=click.FloatRange(0), default=1e-4, show_default=True, help="How far a number may move.")
+@timeout_option(60.0, "With a server: seconds to wait for each answer.")
+@click.option("--golden-from", type=click.Path(), help="Use another archive's golden answers (an export's original).")
+@json_option
+@click.option("--public-key", type=click.Path(), help="Check ARCHIVE's signature (package --sign-key) with this key.")
+@expect_options
+def verify(
+    archive, url, served, home, protocol, model, atol, timeout, golden_from, as_json, public_key, expect_name,
+    expect_version
+):  # fmt: skip
+    """Replay ARCHIVE's golden requests (package --golden) and compare each answer with the recorded one;
+    with --public-key, check its signature first (and stop there when it has no golden answers)."""
+    from handlers import golden as golden_format
+    from handlers.archives import opened
+
+    from .. import golden
+
+    check_expectations(public_key, expect_name, expect_version)
+    if public_key:
+        from handlers.signing import read_key
+
+        read_key(public_key)  # a wrong key file is named before the archive is read
+    with opened(archive) as found:  # read once: its signature, golden answers, manifest and files
+        signature = verified_signature(found, archive, public_key, expect_name, expect_version, as_json)
+        if signature and not served and not url and golden_format.read(found) is None:
+            if as_json:
+                print_json({"where": None, "checked": 0, "problems": [], "versions": [], "signature": signature})
+            return
+        if served:
+            if url:
+                raise UserError("--served and --url both name a server: give one")
+            from .. import engines
+
+            srv = running_server(home, model or found.model_name)
+            url = srv.inference
+            protocol = protocol or engines.engine_of(srv).protocol  # MLServer speaks v2 only
+        protocol = protocol or "ts"
+        from ..output import Progress
+
+        progress = Progress.for_command(as_json)
+        if url is None:  # in-process: the handler's log kept off the terminal, its failure one line
+            from .. import inprocess
+
+            with inprocess.quiet_logs(), handler_errors(archive):
+                report = golden.verify(found, url, protocol, atol, model, timeout, golden_from, progress)
+        else:
+            try:
+                report = golden.verify(found, url, protocol, atol, model, timeout, golden_from, progress)
+            except OSError as exc:
+                raise ServerError(f"could not reach {url}: {exc}") from None
+    if as_json:
+        print_json({**report.as_json(), "signature": signature})
+    else:
+        for line in report.problems:
+            click.echo(f"mismatch: {line}")
+        matched = report.checked - len(report.problems)
+        click.echo(f"{matched} of {report.checked} golden answers match ({report.where})")
+        for line in report.versions:
+            click.echo(f"  note: {line}")
+    sys.exit(1 if report.problems else 0)
+
+
+def verified_signature(archive, shown: str, public_key, expect_name, expect_version, as_json) -> Optional[dict]:
+    """With ``public_key``: ``archive``'s signature checked (exit 1 otherwise), said on the terminal
+    (stderr with --json, whose stdout is JSON) under the name the user gave it (``shown``), and
+    reported; None without a key."""
+    if not public_key:
+        return None
+    from .. import signing
+
+    name, version, key = signing.verify_archive(archive, public_key, expect_name, expect_version)
+    click.echo(
+        f"{shown}: signature verified: every file is as signed, as {name} version {version} by key {key}",
+        err=as_json,
+    )
+    return {"signed": True, "verified": True, "name": name, "version": version, "key_fingerprint": key}
+
+
+@click.command(cls=Command)
+@click.argument("archive", type=click.Path())
+@click.argument("inputs", nargs=-1, required=True, type=click.Path())
+@click.option("--public-key", type=click.Path(), help="Run ARCHIVE only if it is signed with this key's private half.")
+@expect_options
+@json_option
+def run(archive, inputs, public_key, expect_name, expect_version, as_json):
+    """Run ARCHIVE's handler in-process (no server) on each INPUT file, answering as 'tsctl predict' does."""
+    from handlers.archives import opened
+
+    from .. import inprocess
+    from ..output import Progress
+
+    paths = [input_file(p) for p in inputs]
+    check_expectations(public_key, expect_name, expect_version)
+    with opened(archive) as found:  # read once, here and by the run
+        found.manifest  # a missing, foreign or unsafe archive is refused before torch loads
+        expected = (None, None)
+        if public_key:  # the key file and the expected name checked before torch loads
+            from handlers.signing import read_key
+
+            from ..signing import stem
+
+            read_key(public_key)
+            expected = (expect_name or stem(Path(archive)), expect_version)
+        with handler_errors(archive):
+            answered = inprocess.run(found, paths, public_key, Progress.for_command(as_json), expected)
+    if as_json:
+        print_json({"archive": str(archive), "results": [inprocess.as_json(p, r) for p, r in answered]})
+    else:
+        for path, response in answered:
+            click.echo(inprocess.line(path, response))
+    sys.exit(0 if all(r.status == 200 for _, r in answered) else 1)
+
+
+# The archive's own handlers/ copy raises its own ModelLoadError/SettingsError classes: match by name.
+USER_MISTAKES = {("handlers.loading", "ModelLoadError"), ("handlers.settings", "SettingsError")}
+
+
+@click.command(cls=Command)
+@json_option
+def doctor(as_json):
+    """Check what this machine needs for each engine: one line per check, each problem with its fix.
+
+    Exits 0 when the default engine (TorchServe) has everything it needs (Python, TorchServe and torch,
+    Java 17+), 1 when it lacks something; what only other engines and commands need is reported alone."""
+    from .. import doctor as checks
+
+    found = checks.run_checks()
+    ok = checks.all_ok(found)
+    if as_json:
+        print_json({"ok": ok, "checks": [check.to_dict() for check in found]})
+    else:
+        for check in found:
+            click.echo(check.line())
+    sys.exit(0 if ok else 1)

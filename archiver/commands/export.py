@@ -1,0 +1,132 @@
+"""``tsctl export kserve`` and ``tsctl export seldon``: a model store and its config, written out for a
+serving platform."""
+
+import click
+
+from .. import choices
+from ..errors import UserError
+from ..output import Progress, json_option
+from .common import Command, emit
+from .options import engine_option, runtime_option
+
+
+@click.group()
+def export():
+    """Export the model store and config for a serving platform."""
+
+
+def parse_split(values):
+    pairs = []
+    for value in values:
+        model, sep, weight = value.rpartition("=")
+        if not sep or not model or not weight.isdigit():
+            raise UserError(f"--split {value!r} must look like MODEL=PERCENT, e.g. --split resnet18=90")
+        pairs.append((model, int(weight)))
+    return pairs
+
+
+@export.command("kserve", cls=Command)
+@click.argument("out", type=click.Path())
+@click.option("--name", required=True, help="InferenceService name.")
+@click.option("--storage-uri", required=True, help="pvc://CLAIM/PATH the tree is copied to.")
+@click.option(
+    "--protocol",
+    type=click.Choice(choices.KSERVE_PROTOCOLS),
+    default="v1",
+    show_default=True,
+    help="The InferenceService's protocolVersion, which DEPLOY.md's request bodies and curl lines speak.",
+)
+@click.option(
+    "--config",
+    "config_path",
+    default="config/config.properties",
+    show_default=True,
+    help="The config to export ('tsctl config' writes it): its model_snapshot names the models.",
+)
+@click.option(
+    "--model-store",
+    default="model-store",
+    show_default=True,
+    help="The directory holding the archives the config names.",
+)
+@click.option("--canary", type=int, help="Percent of traffic for the new revision (canaryTrafficPercent).")
+@click.option("--split", multiple=True, help="MODEL=PERCENT, given twice: an InferenceGraph Splitter (A/B).")
+@click.option("--transformer-image", help="Image for a custom transformer running a toolkit handler's pre/post.")
+@click.option("--transformer-archive", help="The toolkit .mar whose pre/post the transformer runs.")
+@click.option("--transformer-model", help="The predictor model the transformer sends tensors to.")
+@click.option(
+    "--namespace",
+    default="default",
+    show_default=True,
+    help="The Kubernetes namespace of the InferenceService, the claim and the copy pod.",
+)
+@click.option("--cpu", default="1", show_default=True, help="CPU request and limit of the predictor's container.")
+@click.option(
+    "--memory", default="2Gi", show_default=True, help="Memory request and limit of the predictor's container."
+)
+@runtime_option("The TorchServe image KServe runs: each archive's requirements are resolved and pinned for it.")
+@click.option("--offline", is_flag=True, help="Bundle each archive's wheels: its per-model install needs no index.")
+@engine_option("What serves the tree in the pod; tsctl writes a serving runtime for the engine's image (--image).")
+@click.option("--image", help="The tsctl engine's image (--engine tsctl), built from OUT/predictor-image.")
+@click.option(
+    "--runtime-kind",
+    type=click.Choice(choices.RUNTIME_KINDS),
+    help="--engine tsctl: the runtime's kind (default ClusterServingRuntime; ServingRuntime: in --namespace).",
+)
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@json_option
+def export_kserve(out, config_path, split, as_json, **options):
+    """Write OUT/{config,model-store} for a PVC, the InferenceService and the deploy commands."""
+    from .. import reports
+    from ..export import kserve, targets
+
+    progress = Progress.for_command(as_json)  # resolving and downloading requirements takes seconds per archive
+    export_options = kserve.ExportOptions(out=out, config=config_path, split=parse_split(split), **options)
+    export_options.progress = progress
+    notice = targets.named(export_options.engine).export_notice(export_options)
+    if notice:
+        progress(notice)
+    result = kserve.export(export_options)
+    emit(reports.export_report(out, result), reports.export_text, as_json)
+
+
+@export.command("seldon", cls=Command)
+@click.argument("out", type=click.Path())
+@click.option("--image", required=True, help="The server image to build from OUT/server-image (REGISTRY/NAME:TAG).")
+@click.option(
+    "--model-store", default="model-store", show_default=True, help="The directory holding the archives to export."
+)
+@click.option(
+    "--config",
+    "config_path",
+    help="config.properties (default: config/config.properties beside the store when it exists, else each "
+    "archive's model-config.yaml).",
+)
+@click.option("--server", default="tsctl-mlserver", show_default=True, help="The Seldon Server's name.")
+@click.option("--claim", default="tsctl-models", show_default=True, help="The PersistentVolumeClaim holding models/.")
+@click.option(
+    "--namespace",
+    default="seldon-mesh",
+    show_default=True,
+    help="The namespace Seldon Core 2 runs in: the Server, Models, claim and copy pod go there.",
+)
+@click.option("--cpu", default="1", show_default=True, help="The mlserver container's CPU.")
+@click.option("--memory", default="2Gi", show_default=True, help="Each Model's memory (the server asks for the sum).")
+@click.option("--ab", multiple=True, help="MODEL=WEIGHT, twice or more: an Experiment between models of the store.")
+@click.option("--default", "default_model", help="The --ab candidate whose own endpoint is split too (default: first).")
+@click.option("--experiment", help="The Experiment's name (default: FIRST-ab).")
+@click.option(
+    "--transformer-archive", help="A toolkit .mar run as the Pipeline step before the model (its preprocessing)."
+)
+@click.option("--transformer-model", help="The model (or the --ab experiment) the transformer's Pipeline sends to.")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@json_option
+def export_seldon(out, config_path, ab, default_model, as_json, **options):
+    """Write OUT/models/NAME/ for a PVC, a Seldon Core 2 Server, Models (Experiment, Pipeline) and DEPLOY.md."""
+    from .. import reports
+    from ..export import seldon
+
+    result = seldon.export(
+        seldon.SeldonOptions(out=out, config=config_path, ab=seldon.parse_ab(ab), default=default_model, **options)
+    )
+    emit(reports.export_report(out, result), reports.export_text, as_json)

@@ -1,0 +1,70 @@
+"""The options several commands share (``--home``, ``--timeout``, ``--engine``, ``--runtime``, what a
+signed archive must be signed as). Each reads only light modules: a command's options are built when
+``tsctl`` starts."""
+
+import click
+
+from .. import engines, runtimes
+from ..errors import UserError
+
+SERVER_HOME = "The server's state directory: what 'tsctl serve --home' was given."
+
+
+def home_option(help_text: str = SERVER_HOME):
+    """``--home DIR``: the state directory of the server 'tsctl serve' starts (default .tsctl)."""
+    return click.option("--home", default=".tsctl", show_default=True, help=help_text)
+
+
+def timeout_option(default: float, help_text: str):
+    """``--timeout SECONDS``, above 0."""
+    return click.option(
+        "--timeout", type=click.FloatRange(0, min_open=True), default=default, show_default=True, help=help_text
+    )
+
+
+def engine_option(help_text: str):
+    """``--engine NAME``: which runtime runs the archives, one of archiver.engines.ENGINES or an alias of one
+    (``kserve``: the tsctl engine's older name, noted once on stderr)."""
+    lines = " ".join(engine.help for engine in engines.ENGINES.values())
+    return click.option(
+        "--engine",
+        type=click.Choice(list(engines.ENGINES) + list(engines.ALIASES)),
+        default="torchserve",
+        show_default=True,
+        callback=resolve_alias,
+        help=f"{help_text} {lines}",
+    )
+
+
+def resolve_alias(ctx, param, value):
+    """The runtime's own name for ``--engine ALIAS``, with a note on stderr (stdout stays the answer)."""
+    if value in engines.ALIASES:
+        click.echo(f"note: --engine {value} is an alias of --engine {engines.ALIASES[value]}", err=True)
+        return engines.ALIASES[value]
+    return value
+
+
+def runtime_option(help_text: str):
+    """``--runtime IMAGE``: which of KServe's TorchServe images the files are for."""
+    return click.option(
+        "--runtime",
+        type=click.Choice(list(runtimes.RUNTIMES)),
+        default=runtimes.DEFAULT,
+        show_default=True,
+        help=help_text,
+    )
+
+
+def expect_options(command):
+    """``--expect-name`` and ``--expect-version``: what a signed archive must be signed as (with --public-key)."""
+    command = click.option(
+        "--expect-version", help="With --public-key: the model version ARCHIVE must be signed as (else any)."
+    )(command)
+    return click.option(
+        "--expect-name", help="With --public-key: the model name ARCHIVE must be signed as (default: its file name)."
+    )(command)
+
+
+def check_expectations(public_key, expect_name, expect_version):
+    if (expect_name or expect_version) and not public_key:
+        raise UserError("--expect-name and --expect-version check what ARCHIVE is signed as: give --public-key too")

@@ -1,0 +1,230 @@
+"""Commands for the server ``tsctl serve`` starts in the background: ``serve``, ``stop``, ``predict``
+(send files, print the answers) and ``bench`` (drive it, report throughput and latency)."""
+
+import base64
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from .. import choices, engines
+from ..errors import ServerError, UserError
+from ..output import Progress, json_option, print_json
+from .common import Command, input_file, running_server
+from .options import engine_option, home_option, timeout_option
+
+
+@click.command(cls=Command)
+@click.option(
+    "--config",
+    "config_path",
+    help=f"config.properties (default {engines.DEFAULT_CONFIG}; the tsctl engine serves every archive in the "
+    "store without one).",
+)
+@click.option("--model-store", default="model-store", show_default=True, help="The directory of archives to serve.")
+@home_option("State directory: logs, pid lock, server.json.")
+@timeout_option(180.0, "Seconds to wait for every model to be READY.")
+@click.option("--install-deps", is_flag=True, help="pip-install each archive's requirements.txt first, as KServe does.")
+@click.option(
+    "--enable-model-api", is_flag=True, help="Allow (re)registering models, e.g. for 'tsctl bench --sweep-batch'."
+)
+@click.option("--python", type=click.Path(), help="The Python that runs the engine (default: this one).")
+@click.option(
+    "--public-key",
+    type=click.Path(),
+    help="Serve only archives signed with this key's private half: the tsctl engine checks every archive before "
+    "its code runs; on TorchServe and MLServer toolkit handlers check themselves (TSCTL_PUBLIC_KEY).",
+)
+@engine_option("What serves the store.")
+@json_option
+def serve(config_path, model_store, home, timeout, install_deps, enable_model_api, python, public_key, engine, as_json):
+    """Start a server in the background on 127.0.0.1 and wait until every model is ready."""
+    env = None
+    if public_key:  # checked here, in one line, before anything starts
+        from handlers.signing import ENVIRONMENT, read_key
+
+        read_key(public_key)
+        env = {ENVIRONMENT: str(Path(public_key).resolve())}
+
+    notes = []
+
+    def note(line: str):  # on stderr as it is found, before the wait (stdout keeps the answer alone)
+        notes.append(line)
+        click.echo(f"note: {line}", err=True)
+
+    srv = engines.serve(
+        engine,
+        config_path,
+        model_store,
+        home,
+        timeout,
+        progress=Progress.for_command(as_json),
+        notes=note,
+        install_deps=install_deps,
+        enable_model_api=enable_model_api,
+        python=python,
+        env=env,
+    )
+    chosen = engines.engine_of(srv)
+    if as_json:
+        addresses = dict(chosen.addresses(srv))
+        report = {"engine": chosen.name, "pid": srv.pid, "home": srv.home, "models": srv.models}
+        print_json({**report, "addresses": addresses, "notes": notes})
+        return
+    click.echo(f"{chosen.title} ready (pid {srv.pid}): {', '.join(srv.models)}")
+    for label, address in chosen.addresses(srv):
+        click.echo(f"  {label:<10} {address}")
+
+
+@click.command(cls=Command)
+@home_option()
+@json_option
+def stop(home, as_json):
+    """Stop the server started by 'tsctl serve'."""
+    from .. import server
+
+    srv = server.recorded_in(home)
+    chosen = engines.engine_of(srv) if srv is not None else None
+    stopped = chosen.stop(srv) if chosen is not None else False
+    if as_json:
+        print_json(
+            {
+                "stopped": stopped,
+                "engine": chosen.name if chosen else None,
+                "pid": srv.pid if srv else None,
+                "home": str(Path(home).resolve()),
+            }
+        )
+    elif srv is None:
+        click.echo(f"no server is running from {server.where(home)}: nothing to stop (or {server.elsewhere(home)})")
+    elif stopped:
+        click.echo(f"{chosen.title} stopped")
+    else:
+        click.echo(f"the server started from {server.where(home)} (pid {srv.pid}) had already exited")
+
+
+@click.command(cls=Command)
+@click.argument("model")
+@click.argument("inputs", nargs=-1, required=True, type=click.Path())
+@home_option()
+@timeout_option(60.0, "Seconds to wait for each answer.")
+@json_option
+def predict(model, inputs, home, timeout, as_json):
+    """Send each INPUT file to MODEL on the running server (where its engine takes one request:
+    /predictions/MODEL) and print the answers."""
+    paths = [input_file(p) for p in inputs]
+    srv = running_server(home, model)
+    results = []
+    for path in paths:
+        try:
+            status, body = engines.predict(srv, model, Path(path), timeout)
+        except TimeoutError:
+            raise ServerError(f"{path}: no answer from {model} within {timeout:g} s: raise --timeout") from None
+        except OSError as exc:
+            raise ServerError(f"could not reach {srv.inference}: {exc}") from None
+        binary = isinstance(body, bytes)  # not UTF-8: an image, a tensor file
+        shown = base64.b64encode(body).decode("ascii") if binary else body
+        results.append({"path": str(path), "status": status, "body": shown, "base64": binary})
+        if not as_json:
+            click.echo(f"{path}: {status} " + (f"<{len(body):,} bytes>" if binary else json.dumps(body)))
+    if as_json:
+        print_json({"model": model, "url": engines.predict_url(srv, model), "results": results})
+    sys.exit(1 if any(r["status"] != 200 for r in results) else 0)
+
+
+def finite(value):
+    """``value`` with null for each NaN (a latency of no answer): JSON has no NaN."""
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return None if isinstance(value, float) and value != value else value
+
+
+def int_list(value: str):
+    try:
+        return [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise UserError(f"{value!r} must be comma-separated whole numbers, e.g. 1,4,8") from None
+
+
+@click.command(cls=Command)
+@click.argument("model")
+@click.option("--input", "inputs", multiple=True, required=True, help="A file to send; repeat for several.")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 256),
+    default=8,
+    show_default=True,
+    help="Requests in flight at once (one connection each).",
+)
+@click.option("--requests", "count", type=click.IntRange(1), help="Stop after this many requests.")
+@click.option(
+    "--duration", type=click.FloatRange(0, choices.MAX_BENCH_SECONDS, min_open=True), help="Stop after seconds."
+)
+@click.option("--sweep-batch", help="Sweep batchSize over these values, e.g. 1,4,8 (needs --enable-model-api).")
+@click.option("--sweep-delay", default="5,50", show_default=True, help="maxBatchDelay values (ms) for the sweep.")
+@json_option
+@home_option()
+def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay, as_json, home):
+    """Drive MODEL on the running server and report throughput, p50/p90/p99 latency and errors."""
+    from .. import bench as load
+
+    srv = running_server(home, model)
+    progress = Progress.for_command(as_json)
+    files = load.read_inputs(inputs)
+    if count is None and duration is None:
+        raise UserError("give --requests N or --duration SECONDS: a benchmark must be bounded")
+    if duration is not None and duration != duration:  # nan passes click's range
+        raise UserError("--duration must be a number of seconds, e.g. --duration 30")
+    headers = srv.headers("inference")
+    chosen = engines.engine_of(srv)
+    if sweep_batch and not chosen.model_api:
+        able = [engine.name for engine in engines.ENGINES.values() if engine.model_api]
+        raise UserError(
+            f"--sweep-batch re-registers models through a management API, which the {chosen.title} does not "
+            f"offer: serve with --engine {able[0]}"
+        )
+    if sweep_batch:
+        rows = load.sweep(
+            srv.inference,
+            srv.management,
+            model,
+            files,
+            concurrency,
+            int_list(sweep_batch),
+            int_list(sweep_delay),
+            count,
+            duration,
+            headers,
+            progress,
+        )
+        if as_json:
+            print_json(finite(rows))
+            return
+        click.echo(f"{'batch':>5} {'delay':>5} {'req/s':>8} {'p50':>8} {'p90':>8} {'p99':>8} {'errors':>6}")
+        for r in rows:
+            lat = r["latency_ms"]
+            mark = "  <- recommended" if r["recommended"] else ""
+            click.echo(
+                f"{r['batchSize']:>5} {r['maxBatchDelay']:>5} {r['throughput_rps']:>8.1f} {lat['p50']:>8.1f} "
+                f"{lat['p90']:>8.1f} {lat['p99']:>8.1f} {r['errors']:>6}{mark}"
+            )
+        best = next((r for r in rows if r["recommended"]), None)
+        if best:
+            click.echo(
+                f"{model} now runs with batchSize {best['batchSize']}, maxBatchDelay {best['maxBatchDelay']}: "
+                "put them in its model-config.yaml to keep them"
+            )
+        return
+    files = [chosen.request_body(data, content_type) for data, content_type in files]
+    bound = f"{count} requests" if count is not None else f"{duration:g} s"
+    progress(f"{model}: {concurrency} clients, {bound}")
+    result = load.run_load(engines.predict_url(srv, model), files, concurrency, count, duration, headers)
+    summary = result.summary()
+    if as_json:
+        print_json(finite(summary))
+    else:
+        click.echo(load.summary_line(summary))
+    sys.exit(1 if summary["errors"] else 0)
