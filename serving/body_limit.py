@@ -10,6 +10,8 @@ from typing import List, Optional, Tuple
 
 from starlette.responses import JSONResponse
 
+from handlers.errors import error_body
+
 BODY_IDLE_TIMEOUT = 30.0  # s without a byte of a request's body while it arrives (--body_idle_timeout)
 
 
@@ -212,6 +214,7 @@ class BodyLimit:
     @staticmethod
     async def refuse(scope, send, status: int, message: str):
         kind = {408: "RequestTimeout", 413: "RequestEntityTooLarge", 503: "ServiceUnavailableException"}[status]
-        body = {"code": status, "type": kind, "message": message, "error": message}
         headers = {"Retry-After": "1"} if status == 503 else None
-        await JSONResponse(body, status_code=status, headers=headers)(scope, None, send)
+        await JSONResponse(error_body(status, kind, message, kserve=True), status_code=status, headers=headers)(
+            scope, None, send
+        )

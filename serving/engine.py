@@ -31,7 +31,6 @@ TorchServe's 500 and is never held (``ts_wire.Stream.reply``). Bodies in flight 
 import argparse
 import asyncio
 import importlib
-import json
 import logging
 import os
 import shutil
@@ -49,6 +48,7 @@ from starlette.routing import Route
 
 from handlers import identity, signing
 from handlers.archives import ArchiveError
+from handlers.errors import error_body, with_kserve_error
 
 from . import engine_http, ts_config
 from .body_limit import BODY_IDLE_TIMEOUT, BodyLimit, InFlight, max_inflight_bytes
@@ -122,10 +122,7 @@ class Engine:
 
 # ---- HTTP ---------------------------------------------------------------------------------------
 def error(status: int, kind: str, message: str, kserve: bool = False) -> JSONResponse:
-    body = {"code": status, "type": kind, "message": message}
-    if kserve:
-        body["error"] = message  # what KServe's own errors carry
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(error_body(status, kind, message, kserve), status_code=status)
 
 
 def not_found(name: str, version: Optional[str], kserve: bool = False) -> JSONResponse:
@@ -138,13 +135,7 @@ def http_answer(response: Response, kserve: bool = False) -> HttpResponse:
     carries KServe's ``error`` key."""
     body = response.body or b""
     if kserve and response.status >= 400:
-        try:
-            parsed = json.loads(body)
-        except ValueError:
-            parsed = None
-        if isinstance(parsed, dict) and "error" not in parsed:
-            parsed["error"] = parsed.get("message", body.decode("utf-8", errors="replace"))
-            body = json.dumps(parsed).encode()
+        body = with_kserve_error(body)
     headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "ts_stream_next")}
     fields = [*headers.items(), ("content-type", response.content_type or "")]
     if not 200 <= response.status <= 599 or not all(map(header_safe, (part for field in fields for part in field))):

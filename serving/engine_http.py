@@ -35,6 +35,8 @@ import resource
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from handlers.errors import error_body
+
 from .body_limit import BODY_IDLE_TIMEOUT
 
 MAX_HEAD_BYTES = 64 << 10
@@ -113,7 +115,7 @@ class BoundedHttp(HttpToolsProtocol):
 
     def _refuse_head(self):
         message = f"the request line and headers are above {MAX_HEAD_BYTES:,} bytes"
-        body = json.dumps({"code": 431, "type": "RequestHeaderFieldsTooLarge", "message": message, "error": message})
+        body = json.dumps(error_body(431, "RequestHeaderFieldsTooLarge", message, kserve=True))
         head = (
             "HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"

@@ -44,7 +44,6 @@ full queue answers 503), batches gathered as TorchServe gathers them (up to ``ba
 
 import asyncio
 import collections
-import json
 import logging
 import os
 import re
@@ -63,6 +62,7 @@ from typing import Callable, Deque, Dict, List, Optional
 import ts
 
 from handlers.archives import printable
+from handlers.errors import frontend_error
 
 from .ts_config import Frontend, ModelSpec
 from .ts_wire import (
@@ -398,8 +398,7 @@ class JobQueue:
 
 def unavailable(message: str, status: int = 503) -> Response:
     """The frontend's answer for a request no worker could answer."""
-    body = json.dumps({"code": status, "type": "ServiceUnavailableException", "message": message}, indent=2)
-    return Response(status, body.encode(), "application/json")
+    return Response(status, frontend_error(status, "ServiceUnavailableException", message), "application/json")
 
 
 class Worker:

@@ -53,6 +53,7 @@ from mlserver.types import InferenceRequest, InferenceResponse
 from mlserver.utils import get_model_uri
 
 from handlers import identity, protocol
+from handlers.errors import error_message
 
 from .engine_workers import ModelWorkers, open_model
 from .ts_config import Frontend, ModelSpec
@@ -245,7 +246,7 @@ def response_of(answer: Response, name: str, version) -> InferenceResponse:
     """The handler's answer as MLServer's response, or an ``MLServerError`` with its status and
     message (MLServer answers ``{"error": message}`` with that status; gRPC maps it)."""
     if answer.status >= 400:
-        raise MLServerError(error_message(answer), status_code=answer.status)
+        raise MLServerError(error_message(answer.body), status_code=answer.status)
     try:
         body = json.loads(answer.body)
         if not isinstance(body, dict) or "outputs" not in body:
@@ -266,14 +267,3 @@ def response_of(answer: Response, name: str, version) -> InferenceResponse:
             f"{bytes(answer.body or b'')[:200]!r}",
             status_code=500,
         ) from None
-
-
-def error_message(answer: Response) -> str:
-    """The message of a handler's or worker's error body (``{"message": ...}``), else its text."""
-    try:
-        body = answer.json()
-    except (ValueError, UnicodeDecodeError):
-        return bytes(answer.body or b"").decode("utf-8", errors="replace")[:2000]
-    if isinstance(body, dict):
-        return str(body.get("message") or body.get("error") or body)
-    return str(body)
