@@ -33,7 +33,8 @@ step's raw output (its first tensor, one row per image) and answers the handler'
 
 ``parameters.extra`` (written by ``tsctl serve --engine mlserver`` and ``tsctl export seldon`` from
 config.properties or model-config.yaml): ``minWorkers``, ``batchSize``, ``maxBatchDelay``,
-``responseTimeout``, ``jobQueueSize``, ``maxRequestSize``, ``publicKey``, ``metricsConfig``, ``role``.
+``responseTimeout``, ``jobQueueSize``, ``publicKey``, ``metricsConfig``, ``role``. (A request body's
+limit is MLServer's REST app's, ``max_request_size`` in body_limit.py: mlserver_start.py reads it.)
 """
 
 import asyncio
@@ -209,7 +210,6 @@ def model_spec(name: str, version: str, archive: Path, extra: Dict[str, Any]) ->
     spec.max_workers = spec.min_workers
     frontend = Frontend()
     frontend.job_queue_size = int(extra.get("jobQueueSize", frontend.job_queue_size))
-    frontend.max_request_size = int(extra.get("maxRequestSize", frontend.max_request_size))
     frontend.public_key = extra.get("publicKey") or None
     frontend.metrics_config = extra.get("metricsConfig") or None
     return spec, frontend

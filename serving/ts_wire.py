@@ -7,7 +7,7 @@
   back as the frontend reads it: per request the status, content type, headers and body bytes.
 
 Used in-process by ``serving/worker.py`` (LocalModel) and across processes by the tsctl engine
-(``serving/engine_workers.py``); the engine's server process never imports torch.
+(``serving/worker_process.py``); the engine's server process never imports torch.
 """
 
 import json
