@@ -36,7 +36,9 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as pb_grpc
 from kserve.protocol.infer_type import InferResponse, to_http_parameters
 
-from handlers.protocol import HEADER, NUMERIC, encode_tensor, header_length, numpy, to_json
+from handlers.json_body import numpy, to_json
+from handlers.v2_binary import encode_tensor, header_length
+from handlers.v2_tensors import HEADER, NUMERIC
 
 from .body_limit import too_large_message
 from .ts_wire import Request, Response
