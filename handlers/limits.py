@@ -21,7 +21,8 @@ JSON_SCALARS = frozenset((str, int, float, bool, type(None)))
 
 @dataclass(frozen=True)
 class Limits:
-    """What one request may hold; each is a ``handler:`` setting of the same name."""
+    """What one request may hold; each is a ``handler:`` setting of the same name, whose default is
+    the one here (settings.py reads these)."""
 
     max_items: int = 64
     max_body_bytes: int = 32 << 20
