@@ -43,7 +43,8 @@ from PIL import Image, UnidentifiedImageError
 from torchvision.transforms.v2 import functional as F
 
 from .base import ToolkitHandler, entry_point
-from .protocol import ClientError, to_bytes
+from .errors import ClientError
+from .items import to_bytes
 from .settings import ImageSettings
 
 WIDE_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")  # 16-bit and float images

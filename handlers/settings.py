@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Tuple, Type, TypeVar, get_args, get_origin, get_type_hints
 
 from . import golden
+from .limits import Limits
 
 T = TypeVar("T")
 
@@ -112,10 +113,10 @@ class Settings:
 
     allow_pickle: bool = False  # let torch.load unpickle whole models (runs code from the MAR)
     max_items: int = 0  # inputs per request; 0: 4 x the model's batchSize, at least 16
-    max_body_bytes: int = 32 << 20  # a request body above this is refused before it is parsed
-    max_json_depth: int = 32  # nesting of a JSON body
-    max_json_values: int = 100_000  # values in a JSON body (list items and object members)
-    max_batch_bytes: int = 1 << 30  # memory a whole batch's requests may take once read (estimated before)
+    max_body_bytes: int = Limits.max_body_bytes  # a request body above this is refused before it is parsed
+    max_json_depth: int = Limits.max_json_depth  # nesting of a JSON body
+    max_json_values: int = Limits.max_json_values  # values in a JSON body (list items and object members)
+    max_batch_bytes: int = Limits.max_batch_bytes  # memory a whole batch's requests may take once read
     batch_budget: float = 4.0  # a batch holds at most this many requests' worth of each per-request limit
     decode_threads: int = 1  # decode a batch's inputs in this many threads
     torch_threads: int = 0  # intra-op threads per worker; 0: OMP_NUM_THREADS, else the cores / minWorkers

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .base import ToolkitHandler, entry_point
-from .protocol import ClientError
+from .errors import ClientError
 from .settings import TensorSettings
 
 

@@ -26,10 +26,13 @@ from typing import Any, List, Sequence
 
 from .base import Job, ToolkitHandler, client_error, request_headers
 from .catalogue import ONNX_FILE, TRANSFORMERS
+from .decoding import text_request
+from .errors import too_large
+from .items import to_text
 from .loading import ModelLoadError
 from .onnx_runtime import OnnxModel
-from .protocol import header_length, text_request, to_text, too_large
 from .settings import TextSettings
+from .v2_binary import header_length
 
 MAX_LENGTH_CAP = 512
 CHARS_PER_TOKEN = 8  # read_prefix's first cut: max_length x this many characters, then 4x more each time

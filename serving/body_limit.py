@@ -1,16 +1,51 @@
-"""Request bodies bounded, as the tsctl engine bounds them (``BodyLimit``, an ASGI middleware): the
-engine's app (engine.py) and MLServer's REST app when tsctl starts it (mlserver_start.py) use it.
-Standard library and Starlette only (MLServer's environment has no httptools for engine_http).
+"""Request bodies bounded: each limit on them defined here, by its name, and enforced once per protocol.
+
+- **max_request_size** (``MAX_REQUEST_SIZE``): one request's body, TorchServe's setting of that name
+  and default (``DEFAULT_MAX_REQUEST_SIZE``, 6,553,500 bytes). The engine reads it from
+  config.properties (``ts_config.frontend_of``); MLServer started by tsctl from
+  ``TSCTL_MAX_REQUEST_SIZE`` (``max_request_size_from_environment``, mlserver_start.py). Enforced over
+  REST by ``BodyLimit`` (413) and over gRPC by ``engine_grpc.weigh`` (INVALID_ARGUMENT).
+- **--max_inflight_bytes** (``max_inflight_bytes``): what all requests' bodies hold together
+  (being received, queued, at a worker), REST and gRPC alike; default a quarter of the memory the
+  process may use (``memory_limit``: the smallest limit of its memory cgroup and the groups above
+  it, read through ``/proc/self/cgroup``, or the machine's memory), logged at start. Counted by
+  ``InFlight``, the one counter both use: a REST request whose body would pass it gets 503 with
+  ``Retry-After`` (``BodyLimit``), a gRPC call UNAVAILABLE, with the same message.
+- **--body_idle_timeout** (``BODY_IDLE_TIMEOUT``): seconds a body may pause while it arrives before
+  its request ends with 408 (``BodyLimit``); once the body is whole, only the model's
+  ``responseTimeout`` bounds the answer. The engine's HTTP server gives up on a client that reads
+  nothing of its answer for as long (``engine_http.BoundedHttp``).
+
+``BodyLimit`` (an ASGI middleware) is used by the engine's app (engine.py) and MLServer's REST app
+when tsctl starts it (mlserver_start.py). Standard library only, but Starlette's response when a body
+is refused (tsctl's CLI reads the defaults here; MLServer's environment has no httptools for
+engine_http).
 """
 
 import asyncio
 import os
 import re
-from typing import List, Optional, Tuple
+from typing import List, Mapping, Optional, Tuple
 
-from starlette.responses import JSONResponse
+from handlers.errors import error_body
 
+MAX_REQUEST_SIZE = "max_request_size"  # the setting's name: config.properties' key, in every message
+DEFAULT_MAX_REQUEST_SIZE = 6553500  # bytes: TorchServe's default
+MAX_REQUEST_SIZE_VARIABLE = "TSCTL_MAX_REQUEST_SIZE"  # MLServer started by tsctl reads it here
 BODY_IDLE_TIMEOUT = 30.0  # s without a byte of a request's body while it arrives (--body_idle_timeout)
+
+
+def max_request_size_from_environment(environ: Mapping[str, str] = os.environ) -> int:
+    """``max_request_size`` where no config.properties is read (MLServer started by tsctl):
+    ``TSCTL_MAX_REQUEST_SIZE`` when it is a positive whole number, else TorchServe's default."""
+    text = environ.get(MAX_REQUEST_SIZE_VARIABLE, "").strip()
+    return int(text) if text.isdigit() and int(text) > 0 else DEFAULT_MAX_REQUEST_SIZE
+
+
+def too_large_message(what: str, size: int, limit: int, how: str = "") -> str:
+    """The message of a request above ``max_request_size``: ``what`` it is, its ``size`` in bytes
+    (``how`` they were counted)."""
+    return f"{what} {size:,} bytes{how}, above the limit of {limit:,} ({MAX_REQUEST_SIZE})"
 
 
 def memory_limit(proc: str = "/proc/self") -> Tuple[int, str]:
@@ -134,7 +169,7 @@ class BodyTooLarge(Exception):
 
 
 class BodyLimit:
-    """ASGI middleware bounding request bodies (``engine_http``'s docstring):
+    """ASGI middleware bounding request bodies, the REST side of this module's limits:
 
     - one body above ``max_request_size``: 413, by its Content-Length before anything is read, or,
       sent chunked, as soon as what has arrived passes the limit; the body is never held whole;
@@ -207,11 +242,14 @@ class BodyLimit:
             await self.refuse(scope, send, *refusal)
 
     def too_large(self, size: int, qualifier: str = "") -> str:
-        return f"the request body is {qualifier}{size:,} bytes, above the limit of {self.limit:,} (max_request_size)"
+        return too_large_message(f"the request body is {qualifier}".rstrip(), size, self.limit)
 
     @staticmethod
     async def refuse(scope, send, status: int, message: str):
+        from starlette.responses import JSONResponse  # imported here: the CLI reads this module's limits
+
         kind = {408: "RequestTimeout", 413: "RequestEntityTooLarge", 503: "ServiceUnavailableException"}[status]
-        body = {"code": status, "type": kind, "message": message, "error": message}
         headers = {"Retry-After": "1"} if status == 503 else None
-        await JSONResponse(body, status_code=status, headers=headers)(scope, None, send)
+        await JSONResponse(error_body(status, kind, message, kserve=True), status_code=status, headers=headers)(
+            scope, None, send
+        )

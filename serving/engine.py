@@ -22,16 +22,16 @@ model-config.yaml), runs each model version's ``minWorkers`` as TorchServe's own
 
 Every listener binds ``--host``. Nothing here changes state: there is no register, scale, load or
 unload call, over REST or gRPC (TorchServe's model API and KServe's repository API are absent).
-A request body above ``max_request_size`` (config.properties, TorchServe's 6.5 MB by default) is
-refused with 413 before it is read whole; an answer above ``max_response_size`` fails alone with
-TorchServe's 500 and is never held (``ts_wire.Stream.reply``). Bodies in flight and slow bodies:
-``serving/engine_http.py``. Needs ``torchserve`` (its worker, not its frontend).
+Request bodies are bounded by ``serving/body_limit.py`` (``max_request_size`` from config.properties,
+TorchServe's 6.5 MB by default: 413 before the body is read whole; bodies in flight; slow bodies),
+request heads and connections by ``serving/engine_http.py``; an answer above ``max_response_size``
+fails alone with TorchServe's 500 and is never held (``ts_wire.Stream.reply``). Needs ``torchserve``
+(its worker, not its frontend).
 """
 
 import argparse
 import asyncio
 import importlib
-import json
 import logging
 import os
 import shutil
@@ -49,6 +49,7 @@ from starlette.routing import Route
 
 from handlers import identity, signing
 from handlers.archives import ArchiveError
+from handlers.errors import error_body, with_kserve_error
 
 from . import engine_http, ts_config
 from .body_limit import BODY_IDLE_TIMEOUT, BodyLimit, InFlight, max_inflight_bytes
@@ -101,6 +102,11 @@ class Engine:
     def ready(self) -> bool:
         return all(model.ready for model in self.all())
 
+    @property
+    def body_idle_timeout(self) -> float:
+        """Seconds a request body may pause while it arrives, and a client not read its answer (body_limit.py)."""
+        return self.frontend.body_idle_timeout or BODY_IDLE_TIMEOUT
+
     async def start(self):
         """Start every model's workers at once; RuntimeError naming the model when one cannot load."""
         models = self.all()
@@ -122,10 +128,7 @@ class Engine:
 
 # ---- HTTP ---------------------------------------------------------------------------------------
 def error(status: int, kind: str, message: str, kserve: bool = False) -> JSONResponse:
-    body = {"code": status, "type": kind, "message": message}
-    if kserve:
-        body["error"] = message  # what KServe's own errors carry
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(error_body(status, kind, message, kserve), status_code=status)
 
 
 def not_found(name: str, version: Optional[str], kserve: bool = False) -> JSONResponse:
@@ -138,13 +141,7 @@ def http_answer(response: Response, kserve: bool = False) -> HttpResponse:
     carries KServe's ``error`` key."""
     body = response.body or b""
     if kserve and response.status >= 400:
-        try:
-            parsed = json.loads(body)
-        except ValueError:
-            parsed = None
-        if isinstance(parsed, dict) and "error" not in parsed:
-            parsed["error"] = parsed.get("message", body.decode("utf-8", errors="replace"))
-            body = json.dumps(parsed).encode()
+        body = with_kserve_error(body)
     headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "ts_stream_next")}
     fields = [*headers.items(), ("content-type", response.content_type or "")]
     if not 200 <= response.status <= 599 or not all(map(header_safe, (part for field in fields for part in field))):
@@ -170,31 +167,29 @@ async def disconnected(http: HttpRequest):
         pass
 
 
-def build_app(engine: Engine) -> Starlette:
-    async def forward(http: HttpRequest, model: Optional[ModelWorkers], kserve: bool) -> HttpResponse:
-        if model is None:
-            return not_found(http.path_params["name"], http.path_params.get("version"), kserve)
-        body = await http.body()
-        headers = {k: v for k, v in http.headers.items() if k not in HOP_HEADERS}
-        answer = asyncio.ensure_future(model.submit(Request(body, headers)))
-        gone = asyncio.ensure_future(disconnected(http))
-        await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if not answer.done():  # the client left: its request is dropped from the queue, not run
-            answer.cancel()
-            return HttpResponse(status_code=499)
-        gone.cancel()
-        return http_answer(answer.result(), kserve)
+async def forward(http: HttpRequest, model: Optional[ModelWorkers], kserve: bool) -> HttpResponse:
+    """One inference request to its model's workers, and their answer back (499, nothing run, when the
+    client leaves first: its request is dropped from the queue)."""
+    if model is None:
+        return not_found(http.path_params["name"], http.path_params.get("version"), kserve)
+    body = await http.body()
+    headers = {k: v for k, v in http.headers.items() if k not in HOP_HEADERS}
+    answer = asyncio.ensure_future(model.submit(Request(body, headers)))
+    gone = asyncio.ensure_future(disconnected(http))
+    await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if not answer.done():  # the client left: its request is dropped from the queue, not run
+        answer.cancel()
+        return HttpResponse(status_code=499)
+    gone.cancel()
+    return http_answer(answer.result(), kserve)
+
+
+def torchserve_routes(engine: Engine) -> List[Route]:
+    """TorchServe's inference and read-only management API, and its metrics."""
 
     async def predictions(http: HttpRequest):
         name, version = http.path_params["name"], http.path_params.get("version")
         return await forward(http, engine.find(name, version), kserve=False)
-
-    async def v1_predict(http: HttpRequest):
-        return await forward(http, engine.find(http.path_params["name"]), kserve=True)
-
-    async def v2_infer(http: HttpRequest):
-        name, version = http.path_params["name"], http.path_params.get("version")
-        return await forward(http, engine.find(name, version), kserve=True)
 
     async def ping(_):
         healthy = engine.ready
@@ -213,6 +208,31 @@ def build_app(engine: Engine) -> Starlette:
         if not found:
             return not_found(name, version)
         return JSONResponse([describe_model(m) for m in found])
+
+    async def metrics(_):  # rendered off the event loop: requests go on while a large exposition is made
+        text, kind = await asyncio.get_running_loop().run_in_executor(None, engine.metrics.render)
+        return HttpResponse(text, media_type=kind)
+
+    return [
+        Route("/ping", ping, methods=["GET", "POST"]),
+        Route("/predictions/{name}", predictions, methods=["POST", "PUT"]),
+        Route("/predictions/{name}/{version}", predictions, methods=["POST", "PUT"]),
+        Route("/models", list_models, methods=["GET"]),
+        Route("/models/{name}", describe, methods=["GET"]),
+        Route("/models/{name}/{version}", describe, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+
+
+def kserve_routes(engine: Engine) -> List[Route]:
+    """KServe v1 and v2 REST: inference, health, model metadata and readiness."""
+
+    async def v1_predict(http: HttpRequest):
+        return await forward(http, engine.find(http.path_params["name"]), kserve=True)
+
+    async def v2_infer(http: HttpRequest):
+        name, version = http.path_params["name"], http.path_params.get("version")
+        return await forward(http, engine.find(name, version), kserve=True)
 
     async def v1_models(_):
         return JSONResponse({"models": sorted(engine.defaults)})
@@ -249,18 +269,8 @@ def build_app(engine: Engine) -> Starlette:
             return not_found(name, version, kserve=True)
         return JSONResponse({"name": name, "ready": model.ready}, status_code=200 if model.ready else 503)
 
-    async def metrics(_):  # rendered off the event loop: requests go on while a large exposition is made
-        text, kind = await asyncio.get_running_loop().run_in_executor(None, engine.metrics.render)
-        return HttpResponse(text, media_type=kind)
-
     infer = ["POST"]
-    routes = [
-        Route("/ping", ping, methods=["GET", "POST"]),
-        Route("/predictions/{name}", predictions, methods=["POST", "PUT"]),
-        Route("/predictions/{name}/{version}", predictions, methods=["POST", "PUT"]),
-        Route("/models", list_models, methods=["GET"]),
-        Route("/models/{name}", describe, methods=["GET"]),
-        Route("/models/{name}/{version}", describe, methods=["GET"]),
+    return [
         Route("/v1/models", v1_models, methods=["GET"]),
         Route("/v1/models/{name}", v1_model, methods=["GET"]),
         Route("/v1/models/{name}:predict", v1_predict, methods=infer),
@@ -273,11 +283,15 @@ def build_app(engine: Engine) -> Starlette:
         Route("/v2/models/{name}/versions/{version}", v2_model, methods=["GET"]),
         Route("/v2/models/{name}/versions/{version}/ready", v2_model_ready, methods=["GET"]),
         Route("/v2/models/{name}/versions/{version}/infer", v2_infer, methods=infer),
-        Route("/metrics", metrics, methods=["GET"]),
     ]
-    app = Starlette(routes=routes)
-    idle = engine.frontend.body_idle_timeout or BODY_IDLE_TIMEOUT
-    app.add_middleware(BodyLimit, limit=engine.frontend.max_request_size, inflight=engine.inflight, idle=idle)
+
+
+def build_app(engine: Engine) -> Starlette:
+    """The engine's REST app: TorchServe's routes and KServe's, every request body bounded (``BodyLimit``)."""
+    app = Starlette(routes=torchserve_routes(engine) + kserve_routes(engine))
+    app.add_middleware(
+        BodyLimit, limit=engine.frontend.max_request_size, inflight=engine.inflight, idle=engine.body_idle_timeout
+    )
     return app
 
 
@@ -396,8 +410,7 @@ async def serve(engine: Engine, args) -> int:
     """Listen, load every model, and serve until SIGTERM/SIGINT: 0, or 1 when a model cannot load or
     a port cannot be bound (the reason on stderr)."""
     loop = asyncio.get_running_loop()
-    idle = engine.frontend.body_idle_timeout or BODY_IDLE_TIMEOUT
-    http = engine_http.server(build_app(engine), args.host, args.http_port, send_timeout=idle)
+    http = engine_http.server(build_app(engine), args.host, args.http_port, send_timeout=engine.body_idle_timeout)
     stopping = asyncio.Event()
 
     def stop():

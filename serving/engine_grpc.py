@@ -36,8 +36,11 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as pb_grpc
 from kserve.protocol.infer_type import InferResponse, to_http_parameters
 
-from handlers.protocol import HEADER, NUMERIC, encode_tensor, header_length, numpy, to_json
+from handlers.json_body import numpy, to_json
+from handlers.v2_binary import encode_tensor, header_length
+from handlers.v2_tensors import HEADER, NUMERIC
 
+from .body_limit import too_large_message
 from .ts_wire import Request, Response
 
 STATUS = {
@@ -129,10 +132,8 @@ def weigh(data: bytes, limit: int):
         raise ValueError("the request is no protobuf message (it ends inside a field)") from None
     size = len(data) + expansion
     if size > limit:
-        raise ValueError(
-            f"the request made of this call would be {size:,} bytes (typed integers at 8 bytes each), above the "
-            f"limit of {limit:,} (max_request_size)"
-        )
+        what, how = "the request made of this call would be", " (typed integers at 8 bytes each)"
+        raise ValueError(too_large_message(what, size, limit, how))
     return size, parts
 
 

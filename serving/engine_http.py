@@ -6,21 +6,15 @@
   long tokens and tracing headers.
 - **Slow clients**: a request head must arrive within ``HEAD_TIMEOUT`` seconds of its first byte
   (or of the connection's opening); a client trickling headers (slowloris) is disconnected.
-- **Bodies in flight** (``body_limit.py``): what all requests' bodies hold together (being received,
-  queued, at a worker), REST and gRPC alike, may be at most ``--max_inflight_bytes`` (default: a
-  quarter of the memory the process may use, ``memory_limit()``: the smallest limit of its memory
-  cgroup and the groups above it, read through ``/proc/self/cgroup``, or the machine's memory; logged
-  at start); a REST request whose body would pass it gets 503 with ``Retry-After``, a gRPC call
-  UNAVAILABLE, with the same message (``InFlight``: the one counter both use). A body must keep
-  arriving: ``--body_idle_timeout`` seconds (``BODY_IDLE_TIMEOUT``) without a byte of it end the
-  request (408); once the body is whole, only the model's ``responseTimeout`` bounds the answer.
+- **Request bodies** (their size, all of them in flight, a body that stops arriving) are bounded by
+  ``body_limit.py``, where each of those limits is defined and enforced (``BodyLimit``).
 - **Clients that do not read their answer**: an answer's bytes waiting for the client count
-  against the same bound on bodies in flight while the server waits to send them
-  (``BodyLimit``), and a connection whose client reads nothing (the send buffer not drained from
-  its high to its low water mark, 48 KiB) for ``--body_idle_timeout`` seconds is aborted, its
-  buffered answer dropped (``BoundedHttp.pause_writing``); memory freed goes back to the system
-  (``engine.return_freed_memory``): 12 clients not reading 15 MB answers no longer hold 180 MB for
-  as long as they keep their sockets open.
+  against the bound on bodies in flight while the server waits to send them (``BodyLimit``), and a
+  connection whose client reads nothing (the send buffer not drained from its high to its low
+  water mark, 48 KiB) for ``--body_idle_timeout`` seconds is aborted, its buffered answer dropped
+  (``BoundedHttp.pause_writing``); memory freed goes back to the system (``return_freed_memory`` in
+  engine.py): 12 clients not reading 15 MB answers no longer hold 180 MB for as long as they keep
+  their sockets open.
 - **Connections** at once: at most ``max_connections()`` (below the process's open-file limit, so
   that the workers can always be restarted); above it uvicorn answers 503.
 - **Stopping**: no signal handling of uvicorn's own (the engine stops on SIGTERM/SIGINT itself and
@@ -34,6 +28,8 @@ import resource
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from handlers.errors import error_body
 
 from .body_limit import BODY_IDLE_TIMEOUT
 
@@ -113,7 +109,7 @@ class BoundedHttp(HttpToolsProtocol):
 
     def _refuse_head(self):
         message = f"the request line and headers are above {MAX_HEAD_BYTES:,} bytes"
-        body = json.dumps({"code": 431, "type": "RequestHeaderFieldsTooLarge", "message": message, "error": message})
+        body = json.dumps(error_body(431, "RequestHeaderFieldsTooLarge", message, kserve=True))
         head = (
             "HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"

@@ -43,7 +43,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from .engine_workers import METRICS_YAML, worker_log_line
+from .engine_workers import worker_log_line
+from .worker_process import METRICS_YAML
 
 # [METRICS]HandlerTime.ms:12.3|#ModelName:resnet18,Level:Model|#type:GAUGE|#hostname:h,1700000000,req
 METRIC_LINE = re.compile(

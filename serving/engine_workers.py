@@ -1,327 +1,49 @@
-"""The tsctl engine's workers: TorchServe's own Python worker processes, driven as its frontend drives them.
-
-Each worker is ``ts/model_service_worker.py`` (the file TorchServe's Java frontend starts), run the
-way the frontend runs it: in the unpacked archive's directory, with that directory on
-``PYTHONPATH``, ``TS_DECODE_INPUT_REQUEST`` from the config, listening on a Unix socket of its own.
-The engine connects, sends the load command (model name and directory, handler, batch size, gpu,
-envelope, limitMaxImagePixels) and then one inference command per batch, in the frontend's binary
-protocol (``encode_load``, ``encode_batch``); the reply is read back as the frontend reads it
-(``read_reply``: per request the status, content type, headers and body the handler set). So an
-archive runs in its own process with its own imports, exactly as on TorchServe: no module swapping,
-and one model's crash is that worker's alone.
+"""The tsctl engine's workers: each model version's queue and its TorchServe worker processes
+(worker_process.py: one process, started and driven as TorchServe's frontend drives it).
 
 ``ModelWorkers`` is one model version on the engine: a bounded job queue (``job_queue_size``; a
 full queue answers 503), batches gathered as TorchServe gathers them (up to ``batchSize`` within
 ``maxBatchDelay`` ms of the first request), and ``minWorkers`` workers each taking the next batch.
+``open_model`` unpacks and checks an archive and makes its workers' environment.
 
 - **A worker that dies** (killed, out of memory, a handler calling ``sys.exit``) fails only the
   batch it held, as soon as its process ends (its socket shut down, even while a child it forked
   holds it): each of its requests gets 503 with the cause; a batch gathered but not yet sent goes
-  back to the queue for the next free worker. Each worker runs in a process group of its own and is
-  killed with it (``kill_group``): what it forked dies with it. A reply that does not parse
-  (``BrokenReply``: a handler wrote to the worker's socket) fails its batch with 500 and the worker
-  is killed, so the next requests meet a clean stream; any other error in a batch too (logged): the
-  serve loop never ends before the engine, and a model whose loop has ended is not ready. The
-  worker is started again, after 0, 1, 1, 2, 3, 5... seconds as TorchServe backs off.
+  back to the queue for the next free worker. A reply that does not parse (``BrokenReply``: a
+  handler wrote to the worker's socket) fails its batch with 500 and the worker is killed, so the
+  next requests meet a clean stream; any other error in a batch too (logged): the serve loop never
+  ends before the engine, and a model whose loop has ended is not ready. The worker is started
+  again, after 0, 1, 1, 2, 3, 5... seconds as TorchServe backs off.
 - **responseTimeout** is enforced per batch: a worker that has not answered in time is killed, its
   requests get 503 naming the timeout, and it is started again.
-- **max_response_size** is enforced per answer as the worker's reply is read (``Stream.reply``),
-  its headers, content type and reason phrase counted with its body: an answer above it gets 500
-  with TorchServe's message, its bytes dropped as they come; the worker and the batch's other
-  answers are kept. An answer to a request id the batch does not hold is dropped as it comes.
 - **Threads.** Each worker gets ``OMP_NUM_THREADS`` = the cores divided among the model's workers
   (unless the environment sets it), as the toolkit handlers divide them on TorchServe.
-- **Metrics.** The worker is started through ``serving/worker_launch.py``, which sends the records
-  of TorchServe's metrics logger (``ts.metrics.caching_metric``: ``HandlerTime``, ``PredictionTime``,
-  a handler's own ``context.metrics``) to a pipe of their own, one record a line, and then runs
-  ``model_service_worker.py`` unchanged. Those lines are handed to ``on_metric``; what the worker
-  writes on stdout and stderr is only log text for the ``tsctl.worker`` log, even a line starting
-  with ``[METRICS]`` (a handler printing a request's data cannot forge a metric).
-- **Output volume.** A worker's log lines are logged up to ``WORKER_LOG_RATE`` bytes a second (after
-  a burst of ``WORKER_LOG_BURST``); the rest is dropped and counted in one line once logging resumes,
-  so that a handler printing without end cannot fill the disk or spend the engine's CPU on logging.
+- **Logs.** What a worker writes on stdout and stderr goes to the ``tsctl.worker`` log
+  (``worker_log_line``), within worker_process.py's output budget.
 """
 
 import asyncio
 import collections
-import json
 import logging
 import os
-import re
-import signal
-import socket
-import struct
 import subprocess
-import sys
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Deque, Dict, List, Optional
-
-import ts
+from typing import Callable, Deque, List, Optional
 
 from handlers.archives import Archive, opened, printable
+from handlers.errors import frontend_error
 
 from .ts_config import Frontend, ModelSpec
-from .ts_wire import (
-    BrokenReply,
-    Request,
-    Response,
-    Stream,
-    WorkerDied,
-    batch_error,
-    cause_of,
-    encode_batch,
-    encode_load,
-)
+from .ts_wire import BrokenReply, Request, Response, WorkerDied, batch_error
+from .worker_process import NotSent, WorkerProcess, kill_group, start_worker
 
 logger = logging.getLogger("tsctl.engine")
 worker_log = logging.getLogger("tsctl.worker")
 
-WORKER_SCRIPT = os.path.join(os.path.dirname(ts.__file__), "model_service_worker.py")
-LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_launch.py")
-METRICS_YAML = os.path.join(os.path.dirname(ts.__file__), "configs", "metrics.yaml")
 BACKOFF = (0, 1, 1, 2, 3, 5, 8, 13, 21, 34)  # seconds before each restart, as TorchServe's
-LOAD_TIMEOUT = 300.0  # s for a worker to start and load its model
-MAX_LINE = 64 << 10  # bytes of one worker output line kept; the rest of a longer line is dropped
-WORKER_LOG_RATE = 1 << 20  # bytes a second of one worker's output logged, once WORKER_LOG_BURST is spent
-WORKER_LOG_BURST = 4 << 20  # bytes of one worker's output logged at once
-PYTHON_ERROR = re.compile(r"^\s*(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception)\b:.*")
-
-
-class NotSent(Exception):
-    """The batch never reached the worker (its process had already ended): it may go to another."""
-
-
-# ---- One worker process -------------------------------------------------------------------------
-class WorkerProcess:
-    """One running ``model_service_worker.py`` with the model loaded, and its socket."""
-
-    def __init__(self, process: subprocess.Popen, sock: socket.socket, stream: Stream, started: float,
-                 max_response_size: int = 6553500):  # fmt: skip
-        self.process, self.sock, self.stream, self.started = process, sock, stream, started
-        self.max_response_size = max_response_size
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def predict(self, requests: List[Request]) -> List[Response]:
-        """One batch, blocking: NotSent if it never reached the worker, WorkerDied if the worker
-        ended while it held the batch."""
-        ids = [str(uuid.uuid4()) for _ in requests]
-        pieces = encode_batch(requests, ids)
-        if not self.alive():
-            raise NotSent()
-        try:
-            for piece in pieces:  # a batch cut short is not one the worker can run: not sent either
-                self.sock.sendall(piece)
-        except OSError:
-            raise NotSent() from None
-        answers: Dict[str, Response] = {}
-        parts: Dict[str, List[bytes]] = {}  # a streamed answer's chunks, joined once at its end
-        sizes: Dict[str, int] = {}  # each answer's bytes so far, against max_response_size (Stream.reply)
-        try:
-            while True:  # a streaming handler (ts_stream_next) answers in several replies
-                code, message, got = self.stream.reply(self.max_response_size, sizes, ids)
-                if code != 200:
-                    return batch_error(code, message, len(ids))
-                for request_id, response in got.items():
-                    if request_id not in answers or sizes[request_id] < 0:  # its first chunk, or too large
-                        answers[request_id], parts[request_id] = response, [response.body or b""]
-                    else:
-                        answers[request_id].headers.update(response.headers)
-                        parts[request_id].append(response.body or b"")
-                if all(i in answers and answers[i].headers.get("ts_stream_next") != "true" for i in ids):
-                    break
-        except (OSError, struct.error) as exc:
-            raise WorkerDied(str(exc)) from None
-        for request_id, chunks in parts.items():
-            if len(chunks) > 1:
-                answers[request_id].body = b"".join(chunks)
-        return [answers[i] for i in ids]
-
-    def kill(self):
-        """End the worker and whatever it forked (its process group, ``start_worker``), and shut its socket
-        down so that a predict blocked on it returns at once, even while a forked child still holds it."""
-        kill_group(self.process)
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
-
-
-def kill_group(process: subprocess.Popen):
-    """SIGKILL to a worker's process group: the worker and every process it forked, even once it has
-    ended (TorchServe's frontend kills the worker process alone: a forked child would outlive it holding
-    its socket and pipes)."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except OSError:  # the group is gone: the worker and all its children have ended
-        pass
-
-
-def start_worker(
-    spec: ModelSpec,
-    model_dir: Path,
-    handler: str,
-    frontend: Frontend,
-    socket_path: str,
-    env: dict,
-    on_line: Callable[[str], None],
-    on_spawn: Callable[[subprocess.Popen], None] = lambda process: None,
-    on_metric: Optional[Callable[[str], None]] = None,
-) -> WorkerProcess:
-    """Start a worker process and load the model in it, as the frontend does, within
-    ``LOAD_TIMEOUT``; raises RuntimeError with the worker's own last error when it cannot load.
-    ``on_line`` gets its log lines (within ``WORKER_LOG_RATE``), ``on_metric`` the lines of its
-    metrics logger (None: they are log lines too); ``on_spawn`` gets the process as soon as it runs
-    (so that a stopping engine can end a load)."""
-    try:
-        os.unlink(socket_path)
-    except FileNotFoundError:
-        pass
-    metrics = frontend.metrics_config or METRICS_YAML
-    metric_read, metric_write = os.pipe()
-    command = [sys.executable, LAUNCHER, str(metric_write), WORKER_SCRIPT, "--sock-type", "unix"]
-    command += ["--sock-name", socket_path, "--metrics-config", metrics]
-    started = time.time()
-    try:
-        process = subprocess.Popen(
-            command,
-            cwd=model_dir,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            pass_fds=(metric_write,),
-            process_group=0,  # its own group, the engine's session: kill_group ends what it forks with it
-        )
-    except BaseException:
-        os.close(metric_read)
-        raise
-    finally:
-        os.close(metric_write)
-    on_spawn(process)
-    lines: Deque[str] = collections.deque(maxlen=200)
-    budget = OutputBudget(WORKER_LOG_RATE, WORKER_LOG_BURST)
-
-    def log_line(line: str):
-        lines.append(line)
-        if budget.take(len(line)):
-            if budget.dropped:
-                on_line(budget.dropped_note())
-            on_line(line)
-
-    readers = [
-        threading.Thread(target=read_lines, args=(process.stdout, log_line), name=f"out-{spec.name}-{process.pid}"),
-        threading.Thread(
-            target=read_lines,
-            args=(os.fdopen(metric_read, "rb"), on_metric or log_line),
-            name=f"metrics-{spec.name}-{process.pid}",
-        ),
-    ]
-    for reader in readers:
-        reader.daemon = True
-        reader.start()
-    deadline = time.monotonic() + LOAD_TIMEOUT
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        while True:  # the worker binds its socket once its imports are done
-            if process.poll() is not None:
-                raise WorkerDied(f"the worker exited with code {process.returncode}")
-            try:
-                sock.connect(socket_path)
-                break
-            except (FileNotFoundError, ConnectionRefusedError):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the worker did not listen within {LOAD_TIMEOUT:.0f}s") from None
-                time.sleep(0.05)
-        sock.settimeout(max(1.0, deadline - time.monotonic()))  # the load, too, within LOAD_TIMEOUT
-        sock.sendall(
-            encode_load(
-                spec.name, model_dir, handler, spec.batch_size, frontend.envelope, frontend.limit_max_image_pixels
-            )
-        )
-        stream = Stream(sock)
-        code, message = stream.int(), stream.field().decode("utf-8", errors="replace")
-        stream.int()  # the empty prediction list
-        if code != 200:
-            raise WorkerDied(f"{code} {message}")
-        sock.settimeout(None)
-    except BaseException as exc:
-        sock.close()
-        if not isinstance(exc, WorkerDied):
-            kill_group(process)
-        try:
-            process.wait(5)  # a worker whose load failed exits by itself, its traceback written
-        except subprocess.TimeoutExpired:
-            kill_group(process)
-            process.wait()
-        kill_group(process)  # what it forked
-        readers[0].join(5)  # every line it wrote read: its own error is among them
-        if isinstance(exc, WorkerDied):
-            raise RuntimeError(_last_error(lines) or str(exc)) from None
-        if isinstance(exc, socket.timeout):
-            raise RuntimeError(f"the worker did not load the model within {LOAD_TIMEOUT:.0f}s") from None
-        if isinstance(exc, OSError):
-            raise RuntimeError(f"the worker could not be started: {exc}") from None
-        raise
-    return WorkerProcess(process, sock, stream, started, frontend.max_response_size)
-
-
-def read_lines(stream, handle: Callable[[str], None]):
-    """Each line of ``stream`` (a worker's pipe) to ``handle``, until it closes; of a line longer than
-    ``MAX_LINE`` only the beginning."""
-    with stream:
-        cut = False  # inside the rest of a line longer than MAX_LINE
-        while True:
-            raw = stream.readline(MAX_LINE)
-            if not raw:
-                return
-            if not cut:
-                handle(raw.decode("utf-8", errors="replace").rstrip("\n"))
-            cut = not raw.endswith(b"\n")
-
-
-class OutputBudget:
-    """How much of a worker's output is logged: ``rate`` bytes a second after a burst of ``burst``
-    (a token bucket); ``take`` says whether a line is, and counts those that are not."""
-
-    def __init__(self, rate: float, burst: float):
-        self.rate, self.burst, self.tokens, self.at = rate, burst, burst, time.monotonic()
-        self.dropped = self.dropped_bytes = 0
-        self.lock = threading.Lock()  # a worker's stdout and (without on_metric) its metrics reader share it
-
-    def take(self, size: int) -> bool:
-        with self.lock:
-            now = time.monotonic()
-            self.tokens, self.at = min(self.burst, self.tokens + (now - self.at) * self.rate), now
-            if size <= self.tokens:
-                self.tokens -= size
-                return True
-            self.dropped += 1
-            self.dropped_bytes += size
-            return False
-
-    def dropped_note(self) -> str:
-        """The line logged in place of the lines dropped since the last (and the count reset)."""
-        note = (
-            f"[tsctl] {self.dropped:,} lines ({self.dropped_bytes:,} bytes) of this worker's output were not logged: "
-            f"above {WORKER_LOG_RATE:,} bytes a second (WORKER_LOG_RATE)"
-        )
-        self.dropped = self.dropped_bytes = 0
-        return note
 
 
 def worker_log_line(worker, line: str):
@@ -331,12 +53,6 @@ def worker_log_line(worker, line: str):
     if "Backend received inference at" in line:
         return
     worker_log.info("[%s w%d] %s", printable(worker.owner.label), worker.index, printable(line))
-
-
-def _last_error(lines) -> Optional[str]:
-    """The worker's own last Python error line (``ts_wire.cause_of``), escaped as its log line is."""
-    error = cause_of([line.strip() for line in lines if PYTHON_ERROR.match(line)])
-    return None if error is None else printable(error)
 
 
 # ---- A model version's queue and workers ---------------------------------------------------------
@@ -398,8 +114,7 @@ class JobQueue:
 
 def unavailable(message: str, status: int = 503) -> Response:
     """The frontend's answer for a request no worker could answer."""
-    body = json.dumps({"code": status, "type": "ServiceUnavailableException", "message": message}, indent=2)
-    return Response(status, body.encode(), "application/json")
+    return Response(status, frontend_error(status, "ServiceUnavailableException", message), "application/json")
 
 
 class Worker:

@@ -33,7 +33,8 @@ step's raw output (its first tensor, one row per image) and answers the handler'
 
 ``parameters.extra`` (written by ``tsctl serve --engine mlserver`` and ``tsctl export seldon`` from
 config.properties or model-config.yaml): ``minWorkers``, ``batchSize``, ``maxBatchDelay``,
-``responseTimeout``, ``jobQueueSize``, ``maxRequestSize``, ``publicKey``, ``metricsConfig``, ``role``.
+``responseTimeout``, ``jobQueueSize``, ``publicKey``, ``metricsConfig``, ``role``. (A request body's
+limit is MLServer's REST app's, ``max_request_size`` in body_limit.py: mlserver_start.py reads it.)
 """
 
 import asyncio
@@ -54,6 +55,7 @@ from mlserver.utils import get_model_uri
 
 from handlers import identity, protocol
 from handlers.archives import Archive
+from handlers.errors import error_message
 
 from .engine_workers import ModelWorkers, open_model
 from .ts_config import Frontend, ModelSpec
@@ -211,7 +213,6 @@ def model_spec(name: str, version: str, archive: Path, extra: Dict[str, Any]) ->
     spec.max_workers = spec.min_workers
     frontend = Frontend()
     frontend.job_queue_size = int(extra.get("jobQueueSize", frontend.job_queue_size))
-    frontend.max_request_size = int(extra.get("maxRequestSize", frontend.max_request_size))
     frontend.public_key = extra.get("publicKey") or None
     frontend.metrics_config = extra.get("metricsConfig") or None
     return spec, frontend
@@ -248,7 +249,7 @@ def response_of(answer: Response, name: str, version) -> InferenceResponse:
     """The handler's answer as MLServer's response, or an ``MLServerError`` with its status and
     message (MLServer answers ``{"error": message}`` with that status; gRPC maps it)."""
     if answer.status >= 400:
-        raise MLServerError(error_message(answer), status_code=answer.status)
+        raise MLServerError(error_message(answer.body), status_code=answer.status)
     try:
         body = json.loads(answer.body)
         if not isinstance(body, dict) or "outputs" not in body:
@@ -269,14 +270,3 @@ def response_of(answer: Response, name: str, version) -> InferenceResponse:
             f"{bytes(answer.body or b'')[:200]!r}",
             status_code=500,
         ) from None
-
-
-def error_message(answer: Response) -> str:
-    """The message of a handler's or worker's error body (``{"message": ...}``), else its text."""
-    try:
-        body = answer.json()
-    except (ValueError, UnicodeDecodeError):
-        return bytes(answer.body or b"").decode("utf-8", errors="replace")[:2000]
-    if isinstance(body, dict):
-        return str(body.get("message") or body.get("error") or body)
-    return str(body)

@@ -12,9 +12,9 @@ MLServer's CLI runs, this wraps the function its REST server builds its app with
   (``POST /v2/repository/index``, read-only) stays. Seldon Core 2's agent loads and unloads models over
   gRPC only (its control plane), and its REST reverse proxy forwards any path to MLServer: so its image
   starts MLServer this way too;
-- every request body is bounded as the tsctl engine bounds them (``body_limit.BodyLimit``: 413 above
-  ``TSCTL_MAX_REQUEST_SIZE`` bytes, TorchServe's ``max_request_size`` default unless set, before the
-  body is read whole; 503 past the bodies in flight ``body_limit.max_inflight_bytes`` allows).
+- every request body is bounded as the tsctl engine bounds them (body_limit.py: 413 above
+  ``max_request_size``, read from ``TSCTL_MAX_REQUEST_SIZE``, before the body is read whole; 503
+  past the bodies in flight ``max_inflight_bytes`` allows).
 
 ``--read-only`` (``tsctl serve --engine mlserver``) also refuses load and unload over gRPC: MLServer's
 ``ModelRepositoryHandlers``, which both its REST and gRPC servers call, is replaced by one whose
@@ -22,30 +22,21 @@ MLServer's CLI runs, this wraps the function its REST server builds its app with
 or patched on disk; the rest runs as ``mlserver start`` runs it.
 """
 
-import os
 import sys
 from typing import List
 
 REPOSITORY_CHANGES = ("/v2/repository/models/{model_name}/load", "/v2/repository/models/{model_name}/unload")
-MAX_REQUEST_SIZE_VARIABLE = "TSCTL_MAX_REQUEST_SIZE"
 REFUSAL = "this server's models are fixed at its start: the model repository's load and unload calls are off"
-
-
-def max_request_size() -> int:
-    from .ts_config import Frontend
-
-    text = os.environ.get(MAX_REQUEST_SIZE_VARIABLE, "").strip()
-    return int(text) if text.isdigit() and int(text) > 0 else Frontend().max_request_size
 
 
 def bounded_app(create_app):
     """``create_app`` whose app has no repository load/unload routes and bounds request bodies."""
-    from .body_limit import BodyLimit, InFlight, max_inflight_bytes
+    from .body_limit import BodyLimit, InFlight, max_inflight_bytes, max_request_size_from_environment
 
     def create(*args, **kwargs):
         app = create_app(*args, **kwargs)
         app.router.routes = [r for r in app.router.routes if getattr(r, "path", None) not in REPOSITORY_CHANGES]
-        limit = max_request_size()
+        limit = max_request_size_from_environment()
         app.add_middleware(BodyLimit, limit=limit, inflight=InFlight(max_inflight_bytes(limit)[0]))
         return app
 

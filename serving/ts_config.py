@@ -22,6 +22,8 @@ from typing import Dict, List, Optional
 
 from handlers.archives import MAX_CONFIG_BYTES, ArchiveLike, opened  # noqa: F401 - MAX_CONFIG_BYTES: callers'
 
+from .body_limit import DEFAULT_MAX_REQUEST_SIZE, MAX_REQUEST_SIZE
+
 SNAPSHOT_KEYS = ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout")
 SNAPSHOT_DEFAULTS = {"minWorkers": 1, "maxWorkers": 1, "batchSize": 1, "maxBatchDelay": 100, "responseTimeout": 120}
 # The least value of each worker setting (settings_problem): TorchServe 0.12's ModelConfig ignores, with a log
@@ -138,10 +140,10 @@ class ModelSpec:
 class Frontend:
     """What TorchServe's frontend does with a request before and around the worker, from the config."""
 
-    max_request_size: int = 6553500  # TorchServe's default
+    max_request_size: int = DEFAULT_MAX_REQUEST_SIZE  # one body (body_limit.py)
     job_queue_size: int = 100  # per model version; a full queue answers 503
-    max_inflight_bytes: Optional[int] = None  # the engine's bodies in flight (None: engine_http's default)
-    body_idle_timeout: Optional[float] = None  # s a body may pause while it arrives (None: engine_http's)
+    max_inflight_bytes: Optional[int] = None  # the engine's bodies in flight (None: body_limit's default)
+    body_idle_timeout: Optional[float] = None  # s a body may pause while it arrives (None: body_limit's)
     max_response_size: int = 6553500  # TorchServe's default: an answer's body (or any field) above it fails
     public_key: Optional[str] = None  # the engine serves only archives signed for it (handlers/signing.py)
     envelope: Optional[str] = None  # service_envelope: kserve / kservev2 wrap non-toolkit handlers
@@ -163,7 +165,7 @@ def frontend_of(properties: Dict[str, str], path) -> Frontend:
             "tsctl engine does not have: set it to true and put authorisation in front (KServe's ingress)"
         )
     frontend = Frontend()
-    frontend.max_request_size = _int(properties, "max_request_size", frontend.max_request_size, path)
+    frontend.max_request_size = _int(properties, MAX_REQUEST_SIZE, frontend.max_request_size, path)
     frontend.max_response_size = _int(properties, "max_response_size", frontend.max_response_size, path)
     frontend.job_queue_size = _int(properties, "job_queue_size", frontend.job_queue_size, path)
     frontend.envelope = properties.get("service_envelope") or None

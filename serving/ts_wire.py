@@ -7,7 +7,7 @@
   back as the frontend reads it: per request the status, content type, headers and body bytes.
 
 Used in-process by ``serving/worker.py`` (LocalModel) and across processes by the tsctl engine
-(``serving/engine_workers.py``); the engine's server process never imports torch.
+(``serving/worker_process.py``); the engine's server process never imports torch.
 """
 
 import json
@@ -17,6 +17,8 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection, Dict, List, Optional, Tuple
+
+from handlers.errors import frontend_error
 
 # A worker's log around a failed load: TorchServe re-raises the real error as "RuntimeError: 500 - ..."
 # and then retries the handler as a built-in ("No module named 'ts.torch_handler.x'"): neither is the cause.
@@ -260,8 +262,8 @@ def too_large(size: int, headers: Optional[dict] = None) -> Response:
     message = (
         f"Message size exceed limit: {size}\nConsider increasing the 'max_response_size' in 'config.properties' to fix."
     )
-    body = json.dumps({"code": 500, "type": "InternalServerException", "message": message}, indent=2)
-    return Response(500, body.encode(), "application/json", dict(headers or {}))
+    body = frontend_error(500, "InternalServerException", message)
+    return Response(500, body, "application/json", dict(headers or {}))
 
 
 def read_reply(reply: bytes, request_ids: List[str]) -> List[Response]:
@@ -275,8 +277,8 @@ def read_reply(reply: bytes, request_ids: List[str]) -> List[Response]:
 def batch_error(code: int, message: str, count: int) -> List[Response]:
     """BatchAggregator.sendResponse for a batch that failed as a whole: every job gets the error."""
     status = 507 if code == 413 else code
-    body = json.dumps({"code": status, "type": "InternalServerException", "message": message}, indent=2)
-    return [Response(status, body.encode(), "application/json") for _ in range(count)]
+    body = frontend_error(status, "InternalServerException", message)
+    return [Response(status, body, "application/json") for _ in range(count)]
 
 
 def read_answers(reply: bytes) -> Tuple[int, str, Dict[str, Response]]:

@@ -37,7 +37,7 @@ from ts.service import Service
 from handlers import log_text
 from handlers.requests import content_type
 
-from .ts_wire import Request, Response, mime_type, read_reply
+from .ts_wire import Request, Response, batch_error, mime_type, read_reply
 
 logger = log_text.logger(__name__)
 
@@ -133,5 +133,4 @@ def predict(service: Service, batch: List[dict]) -> List[Response]:
         if isinstance(exc, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
             raise  # the user's Ctrl-C
         logger.error("the worker would have died: %s: %s", type(exc).__name__, exc, exc_info=True)
-        body = json.dumps({"code": 500, "type": "InternalServerException", "message": "Worker died."}, indent=2)
-        return [Response(500, body.encode(), "application/json") for _ in ids]
+        return batch_error(500, "Worker died.", len(ids))

@@ -8,7 +8,7 @@ records). A frontend reading metrics from stdout also reads any line a handler p
 included. This sends that one logger's records to the pipe ``FD`` instead (one record a line, line
 breaks in a record escaped), then runs ``model_service_worker.py`` unchanged, as ``__main__``, with
 the rest of the arguments: the worker is otherwise exactly TorchServe's (its own ``sys.path``, its
-logging on stdout). The engine reads metrics from ``FD`` only (``engine_workers.start_worker``).
+logging on stdout). The engine reads metrics from ``FD`` only (``worker_process.start_worker``).
 
 Run by path, not with ``-m``: this file's folder is taken off ``sys.path`` first, and the worker's
 path is then the one TorchServe gives it (the model's folder on ``PYTHONPATH``). Standard library only.
