@@ -116,7 +116,7 @@ class Settings:
     max_body_bytes: int = Limits.max_body_bytes  # a request body above this is refused before it is parsed
     max_json_depth: int = Limits.max_json_depth  # nesting of a JSON body
     max_json_values: int = Limits.max_json_values  # values in a JSON body (list items and object members)
-    max_batch_bytes: int = Limits.max_batch_bytes  # memory a whole batch's requests may take once read
+    max_batch_bytes: int = Limits.max_batch_bytes  # memory a batch's requests may take once read (estimated before)
     batch_budget: float = 4.0  # a batch holds at most this many requests' worth of each per-request limit
     decode_threads: int = 1  # decode a batch's inputs in this many threads
     torch_threads: int = 0  # intra-op threads per worker; 0: OMP_NUM_THREADS, else the cores / minWorkers
