@@ -529,16 +529,18 @@ def run(archive, inputs, public_key, expect_name, expect_version, as_json):
     sys.exit(0 if all(r.status == 200 for _, r in answered) else 1)
 
 
-# The archive's own handlers/ copy raises its own ModelLoadError/SettingsError classes: match by name.
+# The archive's own handlers/ copy raises these in its worker: matched by name.
 USER_MISTAKES = {("handlers.loading", "ModelLoadError"), ("handlers.settings", "SettingsError")}
 
 
 def handler_failure(archive, exc: Exception) -> Exception:
     """One line for a handler that failed to load or run in-process: the user's mistake (weights,
     settings: exit 2), else the handler's failure (exit 1)."""
-    if (type(exc).__module__, type(exc).__name__) in USER_MISTAKES:
+    # a LoadError names the exception its worker raised (serving/testing.py)
+    module, _, name = getattr(exc, "error_type", f"{type(exc).__module__}.{type(exc).__name__}").rpartition(".")
+    if (module, name) in USER_MISTAKES:
         return UserError(f"{archive}: {exc}")
-    return ServerError(f"{archive}: the handler failed to load: {type(exc).__name__}: {exc}")
+    return ServerError(f"{archive}: the handler failed to load: {name}: {exc}")
 
 
 def input_file(path: str) -> Path:

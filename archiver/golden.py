@@ -1,7 +1,7 @@
 """``tsctl package --golden DIR`` and ``tsctl verify``: golden answers recorded in, and replayed from,
 an archive (the format: handlers/golden.py).
 
-Recording runs the freshly built archive in-process (``LocalModel``, one request at a time, each
+Recording runs the freshly built archive in a TorchServe worker (``LocalModel``, one request at a time, each
 with the content type its file suffix says) before the archive is moved into place, so a build whose
 golden run fails leaves nothing behind. Replaying compares each answer with the recorded one within
 ``atol``: in-process, or against a server (``--url``) speaking TorchServe's API (``ts``) or KServe's
@@ -89,7 +89,7 @@ def record(
     def each(index: int):
         progress(f"golden: input {index + 1}/{len(requests)} {printable(requests[index][0])}")
 
-    results, settings = in_process(archive, [(body, kind) for _, body, kind in requests], each)
+    results, settings = in_process(archive, [(body, kind) for _, body, kind in requests], each, with_settings=True)
     failed = [(name, answer) for (name, _, _), (status, answer) in zip(requests, results) if status >= 500]
     if failed and not allow_errors:
         name, answer = failed[0]
@@ -239,11 +239,15 @@ def verify(
 
 
 def in_process(
-    archive: Path, requests: List[Tuple[bytes, str]], before_each: Optional[Callable[[int], None]] = None
+    archive: Path,
+    requests: List[Tuple[bytes, str]],
+    before_each: Optional[Callable[[int], None]] = None,
+    with_settings: bool = False,
 ) -> Tuple[List[Tuple[int, Any]], dict]:
     """(status, answer) of each (body, content type), one request at a time as a worker would run
-    it alone; and the handler's settings. ``before_each(i)`` is called before request i runs."""
-    from serving.testing import LocalModel, Request  # torch: only for --golden and in-process verify
+    it alone; and, ``with_settings``, the handler's settings (``handler_settings``; else {}).
+    ``before_each(i)`` is called before request i runs."""
+    from serving.testing import LocalModel, Request  # a worker process: only for --golden and in-process verify
 
     with LocalModel(archive, batch_size=1) as model:
         results = []
@@ -252,8 +256,36 @@ def in_process(
                 before_each(index)
             [response] = model.serve([Request(body, {"Content-Type": kind})])
             results.append((response.status, response.json()))
-        settings = dataclasses.asdict(model.handler.settings) if model.handler is not None else {}
+        settings = handler_settings(model.model_dir, model.manifest, model.record) if with_settings else {}
     return results, settings
+
+
+def handler_settings(model_dir: Path, manifest: dict, record: Optional[dict]) -> dict:
+    """The toolkit handler's settings as its worker reads them: its class's ``Settings`` filled from
+    model-config.yaml's ``handler:`` section. The class is found as packaging finds it, without its
+    model: a toolkit handler's by name (``toolkit.KINDS``), a handler file's by importing the file
+    (``mar._load_handler_file``). {} for a handler that is not a toolkit one (no record)."""
+    import importlib
+
+    from handlers import toolkit
+    from handlers.settings import read_settings
+
+    from .model_config import load_model_config
+
+    if record is None:
+        return {}
+    config = manifest["model"].get("configFile")
+    section = load_model_config(model_dir / config).get("handler") if config else None
+    own_file = model_dir / f"{record['module']}.py"
+    named = (record["class"], tuple(record["bases"]))
+    known = [kind.settings for kind in toolkit.KINDS.values() if (kind.class_name, kind.bases) == named]
+    if own_file.is_file() and not record["module"].startswith("handlers."):
+        settings_class = getattr(mar._load_handler_file(own_file), record["class"]).Settings
+    elif known:  # a toolkit handler by name: no torch here
+        settings_class = known[0]
+    else:
+        settings_class = getattr(importlib.import_module(record["module"]), record["class"]).Settings
+    return dataclasses.asdict(read_settings(settings_class, section))
 
 
 ENDPOINTS = {"ts": "/predictions/{model}", "v1": "/v1/models/{model}:predict", "v2": "/v2/models/{model}/infer"}
