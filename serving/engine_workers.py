@@ -103,6 +103,7 @@ class WorkerProcess:
                  max_response_size: int = 6553500):  # fmt: skip
         self.process, self.sock, self.stream, self.started = process, sock, stream, started
         self.max_response_size = max_response_size
+        self.readers: List[threading.Thread] = []  # the threads reading its output and metrics (start_worker)
 
     @property
     def pid(self) -> int:
@@ -277,7 +278,9 @@ def start_worker(
         if isinstance(exc, OSError):
             raise RuntimeError(f"the worker could not be started: {exc}") from None
         raise
-    return WorkerProcess(process, sock, stream, started, frontend.max_response_size)
+    worker = WorkerProcess(process, sock, stream, started, frontend.max_response_size)
+    worker.readers = readers
+    return worker
 
 
 def read_lines(stream, handle: Callable[[str], None]):

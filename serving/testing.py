@@ -19,7 +19,8 @@ There are two ways here, for two different needs:
   batch (``bytes`` a raw body, ``str`` a text, ``dict``/``list`` a JSON body, a ``Path`` the file with
   the content type of its suffix, or a ``Request`` with headers of its own); each answer is what
   TorchServe's frontend would send (status, content type, headers, body bytes). The worker's log lines
-  are kept (``log``), and so are the lines of its metrics logger (``metrics``), never printed. A
+  are kept (``log``), and so are the lines of its metrics logger (``metrics``), never printed; a
+  thread reads each as it comes, so both are complete once the LocalModel is closed. A
   worker costs a process and a torch import: share a LocalModel across tests (a module-scoped
   fixture) where the tests allow.
 - **``InProcessHandler``: your handler class, in this process, to unit-test it.** TorchServe's own
@@ -222,9 +223,12 @@ class LocalModel:
                 return batch_error(500, "Worker died.", len(requests))
 
     def _stop_worker(self):
+        """End the worker and read what it wrote to its end (``log``, ``metrics`` complete)."""
         worker, self.worker = self.worker, None
         if worker is not None:
             worker.kill()
+            for reader in worker.readers:
+                reader.join(5)
 
     def predict_rows(self, rows: List[dict], headers: Optional[List[Dict[str, str]]] = None) -> List[Response]:
         """Run one batch of rows (a mapping of parameter name to value each: ``{"body": value}``, or form
