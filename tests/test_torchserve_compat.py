@@ -223,13 +223,14 @@ def test_in_process_answers_equal_torchserves_for_a_basehandler_archive(probe_st
 def test_a_basehandler_archive_serves_on_the_kserve_engine_as_in_process(probe_store):
     engine = engines.ENGINES["kserve"].start(probe_store, home=short_tmp("pk-"), timeout=240)
     try:
-        for body, kind, label in PROBE_REQUESTS[:4]:
-            headers = {"Content-Type": kind, "X-Probe": label}
-            status, answer = server.request(f"{engine.inference}/v1/models/probe:predict", body, "POST", headers, 60)
-            with LocalModel(probe_store / "probe.mar", batch_size=4) as local:
+        with LocalModel(probe_store / "probe.mar", batch_size=4) as local:  # one worker, as the engine's
+            for body, kind, label in PROBE_REQUESTS[:4]:
+                headers = {"Content-Type": kind, "X-Probe": label}
+                url = f"{engine.inference}/v1/models/probe:predict"
+                status, answer = server.request(url, body, "POST", headers, 60)
                 [here] = local.serve([Request(body, headers)])
-            assert status == here.status, (label, answer)
-            assert {k: v for k, v in answer.items() if k != "error"} == here.json(), label
+                assert status == here.status, (label, answer)
+                assert {k: v for k, v in answer.items() if k != "error"} == here.json(), label
     finally:
         server.stop(engine)
 
