@@ -45,8 +45,9 @@ from handlers import identity, signing
 from handlers.archives import check_inside, read_manifest, unpack
 from handlers.requests import content_type
 
+from .engine_workers import METRICS_YAML, NotSent, start_worker
 from .ts_config import Frontend, ModelSpec
-from .ts_wire import Request, Response, read_reply
+from .ts_wire import BrokenReply, Request, Response, WorkerDied, batch_error, mime_type, read_reply
 
 __all__ = ["InProcessHandler", "LoadError", "LocalModel", "Request", "Response", "as_request"]
 
@@ -169,8 +170,6 @@ class LocalModel:
 
     def _start(self):
         """Start the worker and load the model in it; LoadError with the handler's own error."""
-        from .engine_workers import start_worker  # torch-free, but only now: importing this module stays cheap
-
         try:
             self.worker = start_worker(
                 self._spec,
@@ -207,9 +206,6 @@ class LocalModel:
         TorchServe's frontend would answer it. A worker that dies holding the batch (a handler calling
         ``sys.exit``, an answer TorchServe cannot encode) gives each of its requests the frontend's
         ``500 Worker died.``; the next batch starts a new worker, as TorchServe does."""
-        from .engine_workers import NotSent
-        from .ts_wire import BrokenReply, WorkerDied, batch_error
-
         with self._lock:
             if self._spec is None:
                 raise RuntimeError(f"LocalModel {self.model_name!r} is closed")
@@ -268,8 +264,6 @@ class InProcessHandler:
         from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
         from ts.model_loader import TsModelLoader
 
-        from .engine_workers import METRICS_YAML
-
         archive = Path(archive)
         self._tmp = None
         self.service = None
@@ -308,8 +302,6 @@ class InProcessHandler:
     def predict_rows(self, rows: List[dict], headers: Optional[List[Dict[str, str]]] = None) -> List[Response]:
         """Run one batch of rows, each already as a worker hands it to the handler (``{"body": value}``,
         form fields), with its HTTP ``headers``, through TorchServe's ``Service.predict``."""
-        from .ts_wire import mime_type
-
         headers = headers or [{} for _ in rows]
         batch = [
             {
