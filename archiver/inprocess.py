@@ -71,11 +71,13 @@ def handler_error(lines: Sequence[str], model_dir: Optional[Path] = None) -> Opt
 
 
 def worker_error(model, seen: int, wait: float = 2.0) -> Optional[str]:
-    """``handler_error`` of the lines ``model``'s worker logged since its ``seen``-th; its log is read
-    by a thread of its own, so the lines of a batch's failure are waited for (up to ``wait`` s)."""
+    """``handler_error`` of the lines ``model``'s worker logged since its ``seen``-th (``model.logged``);
+    its log is read by a thread of its own, so the lines of a batch's failure are waited for (up to
+    ``wait`` s)."""
     deadline = time.monotonic() + wait
     while True:
-        lines = list(model.log)[seen:]
+        new = model.logged - seen
+        lines = list(model.log)[-new:] if new > 0 else []
         found = handler_error(lines, model.model_dir)
         if found is not None or time.monotonic() > deadline:
             return found
@@ -129,7 +131,7 @@ def run(
     with model:
         answered = []
         for number, path in enumerate(paths, 1):
-            seen = len(model.log)
+            seen = model.logged
             [response] = model.predict([Path(path)])
             if failed_whole(response):
                 cause = worker_error(model, seen) or response.json().get("message")

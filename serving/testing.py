@@ -137,6 +137,7 @@ class LocalModel:
         archive = Path(archive)
         self.decode_input_request = decode_input_request
         self.log: Deque[str] = collections.deque(maxlen=KEPT_LINES)  # the worker's log lines, as it wrote them
+        self.logged = 0  # lines the worker has logged so far (``log`` keeps the latest KEPT_LINES)
         self.metrics: Deque[str] = collections.deque(maxlen=KEPT_LINES)  # its metrics logger's lines
         self.worker = None
         self._spec = None  # what the worker is started with; None once closed
@@ -178,11 +179,15 @@ class LocalModel:
                 self._frontend,
                 os.path.join(self._socket_dir, ".ts.sock.9000"),  # the worker reads a port from its name
                 self._environment(),
-                self.log.append,
+                self._log_line,
                 on_metric=self.metrics.append,
             )
         except RuntimeError as exc:
             raise LoadError.from_worker(str(exc)) from None
+
+    def _log_line(self, line: str):
+        self.log.append(line)
+        self.logged += 1
 
     def _environment(self) -> dict:
         """The worker's environment as TorchServe's frontend makes it (``engine_workers.open_model``):
