@@ -54,7 +54,7 @@ def handler_error(lines: Sequence[str], model_dir: Optional[Path] = None) -> Opt
     """The handler's own error in its worker's log lines: the last Python error logged (``Type:
     message``, ``ts_wire.cause_of``) and, when a traceback before it passes through the archive's
     code, where (``file.py:LINE in function``, its last frame there)."""
-    from serving.engine_workers import PYTHON_ERROR
+    from serving.worker_process import PYTHON_ERROR
     from serving.ts_wire import cause_of
 
     errors = [(i, line.strip()) for i, line in enumerate(lines) if PYTHON_ERROR.match(line)]

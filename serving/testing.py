@@ -11,7 +11,7 @@ There are two ways here, for two different needs:
 - **``LocalModel``: the archive, as a worker runs it.** What ``tsctl run``, in-process ``tsctl
   verify``, ``package --golden`` and ``tsctl init``'s generated test use. The archive runs in
   TorchServe's own worker process (``ts/model_service_worker.py``), started and spoken to exactly as
-  the tsctl engine starts its workers (``engine_workers.start_worker``, the frontend's wire protocol
+  the tsctl engine starts its workers (``worker_process.start_worker``, the frontend's wire protocol
   of ``ts_wire``): in the unpacked archive's directory, that directory first on its ``PYTHONPATH``
   (so ``handlers.image:handle`` and a handler file of yours that imports ``handlers`` run the copy the
   archive carries), ``TS_DECODE_INPUT_REQUEST`` as asked. TorchServe's worker decodes each request
@@ -45,7 +45,7 @@ from handlers import identity, signing
 from handlers.archives import Archive, opened
 from handlers.requests import content_type
 
-from .engine_workers import METRICS_YAML, NotSent, start_worker
+from .worker_process import METRICS_YAML, NotSent, start_worker
 from .ts_config import Frontend, ModelSpec
 from .ts_wire import BrokenReply, Request, Response, WorkerDied, batch_error, mime_type, read_reply
 
