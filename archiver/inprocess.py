@@ -54,8 +54,8 @@ def handler_error(lines: Sequence[str], model_dir: Optional[Path] = None) -> Opt
     """The handler's own error in its worker's log lines: the last Python error logged (``Type:
     message``, ``ts_wire.cause_of``) and, when a traceback before it passes through the archive's
     code, where (``file.py:LINE in function``, its last frame there)."""
-    from serving.worker_process import PYTHON_ERROR
     from serving.ts_wire import cause_of
+    from serving.worker_process import PYTHON_ERROR
 
     errors = [(i, line.strip()) for i, line in enumerate(lines) if PYTHON_ERROR.match(line)]
     cause = cause_of([error for _, error in errors])

@@ -45,9 +45,9 @@ from handlers import identity, signing
 from handlers.archives import Archive, opened
 from handlers.requests import content_type
 
-from .worker_process import METRICS_YAML, NotSent, start_worker
 from .ts_config import Frontend, ModelSpec
 from .ts_wire import BrokenReply, Request, Response, WorkerDied, batch_error, mime_type, read_reply
+from .worker_process import METRICS_YAML, NotSent, start_worker
 
 __all__ = ["InProcessHandler", "LoadError", "LocalModel", "Request", "Response", "as_request"]
 
