@@ -91,34 +91,25 @@ def weigh(data: bytes, limit: int):
 
     def walk(wire: memoryview, descriptor):  # depth first: the schema nests 4 deep at most
         nonlocal parts, expansion
-        at = 0
-        while at < len(wire):
-            key, at = varint_at(wire, at)
-            kind, field = key & 7, descriptor.fields_by_number.get(key >> 3)
-            if kind == 2:
-                length, at = varint_at(wire, at)
-                payload, at = wire[at : at + length], at + length
-                if field is not None and field.type == FieldDescriptor.TYPE_MESSAGE:
-                    walk(payload, field.message_type)
-                elif field is not None and field.type in VARINT_TYPES:  # packed: one element per last byte
-                    expansion += 8 * int(np.count_nonzero(np.frombuffer(payload, np.uint8) < 0x80))
-                    continue
-                elif field is not None and field.type == FieldDescriptor.TYPE_STRING:
-                    if length > MAX_TEXT:  # copied several times into the request's JSON header
-                        raise ValueError(
-                            f"{descriptor.name}.{field.name} is a string of {length:,} bytes, above the limit "
-                            f"of {MAX_TEXT:,} (MAX_TEXT)"
-                        )
-                elif field is not None and field.type != FieldDescriptor.TYPE_BYTES:
-                    continue  # packed floats: their binary form as they are
-                else:
-                    expansion += 4  # a BYTES element's length in the binary form
-            elif kind == 0:
-                _, at = varint_at(wire, at)
-            elif kind in (1, 5):
-                at += 8 if kind == 1 else 4
+        for number, payload in wire_fields(wire):
+            field = descriptor.fields_by_number.get(number)
+            if payload is None:  # a scalar
+                pass
+            elif field is not None and field.type == FieldDescriptor.TYPE_MESSAGE:
+                walk(payload, field.message_type)
+            elif field is not None and field.type in VARINT_TYPES:  # packed: one element per last byte
+                expansion += 8 * int(np.count_nonzero(np.frombuffer(payload, np.uint8) < 0x80))
+                continue
+            elif field is not None and field.type == FieldDescriptor.TYPE_STRING:
+                if len(payload) > MAX_TEXT:  # copied several times into the request's JSON header
+                    raise ValueError(
+                        f"{descriptor.name}.{field.name} is a string of {len(payload):,} bytes, above the limit "
+                        f"of {MAX_TEXT:,} (MAX_TEXT)"
+                    )
+            elif field is not None and field.type != FieldDescriptor.TYPE_BYTES:
+                continue  # packed floats: their binary form as they are
             else:
-                raise ValueError(f"the request is no protobuf message (wire type {kind})")
+                expansion += 4  # a BYTES element's length in the binary form
             parts += 1
             if parts > MAX_PARTS:
                 raise ValueError(
@@ -186,7 +177,7 @@ def packed(contents: pb.InferTensorContents, datatype: str) -> memoryview:
     bytes (a packed repeated field: floats as they are, integers as varints decoded with numpy)."""
     field = contents.DESCRIPTOR.fields_by_name[CONTENTS[datatype]]
     wire = memoryview(contents.SerializeToString())
-    chunks = [payload for number, payload in wire_fields(wire) if number == field.number]
+    chunks = [payload for number, payload in wire_fields(wire) if number == field.number and payload is not None]
     data = chunks[0] if len(chunks) == 1 else memoryview(b"".join(chunks))
     if datatype in ("FP32", "FP64"):  # fixed32/fixed64, little-endian: already the binary form
         return data
@@ -196,7 +187,9 @@ def packed(contents: pb.InferTensorContents, datatype: str) -> memoryview:
 
 
 def wire_fields(wire: memoryview):
-    """(field number, payload) of each length-delimited field of a protobuf message's wire bytes."""
+    """(field number, payload) of each field of a protobuf message's wire bytes, read off the bytes
+    without parsing: ``payload`` the bytes of a length-delimited field, None for a scalar (varint,
+    fixed32, fixed64). ValueError for a group (wire types 3 and 4, which no field here uses)."""
     at = 0
     while at < len(wire):
         key, at = varint_at(wire, at)
@@ -205,12 +198,14 @@ def wire_fields(wire: memoryview):
             length, at = varint_at(wire, at)
             yield key >> 3, wire[at : at + length]
             at += length
-        elif kind == 0:
+            continue
+        if kind == 0:
             _, at = varint_at(wire, at)
         elif kind in (1, 5):
             at += 8 if kind == 1 else 4
         else:
-            raise ValueError(f"protobuf wire type {kind} in the tensor's contents")
+            raise ValueError(f"the request is no protobuf message (wire type {kind})")
+        yield key >> 3, None
 
 
 def varint_at(wire: memoryview, at: int):
