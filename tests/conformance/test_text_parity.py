@@ -118,16 +118,8 @@ def pipeline(task: str, directory: Path, max_length=None, **options):
 def head(out: Path, labels: dict, problem_type=None, seed=0) -> Path:
     """A 2-layer BERT sequence classifier with ``labels`` (one label: a one-logit head)."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(text_models.minilm_dir())
-    bert = transformers.BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        id2label=labels,
-        label2id={v: k for k, v in labels.items()},
-        problem_type=problem_type,
-    )
+    labelled = text_models.label_maps(labels)
+    bert = text_models.tiny_bert_config(tokenizer.vocab_size, problem_type=problem_type, **labelled)
     torch.manual_seed(seed)
     model = transformers.BertForSequenceClassification(bert).eval()
     with torch.no_grad():
@@ -175,13 +167,7 @@ def build_sentence_transformers(root: Path):
     bert_dir = root / "st_bert"
     cased_tokenizer(bert_dir)
     tokenizer = transformers.AutoTokenizer.from_pretrained(bert_dir)
-    bert = transformers.BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-    )
+    bert = text_models.tiny_bert_config(tokenizer.vocab_size)
     torch.manual_seed(7)
     transformers.BertModel(bert).save_pretrained(bert_dir)
     variants = {f"st_{mode}": dict(pooling=mode) for mode in ST_POOLINGS}
