@@ -108,10 +108,7 @@ def test_every_path_a_doc_cites_exists(doc):
 
 def test_every_path_a_docstring_or_comment_cites_exists():
     missing = {
-        (where(path), cited)
-        for path in code_files()
-        for _, cited in cited_paths(path.read_text())
-        if not exists(cited)
+        (where(path), cited) for path in code_files() for _, cited in cited_paths(path.read_text()) if not exists(cited)
     }
     fixed = sorted(OWNED_ELSEWHERE - missing)
     assert not fixed, f"these are right now: take them out of OWNED_ELSEWHERE: {fixed}"
@@ -153,7 +150,7 @@ def test_every_module_a_doc_names_exists(doc):
             else:
                 wrong.append(f"{where(doc)}: {dotted}: no such module")
                 continue
-            names = [*parts[cut:cut + 1], *([attribute] if attribute and cut == len(parts) else [])]
+            names = [*parts[cut : cut + 1], *([attribute] if attribute and cut == len(parts) else [])]
             absent = [name for name in names if name not in defined(module)]
             if absent:
                 wrong.append(f"{where(doc)}: {match.group(0)}: {where(module)} defines no {absent[0]}")
