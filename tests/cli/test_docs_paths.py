@@ -185,11 +185,12 @@ def architecture_tables():
 def test_architecture_lists_every_module_of_each_wing():
     listed = architecture_tables()
     assert set(listed) == set(WINGS)
+    missing, gone = [], []
     for wing in WINGS:
         modules = {str(p.relative_to(ROOT / wing)) for p in (ROOT / wing).rglob("*.py")}
         modules -= {m for m in modules if not (ROOT / wing / m).read_text().strip()}  # an empty __init__.py
         modules -= {m for m in modules if m.endswith("/__init__.py") and f"{m.rpartition('/')[0]}/" in listed[wing]}
-        missing = sorted(modules - set(listed[wing]))
-        gone = sorted(name for name in listed[wing] if not (ROOT / wing / name).exists())
-        assert not missing, f"docs/architecture.md lists no line for {wing}/: {missing}"
-        assert not gone, f"docs/architecture.md lists what {wing}/ does not hold: {gone}"
+        missing += [f"{wing}/{name}" for name in sorted(modules - set(listed[wing]))]
+        gone += [f"{wing}/{name}" for name in sorted(listed[wing]) if not (ROOT / wing / name).exists()]
+    assert not missing, f"modules docs/architecture.md has no line for: {missing}"
+    assert not gone, f"what docs/architecture.md lists that is not in the tree: {gone}"
