@@ -10,12 +10,14 @@ docstrings and comments):
 - every relative link leads to a file, and its ``#anchor`` to a heading of that file;
 - every module a doc names by its dotted name (``serving.engine``, ``handlers.image:handle``,
   ``serving.mlserver_runtime.ArchiveModel``) exists, with the name it is followed by;
+- a constant (``MAX_DIMS``) is defined in the file the same paragraph or table row names, if it names one;
 - docs/architecture.md lists every module of each wing, and no module that is not there.
 
 Read from the files alone, nothing imported: no torch, a second or so.
 """
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -56,6 +58,7 @@ def exists(path: str) -> bool:
     return bool(module) and (ROOT / f"{module}.py").is_file() and name in defined(ROOT / f"{module}.py")
 
 
+@functools.lru_cache(maxsize=None)
 def defined(path: Path) -> set:
     """The names a module defines or imports at its top level (and a package's submodules)."""
     names = {p.stem for p in path.parent.glob("*.py")} | {p.name for p in path.parent.iterdir() if p.is_dir()}
@@ -155,6 +158,46 @@ def test_every_module_a_doc_names_exists(doc):
             if absent:
                 wrong.append(f"{where(doc)}: {match.group(0)}: {where(module)} defines no {absent[0]}")
     assert not wrong, "module names the docs give that do not resolve:\n" + "\n".join(wrong)
+
+
+def units(text: str):
+    """A doc's paragraphs, its table rows and list items each on their own (code blocks left out)."""
+    for block in re.split(r"\n\s*\n", FENCE.sub("", text)):
+        yield from re.split(r"\n(?=\||- |\d+\. )", block)
+
+
+@functools.lru_cache(maxsize=None)
+def constants() -> dict:
+    """{NAME: the wing modules assigning it at their top level} for every UPPER_CASE constant (a file
+    cited as ``export/targets.py``, inside its wing, counts as ``archiver/export/targets.py``)."""
+    found = {}
+    for path in (p for wing in WINGS for p in (ROOT / wing).rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, ast.AnnAssign)
+                else []
+            )
+            for name in (n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)):
+                if re.fullmatch(r"[A-Z][A-Z0-9_]+", name):
+                    found.setdefault(name, set()).add(where(path))
+    return found
+
+
+@pytest.mark.parametrize("doc", DOCUMENTS, ids=where)
+def test_every_constant_is_in_the_file_its_paragraph_names(doc):
+    """``MAX_DIMS`` in a sentence citing ``handlers/v2_tensors.py`` is defined there: a limit is found by its
+    name, in the file the docs say (docs/limits.md says where each is defined)."""
+    known, wrong = constants(), []
+    for unit in units(doc.read_text()):
+        spans = CODE_SPAN.findall(unit)
+        files = {span for span in spans if span.endswith(".py") and "/" in span}
+        for name in (span for span in spans if span in known):
+            if files and not any(path == file or path.endswith("/" + file) for path in known[name] for file in files):
+                wrong.append(f"{where(doc)}: {name} is in {sorted(known[name])}, not {sorted(files)}")
+    assert not wrong, "constants the docs place in the wrong file:\n" + "\n".join(wrong)
 
 
 def architecture_tables():
