@@ -318,7 +318,7 @@ def missing_endpoint(url: str, protocol: str, model: str, cases: List[dict], res
 def served(url: str, protocol: str, model: str, kind: str, case: dict, timeout: float) -> Tuple[int, Any]:
     """Send one golden request the way ``protocol`` carries it; (status, the answer for it). A file's
     bytes go as one KServe instance (text as itself, anything else base64), the request built and
-    the answer read by handlers/protocol.py."""
+    the answer read by handlers/kserve_client.py."""
     from handlers import protocol as wire
 
     from .server import request

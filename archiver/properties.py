@@ -186,7 +186,7 @@ def render(properties: Dict[str, str]) -> str:
     # snapshot's JSON must stay as it is ('\:' would reach json.loads). tsctl's own values (addresses,
     # /mnt/models paths, the JSON of names check_carriable allows) need no escape and are written as they
     # are; a user's value with a backslash, a line break, a leading blank or a character beyond
-    # ISO-8859-1 is escaped, so Java reads back what was read (test_properties_reading.py).
+    # ISO-8859-1 is escaped, so Java reads back what was read (tests/engine/test_properties_reading.py).
     lines += [f"{java_key(key)}={java_value(value)}" for key, value in properties.items()]
     return "\n".join(lines) + "\n"
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/mlserver_engine.py
 
-(k) ``tsctl serve --engine kserve``: the tsctl engine (Starlette) in front of TorchServe's worker processes;
+(k) ``tsctl serve --engine tsctl``: the tsctl engine (Starlette) in front of TorchServe's worker processes;
 (m) ``tsctl serve --engine mlserver``: MLServer 1.7.1 (samples/runtime_env.py's venv, this venv's torch)
     with serving/mlserver_runtime.py in front of the same worker processes.
 
@@ -27,7 +27,7 @@ from helpers.models import package_resnet, package_text  # noqa: E402
 from helpers.paths import short_tmp  # noqa: E402
 from samples import image_model, runtime_env, text_models  # noqa: E402
 
-SIDES = {"(k) --engine kserve": "kserve", "(m) --engine mlserver": "mlserver"}
+SIDES = {"(k) --engine tsctl": "tsctl", "(m) --engine mlserver": "mlserver"}
 
 
 def bodies(model: str):
@@ -47,7 +47,7 @@ def main():
     python = str(runtime_env.ensure_mlserver())
     running = {}
     try:
-        running["kserve"] = engines.ENGINES["tsctl"].start(store, home=short_tmp("bk-"), timeout=300)
+        running["tsctl"] = engines.ENGINES["tsctl"].start(store, home=short_tmp("bk-"), timeout=300)
         running["mlserver"] = engines.ENGINES["mlserver"].start(
             store, home=short_tmp("bm-"), timeout=300, python=python
         )

@@ -1,6 +1,6 @@
 """The lifecycle every toolkit handler shares: one TorchServe batch in, one response per request out.
 
-    rows ──parse_request──► Request(items)                       (protocol.py; limits checked here)
+    rows ──parse_request──► Request(items)                       (decoding.py; limits.py checks the limits)
     items ──decode(item)──► model-ready input                    per item, in ``decode_threads`` threads
     inputs ──preprocess──► batch ──inference──► output ──postprocess(output, inputs)──► one answer per input
                                                                  in chunks of at most batchSize inputs
@@ -12,7 +12,8 @@ becomes that request's 4xx; the other requests go on. Only the batched forward p
 (preprocess/inference/postprocess) is shared, and when it fails for a chunk holding several
 requests, each of them is run again alone, so only the request that really fails gets an error:
 the ClientError a hook raised (a tensor the model cannot take), else a 500 (507 out of memory).
-Every status comes from ``protocol.STATUS``; requests are decoded and answers encoded by protocol.py.
+Every status comes from ``errors.STATUS``; requests are decoded by decoding.py and answers encoded by
+answers.py (this module reaches them all through protocol.py, which re-exports the wire).
 
 Subclasses set ``Settings`` (a dataclass, read from model-config.yaml's ``handler:`` section) and
 ``item_keys``, and override ``decode``, ``preprocess``, ``inference``, ``postprocess``; optionally

@@ -2,7 +2,8 @@
 
 KServe starts TorchServe with ``TS_SERVICE_ENVELOPE=kserve`` (v1) or ``kservev2`` (v2). The envelope
 wraps the handler: it turns KServe bodies into plain inputs and the answers back into one KServe
-body. Measured on TorchServe 0.12.0 (batchSize 4, 8 concurrent requests, see tests/test_kserve.py):
+body. Measured on TorchServe 0.12.0 (batchSize 4, 8 concurrent requests: benchmarks/kserve_envelopes.py;
+tests/conformance/test_kserve_serving.py serves toolkit and stock handlers under both envelopes):
 
 - both envelopes read only the *first* request of a batch and return one response, so TorchServe
   answers every request of a batch of two or more with 503 "number of batch response mismatched",
@@ -11,7 +12,7 @@ body. Measured on TorchServe 0.12.0 (batchSize 4, 8 concurrent requests, see tes
   instances gets one answer.
 
 Toolkit handlers read KServe v1/v2 bodies themselves, per request, and answer each request in its
-own protocol (protocol.py: JSON or v2's binary tensor extension). So when TorchServe wraps a toolkit
+own protocol (answers.py: JSON or v2's binary tensor extension). So when TorchServe wraps a toolkit
 handler in an envelope, the envelope hands the rows through untouched; handlers of any other kind
 keep the stock envelope.
 

@@ -2,10 +2,10 @@
 
 Each input is one example as a tensor: a nested list (``{"instances": [[[...]]]}``, KServe v1) or a
 row of a KServe v2 numeric tensor (``shape: [N, ...]``, FP32/FP16/FP64/INT*/UINT8, JSON or the binary
-tensor extension). A v2 row arrives as the ``np.ndarray`` protocol.py read off the wire (binary: a
+tensor extension). A v2 row arrives as the ``np.ndarray`` decoding.py read off the wire (binary: a
 view of the request's bytes), is cast to float32 only when it is another type, and is copied once,
 when ``preprocess`` stacks the batch. The answer is the model's output row (v2: one FP32 tensor
-``[N, ...]``, in binary when the request asks). The transformer (kserve_transformer.py) runs a
+``[N, ...]``, in binary when the request asks). The transformer (serving/kserve_transformer.py) runs a
 toolkit handler's decode/preprocess before and its postprocess after.
 
 model-config.yaml, all optional::

@@ -8,7 +8,7 @@ character text is cut where its first ``max_length`` tokens surely end, with the
 and offsets as the whole text gives (8 requests of 32 such texts tokenised for 52 s).
 
 A ``text/*`` body is one text, even when it looks like JSON: it is never parsed
-(``protocol.text_request``, with the body's Content-Type from the request's headers, so both
+(``decoding.text_request``, with the body's Content-Type from the request's headers, so both
 ``decode_input_request`` settings read it the same). ``application/json`` bodies are JSON.
 
 model-config.yaml, all optional::

@@ -14,7 +14,7 @@ model-config.yaml), runs each model version's ``minWorkers`` as TorchServe's own
   its describe format, each worker with its pid and status;
 - KServe v1 (``/v1/models/NAME:predict``) and v2 REST (``/v2/models/NAME[/versions/V]/infer``,
   JSON or the binary tensor extension) and v2 gRPC on ``--grpc_port``: the request's bytes go to the
-  handler as they came (the toolkit handlers read both protocols, ``handlers/protocol.py``) and the
+  handler as they came (the toolkit handlers read both protocols, ``handlers/decoding.py``) and the
   handler's answer comes back as it made it: decoded once, encoded once;
 - readiness (``/ping``, ``/v2/health/ready``, ``/v1/models/NAME``, ``/v2/models/NAME/ready``, gRPC
   ServerReady/ModelReady): true only while every worker of the model is up;

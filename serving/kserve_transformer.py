@@ -7,9 +7,9 @@ The transformer loads the archive's handler without its weights. A request (KSer
 v2 BYTES inputs) is decoded and preprocessed into one batch tensor, sent to the predictor (a
 ``--handler tensor`` archive serving the same weights under the same model name), and the
 predictor's raw outputs are postprocessed into the handler's answers. The predictor's requests are
-built and its answers read by protocol.py: v2 in the binary tensor extension (the batch's float32
-bytes as they are, the output's bytes back), v1 as JSON ``instances``. A request refused here gets
-the status ``protocol.STATUS`` gives it, as far as KServe's errors carry one (400 for every
+built and its answers read by handlers/kserve_client.py: v2 in the binary tensor extension (the
+batch's float32 bytes as they are, the output's bytes back), v1 as JSON ``instances``. A request
+refused here gets the status ``errors.STATUS`` gives it, as far as KServe's errors carry one (400 for every
 refusal, 500 for every failure). Needs ``pip install tsctl[kserve]``.
 
 ``--verify_on_start`` (for an archive packaged with ``--golden``) first sends the golden inputs
@@ -45,7 +45,7 @@ def kserve_error(exc: BaseException, stage: str = protocol.READ, what: str = "")
 
 
 class Predictor:
-    """The ``--handler tensor`` predictor behind the transformer: one batch tensor sent as protocol.py
+    """The ``--handler tensor`` predictor behind the transformer: one batch tensor sent as kserve_client.py
     encodes it (v2: the binary tensor extension, the array's raw bytes, outputs asked for in binary;
     v1: ``instances``), its output read back as one float32 array."""
 
