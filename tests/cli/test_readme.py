@@ -130,6 +130,7 @@ def test_golden_answers_run_as_written(tmp_path):
     assert re.search(r"2 of 2 golden answers match \(http://127\.0\.0\.1:\d+", out), out
 
 
+@pytest.mark.matrix  # these three in make matrix; make test runs the flow, golden, own-handler and export blocks
 def test_signing_runs_as_written(tmp_path):
     out = run_blocks(tmp_path, "signing")
     assert re.search(r"signed by key sha256:[0-9a-f]", out), out
@@ -143,6 +144,7 @@ def test_writing_your_own_handler_runs_as_written(tmp_path):
     assert re.search(r"text\.txt: 200 .*(negative|neutral|positive)", out), out
 
 
+@pytest.mark.matrix
 def test_the_sentence_embedder_runs_as_written(tmp_path):
     out = run_blocks(tmp_path, "minilm")
     assert re.search(r"^\[-?[0-9]", out, re.M), out  # the embedding, a list of floats
@@ -156,6 +158,7 @@ def test_the_exports_run_as_written(tmp_path):
     assert (tmp_path / "seldon" / "models" / "vision-a" / "model-settings.json").is_file()
 
 
+@pytest.mark.matrix
 @pytest.mark.timeout(900)
 def test_mlserver_runs_as_written(tmp_path):
     from samples import runtime_env
