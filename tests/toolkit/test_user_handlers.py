@@ -1,0 +1,80 @@
+"""Users' handler files written against the toolkit before the redesign (issue #30) still work.
+
+``ToolkitHandler`` no longer subclasses TorchServe's ``BaseHandler``; a user's subclass that reads what
+``BaseHandler.__init__`` set (``self.mapping``, ``self.map_location``, ``self.explain``...; toolkit
+handlers never ran ``BaseHandler.initialize``, so they kept those first values) must still find them.
+And a test ``tsctl init`` wrote before the redesign imports ``LocalModel`` from ``handlers.testing``."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from archiver import mar
+from helpers.models import write_model_config
+from helpers.paths import ROOT
+from serving.testing import LocalModel
+
+# What TorchServe's BaseHandler.__init__ sets (0.9.0 and 0.12.0 alike): what the old ToolkitHandler held.
+BASE_HANDLER_FIELDS = {
+    "mapping": None,
+    "model_pt_path": None,
+    "map_location": None,
+    "explain": False,
+    "target": 0,
+    "profiler_args": {},
+}
+
+USES_BASE_HANDLER_FIELDS = '''
+from handlers.base import entry_point
+from handlers.image import ImageClassifier
+from handlers.requests import ClientError  # noqa: F401 (users' handlers import it)
+
+
+class Mine(ImageClassifier):
+    """Reads what TorchServe's BaseHandler gave every handler, as pytorch/serve's examples do."""
+
+    def setup(self):
+        super().setup()
+        self.seen = {name: getattr(self, name) for name in %r}
+        assert self.context is not None and self.manifest and self.device is not None
+
+    def postprocess(self, output):
+        return [dict(answer, seen=self.seen) for answer in super().postprocess(output)]
+
+
+handle = entry_point(Mine)
+'''
+
+
+def test_a_subclass_reading_base_handler_attributes_still_runs(image_sample, tmp_path):
+    handler = tmp_path / "mine.py"
+    handler.write_text(textwrap.dedent(USES_BASE_HANDLER_FIELDS % (tuple(BASE_HANDLER_FIELDS),)))
+    archive = mar.package(
+        mar.PackageOptions(
+            model_name="mine",
+            handler=str(handler),
+            serialized_file=str(image_sample / "resnet18.pt"),
+            model_file=str(image_sample / "model.py"),
+            extra_files=[str(image_sample / "index_to_name.json")],
+            config_file=str(write_model_config(tmp_path / "mine.yaml", "handler:\n  top_k: 2\n")),
+            export_path=str(tmp_path / "store"),
+            force=True,
+        )
+    )
+    with LocalModel(archive) as model:
+        [answer] = model.predict([(image_sample / "kitten.jpg").read_bytes()])
+    assert answer.status == 200, answer.json()
+    assert answer.json()["seen"] == BASE_HANDLER_FIELDS
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="LocalModel moved to serving.testing; a test_handler.py that tsctl init wrote before #30 imports "
+    "handlers.testing, which is gone (a shim in handlers/ would break the wing rule and ship in archives)",
+)
+def test_a_test_written_by_the_old_tsctl_init_still_imports_local_model():
+    code = "from handlers.testing import LocalModel"  # archiver/templates/*/test_handler.py.tmpl at 508ac32
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr.strip().splitlines()[-1]
