@@ -11,8 +11,7 @@ import textwrap
 
 import pytest
 
-from archiver import mar
-from helpers.models import write_model_config
+from helpers.models import package_resnet
 from helpers.paths import ROOT
 from serving.testing import LocalModel
 
@@ -51,18 +50,7 @@ handle = entry_point(Mine)
 def test_a_subclass_reading_base_handler_attributes_still_runs(image_sample, tmp_path):
     handler = tmp_path / "mine.py"
     handler.write_text(textwrap.dedent(USES_BASE_HANDLER_FIELDS % (tuple(BASE_HANDLER_FIELDS),)))
-    archive = mar.package(
-        mar.PackageOptions(
-            model_name="mine",
-            handler=str(handler),
-            serialized_file=str(image_sample / "resnet18.pt"),
-            model_file=str(image_sample / "model.py"),
-            extra_files=[str(image_sample / "index_to_name.json")],
-            config_file=str(write_model_config(tmp_path / "mine.yaml", "handler:\n  top_k: 2\n")),
-            export_path=str(tmp_path / "store"),
-            force=True,
-        )
-    )
+    archive = package_resnet(image_sample, tmp_path / "store", "mine", "handler:\n  top_k: 2\n", handler=str(handler))
     with LocalModel(archive) as model:
         [answer] = model.predict([(image_sample / "kitten.jpg").read_bytes()])
     assert answer.status == 200, answer.json()
