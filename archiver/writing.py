@@ -24,7 +24,7 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
-from typing import Dict, Optional, Union
+from typing import Callable, Dict, Optional, Union
 
 from handlers.archives import MANIFEST, opened
 
@@ -62,8 +62,24 @@ def write(
 
     with tempfile.TemporaryDirectory(prefix="tsctl-sign-", dir=target.parent) as tmp:
         tree = lay_out(Path(tmp), entries, manifest)
+        linked = {name: _stamp(path) for name, path in tree.items()}
         tree[signing.SIGNATURE] = signing.sign(Path(tmp), sign_key)
-        write_archive(target, tree, manifest, archive_format, force)
+
+        def unchanged():  # a hard link shares its input's bytes: one written to since would not match the signature
+            for name, stamp in linked.items():
+                if _stamp(tree[name]) != stamp:
+                    raise UserError(
+                        f"{entries[name]} changed while it was packaged and signed: package again once nothing "
+                        "writes to it"
+                    )
+
+        write_archive(target, tree, manifest, archive_format, force, before_publish=unchanged)
+
+
+def _stamp(path: Path) -> tuple:
+    """What changes when a file is written to: its size, modification and change times."""
+    found = path.stat()
+    return found.st_size, found.st_mtime_ns, found.st_ctime_ns
 
 
 def lay_out(root: Path, entries: Dict[str, Source], manifest: dict) -> Dict[str, Source]:
@@ -125,8 +141,17 @@ def _open(source: Source):
     return io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")
 
 
-def write_archive(target: Path, entries: Dict[str, Source], manifest: dict, archive_format: str, force=True):
-    """Write the archive; with ``force`` it replaces ``target``, else FileExistsError if it exists."""
+def write_archive(
+    target: Path,
+    entries: Dict[str, Source],
+    manifest: dict,
+    archive_format: str,
+    force=True,
+    before_publish: Optional[Callable[[], None]] = None,
+):
+    """Write the archive; with ``force`` it replaces ``target``, else FileExistsError if it exists.
+    ``before_publish`` runs once the bytes are written, before the archive takes its name; what it
+    raises leaves ``target`` as it was."""
     manifest_bytes = manifest_text(manifest)
     epoch = build_time(entries)
     if archive_format == "no-archive":
@@ -137,6 +162,8 @@ def write_archive(target: Path, entries: Dict[str, Source], manifest: dict, arch
         writer(out, entries, manifest_bytes, epoch, target.name, archive_format)
         out.flush()
         os.fsync(out.fileno())
+        if before_publish is not None:
+            before_publish()
         publish(target, force)
 
 

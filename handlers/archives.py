@@ -121,9 +121,14 @@ class Archive:
         raise ArchiveError(f"{path} is not a model archive (.mar zip, .tar.gz or directory), or it is truncated")
 
     def _unchanged(self):
-        """Refuse to read on when the open file changed since it was checked (written over in place)."""
-        if self._file is not None and _version(self._file) != self._version:
+        """Refuse to read on when the open file changed since it was checked (written over in place). A
+        link made or removed (its ctime moves with its link count, its bytes stay) is not a change."""
+        if self._file is None:
+            return
+        now = _version(self._file)
+        if now != self._version and not (now[:3] == self._version[:3] and now[4] != self._version[4]):
             raise ArchiveError(f"{self.path} changed on disk while tsctl read it: refusing it (read it again)")
+        self._version = now
 
     @cached_property
     def members(self) -> List[Tuple[str, int]]:
@@ -279,9 +284,11 @@ class Archive:
         return model_dir
 
 
-def _version(f) -> Tuple[int, int, int, int]:
+def _version(f) -> Tuple[int, int, int, int, int]:
+    """What tells the open file was written to: inode, size, modification time; its change time (which
+    a write resetting the modification time still moves) and link count (which moves it too)."""
     found = os.fstat(f.fileno())
-    return found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns
+    return found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns, found.st_nlink
 
 
 def _is_tar(f) -> bool:

@@ -129,6 +129,14 @@ class ToolkitHandler:
         self.context = None  # TorchServe's Context of the batch being handled
         self.manifest = None
         self.initialized = False
+        # What TorchServe's BaseHandler.__init__ set, kept at its first values (toolkit handlers never ran
+        # BaseHandler.initialize): users' subclasses written when ToolkitHandler subclassed it read them.
+        self.mapping = None
+        self.model_pt_path = None
+        self.map_location = None
+        self.explain = False
+        self.target = 0
+        self.profiler_args = {}
 
     def initialize(self, context):
         properties = context.system_properties

@@ -203,8 +203,25 @@ def models(config: Optional[Path], model_store: Path) -> "tuple[List[ModelSpec],
             raise ConfigError(
                 f"{model_store} holds no model archives (.mar, .tar.gz or directories): build them with 'tsctl package'"
             )
-        return [_from_archive(archive, frontend) for archive in found], frontend
+        return _from_store(found, frontend), frontend
     return from_properties(read_properties(config), config, model_store)
+
+
+def _from_store(archives: List[Path], frontend: Frontend) -> List[ModelSpec]:
+    """A spec of each archive; one model version held by two archives (NAME.mar beside NAME.tar.gz or
+    NAME/, which 'tsctl package' writes to the same store) is refused, as 'tsctl config' refuses it,
+    rather than one copy silently replacing the other."""
+    specs, seen = [], {}
+    for archive in archives:
+        spec = _from_archive(archive, frontend)
+        first = seen.setdefault((spec.name, spec.version), spec.archive)
+        if first != spec.archive:
+            raise ConfigError(
+                f"{spec.archive} and {first} both hold model '{spec.name}' version {spec.version}: "
+                "remove one from the model store"
+            )
+        specs.append(spec)
+    return specs
 
 
 def check_store(model_store: Path):

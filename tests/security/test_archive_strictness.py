@@ -271,3 +271,23 @@ def test_an_open_archive_is_checked_once_and_refused_when_written_over_while_ope
         with pytest.raises(archives.ArchiveError, match="changed on disk while tsctl read it"):
             archive.read("h.py", 100)
         assert archive.manifest["model"]["modelName"] == "m"  # what was read stays readable
+
+
+def test_an_open_archive_stays_readable_when_it_is_only_linked_elsewhere(tmp_path):
+    """A hard link made to an open archive (``tsctl export`` links archives into its tree; ``cp -al``,
+    ``rsync --link-dest`` backups) changes the file's ctime and link count, not its bytes: reading on
+    is not refused as "changed on disk" (before the Archive object, every read opened the path again)."""
+    path = tmp_path / "m.mar"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("MAR-INF/MANIFEST.json", b'{"model": {"modelName": "m", "handler": "h.py"}}')
+        z.writestr("h.py", "x = 1\n")
+    with archives.Archive(path) as archive:
+        assert archive.model_name == "m"
+        os.link(path, tmp_path / "exported.mar")
+        assert archive.read("h.py", 100) == b"x = 1\n"
+        (tmp_path / "exported.mar").unlink()
+        assert archive.unpack(tmp_path / "unpacked") and (tmp_path / "unpacked" / "h.py").read_text() == "x = 1\n"
+        with open(path, "r+b") as f:  # a write is still refused, whatever the link count did
+            f.write(f.read())
+        with pytest.raises(archives.ArchiveError, match="changed on disk while tsctl read it"):
+            archive.read("h.py", 100)

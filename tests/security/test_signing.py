@@ -8,6 +8,7 @@ TorchServe, and model-signing's own CLI verifies it unpacked.
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -320,3 +321,39 @@ def test_package_signs_before_its_one_write_and_unpacks_nothing(signed, image_sa
     monkeypatch.undo()
     name, version, _ = archive_signing.verify_archive(archive, str(signed["public"]))
     assert (name, version) == ("once", "1.0")
+
+
+def test_an_input_written_to_while_package_signs_is_not_shipped_with_a_signature_that_lies(
+    signed, image_sample, tmp_path, monkeypatch
+):
+    """--sign-key lays the inputs out as hard links and signs them before the one write: an input that
+    another process rewrites in place meanwhile (a training job still saving, an editor) must not give
+    an archive whose signature does not cover what it holds. Either package refuses in one line or the
+    archive it writes verifies."""
+    from archiver import signing as archive_signing
+    from archiver.errors import UserError
+
+    sample = tmp_path / "sample"
+    shutil.copytree(image_sample, sample)
+    labels = sample / "index_to_name.json"
+    signed_first = archive_signing.sign
+
+    def sign_then_edit(root, key):
+        signature = signed_first(root, key)
+        with open(labels, "r+b") as f:  # in place: the same inode the scratch tree links to
+            f.seek(0)
+            data = f.read()
+            f.seek(0)
+            f.write(data.replace(b"class_", b"klass_", 1))
+        return signature
+
+    monkeypatch.setattr(archive_signing, "sign", sign_then_edit)
+    try:
+        archive = package_resnet(sample, tmp_path / "store", name="raced", sign_key=str(signed["root"] / "signer.pem"))
+    except UserError as refused:
+        assert "\n" not in str(refused) and "index_to_name.json" in str(refused)
+        return
+    finally:
+        monkeypatch.undo()
+    name, _, _ = archive_signing.verify_archive(archive, str(signed["public"]))
+    assert name == "raced"
