@@ -88,7 +88,7 @@ def record(
     golden answer: a ServerError naming the input and the handler's error, unless ``allow_errors``
     (a refusal, 4xx, is one: the input is checked to be refused)."""
     requests = requests_in(source)
-    progress(f"golden: loading the archive in a worker process for {len(requests)} inputs (torch, the handler)")
+    progress(f"golden: loading the archive in-process for {len(requests)} inputs (torch, the handler)")
 
     def each(index: int):
         progress(f"golden: input {index + 1}/{len(requests)} {printable(requests[index][0])}")

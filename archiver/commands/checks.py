@@ -113,8 +113,7 @@ def verified_signature(archive, shown: str, public_key, expect_name, expect_vers
 @expect_options
 @json_option
 def run(archive, inputs, public_key, expect_name, expect_version, as_json):
-    """Run ARCHIVE in a TorchServe worker process here (no server, no Java) on each INPUT file, answering as
-    'tsctl predict' does."""
+    """Run ARCHIVE's handler in-process (no server) on each INPUT file, answering as 'tsctl predict' does."""
     from handlers.archives import opened
 
     from .. import inprocess

@@ -126,7 +126,7 @@ def test_package_golden_reports_each_input_in_a_terminal(image_sample, golden_in
     code, out, err = run_cli(golden_args(image_sample, golden_inputs, tmp_path / "store"), tmp_path, terminal=True)
     assert code == 0, out + err
     lines = PROGRESS.findall(err)
-    assert lines[0].startswith("golden: loading the archive in a worker process for 2 inputs"), err
+    assert lines[0].startswith("golden: loading the archive in-process for 2 inputs"), err
     assert lines[1:] == ["golden: input 1/2 a-cat.jpg", "golden: input 2/2 b-broken.jpg"], err
     assert "golden: 2 answers recorded" in out
 
