@@ -23,7 +23,7 @@ from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 from .errors import ServerError
 
-# TorchServe's frontend's answers for a batch that failed as a whole (handlers/ts_wire.batch_error).
+# TorchServe's frontend's answers for a batch that failed as a whole (serving/ts_wire.batch_error).
 FRONTEND_ERROR = "InternalServerException"
 
 
