@@ -138,6 +138,7 @@ def test_export_and_config_treat_a_subclass_as_the_toolkit_handler_it_is(image_s
     assert snapshot["models"]["labelled"]["1.0"]["batchSize"] == 4
 
 
+@pytest.mark.matrix  # make matrix (37 s): make test checks the recorded class in-process
 def test_a_users_subclass_serves_on_torchserve_as_it_answers_in_process(image_sample, jpegs, tmp_path):
     store = tmp_path / "model-store"
     archive = package_mine(image_sample, store)

@@ -279,6 +279,7 @@ def test_the_package_records_the_generated_class(packaged, kind):
     assert {"handler.py", "model-config.yaml", "handlers/base.py"} <= names
 
 
+@pytest.mark.matrix  # make matrix (53 s): make test serves it on tsctl's engine
 def test_the_generated_image_handler_serves_on_torchserve_as_in_process(packaged, jpegs):
     archive = packaged["image_classifier"]
     with LocalModel(archive) as model:
@@ -324,6 +325,7 @@ def test_export_keeps_the_generated_handlers_batch_size(packaged, tmp_path):
 
 
 # ---- the generated tests, as a user runs them ------------------------------------------------------------
+@pytest.mark.matrix  # make matrix (70 s): make test runs each generated test on its own
 def test_the_generated_tests_of_several_handlers_run_in_one_pytest_process(project):
     """Each process ran several handlers' tests together: no two test files share a module name (two
     test_handler.py were pytest's "import file mismatch", exit 2 before any test ran)."""

@@ -407,6 +407,7 @@ def check_metrics(example: ts_examples.Example, outcome: Outcome, where: str):
 
 
 # ---- make test: tsctl's archives on TorchServe and in-process --------------------------------------
+@pytest.mark.matrix  # 138 s: every archive on TorchServe; make test serves some (test_bundling, README flow)
 def test_torchserve_serves_every_tsctl_archive(runs, examples):
     """One TorchServe, every case packaged by tsctl: each answers (or fails as EXPECTED says, as the
     reference does), the custom metrics reach the worker's log, the probe runs in its model directory."""

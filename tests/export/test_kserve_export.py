@@ -439,7 +439,7 @@ MODELS = {  # model: its request body in DEPLOY.md
 }
 
 
-@pytest.mark.parametrize("protocol", ["v1", "v2"])
+@pytest.mark.parametrize("protocol", ["v1", pytest.param("v2", marks=pytest.mark.matrix)])  # v2 in make matrix: 26 s
 def test_deploy_md_runs_from_its_directory_and_its_bodies_get_200(mixed, tmp_path, tmp_path_factory, protocol):
     """DEPLOY.md's shell blocks run as written from OUT (kubectl, docker and curl recording their arguments):
     every file they apply, copy or send is in the tree, no path of this machine is, and each body the

@@ -99,6 +99,7 @@ def test_a_batch_of_32_mib_empty_list_bodies_is_refused_before_parsing(tensor_ar
     assert result["seconds"] < 60, result  # scanned in linear time (was a flaky 10 s on a loaded CI machine)
 
 
+@pytest.mark.matrix  # make matrix (39 s): make test keeps the served 8-body check
 def test_a_batch_of_big_number_tensors_stays_within_max_batch_bytes(tensor_archive):
     """8 bodies of 15,000,000 numbers each (60 MB of JSON, within the tensor handler's limits): read
     straight into arrays (120 MB each, not 480 MB of Python floats) while the batch's budget lasts;

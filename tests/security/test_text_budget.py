@@ -38,7 +38,10 @@ def test_a_prefix_tokenises_as_the_whole_text(tokenizer, text, window):
         assert cut[key] == whole[key], key
 
 
-@pytest.mark.parametrize("handler, directory", [("text_classifier", "classifier"), ("text_embedder", "minilm")])
+@pytest.mark.parametrize(
+    "handler, directory",
+    [("text_classifier", "classifier"), pytest.param("text_embedder", "minilm", marks=pytest.mark.matrix)],  # 66 s
+)
 def test_long_texts_cost_what_the_model_reads(text_samples, tmp_path, handler, directory):
     """8 requests of 32 texts of 100,000 characters (all within limits), one batch: before, 52 s
     served, mostly tokenising what truncation threw away. Now the batch costs what the same batch of
