@@ -124,6 +124,7 @@ def test_the_flow_runs_as_written(tmp_path):
     assert re.search(r"^DEPLOY\.md$", out, re.M) and re.search(r"^inferenceservice\.yaml$", out, re.M), out
 
 
+@pytest.mark.matrix  # tests/cli/test_golden.py and tests/export/ run the same commands in make test
 def test_golden_answers_run_as_written(tmp_path):
     out = run_blocks(tmp_path, "golden")
     assert "2 of 2 golden answers match (in-process" in out, out
@@ -150,6 +151,7 @@ def test_the_sentence_embedder_runs_as_written(tmp_path):
     assert re.search(r"^\[-?[0-9]", out, re.M), out  # the embedding, a list of floats
 
 
+@pytest.mark.matrix  # tests/cli/test_golden.py and tests/export/ run the same commands in make test
 def test_the_exports_run_as_written(tmp_path):
     run_blocks(tmp_path, "kserve-engine-export", "seldon-export")
     assert (tmp_path / "deploy-engine" / "servingruntime.yaml").is_file()

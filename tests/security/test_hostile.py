@@ -263,6 +263,7 @@ def test_generated_bodies_tensor(tensor_model, body):
 
 
 @FUZZ
+@pytest.mark.matrix  # 36 s; make fuzz and make matrix run it, make test the per-format generated bodies
 @given(rows=st.lists(st.dictionaries(st.sampled_from(["data", "body", "file", "extra"]), bodies, max_size=3),
                      min_size=1, max_size=8))  # fmt: skip
 def test_whole_batches_of_generated_rows(image_models, rows):
