@@ -25,7 +25,7 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 
 from helpers.cgroups import MemoryLimit, peak_rss
 from helpers.engine import Engine, received, snapshot_entry
-from helpers.engine_limits import archive_handler, engine_in_cgroup, write_config
+from helpers.engine_limits import archive_handler, engine_in_cgroup, varint, write_config
 
 GROUP_LIMIT = 3 << 30  # the engine's cgroup, workers included: bodies in flight may hold a quarter, 768 MiB
 BOUND = GROUP_LIMIT // 4
@@ -451,15 +451,6 @@ def test_answers_to_request_ids_nobody_sent_are_not_held(engine):
 
 
 # ---- gRPC --------------------------------------------------------------------------------------------------
-def varint(value: int) -> bytes:
-    out = b""
-    while True:
-        out += bytes([value & 0x7F | (0x80 if value > 0x7F else 0)])
-        value >>= 7
-        if not value:
-            return out
-
-
 def packed(field: str, data: bytes) -> pb.InferTensorContents:
     """Contents whose packed repeated ``field`` is ``data`` as it is on the wire."""
     number = pb.InferTensorContents.DESCRIPTOR.fields_by_name[field].number
