@@ -1,7 +1,7 @@
 """``tsctl package --golden DIR`` and ``tsctl verify``: golden answers recorded in, and replayed from,
 an archive (the format: handlers/golden.py).
 
-Recording runs the freshly built archive in-process (``LocalModel``, one request at a time, each
+Recording runs the freshly built archive in a TorchServe worker (``LocalModel``, one request at a time, each
 with the content type its file suffix says) before the archive is moved into place, so a build whose
 golden run fails leaves nothing behind. Replaying compares each answer with the recorded one within
 ``atol``: in-process, or against a server (``--url``) speaking TorchServe's API (``ts``) or KServe's
@@ -94,7 +94,7 @@ def record(
         progress(f"golden: input {index + 1}/{len(requests)} {printable(requests[index][0])}")
 
     with archives.opened(archive) as opened:
-        results, settings = in_process(opened, [(body, kind) for _, body, kind in requests], each)
+        results, settings = in_process(opened, [(body, kind) for _, body, kind in requests], each, with_settings=True)
         found = identity.read(opened) or {}
         handler = f"{found.get('module')}.{found.get('class')}" if found else opened.model["handler"]
     failed = [(name, answer) for (name, _, _), (status, answer) in zip(requests, results) if status >= 500]
@@ -249,10 +249,12 @@ def in_process(
     archive: archives.ArchiveLike,
     requests: List[Tuple[bytes, str]],
     before_each: Optional[Callable[[int], None]] = None,
+    with_settings: bool = False,
 ) -> Tuple[List[Tuple[int, Any]], dict]:
     """(status, answer) of each (body, content type), one request at a time as a worker would run
-    it alone; and the handler's settings. ``before_each(i)`` is called before request i runs."""
-    from serving.testing import LocalModel, Request  # torch: only for --golden and in-process verify
+    it alone; and, ``with_settings``, the handler's settings (``handler_settings``; else {}).
+    ``before_each(i)`` is called before request i runs."""
+    from serving.testing import LocalModel, Request  # a worker process: only for --golden and in-process verify
 
     with LocalModel(archive, batch_size=1) as model:
         results = []
@@ -261,8 +263,35 @@ def in_process(
                 before_each(index)
             [response] = model.serve([Request(body, {"Content-Type": kind})])
             results.append((response.status, response.json()))
-        settings = dataclasses.asdict(model.handler.settings) if model.handler is not None else {}
+        settings = handler_settings(model.model_dir, model.manifest, model.record) if with_settings else {}
     return results, settings
+
+
+def handler_settings(model_dir: Path, manifest: dict, record: Optional[dict]) -> dict:
+    """The toolkit handler's settings as its worker reads them: its class's ``Settings`` filled from
+    model-config.yaml's ``handler:`` section. The class is found as packaging finds it, without its
+    model: a toolkit handler's by name (``handlers.catalogue``), a handler file's by importing the file
+    (``mar._load_handler_file``). {} for a handler that is not a toolkit one (no record)."""
+    import importlib
+
+    from handlers import catalogue, settings
+
+    from .model_config import load_model_config
+
+    if record is None:
+        return {}
+    config = manifest["model"].get("configFile")
+    section = load_model_config(model_dir / config).get("handler") if config else None
+    own_file = model_dir / f"{record['module']}.py"
+    named = (record["class"], tuple(record["bases"]))
+    known = [h.settings for h in catalogue.HANDLERS.values() if (h.class_name, h.bases) == named]
+    if own_file.is_file() and not record["module"].startswith("handlers."):
+        settings_class = getattr(mar._load_handler_file(own_file), record["class"]).Settings
+    elif known:  # a toolkit handler by name: no torch here
+        settings_class = getattr(settings, known[0])
+    else:
+        settings_class = getattr(importlib.import_module(record["module"]), record["class"]).Settings
+    return dataclasses.asdict(settings.read_settings(settings_class, section))
 
 
 ENDPOINTS = {"ts": "/predictions/{model}", "v1": "/v1/models/{model}:predict", "v2": "/v2/models/{model}/infer"}

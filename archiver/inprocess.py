@@ -1,28 +1,32 @@
-"""An archive's handler in this process: ``tsctl run`` and in-process ``tsctl verify``.
+"""An archive's handler run here, without a server: ``tsctl run`` and in-process ``tsctl verify``.
 
 ``run`` answers as ``tsctl predict`` does against a server ``tsctl config`` configured: each file is
 one request (its content type from its suffix) in a batch of its own, as predict's requests reach a
 worker one after the other; the handler gets the bodies as that worker would (a toolkit archive raw,
 ``decode_input_request=false``, as tsctl config and the tsctl engine set it; any other TorchServe's
-default, parsed), with the archive's batchSize as its context's. A worker's log is not a terminal:
-while the handler runs here its log lines and warnings are kept, not printed (``quiet_logs``; a
-handler logs a traceback for a request it refuses, TorchServe one for a batch that failed), and a
-batch the handler failed as a whole (TorchServe's frontend answers 503 ``Prediction failed``, 500
-``Worker died.`` ...) is one ServerError naming the archive, the input and the handler's own error.
+default, parsed), with the archive's batchSize as its context's. The archive runs in TorchServe's
+worker process (``serving.testing.LocalModel``), whose log is kept, not printed (a handler logs a
+traceback for a request it refuses, TorchServe one for a batch that failed); this process's own log
+records and warnings are kept too while a command runs one (``quiet_logs``). A batch the handler
+failed as a whole (TorchServe's frontend answers 503 ``Prediction failed``, 500 ``Worker died.``
+...) is one ServerError naming the archive, the input and the handler's own error, read from the
+worker's log (``handler_error``).
 
-Nothing here imports torch until a model is loaded.
+Nothing here imports torch.
 """
 
 import base64
 import contextlib
 import json
 import logging
-import traceback
+import re
+import time
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 from .errors import ServerError
 
+FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')  # a traceback's frame, as a worker logs it
 # TorchServe's frontend's answers for a batch that failed as a whole (serving/ts_wire.batch_error).
 FRONTEND_ERROR = "InternalServerException"
 
@@ -46,21 +50,38 @@ def quiet_logs() -> Iterator[List[logging.LogRecord]]:
         root.removeHandler(keep)
 
 
-def handler_error(records: Sequence[logging.LogRecord], model_dir: Optional[Path] = None) -> Optional[str]:
-    """The handler's own error among the log records: the last exception logged, as ``Type: message``
-    and, when it was raised in the archive's code, where (``file.py:LINE in function``)."""
-    for record in reversed(records):
-        exc_info = record.exc_info or getattr(record, "raised", None)  # log_text keeps it as ``raised``
-        if not exc_info or exc_info[1] is None:
-            continue
-        exc = exc_info[1]
-        text = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
-        where = None
-        for frame in traceback.extract_tb(exc.__traceback__):
-            if model_dir is not None and Path(frame.filename).is_relative_to(model_dir):
-                where = f"{Path(frame.filename).relative_to(model_dir)}:{frame.lineno} in {frame.name}"
-        return f"{text} ({where})" if where else text
-    return None
+def handler_error(lines: Sequence[str], model_dir: Optional[Path] = None) -> Optional[str]:
+    """The handler's own error in its worker's log lines: the last Python error logged (``Type:
+    message``, ``ts_wire.cause_of``) and, when a traceback before it passes through the archive's
+    code, where (``file.py:LINE in function``, its last frame there)."""
+    from serving.ts_wire import cause_of
+    from serving.worker_process import PYTHON_ERROR
+
+    errors = [(i, line.strip()) for i, line in enumerate(lines) if PYTHON_ERROR.match(line)]
+    cause = cause_of([error for _, error in errors])
+    if cause is None:
+        return None
+    at = max(i for i, error in errors if error == cause)
+    where = None
+    for line in lines[:at]:
+        for path, number, function in FRAME.findall(line):
+            if model_dir is not None and Path(path).is_relative_to(model_dir):
+                where = f"{Path(path).relative_to(model_dir)}:{number} in {function}"
+    return f"{cause} ({where})" if where else cause
+
+
+def worker_error(model, seen: int, wait: float = 2.0) -> Optional[str]:
+    """``handler_error`` of the lines ``model``'s worker logged since its ``seen``-th (``model.logged``);
+    its log is read by a thread of its own, so the lines of a batch's failure are waited for (up to
+    ``wait`` s)."""
+    deadline = time.monotonic() + wait
+    while True:
+        new = model.logged - seen
+        lines = list(model.log)[-new:] if new > 0 else []
+        found = handler_error(lines, model.model_dir)
+        if found is not None or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
 
 
 def failed_whole(response) -> bool:
@@ -95,10 +116,10 @@ def run(
     from handlers import identity
     from handlers.archives import opened
 
-    with opened(archive) as archive, quiet_logs() as records:  # the archive read once: record, config, files
+    with opened(archive) as archive:  # the archive read once: record, config, files
         raw = identity.read(archive) is not None  # a toolkit handler: served with decode_input_request=false
         progress(f"loading {archive.path.name}")
-        from serving.testing import LocalModel  # torch: seconds
+        from serving.testing import LocalModel  # the worker process imports torch, not this one
 
         model = LocalModel(
             archive,
@@ -110,10 +131,10 @@ def run(
         with model:
             answered = []
             for number, path in enumerate(paths, 1):
-                seen = len(records)
+                seen = model.logged
                 [response] = model.predict([Path(path)])
                 if failed_whole(response):
-                    cause = handler_error(records[seen:], model.model_dir) or response.json().get("message")
+                    cause = worker_error(model, seen) or response.json().get("message")
                     raise ServerError(f"{archive.path}: the handler failed on {path}: {cause}")
                 answered.append((Path(path), response))
                 progress(f"{number}/{len(paths)} {path}: {response.status}")

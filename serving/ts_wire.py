@@ -6,8 +6,8 @@
 - ``read_reply``/``read_answers``/``Stream``: the worker's reply (``create_predict_response``) read
   back as the frontend reads it: per request the status, content type, headers and body bytes.
 
-Used in-process by ``serving/worker.py`` (LocalModel) and across processes by the tsctl engine
-(``serving/worker_process.py``); the engine's server process never imports torch.
+Used by the tsctl engine's workers (``serving/worker_process.py``), which ``LocalModel`` starts too
+(``serving/testing.py``); the engine's server process never imports torch.
 """
 
 import json
@@ -43,6 +43,10 @@ class Request:
     @property
     def content_type(self) -> str:
         return mime_type(self.headers)
+
+    def parameters(self) -> List[Tuple[str, str, bytes]]:
+        """What the frontend sends the worker for it: (name, MIME type, value) each; one ``body``."""
+        return [("body", self.content_type, self.body)]
 
 
 def mime_type(headers: Dict[str, str]) -> str:
@@ -102,17 +106,19 @@ def encode_load(name: str, model_dir: Path, handler: str, batch_size: int, envel
 
 def encode_batch(requests: List[Request], ids: List[str]) -> List[bytes]:
     """The inference command for one batch (``_retrieve_inference_msg`` reads it): per request its
-    id, its HTTP headers, and one ``body`` parameter with the request's MIME type. Returned as the
-    pieces to send in order, each body as it is (not copied into one message)."""
+    id, its HTTP headers, and its parameters (``Request.parameters``: one ``body`` with the request's
+    MIME type). Returned as the pieces to send in order, each body as it is (not copied into one message)."""
     pieces, head = [], [b"I"]
     for request, request_id in zip(requests, ids):
         head.append(_field(request_id.encode()))
         for name, value in request.headers.items():
             head.append(_field(name.encode("utf-8")) + _field(value.encode("utf-8")))
         head.append(struct.pack("!i", -1))
-        head.append(_field(b"body") + _field(mime_type(request.headers).encode("utf-8")))
-        pieces += [b"".join(head) + struct.pack("!i", len(request.body)), request.body]
-        head = [struct.pack("!i", -1)]
+        for name, kind, value in request.parameters():
+            head.append(_field(name.encode("utf-8")) + _field(kind.encode("utf-8")))
+            pieces += [b"".join(head) + struct.pack("!i", len(value)), value]
+            head = []
+        head.append(struct.pack("!i", -1))  # the end of this request's parameters
     head.append(struct.pack("!i", -1))
     return pieces + [b"".join(head)]
 

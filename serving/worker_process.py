@@ -71,6 +71,7 @@ class WorkerProcess:
                  max_response_size: int = 6553500):  # fmt: skip
         self.process, self.sock, self.stream, self.started = process, sock, stream, started
         self.max_response_size = max_response_size
+        self.readers: List[threading.Thread] = []  # the threads reading its output and metrics (start_worker)
 
     @property
     def pid(self) -> int:
@@ -162,7 +163,7 @@ def start_worker(
     started = time.time()
     process, metric_read = spawn(model_dir, frontend.metrics_config or METRICS_YAML, socket_path, env)
     on_spawn(process)
-    lines, output = read_output(spec.name, process, metric_read, on_line, on_metric)
+    lines, readers = read_output(spec.name, process, metric_read, on_line, on_metric)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         load = encode_load(spec.name, model_dir, handler, spec.batch_size, frontend.envelope,
@@ -170,7 +171,7 @@ def start_worker(
         stream = connect_and_load(process, sock, socket_path, load)
     except BaseException as exc:
         sock.close()
-        end_failed_load(process, output, killed=not isinstance(exc, WorkerDied))
+        end_failed_load(process, readers[0], killed=not isinstance(exc, WorkerDied))
         if isinstance(exc, WorkerDied):
             raise RuntimeError(_last_error(lines) or str(exc)) from None
         if isinstance(exc, socket.timeout):
@@ -178,7 +179,9 @@ def start_worker(
         if isinstance(exc, OSError):
             raise RuntimeError(f"the worker could not be started: {exc}") from None
         raise
-    return WorkerProcess(process, sock, stream, started, frontend.max_response_size)
+    worker = WorkerProcess(process, sock, stream, started, frontend.max_response_size)
+    worker.readers = readers
+    return worker
 
 
 def spawn(model_dir: Path, metrics: str, socket_path: str, env: dict) -> Tuple[subprocess.Popen, int]:
@@ -211,9 +214,9 @@ def read_output(
     metric_read: int,
     on_line: Callable[[str], None],
     on_metric: Optional[Callable[[str], None]],
-) -> Tuple[Deque[str], threading.Thread]:
+) -> Tuple[Deque[str], List[threading.Thread]]:
     """Threads reading the worker's output (to ``on_line``, within ``WORKER_LOG_RATE``) and its metrics
-    pipe (to ``on_metric``, else as log lines): its last 200 lines, and the output's reader."""
+    pipe (to ``on_metric``, else as log lines): its last 200 lines, and the two readers (the output's first)."""
     lines: Deque[str] = collections.deque(maxlen=200)
     budget = OutputBudget(WORKER_LOG_RATE, WORKER_LOG_BURST)
 
@@ -235,7 +238,7 @@ def read_output(
     for reader in readers:
         reader.daemon = True
         reader.start()
-    return lines, readers[0]
+    return lines, readers
 
 
 def connect_and_load(process: subprocess.Popen, sock: socket.socket, socket_path: str, load: bytes) -> Stream:

@@ -59,16 +59,18 @@ def handler_errors(archive):
         raise handler_failure(archive, exc) from None
 
 
-# The archive's own handlers/ copy raises its own ModelLoadError/SettingsError classes: match by name.
+# The archive's own handlers/ copy raises these in its worker: matched by name.
 USER_MISTAKES = {("handlers.loading", "ModelLoadError"), ("handlers.settings", "SettingsError")}
 
 
 def handler_failure(archive, exc: Exception) -> Exception:
     """One line for a handler that failed to load or run in-process: the user's mistake (weights,
     settings: exit 2), else the handler's failure (exit 1)."""
-    if (type(exc).__module__, type(exc).__name__) in USER_MISTAKES:
+    # a LoadError names the exception its worker raised (serving/testing.py)
+    module, _, name = getattr(exc, "error_type", f"{type(exc).__module__}.{type(exc).__name__}").rpartition(".")
+    if (module, name) in USER_MISTAKES:
         return UserError(f"{archive}: {exc}")
-    return ServerError(f"{archive}: the handler failed to load: {type(exc).__name__}: {exc}")
+    return ServerError(f"{archive}: the handler failed to load: {name}: {exc}")
 
 
 def emit(report: dict, as_text, as_json: bool):

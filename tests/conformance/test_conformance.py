@@ -27,11 +27,9 @@ runtimes) and writes the table to /tmp/conformance_table.md (or ``TSCTL_CONFORMA
 custom_metrics and transformer cases with pytorch/serve's own handler and model files.
 """
 
-import logging
 import os
 import re
 import shutil
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
@@ -44,8 +42,7 @@ from helpers.paths import short_tmp
 from helpers.servers import RunningServer
 from samples import ts_examples
 from samples.ts_examples import PACKAGERS, RUNTIMES
-from serving.testing import LocalModel
-from serving.worker import Request
+from serving.testing import LoadError, LocalModel, Request
 
 SERVE = ts_examples.checkout()  # None: the stand-ins; else pytorch/serve's files for the cases below
 REAL = SERVE is not None
@@ -216,18 +213,18 @@ class Runs:
     def in_process(self, packager: str, store: Store) -> Dict[str, Outcome]:
         outcomes = {}
         for name, archive in store.archives.items():
-            with emitted_metrics() as seen:
-                try:
-                    metrics_config = self.examples[name].properties.get("metrics_config")
-                    with LocalModel(archive, batch_size=1, metrics_config=metrics_config) as model:
-                        answers = []
-                        for body, kind in self.examples[name].inputs:
-                            [response] = model.predict([Request(body, {"Content-Type": kind})])
-                            answers.append((response.status, response.answer()))
-                    outcomes[name] = Outcome(answers)
-                except Exception as exc:  # noqa: BLE001 - the handler's own error is the outcome
-                    outcomes[name] = Outcome(error=f"LocalModel failed to load: {type(exc).__name__}: {exc}"[:400])
-            outcomes[name].metrics = set(seen)
+            try:
+                metrics_config = self.examples[name].properties.get("metrics_config")
+                with LocalModel(archive, batch_size=1, metrics_config=metrics_config) as model:
+                    answers = []
+                    for body, kind in self.examples[name].inputs:
+                        [response] = model.predict([Request(body, {"Content-Type": kind})])
+                        answers.append((response.status, response.answer()))
+                # closed: every line the worker's metrics cache logged has been read
+                outcomes[name] = Outcome(answers, metrics={m for line in model.metrics for m in METRIC.findall(line)})
+            except Exception as exc:  # noqa: BLE001 - the handler's own error (raised in its worker: LoadError) is the outcome
+                error = exc.error_type.rpartition(".")[2] if isinstance(exc, LoadError) else type(exc).__name__
+                outcomes[name] = Outcome(error=f"LocalModel failed to load: {error}: {exc}"[:400])
         return outcomes
 
     def groups(self, packager: str, store: Store) -> List[List[str]]:
@@ -314,26 +311,6 @@ class Runs:
             return outcomes
 
         return self.serve(packager, store, start)
-
-
-@contextmanager
-def emitted_metrics():
-    """The names of the ``[METRICS]`` lines TorchServe's metrics cache logs meanwhile (in-process)."""
-    seen: Set[str] = set()
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            seen.update(METRIC.findall(record.getMessage()))
-
-    logger = logging.getLogger("ts.metrics")
-    collect, level = Collect(logging.INFO), logger.level
-    logger.addHandler(collect)
-    logger.setLevel(logging.INFO)
-    try:
-        yield seen
-    finally:
-        logger.removeHandler(collect)
-        logger.setLevel(level)
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ import sys
 import unicodedata
 import warnings
 from pathlib import Path
+from typing import Union
 
 import pytest
 import torch
@@ -26,7 +27,7 @@ from handlers.token_classification import drop_overlaps
 from helpers.models import package_text
 from helpers.servers import RunningServer, post
 from samples import text_models
-from serving.testing import LocalModel, Request
+from serving.testing import InProcessHandler, LocalModel, Request
 
 LONG = (
     "Ada Lovelace wrote to Charles Babbage from London about the Analytical Engine, and Grace Hopper later "
@@ -91,8 +92,13 @@ def config(**handler) -> str:
     return FULL + "handler:\n" + "".join(f"  {key}: {json.dumps(value)}\n" for key, value in handler.items())
 
 
-def answers(model: LocalModel, texts=TEXTS) -> list:
-    responses = model.predict(list(texts))
+def answers(model: Union[LocalModel, InProcessHandler], texts=TEXTS) -> list:
+    """Each text's answer, one request each in one batch (text/plain; an InProcessHandler, whose
+    handler a test looks at, gets each as the worker hands it over: a str)."""
+    if isinstance(model, InProcessHandler):
+        responses = model.predict_rows([{"body": t} for t in texts], [{"Content-Type": "text/plain"}] * len(texts))
+    else:
+        responses = model.predict(list(texts))
     assert [r.status for r in responses] == [200] * len(texts), [r.json() for r in responses if r.status != 200]
     return [r.json() for r in responses]
 
@@ -194,7 +200,7 @@ def build_sentence_transformers(root: Path):
 )  # fmt: skip
 def test_classifier_scores_are_the_pipelines(models, tmp_path, directory, function):
     archive = package_text(models, tmp_path / "store", directory, "text_classifier", directory, config(top_k=0))
-    with LocalModel(archive) as model:
+    with InProcessHandler(archive, batch_size=8) as model:  # its handler is looked at: in this process
         assert model.handler.function == function
         ours = answers(model)
     classify = pipeline("text-classification", models / directory)
@@ -252,7 +258,7 @@ def test_long_texts_are_tagged_to_the_end_with_stride(models, tmp_path, aggregat
         "token-classification", models / "tagger", max_length=64, aggregation_strategy=aggregation, stride=16
     )
     truncated = package_text(models, tmp_path / "t", "cut", "token_classifier", "tagger", config(max_length=64))
-    with LocalModel(archive) as model, LocalModel(truncated) as cut:
+    with InProcessHandler(archive, batch_size=8) as model, LocalModel(truncated) as cut:  # model's handler looked at
         ours = answers(model)
         short = answers(cut)
         windows = len(model.handler.decode(LONG * 20).extra)
@@ -308,7 +314,7 @@ def test_embeddings_are_sentence_transformers(models, tmp_path, directory):
     from sentence_transformers import SentenceTransformer
 
     archive = package_text(models, tmp_path / "s", "emb", "text_embedder", directory, FULL)
-    with LocalModel(archive) as model:
+    with InProcessHandler(archive, batch_size=8) as model:  # its handler is looked at: in this process
         assert model.handler.sentence_model is not None
         ours = torch.tensor(answers(model))
     reference = SentenceTransformer(str(models / directory), device="cpu").encode(TEXTS, convert_to_tensor=True)
@@ -335,7 +341,7 @@ def test_lower_casing_and_the_prompt_change_the_answer(models, tmp_path):
 
 def test_plain_directories_keep_the_transformers_path(models, tmp_path):
     archive = package_text(models, tmp_path / "s", "emb", "text_embedder", "st_bert", FULL)
-    with LocalModel(archive) as model:
+    with InProcessHandler(archive, batch_size=8) as model:  # its handler is looked at: in this process
         assert model.handler.sentence_model is None and model.handler.pooling == "mean"
         [vector] = answers(model, ["a plain BERT, mean pooled"])
     assert len(vector) == 64
@@ -350,14 +356,14 @@ def test_without_the_package_only_what_the_plain_path_computes_exactly_loads(mod
     minilm = package_text(models, tmp_path / "s", "minilm", "text_embedder", "minilm", FULL)
     dense = package_text(models, tmp_path / "s", "dense", "text_embedder", "st_weightedmean", FULL)
     monkeypatch.setitem(sys.modules, "sentence_transformers", None)  # import fails as if not installed
-    with LocalModel(minilm) as model:
+    with InProcessHandler(minilm, batch_size=8) as model:  # in this process, where sentence_transformers is gone
         assert model.handler.sentence_model is None
         ours = torch.tensor(answers(model))
     assert torch.nn.functional.cosine_similarity(ours, reference.float(), dim=1).min().item() >= 0.99999
     with pytest.raises(
         Exception, match="needs the sentence-transformers package .a Dense module.*sentence-transformers>=3"
     ):
-        LocalModel(dense)
+        InProcessHandler(dense)
 
 
 def test_pooling_setting_is_refused_for_sentence_transformers_directories(models, tmp_path):

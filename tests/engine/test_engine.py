@@ -61,6 +61,13 @@ def handle(data, context):
 
 
 @pytest.fixture(scope="module")
+def resnet18_local(tree):
+    """The tree's resnet18.mar in a worker, as the engine serves it (decode_input_request=false)."""
+    with LocalModel(tree / "model-store" / "resnet18.mar", decode_input_request=False) as local:
+        yield local
+
+
+@pytest.fixture(scope="module")
 def tree(image_sample, tmp_path_factory):
     """model-store/ (resnet18 of ours, echo made by torch-model-archiver) and config/config.properties."""
     root = tmp_path_factory.mktemp("engine")
@@ -95,7 +102,7 @@ def echo_json(engine, text: str, timeout: float = 60):
     return engine.post("/predictions/echo", text.encode(), "text/plain", timeout)
 
 
-def test_it_serves_the_tree_under_torchservess_and_kserves_apis(engine, tree, image_sample):
+def test_it_serves_the_tree_under_torchservess_and_kserves_apis(engine, tree, image_sample, resnet18_local):
     status, listed = engine.get("/models")
     assert status == 200 and sorted(m["modelName"] for m in listed["models"]) == ["echo", "resnet18"]
     echo_workers = engine.workers("echo")
@@ -108,8 +115,7 @@ def test_it_serves_the_tree_under_torchservess_and_kserves_apis(engine, tree, im
     # The same answers as in-process, on TorchServe's route and KServe v1's, raw and as JSON.
     jpeg = sample_jpeg(3, (300, 200))
     v1 = json.dumps({"instances": [base64.b64encode(jpeg).decode()]}).encode()
-    with LocalModel(tree / "model-store" / "resnet18.mar", decode_input_request=False) as local:
-        want_raw, want_v1 = [r.json() for r in local.predict([jpeg, json.loads(v1)])]
+    want_raw, want_v1 = [r.json() for r in resnet18_local.predict([jpeg, json.loads(v1)])]
     status, got = engine.post("/predictions/resnet18", jpeg, "image/jpeg")
     assert status == 200
     assert_close(got, want_raw)
@@ -128,15 +134,11 @@ def test_it_serves_the_tree_under_torchservess_and_kserves_apis(engine, tree, im
     assert engine.post("/predictions/nope", b"x")[0] == 404 and engine.post("/predictions/echo/9.9", b"x")[0] == 404
 
 
-def test_v2_over_http_and_grpc_from_tritonclient(engine, tree):
+def test_v2_over_http_and_grpc_from_tritonclient(engine, resnet18_local):
     jpeg = sample_jpeg(5, (256, 256))
-    with LocalModel(tree / "model-store" / "resnet18.mar", decode_input_request=False) as local:
-        body = {
-            "inputs": [
-                {"name": "input-0", "shape": [1], "datatype": "BYTES", "data": [base64.b64encode(jpeg).decode()]}
-            ]
-        }
-        [want] = local.predict([body])
+    data = [base64.b64encode(jpeg).decode()]
+    body = {"inputs": [{"name": "input-0", "shape": [1], "datatype": "BYTES", "data": data}]}
+    [want] = resnet18_local.predict([body])
     want = want.json()["outputs"][0]
 
     http = triton_http.InferenceServerClient(f"127.0.0.1:{engine.http}", network_timeout=60)

@@ -73,13 +73,27 @@ def store(image_sample, text_samples, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def in_process(store):
-    """(status, body) of every request in REQUESTS, from the archive run in-process."""
+def local(store):
+    """``local(name)``: the store's NAME.mar in a worker (LocalModel), started once for the module."""
+    opened = {}
+
+    def get(name: str) -> LocalModel:
+        if name not in opened:
+            opened[name] = LocalModel(store / f"{name}.mar")
+        return opened[name]
+
+    yield get
+    for model in opened.values():
+        model.close()
+
+
+@pytest.fixture(scope="module")
+def in_process(local):
+    """(status, body) of every request in REQUESTS, from the archive run without a server (LocalModel)."""
     answers = {}
     for model, requests in REQUESTS.items():
-        with LocalModel(store / f"{model}.mar") as local:
-            rows = [{"body": body} for body, _ in requests]
-            responses = local.predict_rows(rows, [{"Content-Type": kind} for _, kind in requests])
+        rows = [{"body": body} for body, _ in requests]
+        responses = local(model).predict_rows(rows, [{"Content-Type": kind} for _, kind in requests])
         answers[model] = [(r.status, r.json()) for r in responses]
     return answers
 
@@ -115,7 +129,7 @@ def test_every_handler_answers_the_same_on_torchserve_on_kserve_and_in_process(s
 
 
 @pytest.mark.matrix
-def test_v2_from_tritonclient_gets_the_in_process_answer(store, kserve_engine):
+def test_v2_from_tritonclient_gets_the_in_process_answer(store, kserve_engine, local):
     client = triton.InferenceServerClient(kserve_engine.inference.split("//")[1], network_timeout=120)
     texts = np.array([t.encode() for t in TEXTS], dtype=np.object_)
     inputs = triton.InferInput("input-0", [len(TEXTS)], "BYTES")
@@ -127,11 +141,9 @@ def test_v2_from_tritonclient_gets_the_in_process_answer(store, kserve_engine):
     pixels.set_data_from_numpy(PIXELS[None], binary_data=True)
     binary = triton.InferRequestedOutput("output-0", binary_data=True)
     logits = client.infer("resnet18_t", [pixels], outputs=[binary]).as_numpy("output-0")
-    with LocalModel(store / "sentiment.mar") as local:
-        [want] = local.predict([{"inputs": [{"name": "t", "shape": [3], "datatype": "BYTES", "data": TEXTS}]}])
+    [want] = local("sentiment").predict([{"inputs": [{"name": "t", "shape": [3], "datatype": "BYTES", "data": TEXTS}]}])
     assert_close(got, [json.loads(answer) for answer in want.json()["outputs"][0]["data"]])
-    with LocalModel(store / "resnet18_t.mar") as local:
-        [want] = local.predict([{"instances": [PIXELS.tolist()]}])
+    [want] = local("resnet18_t").predict([{"instances": [PIXELS.tolist()]}])
     assert logits.shape[0] == 1
     assert_close([float(x) for x in logits.reshape(-1)], want.json()["predictions"][0])
 
@@ -163,13 +175,12 @@ def package_golden(image_sample: Path, root: Path) -> Path:
     return path
 
 
-def test_the_cli_serves_predicts_benches_verifies_and_stops_on_the_engine(store, image_sample, tmp_path):
+def test_the_cli_serves_predicts_benches_verifies_and_stops_on_the_engine(store, image_sample, tmp_path, local):
     """``serve --engine kserve`` (an alias of tsctl) ``--config`` reads the same config.properties as TorchServe
     (its snapshot's batchSize 2 wins over the archives' 4); server.json records the engine and its addresses."""
     image = tmp_path / "kitten.jpg"
     image.write_bytes(JPEGS[0])
-    with LocalModel(store / "resnet18.mar") as local:
-        [want] = local.predict([JPEGS[0]])
+    [want] = local("resnet18").predict([JPEGS[0]])
     config = properties.write_config(store, tmp_path / "config" / "config.properties", {"batchSize": 2})
     home = str(short_tmp("kc-"))
     runner = CliRunner()

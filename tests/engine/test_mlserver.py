@@ -433,6 +433,7 @@ def test_the_seldon_export_serves_and_its_pipeline_answers_as_the_archive(store,
         shutil.copytree(out / "models" / step, repository / step)
     home = short_tmp("mp-")
     running = ENGINE.serve_repository(repository, steps, home, timeout=300, python=mlserver_python)
+    resnet18_local = LocalModel(store / "resnet18.mar")  # one worker for every picture
     try:
         for jpeg in JPEGS:
             body = v2([bytes_tensor([b64(jpeg)])])
@@ -441,8 +442,7 @@ def test_the_seldon_export_serves_and_its_pipeline_answers_as_the_archive(store,
                                                 {"Content-Type": "application/json"}, 120)  # fmt: skip
                 assert status == 200, (step, answer)
                 body = json.dumps({"inputs": answer["outputs"]}).encode()
-            with LocalModel(store / "resnet18.mar") as local:
-                [want] = local.predict([jpeg])
+            [want] = resnet18_local.predict([jpeg])
             assert_close([json.loads(a) for a in answer["outputs"][0]["data"]], [want.json()])
         url = engines.predict_url(running, steps[0])
         status, answer = server.request(url, v2([bytes_tensor(["not base64!"])]), "POST",
@@ -466,6 +466,7 @@ def test_the_seldon_export_serves_and_its_pipeline_answers_as_the_archive(store,
                                             {"Content-Type": "application/json"}, 60)  # fmt: skip
             assert status == want and answer.get("error"), (step, body[:100], status, answer)
     finally:
+        resnet18_local.close()
         ENGINE.stop(running)
 
 

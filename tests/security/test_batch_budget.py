@@ -1,7 +1,8 @@
 """A batch is bounded, not only each request: what a whole batch's requests may take once read is
 counted before it is built (handlers/base.py ``Budget``, protocol.py's metering), so 8 requests each
-within its own limits cannot together exhaust the worker. Each batch runs in a child process whose
-peak memory is read from the kernel (``ru_maxrss``): the figure a pod's limit would see.
+within its own limits cannot together exhaust the worker. Each batch runs in a worker process (a
+LocalModel's) whose peak memory is read from the kernel (``VmHWM``, the process's ``ru_maxrss``):
+the figure a pod's limit would see.
 
 Attacks from issue #21 (each got the worker OOM-killed, or stalled it, before):
 - 8 KServe v1 bodies of 32 MiB of ``[[],[],...]``: 770 MB each once parsed, now refused unparsed;
@@ -30,11 +31,16 @@ MB = 1 << 20
 
 PROBE = textwrap.dedent(
     """
-    import json, resource, sys, time
+    import json, sys, time
     from serving.testing import LocalModel
 
+    def peak(pid):  # the worker's peak resident memory (what ru_maxrss is for a process), in bytes
+        with open(f"/proc/{pid}/status") as status:
+            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+
     archive, kind, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    with LocalModel(archive) as model:
+    # served as tsctl serves a toolkit archive (decode_input_request=false): the handler reads the bytes
+    with LocalModel(archive, decode_input_request=False) as model:
         model.predict([{"instances": [[1.0, 2.0, 3.0, 4.0]]}])  # loaded and warm
         if kind == "empty-lists":
             bodies = [b'{"instances": [' + b"[]," * (32 * 2**20 // 3 - 10) + b"[]]}" for _ in range(count)]
@@ -43,13 +49,13 @@ PROBE = textwrap.dedent(
         elif kind == "good":
             bodies = [b'{"instances": [[1.0, 2.0, 3.0, 4.0]]}' for _ in range(count)]
         bodies.append(b'{"instances": [[1.0, 2.0, 3.0, 4.0]]}')  # a good neighbour, last
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        before = peak(model.pid)
         started = time.perf_counter()
         rows = [{"body": body} for body in bodies]
         heads = [{"Content-Type": "application/json"} for _ in bodies]
         responses = model.predict_rows(rows, heads)
         elapsed = time.perf_counter() - started
-        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        after = peak(model.pid)
         print(json.dumps({
             "statuses": [r.status for r in responses],
             "retry_after": [r.headers.get("Retry-After") for r in responses],

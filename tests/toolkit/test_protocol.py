@@ -17,8 +17,7 @@ from hypothesis.extra import numpy as hnp
 from archiver import mar
 from handlers import protocol
 from handlers.protocol import V2, ClientError, Limits, Request
-from serving.testing import LocalModel
-from serving.worker import Request as HttpRequest
+from serving.testing import InProcessHandler
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = ("data", "tensor")
@@ -47,8 +46,14 @@ def tensor_model(tmp_path_factory):
             force=True,
         )
     )
-    with LocalModel(archive) as model:
+    with InProcessHandler(archive, batch_size=8) as model:  # its preprocess is looked at: this process
         yield model
+
+
+def as_the_worker_decodes(body: bytes, headers: dict) -> dict:
+    """A request as TorchServe's worker hands it to the handler (its default, decode_input_request):
+    a JSON body parsed, any other a bytearray of the body."""
+    return {"body": json.loads(body) if headers.get("Content-Type") == protocol.JSON_TYPE else bytearray(body)}
 
 
 def spy_on_preprocess(model) -> list:
@@ -69,7 +74,7 @@ def test_a_binary_fp32_tensor_reaches_preprocess_as_arrays_viewing_the_request(t
     body, headers = protocol.encode_request(pixels, V2, binary=True)
     seen = spy_on_preprocess(tensor_model)
     try:
-        [response] = tensor_model.serve([HttpRequest(body, headers)])
+        [response] = tensor_model.predict_rows([as_the_worker_decodes(body, headers)], [headers])
     finally:
         del tensor_model.handler.preprocess
     assert response.status == 200, response.body
@@ -90,7 +95,8 @@ def test_json_and_v1_tensors_reach_preprocess_as_arrays_too(tensor_model):
     requests = [protocol.encode_request(pixels, V2), protocol.encode_request(pixels, protocol.V1)]
     seen = spy_on_preprocess(tensor_model)
     try:
-        responses = tensor_model.serve([HttpRequest(body, headers) for body, headers in requests])
+        rows = [as_the_worker_decodes(body, headers) for body, headers in requests]
+        responses = tensor_model.predict_rows(rows, [headers for _, headers in requests])
     finally:
         del tensor_model.handler.preprocess
     assert [r.status for r in responses] == [200, 200]

@@ -10,7 +10,7 @@ from archiver import mar
 from archiver.errors import UserError
 from helpers.models import package_text
 from helpers.servers import RunningServer, batch_lines, post, post_concurrently
-from serving.testing import LocalModel
+from serving.testing import InProcessHandler, LocalModel
 
 SENTENCES = [
     "The cat sits on the mat.",
@@ -90,7 +90,7 @@ def test_each_bad_text_fails_alone_in_a_batch(text_store):
 
 
 def test_tokenisation_pads_to_the_longest_text_not_max_length(text_store):
-    with LocalModel(text_store / "sentiment.mar") as model:
+    with InProcessHandler(text_store / "sentiment.mar", batch_size=8) as model:  # its methods called: in this process
         handler = model.handler
         batch = handler.preprocess([handler.decode(text) for text in ("a b", "c", "d")])
         truncated = handler.preprocess([handler.decode("word " * 1000)])
