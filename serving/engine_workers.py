@@ -18,6 +18,9 @@ full queue answers 503), batches gathered as TorchServe gathers them (up to ``ba
   requests get 503 naming the timeout, and it is started again.
 - **Threads.** Each worker gets ``OMP_NUM_THREADS`` = the cores divided among the model's workers
   (unless the environment sets it), as the toolkit handlers divide them on TorchServe.
+- **Fork server.** Workers are forked from the engine's fork server (``fork_server.py``: torch and
+  TorchServe's worker modules imported once), a worker's start costing its model's load alone;
+  an archive shadowing one of its modules, or ``TSCTL_FORK_SERVER=0``, gets a new process.
 - **Logs.** What a worker writes on stdout and stderr goes to the ``tsctl.worker`` log
   (``worker_log_line``), within worker_process.py's output budget.
 """
@@ -36,6 +39,7 @@ from typing import Callable, Deque, List, Optional
 from handlers.archives import Archive, opened, printable
 from handlers.errors import frontend_error
 
+from . import fork_server
 from .ts_config import Frontend, ModelSpec
 from .ts_wire import BrokenReply, Request, Response, WorkerDied, batch_error
 from .worker_process import NotSent, WorkerProcess, kill_group, start_worker
@@ -155,19 +159,12 @@ class Worker:
             def on_metric(line: str):
                 self.owner.on_metric(self, line)
 
+        owner = self.owner
         self.process = await loop.run_in_executor(
             self.thread,
-            start_worker,
-            self.owner.spec,
-            self.owner.model_dir,
-            self.owner.handler,
-            self.owner.frontend,
-            self.socket_path,
-            self.owner.env,
-            on_line,
-            self._spawned,
-            on_metric,
-        )
+            lambda: start_worker(owner.spec, owner.model_dir, owner.handler, owner.frontend, self.socket_path,
+                                 owner.env, on_line, self._spawned, on_metric, fork_server.shared()),
+        )  # fmt: skip
         if self.owner.stopping:  # the engine began to stop while this worker loaded
             self.process.kill()
             raise asyncio.CancelledError()

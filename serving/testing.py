@@ -45,6 +45,7 @@ from handlers import identity, signing
 from handlers.archives import Archive, opened
 from handlers.requests import content_type
 
+from . import fork_server
 from .ts_config import Frontend, ModelSpec
 from .ts_wire import BrokenReply, Request, Response, WorkerDied, batch_error, mime_type, read_reply
 from .worker_process import METRICS_YAML, NotSent, start_worker
@@ -179,6 +180,7 @@ class LocalModel:
                 self._environment(),
                 self._log_line,
                 on_metric=self.metrics.append,
+                fork_server=fork_server.shared(),
             )
         except RuntimeError as exc:
             raise LoadError.from_worker(str(exc)) from None

@@ -40,12 +40,13 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Deque, Dict, List, Optional, Tuple
+from typing import Callable, Deque, Dict, List, Optional, Tuple, Union
 
 import ts
 
 from handlers.archives import printable
 
+from .fork_server import ForkedProcess, ForkServer
 from .ts_config import Frontend, ModelSpec
 from .ts_wire import Request, Response, Stream, WorkerDied, batch_error, cause_of, encode_batch, encode_load
 
@@ -150,18 +151,20 @@ def start_worker(
     on_line: Callable[[str], None],
     on_spawn: Callable[[subprocess.Popen], None] = lambda process: None,
     on_metric: Optional[Callable[[str], None]] = None,
+    fork_server: Optional[ForkServer] = None,
 ) -> WorkerProcess:
     """Start a worker process and load the model in it, as the frontend does, within
     ``LOAD_TIMEOUT``; raises RuntimeError with the worker's own last error when it cannot load.
     ``on_line`` gets its log lines (within ``WORKER_LOG_RATE``), ``on_metric`` the lines of its
     metrics logger (None: they are log lines too); ``on_spawn`` gets the process as soon as it runs
-    (so that a stopping engine can end a load)."""
+    (so that a stopping engine can end a load). With ``fork_server`` the worker is forked from it
+    (``serving/fork_server.py``) unless the archive shadows a module it has imported."""
     try:
         os.unlink(socket_path)
     except FileNotFoundError:
         pass
     started = time.time()
-    process, metric_read = spawn(model_dir, frontend.metrics_config or METRICS_YAML, socket_path, env)
+    process, metric_read = spawn(model_dir, frontend.metrics_config or METRICS_YAML, socket_path, env, fork_server)
     on_spawn(process)
     lines, readers = read_output(spec.name, process, metric_read, on_line, on_metric)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -184,14 +187,29 @@ def start_worker(
     return worker
 
 
-def spawn(model_dir: Path, metrics: str, socket_path: str, env: dict) -> Tuple[subprocess.Popen, int]:
-    """The worker process, in a process group of its own, and the read end of its metrics pipe."""
+def spawn(model_dir: Path, metrics: str, socket_path: str, env: dict,
+          fork_server: Optional[ForkServer] = None) -> Tuple[Union[subprocess.Popen, ForkedProcess], int]:  # fmt: skip
+    """The worker process, in a process group of its own, and the read end of its metrics pipe:
+    forked from ``fork_server`` when there is one and the archive shadows none of its modules,
+    else a new process."""
     metric_read, metric_write = os.pipe()
-    command = [sys.executable, LAUNCHER, str(metric_write), WORKER_SCRIPT, "--sock-type", "unix"]
-    command += ["--sock-name", socket_path, "--metrics-config", metrics]
+    args = [WORKER_SCRIPT, "--sock-type", "unix", "--sock-name", socket_path, "--metrics-config", metrics]
     try:
+        if fork_server is not None and not fork_server.shadows(str(model_dir)):
+            out_read, out_write = os.pipe()
+            try:
+                process = fork_server.spawn(args, str(model_dir), env, out_write, metric_write)
+            except BaseException:
+                os.close(out_read)
+                raise
+            finally:
+                os.close(out_write)
+            if process is not None:
+                process.stdout = os.fdopen(out_read, "rb")
+                return process, metric_read
+            os.close(out_read)
         process = subprocess.Popen(
-            command,
+            [sys.executable, LAUNCHER, str(metric_write), *args],
             cwd=model_dir,
             env=env,
             stdin=subprocess.DEVNULL,

@@ -181,9 +181,10 @@ def test_metrics_under_torchservess_names(engine):
         for sample in family.samples
     }
     assert samples["ts_inference_requests_total"][0] == "counter" and samples["HandlerTime"][0] == "gauge"
-    # in milliseconds, as TorchServe's (a worker loads in seconds: in seconds it would read a few units)
+    # in milliseconds, as TorchServe's (a worker forked from the fork server loads echo in about 0.1 s:
+    # in seconds it would read 0.1)
     load = [s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == "WorkerLoadTime"]
-    assert load and min(load) > 200, load
+    assert load and min(load) > 20, load
 
 
 def test_a_dead_worker_fails_only_the_requests_it_held_and_comes_back(engine):

@@ -1,0 +1,351 @@
+"""A fork server for TorchServe workers: torch and TorchServe's worker modules imported once, each worker forked.
+
+A worker started as TorchServe's frontend starts it (``python model_service_worker.py``) spends its
+first 1.3-1.8 s importing torch, numpy, PIL and TorchServe's worker modules, before it reads the
+archive. The fork server is one process that has imported those (``PRELOAD``) and nothing else: no
+``handlers``, no model, no torch operation run (so no thread pool started). Each worker is a fork of
+it that then becomes what ``worker_process.spawn`` would have started:
+
+- the environment, working directory, ``sys.path`` (the request's ``PYTHONPATH`` first, then the
+  interpreter's own), stdin ``/dev/null``, stdout and stderr on the pipe it was sent, a process group
+  of its own (set by the child and by the server, so that a kill of the group never misses it);
+- what a new interpreter reads from the environment at start, read again: ``sys.dont_write_bytecode``
+  (``PYTHONDONTWRITEBYTECODE``), unbuffered output (``PYTHONUNBUFFERED``), ``TMPDIR``, torch's
+  intra-op threads (``OMP_NUM_THREADS``, which torch reads when it is imported), and its random
+  generators (``random``, numpy's, torch's) seeded anew, so that two workers never share a sequence;
+- then ``worker_launch.py`` runs, as ``__main__``, with the arguments a spawned worker gets, and runs
+  ``model_service_worker.py`` unchanged. Its imports of ``ts`` and ``torch`` are the preloaded ones;
+  everything else, the archive's ``handlers`` included, is imported from the model's folder as usual.
+
+An archive whose folder holds a top-level module or package of a name the server has imported
+(``shadows``: a ``torch.py``, a ``yaml/``) would import the server's instead of its own: such an
+archive's worker is spawned as a new process, as TorchServe would. So is every worker when the fork
+server cannot start.
+
+The server reaps its children and reports each exit status; ``ForkedProcess`` offers what
+``worker_process`` uses of ``subprocess.Popen`` (``pid``, ``poll``, ``wait``, ``returncode``,
+``stdout``). If the server itself ends, the workers it forked are killed (they would run unwatched)
+and reported ended; the next worker starts a new server.
+
+    python serving/fork_server.py FD    # the server: requests and replies on the socket FD
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from typing import Dict, List, Optional
+
+PRELOAD = (  # imported once by the server; ts.torch_handler is not (it reads TS_IPEX_ENABLE when imported)
+    "numpy",
+    "PIL.Image",
+    "torch",
+    "ts.arg_parser",
+    "ts.async_service",
+    "ts.metrics.metric_cache_yaml_impl",
+    "ts.model_loader",
+    "ts.protocol.otf_message_handler",
+    "ts.service",
+)
+MESSAGE = 1 << 20  # bytes of one request or reply, at most
+HERE = os.path.dirname(os.path.abspath(__file__))
+LAUNCHER = os.path.join(HERE, "worker_launch.py")
+
+
+# ---- The client: what worker_process uses -------------------------------------------------------
+class ForkedProcess:
+    """A worker forked by the server: the parts of ``subprocess.Popen`` that ``worker_process`` uses."""
+
+    def __init__(self, pid: int, stdout):
+        self.pid, self.stdout, self.returncode = pid, stdout, None
+        self._ended = threading.Event()
+
+    def _end(self, code: int):
+        self.returncode = code
+        self._ended.set()
+
+    def poll(self) -> Optional[int]:
+        return self.returncode if self._ended.is_set() else None
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout)
+        return self.returncode
+
+
+class ForkServer:
+    """The server process and its socket. ``spawn`` forks a worker; None when it cannot (the caller
+    then spawns a new process). Thread-safe; one request at a time."""
+
+    def __init__(self, env: Optional[dict] = None):
+        self.spawning = threading.Lock()  # held from a request to its reply
+        self.lock = threading.Lock()  # the state below, shared with the reading thread
+        self.replies: List[dict] = []
+        self.replied = threading.Condition(self.lock)
+        self.children: Dict[int, ForkedProcess] = {}
+        self.ended: Dict[int, int] = {}  # exits reported before their ForkedProcess was made
+        self.alive = True
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), str(theirs.fileno())],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                process_group=0,  # its own: a kill of a worker's group or of a caller's never reaches it
+            )
+        finally:
+            theirs.close()
+        self.sock = mine
+        self.modules = set(self._read_hello())  # the top-level names the server has imported
+        threading.Thread(target=self._read, name=f"fork-server-{self.process.pid}", daemon=True).start()
+
+    def _read_hello(self) -> List[str]:
+        self.sock.settimeout(120)
+        try:
+            hello = json.loads(self.sock.recv(MESSAGE) or b"{}")
+        finally:
+            self.sock.settimeout(None)
+        if "modules" not in hello:
+            self.close()
+            raise RuntimeError(f"the fork server did not start: {hello.get('error', 'it exited')}")
+        return hello["modules"]
+
+    def shadows(self, folder: str) -> List[str]:
+        """The top-level modules and packages in ``folder`` whose names the server has imported."""
+        names = set()
+        for entry in os.listdir(folder):
+            stem, dot, suffix = entry.partition(".")
+            if (not dot and os.path.isdir(os.path.join(folder, entry))) or suffix in ("py", "pyc") or ".so" in entry:
+                names.add(stem)
+        return sorted(names & self.modules)
+
+    def spawn(self, args: List[str], cwd: str, env: dict, stdout: int, metrics: int) -> Optional[ForkedProcess]:
+        """Fork a worker running ``worker_launch.py METRICS_FD *args`` (its stdout and stderr on the fd
+        ``stdout``, its metrics on ``metrics``); None when the server has ended."""
+        request = json.dumps({"args": args, "cwd": cwd, "env": env}).encode("utf-8")
+        with self.spawning, self.lock:  # one request at a time: the next reply is this request's
+            if not self.alive:
+                return None
+            try:
+                socket.send_fds(self.sock, [request], [stdout, metrics])
+            except OSError:
+                return None
+            while not self.replies and self.alive:
+                self.replied.wait()
+            if not self.replies:
+                return None
+            reply = self.replies.pop(0)
+            if "pid" not in reply:
+                raise RuntimeError(f"the fork server could not start the worker: {reply.get('error')}")
+            child = ForkedProcess(reply["pid"], None)
+            if reply["pid"] in self.ended:
+                child._end(self.ended.pop(reply["pid"]))
+            else:
+                self.children[child.pid] = child
+            return child
+
+    def _read(self):
+        """The server's messages: replies to ``spawn``, and exits."""
+        while True:
+            try:
+                raw = self.sock.recv(MESSAGE)
+            except OSError:
+                raw = b""
+            with self.lock:
+                if not raw:
+                    self._lost()
+                    return
+                message = json.loads(raw)
+                if "exited" in message:
+                    child = self.children.pop(message["exited"], None)
+                    if child is None:
+                        self.ended[message["exited"]] = message["code"]
+                    else:
+                        child._end(message["code"])
+                else:
+                    self.replies.append(message)
+                    self.replied.notify_all()
+
+    def _lost(self):
+        """The server ended: its workers are killed, as no one would learn of their end."""
+        self.alive = False
+        self.replied.notify_all()
+        for child in self.children.values():
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            child._end(-signal.SIGKILL)
+        self.children.clear()
+
+    def close(self):
+        """End the server (its workers are not its group: each is ended by its owner)."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        self.process.wait()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+_shared: Optional[ForkServer] = None
+_shared_lock = threading.Lock()
+
+
+def shared() -> Optional[ForkServer]:
+    """This process's fork server, started on first use (None if it cannot start, or with
+    ``TSCTL_FORK_SERVER=0`` in the environment: workers are then spawned). It ends when this process does."""
+    global _shared
+    if os.environ.get("TSCTL_FORK_SERVER") == "0":
+        return None
+    with _shared_lock:
+        if _shared is None or not _shared.alive:
+            try:
+                _shared = ForkServer()
+            except (OSError, RuntimeError):
+                return None
+            import atexit
+
+            atexit.register(_shared.close)
+        return _shared
+
+
+# ---- The server --------------------------------------------------------------------------------
+def serve(sock: socket.socket):
+    """Fork a worker per request, report each exit, until the client closes its end."""
+    wakeup_read, wakeup_write = os.pipe()
+    os.set_blocking(wakeup_write, False)
+    signal.set_wakeup_fd(wakeup_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    import select
+
+    while True:
+        ready, _, _ = select.select([sock, wakeup_read], [], [])
+        if wakeup_read in ready:
+            os.read(wakeup_read, 4096)
+            report_exits(sock)
+        if sock in ready:
+            try:
+                raw, fds, _, _ = socket.recv_fds(sock, MESSAGE, 2)
+            except ConnectionResetError:
+                return
+            if not raw:
+                return
+            request = json.loads(raw)
+            pid = os.fork()
+            if pid == 0:
+                for fd in (sock.fileno(), wakeup_read, wakeup_write):
+                    os.close(fd)
+                os._exit(become_worker(request, *fds))
+            for fd in fds:
+                os.close(fd)
+            try:
+                os.setpgid(pid, pid)  # as the child does: its group exists before its pid is known
+            except OSError:  # it has set it, or already ended
+                pass
+            sock.send(json.dumps({"pid": pid}).encode("utf-8"))
+
+
+def report_exits(sock: socket.socket):
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        sock.send(json.dumps({"exited": pid, "code": os.waitstatus_to_exitcode(status)}).encode("utf-8"))
+
+
+def become_worker(request: dict, stdout: int, metrics: int) -> int:
+    """In the forked child: become the worker ``spawn`` would have started, run it; its exit code."""
+    try:
+        os.setpgid(0, 0)
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(stdout, 1)
+        os.dup2(stdout, 2)
+        os.close(devnull)
+        os.close(stdout)
+        env = request["env"]
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(request["cwd"])
+        sys.path[:] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + BASE_PATH
+        sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
+        unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+        for stream in (sys.stdout, sys.stderr):
+            stream.reconfigure(write_through=unbuffered or stream is sys.stderr)
+        fresh_interpreter_state(env)
+        sys.argv = [LAUNCHER, str(metrics), *request["args"]]
+        import runpy
+
+        runpy.run_path(LAUNCHER, run_name="__main__")
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - the pipe may be gone; the exit code still is what it is
+            pass
+    return code
+
+
+def fresh_interpreter_state(env: dict):
+    """What a new interpreter would have read at start and the fork copied: the temporary folder,
+    torch's intra-op threads, the random generators' seeds."""
+    import random
+    import tempfile
+
+    import numpy
+    import torch
+
+    tempfile.tempdir = None
+    threads = env.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+    random.seed()
+    numpy.random.seed()
+    torch.seed()
+
+
+BASE_PATH: List[str] = []
+
+
+def main():
+    global BASE_PATH
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    own = {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p} | {HERE}
+    BASE_PATH = [p for p in sys.path if os.path.realpath(p or os.curdir) not in own]
+    sys.path[:] = BASE_PATH  # the preloaded modules come from the interpreter's own path, not a model's
+    try:
+        import importlib
+
+        for name in PRELOAD:
+            importlib.import_module(name)
+    except BaseException as exc:  # noqa: BLE001 - said to the client, which then spawns workers itself
+        sock.send(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode("utf-8"))
+        return
+    modules = sorted({name.partition(".")[0] for name in sys.modules})
+    sock.send(json.dumps({"modules": modules}).encode("utf-8"))
+    serve(sock)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Workers forked from the fork server (serving/fork_server.py) are the workers a new process would be:
+the same view of their environment, their own process group and random sequence, the right pid under
+concurrent starts, and nothing left running when the server goes."""
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers.engine_limits import archive_handler
+from serving import fork_server
+from serving.testing import LocalModel
+
+VIEW = '''\
+import os, random, sys, tempfile
+
+import numpy as np
+import torch
+
+
+def handle(data, context):
+    if data is None:
+        return None
+    import PIL
+    return [{
+        "pid": os.getpid(), "ppid": os.getppid(), "pgid": os.getpgid(0), "cwd": os.getcwd(),
+        "path": sys.path, "marker": os.environ.get("TSCTL_TEST_MARKER"), "tmp": tempfile.gettempdir(),
+        "tmpdir": os.environ.get("TMPDIR"), "threads": torch.get_num_threads(),
+        "no_bytecode": sys.dont_write_bytecode, "PIL": PIL.__file__,
+        "draws": [random.random(), float(np.random.rand()), float(torch.rand(1))],
+        "stdin": os.readlink("/proc/self/fd/0"),
+    } for _ in data]
+'''
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("forked")
+    (root / "view.py").write_text(VIEW)
+    archive_handler(root / "view.py", ["view"], root)
+    shadowing = root / "shadow"  # an archive bringing a module of a name the server has imported
+    shadowing.mkdir()
+    (shadowing / "view.py").write_text(VIEW)
+    (shadowing / "PIL.py").write_text("OURS = True\n")
+    subprocess.run([str(Path(os.sys.executable).parent / "torch-model-archiver"), "--model-name", "shadow",
+                    "--version", "1.0", "--handler", str(shadowing / "view.py"), "--extra-files",
+                    str(shadowing / "PIL.py"), "--export-path", str(root)], check=True, capture_output=True)  # fmt: skip
+    return root
+
+
+def view(model: LocalModel) -> dict:
+    [answer] = model.predict(["look"])
+    assert answer.status == 200, answer.body
+    return answer.json()
+
+
+def test_a_forked_worker_sees_what_a_new_process_sees(store, monkeypatch):
+    monkeypatch.setenv("TSCTL_TEST_MARKER", "given")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    views = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("TSCTL_FORK_SERVER", mode)
+        with LocalModel(store / "view.mar") as model:
+            views[mode] = view(model), model, model._tmp
+            assert views[mode][0]["pid"] == model.worker.pid
+    (spawned, spawned_model, spawned_tmp), (forked, forked_model, forked_tmp) = views["0"], views["1"]
+    server = fork_server.shared()
+    assert spawned["ppid"] == os.getpid() and forked["ppid"] == server.process.pid  # each made as it says
+    for one, model, tmp in ((spawned, spawned_model, spawned_tmp), (forked, forked_model, forked_tmp)):
+        assert one["pgid"] == one["pid"]  # a process group of its own
+        assert one["cwd"] == str(model.model_dir) and one["path"][0] == str(model.model_dir)
+        assert one["marker"] == "given" and one["tmp"] == one["tmpdir"] and one["tmp"].startswith(tmp)
+        assert one["threads"] == 1 and one["no_bytecode"] is True and one["stdin"] == "/dev/null"
+        assert one["PIL"].startswith(str(Path(os.sys.executable).parent.parent))  # the interpreter's PIL
+    assert spawned["path"][1:] == forked["path"][1:]  # the same path after the model's folder
+
+
+def test_concurrent_starts_each_know_their_own_pid_and_draw_their_own_numbers(store):
+    models, errors = [], []
+
+    def start():
+        try:
+            models.append(LocalModel(store / "view.mar"))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    try:
+        assert not errors and len(models) == 5, errors
+        views = [view(model) for model in models]
+        assert [v["pid"] for v in views] == [m.worker.pid for m in models]
+        assert len({tuple(v["draws"]) for v in views}) == 5  # no two workers share a random sequence
+    finally:
+        for model in models:
+            model.close()
+
+
+def test_an_archive_shadowing_a_preloaded_module_gets_a_new_process(store):
+    with LocalModel(store / "shadow.mar") as model:
+        seen = view(model)
+        assert seen["ppid"] == os.getpid() and seen["PIL"] == str(model.model_dir / "PIL.py")
+
+
+def test_a_killed_worker_reports_its_signal_and_a_lost_server_takes_its_workers(store):
+    with LocalModel(store / "view.mar") as model:
+        process = model.worker.process
+        assert isinstance(process, fork_server.ForkedProcess)
+        os.killpg(process.pid, signal.SIGKILL)
+        assert process.wait(10) == -signal.SIGKILL
+    with LocalModel(store / "view.mar") as model:
+        server, pid = fork_server.shared(), model.worker.pid
+        os.killpg(server.process.pid, signal.SIGKILL)
+        assert model.worker.process.wait(10) == -signal.SIGKILL
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{pid}") and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+            assert time.monotonic() < deadline, "the lost server's worker still runs"
+            time.sleep(0.05)
+    with LocalModel(store / "view.mar") as model:  # the next start has a new server
+        assert view(model)["ppid"] == fork_server.shared().process.pid != server.process.pid
