@@ -11,8 +11,9 @@ it that then becomes what ``worker_process.spawn`` would have started:
   of its own (set by the child and by the server, so that a kill of the group never misses it);
 - what a new interpreter reads from the environment at start, read again: ``sys.dont_write_bytecode``
   (``PYTHONDONTWRITEBYTECODE``), unbuffered output (``PYTHONUNBUFFERED``), ``TMPDIR``, torch's
-  intra-op threads (``OMP_NUM_THREADS``, which torch reads when it is imported), and its random
-  generators (``random``, numpy's, torch's) seeded anew, so that two workers never share a sequence;
+  intra-op threads (``OMP_NUM_THREADS``, which torch reads when it is imported), and torch's random
+  generator seeded anew (``random`` and numpy's reseed themselves after a fork), so that no two
+  workers share a sequence;
 - then ``worker_launch.py`` runs, as ``__main__``, with the arguments a spawned worker gets, and runs
   ``model_service_worker.py`` unchanged. Its imports of ``ts`` and ``torch`` are the preloaded ones;
   everything else, the archive's ``handlers`` included, is imported from the model's folder as usual.
@@ -309,19 +310,15 @@ def become_worker(request: dict, stdout: int, metrics: int) -> int:
 
 def fresh_interpreter_state(env: dict):
     """What a new interpreter would have read at start and the fork copied: the temporary folder,
-    torch's intra-op threads, the random generators' seeds."""
-    import random
+    torch's intra-op threads, its random generator's seed (``random`` and numpy's reseed themselves)."""
     import tempfile
 
-    import numpy
     import torch
 
     tempfile.tempdir = None
     threads = env.get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
-    random.seed()
-    numpy.random.seed()
     torch.seed()
 
 

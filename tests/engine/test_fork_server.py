@@ -46,9 +46,10 @@ def store(tmp_path_factory) -> Path:
     shadowing.mkdir()
     (shadowing / "view.py").write_text(VIEW)
     (shadowing / "PIL.py").write_text("OURS = True\n")
-    subprocess.run([str(Path(os.sys.executable).parent / "torch-model-archiver"), "--model-name", "shadow",
-                    "--version", "1.0", "--handler", str(shadowing / "view.py"), "--extra-files",
-                    str(shadowing / "PIL.py"), "--export-path", str(root)], check=True, capture_output=True)  # fmt: skip
+    archiver = str(Path(os.sys.executable).parent / "torch-model-archiver")
+    command = [archiver, "--model-name", "shadow", "--version", "1.0", "--handler", str(shadowing / "view.py"),
+               "--extra-files", str(shadowing / "PIL.py"), "--export-path", str(root)]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True)
     return root
 
 
