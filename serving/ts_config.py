@@ -177,7 +177,7 @@ def frontend_of(properties: Dict[str, str], path) -> Frontend:
     if properties.get("install_py_dep_per_model", "false").lower() == "true":
         frontend.notes.append(
             "install_py_dep_per_model=true: the tsctl engine installs nothing per model; "
-            "its image holds each archive's requirements (tsctl export kserve --engine kserve)"
+            "its image holds each archive's requirements (tsctl export kserve --engine tsctl)"
         )
     return frontend
 
