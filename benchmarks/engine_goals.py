@@ -120,9 +120,9 @@ def throughput(roots: dict) -> tuple:
 
 
 def cold_start(root: Path, rounds: int = 3) -> dict:
-    times = {"torchserve": [], "kserve": []}
+    times = {"torchserve": [], "tsctl": []}
     for number in range(rounds):
-        for engine in ("torchserve", "kserve") if number % 2 == 0 else ("kserve", "torchserve"):
+        for engine in ("torchserve", "tsctl") if number % 2 == 0 else ("tsctl", "torchserve"):
             started = time.monotonic()
             srv = start(engine, root)
             times[engine].append(time.monotonic() - started)
@@ -133,7 +133,7 @@ def cold_start(root: Path, rounds: int = 3) -> dict:
 
 def worker_death(root: Path, seconds: int = 24, kill_at: int = 6) -> dict:
     """16 clients on MiniLM (2 workers) for ``seconds``; SIGKILL to one worker at ``kill_at``."""
-    srv = start("kserve", root)
+    srv = start("tsctl", root)
     url = f"{srv.inference}/predictions/minilm"
     answers = []  # (second, status, pid of the worker that answered)
     stop, lock = time.monotonic() + seconds, threading.Lock()
@@ -188,11 +188,11 @@ def main():
     for workers in (1, 2):
         root = tree(tmp / f"w{workers}", workers)
         roots[("torchserve", workers)] = root
-        roots[("kserve", workers)] = root
+        roots[("tsctl", workers)] = root
     rates, p99, rss = throughput(roots)
     raw = raw_forward(text_models.build(tmp / "text") / "minilm")
     starts = cold_start(roots[("torchserve", 1)])
-    death = worker_death(roots[("kserve", 2)])
+    death = worker_death(roots[("tsctl", 2)])
 
     def best(engine: str, model: str):
         workers = max((1, 2), key=lambda w: rates[(engine, w, model)])
@@ -207,28 +207,28 @@ def main():
     ]
     for model in ("minilm", "resnet18"):
         for workers in (1, 2):
-            ts, en = rates[("torchserve", workers, model)], rates[("kserve", workers, model)]
+            ts, en = rates[("torchserve", workers, model)], rates[("tsctl", workers, model)]
             lines.append(
                 f"| {model} | {workers} | {ts:.1f} ({p99[('torchserve', workers, model)]:.0f}) | "
-                f"{en:.1f} ({p99[('kserve', workers, model)]:.0f}) | {en / ts:.2f}x |"
+                f"{en:.1f} ({p99[('tsctl', workers, model)]:.0f}) | {en / ts:.2f}x |"
             )
     lines += ["", "| goal | measured | met |", "|---|---|---|"]
     for model, goal in (("minilm", 1.1), ("resnet18", 1.05)):
         tw, ts, tp = best("torchserve", model)
-        ew, en, ep = best("kserve", model)
+        ew, en, ep = best("tsctl", model)
         met = en / ts >= goal and ep <= tp
         lines.append(
             f"| {model}: engine best ({ew} workers) >= {goal}x TorchServe best ({tw}), p99 no worse | "
             f"{en / ts:.2f}x, p99 {ep:.0f} vs {tp:.0f} ms | {'yes' if met else 'no'} |"
         )
-    ew, en, _ = best("kserve", "minilm")
+    ew, en, _ = best("tsctl", "minilm")
     lines.append(
         f"| minilm: engine >= 0.95x the raw forward pass at batch 8 ({raw:.0f} sentences/s in-process) | "
         f"{en / raw:.2f}x | {'yes' if en / raw >= 0.95 else 'no'} |"
     )
-    ratio = starts["kserve"] / starts["torchserve"]
+    ratio = starts["tsctl"] / starts["torchserve"]
     lines.append(
-        f"| cold start (resnet18 + MiniLM, launch to ready) <= 0.5x TorchServe's | engine {starts['kserve']:.1f}s, "
+        f"| cold start (resnet18 + MiniLM, launch to ready) <= 0.5x TorchServe's | engine {starts['tsctl']:.1f}s, "
         f"TorchServe {starts['torchserve']:.1f}s: {ratio:.2f}x | {'yes' if ratio <= 0.5 else 'no'} |"
     )
     failed = {k: v for k, v in death["statuses"].items() if k != "200"}
@@ -239,7 +239,7 @@ def main():
         f"{'yes' if set(failed) <= {'503'} and death['back_after'] is not None and death['back_after'] <= 30 else 'no'} |"
     )
     for model in ("minilm", "resnet18"):
-        ts_rss, en_rss = rss[("torchserve", 1, model)], rss[("kserve", 1, model)]
+        ts_rss, en_rss = rss[("torchserve", 1, model)], rss[("tsctl", 1, model)]
         lines.append(
             f"| {model}: peak RSS per engine worker <= TorchServe worker's | {en_rss / 2**20:.0f} MiB vs "
             f"{ts_rss / 2**20:.0f} MiB | {'yes' if en_rss <= ts_rss * 1.02 else 'no'} |"

@@ -1,4 +1,5 @@
-"""The same archives on TorchServe and on KServe's Python ModelServer (``tsctl serve --engine kserve``).
+"""The same archives on TorchServe and on the tsctl engine (``tsctl serve --engine tsctl``; KServe's Python
+ModelServer before issue #20).
 
     .venv/bin/python benchmarks/kserve_engine.py
 

@@ -7,7 +7,7 @@
 (b) through pytorch/serve's kserve_wrapper (``../shared/kserve/wrapper``, kserve 0.13 in the
     torchserve-kfs:0.9.0 runtime venv) in front of that same TorchServe, as KServe's ``pytorch``
     runtime deploys it;
-(c) ``tsctl serve --engine kserve``: KServe's ModelServer running the archive's handler itself.
+(c) ``tsctl serve --engine tsctl``: KServe's ModelServer running the archive's handler itself.
 
 TorchServe (a, b) is this venv's 0.12.0 with this venv's torch, as is (c): only the path differs.
 Every figure is whole-process serving over real HTTP from 16 client threads: throughput and
@@ -48,7 +48,7 @@ wrapper costs TorchServe only a few per cent and no path can be twice another. F
 second Python HTTP hop costs TorchServe a third of its rate; the engine needs no hop and drives the same
 TorchServe worker from a lighter frontend. (The P5 profile below was taken with the engine before #20.)
 """
-PATHS = {"(a) TorchServe direct": "ts", "(b) kserve_wrapper -> TorchServe": "wrapper", "(c) --engine kserve": "engine"}
+PATHS = {"(a) TorchServe direct": "ts", "(b) kserve_wrapper -> TorchServe": "wrapper", "(c) --engine tsctl": "engine"}
 
 
 def bodies(model: str):
@@ -128,7 +128,7 @@ def main():
             )
         write_section(
             "P5",
-            "## P5 the KServe path: TorchServe direct, through kserve_wrapper, and `--engine kserve`\n\n"
+            "## P5 the KServe path: TorchServe direct, through kserve_wrapper, and `--engine tsctl`\n\n"
             + __doc__.split("\n\n", 2)[2].strip()
             + "\n"
             + "".join(sections)

@@ -63,7 +63,7 @@ machine's), with a py-spy profile of one process.
 
 {profile_tables(wrapped[1], wrapped[2])}
 
-(c) `--engine kserve` ({own[0]:.0f} requests/s); py-spy on the engine's process:
+(c) `--engine tsctl` ({own[0]:.0f} requests/s); py-spy on the engine's process:
 
 {profile_tables(own[1], own[2])}
 

@@ -20,11 +20,11 @@ def answer_body(
     request: Request, answers: list, model_name: str, v2_output: Optional[dict] = None, model_version=None
 ) -> Any:
     """The response body for one request, shaped like its question (before it is encoded)."""
-    if request.form == SINGLE:
+    if request.form is SINGLE:
         return answers[0]
-    if request.form == LIST:
+    if request.form is LIST:
         return answers
-    if request.form == V1:
+    if request.form is V1:
         return {"predictions": answers}
     output = v2_output or {
         "name": "output-0",
@@ -54,13 +54,13 @@ def encode_answers(
     if binary:
         data, length = encode_binary(body)
         return data, {"Content-Type": OCTET_STREAM, HEADER: str(length)}
-    return to_json(flat_tensors(body, "outputs") if request.form == V2 else body), {"Content-Type": JSON_TYPE}
+    return to_json(flat_tensors(body, "outputs") if request.form is V2 else body), {"Content-Type": JSON_TYPE}
 
 
 def wants_binary(request: Request, output_name: str) -> bool:
     """Whether this request's answer goes back in binary: the ``binary_data`` of the output it names,
     else its ``binary_data_output``. Naming an output the model does not have is a 400."""
-    if request.form != V2:
+    if request.form is not V2:
         return False
     if request.v2_outputs is None:
         return request.v2_binary_output

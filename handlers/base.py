@@ -365,7 +365,7 @@ class ToolkitHandler:
             logger.info("tsctl request %d rejected (%d): %s", index, error.status, error.message)
             data, headers = protocol.encode_error(error)
         else:
-            v2 = self.v2_output(job.answers) if job.request.form == protocol.V2 else None
+            v2 = self.v2_output(job.answers) if job.request.form is protocol.V2 else None
             data, headers = protocol.encode_answers(
                 job.request, job.answers, self.model_name, v2, self.model_version, job.binary
             )

@@ -9,9 +9,11 @@
                                                  -> N items,    {"model_name", "outputs": [...]}
 
 A KServe v2 body may come in the binary tensor extension (v2_binary.py); its tensor is read by
-v2_tensors.py. Each of the request's limits (limits.py) is checked as it is read.
+v2_tensors.py. Each of the request's limits (limits.py) is checked as it is read. Which of these shapes
+a request came in is its ``form``: a ``Form`` member, compared by identity (``request.form is V2``).
 """
 
+import enum
 import json
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
@@ -23,7 +25,17 @@ from .rows import JSON_TYPE, media_type, row_field, row_payload
 from .v2_binary import attach, header_length, read_header, split_body
 from .v2_tensors import NUMERIC, read_tensor, v2_outputs
 
-SINGLE, LIST, V1, V2 = "single", "list", "v1", "v2"
+
+class Form(enum.Enum):
+    """The shape a request came in, and its answer goes back in (plain ``enum``: archives run on Python 3.8)."""
+
+    SINGLE = "single"  # one item: its answer alone
+    LIST = "list"  # a JSON list of items: the list of answers
+    V1 = "v1"  # KServe v1 instances: {"predictions": [...]}
+    V2 = "v2"  # KServe v2 inputs: {"model_name", "outputs": [...]}
+
+
+SINGLE, LIST, V1, V2 = Form.SINGLE, Form.LIST, Form.V1, Form.V2
 
 
 @dataclass
@@ -33,7 +45,7 @@ class Request:
     ``v2_outputs`` the outputs it names, each with its ``binary_data`` (None: not said)."""
 
     items: List[Any]
-    form: str = SINGLE
+    form: Form = SINGLE
     v2_id: Optional[str] = None
     v2_binary_output: bool = False
     v2_outputs: Optional[Dict[str, Optional[bool]]] = None

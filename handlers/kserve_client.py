@@ -6,7 +6,7 @@ binary extension) and ``decode_answers`` reads the answers back, numeric outputs
 import json
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from .decoding import V1, V2
+from .decoding import V1, V2, Form
 from .errors import ClientError
 from .json_body import numpy, to_json
 from .rows import JSON_TYPE, OCTET_STREAM
@@ -14,17 +14,28 @@ from .v2_binary import attach, encode_binary, header_length, split_body
 from .v2_tensors import HEADER, NUMERIC, Binary, datatype_of, flat_tensors, flatten
 
 
-def encode_request(
-    inputs: Any, protocol: str, binary: bool = False, name: str = "input-0", request_id: Optional[str] = None
-) -> Tuple[bytes, Dict[str, str]]:
-    """A KServe request's body and headers. ``inputs``: a list of items (v1 ``instances``; v2 one
-    BYTES tensor of them), or one array (v1 its rows as instances; v2 one tensor of its shape and
-    dtype). ``binary``: v2 in the binary tensor extension, asking for binary outputs too."""
-    is_array = hasattr(inputs, "dtype") and hasattr(inputs, "shape")
-    if protocol == V1:
-        return to_json({"instances": inputs}), {"Content-Type": JSON_TYPE}
-    if protocol != V2:
+def kserve_protocol(protocol: Any) -> Form:
+    """``V1`` or ``V2`` for ``protocol``: the member, or its value as a command line gives it ("v1", "v2");
+    a ValueError for anything else."""
+    try:
+        form = Form(protocol)
+    except ValueError:
+        form = None
+    if form is not V1 and form is not V2:
         raise ValueError(f"protocol {protocol!r} must be v1 or v2")
+    return form
+
+
+def encode_request(
+    inputs: Any, protocol: Any, binary: bool = False, name: str = "input-0", request_id: Optional[str] = None
+) -> Tuple[bytes, Dict[str, str]]:
+    """A KServe request's body and headers. ``protocol``: ``V1``/``V2`` (or "v1"/"v2"). ``inputs``: a list of
+    items (v1 ``instances``; v2 one BYTES tensor of them), or one array (v1 its rows as instances; v2 one
+    tensor of its shape and dtype). ``binary``: v2 in the binary tensor extension, asking for binary outputs
+    too."""
+    is_array = hasattr(inputs, "dtype") and hasattr(inputs, "shape")
+    if kserve_protocol(protocol) is V1:
+        return to_json({"instances": inputs}), {"Content-Type": JSON_TYPE}
     if is_array:
         tensor = {"name": name, "shape": list(inputs.shape), "datatype": datatype_of(inputs), "data": inputs}
     else:

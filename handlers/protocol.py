@@ -18,7 +18,7 @@ their own protocol.py, whole; a user's handler file imports from here or ``handl
 """
 
 from .answers import answer_body, encode_answers, encode_error, jsonable, wants_binary
-from .decoding import LIST, SINGLE, V1, V2, Request, decode_request, parse_request, text_request
+from .decoding import LIST, SINGLE, V1, V2, Form, Request, decode_request, parse_request, text_request
 from .errors import (
     BATCH,
     INFERENCE,
@@ -38,7 +38,7 @@ from .errors import (
 )
 from .items import SURROGATE, to_bytes, to_text, unwrap
 from .json_body import LONG_INT, NUMBER_LIST, json_text, maybe_json, numpy, parse_numeric, read_json, to_json
-from .kserve_client import decode_answers, encode_request
+from .kserve_client import decode_answers, encode_request, kserve_protocol
 from .limits import (
     JSON_SCALARS,
     JSON_STRING,
@@ -94,6 +94,7 @@ __all__ = [
     "SINGLE",
     "V1",
     "V2",
+    "Form",
     "Request",
     "decode_request",
     "parse_request",
@@ -127,6 +128,7 @@ __all__ = [
     "to_json",
     "decode_answers",
     "encode_request",
+    "kserve_protocol",
     "JSON_SCALARS",
     "JSON_STRING",
     "LONG_NUMBER",

@@ -5,8 +5,9 @@
 
 It reads the same tree as TorchServe (``serving/ts_config.py``: the model_snapshot's models and
 versions, workers, batching, timeouts; without a config file every archive in the store with its
-model-config.yaml), runs each model version's ``minWorkers`` as TorchServe's own worker processes
-(``serving/engine_workers.py``), and answers on one HTTP port:
+model-config.yaml, one it cannot read left out with a warning naming it), runs each model version's
+``minWorkers`` as TorchServe's own worker processes (``serving/engine_workers.py``), and answers on
+one HTTP port:
 
 - TorchServe's inference API: ``GET /ping``, ``POST /predictions/NAME[/VERSION]``, with the status,
   content type, headers and body the handler set, exactly as TorchServe's frontend sends them;
@@ -389,7 +390,7 @@ def parse_args(argv=None):
 def load_specs(args):
     store = Path(args.model_store)
     config = Path(args.ts_config) if args.ts_config else ts_config.default_config(store)
-    specs, frontend = ts_config.models(config, store)
+    specs, frontend = ts_config.models(config, store, skip_unreadable=True)  # without a config, as TorchServe does
     for spec in specs:
         if args.batch_size:
             spec.batch_size = args.batch_size
@@ -489,8 +490,8 @@ def main(argv=None):
     return_freed_memory()
     try:
         specs, frontend, config, decode = load_specs(args)
-        for note in frontend.notes:
-            logger.warning("%s: %s", config, note)
+        for note in frontend.notes:  # a setting not applied, an archive of the store not served
+            logger.warning("%s", note)
         engine = Engine(specs, frontend, decode)
     except (ts_config.ConfigError, ArchiveError) as exc:
         print(f"tsctl engine: {exc}", file=sys.stderr, flush=True)

@@ -49,19 +49,21 @@ class Predictor:
     encodes it (v2: the binary tensor extension, the array's raw bytes, outputs asked for in binary;
     v1: ``instances``), its output read back as one float32 array."""
 
-    def __init__(self, host: str, protocol_version: str, model: str, use_ssl: bool = False, timeout: float = 60):
-        if protocol_version not in (protocol.V1, protocol.V2):
+    def __init__(self, host: str, protocol_version, model: str, use_ssl: bool = False, timeout: float = 60):
+        try:
+            form = protocol.kserve_protocol(protocol_version)  # V1 or V2, or "v1"/"v2" as the command line says
+        except ValueError:
             raise ValueError(
                 f"--predictor_protocol {protocol_version!r}: the transformer calls its predictor over v1 or v2"
-            )
+            ) from None
         scheme = "https" if use_ssl else "http"
-        path = f"/v2/models/{model}/infer" if protocol_version == protocol.V2 else f"/v1/models/{model}:predict"
-        self.url, self.protocol, self.timeout = f"{scheme}://{host}{path}", protocol_version, timeout
+        path = f"/v2/models/{model}/infer" if form is protocol.V2 else f"/v1/models/{model}:predict"
+        self.url, self.protocol, self.timeout = f"{scheme}://{host}{path}", form, timeout
         self.verify = (os.environ.get("REQUESTS_CA_BUNDLE") or True) if use_ssl else True
         self.client = None  # an httpx.AsyncClient, made in the server's event loop
 
     def request(self, tensor: np.ndarray) -> Tuple[bytes, Dict[str, str]]:
-        return protocol.encode_request(tensor, self.protocol, binary=self.protocol == protocol.V2)
+        return protocol.encode_request(tensor, self.protocol, binary=self.protocol is protocol.V2)
 
     def output(self, status: int, body: bytes, headers) -> np.ndarray:
         if status != 200:
@@ -179,9 +181,12 @@ def main():
         parser.error(f"--archive {args.archive} does not exist")
     if not args.predictor_host:
         parser.error("--predictor_host is required: the predictor serving the archive's model (--handler tensor)")
-    protocol_version = args.predictor_protocol or protocol.V1
-    if protocol_version not in (protocol.V1, protocol.V2):
-        parser.error(f"--predictor_protocol {protocol_version}: the transformer calls its predictor over v1 or v2")
+    try:
+        protocol_version = protocol.kserve_protocol(args.predictor_protocol or protocol.V1)
+    except ValueError:
+        parser.error(
+            f"--predictor_protocol {args.predictor_protocol}: the transformer calls its predictor over v1 or v2"
+        )
     timeout = getattr(args, "predictor_request_timeout_seconds", None) or 600
     predictor = Predictor(
         args.predictor_host, protocol_version, args.model_name, getattr(args, "predictor_use_ssl", False), timeout

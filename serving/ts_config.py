@@ -5,9 +5,11 @@ one ``ModelSpec`` per model version: its archive, whether it is the default vers
 model_snapshot's worker settings (minWorkers, maxWorkers, batchSize, maxBatchDelay,
 responseTimeout), TorchServe's defaults where a key is missing. Without a config file, every
 archive in the store is served with its own model-config.yaml settings, as ``torchserve
---models all`` would. ``Frontend`` holds the keys the frontend itself honours (request size, queue
-size, envelope, decoding, image pixel limit, metrics config). A key the tsctl engine cannot honour
-(TLS, token authorisation, several model stores) is refused in one line (``ConfigError``).
+--models all`` would; the engine leaves out, with a note naming it, one that cannot be read as a
+model archive and serves the rest, as TorchServe does not stop for it. ``Frontend`` holds the keys
+the frontend itself honours (request size, queue size, envelope, decoding, image pixel limit,
+metrics config). A key the tsctl engine cannot honour (TLS, token authorisation, several model
+stores) is refused in one line (``ConfigError``).
 
 No torch, no archiver: the engine (serving/engine.py) and ``tsctl`` (archiver/properties.py)
 read the same file through this module.
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from handlers.archives import MAX_CONFIG_BYTES, ArchiveLike, opened  # noqa: F401 - MAX_CONFIG_BYTES: callers'
+from handlers.archives import MAX_CONFIG_BYTES, ArchiveError, ArchiveLike, opened  # noqa: F401 - MAX_CONFIG_BYTES: callers'
 
 from .body_limit import DEFAULT_MAX_REQUEST_SIZE, MAX_REQUEST_SIZE
 
@@ -152,7 +154,7 @@ class Frontend:
     metrics_config: Optional[str] = None
     default_workers: int = 1
     default_response_timeout: int = 120
-    notes: List[str] = field(default_factory=list)  # settings read but not applied, one line each
+    notes: List[str] = field(default_factory=list)  # settings read but not applied, archives skipped: a line each
 
 
 def frontend_of(properties: Dict[str, str], path) -> Frontend:
@@ -176,8 +178,8 @@ def frontend_of(properties: Dict[str, str], path) -> Frontend:
     frontend.default_response_timeout = _int(properties, "default_response_timeout", 120, path)
     if properties.get("install_py_dep_per_model", "false").lower() == "true":
         frontend.notes.append(
-            "install_py_dep_per_model=true: the tsctl engine installs nothing per model; "
-            "its image holds each archive's requirements (tsctl export kserve --engine kserve)"
+            f"{path}: install_py_dep_per_model=true: the tsctl engine installs nothing per model; "
+            "its image holds each archive's requirements (tsctl export kserve --engine tsctl)"
         )
     return frontend
 
@@ -192,9 +194,13 @@ def _int(properties: Dict[str, str], key: str, default: int, path) -> int:
         raise ConfigError(f"{path}: {key}={value!r} is not a whole number: fix it or remove it") from None
 
 
-def models(config: Optional[Path], model_store: Path) -> "tuple[List[ModelSpec], Frontend]":
+def models(
+    config: Optional[Path], model_store: Path, skip_unreadable: bool = False
+) -> "tuple[List[ModelSpec], Frontend]":
     """The model versions to serve and the frontend's settings: from ``config``'s model_snapshot, or,
-    without a config file, every archive in ``model_store`` with its model-config.yaml settings."""
+    without a config file, every archive in ``model_store`` with its model-config.yaml settings.
+    ``skip_unreadable`` (the engine without a config file): an archive of the store that cannot be read
+    (a stray .tar.gz, a damaged .mar) is left out with a line in ``Frontend.notes`` naming it and why."""
     check_store(model_store)
     if config is None:
         frontend = Frontend()
@@ -203,17 +209,28 @@ def models(config: Optional[Path], model_store: Path) -> "tuple[List[ModelSpec],
             raise ConfigError(
                 f"{model_store} holds no model archives (.mar, .tar.gz or directories): build them with 'tsctl package'"
             )
-        return _from_store(found, frontend), frontend
+        specs = _from_store(found, frontend, skip_unreadable)
+        if not specs:
+            raise ConfigError(f"{model_store} holds no archive that can be served: {'; '.join(frontend.notes)}")
+        return specs, frontend
     return from_properties(read_properties(config), config, model_store)
 
 
-def _from_store(archives: List[Path], frontend: Frontend) -> List[ModelSpec]:
+def _from_store(archives: List[Path], frontend: Frontend, skip_unreadable: bool = False) -> List[ModelSpec]:
     """A spec of each archive; one model version held by two archives (NAME.mar beside NAME.tar.gz or
     NAME/, which 'tsctl package' writes to the same store) is refused, as 'tsctl config' refuses it,
-    rather than one copy silently replacing the other."""
+    rather than one copy silently replacing the other. ``skip_unreadable``: an archive that cannot be
+    read is a note instead of the error, and the others are served (TorchServe 0.12's ``load_models=all``
+    does not stop for it either: it registers it as a model whose workers never load)."""
     specs, seen = [], {}
     for archive in archives:
-        spec = _from_archive(archive, frontend)
+        try:
+            spec = _from_archive(archive, frontend)
+        except (ArchiveError, ConfigError) as exc:
+            if not skip_unreadable:
+                raise
+            frontend.notes.append(f"{archive} is not served, the rest of the store is: {exc}")
+            continue
         first = seen.setdefault((spec.name, spec.version), spec.archive)
         if first != spec.archive:
             raise ConfigError(

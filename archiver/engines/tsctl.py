@@ -206,7 +206,8 @@ class TsctlRuntime(Runtime):
 def model_specs(model_store: Path, config: Optional[Path]) -> List["ModelSpec"]:
     """The model versions the engine (and MLServer's runtime) will serve, checked as the engine checks them
     (one UserError otherwise): a config's model_snapshot (each archive it names in the store, as for
-    TorchServe), or without one every archive in the store with its model-config.yaml."""
+    TorchServe), or without one every archive in the store with its model-config.yaml (one that cannot be
+    read left out, as the engine leaves it out with a line in its log)."""
     from serving import ts_config
 
     from .. import server as servers
@@ -214,7 +215,7 @@ def model_specs(model_store: Path, config: Optional[Path]) -> List["ModelSpec"]:
 
     try:
         if config is None:
-            return ts_config.models(ts_config.default_config(model_store), model_store)[0]
+            return ts_config.models(ts_config.default_config(model_store), model_store, skip_unreadable=True)[0]
         properties = read_properties(config)
         servers.snapshot_models(properties, config, model_store)  # as TorchServe's start checks it
         return ts_config.from_properties(properties, config, model_store)[0]

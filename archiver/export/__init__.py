@@ -13,4 +13,5 @@ images.py                      what both image recipes share: pins, archive requ
 options.py                     each export's flags; out_dir.py OUT itself; kube.py names and quantities;
 crds.py                        validation against the vendored CRDs (crds/)
 templates/*.md                 DEPLOY.md's sections (string.Template: $name filled in, $$ a shell $)
+templates/*.Dockerfile         the images' Dockerfiles, the same way (core.render)
 """

@@ -1,6 +1,7 @@
 """What both exports (``export kserve``, ``export seldon``) write the same way: the claim the tree is copied
 onto and the pod that copies it, the archives hard-linked into the tree, the files under OUT/inputs/, and
-DEPLOY.md's sections rendered from the templates beside this module (archiver/export/templates/)."""
+DEPLOY.md's sections and the images' Dockerfiles rendered from the templates beside this module
+(archiver/export/templates/)."""
 
 import math
 import os
@@ -21,16 +22,17 @@ HERE_CHECK = (
 )
 
 
-# ---- DEPLOY.md --------------------------------------------------------------------------------------------
+# ---- DEPLOY.md, the Dockerfiles -------------------------------------------------------------------------------
 @lru_cache(maxsize=None)
 def template(name: str) -> string.Template:
-    """templates/NAME.md, a ``string.Template``: ``$name``/``${name}`` are filled in, ``$$`` is a ``$`` of the
-    shell commands it shows."""
-    return string.Template((TEMPLATES / f"{name}.md").read_text(encoding="utf-8"))
+    """templates/NAME.md (templates/NAME when NAME has a suffix of its own: ``tsctl-image.Dockerfile``), a
+    ``string.Template``: ``$name``/``${name}`` are filled in, ``$$`` is a ``$`` of the shell commands it shows."""
+    return string.Template((TEMPLATES / (name if Path(name).suffix else f"{name}.md")).read_text(encoding="utf-8"))
 
 
 def render(name: str, /, **values) -> str:
-    """templates/NAME.md with ``values`` filled in (a KeyError names a value the template wants and lacks)."""
+    """templates/NAME.md (or NAME) with ``values`` filled in (a KeyError names a value the template wants and
+    lacks)."""
     return template(name).substitute(values)
 
 

@@ -7,6 +7,7 @@ from typing import List
 
 from .. import mlserver
 from . import tsctl_image
+from .core import render
 from .images import CPU_TORCH_INDEX, PYTHON, pinned, pins, with_archive_lines, write_context
 from .options import SeldonOptions
 from .seldon_plan import RUNTIME_PATH, Entry
@@ -36,29 +37,16 @@ def requirements(archives: List[Path], text: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-DOCKERFILE = """\
-# Seldon Core 2's MLServer with tsctl's runtime (serving.mlserver_runtime.ArchiveModel): the image
-# server.yaml's mlserver container runs, started as Seldon's mlserver image starts (the ServerConfig sets
-# its ports and MLSERVER_MODELS_DIR), through serving/mlserver_start.py: no REST model repository load or
-# unload (Seldon's agent uses gRPC's), request bodies bounded. From the directory DEPLOY.md is in:
-#   docker build -t {image} {context} && docker push {image}
-FROM {base}
-ARG TORCH_INDEX={torch_index}
-RUN useradd --uid 1000 --create-home mlserver
-COPY requirements.txt {runtime}/requirements.txt
-RUN pip install --no-cache-dir --extra-index-url "$TORCH_INDEX" -r {runtime}/requirements.txt
-COPY handlers/ {runtime}/handlers/
-COPY serving/ {runtime}/serving/
-ENV PYTHONPATH={runtime} PYTHONUNBUFFERED=1 MLSERVER_MODELS_DIR=/mnt/agent/models
-USER 1000
-CMD ["sh", "-c", "exec python -m serving.mlserver_start start \\"$MLSERVER_MODELS_DIR\\""]
-"""
-
-
 def write_image_context(out: Path, options: SeldonOptions, entries: List[Entry]) -> List[Path]:
-    """OUT/server-image/: Dockerfile, requirements.txt, the handlers and serving packages."""
-    dockerfile = DOCKERFILE.format(
-        image=options.image, context=IMAGE_DIR, base=BASE_IMAGE, torch_index=CPU_TORCH_INDEX, runtime=RUNTIME_PATH
+    """OUT/server-image/: Dockerfile (templates/seldon-image.Dockerfile), requirements.txt, the handlers and
+    serving packages."""
+    dockerfile = render(
+        "seldon-image.Dockerfile",
+        image=options.image,
+        context=IMAGE_DIR,
+        base=BASE_IMAGE,
+        torch_index=CPU_TORCH_INDEX,
+        runtime=RUNTIME_PATH,
     )
     text = any(entry.kind == "text" for entry in entries)
     return write_context(out / IMAGE_DIR, dockerfile, requirements([entry.archive for entry in entries], text))

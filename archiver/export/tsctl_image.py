@@ -11,6 +11,7 @@ InferenceService changes only its runtime, not its storage:
     inferenceservice.yaml     predictor.model: modelFormat pytorch, runtime NAME, the same storageUri
     OUT/predictor-image/      the image's build context:
         Dockerfile            python:X.Y-slim, uid 1000, the requirements, handlers/; ENTRYPOINT the engine
+                              (templates/tsctl-image.Dockerfile)
         requirements.txt      torch, torchvision, torchserve (its Python worker only), the engine's server
                               packages, and every archive's own requirements, pinned to the versions tsctl
                               was tested with here (the engine installs nothing per model)
@@ -126,29 +127,11 @@ def requirements(archives: List[Path]) -> str:
     return "\n".join(with_archive_lines(pins(BASE_PACKAGES), archives)) + "\n"
 
 
-DOCKERFILE = """\
-# The image of a tsctl export's serving runtime: the tsctl engine serving /mnt/models/model-store as
-# /mnt/models/config/config.properties says (serving/engine.py). Build and push it, then apply
-# servingruntime.yaml and inferenceservice.yaml:   docker build -t {image} . && docker push {image}
-FROM python:{python}-slim
-ARG TORCH_INDEX={torch_index}
-RUN useradd --uid {uid} --create-home model
-WORKDIR /app
-COPY requirements.txt .
-RUN pip install --no-cache-dir --extra-index-url "$TORCH_INDEX" -r requirements.txt
-COPY handlers/ handlers/
-COPY serving/ serving/
-USER {uid}
-ENV PYTHONUNBUFFERED=1
-EXPOSE {http_port} {grpc_port}
-ENTRYPOINT ["python", "-m", "serving.engine"]
-CMD [{args}]
-"""
-
-
 def write_image_context(out: Path, image: str, archives: List[Path]) -> List[Path]:
-    """OUT/predictor-image/: Dockerfile, requirements.txt, the handlers and serving packages."""
-    dockerfile = DOCKERFILE.format(
+    """OUT/predictor-image/: Dockerfile (templates/tsctl-image.Dockerfile), requirements.txt, the handlers and
+    serving packages."""
+    dockerfile = render(
+        "tsctl-image.Dockerfile",
         image=image,
         python=PYTHON,
         torch_index=CPU_TORCH_INDEX,

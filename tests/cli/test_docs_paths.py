@@ -237,3 +237,20 @@ def test_architecture_lists_every_module_of_each_wing():
         gone += [f"{wing}/{name}" for name in sorted(listed[wing]) if not (ROOT / wing / name).exists()]
     assert not missing, f"modules docs/architecture.md has no line for: {missing}"
     assert not gone, f"what docs/architecture.md lists that is not in the tree: {gone}"
+
+
+def test_the_tsctl_engine_is_called_tsctl_where_its_former_name_is_not_explained():
+    """``--engine kserve`` is the tsctl engine's former name, kept as an alias: the docs, the benchmarks and the
+    product's docstrings and messages call the engine ``--engine tsctl``, and name ``kserve`` only in a paragraph
+    that says what it is (an alias, the former name, recorded as tsctl)."""
+    explained = ("alias", "former name", "older name", "recorded as `tsctl`")
+    files = [*DOCUMENTS, *(path for path in code_files() if not where(path).startswith("tests/"))]
+    stale = [
+        f"{where(path)}: {line.strip()}"
+        for path in files
+        for paragraph in re.split(r"\n\s*\n", path.read_text())
+        if not any(words in paragraph.lower() for words in explained)
+        for line in paragraph.splitlines()
+        if re.search(r"engine[ =]kserve\b", line)
+    ]
+    assert not stale, "--engine kserve where the engine is --engine tsctl:\n" + "\n".join(stale)

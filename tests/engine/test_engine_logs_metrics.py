@@ -1,6 +1,6 @@
 """The tsctl engine's logs and /metrics against a hostile handler and hostile requests (issue #29).
 
-Served as ``tsctl serve --engine kserve`` serves it (``engines.ENGINES["tsctl"].start``: detached, its
+Served as ``tsctl serve --engine tsctl`` serves it (``engines.ENGINES["tsctl"].start``: detached, its
 output through ``archiver/bounded_log.py``), the engine and its workers under a memory cgroup; the
 engine's and the workers' pids are the same before and after each attack.
 
@@ -85,7 +85,7 @@ def store(image_sample, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def srv(store):
-    """The store served by the tsctl engine as ``tsctl serve --engine kserve`` starts it, logs capped at
+    """The store served by the tsctl engine as ``tsctl serve --engine tsctl`` starts it, logs capped at
     1 MiB x 2, the engine and its workers under a memory cgroup."""
     home = short_tmp("logs-")
     limits = []

@@ -36,17 +36,20 @@ def free_port() -> int:
 
 
 class Engine:
-    """``python -m serving.engine`` on free ports, detached; ``stop()`` ends its process group."""
+    """``python -m serving.engine`` on free ports, detached; ``stop()`` ends its process group. ``config``:
+    root/config/config.properties by default; a root without that file is served without a config (every
+    archive of its store)."""
 
     def __init__(self, root: Path, *extra: str, config: Path = None, timeout: float = 240, preexec_fn=None):
         self.home = short_tmp("engine-")
         self.http, self.grpc = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.http}"
         self.out = self.home / "engine.out"
-        config = config or root / "config" / "config.properties"
-        command = [sys.executable, "-m", "serving.engine", "--model_store", str(root / "model-store"),
-                   "--ts_config", str(config), "--host", "127.0.0.1", "--http_port", str(self.http),
-                   "--grpc_port", str(self.grpc), *extra]  # fmt: skip
+        default = root / "config" / "config.properties"
+        given = [] if config is None and not default.exists() else ["--ts_config", str(config or default)]
+        command = [sys.executable, "-m", "serving.engine", "--model_store", str(root / "model-store"), *given,
+                   "--host", "127.0.0.1", "--http_port", str(self.http), "--grpc_port", str(self.grpc),
+                   *extra]  # fmt: skip
         with open(self.out, "wb") as out:
             env = dict(os.environ, TEMP=str(self.home))
             self.process = subprocess.Popen(

@@ -990,7 +990,7 @@ def test_package_writes_only_what_it_checked_into_the_archive(tmp_path, case):
 
 def test_the_image_requirements_of_both_exports_hold_only_checked_lines(tmp_path):
     """An archive carrying hidden lines (package refuses them: the archive is rewritten to carry them):
-    export kserve --engine kserve and export seldon refuse them in one line naming the file, or write only
+    export kserve --engine tsctl and export seldon refuse them in one line naming the file, or write only
     check()'s lines into their image's requirements.txt."""
     from archiver import mar, properties
     from archiver.errors import UserError
@@ -1012,7 +1012,7 @@ def test_the_image_requirements_of_both_exports_hold_only_checked_lines(tmp_path
         "kserve": lambda: kserve.export(
             kserve.ExportOptions(
                 out=str(tmp_path / "kserve"), name="demo", storage_uri="pvc://models/demo", config=str(config),
-                model_store=str(tmp_path / "tree" / "model-store"), engine="kserve", image="registry.example/tsctl:1",
+                model_store=str(tmp_path / "tree" / "model-store"), engine="tsctl", image="registry.example/tsctl:1",
             )
         ),
         "seldon": lambda: seldon.export(

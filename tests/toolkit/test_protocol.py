@@ -178,7 +178,7 @@ def test_a_request_decodes_to_the_rows_it_was_encoded_from(tensor, binary):
     assert protocol.header_length(headers) == (len(body) - array.nbytes if binary else None)
     limits = Limits(max_items=array.shape[0], max_body_bytes=len(body), max_json_values=2 * array.size + 16)
     request = protocol.decode_request(body, headers, KEYS, (datatype,), limits)
-    assert request.form == V2 and request.v2_binary_output == binary and len(request.items) == array.shape[0]
+    assert request.form is V2 and request.v2_binary_output == binary and len(request.items) == array.shape[0]
     for row, expected in zip(request.items, array):
         assert type(row) is np.ndarray and row.dtype == array.dtype and row.shape == array.shape[1:]
         assert not binary or not row.flags.owndata  # binary: a view of the body

@@ -1,4 +1,6 @@
+import ast
 import base64
+import enum
 import json
 import struct
 
@@ -7,13 +9,42 @@ import pytest
 
 from handlers import protocol
 from handlers.protocol import ClientError, Limits, answer_body, parse_request, to_bytes, to_text
+from helpers.paths import ROOT
 
 KEYS = ("data", "b64")
 
 
 def test_raw_bytes_body_is_one_item():
     request = parse_request({"body": b"\xff\xd8\xffjpeg"}, KEYS)
-    assert request.items == [b"\xff\xd8\xffjpeg"] and request.form == "single"
+    assert request.items == [b"\xff\xd8\xffjpeg"] and request.form is protocol.SINGLE
+
+
+def test_a_form_is_an_enum_member_compared_by_identity_everywhere():
+    """The forms are one plain ``enum.Enum`` (``Form``, handlers/decoding.py; protocol re-exports it and its
+    members), never strings; every comparison of a form in the repository's Python (``.form``, a member's
+    name, on either side) is ``is``/``is not``: a string compared with a form cannot quietly be false."""
+    from handlers import decoding
+
+    assert issubclass(protocol.Form, enum.Enum) and protocol.Form is decoding.Form
+    assert list(protocol.Form) == [protocol.SINGLE, protocol.LIST, protocol.V1, protocol.V2]
+    assert [parse_request({"body": body}, KEYS).form for body in (b"x", [1], {"instances": [1]})] == [
+        protocol.SINGLE, protocol.LIST, protocol.V1,
+    ]  # fmt: skip
+    assert protocol.encode_request(["a"], "v2") == protocol.encode_request(["a"], protocol.V2)  # as a CLI says it
+    for other in (protocol.SINGLE, "single", "v3", None):
+        with pytest.raises(ValueError, match="must be v1 or v2"):
+            protocol.encode_request(["a"], other)
+    names = {"form", *protocol.Form.__members__}
+    wrong = []
+    for path in sorted(p for top in ("handlers", "serving", "archiver", "samples", "benchmarks", "tests")
+                       for p in (ROOT / top).rglob("*.py")):  # fmt: skip
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            sides = [node.left, *node.comparators] if isinstance(node, ast.Compare) else []
+            if any(getattr(side, "attr", getattr(side, "id", None)) in names for side in sides) and not all(
+                isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops
+            ):
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert not wrong, "forms compared by value, not identity:\n" + "\n".join(wrong)
 
 
 def test_multipart_field_with_another_name_is_the_item():
@@ -22,13 +53,13 @@ def test_multipart_field_with_another_name_is_the_item():
 
 def test_json_bytes_without_content_type_are_parsed():
     request = parse_request({"body": b'{"data": "aGVsbG8="}'}, KEYS)
-    assert request.items == ["aGVsbG8="] and request.form == "single"
+    assert request.items == ["aGVsbG8="] and request.form is protocol.SINGLE
 
 
 def test_kserve_v1_instances():
     body = {"instances": [{"data": "aGk="}, {"b64": "aGk="}]}
     request = parse_request({"body": body}, KEYS)
-    assert request.form == "v1" and len(request.items) == 2
+    assert request.form is protocol.V1 and len(request.items) == 2
     assert [to_bytes(i) for i in request.items] == [b"hi", b"hi"]
     assert answer_body(request, [1, 2], "m") == {"predictions": [1, 2]}
 
@@ -36,7 +67,7 @@ def test_kserve_v1_instances():
 def test_kserve_v2_bytes_input():
     body = {"id": "r1", "inputs": [{"name": "in", "shape": [2], "datatype": "BYTES", "data": ["a", "b"]}]}
     request = parse_request({"body": body}, KEYS)
-    assert request.form == "v2" and request.items == ["a", "b"]
+    assert request.form is protocol.V2 and request.items == ["a", "b"]
     answer = answer_body(request, [{"x": 1}, {"y": 2}], "m")
     assert answer["id"] == "r1" and answer["model_name"] == "m"
     assert answer["outputs"][0]["shape"] == [2]
@@ -45,7 +76,7 @@ def test_kserve_v2_bytes_input():
 
 def test_json_list_answers_with_a_list():
     request = parse_request({"body": ["a", "b", "c"]}, KEYS)
-    assert request.form == "list" and answer_body(request, [1, 2, 3], "m") == [1, 2, 3]
+    assert request.form is protocol.LIST and answer_body(request, [1, 2, 3], "m") == [1, 2, 3]
 
 
 @pytest.mark.parametrize(
@@ -114,7 +145,7 @@ def test_binary_bytes_input_gives_the_items_of_its_json_form():
     tensor = {"name": "in", "shape": [3], "datatype": "BYTES", "parameters": {"binary_data_size": len(raw)}}
     row, length = binary_row([tensor], [raw], id="r1")
     request = binary_parse(row, length, KEYS, ("BYTES",))
-    assert request.form == "v2" and request.items == texts and request.v2_id == "r1"
+    assert request.form is protocol.V2 and request.items == texts and request.v2_id == "r1"
 
 
 @pytest.mark.parametrize("datatype, dtype", [("FP32", "<f4"), ("FP16", "<f2"), ("INT64", "<i8"), ("UINT8", "u1")])
