@@ -102,7 +102,7 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 SAFE_FORMATS = ("BMP", "GIF", "ICO", "JPEG", "PNG", "PPM", "TGA", "TIFF", "WEBP")
 PADDINGS = ("longest", "max_length")
 FUNCTIONS = ("auto", "softmax", "sigmoid", "none")  # text classification: transformers' function_to_apply
-AGGREGATIONS = ("first", "average", "max")  # token classification: the pipeline's aggregation_strategy
+AGGREGATIONS = ("none", "simple", "first", "average", "max")  # token classification: aggregation_strategy
 POOLINGS = ("mean", "cls", "max")  # embeddings of plain Hugging Face directories
 MAX_TORCH_THREADS = 1024  # more overflows torch's thread count or exhausts memory making them
 
@@ -221,6 +221,8 @@ class TokenSettings(TextSettings):
             return f"'handler.aggregation' must be one of {', '.join(AGGREGATIONS)}, got {self.aggregation!r}"
         if self.stride is not None and self.stride < 0:
             return "'handler.stride' must be 0 or more tokens (or null: truncate long texts)"
+        if self.stride is not None and self.aggregation == "none":
+            return "'handler.stride' needs an aggregation other than none (the pipeline refuses it too)"
         return super().check()
 
 

@@ -1,25 +1,42 @@
-"""Token classification (NER): a text in, entity spans with character offsets out.
+"""Token classification (NER): a text in, entities with character offsets out.
 
-Tokens are grouped into words and words into entities as transformers' TokenClassificationPipeline
-does with the same ``aggregation_strategy``: a token starts a new word unless the tokenizer marks it
-as a continuation (WordPiece's ``##``: its text in the request is not as long as the token), word
-scores are aggregated over its tokens (``first``, ``average`` or ``max``), then consecutive words of
-one entity type (``B-PER I-PER`` or ``PER PER``) merge into one span whose score is the words'
-mean. Every span's ``start``/``end`` index the request's text: ``text[start:end] == word``.
+The answer is transformers' TokenClassificationPipeline's with the same ``aggregation_strategy``
+(``handler.aggregation``):
+
+- ``none``: every token but the O ones, ``{"entity", "score", "index", "word", "start", "end"}``
+  (``index``: the token's position, [CLS] being 0);
+- ``simple``: consecutive tokens grouped into entities (below);
+- ``first``, ``average`` (the default), ``max``: tokens grouped into words first (a token starts a new
+  word unless the tokenizer marks it as a continuation: WordPiece's ``##``, whose text in the request
+  is not as long as the token), each word labelled from its first token, its tokens' mean scores or
+  its highest scoring token, then words grouped into entities.
+
+Grouping is the pipeline's ``group_entities``: a word joins the entity before it when its label is
+of the same type and not a ``B-`` (``B-PER I-PER``, ``PER PER``); the entity is named by its first
+label after its first '-' and scored by its words' mean score:
 
     [{"entity_group": "PER", "score": 0.98, "word": "Ada Lovelace", "start": 0, "end": 12}, ...]
+
+Where tsctl differs on purpose (docs/handlers.md): a BIOES ``E-`` word ends its entity and an ``S-``
+word is one of its own (the pipeline reads neither prefix and splits ``B-PER I-PER E-PER`` in two);
+``word`` is the request's own text, ``text[start:end]`` (the pipeline's is rebuilt from the tokens:
+lower-cased, accents stripped, spaces around punctuation); an empty or whitespace-only text is a 400
+(the pipeline answers ``[]``). Prefixes are read as the pipeline reads them: only upper-case ``B-``
+and ``I-`` (and ``E-``, ``S-``) mark a span's start or continuation, so ``b-per i-per`` is two
+entities named ``per``, and ``b-per b-per`` one.
 
 A text longer than ``max_length`` tokens is tagged up to there, unless ``stride`` is set: then it
 is split into windows of ``max_length`` tokens, each overlapping the one before by ``stride``
 tokens, every window runs through the model (in batches of at most batchSize windows), and of the
 entities found in overlapping windows the longest (then the highest scoring) is kept, as the
-pipeline does with ``stride``. A request's windows together count against ``max_items``, so one
-long text costs its request what that many short texts would, and its neighbours wait no longer.
+pipeline does with ``stride`` (which, as the pipeline, needs an aggregation other than ``none``).
+A request's windows together count against ``max_items``, so one long text costs its request what
+that many short texts would, and its neighbours wait no longer.
 
 model-config.yaml, all optional::
 
     handler:
-      aggregation: average   # first | average | max
+      aggregation: average   # none | simple | first | average | max
       ignore_labels: [O]     # entity groups left out of the answer
       max_length: 256
       stride: 64             # tag all of a long text, in windows overlapping by 64 tokens (default: truncate)
@@ -135,13 +152,27 @@ class TokenClassifier(TextHandler):
         return answers
 
     def entities(self, text: str, window: Window, probabilities) -> List[dict]:
-        spans = []  # (label, score, start, end) per word
-        for tokens in self.words(text, window):
+        """The window's entities: tokens (``none``, ``simple``) or words, each with its label and score,
+        then (but for ``none``) grouped into spans as the pipeline's ``group_entities`` does."""
+        token_level = self.settings.aggregation in ("none", "simple")
+        if token_level:
+            groups = [[position] for position, special in enumerate(window.special) if not special]
+        else:
+            groups = self.words(text, window)
+        tagged = []  # (label, score, start, end, first token) per token or word
+        for tokens in groups:
             scores = self.word_scores(probabilities[tokens])
             label = int(scores.argmax())
             start, end = window.offsets[tokens[0]][0], window.offsets[tokens[-1]][1]
-            spans.append((self.labels[label], float(scores[label]), start, end))
-        return merge_words(text, spans, set(self.settings.ignore_labels))
+            tagged.append((self.labels[label], float(scores[label]), start, end, tokens[0]))
+        ignore = set(self.settings.ignore_labels)
+        if self.settings.aggregation == "none":
+            return [
+                {"entity": label, "score": score, "index": index, "word": text[start:end], "start": start, "end": end}
+                for label, score, start, end, index in tagged
+                if label not in ignore
+            ]
+        return group_entities(text, [entry[:4] for entry in tagged], ignore)
 
     def words(self, text: str, window: Window) -> List[List[int]]:
         """Token positions of each word, as the pipeline's ``gather_pre_entities`` tells words apart."""
@@ -163,39 +194,45 @@ class TokenClassifier(TextHandler):
         return words
 
     def word_scores(self, token_scores: torch.Tensor) -> torch.Tensor:
-        if self.settings.aggregation == "first":
-            return token_scores[0]
+        if self.settings.aggregation == "average":
+            return token_scores.mean(dim=0)
         if self.settings.aggregation == "max":
             return token_scores[int(token_scores.max(dim=-1).values.argmax())]
-        return token_scores.mean(dim=0)
+        return token_scores[0]  # first; none and simple: one token
 
 
 def split_tag(label: str) -> Tuple[str, str]:
-    """'B-PER' -> ('B', 'PER'); 'PER' -> ('I', 'PER')."""
-    if len(label) > 2 and label[1] in "-_" and label[0] in "BIES":
+    """A label as the pipeline's ``get_tag`` reads it: 'B-PER' -> ('B', 'PER'), 'I-PER' -> ('I', 'PER'),
+    anything else -> ('I', label), lower-case prefixes too ('b-per' -> ('I', 'b-per')). tsctl also
+    reads BIOES's 'E-PER' -> ('E', 'PER') and 'S-PER' -> ('S', 'PER')."""
+    if label[:2] in ("B-", "I-", "E-", "S-"):
         return label[0], label[2:]
     return "I", label
 
 
-def merge_words(text: str, words, ignore) -> List[dict]:
+def group_entities(text: str, words, ignore) -> List[dict]:
+    """Consecutive words (or tokens) as the pipeline's ``group_entities`` merges them: one of the same
+    type (``split_tag``) joins the span before it unless it is a ``B-`` (``PER PER``, ``B-PER I-PER``
+    and ``b-per b-per`` merge, ``B-PER B-PER`` and ``b-per i-per`` do not); the span is named by its
+    first label after its first '-' (``b-per`` -> ``per``), scored by its words' mean, and left out when
+    that name is in ``ignore``. Unlike the pipeline, an ``E-`` word ends its span (it joins the span
+    before it, and the next word starts a new one) and an ``S-`` word is a span of its own."""
     entities: List[dict] = []
-    current = None
+    kind, closed = None, True
     for label, score, start, end in words:
-        tag, kind = split_tag(label)
-        if label in ignore or kind in ignore:
-            current = None
-            continue
-        if current is not None and current["entity_group"] == kind and tag in "IE":
-            current["end"] = end
-            current["scores"].append(score)
+        tag, word_kind = split_tag(label)
+        if not closed and word_kind == kind and tag in "IE":
+            entities[-1]["end"] = end
+            entities[-1]["scores"].append(score)
         else:
-            current = {"entity_group": kind, "scores": [score], "start": start, "end": end}
-            entities.append(current)
+            entities.append({"entity_group": label.split("-", 1)[-1], "scores": [score], "start": start, "end": end})
+        kind, closed = word_kind, tag in "ES"
     for entity in entities:
         scores = entity.pop("scores")
         entity["score"] = sum(scores) / len(scores)
         entity["word"] = text[entity["start"] : entity["end"]]
-    return [{k: e[k] for k in ("entity_group", "score", "word", "start", "end")} for e in entities]
+    keys = ("entity_group", "score", "word", "start", "end")
+    return [{key: e[key] for key in keys} for e in entities if e["entity_group"] not in ignore]
 
 
 def drop_overlaps(entities: List[dict]) -> List[dict]:
