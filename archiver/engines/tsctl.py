@@ -8,14 +8,14 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from ..errors import ServerError, UserError
 from ..output import quiet
 from .base import Launch, Runtime
 
 if TYPE_CHECKING:  # pragma: no cover
-    from serving.ts_config import ModelSpec
+    from serving.ts_config import Frontend, ModelSpec
 
     from ..server import Server
 
@@ -207,6 +207,11 @@ def model_specs(model_store: Path, config: Optional[Path]) -> List["ModelSpec"]:
     """The model versions the engine (and MLServer's runtime) will serve, checked as the engine checks them
     (one UserError otherwise): a config's model_snapshot (each archive it names in the store, as for
     TorchServe), or without one every archive in the store with its model-config.yaml."""
+    return served(model_store, config)[0]
+
+
+def served(model_store: Path, config: Optional[Path]) -> "Tuple[List[ModelSpec], Frontend]":
+    """``model_specs``, and the frontend settings the config gives (``serving/ts_config.py``: Frontend)."""
     from serving import ts_config
 
     from .. import server as servers
@@ -214,9 +219,9 @@ def model_specs(model_store: Path, config: Optional[Path]) -> List["ModelSpec"]:
 
     try:
         if config is None:
-            return ts_config.models(ts_config.default_config(model_store), model_store)[0]
+            return ts_config.models(ts_config.default_config(model_store), model_store)
         properties = read_properties(config)
         servers.snapshot_models(properties, config, model_store)  # as TorchServe's start checks it
-        return ts_config.from_properties(properties, config, model_store)[0]
+        return ts_config.from_properties(properties, config, model_store)
     except ts_config.ConfigError as exc:
         raise UserError(str(exc)) from None
