@@ -16,8 +16,9 @@ requests to send. The models are built here with random, seeded weights (no mode
   the example's; its resize is 256-320 px instead of 800-1333 so an image takes ~0.3 s on two cores,
   see samples/ts_examples/object_detector/model.py), COCO's 91 names.
 - ``image_segmenter``: the built-in ``image_segmenter`` on FCN-ResNet50 with its auxiliary head.
-- ``custom_metrics``: the mnist model behind a handler emitting custom metrics through every call
-  of TorchServe's metrics cache.
+- ``custom_metrics``: the mnist model behind a handler emitting custom metrics of every type (counter,
+  gauge, histogram) through every call of TorchServe's metrics cache; as the example, it needs its
+  metrics.yaml as ``metrics_config`` and ``model_metrics_auto_detect=true`` (``Example.properties``).
 - ``transformer``: a Transformer_handler_generalized-like handler (setup_config.json, sequence
   classification) on a small BERT written with ``save_pretrained``; the weights are the
   ``--serialized-file``, config and tokenizer files ``--extra-files``, as pytorch/serve's README
@@ -369,10 +370,14 @@ def build_custom_metrics(out: Path, serve: Optional[Path]) -> Example:
             "metrics_config": str(serve / "examples/custom_metrics/metrics.yaml"),
             "model_metrics_auto_detect": "true",
         }
-    else:
+    else:  # in the example's shape: its own metrics.yaml, some of its metrics auto-detected
         metrics = STAND_IN_METRICS
         model_file = STAND_INS / "mnist/mnist.py"
         handler = STAND_INS / "custom_metrics/metrics_handler.py"
+        properties = {
+            "metrics_config": str(STAND_INS / "custom_metrics/metrics.yaml"),
+            "model_metrics_auto_detect": "true",
+        }
     weights = mnist_weights(model_file, out / "mnist_cnn.pt")
     inputs = [(digit_png(d), "image/png") for d in (2, 5)]
     return Example(

@@ -70,7 +70,7 @@ class Engine:
     def __init__(self, specs: List[ts_config.ModelSpec], frontend: ts_config.Frontend, decode_default=None):
         self.frontend = frontend
         self.run_dir = tempfile.mkdtemp(prefix="tsctl-engine-")
-        self.metrics = Metrics()
+        self.metrics = Metrics(frontend.metrics_config, frontend.metrics_auto_detect)
         bound, why = max_inflight_bytes(frontend.max_request_size, frontend.max_inflight_bytes)
         logger.info("bodies in flight: at most %s bytes (%s)", f"{bound:,}", why)
         self.inflight = InFlight(bound)  # REST's and gRPC's bodies together

@@ -33,8 +33,13 @@ step's raw output (its first tensor, one row per image) and answers the handler'
 
 ``parameters.extra`` (written by ``tsctl serve --engine mlserver`` and ``tsctl export seldon`` from
 config.properties or model-config.yaml): ``minWorkers``, ``batchSize``, ``maxBatchDelay``,
-``responseTimeout``, ``jobQueueSize``, ``publicKey``, ``metricsConfig``, ``role``. (A request body's
-limit is MLServer's REST app's, ``max_request_size`` in body_limit.py: mlserver_start.py reads it.)
+``responseTimeout``, ``jobQueueSize``, ``publicKey``, ``metricsConfig``, ``metricsAutoDetect``, ``role``. (A
+request body's limit is MLServer's REST app's, ``max_request_size`` in body_limit.py: mlserver_start.py reads it.)
+
+**Metrics.** What the workers emit (``context.metrics``, ``HandlerTime``, ``PredictionTime``) is on
+MLServer's ``/metrics`` under the names, types and labels TorchServe exports them with, as on the tsctl
+engine (``engine_metrics.WorkerMetrics``: ``metricsConfig`` is the metrics.yaml that declares them,
+``metricsAutoDetect`` false drops those it does not declare).
 """
 
 import asyncio
@@ -43,6 +48,7 @@ import logging
 import os
 import re
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any, Dict, Tuple
@@ -108,8 +114,9 @@ class ArchiveModel(MLModel):
                     spec.batch_size = 1
                 model_dir = os.path.join(self._run_dir, "model")
                 self._workers: ModelWorkers = open_model(
-                    spec, frontend, model_dir, 9000, lambda _: not toolkit, archive=opened
-                )
+                    spec, frontend, model_dir, 9000, lambda _: not toolkit, on_metric=metrics_of(frontend),
+                    archive=opened,
+                )  # fmt: skip
             await self._workers.start()
         except BaseException:
             shutil.rmtree(self._run_dir, ignore_errors=True)
@@ -215,7 +222,32 @@ def model_spec(name: str, version: str, archive: Path, extra: Dict[str, Any]) ->
     frontend.job_queue_size = int(extra.get("jobQueueSize", frontend.job_queue_size))
     frontend.public_key = extra.get("publicKey") or None
     frontend.metrics_config = extra.get("metricsConfig") or None
+    frontend.metrics_auto_detect = extra.get("metricsAutoDetect", True) is not False
     return spec, frontend
+
+
+_worker_metrics = None  # this process's WorkerMetrics, once a model has loaded
+
+
+def metrics_of(frontend: Frontend):
+    """Where a model's workers' metric lines go: one ``WorkerMetrics`` for every model of this process,
+    registered in prometheus_client's registry, which MLServer's /metrics serves (its
+    ``parallel_workers`` 0: archiver/mlserver.py), its names clear of MLServer's own; the model's
+    metrics.yaml declared there (a name another model's declared first keeps that declaration)."""
+    from prometheus_client import REGISTRY
+
+    from .engine_metrics import WorkerMetrics
+
+    global _worker_metrics
+    if _worker_metrics is None:
+        taken = getattr(REGISTRY, "_names_to_collectors", {})  # MLServer's own metrics, as they are registered
+        _worker_metrics = WorkerMetrics(socket.gethostname(), reserved=taken.__contains__)
+        REGISTRY.register(_worker_metrics)
+    metrics = _worker_metrics
+    if frontend.metrics_config:
+        metrics.declare(frontend.metrics_config)
+    detect = frontend.metrics_auto_detect
+    return lambda worker, line: metrics.worker_metric(worker, line, detect)
 
 
 def request_body(payload: InferenceRequest) -> Tuple[bytes, Dict[str, str]]:

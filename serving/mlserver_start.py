@@ -1,4 +1,4 @@
-"""``mlserver start`` as tsctl runs it: MLServer 1.7 itself, with two things of its REST app changed.
+"""``mlserver start`` as tsctl runs it: MLServer 1.7 itself, two things of its REST app and its metrics writer changed.
 
     python -m serving.mlserver_start [--read-only] start FOLDER       (MLServer's own CLI after the flag)
 
@@ -15,6 +15,10 @@ MLServer's CLI runs, this wraps the function its REST server builds its app with
 - every request body is bounded as the tsctl engine bounds them (body_limit.py: 413 above
   ``max_request_size``, read from ``TSCTL_MAX_REQUEST_SIZE``, before the body is read whole; 503
   past the bodies in flight ``max_inflight_bytes`` allows).
+
+Its ``/metrics`` (the metrics port) is written by ``engine_metrics.exposition``: prometheus_client's
+text format, as MLServer writes it, but for the workers' counters, which keep the names TorchServe gives
+them (``Requests2XX``, not ``Requests2XX_total``, in their HELP and TYPE lines).
 
 ``--read-only`` (``tsctl serve --engine mlserver``) also refuses load and unload over gRPC: MLServer's
 ``ModelRepositoryHandlers``, which both its REST and gRPC servers call, is replaced by one whose
@@ -59,12 +63,16 @@ def read_only_handlers():
 
 
 def main(argv: List[str]):
+    import mlserver.metrics.prometheus
     import mlserver.rest.server
     import mlserver.server
     from mlserver.cli.main import main as mlserver_main
 
+    from .engine_metrics import exposition
+
     read_only = argv[:1] == ["--read-only"]
     mlserver.rest.server.create_app = bounded_app(mlserver.rest.server.create_app)
+    mlserver.metrics.prometheus.generate_latest = exposition  # TorchServe's counters keep their names
     if read_only:
         mlserver.server.ModelRepositoryHandlers = read_only_handlers()
     sys.argv = ["mlserver", *argv[1 if read_only else 0 :]]

@@ -152,6 +152,9 @@ class Frontend:
     decode_input_request: bool = True
     limit_max_image_pixels: bool = True
     metrics_config: Optional[str] = None
+    # the workers' metrics that metrics_config does not declare exported (model_metrics_auto_detect; TorchServe's
+    # default is false, the engine's true: serving/engine_metrics.py)
+    metrics_auto_detect: bool = True
     default_workers: int = 1
     default_response_timeout: int = 120
     notes: List[str] = field(default_factory=list)  # settings read but not applied, archives skipped: a line each
@@ -174,6 +177,7 @@ def frontend_of(properties: Dict[str, str], path) -> Frontend:
     frontend.decode_input_request = properties.get("decode_input_request", "true").lower() == "true"
     frontend.limit_max_image_pixels = properties.get("limit_max_image_pixels", "true").lower() == "true"
     frontend.metrics_config = properties.get("metrics_config") or None
+    frontend.metrics_auto_detect = properties.get("model_metrics_auto_detect", "true").strip().lower() != "false"
     frontend.default_workers = _int(properties, "default_workers_per_model", 0, path) or 1
     frontend.default_response_timeout = _int(properties, "default_response_timeout", 120, path)
     if properties.get("install_py_dep_per_model", "false").lower() == "true":

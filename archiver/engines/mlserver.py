@@ -6,9 +6,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
+from ..errors import UserError
 from ..output import quiet
 from .base import Launch
-from .tsctl import TsctlRuntime, model_specs
+from .tsctl import TsctlRuntime, model_specs, served
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..server import Server
@@ -36,13 +37,13 @@ class MLServerRuntime(TsctlRuntime):
 
         model_store, home = Path(run.model_store).resolve(), Path(run.home).resolve()
         config = Path(run.config).resolve() if run.config is not None else None
-        specs = model_specs(model_store, config)
+        specs, frontend = served(model_store, config)
         python = mlserver.find_python(run.python)  # before anything is written
         for spec in specs:
             spec.batch_size = batch_size or spec.batch_size
             spec.max_batch_delay = spec.max_batch_delay if max_batch_delay is None else max_batch_delay
         servers.check_home(home)
-        folder = mlserver.write_repository(specs, home / "mlserver")
+        folder = mlserver.write_repository(specs, home / "mlserver", metrics_settings(frontend))
         models = list(dict.fromkeys(spec.name for spec in specs))
         return self.serve_repository(folder, models, home, run.timeout, python, run.env, run.progress)
 
@@ -166,6 +167,21 @@ class MLServerRuntime(TsctlRuntime):
 
     def handler_log(self, server: "Server") -> Path:
         return Path(server.home) / MLSERVER_OUT
+
+
+def metrics_settings(frontend) -> Dict[str, object]:
+    """What of the config's frontend settings reaches each model's ``parameters.extra``: its
+    ``metrics_config`` (the workers' metrics.yaml, a path relative to the current directory as TorchServe
+    reads it relative to its own) and ``model_metrics_auto_detect``."""
+    extra: Dict[str, object] = {}
+    if frontend.metrics_config:
+        path = Path(frontend.metrics_config).resolve()
+        if not path.is_file():
+            raise UserError(f"metrics_config {frontend.metrics_config} is not a file (the workers' metrics.yaml)")
+        extra["metricsConfig"] = str(path)
+    if not frontend.metrics_auto_detect:
+        extra["metricsAutoDetect"] = False
+    return extra
 
 
 def base64_text(data: bytes) -> str:

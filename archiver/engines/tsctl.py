@@ -8,14 +8,14 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from ..errors import ServerError, UserError
 from ..output import quiet
 from .base import Launch, Runtime
 
 if TYPE_CHECKING:  # pragma: no cover
-    from serving.ts_config import ModelSpec
+    from serving.ts_config import Frontend, ModelSpec
 
     from ..server import Server
 
@@ -208,6 +208,11 @@ def model_specs(model_store: Path, config: Optional[Path]) -> List["ModelSpec"]:
     (one UserError otherwise): a config's model_snapshot (each archive it names in the store, as for
     TorchServe), or without one every archive in the store with its model-config.yaml (one that cannot be
     read left out, as the engine leaves it out with a line in its log)."""
+    return served(model_store, config)[0]
+
+
+def served(model_store: Path, config: Optional[Path]) -> "Tuple[List[ModelSpec], Frontend]":
+    """``model_specs``, and the frontend settings the config gives (``serving/ts_config.py``: Frontend)."""
     from serving import ts_config
 
     from .. import server as servers
@@ -215,9 +220,9 @@ def model_specs(model_store: Path, config: Optional[Path]) -> List["ModelSpec"]:
 
     try:
         if config is None:
-            return ts_config.models(ts_config.default_config(model_store), model_store, skip_unreadable=True)[0]
+            return ts_config.models(ts_config.default_config(model_store), model_store, skip_unreadable=True)
         properties = read_properties(config)
         servers.snapshot_models(properties, config, model_store)  # as TorchServe's start checks it
-        return ts_config.from_properties(properties, config, model_store)[0]
+        return ts_config.from_properties(properties, config, model_store)
     except ts_config.ConfigError as exc:
         raise UserError(str(exc)) from None

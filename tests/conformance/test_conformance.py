@@ -305,7 +305,8 @@ class Runs:
                     engine.stop(srv)
             finally:
                 shutil.rmtree(home, ignore_errors=True)
-            seen = set(re.findall(r"^([A-Za-z_:][\w:]*)[{ ]", exposed, re.M)) if status == 200 else set()  # samples
+            sample = r"^([A-Za-z_:][\w:]*?)(?:_bucket|_count|_sum)?[{ ]"  # a histogram's by its name
+            seen = set(re.findall(sample, exposed, re.M)) if status == 200 else set()  # samples
             for name in names:  # one /metrics for every model: names only
                 outcomes[name].metrics = seen
             return outcomes

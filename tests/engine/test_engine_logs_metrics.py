@@ -25,6 +25,7 @@ from types import SimpleNamespace
 from unittest import mock
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from archiver import bounded_log, engines, server
 from helpers.cgroups import MemoryLimit
@@ -229,10 +230,13 @@ def test_each_model_has_its_own_series_budget_and_its_builtin_series_always_fit(
     text = metrics.render()[0].decode()
     many = [line for line in text.splitlines() if line.startswith("Many{")]
     assert sum('Id="other' in line for line in many) == 3 and len(many) == 8, many
-    predictions = [line for line in text.splitlines() if line.startswith("PredictionTime{")]
-    assert predictions == [f'PredictionTime{{ModelName="quiet",Level="Model",Hostname="{metrics.hostname}"}} 2.5'], (
-        predictions
-    )
+    predictions = [  # read back: prometheus_client's writer sorts a sample's labels
+        (sample.labels, sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "PredictionTime"
+    ]
+    assert predictions == [({"ModelName": "quiet", "Level": "Model", "Hostname": metrics.hostname}, 2.5)], predictions
     assert "# TYPE PredictionTime gauge" in text
     dropped = {
         line.split('"')[1]: float(line.split()[-1])
