@@ -11,7 +11,7 @@ up to ``batchSize`` gathered within ``maxBatchDelay`` ms, a dead worker restarte
 TorchServe serves (the toolkit's, ``BaseHandler`` subclasses, pytorch/serve's examples) serves here.
 
 **One request, one answer.** MLServer hands ``predict`` one Open Inference Protocol request, already
-parsed. It goes to the handler as a KServe v2 body (``request_body``: JSON, or the binary tensor
+parsed. It goes to a toolkit handler as a KServe v2 body (``request_body``: JSON, or the binary tensor
 extension when an input carries bytes, as gRPC's ``bytes_contents`` do) with the request's headers,
 and the handler's v2 answer comes back as MLServer's ``InferenceResponse``. MLServer's own adaptive
 batching is left off (``max_batch_size`` 1): it merges requests into one and fails them all when one
@@ -19,10 +19,12 @@ fails. Batching happens in ``ModelWorkers`` instead, where each request keeps it
 request gets its own 4xx (``MLServerError`` with the handler's status and message), its neighbours
 their 200s.
 
-**Archives that are not the toolkit's** read KServe v2 bodies through TorchServe's ``kservev2``
-envelope, as on KServe's TorchServe runtime with ``protocolVersion: v2``; that envelope fails a batch
-of several, so they run with ``batchSize`` 1. Toolkit archives read the bytes as they came
-(``decode_input_request`` off) and batch as their settings say.
+**Archives that are not the toolkit's** get what TorchServe's worker gives them: each element of the
+request's BYTES tensor is one TorchServe request, its body of the type the tensor's
+``parameters.content_type`` says, decoded by the worker as TorchServe decodes it (bytes, a str, the
+decoded JSON); their answers come back as one BYTES output ``output-0`` holding each answer's JSON, the
+shape the toolkit's handlers answer in (serving/v2_requests.py has the tables). They batch as their
+settings say. Toolkit archives read the v2 body as it came (``decode_input_request`` off).
 
 **A Seldon pipeline's transformer** (``parameters.extra.role``, ``tsctl export seldon
 --transformer-archive``): an image archive's handler run apart from its model (``serving/split.py``, as
@@ -63,6 +65,7 @@ from handlers import identity, protocol
 from handlers.archives import Archive
 from handlers.errors import error_message
 
+from . import v2_requests
 from .engine_workers import ModelWorkers, open_model
 from .ts_config import Frontend, ModelSpec
 from .ts_wire import Request, Response
@@ -108,10 +111,7 @@ class ArchiveModel(MLModel):
         self._run_dir = tempfile.mkdtemp(prefix="tsctl-mlserver-")
         try:
             with Archive(archive) as opened:  # read once: its record here, its files in open_model
-                toolkit = identity.read(opened) is not None
-                if not toolkit:
-                    frontend.envelope = "kservev2"
-                    spec.batch_size = 1
+                self._toolkit = toolkit = identity.read(opened) is not None
                 model_dir = os.path.join(self._run_dir, "model")
                 self._workers: ModelWorkers = open_model(
                     spec, frontend, model_dir, 9000, lambda _: not toolkit, on_metric=metrics_of(frontend),
@@ -130,9 +130,31 @@ class ArchiveModel(MLModel):
         if self._role is not None:
             async with self._transforms:  # each holds a whole batch as JSON (16 images: 45 MB): a few at a time
                 return await asyncio.get_running_loop().run_in_executor(None, self.transform, payload)
+        if not self._toolkit:
+            return await self.predict_requests(payload)
         body, headers = request_body(payload)
         answer = await self._workers.submit(Request(body, headers))
         return response_of(answer, self.name, self.version)
+
+    async def predict_requests(self, payload: InferenceRequest) -> InferenceResponse:
+        """A handler that is not the toolkit's: each element one TorchServe request (v2_requests.py), all
+        sent at once to be batched as the archive says; their answers one output, or the first failure."""
+        inputs = payload.model_dump(exclude_none=True)["inputs"]
+        try:
+            requests = v2_requests.requests_of(inputs, client_headers(payload))
+            limit = self._workers.queue.limit
+            if len(requests) > limit:
+                raise protocol.ClientError(f"{len(requests)} elements in one request: more than the model's job "
+                                           f"queue holds ({limit}, jobQueueSize)", 413)  # fmt: skip
+        except protocol.ClientError as error:
+            raise MLServerError(error.message, status_code=error.status) from None
+        answers = await asyncio.gather(*(self._workers.submit(request) for request in requests))
+        failed = v2_requests.failure(answers)
+        if failed is not None:
+            raise MLServerError(failed.message, status_code=failed.status)
+        body = {"id": payload.id, "outputs": [v2_requests.output_of(answers)]}
+        headers = {k: v for answer in answers for k, v in answer.headers.items()}
+        return inference_response(body, headers, self.name, self.version)
 
     def transform(self, payload: InferenceRequest) -> InferenceResponse:
         """A transformer step: the request's images as the model's input tensor, or the model's raw
@@ -254,14 +276,12 @@ def request_body(payload: InferenceRequest) -> Tuple[bytes, Dict[str, str]]:
     """MLServer's parsed request as the KServe v2 body a handler reads, and the client's headers.
     Binary outputs are not asked for (MLServer answers JSON); inputs that carry bytes go in the
     binary tensor extension, the rest as JSON."""
-    parameters = payload.parameters
-    client_headers = dict((parameters.headers or {}) if parameters else {})
     body = payload.model_dump(exclude_none=True, exclude={"parameters": {"headers"}})
     for key in ("binary_data_output",):
         body.get("parameters", {}).pop(key, None)
     for tensor in body.get("outputs", []):
         tensor.get("parameters", {}).pop("binary_data", None)
-    headers = {k: str(v) for k, v in client_headers.items() if k.lower() not in HOP_HEADERS}
+    headers = client_headers(payload)
     for tensor in body["inputs"]:
         if tensor.get("datatype") == "BYTES":
             tensor["data"] = protocol.flatten(tensor["data"])
@@ -269,6 +289,14 @@ def request_body(payload: InferenceRequest) -> Tuple[bytes, Dict[str, str]]:
         data, length = protocol.encode_binary(body, "inputs")
         return data, {**headers, "Content-Type": protocol.OCTET_STREAM, protocol.HEADER: str(length)}
     return protocol.to_json(body), {**headers, "Content-Type": protocol.JSON_TYPE}
+
+
+def client_headers(payload: InferenceRequest) -> Dict[str, str]:
+    """The client's headers (MLServer keeps them in the request's parameters), but those describing
+    MLServer's own HTTP body."""
+    parameters = payload.parameters
+    headers = dict((parameters.headers or {}) if parameters else {})
+    return {k: str(v) for k, v in headers.items() if k.lower() not in HOP_HEADERS}
 
 
 def has_bytes(data: Any) -> bool:
@@ -286,19 +314,22 @@ def response_of(answer: Response, name: str, version) -> InferenceResponse:
         body = json.loads(answer.body)
         if not isinstance(body, dict) or "outputs" not in body:
             raise ValueError("no 'outputs'")
-        body["model_name"], body["model_version"] = name, version
-        for output in body["outputs"]:  # MLServer holds BYTES as bytes (its REST side writes them as text)
-            if output.get("datatype") == "BYTES" and isinstance(output.get("data"), list):
-                output["data"] = [
-                    v.encode("utf-8") if isinstance(v, str) else v for v in protocol.flatten(output["data"])
-                ]
-        headers = {k: v for k, v in answer.headers.items() if k.lower() not in ("content-length", "content-type")}
-        if headers:
-            body.setdefault("parameters", {})["headers"] = headers
-        return InferenceResponse.model_validate(body)
+        return inference_response(body, answer.headers, name, version)
     except (ValueError, TypeError, UnicodeDecodeError) as exc:
         raise MLServerError(
             f"model {name}'s handler answered what is not an Open Inference Protocol response ({exc}): "
             f"{bytes(answer.body or b'')[:200]!r}",
             status_code=500,
         ) from None
+
+
+def inference_response(body: dict, headers: Dict[str, str], name: str, version) -> InferenceResponse:
+    """A v2 response body (a dict) and the handler's response headers as MLServer's response."""
+    body["model_name"], body["model_version"] = name, version
+    for output in body["outputs"]:  # MLServer holds BYTES as bytes (its REST side writes them as text)
+        if output.get("datatype") == "BYTES" and isinstance(output.get("data"), list):
+            output["data"] = [v.encode("utf-8") if isinstance(v, str) else v for v in protocol.flatten(output["data"])]
+    kept = {k: v for k, v in headers.items() if k.lower() not in ("content-length", "content-type")}
+    if kept:
+        body.setdefault("parameters", {})["headers"] = kept
+    return InferenceResponse.model_validate(body)

@@ -70,9 +70,12 @@ def predict_url(server: "Server", model: str) -> str:
     return engine_of(server).predict_url(server, model)
 
 
-def predict(server: "Server", model: str, path: Path, timeout: float = 60) -> Tuple[int, object]:
+def predict(
+    server: "Server", model: str, path: Path, timeout: float = 60, kind: Optional[str] = None
+) -> Tuple[int, object]:
     """POST one file to the model (``predict_url``), as the runtime takes it (``request_body``), with the
-    content type its suffix says; the answer as JSON, text, or bytes (an image, a tensor file: not UTF-8)."""
+    content type ``kind``, else the one its suffix says; the answer as JSON, text, or bytes (an image, a
+    tensor file: not UTF-8)."""
     from handlers.requests import content_type
 
     from ..server import request
@@ -80,8 +83,8 @@ def predict(server: "Server", model: str, path: Path, timeout: float = 60) -> Tu
     path = Path(path)
     if not path.is_file():
         raise UserError(f"input {path} does not exist")
-    body, kind = engine_of(server).request_body(path.read_bytes(), content_type(path))
-    headers = {"Content-Type": kind, **server.headers("inference")}
+    body, sent = engine_of(server).request_body(path.read_bytes(), kind or content_type(path), as_request=not kind)
+    headers = {"Content-Type": sent, **server.headers("inference")}
     return request(predict_url(server, model), body, "POST", headers, timeout, binary=True)
 
 

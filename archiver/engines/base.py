@@ -85,8 +85,9 @@ class Runtime:
     def predict_url(self, server: "Server", model: str) -> str:
         return f"{server.inference}/predictions/{model}"
 
-    def request_body(self, data: bytes, content_type: str) -> Tuple[bytes, str]:
-        """One file as the body ``predict_url`` takes, and its content type: the file itself here."""
+    def request_body(self, data: bytes, content_type: str, as_request: bool = True) -> Tuple[bytes, str]:
+        """One file as the body ``predict_url`` takes, and its content type: the file itself here
+        (``as_request``: whether a JSON file may be a request of the runtime's own protocol, MLServer's)."""
         return data, content_type
 
     def addresses(self, server: "Server") -> List[Tuple[str, str]]:

@@ -130,16 +130,29 @@ class MLServerRuntime(TsctlRuntime):
             return None
         return [m["name"] for m in body if isinstance(m, dict) and "name" in m]
 
-    def request_body(self, data: bytes, content_type: str) -> Tuple[bytes, str]:
-        """A file as one Open Inference Protocol request: a JSON file as it is (a request body), text
-        as one BYTES element, anything else base64 in one."""
+    def request_body(self, data: bytes, content_type: str, as_request: bool = True) -> Tuple[bytes, str]:
+        """A file as one Open Inference Protocol request: a JSON file as it is (a v2 request, when
+        ``as_request``), anything else one BYTES element with ``content_type`` as its
+        ``parameters.content_type``, which MLServer's runtime hands a handler that is not the toolkit's
+        as TorchServe's worker would (serving/v2_requests.py): the text for text/... and
+        application/json, base64 for any other type, and base64 marked ``base64`` for text that is not
+        UTF-8 (the handler gets the bytes, as TorchServe's worker gives bytes it cannot decode)."""
         from handlers import protocol
+        from serving.v2_requests import decodes_as_text
 
-        if content_type == protocol.JSON_TYPE:
-            return data, content_type
-        item = data.decode("utf-8", errors="replace") if content_type.startswith("text/") else base64_text(data)
-        body, headers = protocol.encode_request([item], protocol.V2)
-        return body, headers["Content-Type"]
+        media = content_type.split(";", 1)[0].strip()  # as TorchServe's frontend passes it on
+        if as_request and media == protocol.JSON_TYPE:
+            return data, media
+        declared, item = media or "base64", None  # no type: the bytes, as TorchServe's worker hands them
+        if media and decodes_as_text(media):
+            try:
+                item = data.decode("utf-8")
+            except UnicodeDecodeError:
+                declared = "base64"
+        element = base64_text(data) if item is None else item
+        tensor = {"name": "input-0", "shape": [1], "datatype": "BYTES", "data": [element],
+                  "parameters": {"content_type": declared}}  # fmt: skip
+        return json.dumps({"inputs": [tensor]}).encode("utf-8"), protocol.JSON_TYPE
 
     def stop(self, server: "Server", grace: float = 20) -> bool:
         """MLServer first, alone: it stops its servers and its workers go with it (2 s). A TERM to the

@@ -4,14 +4,17 @@ alone, where .webp is missing before Python 3.13 (slim containers have no /etc/m
 
 import glob
 import http.server
+import json
 import mimetypes
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from archiver import engines, server
+from archiver.cli import main
 from handlers import protocol
 from helpers.servers import stand_in_http
 
@@ -65,6 +68,47 @@ def test_predict_sends_the_image_type(no_system_mime_types, tmp_path):
             image.write_bytes(b"not decoded here")
             assert engines.predict(running, "m", image) == (200, {})
     assert seen == list(IMAGES.values())
+
+
+def test_predict_sends_the_content_type_given(tmp_path):
+    """``tsctl predict --content-type``: the file's bytes with that type, not its suffix's; to MLServer one
+    BYTES element carrying it as ``content_type`` (text as it is, other types in base64), a .json file
+    too, which without the option is sent as the v2 request itself."""
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen.append((self.path, self.headers["Content-Type"], self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+    text, document = tmp_path / "row.txt", tmp_path / "request.json"
+    text.write_bytes(b"6.1,2.8,4.7,1.2\n")
+    document.write_bytes(b'{"inputs": []}')
+    with stand_in_http(Handler) as address:
+        torchserve = server.Server(os.getpid(), str(tmp_path), address, address, address, ["m"])
+        mlserver = server.Server(os.getpid(), str(tmp_path), address, "", address, ["m"], engine="mlserver")
+        engines.predict(torchserve, "m", text)
+        engines.predict(torchserve, "m", text, kind="application/octet-stream")
+        engines.predict(mlserver, "m", text)
+        engines.predict(mlserver, "m", text, kind="application/octet-stream")
+        engines.predict(mlserver, "m", document)
+        engines.predict(mlserver, "m", document, kind="application/json; charset=utf-8")
+    assert seen[:2] == [("/predictions/m", "text/plain", text.read_bytes()),
+                        ("/predictions/m", "application/octet-stream", text.read_bytes())]  # fmt: skip
+    tensors = [json.loads(body)["inputs"] for _, _, body in seen[2:]]
+    element = {"name": "input-0", "shape": [1], "datatype": "BYTES"}
+    assert tensors == [
+        [{**element, "data": ["6.1,2.8,4.7,1.2\n"], "parameters": {"content_type": "text/plain"}}],
+        [{**element, "data": ["Ni4xLDIuOCw0LjcsMS4yCg=="], "parameters": {"content_type": "application/octet-stream"}}],
+        [],  # the file itself: a v2 request
+        [{**element, "data": ['{"inputs": []}'], "parameters": {"content_type": "application/json"}}],
+    ]
+    assert {(path, kind) for path, kind, _ in seen[2:]} == {("/v2/models/m/infer", "application/json")}
+    refused = CliRunner().invoke(main, ["predict", "m", str(text), "--content-type", "json"])
+    assert refused.exit_code == 2 and "'json' is not a media type" in refused.output, refused.output
 
 
 def pythons():

@@ -1,8 +1,13 @@
 """MLServer as an engine (``tsctl serve --engine mlserver``): the real MLServer 1.7.1 (in a venv of its own,
-samples/runtime_env.py) serving one store of every toolkit handler kind and pytorch/serve's mnist example
+samples/runtime_env.py) serving one store of every toolkit handler kind, pytorch/serve's mnist example and
+handlers that are not the toolkit's (xgboost_classfication's stand-in, a probe) packaged by both tools,
 through serving/mlserver_runtime.py, driven by clients nobody here wrote (tritonclient's HTTP and gRPC).
 
 - every answer equals the archive's answer in-process (LocalModel, the same v2 request);
+- a handler that is not the toolkit's receives what TorchServe's worker gives it for each file sent as
+  ``tsctl predict --content-type`` sends it (bytes, a str, the decoded JSON), and over gRPC bytes; its
+  archive answers the same v2 response whichever tool built it (one BYTES ``output-0`` of each answer's
+  JSON, as tritonclient reads it);
 - a bad request in a batch fails alone: its own 4xx and message, its neighbours their right answers, in
   the same batch (MLServer's adaptive batcher would fail them all);
 - the hostile image corpus, each attack as a client would send it over the Open Inference Protocol
@@ -16,11 +21,13 @@ through serving/mlserver_runtime.py, driven by clients nobody here wrote (triton
 - the export's model folders, served as Seldon's agent hands them to MLServer, run its pipeline (the
   transformer's preprocessing, the tensor model, its postprocessing) to the archive's own answers.
 
-``make test`` runs the parity, tritonclient, mnist and bad-request tests (one MLServer for all); the
-hostile corpus, the CLI, the failed load, the pipeline and the A/B split run in ``make matrix``."""
+``make test`` runs the parity, tritonclient, mnist, decoding, answer-shape and bad-request tests (one
+MLServer for all); the hostile corpus, the CLI, the failed load, the pipeline and the A/B split run in
+``make matrix``."""
 
 import base64
 import concurrent.futures
+import dataclasses
 import json
 import math
 import random
@@ -37,6 +44,7 @@ from click.testing import CliRunner
 from archiver import engines, golden, mar, server
 from archiver.cli import main
 from handlers import protocol
+from handlers.errors import error_message
 from helpers import grpc_client
 from helpers.cgroups import MemoryLimit, peak_rss
 from helpers.hostile import assert_close
@@ -45,7 +53,7 @@ from helpers.paths import short_tmp
 from helpers.servers import batch_lines, post_mixed_concurrently
 from samples import hostile, runtime_env, text_models, ts_examples
 from samples.image_model import sample_jpeg
-from serving.testing import LocalModel
+from serving.testing import LocalModel, Request
 
 ENGINE = engines.ENGINES["mlserver"]
 BATCHING = "batchSize: 8\nmaxBatchDelay: 200\n"
@@ -55,6 +63,7 @@ PIXELS = np.random.default_rng(1).standard_normal((2, 3, 224, 224)).astype(np.fl
 
 
 MNIST_INPUTS = []  # the mnist example's requests, set by the store fixture
+EXAMPLES = {}  # name: ts_examples.Example of the handlers that are not the toolkit's, set by the store fixture
 
 
 def b64(data: bytes) -> str:
@@ -84,6 +93,12 @@ def store(image_sample, text_samples, tmp_path_factory):
     example = ts_examples.build_mnist(root / "mnist", ts_examples.checkout())
     ts_examples.package(example, "torch-model-archiver", store)
     MNIST_INPUTS[:] = example.inputs
+    # handlers that are not the toolkit's, packaged by both tools: pytorch/serve's xgboost example (its
+    # stand-in: it reads CSV bytes) and a probe answering what it received
+    for example in (ts_examples.build_xgboost(root / "xgboost", None), ts_examples.build_body_probe(root / "probe")):
+        EXAMPLES[example.name] = example
+        ts_examples.package(example, "torch-model-archiver", store)
+        ts_examples.package(dataclasses.replace(example, name=f"{example.name}_tsctl"), "tsctl", store)
     return store
 
 
@@ -163,17 +178,81 @@ def test_tritonclient_http_and_grpc(srv, store):
         assert_close([json.loads(a) for a in answer["answers"]], want_answers)
 
 
-def test_mnist_example_through_the_kservev2_envelope(srv, store):
-    """pytorch/serve's mnist (a BaseHandler subclass, packaged by torch-model-archiver) answers a v2
-    request as in-process through TorchServe's kservev2 envelope, as on KServe's TorchServe runtime."""
-    bodies = [v2([bytes_tensor([b64(png)])]) for png, _ in MNIST_INPUTS]
+def test_mnist_example_gets_what_torchserve_hands_it(srv, store):
+    """pytorch/serve's mnist (a BaseHandler subclass, packaged by torch-model-archiver) answers as
+    in-process: each PNG sent as ``tsctl predict`` sends it (base64, content_type image/png: the handler
+    gets the bytes) and as a KServe v2 client sends an image (base64 with no content_type: a str, which
+    its VisionHandler decodes), the answers one BYTES output-0 of each digit's JSON."""
+    bodies = [ENGINE.request_body(png, kind)[0] for png, kind in MNIST_INPUTS]
+    bodies += [v2([bytes_tensor([b64(png)])]) for png, _ in MNIST_INPUTS]
     got = post_mixed_concurrently(srv, "/v2/models/mnist/infer", [(b, "application/json") for b in bodies])
-    with LocalModel(store / "mnist.mar", envelope="kservev2", batch_size=1) as local:
-        want = [local.predict([json.loads(b)])[0].json() for b in bodies]  # the envelope takes batches of one
-    for (status, body), expected in zip(got, want):
+    with LocalModel(store / "mnist.mar") as local:
+        want = [local.predict([Request(png, {"Content-Type": kind})])[0].json() for png, kind in MNIST_INPUTS]
+    for (status, body), expected in zip(got, want * 2):
         assert status == 200, body
-        assert_close(outputs(body), outputs(expected))
-    print("mnist digits:", [body["outputs"][0]["data"] for _, body in got])
+        assert [(o["name"], o["datatype"], o["shape"]) for o in body["outputs"]] == [("output-0", "BYTES", [1])]
+        assert json.loads(body["outputs"][0]["data"][0]) == expected
+    print("mnist digits:", want)
+
+
+def answers_of(srv, model: str, inputs) -> list:
+    """Each (body, Content-Type) sent to ``model`` as ``tsctl predict --content-type`` sends it: (status,
+    the output-0 element read as JSON, or the error)."""
+    answers = []
+    for body, kind in inputs:
+        request, _ = ENGINE.request_body(body, kind, as_request=False)
+        status, answer = server.request(engines.predict_url(srv, model), request, "POST",
+                                        {"Content-Type": "application/json"}, 60)  # fmt: skip
+        if status == 200:
+            assert [(o["name"], o["datatype"], o["shape"]) for o in answer["outputs"]] == [("output-0", "BYTES", [1])]
+            answers.append((status, json.loads(answer["outputs"][0]["data"][0])))
+        else:
+            answers.append((status, answer["error"]))
+    return answers
+
+
+def test_a_handler_gets_what_torchserves_worker_gives_it(srv, store):
+    """Issue #31's xgboost_classfication: a handler that is not the toolkit's receives, for each file sent
+    with a Content-Type, what TorchServe's worker (in-process) gives it for that body and type: bytes, a str,
+    the decoded JSON. The CSV sent without a type (the example's ``curl -T``) or as bytes is classified;
+    as text/plain it reaches the handler as a str, and fails alike everywhere. Over gRPC, elements of bytes
+    are bytes."""
+    for name, example in EXAMPLES.items():
+        with LocalModel(store / f"{name}.mar") as local:
+            want = [local.predict([Request(b, {"Content-Type": k} if k else {})])[0] for b, k in example.inputs]
+        want = [(r.status, r.answer() if r.status == 200 else error_message(r.body)) for r in want]
+        assert answers_of(srv, name, example.inputs) == want, name
+        assert answers_of(srv, f"{name}_tsctl", example.inputs) == want, name
+    labels = [status == 200 and answer for status, answer in answers_of(srv, "xgboost", EXAMPLES["xgboost"].inputs)]
+    assert labels == ["versicolor", "setosa", "virginica", False, False], labels
+    rows = list(ts_examples.IRIS_ROWS.values())
+    for model in ("xgboost", "xgboost_tsctl"):
+        for contents in (False, True):
+            answer = grpc_client.call(srv.grpc, model, rows, contents=contents)
+            assert [json.loads(a) for a in answer["answers"]] == list(ts_examples.IRIS_ROWS), (model, contents)
+
+
+def test_one_answer_shape_whichever_tool_built_the_archive(srv):
+    """Issue #31: the same handler packaged by tsctl and by torch-model-archiver answers the same v2
+    response, the shape the toolkit's handlers answer in: one BYTES output ``output-0`` of shape [N]
+    holding each answer's JSON, which tritonclient reads as ``json.loads(result.as_numpy("output-0")[i])``."""
+    client = triton.InferenceServerClient(srv.inference.split("//")[1], network_timeout=120)
+    texts = ["hello", '{"a": 1}']
+    read = {}
+    for model in ("body_probe", "body_probe_tsctl"):
+        tensor = triton.InferInput("input-0", [len(texts)], "BYTES")
+        tensor.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=np.object_), binary_data=False)
+        result = client.infer(model, [tensor])
+        response = result.get_response()
+        read[model] = [json.loads(element) for element in result.as_numpy("output-0")]
+        assert [(o["name"], o["datatype"], o["shape"]) for o in response["outputs"]] == [("output-0", "BYTES", [2])]
+    assert read["body_probe"] == read["body_probe_tsctl"] == [
+        {"keys": ["body"], "type": "str", "value": text} for text in texts  # no content_type: text, a str
+    ]
+    request = ENGINE.request_body(ts_examples.IRIS_ROWS["setosa"], "application/octet-stream")[0]
+    outputs = [server.request(engines.predict_url(srv, model), request, "POST", {"Content-Type": "application/json"},
+                              60)[1]["outputs"] for model in ("xgboost", "xgboost_tsctl")]  # fmt: skip
+    assert outputs[0] == outputs[1] == [{"name": "output-0", "shape": [1], "datatype": "BYTES", "data": ['"setosa"']}]
 
 
 def test_a_bad_request_fails_alone_in_its_batch(srv, store):
