@@ -43,7 +43,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, Tuple
 
@@ -57,6 +56,7 @@ from handlers import identity, protocol
 from handlers.archives import Archive
 from handlers.errors import error_message
 
+from . import sockets
 from .engine_workers import ModelWorkers, open_model
 from .ts_config import Frontend, ModelSpec
 from .ts_wire import Request, Response
@@ -99,7 +99,7 @@ class ArchiveModel(MLModel):
             self._handler = await asyncio.get_running_loop().run_in_executor(None, split.load_handler, archive)
             return True
         spec, frontend = model_spec(self.name, self.version or "1.0", archive, extra)
-        self._run_dir = tempfile.mkdtemp(prefix="tsctl-mlserver-")
+        self._run_dir = sockets.run_dir(sockets.MLSERVER)
         try:
             with Archive(archive) as opened:  # read once: its record here, its files in open_model
                 toolkit = identity.read(opened) is not None
@@ -108,7 +108,7 @@ class ArchiveModel(MLModel):
                     spec.batch_size = 1
                 model_dir = os.path.join(self._run_dir, "model")
                 self._workers: ModelWorkers = open_model(
-                    spec, frontend, model_dir, 9000, lambda _: not toolkit, archive=opened
+                    spec, frontend, model_dir, sockets.FIRST_PORT, lambda _: not toolkit, archive=opened
                 )
             await self._workers.start()
         except BaseException:
