@@ -3,8 +3,10 @@ conformance suite): the MNIST classifier of the mnist case, emitting custom metr
 call of TorchServe's metrics cache (``context.metrics``, ts/metrics/metric_cache_abstract.py):
 ``add_metric_to_cache`` + ``get_metric(...).add_or_update``, ``add_metric``, ``add_counter``,
 ``add_time``, ``add_size``, ``add_percent``. Each emits a ``[METRICS]NAME.UNIT:VALUE|#dims|...`` line
-on the worker's log. Every metric used here either is in TorchServe's default metrics.yaml or is
-registered by this handler, so no ``metrics_config`` is needed."""
+on the worker's log. Like the example's ``RequestBatchSize``, ``ConformanceBatchSize`` is declared
+only in the metrics.yaml the case is served with (TorchServe's ``metrics_config``, written by
+samples/ts_examples.py): ``get_metric`` fails every request (``MetricsCacheKeyError``) wherever the
+archive runs without it."""
 
 import time
 
@@ -22,12 +24,6 @@ class MetricsDigitClassifier(ImageClassifier):
         metrics = context.metrics
         self.requests = metrics.add_metric_to_cache(
             metric_name="ConformanceRequests", unit="count", dimension_names=["ModelName"]
-        )
-        metrics.add_metric_to_cache(
-            metric_name="ConformanceBatchSize",
-            unit="count",
-            dimension_names=["ModelName"],
-            metric_type=MetricTypes.GAUGE,
         )
         metrics.add_metric(name="ConformanceLoads", value=1, unit="count", metric_type=MetricTypes.COUNTER)
 
