@@ -82,11 +82,13 @@ def record(
     weights: Optional[str] = None,
     progress: Callable = quiet,
     allow_errors=False,
+    metrics_config: Optional[str] = None,
 ) -> dict:
     """Run ``archive`` in-process on the golden requests; the golden.json it gets. ``progress`` hears of
     the load and of each input (archiver.output.Progress). An answer of the handler failing (5xx) is no
     golden answer: a ServerError naming the input and the handler's error, unless ``allow_errors``
-    (a refusal, 4xx, is one: the input is checked to be refused)."""
+    (a refusal, 4xx, is one: the input is checked to be refused). ``metrics_config``: the worker's
+    metrics.yaml (None: TorchServe's)."""
     requests = requests_in(source)
     progress(f"golden: loading the archive in-process for {len(requests)} inputs (torch, the handler)")
 
@@ -94,7 +96,8 @@ def record(
         progress(f"golden: input {index + 1}/{len(requests)} {printable(requests[index][0])}")
 
     with archives.opened(archive) as opened:
-        results, settings = in_process(opened, [(body, kind) for _, body, kind in requests], each, with_settings=True)
+        bodies = [(body, kind) for _, body, kind in requests]
+        results, settings = in_process(opened, bodies, each, with_settings=True, metrics_config=metrics_config)
         found = identity.read(opened) or {}
         handler = f"{found.get('module')}.{found.get('class')}" if found else opened.model["handler"]
     failed = [(name, answer) for (name, _, _), (status, answer) in zip(requests, results) if status >= 500]
@@ -129,18 +132,18 @@ def record(
 
 
 def package(
-    options: mar.PackageOptions, source: str, progress: Callable = quiet, allow_errors=False
+    options: mar.PackageOptions, source: str, progress: Callable = quiet, allow_errors=False, metrics_config=None
 ) -> Tuple[Path, mar.Plan, dict]:
     """Build the archive in a scratch directory, record its golden answers, and only then write it,
     with MAR-INF/golden.json, to its place (atomically, as every build; signed before that one write
     with ``options.sign_key``). ``progress`` hears of each step; ``allow_errors`` records the handler's
-    failures (5xx) too, with a note naming them."""
+    failures (5xx) too, with a note naming them; ``metrics_config``: the golden run's metrics.yaml."""
     target = mar.archive_path(options.export_path, options.model_name, options.archive_format)
     if (target.exists() or target.is_symlink()) and not options.force:
         raise UserError(f"{target} already exists: pass --force to overwrite it")
     with tempfile.TemporaryDirectory(prefix="tsctl-golden-") as scratch:
         built, planned = mar.build(dataclasses.replace(options, export_path=scratch, force=True, sign_key=None))
-        golden = record(built, Path(source), options.serialized_file, progress, allow_errors)
+        golden = record(built, Path(source), options.serialized_file, progress, allow_errors, metrics_config)
     failed = [case["name"] for case in golden["cases"] if case["status"] >= 500]
     if failed:
         planned.notes.append(
@@ -201,12 +204,13 @@ def verify(
     timeout: float = 60,
     golden_from=None,
     progress: Callable[[str], None] = lambda message: None,
+    metrics_config: Optional[str] = None,
 ) -> Report:
     """Replay the golden answers of ``archive`` (or of ``golden_from``: another archive of the same
     model, e.g. the original of an ONNX export) in-process with ``archive`` or against ``url``
     (``base_url``). A server that has no endpoint for ``protocol`` (every answer a 404 no golden
     answer was) is a ServerError saying so, never a report of mismatches. ``progress`` hears of each
-    input as it is answered."""
+    input as it is answered; ``metrics_config``: the in-process worker's metrics.yaml (None: TorchServe's)."""
     with archives.opened(archive) as opened:
         golden = answers.read(golden_from or opened)
         if golden is None:
@@ -215,17 +219,23 @@ def verify(
             raise UserError(f"--protocol {protocol!r} must be one of {', '.join(PROTOCOLS)}")
         model = model or opened.model_name
         kind = (identity.read(opened) or {}).get("input", "any")
-        return replay(opened, golden, url, protocol, atol, model, kind, timeout, progress)
+        return replay(opened, golden, url, protocol, atol, model, kind, timeout, progress, metrics_config)
 
 
-def replay(archive: archives.Archive, golden: dict, url, protocol, atol, model, kind, timeout, progress) -> Report:
+def replay(
+    archive: archives.Archive, golden: dict, url, protocol, atol, model, kind, timeout, progress, metrics_config=None
+) -> Report:
     """``verify``'s replay of ``golden``'s cases, ``archive`` and its golden answers read."""
     cases = golden["cases"]
     if url is None:
         report = Report("in-process")
         progress(f"loading {archive.path.name}")
         bodies = [(answers.body(c), c["content_type"]) for c in cases]
-        results, _ = in_process(archive, bodies, lambda i: progress(f"{i + 1}/{len(cases)} {cases[i]['name']}"))
+
+        def each(index: int):
+            progress(f"{index + 1}/{len(cases)} {cases[index]['name']}")
+
+        results, _ = in_process(archive, bodies, each, metrics_config=metrics_config)
         report.versions = answers.version_changes(golden)
     else:
         url = base_url(url)
@@ -250,13 +260,14 @@ def in_process(
     requests: List[Tuple[bytes, str]],
     before_each: Optional[Callable[[int], None]] = None,
     with_settings: bool = False,
+    metrics_config: Optional[str] = None,
 ) -> Tuple[List[Tuple[int, Any]], dict]:
     """(status, answer) of each (body, content type), one request at a time as a worker would run
     it alone; and, ``with_settings``, the handler's settings (``handler_settings``; else {}).
-    ``before_each(i)`` is called before request i runs."""
+    ``before_each(i)`` is called before request i runs; ``metrics_config``: the worker's metrics.yaml."""
     from serving.testing import LocalModel, Request  # a worker process: only for --golden and in-process verify
 
-    with LocalModel(archive, batch_size=1) as model:
+    with LocalModel(archive, batch_size=1, metrics_config=metrics_config) as model:
         results = []
         for index, (body, kind) in enumerate(requests):
             if before_each is not None:

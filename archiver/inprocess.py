@@ -95,6 +95,36 @@ def failed_whole(response) -> bool:
     return isinstance(body, dict) and body.get("type") == FRONTEND_ERROR
 
 
+def metrics_config(given: Optional[str] = None, config: Optional[str] = None) -> Optional[str]:
+    """The metrics.yaml the archive's worker reads (TorchServe's ``metrics_config``), as an absolute
+    path: ``given`` (``--metrics-config``), else the ``metrics_config`` of ``config`` (``--config``;
+    None: config/config.properties when it exists, the config ``tsctl serve`` reads by default), a
+    relative path read from the current directory as TorchServe started here reads it. None:
+    TorchServe's own metrics.yaml. A file that is not there, or not YAML mapping, is one UserError."""
+    from .engines.base import DEFAULT_CONFIG
+    from .errors import UserError
+    from .properties import read_properties
+
+    where = "--metrics-config"
+    if not given:
+        if config is None and not Path(DEFAULT_CONFIG).is_file():
+            return None
+        config = config or DEFAULT_CONFIG
+        given, where = read_properties(config).get("metrics_config"), f"metrics_config of {config}"
+        if not given:
+            return None
+    import yaml
+
+    path = Path(given).resolve()
+    try:
+        if not isinstance(yaml.safe_load(path.read_text()), dict):
+            raise ValueError("not a YAML mapping")
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc).splitlines()[0]
+        raise UserError(f"{where} {given} cannot be read as TorchServe's metrics.yaml ({reason})") from None
+    return str(path)
+
+
 def batch_size(archive) -> int:
     """The batchSize a server gives the archive (an Archive): its model-config.yaml's (as 'tsctl config'
     writes it), else 1."""
@@ -108,11 +138,13 @@ def run(
     public_key: Optional[str] = None,
     progress: Callable[[str], None] = lambda message: None,
     expected: Tuple[Optional[str], Optional[str]] = (None, None),
+    metrics: Optional[str] = None,
 ) -> List[Tuple[Path, object]]:
     """(path, Response) for each file, answered as ``tsctl predict`` would be answered (module
     docstring). The handler's failure to load is raised as it is (the caller names it); its failure on
     a batch is a ServerError naming ``archive``, the input and the handler's error. With ``public_key``
-    the archive must be signed as ``expected`` (name, version; None: any)."""
+    the archive must be signed as ``expected`` (name, version; None: any); ``metrics``: the worker's
+    metrics.yaml (``metrics_config``; None: TorchServe's)."""
     from handlers import identity
     from handlers.archives import opened
 
@@ -127,6 +159,7 @@ def run(
             decode_input_request=not raw,
             public_key=public_key,
             expected=expected,
+            metrics_config=metrics,
         )
         with model:
             answered = []
@@ -135,6 +168,8 @@ def run(
                 [response] = model.predict([Path(path)])
                 if failed_whole(response):
                     cause = worker_error(model, seen) or response.json().get("message")
+                    if "MetricsCacheKeyError" in str(cause) and not metrics:  # a metric declared in the example's yaml
+                        cause += ": give the metrics.yaml that declares it with --metrics-config"
                     raise ServerError(f"{archive.path}: the handler failed on {path}: {cause}")
                 answered.append((Path(path), response))
                 progress(f"{number}/{len(paths)} {path}: {response.status}")

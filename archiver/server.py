@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from serving import ts_config
+from serving import sockets, ts_config
 
 from .errors import ServerError, UserError, make_directory
 from .http_client import request
@@ -160,37 +160,38 @@ def snapshot_models(properties: Dict[str, str], config: Path, model_store: Path)
     return list(snapshot["models"])
 
 
-def check_home(home: Path) -> Path:
+def check_home(home: Path, socket_below: str = sockets.socket_below()) -> Path:
     """Refuse a state directory whose server still runs; make its logs/ and its tmp/, the server's TEMP,
-    which this returns (``temp_dir``)."""
+    which this returns (``temp_dir``: ``socket_below`` is where the server puts a worker's socket
+    below it, TorchServe's by default)."""
     existing = read_state(home)
     if existing and group_alive(existing.pid):
         raise UserError(f"a server started from {home} is still running (pid {existing.pid}): run 'tsctl stop' first")
     make_directory(home, "--home")  # a file in the way, or no permission: one line
     try:
         (home / "logs").mkdir(exist_ok=True)
-        return temp_dir(home)
+        return temp_dir(home, socket_below)
     except OSError as exc:
         raise UserError(f"--home {home}: cannot write there ({exc.strerror}): give a directory you can write") from None
 
 
-# A worker's socket is TEMP/.ts.sock.PORT, and a Unix socket's path ends at 107 bytes: past this, TEMP
-# moves to a short directory (a project deep in the file system failed with "AF_UNIX path too long").
-MAX_TEMP_PATH = 88
-
-
-def temp_dir(home: Path) -> Path:
+def temp_dir(home: Path, socket_below: str = sockets.socket_below()) -> Path:
     """The server's TEMP (its pid lock, the workers' sockets, unpacked archives): ``home/tmp``, or when
-    that path is too long for a socket, a private directory under the system's temporary directory that
-    ``home/tmp`` links to. Whatever the last server left there is removed."""
+    a worker's socket there (TEMP + ``socket_below``, serving/sockets.py) would be too long a path for a
+    Unix socket, a private directory under the system's temporary directory that ``home/tmp`` links to
+    (a project deep in the file system failed with "AF_UNIX path too long"); a UserError naming the
+    socket's path and the fix when that one is too long too. Whatever the last server left is removed."""
     remove_temp(home)
     link = home / "tmp"
-    if len(os.fsencode(str(link))) <= MAX_TEMP_PATH:
+    if sockets.fits(f"{link}{socket_below}"):
         link.mkdir()
         return link
     short = Path(tempfile.mkdtemp(prefix="tsctl-"))
-    if len(os.fsencode(str(short))) > MAX_TEMP_PATH:
-        raise UserError(f"the temporary directory {short.parent} has too long a path for sockets: set TMPDIR=/tmp")
+    try:
+        sockets.check(f"{short}{socket_below}", "set TMPDIR to a short directory (e.g. TMPDIR=/tmp)")
+    except sockets.SocketPathError as exc:
+        short.rmdir()
+        raise UserError(str(exc)) from None
     link.symlink_to(short, target_is_directory=True)
     return short
 

@@ -19,10 +19,12 @@ requests to send. The models are built here with random, seeded weights (no mode
 - ``custom_metrics``: the mnist model behind a handler emitting custom metrics of every type (counter,
   gauge, histogram) through every call of TorchServe's metrics cache; as the example, it needs its
   metrics.yaml as ``metrics_config`` and ``model_metrics_auto_detect=true`` (``Example.properties``).
+- ``micro_batching``: the mnist model behind TorchServe's ``MicroBatching`` handle (threads of
+  its own that never end), with the example's model-config.yaml ``micro_batching`` section.
 - ``transformer``: a Transformer_handler_generalized-like handler (setup_config.json, sequence
   classification) on a small BERT written with ``save_pretrained``; the weights are the
   ``--serialized-file``, config and tokenizer files ``--extra-files``, as pytorch/serve's README
-  packages it.
+  packages it. Like the example's, the handler prints its output on stdout (the worker's log).
 - ``function`` / ``function_named``: a handler file of module-level functions, ``my_handler.py``
   (``handle``) and ``my_handler.py:my_function``.
 - ``workdir``: a function entry point answering whether it runs in the model directory (TorchServe's
@@ -30,8 +32,8 @@ requests to send. The models are built here with random, seeded weights (no mode
 
 The handler and model files are stand-ins written for this project (samples/ts_examples/); none is
 copied from pytorch/serve. With ``TSCTL_PYTORCH_SERVE`` set to a checkout of pytorch/serve (a
-directory holding ``examples/``), the mnist, resnet_18, custom_metrics and transformer cases use the
-checkout's own handler and model files instead (``Example.source == "pytorch/serve"``), with the
+directory holding ``examples/``), the mnist, resnet_18, custom_metrics, micro_batching and transformer
+cases use the checkout's own handler and model files instead (``Example.source == "pytorch/serve"``), with the
 configuration their READMEs give: custom_metrics needs the example's metrics.yaml as TorchServe's
 ``metrics_config`` (``Example.properties``), the transformer its model-config.yaml (``handler:``
 section; the ``pt2`` compile section is left out: inductor on CPU compiles for minutes).
@@ -359,7 +361,6 @@ STAND_IN_METRICS = (  # what samples/ts_examples/custom_metrics/metrics_handler.
 
 def build_custom_metrics(out: Path, serve: Optional[Path]) -> Example:
     out.mkdir(parents=True, exist_ok=True)
-    properties = {}
     if serve:
         model_file = serve / "examples/image_classifier/mnist/mnist.py"
         handler = serve / "examples/custom_metrics/mnist_handler.py"
@@ -379,7 +380,7 @@ def build_custom_metrics(out: Path, serve: Optional[Path]) -> Example:
             "model_metrics_auto_detect": "true",
         }
     weights = mnist_weights(model_file, out / "mnist_cnn.pt")
-    inputs = [(digit_png(d), "image/png") for d in (2, 5)]
+    inputs = [(digit_png(d), "image/png") for d in (2, 5, 8)]
     return Example(
         "custom_metrics",
         str(handler),
@@ -389,6 +390,39 @@ def build_custom_metrics(out: Path, serve: Optional[Path]) -> Example:
         source="pytorch/serve" if serve else "stand-in",
         properties=properties,
         metrics=tuple(metrics),
+        note="needs its metrics.yaml (TorchServe's metrics_config): `tsctl run` reads it from "
+        "config/config.properties, as `tsctl serve` does, or takes --metrics-config",
+    )
+
+
+def build_micro_batching(out: Path, serve: Optional[Path]) -> Example:
+    """A handler whose ``handle`` is TorchServe's MicroBatching: non-daemon threads that never end."""
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    if serve:  # its README: resnet_18's model.py and the image classifier's labels, its config.yaml
+        folder = serve / "examples/micro_batching"
+        model_file = serve / "examples/image_classifier/resnet_18/model.py"
+        torch.manual_seed(6)
+        model = _load_class(model_file, "ImageClassifier")().eval()
+        _sharpen(model.fc)
+        weights = _save_state(model, out / "resnet-18.pt")
+        extra = [serve / "examples/image_classifier/index_to_name.json"]
+        inputs = [(photo(7, (320, 240)), "image/jpeg"), (photo(8, (200, 300), "PNG"), "image/png")]
+    else:
+        folder, model_file, extra = STAND_INS / "micro_batching", STAND_INS / "mnist/mnist.py", []
+        weights = mnist_weights(model_file, out / "mnist_cnn.pt", seed=6)
+        inputs = [(digit_png(d, shift), "image/png") for d, shift in ((4, 0), (6, 1), (9, -1))]
+    return Example(
+        "micro_batching",
+        str(folder / "micro_batching_handler.py"),
+        inputs,
+        serialized_file=weights,
+        model_file=model_file,
+        extra_files=extra,
+        config_file=folder / "config.yaml",
+        source="pytorch/serve" if serve else "stand-in",
+        note="TorchServe's MicroBatching: non-daemon threads that never end; `tsctl run` must exit anyway",
     )
 
 
@@ -572,6 +606,7 @@ def build(out: Path, serve: Optional[Path] = None) -> List[Example]:
         build_object_detector(out / "object_detector"),
         build_image_segmenter(out / "image_segmenter"),
         build_custom_metrics(out / "custom_metrics", serve),
+        build_micro_batching(out / "micro_batching", serve),
         build_transformer(out / "transformer", serve),
         *build_function(out / "function"),
         build_workdir(out / "workdir"),
@@ -579,7 +614,7 @@ def build(out: Path, serve: Optional[Path] = None) -> List[Example]:
 
 
 # ---- the results table ----------------------------------------------------------------------------
-RUNTIMES = ("in-process", "TorchServe", "KServe engine")
+RUNTIMES = ("in-process", "TorchServe", "KServe engine", "tsctl run")
 
 
 def render_table(examples: List[Example], cells: Dict[Tuple[str, str, str], str]) -> str:

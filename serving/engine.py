@@ -38,7 +38,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -52,7 +51,7 @@ from handlers import identity, signing
 from handlers.archives import ArchiveError
 from handlers.errors import error_body, with_kserve_error
 
-from . import engine_http, ts_config
+from . import engine_http, sockets, ts_config
 from .body_limit import BODY_IDLE_TIMEOUT, BodyLimit, InFlight, max_inflight_bytes
 from .engine_metrics import Metrics
 from .engine_workers import ModelWorkers, open_model
@@ -69,7 +68,7 @@ class Engine:
 
     def __init__(self, specs: List[ts_config.ModelSpec], frontend: ts_config.Frontend, decode_default=None):
         self.frontend = frontend
-        self.run_dir = tempfile.mkdtemp(prefix="tsctl-engine-")
+        self.run_dir = sockets.run_dir(sockets.ENGINE)  # its workers' sockets and unpacked archives
         self.metrics = Metrics(frontend.metrics_config, frontend.metrics_auto_detect)
         bound, why = max_inflight_bytes(frontend.max_request_size, frontend.max_inflight_bytes)
         logger.info("bodies in flight: at most %s bytes (%s)", f"{bound:,}", why)
@@ -78,8 +77,9 @@ class Engine:
         self.defaults: Dict[str, ModelWorkers] = {}
         try:
             for number, spec in enumerate(specs):
+                first_port = sockets.FIRST_PORT + sockets.PORTS_PER_MODEL * number
                 workers = open_model(
-                    spec, frontend, os.path.join(self.run_dir, f"m{number}"), 9000 + 100 * number, decode_default,
+                    spec, frontend, os.path.join(self.run_dir, f"m{number}"), first_port, decode_default,
                     on_metric=self.metrics.worker_metric,
                 )  # fmt: skip
                 workers.observe = self.metrics.observer(spec)

@@ -39,7 +39,7 @@ from typing import Callable, Deque, List, Optional
 from handlers.archives import Archive, opened, printable
 from handlers.errors import frontend_error
 
-from . import fork_server
+from . import fork_server, sockets
 from .ts_config import Frontend, ModelSpec
 from .ts_wire import BrokenReply, Request, Response, WorkerDied, batch_error
 from .worker_process import NotSent, WorkerProcess, kill_group, start_worker
@@ -142,7 +142,7 @@ class Worker:
 
     @property
     def socket_path(self) -> str:
-        return os.path.join(self.owner.run_dir, f".ts.sock.{self.id}")
+        return sockets.socket_path(self.owner.run_dir, self.id)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()

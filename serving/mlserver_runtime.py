@@ -51,7 +51,6 @@ import os
 import re
 import shutil
 import socket
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, Tuple
 
@@ -65,7 +64,7 @@ from handlers import identity, protocol
 from handlers.archives import Archive
 from handlers.errors import error_message
 
-from . import v2_requests
+from . import sockets, v2_requests
 from .engine_workers import ModelWorkers, open_model
 from .ts_config import Frontend, ModelSpec
 from .ts_wire import Request, Response
@@ -108,14 +107,14 @@ class ArchiveModel(MLModel):
             self._handler = await asyncio.get_running_loop().run_in_executor(None, split.load_handler, archive)
             return True
         spec, frontend = model_spec(self.name, self.version or "1.0", archive, extra)
-        self._run_dir = tempfile.mkdtemp(prefix="tsctl-mlserver-")
+        self._run_dir = sockets.run_dir(sockets.MLSERVER)
         try:
             with Archive(archive) as opened:  # read once: its record here, its files in open_model
                 self._toolkit = toolkit = identity.read(opened) is not None
                 model_dir = os.path.join(self._run_dir, "model")
                 self._workers: ModelWorkers = open_model(
-                    spec, frontend, model_dir, 9000, lambda _: not toolkit, on_metric=metrics_of(frontend),
-                    archive=opened,
+                    spec, frontend, model_dir, sockets.FIRST_PORT, lambda _: not toolkit,
+                    on_metric=metrics_of(frontend), archive=opened,
                 )  # fmt: skip
             await self._workers.start()
         except BaseException:

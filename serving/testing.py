@@ -45,7 +45,7 @@ from handlers import identity, signing
 from handlers.archives import Archive, opened
 from handlers.requests import content_type
 
-from . import fork_server
+from . import fork_server, sockets
 from .ts_config import Frontend, ModelSpec
 from .ts_wire import BrokenReply, Request, Response, WorkerDied, batch_error, mime_type, read_reply
 from .worker_process import METRICS_YAML, NotSent, start_worker
@@ -144,12 +144,14 @@ class LocalModel:
         self._lock = threading.Lock()  # one batch at a time on the worker's socket
         self._tmp = tempfile.mkdtemp(prefix="tsctl-run-")
         self._socket_dir = tempfile.mkdtemp(prefix="tsctl-", dir="/tmp" if os.path.isdir("/tmp") else None)
+        self._socket = sockets.socket_path(self._socket_dir, 9000)  # the worker reads a port from its name
         try:
             with opened(archive) as found:  # a path is opened here; an Archive given is read once for all
                 self.manifest = found.manifest
                 self.record = identity.read(found)  # MAR-INF/tsctl.json: which class is the handler
                 self.model_dir = found.model_dir(os.path.join(self._tmp, "model"))
                 archive = found.path
+            sockets.check(self._socket, "set TMPDIR to a shorter directory (e.g. TMPDIR=/tmp)")
             if public_key:  # before any of the archive's code can run
                 signing.verify(self.model_dir, public_key, archive.name, *expected)
             model = self.manifest["model"]
@@ -176,7 +178,7 @@ class LocalModel:
                 self.model_dir,
                 self.manifest["model"]["handler"],
                 self._frontend,
-                os.path.join(self._socket_dir, ".ts.sock.9000"),  # the worker reads a port from its name
+                self._socket,
                 self._environment(),
                 self._log_line,
                 on_metric=self.metrics.append,

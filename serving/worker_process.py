@@ -46,6 +46,7 @@ import ts
 
 from handlers.archives import printable
 
+from . import sockets
 from .fork_server import ForkedProcess, ForkServer
 from .ts_config import Frontend, ModelSpec
 from .ts_wire import Request, Response, Stream, WorkerDied, batch_error, cause_of, encode_batch, encode_load
@@ -154,11 +155,13 @@ def start_worker(
     fork_server: Optional[ForkServer] = None,
 ) -> WorkerProcess:
     """Start a worker process and load the model in it, as the frontend does, within
-    ``LOAD_TIMEOUT``; raises RuntimeError with the worker's own last error when it cannot load.
+    ``LOAD_TIMEOUT``; raises RuntimeError with the worker's own last error when it cannot load
+    (``sockets.SocketPathError``, before anything starts, when ``socket_path`` is too long for a socket).
     ``on_line`` gets its log lines (within ``WORKER_LOG_RATE``), ``on_metric`` the lines of its
     metrics logger (None: they are log lines too); ``on_spawn`` gets the process as soon as it runs
     (so that a stopping engine can end a load). With ``fork_server`` the worker is forked from it
     (``serving/fork_server.py``) unless the archive shadows a module it has imported."""
+    sockets.check(socket_path)  # "AF_UNIX path too long" said in one line, before a process starts
     try:
         os.unlink(socket_path)
     except FileNotFoundError:

@@ -6,10 +6,11 @@ import click
 from handlers import catalogue
 
 from .. import choices, scaffold
+from ..engines import DEFAULT_CONFIG
 from ..errors import UserError
 from ..output import Progress, json_option
 from .common import Command, emit, handler_errors
-from .options import runtime_option
+from .options import METRICS_CONFIG, runtime_option
 
 
 def handler_list(names) -> str:
@@ -75,27 +76,34 @@ def init(name, start, as_json):
     help="With --golden: record the handler failing (5xx) as a golden answer too, instead of refusing.",
 )
 @click.option(
+    "--metrics-config",
+    type=click.Path(),
+    help=f"With --golden: {METRICS_CONFIG[:-2]}; the config: {DEFAULT_CONFIG} when it exists).",
+)
+@click.option(
     "--sign-key",
     type=click.Path(),
     help="Sign every file with this PEM EC private key (OpenSSF model-signing, MAR-INF/model.sig).",
 )
 @json_option
-def package(golden, golden_allow_errors, as_json, **flags):
+def package(golden, golden_allow_errors, metrics_config, as_json, **flags):
     """Build model-store/NAME.mar (torch-model-archiver's flags)."""
     from .. import mar, reports
 
     extra = [p.strip() for p in flags.pop("extra_files").split(",") if p.strip()]
     options = mar.PackageOptions(extra_files=extra, **flags)
-    if golden_allow_errors and not golden:
-        raise UserError("--golden-allow-errors goes with --golden DIR: give the inputs whose answers to record")
+    for flag, given in (("--golden-allow-errors", golden_allow_errors), ("--metrics-config", metrics_config)):
+        if given and not golden:
+            raise UserError(f"{flag} goes with --golden DIR: give the inputs whose answers to record")
     if golden:
         from .. import golden as golden_answers  # runs the archive in-process: imports torch
         from .. import inprocess
 
         progress = Progress.for_command(as_json)
+        metrics = inprocess.metrics_config(metrics_config)
         # its handler failing on the golden run: nothing written, one line (its log kept off the terminal)
         with inprocess.quiet_logs(), handler_errors(options.model_name):
-            path, planned, recorded = golden_answers.package(options, golden, progress, golden_allow_errors)
+            path, planned, recorded = golden_answers.package(options, golden, progress, golden_allow_errors, metrics)
     else:
         path, planned = mar.build(options)
         recorded = None

@@ -10,7 +10,7 @@ import click
 from ..errors import ServerError, UserError
 from ..output import json_option, print_json
 from .common import Command, handler_errors, input_file, running_server
-from .options import check_expectations, expect_options, home_option, timeout_option
+from .options import check_expectations, expect_options, home_option, metrics_options, timeout_option
 
 
 @click.command(cls=Command)
@@ -34,9 +34,10 @@ from .options import check_expectations, expect_options, home_option, timeout_op
 @json_option
 @click.option("--public-key", type=click.Path(), help="Check ARCHIVE's signature (package --sign-key) with this key.")
 @expect_options
+@metrics_options
 def verify(
     archive, url, served, home, protocol, model, atol, timeout, golden_from, as_json, public_key, expect_name,
-    expect_version
+    expect_version, metrics_config, config_path
 ):  # fmt: skip
     """Replay ARCHIVE's golden requests (package --golden) and compare each answer with the recorded one;
     with --public-key, check its signature first (and stop there when it has no golden answers)."""
@@ -46,6 +47,8 @@ def verify(
     from .. import golden
 
     check_expectations(public_key, expect_name, expect_version)
+    if (url or served) and (metrics_config or config_path):
+        raise UserError("--metrics-config and --config are for the in-process run: a server reads its own config")
     if public_key:
         from handlers.signing import read_key
 
@@ -71,8 +74,9 @@ def verify(
         if url is None:  # in-process: the handler's log kept off the terminal, its failure one line
             from .. import inprocess
 
+            metrics = inprocess.metrics_config(metrics_config, config_path)
             with inprocess.quiet_logs(), handler_errors(archive):
-                report = golden.verify(found, url, protocol, atol, model, timeout, golden_from, progress)
+                report = golden.verify(found, url, protocol, atol, model, timeout, golden_from, progress, metrics)
         else:
             try:
                 report = golden.verify(found, url, protocol, atol, model, timeout, golden_from, progress)
@@ -111,8 +115,9 @@ def verified_signature(archive, shown: str, public_key, expect_name, expect_vers
 @click.argument("inputs", nargs=-1, required=True, type=click.Path())
 @click.option("--public-key", type=click.Path(), help="Run ARCHIVE only if it is signed with this key's private half.")
 @expect_options
+@metrics_options
 @json_option
-def run(archive, inputs, public_key, expect_name, expect_version, as_json):
+def run(archive, inputs, public_key, expect_name, expect_version, metrics_config, config_path, as_json):
     """Run ARCHIVE's handler in-process (no server) on each INPUT file, answering as 'tsctl predict' does."""
     from handlers.archives import opened
 
@@ -121,6 +126,7 @@ def run(archive, inputs, public_key, expect_name, expect_version, as_json):
 
     paths = [input_file(p) for p in inputs]
     check_expectations(public_key, expect_name, expect_version)
+    metrics = inprocess.metrics_config(metrics_config, config_path)
     with opened(archive) as found:  # read once, here and by the run
         found.manifest  # a missing, foreign or unsafe archive is refused before torch loads
         expected = (None, None)
@@ -132,7 +138,7 @@ def run(archive, inputs, public_key, expect_name, expect_version, as_json):
             read_key(public_key)
             expected = (expect_name or stem(Path(archive)), expect_version)
         with handler_errors(archive):
-            answered = inprocess.run(found, paths, public_key, Progress.for_command(as_json), expected)
+            answered = inprocess.run(found, paths, public_key, Progress.for_command(as_json), expected, metrics)
     if as_json:
         print_json({"archive": str(archive), "results": [inprocess.as_json(p, r) for p, r in answered]})
     else:

@@ -59,8 +59,13 @@ def handler_errors(archive):
         raise handler_failure(archive, exc) from None
 
 
-# The archive's own handlers/ copy raises these in its worker: matched by name.
-USER_MISTAKES = {("handlers.loading", "ModelLoadError"), ("handlers.settings", "SettingsError")}
+# The archive's own handlers/ copy raises these in its worker: matched by name; and LocalModel a socket
+# path too long (a TMPDIR too deep, serving/sockets.py).
+USER_MISTAKES = {
+    ("handlers.loading", "ModelLoadError"),
+    ("handlers.settings", "SettingsError"),
+    ("serving.sockets", "SocketPathError"),
+}
 
 
 def handler_failure(archive, exc: Exception) -> Exception:

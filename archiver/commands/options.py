@@ -68,3 +68,22 @@ def expect_options(command):
 def check_expectations(public_key, expect_name, expect_version):
     if (expect_name or expect_version) and not public_key:
         raise UserError("--expect-name and --expect-version check what ARCHIVE is signed as: give --public-key too")
+
+
+METRICS_CONFIG = (
+    "TorchServe's metrics.yaml (its metrics_config) for the handler's context.metrics: the metrics the handler "
+    "gets from it must be declared there (default: the config's metrics_config, else TorchServe's own)."
+)
+
+
+def metrics_options(command):
+    """``--metrics-config FILE`` and ``--config FILE``: the metrics.yaml of an archive run in-process
+    (``archiver.inprocess.metrics_config``)."""
+    command = click.option(
+        "--config",
+        "config_path",
+        type=click.Path(),
+        help=f"The config.properties the archive is served with, for its metrics_config (default "
+        f"{engines.DEFAULT_CONFIG} when it exists, as for 'tsctl serve').",
+    )(command)
+    return click.option("--metrics-config", type=click.Path(), help=METRICS_CONFIG)(command)

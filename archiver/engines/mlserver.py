@@ -6,6 +6,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
+from serving import sockets
+
 from ..errors import UserError
 from ..output import quiet
 from .base import Launch
@@ -15,6 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..server import Server
 
 MLSERVER_OUT = "mlserver.out"
+MLSERVER_SOCKET = sockets.socket_below(sockets.MLSERVER, sockets.engine_port(1))  # below TEMP (one run dir a model)
 
 
 class MLServerRuntime(TsctlRuntime):
@@ -42,7 +45,7 @@ class MLServerRuntime(TsctlRuntime):
         for spec in specs:
             spec.batch_size = batch_size or spec.batch_size
             spec.max_batch_delay = spec.max_batch_delay if max_batch_delay is None else max_batch_delay
-        servers.check_home(home)
+        servers.check_home(home, MLSERVER_SOCKET)
         folder = mlserver.write_repository(specs, home / "mlserver", metrics_settings(frontend))
         models = list(dict.fromkeys(spec.name for spec in specs))
         return self.serve_repository(folder, models, home, run.timeout, python, run.env, run.progress)
@@ -69,7 +72,7 @@ class MLServerRuntime(TsctlRuntime):
 
         python = mlserver.find_python(python)
         home = Path(home).resolve()
-        temp = servers.check_home(home)
+        temp = servers.check_home(home, MLSERVER_SOCKET)
         source = str(Path(handlers.__file__).resolve().parent.parent)  # the runtime: tsctl's handlers package
         run_env = dict(os.environ, TEMP=str(temp))
         run_env["PYTHONPATH"] = os.pathsep.join(p for p in (source, os.environ.get("PYTHONPATH")) if p)

@@ -57,12 +57,15 @@ class TsctlRuntime(Runtime):
         override every model's; ``metrics_config`` is TorchServe's property of that name."""
         import os
 
+        from serving import sockets
+
         from .. import server as servers
 
         model_store, home = Path(run.model_store).resolve(), Path(run.home).resolve()
         config = Path(run.config).resolve() if run.config is not None else None
-        models = self.models(model_store, config)
-        temp = servers.check_home(home)
+        specs = model_specs(model_store, config)
+        models = list(dict.fromkeys(spec.name for spec in specs))
+        temp = servers.check_home(home, sockets.socket_below(sockets.ENGINE, sockets.engine_port(len(specs))))
         arguments = ["-m", "serving.engine", "--model_store", str(model_store), "--host", "127.0.0.1"]
         if config is not None:
             arguments += ["--ts_config", str(config)]

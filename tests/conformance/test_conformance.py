@@ -2,13 +2,18 @@
 run unchanged wherever tsctl runs archives, with the same answers.
 
 Every case of samples/ts_examples.py (an ImageClassifier subclass for MNIST, the built-in
-image_classifier, object_detector and image_segmenter, custom metrics, a transformers handler, the
+image_classifier, object_detector and image_segmenter, custom metrics with their own metrics.yaml,
+TorchServe's MicroBatching (threads that never end), a transformers handler that prints, the
 ``file.py:function`` entry point, the working-directory probe) is packaged by ``tsctl package`` and by
-``torch-model-archiver`` and run three ways: in-process (``LocalModel``; each request its own batch,
-as TorchServe runs them with batchSize 1), served by TorchServe 0.12, and served by the KServe engine
-(``archiver.engines.TsctlRuntime``: the tsctl engine). Equal means: the same statuses; the same
-JSON structure (keys in the same order, lists of the same length, the same strings and integers);
-floats within 1e-4 relative + 1e-5 absolute; errors with the same message.
+``torch-model-archiver`` and run four ways: in-process (``LocalModel``; each request its own batch,
+as TorchServe runs them with batchSize 1), served by TorchServe 0.12, served by the KServe engine
+(``archiver.engines.TsctlRuntime``: the tsctl engine), and by ``tsctl run --json`` as a user runs
+it (a whole process in a project whose config/config.properties holds what the example's README puts
+in TorchServe's; it must print one JSON document, end within RUN_TIMEOUT and leave no process
+behind). Equal means: the same statuses; the same JSON structure (keys in the same order, lists of
+the same length, the same strings and integers); floats within 1e-4 relative + 1e-5 absolute; errors
+with the same message (``tsctl run`` stops at a request the handler failed as a whole, naming its
+error: ``compare_run``).
 
 A case's reference is TorchServe serving torch-model-archiver's archive: pytorch/serve's own path.
 Every other cell must equal it, or name why not: ``EXPECTED`` holds the documented reasons that are
@@ -18,18 +23,23 @@ packaged by tsctl runs tsctl's own image handler (``--handler image_classifier``
 compared with TorchServe's built-in like the others, and test_tsctl_image_classifier_is_within_1e_5
 _of_the_builtin holds it to 1e-5 absolute, in ``make test``.
 
-``make test`` runs the smoke path (about a minute and a half): every case packaged by tsctl, on one
-TorchServe, compared with in-process; and tsctl's acceptance of torch-model-archiver's --handler
-spellings. ``pytest -m matrix tests/conformance/test_conformance.py`` runs every cell (both packagers x the three
-runtimes) and writes the table to /tmp/conformance_table.md (or ``TSCTL_CONFORMANCE_TABLE``).
+``make test`` runs the smoke path (about two minutes alone, four on a busy machine): every case
+packaged by tsctl, on one TorchServe, compared with in-process; ``tsctl run`` of the custom_metrics,
+micro_batching and transformer cases (``RUN_CASES``); and tsctl's acceptance of torch-model-archiver's
+--handler spellings. ``pytest -m matrix tests/conformance/test_conformance.py`` runs every cell (both
+packagers x the four runtimes) and writes the table to /tmp/conformance_table.md (or
+``TSCTL_CONFORMANCE_TABLE``).
 
 ``TSCTL_PYTORCH_SERVE=/path/to/serve`` (a pytorch/serve checkout) runs the mnist, resnet_18,
-custom_metrics and transformer cases with pytorch/serve's own handler and model files.
+custom_metrics, micro_batching and transformer cases with pytorch/serve's own handler and model files.
 """
 
+import base64
+import json
 import os
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
@@ -38,7 +48,9 @@ import pytest
 
 from archiver import engines, server
 from archiver.errors import ServerError, UserError
+from handlers.requests import content_type
 from helpers.paths import short_tmp
+from helpers.processes import run_alone
 from helpers.servers import RunningServer
 from samples import ts_examples
 from samples.ts_examples import PACKAGERS, RUNTIMES
@@ -53,16 +65,20 @@ CASES = (
     "object_detector",
     "image_segmenter",
     "custom_metrics",
+    "micro_batching",
     "transformer",
     "function",
     "function_named",
     "workdir",
 )
 TMA = "torch-model-archiver"
-IN_PROCESS, TORCHSERVE, KSERVE = RUNTIMES
+IN_PROCESS, TORCHSERVE, KSERVE, TSCTL_RUN = RUNTIMES
 REFERENCE = (TMA, TORCHSERVE)
 RTOL, ATOL = 1e-4, 1e-5
 TABLE = Path(os.environ.get("TSCTL_CONFORMANCE_TABLE", "/tmp/conformance_table.md"))
+SUFFIXES = {"image/png": ".png", "image/jpeg": ".jpg", "application/json": ".json", "text/plain": ".txt"}
+RUN_TIMEOUT = 180  # s for one `tsctl run`: a run the handler's threads keep alive fails its cell
+RUN_FAILED = "tsctl run failed: "
 
 # ---- why a cell may differ ----------------------------------------------------------------------------
 # Documented, and nobody's bug here: the reference answers the same way.
@@ -154,6 +170,16 @@ def difference(got, want, atol=ATOL, rtol=RTOL) -> Tuple[Optional[str], float]:
     return walk(got, want, "answer"), worst
 
 
+def compare_run(got: Outcome, want: Outcome) -> Tuple[Optional[str], float]:
+    """``compare`` for `tsctl run`, which stops at the first request the handler failed as a whole
+    (one line with the handler's error, exit 1) where TorchServe answers it 503 Prediction failed:
+    equal when the reference answers every request so."""
+    failed = want.answers and all(status == 503 and message_of(a) == "Prediction failed" for status, a in want.answers)
+    if failed and got.error and got.error.startswith(RUN_FAILED) and "the handler failed on" in got.error:
+        return None, 0.0
+    return compare(got, want)
+
+
 def compare(got: Outcome, want: Outcome, atol=ATOL, rtol=RTOL) -> Tuple[Optional[str], float]:
     """(None, largest |Δ|) when every answer of ``got`` equals ``want``'s, else (the first difference, ...)."""
     if want.error:
@@ -202,6 +228,13 @@ class Runs:
 
     def outcome(self, case: str, packager: str, runtime: str) -> Outcome:
         key = (packager, runtime)
+        if runtime == TSCTL_RUN:  # one process per archive: computed per case
+            column, store = self.columns.setdefault(key, {}), self.store(packager)
+            if case not in column:
+                refused = store.refused.get(case)
+                archive = store.archives.get(case)
+                column[case] = Outcome(error=f"not packaged: {refused}") if refused else self.tsctl_run(case, archive)
+            return column[case]
         if key not in self.columns:
             run = {IN_PROCESS: self.in_process, TORCHSERVE: self.torchserve, KSERVE: self.kserve_engine}[runtime]
             store = self.store(packager)
@@ -226,6 +259,39 @@ class Runs:
                 error = exc.error_type.rpartition(".")[2] if isinstance(exc, LoadError) else type(exc).__name__
                 outcomes[name] = Outcome(error=f"LocalModel failed to load: {error}: {exc}"[:400])
         return outcomes
+
+    def tsctl_run(self, case: str, archive: Path) -> Outcome:
+        """``tsctl run --json ARCHIVE FILE...`` as a user runs it: a whole process, in a project whose
+        config/config.properties holds what the example's README puts in TorchServe's (metrics_config),
+        each input a file whose suffix gives its content type. Its stdout must be one JSON document (a
+        handler's prints go to its log), and it must end within RUN_TIMEOUT, the handler's threads or
+        not, leaving no process behind."""
+        example = self.examples[case]
+        project = Path(tempfile.mkdtemp(prefix=f"run-{case}-", dir=self.root))
+        files = []
+        for number, (body, kind) in enumerate(example.inputs):
+            files.append(project / f"input{number}{SUFFIXES[kind]}")
+            files[-1].write_bytes(body)
+            assert content_type(files[-1]) == kind, (files[-1], kind)
+        if example.properties:
+            (project / "config").mkdir()
+            lines = "".join(f"{key}={value}\n" for key, value in example.properties.items())
+            (project / "config" / "config.properties").write_text(lines)
+        done = run_alone([ts_examples.BIN / "tsctl", "run", "--json", archive, *files], project, RUN_TIMEOUT)
+        if done.code is None:
+            return Outcome(error=f"tsctl run did not exit within {RUN_TIMEOUT} s: {done.stderr[-300:]}")
+        if done.left:
+            return Outcome(error=f"tsctl run exited ({done.seconds:.0f} s) leaving processes {done.left} running")
+        try:
+            document = json.loads(done.stdout)
+        except ValueError:
+            return Outcome(error=f"tsctl run's stdout is not one JSON document: {short(done.stdout, 300)}")
+        if "error" in document:
+            return Outcome(error=RUN_FAILED + document["error"]["message"][:400])
+        answers = [
+            (r["status"], base64.b64decode(r["answer"]) if r["base64"] else r["answer"]) for r in document["results"]
+        ]
+        return Outcome(answers)
 
     def groups(self, packager: str, store: Store) -> List[List[str]]:
         """Archives served together: those that loaded in-process share one server; one that did not is
@@ -344,9 +410,10 @@ def table(request):
     notes += [f"- {BUGS[key][0]}: {BUGS[key][1]}" for key in found]
     text = (
         f"Each case packaged by `tsctl package` and by `torch-model-archiver`, run in-process (`LocalModel`), "
-        f"on TorchServe 0.12 and on the KServe engine; every answer compared with TorchServe serving "
-        f"torch-model-archiver's archive (the reference): equal = same statuses and JSON, floats within "
-        f"{RTOL:.0e} relative + {ATOL:.0e} absolute (Δ: the largest float difference). Handler and model files: "
+        f"on TorchServe 0.12, on the KServe engine and by `tsctl run --json` (a whole process); every answer "
+        f"compared with TorchServe serving torch-model-archiver's archive (the reference): equal = same statuses "
+        f"and JSON, floats within {RTOL:.0e} relative + {ATOL:.0e} absolute (Δ: the largest float difference). "
+        f"Handler and model files: "
         f"{source}.\n\n" + ts_examples.render_table(list(examples.values()), CELLS) + "\n" + "\n".join(notes) + "\n"
     )
     TABLE.write_text(text)
@@ -401,6 +468,19 @@ def test_tsctl_archive_answers_in_process_as_on_torchserve(case, packager, runti
     problem, _ = compare(local, runs.outcome(case, packager, TORCHSERVE))
     assert problem is None, f"{case}: in-process {problem}"
     check_metrics(examples[case], local, "in-process")
+
+
+# issue #31: a metrics.yaml from config/config.properties, a handler's threads that never end, its prints
+RUN_CASES = ("custom_metrics", "micro_batching", "transformer")
+
+
+@pytest.mark.parametrize("case", RUN_CASES)
+def test_tsctl_run_answers_as_torchserve(case, runs):
+    """`tsctl run --json` as a whole process (``Runs.tsctl_run``, about 7 s each): it finds the example's
+    metrics.yaml as `tsctl serve` would, ends though the handler's threads do not, prints one JSON
+    document though the handler prints, and answers as TorchServe does."""
+    problem, _ = compare_run(runs.outcome(case, "tsctl", TSCTL_RUN), runs.outcome(case, "tsctl", TORCHSERVE))
+    assert problem is None, f"{case}: tsctl run {problem}"
 
 
 def test_tsctl_image_classifier_is_within_1e_5_of_the_builtin(runs):
@@ -462,10 +542,11 @@ def test_cell(case, packager, runtime, runs, examples):
         CELLS[(case, packager, runtime)] = "reference"
         check_metrics(example, got, runtime)
         return
-    problem, delta = compare(got, reference)
+    problem, delta = (compare_run if runtime == TSCTL_RUN else compare)(got, reference)
     key = bug(case, runtime)
     CELLS[(case, packager, runtime)] = (
         f"differs ({BUGS[key][0]})" if problem and key else verdict(problem, delta, reference)
     )
     assert problem is None, f"{case} {packager} {runtime}: {problem}"
-    check_metrics(example, got, runtime)
+    if runtime != TSCTL_RUN:  # run prints answers; its worker's metrics stay in its log
+        check_metrics(example, got, runtime)

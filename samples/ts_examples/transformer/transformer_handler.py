@@ -3,7 +3,9 @@
 reads ``setup_config.json`` (``model_name``, ``mode``, ``do_lower_case``, ``max_length``) from the
 unpacked archive, loads ``AutoModelForSequenceClassification`` and ``AutoTokenizer`` from the model
 directory (the weights are the archive's ``--serialized-file``, config and tokenizer files its
-``--extra-files``) and answers ``{"label", "scores"}`` per text, labels from index_to_name.json."""
+``--extra-files``) and answers ``{"label", "scores"}`` per text, labels from index_to_name.json. Like
+the example, it prints the model's output and its size on stdout in ``inference``: a worker's stdout is
+its log (TorchServe's model_log.log), never an answer."""
 
 import json
 import logging
@@ -47,7 +49,10 @@ class SequenceClassifierHandler(BaseHandler):
 
     def inference(self, inputs):
         with torch.inference_mode():
-            return self.model(**inputs).logits
+            logits = self.model(**inputs).logits
+        print("This the output size from the Seq classification model", logits.size())
+        print("This the output from the Seq classification model", logits)
+        return logits
 
     def postprocess(self, logits):
         scores = torch.softmax(logits, dim=-1)
