@@ -127,3 +127,15 @@ def test_a_killed_worker_reports_its_signal_and_a_lost_server_takes_its_workers(
             time.sleep(0.05)
     with LocalModel(store / "view.mar") as model:  # the next start has a new server
         assert view(model)["ppid"] == fork_server.shared().process.pid != server.process.pid
+
+
+def test_the_server_ends_with_the_process_that_started_it():
+    """A caller killed with -9 runs no atexit: its fork server must still end (it reads the caller's end close)."""
+    code = "import os; from serving import fork_server; print(fork_server.shared().process.pid, flush=True); "
+    code += "os.kill(os.getpid(), 9)"
+    done = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    server = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{server}") and "Z" not in Path(f"/proc/{server}/stat").read_text().split()[2]:
+        assert time.monotonic() < deadline, "the fork server outlived the process that started it"
+        time.sleep(0.05)
