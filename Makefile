@@ -69,6 +69,7 @@ bench: venv
 	$(BIN)/python benchmarks/p5_profile.py
 	$(BIN)/python benchmarks/mlserver_engine.py
 	$(BIN)/python benchmarks/engine_under_attack.py
+	$(BIN)/python benchmarks/fork_server.py
 
 clean:
 	rm -rf $(VENV) .runtimes .tsctl samples/build logs
