@@ -320,9 +320,6 @@ def test_mlserver_exports_the_workers_families_as_torchserve(example, store, tor
         engine.stop(srv)
     log = engine.handler_log(srv).read_text(errors="replace")
     assert "MetricsCacheKeyError" not in log  # the config's metrics_config reached the workers
-    if SERVE is not None and statuses != torchserve[0]:
-        assert set(statuses) == {503} and "TypeError: object of type 'NoneType' has no len()" in log, statuses
-        pytest.xfail("issue #31 item 5: through the kservev2 envelope the example's handler gets no 'body'")
     assert statuses == torchserve[0]
     frontend = engine_metrics.read_metrics_yaml(example.properties["metrics_config"])[1]
     want = {name: shape for name, shape in torchserve[1].items() if name not in frontend}
