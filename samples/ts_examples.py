@@ -29,6 +29,9 @@ requests to send. The models are built here with random, seeded weights (no mode
   (``handle``) and ``my_handler.py:my_function``.
 - ``workdir``: a function entry point answering whether it runs in the model directory (TorchServe's
   worker does, and pytorch/serve's transformer handler relies on it).
+- ``context_probe`` (``build_context_probe``, not in ``build``: tests/conformance/test_worker_context.py):
+  a handler class answering what else the worker gives it (a request header, statuses set for part of a
+  batch, sys.path, the environment, stdin, torch's threads, context.metrics in initialize), batched by two.
 
 The handler and model files are stand-ins written for this project (samples/ts_examples/); none is
 copied from pytorch/serve. With ``TSCTL_PYTORCH_SERVE`` set to a checkout of pytorch/serve (a
@@ -592,6 +595,25 @@ def build_body_probe(out: Path) -> Example:
         str(STAND_INS / "body_probe/body_probe.py"),
         inputs,
         note="answers the type and value of the body it received",
+    )
+
+
+CONTEXT_BATCHING = "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 2\nmaxBatchDelay: 5000\n"
+
+
+def build_context_probe(out: Path) -> Example:
+    """A handler answering what else the worker gives it (headers, statuses of part of a batch, sys.path,
+    environment, stdin, threads, metrics in initialize), its model-config.yaml batching two requests."""
+    out.mkdir(parents=True, exist_ok=True)
+    config = out / "model-config.yaml"
+    config.write_text(CONTEXT_BATCHING)
+    inputs = [(b"first", "application/octet-stream"), (b"second", "application/octet-stream")]
+    return Example(
+        "context_probe",
+        str(STAND_INS / "context_probe/context_probe.py"),
+        inputs,
+        config_file=config,
+        note="answers what the worker gave it beside the body; sent as one batch of two",
     )
 
 
