@@ -25,6 +25,7 @@
 import contextlib
 import json
 import resource
+from typing import Dict
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -37,6 +38,7 @@ MAX_HEAD_BYTES = 64 << 10
 HEAD_TIMEOUT = 30.0  # s
 SHUTDOWN_GRACE = 30  # s
 END_OF_HEAD = b"\r\n\r\n"
+HEADER_NAMES = "tsctl.header_names"  # in a request's scope: each header's name as the client spelled it
 
 
 class BoundedHttp(HttpToolsProtocol):
@@ -72,12 +74,18 @@ class BoundedHttp(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.names: Dict[bytes, bytes] = {}
         if not self.in_head:  # the next request on a kept-alive connection
             self._begin_head()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.names.setdefault(name.lower(), name)  # ASGI lower-cases names: TorchServe's handlers see them as sent
+        super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self.in_head = False
         self._cancel_head_timer()
+        self.scope[HEADER_NAMES] = self.names
         super().on_headers_complete()
 
     def connection_lost(self, exc) -> None:
