@@ -119,7 +119,7 @@ def test_every_marked_block_is_run_by_a_test():
 
 def test_the_flow_runs_as_written(tmp_path):
     out = run_blocks(tmp_path, "flow", "curl", "torchserve", "engine", "kserve-export")
-    assert len(re.findall(r"kitten\.jpg: 200 ", out)) == 2, out  # on TorchServe and on tsctl's engine
+    assert len(re.findall(r"kitten\.jpg: 200 ", out)) == 3, out  # on TorchServe, by tsctl run and on tsctl's engine
     assert len(re.findall(r'"class_\d+": ', out)) >= 2, out  # curl's answers, through tsctl serve and plain TorchServe
     assert re.search(r"^DEPLOY\.md$", out, re.M) and re.search(r"^inferenceservice\.yaml$", out, re.M), out
 
