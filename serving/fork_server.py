@@ -23,7 +23,8 @@ An archive whose folder holds a top-level module or package of a name the server
 archive's worker is spawned as a new process, as TorchServe would. So is every worker when the fork
 server cannot start.
 
-The server reaps its children and reports each exit status; ``ForkedProcess`` offers what
+The server reaps its children and reports each exit status; a fork the kernel refuses (a pids limit
+reached) fails that start alone, with the OSError a spawn would raise. ``ForkedProcess`` offers what
 ``worker_process`` uses of ``subprocess.Popen`` (``pid``, ``poll``, ``wait``, ``returncode``,
 ``stdout``). If the server itself ends, the workers it forked are killed (they would run unwatched)
 and reported ended; the next worker starts a new server.
@@ -126,7 +127,7 @@ class ForkServer:
 
     def spawn(self, args: List[str], cwd: str, env: dict, stdout: int, metrics: int) -> Optional[ForkedProcess]:
         """Fork a worker running ``worker_launch.py METRICS_FD *args`` (its stdout and stderr on the fd
-        ``stdout``, its metrics on ``metrics``); None when the server has ended."""
+        ``stdout``, its metrics on ``metrics``); None when the server has ended, OSError when the fork fails."""
         request = json.dumps({"args": args, "cwd": cwd, "env": env}).encode("utf-8")
         with self.spawning, self.lock:  # one request at a time: the next reply is this request's
             if not self.alive:
@@ -140,8 +141,8 @@ class ForkServer:
             if not self.replies:
                 return None
             reply = self.replies.pop(0)
-            if "pid" not in reply:
-                raise RuntimeError(f"the fork server could not start the worker: {reply.get('error')}")
+            if "pid" not in reply:  # the fork failed: the error a spawn would have raised
+                raise OSError(reply["errno"], reply["error"])
             child = ForkedProcess(reply["pid"], None)
             if reply["pid"] in self.ended:
                 child._end(self.ended.pop(reply["pid"]))
@@ -241,18 +242,23 @@ def serve(sock: socket.socket):
             if not raw:
                 return
             request = json.loads(raw)
-            pid = os.fork()
-            if pid == 0:
-                for fd in (sock.fileno(), wakeup_read, wakeup_write):
-                    os.close(fd)
-                os._exit(become_worker(request, *fds))
+            try:
+                pid = os.fork()
+            except OSError as exc:  # no process to be had (a pids limit reached): this start fails, as a spawn would
+                reply = {"errno": exc.errno, "error": exc.strerror}
+            else:
+                if pid == 0:
+                    for fd in (sock.fileno(), wakeup_read, wakeup_write):
+                        os.close(fd)
+                    os._exit(become_worker(request, *fds))
+                try:
+                    os.setpgid(pid, pid)  # as the child does: its group exists before its pid is known
+                except OSError:  # it has set it, or already ended
+                    pass
+                reply = {"pid": pid}
             for fd in fds:
                 os.close(fd)
-            try:
-                os.setpgid(pid, pid)  # as the child does: its group exists before its pid is known
-            except OSError:  # it has set it, or already ended
-                pass
-            sock.send(json.dumps({"pid": pid}).encode("utf-8"))
+            sock.send(json.dumps(reply).encode("utf-8"))
 
 
 def report_exits(sock: socket.socket):

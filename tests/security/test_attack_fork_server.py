@@ -1,0 +1,132 @@
+"""Attacks on the fork server (serving/fork_server.py): a forked worker must be the worker a new process
+would be, and nothing one worker does, or that happens to the server, may cost the others or outlive
+its owner. Each test here failed before its fix; the caller is often a process of its own, so that it
+can be put in a cgroup or killed with -9."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from helpers.engine_limits import archive_handler
+from serving.testing import LocalModel
+
+RUNS = '''\
+import json
+
+
+def handle(data, context):
+    """Runs the Python it is sent; answers its ``result``."""
+    if data is None:
+        return None
+    answers = []
+    for row in data:
+        body = row.get("body") if row.get("body") is not None else row.get("data")
+        scope = {}
+        exec(bytes(body).decode() if isinstance(body, (bytes, bytearray)) else str(body), scope)
+        answers.append(json.dumps(scope.get("result")))
+    return answers
+'''
+
+EXITS = '''\
+import atexit, os, sys, threading, time
+
+
+def mark(name):
+    with open(os.path.join(os.environ["TSCTL_TEST_MARKS"], name), "w") as out:
+        out.write(name)
+
+
+def handle(data, context):
+    """Leaves at load, as an interpreter ends: a thread still to finish, an atexit function, a message."""
+    threading.Thread(target=lambda: (time.sleep(0.3), mark("thread"))).start()
+    atexit.register(mark, "atexit")
+    sys.exit("ConfigError: the handler gave up")
+'''
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("attack-forked")
+    (root / "runs.py").write_text(RUNS)
+    (root / "exits.py").write_text(EXITS)
+    archive_handler(root / "runs.py", ["runs"], root)
+    archive_handler(root / "exits.py", ["exits"], root)
+    return root
+
+
+def ask(model: LocalModel, code: str):
+    [answer] = model.predict([code])
+    assert answer.status == 200, answer.body
+    return answer.json()
+
+
+def run_caller(code: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+    """``code`` in a Python process of its own (the repository importable), its output as text."""
+    tests = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tests.parent), str(tests)]))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env,
+                          **kwargs)  # fmt: skip
+
+
+def pids_cgroup() -> Path:
+    """A pids cgroup of its own (v1 or v2), or a skip where none can be made."""
+    roots = [Path("/sys/fs/cgroup/pids")]
+    v2 = Path("/sys/fs/cgroup/cgroup.subtree_control")
+    if v2.exists() and "pids" in v2.read_text():
+        roots.append(v2.parent)
+    for root in roots:
+        group = root / f"tsctl-test-{uuid.uuid4().hex[:8]}"
+        try:
+            group.mkdir()
+        except OSError:
+            continue
+        if (group / "pids.max").exists():
+            return group
+        group.rmdir()
+    pytest.skip("no pids cgroup can be made here")
+
+
+FORK_FAILS = """\
+import json, sys
+from pathlib import Path
+from serving import fork_server
+from serving.testing import LocalModel
+group, mar = Path(sys.argv[1]), sys.argv[2]
+with LocalModel(mar) as first:
+    server = fork_server.shared()
+    (group / "pids.max").write_text((group / "pids.current").read_text())  # not one more process or thread
+    try:
+        LocalModel(mar)
+        failed = None
+    except Exception as exc:
+        failed = type(exc).__name__
+    finally:
+        (group / "pids.max").write_text("max")
+    [answer] = first.predict(["import os; result = os.getpid()"])
+    print(json.dumps({"failed": failed, "forked": type(first.worker.process).__name__, "server": server.alive,
+                      "same": server is fork_server.shared(), "answer": answer.json(), "pid": first.worker.pid}))
+"""
+
+
+def test_a_fork_the_kernel_refuses_costs_the_server_and_its_other_workers_nothing(store):
+    """No more processes allowed (a pids cgroup at its limit, as a fork bomb in one worker leaves it):
+    the next start fails as a spawn would, and the fork server and the worker it already runs go on."""
+    group = pids_cgroup()
+    try:
+        code = f"import sys; sys.argv[1:] = {[str(group), str(store / 'runs.mar')]!r}\n" + FORK_FAILS
+        done = run_caller(code, preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
+        assert done.returncode == 0, done.stderr[-3000:]
+        seen = json.loads(done.stdout.splitlines()[-1])
+        assert seen["failed"] == "BlockingIOError" and seen["forked"] == "ForkedProcess", seen  # as Popen raises
+        assert seen["server"] and seen["same"] and seen["answer"] == seen["pid"], seen  # the same worker answered
+    finally:
+        deadline = time.monotonic() + 10
+        while (group / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        group.rmdir()
