@@ -173,7 +173,8 @@ class ForkServer:
                     self.replied.notify_all()
 
     def _lost(self):
-        """The server ended: its workers are killed, as no one would learn of their end."""
+        """The server ended: its workers are killed, as no one would learn of their end; it is reaped and
+        its socket closed (no zombie, no descriptor left for each server lost)."""
         self.alive = False
         self.replied.notify_all()
         for child in self.children.values():
@@ -183,14 +184,20 @@ class ForkServer:
                 pass
             child._end(-signal.SIGKILL)
         self.children.clear()
+        self._end_process()
+        self.sock.close()
+
+    def _end_process(self):
+        if self.process.poll() is None:  # not reaped yet: its pid is still its own
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self.process.wait()
 
     def close(self):
         """End the server (its workers are not its group: each is ended by its owner)."""
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        self.process.wait()
+        self._end_process()
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:

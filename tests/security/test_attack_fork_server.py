@@ -5,6 +5,7 @@ can be put in a cgroup or killed with -9."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers.engine_limits import archive_handler
+from serving import fork_server
 from serving.testing import LocalModel
 
 RUNS = '''\
@@ -130,3 +132,19 @@ def test_a_fork_the_kernel_refuses_costs_the_server_and_its_other_workers_nothin
         while (group / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
             time.sleep(0.1)
         group.rmdir()
+
+
+def test_a_lost_server_leaves_no_descriptor_and_no_zombie():
+    fds = len(os.listdir("/proc/self/fd"))
+    server = fork_server.ForkServer()
+    pid = server.process.pid
+    os.killpg(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while server.alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not server.alive
+    deadline = time.monotonic() + 5
+    while (os.path.exists(f"/proc/{pid}") or len(os.listdir("/proc/self/fd")) != fds) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pid}"), "the lost server is left a zombie"
+    assert len(os.listdir("/proc/self/fd")) == fds, "the lost server's socket is still open"
