@@ -27,7 +27,8 @@ The server reaps its children and reports each exit status; a fork the kernel re
 reached) fails that start alone, with the OSError a spawn would raise. ``ForkedProcess`` offers what
 ``worker_process`` uses of ``subprocess.Popen`` (``pid``, ``poll``, ``wait``, ``returncode``,
 ``stdout``). If the server itself ends, the workers it forked are killed (they would run unwatched)
-and reported ended; the next worker starts a new server.
+and reported ended, by the client and by the kernel (``die_with``: also those whose pid never reached
+the client, and those of a client killed with -9); the next worker starts a new server.
 
     python serving/fork_server.py FD    # the server: requests and replies on the socket FD
 """
@@ -234,6 +235,7 @@ def serve(sock: socket.socket):
     os.set_blocking(wakeup_write, False)
     signal.set_wakeup_fd(wakeup_write)
     signal.signal(signal.SIGCHLD, lambda *_: None)
+    server = os.getpid()
     import select
 
     while True:
@@ -257,6 +259,7 @@ def serve(sock: socket.socket):
                 if pid == 0:
                     for fd in (sock.fileno(), wakeup_read, wakeup_write):
                         os.close(fd)
+                    die_with(server)
                     os._exit(become_worker(request, *fds))
                 try:
                     os.setpgid(pid, pid)  # as the child does: its group exists before its pid is known
@@ -277,6 +280,20 @@ def report_exits(sock: socket.socket):
         if pid == 0:
             return
         sock.send(json.dumps({"exited": pid, "code": os.waitstatus_to_exitcode(status)}).encode("utf-8"))
+
+
+def die_with(server: int):
+    """In the forked child: be killed when the server ends (Linux's PR_SET_PDEATHSIG). The client kills the
+    workers it knows of then; this one's pid may not have reached it, or the client itself may be gone
+    (killed with -9 while this worker ran a request)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (AttributeError, OSError):  # no prctl: not Linux
+        return
+    if os.getppid() != server:  # the server ended before the call
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def become_worker(request: dict, stdout: int, metrics: int) -> int:

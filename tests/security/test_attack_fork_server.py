@@ -6,6 +6,7 @@ can be put in a cgroup or killed with -9."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -74,6 +75,19 @@ def run_caller(code: str, timeout: float = 120, **kwargs) -> subprocess.Complete
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tests.parent), str(tests)]))
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env,
                           **kwargs)  # fmt: skip
+
+
+def gone(pid: int, within: float = 10) -> bool:
+    """Whether ``pid`` ends (or is a zombie) within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def pids_cgroup() -> Path:
@@ -148,3 +162,58 @@ def test_a_lost_server_leaves_no_descriptor_and_no_zombie():
         time.sleep(0.05)
     assert not os.path.exists(f"/proc/{pid}"), "the lost server is left a zombie"
     assert len(os.listdir("/proc/self/fd")) == fds, "the lost server's socket is still open"
+
+
+BUSY_THEN_KILLED = """\
+import os, sys, threading, time
+from serving.testing import LocalModel
+model = LocalModel(sys.argv[1])
+print(model.worker.pid, type(model.worker.process).__name__, flush=True)
+threading.Thread(target=model.predict, args=(["import time; time.sleep(60)"],), daemon=True).start()
+time.sleep(1)
+os.kill(os.getpid(), 9)
+"""
+
+
+def test_a_busy_forked_worker_ends_with_its_caller_killed_with_minus_9(store):
+    """The caller (an engine, a ``tsctl run``) killed with -9 while a worker is busy in its handler: the fork
+    server ends, and the worker with it (it would otherwise run its handler on, for nobody)."""
+    done = run_caller(f"import sys; sys.argv[1:] = [{str(store / 'runs.mar')!r}]\n" + BUSY_THEN_KILLED)
+    pid, kind = done.stdout.split()[:2]
+    try:
+        assert kind == "ForkedProcess"
+        assert gone(int(pid)), "the busy worker outlived its caller and its fork server"
+    finally:
+        try:
+            os.killpg(int(pid), signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def test_an_orphan_of_a_server_killed_mid_start_does_not_run_on(tmp_path):
+    """The server killed between a fork and its reply: the client never learns the pid, so the child must
+    end by itself (it would otherwise load a model nobody asked for, on a socket path it shares)."""
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    server = fork_server.ForkServer()
+    try:
+        out_read, out_write = os.pipe()
+        metrics_read, metrics_write = os.pipe()
+        with server.spawning, server.lock:  # the request sent as spawn sends it, the reply left unread
+            request = json.dumps({"args": [str(script)], "cwd": str(tmp_path), "env": dict(os.environ)})
+            socket.send_fds(server.sock, [request.encode()], [out_write, metrics_write])
+            while not server.replies:
+                server.replied.wait(10)
+            pid = server.replies.pop(0)["pid"]
+            os.killpg(server.process.pid, signal.SIGKILL)
+        for fd in (out_read, out_write, metrics_read, metrics_write):
+            os.close(fd)
+        try:
+            assert gone(pid), "a worker of a lost server runs on"
+        finally:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    finally:
+        server.close()
