@@ -6,9 +6,10 @@ archive. The fork server is one process that has imported those (``PRELOAD``) an
 ``handlers``, no model, no torch operation run (so no thread pool started). Each worker is a fork of
 it that then becomes what ``worker_process.spawn`` would have started:
 
-- the environment, working directory, ``sys.path`` (the request's ``PYTHONPATH`` first, then the
-  interpreter's own), stdin ``/dev/null``, stdout and stderr on the pipe it was sent, a process group
-  of its own (set by the child and by the server, so that a kill of the group never misses it);
+- the environment, working directory, ``sys.path`` (the request's ``PYTHONPATH`` first, made absolute
+  as a new interpreter makes it, then the interpreter's own), stdin ``/dev/null``, stdout and stderr
+  on the pipe it was sent, a process group of its own (set by the child and by the server, so that a
+  kill of the group never misses it);
 - what a new interpreter reads from the environment at start, read again: ``sys.dont_write_bytecode``
   (``PYTHONDONTWRITEBYTECODE``), unbuffered output (``PYTHONUNBUFFERED``), ``TMPDIR``, torch's
   intra-op threads (``OMP_NUM_THREADS``, which torch reads when it is imported), and torch's random
@@ -18,10 +19,11 @@ it that then becomes what ``worker_process.spawn`` would have started:
   ``model_service_worker.py`` unchanged. Its imports of ``ts`` and ``torch`` are the preloaded ones;
   everything else, the archive's ``handlers`` included, is imported from the model's folder as usual.
 
-An archive whose folder holds a top-level module or package of a name the server has imported
-(``shadows``: a ``torch.py``, a ``yaml/``) would import the server's instead of its own: such an
-archive's worker is spawned as a new process, as TorchServe would. So is every worker when the fork
-server cannot start.
+A worker whose ``PYTHONPATH`` (the archive's folder, the caller's own entries) holds a top-level module
+or package of a name the server has imported (``shadows``: a ``torch.py``, a ``yaml/``, a vendored
+``tqdm``) would import the server's instead of its own, and one holding a ``sitecustomize`` or
+``usercustomize`` would not run it as a new interpreter does at start: such a worker is spawned as a
+new process, as TorchServe would. So is every worker when the fork server cannot start.
 
 The server reaps its children and reports each exit status; a fork the kernel refuses (a pids limit
 reached) fails that start alone, with the OSError a spawn would raise. ``ForkedProcess`` offers what
@@ -54,6 +56,7 @@ PRELOAD = (  # imported once by the server; ts.torch_handler is not (it reads TS
     "ts.service",
 )
 MESSAGE = 1 << 20  # bytes of one request or reply, at most
+AT_START = ("sitecustomize", "usercustomize")  # imported from sys.path by a new interpreter as it starts
 HERE = os.path.dirname(os.path.abspath(__file__))
 LAUNCHER = os.path.join(HERE, "worker_launch.py")
 
@@ -103,7 +106,7 @@ class ForkServer:
         finally:
             theirs.close()
         self.sock = mine
-        self.modules = set(self._read_hello())  # the top-level names the server has imported
+        self.modules = set(self._read_hello()) | set(AT_START)  # the top-level names the server has imported
         threading.Thread(target=self._read, name=f"fork-server-{self.process.pid}", daemon=True).start()
 
     def _read_hello(self) -> List[str]:
@@ -126,9 +129,19 @@ class ForkServer:
                 names.add(stem)
         return sorted(names & self.modules)
 
+    def shadowed(self, env: dict, cwd: str) -> bool:
+        """Whether a folder on ``env``'s ``PYTHONPATH`` ``shadows`` a module (a zip file there is not looked into)."""
+        for folder in python_path(env, cwd):
+            if os.path.isdir(folder) and self.shadows(folder) or os.path.isfile(folder):
+                return True
+        return False
+
     def spawn(self, args: List[str], cwd: str, env: dict, stdout: int, metrics: int) -> Optional[ForkedProcess]:
         """Fork a worker running ``worker_launch.py METRICS_FD *args`` (its stdout and stderr on the fd
-        ``stdout``, its metrics on ``metrics``); None when the server has ended, OSError when the fork fails."""
+        ``stdout``, its metrics on ``metrics``); None when the server has ended or its path is ``shadowed``,
+        OSError when the fork fails."""
+        if self.shadowed(env, cwd):
+            return None
         request = json.dumps({"args": args, "cwd": cwd, "env": env}).encode("utf-8")
         with self.spawning, self.lock:  # one request at a time: the next reply is this request's
             if not self.alive:
@@ -312,7 +325,7 @@ def become_worker(request: dict, stdout: int, metrics: int) -> int:
         os.environ.clear()
         os.environ.update(env)
         os.chdir(request["cwd"])
-        sys.path[:] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + BASE_PATH
+        sys.path[:] = list(dict.fromkeys(python_path(env, os.getcwd()) + BASE_PATH))
         sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
         unbuffered = bool(env.get("PYTHONUNBUFFERED"))
         for stream in (sys.stdout, sys.stderr):
@@ -350,6 +363,13 @@ def fresh_interpreter_state(env: dict):
     if threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
     torch.seed()
+
+
+def python_path(env: dict, cwd: str) -> List[str]:
+    """``PYTHONPATH`` as a new interpreter started in ``cwd`` puts it on ``sys.path``: each entry made
+    absolute (an empty one is ``cwd``), ``lib`` and ``./lib/`` alike."""
+    value = env.get("PYTHONPATH", "")
+    return [os.path.abspath(os.path.join(cwd, entry)) for entry in value.split(os.pathsep)] if value else []
 
 
 BASE_PATH: List[str] = []

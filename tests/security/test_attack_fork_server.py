@@ -217,3 +217,34 @@ def test_an_orphan_of_a_server_killed_mid_start_does_not_run_on(tmp_path):
                 pass
     finally:
         server.close()
+
+
+def test_a_module_on_the_callers_pythonpath_is_the_one_a_worker_imports(store, tmp_path, monkeypatch):
+    """A spawned worker imports what PYTHONPATH puts first (a vendored ``tqdm``, an archive's
+    ``sitecustomize.py`` at start); a forked one must too, so such a worker is spawned."""
+    vendored = tmp_path / "vendored"
+    vendored.mkdir()
+    (vendored / "tqdm.py").write_text("OURS = True\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(vendored), os.environ.get("PYTHONPATH", "")]))
+    with LocalModel(store / "runs.mar") as model:
+        assert ask(model, "import tqdm; result = tqdm.__file__") == str(vendored / "tqdm.py")
+    monkeypatch.undo()
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "runs.py").write_text(RUNS)
+    (site / "sitecustomize.py").write_text("import os\nos.environ['TSCTL_TEST_SITE'] = 'the archive'\n")
+    command = [str(Path(sys.executable).parent / "torch-model-archiver"), "--model-name", "site", "--version", "1",
+               "--handler", str(site / "runs.py"), "--extra-files", str(site / "sitecustomize.py"),
+               "--export-path", str(tmp_path)]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True)
+    with LocalModel(tmp_path / "site.mar") as model:
+        assert ask(model, "import os; result = os.environ.get('TSCTL_TEST_SITE')") == "the archive"
+
+
+def test_relative_and_empty_pythonpath_entries_are_made_absolute_as_a_new_interpreter_makes_them(store, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["", "lib", os.environ.get("PYTHONPATH", "")]))
+    with LocalModel(store / "runs.mar") as model:
+        path = ask(model, "import sys; result = sys.path")
+        assert isinstance(model.worker.process, fork_server.ForkedProcess)
+        assert path[:2] == [str(model.model_dir), str(model.model_dir / "lib")], path
+        assert len(path) == len(set(path)), path
