@@ -17,7 +17,9 @@ it that then becomes what ``worker_process.spawn`` would have started:
   workers share a sequence;
 - then ``worker_launch.py`` runs, as ``__main__``, with the arguments a spawned worker gets, and runs
   ``model_service_worker.py`` unchanged. Its imports of ``ts`` and ``torch`` are the preloaded ones;
-  everything else, the archive's ``handlers`` included, is imported from the model's folder as usual.
+  everything else, the archive's ``handlers`` included, is imported from the model's folder as usual;
+- it ends as an interpreter ends: ``sys.exit("why")`` written out, the error through ``sys.excepthook``,
+  its threads waited for, its atexit functions run, a KeyboardInterrupt's status a SIGINT's.
 
 A worker whose ``PYTHONPATH`` (the archive's folder, the caller's own entries) holds a top-level module
 or package of a name the server has imported (``shadows``: a ``torch.py``, a ``yaml/``, a vendored
@@ -310,7 +312,8 @@ def die_with(server: int):
 
 
 def become_worker(request: dict, stdout: int, metrics: int) -> int:
-    """In the forked child: become the worker ``spawn`` would have started, run it; its exit code."""
+    """In the forked child: become the worker ``spawn`` would have started, run it, end as it would
+    (``finish``); its exit status."""
     try:
         os.setpgid(0, 0)
         signal.set_wakeup_fd(-1)
@@ -337,17 +340,40 @@ def become_worker(request: dict, stdout: int, metrics: int) -> int:
         runpy.run_path(LAUNCHER, run_name="__main__")
         code = 0
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:
-        import traceback
+        code = exit_code(exc.code)
+    except BaseException as exc:  # as an interpreter reports what ended it, with sys.excepthook
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        code = -signal.SIGINT if isinstance(exc, KeyboardInterrupt) else 1
+    return finish(code)
 
-        traceback.print_exc()
-        code = 1
+
+def exit_code(value) -> int:
+    """The status ``sys.exit(value)`` ends an interpreter with: None 0, an int itself, anything else
+    written to stderr (``sys.exit("why")``) and 1."""
+    if value is None or isinstance(value, int):
+        return value or 0
+    print(value, file=sys.stderr)
+    return 1
+
+
+def finish(code: int) -> int:
+    """What an interpreter does as it ends: wait for its threads that are not daemons, run its atexit
+    functions, flush its output; one ended by KeyboardInterrupt then ends by SIGINT. The exit status."""
+    import atexit
+
+    try:
+        threading._shutdown()  # what multiprocessing's forked children call too
+    except BaseException:  # noqa: BLE001 - interrupted while waiting: end now, as an interpreter would
+        pass
+    atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:  # noqa: BLE001 - the pipe may be gone; the exit code still is what it is
             pass
+    if code == -signal.SIGINT:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     return code
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from helpers.engine_limits import archive_handler
 from serving import fork_server
-from serving.testing import LocalModel
+from serving.testing import LoadError, LocalModel
 
 RUNS = '''\
 import json
@@ -248,3 +248,18 @@ def test_relative_and_empty_pythonpath_entries_are_made_absolute_as_a_new_interp
         assert isinstance(model.worker.process, fork_server.ForkedProcess)
         assert path[:2] == [str(model.model_dir), str(model.model_dir / "lib")], path
         assert len(path) == len(set(path)), path
+
+
+@pytest.mark.parametrize("mode", ["0", "1"])
+def test_a_worker_that_exits_ends_as_an_interpreter_ends(store, tmp_path, monkeypatch, mode):
+    """``sys.exit("message")`` says its message, a thread still running is waited for, atexit functions
+    run: as in a new process (``mode`` 0: spawned, 1: forked)."""
+    monkeypatch.setenv("TSCTL_FORK_SERVER", mode)
+    monkeypatch.setenv("TSCTL_TEST_MARKS", str(tmp_path))
+    with pytest.raises(LoadError) as raised:
+        LocalModel(store / "exits.mar")
+    assert str(raised.value) == "the handler gave up" and raised.value.error_type == "builtins.ConfigError"
+    deadline = time.monotonic() + 5
+    while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["atexit", "thread"]
