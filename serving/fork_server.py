@@ -10,11 +10,16 @@ it that then becomes what ``worker_process.spawn`` would have started:
   as a new interpreter makes it, then the interpreter's own), stdin ``/dev/null``, stdout and stderr
   on the pipe it was sent, a process group of its own (set by the child and by the server, so that a
   kill of the group never misses it);
-- what a new interpreter reads from the environment at start, read again: ``sys.dont_write_bytecode``
-  (``PYTHONDONTWRITEBYTECODE``), unbuffered output (``PYTHONUNBUFFERED``), ``TMPDIR``, torch's
-  intra-op threads (``OMP_NUM_THREADS``, which torch reads when it is imported), and torch's random
-  generator seeded anew (``random`` and numpy's reseed themselves after a fork), so that no two
-  workers share a sequence;
+- what a new interpreter reads from the environment at start: the server was started with the
+  worker's environment, but for what the child reads again (``start_environment``: ``PYTHONPATH``,
+  ``TMPDIR``), and its output streams are buffered as a new interpreter's on a pipe. So
+  ``OMP_NUM_THREADS`` (which the engine sets per model, and numpy's BLAS reads as it loads),
+  ``PYTHONHASHSEED``, ``PYTHONIOENCODING``, ``PYTHONDONTWRITEBYTECODE`` and the like are the worker's;
+  a worker of another start environment gets a server of its own (``shared``: at most
+  ``MAX_SERVERS``, then it is spawned);
+- what a new interpreter draws anew: torch's random generator is seeded and multiprocessing's
+  authentication key made again (``random`` and numpy's reseed themselves after a fork), so that no two
+  workers share a sequence or a secret (the hash seed they do share, unless ``PYTHONHASHSEED`` is set);
 - then ``worker_launch.py`` runs, as ``__main__``, with the arguments a spawned worker gets, and runs
   ``model_service_worker.py`` unchanged. Its imports of ``ts`` and ``torch`` are the preloaded ones;
   everything else, the archive's ``handlers`` included, is imported from the model's folder as usual;
@@ -58,6 +63,8 @@ PRELOAD = (  # imported once by the server; ts.torch_handler is not (it reads TS
     "ts.service",
 )
 MESSAGE = 1 << 20  # bytes of one request or reply, at most
+RE_READ = ("PYTHONPATH", "TMPDIR", "TEMP", "TMP")  # read by each forked child again
+MAX_SERVERS = 3  # fork servers one process keeps, one per start environment
 AT_START = ("sitecustomize", "usercustomize")  # imported from sys.path by a new interpreter as it starts
 HERE = os.path.dirname(os.path.abspath(__file__))
 LAUNCHER = os.path.join(HERE, "worker_launch.py")
@@ -96,11 +103,12 @@ class ForkServer:
         self.children: Dict[int, ForkedProcess] = {}
         self.ended: Dict[int, int] = {}  # exits reported before their ForkedProcess was made
         self.alive = True
+        self.env = start_environment(os.environ if env is None else env)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.process = subprocess.Popen(
                 [sys.executable, os.path.abspath(__file__), str(theirs.fileno())],
-                env=env,
+                env=self.env,
                 stdin=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),),
                 process_group=0,  # its own: a kill of a worker's group or of a caller's never reaches it
@@ -140,9 +148,9 @@ class ForkServer:
 
     def spawn(self, args: List[str], cwd: str, env: dict, stdout: int, metrics: int) -> Optional[ForkedProcess]:
         """Fork a worker running ``worker_launch.py METRICS_FD *args`` (its stdout and stderr on the fd
-        ``stdout``, its metrics on ``metrics``); None when the server has ended or its path is ``shadowed``,
-        OSError when the fork fails."""
-        if self.shadowed(env, cwd):
+        ``stdout``, its metrics on ``metrics``); None when the server has ended, was started for another
+        environment (``start_environment``) or the worker's path is ``shadowed``; OSError when the fork fails."""
+        if start_environment(env) != self.env or self.shadowed(env, cwd):
             return None
         request = json.dumps({"args": args, "cwd": cwd, "env": env}).encode("utf-8")
         with self.spawning, self.lock:  # one request at a time: the next reply is this request's
@@ -165,6 +173,10 @@ class ForkServer:
             else:
                 self.children[child.pid] = child
             return child
+
+    def idle(self) -> bool:
+        """Whether no worker of this server runs, nor is being started."""
+        return not self.children and not self.spawning.locked()
 
     def _read(self):
         """The server's messages: replies to ``spawn``, and exits."""
@@ -221,26 +233,44 @@ class ForkServer:
         self.sock.close()
 
 
-_shared: Optional[ForkServer] = None
-_shared_lock = threading.Lock()
+def start_environment(env: dict) -> dict:
+    """What of ``env`` a new interpreter and the modules the server preloads read as they start: all of it
+    but what each child reads again (``RE_READ``) and TorchServe's and tsctl's own variables (``TS_``,
+    ``TSCTL_``: read when used, by modules the server has not imported)."""
+    return {k: v for k, v in env.items() if k not in RE_READ and not k.startswith(("TS_", "TSCTL_"))}
 
 
-def shared() -> Optional[ForkServer]:
-    """This process's fork server, started on first use (None if it cannot start, or with
-    ``TSCTL_FORK_SERVER=0`` in the environment: workers are then spawned). It ends when this process does."""
-    global _shared
+_servers: Dict[str, ForkServer] = {}  # by start environment
+_servers_lock = threading.Lock()
+
+
+def shared(env: Optional[dict] = None) -> Optional[ForkServer]:
+    """This process's fork server for workers started with ``env`` (default: this process's environment):
+    one per ``start_environment``, started on first use, at most ``MAX_SERVERS`` (one without workers
+    makes room). None with ``TSCTL_FORK_SERVER=0`` in the environment, or when none can start: workers
+    are then spawned. The servers end when this process does."""
     if os.environ.get("TSCTL_FORK_SERVER") == "0":
         return None
-    with _shared_lock:
-        if _shared is None or not _shared.alive:
-            try:
-                _shared = ForkServer()
-            except (OSError, RuntimeError):
-                return None
-            import atexit
+    wanted = start_environment(os.environ if env is None else env)
+    key = json.dumps(wanted, sort_keys=True)
+    with _servers_lock:
+        server = _servers.get(key)
+        if server is not None and server.alive:
+            return server
+        for name, other in list(_servers.items()):  # the lost, and at the limit one without workers
+            if not other.alive or (len(_servers) >= MAX_SERVERS and other.idle()):
+                del _servers[name]
+                other.close()
+        if len(_servers) >= MAX_SERVERS:
+            return None
+        try:
+            server = _servers[key] = ForkServer(wanted)
+        except (OSError, RuntimeError):
+            return None
+        import atexit
 
-            atexit.register(_shared.close)
-        return _shared
+        atexit.register(server.close)
+        return server
 
 
 # ---- The server --------------------------------------------------------------------------------
@@ -329,11 +359,10 @@ def become_worker(request: dict, stdout: int, metrics: int) -> int:
         os.environ.update(env)
         os.chdir(request["cwd"])
         sys.path[:] = list(dict.fromkeys(python_path(env, os.getcwd()) + BASE_PATH))
-        sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
-        unbuffered = bool(env.get("PYTHONUNBUFFERED"))
-        for stream in (sys.stdout, sys.stderr):
-            stream.reconfigure(write_through=unbuffered or stream is sys.stderr)
-        fresh_interpreter_state(env)
+        unbuffered = bool(env.get("PYTHONUNBUFFERED"))  # stdout and stderr are pipes now, not the server's
+        sys.stdout.reconfigure(line_buffering=False, write_through=unbuffered)
+        sys.stderr.reconfigure(line_buffering=not unbuffered, write_through=unbuffered)
+        fresh_interpreter_state()
         sys.argv = [LAUNCHER, str(metrics), *request["args"]]
         import runpy
 
@@ -377,18 +406,18 @@ def finish(code: int) -> int:
     return code
 
 
-def fresh_interpreter_state(env: dict):
-    """What a new interpreter would have read at start and the fork copied: the temporary folder,
-    torch's intra-op threads, its random generator's seed (``random`` and numpy's reseed themselves)."""
+def fresh_interpreter_state():
+    """What a new interpreter would have drawn anew and the fork copied: the temporary folder (``TMPDIR``
+    is read again), torch's random generator's seed, multiprocessing's authentication key (``random``
+    and numpy's reseed themselves)."""
+    import multiprocessing.process
     import tempfile
 
     import torch
 
     tempfile.tempdir = None
-    threads = env.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:
-        torch.set_num_threads(int(threads))
     torch.seed()
+    multiprocessing.process.current_process().authkey = os.urandom(32)
 
 
 def python_path(env: dict, cwd: str) -> List[str]:
@@ -404,8 +433,7 @@ BASE_PATH: List[str] = []
 def main():
     global BASE_PATH
     sock = socket.socket(fileno=int(sys.argv[1]))
-    own = {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p} | {HERE}
-    BASE_PATH = [p for p in sys.path if os.path.realpath(p or os.curdir) not in own]
+    BASE_PATH = [p for p in sys.path if os.path.realpath(p or os.curdir) != HERE]  # its environment has no PYTHONPATH
     sys.path[:] = BASE_PATH  # the preloaded modules come from the interpreter's own path, not a model's
     try:
         import importlib

@@ -263,3 +263,30 @@ def test_a_worker_that_exits_ends_as_an_interpreter_ends(store, tmp_path, monkey
     while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["atexit", "thread"]
+
+
+VIEW = (
+    "import os, sys, multiprocessing\n"
+    "try:\n    from threadpoolctl import threadpool_info\n    blas = [p['num_threads'] for p in threadpool_info()"
+    " if p['user_api'] == 'blas']\nexcept ImportError:\n    blas = None\n"
+    "result = [blas, hash('tsctl'), sys.flags.hash_randomization, multiprocessing.current_process().authkey.hex()]"
+)
+
+
+def test_what_an_interpreter_reads_at_start_is_the_workers_environment(store, monkeypatch):
+    """Variables read when an interpreter and its libraries start (numpy's BLAS threads from
+    ``OMP_NUM_THREADS``, as the engine sets it per model; ``PYTHONHASHSEED``) set after the fork server
+    started: a forked worker must see them as a spawned one does. And two workers never share a secret."""
+    with LocalModel(store / "runs.mar"):  # the fork server runs, started with the environment as it was
+        pass
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    views = {}
+    for mode in ("0", "1", "1"):
+        monkeypatch.setenv("TSCTL_FORK_SERVER", mode)
+        with LocalModel(store / "runs.mar") as model:
+            views.setdefault(mode, []).append((ask(model, VIEW), type(model.worker.process).__name__))
+    (spawned, _), [(forked, kind), (again, _)] = views["0"][0], views["1"]
+    assert kind == "ForkedProcess"
+    assert forked[:3] == spawned[:3] and spawned[2] == 0, (spawned, forked)
+    assert len({spawned[3], forked[3], again[3]}) == 3  # multiprocessing's authkey: each process its own
