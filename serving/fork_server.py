@@ -72,10 +72,10 @@ LAUNCHER = os.path.join(HERE, "worker_launch.py")
 
 # ---- The client: what worker_process uses -------------------------------------------------------
 class ForkedProcess:
-    """A worker forked by the server: the parts of ``subprocess.Popen`` that ``worker_process`` uses."""
+    """A worker forked by ``server``: the parts of ``subprocess.Popen`` that ``worker_process`` uses."""
 
-    def __init__(self, pid: int, stdout):
-        self.pid, self.stdout, self.returncode = pid, stdout, None
+    def __init__(self, pid: int, stdout, server: "ForkServer"):
+        self.pid, self.stdout, self.server, self.returncode = pid, stdout, server, None
         self._ended = threading.Event()
 
     def _end(self, code: int):
@@ -167,7 +167,7 @@ class ForkServer:
             reply = self.replies.pop(0)
             if "pid" not in reply:  # the fork failed: the error a spawn would have raised
                 raise OSError(reply["errno"], reply["error"])
-            child = ForkedProcess(reply["pid"], None)
+            child = ForkedProcess(reply["pid"], None, self)
             if reply["pid"] in self.ended:
                 child._end(self.ended.pop(reply["pid"]))
             else:

@@ -68,8 +68,8 @@ def test_a_forked_worker_sees_what_a_new_process_sees(store, monkeypatch):
         with LocalModel(store / "view.mar") as model:
             views[mode] = view(model), model, model._tmp
             assert views[mode][0]["pid"] == model.worker.pid
+            server = getattr(model.worker.process, "server", None)  # the fork server that forked it
     (spawned, spawned_model, spawned_tmp), (forked, forked_model, forked_tmp) = views["0"], views["1"]
-    server = fork_server.shared()
     assert spawned["ppid"] == os.getpid() and forked["ppid"] == server.process.pid  # each made as it says
     for one, model, tmp in ((spawned, spawned_model, spawned_tmp), (forked, forked_model, forked_tmp)):
         assert one["pgid"] == one["pid"]  # a process group of its own
@@ -118,7 +118,7 @@ def test_a_killed_worker_reports_its_signal_and_a_lost_server_takes_its_workers(
         os.killpg(process.pid, signal.SIGKILL)
         assert process.wait(10) == -signal.SIGKILL
     with LocalModel(store / "view.mar") as model:
-        server, pid = fork_server.shared(), model.worker.pid
+        server, pid = model.worker.process.server, model.worker.pid
         os.killpg(server.process.pid, signal.SIGKILL)
         assert model.worker.process.wait(10) == -signal.SIGKILL
         deadline = time.monotonic() + 10
@@ -126,7 +126,7 @@ def test_a_killed_worker_reports_its_signal_and_a_lost_server_takes_its_workers(
             assert time.monotonic() < deadline, "the lost server's worker still runs"
             time.sleep(0.05)
     with LocalModel(store / "view.mar") as model:  # the next start has a new server
-        assert view(model)["ppid"] == fork_server.shared().process.pid != server.process.pid
+        assert view(model)["ppid"] == model.worker.process.server.process.pid != server.process.pid
 
 
 def test_the_server_ends_with_the_process_that_started_it():

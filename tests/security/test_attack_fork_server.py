@@ -111,11 +111,10 @@ def pids_cgroup() -> Path:
 FORK_FAILS = """\
 import json, sys
 from pathlib import Path
-from serving import fork_server
 from serving.testing import LocalModel
 group, mar = Path(sys.argv[1]), sys.argv[2]
 with LocalModel(mar) as first:
-    server = fork_server.shared()
+    server = first.worker.process.server
     (group / "pids.max").write_text((group / "pids.current").read_text())  # not one more process or thread
     try:
         LocalModel(mar)
@@ -126,7 +125,7 @@ with LocalModel(mar) as first:
         (group / "pids.max").write_text("max")
     [answer] = first.predict(["import os; result = os.getpid()"])
     print(json.dumps({"failed": failed, "forked": type(first.worker.process).__name__, "server": server.alive,
-                      "same": server is fork_server.shared(), "answer": answer.json(), "pid": first.worker.pid}))
+                      "same": server is first.worker.process.server, "answer": answer.json(), "pid": first.worker.pid}))
 """
 
 
