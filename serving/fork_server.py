@@ -1,10 +1,11 @@
 """A fork server for TorchServe workers: torch and TorchServe's worker modules imported once, each worker forked.
 
 A worker started as TorchServe's frontend starts it (``python model_service_worker.py``) spends its
-first 1.3-1.8 s importing torch, numpy, PIL and TorchServe's worker modules, before it reads the
-archive. The fork server is one process that has imported those (``PRELOAD``) and nothing else: no
-``handlers``, no model, no torch operation run (so no thread pool started). Each worker is a fork of
-it that then becomes what ``worker_process.spawn`` would have started:
+first 1.3-1.8 s importing torch, numpy and TorchServe's worker modules, before it reads the archive.
+The fork server is one process that has imported those (``PRELOAD``) and nothing else: nothing a
+spawned worker would not have imported before its handler (a handler putting its own Pillow first on
+``sys.path`` gets it), no ``handlers``, no model, no torch operation run (so no thread pool started).
+Each worker is a fork of it that then becomes what ``worker_process.spawn`` would have started:
 
 - the environment, working directory, ``sys.path`` (the request's ``PYTHONPATH`` first, made absolute
   as a new interpreter makes it, then the interpreter's own), stdin ``/dev/null``, stdout and stderr
@@ -53,7 +54,6 @@ from typing import Dict, List, Optional
 
 PRELOAD = (  # imported once by the server; ts.torch_handler is not (it reads TS_IPEX_ENABLE when imported)
     "numpy",
-    "PIL.Image",
     "torch",
     "ts.arg_parser",
     "ts.async_service",

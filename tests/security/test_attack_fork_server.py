@@ -90,6 +90,16 @@ def gone(pid: int, within: float = 10) -> bool:
     return False
 
 
+def archive_folder(folder: Path, store: Path) -> Path:
+    """``folder``'s files, with ``RUNS`` as the handler, archived by torch-model-archiver into ``store``."""
+    (folder / "runs.py").write_text(RUNS)
+    command = [str(Path(sys.executable).parent / "torch-model-archiver"), "--model-name", folder.name,
+               "--version", "1", "--handler", str(folder / "runs.py"), "--extra-files", str(folder),
+               "--export-path", str(store)]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True)
+    return store / f"{folder.name}.mar"
+
+
 def pids_cgroup() -> Path:
     """A pids cgroup of its own (v1 or v2), or a skip where none can be made."""
     roots = [Path("/sys/fs/cgroup/pids")]
@@ -230,14 +240,20 @@ def test_a_module_on_the_callers_pythonpath_is_the_one_a_worker_imports(store, t
     monkeypatch.undo()
     site = tmp_path / "site"
     site.mkdir()
-    (site / "runs.py").write_text(RUNS)
     (site / "sitecustomize.py").write_text("import os\nos.environ['TSCTL_TEST_SITE'] = 'the archive'\n")
-    command = [str(Path(sys.executable).parent / "torch-model-archiver"), "--model-name", "site", "--version", "1",
-               "--handler", str(site / "runs.py"), "--extra-files", str(site / "sitecustomize.py"),
-               "--export-path", str(tmp_path)]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True)
-    with LocalModel(tmp_path / "site.mar") as model:
+    with LocalModel(archive_folder(site, tmp_path)) as model:
         assert ask(model, "import os; result = os.environ.get('TSCTL_TEST_SITE')") == "the archive"
+
+
+def test_a_package_an_archive_vendors_in_a_subfolder_is_the_one_its_handler_imports(tmp_path):
+    """A handler putting its archive's ``vendor/`` first on ``sys.path`` imports the Pillow there in a
+    spawned worker (TorchServe's worker has not imported PIL before the handler); so must a forked one."""
+    (tmp_path / "vendors" / "vendor" / "PIL").mkdir(parents=True)
+    (tmp_path / "vendors" / "vendor" / "PIL" / "__init__.py").write_text("OURS = True\n")
+    with LocalModel(archive_folder(tmp_path / "vendors", tmp_path)) as model:
+        assert isinstance(model.worker.process, fork_server.ForkedProcess)
+        code = "import os, sys; sys.path.insert(0, os.path.abspath('vendor')); import PIL; result = PIL.__file__"
+        assert ask(model, code) == str(model.model_dir / "vendor" / "PIL" / "__init__.py")
 
 
 def test_relative_and_empty_pythonpath_entries_are_made_absolute_as_a_new_interpreter_makes_them(store, monkeypatch):
