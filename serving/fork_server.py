@@ -140,10 +140,14 @@ class ForkServer:
         return sorted(names & self.modules)
 
     def shadowed(self, env: dict, cwd: str) -> bool:
-        """Whether a folder on ``env``'s ``PYTHONPATH`` ``shadows`` a module (a zip file there is not looked into)."""
+        """Whether a folder on ``env``'s ``PYTHONPATH`` ``shadows`` a module (a zip file there is not looked
+        into; a folder that cannot be listed is passed over, as the interpreter imports nothing from it)."""
         for folder in python_path(env, cwd):
-            if os.path.isdir(folder) and self.shadows(folder) or os.path.isfile(folder):
-                return True
+            try:
+                if os.path.isfile(folder) or os.path.isdir(folder) and self.shadows(folder):
+                    return True
+            except OSError:
+                continue
         return False
 
     def spawn(self, args: List[str], cwd: str, env: dict, stdout: int, metrics: int) -> Optional[ForkedProcess]:

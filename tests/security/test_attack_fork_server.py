@@ -5,6 +5,7 @@ can be put in a cgroup or killed with -9."""
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -69,12 +70,12 @@ def ask(model: LocalModel, code: str):
     return answer.json()
 
 
-def run_caller(code: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
-    """``code`` in a Python process of its own (the repository importable), its output as text."""
+def run_caller(code: str, timeout: float = 120, prefix=(), **kwargs) -> subprocess.CompletedProcess:
+    """``code`` in a Python process of its own (the repository importable; run by ``prefix``), its output."""
     tests = Path(__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tests.parent), str(tests)]))
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env,
-                          **kwargs)  # fmt: skip
+    return subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                          env=env, **kwargs)  # fmt: skip
 
 
 def gone(pid: int, within: float = 10) -> bool:
@@ -254,6 +255,34 @@ def test_a_package_an_archive_vendors_in_a_subfolder_is_the_one_its_handler_impo
         assert isinstance(model.worker.process, fork_server.ForkedProcess)
         code = "import os, sys; sys.path.insert(0, os.path.abspath('vendor')); import PIL; result = PIL.__file__"
         assert ask(model, code) == str(model.model_dir / "vendor" / "PIL" / "__init__.py")
+
+
+UNREADABLE_ON_PATH = """\
+import os, sys
+from serving.testing import LocalModel
+os.environ["PYTHONPATH"] = os.pathsep.join([sys.argv[1], os.environ["PYTHONPATH"]])
+with LocalModel(sys.argv[2]) as model:
+    [answer] = model.predict(["result = 'answered'"])
+    print(type(model.worker.process).__name__, answer.json())
+"""
+
+
+def test_a_folder_on_pythonpath_the_caller_cannot_list_is_passed_over_as_an_interpreter_passes_it(store, tmp_path):
+    """A new interpreter imports nothing from a folder it cannot list; the fork server's look for
+    modules shadowing its own must not fail the start (PermissionError) either."""
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    hidden.chmod(0o311)
+    prefix = []
+    if os.geteuid() == 0:  # root lists any folder: the caller is given no more power than a user has
+        if not shutil.which("setpriv"):
+            pytest.skip("root, and no setpriv to run the caller without CAP_DAC_READ_SEARCH")
+        drop = "-dac_override,-dac_read_search"
+        prefix = [shutil.which("setpriv"), f"--bounding-set={drop}", f"--inh-caps={drop}"]
+    code = f"import sys; sys.argv[1:] = {[str(hidden), str(store / 'runs.mar')]!r}\n" + UNREADABLE_ON_PATH
+    done = run_caller(code, prefix=prefix)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["ForkedProcess", "answered"], done.stdout
 
 
 def test_relative_and_empty_pythonpath_entries_are_made_absolute_as_a_new_interpreter_makes_them(store, monkeypatch):
