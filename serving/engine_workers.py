@@ -18,9 +18,10 @@ full queue answers 503), batches gathered as TorchServe gathers them (up to ``ba
   requests get 503 naming the timeout, and it is started again.
 - **Threads.** Each worker gets ``OMP_NUM_THREADS`` = the cores divided among the model's workers
   (unless the environment sets it), as the toolkit handlers divide them on TorchServe.
-- **Fork server.** Workers are forked from the engine's fork server (``fork_server.py``: torch and
-  TorchServe's worker modules imported once), a worker's start costing its model's load alone;
-  an archive shadowing one of its modules, or ``TSCTL_FORK_SERVER=0``, gets a new process.
+- **Fork server.** Workers are forked from the engine's fork server for their environment
+  (``fork_server.py``: torch and TorchServe's worker modules imported once; a model of another
+  ``OMP_NUM_THREADS`` gets another), a worker's start costing its model's load alone; an archive
+  shadowing one of its modules, or ``TSCTL_FORK_SERVER=0``, gets a new process.
 - **Logs.** What a worker writes on stdout and stderr goes to the ``tsctl.worker`` log
   (``worker_log_line``), within worker_process.py's output budget.
 """
@@ -163,7 +164,7 @@ class Worker:
         self.process = await loop.run_in_executor(
             self.thread,
             lambda: start_worker(owner.spec, owner.model_dir, owner.handler, owner.frontend, self.socket_path,
-                                 owner.env, on_line, self._spawned, on_metric, fork_server.shared()),
+                                 owner.env, on_line, self._spawned, on_metric, fork_server.shared(owner.env)),
         )  # fmt: skip
         if self.owner.stopping:  # the engine began to stop while this worker loaded
             self.process.kill()

@@ -1,32 +1,44 @@
 """A fork server for TorchServe workers: torch and TorchServe's worker modules imported once, each worker forked.
 
 A worker started as TorchServe's frontend starts it (``python model_service_worker.py``) spends its
-first 1.3-1.8 s importing torch, numpy, PIL and TorchServe's worker modules, before it reads the
-archive. The fork server is one process that has imported those (``PRELOAD``) and nothing else: no
-``handlers``, no model, no torch operation run (so no thread pool started). Each worker is a fork of
-it that then becomes what ``worker_process.spawn`` would have started:
+first 1.3-1.8 s importing torch, numpy and TorchServe's worker modules, before it reads the archive.
+The fork server is one process that has imported those (``PRELOAD``) and nothing else: nothing a
+spawned worker would not have imported before its handler (a handler putting its own Pillow first on
+``sys.path`` gets it), no ``handlers``, no model, no torch operation run (so no thread pool started).
+Each worker is a fork of it that then becomes what ``worker_process.spawn`` would have started:
 
-- the environment, working directory, ``sys.path`` (the request's ``PYTHONPATH`` first, then the
-  interpreter's own), stdin ``/dev/null``, stdout and stderr on the pipe it was sent, a process group
-  of its own (set by the child and by the server, so that a kill of the group never misses it);
-- what a new interpreter reads from the environment at start, read again: ``sys.dont_write_bytecode``
-  (``PYTHONDONTWRITEBYTECODE``), unbuffered output (``PYTHONUNBUFFERED``), ``TMPDIR``, torch's
-  intra-op threads (``OMP_NUM_THREADS``, which torch reads when it is imported), and torch's random
-  generator seeded anew (``random`` and numpy's reseed themselves after a fork), so that no two
-  workers share a sequence;
+- the environment, working directory, ``sys.path`` (the request's ``PYTHONPATH`` first, made absolute
+  as a new interpreter makes it, then the interpreter's own), stdin ``/dev/null``, stdout and stderr
+  on the pipe it was sent, a process group of its own (set by the child and by the server, so that a
+  kill of the group never misses it);
+- what a new interpreter reads from the environment at start: the server was started with the
+  worker's environment, but for what the child reads again (``start_environment``: ``PYTHONPATH``,
+  ``TMPDIR``), and its output streams are buffered as a new interpreter's on a pipe. So
+  ``OMP_NUM_THREADS`` (which the engine sets per model, and numpy's BLAS reads as it loads),
+  ``PYTHONHASHSEED``, ``PYTHONIOENCODING``, ``PYTHONDONTWRITEBYTECODE`` and the like are the worker's;
+  a worker of another start environment gets a server of its own (``shared``: at most
+  ``MAX_SERVERS``, then it is spawned);
+- what a new interpreter draws anew: torch's random generator is seeded and multiprocessing's
+  authentication key made again (``random`` and numpy's reseed themselves after a fork), so that no two
+  workers share a sequence or a secret (the hash seed they do share, unless ``PYTHONHASHSEED`` is set);
 - then ``worker_launch.py`` runs, as ``__main__``, with the arguments a spawned worker gets, and runs
   ``model_service_worker.py`` unchanged. Its imports of ``ts`` and ``torch`` are the preloaded ones;
-  everything else, the archive's ``handlers`` included, is imported from the model's folder as usual.
+  everything else, the archive's ``handlers`` included, is imported from the model's folder as usual;
+- it ends as an interpreter ends: ``sys.exit("why")`` written out, the error through ``sys.excepthook``,
+  its threads waited for, its atexit functions run, a KeyboardInterrupt's status a SIGINT's.
 
-An archive whose folder holds a top-level module or package of a name the server has imported
-(``shadows``: a ``torch.py``, a ``yaml/``) would import the server's instead of its own: such an
-archive's worker is spawned as a new process, as TorchServe would. So is every worker when the fork
-server cannot start.
+A worker whose ``PYTHONPATH`` (the archive's folder, the caller's own entries) holds a top-level module
+or package of a name the server has imported (``shadows``: a ``torch.py``, a ``yaml/``, a vendored
+``tqdm``) would import the server's instead of its own, and one holding a ``sitecustomize`` or
+``usercustomize`` would not run it as a new interpreter does at start: such a worker is spawned as a
+new process, as TorchServe would. So is every worker when the fork server cannot start.
 
-The server reaps its children and reports each exit status; ``ForkedProcess`` offers what
+The server reaps its children and reports each exit status; a fork the kernel refuses (a pids limit
+reached) fails that start alone, with the OSError a spawn would raise. ``ForkedProcess`` offers what
 ``worker_process`` uses of ``subprocess.Popen`` (``pid``, ``poll``, ``wait``, ``returncode``,
 ``stdout``). If the server itself ends, the workers it forked are killed (they would run unwatched)
-and reported ended; the next worker starts a new server.
+and reported ended, by the client and by the kernel (``die_with``: also those whose pid never reached
+the client, and those of a client killed with -9); the next worker starts a new server.
 
     python serving/fork_server.py FD    # the server: requests and replies on the socket FD
 """
@@ -42,7 +54,6 @@ from typing import Dict, List, Optional
 
 PRELOAD = (  # imported once by the server; ts.torch_handler is not (it reads TS_IPEX_ENABLE when imported)
     "numpy",
-    "PIL.Image",
     "torch",
     "ts.arg_parser",
     "ts.async_service",
@@ -52,16 +63,19 @@ PRELOAD = (  # imported once by the server; ts.torch_handler is not (it reads TS
     "ts.service",
 )
 MESSAGE = 1 << 20  # bytes of one request or reply, at most
+RE_READ = ("PYTHONPATH", "TMPDIR", "TEMP", "TMP")  # read by each forked child again
+MAX_SERVERS = 3  # fork servers one process keeps, one per start environment
+AT_START = ("sitecustomize", "usercustomize")  # imported from sys.path by a new interpreter as it starts
 HERE = os.path.dirname(os.path.abspath(__file__))
 LAUNCHER = os.path.join(HERE, "worker_launch.py")
 
 
 # ---- The client: what worker_process uses -------------------------------------------------------
 class ForkedProcess:
-    """A worker forked by the server: the parts of ``subprocess.Popen`` that ``worker_process`` uses."""
+    """A worker forked by ``server``: the parts of ``subprocess.Popen`` that ``worker_process`` uses."""
 
-    def __init__(self, pid: int, stdout):
-        self.pid, self.stdout, self.returncode = pid, stdout, None
+    def __init__(self, pid: int, stdout, server: "ForkServer"):
+        self.pid, self.stdout, self.server, self.returncode = pid, stdout, server, None
         self._ended = threading.Event()
 
     def _end(self, code: int):
@@ -89,11 +103,12 @@ class ForkServer:
         self.children: Dict[int, ForkedProcess] = {}
         self.ended: Dict[int, int] = {}  # exits reported before their ForkedProcess was made
         self.alive = True
+        self.env = start_environment(os.environ if env is None else env)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.process = subprocess.Popen(
                 [sys.executable, os.path.abspath(__file__), str(theirs.fileno())],
-                env=env,
+                env=self.env,
                 stdin=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),),
                 process_group=0,  # its own: a kill of a worker's group or of a caller's never reaches it
@@ -101,7 +116,7 @@ class ForkServer:
         finally:
             theirs.close()
         self.sock = mine
-        self.modules = set(self._read_hello())  # the top-level names the server has imported
+        self.modules = set(self._read_hello()) | set(AT_START)  # the top-level names the server has imported
         threading.Thread(target=self._read, name=f"fork-server-{self.process.pid}", daemon=True).start()
 
     def _read_hello(self) -> List[str]:
@@ -124,9 +139,23 @@ class ForkServer:
                 names.add(stem)
         return sorted(names & self.modules)
 
+    def shadowed(self, env: dict, cwd: str) -> bool:
+        """Whether a folder on ``env``'s ``PYTHONPATH`` ``shadows`` a module (a zip file there is not looked
+        into; a folder that cannot be listed is passed over, as the interpreter imports nothing from it)."""
+        for folder in python_path(env, cwd):
+            try:
+                if os.path.isfile(folder) or os.path.isdir(folder) and self.shadows(folder):
+                    return True
+            except OSError:
+                continue
+        return False
+
     def spawn(self, args: List[str], cwd: str, env: dict, stdout: int, metrics: int) -> Optional[ForkedProcess]:
         """Fork a worker running ``worker_launch.py METRICS_FD *args`` (its stdout and stderr on the fd
-        ``stdout``, its metrics on ``metrics``); None when the server has ended."""
+        ``stdout``, its metrics on ``metrics``); None when the server has ended, was started for another
+        environment (``start_environment``) or the worker's path is ``shadowed``; OSError when the fork fails."""
+        if start_environment(env) != self.env or self.shadowed(env, cwd):
+            return None
         request = json.dumps({"args": args, "cwd": cwd, "env": env}).encode("utf-8")
         with self.spawning, self.lock:  # one request at a time: the next reply is this request's
             if not self.alive:
@@ -140,14 +169,18 @@ class ForkServer:
             if not self.replies:
                 return None
             reply = self.replies.pop(0)
-            if "pid" not in reply:
-                raise RuntimeError(f"the fork server could not start the worker: {reply.get('error')}")
-            child = ForkedProcess(reply["pid"], None)
+            if "pid" not in reply:  # the fork failed: the error a spawn would have raised
+                raise OSError(reply["errno"], reply["error"])
+            child = ForkedProcess(reply["pid"], None, self)
             if reply["pid"] in self.ended:
                 child._end(self.ended.pop(reply["pid"]))
             else:
                 self.children[child.pid] = child
             return child
+
+    def idle(self) -> bool:
+        """Whether no worker of this server runs, nor is being started."""
+        return not self.children and not self.spawning.locked()
 
     def _read(self):
         """The server's messages: replies to ``spawn``, and exits."""
@@ -172,7 +205,8 @@ class ForkServer:
                     self.replied.notify_all()
 
     def _lost(self):
-        """The server ended: its workers are killed, as no one would learn of their end."""
+        """The server ended: its workers are killed, as no one would learn of their end; it is reaped and
+        its socket closed (no zombie, no descriptor left for each server lost)."""
         self.alive = False
         self.replied.notify_all()
         for child in self.children.values():
@@ -182,14 +216,20 @@ class ForkServer:
                 pass
             child._end(-signal.SIGKILL)
         self.children.clear()
+        self._end_process()
+        self.sock.close()
+
+    def _end_process(self):
+        if self.process.poll() is None:  # not reaped yet: its pid is still its own
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self.process.wait()
 
     def close(self):
         """End the server (its workers are not its group: each is ended by its owner)."""
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        self.process.wait()
+        self._end_process()
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -197,26 +237,44 @@ class ForkServer:
         self.sock.close()
 
 
-_shared: Optional[ForkServer] = None
-_shared_lock = threading.Lock()
+def start_environment(env: dict) -> dict:
+    """What of ``env`` a new interpreter and the modules the server preloads read as they start: all of it
+    but what each child reads again (``RE_READ``) and TorchServe's and tsctl's own variables (``TS_``,
+    ``TSCTL_``: read when used, by modules the server has not imported)."""
+    return {k: v for k, v in env.items() if k not in RE_READ and not k.startswith(("TS_", "TSCTL_"))}
 
 
-def shared() -> Optional[ForkServer]:
-    """This process's fork server, started on first use (None if it cannot start, or with
-    ``TSCTL_FORK_SERVER=0`` in the environment: workers are then spawned). It ends when this process does."""
-    global _shared
+_servers: Dict[str, ForkServer] = {}  # by start environment
+_servers_lock = threading.Lock()
+
+
+def shared(env: Optional[dict] = None) -> Optional[ForkServer]:
+    """This process's fork server for workers started with ``env`` (default: this process's environment):
+    one per ``start_environment``, started on first use, at most ``MAX_SERVERS`` (one without workers
+    makes room). None with ``TSCTL_FORK_SERVER=0`` in the environment, or when none can start: workers
+    are then spawned. The servers end when this process does."""
     if os.environ.get("TSCTL_FORK_SERVER") == "0":
         return None
-    with _shared_lock:
-        if _shared is None or not _shared.alive:
-            try:
-                _shared = ForkServer()
-            except (OSError, RuntimeError):
-                return None
-            import atexit
+    wanted = start_environment(os.environ if env is None else env)
+    key = json.dumps(wanted, sort_keys=True)
+    with _servers_lock:
+        server = _servers.get(key)
+        if server is not None and server.alive:
+            return server
+        for name, other in list(_servers.items()):  # the lost, and at the limit one without workers
+            if not other.alive or (len(_servers) >= MAX_SERVERS and other.idle()):
+                del _servers[name]
+                other.close()
+        if len(_servers) >= MAX_SERVERS:
+            return None
+        try:
+            server = _servers[key] = ForkServer(wanted)
+        except (OSError, RuntimeError):
+            return None
+        import atexit
 
-            atexit.register(_shared.close)
-        return _shared
+        atexit.register(server.close)
+        return server
 
 
 # ---- The server --------------------------------------------------------------------------------
@@ -226,6 +284,7 @@ def serve(sock: socket.socket):
     os.set_blocking(wakeup_write, False)
     signal.set_wakeup_fd(wakeup_write)
     signal.signal(signal.SIGCHLD, lambda *_: None)
+    server = os.getpid()
     import select
 
     while True:
@@ -241,18 +300,24 @@ def serve(sock: socket.socket):
             if not raw:
                 return
             request = json.loads(raw)
-            pid = os.fork()
-            if pid == 0:
-                for fd in (sock.fileno(), wakeup_read, wakeup_write):
-                    os.close(fd)
-                os._exit(become_worker(request, *fds))
+            try:
+                pid = os.fork()
+            except OSError as exc:  # no process to be had (a pids limit reached): this start fails, as a spawn would
+                reply = {"errno": exc.errno, "error": exc.strerror}
+            else:
+                if pid == 0:
+                    for fd in (sock.fileno(), wakeup_read, wakeup_write):
+                        os.close(fd)
+                    die_with(server)
+                    os._exit(become_worker(request, *fds))
+                try:
+                    os.setpgid(pid, pid)  # as the child does: its group exists before its pid is known
+                except OSError:  # it has set it, or already ended
+                    pass
+                reply = {"pid": pid}
             for fd in fds:
                 os.close(fd)
-            try:
-                os.setpgid(pid, pid)  # as the child does: its group exists before its pid is known
-            except OSError:  # it has set it, or already ended
-                pass
-            sock.send(json.dumps({"pid": pid}).encode("utf-8"))
+            sock.send(json.dumps(reply).encode("utf-8"))
 
 
 def report_exits(sock: socket.socket):
@@ -266,8 +331,23 @@ def report_exits(sock: socket.socket):
         sock.send(json.dumps({"exited": pid, "code": os.waitstatus_to_exitcode(status)}).encode("utf-8"))
 
 
+def die_with(server: int):
+    """In the forked child: be killed when the server ends (Linux's PR_SET_PDEATHSIG). The client kills the
+    workers it knows of then; this one's pid may not have reached it, or the client itself may be gone
+    (killed with -9 while this worker ran a request)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (AttributeError, OSError):  # no prctl: not Linux
+        return
+    if os.getppid() != server:  # the server ended before the call
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def become_worker(request: dict, stdout: int, metrics: int) -> int:
-    """In the forked child: become the worker ``spawn`` would have started, run it; its exit code."""
+    """In the forked child: become the worker ``spawn`` would have started, run it, end as it would
+    (``finish``); its exit status."""
     try:
         os.setpgid(0, 0)
         signal.set_wakeup_fd(-1)
@@ -282,44 +362,73 @@ def become_worker(request: dict, stdout: int, metrics: int) -> int:
         os.environ.clear()
         os.environ.update(env)
         os.chdir(request["cwd"])
-        sys.path[:] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + BASE_PATH
-        sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
-        unbuffered = bool(env.get("PYTHONUNBUFFERED"))
-        for stream in (sys.stdout, sys.stderr):
-            stream.reconfigure(write_through=unbuffered or stream is sys.stderr)
-        fresh_interpreter_state(env)
+        sys.path[:] = list(dict.fromkeys(python_path(env, os.getcwd()) + BASE_PATH))
+        unbuffered = bool(env.get("PYTHONUNBUFFERED"))  # stdout and stderr are pipes now, not the server's
+        sys.stdout.reconfigure(line_buffering=False, write_through=unbuffered)
+        sys.stderr.reconfigure(line_buffering=not unbuffered, write_through=unbuffered)
+        fresh_interpreter_state()
         sys.argv = [LAUNCHER, str(metrics), *request["args"]]
         import runpy
 
         runpy.run_path(LAUNCHER, run_name="__main__")
         code = 0
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:
-        import traceback
+        code = exit_code(exc.code)
+    except BaseException as exc:  # as an interpreter reports what ended it, with sys.excepthook
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        code = -signal.SIGINT if isinstance(exc, KeyboardInterrupt) else 1
+    return finish(code)
 
-        traceback.print_exc()
-        code = 1
+
+def exit_code(value) -> int:
+    """The status ``sys.exit(value)`` ends an interpreter with: None 0, an int itself, anything else
+    written to stderr (``sys.exit("why")``) and 1."""
+    if value is None or isinstance(value, int):
+        return value or 0
+    print(value, file=sys.stderr)
+    return 1
+
+
+def finish(code: int) -> int:
+    """What an interpreter does as it ends: wait for its threads that are not daemons, run its atexit
+    functions, flush its output; one ended by KeyboardInterrupt then ends by SIGINT. The exit status."""
+    import atexit
+
+    try:
+        threading._shutdown()  # what multiprocessing's forked children call too
+    except BaseException:  # noqa: BLE001 - interrupted while waiting: end now, as an interpreter would
+        pass
+    atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:  # noqa: BLE001 - the pipe may be gone; the exit code still is what it is
             pass
+    if code == -signal.SIGINT:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     return code
 
 
-def fresh_interpreter_state(env: dict):
-    """What a new interpreter would have read at start and the fork copied: the temporary folder,
-    torch's intra-op threads, its random generator's seed (``random`` and numpy's reseed themselves)."""
+def fresh_interpreter_state():
+    """What a new interpreter would have drawn anew and the fork copied: the temporary folder (``TMPDIR``
+    is read again), torch's random generator's seed, multiprocessing's authentication key (``random``
+    and numpy's reseed themselves)."""
+    import multiprocessing.process
     import tempfile
 
     import torch
 
     tempfile.tempdir = None
-    threads = env.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:
-        torch.set_num_threads(int(threads))
     torch.seed()
+    multiprocessing.process.current_process().authkey = os.urandom(32)
+
+
+def python_path(env: dict, cwd: str) -> List[str]:
+    """``PYTHONPATH`` as a new interpreter started in ``cwd`` puts it on ``sys.path``: each entry made
+    absolute (an empty one is ``cwd``), ``lib`` and ``./lib/`` alike."""
+    value = env.get("PYTHONPATH", "")
+    return [os.path.abspath(os.path.join(cwd, entry)) for entry in value.split(os.pathsep)] if value else []
 
 
 BASE_PATH: List[str] = []
@@ -328,8 +437,7 @@ BASE_PATH: List[str] = []
 def main():
     global BASE_PATH
     sock = socket.socket(fileno=int(sys.argv[1]))
-    own = {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p} | {HERE}
-    BASE_PATH = [p for p in sys.path if os.path.realpath(p or os.curdir) not in own]
+    BASE_PATH = [p for p in sys.path if os.path.realpath(p or os.curdir) != HERE]  # its environment has no PYTHONPATH
     sys.path[:] = BASE_PATH  # the preloaded modules come from the interpreter's own path, not a model's
     try:
         import importlib

@@ -172,6 +172,7 @@ class LocalModel:
 
     def _start(self):
         """Start the worker and load the model in it; LoadError with the handler's own error."""
+        env = self._environment()
         try:
             self.worker = start_worker(
                 self._spec,
@@ -179,10 +180,10 @@ class LocalModel:
                 self.manifest["model"]["handler"],
                 self._frontend,
                 self._socket,
-                self._environment(),
+                env,
                 self._log_line,
                 on_metric=self.metrics.append,
-                fork_server=fork_server.shared(),
+                fork_server=fork_server.shared(env),
             )
         except RuntimeError as exc:
             raise LoadError.from_worker(str(exc)) from None
