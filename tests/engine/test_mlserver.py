@@ -95,10 +95,12 @@ def store(image_sample, text_samples, tmp_path_factory):
     MNIST_INPUTS[:] = example.inputs
     # handlers that are not the toolkit's, packaged by both tools: pytorch/serve's xgboost example (its
     # stand-in: it reads CSV bytes) and a probe answering what it received
+    # (model names Kubernetes takes: the Seldon tests export this store)
     for example in (ts_examples.build_xgboost(root / "xgboost", None), ts_examples.build_body_probe(root / "probe")):
+        example = dataclasses.replace(example, name=example.name.replace("_", "-"))
         EXAMPLES[example.name] = example
         ts_examples.package(example, "torch-model-archiver", store)
-        ts_examples.package(dataclasses.replace(example, name=f"{example.name}_tsctl"), "tsctl", store)
+        ts_examples.package(dataclasses.replace(example, name=f"{example.name}-tsctl"), "tsctl", store)
     return store
 
 
@@ -222,11 +224,11 @@ def test_a_handler_gets_what_torchserves_worker_gives_it(srv, store):
             want = [local.predict([Request(b, {"Content-Type": k} if k else {})])[0] for b, k in example.inputs]
         want = [(r.status, r.answer() if r.status == 200 else error_message(r.body)) for r in want]
         assert answers_of(srv, name, example.inputs) == want, name
-        assert answers_of(srv, f"{name}_tsctl", example.inputs) == want, name
+        assert answers_of(srv, f"{name}-tsctl", example.inputs) == want, name
     labels = [status == 200 and answer for status, answer in answers_of(srv, "xgboost", EXAMPLES["xgboost"].inputs)]
     assert labels == ["versicolor", "setosa", "virginica", False, False], labels
     rows = list(ts_examples.IRIS_ROWS.values())
-    for model in ("xgboost", "xgboost_tsctl"):
+    for model in ("xgboost", "xgboost-tsctl"):
         for contents in (False, True):
             answer = grpc_client.call(srv.grpc, model, rows, contents=contents)
             assert [json.loads(a) for a in answer["answers"]] == list(ts_examples.IRIS_ROWS), (model, contents)
@@ -239,19 +241,19 @@ def test_one_answer_shape_whichever_tool_built_the_archive(srv):
     client = triton.InferenceServerClient(srv.inference.split("//")[1], network_timeout=120)
     texts = ["hello", '{"a": 1}']
     read = {}
-    for model in ("body_probe", "body_probe_tsctl"):
+    for model in ("body-probe", "body-probe-tsctl"):
         tensor = triton.InferInput("input-0", [len(texts)], "BYTES")
         tensor.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=np.object_), binary_data=False)
         result = client.infer(model, [tensor])
         response = result.get_response()
         read[model] = [json.loads(element) for element in result.as_numpy("output-0")]
         assert [(o["name"], o["datatype"], o["shape"]) for o in response["outputs"]] == [("output-0", "BYTES", [2])]
-    assert read["body_probe"] == read["body_probe_tsctl"] == [
+    assert read["body-probe"] == read["body-probe-tsctl"] == [
         {"keys": ["body"], "type": "str", "value": text} for text in texts  # no content_type: text, a str
     ]
     request = ENGINE.request_body(ts_examples.IRIS_ROWS["setosa"], "application/octet-stream")[0]
     outputs = [server.request(engines.predict_url(srv, model), request, "POST", {"Content-Type": "application/json"},
-                              60)[1]["outputs"] for model in ("xgboost", "xgboost_tsctl")]  # fmt: skip
+                              60)[1]["outputs"] for model in ("xgboost", "xgboost-tsctl")]  # fmt: skip
     assert outputs[0] == outputs[1] == [{"name": "output-0", "shape": [1], "datatype": "BYTES", "data": ['"setosa"']}]
 
 
@@ -319,19 +321,28 @@ def test_no_client_can_unload_a_model_and_bodies_are_bounded(srv, store):
 
 
 def worker_pids(srv) -> list:
-    """The TorchServe worker processes under MLServer (its children running model_service_worker.py)."""
-    pids = []
+    """The TorchServe worker processes under MLServer: its descendants running in an unpacked archive (forked
+    from its fork server, they carry the fork server's command line, not model_service_worker.py's)."""
+    parents = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                stat = (entry / "stat").read_text()
-                cmdline = (entry / "cmdline").read_bytes()
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
             except OSError:
                 continue
-            parent = int(stat.rsplit(")", 1)[1].split()[1])
-            if parent == srv.pid and b"model_service_worker.py" in cmdline:
-                pids.append(int(entry.name))
-    return sorted(pids)
+
+    def under(pid: int) -> bool:
+        while pid in parents and pid != srv.pid:
+            pid = parents[pid]
+        return pid == srv.pid
+
+    def in_archive(pid: int) -> bool:
+        try:
+            return (Path(f"/proc/{pid}/cwd").resolve() / "MAR-INF" / "MANIFEST.json").is_file()
+        except OSError:
+            return False
+
+    return sorted(pid for pid in parents if pid != srv.pid and under(pid) and in_archive(pid))
 
 
 def model_of(pid: int) -> str:
