@@ -193,12 +193,13 @@ def start_worker(
 def spawn(model_dir: Path, metrics: str, socket_path: str, env: dict,
           fork_server: Optional[ForkServer] = None) -> Tuple[Union[subprocess.Popen, ForkedProcess], int]:  # fmt: skip
     """The worker process, in a process group of its own, and the read end of its metrics pipe:
-    forked from ``fork_server`` when there is one and the archive shadows none of its modules,
-    else a new process."""
+    forked from ``fork_server`` when there is one and it takes the worker (``ForkServer.spawn``: not
+    when the worker's ``PYTHONPATH``, the archive's folder first, shadows one of its modules), else a
+    new process."""
     metric_read, metric_write = os.pipe()
     args = [WORKER_SCRIPT, "--sock-type", "unix", "--sock-name", socket_path, "--metrics-config", metrics]
     try:
-        if fork_server is not None and not fork_server.shadows(str(model_dir)):
+        if fork_server is not None:
             out_read, out_write = os.pipe()
             try:
                 process = fork_server.spawn(args, str(model_dir), env, out_write, metric_write)
