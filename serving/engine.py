@@ -175,8 +175,7 @@ async def forward(http: HttpRequest, model: Optional[ModelWorkers], kserve: bool
         return not_found(http.path_params["name"], http.path_params.get("version"), kserve)
     body = await http.body()
     names = http.scope.get(engine_http.HEADER_NAMES, {})  # as the client spelled them, as TorchServe passes them
-    headers = {names.get(k.encode("latin-1"), k.encode("latin-1")).decode("latin-1"): v
-               for k, v in http.headers.items() if k not in HOP_HEADERS}  # fmt: skip
+    headers = {names.get(k, k): v for k, v in http.headers.items() if k not in HOP_HEADERS}
     answer = asyncio.ensure_future(model.submit(Request(body, headers)))
     gone = asyncio.ensure_future(disconnected(http))
     await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)

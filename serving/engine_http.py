@@ -38,7 +38,7 @@ MAX_HEAD_BYTES = 64 << 10
 HEAD_TIMEOUT = 30.0  # s
 SHUTDOWN_GRACE = 30  # s
 END_OF_HEAD = b"\r\n\r\n"
-HEADER_NAMES = "tsctl.header_names"  # in a request's scope: each header's name as the client spelled it
+HEADER_NAMES = "tsctl.header_names"  # in a request's scope: lower-cased name -> the name as the client spelled it
 
 
 class BoundedHttp(HttpToolsProtocol):
@@ -85,7 +85,7 @@ class BoundedHttp(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self.in_head = False
         self._cancel_head_timer()
-        self.scope[HEADER_NAMES] = self.names
+        self.scope[HEADER_NAMES] = {low.decode("latin-1"): name.decode("latin-1") for low, name in self.names.items()}
         super().on_headers_complete()
 
     def connection_lost(self, exc) -> None:
