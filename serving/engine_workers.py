@@ -48,6 +48,7 @@ from .worker_process import NotSent, WorkerProcess, kill_group, start_worker
 logger = logging.getLogger("tsctl.engine")
 worker_log = logging.getLogger("tsctl.worker")
 
+RECENT_BATCHES = 64  # the batches ts_batch_fill_ratio averages
 BACKOFF = (0, 1, 1, 2, 3, 5, 8, 13, 21, 34)  # seconds before each restart, as TorchServe's
 
 
@@ -331,6 +332,9 @@ class ModelWorkers:
         self.workers = [Worker(self, i) for i in range(spec.min_workers)]
         self.observe: Callable = lambda jobs, responses, sent, done: None  # metrics hook
         self.stopping = False
+        self.in_flight = 0  # requests taken and not yet answered: queued or in a worker's batch
+        self.batches = self.batched = 0  # batches sent to the workers, and the requests they held
+        self.recent_fill: Deque[float] = collections.deque(maxlen=RECENT_BATCHES)  # each: its size / batchSize
 
     async def start(self):
         """Start every worker and wait until each has loaded the model; RuntimeError if one cannot."""
@@ -352,10 +356,18 @@ class ModelWorkers:
                 f"model {self.spec.name} version {self.spec.version}: its job queue is full "
                 f"({self.queue.limit} requests, job_queue_size): retry later"
             )
-        return await done
+        self.in_flight += 1
+        try:
+            return await done
+        finally:
+            self.in_flight -= 1
 
     def finished(self, jobs: List[Job], responses: List[Response], sent: float):
+        """A batch a worker ran (or failed): its answers given, counted for the metrics."""
         done_at = time.perf_counter()
+        self.batches += 1
+        self.batched += len(jobs)
+        self.recent_fill.append(len(jobs) / max(1, self.spec.batch_size))
         for job, response in zip(jobs, responses):
             if not job.done.done():
                 job.done.set_result(response)
