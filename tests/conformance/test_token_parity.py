@@ -378,22 +378,25 @@ class Served:
             return self.over_http(srv)
 
     def engine(self) -> dict:
-        engine = engines.ENGINES["tsctl"]
-        srv = engine.start(self.store, home=short_tmp("toke-"), timeout=300)
+        engine, home = engines.ENGINES["tsctl"], short_tmp("toke-")
+        srv = engine.start(self.store, home=home, timeout=300)
         try:
             return self.over_http(srv)
         finally:
             engine.stop(srv)
+            shutil.rmtree(home, ignore_errors=True)
 
     def mlserver(self) -> dict:
         """Each text as ``tsctl predict --content-type text/plain`` sends it (one BYTES element)."""
         engine = engines.ENGINES["mlserver"]
         bodies = [engine.request_body(t.encode(), TEXT_TYPE, as_request=False)[0] for t in SERVED_TEXTS]
-        srv = engine.start(self.store, home=short_tmp("tokm-"), timeout=300, python=str(runtime_env.ensure_mlserver()))
+        home = short_tmp("tokm-")
+        srv = engine.start(self.store, home=home, timeout=300, python=str(runtime_env.ensure_mlserver()))
         try:
             return {s: on_v2(posted(srv, f"ner-{s}", bodies)) for s in STRATEGIES}
         finally:
             engine.stop(srv)
+            shutil.rmtree(home, ignore_errors=True)
 
     def tsctl_run(self) -> dict:
         """``tsctl run --json ner-STRATEGY.mar input0.txt ...``: a whole process per archive, one JSON
