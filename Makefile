@@ -70,6 +70,7 @@ bench: venv
 	$(BIN)/python benchmarks/mlserver_engine.py
 	$(BIN)/python benchmarks/engine_under_attack.py
 	$(BIN)/python benchmarks/fork_server.py
+	$(BIN)/python benchmarks/cold_start.py
 
 clean:
 	rm -rf $(VENV) .runtimes .tsctl samples/build logs

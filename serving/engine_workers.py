@@ -165,7 +165,8 @@ class Worker:
         self.process = await loop.run_in_executor(
             self.thread,
             lambda: start_worker(owner.spec, owner.model_dir, owner.handler, owner.frontend, self.socket_path,
-                                 owner.env, on_line, self._spawned, on_metric, fork_server.shared(owner.env)),
+                                 owner.env, on_line, self._spawned, on_metric,
+                                 fork_server.shared(owner.env, extras=True)),  # in this thread: it may start one
         )  # fmt: skip
         if self.owner.stopping:  # the engine began to stop while this worker loaded
             self.process.kill()
