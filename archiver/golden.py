@@ -227,7 +227,7 @@ def verify(
         if protocol not in PROTOCOLS:
             raise UserError(f"--protocol {protocol!r} must be one of {', '.join(PROTOCOLS)}")
         model = model or opened.model_name
-        kind = (identity.read(opened) or {}).get("input", "any")
+        kind = (identity.read(opened) or {}).get("input")  # None: not a toolkit handler
         return replay(opened, golden, url, protocol, atol, model, kind, timeout, progress, metrics_config)
 
 
@@ -335,10 +335,15 @@ def missing_endpoint(url: str, protocol: str, model: str, cases: List[dict], res
     return f"{url} has no {path} (404 on every golden request: {said}): {hint}"
 
 
-def served(url: str, protocol: str, model: str, kind: str, case: dict, timeout: float) -> Tuple[int, Any]:
-    """Send one golden request the way ``protocol`` carries it; (status, the answer for it). A file's
-    bytes go as one KServe instance (text as itself, anything else base64), the request built and
-    the answer read by handlers/kserve_client.py."""
+def served(url: str, protocol: str, model: str, kind: Optional[str], case: dict, timeout: float) -> Tuple[int, Any]:
+    """Send one golden request the way ``protocol`` carries it; (status, the answer for it). ``kind``:
+    what the archive's toolkit handler reads (its record's ``input``; None: not a toolkit handler).
+    To a toolkit handler a JSON body goes as it is (KServe v1/v2 shapes included) and a file as one
+    KServe instance (text as itself for a text handler, anything else base64), the request built by
+    handlers/kserve_client.py. Over v2 a handler that is not the toolkit's gets the file as ``tsctl
+    predict --content-type`` sends it (``MLServerRuntime.request_body``): one BYTES element with the
+    recorded type as its ``content_type``, so that MLServer hands it what TorchServe's worker gave it
+    when the answer was recorded. Answers are read by handlers/kserve_client.py."""
     from handlers import protocol as wire
 
     from .server import request
@@ -347,10 +352,16 @@ def served(url: str, protocol: str, model: str, kind: str, case: dict, timeout: 
     if protocol == "ts":
         return request(f"{url}/predictions/{model}", data, "POST", typed(content), timeout)
     path = f"/v1/models/{model}:predict" if protocol == "v1" else f"/v2/models/{model}/infer"
-    if content == wire.JSON_TYPE:  # a whole request body (KServe v1/v2 shapes included): sent as it is
+    if protocol == "v2" and kind is None:
+        from .engines import ENGINES
+
+        body, sent = ENGINES["mlserver"].request_body(data, content, as_request=False)
+        headers = {"Content-Type": sent}
+    elif content == wire.JSON_TYPE:  # a whole request body (KServe v1/v2 shapes included): sent as it is
         return request(url + path, data, "POST", {"Content-Type": content}, timeout)
-    item = data.decode("utf-8") if kind == "text" else base64.b64encode(data).decode()
-    body, headers = wire.encode_request([item], protocol)
+    else:
+        item = data.decode("utf-8") if kind == "text" else base64.b64encode(data).decode()
+        body, headers = wire.encode_request([item], protocol)
     status, answer = request(url + path, body, "POST", headers, timeout)
     if status != 200:
         return status, answer
