@@ -98,11 +98,9 @@ def failed_whole(response) -> bool:
 def metrics_config(given: Optional[str] = None, config: Optional[str] = None) -> Optional[str]:
     """The metrics.yaml the archive's worker reads (TorchServe's ``metrics_config``), as an absolute
     path: ``given`` (``--metrics-config``), else the ``metrics_config`` of ``config`` (``--config``;
-    None: config/config.properties when it exists, the config ``tsctl serve`` reads by default), a
-    relative path read from the current directory as TorchServe started here reads it. None:
-    TorchServe's own metrics.yaml. A file that is not there, or not YAML mapping, is one UserError."""
+    None: config/config.properties when it exists, the config ``tsctl serve`` reads by default), as
+    ``metrics_yaml`` reads it. None: TorchServe's own metrics.yaml."""
     from .engines.base import DEFAULT_CONFIG
-    from .errors import UserError
     from .properties import read_properties
 
     where = "--metrics-config"
@@ -113,7 +111,18 @@ def metrics_config(given: Optional[str] = None, config: Optional[str] = None) ->
         given, where = read_properties(config).get("metrics_config"), f"metrics_config of {config}"
         if not given:
             return None
+    return metrics_yaml(given, where)
+
+
+def metrics_yaml(given: str, where: str) -> str:
+    """A metrics.yaml path (``where`` names what gave it) as TorchServe started in the current directory
+    reads it, absolute: its frontend resolves a relative ``metrics_config`` against its own working
+    directory (``ConfigManager.getMetricsConfigPath``), not against the config's folder. ``tsctl serve``
+    (every engine, whatever directory it runs the server in), ``run``, ``verify`` and ``package
+    --golden`` read it so. A file that is not there, or not a YAML mapping, is one UserError."""
     import yaml
+
+    from .errors import UserError
 
     path = Path(given).resolve()
     try:
