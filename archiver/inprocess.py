@@ -98,40 +98,16 @@ def failed_whole(response) -> bool:
 def metrics_config(given: Optional[str] = None, config: Optional[str] = None) -> Optional[str]:
     """The metrics.yaml the archive's worker reads (TorchServe's ``metrics_config``), as an absolute
     path: ``given`` (``--metrics-config``), else the ``metrics_config`` of ``config`` (``--config``;
-    None: config/config.properties when it exists, the config ``tsctl serve`` reads by default), as
-    ``metrics_yaml`` reads it. None: TorchServe's own metrics.yaml."""
+    None: config/config.properties when it exists, the config ``tsctl serve`` reads by default), each
+    as ``properties.metrics_yaml`` reads it. None: TorchServe's own metrics.yaml."""
     from .engines.base import DEFAULT_CONFIG
-    from .properties import read_properties
+    from .properties import config_metrics, metrics_yaml
 
-    where = "--metrics-config"
-    if not given:
-        if config is None and not Path(DEFAULT_CONFIG).is_file():
-            return None
-        config = config or DEFAULT_CONFIG
-        given, where = read_properties(config).get("metrics_config"), f"metrics_config of {config}"
-        if not given:
-            return None
-    return metrics_yaml(given, where)
-
-
-def metrics_yaml(given: str, where: str) -> str:
-    """A metrics.yaml path (``where`` names what gave it) as TorchServe started in the current directory
-    reads it, absolute: its frontend resolves a relative ``metrics_config`` against its own working
-    directory (``ConfigManager.getMetricsConfigPath``), not against the config's folder. ``tsctl serve``
-    (every engine, whatever directory it runs the server in), ``run``, ``verify`` and ``package
-    --golden`` read it so. A file that is not there, or not a YAML mapping, is one UserError."""
-    import yaml
-
-    from .errors import UserError
-
-    path = Path(given).resolve()
-    try:
-        if not isinstance(yaml.safe_load(path.read_text()), dict):
-            raise ValueError("not a YAML mapping")
-    except (OSError, ValueError, yaml.YAMLError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else str(exc).splitlines()[0]
-        raise UserError(f"{where} {given} cannot be read as TorchServe's metrics.yaml ({reason})") from None
-    return str(path)
+    if given:
+        return metrics_yaml(given, "--metrics-config")
+    if config is None and not Path(DEFAULT_CONFIG).is_file():
+        return None
+    return config_metrics(config or DEFAULT_CONFIG)
 
 
 def batch_size(archive) -> int:

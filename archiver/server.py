@@ -31,7 +31,7 @@ from serving import sockets, ts_config
 from .errors import ServerError, UserError, make_directory
 from .http_client import request
 from .output import quiet
-from .properties import check_keys, read_properties, snapshot_of
+from .properties import check_keys, config_metrics, read_properties, snapshot_of
 from .torchserve_log import failing_model, registration_failure, startup_problem, startup_states, worker_failure
 
 STATE_FILE = "server.json"
@@ -103,8 +103,6 @@ def start(
     ``--foreground``, no ``--ncs``): the launcher exits and the server lives on in its process group.
     TorchServe runs in ``home``: the config's ``metrics_config`` is given to it as read from the current
     directory (``TS_METRICS_CONFIG``, absolute), as TorchServe started here would read it."""
-    from .engines.base import config_metrics
-
     config, model_store, home = Path(config).resolve(), Path(model_store).resolve(), Path(home).resolve()
     properties = read_properties(config)
     models = snapshot_models(properties, config, model_store)

@@ -135,17 +135,6 @@ class Runtime:
         return servers.stop(server, grace=grace)
 
 
-def config_metrics(config) -> Optional[str]:
-    """The ``metrics_config`` of ``config`` (a config.properties; None: none) as TorchServe started in
-    the current directory reads it: an absolute path (``inprocess.metrics_yaml``), where every runtime is
-    started in its ``--home``; None when the config names none."""
-    if config is None:
-        return None
-    from ..inprocess import metrics_config
-
-    return metrics_config(None, str(config))
-
-
 def refuse(name: str, title: str, taken: Iterable[str], given: dict, flags: Dict[str, str], owners, command: str):
     """A UserError for the first flag in ``given`` (option name -> value) that ``--engine name`` does not
     take (``taken``), naming one that does (``owners(option)``: the names of those that take it)."""

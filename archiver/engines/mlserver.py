@@ -188,8 +188,8 @@ class MLServerRuntime(TsctlRuntime):
 def metrics_settings(frontend, config=None) -> Dict[str, object]:
     """What of the frontend settings of ``config`` reaches each model's ``parameters.extra``: its
     ``metrics_config`` (the workers' metrics.yaml, a relative path read from the current directory, as
-    TorchServe started there reads it: ``inprocess.metrics_yaml``) and ``model_metrics_auto_detect``."""
-    from ..inprocess import metrics_yaml
+    TorchServe started there reads it: ``properties.metrics_yaml``) and ``model_metrics_auto_detect``."""
+    from ..properties import metrics_yaml
 
     extra: Dict[str, object] = {}
     if frontend.metrics_config:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from ..errors import ServerError, UserError
 from ..output import quiet
-from .base import Launch, Runtime, config_metrics
+from .base import Launch, Runtime
 
 if TYPE_CHECKING:  # pragma: no cover
     from serving.ts_config import Frontend, ModelSpec
@@ -55,12 +55,13 @@ class TsctlRuntime(Runtime):
         beside the store when there is one, else every archive with its model-config.yaml) on free
         127.0.0.1 ports; return once every model's workers are up. ``batch_size``/``max_batch_delay``
         override every model's; ``metrics_config`` is TorchServe's property of that name (None: the
-        config's, a relative path read from the current directory: ``config_metrics``)."""
+        config's, a relative path read from the current directory: ``properties.config_metrics``)."""
         import os
 
         from serving import sockets
 
         from .. import server as servers
+        from ..properties import config_metrics
 
         model_store, home = Path(run.model_store).resolve(), Path(run.home).resolve()
         config = Path(run.config).resolve() if run.config is not None else None

@@ -204,7 +204,7 @@ def test_the_config_s_metrics_yaml_is_read_from_the_current_directory(project, t
     """What every engine of 'tsctl serve' is given (each runs in --home, .tsctl here): the config's relative
     metrics_config read from the current directory, as TorchServe started there reads it; a file that
     is not there is one line before any server starts."""
-    from archiver.engines.base import config_metrics
+    from archiver.properties import config_metrics
 
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(project)
