@@ -31,7 +31,7 @@ from serving import sockets, ts_config
 from .errors import ServerError, UserError, make_directory
 from .http_client import request
 from .output import quiet
-from .properties import check_keys, read_properties, snapshot_of
+from .properties import check_keys, config_metrics, read_properties, snapshot_of
 from .torchserve_log import failing_model, registration_failure, startup_problem, startup_states, worker_failure
 
 STATE_FILE = "server.json"
@@ -100,10 +100,15 @@ def start(
     in the config ``tsctl export kserve`` writes: each archive's requirements.txt goes into its model
     directory. By default it is off, whatever the config says: the environment has the packages.
     ``kserve_args`` starts it with exactly the arguments of KServe's TorchServe runtime (no
-    ``--foreground``, no ``--ncs``): the launcher exits and the server lives on in its process group."""
+    ``--foreground``, no ``--ncs``): the launcher exits and the server lives on in its process group.
+    TorchServe runs in ``home``: the config's ``metrics_config`` is given to it as read from the current
+    directory (``TS_METRICS_CONFIG``, absolute), as TorchServe started here would read it."""
     config, model_store, home = Path(config).resolve(), Path(model_store).resolve(), Path(home).resolve()
     properties = read_properties(config)
     models = snapshot_models(properties, config, model_store)
+    metrics = config_metrics(config)
+    if metrics:
+        env = {"TS_METRICS_CONFIG": metrics, **(env or {})}
     if properties.get("enable_envvars_config", "false").lower() != "true":
         raise UserError(
             f"{config}: enable_envvars_config must be true so tsctl can bind 127.0.0.1 ports; "

@@ -54,17 +54,20 @@ class TsctlRuntime(Runtime):
         """Serve ``model_store`` as ``config`` says (None: the engine's default, config/config.properties
         beside the store when there is one, else every archive with its model-config.yaml) on free
         127.0.0.1 ports; return once every model's workers are up. ``batch_size``/``max_batch_delay``
-        override every model's; ``metrics_config`` is TorchServe's property of that name."""
+        override every model's; ``metrics_config`` is TorchServe's property of that name (None: the
+        config's, a relative path read from the current directory: ``properties.config_metrics``)."""
         import os
 
         from serving import sockets
 
         from .. import server as servers
+        from ..properties import config_metrics
 
         model_store, home = Path(run.model_store).resolve(), Path(run.home).resolve()
         config = Path(run.config).resolve() if run.config is not None else None
         specs = model_specs(model_store, config)
         models = list(dict.fromkeys(spec.name for spec in specs))
+        metrics_config = metrics_config or config_metrics(config)  # the engine runs in home, not here
         temp = servers.check_home(home, sockets.socket_below(sockets.ENGINE, sockets.engine_port(len(specs))))
         arguments = ["-m", "serving.engine", "--model_store", str(model_store), "--host", "127.0.0.1"]
         if config is not None:

@@ -43,6 +43,7 @@ from click.testing import CliRunner
 
 from archiver import engines, golden, mar, server
 from archiver.cli import main
+from handlers import golden as golden_format
 from handlers import protocol
 from handlers.errors import error_message
 from helpers import grpc_client
@@ -255,6 +256,31 @@ def test_one_answer_shape_whichever_tool_built_the_archive(srv):
     outputs = [server.request(engines.predict_url(srv, model), request, "POST", {"Content-Type": "application/json"},
                               60)[1]["outputs"] for model in ("xgboost", "xgboost-tsctl")]  # fmt: skip
     assert outputs[0] == outputs[1] == [{"name": "output-0", "shape": [1], "datatype": "BYTES", "data": ['"setosa"']}]
+
+
+def test_verify_served_sends_each_golden_file_as_predict_does(srv, tmp_path):
+    """``tsctl verify --served`` of a handler that is not the toolkit's: each golden file goes as ``tsctl
+    predict --content-type`` sends it (one BYTES element, the recorded type its ``content_type``), so MLServer
+    hands the handler what TorchServe's worker gave it when the answers were recorded: the bytes, a str,
+    the decoded JSON (sent as before, base64 elements without a type, they reached it as strs and the
+    replay failed). About 3 s."""
+    golden_dir = tmp_path / "golden"
+    golden_dir.mkdir()
+    inputs = {"row.bin": ts_examples.IRIS_ROWS["setosa"], "row.txt": b"a,b\n1,2\n", "doc.json": b'{"a": [1, 2.5]}',
+              "digit.png": EXAMPLES["body-probe"].inputs[8][0]}  # fmt: skip
+    for name, data in inputs.items():
+        (golden_dir / name).write_bytes(data)
+    flags = EXAMPLES["body-probe"].flags("tsctl") + ["--export-path", str(tmp_path), "--golden", str(golden_dir)]
+    done = CliRunner().invoke(main, ["package", *flags])
+    assert done.exit_code == 0, done.output
+    archive = tmp_path / "body-probe.mar"
+    with mar.opened(archive) as found:
+        recorded = {case["name"]: case["answer"]["type"] for case in golden_format.read(found)["cases"]}
+    assert recorded == {"row.bin": "bytearray", "row.txt": "str", "doc.json": "dict", "digit.png": "bytearray"}
+    done = CliRunner().invoke(main, ["verify", str(archive), "--served", "--home", srv.home, "--json"])
+    report = json.loads(done.stdout)
+    assert done.exit_code == 0 and report["checked"] == 4 and not report["problems"], done.output
+    assert report["where"] == f"{srv.inference} (v2)", report
 
 
 def test_a_bad_request_fails_alone_in_its_batch(srv, store):
