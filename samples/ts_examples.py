@@ -545,7 +545,7 @@ def build(out: Path, serve: Optional[Path] = None) -> List[Example]:
 
 
 # ---- the results table ----------------------------------------------------------------------------
-RUNTIMES = ("in-process", "TorchServe", "KServe engine", "tsctl run")
+RUNTIMES = ("in-process", "TorchServe", "KServe engine", "tsctl run", "MLServer")
 
 
 def render_table(examples: List[Example], cells: Dict[Tuple[str, str, str], str]) -> str:
