@@ -32,8 +32,8 @@ by tsctl, on one TorchServe, compared with in-process; ``tsctl run`` of the cust
 micro_batching and transformer cases (``RUN_CASES``); and tsctl's acceptance of torch-model-archiver's
 --handler spellings; MLServer's is tests/engine/test_mlserver.py (the mnist example packaged by
 torch-model-archiver answering as in-process). ``pytest -m matrix
-tests/conformance/test_conformance.py`` runs every cell (both packagers x the five runtimes: about 25
-minutes, the MLServer column 6 of them) and writes the table to /tmp/conformance_table.md (or
+tests/conformance/test_conformance.py`` runs every cell (both packagers x the five runtimes: 13 minutes
+alone, MLServer's two columns 3 of them) and writes the table to /tmp/conformance_table.md (or
 ``TSCTL_CONFORMANCE_TABLE``).
 
 ``TSCTL_PYTORCH_SERVE=/path/to/serve`` (a pytorch/serve checkout) runs the mnist, resnet_18,
