@@ -3,7 +3,7 @@ a client reads back, on every runtime, whichever tool built the archive.
 
 TorchServe's worker hands a handler each body decoded by its Content-Type: the decoded JSON for
 application/json, a str for text/..., the bytes for anything else (or when it cannot decode them). The
-cases (samples/ts_examples.py):
+cases (samples/ts_probes.py, resnet_18 samples/ts_examples.py):
 
 - ``xgboost``: pytorch/serve's xgboost_classfication, a BaseHandler reading each body as CSV bytes; its
   requests without a Content-Type (its README's ``curl -T``), as bytes, as text/plain (a ``.txt`` as
@@ -33,7 +33,6 @@ import base64
 import concurrent.futures
 import dataclasses
 import importlib.util
-import json
 import shutil
 from pathlib import Path
 from typing import Dict, List, Tuple
@@ -45,7 +44,8 @@ from handlers.errors import error_message
 from helpers.paths import short_tmp
 from helpers.processes import run_alone
 from helpers.servers import RunningServer
-from samples import runtime_env, ts_examples
+from helpers.v2_answers import ask_v2
+from samples import runtime_env, ts_examples, ts_probes
 from serving.testing import LocalModel, Request
 
 pytestmark = pytest.mark.matrix
@@ -69,8 +69,8 @@ def examples(tmp_path_factory) -> Dict[str, ts_examples.Example]:
     if SERVE is not None and not xgboost_importable():
         pytest.skip("TSCTL_PYTORCH_SERVE: pytorch/serve's xgboost example needs xgboost and scikit-learn here")
     built = [
-        ts_examples.build_xgboost(root / "xgboost", SERVE),
-        ts_examples.build_body_probe(root / "probe"),
+        ts_probes.build_xgboost(root / "xgboost", SERVE),
+        ts_probes.build_body_probe(root / "probe"),
         ts_examples.build_resnet_18(root / "resnet_18", SERVE)[0],
     ]
     return {example.name: example for example in built}
@@ -170,17 +170,7 @@ def over_v2(srv, store: Path, examples) -> Dict[str, Answers]:
     answers = {}
     for archive in sorted(store.glob("*.mar")):
         example = examples[archive.stem.rsplit("_", 1)[0]]
-        got = []
-        for body, kind in example.inputs:
-            request, _ = MLSERVER.request_body(body, kind, as_request=False)
-            status, answer = server.request(engines.predict_url(srv, archive.stem), request, "POST",
-                                            {"Content-Type": "application/json"}, 120)  # fmt: skip
-            if status == 200:
-                shape = [(o["name"], o["datatype"], o["shape"]) for o in answer["outputs"]]
-                assert shape == [("output-0", "BYTES", [1])], (archive.stem, answer)
-                answer = json.loads(answer["outputs"][0]["data"][0])
-            got.append((status, read(status, answer)))
-        answers[archive.stem] = got
+        answers[archive.stem] = [ask_v2(srv, archive.stem, body, kind) for body, kind in example.inputs]
     return answers
 
 

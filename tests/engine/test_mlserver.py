@@ -52,7 +52,8 @@ from helpers.hostile import assert_close
 from helpers.models import package_resnet, package_text
 from helpers.paths import short_tmp
 from helpers.servers import batch_lines, post_mixed_concurrently
-from samples import hostile, runtime_env, text_models, ts_examples
+from helpers.v2_answers import ask_v2
+from samples import hostile, runtime_env, text_models, ts_examples, ts_probes
 from samples.image_model import sample_jpeg
 from serving.testing import LocalModel, Request
 
@@ -97,7 +98,7 @@ def store(image_sample, text_samples, tmp_path_factory):
     # handlers that are not the toolkit's, packaged by both tools: pytorch/serve's xgboost example (its
     # stand-in: it reads CSV bytes) and a probe answering what it received
     # (model names Kubernetes takes: the Seldon tests export this store)
-    for example in (ts_examples.build_xgboost(root / "xgboost", None), ts_examples.build_body_probe(root / "probe")):
+    for example in (ts_probes.build_xgboost(root / "xgboost", None), ts_probes.build_body_probe(root / "probe")):
         example = dataclasses.replace(example, name=example.name.replace("_", "-"))
         EXAMPLES[example.name] = example
         ts_examples.package(example, "torch-model-archiver", store)
@@ -201,17 +202,7 @@ def test_mnist_example_gets_what_torchserve_hands_it(srv, store):
 def answers_of(srv, model: str, inputs) -> list:
     """Each (body, Content-Type) sent to ``model`` as ``tsctl predict --content-type`` sends it: (status,
     the output-0 element read as JSON, or the error)."""
-    answers = []
-    for body, kind in inputs:
-        request, _ = ENGINE.request_body(body, kind, as_request=False)
-        status, answer = server.request(engines.predict_url(srv, model), request, "POST",
-                                        {"Content-Type": "application/json"}, 60)  # fmt: skip
-        if status == 200:
-            assert [(o["name"], o["datatype"], o["shape"]) for o in answer["outputs"]] == [("output-0", "BYTES", [1])]
-            answers.append((status, json.loads(answer["outputs"][0]["data"][0])))
-        else:
-            answers.append((status, answer["error"]))
-    return answers
+    return [ask_v2(srv, model, body, kind, 60) for body, kind in inputs]
 
 
 def test_a_handler_gets_what_torchserves_worker_gives_it(srv, store):
@@ -228,11 +219,11 @@ def test_a_handler_gets_what_torchserves_worker_gives_it(srv, store):
         assert answers_of(srv, f"{name}-tsctl", example.inputs) == want, name
     labels = [status == 200 and answer for status, answer in answers_of(srv, "xgboost", EXAMPLES["xgboost"].inputs)]
     assert labels == ["versicolor", "setosa", "virginica", False, False], labels
-    rows = list(ts_examples.IRIS_ROWS.values())
+    rows = list(ts_probes.IRIS_ROWS.values())
     for model in ("xgboost", "xgboost-tsctl"):
         for contents in (False, True):
             answer = grpc_client.call(srv.grpc, model, rows, contents=contents)
-            assert [json.loads(a) for a in answer["answers"]] == list(ts_examples.IRIS_ROWS), (model, contents)
+            assert [json.loads(a) for a in answer["answers"]] == list(ts_probes.IRIS_ROWS), (model, contents)
 
 
 def test_one_answer_shape_whichever_tool_built_the_archive(srv):
@@ -252,7 +243,7 @@ def test_one_answer_shape_whichever_tool_built_the_archive(srv):
     assert read["body-probe"] == read["body-probe-tsctl"] == [
         {"keys": ["body"], "type": "str", "value": text} for text in texts  # no content_type: text, a str
     ]
-    request = ENGINE.request_body(ts_examples.IRIS_ROWS["setosa"], "application/octet-stream")[0]
+    request = ENGINE.request_body(ts_probes.IRIS_ROWS["setosa"], "application/octet-stream")[0]
     outputs = [server.request(engines.predict_url(srv, model), request, "POST", {"Content-Type": "application/json"},
                               60)[1]["outputs"] for model in ("xgboost", "xgboost-tsctl")]  # fmt: skip
     assert outputs[0] == outputs[1] == [{"name": "output-0", "shape": [1], "datatype": "BYTES", "data": ['"setosa"']}]
