@@ -33,6 +33,7 @@ import base64
 import concurrent.futures
 import dataclasses
 import importlib.util
+import json
 import shutil
 from pathlib import Path
 from typing import Dict, List, Tuple
