@@ -141,6 +141,8 @@ def test_vendored_schemas_match_the_kserve_crds():
     for source, vendored in [
         ("serving.kserve.io_inferenceservices.yaml", "inferenceservice.v1beta1.json"),
         ("serving.kserve.io_inferencegraphs.yaml", "inferencegraph.v1alpha1.json"),
+        ("serving.kserve.io_servingruntimes.yaml", "servingruntime.v1alpha1.json"),
+        ("serving.kserve.io_clusterservingruntimes.yaml", "servingruntime.v1alpha1.json"),
     ]:
         crd = yaml.load((SHARED / source).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         version = vendored.split(".")[1]
@@ -694,16 +696,19 @@ def test_engine_export_is_a_serving_runtime_and_an_isvc_over_the_same_storage(pr
     assert model["storageUri"] == "pvc://models/tsctl" and model["modelFormat"] == {"name": "pytorch"}
 
     assert runtime["apiVersion"] == "serving.kserve.io/v1alpha1"
+    server_type = {"serving.kserve.io/server-type": "torchserve"}  # KServe >= 0.17: TorchServe's defaults
     if kind == "ServingRuntime":
         assert runtime["kind"] == "ServingRuntime"
-        assert runtime["metadata"] == {"name": "tsctl-vision", "namespace": "default"}
+        assert runtime["metadata"] == {"name": "tsctl-vision", "namespace": "default", "annotations": server_type}
     else:
-        assert runtime["kind"] == "ClusterServingRuntime" and runtime["metadata"] == {"name": "tsctl-default-vision"}
+        assert runtime["kind"] == "ClusterServingRuntime"
+        assert runtime["metadata"] == {"name": "tsctl-default-vision", "annotations": server_type}
     spec = runtime["spec"]
     assert spec["supportedModelFormats"] == [{"name": "pytorch", "version": "1", "autoSelect": False}]
     assert spec["protocolVersions"] == ["v1", "v2", "grpc-v2"]
     [container] = spec["containers"]
     assert container["name"] == "kserve-container" and container["image"] == IMAGE
+    assert container["env"] == [{"name": "TS_SERVICE_ENVELOPE", "value": "{{.Labels.serviceEnvelope}}"}]
     assert container["args"] == [
         "--model_store=/mnt/models/model-store",
         "--ts_config=/mnt/models/config/config.properties",
@@ -753,13 +758,28 @@ def test_the_runtime_check_catches_what_kserve_would_refuse(project, change, pro
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/kserve is not beside this checkout")
-def test_kserves_own_torchserve_runtime_passes_the_runtime_check():
-    """The runtime schema is built (no ServingRuntime CRD is vendored): KServe's own runtime must pass it."""
+def test_kserves_own_torchserve_runtime_passes_the_runtime_check_and_ours_keeps_its_keys():
+    """KServe's own runtime passes the runtime check (its CRD, and the checks added to it); the engine's
+    has every key kserve-torchserve has (the envelope, the server type, resources, Prometheus), its
+    format and protocols, and its container's security context."""
     reference = yaml.safe_load((SHARED / "kserve-torchserve-runtime.yaml").read_text())
     assert crds.problems(reference) == []
-    assert set(reference["spec"]) == set(
-        crds.schema_for(reference["apiVersion"], reference["kind"])["properties"]["spec"]["properties"]
+    ours = tsctl_image.serving_runtime(
+        kserve.ExportOptions(out="o", name="vision", storage_uri="pvc://m/v", image=IMAGE, auto_select=True), {}
     )
+    assert set(ours["spec"]) == set(reference["spec"]) and ours["metadata"]["annotations"] == {
+        "serving.kserve.io/server-type": "torchserve"
+    }
+    assert ours["metadata"]["annotations"] == reference["metadata"]["annotations"]
+    [mine], [theirs] = ours["spec"]["containers"], reference["spec"]["containers"]
+    assert set(theirs) - set(mine) == set() and mine["env"] == theirs["env"]
+    assert mine["securityContext"] == theirs["securityContext"]
+    assert ours["spec"]["protocolVersions"] == reference["spec"]["protocolVersions"]
+    [format_] = reference["spec"]["supportedModelFormats"]
+    assert format_["priority"] == tsctl_image.KSERVE_TORCHSERVE_PRIORITY
+    assert {k: v for k, v in format_.items() if k != "priority"} == {
+        k: v for k, v in ours["spec"]["supportedModelFormats"][0].items() if k != "priority"
+    }
 
 
 @pytest.mark.parametrize(
@@ -773,6 +793,10 @@ def test_kserves_own_torchserve_runtime_passes_the_runtime_check():
         ),
         (["--runtime-kind", "ServingRuntime"], "--runtime-kind is not an option of --engine torchserve"),
         (["--engine", "kserve", "--image", IMAGE, "--runtime-kind", "Runtime"], "'Runtime' is not one of"),
+        (["--auto-select"], "--auto-select is not an option of --engine torchserve"),
+        (["--engine", "tsctl", "--image", IMAGE, "--priority", "3"], "--priority goes with --auto-select"),
+        (["--engine", "tsctl", "--image", IMAGE, "--auto-select", "--priority", "0"], "--priority 0 must be from 1"),
+        (["--engine", "tsctl", "--image", IMAGE, "--auto-select", "--priority", str(2**31)], "to 2147483647"),
     ],
 )
 def test_export_engine_mistakes_are_one_sentence(project, tmp_path, args, words):
