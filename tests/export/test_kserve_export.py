@@ -881,6 +881,14 @@ def test_exporting_into_the_project_is_refused_and_deletes_nothing(project, tmp_
     assert (mine / "config" / "config.properties").is_file()
 
 
+def test_out_has_the_mode_mkdir_gives_it(project, tmp_path):
+    """OUT is made as mkdir makes a directory (umask applied), not 0700 as its staging directory was
+    created: a container running as another uid (the runtime's 1000) reads the tree mounted as it is."""
+    kserve.export(options(project, tmp_path / "out"))
+    (tmp_path / "plain").mkdir()
+    assert (tmp_path / "out").stat().st_mode == (tmp_path / "plain").stat().st_mode
+
+
 def test_a_non_empty_out_needs_force_and_a_failed_write_keeps_the_previous_one(project, tmp_path, monkeypatch):
     out = tmp_path / "out"
     out.mkdir()
