@@ -725,6 +725,7 @@ def test_engine_export_is_a_serving_runtime_and_an_isvc_over_the_same_storage(pr
     assert f"docker build -t {IMAGE} predictor-image" in deploy and f"docker push {IMAGE}" in deploy
     dockerfile = (tmp_path / "engine" / "predictor-image" / "Dockerfile").read_text()
     assert 'ENTRYPOINT ["python", "-m", "serving.engine"]' in dockerfile and "USER 1000" in dockerfile
+    assert "\nARG BASE_IMAGE=python:3." in dockerfile and "\nFROM ${BASE_IMAGE}\n" in dockerfile
     assert '"--ts_config=/mnt/models/config/config.properties"' in dockerfile
     # the engine reads the snapshot as written: no TorchServe envelope, no per-model install to lock for
     snapshot = json.loads(properties.read_properties(tmp_path / "engine/config/config.properties")["model_snapshot"])
