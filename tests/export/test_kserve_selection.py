@@ -4,7 +4,8 @@ InferenceService that names only ``modelFormat: pytorch`` and a PVC, beside KSer
 
 No cluster here: the manifests are checked against KServe's CRDs (archiver/export/crds.py) and the choice
 against KServe's selection and admission rules as tests/helpers/kserve_runtimes.py models them from
-KServe's source at the commit ../shared/kserve is from (a model of the rules, not KServe's code running)."""
+KServe's source at the commit ../shared/kserve is from (a model of the rules, not KServe's code running),
+which answers the cases of KServe's own unit tests of those rules as they expect (at the end)."""
 
 import copy
 from pathlib import Path
@@ -186,3 +187,119 @@ def test_the_rules_model_matches_kserves_own_runtime_file(kserve_torchserve):
         rules.picked(with_model(EXISTING, runtime="kserve-tritonserver", protocolVersion="v1"), [TRITON])
     assert rules.picked(with_model(EXISTING, runtime="kserve-tritonserver", protocolVersion="v2"), [TRITON])
     assert rules.refused(kserve_torchserve, [kserve_torchserve]) is None  # an update of itself
+
+
+# ---- the rules model against KServe's own unit tests' cases -----------------------------------------------
+# The single-model scenarios of TestGetSupportingRuntimes (pkg/apis/serving/v1beta1/predictor_model_test.go) and
+# the cases of TestValidateServingRuntimePriority (pkg/webhook/admission/servingruntime/servingruntime_webhook_test.go)
+# at that commit, transcribed as data: the runtimes, the model, and the answer KServe's tests expect.
+def runtime(name, formats, protocols=("v1", "v2"), kind="ServingRuntime", **spec) -> dict:
+    """A runtime of ``formats``: (name, version or None, autoSelect or None, priority or None) each."""
+    entries = []
+    for format_name, version, auto, priority in formats:
+        entry = {"name": format_name}
+        entry.update(
+            {k: v for k, v in (("version", version), ("autoSelect", auto), ("priority", priority)) if v is not None}
+        )
+        entries.append(entry)
+    metadata = {"name": name, "creationTimestamp": "0"} | (
+        {} if kind == "ClusterServingRuntime" else {"namespace": "default"}
+    )
+    return {
+        "kind": kind,
+        "metadata": metadata,
+        "spec": {"supportedModelFormats": entries, "protocolVersions": list(protocols), **spec},
+    }
+
+
+SPECS = {
+    "tf-runtime": dict(formats=[("tensorflow", "1", True, 1)]),
+    "sklearn-runtime": dict(formats=[("sklearn", "0", True, 1)]),
+    "pmml-runtime": dict(formats=[("pmml", "4", None, 1)], disabled=True),
+    "mlserver-runtime-mms": dict(
+        formats=[("sklearn", "0", True, 2), ("xgboost", "1", True, 2), ("lightgbm", "3", True, 2)],
+        protocols=("v2",),
+        multiModel=True,
+    ),
+    "mlserver-runtime": dict(formats=[("sklearn", "0", True, 2), ("lightgbm", "3", True, 2)], protocols=("v2",)),
+    "xgboost-runtime": dict(formats=[("xgboost", "0", True, 1)], protocols=("v2",)),
+    "triton-runtime": dict(
+        formats=[("sklearn", "0", True, None), ("triton", "1", True, 1), ("lightgbm", "3", True, None)],
+        protocols=("v2",),
+    ),
+    "test-runtime": dict(formats=[("sklearn", "0", True, None)], protocols=("v2",)),
+    "huggingface-multinode-runtime": dict(formats=[("huggingface", "1", True, 2)], workerSpec={}),
+}
+NAMESPACED = ["tf-runtime", "sklearn-runtime", "pmml-runtime", "mlserver-runtime", "triton-runtime", "test-runtime",
+              "huggingface-multinode-runtime"]  # fmt: skip
+CLUSTER_WIDE = ["mlserver-runtime-mms", "tf-runtime", "xgboost-runtime"]  # named cluster-NAME
+
+
+def kserve_test_runtimes() -> list:
+    def made(name, kind, prefix=""):
+        spec = dict(SPECS[name])
+        return runtime(prefix + name, spec.pop("formats"), spec.pop("protocols", ("v1", "v2")), kind, **spec)
+
+    return [made(n, "ServingRuntime") for n in NAMESPACED] + [
+        made(n, "ClusterServingRuntime", "cluster-") for n in CLUSTER_WIDE
+    ]
+
+
+@pytest.mark.parametrize(
+    "format_name, protocol, expected",
+    [
+        ("tensorflow", None, ["tf-runtime", "cluster-tf-runtime"]),  # BothClusterAndNamespaceRuntimesSupportModel
+        ("nonexistent-modelformat", None, []),  # RuntimeNotFound
+        ("pmml", None, []),  # ModelFormatWithDisabledRuntimeSpecified
+        ("sklearn", None, ["sklearn-runtime"]),  # SMSRuntimeModelFormatSpecified
+        ("xgboost", "v2", ["cluster-xgboost-runtime"]),  # RuntimeV2ProtocolSpecified
+        ("xgboost", "v1", []),  # RuntimeV1ProtocolNotFound
+        ("sklearn", "v2", ["mlserver-runtime", "sklearn-runtime", "test-runtime", "triton-runtime"]),  # Multiple...
+    ],
+)
+def test_the_selection_model_answers_kserves_own_test_cases(format_name, protocol, expected):
+    model = {"modelFormat": {"name": format_name}, "storageUri": "s3://test/model"}
+    if protocol:
+        model["protocolVersion"] = protocol
+    isvc = {"metadata": {"namespace": "default"}, "spec": {"predictor": {"model": model}}}
+    assert rules.candidates(isvc, kserve_test_runtimes()) == expected
+
+
+SKLEARN_1 = [("sklearn", "1", True, 1)]
+
+
+@pytest.mark.parametrize(
+    "new, existing, refused",
+    [
+        (dict(), dict(multiModel=True), False),  # both not MMS... (the existing one is)
+        (dict(multiModel=True), dict(multiModel=True), True),  # same priority, both multi-model
+        (dict(), dict(disabled=True), False),  # the existing one disabled
+        (dict(name="same"), dict(name="same"), False),  # an update of itself
+        (dict(protocols=("v1",)), dict(protocols=("v2",)), False),  # no protocol in common
+        (dict(), dict(formats=[("lightgbm", "1", True, 1)]), False),  # another format
+        (dict(formats=[("sklearn", "1", False, 1)]), dict(), False),  # autoSelect false in the new one
+        (dict(formats=[("sklearn", "1", None, 1)]), dict(), False),  # autoSelect not given in the new one
+        (dict(), dict(formats=[("sklearn", "1", False, 1)]), False),  # autoSelect false in the existing one
+        (dict(formats=[("sklearn", None, True, 1)]), dict(formats=[("sklearn", None, True, 1)]), True),  # no versions
+        (dict(formats=[("sklearn", None, True, 2)]), dict(formats=[("sklearn", None, True, 1)]), False),
+        (dict(formats=[("sklearn", None, True, 1)]), dict(), False),  # version in one only
+        (dict(), dict(formats=[("sklearn", None, True, 1)]), False),
+        (dict(), dict(), True),  # the same version and priority
+        (dict(), dict(formats=[("sklearn", "2", True, 1)]), False),  # another version
+        (dict(formats=[("sklearn", "1", True, None)]), dict(formats=[("sklearn", "1", True, None)]), False),
+        (dict(formats=[("sklearn", "1", True, None)]), dict(), False),  # no priority in the new one
+        (dict(), dict(formats=[("sklearn", "1", True, None)]), False),  # no priority in the existing one
+    ],
+)
+def test_the_admission_model_answers_kserves_own_test_cases(new, existing, refused):
+    def made(values, default_name):
+        values = dict(values)
+        name = values.pop("name", default_name)
+        return runtime(name, values.pop("formats", SKLEARN_1), values.pop("protocols", ("v1", "v2")), **values)
+
+    answer = rules.refused(made(new, "new-runtime"), [made(existing, "existing-runtime")])
+    assert (answer is not None) == refused, answer
+    # TestValidateModelFormatPrioritySame: one format listed twice, at two priorities or at one
+    two = runtime("two", [("sklearn", None, True, 1), ("sklearn", None, True, 2)])
+    assert rules.refused(two, []) == "different priorities assigned for the model format sklearn"
+    assert rules.refused(runtime("one", [("sklearn", None, True, 2), ("sklearn", None, True, 2)]), []) is None

@@ -74,8 +74,13 @@ def _lowest_protocol(runtime: dict) -> int:
 
 
 def _ordered(runtimes: List[dict], format_name: str) -> List[dict]:
-    created = {id(r): n for n, r in enumerate(runtimes)}
-    by_list = sorted(runtimes, key=lambda r: (_lowest_protocol(r), -created[id(r)], _name(r)))
+    """The lowest protocol first, then the newest (``metadata.creationTimestamp`` when every runtime has one,
+    else the later in ``runtimes``), then by name; then, stably, by priority, highest first, none last."""
+    stamped = all("creationTimestamp" in r["metadata"] for r in runtimes)
+    created = {id(r): r["metadata"]["creationTimestamp"] if stamped else n for n, r in enumerate(runtimes)}
+    by_list = sorted(runtimes, key=_name)
+    by_list.sort(key=lambda r: created[id(r)], reverse=True)  # stable: equal times keep the names' order
+    by_list.sort(key=_lowest_protocol)
     with_priority = [r for r in by_list if _priority(r, format_name) is not None]
     without = [r for r in by_list if _priority(r, format_name) is None]
     return sorted(with_priority, key=lambda r: -_priority(r, format_name)) + without  # sorted() is stable
