@@ -516,10 +516,11 @@ def test_deploy_md_runs_from_its_directory_and_its_bodies_get_200(mixed, tmp_pat
     "variant",
     [
         {"engine": "kserve", "image": "registry.example.com/tsctl-engine:1", "namespace": "ml"},
+        {"engine": "tsctl", "image": "registry.example.com/tsctl-engine:1", "auto_select": True, "priority": 3},
         {"transformer_image": "registry.example.com/t:1", "transformer_model": "resnet18_t", "protocol": "v2"},
         {"split": [("resnet18", 90), ("resnet18_b", 10)]},
     ],
-    ids=["engine", "transformer", "split"],
+    ids=["engine", "auto-select", "transformer", "split"],
 )
 def test_every_variant_of_deploy_md_runs_as_written(project, tmp_path, tmp_path_factory, variant):
     """The tsctl engine's (step 0 builds its image), a transformer's and a split's DEPLOY.md: every file they
@@ -795,6 +796,7 @@ def test_kserves_own_torchserve_runtime_passes_the_runtime_check_and_ours_keeps_
         (["--runtime-kind", "ServingRuntime"], "--runtime-kind is not an option of --engine torchserve"),
         (["--engine", "kserve", "--image", IMAGE, "--runtime-kind", "Runtime"], "'Runtime' is not one of"),
         (["--auto-select"], "--auto-select is not an option of --engine torchserve"),
+        (["--priority", "0"], "--priority is not an option of --engine torchserve"),
         (["--engine", "tsctl", "--image", IMAGE, "--priority", "3"], "--priority goes with --auto-select"),
         (["--engine", "tsctl", "--image", IMAGE, "--auto-select", "--priority", "0"], "--priority 0 must be from 1"),
         (["--engine", "tsctl", "--image", IMAGE, "--auto-select", "--priority", str(2**31)], "to 2147483647"),
