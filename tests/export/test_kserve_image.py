@@ -51,7 +51,7 @@ def test_the_runtime_image_serves_the_export_as_kserve_runs_it(tmp_path, monkeyp
         pytest.skip(why)
     repository = tmp_path / "repo"
     repository.mkdir()
-    run_blocks(repository, "kserve-image-base", timeout=1800)  # debootstrap and import: once per machine
+    print(run_blocks(repository, "kserve-image-base", timeout=1800))  # debootstrap and import: once per machine
     conf, tried = containers.settings()
     if tried and conf is None:
         pytest.skip("podman cannot start a container here: " + "; ".join(tried))
