@@ -6,9 +6,9 @@ Where podman's defaults fail, two things have been seen (docs/kserve.md says whi
 
 - crun refuses a cgroup v1 hierarchy beside a v2 one that has controllers ("cgroups in hybrid mode not
   supported, drop all controllers from cgroupv2"), with ``--cgroups=disabled`` too; runc runs there;
-- the default rlimits of its containers (open files 1048576, processes 4194304) are above the hard limits
-  of the machine and root lacks CAP_SYS_RESOURCE to raise them: setrlimit fails with EPERM. Limits at or
-  below what podman itself runs with work (it lowers its own process limit to 32768).
+- podman 4.3's rlimits for a container (open files 1048576; processes 1048576 once open files are set)
+  are above the hard limits of the machine and root lacks CAP_SYS_RESOURCE to raise them: setrlimit fails
+  with EPERM. Limits at or below what podman itself runs with work (it runs with 32768 processes).
 """
 
 import os
