@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 UV := $(PYTHON) -m uv
 SAMPLE := samples/build/resnet18
 
-.PHONY: venv runtimes demo test matrix fuzz bench clean
+.PHONY: venv runtimes demo test matrix image-test fuzz bench clean
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml uv.lock
@@ -44,6 +44,13 @@ runtimes: venv
 # start (TorchServe, the KServe engine, a transformer); ONNX archives served next to their originals.
 matrix: venv runtimes
 	$(BIN)/python -m pytest -m matrix
+
+# The tsctl engine's KServe runtime image, built and run for real: docs/kserve.md's blocks (a Debian bookworm
+# root made with debootstrap as the base, podman build, the container run with the runtime's arguments and
+# answered), as root with podman, debootstrap and curl installed; it says why it skips where podman cannot run.
+# The root and the base image are kept in /var/cache/tsctl-image, the layers in podman's storage.
+image-test: venv
+	$(BIN)/python -m pytest -m matrix -s tests/export/test_kserve_image.py
 
 # The property-based tests with many more examples (about half an hour; not part of `make test`).
 fuzz: venv

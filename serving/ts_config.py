@@ -43,6 +43,25 @@ UNSUPPORTED = {
     "keystore": "TLS: terminate it in front of the engine (KServe's ingress does)",
 }
 
+# The keys the engine reads that TorchServe also takes from the environment, as TS_ and the key in capitals,
+# when the config says enable_envvars_config=true (its ConfigManager's TS_* constants; the environment wins
+# over the file). KServe's TorchServe runtime sets TS_SERVICE_ENVELOPE so: kserve or kservev2.
+ENVIRONMENT_KEYS = (
+    "service_envelope",
+    "max_request_size",
+    "max_response_size",
+    "job_queue_size",
+    "decode_input_request",
+    "limit_max_image_pixels",
+    "metrics_config",
+    "model_metrics_auto_detect",
+    "default_workers_per_model",
+    "default_response_timeout",
+    "install_py_dep_per_model",
+    "disable_token_authorization",
+    *UNSUPPORTED,
+)
+
 
 class ConfigError(ValueError):
     """A config.properties the engine cannot serve as written: one sentence naming the key and the fix."""
@@ -217,7 +236,18 @@ def models(
         if not specs:
             raise ConfigError(f"{model_store} holds no archive that can be served: {'; '.join(frontend.notes)}")
         return specs, frontend
-    return from_properties(read_properties(config), config, model_store)
+    return from_properties(with_environment(read_properties(config)), config, model_store)
+
+
+def with_environment(properties: Dict[str, str], environ=None) -> Dict[str, str]:
+    """``properties`` as TorchServe's frontend ends up with them: with ``enable_envvars_config=true`` (any
+    case, as Java's Boolean.parseBoolean), each of ENVIRONMENT_KEYS the environment sets as TS_KEY takes
+    its value (TS_SERVICE_ENVELOPE=kservev2: service_envelope=kservev2); otherwise they are as written."""
+    environ = os.environ if environ is None else environ
+    if properties.get("enable_envvars_config", "").lower() != "true":
+        return properties
+    found = {key: environ[f"TS_{key.upper()}"] for key in ENVIRONMENT_KEYS if f"TS_{key.upper()}" in environ}
+    return {**properties, **found}
 
 
 def _from_store(archives: List[Path], frontend: Frontend, skip_unreadable: bool = False) -> List[ModelSpec]:
