@@ -51,7 +51,7 @@ from handlers import identity, signing
 from handlers.archives import ArchiveError
 from handlers.errors import error_body, with_kserve_error
 
-from . import engine_http, sockets, ts_config
+from . import engine_http, engine_stream, sockets, ts_config
 from .body_limit import BODY_IDLE_TIMEOUT, BodyLimit, InFlight, max_inflight_bytes
 from .engine_metrics import Metrics
 from .engine_workers import ModelWorkers, open_model
@@ -176,13 +176,15 @@ async def forward(http: HttpRequest, model: Optional[ModelWorkers], kserve: bool
     body = await http.body()
     names = http.scope.get(engine_http.HEADER_NAMES, {})  # as the client spelled them, as TorchServe passes them
     headers = {names.get(k, k): v for k, v in http.headers.items() if k not in HOP_HEADERS}
-    answer = asyncio.ensure_future(model.submit(Request(body, headers)))
+    answer = asyncio.ensure_future(model.submit_streaming(Request(body, headers)))
     gone = asyncio.ensure_future(disconnected(http))
     await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
     if not answer.done():  # the client left: its request is dropped from the queue, not run
         answer.cancel()
         return HttpResponse(status_code=499)
     gone.cancel()
+    if answer.result().rest is not None:  # a streamed answer: chunked, part by part (engine_stream.py)
+        return await engine_stream.http_reply(answer.result(), kserve, http_answer)
     return http_answer(answer.result(), kserve)
 
 
