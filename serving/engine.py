@@ -362,7 +362,13 @@ def parse_args(argv=None):
     parser.add_argument("--host", default="0.0.0.0", help="Address every listener binds.")
     parser.add_argument("--http_port", type=int, default=8080)
     parser.add_argument("--grpc_port", type=int, default=8081)
-    parser.add_argument("--enable_grpc", default="true", choices=["true", "false"])
+    parser.add_argument("--enable_grpc", default="true", choices=["true", "false"],
+                        help="Serve gRPC: KServe's v2 on --grpc_port and TorchServe's own two APIs.")  # fmt: skip
+    for api, port in (("inference", 7070), ("management", 7071)):
+        parser.add_argument(f"--grpc_{api}_address", help=f"TorchServe's gRPC {api} API's address "
+                            f"(default: config.properties' grpc_{api}_address, else 127.0.0.1).")  # fmt: skip
+        parser.add_argument(f"--grpc_{api}_port", type=int, help=f"TorchServe's gRPC {api} API's port "
+                            f"(default: config.properties' grpc_{api}_port, else {port}).")  # fmt: skip
     parser.add_argument("--metrics_config", help="The workers' metrics.yaml (TorchServe's metrics_config).")
     parser.add_argument("--batch_size", type=int, help="Override every model's batchSize.")
     parser.add_argument("--max_batch_delay", type=int, help="Override every model's maxBatchDelay (ms).")
@@ -425,12 +431,14 @@ async def serve(engine: Engine, args) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
     http_task = asyncio.ensure_future(http.serve())
-    grpc_server = None
+    grpc_server, ts_grpc_servers = None, []
     try:
         starting = asyncio.ensure_future(engine.start())  # the workers first: they take longest
         if args.enable_grpc == "true":  # KServe's protocol types take seconds to import: off the loop
             grpc = await loop.run_in_executor(None, importlib.import_module, f"{__package__}.engine_grpc")
             grpc_server = await grpc.start_grpc(engine, args.host, args.grpc_port)
+            ts_grpc = await loop.run_in_executor(None, importlib.import_module, f"{__package__}.engine_ts_grpc")
+            ts_grpc_servers = await ts_grpc.start(engine, args)
         waiting = asyncio.ensure_future(stopping.wait())
         await asyncio.wait({starting, waiting, http_task}, return_when=asyncio.FIRST_COMPLETED)
         waiting.cancel()
@@ -454,8 +462,9 @@ async def serve(engine: Engine, args) -> int:
         http.should_exit = True
         if not http_task.done():
             await asyncio.wait({http_task}, timeout=5)
-        if grpc_server is not None:
-            await grpc_server.stop(1)
+        for server in [grpc_server, *ts_grpc_servers]:
+            if server is not None:
+                await server.stop(1)
 
 
 MMAP_THRESHOLD = 1 << 20  # bytes: buffers this large are mapped on their own, unmapped when freed
