@@ -92,9 +92,15 @@ def build(store: Path, token_seconds: float = 0.0, max_new_tokens: int = 50) -> 
         "minWorkers: 1\nmaxWorkers: 1\nmaxBatchDelay: 200\nresponseTimeout: 300\nhandler:\n"
         f"    max_new_tokens: {max_new_tokens}\n    stream: true\n    token_seconds: {token_seconds}\n"
     )
-    probe = work / "probe.py"
+    return {"streaming": archive("streaming", STAND_IN, store, config),
+            "probe": archive("probe", write_probe(work), store)}  # fmt: skip
+
+
+def write_probe(folder: Path) -> Path:
+    """``PROBE`` as ``folder/probe.py``."""
+    probe = folder / "probe.py"
     probe.write_text(PROBE)
-    return {"streaming": archive("streaming", STAND_IN, store, config), "probe": archive("probe", probe, store)}
+    return probe
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ model-config.yaml, one it cannot read left out with a warning naming it), runs e
 one HTTP port:
 
 - TorchServe's inference API: ``GET /ping``, ``POST /predictions/NAME[/VERSION]``, with the status,
-  content type, headers and body the handler set, exactly as TorchServe's frontend sends them;
+  content type, headers and body the handler set, exactly as TorchServe's frontend sends them (a
+  streamed answer chunked, part by part: ``serving/engine_stream.py``);
 - TorchServe's read-only management API: ``GET /models``, ``GET /models/NAME[/VERSION|/all]`` in
   its describe format, each worker with its pid and status;
 - KServe v1 (``/v1/models/NAME:predict``) and v2 REST (``/v2/models/NAME[/versions/V]/infer``,
@@ -21,8 +22,11 @@ one HTTP port:
   ServerReady/ModelReady): true only while every worker of the model is up;
 - ``GET /metrics``: Prometheus, under TorchServe's names (``serving/engine_metrics.py``).
 
-Every listener binds ``--host``. Nothing here changes state: there is no register, scale, load or
-unload call, over REST or gRPC (TorchServe's model API and KServe's repository API are absent).
+TorchServe's own gRPC APIs (``serving/engine_ts_grpc.py``) listen where config.properties puts them
+(``grpc_inference_address:grpc_inference_port``, 127.0.0.1:7070, and the management API's, 7071), or
+``--grpc_inference_port`` ...; every other listener binds ``--host``. Nothing here changes state: there
+is no register, scale, load or unload call, over REST or gRPC (TorchServe's model API and KServe's
+repository API are absent).
 Request bodies are bounded by ``serving/body_limit.py`` (``max_request_size`` from config.properties,
 TorchServe's 6.5 MB by default: 413 before the body is read whole; bodies in flight; slow bodies),
 request heads and connections by ``serving/engine_http.py``; an answer above ``max_response_size``

@@ -16,6 +16,9 @@ full queue answers 503), batches gathered as TorchServe gathers them (up to ``ba
   again, after 0, 1, 1, 2, 3, 5... seconds as TorchServe backs off.
 - **responseTimeout** is enforced per batch: a worker that has not answered in time is killed, its
   requests get 503 naming the timeout, and it is started again.
+- **Streamed answers** (``send_intermediate_predict_response``): each part reaches the request's
+  ``Job`` as the worker's reader gets it; the first resolves the request, the others follow in its
+  ``Parts`` (``engine_stream.py``); ``submit`` joins them, ``submit_streaming`` does not.
 - **Threads.** Each worker gets ``OMP_NUM_THREADS`` = the cores divided among the model's workers
   (unless the environment sets it), as the toolkit handlers divide them on TorchServe.
 - **Fork server.** Workers are forked from the engine's fork server for their environment

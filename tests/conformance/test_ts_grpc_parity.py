@@ -236,6 +236,9 @@ def test_where_torchserve_breaks_and_the_engine_does_not(sides, tree):
     assert answers["TorchServe"]["code"] == "UNKNOWN", answers["TorchServe"]
     assert answers["engine"]["code"] == "OK" and [m["prediction"] for m in answers["engine"]["messages"][:2]] == [
         "0", "1"]  # fmt: skip
-    first = [ts_grpc.call("Predictions", model_name="probe", input={"data": b"stream 3 2 0"})]
-    answers = both(sides, lambda side: side.calls(first)[0])
-    assert answers["TorchServe"] == answers["engine"] and answers["engine"]["messages"] == [{"prediction": "00"}]
+    first = [ts_grpc.call("Predictions", model_name="probe", input={"data": b"stream 3 2 0"}),
+             ts_grpc.call("Predictions", model_name="probe", input={"data": b"hi"}, timeout=10)]  # fmt: skip
+    answers = both(sides, lambda side: side.calls(first))
+    assert answers["TorchServe"][0] == answers["engine"][0] and answers["engine"][0]["messages"] == [
+        {"prediction": "00"}]  # fmt: skip
+    assert answers["TorchServe"][1]["code"] == "DEADLINE_EXCEEDED" and answers["engine"][1]["code"] == "OK"

@@ -16,7 +16,7 @@ import time
 import grpc
 import pytest
 
-from archiver import properties
+from archiver import properties, server
 from helpers import streams, ts_grpc
 from helpers.engine import Engine
 from samples import ts_streaming
@@ -239,3 +239,70 @@ def wait_ready(engine, timeout: float = 60):
     while engine.get("/v2/models/probe/ready")[0] != 200:
         assert time.monotonic() < deadline, "the probe's worker did not come back"
         time.sleep(0.2)
+
+
+def test_the_authorization_seam_guards_every_call(tmp_path):
+    """``engine.authorize(api, authorization)`` (what token authorization will set) is asked for every call
+    of both APIs, unary and streaming, with the call's ``authorization`` metadata: no means TorchServe's
+    PERMISSION_DENIED. A real Engine of the probe archive (no worker started: a request let through gets
+    the stopping engine's UNAVAILABLE) and the real listeners, in this process."""
+    import argparse
+    import asyncio
+
+    from serving import engine_ts_grpc, ts_config
+    from serving.engine import Engine as EngineObject
+
+    store = tmp_path / "model-store"
+    ts_streaming.archive("probe", ts_streaming.write_probe(tmp_path), store)
+    specs, frontend = ts_config.models(None, store)
+    engine = EngineObject(specs, frontend)
+    engine.begin_stop()  # no worker runs: a request that gets through is answered 503 at once
+    asked = []
+    engine.authorize = lambda api, token: asked.append((api, token)) or token == "Bearer right"
+    ports = {f"grpc_{api}_port": server.free_port() for api in ("inference", "management")}
+    args = argparse.Namespace(**ports, grpc_inference_address=None, grpc_management_address=None)
+
+    async def scenario():
+        servers = await engine_ts_grpc.start(engine, args)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, calls_with_tokens, ports)
+        finally:
+            for grpc_server in servers:
+                await grpc_server.stop(0)
+
+    try:
+        results = asyncio.run(scenario())
+    finally:
+        engine.close()
+    denied = (grpc.StatusCode.PERMISSION_DENIED, engine_ts_grpc.TOKEN_DENIED)
+    assert results["none"] == [denied] * 3 and results["wrong"] == [denied] * 3, results
+    assert results["right"][0] == "Unhealthy" and results["right"][1][0] == grpc.StatusCode.UNAVAILABLE
+    assert json.loads(results["right"][2])["models"] == [{"modelName": "probe", "modelUrl": "probe.mar"}]
+    assert {api for api, _ in asked} == {"inference", "management"} and ("inference", None) in asked
+
+
+def calls_with_tokens(ports: dict) -> dict:
+    """Ping, StreamPredictions and ListModels with no token, a wrong one and the right one."""
+    results = {}
+    for name, metadata in (("none", ()), ("wrong", (("authorization", "Bearer wrong"),)),
+                           ("right", (("authorization", "Bearer right"),))):  # fmt: skip
+        answers = []
+        with grpc.insecure_channel(f"127.0.0.1:{ports['grpc_inference_port']}") as inference, \
+                grpc.insecure_channel(f"127.0.0.1:{ports['grpc_management_port']}") as management:  # fmt: skip
+            health = pb.TorchServeHealthResponse.FromString
+            ping = inference.unary_unary(INFERENCE + "Ping", response_deserializer=health)
+            stream = inference.unary_stream(INFERENCE + "StreamPredictions",
+                                            response_deserializer=pb.PredictionResponse.FromString)  # fmt: skip
+            listing = management.unary_unary(f"/{pb.MANAGEMENT_SERVICE}/ListModels",
+                                              response_deserializer=pb.ManagementResponse.FromString)  # fmt: skip
+            request = pb.PredictionsRequest(model_name="probe", input={"data": b"hi"}).SerializeToString()
+            for make in (lambda: json.loads(ping(b"", metadata=metadata, timeout=10).health)["status"],
+                         lambda: list(stream(request, metadata=metadata, timeout=10)),
+                         lambda: listing(pb.ListModelsRequest(limit=5).SerializeToString(), metadata=metadata,
+                                         timeout=10).msg):  # fmt: skip
+                try:
+                    answers.append(make())
+                except grpc.RpcError as exc:
+                    answers.append((exc.code(), exc.details()))
+        results[name] = answers
+    return results

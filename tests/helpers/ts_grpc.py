@@ -74,11 +74,11 @@ def example(stubs: Path, inference: str, management: str, *args: str, timeout: f
     return done.returncode, done.stdout, done.stderr
 
 
-def call(rpc: str, metadata=(), **request) -> dict:
-    """One call for ``calls``: ``input`` values as bytes."""
+def call(rpc: str, metadata=(), timeout: float = 120, **request) -> dict:
+    """One call for ``calls``: ``input`` values as bytes; ``timeout`` its deadline (s)."""
     if "input" in request:
         request["input"] = {k: base64.b64encode(v).decode() for k, v in request["input"].items()}
-    return {"rpc": rpc, "request": request, "metadata": list(metadata)}
+    return {"rpc": rpc, "request": request, "metadata": list(metadata), "timeout": timeout}
 
 
 def stream2(requests: list, metadata=()) -> dict:
@@ -126,19 +126,20 @@ def run_calls(inference: str, management: str):
     results = []
     for wanted in json.loads(sys.stdin.read()):
         rpc, metadata, messages = wanted["rpc"], [tuple(m) for m in wanted.get("metadata", [])], []
+        timeout = wanted.get("timeout", 120)
         try:
             if rpc == "Ping":
-                messages.append(stubs["inference"].Ping(empty_pb2.Empty(), metadata=metadata, timeout=60))
+                messages.append(stubs["inference"].Ping(empty_pb2.Empty(), metadata=metadata, timeout=timeout))
             elif rpc in ("Predictions", "StreamPredictions"):
                 answer = getattr(stubs["inference"], rpc)(prediction_request(wanted["request"]), metadata=metadata,
-                                                          timeout=120)  # fmt: skip
+                                                          timeout=timeout)  # fmt: skip
                 messages.extend([answer] if rpc == "Predictions" else answer)
             elif rpc == "StreamPredictions2":
                 requests = iter([prediction_request(r) for r in wanted["requests"]])
-                messages.extend(stubs["inference"].StreamPredictions2(requests, metadata=metadata, timeout=120))
+                messages.extend(stubs["inference"].StreamPredictions2(requests, metadata=metadata, timeout=timeout))
             else:
                 request = getattr(management_pb2, management_types[rpc])(**wanted["request"])
-                messages.append(getattr(stubs["management"], rpc)(request, metadata=metadata, timeout=120))
+                messages.append(getattr(stubs["management"], rpc)(request, metadata=metadata, timeout=timeout))
             code, details = "OK", None
         except grpc.RpcError as exc:
             code, details = exc.code().name, exc.details()
