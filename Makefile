@@ -65,6 +65,7 @@ bench: venv
 	$(BIN)/python benchmarks/p2_profile.py
 	$(BIN)/python benchmarks/p3_packaging.py
 	$(BIN)/python benchmarks/p4_cold_start.py
+	$(BIN)/python benchmarks/p6_streaming.py
 	$(BIN)/python benchmarks/kserve_envelopes.py
 	$(BIN)/python benchmarks/hostile_load.py
 	$(BIN)/python benchmarks/batch_memory.py

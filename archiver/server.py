@@ -40,7 +40,8 @@ STATE_FILE = "server.json"
 @dataclass
 class Server:
     """A running server, as server.json records it. Every address is a base URL (``http://HOST:PORT``);
-    ``grpc`` is ``HOST:PORT`` where the engine serves gRPC, else None."""
+    ``grpc`` is ``HOST:PORT`` where the engine serves gRPC (TorchServe's own inference API on TorchServe,
+    KServe's v2 on the tsctl engine), else None."""
 
     pid: int
     home: str
@@ -51,6 +52,9 @@ class Server:
     engine: str = "torchserve"  # a key of archiver.engines.ENGINES (or an alias of one)
     grpc: Optional[str] = None
     log_writer: Optional[int] = None  # the pid of the process writing its output (spawn's bounded_log)
+    # TorchServe's own gRPC APIs (inference.proto, management.proto), HOST:PORT each; None where not served
+    ts_grpc_inference: Optional[str] = None
+    ts_grpc_management: Optional[str] = None
 
     @property
     def logs(self) -> Path:
@@ -264,6 +268,8 @@ def _launch(
         models=models,
         grpc=f"127.0.0.1:{ports['grpc_i']}",
         log_writer=process.log_writer.pid,
+        ts_grpc_inference=f"127.0.0.1:{ports['grpc_i']}",
+        ts_grpc_management=f"127.0.0.1:{ports['grpc_m']}",
     )
     registering = "extracting, installing its requirements" if install_deps else "extracting"
     return recorded(

@@ -10,7 +10,8 @@ model-config.yaml, one it cannot read left out with a warning naming it), runs e
 one HTTP port:
 
 - TorchServe's inference API: ``GET /ping``, ``POST /predictions/NAME[/VERSION]``, with the status,
-  content type, headers and body the handler set, exactly as TorchServe's frontend sends them;
+  content type, headers and body the handler set, exactly as TorchServe's frontend sends them (a
+  streamed answer chunked, part by part: ``serving/engine_stream.py``);
 - TorchServe's read-only management API: ``GET /models``, ``GET /models/NAME[/VERSION|/all]`` in
   its describe format, each worker with its pid and status;
 - KServe v1 (``/v1/models/NAME:predict``) and v2 REST (``/v2/models/NAME[/versions/V]/infer``,
@@ -21,8 +22,11 @@ one HTTP port:
   ServerReady/ModelReady): true only while every worker of the model is up;
 - ``GET /metrics``: Prometheus, under TorchServe's names (``serving/engine_metrics.py``).
 
-Every listener binds ``--host``. Nothing here changes state: there is no register, scale, load or
-unload call, over REST or gRPC (TorchServe's model API and KServe's repository API are absent).
+TorchServe's own gRPC APIs (``serving/engine_ts_grpc.py``) listen where config.properties puts them
+(``grpc_inference_address:grpc_inference_port``, 127.0.0.1:7070, and the management API's, 7071), or
+``--grpc_inference_port`` ...; every other listener binds ``--host``. Nothing here changes state: there
+is no register, scale, load or unload call, over REST or gRPC (TorchServe's model API and KServe's
+repository API are absent).
 Request bodies are bounded by ``serving/body_limit.py`` (``max_request_size`` from config.properties,
 TorchServe's 6.5 MB by default: 413 before the body is read whole; bodies in flight; slow bodies),
 request heads and connections by ``serving/engine_http.py``; an answer above ``max_response_size``
@@ -51,7 +55,7 @@ from handlers import identity, signing
 from handlers.archives import ArchiveError
 from handlers.errors import error_body, with_kserve_error
 
-from . import engine_http, sockets, ts_config
+from . import engine_http, engine_stream, sockets, ts_config
 from .body_limit import BODY_IDLE_TIMEOUT, BodyLimit, InFlight, max_inflight_bytes
 from .engine_metrics import Metrics
 from .engine_workers import ModelWorkers, open_model
@@ -176,13 +180,15 @@ async def forward(http: HttpRequest, model: Optional[ModelWorkers], kserve: bool
     body = await http.body()
     names = http.scope.get(engine_http.HEADER_NAMES, {})  # as the client spelled them, as TorchServe passes them
     headers = {names.get(k, k): v for k, v in http.headers.items() if k not in HOP_HEADERS}
-    answer = asyncio.ensure_future(model.submit(Request(body, headers)))
+    answer = asyncio.ensure_future(model.submit_streaming(Request(body, headers)))
     gone = asyncio.ensure_future(disconnected(http))
     await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
     if not answer.done():  # the client left: its request is dropped from the queue, not run
         answer.cancel()
         return HttpResponse(status_code=499)
     gone.cancel()
+    if answer.result().rest is not None:  # a streamed answer: chunked, part by part (engine_stream.py)
+        return await engine_stream.http_reply(answer.result(), kserve, http_answer)
     return http_answer(answer.result(), kserve)
 
 
@@ -360,7 +366,13 @@ def parse_args(argv=None):
     parser.add_argument("--host", default="0.0.0.0", help="Address every listener binds.")
     parser.add_argument("--http_port", type=int, default=8080)
     parser.add_argument("--grpc_port", type=int, default=8081)
-    parser.add_argument("--enable_grpc", default="true", choices=["true", "false"])
+    parser.add_argument("--enable_grpc", default="true", choices=["true", "false"],
+                        help="Serve gRPC: KServe's v2 on --grpc_port and TorchServe's own two APIs.")  # fmt: skip
+    for api, port in (("inference", 7070), ("management", 7071)):
+        parser.add_argument(f"--grpc_{api}_address", help=f"TorchServe's gRPC {api} API's address "
+                            f"(default: config.properties' grpc_{api}_address, else 127.0.0.1).")  # fmt: skip
+        parser.add_argument(f"--grpc_{api}_port", type=int, help=f"TorchServe's gRPC {api} API's port "
+                            f"(default: config.properties' grpc_{api}_port, else {port}).")  # fmt: skip
     parser.add_argument("--metrics_config", help="The workers' metrics.yaml (TorchServe's metrics_config).")
     parser.add_argument("--batch_size", type=int, help="Override every model's batchSize.")
     parser.add_argument("--max_batch_delay", type=int, help="Override every model's maxBatchDelay (ms).")
@@ -423,12 +435,14 @@ async def serve(engine: Engine, args) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
     http_task = asyncio.ensure_future(http.serve())
-    grpc_server = None
+    grpc_server, ts_grpc_servers = None, []
     try:
         starting = asyncio.ensure_future(engine.start())  # the workers first: they take longest
         if args.enable_grpc == "true":  # KServe's protocol types take seconds to import: off the loop
             grpc = await loop.run_in_executor(None, importlib.import_module, f"{__package__}.engine_grpc")
             grpc_server = await grpc.start_grpc(engine, args.host, args.grpc_port)
+            ts_grpc = await loop.run_in_executor(None, importlib.import_module, f"{__package__}.engine_ts_grpc")
+            ts_grpc_servers = await ts_grpc.start(engine, args)
         waiting = asyncio.ensure_future(stopping.wait())
         await asyncio.wait({starting, waiting, http_task}, return_when=asyncio.FIRST_COMPLETED)
         waiting.cancel()
@@ -452,8 +466,9 @@ async def serve(engine: Engine, args) -> int:
         http.should_exit = True
         if not http_task.done():
             await asyncio.wait({http_task}, timeout=5)
-        if grpc_server is not None:
-            await grpc_server.stop(1)
+        for server in [grpc_server, *ts_grpc_servers]:
+            if server is not None:
+                await server.stop(1)
 
 
 MMAP_THRESHOLD = 1 << 20  # bytes: buffers this large are mapped on their own, unmapped when freed

@@ -16,6 +16,9 @@ full queue answers 503), batches gathered as TorchServe gathers them (up to ``ba
   again, after 0, 1, 1, 2, 3, 5... seconds as TorchServe backs off.
 - **responseTimeout** is enforced per batch: a worker that has not answered in time is killed, its
   requests get 503 naming the timeout, and it is started again.
+- **Streamed answers** (``send_intermediate_predict_response``): each part reaches the request's
+  ``Job`` as the worker's reader gets it; the first resolves the request, the others follow in its
+  ``Parts`` (``engine_stream.py``); ``submit`` joins them, ``submit_streaming`` does not.
 - **Threads.** Each worker gets ``OMP_NUM_THREADS`` = the cores divided among the model's workers
   (unless the environment sets it), as the toolkit handlers divide them on TorchServe.
 - **Fork server.** Workers are forked from the engine's fork server for their environment
@@ -41,6 +44,7 @@ from handlers.archives import Archive, opened, printable
 from handlers.errors import frontend_error
 
 from . import fork_server, sockets
+from .engine_stream import Parts, collect
 from .ts_config import Frontend, ModelSpec
 from .ts_wire import BrokenReply, Request, Response, WorkerDied, batch_error
 from .worker_process import NotSent, WorkerProcess, kill_group, start_worker
@@ -63,10 +67,34 @@ def worker_log_line(worker, line: str):
 
 # ---- A model version's queue and workers ---------------------------------------------------------
 class Job:
-    __slots__ = ("request", "done", "arrived")
+    """One request in a model's queue: ``done`` resolves with its answer, or with the first part of a
+    streamed answer, whose ``rest`` (``parts``) brings the others (engine_stream.py)."""
+
+    __slots__ = ("request", "done", "arrived", "parts")
 
     def __init__(self, request: Request, done: asyncio.Future):
         self.request, self.done, self.arrived = request, done, time.perf_counter()
+        self.parts: Optional[Parts] = None
+
+    def part(self, response: Response, on_end: Callable[[], None]):
+        """A part of a streamed answer that more parts follow (on the event loop, as the worker sends it)."""
+        if self.parts is None:
+            if self.done.done():
+                return  # the client left before the first part: the rest is dropped
+            self.parts = Parts(on_end)
+            response.rest = self.parts
+            if response.error:  # a first part above max_response_size: the answer ends with it
+                self.parts.end()
+            self.done.set_result(response)
+        else:
+            self.parts.put(response)
+
+    def answer(self, response: Response):
+        """The request's answer, or the last part of its streamed answer."""
+        if self.parts is not None:
+            self.parts.put(response, last=True)
+        elif not self.done.done():
+            self.done.set_result(response)
 
 
 class JobQueue:
@@ -120,7 +148,8 @@ class JobQueue:
 
 def unavailable(message: str, status: int = 503) -> Response:
     """The frontend's answer for a request no worker could answer."""
-    return Response(status, frontend_error(status, "ServiceUnavailableException", message), "application/json")
+    body = frontend_error(status, "ServiceUnavailableException", message)
+    return Response(status, body, "application/json", error=True)
 
 
 class Worker:
@@ -248,8 +277,12 @@ class Worker:
         when its reply cannot be read (``BrokenReply``); in each case the worker is killed (serve
         restarts it). NotSent when the batch never reached it."""
         owner, process, loop = self.owner, self.process, asyncio.get_running_loop()
-        timeout = owner.spec.response_timeout
-        predicting = loop.run_in_executor(self.thread, process.predict, [j.request for j in jobs])
+        timeout = owner.spec.response_timeout  # for the whole batch, a streamed answer's parts all within it
+
+        def on_part(index: int, part: Response):  # in the worker's thread: a part of a streamed answer
+            loop.call_soon_threadsafe(jobs[index].part, part, owner.stream_ended)
+
+        predicting = loop.run_in_executor(self.thread, process.predict, [j.request for j in jobs], on_part)
         dying = asyncio.ensure_future(self.died.wait())
         try:
             await asyncio.wait({predicting, dying}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
@@ -349,6 +382,11 @@ class ModelWorkers:
         return all(w.status in ("READY", "BUSY") and (w.task is None or not w.task.done()) for w in self.workers)
 
     async def submit(self, request: Request) -> Response:
+        """The request's answer, whole (a streamed answer's parts joined: ``engine_stream.collect``)."""
+        return await collect(await self.submit_streaming(request))
+
+    async def submit_streaming(self, request: Request) -> Response:
+        """The request's answer, or the first part of a streamed answer (its ``rest`` the others)."""
         if self.stopping:
             return unavailable("the engine is stopping: retry on another replica")
         done = asyncio.get_running_loop().create_future()
@@ -358,10 +396,17 @@ class ModelWorkers:
                 f"({self.queue.limit} requests, job_queue_size): retry later"
             )
         self.in_flight += 1
+        streamed = False
         try:
-            return await done
+            answer = await done
+            streamed = answer.rest is not None  # in flight until its last part (stream_ended)
+            return answer
         finally:
-            self.in_flight -= 1
+            if not streamed:
+                self.in_flight -= 1
+
+    def stream_ended(self):
+        self.in_flight -= 1
 
     def finished(self, jobs: List[Job], responses: List[Response], sent: float):
         """A batch a worker ran (or failed): its answers given, counted for the metrics."""
@@ -370,8 +415,7 @@ class ModelWorkers:
         self.batched += len(jobs)
         self.recent_fill.append(len(jobs) / max(1, self.spec.batch_size))
         for job, response in zip(jobs, responses):
-            if not job.done.done():
-                job.done.set_result(response)
+            job.answer(response)
         self.observe(jobs, responses, sent, done_at)
 
     def begin_stop(self):

@@ -176,6 +176,11 @@ class Frontend:
     metrics_auto_detect: bool = True
     default_workers: int = 1
     default_response_timeout: int = 120
+    # TorchServe's own gRPC API (serving/engine_ts_grpc.py), each on its own listener as TorchServe binds them
+    grpc_inference_address: str = "127.0.0.1"
+    grpc_inference_port: int = 7070
+    grpc_management_address: str = "127.0.0.1"
+    grpc_management_port: int = 7071
     notes: List[str] = field(default_factory=list)  # settings read but not applied, archives skipped: a line each
 
 
@@ -199,6 +204,11 @@ def frontend_of(properties: Dict[str, str], path) -> Frontend:
     frontend.metrics_auto_detect = properties.get("model_metrics_auto_detect", "true").strip().lower() != "false"
     frontend.default_workers = _int(properties, "default_workers_per_model", 0, path) or 1
     frontend.default_response_timeout = _int(properties, "default_response_timeout", 120, path)
+    for api in ("inference", "management"):
+        address = properties.get(f"grpc_{api}_address") or getattr(frontend, f"grpc_{api}_address")
+        setattr(frontend, f"grpc_{api}_address", address)
+        port = _int(properties, f"grpc_{api}_port", getattr(frontend, f"grpc_{api}_port"), path)
+        setattr(frontend, f"grpc_{api}_port", port)
     if properties.get("install_py_dep_per_model", "false").lower() == "true":
         frontend.notes.append(
             f"{path}: install_py_dep_per_model=true: the tsctl engine installs nothing per model; "

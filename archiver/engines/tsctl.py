@@ -84,8 +84,10 @@ class TsctlRuntime(Runtime):
         run_env.update(run.env or {})
 
         def launch() -> "Server":
-            http, grpc = servers.free_port(), servers.free_port()
+            http, grpc, ts_inference, ts_management = (servers.free_port() for _ in range(4))
             command = [run.python or sys.executable, *arguments, "--http_port", str(http), "--grpc_port", str(grpc)]
+            for api, port in (("inference", ts_inference), ("management", ts_management)):  # TorchServe's gRPC
+                command += [f"--grpc_{api}_address", "127.0.0.1", f"--grpc_{api}_port", str(port)]
             process = servers.spawn(command, home, run_env, ENGINE_OUT)
             address = f"http://127.0.0.1:{http}"
             server = servers.Server(
@@ -98,6 +100,8 @@ class TsctlRuntime(Runtime):
                 engine=self.name,
                 grpc=f"127.0.0.1:{grpc}" if enable_grpc else None,
                 log_writer=process.log_writer.pid,
+                ts_grpc_inference=f"127.0.0.1:{ts_inference}" if enable_grpc else None,
+                ts_grpc_management=f"127.0.0.1:{ts_management}" if enable_grpc else None,
             )
             return servers.recorded(server, lambda: self.wait_ready(server, run.timeout, process, run.progress))
 
