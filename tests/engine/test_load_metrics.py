@@ -118,7 +118,8 @@ def test_a_worker_cannot_write_the_load_metrics(engine):
     assert status == 200 and body == {"forged": True}, body
     time.sleep(1)  # the worker's metric lines come on a channel of their own
     status, text = engine.get("/metrics")
-    assert "99" not in "".join(line for line in text.splitlines() if "ts_queue" in line or "ts_batch" in line)
+    lines = [line for line in text.splitlines() if line.partition("{")[0].partition(" ")[0] in NAMES]
+    assert len(lines) == len(NAMES) and not any(line.endswith(" 99.0") for line in lines), lines
     after = load(engine)
     assert after["ts_batched_requests_total"] == before["ts_batched_requests_total"] + 1, (before, after)
     assert after["ts_queue_size"] == after["ts_requests_in_flight"] == 0, after
