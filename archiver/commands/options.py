@@ -113,7 +113,7 @@ def media_type(ctx, param, value):
 
     if value and not (header_text(value) and MEDIA_TYPE.match(value.split(";", 1)[0].strip())):
         raise click.BadParameter(
-            f"{value[:80]!r} is not a media type (printable ASCII, at most 1024 characters): give one such as application/json, text/plain or "
-            "application/octet-stream, or '' for none"
+            f"{value[:80]!r} is not a media type (printable ASCII, at most 1024 characters): give one such as "
+            "application/json, text/plain or application/octet-stream, or '' for none"
         )
     return value

@@ -174,7 +174,7 @@ def test_package_golden_records_the_content_type_given(tmp_path):
     """``package --golden DIR --golden-content-type ''``: each file recorded as sent without a type (the
     handler got the bytes), and ``verify`` replays it so (about 6 s: two loads); a JSON list of bodies and
     a package without --golden are refused."""
-    from samples import ts_examples, ts_probes
+    from samples import ts_probes
 
     golden = tmp_path / "golden"
     golden.mkdir()

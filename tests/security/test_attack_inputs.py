@@ -4,11 +4,6 @@
 UserError or click's usage error, never a traceback nor a hang. About 3 s."""
 
 import base64
-import json
-import os
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import pytest
