@@ -4,6 +4,9 @@
 UserError or click's usage error, never a traceback nor a hang. About 3 s."""
 
 import base64
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,3 +53,43 @@ def test_a_golden_case_whose_type_no_header_can_carry_is_refused(tmp_path):
     assert golden_format.case_problem(case) is not None
     assert golden_format.case_problem({**case, "content_type": "text/plain; charset=utf-8"}) is None
     assert golden_format.case_problem({**case, "content_type": ""}) is None
+
+
+def read_metrics_yaml(path: Path, cwd: Path) -> subprocess.CompletedProcess:
+    """properties.metrics_yaml(path) in a process of its own (a hang is its timeout, not this test's)."""
+    code = ("from archiver.properties import metrics_yaml; from archiver.errors import UserError\n"
+            "try:\n    print(metrics_yaml(%r, 'metrics_config'))\n"
+            "except UserError as exc:\n    print('refused', exc)")  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-c", code % str(path)], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=30)  # fmt: skip
+
+
+@pytest.mark.parametrize("what", ["fifo", "device", "huge", "directory"])
+def test_a_metrics_config_that_is_no_regular_file_is_refused_at_once(what, tmp_path):
+    """Before: a FIFO with no writer hung tsctl serve/run/verify before anything started (read_text blocks),
+    /dev/zero was read until memory ran out, an 8 MiB file of comments was read whole and parsed."""
+    path = tmp_path / "metrics.yaml"
+    if what == "fifo":
+        os.mkfifo(path)
+    elif what == "device":
+        path = Path("/dev/zero")
+    elif what == "huge":
+        path.write_text("model_metrics: {}\n" + ("#" * 99 + "\n") * ((8 << 20) // 100))
+    else:
+        path.mkdir()
+    try:
+        done = read_metrics_yaml(path, tmp_path)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"metrics_yaml({what}) hung")
+    assert done.returncode == 0 and done.stdout.startswith("refused metrics_config"), (done.stdout, done.stderr[-500:])
+
+
+def test_a_relative_metrics_config_through_a_symlink_and_dotdot(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "m.yaml").write_text("model_metrics: {}\n")
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "link.yaml").symlink_to(tmp_path / "real" / "m.yaml")
+    for given in ("../real/m.yaml", "link.yaml"):
+        done = read_metrics_yaml(Path(given), tmp_path / "here")
+        assert done.stdout.strip() == str(tmp_path / "real" / "m.yaml"), (given, done.stdout, done.stderr[-300:])
