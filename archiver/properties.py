@@ -19,7 +19,6 @@ option wins over the archive's model-config.yaml, which wins over the defaults b
 """
 
 import json
-import os
 import tempfile
 from collections import OrderedDict
 from pathlib import Path
@@ -365,28 +364,6 @@ def config_metrics(config) -> Optional[str]:
     return metrics_yaml(given, f"metrics_config of {config}") if given else None
 
 
-MAX_METRICS_YAML = 1 << 20  # bytes of a metrics.yaml (TorchServe's own: 3 kB)
-
-
-def read_regular(path: Path, limit: int) -> str:
-    """A regular file's text, at most ``limit`` bytes: anything else is an OSError, at once (a FIFO opened
-    without blocking, a device or a folder refused by what the opened file is, not by what its name was)."""
-    import errno
-    import stat
-
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as opened:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-        if info.st_size > limit:
-            raise OSError(errno.EFBIG, f"larger than {limit:,} bytes")
-        data = opened.read(limit + 1)
-    if len(data) > limit:
-        raise OSError(errno.EFBIG, f"larger than {limit:,} bytes")
-    return data.decode("utf-8")
-
-
 def metrics_yaml(given: str, where: str) -> str:
     """A metrics.yaml path (``where`` names what gave it) as TorchServe started in the current directory
     reads it, absolute: its frontend resolves a relative ``metrics_config`` against its own working
@@ -397,7 +374,7 @@ def metrics_yaml(given: str, where: str) -> str:
 
     path = Path(given).resolve()
     try:
-        if not isinstance(yaml.safe_load(read_regular(path, MAX_METRICS_YAML)), dict):
+        if not isinstance(yaml.safe_load(ts_config.read_regular(path, ts_config.MAX_METRICS_YAML)), dict):
             raise ValueError("not a YAML mapping")
     except (OSError, ValueError, yaml.YAMLError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else str(exc).splitlines()[0]

@@ -93,3 +93,37 @@ def test_a_relative_metrics_config_through_a_symlink_and_dotdot(tmp_path):
     for given in ("../real/m.yaml", "link.yaml"):
         done = read_metrics_yaml(Path(given), tmp_path / "here")
         assert done.stdout.strip() == str(tmp_path / "real" / "m.yaml"), (given, done.stdout, done.stderr[-300:])
+
+
+ECHO = 'def handle(data, context):\n    return [b"ok" for _ in data] if data else None\n'
+
+
+@pytest.mark.parametrize("what", ["fifo", "not yaml"])
+def test_the_engine_refuses_a_metrics_config_it_cannot_read_at_once(what, tmp_path):
+    """``python -m serving.engine`` as a container starts it (no tsctl to check first, or the file swapped
+    after tsctl's check): before, a FIFO hung the engine before it listened, and a file that is not YAML
+    ended it in a traceback. Under 1 s each (refused before torch is imported)."""
+    from helpers.engine import BIN, free_port
+
+    (tmp_path / "echo.py").write_text(ECHO)
+    (tmp_path / "store").mkdir()
+    subprocess.run([str(BIN / "torch-model-archiver"), "--model-name", "echo", "--version", "1.0", "--handler",
+                    str(tmp_path / "echo.py"), "--export-path", str(tmp_path / "store")],
+                   check=True, capture_output=True, env=dict(os.environ, TMPDIR=str(tmp_path)))  # fmt: skip
+    path = tmp_path / "metrics.yaml"
+    if what == "fifo":
+        os.mkfifo(path)
+    else:
+        path.write_text("ts_metrics: [1\n")
+    command = [sys.executable, "-m", "serving.engine", "--model_store", str(tmp_path / "store"), "--metrics_config",
+               str(path), "--host", "127.0.0.1", "--http_port", str(free_port()),
+               "--grpc_port", str(free_port())]  # fmt: skip
+    engine = subprocess.Popen(command, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        out, _ = engine.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(engine.pid, 9)
+        engine.wait()
+        pytest.fail(f"the engine hung on a {what} metrics_config")
+    assert engine.returncode == 2 and "Traceback" not in out and f"metrics_config {path}" in out, out[-2000:]
