@@ -374,7 +374,7 @@ def metrics_yaml(given: str, where: str) -> str:
 
     path = Path(given).resolve()
     try:
-        if not isinstance(yaml.safe_load(path.read_text()), dict):
+        if not isinstance(yaml.safe_load(ts_config.read_regular(path, ts_config.MAX_METRICS_YAML)), dict):
             raise ValueError("not a YAML mapping")
     except (OSError, ValueError, yaml.YAMLError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else str(exc).splitlines()[0]

@@ -74,6 +74,13 @@ def _checked(archive: archives.Archive) -> Optional[dict]:
 
 
 CASE_TYPES = {"name": str, "content_type": str, "body_b64": str, "status": int}
+MAX_TYPE = 1024  # characters of a content type (TorchServe's frontend takes 8 KiB of headers in all)
+
+
+def header_text(value: str) -> bool:
+    """A Content-Type value every server's HTTP can carry: printable ASCII (tabs too), no line break, no
+    NUL, at most ``MAX_TYPE`` characters."""
+    return len(value) <= MAX_TYPE and all(" " <= c <= "~" or c == "\t" for c in value)
 
 
 def case_problem(case: Any) -> Optional[str]:
@@ -87,6 +94,8 @@ def case_problem(case: Any) -> Optional[str]:
         base64.b64decode(case["body_b64"], validate=True)
     except ValueError:
         return "has a body_b64 that is not base64"
+    if not header_text(case["content_type"]):
+        return "has a content_type no HTTP header can carry"
     return None
 
 

@@ -72,6 +72,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.utils import floatToGoString
 
 from .engine_workers import RECENT_BATCHES, worker_log_line
+from .ts_config import MAX_METRICS_YAML, ConfigError, read_regular
 from .worker_process import METRICS_YAML
 
 # [METRICS]HandlerTime.ms:12.3|#ModelName:resnet18,Level:Model|#type:GAUGE|#hostname:h,1700000000,req
@@ -132,9 +133,15 @@ class Family:
 
 def read_metrics_yaml(path: str) -> Tuple[Dict[str, Family], Dict[str, str]]:
     """A metrics.yaml as TorchServe reads it: its ``model_metrics`` (name -> an empty Family, Hostname
-    added to its dimensions) and its ``ts_metrics`` (name -> unit)."""
-    with open(path) as config:
-        spec = yaml.safe_load(config) or {}
+    added to its dimensions) and its ``ts_metrics`` (name -> unit). A ConfigError for a file that is not
+    one (``ts_config.read_regular``: a FIFO or a device refused at once) or not a YAML mapping."""
+    try:
+        spec = yaml.safe_load(read_regular(path, MAX_METRICS_YAML)) or {}
+        if not isinstance(spec, dict):
+            raise ValueError("not a YAML mapping")
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc).splitlines()[0]
+        raise ConfigError(f"metrics_config {path} cannot be read as TorchServe's metrics.yaml ({reason})") from None
     model, frontend = {}, {}
     for section, into in (("model_metrics", model), ("ts_metrics", frontend)):
         for kind, entries in (spec.get(section) or {}).items():

@@ -98,7 +98,8 @@ class Job:
 
 
 class JobQueue:
-    """Requests waiting for a worker, in arrival order; ``batch`` gathers the next batch."""
+    """Requests waiting for a worker, in arrival order; ``batch`` gathers the next batch. A request whose
+    client left (its future done) is not counted, and makes room for the next."""
 
     def __init__(self, limit: int):
         self.limit = max(1, limit)
@@ -106,9 +107,13 @@ class JobQueue:
         self.changed = asyncio.Condition()
 
     def __len__(self):
-        return len(self.items)
+        return sum(1 for job in self.items if not job.done.done())
 
     async def put(self, job: Job) -> bool:
+        if len(self.items) >= self.limit:  # the clients that left first make room
+            waiting = [queued for queued in self.items if not queued.done.done()]
+            self.items.clear()
+            self.items.extend(waiting)
         if len(self.items) >= self.limit:
             return False
         self.items.append(job)

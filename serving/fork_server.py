@@ -32,7 +32,9 @@ or package of a name the server has imported (``shadows``: a ``torch.py``, a ``y
 ``tqdm``) would import the server's instead of its own, and one holding a ``sitecustomize`` or
 ``usercustomize`` would not run it as a new interpreter does at start: such a worker is spawned as a
 new process, as TorchServe would. The server itself checks (``shadowed``), just before it would fork,
-against what it has imported then. So is every worker spawned when the fork server cannot start.
+against what it has imported then; what the extras brought is looked for in the whole model folder too
+(``vendored``: a handler may put a subfolder of its own first on ``sys.path``). So is every worker
+spawned when the fork server cannot start.
 
 An engine's server (``shared(env, extras=True)``: the tsctl engine's and MLServer's, whose workers are
 restarted and added while they run) also imports ``EXTRAS`` (Pillow, torchvision, transformers' models
@@ -461,11 +463,32 @@ def shadows(folder: str, imported: set) -> List[str]:
     return sorted(names & imported)
 
 
+def vendored(folder: str, names: set) -> List[str]:
+    """The top-level modules and packages of ``names`` anywhere under ``folder`` (a handler may put a
+    subfolder first on ``sys.path``); ``[folder]`` when it holds more than ``VENDOR_WALK`` entries."""
+    seen = 0
+    for root, folders, files in os.walk(folder):
+        seen += len(folders) + len(files)
+        if seen > VENDOR_WALK:
+            return [folder]
+        stems = {entry.partition(".")[0] for entry in files if entry.partition(".")[2] in ("py", "pyc")
+                 or ".so" in entry} | {entry for entry in folders if "." not in entry}  # fmt: skip
+        if stems & names:
+            return sorted(stems & names)
+    return []
+
+
 def shadowed(env: dict, cwd: str) -> List[str]:
     """What of this process's modules (by top-level name, and what a new interpreter imports at start:
     ``AT_START``) a folder on ``env``'s ``PYTHONPATH`` would bring instead, or a file there (a zip: not
-    looked into). A folder that cannot be listed is passed over, as the interpreter imports nothing from it."""
+    looked into). A folder that cannot be listed is passed over, as the interpreter imports nothing from it.
+    What the extras brought (imported since ``PRELOAD``: TorchServe's worker has not imported them before
+    its handler) is looked for in the whole of ``cwd``, the model's folder, too (``vendored``)."""
     imported = {name.partition(".")[0] for name in sys.modules} | set(AT_START)
+    if PRELOADED is not None and imported - PRELOADED - set(AT_START):
+        found = vendored(cwd, imported - PRELOADED - set(AT_START))
+        if found:
+            return found
     for folder in python_path(env, cwd):
         try:
             if os.path.isfile(folder):
@@ -486,10 +509,12 @@ def python_path(env: dict, cwd: str) -> List[str]:
 
 
 BASE_PATH: List[str] = []
+PRELOADED: Optional[set] = None  # the top-level names imported once PRELOAD was (in the server)
+VENDOR_WALK = 20000  # entries of a model's folder looked through for a vendored extra; beyond: spawned
 
 
 def main():
-    global BASE_PATH
+    global BASE_PATH, PRELOADED
     sock = socket.socket(fileno=int(sys.argv[1]))
     extras = list(EXTRAS) if "--extras" in sys.argv[2:] else []
     BASE_PATH = [p for p in sys.path if os.path.realpath(p or os.curdir) != HERE]  # its environment has no PYTHONPATH
@@ -502,7 +527,8 @@ def main():
     except BaseException as exc:  # noqa: BLE001 - said to the client, which then spawns workers itself
         sock.send(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode("utf-8"))
         return
-    modules = sorted({name.partition(".")[0] for name in sys.modules})
+    PRELOADED = {name.partition(".")[0] for name in sys.modules}
+    modules = sorted(PRELOADED)
     sock.send(json.dumps({"modules": modules}).encode("utf-8"))
     serve(sock, extras)
 

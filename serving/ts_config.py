@@ -67,6 +67,25 @@ class ConfigError(ValueError):
     """A config.properties the engine cannot serve as written: one sentence naming the key and the fix."""
 
 
+MAX_METRICS_YAML = 1 << 20  # bytes of a metrics_config (TorchServe's own metrics.yaml: 3 kB)
+
+
+def read_regular(path, limit: int) -> str:
+    """A regular file's UTF-8 text, at most ``limit`` bytes: anything else is an OSError at once (a FIFO is
+    opened without blocking; a FIFO, a device or a folder refused by what was opened, not by its name)."""
+    import errno
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as opened_file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        data = opened_file.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit:,} bytes")
+    return data.decode("utf-8")
+
+
 def read_properties(path) -> Dict[str, str]:
     """A Java .properties file as a dict, read as TorchServe's ConfigManager reads it
     (``java.util.Properties.load`` of the file's bytes, ISO-8859-1): ``key=value``, ``key: value`` and

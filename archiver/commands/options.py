@@ -108,11 +108,12 @@ def content_type_option(flag: str = "--content-type", what: str = "INPUT", more:
 def media_type(ctx, param, value):
     """A ``--content-type``: a media type, ``type/subtype`` (parameters such as ``; charset=utf-8`` kept),
     or '' (no Content-Type)."""
+    from handlers.golden import header_text
     from serving.v2_requests import MEDIA_TYPE
 
-    if value and not MEDIA_TYPE.match(value.split(";", 1)[0].strip()):
+    if value and not (header_text(value) and MEDIA_TYPE.match(value.split(";", 1)[0].strip())):
         raise click.BadParameter(
-            f"{value!r} is not a media type: give one such as application/json, text/plain or "
-            "application/octet-stream, or '' for none"
+            f"{value[:80]!r} is not a media type (printable ASCII, at most 1024 characters): give one such as "
+            "application/json, text/plain or application/octet-stream, or '' for none"
         )
     return value

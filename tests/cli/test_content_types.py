@@ -129,10 +129,10 @@ def test_one_content_type_option_for_predict_run_and_golden():
 @pytest.fixture(scope="module")
 def body_probe(tmp_path_factory) -> Path:
     """pytorch/serve's way of handing bodies, answered back: the conformance suite's body_probe stand-in."""
-    from samples import ts_examples
+    from samples import ts_examples, ts_probes
 
     out = tmp_path_factory.mktemp("probe")
-    return ts_examples.package(ts_examples.build_body_probe(out), "tsctl", out / "store")
+    return ts_examples.package(ts_probes.build_body_probe(out), "tsctl", out / "store")
 
 
 def test_run_sends_each_file_as_the_content_type_given(body_probe, tmp_path):
@@ -174,12 +174,12 @@ def test_package_golden_records_the_content_type_given(tmp_path):
     """``package --golden DIR --golden-content-type ''``: each file recorded as sent without a type (the
     handler got the bytes), and ``verify`` replays it so (about 6 s: two loads); a JSON list of bodies and
     a package without --golden are refused."""
-    from samples import ts_examples
+    from samples import ts_probes
 
     golden = tmp_path / "golden"
     golden.mkdir()
     (golden / "rows.txt").write_bytes(b"a,b\n1,2\n")
-    flags = ts_examples.build_body_probe(tmp_path / "probe").flags("tsctl") + ["--export-path", str(tmp_path)]
+    flags = ts_probes.build_body_probe(tmp_path / "probe").flags("tsctl") + ["--export-path", str(tmp_path)]
     done = CliRunner().invoke(main, ["package", *flags, "--golden", str(golden), "--golden-content-type", "", "--json"])
     assert done.exit_code == 0, done.output
     archive = tmp_path / "body_probe.mar"
