@@ -257,7 +257,7 @@ def test_verify_served_sends_each_golden_file_as_predict_does(srv, tmp_path):
     replay failed). About 3 s."""
     golden_dir = tmp_path / "golden"
     golden_dir.mkdir()
-    inputs = {"row.bin": ts_examples.IRIS_ROWS["setosa"], "row.txt": b"a,b\n1,2\n", "doc.json": b'{"a": [1, 2.5]}',
+    inputs = {"row.bin": ts_probes.IRIS_ROWS["setosa"], "row.txt": b"a,b\n1,2\n", "doc.json": b'{"a": [1, 2.5]}',
               "digit.png": EXAMPLES["body-probe"].inputs[8][0]}  # fmt: skip
     for name, data in inputs.items():
         (golden_dir / name).write_bytes(data)
