@@ -2,7 +2,6 @@
 the same view of their environment, their own process group and random sequence, the right pid under
 concurrent starts, and nothing left running when the server goes."""
 
-import json
 import os
 import signal
 import subprocess
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from helpers.engine_limits import archive_handler
+from helpers.forks import forked_probe
 from serving import fork_server
 from serving.testing import LocalModel
 
@@ -151,25 +151,6 @@ for _ in range(20):
     a = (a @ a).clamp(-1, 1)  # torch's threads, in a fork of a server that imported transformers
 print(json.dumps({"seen": seen, "threads": torch.get_num_threads(), "transformers": transformers.__file__}))
 """
-
-
-def forked_probe(server: fork_server.ForkServer, folder: Path, env: dict):
-    """``PROBE`` run in a worker forked by ``server`` in ``folder`` (its PYTHONPATH): what it printed, or
-    None when the server did not take it."""
-    out_read, out_write = os.pipe()
-    metrics_read, metrics_write = os.pipe()
-    try:
-        child = server.spawn([str(folder / "probe.py")], str(folder), dict(env, PYTHONPATH=str(folder)), out_write,
-                             metrics_write)  # fmt: skip
-    finally:
-        os.close(out_write)
-        os.close(metrics_write)
-        os.close(metrics_read)
-    with os.fdopen(out_read, "rb") as out:
-        if child is None:
-            return None
-        assert child.wait(120) == 0
-        return json.loads(out.read().decode().strip().splitlines()[-1])
 
 
 def test_an_engines_server_imports_the_extras_once_idle_and_its_workers_find_them(tmp_path):

@@ -12,10 +12,10 @@ server's idle imports), -m matrix; ``test_vendored_finds_a_package_anywhere_in_t
 
 import os
 import time
-from pathlib import Path
 
 import pytest
 
+from helpers.forks import forked_probe
 from serving import fork_server
 
 PROBE = """\
@@ -24,26 +24,6 @@ sys.path.insert(0, os.path.abspath(os.path.join("lib", "vendored")))  # as a han
 import PIL
 print(json.dumps({"PIL": PIL.__file__, "extras": "torchvision" in sys.modules}))
 """
-
-
-def forked(server: fork_server.ForkServer, folder: Path, env: dict):
-    """PROBE forked by ``server`` in ``folder``: what it printed, or None when the server would not fork it."""
-    out_read, out_write = os.pipe()
-    metrics_read, metrics_write = os.pipe()
-    try:
-        child = server.spawn([str(folder / "probe.py")], str(folder), dict(env, PYTHONPATH=str(folder)), out_write,
-                             metrics_write)  # fmt: skip
-    finally:
-        os.close(out_write)
-        os.close(metrics_write)
-        os.close(metrics_read)
-    with os.fdopen(out_read, "rb") as out:
-        if child is None:
-            return None
-        assert child.wait(120) == 0
-        import json
-
-        return json.loads(out.read().decode().strip().splitlines()[-1])
 
 
 def test_vendored_finds_a_package_anywhere_in_the_folder(tmp_path, monkeypatch):
@@ -71,10 +51,10 @@ def test_a_package_vendored_in_a_subfolder_is_not_replaced_by_the_servers_extra(
         deadline, seen = time.monotonic() + 120, {"extras": False}
         while not seen["extras"] and time.monotonic() < deadline:
             time.sleep(fork_server.IDLE + 4)
-            seen = forked(server, plain, env)
+            seen = forked_probe(server, plain, env)
         assert seen["extras"], "the server never imported the extras"
-        got = forked(server, vendoring, env)
+        got = forked_probe(server, vendoring, env)
         assert got is None or got["PIL"] == str(vendoring / "lib" / "vendored" / "PIL" / "__init__.py"), got
-        assert forked(server, plain, env) is not None  # a folder vendoring nothing is still forked
+        assert forked_probe(server, plain, env) is not None  # a folder vendoring nothing is still forked
     finally:
         server.close()
