@@ -31,8 +31,8 @@ MISSING_MODULE = re.compile(r"^ModuleNotFoundError: No module named '([\w.]+)'")
 
 class TsctlRuntime(Runtime):
     """The tsctl engine (``python -m serving.engine``): TorchServe's model store and config.properties
-    served in Python, no Java, TorchServe's inference and read-only management APIs, KServe v1/v2 REST
-    and v2 gRPC, Prometheus metrics, all on one HTTP port (and gRPC on another)."""
+    served in Python, no Java, TorchServe's inference API, KServe v1/v2 REST and Prometheus metrics on
+    one HTTP port, TorchServe's management API on another, v2 gRPC on a third."""
 
     name = "tsctl"
     title = "tsctl engine"
@@ -41,6 +41,8 @@ class TsctlRuntime(Runtime):
         "from the same config and model store."
     )
     needs_config = False
+    model_api = True  # TorchServe's management API, with --enable-model-api (bench --sweep-batch)
+    serve_flags = ("enable_model_api",)
     extra = "kserve"  # the optional dependencies (pyproject.toml) the engine imports
 
     def launch(
@@ -50,11 +52,15 @@ class TsctlRuntime(Runtime):
         max_batch_delay: Optional[int] = None,
         metrics_config: Optional[str] = None,
         enable_grpc: bool = True,
+        enable_model_api: bool = False,
     ) -> "Server":
         """Serve ``model_store`` as ``config`` says (None: the engine's default, config/config.properties
         beside the store when there is one, else every archive with its model-config.yaml) on free
         127.0.0.1 ports; return once every model's workers are up. ``batch_size``/``max_batch_delay``
-        override every model's; ``metrics_config`` is TorchServe's property of that name."""
+        override every model's; ``metrics_config`` is TorchServe's property of that name; ``enable_model_api``
+        lets its management API register, unregister and scale. As ``tsctl serve`` starts TorchServe, the
+        management API gets a port of its own; token authorization is as the config says (its keys in
+        ``home``/key_file.json, where the engine runs)."""
         import os
 
         from serving import sockets
@@ -77,19 +83,22 @@ class TsctlRuntime(Runtime):
             arguments += ["--max_batch_delay", str(max_batch_delay)]
         if metrics_config:
             arguments += ["--metrics_config", str(Path(metrics_config).resolve())]
+        if enable_model_api:
+            arguments += ["--enable_model_api", "true"]
         run_env = dict(os.environ, TEMP=str(temp))
         run_env.update(run.env or {})
 
         def launch() -> "Server":
-            http, grpc = servers.free_port(), servers.free_port()
-            command = [run.python or sys.executable, *arguments, "--http_port", str(http), "--grpc_port", str(grpc)]
+            http, grpc, management = servers.free_port(), servers.free_port(), servers.free_port()
+            command = [run.python or sys.executable, *arguments, "--http_port", str(http), "--grpc_port", str(grpc),
+                       "--management_port", str(management)]  # fmt: skip
             process = servers.spawn(command, home, run_env, ENGINE_OUT)
             address = f"http://127.0.0.1:{http}"
             server = servers.Server(
                 pid=process.pid,
                 home=str(home),
                 inference=address,
-                management=address,
+                management=f"http://127.0.0.1:{management}",
                 metrics=address,
                 models=models,
                 engine=self.name,
@@ -138,7 +147,9 @@ class TsctlRuntime(Runtime):
         from .. import server as servers
 
         try:
-            status, _ = servers.request(f"{server.inference}/v2/health/ready", timeout=5)
+            status, _ = servers.request(
+                f"{server.inference}/v2/health/ready", headers=server.headers("inference"), timeout=5
+            )
         except OSError:
             return False
         return status == 200
@@ -158,7 +169,9 @@ class TsctlRuntime(Runtime):
         pending = []
         for name in server.models:
             try:
-                status, _ = servers.request(f"{server.inference}/v2/models/{name}/ready", timeout=5)
+                status, _ = servers.request(
+                    f"{server.inference}/v2/models/{name}/ready", headers=server.headers("inference"), timeout=5
+                )
             except OSError:
                 status = None
             if status != 200:
