@@ -6,8 +6,9 @@
 
 It reads the same tree as TorchServe (``serving/ts_config.py``: the model_snapshot's models and
 versions, workers, batching, timeouts; without a config file every archive in the store with its
-model-config.yaml, one it cannot read left out with a warning naming it), runs each model version's ``minWorkers`` as TorchServe's own worker
-processes (``serving/engine_workers.py``), and answers:
+model-config.yaml, one it cannot read left out with a warning naming it), runs each model
+version's ``minWorkers`` as TorchServe's own worker processes (``serving/engine_workers.py``), and
+answers:
 
 - TorchServe's inference API: ``GET /ping``, ``POST /predictions/NAME[/VERSION]``, with the status,
   content type, headers and body the handler set, exactly as TorchServe's frontend sends them;
@@ -188,7 +189,13 @@ def error(status: int, kind: str, message: str, kserve: bool = False) -> JSONRes
     return JSONResponse(error_body(status, kind, message, kserve), status_code=status)
 
 
-def not_found(name: str, version: Optional[str], kserve: bool = False) -> JSONResponse:
+def not_found(
+    name: str, version: Optional[str], kserve: bool = False, engine: Optional["Engine"] = None
+) -> JSONResponse:
+    """404 for a model (version) not served; on TorchServe's routes (``engine`` given) in TorchServe's words: a
+    version of a model it serves is ModelVersionNotFoundException."""
+    if engine is not None and version and name in engine.versions:
+        return error(404, "ModelVersionNotFoundException", f"Model version: {version} does not exist for model: {name}")
     what = f"{name} version {version}" if version else name
     return error(404, "ModelNotFoundException", f"Model not found: {what}", kserve)
 
@@ -224,11 +231,11 @@ async def disconnected(http: HttpRequest):
         pass
 
 
-async def forward(http: HttpRequest, model: Optional[ModelWorkers], kserve: bool) -> HttpResponse:
+async def forward(http: HttpRequest, model: Optional[ModelWorkers], kserve: bool, engine=None) -> HttpResponse:
     """One inference request to its model's workers, and their answer back (499, nothing run, when the
     client leaves first: its request is dropped from the queue)."""
     if model is None:
-        return not_found(http.path_params["name"], http.path_params.get("version"), kserve)
+        return not_found(http.path_params["name"], http.path_params.get("version"), kserve, engine)
     body = await http.body()
     names = http.scope.get(engine_http.HEADER_NAMES, {})  # as the client spelled them, as TorchServe passes them
     headers = {names.get(k, k): v for k, v in http.headers.items() if k not in HOP_HEADERS}
@@ -247,7 +254,7 @@ def torchserve_routes(engine: Engine) -> List[Route]:
 
     async def predictions(http: HttpRequest):
         name, version = http.path_params["name"], http.path_params.get("version")
-        return await forward(http, engine.find(name, version), kserve=False)
+        return await forward(http, engine.find(name, version), kserve=False, engine=engine)
 
     async def ping(_):
         healthy = engine.ready

@@ -269,7 +269,7 @@ def register_spec(params: Dict[str, str], archive: Path, frontend: ts_config.Fro
         workers = (initial, initial)
     response = config.get("responseTimeout") if (config.get("responseTimeout") or 0) > 0 else None
     settings = {
-        "batchSize": whole(params, "batch_size", None) or config.get("batchSize", 1),
+        "batchSize": first(whole(params, "batch_size", None), config.get("batchSize"), 1),
         "maxBatchDelay": first(whole(params, "max_batch_delay", None), config.get("maxBatchDelay"), 100),
         "responseTimeout": response or whole(params, "response_timeout", frontend.default_response_timeout),
     }
