@@ -60,10 +60,11 @@ class TsctlRuntime(Runtime):
         override every model's; ``metrics_config`` is TorchServe's property of that name; ``enable_model_api``
         lets its management API register, unregister and scale. As ``tsctl serve`` starts TorchServe, the
         management API gets a port of its own; token authorization is as the config says (its keys in
-        ``home``/key_file.json, where the engine runs)."""
+        ``home``/key_file.json, where the engine runs), off for a store with no config file at all, as in
+        the file ``tsctl config`` would write."""
         import os
 
-        from serving import sockets
+        from serving import sockets, ts_config
 
         from .. import server as servers
 
@@ -75,6 +76,8 @@ class TsctlRuntime(Runtime):
         arguments = ["-m", "serving.engine", "--model_store", str(model_store), "--host", "127.0.0.1"]
         if config is not None:
             arguments += ["--ts_config", str(config)]
+        elif ts_config.default_config(model_store) is None:  # no config at all: as the one tsctl config writes
+            arguments += ["--disable_token_auth"]
         if not enable_grpc:
             arguments += ["--enable_grpc", "false"]
         if batch_size:

@@ -76,15 +76,22 @@ class Engine:
         return self.out.read_text(errors="replace")
 
     def headers(self, api: str = "inference") -> dict:
-        """The engine's key for ``api`` when token authorization is on (its key_file.json, where it runs)."""
-        key = server.read_keys(self.home).get(api)
+        """The engine's key for ``api`` (management, inference or API) when token authorization is on (its
+        key_file.json, where it runs)."""
+        try:
+            key = json.loads((self.home / "key_file.json").read_text())[api]["key"]
+        except (OSError, ValueError, KeyError):
+            key = None
         return {"Authorization": f"Bearer {key}"} if key else {}
 
-    def get(self, path: str, api: str = "inference"):
+    def get(self, path: str, api: str = ""):
+        """GET with the key the path asks for (management for /models, else inference) when tokens are on."""
+        api = api or ("management" if path.startswith(("/models", "/token")) else "inference")
         return server.request(self.url + path, headers=self.headers(api), timeout=30)
 
     def post(self, path: str, body: bytes, kind: str = "text/plain", timeout: float = 60):
-        return server.request(self.url + path, body, "POST", {"Content-Type": kind, **self.headers()}, timeout)
+        api = "management" if path.startswith(("/models", "/token")) else "inference"
+        return server.request(self.url + path, body, "POST", {"Content-Type": kind, **self.headers(api)}, timeout)
 
     def workers(self, model: str) -> list:
         status, body = self.get(f"/models/{model}", "management")

@@ -42,12 +42,12 @@ def handle(data, context):
 """
 
 
-def build_store(root: Path) -> Path:
+def build_store(root: Path, echo: str = ECHO) -> Path:
     """``root/model-store``: echo.mar (echo 1.0), echo2.mar (echo 2.0), broken.mar (fails to load), made
-    by torch-model-archiver."""
+    by torch-model-archiver (``echo``: the echo handler's source)."""
     store = root / "model-store"
     store.mkdir(parents=True)
-    for name, version, text, out in (("echo", "1.0", ECHO, "echo"), ("echo", "2.0", ECHO, "echo2"),
+    for name, version, text, out in (("echo", "1.0", echo, "echo"), ("echo", "2.0", echo, "echo2"),
                                      ("broken", "1.0", BROKEN, "broken")):  # fmt: skip
         folder = root / f"src-{out}"
         folder.mkdir()
