@@ -102,12 +102,17 @@ class Engine:
         self.metrics.engine = self
 
     def open(self, spec: ts_config.ModelSpec) -> ModelWorkers:
-        """A model version's workers, not started: its archive unpacked and checked (``open_model``)."""
+        """A model version's workers, not started: its archive unpacked and checked (``open_model``); the
+        one place startup and a register open an archive."""
         number = next(self.numbers)
         first_port = sockets.FIRST_PORT + sockets.PORTS_PER_MODEL * number
         unpack = os.path.join(self.run_dir, f"m{number}")
-        model = open_model(spec, self.frontend, unpack, first_port, self.decode_default,
-                           on_metric=self.metrics.worker_metric)  # fmt: skip
+        try:
+            model = open_model(spec, self.frontend, unpack, first_port, self.decode_default,
+                               on_metric=self.metrics.worker_metric)  # fmt: skip
+        except BaseException:  # refused (its signature, its contents): nothing of it stays on disk
+            shutil.rmtree(unpack, ignore_errors=True)
+            raise
         model.observe = self.metrics.observer(spec)
         model.unpack_dir = unpack
         return model

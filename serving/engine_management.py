@@ -32,6 +32,7 @@ failed, with the reason).
 
 import asyncio
 import datetime
+import inspect
 import json
 import logging
 import os
@@ -409,14 +410,15 @@ def set_default(engine, name: str, version: str) -> HttpResponse:
 def management_routes(engine) -> List[Route]:
     """TorchServe's management API; each call that changes state one at a time (``engine.changing``)."""
 
-    async def answer(work, changes: bool) -> HttpResponse:
+    async def answer(work, changes: bool = False) -> HttpResponse:
+        """``work()``'s answer (a response, or an awaitable of one); an ApiError as TorchServe's error."""
         if changes and not engine.frontend.enable_model_api:
             return ts_error(405, "MethodNotAllowedException", NOT_ALLOWED)
         try:
             if not changes:
-                return await work()
+                return await settle(work())
             async with engine.changing:
-                return await work()
+                return await settle(work())
         except ApiError as exc:
             return ts_error(exc.status, exc.kind, exc.message)
         except Exception as exc:  # noqa: BLE001 - logged; the call gets TorchServe's 500, the engine goes on
@@ -425,9 +427,9 @@ def management_routes(engine) -> List[Route]:
 
     async def models(http: HttpRequest):
         if http.method == "GET":
-            return await answer(lambda: read(lambda: ts_json(list_models(engine, dict(http.query_params)))), False)
+            return await answer(lambda: ts_json(list_models(engine, dict(http.query_params))))
         if http.method == "POST":
-            return await answer(lambda: registering(http), True)
+            return await answer(lambda: registering(http), changes=True)
         return ts_error(405, "MethodNotAllowedException", NOT_ALLOWED)
 
     async def registering(http: HttpRequest):
@@ -436,18 +438,18 @@ def management_routes(engine) -> List[Route]:
     async def model(http: HttpRequest):
         name, version = http.path_params["name"], http.path_params.get("version")
         if http.method == "GET":
-            return await answer(lambda: read(lambda: ts_json(describe(engine, name, version))), False)
+            return await answer(lambda: ts_json(describe(engine, name, version)))
         if http.method == "PUT":
-            return await answer(lambda: scale(engine, name, version, dict(http.query_params)), True)
+            return await answer(lambda: scale(engine, name, version, dict(http.query_params)), changes=True)
         if http.method == "DELETE":
-            return await answer(lambda: unregister(engine, name, version), True)
+            return await answer(lambda: unregister(engine, name, version), changes=True)
         return ts_error(405, "MethodNotAllowedException", NOT_ALLOWED)
 
     async def default(http: HttpRequest):
         if http.method != "PUT":
             return ts_error(405, "MethodNotAllowedException", NOT_ALLOWED)
         name, version = http.path_params["name"], http.path_params["version"]
-        return await answer(lambda: read(lambda: set_default(engine, name, version)), True)
+        return await answer(lambda: set_default(engine, name, version), changes=True)
 
     return [
         Route("/models", models, methods=ALL_METHODS),
@@ -457,5 +459,5 @@ def management_routes(engine) -> List[Route]:
     ]
 
 
-async def read(make):
-    return make()
+async def settle(result):
+    return await result if inspect.isawaitable(result) else result

@@ -380,14 +380,15 @@ def test_a_registered_archive_is_checked_as_startup_checks_one(signed, versions,
         listed = engine.get("/models")
         processes = {p.pid for p in psutil.Process(engine.process.pid).children(recursive=True)}
         for url, words in (("unsigned.mar", "unsigned.mar is not signed"),
-                           ("tampered.mar", "resnet18.pt differs from what was signed"),
+                           ("tampered.mar&model_name=tampered", "resnet18.pt differs from what was signed"),
                            ("signed.mar&model_name=other", "is signed as model signed, expected other")):  # fmt: skip
             status, body = engine.post(f"/models?url={url}&initial_workers=1", b"")
             assert (status, body["type"]) == (400, "InvalidModelException") and words in body["message"], body
             assert engine.get("/models") == listed
             assert {p.pid for p in psutil.Process(engine.process.pid).children(recursive=True)} == processes
-        status, body = engine.post("/models?url=v2.mar", b"")
-        assert status == 200 and "Version: 2.0 registered with 0 initial workers" in body["status"], body
+            assert [d.name for d in engine.home.glob("tsctl-engine-*/m*")] == ["m0"]  # nothing it unpacked stays
+        status, body = engine.post("/models?url=v2.mar", b"")  # its model-config.yaml's workers, as TorchServe
+        assert status == 200 and 'Model "signed" Version: 2.0 registered with 1 initial workers' == body["status"]
         assert [m["modelVersion"] for m in engine.get("/models/signed/all")[1]] == ["1.0", "2.0"]
     finally:
         engine.stop()
