@@ -38,14 +38,12 @@ fails alone with TorchServe's 500 and is never held (``ts_wire.Stream.reply``). 
 import argparse
 import asyncio
 import importlib
-import itertools
 import logging
-import os
 import shutil
 import signal
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 from starlette.applications import Starlette
 from starlette.requests import Request as HttpRequest
@@ -61,7 +59,7 @@ from . import engine_http, sockets, ts_config
 from .body_limit import BODY_IDLE_TIMEOUT, BodyLimit, InFlight, max_inflight_bytes
 from .engine_management import NOT_ALLOWED, NOT_FOUND, management_routes, ts_error
 from .engine_metrics import Metrics
-from .engine_workers import ModelWorkers, open_model
+from .engine_workers import ModelVersions, ModelWorkers
 from .token_auth import TokenCheck, Tokens
 from .ts_wire import Request, Response
 
@@ -71,26 +69,20 @@ logger = logging.getLogger("tsctl.engine")
 HOP_HEADERS = frozenset(("content-length", "transfer-encoding", "connection", "expect", "host"))
 
 
-class Engine:
-    """Every model version of the store, its workers and its metrics; the versions a management call
-    registers or unregisters (serving/engine_management.py) while it runs."""
+class Engine(ModelVersions):
+    """Every model version of the store, its workers and its metrics (``ModelVersions``: the versions a
+    management call registers or unregisters while it runs, serving/engine_management.py)."""
 
     def __init__(self, specs: List[ts_config.ModelSpec], frontend: ts_config.Frontend, decode_default=None,
                  model_store: Optional[Path] = None):  # fmt: skip
-        self.frontend = frontend
         self.model_store = Path(model_store) if model_store is not None else None
-        self.decode_default = decode_default
-        self.run_dir = sockets.run_dir(sockets.ENGINE)  # its workers' sockets and unpacked archives
         self.metrics = Metrics(frontend.metrics_config, frontend.metrics_auto_detect)
+        super().__init__(frontend, sockets.run_dir(sockets.ENGINE), decode_default, self.metrics)
         bound, why = max_inflight_bytes(frontend.max_request_size, frontend.max_inflight_bytes)
         logger.info("bodies in flight: at most %s bytes (%s)", f"{bound:,}", why)
         self.inflight = InFlight(bound)  # REST's and gRPC's bodies together
-        self.versions: Dict[str, Dict[str, ModelWorkers]] = {}
-        self.defaults: Dict[str, ModelWorkers] = {}
-        self.numbers = itertools.count()  # each model version's number: its unpack folder and worker ids
         self.changing = asyncio.Lock()  # management calls that change state, one at a time
         self.tokens: Optional[Tokens] = None
-        self.leaving: set = set()  # removed, their workers not ended yet (``forget``)
         try:
             for spec in specs:
                 self.add(self.open(spec))
@@ -100,62 +92,6 @@ class Engine:
             self.close()
             raise
         self.metrics.engine = self
-
-    def open(self, spec: ts_config.ModelSpec) -> ModelWorkers:
-        """A model version's workers, not started: its archive unpacked and checked (``open_model``); the
-        one place startup and a register open an archive."""
-        number = next(self.numbers)
-        first_port = sockets.FIRST_PORT + sockets.PORTS_PER_MODEL * number
-        unpack = os.path.join(self.run_dir, f"m{number}")
-        try:
-            model = open_model(spec, self.frontend, unpack, first_port, self.decode_default,
-                               on_metric=self.metrics.worker_metric)  # fmt: skip
-        except BaseException:  # refused (its signature, its contents): nothing of it stays on disk
-            shutil.rmtree(unpack, ignore_errors=True)
-            raise
-        model.observe = self.metrics.observer(spec)
-        model.unpack_dir = unpack
-        return model
-
-    def add(self, model: ModelWorkers):
-        """Serve ``model`` (the default version of its name when it is the first, or its spec says so)."""
-        spec = model.spec
-        self.versions.setdefault(spec.name, {})[spec.version] = model
-        if spec.default or spec.name not in self.defaults:
-            self.set_default(model)
-
-    def set_default(self, model: ModelWorkers):
-        for other in self.versions.get(model.spec.name, {}).values():
-            other.spec.default = other is model
-        self.defaults[model.spec.name] = model
-
-    def remove(self, model: ModelWorkers):
-        """Stop routing requests to ``model`` (its workers still run: ``forget``)."""
-        versions = self.versions.get(model.spec.name, {})
-        if versions.get(model.spec.version) is model:
-            del versions[model.spec.version]
-        if not versions:
-            self.versions.pop(model.spec.name, None)
-        self.leaving.add(model)
-        if self.defaults.get(model.spec.name) is model:
-            del self.defaults[model.spec.name]
-            if versions:
-                self.set_default(next(iter(versions.values())))
-
-    def forget(self, model: ModelWorkers):
-        """End a removed model's workers and remove what it unpacked."""
-        model.stop()
-        self.leaving.discard(model)
-        shutil.rmtree(getattr(model, "unpack_dir", ""), ignore_errors=True)
-
-    def all(self) -> List[ModelWorkers]:
-        """Every model version (copied whole: /metrics reads it from another thread while calls change it)."""
-        return [w for versions in list(self.versions.values()) for w in list(versions.values())]
-
-    def find(self, name: str, version: Optional[str] = None) -> Optional[ModelWorkers]:
-        if version is None:
-            return self.defaults.get(name)
-        return self.versions.get(name, {}).get(version)
 
     @property
     def ready(self) -> bool:
