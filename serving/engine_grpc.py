@@ -24,6 +24,8 @@ Bounds, in the order a call meets them (one design: the message is counted befor
 The handler's v2 answer (JSON or binary) is turned back into a ``ModelInferResponse`` with KServe's
 own protocol types, also off the loop. The repository calls
 (load, unload) are not served: ``UNIMPLEMENTED``, as is everything else that would change state.
+With token authorization on (serving/token_auth.py), every call needs the inference key in its
+``authorization`` metadata, as TorchServe's GRPCInterceptor asks (``TokenInterceptor``).
 """
 
 import asyncio
