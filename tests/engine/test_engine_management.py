@@ -118,3 +118,10 @@ def test_tokens_are_on_unless_the_config_or_the_command_line_says_otherwise(root
     monkeypatch.setenv("TS_ENABLE_MODEL_API", "true")
     assert frontend(config=config).token_authorization and frontend(config=config).enable_model_api
     assert frontend("--enable_model_api", "false", config=config).enable_model_api is False
+    # MLServer has no tokens: a config asking for them is refused there, in one line, before anything starts
+    from archiver.engines import named
+    from archiver.errors import UserError
+
+    config.write_text(f"disable_token_authorization=false\nmodel_snapshot={snapshot}\n")
+    with pytest.raises(UserError, match="token authorization, which MLServer does not have"):
+        named("mlserver").start(bare / "model-store", config, tmp_path / "home", 10)
