@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 UV := $(PYTHON) -m uv
 SAMPLE := samples/build/resnet18
 
-.PHONY: venv runtimes demo test matrix fuzz bench clean
+.PHONY: venv runtimes demo test matrix image-test fuzz bench clean
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml uv.lock
@@ -45,6 +45,13 @@ runtimes: venv
 matrix: venv runtimes
 	$(BIN)/python -m pytest -m matrix
 
+# The tsctl engine's KServe runtime image, built and run for real: docs/kserve.md's blocks (a Debian bookworm
+# root made with debootstrap as the base, podman build, the container run with the runtime's arguments and
+# answered), as root with podman, debootstrap and curl installed; it says why it skips where podman cannot run.
+# The root and the base image are kept in /var/cache/tsctl-image, the layers in podman's storage.
+image-test: venv
+	$(BIN)/python -m pytest -m matrix -s tests/export/test_kserve_image.py
+
 # The property-based tests with many more examples (about half an hour; not part of `make test`).
 fuzz: venv
 	TSCTL_FUZZ_EXAMPLES=5000 $(BIN)/python -m pytest -m "matrix or not matrix" tests/security/test_hostile.py
@@ -58,6 +65,7 @@ bench: venv
 	$(BIN)/python benchmarks/p2_profile.py
 	$(BIN)/python benchmarks/p3_packaging.py
 	$(BIN)/python benchmarks/p4_cold_start.py
+	$(BIN)/python benchmarks/p6_streaming.py
 	$(BIN)/python benchmarks/kserve_envelopes.py
 	$(BIN)/python benchmarks/hostile_load.py
 	$(BIN)/python benchmarks/batch_memory.py
@@ -70,6 +78,7 @@ bench: venv
 	$(BIN)/python benchmarks/mlserver_engine.py
 	$(BIN)/python benchmarks/engine_under_attack.py
 	$(BIN)/python benchmarks/fork_server.py
+	$(BIN)/python benchmarks/cold_start.py
 
 clean:
 	rm -rf $(VENV) .runtimes .tsctl samples/build logs

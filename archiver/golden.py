@@ -1,11 +1,11 @@
 """``tsctl package --golden DIR`` and ``tsctl verify``: golden answers recorded in, and replayed from,
 an archive (the format: handlers/golden.py).
 
-Recording runs the freshly built archive in a TorchServe worker (``LocalModel``, one request at a time, each
-with the content type its file suffix says) before the archive is moved into place, so a build whose
-golden run fails leaves nothing behind. Replaying compares each answer with the recorded one within
-``atol``: in-process, or against a server (``--url``) speaking TorchServe's API (``ts``) or KServe's
-v1/v2, a transformer in front of a predictor included.
+Recording runs the freshly built archive in a TorchServe worker (``LocalModel``, one request at a time,
+each with the content type its file suffix says, or the one ``--golden-content-type`` gives) before the
+archive is moved into place, so a build whose golden run fails leaves nothing behind. Replaying compares
+each answer with the recorded one within ``atol``: in-process, or against a server (``--url``) speaking
+TorchServe's API (``ts``) or KServe's v1/v2, a transformer in front of a predictor included.
 """
 
 import base64
@@ -32,12 +32,14 @@ MAX_TOTAL_BYTES = 48 << 20
 PROTOCOLS = ("ts", "v1", "v2")
 
 
-def requests_in(source: Path) -> List[Tuple[str, bytes, str]]:
-    """(name, body, content type) of each golden request: every file of a directory (its type from its
-    suffix), or each item of a JSON list (a JSON body each)."""
+def requests_in(source: Path, kind: Optional[str] = None) -> List[Tuple[str, bytes, str]]:
+    """(name, body, content type) of each golden request: every file of a directory (its type ``kind``,
+    '' for none, else from its suffix), or each item of a JSON list (a JSON body each)."""
     if not source.exists():
         raise UserError(f"--golden {source} does not exist: give a directory of inputs or a JSON list of requests")
     if source.is_file():
+        if kind is not None:
+            raise UserError(f"--golden-content-type is for a directory of inputs: {source}'s items are JSON bodies")
         try:
             items = json.loads(source.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as exc:
@@ -57,7 +59,7 @@ def requests_in(source: Path) -> List[Tuple[str, bytes, str]]:
                 f"--golden {path} makes the golden inputs {total:,} bytes, above {MAX_TOTAL_BYTES:,} "
                 f"(or the file above {MAX_INPUT_BYTES:,}): use smaller inputs"
             )
-        found.append((path.name, path.read_bytes(), content_type(path)))
+        found.append((path.name, path.read_bytes(), content_type(path) if kind is None else kind))
     return found
 
 
@@ -83,13 +85,14 @@ def record(
     progress: Callable = quiet,
     allow_errors=False,
     metrics_config: Optional[str] = None,
+    kind: Optional[str] = None,
 ) -> dict:
     """Run ``archive`` in-process on the golden requests; the golden.json it gets. ``progress`` hears of
     the load and of each input (archiver.output.Progress). An answer of the handler failing (5xx) is no
     golden answer: a ServerError naming the input and the handler's error, unless ``allow_errors``
     (a refusal, 4xx, is one: the input is checked to be refused). ``metrics_config``: the worker's
-    metrics.yaml (None: TorchServe's)."""
-    requests = requests_in(source)
+    metrics.yaml (None: TorchServe's); ``kind``: the files' content type (``requests_in``)."""
+    requests = requests_in(source, kind)
     progress(f"golden: loading the archive in-process for {len(requests)} inputs (torch, the handler)")
 
     def each(index: int):
@@ -132,18 +135,24 @@ def record(
 
 
 def package(
-    options: mar.PackageOptions, source: str, progress: Callable = quiet, allow_errors=False, metrics_config=None
+    options: mar.PackageOptions,
+    source: str,
+    progress: Callable = quiet,
+    allow_errors=False,
+    metrics_config=None,
+    kind: Optional[str] = None,
 ) -> Tuple[Path, mar.Plan, dict]:
     """Build the archive in a scratch directory, record its golden answers, and only then write it,
     with MAR-INF/golden.json, to its place (atomically, as every build; signed before that one write
     with ``options.sign_key``). ``progress`` hears of each step; ``allow_errors`` records the handler's
-    failures (5xx) too, with a note naming them; ``metrics_config``: the golden run's metrics.yaml."""
+    failures (5xx) too, with a note naming them; ``metrics_config``: the golden run's metrics.yaml;
+    ``kind``: the inputs' content type (None: each file's suffix's)."""
     target = mar.archive_path(options.export_path, options.model_name, options.archive_format)
     if (target.exists() or target.is_symlink()) and not options.force:
         raise UserError(f"{target} already exists: pass --force to overwrite it")
     with tempfile.TemporaryDirectory(prefix="tsctl-golden-") as scratch:
         built, planned = mar.build(dataclasses.replace(options, export_path=scratch, force=True, sign_key=None))
-        golden = record(built, Path(source), options.serialized_file, progress, allow_errors, metrics_config)
+        golden = record(built, Path(source), options.serialized_file, progress, allow_errors, metrics_config, kind)
     failed = [case["name"] for case in golden["cases"] if case["status"] >= 500]
     if failed:
         planned.notes.append(
@@ -218,7 +227,7 @@ def verify(
         if protocol not in PROTOCOLS:
             raise UserError(f"--protocol {protocol!r} must be one of {', '.join(PROTOCOLS)}")
         model = model or opened.model_name
-        kind = (identity.read(opened) or {}).get("input", "any")
+        kind = (identity.read(opened) or {}).get("input")  # None: not a toolkit handler
         return replay(opened, golden, url, protocol, atol, model, kind, timeout, progress, metrics_config)
 
 
@@ -272,7 +281,7 @@ def in_process(
         for index, (body, kind) in enumerate(requests):
             if before_each is not None:
                 before_each(index)
-            [response] = model.serve([Request(body, {"Content-Type": kind})])
+            [response] = model.serve([Request(body, typed(kind))])
             results.append((response.status, response.json()))
         settings = handler_settings(model.model_dir, model.manifest, model.record) if with_settings else {}
     return results, settings
@@ -326,22 +335,33 @@ def missing_endpoint(url: str, protocol: str, model: str, cases: List[dict], res
     return f"{url} has no {path} (404 on every golden request: {said}): {hint}"
 
 
-def served(url: str, protocol: str, model: str, kind: str, case: dict, timeout: float) -> Tuple[int, Any]:
-    """Send one golden request the way ``protocol`` carries it; (status, the answer for it). A file's
-    bytes go as one KServe instance (text as itself, anything else base64), the request built and
-    the answer read by handlers/kserve_client.py."""
+def served(url: str, protocol: str, model: str, kind: Optional[str], case: dict, timeout: float) -> Tuple[int, Any]:
+    """Send one golden request the way ``protocol`` carries it; (status, the answer for it). ``kind``:
+    what the archive's toolkit handler reads (its record's ``input``; None: not a toolkit handler).
+    To a toolkit handler a JSON body goes as it is (KServe v1/v2 shapes included) and a file as one
+    KServe instance (text as itself for a text handler, anything else base64), the request built by
+    handlers/kserve_client.py. Over v2 a handler that is not the toolkit's gets the file as ``tsctl
+    predict --content-type`` sends it (``MLServerRuntime.request_body``): one BYTES element with the
+    recorded type as its ``content_type``, so that MLServer hands it what TorchServe's worker gave it
+    when the answer was recorded. Answers are read by handlers/kserve_client.py."""
     from handlers import protocol as wire
 
     from .server import request
 
     data, content = answers.body(case), case["content_type"]
     if protocol == "ts":
-        return request(f"{url}/predictions/{model}", data, "POST", {"Content-Type": content}, timeout)
+        return request(f"{url}/predictions/{model}", data, "POST", typed(content), timeout)
     path = f"/v1/models/{model}:predict" if protocol == "v1" else f"/v2/models/{model}/infer"
-    if content == wire.JSON_TYPE:  # a whole request body (KServe v1/v2 shapes included): sent as it is
+    if protocol == "v2" and kind is None:
+        from .engines import ENGINES
+
+        body, sent = ENGINES["mlserver"].request_body(data, content, as_request=False)
+        headers = {"Content-Type": sent}
+    elif content == wire.JSON_TYPE:  # a whole request body (KServe v1/v2 shapes included): sent as it is
         return request(url + path, data, "POST", {"Content-Type": content}, timeout)
-    item = data.decode("utf-8") if kind == "text" else base64.b64encode(data).decode()
-    body, headers = wire.encode_request([item], protocol)
+    else:
+        item = data.decode("utf-8") if kind == "text" else base64.b64encode(data).decode()
+        body, headers = wire.encode_request([item], protocol)
     status, answer = request(url + path, body, "POST", headers, timeout)
     if status != 200:
         return status, answer
@@ -350,3 +370,8 @@ def served(url: str, protocol: str, model: str, kind: str, case: dict, timeout: 
     except ValueError:
         return status, answer
     return (status, wire.jsonable(found[0])) if found else (status, answer)
+
+
+def typed(kind: str) -> dict:
+    """The headers of a golden request of content type ``kind``: none for '' (sent without one)."""
+    return {"Content-Type": kind} if kind else {}

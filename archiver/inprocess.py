@@ -1,15 +1,15 @@
 """An archive's handler run here, without a server: ``tsctl run`` and in-process ``tsctl verify``.
 
-``run`` answers as ``tsctl predict`` does against a server ``tsctl config`` configured: each file is
-one request (its content type from its suffix) in a batch of its own, as predict's requests reach a
-worker one after the other; the handler gets the bodies as that worker would (a toolkit archive raw,
-``decode_input_request=false``, as tsctl config and the tsctl engine set it; any other TorchServe's
-default, parsed), with the archive's batchSize as its context's. The archive runs in TorchServe's
-worker process (``serving.testing.LocalModel``), whose log is kept, not printed (a handler logs a
-traceback for a request it refuses, TorchServe one for a batch that failed); this process's own log
-records and warnings are kept too while a command runs one (``quiet_logs``). A batch the handler
-failed as a whole (TorchServe's frontend answers 503 ``Prediction failed``, 500 ``Worker died.``
-...) is one ServerError naming the archive, the input and the handler's own error, read from the
+``run`` answers as ``tsctl predict`` does against a server ``tsctl config`` configured: each file is one
+request (its content type from its suffix, or the one ``--content-type`` gives) in a batch of its own,
+as predict's requests reach a worker one after the other; the handler gets the bodies as that worker
+would (a toolkit archive raw, ``decode_input_request=false``, as tsctl config and the tsctl engine set
+it; any other TorchServe's default, parsed), with the archive's batchSize as its context's. The archive
+runs in TorchServe's worker process (``serving.testing.LocalModel``), whose log is kept, not printed (a
+handler logs a traceback for a request it refuses, TorchServe one for a batch that failed); this
+process's own log records and warnings are kept too while a command runs one (``quiet_logs``). A batch
+the handler failed as a whole (TorchServe's frontend answers 503 ``Prediction failed``, 500 ``Worker
+died.`` ...) is one ServerError naming the archive, the input and the handler's own error, read from the
 worker's log (``handler_error``).
 
 Nothing here imports torch.
@@ -98,31 +98,16 @@ def failed_whole(response) -> bool:
 def metrics_config(given: Optional[str] = None, config: Optional[str] = None) -> Optional[str]:
     """The metrics.yaml the archive's worker reads (TorchServe's ``metrics_config``), as an absolute
     path: ``given`` (``--metrics-config``), else the ``metrics_config`` of ``config`` (``--config``;
-    None: config/config.properties when it exists, the config ``tsctl serve`` reads by default), a
-    relative path read from the current directory as TorchServe started here reads it. None:
-    TorchServe's own metrics.yaml. A file that is not there, or not YAML mapping, is one UserError."""
+    None: config/config.properties when it exists, the config ``tsctl serve`` reads by default), each
+    as ``properties.metrics_yaml`` reads it. None: TorchServe's own metrics.yaml."""
     from .engines.base import DEFAULT_CONFIG
-    from .errors import UserError
-    from .properties import read_properties
+    from .properties import config_metrics, metrics_yaml
 
-    where = "--metrics-config"
-    if not given:
-        if config is None and not Path(DEFAULT_CONFIG).is_file():
-            return None
-        config = config or DEFAULT_CONFIG
-        given, where = read_properties(config).get("metrics_config"), f"metrics_config of {config}"
-        if not given:
-            return None
-    import yaml
-
-    path = Path(given).resolve()
-    try:
-        if not isinstance(yaml.safe_load(path.read_text()), dict):
-            raise ValueError("not a YAML mapping")
-    except (OSError, ValueError, yaml.YAMLError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else str(exc).splitlines()[0]
-        raise UserError(f"{where} {given} cannot be read as TorchServe's metrics.yaml ({reason})") from None
-    return str(path)
+    if given:
+        return metrics_yaml(given, "--metrics-config")
+    if config is None and not Path(DEFAULT_CONFIG).is_file():
+        return None
+    return config_metrics(config or DEFAULT_CONFIG)
 
 
 def batch_size(archive) -> int:
@@ -139,12 +124,14 @@ def run(
     progress: Callable[[str], None] = lambda message: None,
     expected: Tuple[Optional[str], Optional[str]] = (None, None),
     metrics: Optional[str] = None,
+    kind: Optional[str] = None,
 ) -> List[Tuple[Path, object]]:
     """(path, Response) for each file, answered as ``tsctl predict`` would be answered (module
     docstring). The handler's failure to load is raised as it is (the caller names it); its failure on
     a batch is a ServerError naming ``archive``, the input and the handler's error. With ``public_key``
     the archive must be signed as ``expected`` (name, version; None: any); ``metrics``: the worker's
-    metrics.yaml (``metrics_config``; None: TorchServe's)."""
+    metrics.yaml (``metrics_config``; None: TorchServe's); ``kind``: the content type every file is sent
+    with ('': none; None: its suffix's)."""
     from handlers import identity
     from handlers.archives import opened
 
@@ -165,7 +152,7 @@ def run(
             answered = []
             for number, path in enumerate(paths, 1):
                 seen = model.logged
-                [response] = model.predict([Path(path)])
+                [response] = model.predict([request_of(Path(path), kind)])
                 if failed_whole(response):
                     cause = worker_error(model, seen) or response.json().get("message")
                     if "MetricsCacheKeyError" in str(cause) and not metrics:  # a metric declared in the example's yaml
@@ -174,6 +161,16 @@ def run(
                 answered.append((Path(path), response))
                 progress(f"{number}/{len(paths)} {path}: {response.status}")
     return answered
+
+
+def request_of(path: Path, kind: Optional[str] = None):
+    """The request ``tsctl predict`` sends for the file: its bytes with the content type ``kind`` ('':
+    no Content-Type, as curl -T sends a file), else (None) the one its suffix says."""
+    from handlers.requests import content_type
+    from serving.ts_wire import Request
+
+    kind = content_type(path) if kind is None else kind
+    return Request(path.read_bytes(), {"Content-Type": kind} if kind else {})
 
 
 def line(path, response) -> str:

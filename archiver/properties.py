@@ -355,6 +355,33 @@ def read_properties(path) -> Dict[str, str]:
         raise UserError(str(exc)) from None
 
 
+def config_metrics(config) -> Optional[str]:
+    """The ``metrics_config`` of ``config`` (a config.properties; None: none) as TorchServe started in
+    the current directory reads it (``metrics_yaml``); None when the config names none."""
+    if config is None:
+        return None
+    given = read_properties(config).get("metrics_config")
+    return metrics_yaml(given, f"metrics_config of {config}") if given else None
+
+
+def metrics_yaml(given: str, where: str) -> str:
+    """A metrics.yaml path (``where`` names what gave it) as TorchServe started in the current directory
+    reads it, absolute: its frontend resolves a relative ``metrics_config`` against its own working
+    directory (``ConfigManager.getMetricsConfigPath``), not against the config's folder. ``tsctl serve``
+    (every engine, though each runs its server in ``--home``), ``run``, ``verify`` and ``package
+    --golden`` read it so. A file that is not there, or not a YAML mapping, is one UserError."""
+    import yaml
+
+    path = Path(given).resolve()
+    try:
+        if not isinstance(yaml.safe_load(path.read_text()), dict):
+            raise ValueError("not a YAML mapping")
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc).splitlines()[0]
+        raise UserError(f"{where} {given} cannot be read as TorchServe's metrics.yaml ({reason})") from None
+    return str(path)
+
+
 def snapshot_of(properties: Dict[str, str], path="config.properties") -> dict:
     try:
         return ts_config.snapshot_of(properties, path)

@@ -31,7 +31,7 @@ from serving import sockets, ts_config
 from .errors import ServerError, UserError, make_directory
 from .http_client import request
 from .output import quiet
-from .properties import check_keys, read_properties, snapshot_of
+from .properties import check_keys, config_metrics, read_properties, snapshot_of
 from .torchserve_log import failing_model, registration_failure, startup_problem, startup_states, worker_failure
 
 STATE_FILE = "server.json"
@@ -40,7 +40,8 @@ STATE_FILE = "server.json"
 @dataclass
 class Server:
     """A running server, as server.json records it. Every address is a base URL (``http://HOST:PORT``);
-    ``grpc`` is ``HOST:PORT`` where the engine serves gRPC, else None."""
+    ``grpc`` is ``HOST:PORT`` where the engine serves gRPC (TorchServe's own inference API on TorchServe,
+    KServe's v2 on the tsctl engine), else None."""
 
     pid: int
     home: str
@@ -51,6 +52,9 @@ class Server:
     engine: str = "torchserve"  # a key of archiver.engines.ENGINES (or an alias of one)
     grpc: Optional[str] = None
     log_writer: Optional[int] = None  # the pid of the process writing its output (spawn's bounded_log)
+    # TorchServe's own gRPC APIs (inference.proto, management.proto), HOST:PORT each; None where not served
+    ts_grpc_inference: Optional[str] = None
+    ts_grpc_management: Optional[str] = None
 
     @property
     def logs(self) -> Path:
@@ -100,10 +104,15 @@ def start(
     in the config ``tsctl export kserve`` writes: each archive's requirements.txt goes into its model
     directory. By default it is off, whatever the config says: the environment has the packages.
     ``kserve_args`` starts it with exactly the arguments of KServe's TorchServe runtime (no
-    ``--foreground``, no ``--ncs``): the launcher exits and the server lives on in its process group."""
+    ``--foreground``, no ``--ncs``): the launcher exits and the server lives on in its process group.
+    TorchServe runs in ``home``: the config's ``metrics_config`` is given to it as read from the current
+    directory (``TS_METRICS_CONFIG``, absolute), as TorchServe started here would read it."""
     config, model_store, home = Path(config).resolve(), Path(model_store).resolve(), Path(home).resolve()
     properties = read_properties(config)
     models = snapshot_models(properties, config, model_store)
+    metrics = config_metrics(config)
+    if metrics:
+        env = {"TS_METRICS_CONFIG": metrics, **(env or {})}
     if properties.get("enable_envvars_config", "false").lower() != "true":
         raise UserError(
             f"{config}: enable_envvars_config must be true so tsctl can bind 127.0.0.1 ports; "
@@ -259,6 +268,8 @@ def _launch(
         models=models,
         grpc=f"127.0.0.1:{ports['grpc_i']}",
         log_writer=process.log_writer.pid,
+        ts_grpc_inference=f"127.0.0.1:{ports['grpc_i']}",
+        ts_grpc_management=f"127.0.0.1:{ports['grpc_m']}",
     )
     registering = "extracting, installing its requirements" if install_deps else "extracting"
     return recorded(

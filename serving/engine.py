@@ -11,7 +11,8 @@ version's ``minWorkers`` as TorchServe's own worker processes (``serving/engine_
 answers:
 
 - TorchServe's inference API: ``GET /ping``, ``POST /predictions/NAME[/VERSION]``, with the status,
-  content type, headers and body the handler set, exactly as TorchServe's frontend sends them;
+  content type, headers and body the handler set, exactly as TorchServe's frontend sends them (a
+  streamed answer chunked, part by part: ``serving/engine_stream.py``);
 - TorchServe's management API (``serving/engine_management.py``): list and describe, and, with
   ``enable_model_api=true``, register, unregister, scale and set-default; on the HTTP port, or on a
   listener of its own (``--management_port``, or config.properties' ``management_address`` when it is
@@ -24,9 +25,12 @@ answers:
   ServerReady/ModelReady): true only while every worker of the model is up;
 - ``GET /metrics``: Prometheus, under TorchServe's names (``serving/engine_metrics.py``).
 
-Every listener binds ``--host``. TorchServe's token authorization (``serving/token_auth.py``) is on
-unless the config says ``disable_token_authorization=true`` (or ``--disable_token_auth``): every call
-but ``/metrics`` needs its key. KServe's repository API (load, unload) is absent.
+TorchServe's own gRPC APIs (``serving/engine_ts_grpc.py``) listen where config.properties puts them
+(``grpc_inference_address:grpc_inference_port``, 127.0.0.1:7070, and the management API's, 7071), or
+``--grpc_inference_port`` ...; every other listener binds ``--host``. TorchServe's token authorization
+(``serving/token_auth.py``) is on unless the config says ``disable_token_authorization=true`` (or
+``--disable_token_auth``): every call but ``/metrics`` needs its key, over REST and gRPC. KServe's
+repository API (load, unload) is absent.
 
 Request bodies are bounded by ``serving/body_limit.py`` (``max_request_size`` from config.properties,
 TorchServe's 6.5 MB by default: 413 before the body is read whole; bodies in flight; slow bodies),
@@ -55,11 +59,12 @@ from handlers import identity, signing
 from handlers.archives import ArchiveError
 from handlers.errors import error_body, with_kserve_error
 
-from . import engine_http, sockets, ts_config
+from . import engine_http, engine_stream, sockets, ts_config
 from .body_limit import BODY_IDLE_TIMEOUT, BodyLimit, InFlight, max_inflight_bytes
 from .engine_management import NOT_ALLOWED, NOT_FOUND, management_routes, ts_error
 from .engine_metrics import Metrics
-from .engine_workers import ModelVersions, ModelWorkers
+from .engine_versions import ModelVersions
+from .engine_workers import ModelWorkers
 from .token_auth import TokenCheck, Tokens
 from .ts_wire import Request, Response
 
@@ -82,16 +87,25 @@ class Engine(ModelVersions):
         logger.info("bodies in flight: at most %s bytes (%s)", f"{bound:,}", why)
         self.inflight = InFlight(bound)  # REST's and gRPC's bodies together
         self.changing = asyncio.Lock()  # management calls that change state, one at a time
-        self.tokens: Optional[Tokens] = None
+        self.tokens: Optional[Tokens] = None  # made when it serves (``serve``), as TorchServe makes its keys
         try:
             for spec in specs:
                 self.add(self.open(spec))
-            if frontend.token_authorization:
-                self.tokens = Tokens(frontend.token_expiration_min)  # key_file.json where the engine runs
         except BaseException:
             self.close()
             raise
         self.metrics.engine = self
+
+    def authorize(self, api: str, authorization: Optional[str]) -> bool:
+        """Whether a call to ``api`` (inference, management) with this ``Authorization`` value may go on."""
+        return self.tokens is None or self.tokens.check(api, authorization)
+
+    @property
+    def grpc_management(self):
+        """What TorchServe's gRPC management API answers from (serving/engine_ts_grpc.py, loaded with it)."""
+        from .engine_ts_grpc import ModelApi, ReadOnlyModels
+
+        return (ModelApi if self.frontend.enable_model_api else ReadOnlyModels)(self)
 
     @property
     def ready(self) -> bool:
@@ -180,13 +194,15 @@ async def forward(http: HttpRequest, model: Optional[ModelWorkers], kserve: bool
     body = await http.body()
     names = http.scope.get(engine_http.HEADER_NAMES, {})  # as the client spelled them, as TorchServe passes them
     headers = {names.get(k, k): v for k, v in http.headers.items() if k not in HOP_HEADERS}
-    answer = asyncio.ensure_future(model.submit(Request(body, headers), http.path_params.get("version")))
+    answer = asyncio.ensure_future(model.submit_streaming(Request(body, headers), http.path_params.get("version")))
     gone = asyncio.ensure_future(disconnected(http))
     await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
     if not answer.done():  # the client left: its request is dropped from the queue, not run
         answer.cancel()
         return HttpResponse(status_code=499)
     gone.cancel()
+    if answer.result().rest is not None:  # a streamed answer: chunked, part by part (engine_stream.py)
+        return await engine_stream.http_reply(answer.result(), kserve, http_answer)
     return http_answer(answer.result(), kserve)
 
 
@@ -317,7 +333,13 @@ def parse_args(argv=None):
     parser.add_argument("--host", default="0.0.0.0", help="Address every listener binds.")
     parser.add_argument("--http_port", type=int, default=8080)
     parser.add_argument("--grpc_port", type=int, default=8081)
-    parser.add_argument("--enable_grpc", default="true", choices=["true", "false"])
+    parser.add_argument("--enable_grpc", default="true", choices=["true", "false"],
+                        help="Serve gRPC: KServe's v2 on --grpc_port and TorchServe's own two APIs.")  # fmt: skip
+    for api, port in (("inference", 7070), ("management", 7071)):
+        parser.add_argument(f"--grpc_{api}_address", help=f"TorchServe's gRPC {api} API's address "
+                            f"(default: config.properties' grpc_{api}_address, else 127.0.0.1).")  # fmt: skip
+        parser.add_argument(f"--grpc_{api}_port", type=int, help=f"TorchServe's gRPC {api} API's port "
+                            f"(default: config.properties' grpc_{api}_port, else {port}).")  # fmt: skip
     parser.add_argument(
         "--management_port",
         type=int,
@@ -396,6 +418,8 @@ async def serve(engine: Engine, args) -> int:
     a port cannot be bound (the reason on stderr). The management API has a listener of its own when
     ``frontend.management_port`` says (TorchServe's management_address), else shares the HTTP port."""
     loop = asyncio.get_running_loop()
+    if engine.frontend.token_authorization and engine.tokens is None:
+        engine.tokens = Tokens(engine.frontend.token_expiration_min)  # key_file.json where the engine runs
     apart = engine.frontend.management_port
     listeners = [(args.http_port, "inference" if apart else "both")] + ([(apart, "management")] if apart else [])
     servers = [engine_http.server(build_app(engine, kind), args.host, port, send_timeout=engine.body_idle_timeout)
@@ -411,12 +435,14 @@ async def serve(engine: Engine, args) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
     tasks = [asyncio.ensure_future(server.serve()) for server in servers]
-    grpc_server = None
+    grpc_server, ts_grpc_servers = None, []
     try:
         starting = asyncio.ensure_future(engine.start())  # the workers first: they take longest
         if args.enable_grpc == "true":  # KServe's protocol types take seconds to import: off the loop
             grpc = await loop.run_in_executor(None, importlib.import_module, f"{__package__}.engine_grpc")
             grpc_server = await grpc.start_grpc(engine, args.host, args.grpc_port)
+            ts_grpc = await loop.run_in_executor(None, importlib.import_module, f"{__package__}.engine_ts_grpc")
+            ts_grpc_servers = await ts_grpc.start(engine, args)
         waiting = asyncio.ensure_future(stopping.wait())
         await asyncio.wait({starting, waiting, *tasks}, return_when=asyncio.FIRST_COMPLETED)
         waiting.cancel()
@@ -442,8 +468,9 @@ async def serve(engine: Engine, args) -> int:
         running = [task for task in tasks if not task.done()]
         if running:
             await asyncio.wait(running, timeout=5)
-        if grpc_server is not None:
-            await grpc_server.stop(1)
+        for server in [grpc_server, *ts_grpc_servers]:
+            if server is not None:
+                await server.stop(1)
 
 
 MMAP_THRESHOLD = 1 << 20  # bytes: buffers this large are mapped on their own, unmapped when freed

@@ -33,6 +33,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from handlers.errors import error_body
 
 from .body_limit import BODY_IDLE_TIMEOUT
+from .engine_stream import ABORT
 
 MAX_HEAD_BYTES = 64 << 10
 HEAD_TIMEOUT = 30.0  # s
@@ -86,6 +87,7 @@ class BoundedHttp(HttpToolsProtocol):
         self.in_head = False
         self._cancel_head_timer()
         self.scope[HEADER_NAMES] = {low.decode("latin-1"): name.decode("latin-1") for low, name in self.names.items()}
+        self.scope[ABORT] = self.transport.close  # a streamed answer that fails midway ends so (engine_stream.cut)
         super().on_headers_complete()
 
     def connection_lost(self, exc) -> None:

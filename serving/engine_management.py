@@ -38,7 +38,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response as HttpResponse
@@ -94,6 +94,9 @@ def ts_error(status: int, kind: str, message: str) -> HttpResponse:
 
 def status(message: str, code: int = 200) -> HttpResponse:
     return ts_json({"status": message}, code)
+
+
+Done = Tuple[str, int]  # what a call that changes state answers: TorchServe's status message, and its HTTP status
 
 
 def model_not_found(name: str) -> ApiError:
@@ -300,7 +303,7 @@ def load_failure(spec: ts_config.ModelSpec, error: BaseException) -> ApiError:
     return ApiError(400, "InvalidModelException", message[:2000])
 
 
-async def register(engine, params: Dict[str, str]) -> HttpResponse:
+async def register(engine, params: Dict[str, str]) -> Done:
     if params.get("url") is None:
         raise ApiError(400, "BadRequestException", "Parameter url is required.")
     synchronous = flag(params, "synchronous", True)
@@ -320,14 +323,14 @@ async def register(engine, params: Dict[str, str]) -> HttpResponse:
     if not model.workers:
         message = (f'Model "{spec.name}" Version: {spec.version} registered with 0 initial workers. Use scale '
                    "workers API to add workers for the model.")  # fmt: skip
-        return status(message)
+        return message, 200
     starting = asyncio.ensure_future(start_registered(engine, model))
     if not synchronous:
-        return status("Processing worker updates...", 202)
+        return "Processing worker updates...", 202
     error = await starting
     if error is not None:
         raise load_failure(spec, error)
-    return status(f'Model "{spec.name}" Version: {spec.version} registered with {spec.min_workers} initial workers')
+    return f'Model "{spec.name}" Version: {spec.version} registered with {spec.min_workers} initial workers', 200
 
 
 async def start_registered(engine, model: ModelWorkers) -> Optional[BaseException]:
@@ -345,7 +348,7 @@ async def start_registered(engine, model: ModelWorkers) -> Optional[BaseExceptio
 
 
 # ---- Changing ---------------------------------------------------------------------------------------
-async def unregister(engine, name: str, version: Optional[str]) -> HttpResponse:
+async def unregister(engine, name: str, version: Optional[str]) -> Done:
     versions = engine.versions.get(name)
     if not versions:
         raise model_not_found(name)
@@ -360,10 +363,10 @@ async def unregister(engine, name: str, version: Optional[str]) -> HttpResponse:
     await model.drain(f"model {name} version {model.spec.version} was unregistered")
     engine.forget(model)
     logger.info("%s unregistered", model.label)
-    return status(f'Model "{name}" unregistered')
+    return f'Model "{name}" unregistered', 200
 
 
-async def scale(engine, name: str, version: Optional[str], params: Dict[str, str]) -> HttpResponse:
+async def scale(engine, name: str, version: Optional[str], params: Dict[str, str]) -> Done:
     low = whole(params, "min_worker", 1)
     high = whole(params, "max_worker", low)
     version = version or params.get("model_version")
@@ -392,18 +395,18 @@ async def scale(engine, name: str, version: Optional[str], params: Dict[str, str
             message = f"Failed to start workers for model {name} version: {version or 'null'}"
             raise ApiError(500, "InternalServerException", f"{message}: {error}"[:2000])
     if not synchronous:
-        return status("Processing worker updates...", 202)
-    return status(f"Workers scaled to {low} for model: {name}" + (f", version: {version}" if version else ""))
+        return "Processing worker updates...", 202
+    return f"Workers scaled to {low} for model: {name}" + (f", version: {version}" if version else ""), 200
 
 
-def set_default(engine, name: str, version: str) -> HttpResponse:
+def set_default(engine, name: str, version: str) -> Done:
     if name not in engine.versions:
         raise model_not_found(name)
     model = engine.versions[name].get(version)
     if model is None:
         raise ApiError(404, "ModelVersionNotFoundException", f"Model version {version} does not exist for model {name}")
     engine.set_default(model)
-    return status(f'Default version successfully updated for model "{name}" to "{version}"')
+    return f'Default version successfully updated for model "{name}" to "{version}"', 200
 
 
 # ---- Routes -----------------------------------------------------------------------------------------
@@ -418,7 +421,8 @@ def management_routes(engine) -> List[Route]:
             if not changes:
                 return await settle(work())
             async with engine.changing:
-                return await settle(work())
+                message, code = await settle(work())
+            return status(message, code)
         except ApiError as exc:
             return ts_error(exc.status, exc.kind, exc.message)
         except Exception as exc:  # noqa: BLE001 - logged; the call gets TorchServe's 500, the engine goes on

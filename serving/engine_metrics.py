@@ -10,6 +10,12 @@ exports them in prometheus mode (``metrics_mode=prometheus``: names, types, labe
   collector process samples them), ``QueueTime`` and ``WorkerThreadTime`` are not kept.
 - Worker counts: ``ts_workers{model_name, model_version, status}`` (TorchServe shows them only in
   describe; a gauge makes a dead or restarting worker visible to an alert).
+- Each model version's load, the signal to scale on (TorchServe has none: pytorch/serve#714), labelled
+  as the ``ts_`` counters (model_name, model_version, hostname) and read when scraped (``LOAD_GAUGES``,
+  ``LOAD_COUNTERS``): ``ts_queue_size`` (waiting for a worker), ``ts_requests_in_flight`` (queued or in
+  a batch, REST and gRPC alike), ``ts_batch_size_limit`` (batchSize), ``ts_batch_fill_ratio`` (the mean
+  size over batchSize of the last ``RECENT_BATCHES`` batches), and the counters ``ts_batches_total`` and
+  ``ts_batched_requests_total`` (their rates' ratio: the mean batch size over any window).
 - What the workers emit (``WorkerMetrics``, which MLServer's runtime shares), read from the lines of
   their metrics logger (a channel of its own, ``serving/worker_launch.py``: never their stdout, where a
   handler may print a request's data) and recorded as TorchServe's frontend records them
@@ -61,11 +67,11 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import yaml
 from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.utils import floatToGoString
 
-from .engine_workers import worker_log_line
+from .engine_workers import RECENT_BATCHES, worker_log_line
 from .worker_process import METRICS_YAML
 
 # [METRICS]HandlerTime.ms:12.3|#ModelName:resnet18,Level:Model|#type:GAUGE|#hostname:h,1700000000,req
@@ -92,10 +98,24 @@ MAX_SERIES = 50_000  # series of all the workers together (their BUILTIN ones ar
 MAX_LABEL = 256  # characters of a metric's name, a dimension's name or value; a line with a longer one is dropped
 MAX_LABELS = 16  # dimensions of one series (Hostname included); a line with more is dropped
 MAX_WORKER_BYTES = 16 << 20  # exposition bytes of all the workers' series together (BUILTIN ones admitted past it)
+LOAD_GAUGES = {  # per model version, read when scraped: the signal to scale on (docs/engines.md, Metrics)
+    "ts_queue_size": "Requests waiting in the model version's job queue for a worker",
+    "ts_requests_in_flight": "Requests taken and not yet answered: queued or in a worker's batch",
+    "ts_batch_size_limit": "The model version's batchSize: the most requests one batch holds",
+    "ts_batch_fill_ratio": f"Requests per batch over batchSize, the mean of the last {RECENT_BATCHES} batches",
+}
+LOAD_COUNTERS = {
+    "ts_batches_total": "Batches the model version's workers ran",
+    "ts_batched_requests_total": "Requests in those batches (over ts_batches_total: the mean batch size)",
+}
 # Names the engine exposes itself: a worker's line cannot add samples to them.
-ENGINE_NAMES = frozenset(FRONTEND_COUNTERS) | {"ts_workers", "WorkerLoadTime", "request_predict_seconds"}
+ENGINE_NAMES = (
+    frozenset(FRONTEND_COUNTERS) | {"ts_workers", "WorkerLoadTime", "request_predict_seconds"} | set(LOAD_GAUGES)
+    | set(LOAD_COUNTERS) | {name[: -len("_total")] for name in LOAD_COUNTERS}
+)  # fmt: skip
 ENGINE_PREFIXES = ("request_predict_seconds", "tsctl_")
 DROPPED = "tsctl_metrics_dropped_total"
+MODEL_LABELS = ("model_name", "model_version", "hostname")  # TorchServe's ts_* labels
 DROP_REASONS = ("value", "labels", "label_length", "series", "bytes", "type")  # tsctl_metrics_dropped_total's
 
 
@@ -413,7 +433,7 @@ class _Frontend:
 
 
 class _Live:
-    """What is read when scraped: worker counts and load times."""
+    """What is read when scraped: worker counts, load times, and each model version's load."""
 
     def __init__(self, metrics: Metrics):
         self.metrics = metrics
@@ -425,6 +445,8 @@ class _Live:
         workers = Metric("ts_workers", "Workers of each model version, by status", "gauge")
         unit = metrics.declared.get("WorkerLoadTime", "Milliseconds")
         load = Metric("WorkerLoadTime", HELP.format(kind="gauge", unit=unit), "gauge")
+        gauges = {name: GaugeMetricFamily(name, doc, labels=MODEL_LABELS) for name, doc in LOAD_GAUGES.items()}
+        counters = {name: CounterMetricFamily(name, doc, labels=MODEL_LABELS) for name, doc in LOAD_COUNTERS.items()}
         for model in engine.all():
             counts: Dict[str, int] = {}
             for worker in model.workers:
@@ -436,6 +458,19 @@ class _Live:
             for status in ("READY", "BUSY", "STARTING"):
                 labels = {"model_name": model.spec.name, "model_version": model.spec.version, "status": status}
                 workers.add_sample("ts_workers", labels, counts.get(status, 0))
+            key = (model.spec.name, model.spec.version, metrics.hostname)
+            fill = list(model.recent_fill)
+            for name, value in (
+                ("ts_queue_size", len(model.queue)),
+                ("ts_requests_in_flight", model.in_flight),
+                ("ts_batch_size_limit", model.spec.batch_size),
+                ("ts_batch_fill_ratio", sum(fill) / len(fill) if fill else 0.0),
+            ):
+                gauges[name].add_metric(key, value)
+            counters["ts_batches_total"].add_metric(key, model.batches)
+            counters["ts_batched_requests_total"].add_metric(key, model.batched)
         yield workers
         if "WorkerLoadTime" in metrics.declared:
             yield load
+        yield from gauges.values()
+        yield from counters.values()

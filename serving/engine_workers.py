@@ -5,8 +5,8 @@
 full queue answers 503), batches gathered as TorchServe gathers them (up to ``batchSize`` within
 ``maxBatchDelay`` ms of the first request), and ``minWorkers`` workers each taking the next batch;
 workers added and retired while it serves (scaling: ``add_workers``, ``remove_workers``; unregistering:
-``drain``). ``open_model`` unpacks and checks an archive and makes its workers' environment;
-``ModelVersions`` holds a server's model versions, added and removed by name and version.
+``drain``). ``open_model`` unpacks and checks an archive and makes its workers' environment
+(``engine_versions.ModelVersions`` holds a server's model versions, added and removed by name and version).
 
 - **A worker that dies** (killed, out of memory, a handler calling ``sys.exit``) fails only the
   batch it held, as soon as its process ends (its socket shut down, even while a child it forked
@@ -18,6 +18,9 @@ workers added and retired while it serves (scaling: ``add_workers``, ``remove_wo
   again, after 0, 1, 1, 2, 3, 5... seconds as TorchServe backs off.
 - **responseTimeout** is enforced per batch: a worker that has not answered in time is killed, its
   requests get 503 naming the timeout, and it is started again.
+- **Streamed answers** (``send_intermediate_predict_response``): each part reaches the request's
+  ``Job`` as the worker's reader gets it; the first resolves the request, the others follow in its
+  ``Parts`` (``engine_stream.py``); ``submit`` joins them, ``submit_streaming`` does not.
 - **Threads.** Each worker gets ``OMP_NUM_THREADS`` = the cores divided among the model's workers
   (unless the environment sets it), as the toolkit handlers divide them on TorchServe.
 - **Fork server.** Workers are forked from the engine's fork server for their environment
@@ -30,21 +33,20 @@ workers added and retired while it serves (scaling: ``add_workers``, ``remove_wo
 
 import asyncio
 import collections
-import itertools
 import logging
 import os
-import shutil
 import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Deque, Dict, List, Optional
+from typing import Callable, Deque, List, Optional
 
 from handlers.archives import Archive, opened, printable
 from handlers.errors import frontend_error
 
 from . import fork_server, sockets
+from .engine_stream import Parts, collect
 from .ts_config import Frontend, ModelSpec
 from .ts_wire import BrokenReply, Request, Response, WorkerDied, batch_error
 from .worker_process import NotSent, WorkerProcess, kill_group, start_worker
@@ -52,6 +54,7 @@ from .worker_process import NotSent, WorkerProcess, kill_group, start_worker
 logger = logging.getLogger("tsctl.engine")
 worker_log = logging.getLogger("tsctl.worker")
 
+RECENT_BATCHES = 64  # the batches ts_batch_fill_ratio averages
 BACKOFF = (0, 1, 1, 2, 3, 5, 8, 13, 21, 34)  # seconds before each restart, as TorchServe's
 MAX_WORKERS = sockets.PORTS_PER_MODEL  # workers of one model version: each has a worker id of its own
 STOPPING = "the engine is stopping: retry on another replica"
@@ -78,10 +81,34 @@ def worker_log_line(worker, line: str):
 
 # ---- A model version's queue and workers ---------------------------------------------------------
 class Job:
-    __slots__ = ("request", "done", "arrived")
+    """One request in a model's queue: ``done`` resolves with its answer, or with the first part of a
+    streamed answer, whose ``rest`` (``parts``) brings the others (engine_stream.py)."""
+
+    __slots__ = ("request", "done", "arrived", "parts")
 
     def __init__(self, request: Request, done: asyncio.Future):
         self.request, self.done, self.arrived = request, done, time.perf_counter()
+        self.parts: Optional[Parts] = None
+
+    def part(self, response: Response, on_end: Callable[[], None]):
+        """A part of a streamed answer that more parts follow (on the event loop, as the worker sends it)."""
+        if self.parts is None:
+            if self.done.done():
+                return  # the client left before the first part: the rest is dropped
+            self.parts = Parts(on_end)
+            response.rest = self.parts
+            if response.error:  # a first part above max_response_size: the answer ends with it
+                self.parts.end()
+            self.done.set_result(response)
+        else:
+            self.parts.put(response)
+
+    def answer(self, response: Response):
+        """The request's answer, or the last part of its streamed answer."""
+        if self.parts is not None:
+            self.parts.put(response, last=True)
+        elif not self.done.done():
+            self.done.set_result(response)
 
 
 class JobQueue:
@@ -135,7 +162,8 @@ class JobQueue:
 
 def unavailable(message: str, status: int = 503) -> Response:
     """The frontend's answer for a request no worker could answer."""
-    return Response(status, frontend_error(status, "ServiceUnavailableException", message), "application/json")
+    body = frontend_error(status, "ServiceUnavailableException", message)
+    return Response(status, body, "application/json", error=True)
 
 
 class Worker:
@@ -182,7 +210,8 @@ class Worker:
         self.process = await loop.run_in_executor(
             self.thread,
             lambda: start_worker(owner.spec, owner.model_dir, owner.handler, owner.frontend, self.socket_path,
-                                 owner.env, on_line, self._spawned, on_metric, fork_server.shared(owner.env)),
+                                 owner.env, on_line, self._spawned, on_metric,
+                                 fork_server.shared(owner.env, extras=True)),  # in this thread: it may start one
         )  # fmt: skip
         if self.owner.stopping or self.retiring.is_set():  # the engine (or this worker) began to stop meanwhile
             self.process.kill()
@@ -267,8 +296,12 @@ class Worker:
         when its reply cannot be read (``BrokenReply``); in each case the worker is killed (serve
         restarts it). NotSent when the batch never reached it."""
         owner, process, loop = self.owner, self.process, asyncio.get_running_loop()
-        timeout = owner.spec.response_timeout
-        predicting = loop.run_in_executor(self.thread, process.predict, [j.request for j in jobs])
+        timeout = owner.spec.response_timeout  # for the whole batch, a streamed answer's parts all within it
+
+        def on_part(index: int, part: Response):  # in the worker's thread: a part of a streamed answer
+            loop.call_soon_threadsafe(jobs[index].part, part, owner.stream_ended)
+
+        predicting = loop.run_in_executor(self.thread, process.predict, [j.request for j in jobs], on_part)
         dying = asyncio.ensure_future(self.died.wait())
         try:
             await asyncio.wait({predicting, dying}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
@@ -354,6 +387,9 @@ class ModelWorkers:
         self.stopping = False
         self.stopped_message = STOPPING
         self.serving = True  # counts for the engine's readiness (a model being registered: once it has loaded)
+        self.in_flight = 0  # requests taken and not yet answered: queued or in a worker's batch
+        self.batches = self.batched = 0  # batches sent to the workers, and the requests they held
+        self.recent_fill: Deque[float] = collections.deque(maxlen=RECENT_BATCHES)  # each: its size / batchSize
 
     async def start(self):
         """Start every worker and wait until each has loaded the model; RuntimeError if one cannot."""
@@ -435,7 +471,12 @@ class ModelWorkers:
         await self.retire(list(self.workers))
 
     async def submit(self, request: Request, named: Optional[str] = None) -> Response:
-        """The answer to one request (``named``: the version the client named, for messages)."""
+        """The request's answer, whole (a streamed answer's parts joined: ``engine_stream.collect``;
+        ``named``: the version the client named, for messages)."""
+        return await collect(await self.submit_streaming(request, named))
+
+    async def submit_streaming(self, request: Request, named: Optional[str] = None) -> Response:
+        """The request's answer, or the first part of a streamed answer (its ``rest`` the others)."""
         if self.stopping:
             return unavailable(self.stopped_message)
         if not self.workers:  # registered with no worker, as TorchServe allows: its answer
@@ -446,13 +487,27 @@ class ModelWorkers:
                 f"model {self.spec.name} version {self.spec.version}: its job queue is full "
                 f"({self.queue.limit} requests, job_queue_size): retry later"
             )
-        return await done
+        self.in_flight += 1
+        streamed = False
+        try:
+            answer = await done
+            streamed = answer.rest is not None  # in flight until its last part (stream_ended)
+            return answer
+        finally:
+            if not streamed:
+                self.in_flight -= 1
+
+    def stream_ended(self):
+        self.in_flight -= 1
 
     def finished(self, jobs: List[Job], responses: List[Response], sent: float):
+        """A batch a worker ran (or failed): its answers given, counted for the metrics."""
         done_at = time.perf_counter()
+        self.batches += 1
+        self.batched += len(jobs)
+        self.recent_fill.append(len(jobs) / max(1, self.spec.batch_size))
         for job, response in zip(jobs, responses):
-            if not job.done.done():
-                job.done.set_result(response)
+            job.answer(response)
         self.observe(jobs, responses, sent, done_at)
 
     def begin_stop(self, message: str = STOPPING):
@@ -508,74 +563,3 @@ def open_model(
     return ModelWorkers(
         spec, model_dir, model["handler"], frontend, run_dir, first_port, env, on_line or worker_log_line, on_metric
     )
-
-
-class ModelVersions:
-    """The model versions a server serves, by name and version, and each name's default version: opened
-    and added at start and by a register, removed by an unregister (``remove``, then ``forget`` once
-    their workers are told to end). ``metrics``: the server's (engine_metrics.Metrics), for each version's
-    observer and its workers' metric lines."""
-
-    def __init__(self, frontend: Frontend, run_dir: str, decode_default=None, metrics=None):
-        self.frontend, self.run_dir, self.decode_default, self.metrics = frontend, run_dir, decode_default, metrics
-        self.versions: Dict[str, Dict[str, ModelWorkers]] = {}
-        self.defaults: Dict[str, ModelWorkers] = {}
-        self.numbers = itertools.count()  # each model version's number: its unpack folder and worker ids
-        self.leaving: set = set()  # removed, their workers not ended yet (``forget``)
-
-    def open(self, spec: ModelSpec) -> ModelWorkers:
-        """A model version's workers, not started: its archive unpacked and checked (``open_model``): the
-        one place startup and a register open an archive. Refused, nothing of it stays on disk."""
-        number = next(self.numbers)
-        first_port = sockets.FIRST_PORT + sockets.PORTS_PER_MODEL * number
-        unpack = os.path.join(self.run_dir, f"m{number}")
-        on_metric = self.metrics.worker_metric if self.metrics is not None else None
-        try:
-            model = open_model(spec, self.frontend, unpack, first_port, self.decode_default, on_metric=on_metric)
-        except BaseException:
-            shutil.rmtree(unpack, ignore_errors=True)
-            raise
-        if self.metrics is not None:
-            model.observe = self.metrics.observer(spec)
-        model.unpack_dir = unpack
-        return model
-
-    def add(self, model: ModelWorkers):
-        """Serve ``model`` (the default version of its name when it is the first, or its spec says so)."""
-        spec = model.spec
-        self.versions.setdefault(spec.name, {})[spec.version] = model
-        if spec.default or spec.name not in self.defaults:
-            self.set_default(model)
-
-    def set_default(self, model: ModelWorkers):
-        for other in self.versions.get(model.spec.name, {}).values():
-            other.spec.default = other is model
-        self.defaults[model.spec.name] = model
-
-    def remove(self, model: ModelWorkers):
-        """Route no more requests to ``model`` (its workers still run: ``forget``)."""
-        versions = self.versions.get(model.spec.name, {})
-        if versions.get(model.spec.version) is model:
-            del versions[model.spec.version]
-        if not versions:
-            self.versions.pop(model.spec.name, None)
-        self.leaving.add(model)
-        if self.defaults.get(model.spec.name) is model:
-            del self.defaults[model.spec.name]
-            if versions:
-                self.set_default(next(iter(versions.values())))
-
-    def forget(self, model: ModelWorkers):
-        """End a removed model's workers and remove what it unpacked."""
-        model.stop()
-        self.leaving.discard(model)
-        shutil.rmtree(getattr(model, "unpack_dir", ""), ignore_errors=True)
-
-    def all(self) -> List[ModelWorkers]:
-        """Every model version (copied whole: /metrics reads it from another thread while calls change it)."""
-        return [w for versions in list(self.versions.values()) for w in list(versions.values())]
-
-    def find(self, name: str, version: Optional[str] = None) -> Optional[ModelWorkers]:
-        if version is None:
-            return self.defaults.get(name)
-        return self.versions.get(name, {}).get(version)

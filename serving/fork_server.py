@@ -31,7 +31,15 @@ A worker whose ``PYTHONPATH`` (the archive's folder, the caller's own entries) h
 or package of a name the server has imported (``shadows``: a ``torch.py``, a ``yaml/``, a vendored
 ``tqdm``) would import the server's instead of its own, and one holding a ``sitecustomize`` or
 ``usercustomize`` would not run it as a new interpreter does at start: such a worker is spawned as a
-new process, as TorchServe would. So is every worker when the fork server cannot start.
+new process, as TorchServe would. The server itself checks (``shadowed``), just before it would fork,
+against what it has imported then. So is every worker spawned when the fork server cannot start.
+
+An engine's server (``shared(env, extras=True)``: the tsctl engine's and MLServer's, whose workers are
+restarted and added while they run) also imports ``EXTRAS`` (Pillow, torchvision, transformers' models
+and tokenizers: what handlers import first), one at a time once no request has come for ``IDLE`` s: the
+workers of a cold start, forked at once, import them themselves; a worker restarted after it died, or
+started later, finds them imported. ``tsctl run``'s and ``LocalModel``'s server does not (one start,
+and the imports would take the cores its worker is using).
 
 The server reaps its children and reports each exit status; a fork the kernel refuses (a pids limit
 reached) fails that start alone, with the OSError a spawn would raise. ``ForkedProcess`` offers what
@@ -62,6 +70,19 @@ PRELOAD = (  # imported once by the server; ts.torch_handler is not (it reads TS
     "ts.protocol.otf_message_handler",
     "ts.service",
 )
+# With ``extras``, imported once the server is idle, one at a time between requests: what the toolkit's and
+# TorchServe's handlers import first (the image handlers, transformers' models and tokenizers), if
+# installed. A worker forked before they are in imports them itself; one restarted after it died, or added
+# later, finds them imported. A request that comes during one waits for it (at most about 1.5 s).
+EXTRAS = (
+    "PIL.Image",
+    "torchvision",
+    "transformers",
+    "transformers.modeling_utils",
+    "transformers.models.auto.modeling_auto",
+    "transformers.models.auto.tokenization_auto",
+)
+IDLE = 1.0  # s without a request before the server imports the next extra (a cold start's come at once)
 MESSAGE = 1 << 20  # bytes of one request or reply, at most
 RE_READ = ("PYTHONPATH", "TMPDIR", "TEMP", "TMP")  # read by each forked child again
 MAX_SERVERS = 3  # fork servers one process keeps, one per start environment
@@ -95,7 +116,7 @@ class ForkServer:
     """The server process and its socket. ``spawn`` forks a worker; None when it cannot (the caller
     then spawns a new process). Thread-safe; one request at a time."""
 
-    def __init__(self, env: Optional[dict] = None):
+    def __init__(self, env: Optional[dict] = None, extras: bool = False):
         self.spawning = threading.Lock()  # held from a request to its reply
         self.lock = threading.Lock()  # the state below, shared with the reading thread
         self.replies: List[dict] = []
@@ -107,7 +128,7 @@ class ForkServer:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.process = subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), str(theirs.fileno())],
+                [sys.executable, os.path.abspath(__file__), str(theirs.fileno())] + (["--extras"] if extras else []),
                 env=self.env,
                 stdin=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),),
@@ -116,10 +137,10 @@ class ForkServer:
         finally:
             theirs.close()
         self.sock = mine
-        self.modules = set(self._read_hello()) | set(AT_START)  # the top-level names the server has imported
+        self._read_hello()
         threading.Thread(target=self._read, name=f"fork-server-{self.process.pid}", daemon=True).start()
 
-    def _read_hello(self) -> List[str]:
+    def _read_hello(self):
         self.sock.settimeout(120)
         try:
             hello = json.loads(self.sock.recv(MESSAGE) or b"{}")
@@ -128,33 +149,13 @@ class ForkServer:
         if "modules" not in hello:
             self.close()
             raise RuntimeError(f"the fork server did not start: {hello.get('error', 'it exited')}")
-        return hello["modules"]
-
-    def shadows(self, folder: str) -> List[str]:
-        """The top-level modules and packages in ``folder`` whose names the server has imported."""
-        names = set()
-        for entry in os.listdir(folder):
-            stem, dot, suffix = entry.partition(".")
-            if (not dot and os.path.isdir(os.path.join(folder, entry))) or suffix in ("py", "pyc") or ".so" in entry:
-                names.add(stem)
-        return sorted(names & self.modules)
-
-    def shadowed(self, env: dict, cwd: str) -> bool:
-        """Whether a folder on ``env``'s ``PYTHONPATH`` ``shadows`` a module (a zip file there is not looked
-        into; a folder that cannot be listed is passed over, as the interpreter imports nothing from it)."""
-        for folder in python_path(env, cwd):
-            try:
-                if os.path.isfile(folder) or os.path.isdir(folder) and self.shadows(folder):
-                    return True
-            except OSError:
-                continue
-        return False
 
     def spawn(self, args: List[str], cwd: str, env: dict, stdout: int, metrics: int) -> Optional[ForkedProcess]:
         """Fork a worker running ``worker_launch.py METRICS_FD *args`` (its stdout and stderr on the fd
         ``stdout``, its metrics on ``metrics``); None when the server has ended, was started for another
-        environment (``start_environment``) or the worker's path is ``shadowed``; OSError when the fork fails."""
-        if start_environment(env) != self.env or self.shadowed(env, cwd):
+        environment (``start_environment``) or the worker's path ``shadows`` a module it has imported (the
+        server says which, ``shadowed``); OSError when the fork fails."""
+        if start_environment(env) != self.env:
             return None
         request = json.dumps({"args": args, "cwd": cwd, "env": env}).encode("utf-8")
         with self.spawning, self.lock:  # one request at a time: the next reply is this request's
@@ -169,6 +170,8 @@ class ForkServer:
             if not self.replies:
                 return None
             reply = self.replies.pop(0)
+            if "shadowed" in reply:
+                return None
             if "pid" not in reply:  # the fork failed: the error a spawn would have raised
                 raise OSError(reply["errno"], reply["error"])
             child = ForkedProcess(reply["pid"], None, self)
@@ -248,15 +251,16 @@ _servers: Dict[str, ForkServer] = {}  # by start environment
 _servers_lock = threading.Lock()
 
 
-def shared(env: Optional[dict] = None) -> Optional[ForkServer]:
+def shared(env: Optional[dict] = None, extras: bool = False) -> Optional[ForkServer]:
     """This process's fork server for workers started with ``env`` (default: this process's environment):
-    one per ``start_environment``, started on first use, at most ``MAX_SERVERS`` (one without workers
-    makes room). None with ``TSCTL_FORK_SERVER=0`` in the environment, or when none can start: workers
-    are then spawned. The servers end when this process does."""
+    one per ``start_environment`` and ``extras`` (whether it imports ``EXTRAS`` once idle: for a server
+    whose workers are restarted and added while it runs, the engines'), started on first use, at most
+    ``MAX_SERVERS`` (one without workers makes room). None with ``TSCTL_FORK_SERVER=0`` in the
+    environment, or when none can start: workers are then spawned. The servers end when this process does."""
     if os.environ.get("TSCTL_FORK_SERVER") == "0":
         return None
     wanted = start_environment(os.environ if env is None else env)
-    key = json.dumps(wanted, sort_keys=True)
+    key = json.dumps([wanted, extras], sort_keys=True)
     with _servers_lock:
         server = _servers.get(key)
         if server is not None and server.alive:
@@ -268,7 +272,7 @@ def shared(env: Optional[dict] = None) -> Optional[ForkServer]:
         if len(_servers) >= MAX_SERVERS:
             return None
         try:
-            server = _servers[key] = ForkServer(wanted)
+            server = _servers[key] = ForkServer(wanted, extras)
         except (OSError, RuntimeError):
             return None
         import atexit
@@ -278,8 +282,9 @@ def shared(env: Optional[dict] = None) -> Optional[ForkServer]:
 
 
 # ---- The server --------------------------------------------------------------------------------
-def serve(sock: socket.socket):
-    """Fork a worker per request, report each exit, until the client closes its end."""
+def serve(sock: socket.socket, extras: List[str]):
+    """Fork a worker per request, report each exit, until the client closes its end; once nothing has
+    come for ``IDLE`` s, import the next of ``extras``."""
     wakeup_read, wakeup_write = os.pipe()
     os.set_blocking(wakeup_write, False)
     signal.set_wakeup_fd(wakeup_write)
@@ -288,7 +293,10 @@ def serve(sock: socket.socket):
     import select
 
     while True:
-        ready, _, _ = select.select([sock, wakeup_read], [], [])
+        ready, _, _ = select.select([sock, wakeup_read], [], [], IDLE if extras else None)
+        if not ready:  # idle: the next of the modules workers often import
+            preload(extras.pop(0))
+            continue
         if wakeup_read in ready:
             os.read(wakeup_read, 4096)
             report_exits(sock)
@@ -300,6 +308,12 @@ def serve(sock: socket.socket):
             if not raw:
                 return
             request = json.loads(raw)
+            found = shadowed(request["env"], request["cwd"])
+            if found:  # the worker's own would be shadowed by the server's: it is spawned instead
+                for fd in fds:
+                    os.close(fd)
+                sock.send(json.dumps({"shadowed": found}).encode("utf-8"))
+                continue
             try:
                 pid = os.fork()
             except OSError as exc:  # no process to be had (a pids limit reached): this start fails, as a spawn would
@@ -318,6 +332,19 @@ def serve(sock: socket.socket):
             for fd in fds:
                 os.close(fd)
             sock.send(json.dumps(reply).encode("utf-8"))
+
+
+def preload(name: str):
+    """Import ``name`` from the interpreter's own path, if it is there; whatever fails stays unimported
+    (a worker then imports it as a new process would)."""
+    import importlib
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec(name.partition(".")[0]) is not None:
+            importlib.import_module(name)
+    except BaseException:  # noqa: BLE001 - an extra only saves time: a worker that needs it imports it
+        pass
 
 
 def report_exits(sock: socket.socket):
@@ -424,6 +451,33 @@ def fresh_interpreter_state():
     multiprocessing.process.current_process().authkey = os.urandom(32)
 
 
+def shadows(folder: str, imported: set) -> List[str]:
+    """The top-level modules and packages in ``folder`` whose names are in ``imported``."""
+    names = set()
+    for entry in os.listdir(folder):
+        stem, dot, suffix = entry.partition(".")
+        if (not dot and os.path.isdir(os.path.join(folder, entry))) or suffix in ("py", "pyc") or ".so" in entry:
+            names.add(stem)
+    return sorted(names & imported)
+
+
+def shadowed(env: dict, cwd: str) -> List[str]:
+    """What of this process's modules (by top-level name, and what a new interpreter imports at start:
+    ``AT_START``) a folder on ``env``'s ``PYTHONPATH`` would bring instead, or a file there (a zip: not
+    looked into). A folder that cannot be listed is passed over, as the interpreter imports nothing from it."""
+    imported = {name.partition(".")[0] for name in sys.modules} | set(AT_START)
+    for folder in python_path(env, cwd):
+        try:
+            if os.path.isfile(folder):
+                return [folder]
+            found = shadows(folder, imported) if os.path.isdir(folder) else []
+        except OSError:
+            continue
+        if found:
+            return found
+    return []
+
+
 def python_path(env: dict, cwd: str) -> List[str]:
     """``PYTHONPATH`` as a new interpreter started in ``cwd`` puts it on ``sys.path``: each entry made
     absolute (an empty one is ``cwd``), ``lib`` and ``./lib/`` alike."""
@@ -437,6 +491,7 @@ BASE_PATH: List[str] = []
 def main():
     global BASE_PATH
     sock = socket.socket(fileno=int(sys.argv[1]))
+    extras = list(EXTRAS) if "--extras" in sys.argv[2:] else []
     BASE_PATH = [p for p in sys.path if os.path.realpath(p or os.curdir) != HERE]  # its environment has no PYTHONPATH
     sys.path[:] = BASE_PATH  # the preloaded modules come from the interpreter's own path, not a model's
     try:
@@ -449,7 +504,7 @@ def main():
         return
     modules = sorted({name.partition(".")[0] for name in sys.modules})
     sock.send(json.dumps({"modules": modules}).encode("utf-8"))
-    serve(sock)
+    serve(sock, extras)
 
 
 if __name__ == "__main__":

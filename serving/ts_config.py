@@ -47,6 +47,25 @@ UNSUPPORTED = {
     "keystore": "TLS: terminate it in front of the engine (KServe's ingress does)",
 }
 
+# The keys the engine reads that TorchServe also takes from the environment, as TS_ and the key in capitals,
+# when the config says enable_envvars_config=true (its ConfigManager's TS_* constants; the environment wins
+# over the file). KServe's TorchServe runtime sets TS_SERVICE_ENVELOPE so: kserve or kservev2.
+ENVIRONMENT_KEYS = (
+    "service_envelope",
+    "max_request_size",
+    "max_response_size",
+    "job_queue_size",
+    "decode_input_request",
+    "limit_max_image_pixels",
+    "metrics_config",
+    "model_metrics_auto_detect",
+    "default_workers_per_model",
+    "default_response_timeout",
+    "install_py_dep_per_model",
+    "disable_token_authorization",
+    *UNSUPPORTED,
+)
+
 
 class ConfigError(ValueError):
     """A config.properties the engine cannot serve as written: one sentence naming the key and the fix."""
@@ -174,6 +193,11 @@ class Frontend:
     token_expiration_min: float = 60.0
     allowed_urls: List[str] = field(default_factory=lambda: DEFAULT_ALLOWED_URLS.split(","))
     management_port: Optional[int] = None  # management on a listener of its own (management_address)
+    # TorchServe's own gRPC API (serving/engine_ts_grpc.py), each on its own listener as TorchServe binds them
+    grpc_inference_address: str = "127.0.0.1"
+    grpc_inference_port: int = 7070
+    grpc_management_address: str = "127.0.0.1"
+    grpc_management_port: int = 7071
     notes: List[str] = field(default_factory=list)  # settings read but not applied, archives skipped: a line each
 
 
@@ -193,6 +217,11 @@ def frontend_of(properties: Dict[str, str], path, environ: Optional[Dict[str, st
     frontend.configured_workers = _int(properties, "default_workers_per_model", 0, path)
     frontend.default_workers = frontend.configured_workers or 1
     frontend.default_response_timeout = _int(properties, "default_response_timeout", 120, path)
+    for api in ("inference", "management"):
+        address = properties.get(f"grpc_{api}_address") or getattr(frontend, f"grpc_{api}_address")
+        setattr(frontend, f"grpc_{api}_address", address)
+        port = _int(properties, f"grpc_{api}_port", getattr(frontend, f"grpc_{api}_port"), path)
+        setattr(frontend, f"grpc_{api}_port", port)
     if properties.get("install_py_dep_per_model", "false").lower() == "true":
         frontend.notes.append(
             f"{path}: install_py_dep_per_model=true: the tsctl engine installs nothing per model; "
@@ -275,7 +304,18 @@ def models(
         if not specs:
             raise ConfigError(f"{model_store} holds no archive that can be served: {'; '.join(frontend.notes)}")
         return specs, frontend
-    return from_properties(read_properties(config), config, model_store)
+    return from_properties(with_environment(read_properties(config)), config, model_store)
+
+
+def with_environment(properties: Dict[str, str], environ=None) -> Dict[str, str]:
+    """``properties`` as TorchServe's frontend ends up with them: with ``enable_envvars_config=true`` (any
+    case, as Java's Boolean.parseBoolean), each of ENVIRONMENT_KEYS the environment sets as TS_KEY takes
+    its value (TS_SERVICE_ENVELOPE=kservev2: service_envelope=kservev2); otherwise they are as written."""
+    environ = os.environ if environ is None else environ
+    if properties.get("enable_envvars_config", "").lower() != "true":
+        return properties
+    found = {key: environ[f"TS_{key.upper()}"] for key in ENVIRONMENT_KEYS if f"TS_{key.upper()}" in environ}
+    return {**properties, **found}
 
 
 def _from_store(archives: List[Path], frontend: Frontend, skip_unreadable: bool = False) -> List[ModelSpec]:

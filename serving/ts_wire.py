@@ -35,17 +35,23 @@ def cause_of(errors: List[str]) -> Optional[str]:
 
 @dataclass
 class Request:
-    """One HTTP request to ``/predictions/MODEL``: its body and its headers (Content-Type among them)."""
+    """One HTTP request to ``/predictions/MODEL``: its body and its headers (Content-Type among them);
+    or, with ``inputs``, a request of TorchServe's gRPC API: each entry of its ``input`` map a
+    parameter of its own, (name, MIME type, value), as TorchServe's frontend passes them."""
 
     body: bytes
     headers: Dict[str, str] = field(default_factory=dict)
+    inputs: Optional[List[Tuple[str, str, bytes]]] = None
 
     @property
     def content_type(self) -> str:
         return mime_type(self.headers)
 
     def parameters(self) -> List[Tuple[str, str, bytes]]:
-        """What the frontend sends the worker for it: (name, MIME type, value) each; one ``body``."""
+        """What the frontend sends the worker for it: (name, MIME type, value) each; one ``body``, or
+        the gRPC request's ``inputs``."""
+        if self.inputs is not None:
+            return self.inputs
         return [("body", self.content_type, self.body)]
 
 
@@ -65,6 +71,18 @@ class Response:
     body: Any  # bytes, as a client receives them
     content_type: Optional[str] = None
     headers: dict = field(default_factory=dict)
+    # Made by the frontend, not by the handler: the request failed (a worker that died or did not answer in
+    # time, an answer above max_response_size, a batch the worker failed as a whole). TorchServe's gRPC API
+    # sends these as the call's error status, a handler's answer as a prediction whatever its status.
+    error: bool = False
+    # A streamed answer's parts after this one (engine_stream.Parts), for a handler that sends
+    # intermediate responses (send_intermediate_predict_response); None: the answer is whole.
+    rest: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def streams(self) -> bool:
+        """This part says more parts follow (TorchServe's ``ts_stream_next: true``)."""
+        return self.headers.get(STREAM_NEXT) == "true"
 
     def json(self):
         body = self.body
@@ -81,6 +99,9 @@ class Response:
                 return self.body.decode("utf-8")
             except (AttributeError, UnicodeDecodeError):
                 return self.body
+
+
+STREAM_NEXT = "ts_stream_next"  # the header a streamed answer's parts carry: "true" but on the last
 
 
 def _field(data: bytes) -> bytes:
@@ -269,7 +290,7 @@ def too_large(size: int, headers: Optional[dict] = None) -> Response:
         f"Message size exceed limit: {size}\nConsider increasing the 'max_response_size' in 'config.properties' to fix."
     )
     body = frontend_error(500, "InternalServerException", message)
-    return Response(500, body, "application/json", dict(headers or {}))
+    return Response(500, body, "application/json", dict(headers or {}), error=True)
 
 
 def read_reply(reply: bytes, request_ids: List[str]) -> List[Response]:
@@ -284,7 +305,7 @@ def batch_error(code: int, message: str, count: int) -> List[Response]:
     """BatchAggregator.sendResponse for a batch that failed as a whole: every job gets the error."""
     status = 507 if code == 413 else code
     body = frontend_error(status, "InternalServerException", message)
-    return [Response(status, body, "application/json") for _ in range(count)]
+    return [Response(status, body, "application/json", error=True) for _ in range(count)]
 
 
 def read_answers(reply: bytes) -> Tuple[int, str, Dict[str, Response]]:

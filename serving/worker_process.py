@@ -61,6 +61,9 @@ WORKER_LOG_BURST = 4 << 20  # bytes of one worker's output logged at once
 PYTHON_ERROR = re.compile(r"^\s*(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception)\b:.*")
 
 
+OnPart = Callable[[int, Response], None]  # (index of the request in the batch, a part of its streamed answer)
+
+
 class NotSent(Exception):
     """The batch never reached the worker (its process had already ended): it may go to another."""
 
@@ -82,9 +85,14 @@ class WorkerProcess:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def predict(self, requests: List[Request]) -> List[Response]:
+    def predict(self, requests: List[Request], on_part: Optional[OnPart] = None) -> List[Response]:
         """One batch, blocking: NotSent if it never reached the worker, WorkerDied if the worker
-        ended while it held the batch."""
+        ended while it held the batch. A streamed answer (a handler calling
+        ``send_intermediate_predict_response``: parts with ``ts_stream_next: true``, then the last)
+        goes to ``on_part(index, part)`` part by part as the worker sends them, but its last part,
+        which is returned; an answer passing ``max_response_size`` there is one part of its own
+        (``too_large``, ``error``), and what the handler sends after it is dropped. Without
+        ``on_part`` the parts are joined into one answer."""
         ids = [str(uuid.uuid4()) for _ in requests]
         pieces = encode_batch(requests, ids)
         if not self.alive():
@@ -94,28 +102,16 @@ class WorkerProcess:
                 self.sock.sendall(piece)
         except OSError:
             raise NotSent() from None
-        answers: Dict[str, Response] = {}
-        parts: Dict[str, List[bytes]] = {}  # a streamed answer's chunks, joined once at its end
-        sizes: Dict[str, int] = {}  # each answer's bytes so far, against max_response_size (Stream.reply)
+        reading = Replies(ids, on_part)
         try:
-            while True:  # a streaming handler (ts_stream_next) answers in several replies
-                code, message, got = self.stream.reply(self.max_response_size, sizes, ids)
+            while not reading.complete():  # a streaming handler (ts_stream_next) answers in several replies
+                code, message, got = self.stream.reply(self.max_response_size, reading.sizes, ids)
                 if code != 200:
                     return batch_error(code, message, len(ids))
-                for request_id, response in got.items():
-                    if request_id not in answers or sizes[request_id] < 0:  # its first chunk, or too large
-                        answers[request_id], parts[request_id] = response, [response.body or b""]
-                    else:
-                        answers[request_id].headers.update(response.headers)
-                        parts[request_id].append(response.body or b"")
-                if all(i in answers and answers[i].headers.get("ts_stream_next") != "true" for i in ids):
-                    break
+                reading.take(got)
         except (OSError, struct.error) as exc:
             raise WorkerDied(str(exc)) from None
-        for request_id, chunks in parts.items():
-            if len(chunks) > 1:
-                answers[request_id].body = b"".join(chunks)
-        return [answers[i] for i in ids]
+        return reading.answers()
 
     def kill(self):
         """End the worker and whatever it forked (its process group, ``start_worker``), and shut its socket
@@ -130,6 +126,55 @@ class WorkerProcess:
             self.process.wait(10)
         except subprocess.TimeoutExpired:
             pass
+
+
+class Replies:
+    """A batch's answers as the worker's replies bring them: each request's, whole or part by part."""
+
+    def __init__(self, ids: List[str], on_part: Optional[OnPart]):
+        self.ids, self.on_part = ids, on_part
+        self.index = {request_id: index for index, request_id in enumerate(ids)}
+        self.last: Dict[str, Response] = {}  # each request's last part (or whole answer)
+        self.joined: Dict[str, Tuple[Response, List[bytes]]] = {}  # without on_part: a stream's parts so far
+        self.failed: Dict[str, Response] = {}  # a stream past max_response_size: its one error part
+        self.sizes: Dict[str, int] = {}  # each answer's bytes so far, against max_response_size (Stream.reply)
+
+    def complete(self) -> bool:
+        return len(self.last) == len(self.ids)
+
+    def take(self, got: Dict[str, Response]):
+        for request_id, response in got.items():
+            if request_id in self.last:
+                continue  # an answer already ended: nothing the worker sends for it now is kept
+            if response.error and request_id not in self.failed:  # past max_response_size, just now
+                self.failed[request_id] = response
+                self.joined.pop(request_id, None)
+                if response.streams and self.on_part is not None:
+                    self.on_part(self.index[request_id], response)
+            if not response.streams:
+                self.last[request_id] = self.failed.get(request_id, response)
+            elif request_id in self.failed:
+                continue  # the rest of a stream that failed: dropped as it comes
+            elif self.on_part is not None:
+                self.on_part(self.index[request_id], response)
+            else:
+                self.join(request_id, response)
+
+    def join(self, request_id: str, response: Response):
+        first = self.joined.setdefault(request_id, (response, []))[0]
+        if first is not response:
+            first.headers.update(response.headers)
+        self.joined[request_id][1].append(response.body or b"")
+
+    def answers(self) -> List[Response]:
+        for request_id, (first, chunks) in self.joined.items():
+            last = self.last[request_id]
+            if last.error:
+                continue
+            first.headers.update(last.headers)
+            first.body = b"".join([*chunks, last.body or b""])
+            self.last[request_id] = first
+        return [self.last[i] for i in self.ids]
 
 
 def kill_group(process: subprocess.Popen):

@@ -10,7 +10,7 @@ from ..engines import DEFAULT_CONFIG
 from ..errors import UserError
 from ..output import Progress, json_option
 from .common import Command, emit, handler_errors
-from .options import METRICS_CONFIG, runtime_option
+from .options import METRICS_CONFIG, content_type_option, runtime_option
 
 
 def handler_list(names) -> str:
@@ -80,19 +80,22 @@ def init(name, start, as_json):
     type=click.Path(),
     help=f"With --golden: {METRICS_CONFIG[:-2]}; the config: {DEFAULT_CONFIG} when it exists).",
 )
+@content_type_option("--golden-content-type", "file of --golden DIR")
 @click.option(
     "--sign-key",
     type=click.Path(),
     help="Sign every file with this PEM EC private key (OpenSSF model-signing, MAR-INF/model.sig).",
 )
 @json_option
-def package(golden, golden_allow_errors, metrics_config, as_json, **flags):
+def package(golden, golden_allow_errors, metrics_config, kind, as_json, **flags):
     """Build model-store/NAME.mar (torch-model-archiver's flags)."""
     from .. import mar, reports
 
     extra = [p.strip() for p in flags.pop("extra_files").split(",") if p.strip()]
     options = mar.PackageOptions(extra_files=extra, **flags)
-    for flag, given in (("--golden-allow-errors", golden_allow_errors), ("--metrics-config", metrics_config)):
+    given_flags = (("--golden-allow-errors", golden_allow_errors), ("--metrics-config", metrics_config),
+                   ("--golden-content-type", kind is not None))  # fmt: skip
+    for flag, given in given_flags:
         if given and not golden:
             raise UserError(f"{flag} goes with --golden DIR: give the inputs whose answers to record")
     if golden:
@@ -103,7 +106,9 @@ def package(golden, golden_allow_errors, metrics_config, as_json, **flags):
         metrics = inprocess.metrics_config(metrics_config)
         # its handler failing on the golden run: nothing written, one line (its log kept off the terminal)
         with inprocess.quiet_logs(), handler_errors(options.model_name):
-            path, planned, recorded = golden_answers.package(options, golden, progress, golden_allow_errors, metrics)
+            path, planned, recorded = golden_answers.package(
+                options, golden, progress, golden_allow_errors, metrics, kind
+            )
     else:
         path, planned = mar.build(options)
         recorded = None

@@ -10,7 +10,14 @@ import click
 from ..errors import ServerError, UserError
 from ..output import json_option, print_json
 from .common import Command, handler_errors, input_file, running_server
-from .options import check_expectations, expect_options, home_option, metrics_options, timeout_option
+from .options import (
+    check_expectations,
+    content_type_option,
+    expect_options,
+    home_option,
+    metrics_options,
+    timeout_option,
+)
 
 
 @click.command(cls=Command)
@@ -116,8 +123,9 @@ def verified_signature(archive, shown: str, public_key, expect_name, expect_vers
 @click.option("--public-key", type=click.Path(), help="Run ARCHIVE only if it is signed with this key's private half.")
 @expect_options
 @metrics_options
+@content_type_option()
 @json_option
-def run(archive, inputs, public_key, expect_name, expect_version, metrics_config, config_path, as_json):
+def run(archive, inputs, public_key, expect_name, expect_version, metrics_config, config_path, kind, as_json):
     """Run ARCHIVE's handler in-process (no server) on each INPUT file, answering as 'tsctl predict' does."""
     from handlers.archives import opened
 
@@ -138,7 +146,7 @@ def run(archive, inputs, public_key, expect_name, expect_version, metrics_config
             read_key(public_key)
             expected = (expect_name or stem(Path(archive)), expect_version)
         with handler_errors(archive):
-            answered = inprocess.run(found, paths, public_key, Progress.for_command(as_json), expected, metrics)
+            answered = inprocess.run(found, paths, public_key, Progress.for_command(as_json), expected, metrics, kind)
     if as_json:
         print_json({"archive": str(archive), "results": [inprocess.as_json(p, r) for p, r in answered]})
     else:

@@ -73,6 +73,18 @@ def parse_split(values):
     type=click.Choice(choices.RUNTIME_KINDS),
     help="--engine tsctl: the runtime's kind (default ClusterServingRuntime; ServingRuntime: in --namespace).",
 )
+@click.option(
+    "--auto-select",
+    is_flag=True,
+    help="--engine tsctl: KServe picks the runtime for InferenceServices naming only modelFormat pytorch "
+    "(the InferenceService then names no runtime).",
+)
+@click.option(
+    "--priority",
+    type=int,
+    help="With --auto-select: its priority for pytorch (default 1, below kserve-torchserve's 2, which stays the "
+    "pick while installed; 3 or more: this runtime first).",
+)
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @json_option
 def export_kserve(out, config_path, split, as_json, **options):

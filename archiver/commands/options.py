@@ -1,6 +1,6 @@
 """The options several commands share (``--home``, ``--timeout``, ``--engine``, ``--runtime``, what a
-signed archive must be signed as). Each reads only light modules: a command's options are built when
-``tsctl`` starts."""
+signed archive must be signed as, the content type files are sent with). Each reads only light modules:
+a command's options are built when ``tsctl`` starts."""
 
 import click
 
@@ -87,3 +87,32 @@ def metrics_options(command):
         f"{engines.DEFAULT_CONFIG} when it exists, as for 'tsctl serve').",
     )(command)
     return click.option("--metrics-config", type=click.Path(), help=METRICS_CONFIG)(command)
+
+
+CONTENT_TYPE = (
+    "Send each {what} as this type, not the one its suffix says (.json application/json, .txt text/plain, .jpg "
+    "image/jpeg...; else application/octet-stream); '' sends it without a Content-Type, as curl -T does. What a "
+    "handler that is not the toolkit's receives, as TorchServe's worker decodes it: application/json -> the "
+    "decoded JSON (a dict, a list...); text/... -> a str; any other type, or none -> the bytes (bytes too for JSON "
+    "or text it cannot decode). Toolkit handlers get the bytes and read the type themselves."
+)
+
+
+def content_type_option(flag: str = "--content-type", what: str = "INPUT", more: str = ""):
+    """``--content-type TYPE`` (or ``flag``): the type each file (``what``) is sent with instead of its
+    suffix's; '' for none (``media_type``). The value is None when the option is not given."""
+    help_text = CONTENT_TYPE.format(what=what) + (f" {more}" if more else "")
+    return click.option(flag, "kind", metavar="TYPE", callback=media_type, help=help_text)
+
+
+def media_type(ctx, param, value):
+    """A ``--content-type``: a media type, ``type/subtype`` (parameters such as ``; charset=utf-8`` kept),
+    or '' (no Content-Type)."""
+    from serving.v2_requests import MEDIA_TYPE
+
+    if value and not MEDIA_TYPE.match(value.split(";", 1)[0].strip()):
+        raise click.BadParameter(
+            f"{value!r} is not a media type: give one such as application/json, text/plain or "
+            "application/octet-stream, or '' for none"
+        )
+    return value

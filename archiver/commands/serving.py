@@ -12,7 +12,7 @@ from .. import choices, engines
 from ..errors import ServerError, UserError
 from ..output import Progress, json_option, print_json
 from .common import Command, input_file, running_server
-from .options import engine_option, home_option, timeout_option
+from .options import content_type_option, engine_option, home_option, timeout_option
 
 
 @click.command(cls=Command)
@@ -104,32 +104,14 @@ def stop(home, as_json):
         click.echo(f"the server started from {server.where(home)} (pid {srv.pid}) had already exited")
 
 
-def media_type_option(ctx, param, value):
-    """``--content-type``: a media type, ``type/subtype`` (parameters such as ``; charset=utf-8`` kept)."""
-    from serving.v2_requests import MEDIA_TYPE
-
-    if value is not None and not MEDIA_TYPE.match(value.split(";", 1)[0].strip()):
-        raise click.BadParameter(f"{value!r} is not a media type: give one such as application/json, text/plain "
-                                 "or application/octet-stream")  # fmt: skip
-    return value
-
-
 @click.command(cls=Command)
 @click.argument("model")
 @click.argument("inputs", nargs=-1, required=True, type=click.Path())
 @home_option()
 @timeout_option(60.0, "Seconds to wait for each answer.")
-@click.option(
-    "--content-type",
-    "kind",
-    metavar="TYPE",
-    callback=media_type_option,
-    help="Send each INPUT as this type, not the one its suffix says (.json application/json, .txt text/plain, "
-    ".jpg image/jpeg...; else application/octet-stream). What a handler that is not the toolkit's receives, as "
-    "TorchServe's worker decodes it: application/json -> the decoded JSON (a dict, a list...); text/... -> a str; "
-    "any other type -> the bytes (bytes too for JSON or text it cannot decode). Toolkit handlers get the bytes "
-    "and read the type themselves. On MLServer the file is one BYTES element of a v2 request, this type its "
-    "content_type (without --content-type a .json file is sent as the v2 request itself).",
+@content_type_option(
+    more="On MLServer the file is one BYTES element of a v2 request, this type its content_type (without "
+    "--content-type a .json file is sent as the v2 request itself)."
 )
 @json_option
 def predict(model, inputs, home, timeout, kind, as_json):

@@ -74,8 +74,8 @@ def predict(
     server: "Server", model: str, path: Path, timeout: float = 60, kind: Optional[str] = None
 ) -> Tuple[int, object]:
     """POST one file to the model (``predict_url``), as the runtime takes it (``request_body``), with the
-    content type ``kind``, else the one its suffix says; the answer as JSON, text, or bytes (an image, a
-    tensor file: not UTF-8)."""
+    content type ``kind`` ('': none, as curl -T sends a file), else (None) the one its suffix says; the
+    answer as JSON, text, or bytes (an image, a tensor file: not UTF-8)."""
     from handlers.requests import content_type
 
     from ..server import request
@@ -83,8 +83,9 @@ def predict(
     path = Path(path)
     if not path.is_file():
         raise UserError(f"input {path} does not exist")
-    body, sent = engine_of(server).request_body(path.read_bytes(), kind or content_type(path), as_request=not kind)
-    headers = {"Content-Type": sent, **server.headers("inference")}
+    given = kind is not None
+    body, sent = engine_of(server).request_body(path.read_bytes(), kind if given else content_type(path), not given)
+    headers = {**({"Content-Type": sent} if sent else {}), **server.headers("inference")}
     return request(predict_url(server, model), body, "POST", headers, timeout, binary=True)
 
 

@@ -139,7 +139,7 @@ def refuse(name: str, title: str, taken: Iterable[str], given: dict, flags: Dict
     """A UserError for the first flag in ``given`` (option name -> value) that ``--engine name`` does not
     take (``taken``), naming one that does (``owners(option)``: the names of those that take it)."""
     for key, value in given.items():
-        if value and key not in taken:
+        if value is not None and value is not False and value != "" and key not in taken:  # 0 is given
             others = owners(key)
             flag = flags[key]
             instead = f", or {command} with --engine {others[0]}" if others else ""

@@ -48,12 +48,13 @@ class MLServerRuntime(TsctlRuntime):
                 f"{config}: disable_token_authorization=false asks for TorchServe's token authorization, which "
                 "MLServer does not have: set it to true and put authorization in front, or serve with --engine tsctl"
             )
+        extra = metrics_settings(frontend, config)
         python = mlserver.find_python(run.python)  # before anything is written
         for spec in specs:
             spec.batch_size = batch_size or spec.batch_size
             spec.max_batch_delay = spec.max_batch_delay if max_batch_delay is None else max_batch_delay
         servers.check_home(home, MLSERVER_SOCKET)
-        folder = mlserver.write_repository(specs, home / "mlserver", metrics_settings(frontend))
+        folder = mlserver.write_repository(specs, home / "mlserver", extra)
         models = list(dict.fromkeys(spec.name for spec in specs))
         return self.serve_repository(folder, models, home, run.timeout, python, run.env, run.progress)
 
@@ -192,16 +193,16 @@ class MLServerRuntime(TsctlRuntime):
         return Path(server.home) / MLSERVER_OUT
 
 
-def metrics_settings(frontend) -> Dict[str, object]:
-    """What of the config's frontend settings reaches each model's ``parameters.extra``: its
-    ``metrics_config`` (the workers' metrics.yaml, a path relative to the current directory as TorchServe
-    reads it relative to its own) and ``model_metrics_auto_detect``."""
+def metrics_settings(frontend, config=None) -> Dict[str, object]:
+    """What of the frontend settings of ``config`` reaches each model's ``parameters.extra``: its
+    ``metrics_config`` (the workers' metrics.yaml, a relative path read from the current directory, as
+    TorchServe started there reads it: ``properties.metrics_yaml``) and ``model_metrics_auto_detect``."""
+    from ..properties import metrics_yaml
+
     extra: Dict[str, object] = {}
     if frontend.metrics_config:
-        path = Path(frontend.metrics_config).resolve()
-        if not path.is_file():
-            raise UserError(f"metrics_config {frontend.metrics_config} is not a file (the workers' metrics.yaml)")
-        extra["metricsConfig"] = str(path)
+        where = f"metrics_config of {config}" if config else "metrics_config"
+        extra["metricsConfig"] = metrics_yaml(frontend.metrics_config, where)
     if not frontend.metrics_auto_detect:
         extra["metricsAutoDetect"] = False
     return extra

@@ -57,21 +57,24 @@ class TsctlRuntime(Runtime):
         """Serve ``model_store`` as ``config`` says (None: the engine's default, config/config.properties
         beside the store when there is one, else every archive with its model-config.yaml) on free
         127.0.0.1 ports; return once every model's workers are up. ``batch_size``/``max_batch_delay``
-        override every model's; ``metrics_config`` is TorchServe's property of that name; ``enable_model_api``
-        lets its management API register, unregister and scale. As ``tsctl serve`` starts TorchServe, the
-        management API gets a port of its own; token authorization is as the config says (its keys in
-        ``home``/key_file.json, where the engine runs), off for a store with no config file at all, as in
-        the file ``tsctl config`` would write."""
+        override every model's; ``metrics_config`` is TorchServe's property of that name (None: the
+        config's, a relative path read from the current directory: ``properties.config_metrics``);
+        ``enable_model_api`` lets its management API register, unregister and scale. As ``tsctl serve``
+        starts TorchServe, the management API gets a port of its own; token authorization is as the config
+        says (its keys in ``home``/key_file.json, where the engine runs), off for a store with no config
+        file at all, as in the file ``tsctl config`` would write."""
         import os
 
         from serving import sockets, ts_config
 
         from .. import server as servers
+        from ..properties import config_metrics
 
         model_store, home = Path(run.model_store).resolve(), Path(run.home).resolve()
         config = Path(run.config).resolve() if run.config is not None else None
         specs = model_specs(model_store, config)
         models = list(dict.fromkeys(spec.name for spec in specs))
+        metrics_config = metrics_config or config_metrics(config)  # the engine runs in home, not here
         temp = servers.check_home(home, sockets.socket_below(sockets.ENGINE, sockets.engine_port(len(specs))))
         arguments = ["-m", "serving.engine", "--model_store", str(model_store), "--host", "127.0.0.1"]
         if config is not None:
@@ -92,9 +95,11 @@ class TsctlRuntime(Runtime):
         run_env.update(run.env or {})
 
         def launch() -> "Server":
-            http, grpc, management = servers.free_port(), servers.free_port(), servers.free_port()
+            http, grpc, management, ts_inference, ts_management = (servers.free_port() for _ in range(5))
             command = [run.python or sys.executable, *arguments, "--http_port", str(http), "--grpc_port", str(grpc),
                        "--management_port", str(management)]  # fmt: skip
+            for api, port in (("inference", ts_inference), ("management", ts_management)):  # TorchServe's gRPC
+                command += [f"--grpc_{api}_address", "127.0.0.1", f"--grpc_{api}_port", str(port)]
             process = servers.spawn(command, home, run_env, ENGINE_OUT)
             address = f"http://127.0.0.1:{http}"
             server = servers.Server(
@@ -107,6 +112,8 @@ class TsctlRuntime(Runtime):
                 engine=self.name,
                 grpc=f"127.0.0.1:{grpc}" if enable_grpc else None,
                 log_writer=process.log_writer.pid,
+                ts_grpc_inference=f"127.0.0.1:{ts_inference}" if enable_grpc else None,
+                ts_grpc_management=f"127.0.0.1:{ts_management}" if enable_grpc else None,
             )
             return servers.recorded(server, lambda: self.wait_ready(server, run.timeout, process, run.progress))
 

@@ -5,13 +5,11 @@ Kubernetes prunes or, with strict field validation (kubectl's default), rejects 
 declare; plain JSON Schema would let them pass. So objects that declare ``properties`` are checked
 strictly here too, unless the schema says ``x-kubernetes-preserve-unknown-fields``.
 
-The ServingRuntime and ClusterServingRuntime CRDs are not among the vendored files (nor in
-../shared/kserve/): their schema here (``runtime_schema``) is built from what is. The containers are
-checked against the vendored InferenceService CRD's own container schema (corev1.Container, the type a
-runtime's containers have too); the spec's other keys, and their types, are those of KServe's own
-TorchServe runtime (../shared/kserve/kserve-torchserve-runtime.yaml, which
-tests/export/test_kserve_export.py validates against this schema); ``protocolVersions`` takes KServe's
-protocol names (v1, v2, grpc-v1, grpc-v2).
+The ServingRuntime and ClusterServingRuntime CRDs share one schema (servingruntime.v1alpha1.json, from
+``../shared/kserve/serving.kserve.io_{cluster,}servingruntimes.yaml``). Two checks are added to it where the CRD
+leaves them to the API server and KServe (``runtime_schema``): the metadata (a name Kubernetes takes; no
+namespace for a cluster-scoped ClusterServingRuntime) and ``protocolVersions``, which takes KServe's protocol
+names only (v1, v2, grpc-v1, grpc-v2: any other string would pass the CRD and never be matched).
 """
 
 import json
@@ -26,6 +24,8 @@ from ..errors import UserError
 SCHEMAS = {
     ("serving.kserve.io/v1beta1", "InferenceService"): "inferenceservice.v1beta1.json",
     ("serving.kserve.io/v1alpha1", "InferenceGraph"): "inferencegraph.v1alpha1.json",
+    ("serving.kserve.io/v1alpha1", "ServingRuntime"): "servingruntime.v1alpha1.json",
+    ("serving.kserve.io/v1alpha1", "ClusterServingRuntime"): "servingruntime.v1alpha1.json",
     # Seldon Core 2 (tsctl export seldon writes all but ServerConfig, which Seldon's install provides)
     ("mlops.seldon.io/v1alpha1", "Model"): "seldon/model.v1alpha1.json",
     ("mlops.seldon.io/v1alpha1", "Server"): "seldon/server.v1alpha1.json",
@@ -54,10 +54,9 @@ def vendored(name: str) -> dict:
 
 
 def runtime_schema(kind: str) -> dict:
-    """A (Cluster)ServingRuntime's schema, built from the vendored CRDs and KServe's TorchServe runtime
-    (see the module docstring): a cluster-scoped one has no namespace."""
-    isvc = vendored(SCHEMAS[("serving.kserve.io/v1beta1", "InferenceService")])
-    container = isvc["properties"]["spec"]["properties"]["predictor"]["properties"]["containers"]["items"]
+    """A (Cluster)ServingRuntime's schema: KServe's CRD (the same for both kinds) with the metadata and
+    protocol checks of the module docstring; a cluster-scoped one has no namespace."""
+    schema = json.loads(json.dumps(vendored(SCHEMAS[("serving.kserve.io/v1alpha1", kind)])))  # a copy to add to
     strings = {"type": "object", "additionalProperties": {"type": "string"}}
     metadata = {
         "type": "object",
@@ -71,38 +70,10 @@ def runtime_schema(kind: str) -> dict:
     }
     if kind == "ClusterServingRuntime":
         metadata["not"] = {"required": ["namespace"]}
-    formats = {
-        "type": "object",
-        "properties": {
-            "name": {"type": "string"},
-            "version": {"type": "string"},
-            "autoSelect": {"type": "boolean"},
-            "priority": {"type": "integer", "format": "int32"},
-        },
-        "required": ["name"],
-    }
-    spec = {
-        "type": "object",
-        "properties": {
-            "annotations": strings,
-            "supportedModelFormats": {"type": "array", "items": formats},
-            "protocolVersions": {"type": "array", "items": {"type": "string", "enum": list(PROTOCOLS)}},
-            "containers": {"type": "array", "minItems": 1, "items": container},
-        },
-        "required": ["containers", "supportedModelFormats"],
-    }
-    return strict(
-        {
-            "type": "object",
-            "properties": {
-                "apiVersion": {"type": "string"},
-                "kind": {"type": "string"},
-                "metadata": metadata,
-                "spec": spec,
-            },
-            "required": ["apiVersion", "kind", "metadata", "spec"],
-        }
-    )
+    schema["properties"]["metadata"] = metadata
+    schema["properties"]["spec"]["properties"]["protocolVersions"]["items"]["enum"] = list(PROTOCOLS)
+    schema["required"] = ["apiVersion", "kind", "metadata", "spec"]
+    return strict(schema)
 
 
 def project(api_version: str) -> str:

@@ -29,6 +29,8 @@ class ExportOptions:
     engine: str = "torchserve"  # a key of archiver.export.targets.TARGETS: what serves the tree in the pod
     image: Optional[str] = None  # the tsctl engine's image (--engine tsctl), built from OUT/predictor-image
     runtime_kind: Optional[str] = None  # --engine tsctl: ClusterServingRuntime (default) or ServingRuntime
+    auto_select: bool = False  # --engine tsctl: KServe picks the runtime for InferenceServices naming only pytorch
+    priority: Optional[int] = None  # with auto_select: its priority for pytorch (None: tsctl_image.DEFAULT_PRIORITY)
     force: bool = False  # replace an OUT that holds files
     progress: Callable[[str], None] = field(default=quiet, repr=False, compare=False)  # archiver.output.Progress
 

@@ -2,6 +2,7 @@
 written into a directory beside it and renamed into place. A failure leaves no OUT, or the previous one; an
 OUT that already holds files is replaced only with --force, and never when an input of the export is in it."""
 
+import os
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -31,12 +32,20 @@ def written_beside(out: Path) -> Iterator[Path]:
     removed when it fails."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tsctl-", dir=out.parent))
+    staging.chmod(0o777 & ~umask())  # mkdtemp's 0700 would become OUT's: a container's uid could not read it
     try:
         yield staging
         replace(out, staging)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def umask() -> int:
+    """The process's umask (read by setting it, then set back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def replace(out: Path, staging: Path):

@@ -22,7 +22,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from .. import runtimes
 
 # The optional flags of ``tsctl export kserve`` that not every target takes: option name -> the flag as typed.
-EXPORT_FLAGS = {"image": "--image", "runtime_kind": "--runtime-kind", "offline": "--offline"}
+EXPORT_FLAGS = {
+    "image": "--image",
+    "runtime_kind": "--runtime-kind",
+    "auto_select": "--auto-select",
+    "priority": "--priority",
+    "offline": "--offline",
+}
 ELSEWHERE = {"mlserver": "is exported for Seldon Core 2: run 'tsctl export seldon OUT' instead"}
 
 
@@ -150,7 +156,7 @@ class TsctlTarget(Target):
 
     name = "tsctl"
     title = "tsctl engine"
-    export_flags = ("image", "runtime_kind")
+    export_flags = ("image", "runtime_kind", "auto_select", "priority")
 
     def check_export(self, options: ExportOptions):
         super().check_export(options)
@@ -161,17 +167,21 @@ class TsctlTarget(Target):
         from . import tsctl_image
 
         tsctl_image.check_runtime_kind(options.runtime_kind)
+        tsctl_image.check_selection(options)
 
     def prepare(self, options, properties, archives, notes, scratch):
         from . import tsctl_image
 
         tsctl_image.requirements(archives)  # every archive's requirement lines checked before anything is written
+        notes.extend(tsctl_image.selection_notes(options))
         return {}
 
     def predictor(self, options: ExportOptions, resources: dict) -> dict:
+        """With --auto-select, the TorchServe export's predictor as it is: KServe picks the runtime."""
         from . import tsctl_image
 
-        return {"model": storage_model(options, resources, tsctl_image.runtime_name(options))}
+        named = None if options.auto_select else tsctl_image.runtime_name(options)
+        return {"model": storage_model(options, resources, named)}
 
     def manifests(self, options: ExportOptions, resources: dict) -> Dict[str, dict]:
         from . import tsctl_image

@@ -6,11 +6,16 @@ workers, batching, timeouts, versions). So the export declares it as a runtime o
 InferenceService changes only its runtime, not its storage:
 
     OUT/servingruntime.yaml   a ClusterServingRuntime (default) or ServingRuntime (--runtime-kind) for
-                              the engine's image: modelFormat pytorch (autoSelect false: only
-                              InferenceServices naming it use it), protocols v1, v2, grpc-v2
-    inferenceservice.yaml     predictor.model: modelFormat pytorch, runtime NAME, the same storageUri
+                              the engine's image, laid out as KServe's kserve-torchserve: modelFormat
+                              pytorch, protocols v1, v2, grpc-v2, TS_SERVICE_ENVELOPE, the server-type
+                              annotation that gives it TorchServe's defaults. Without --auto-select only
+                              InferenceServices naming it use it; with it, KServe picks it for those that
+                              name only modelFormat pytorch, in the order --priority sets (``selection_text``)
+    inferenceservice.yaml     predictor.model: modelFormat pytorch, the same storageUri; runtime NAME
+                              unless --auto-select (then it is the TorchServe export's, unchanged)
     OUT/predictor-image/      the image's build context:
-        Dockerfile            python:X.Y-slim, uid 1000, the requirements, handlers/; ENTRYPOINT the engine
+        Dockerfile            FROM BASE_IMAGE (a build argument, python:X.Y-slim by default), uid 1000,
+                              the requirements in a venv, handlers/; ENTRYPOINT the engine
                               (templates/tsctl-image.Dockerfile)
         requirements.txt      torch, torchvision, torchserve (its Python worker only), the engine's server
                               packages, and every archive's own requirements, pinned to the versions tsctl
@@ -37,6 +42,16 @@ DEFAULT_RUNTIME_KIND = RUNTIME_KINDS[0]
 MODEL_STORE = "/mnt/models/model-store"
 TS_CONFIG = "/mnt/models/config/config.properties"
 UID = 1000  # as KServe's TorchServe runtime runs: the files the copy pod wrote are its own
+# KServe's own TorchServe runtime (kserve-torchserve, ../shared/kserve/kserve-torchserve-runtime.yaml): its
+# priority for modelFormat pytorch, its server type (KServe >= 0.17 applies TorchServe's defaults to an
+# InferenceService whose runtime carries it: the serviceEnvelope label TS_SERVICE_ENVELOPE reads, and
+# PROTOCOL_VERSION), and the envelope it passes TorchServe, which the engine reads as TorchServe does
+# (enable_envvars_config=true, serving/ts_config.py).
+KSERVE_TORCHSERVE_PRIORITY = 2
+DEFAULT_PRIORITY = 1  # below kserve-torchserve's: KServe's TorchServe stays the pick while it is installed
+MAX_PRIORITY = 2**31 - 1  # the CRD's int32
+SERVER_TYPE = {"serving.kserve.io/server-type": "torchserve"}
+ENVELOPE_ENV = {"name": "TS_SERVICE_ENVELOPE", "value": "{{.Labels.serviceEnvelope}}"}
 # What the engine and the workers it starts import (serving/engine.py, engine_workers.py, engine_metrics.py,
 # the gRPC server), pinned to the versions installed here; then each archive's own requirements.
 BASE_PACKAGES = (
@@ -61,6 +76,34 @@ def check_runtime_kind(kind: Optional[str]):
         raise UserError(f"--runtime-kind {kind!r} must be {' or '.join(RUNTIME_KINDS)}")
 
 
+def check_selection(options):
+    """--priority goes with --auto-select, and is a priority KServe's CRD takes (1 to 2**31-1)."""
+    if options.priority is None:
+        return
+    if not options.auto_select:
+        raise UserError("--priority goes with --auto-select: a runtime KServe does not pick by itself has no priority")
+    if not 1 <= options.priority <= MAX_PRIORITY:
+        raise UserError(
+            f"--priority {options.priority} must be from 1 to {MAX_PRIORITY} (KServe's CRD: an int32, at least 1)"
+        )
+
+
+def priority(options) -> int:
+    return DEFAULT_PRIORITY if options.priority is None else options.priority
+
+
+def selection_notes(options) -> List[str]:
+    """A note when --priority is kserve-torchserve's own: KServe's webhook refuses a second runtime that
+    auto-selects the same format and version at the same priority while that one is installed and enabled."""
+    if options.auto_select and priority(options) == KSERVE_TORCHSERVE_PRIORITY:
+        return [
+            f"--priority {KSERVE_TORCHSERVE_PRIORITY} is kserve-torchserve's own: KServe's webhook refuses "
+            f"{RUNTIME_FILE} while that runtime is installed and enabled (same format, version and priority); "
+            f"give 1 to let it keep pytorch, 3 or more to take pytorch over"
+        ]
+    return []
+
+
 def runtime_kind(options) -> str:
     return options.runtime_kind or DEFAULT_RUNTIME_KIND
 
@@ -82,28 +125,37 @@ def container_args() -> List[str]:
     ]
 
 
+def model_format(options) -> dict:
+    """``supportedModelFormats``' one entry: pytorch, version 1 as kserve-torchserve's; with --auto-select
+    picked by KServe for InferenceServices that name no runtime, at --priority."""
+    if not options.auto_select:
+        return {"name": "pytorch", "version": "1", "autoSelect": False}
+    return {"name": "pytorch", "version": "1", "autoSelect": True, "priority": priority(options)}
+
+
 def serving_runtime(options, resources: dict) -> dict:
     """The (Cluster)ServingRuntime for the engine's image, laid out as KServe's own TorchServe runtime
-    (kserve-torchserve: the same keys, security context and uid, resources, Prometheus annotations)."""
+    (kserve-torchserve: the same keys, server type, envelope, security context and uid, resources,
+    Prometheus annotations)."""
     kind = runtime_kind(options)
     metadata_ = {"name": runtime_name(options)}
     if kind == "ServingRuntime":
         metadata_["namespace"] = options.namespace
+    metadata_["annotations"] = dict(SERVER_TYPE)
     return {
         "apiVersion": "serving.kserve.io/v1alpha1",
         "kind": kind,
         "metadata": metadata_,
         "spec": {
             "annotations": {"prometheus.kserve.io/port": str(HTTP_PORT), "prometheus.kserve.io/path": "/metrics"},
-            # autoSelect false: KServe's own TorchServe runtime stays the pick for modelFormat pytorch;
-            # only InferenceServices that name this runtime use it.
-            "supportedModelFormats": [{"name": "pytorch", "version": "1", "autoSelect": False}],
+            "supportedModelFormats": [model_format(options)],
             "protocolVersions": ["v1", "v2", "grpc-v2"],
             "containers": [
                 {
                     "name": "kserve-container",
                     "image": options.image,
                     "args": container_args(),
+                    "env": [dict(ENVELOPE_ENV)],
                     # One port, as Knative allows and KServe's runtimes use: HTTP (TorchServe's inference
                     # API, v1, v2, /metrics). gRPC listens on GRPC_PORT; DEPLOY.md says how to expose it.
                     "ports": [{"containerPort": HTTP_PORT, "protocol": "TCP"}],
@@ -143,13 +195,50 @@ def write_image_context(out: Path, image: str, archives: List[Path]) -> List[Pat
     return write_context(out / IMAGE_DIR, dockerfile, requirements(archives))
 
 
+def selection_text(options) -> str:
+    """DEPLOY.md's words on which InferenceServices KServe runs on this runtime (KServe's rules: the runtimes
+    of the InferenceService's namespace first, then the cluster's, each by priority, highest first)."""
+    if not options.auto_select:
+        return (
+            f"The InferenceService names it (`runtime: {runtime_name(options)}`); for InferenceServices that name "
+            "only `modelFormat: pytorch` KServe keeps picking its own TorchServe runtime."
+        )
+    others = "The other InferenceServices it is picked for need their archives' requirements in its image too."
+    if runtime_kind(options) == "ServingRuntime":
+        return (
+            f"KServe picks it for every InferenceService in `{options.namespace}` that names only `modelFormat: "
+            "pytorch` (this one names no runtime), before any ClusterServingRuntime whatever its priority: KServe "
+            f"tries the namespace's runtimes first. {others}"
+        )
+    ours = priority(options)
+    if ours > KSERVE_TORCHSERVE_PRIORITY:
+        when = (
+            f"before KServe's own kserve-torchserve (priority {KSERVE_TORCHSERVE_PRIORITY}; this one's: {ours}): "
+            "new InferenceServices at once, existing ones at their next reconcile (an edit, or the KServe "
+            "controller's restart)"
+        )
+    else:
+        when = (
+            f"once KServe's own kserve-torchserve (priority {KSERVE_TORCHSERVE_PRIORITY}; this one's: {ours}) is "
+            "removed or disabled; while it is installed and enabled it stays the pick. Disabling it moves the "
+            "InferenceServices it runs onto this runtime (KServe reconciles them): `kubectl patch "
+            'clusterservingruntime kserve-torchserve --type merge -p \'{"spec":{"disabled":true}}\'`'
+        )
+    return (
+        "KServe picks it for every InferenceService that names only `modelFormat: pytorch` (this one names no "
+        f"runtime) {when}. {others}"
+    )
+
+
 def build_steps(options) -> str:
     """DEPLOY.md's step 0 for the engine: build and push its image."""
     return render(
         "kserve-tsctl-image",
+        selection=selection_text(options),
         kind=runtime_kind(options),
         runtime=runtime_name(options),
         runtime_file=RUNTIME_FILE,
+        python=PYTHON,
         image_dir=IMAGE_DIR,
         image=options.image,
         grpc_port=GRPC_PORT,

@@ -2,6 +2,7 @@
 mime.types: the image formats the image handler opens have their image type even with Python's own table
 alone, where .webp is missing before Python 3.13 (slim containers have no /etc/mime.types)."""
 
+import base64
 import glob
 import http.server
 import json
@@ -13,8 +14,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from archiver import engines, server
+from archiver import engines, mar, server
 from archiver.cli import main
+from handlers import golden as golden_format
 from handlers import protocol
 from helpers.servers import stand_in_http
 
@@ -96,19 +98,54 @@ def test_predict_sends_the_content_type_given(tmp_path):
         engines.predict(mlserver, "m", text, kind="application/octet-stream")
         engines.predict(mlserver, "m", document)
         engines.predict(mlserver, "m", document, kind="application/json; charset=utf-8")
-    assert seen[:2] == [("/predictions/m", "text/plain", text.read_bytes()),
-                        ("/predictions/m", "application/octet-stream", text.read_bytes())]  # fmt: skip
-    tensors = [json.loads(body)["inputs"] for _, _, body in seen[2:]]
+        engines.predict(torchserve, "m", text, kind="")  # none, as curl -T sends a file
+        engines.predict(mlserver, "m", text, kind="")
+    assert seen[:2] + seen[6:7] == [("/predictions/m", "text/plain", text.read_bytes()),
+                                    ("/predictions/m", "application/octet-stream", text.read_bytes()),
+                                    ("/predictions/m", None, text.read_bytes())]  # fmt: skip
+    tensors = [json.loads(body)["inputs"] for _, _, body in seen[2:6] + seen[7:]]
     element = {"name": "input-0", "shape": [1], "datatype": "BYTES"}
     assert tensors == [
         [{**element, "data": ["6.1,2.8,4.7,1.2\n"], "parameters": {"content_type": "text/plain"}}],
         [{**element, "data": ["Ni4xLDIuOCw0LjcsMS4yCg=="], "parameters": {"content_type": "application/octet-stream"}}],
         [],  # the file itself: a v2 request
         [{**element, "data": ['{"inputs": []}'], "parameters": {"content_type": "application/json"}}],
+        [{**element, "data": ["Ni4xLDIuOCw0LjcsMS4yCg=="], "parameters": {"content_type": "base64"}}],  # bytes
     ]
-    assert {(path, kind) for path, kind, _ in seen[2:]} == {("/v2/models/m/infer", "application/json")}
-    refused = CliRunner().invoke(main, ["predict", "m", str(text), "--content-type", "json"])
-    assert refused.exit_code == 2 and "'json' is not a media type" in refused.output, refused.output
+    assert {(path, kind) for path, kind, _ in seen[2:6] + seen[7:]} == {("/v2/models/m/infer", "application/json")}
+    for command in (["predict", "m"], ["run", "m.mar"]):  # one option: its check too
+        refused = CliRunner().invoke(main, [*command, str(text), "--content-type", "json"])
+        assert refused.exit_code == 2 and "'json' is not a media type" in refused.output, refused.output
+
+
+def test_one_content_type_option_for_predict_run_and_golden():
+    """predict, run and package --golden say the same of what each type makes the handler receive."""
+    helps = {command: CliRunner().invoke(main, [command, "--help"], terminal_width=1000).output
+             for command in ("predict", "run", "package")}  # fmt: skip
+    said = "application/json -> the decoded JSON (a dict, a list...); text/... -> a str; any other type, or none"
+    assert all(" ".join(text.split()).count(said) == 1 for text in helps.values()), helps
+
+
+@pytest.fixture(scope="module")
+def body_probe(tmp_path_factory) -> Path:
+    """pytorch/serve's way of handing bodies, answered back: the conformance suite's body_probe stand-in."""
+    from samples import ts_examples
+
+    out = tmp_path_factory.mktemp("probe")
+    return ts_examples.package(ts_examples.build_body_probe(out), "tsctl", out / "store")
+
+
+def test_run_sends_each_file_as_the_content_type_given(body_probe, tmp_path):
+    """``tsctl run --content-type ''``: a .txt without a Content-Type, as curl -T sends it: a handler that
+    is not the toolkit's receives the bytes, not the str its suffix's text/plain gives (about 3 s;
+    tests/conformance/test_body_decoding.py has every type, on every runtime)."""
+    rows = tmp_path / "rows.txt"
+    rows.write_bytes(b"a,b\n1,2\n")
+    done = CliRunner().invoke(main, ["run", "--json", "--content-type", "", str(body_probe), str(rows)])
+    assert done.exit_code == 0, done.output
+    [result] = json.loads(done.stdout)["results"]
+    assert result["status"] == 200 and result["answer"]["type"] == "bytearray", result
+    assert base64.b64decode(result["answer"]["value"]) == rows.read_bytes(), result
 
 
 def pythons():
@@ -131,3 +168,28 @@ def test_every_supported_pythons_own_table_gives_the_same_types(python):
     done = subprocess.run([python, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(list(IMAGES.values()))
+
+
+def test_package_golden_records_the_content_type_given(tmp_path):
+    """``package --golden DIR --golden-content-type ''``: each file recorded as sent without a type (the
+    handler got the bytes), and ``verify`` replays it so (about 6 s: two loads); a JSON list of bodies and
+    a package without --golden are refused."""
+    from samples import ts_examples
+
+    golden = tmp_path / "golden"
+    golden.mkdir()
+    (golden / "rows.txt").write_bytes(b"a,b\n1,2\n")
+    flags = ts_examples.build_body_probe(tmp_path / "probe").flags("tsctl") + ["--export-path", str(tmp_path)]
+    done = CliRunner().invoke(main, ["package", *flags, "--golden", str(golden), "--golden-content-type", "", "--json"])
+    assert done.exit_code == 0, done.output
+    archive = tmp_path / "body_probe.mar"
+    with mar.opened(archive) as found:
+        [case] = golden_format.read(found)["cases"]
+    assert (case["content_type"], case["answer"]["type"]) == ("", "bytearray"), case
+    verified = CliRunner().invoke(main, ["verify", str(archive)])
+    assert verified.exit_code == 0 and "1 of 1 golden answers match" in verified.output, verified.output
+    listed = tmp_path / "bodies.json"
+    listed.write_text('[{"a": 1}]')
+    for given in (["--golden", str(listed)], []):
+        refused = CliRunner().invoke(main, ["package", *flags, *given, "--golden-content-type", "text/plain", "-f"])
+        assert refused.exit_code == 2 and "--golden-content-type" in refused.output, refused.output

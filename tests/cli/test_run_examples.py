@@ -179,3 +179,80 @@ def test_a_handlers_threads_keep_no_command_alive(built, tmp_path, fork_server):
     for command, done in runs.items():
         assert done.code == 0 and done.seconds < 60, (command, done.code, done.seconds, done.stderr[-500:])
         assert not done.left, f"{command} left processes {done.left} running"
+
+
+# ---- tsctl serve in the project directory: a relative metrics_config ------------------------------------
+@pytest.fixture
+def project(built, tmp_path):
+    """The user's project: model-store/custom_metrics.mar, metrics/mine.yaml, and config/config.properties
+    from 'tsctl config' naming it relatively (``metrics_config=metrics/mine.yaml``) as the example's README
+    names its own, with ``model_metrics_auto_detect=true``."""
+    _, archives, _ = built
+    project = tmp_path / "project"
+    (project / "model-store").mkdir(parents=True)
+    (project / "metrics").mkdir()
+    shutil.copy(archives["custom_metrics"], project / "model-store")
+    shutil.copy(metrics_yaml(built), project / "metrics" / "mine.yaml")
+    done = cli("config", cwd=project)
+    assert done.exit_code == 0, done.output
+    with open(project / "config" / "config.properties", "a") as config:
+        config.write("metrics_config=metrics/mine.yaml\nmodel_metrics_auto_detect=true\n")
+    return project
+
+
+def test_the_config_s_metrics_yaml_is_read_from_the_current_directory(project, tmp_path):
+    """What every engine of 'tsctl serve' is given (each runs in --home, .tsctl here): the config's relative
+    metrics_config read from the current directory, as TorchServe started there reads it; a file that
+    is not there is one line before any server starts."""
+    from archiver.properties import config_metrics
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(project)
+        assert config_metrics("config/config.properties") == str(project / "metrics" / "mine.yaml")
+        assert config_metrics(None) is None
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for engine in ("torchserve", "tsctl", "mlserver"):
+        done = cli("serve", "--engine", engine, "--config", project / "config" / "config.properties",
+                   "--model-store", project / "model-store", cwd=elsewhere)  # fmt: skip
+        said = "metrics_config of "
+        assert done.exit_code == 2 and said in done.stderr and "metrics/mine.yaml cannot be read" in done.stderr, (
+            engine, done.output)  # fmt: skip
+    assert not (elsewhere / ".tsctl").exists()
+
+
+@pytest.mark.matrix  # about 100 s: TorchServe twice, the tsctl engine, MLServer
+def test_serve_reads_a_relative_metrics_config_as_torchserve_started_in_the_project(built, project):
+    """The user's flow (issue #31's custom_metrics): ``tsctl serve`` in the project directory. TorchServe 0.12
+    started there reads ``metrics_config=metrics/mine.yaml`` from there (its frontend's working directory),
+    and every request of the example answers; so does 'tsctl serve' on every engine, each running its
+    server in --home (.tsctl, where that path is not), and 'tsctl run'."""
+    from archiver import server
+    from samples import runtime_env
+
+    _, _, inputs = built
+    files = inputs["custom_metrics"]
+    config, store = project / "config" / "config.properties", project / "model-store"
+    # the reference: TorchServe run in the project directory (home), resolving the relative path itself
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(project)
+        srv = server.start(config, store, project, env={"TS_METRICS_CONFIG": "metrics/mine.yaml"})
+    try:
+        want = [server.request(f"{srv.inference}/predictions/custom_metrics", f.read_bytes(), "POST",
+                               {"Content-Type": "image/png"}, 60)[0] for f in files]  # fmt: skip
+    finally:
+        server.stop(srv)
+    assert want == [200] * len(files), want
+    python = ["--python", runtime_env.ensure_mlserver()]
+    for engine, extra in (("torchserve", []), ("tsctl", []), ("mlserver", python)):
+        done = cli("serve", "--engine", engine, *extra, "--timeout", 300, cwd=project)
+        try:
+            assert done.exit_code == 0, (engine, done.output)
+            asked = cli("predict", "--json", "custom_metrics", *files, cwd=project)
+            got = [r["status"] for r in json.loads(asked.stdout)["results"]]
+        finally:
+            stopped = cli("stop", cwd=project)
+        assert stopped.exit_code == 0, stopped.output
+        assert got == want, (engine, asked.output)
+    ran = cli("run", "--json", project / "model-store" / "custom_metrics.mar", *files, cwd=project)
+    assert ran.exit_code == 0 and statuses(ran) == want, ran.output

@@ -3,7 +3,7 @@ a client reads back, on every runtime, whichever tool built the archive.
 
 TorchServe's worker hands a handler each body decoded by its Content-Type: the decoded JSON for
 application/json, a str for text/..., the bytes for anything else (or when it cannot decode them). The
-cases (samples/ts_examples.py):
+cases (samples/ts_probes.py, resnet_18 samples/ts_examples.py):
 
 - ``xgboost``: pytorch/serve's xgboost_classfication, a BaseHandler reading each body as CSV bytes; its
   requests without a Content-Type (its README's ``curl -T``), as bytes, as text/plain (a ``.txt`` as
@@ -16,8 +16,11 @@ cases (samples/ts_examples.py):
 - ``resnet_18``: ``--handler image_classifier``, which tsctl packages as its own handler and
   torch-model-archiver as TorchServe's built-in: on MLServer, one answer shape for both.
 
-Each is packaged by tsctl and by torch-model-archiver and run in-process (``LocalModel``), on TorchServe
-0.12, on tsctl's engine and on MLServer 1.7.1. On MLServer each file goes as ``tsctl predict
+Each is packaged by tsctl and by torch-model-archiver and run in-process (``LocalModel``), by ``tsctl run
+--json --content-type TYPE ARCHIVE FILE...`` (a whole process per archive and type, each file as that
+type; ``''``: none, as curl -T sends it), on TorchServe 0.12, on tsctl's engine and on MLServer 1.7.1.
+``tsctl run`` reports a batch the handler failed as a whole (TorchServe's 5xx) as its own error, exit 1:
+that cell equals a reference answering 5xx there. On MLServer each file goes as ``tsctl predict
 --content-type TYPE`` sends it (one BYTES element, its type the element's ``content_type``) and the
 answer read is the JSON of the one BYTES output ``output-0``'s element, whose name, datatype and shape
 are checked too. Every cell must equal TorchServe serving torch-model-archiver's archive: the same
@@ -26,6 +29,8 @@ minutes); ``make test``'s smoke path is tests/engine/test_v2_requests.py (the ma
 TorchServe's worker) and tests/engine/test_mlserver.py (the real MLServer, both packagers).
 """
 
+import base64
+import concurrent.futures
 import dataclasses
 import importlib.util
 import json
@@ -38,15 +43,17 @@ import pytest
 from archiver import engines, server
 from handlers.errors import error_message
 from helpers.paths import short_tmp
+from helpers.processes import run_alone
 from helpers.servers import RunningServer
-from samples import runtime_env, ts_examples
+from helpers.v2_answers import ask_v2
+from samples import runtime_env, ts_examples, ts_probes
 from serving.testing import LocalModel, Request
 
 pytestmark = pytest.mark.matrix
 
 SERVE = ts_examples.checkout()
 PACKAGERS = {"tsctl": "tsctl", "torch-model-archiver": "tma"}  # packager: the suffix of its model names
-RUNTIMES = ("in-process", "TorchServe", "tsctl engine", "MLServer")
+RUNTIMES = ("in-process", "tsctl run", "TorchServe", "tsctl engine", "MLServer")
 REFERENCE = ("torch-model-archiver", "TorchServe")
 RTOL, ATOL = 1e-4, 1e-5
 MLSERVER = engines.ENGINES["mlserver"]
@@ -63,8 +70,8 @@ def examples(tmp_path_factory) -> Dict[str, ts_examples.Example]:
     if SERVE is not None and not xgboost_importable():
         pytest.skip("TSCTL_PYTORCH_SERVE: pytorch/serve's xgboost example needs xgboost and scikit-learn here")
     built = [
-        ts_examples.build_xgboost(root / "xgboost", SERVE),
-        ts_examples.build_body_probe(root / "probe"),
+        ts_probes.build_xgboost(root / "xgboost", SERVE),
+        ts_probes.build_body_probe(root / "probe"),
         ts_examples.build_resnet_18(root / "resnet_18", SERVE)[0],
     ]
     return {example.name: example for example in built}
@@ -99,6 +106,56 @@ def in_process(store: Path, examples) -> Dict[str, Answers]:
     return answers
 
 
+FAILED = "the handler failed as a whole"  # what tsctl run says instead of TorchServe's 5xx
+
+
+def run_type(archive: Path, example, kind: str, folder: Path) -> Dict[int, Tuple[object, object]]:
+    """The answers to ``example``'s inputs of type ``kind`` (by their index) from ``tsctl run --json
+    --content-type KIND ARCHIVE FILE...`` (the files in order, written to ``folder``); an input the
+    handler fails as a whole (run's error, exit 1) is (FAILED, its error), the others run again without it."""
+    got: Dict[int, Tuple[object, object]] = {}
+    pending = [i for i, (_, k) in enumerate(example.inputs) if k == kind]
+    while pending:
+        files = []
+        for i in pending:
+            files.append(folder / f"{archive.stem}-{i}.bin")
+            files[-1].write_bytes(example.inputs[i][0])
+        done = run_alone([ts_examples.BIN / "tsctl", "run", "--json", "--content-type", kind, archive, *files],
+                         cwd=folder, timeout=300)  # fmt: skip
+        assert done.code in (0, 1) and not done.left, (archive.stem, kind, done)
+        report = json.loads(done.stdout)
+        if "error" in report:  # "ARCHIVE: the handler failed on FILE: ERROR"
+            message = report["error"]["message"]
+            failed = next(i for i, path in zip(pending, files) if f"the handler failed on {path}:" in message)
+            got[failed] = (FAILED, message)
+            pending = [i for i in pending if i != failed]
+            continue
+        for i, result in zip(pending, report["results"]):
+            answer = base64.b64decode(result["answer"]) if result["base64"] else result["answer"]
+            got[i] = (result["status"], read(result["status"], answer))
+        pending = []
+    return got
+
+
+def by_tsctl_run(store: Path, examples, folder: Path) -> Dict[str, Answers]:
+    """Each archive's inputs answered by ``tsctl run``, one process per archive and content type
+    (``run_type``), two at a time."""
+    jobs = {}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for archive in sorted(store.glob("*.mar")):
+            example = examples[archive.stem.rsplit("_", 1)[0]]
+            for kind in dict.fromkeys(kind for _, kind in example.inputs):
+                jobs[archive.stem, kind] = pool.submit(run_type, archive, example, kind, folder)
+    answers: Dict[str, Answers] = {}
+    for archive in sorted(store.glob("*.mar")):
+        example = examples[archive.stem.rsplit("_", 1)[0]]
+        got = {}
+        for (stem, _), job in jobs.items():
+            got.update(job.result() if stem == archive.stem else {})
+        answers[archive.stem] = [got[i] for i in range(len(example.inputs))]
+    return answers
+
+
 def over_http(srv, store: Path, examples) -> Dict[str, Answers]:
     answers = {}
     for archive in sorted(store.glob("*.mar")):
@@ -114,17 +171,7 @@ def over_v2(srv, store: Path, examples) -> Dict[str, Answers]:
     answers = {}
     for archive in sorted(store.glob("*.mar")):
         example = examples[archive.stem.rsplit("_", 1)[0]]
-        got = []
-        for body, kind in example.inputs:
-            request, _ = MLSERVER.request_body(body, kind, as_request=False)
-            status, answer = server.request(engines.predict_url(srv, archive.stem), request, "POST",
-                                            {"Content-Type": "application/json"}, 120)  # fmt: skip
-            if status == 200:
-                shape = [(o["name"], o["datatype"], o["shape"]) for o in answer["outputs"]]
-                assert shape == [("output-0", "BYTES", [1])], (archive.stem, answer)
-                answer = json.loads(answer["outputs"][0]["data"][0])
-            got.append((status, read(status, answer)))
-        answers[archive.stem] = got
+        answers[archive.stem] = [ask_v2(srv, archive.stem, body, kind) for body, kind in example.inputs]
     return answers
 
 
@@ -132,6 +179,11 @@ def over_v2(srv, store: Path, examples) -> Dict[str, Answers]:
 def runs(store, examples) -> Dict[str, Dict[str, Answers]]:
     """Every archive's answers, by runtime."""
     runs = {"in-process": in_process(store, examples)}
+    files = short_tmp("bdr-")
+    try:
+        runs["tsctl run"] = by_tsctl_run(store, examples, files)
+    finally:
+        shutil.rmtree(files, ignore_errors=True)
     with RunningServer(store) as srv:
         runs["TorchServe"] = over_http(srv, store, examples)
     engine = engines.ENGINES["tsctl"]
@@ -186,6 +238,9 @@ def test_cell(case, packager, runtime, runs, examples):
     want = runs[reference_runtime][f"{case}_{PACKAGERS[reference_packager]}"]
     got = runs[runtime][f"{case}_{PACKAGERS[packager]}"]
     assert len(got) == len(want) == len(examples[case].inputs)
+    if runtime == "tsctl run":  # run's own error for a batch the handler failed as a whole: a 5xx of TorchServe's
+        want = [(FAILED, None) if status >= 500 else (status, answer) for status, answer in want]
+        got = [(FAILED, None) if status == FAILED else (status, answer) for status, answer in got]
     equal = [status for status, _ in got] == [status for status, _ in want] and close(
         [answer for _, answer in got], [answer for _, answer in want]
     )

@@ -5,15 +5,19 @@ Every case of samples/ts_examples.py (an ImageClassifier subclass for MNIST, the
 image_classifier, object_detector and image_segmenter, custom metrics with their own metrics.yaml,
 TorchServe's MicroBatching (threads that never end), a transformers handler that prints, the
 ``file.py:function`` entry point, the working-directory probe) is packaged by ``tsctl package`` and by
-``torch-model-archiver`` and run four ways: in-process (``LocalModel``; each request its own batch,
-as TorchServe runs them with batchSize 1), served by TorchServe 0.12, served by the KServe engine
-(``archiver.engines.TsctlRuntime``: the tsctl engine), and by ``tsctl run --json`` as a user runs
-it (a whole process in a project whose config/config.properties holds what the example's README puts
-in TorchServe's; it must print one JSON document, end within RUN_TIMEOUT and leave no process
-behind). Equal means: the same statuses; the same JSON structure (keys in the same order, lists of
-the same length, the same strings and integers); floats within 1e-4 relative + 1e-5 absolute; errors
-with the same message (``tsctl run`` stops at a request the handler failed as a whole, naming its
-error: ``compare_run``).
+``torch-model-archiver`` and run five ways: in-process (``LocalModel``; each request its own batch, as
+TorchServe runs them with batchSize 1), served by TorchServe 0.12, served by the KServe engine
+(``archiver.engines.TsctlRuntime``: the tsctl engine), by ``tsctl run --json`` as a user runs it (a
+whole process in a project whose config/config.properties holds what the example's README puts in
+TorchServe's; it must print one JSON document, end within RUN_TIMEOUT and leave no process behind), and
+served by MLServer 1.7.1 with tsctl's runtime (``tsctl serve --engine mlserver --config`` with
+TorchServe's config; each input sent as ``tsctl predict --content-type`` sends it, one BYTES element of
+the Open Inference Protocol, the answer read as a client reads it: the JSON of output-0's one BYTES
+element, or the error's message; helpers/v2_answers.py). Equal means: the same statuses; the same JSON
+structure (keys in the same order, lists of the same length, the same strings and integers); floats
+within 1e-4 relative + 1e-5 absolute; errors with the same message (``tsctl run`` stops at a request the
+handler failed as a whole, naming its error: ``compare_run``). The custom metrics must reach the
+worker's log (TorchServe, in-process), and the names of /metrics (the tsctl engine, MLServer).
 
 A case's reference is TorchServe serving torch-model-archiver's archive: pytorch/serve's own path.
 Every other cell must equal it, or name why not: ``EXPECTED`` holds the documented reasons that are
@@ -23,11 +27,13 @@ packaged by tsctl runs tsctl's own image handler (``--handler image_classifier``
 compared with TorchServe's built-in like the others, and test_tsctl_image_classifier_is_within_1e_5
 _of_the_builtin holds it to 1e-5 absolute, in ``make test``.
 
-``make test`` runs the smoke path (about two minutes alone, four on a busy machine): every case
-packaged by tsctl, on one TorchServe, compared with in-process; ``tsctl run`` of the custom_metrics,
+``make test`` runs the smoke path (about two minutes alone, four on a busy machine): every case packaged
+by tsctl, on one TorchServe, compared with in-process; ``tsctl run`` of the custom_metrics,
 micro_batching and transformer cases (``RUN_CASES``); and tsctl's acceptance of torch-model-archiver's
---handler spellings. ``pytest -m matrix tests/conformance/test_conformance.py`` runs every cell (both
-packagers x the four runtimes) and writes the table to /tmp/conformance_table.md (or
+--handler spellings; MLServer's is tests/engine/test_mlserver.py (the mnist example packaged by
+torch-model-archiver answering as in-process). ``pytest -m matrix
+tests/conformance/test_conformance.py`` runs every cell (both packagers x the five runtimes: 13 minutes
+alone, MLServer's two columns 3 of them) and writes the table to /tmp/conformance_table.md (or
 ``TSCTL_CONFORMANCE_TABLE``).
 
 ``TSCTL_PYTORCH_SERVE=/path/to/serve`` (a pytorch/serve checkout) runs the mnist, resnet_18,
@@ -40,6 +46,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
@@ -48,11 +55,13 @@ import pytest
 
 from archiver import engines, server
 from archiver.errors import ServerError, UserError
+from archiver.properties import write_config
 from handlers.requests import content_type
 from helpers.paths import short_tmp
 from helpers.processes import run_alone
 from helpers.servers import RunningServer
-from samples import ts_examples
+from helpers.v2_answers import AnswerShape, ask_v2
+from samples import runtime_env, ts_examples
 from samples.ts_examples import PACKAGERS, RUNTIMES
 from serving.testing import LoadError, LocalModel, Request
 
@@ -72,13 +81,14 @@ CASES = (
     "workdir",
 )
 TMA = "torch-model-archiver"
-IN_PROCESS, TORCHSERVE, KSERVE, TSCTL_RUN = RUNTIMES
+IN_PROCESS, TORCHSERVE, KSERVE, TSCTL_RUN, MLSERVER = RUNTIMES
 REFERENCE = (TMA, TORCHSERVE)
 RTOL, ATOL = 1e-4, 1e-5
 TABLE = Path(os.environ.get("TSCTL_CONFORMANCE_TABLE", "/tmp/conformance_table.md"))
 SUFFIXES = {"image/png": ".png", "image/jpeg": ".jpg", "application/json": ".json", "text/plain": ".txt"}
 RUN_TIMEOUT = 180  # s for one `tsctl run`: a run the handler's threads keep alive fails its cell
 RUN_FAILED = "tsctl run failed: "
+MLSERVER_ENGINE = engines.ENGINES["mlserver"]
 
 # ---- why a cell may differ ----------------------------------------------------------------------------
 # Documented, and nobody's bug here: the reference answers the same way.
@@ -236,7 +246,9 @@ class Runs:
                 column[case] = Outcome(error=f"not packaged: {refused}") if refused else self.tsctl_run(case, archive)
             return column[case]
         if key not in self.columns:
-            run = {IN_PROCESS: self.in_process, TORCHSERVE: self.torchserve, KSERVE: self.kserve_engine}[runtime]
+            runners = {IN_PROCESS: self.in_process, TORCHSERVE: self.torchserve, KSERVE: self.kserve_engine,
+                       MLSERVER: self.mlserver}  # fmt: skip
+            run = runners[runtime]
             store = self.store(packager)
             column = {name: Outcome(error=f"not packaged: {why}") for name, why in store.refused.items()}
             column.update(run(packager, store))
@@ -371,13 +383,64 @@ class Runs:
                     engine.stop(srv)
             finally:
                 shutil.rmtree(home, ignore_errors=True)
-            sample = r"^([A-Za-z_:][\w:]*?)(?:_bucket|_count|_sum)?[{ ]"  # a histogram's by its name
-            seen = set(re.findall(sample, exposed, re.M)) if status == 200 else set()  # samples
+            seen = exposed_names(exposed) if status == 200 else set()
             for name in names:  # one /metrics for every model: names only
                 outcomes[name].metrics = seen
             return outcomes
 
         return self.serve(packager, store, start)
+
+    def mlserver(self, packager: str, store: Store) -> Dict[str, Outcome]:
+        """MLServer with tsctl's runtime, started as ``tsctl serve --engine mlserver --config`` starts it
+        (the config TorchServe gets: what the example's README puts in config.properties); each input sent
+        as ``tsctl predict --content-type`` sends it, the answer read as a client reads it (``ask_v2``)."""
+
+        def start(directory: Path, names: List[str]) -> Dict[str, Outcome]:
+            home = short_tmp("mc-")
+            try:
+                extra = {k: v for name in names for k, v in self.examples[name].properties.items()}
+                config = write_config(directory, home / "config.properties", extra=extra)
+                srv = MLSERVER_ENGINE.start(directory, config=str(config), home=home, timeout=300,
+                                            python=str(runtime_env.ensure_mlserver()))  # fmt: skip
+                try:
+                    outcomes = {name: self.over_v2(srv, name) for name in names}
+                    wanted = {m for name in names for m in self.examples[name].metrics}
+                    seen = scrape_names(srv, wanted)
+                finally:
+                    MLSERVER_ENGINE.stop(srv)
+            finally:
+                shutil.rmtree(home, ignore_errors=True)
+            for name in names:  # one /metrics for every model: names only
+                outcomes[name].metrics = seen
+            return outcomes
+
+        return self.serve(packager, store, start)
+
+    def over_v2(self, srv, name: str) -> Outcome:
+        try:
+            return Outcome([ask_v2(srv, name, body, kind) for body, kind in self.examples[name].inputs])
+        except AnswerShape as exc:
+            return Outcome(error=f"not one BYTES output-0: {exc}")
+
+
+HISTOGRAM_SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*?)(?:_bucket|_count|_sum)?[{ ]", re.M)  # a histogram's by its name
+
+
+def exposed_names(text: str) -> Set[str]:
+    """The metric names of a Prometheus exposition's samples."""
+    return set(HISTOGRAM_SAMPLE.findall(text))
+
+
+def scrape_names(srv, wanted: Set[str], within: float = 10) -> Set[str]:
+    """The metric names on ``srv``'s /metrics, read again until each of ``wanted`` is there (the workers'
+    last metric lines reach MLServer's registry after their answers) or ``within`` s passed."""
+    deadline = time.monotonic() + within
+    while True:
+        status, text = server.request(srv.metrics_url, timeout=30)
+        seen = exposed_names(text) if status == 200 else set()
+        if wanted <= seen or time.monotonic() > deadline:
+            return seen
+        time.sleep(0.5)
 
 
 @pytest.fixture(scope="session")
@@ -410,7 +473,8 @@ def table(request):
     notes += [f"- {BUGS[key][0]}: {BUGS[key][1]}" for key in found]
     text = (
         f"Each case packaged by `tsctl package` and by `torch-model-archiver`, run in-process (`LocalModel`), "
-        f"on TorchServe 0.12, on the KServe engine and by `tsctl run --json` (a whole process); every answer "
+        f"on TorchServe 0.12, on the KServe engine, by `tsctl run --json` (a whole process) and on MLServer 1.7.1 "
+        f"(each input as `tsctl predict --content-type` sends it, output-0's BYTES element read as JSON); every answer "
         f"compared with TorchServe serving torch-model-archiver's archive (the reference): equal = same statuses "
         f"and JSON, floats within {RTOL:.0e} relative + {ATOL:.0e} absolute (Δ: the largest float difference). "
         f"Handler and model files: "

@@ -252,7 +252,7 @@ def test_serve_on_mlserver_carries_the_configs_metrics_config(example, store, tm
     assert settings["parameters"]["extra"]["metricsConfig"] == str(metrics_yaml)
     assert settings["parameters"]["extra"]["metricsAutoDetect"] is False
     frontend.metrics_config = "missing.yaml"
-    with pytest.raises(UserError, match="missing.yaml is not a file"):
+    with pytest.raises(UserError, match="metrics_config missing.yaml cannot be read"):
         metrics_settings(frontend)
 
 

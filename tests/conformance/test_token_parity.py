@@ -14,12 +14,23 @@ normalises them. BIOES is compared with the pipeline grouping E- and S- words as
 
 Hypothesis runs TSCTL_FUZZ_EXAMPLES examples per scheme (default 10) in the default run, and 25 times
 as many under ``-m matrix``.
+
+Served (``-m matrix`` only, about three minutes): the lower-case scheme (``b-per``, ``i-per``...)
+packaged once per aggregation, all five archives in one server per runtime, answering SERVED_TEXTS
+(one of them past 32 tokens, one whitespace only) as the pipeline does (``check``, as above): in
+TorchServe's worker process (LocalModel), on TorchServe 0.12, on tsctl's engine, on MLServer (each
+text one BYTES element as ``tsctl predict`` sends it; the answer read is the JSON of output-0's one
+element) and by ``tsctl run --json`` (a whole process per archive). ``make test``'s smoke of the
+handler is the in-process comparison above, for every aggregation; tests/engine/test_mlserver.py
+serves a token classifier (``average``) on MLServer in the default run too.
 """
 
+import concurrent.futures
 import contextlib
 import json
 import os
 import re
+import shutil
 import string
 
 import pytest
@@ -29,12 +40,16 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from transformers.pipelines.token_classification import TokenClassificationPipeline
 
+from archiver import engines, server
 from archiver.errors import UserError
+from handlers.errors import error_message
 from handlers.token_classification import group_entities, split_tag
 from helpers.models import package_text
-from helpers.servers import RunningServer, post
-from samples import text_models
-from serving.testing import InProcessHandler, LocalModel
+from helpers.paths import short_tmp
+from helpers.processes import run_alone
+from helpers.servers import RunningServer
+from samples import runtime_env, text_models, ts_examples
+from serving.testing import InProcessHandler, LocalModel, Request
 
 EXAMPLES = int(os.environ.get("TSCTL_FUZZ_EXAMPLES", "10"))
 MAX_LENGTH, STRIDE = 32, 8
@@ -151,16 +166,22 @@ def answers(handler: InProcessHandler, texts):
 
 
 def compare(scheme: Scheme, strategy, stride, texts):
-    responses = answers(scheme.handler(strategy, stride), texts)
+    replies = [(r.status, r.json()) for r in answers(scheme.handler(strategy, stride), texts)]
+    check(scheme, strategy, stride, texts, replies)
+
+
+def check(scheme: Scheme, strategy, stride, texts, replies, runtime="in-process"):
+    """``replies`` (status, JSON answer), one per text, against the pipeline's answers."""
+    assert len(replies) == len(texts), (runtime, strategy, replies)
     normalizer = scheme.tokenizer.backend_tokenizer.normalizer
     label = "entity" if strategy == "none" else "entity_group"
-    for text, response in zip(texts, responses):
+    for text, (status, ours) in zip(texts, replies):
+        where = (runtime, scheme.name, strategy, stride, text)
         if not text.strip():  # tsctl's 400 where the pipeline answers [] (docs/handlers.md)
-            assert response.status == 400 and "empty" in response.json()["message"], (text, response.json())
+            assert status == 400 and "empty" in error_message(ours), (where, status, ours)
             continue
-        assert response.status == 200, (text, response.json())
-        ours, theirs = response.json(), scheme.pipeline(strategy, stride)(text)
-        where = (scheme.name, strategy, stride, text)
+        assert status == 200, (where, status, ours)
+        theirs = scheme.pipeline(strategy, stride)(text)
         assert [(e[label], e["start"], e["end"]) for e in ours] == [(e[label], e["start"], e["end"]) for e in theirs], (
             where
         )
@@ -286,25 +307,138 @@ def test_stride_with_none_is_refused_at_packaging(schemes, tmp_path):
 
 
 # ---- served -----------------------------------------------------------------------------------------
-SERVED_TEXTS = [FIXED[0], "b-per i-per: lower-case labels", "Ünïcödé text, emoji 🙂 and [UNK] tokens 12345."]
+SERVED_TEXTS = [
+    FIXED[0],
+    "b-per i-per: lower-case labels, Ada and Charles in London",
+    "Ünïcödé text, emoji 🙂 and [UNK] tokens 12345.",
+    FIXED[2],  # past 32 tokens: truncated
+    " ".join(WORDS[:17]) + "\r\n",  # accents, CJK, emoji, [UNK]...
+    " ".join(WORDS[17:]),  # combining marks, NBSP, zero-width space, NUL, U+FFFD, Cyrillic, Arabic, Devanagari
+    "\u00a0\n ",  # 400
+]
+SERVED = ("worker", "TorchServe", "tsctl engine", "MLServer", "tsctl run")  # runtimes, each a column of the table
+TEXT_TYPE = "text/plain; charset=utf-8"
+
+
+def posted(srv, model: str, bodies) -> list:
+    """(status, answer) of each body POSTed at once to ``model`` (a batch, as the in-process run), the
+    error's answer parsed when it is JSON."""
+    url = engines.predict_url(srv, model)
+    headers = {"Content-Type": "application/json" if srv.engine == "mlserver" else TEXT_TYPE}
+    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+        futures = [pool.submit(server.request, url, body, "POST", headers, 120) for body in bodies]
+        return [future.result(timeout=180) for future in futures]
+
+
+def on_v2(replies) -> list:
+    """MLServer's answers as a client reads them: the JSON of output-0's one BYTES element."""
+    read = []
+    for status, answer in replies:
+        if status == 200:
+            shape = [(o["name"], o["datatype"], o["shape"]) for o in answer["outputs"]]
+            assert shape == [("output-0", "BYTES", [1])], answer
+            answer = json.loads(answer["outputs"][0]["data"][0])
+        read.append((status, answer))
+    return read
+
+
+class Served:
+    """The lower-case scheme packaged once per aggregation (``ner-STRATEGY``, one store) and the answers
+    of each runtime to SERVED_TEXTS, by strategy: every archive in one server per runtime."""
+
+    def __init__(self, scheme: Scheme):
+        self.scheme, self.store = scheme, short_tmp("tok-")
+        for strategy in STRATEGIES:
+            options = dict(aggregation=strategy, ignore_labels=scheme.ignore, max_length=MAX_LENGTH)
+            package_text(scheme.root, self.store, f"ner-{strategy}", "token_classifier", scheme.name,
+                         handler_config(**options))  # fmt: skip
+        self.columns = {}
+
+    def answers(self, runtime: str) -> dict:
+        if runtime not in self.columns:
+            run = {"worker": self.worker, "TorchServe": self.torchserve, "tsctl engine": self.engine,
+                   "MLServer": self.mlserver, "tsctl run": self.tsctl_run}[runtime]  # fmt: skip
+            self.columns[runtime] = run()
+        return self.columns[runtime]
+
+    def worker(self) -> dict:
+        """TorchServe's worker process (LocalModel), the texts as one batch."""
+        found = {}
+        for strategy in STRATEGIES:
+            with LocalModel(self.store / f"ner-{strategy}.mar", batch_size=8) as model:
+                replies = model.predict([Request(text.encode(), {"Content-Type": TEXT_TYPE}) for text in SERVED_TEXTS])
+            found[strategy] = [(r.status, r.json()) for r in replies]
+        return found
+
+    def over_http(self, srv) -> dict:
+        return {s: posted(srv, f"ner-{s}", [t.encode() for t in SERVED_TEXTS]) for s in STRATEGIES}
+
+    def torchserve(self) -> dict:
+        with RunningServer(self.store) as srv:
+            return self.over_http(srv)
+
+    def engine(self) -> dict:
+        engine, home = engines.ENGINES["tsctl"], short_tmp("toke-")
+        srv = engine.start(self.store, home=home, timeout=300)
+        try:
+            return self.over_http(srv)
+        finally:
+            engine.stop(srv)
+            shutil.rmtree(home, ignore_errors=True)
+
+    def mlserver(self) -> dict:
+        """Each text as ``tsctl predict --content-type text/plain`` sends it (one BYTES element)."""
+        engine = engines.ENGINES["mlserver"]
+        bodies = [engine.request_body(t.encode(), TEXT_TYPE, as_request=False)[0] for t in SERVED_TEXTS]
+        home = short_tmp("tokm-")
+        srv = engine.start(self.store, home=home, timeout=300, python=str(runtime_env.ensure_mlserver()))
+        try:
+            return {s: on_v2(posted(srv, f"ner-{s}", bodies)) for s in STRATEGIES}
+        finally:
+            engine.stop(srv)
+            shutil.rmtree(home, ignore_errors=True)
+
+    def tsctl_run(self) -> dict:
+        """``tsctl run --json ner-STRATEGY.mar input0.txt ...``: a whole process per archive, one JSON
+        document on its stdout, nothing left running."""
+        project = short_tmp("tokr-")
+        files = []
+        for number, text in enumerate(SERVED_TEXTS):
+            files.append(project / f"input{number}.txt")
+            files[-1].write_text(text, encoding="utf-8")
+        found = {}
+        try:
+            for strategy in STRATEGIES:
+                archive = self.store / f"ner-{strategy}.mar"
+                done = run_alone([ts_examples.BIN / "tsctl", "run", "--json", archive, *files], project, 180)
+                assert done.code is not None and not done.left, (strategy, done.code, done.left, done.stderr[-2000:])
+                document = json.loads(done.stdout)
+                assert "error" not in document, (strategy, document)
+                found[strategy] = [(r["status"], r["answer"]) for r in document["results"]]
+        finally:
+            shutil.rmtree(project, ignore_errors=True)
+        return found
+
+    def close(self):
+        shutil.rmtree(self.store, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def served(schemes):
+    made = Served(schemes("lower"))
+    yield made
+    made.close()
 
 
 @pytest.mark.matrix
-def test_simple_aggregation_answers_on_torchserve_as_in_a_worker(schemes, tmp_path):
-    """The archive on TorchServe 0.12 and in TorchServe's worker process (LocalModel); the handler's own
-    answers are the comparisons above, in this process."""
-    store = tmp_path / "store"
-    archive = package_text(
-        schemes("lower").root, store, "ner", "token_classifier", "lower", handler_config(aggregation="simple")
-    )
-    with LocalModel(archive) as model:
-        expected = [r.json() for r in model.predict(SERVED_TEXTS)]
-    with RunningServer(store) as srv:
-        served = [post(srv, "ner", text.encode(), "text/plain; charset=utf-8") for text in SERVED_TEXTS]
-    assert [status for status, _ in served] == [200] * len(SERVED_TEXTS), served
-    for (_, body), answer in zip(served, expected):
-        assert [(e["entity_group"], e["start"], e["end"], e["word"]) for e in body] == [
-            (e["entity_group"], e["start"], e["end"], e["word"]) for e in answer
-        ]
-        assert [e["score"] for e in body] == pytest.approx([e["score"] for e in answer], abs=1e-5)
-    assert sum(map(len, expected)) > 3 and {e["entity_group"] for a in expected for e in a} <= {"per", "loc", "misc"}
+@pytest.mark.parametrize("runtime", SERVED)
+def test_every_aggregation_is_served_as_the_pipeline(served, runtime):
+    """Each strategy's archive on ``runtime`` answers SERVED_TEXTS as the pipeline does (``check``),
+    lower-case ``b-``/``i-`` labels among the entities."""
+    answers = served.answers(runtime)
+    for strategy in STRATEGIES:
+        check(served.scheme, strategy, None, SERVED_TEXTS, answers[strategy], runtime)
+    tags = {e["entity"] for _, body in answers["none"] if isinstance(body, list) for e in body}
+    assert tags & {"b-per", "b-loc", "b-misc"} and tags & {"i-per", "i-loc", "i-misc"}, tags
+    groups = {e["entity_group"] for _, body in answers["simple"] if isinstance(body, list) for e in body}
+    assert groups and groups <= {"per", "loc", "misc"}, groups

@@ -1,6 +1,6 @@
 """Conformance, issue #31 item 10: what else a worker gives a handler, on every runtime.
 
-The case ``context_probe`` (samples/ts_examples.py; its handler samples/ts_examples/context_probe/) is a
+The case ``context_probe`` (samples/ts_probes.py; its handler samples/ts_examples/context_probe/) is a
 handler class whose ``initialize`` adds a counter through ``context.metrics`` and calls
 ``torch.set_num_threads(1)``, and whose ``handle`` answers, per request of a batch: the ``X-Probe`` header
 (``context.get_request_header``), the status it set for the odd indices of the batch
@@ -35,7 +35,7 @@ import pytest
 from archiver import engines
 from helpers.paths import short_tmp
 from helpers.servers import RunningServer
-from samples import runtime_env, ts_examples
+from samples import runtime_env, ts_examples, ts_probes
 from serving.testing import LocalModel, Request
 
 RUNTIMES = ("TorchServe", "tsctl engine", "in-process", "MLServer")
@@ -47,7 +47,7 @@ OCTETS = "application/octet-stream"
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> Path:
-    example = ts_examples.build_context_probe(tmp_path_factory.mktemp("context"))
+    example = ts_probes.build_context_probe(tmp_path_factory.mktemp("context"))
     store = short_tmp("ctx-")
     ts_examples.package(example, "torch-model-archiver", store)
     yield store

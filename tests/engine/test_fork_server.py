@@ -2,6 +2,7 @@
 the same view of their environment, their own process group and random sequence, the right pid under
 concurrent starts, and nothing left running when the server goes."""
 
+import json
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ from helpers.engine_limits import archive_handler
 from serving import fork_server
 from serving.testing import LocalModel
 
-VIEW = '''\
+VIEW = """\
 import os, random, sys, tempfile
 
 import numpy as np
@@ -34,7 +35,7 @@ def handle(data, context):
         "draws": [random.random(), float(np.random.rand()), float(torch.rand(1))],
         "stdin": os.readlink("/proc/self/fd/0"),
     } for _ in data]
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -138,3 +139,63 @@ def test_the_server_ends_with_the_process_that_started_it():
     while os.path.exists(f"/proc/{server}") and "Z" not in Path(f"/proc/{server}/stat").read_text().split()[2]:
         assert time.monotonic() < deadline, "the fork server outlived the process that started it"
         time.sleep(0.05)
+
+
+PROBE = """\
+import json, os, sys
+import torch
+seen = sorted(m for m in ("PIL", "torchvision", "transformers") if m in sys.modules)  # before any import here
+import transformers
+a = torch.rand(512, 512)
+for _ in range(20):
+    a = (a @ a).clamp(-1, 1)  # torch's threads, in a fork of a server that imported transformers
+print(json.dumps({"seen": seen, "threads": torch.get_num_threads(), "transformers": transformers.__file__}))
+"""
+
+
+def forked_probe(server: fork_server.ForkServer, folder: Path, env: dict):
+    """``PROBE`` run in a worker forked by ``server`` in ``folder`` (its PYTHONPATH): what it printed, or
+    None when the server did not take it."""
+    out_read, out_write = os.pipe()
+    metrics_read, metrics_write = os.pipe()
+    try:
+        child = server.spawn([str(folder / "probe.py")], str(folder), dict(env, PYTHONPATH=str(folder)), out_write,
+                             metrics_write)  # fmt: skip
+    finally:
+        os.close(out_write)
+        os.close(metrics_write)
+        os.close(metrics_read)
+    with os.fdopen(out_read, "rb") as out:
+        if child is None:
+            return None
+        assert child.wait(120) == 0
+        return json.loads(out.read().decode().strip().splitlines()[-1])
+
+
+def test_an_engines_server_imports_the_extras_once_idle_and_its_workers_find_them(tmp_path):
+    """``extras``: what handlers import first is imported while the server is idle, so that a worker
+    restarted or added later does not import it again; a worker whose path brings its own transformers
+    is spawned instead; torch's threads run in a fork made after those imports."""
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    plain, bringing = tmp_path / "plain", tmp_path / "bringing"
+    for folder in (plain, bringing):
+        folder.mkdir()
+        (folder / "probe.py").write_text(PROBE)
+    (bringing / "transformers.py").write_text("OURS = True\n")
+    with_extras = fork_server.ForkServer(fork_server.start_environment(env), extras=True)
+    without = None
+    try:
+        first = forked_probe(with_extras, plain, env)  # at once: before the server was idle
+        assert first["seen"] == [] and first["threads"] == 2, first
+        without = fork_server.ForkServer(fork_server.start_environment(env))
+        deadline, later = time.monotonic() + 90, first
+        while later["seen"] != ["PIL", "torchvision", "transformers"] and time.monotonic() < deadline:
+            time.sleep(fork_server.IDLE + 4)  # each probe makes the server busy again: room for an import or two
+            later = forked_probe(with_extras, plain, env)
+        assert later["seen"] == ["PIL", "torchvision", "transformers"] and later["threads"] == 2, later
+        assert forked_probe(with_extras, bringing, env) is None  # shadowed: the caller spawns it
+        assert forked_probe(without, plain, env)["seen"] == []  # without extras: nothing but PRELOAD
+    finally:
+        for server in (with_extras, without):
+            if server is not None:
+                server.close()

@@ -318,7 +318,7 @@ def exported(store, tmp_path_factory):
 def test_export_writes_the_runtimes_image_recipe(exported, store):
     image = exported / "predictor-image"
     dockerfile = (image / "Dockerfile").read_text()
-    assert f"FROM python:{sys.version_info.major}.{sys.version_info.minor}-slim" in dockerfile
+    assert f"ARG BASE_IMAGE=python:{sys.version_info.major}.{sys.version_info.minor}-slim\n" in dockerfile
     assert 'ENTRYPOINT ["python", "-m", "serving.engine"]' in dockerfile and "USER 1000" in dockerfile
     wanted = {name: metadata.version(name) for name in ("torch", "torchvision", "torchserve", "kserve", "uvicorn")}
     lines = (image / "requirements.txt").read_text().splitlines()

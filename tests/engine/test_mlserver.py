@@ -43,6 +43,7 @@ from click.testing import CliRunner
 
 from archiver import engines, golden, mar, server
 from archiver.cli import main
+from handlers import golden as golden_format
 from handlers import protocol
 from handlers.errors import error_message
 from helpers import grpc_client
@@ -51,7 +52,8 @@ from helpers.hostile import assert_close
 from helpers.models import package_resnet, package_text
 from helpers.paths import short_tmp
 from helpers.servers import batch_lines, post_mixed_concurrently
-from samples import hostile, runtime_env, text_models, ts_examples
+from helpers.v2_answers import ask_v2
+from samples import hostile, runtime_env, text_models, ts_examples, ts_probes
 from samples.image_model import sample_jpeg
 from serving.testing import LocalModel, Request
 
@@ -96,7 +98,7 @@ def store(image_sample, text_samples, tmp_path_factory):
     # handlers that are not the toolkit's, packaged by both tools: pytorch/serve's xgboost example (its
     # stand-in: it reads CSV bytes) and a probe answering what it received
     # (model names Kubernetes takes: the Seldon tests export this store)
-    for example in (ts_examples.build_xgboost(root / "xgboost", None), ts_examples.build_body_probe(root / "probe")):
+    for example in (ts_probes.build_xgboost(root / "xgboost", None), ts_probes.build_body_probe(root / "probe")):
         example = dataclasses.replace(example, name=example.name.replace("_", "-"))
         EXAMPLES[example.name] = example
         ts_examples.package(example, "torch-model-archiver", store)
@@ -200,17 +202,7 @@ def test_mnist_example_gets_what_torchserve_hands_it(srv, store):
 def answers_of(srv, model: str, inputs) -> list:
     """Each (body, Content-Type) sent to ``model`` as ``tsctl predict --content-type`` sends it: (status,
     the output-0 element read as JSON, or the error)."""
-    answers = []
-    for body, kind in inputs:
-        request, _ = ENGINE.request_body(body, kind, as_request=False)
-        status, answer = server.request(engines.predict_url(srv, model), request, "POST",
-                                        {"Content-Type": "application/json"}, 60)  # fmt: skip
-        if status == 200:
-            assert [(o["name"], o["datatype"], o["shape"]) for o in answer["outputs"]] == [("output-0", "BYTES", [1])]
-            answers.append((status, json.loads(answer["outputs"][0]["data"][0])))
-        else:
-            answers.append((status, answer["error"]))
-    return answers
+    return [ask_v2(srv, model, body, kind, 60) for body, kind in inputs]
 
 
 def test_a_handler_gets_what_torchserves_worker_gives_it(srv, store):
@@ -227,11 +219,11 @@ def test_a_handler_gets_what_torchserves_worker_gives_it(srv, store):
         assert answers_of(srv, f"{name}-tsctl", example.inputs) == want, name
     labels = [status == 200 and answer for status, answer in answers_of(srv, "xgboost", EXAMPLES["xgboost"].inputs)]
     assert labels == ["versicolor", "setosa", "virginica", False, False], labels
-    rows = list(ts_examples.IRIS_ROWS.values())
+    rows = list(ts_probes.IRIS_ROWS.values())
     for model in ("xgboost", "xgboost-tsctl"):
         for contents in (False, True):
             answer = grpc_client.call(srv.grpc, model, rows, contents=contents)
-            assert [json.loads(a) for a in answer["answers"]] == list(ts_examples.IRIS_ROWS), (model, contents)
+            assert [json.loads(a) for a in answer["answers"]] == list(ts_probes.IRIS_ROWS), (model, contents)
 
 
 def test_one_answer_shape_whichever_tool_built_the_archive(srv):
@@ -251,10 +243,35 @@ def test_one_answer_shape_whichever_tool_built_the_archive(srv):
     assert read["body-probe"] == read["body-probe-tsctl"] == [
         {"keys": ["body"], "type": "str", "value": text} for text in texts  # no content_type: text, a str
     ]
-    request = ENGINE.request_body(ts_examples.IRIS_ROWS["setosa"], "application/octet-stream")[0]
+    request = ENGINE.request_body(ts_probes.IRIS_ROWS["setosa"], "application/octet-stream")[0]
     outputs = [server.request(engines.predict_url(srv, model), request, "POST", {"Content-Type": "application/json"},
                               60)[1]["outputs"] for model in ("xgboost", "xgboost-tsctl")]  # fmt: skip
     assert outputs[0] == outputs[1] == [{"name": "output-0", "shape": [1], "datatype": "BYTES", "data": ['"setosa"']}]
+
+
+def test_verify_served_sends_each_golden_file_as_predict_does(srv, tmp_path):
+    """``tsctl verify --served`` of a handler that is not the toolkit's: each golden file goes as ``tsctl
+    predict --content-type`` sends it (one BYTES element, the recorded type its ``content_type``), so MLServer
+    hands the handler what TorchServe's worker gave it when the answers were recorded: the bytes, a str,
+    the decoded JSON (sent as before, base64 elements without a type, they reached it as strs and the
+    replay failed). About 3 s."""
+    golden_dir = tmp_path / "golden"
+    golden_dir.mkdir()
+    inputs = {"row.bin": ts_examples.IRIS_ROWS["setosa"], "row.txt": b"a,b\n1,2\n", "doc.json": b'{"a": [1, 2.5]}',
+              "digit.png": EXAMPLES["body-probe"].inputs[8][0]}  # fmt: skip
+    for name, data in inputs.items():
+        (golden_dir / name).write_bytes(data)
+    flags = EXAMPLES["body-probe"].flags("tsctl") + ["--export-path", str(tmp_path), "--golden", str(golden_dir)]
+    done = CliRunner().invoke(main, ["package", *flags])
+    assert done.exit_code == 0, done.output
+    archive = tmp_path / "body-probe.mar"
+    with mar.opened(archive) as found:
+        recorded = {case["name"]: case["answer"]["type"] for case in golden_format.read(found)["cases"]}
+    assert recorded == {"row.bin": "bytearray", "row.txt": "str", "doc.json": "dict", "digit.png": "bytearray"}
+    done = CliRunner().invoke(main, ["verify", str(archive), "--served", "--home", srv.home, "--json"])
+    report = json.loads(done.stdout)
+    assert done.exit_code == 0 and report["checked"] == 4 and not report["problems"], done.output
+    assert report["where"] == f"{srv.inference} (v2)", report
 
 
 def test_a_bad_request_fails_alone_in_its_batch(srv, store):

@@ -17,7 +17,7 @@ import pytest
 
 from archiver import engines
 from handlers.errors import ClientError
-from samples import ts_examples
+from samples import ts_examples, ts_probes
 from serving import v2_requests
 from serving.testing import LocalModel, Request
 from serving.ts_wire import Response
@@ -27,7 +27,7 @@ MLSERVER = engines.ENGINES["mlserver"]
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
-    example = ts_examples.build_body_probe(tmp_path_factory.mktemp("probe"))
+    example = ts_probes.build_body_probe(tmp_path_factory.mktemp("probe"))
     archive = ts_examples.package(example, "torch-model-archiver", tmp_path_factory.mktemp("store"))
     with LocalModel(archive) as model:
         yield example, model

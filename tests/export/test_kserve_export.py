@@ -141,6 +141,8 @@ def test_vendored_schemas_match_the_kserve_crds():
     for source, vendored in [
         ("serving.kserve.io_inferenceservices.yaml", "inferenceservice.v1beta1.json"),
         ("serving.kserve.io_inferencegraphs.yaml", "inferencegraph.v1alpha1.json"),
+        ("serving.kserve.io_servingruntimes.yaml", "servingruntime.v1alpha1.json"),
+        ("serving.kserve.io_clusterservingruntimes.yaml", "servingruntime.v1alpha1.json"),
     ]:
         crd = yaml.load((SHARED / source).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         version = vendored.split(".")[1]
@@ -514,10 +516,11 @@ def test_deploy_md_runs_from_its_directory_and_its_bodies_get_200(mixed, tmp_pat
     "variant",
     [
         {"engine": "kserve", "image": "registry.example.com/tsctl-engine:1", "namespace": "ml"},
+        {"engine": "tsctl", "image": "registry.example.com/tsctl-engine:1", "auto_select": True, "priority": 3},
         {"transformer_image": "registry.example.com/t:1", "transformer_model": "resnet18_t", "protocol": "v2"},
         {"split": [("resnet18", 90), ("resnet18_b", 10)]},
     ],
-    ids=["engine", "transformer", "split"],
+    ids=["engine", "auto-select", "transformer", "split"],
 )
 def test_every_variant_of_deploy_md_runs_as_written(project, tmp_path, tmp_path_factory, variant):
     """The tsctl engine's (step 0 builds its image), a transformer's and a split's DEPLOY.md: every file they
@@ -694,16 +697,19 @@ def test_engine_export_is_a_serving_runtime_and_an_isvc_over_the_same_storage(pr
     assert model["storageUri"] == "pvc://models/tsctl" and model["modelFormat"] == {"name": "pytorch"}
 
     assert runtime["apiVersion"] == "serving.kserve.io/v1alpha1"
+    server_type = {"serving.kserve.io/server-type": "torchserve"}  # KServe >= 0.17: TorchServe's defaults
     if kind == "ServingRuntime":
         assert runtime["kind"] == "ServingRuntime"
-        assert runtime["metadata"] == {"name": "tsctl-vision", "namespace": "default"}
+        assert runtime["metadata"] == {"name": "tsctl-vision", "namespace": "default", "annotations": server_type}
     else:
-        assert runtime["kind"] == "ClusterServingRuntime" and runtime["metadata"] == {"name": "tsctl-default-vision"}
+        assert runtime["kind"] == "ClusterServingRuntime"
+        assert runtime["metadata"] == {"name": "tsctl-default-vision", "annotations": server_type}
     spec = runtime["spec"]
     assert spec["supportedModelFormats"] == [{"name": "pytorch", "version": "1", "autoSelect": False}]
     assert spec["protocolVersions"] == ["v1", "v2", "grpc-v2"]
     [container] = spec["containers"]
     assert container["name"] == "kserve-container" and container["image"] == IMAGE
+    assert container["env"] == [{"name": "TS_SERVICE_ENVELOPE", "value": "{{.Labels.serviceEnvelope}}"}]
     assert container["args"] == [
         "--model_store=/mnt/models/model-store",
         "--ts_config=/mnt/models/config/config.properties",
@@ -720,6 +726,7 @@ def test_engine_export_is_a_serving_runtime_and_an_isvc_over_the_same_storage(pr
     assert f"docker build -t {IMAGE} predictor-image" in deploy and f"docker push {IMAGE}" in deploy
     dockerfile = (tmp_path / "engine" / "predictor-image" / "Dockerfile").read_text()
     assert 'ENTRYPOINT ["python", "-m", "serving.engine"]' in dockerfile and "USER 1000" in dockerfile
+    assert "\nARG BASE_IMAGE=python:3." in dockerfile and "\nFROM ${BASE_IMAGE}\n" in dockerfile
     assert '"--ts_config=/mnt/models/config/config.properties"' in dockerfile
     # the engine reads the snapshot as written: no TorchServe envelope, no per-model install to lock for
     snapshot = json.loads(properties.read_properties(tmp_path / "engine/config/config.properties")["model_snapshot"])
@@ -753,13 +760,28 @@ def test_the_runtime_check_catches_what_kserve_would_refuse(project, change, pro
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/kserve is not beside this checkout")
-def test_kserves_own_torchserve_runtime_passes_the_runtime_check():
-    """The runtime schema is built (no ServingRuntime CRD is vendored): KServe's own runtime must pass it."""
+def test_kserves_own_torchserve_runtime_passes_the_runtime_check_and_ours_keeps_its_keys():
+    """KServe's own runtime passes the runtime check (its CRD, and the checks added to it); the engine's
+    has every key kserve-torchserve has (the envelope, the server type, resources, Prometheus), its
+    format and protocols, and its container's security context."""
     reference = yaml.safe_load((SHARED / "kserve-torchserve-runtime.yaml").read_text())
     assert crds.problems(reference) == []
-    assert set(reference["spec"]) == set(
-        crds.schema_for(reference["apiVersion"], reference["kind"])["properties"]["spec"]["properties"]
+    ours = tsctl_image.serving_runtime(
+        kserve.ExportOptions(out="o", name="vision", storage_uri="pvc://m/v", image=IMAGE, auto_select=True), {}
     )
+    assert set(ours["spec"]) == set(reference["spec"]) and ours["metadata"]["annotations"] == {
+        "serving.kserve.io/server-type": "torchserve"
+    }
+    assert ours["metadata"]["annotations"] == reference["metadata"]["annotations"]
+    [mine], [theirs] = ours["spec"]["containers"], reference["spec"]["containers"]
+    assert set(theirs) - set(mine) == set() and mine["env"] == theirs["env"]
+    assert mine["securityContext"] == theirs["securityContext"]
+    assert ours["spec"]["protocolVersions"] == reference["spec"]["protocolVersions"]
+    [format_] = reference["spec"]["supportedModelFormats"]
+    assert format_["priority"] == tsctl_image.KSERVE_TORCHSERVE_PRIORITY
+    assert {k: v for k, v in format_.items() if k != "priority"} == {
+        k: v for k, v in ours["spec"]["supportedModelFormats"][0].items() if k != "priority"
+    }
 
 
 @pytest.mark.parametrize(
@@ -773,6 +795,11 @@ def test_kserves_own_torchserve_runtime_passes_the_runtime_check():
         ),
         (["--runtime-kind", "ServingRuntime"], "--runtime-kind is not an option of --engine torchserve"),
         (["--engine", "kserve", "--image", IMAGE, "--runtime-kind", "Runtime"], "'Runtime' is not one of"),
+        (["--auto-select"], "--auto-select is not an option of --engine torchserve"),
+        (["--priority", "0"], "--priority is not an option of --engine torchserve"),
+        (["--engine", "tsctl", "--image", IMAGE, "--priority", "3"], "--priority goes with --auto-select"),
+        (["--engine", "tsctl", "--image", IMAGE, "--auto-select", "--priority", "0"], "--priority 0 must be from 1"),
+        (["--engine", "tsctl", "--image", IMAGE, "--auto-select", "--priority", str(2**31)], "to 2147483647"),
     ],
 )
 def test_export_engine_mistakes_are_one_sentence(project, tmp_path, args, words):
@@ -855,6 +882,14 @@ def test_exporting_into_the_project_is_refused_and_deletes_nothing(project, tmp_
         assert "--model-store" in result.output and "is inside OUT" in result.output, result.output
     assert sorted(p.name for p in (mine / "model-store").iterdir()) == before
     assert (mine / "config" / "config.properties").is_file()
+
+
+def test_out_has_the_mode_mkdir_gives_it(project, tmp_path):
+    """OUT is made as mkdir makes a directory (umask applied), not 0700 as its staging directory was
+    created: a container running as another uid (the runtime's 1000) reads the tree mounted as it is."""
+    kserve.export(options(project, tmp_path / "out"))
+    (tmp_path / "plain").mkdir()
+    assert (tmp_path / "out").stat().st_mode == (tmp_path / "plain").stat().st_mode
 
 
 def test_a_non_empty_out_needs_force_and_a_failed_write_keeps_the_previous_one(project, tmp_path, monkeypatch):

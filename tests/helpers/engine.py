@@ -43,12 +43,14 @@ class Engine:
     def __init__(self, root: Path, *extra: str, config: Path = None, timeout: float = 240, preexec_fn=None):
         self.home = short_tmp("engine-")
         self.http, self.grpc = free_port(), free_port()
+        self.ts_grpc, self.ts_grpc_management = free_port(), free_port()  # TorchServe's own gRPC APIs
         self.url = f"http://127.0.0.1:{self.http}"
         self.out = self.home / "engine.out"
         default = root / "config" / "config.properties"
         given = [] if config is None and not default.exists() else ["--ts_config", str(config or default)]
         command = [sys.executable, "-m", "serving.engine", "--model_store", str(root / "model-store"), *given,
                    "--host", "127.0.0.1", "--http_port", str(self.http), "--grpc_port", str(self.grpc),
+                   "--grpc_inference_port", str(self.ts_grpc), "--grpc_management_port", str(self.ts_grpc_management),
                    *extra]  # fmt: skip
         with open(self.out, "wb") as out:
             path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
