@@ -36,9 +36,6 @@ SNAPSHOT_LEAST = {"minWorkers": 1, "maxWorkers": 1, "batchSize": 1, "maxBatchDel
 # Long, which its ModelConfig ignores as it ignores 0).
 SNAPSHOT_MOST = 2**31 - 1
 DEFAULT_ALLOWED_URLS = "file://.*|http(s)?://.*"  # TorchServe 0.12's allowed_urls
-# Keys a TS_* variable overrides with enable_envvars_config=true (TorchServe reads allowed_urls from one only when
-# use_env_allowed_urls=true: not here).
-ENVIRONMENT_KEYS = ("enable_model_api", "disable_token_authorization", "token_expiration_min")
 # Keys whose meaning the tsctl engine cannot give: refused rather than silently ignored.
 UNSUPPORTED = {
     "enable_grpc_ssl": "TLS: terminate it in front of the engine (KServe's ingress does)",
@@ -63,6 +60,8 @@ ENVIRONMENT_KEYS = (
     "default_response_timeout",
     "install_py_dep_per_model",
     "disable_token_authorization",
+    "enable_model_api",
+    "token_expiration_min",  # (TorchServe reads allowed_urls from TS_ALLOWED_URLS only with use_env_allowed_urls)
     *UNSUPPORTED,
 )
 
@@ -201,7 +200,7 @@ class Frontend:
     notes: List[str] = field(default_factory=list)  # settings read but not applied, archives skipped: a line each
 
 
-def frontend_of(properties: Dict[str, str], path, environ: Optional[Dict[str, str]] = None) -> Frontend:
+def frontend_of(properties: Dict[str, str], path) -> Frontend:
     for key, why in UNSUPPORTED.items():
         if properties.get(key) and properties[key].lower() != "false":
             raise ConfigError(f"{path}: {key} is set, which the tsctl engine does not support ({why}): remove it")
@@ -227,22 +226,17 @@ def frontend_of(properties: Dict[str, str], path, environ: Optional[Dict[str, st
             f"{path}: install_py_dep_per_model=true: the tsctl engine installs nothing per model; "
             "its image holds each archive's requirements (tsctl export kserve --engine tsctl)"
         )
-    management_of(properties, path, frontend, os.environ if environ is None else environ)
+    management_of(properties, path, frontend)
     return frontend
 
 
-def management_of(properties: Dict[str, str], path, frontend: Frontend, environ: Dict[str, str]):
+def management_of(properties: Dict[str, str], path, frontend: Frontend):
     """The management API's and token authorization's keys, read as TorchServe 0.12's ConfigManager reads
     them: ``enable_model_api`` and ``disable_token_authorization`` true only when they say "true" (any
     case), ``token_expiration_min`` a number of minutes (60 otherwise), ``allowed_urls`` comma-separated
-    patterns. With ``enable_envvars_config=true`` the ``TS_*`` variables of these keys win over the file,
-    as TorchServe's do. ``management_address``: its port when it is not ``inference_address``'s (TorchServe
-    then serves management on a listener of its own)."""
-    values = dict(properties)
-    if properties.get("enable_envvars_config", "false").strip().lower() == "true":
-        for key in ENVIRONMENT_KEYS:
-            if f"TS_{key.upper()}" in environ:
-                values[key] = environ[f"TS_{key.upper()}"]
+    patterns (``with_environment`` has applied the ``TS_*`` variables of the first three). ``management_address``:
+    its port when it is not ``inference_address``'s (TorchServe then serves management on a listener of its own)."""
+    values = properties
     frontend.enable_model_api = values.get("enable_model_api", "false").strip().lower() == "true"
     disable = values.get("disable_token_authorization")
     frontend.token_authorization = (disable or "false").strip().lower() != "true"
