@@ -290,3 +290,39 @@ def test_expired_keys_and_the_model_api_off(root):
         answers = each(servers, "POST", "/predictions/echo", key="inference", body=b"x")
         assert {status for status, _ in answers.values()} == {200}
         assert same(servers, "GET", "/models")[0] == 200
+
+
+@pytest.mark.matrix  # TorchServe's gRPC management API, the model API and tokens on: about 20 s
+def test_grpc_management_calls_with_the_model_api_on(servers, tmp_path):
+    from helpers import ts_grpc
+
+    stubs = ts_grpc.generate(tmp_path / "stubs")
+    call = ts_grpc.call
+
+    def run(side, wanted, key="management"):
+        srv = servers[side].srv
+        metadata = [("authorization", f"Bearer {servers[side].key(key)}")] if key else []
+        wanted = [{**w, "metadata": metadata} for w in wanted]
+        return ts_grpc.calls(stubs, srv.ts_grpc_inference, srv.ts_grpc_management, wanted)
+
+    calls = [
+        call("RegisterModel", url="echo2.mar", initial_workers=1, synchronous=True),
+        call("ScaleWorker", model_name="echo", model_version="2.0", min_worker=2, synchronous=True),
+        call("SetDefault", model_name="echo", model_version="2.0"),
+        call("ListModels", limit=10),
+        call("SetDefault", model_name="echo", model_version="1.0"),
+        call("UnregisterModel", model_name="echo", model_version="2.0"),
+        call("UnregisterModel", model_name="nope"),
+        call("ScaleWorker", model_name="echo", model_version="9.9", min_worker=1),
+        call("SetDefault", model_name="echo", model_version="9.9"),
+        call("RegisterModel", url="nothere.mar"),
+    ]
+    got = {side: run(side, calls) for side in SIDES}
+    assert got["torchserve"] == got["tsctl"], got
+    assert [r["code"] for r in got["tsctl"]] == ["OK"] * 6 + ["NOT_FOUND"] * 3 + ["NOT_FOUND"], got["tsctl"]
+    assert got["tsctl"][0]["messages"] == [{"msg": 'Model "echo" Version: 2.0 registered with 1 initial workers'}]
+    assert got["tsctl"][6]["details"] == "Model not found: nope\norg.pytorch.serve.archive.model.ModelNotFoundException"
+    for key in (None, "inference"):  # the management API's key only
+        for side in SIDES:
+            [denied] = run(side, [call("ListModels", limit=1)], key)
+            assert (denied["code"], denied["details"]) == ("PERMISSION_DENIED", TOKEN_FAILED), (side, key, denied)
