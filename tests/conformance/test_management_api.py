@@ -4,7 +4,7 @@ engine (tests/helpers/management.py: one of each for the module, both with Torch
 memory. Where the engine answers otherwise on purpose, the test says what each answers (the list is in
 docs/engines.md).
 
-The smoke (the default run, about 15 s: most of it the two servers starting) compares the token checks
+The smoke (the default run, 8 to 15 s: most of it the two servers starting) compares the token checks
 and the read-only calls; the rest is ``matrix``.
 """
 
@@ -292,7 +292,7 @@ def test_expired_keys_and_the_model_api_off(root):
         assert same(servers, "GET", "/models")[0] == 200
 
 
-@pytest.mark.matrix  # TorchServe's gRPC management API, the model API and tokens on: about 20 s
+@pytest.mark.matrix  # TorchServe's gRPC management API, the model API and tokens on: about 5 s
 def test_grpc_management_calls_with_the_model_api_on(servers, tmp_path):
     from helpers import ts_grpc
 
