@@ -189,15 +189,18 @@ def sweep(
     duration: Optional[float] = None,
     headers=None,
     progress=lambda message: None,
+    management_headers=None,
 ) -> List[dict]:
     """One load run per (batchSize, maxBatchDelay); rows sorted as measured, best marked. ``progress``
-    hears of each setting as it starts (archiver.output.Progress)."""
-    mar_url = model_url(management, model, headers)
+    hears of each setting as it starts (archiver.output.Progress). ``headers`` go with the requests,
+    ``management_headers`` with the management calls (the two keys of a server with token authorization)."""
+    admin = management_headers if management_headers is not None else headers
+    mar_url = model_url(management, model, admin)
     rows = []
     settings = list(itertools.product(batch_sizes, delays))
     for number, (batch_size, delay) in enumerate(settings, 1):
         progress(f"{number}/{len(settings)}: batchSize {batch_size}, maxBatchDelay {delay} ms: registering, warming")
-        register(management, model, mar_url, batch_size, delay, headers)
+        register(management, model, mar_url, batch_size, delay, admin)
         url = f"{inference}/predictions/{model}"
         run_load(url, inputs, concurrency, requests=min(requests or 16, 16), headers=headers)  # warm-up
         result = run_load(url, inputs, concurrency, requests=requests, duration=duration, headers=headers)
@@ -206,5 +209,5 @@ def sweep(
     for row in rows:
         row["recommended"] = row is best
     if best is not None:  # leave the model running with the recommended setting
-        register(management, model, mar_url, best["batchSize"], best["maxBatchDelay"], headers)
+        register(management, model, mar_url, best["batchSize"], best["maxBatchDelay"], admin)
     return rows

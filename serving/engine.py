@@ -1,19 +1,22 @@
 """The tsctl engine: a TorchServe model store and config served in Python, no Java, no wrapper.
 
     python -m serving.engine --model_store model-store --ts_config config/config.properties \\
-        [--host 127.0.0.1] [--http_port 8080] [--grpc_port 8081] [--enable_grpc false]
+        [--host 127.0.0.1] [--http_port 8080] [--grpc_port 8081] [--enable_grpc false] \\
+        [--management_port 8082] [--enable_model_api true] [--disable_token_auth]
 
 It reads the same tree as TorchServe (``serving/ts_config.py``: the model_snapshot's models and
 versions, workers, batching, timeouts; without a config file every archive in the store with its
-model-config.yaml, one it cannot read left out with a warning naming it), runs each model version's
-``minWorkers`` as TorchServe's own worker processes (``serving/engine_workers.py``), and answers on
-one HTTP port:
+model-config.yaml, one it cannot read left out with a warning naming it), runs each model
+version's ``minWorkers`` as TorchServe's own worker processes (``serving/engine_workers.py``), and
+answers:
 
 - TorchServe's inference API: ``GET /ping``, ``POST /predictions/NAME[/VERSION]``, with the status,
   content type, headers and body the handler set, exactly as TorchServe's frontend sends them (a
   streamed answer chunked, part by part: ``serving/engine_stream.py``);
-- TorchServe's read-only management API: ``GET /models``, ``GET /models/NAME[/VERSION|/all]`` in
-  its describe format, each worker with its pid and status;
+- TorchServe's management API (``serving/engine_management.py``): list and describe, and, with
+  ``enable_model_api=true``, register, unregister, scale and set-default; on the HTTP port, or on a
+  listener of its own (``--management_port``, or config.properties' ``management_address`` when it is
+  not ``inference_address``, as TorchServe binds them);
 - KServe v1 (``/v1/models/NAME:predict``) and v2 REST (``/v2/models/NAME[/versions/V]/infer``,
   JSON or the binary tensor extension) and v2 gRPC on ``--grpc_port``: the request's bytes go to the
   handler as they came (the toolkit handlers read both protocols, ``handlers/decoding.py``) and the
@@ -24,9 +27,11 @@ one HTTP port:
 
 TorchServe's own gRPC APIs (``serving/engine_ts_grpc.py``) listen where config.properties puts them
 (``grpc_inference_address:grpc_inference_port``, 127.0.0.1:7070, and the management API's, 7071), or
-``--grpc_inference_port`` ...; every other listener binds ``--host``. Nothing here changes state: there
-is no register, scale, load or unload call, over REST or gRPC (TorchServe's model API and KServe's
-repository API are absent).
+``--grpc_inference_port`` ...; every other listener binds ``--host``. TorchServe's token authorization
+(``serving/token_auth.py``) is on unless the config says ``disable_token_authorization=true`` (or
+``--disable_token_auth``): every call but ``/metrics`` needs its key, over REST and gRPC. KServe's
+repository API (load, unload) is absent.
+
 Request bodies are bounded by ``serving/body_limit.py`` (``max_request_size`` from config.properties,
 TorchServe's 6.5 MB by default: 413 before the body is read whole; bodies in flight; slow bodies),
 request heads and connections by ``serving/engine_http.py``; an answer above ``max_response_size``
@@ -38,12 +43,11 @@ import argparse
 import asyncio
 import importlib
 import logging
-import os
 import shutil
 import signal
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 from starlette.applications import Starlette
 from starlette.requests import Request as HttpRequest
@@ -57,8 +61,11 @@ from handlers.errors import error_body, with_kserve_error
 
 from . import engine_http, engine_stream, sockets, ts_config
 from .body_limit import BODY_IDLE_TIMEOUT, BodyLimit, InFlight, max_inflight_bytes
+from .engine_management import NOT_ALLOWED, NOT_FOUND, management_routes, ts_error
 from .engine_metrics import Metrics
-from .engine_workers import ModelWorkers, open_model
+from .engine_versions import ModelVersions
+from .engine_workers import ModelWorkers
+from .token_auth import TokenCheck, Tokens
 from .ts_wire import Request, Response
 
 logger = logging.getLogger("tsctl.engine")
@@ -67,45 +74,44 @@ logger = logging.getLogger("tsctl.engine")
 HOP_HEADERS = frozenset(("content-length", "transfer-encoding", "connection", "expect", "host"))
 
 
-class Engine:
-    """Every model version of the store, its workers and its metrics."""
+class Engine(ModelVersions):
+    """Every model version of the store, its workers and its metrics (``ModelVersions``: the versions a
+    management call registers or unregisters while it runs, serving/engine_management.py)."""
 
-    def __init__(self, specs: List[ts_config.ModelSpec], frontend: ts_config.Frontend, decode_default=None):
-        self.frontend = frontend
-        self.run_dir = sockets.run_dir(sockets.ENGINE)  # its workers' sockets and unpacked archives
+    def __init__(self, specs: List[ts_config.ModelSpec], frontend: ts_config.Frontend, decode_default=None,
+                 model_store: Optional[Path] = None):  # fmt: skip
+        self.model_store = Path(model_store) if model_store is not None else None
         self.metrics = Metrics(frontend.metrics_config, frontend.metrics_auto_detect)
+        super().__init__(frontend, sockets.run_dir(sockets.ENGINE), decode_default, self.metrics)
         bound, why = max_inflight_bytes(frontend.max_request_size, frontend.max_inflight_bytes)
         logger.info("bodies in flight: at most %s bytes (%s)", f"{bound:,}", why)
         self.inflight = InFlight(bound)  # REST's and gRPC's bodies together
-        self.versions: Dict[str, Dict[str, ModelWorkers]] = {}
-        self.defaults: Dict[str, ModelWorkers] = {}
+        self.changing = asyncio.Lock()  # management calls that change state, one at a time
+        self.tokens: Optional[Tokens] = None  # made when it serves (``serve``), as TorchServe makes its keys
         try:
-            for number, spec in enumerate(specs):
-                first_port = sockets.FIRST_PORT + sockets.PORTS_PER_MODEL * number
-                workers = open_model(
-                    spec, frontend, os.path.join(self.run_dir, f"m{number}"), first_port, decode_default,
-                    on_metric=self.metrics.worker_metric,
-                )  # fmt: skip
-                workers.observe = self.metrics.observer(spec)
-                self.versions.setdefault(spec.name, {})[spec.version] = workers
-                if spec.default:
-                    self.defaults[spec.name] = workers
+            for spec in specs:
+                self.add(self.open(spec))
         except BaseException:
             self.close()
             raise
         self.metrics.engine = self
 
-    def all(self) -> List[ModelWorkers]:
-        return [w for versions in self.versions.values() for w in versions.values()]
+    def authorize(self, api: str, authorization: Optional[str]) -> bool:
+        """Whether a call to ``api`` (inference, management) with this ``Authorization`` value may go on."""
+        return self.tokens is None or self.tokens.check(api, authorization)
 
-    def find(self, name: str, version: Optional[str] = None) -> Optional[ModelWorkers]:
-        if version is None:
-            return self.defaults.get(name)
-        return self.versions.get(name, {}).get(version)
+    @property
+    def grpc_management(self):
+        """What TorchServe's gRPC management API answers from (serving/engine_ts_grpc.py, loaded with it)."""
+        from .engine_ts_grpc import ModelApi, ReadOnlyModels
+
+        return (ModelApi if self.frontend.enable_model_api else ReadOnlyModels)(self)
 
     @property
     def ready(self) -> bool:
-        return all(model.ready for model in self.all())
+        """Every model version up, but one being registered and one scaled to no worker (TorchServe's /ping
+        counts neither)."""
+        return all(model.ready for model in self.all() if model.serving and model.workers)
 
     @property
     def body_idle_timeout(self) -> float:
@@ -122,13 +128,15 @@ class Engine:
 
     def begin_stop(self):
         """No worker starts or restarts from now on, and no request waits (the engine is stopping)."""
-        for model in self.all():
+        for model in self.all() + list(self.leaving):
             model.begin_stop()
 
     def close(self):
-        for model in self.all():
+        for model in self.all() + list(self.leaving):
             model.stop()
         shutil.rmtree(self.run_dir, ignore_errors=True)
+        if self.tokens is not None:
+            self.tokens.remove()
 
 
 # ---- HTTP ---------------------------------------------------------------------------------------
@@ -136,7 +144,13 @@ def error(status: int, kind: str, message: str, kserve: bool = False) -> JSONRes
     return JSONResponse(error_body(status, kind, message, kserve), status_code=status)
 
 
-def not_found(name: str, version: Optional[str], kserve: bool = False) -> JSONResponse:
+def not_found(
+    name: str, version: Optional[str], kserve: bool = False, engine: Optional["Engine"] = None
+) -> JSONResponse:
+    """404 for a model (version) not served; on TorchServe's routes (``engine`` given) in TorchServe's words: a
+    version of a model it serves is ModelVersionNotFoundException."""
+    if engine is not None and version and name in engine.versions:
+        return error(404, "ModelVersionNotFoundException", f"Model version: {version} does not exist for model: {name}")
     what = f"{name} version {version}" if version else name
     return error(404, "ModelNotFoundException", f"Model not found: {what}", kserve)
 
@@ -172,15 +186,15 @@ async def disconnected(http: HttpRequest):
         pass
 
 
-async def forward(http: HttpRequest, model: Optional[ModelWorkers], kserve: bool) -> HttpResponse:
+async def forward(http: HttpRequest, model: Optional[ModelWorkers], kserve: bool, engine=None) -> HttpResponse:
     """One inference request to its model's workers, and their answer back (499, nothing run, when the
     client leaves first: its request is dropped from the queue)."""
     if model is None:
-        return not_found(http.path_params["name"], http.path_params.get("version"), kserve)
+        return not_found(http.path_params["name"], http.path_params.get("version"), kserve, engine)
     body = await http.body()
     names = http.scope.get(engine_http.HEADER_NAMES, {})  # as the client spelled them, as TorchServe passes them
     headers = {names.get(k, k): v for k, v in http.headers.items() if k not in HOP_HEADERS}
-    answer = asyncio.ensure_future(model.submit_streaming(Request(body, headers)))
+    answer = asyncio.ensure_future(model.submit_streaming(Request(body, headers), http.path_params.get("version")))
     gone = asyncio.ensure_future(disconnected(http))
     await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
     if not answer.done():  # the client left: its request is dropped from the queue, not run
@@ -193,29 +207,15 @@ async def forward(http: HttpRequest, model: Optional[ModelWorkers], kserve: bool
 
 
 def torchserve_routes(engine: Engine) -> List[Route]:
-    """TorchServe's inference and read-only management API, and its metrics."""
+    """TorchServe's inference API, and its metrics."""
 
     async def predictions(http: HttpRequest):
         name, version = http.path_params["name"], http.path_params.get("version")
-        return await forward(http, engine.find(name, version), kserve=False)
+        return await forward(http, engine.find(name, version), kserve=False, engine=engine)
 
     async def ping(_):
         healthy = engine.ready
         return JSONResponse({"status": "Healthy" if healthy else "Unhealthy"}, status_code=200 if healthy else 500)
-
-    async def list_models(_):
-        models = [{"modelName": n, "modelUrl": engine.defaults[n].spec.archive.name} for n in sorted(engine.defaults)]
-        return JSONResponse({"models": models})
-
-    async def describe(http: HttpRequest):
-        name, version = http.path_params["name"], http.path_params.get("version")
-        if version == "all":
-            found = list(engine.versions.get(name, {}).values())
-        else:
-            found = [m for m in [engine.find(name, version)] if m is not None]
-        if not found:
-            return not_found(name, version)
-        return JSONResponse([describe_model(m) for m in found])
 
     async def metrics(_):  # rendered off the event loop: requests go on while a large exposition is made
         text, kind = await asyncio.get_running_loop().run_in_executor(None, engine.metrics.render)
@@ -225,9 +225,6 @@ def torchserve_routes(engine: Engine) -> List[Route]:
         Route("/ping", ping, methods=["GET", "POST"]),
         Route("/predictions/{name}", predictions, methods=["POST", "PUT"]),
         Route("/predictions/{name}/{version}", predictions, methods=["POST", "PUT"]),
-        Route("/models", list_models, methods=["GET"]),
-        Route("/models/{name}", describe, methods=["GET"]),
-        Route("/models/{name}/{version}", describe, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
 
@@ -294,59 +291,29 @@ def kserve_routes(engine: Engine) -> List[Route]:
     ]
 
 
-def build_app(engine: Engine) -> Starlette:
-    """The engine's REST app: TorchServe's routes and KServe's, every request body bounded (``BodyLimit``)."""
-    app = Starlette(routes=torchserve_routes(engine) + kserve_routes(engine))
+def build_app(engine: Engine, listener: str = "both") -> Starlette:
+    """A listener's REST app: ``inference`` (TorchServe's inference API, KServe's, /metrics), ``management``
+    (TorchServe's management API) or ``both``; every request's key checked first when token authorization
+    is on (``TokenCheck``), every request body bounded (``BodyLimit``); an unknown path or method is
+    TorchServe's 404 or 405."""
+    routes = []
+    if listener in ("inference", "both"):
+        routes += torchserve_routes(engine) + kserve_routes(engine)
+    if listener in ("management", "both"):
+        routes += management_routes(engine)
+
+    async def unknown(http, exc):
+        if exc.status_code == 405:
+            return ts_error(405, "MethodNotAllowedException", NOT_ALLOWED)
+        return ts_error(404, "ResourceNotFoundException", NOT_FOUND)
+
+    app = Starlette(routes=routes, exception_handlers={404: unknown, 405: unknown})
+    if engine.tokens is not None:
+        app.add_middleware(TokenCheck, tokens=engine.tokens, listener=listener)
     app.add_middleware(
         BodyLimit, limit=engine.frontend.max_request_size, inflight=engine.inflight, idle=engine.body_idle_timeout
     )
     return app
-
-
-def describe_model(model: ModelWorkers) -> dict:
-    """TorchServe's describe answer for one model version."""
-    spec = model.spec
-    workers = []
-    for worker in model.workers:
-        process = worker.process
-        workers.append(
-            {
-                "id": str(worker.id),
-                "startTime": iso_time(process.started) if process else None,
-                "status": {"BUSY": "READY", "STARTING": "LOADING"}.get(worker.status, worker.status),
-                "memoryUsage": rss(process.pid) if process else 0,
-                "pid": process.pid if process and process.alive() else -1,
-                "gpu": False,
-                "gpuUsage": "N/A",
-            }
-        )
-    return {
-        "modelName": spec.name,
-        "modelVersion": spec.version,
-        "modelUrl": spec.archive.name,
-        "runtime": "python",
-        **spec.describe_settings(),
-        "loadedAtStartup": True,
-        "workers": workers,
-        "jobQueueStatus": {
-            "remainingCapacity": model.queue.limit - len(model.queue),
-            "pendingRequests": len(model.queue),
-        },
-    }
-
-
-def iso_time(seconds: float) -> str:
-    import datetime
-
-    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-
-
-def rss(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def version_string() -> str:
@@ -373,6 +340,24 @@ def parse_args(argv=None):
                             f"(default: config.properties' grpc_{api}_address, else 127.0.0.1).")  # fmt: skip
         parser.add_argument(f"--grpc_{api}_port", type=int, help=f"TorchServe's gRPC {api} API's port "
                             f"(default: config.properties' grpc_{api}_port, else {port}).")  # fmt: skip
+    parser.add_argument(
+        "--management_port",
+        type=int,
+        help="TorchServe's management API on a listener of its own at this port (default: config.properties' "
+        "management_address when it is not inference_address, else on --http_port).",
+    )
+    parser.add_argument(
+        "--enable_model_api",
+        choices=["true", "false"],
+        help="Let the management API register, unregister and scale models (default: config.properties' "
+        "enable_model_api, else false).",
+    )
+    parser.add_argument(
+        "--disable_token_auth",
+        action="store_true",
+        help="No token authorization (TorchServe's --disable-token-auth; default: on unless config.properties "
+        "says disable_token_authorization=true).",
+    )
     parser.add_argument("--metrics_config", help="The workers' metrics.yaml (TorchServe's metrics_config).")
     parser.add_argument("--batch_size", type=int, help="Override every model's batchSize.")
     parser.add_argument("--max_batch_delay", type=int, help="Override every model's maxBatchDelay (ms).")
@@ -415,6 +400,14 @@ def load_specs(args):
         frontend.max_inflight_bytes = args.max_inflight_bytes
     frontend.body_idle_timeout = args.body_idle_timeout
     frontend.public_key = args.public_key
+    if args.enable_model_api is not None:
+        frontend.enable_model_api = args.enable_model_api == "true"
+    if args.disable_token_auth:
+        frontend.token_authorization = False
+    if args.management_port is not None:
+        frontend.management_port = args.management_port
+    if frontend.management_port == args.http_port:
+        frontend.management_port = None
     # Without a config, a toolkit archive reads raw bodies (tsctl config's decode_input_request=false).
     decode = None if config else (lambda model_dir: identity.read(model_dir) is None)
     return specs, frontend, config, decode
@@ -422,19 +415,26 @@ def load_specs(args):
 
 async def serve(engine: Engine, args) -> int:
     """Listen, load every model, and serve until SIGTERM/SIGINT: 0, or 1 when a model cannot load or
-    a port cannot be bound (the reason on stderr)."""
+    a port cannot be bound (the reason on stderr). The management API has a listener of its own when
+    ``frontend.management_port`` says (TorchServe's management_address), else shares the HTTP port."""
     loop = asyncio.get_running_loop()
-    http = engine_http.server(build_app(engine), args.host, args.http_port, send_timeout=engine.body_idle_timeout)
+    if engine.frontend.token_authorization and engine.tokens is None:
+        engine.tokens = Tokens(engine.frontend.token_expiration_min)  # key_file.json where the engine runs
+    apart = engine.frontend.management_port
+    listeners = [(args.http_port, "inference" if apart else "both")] + ([(apart, "management")] if apart else [])
+    servers = [engine_http.server(build_app(engine, kind), args.host, port, send_timeout=engine.body_idle_timeout)
+               for port, kind in listeners]  # fmt: skip
     stopping = asyncio.Event()
 
     def stop():
         engine.begin_stop()
-        http.should_exit = True
+        for server in servers:
+            server.should_exit = True
         stopping.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
-    http_task = asyncio.ensure_future(http.serve())
+    tasks = [asyncio.ensure_future(server.serve()) for server in servers]
     grpc_server, ts_grpc_servers = None, []
     try:
         starting = asyncio.ensure_future(engine.start())  # the workers first: they take longest
@@ -444,28 +444,30 @@ async def serve(engine: Engine, args) -> int:
             ts_grpc = await loop.run_in_executor(None, importlib.import_module, f"{__package__}.engine_ts_grpc")
             ts_grpc_servers = await ts_grpc.start(engine, args)
         waiting = asyncio.ensure_future(stopping.wait())
-        await asyncio.wait({starting, waiting, http_task}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({starting, waiting, *tasks}, return_when=asyncio.FIRST_COMPLETED)
         waiting.cancel()
-        if http_task.done():  # it could not bind
-            starting.cancel()
-            raise RuntimeError(f"the HTTP server on {args.host}:{args.http_port} stopped: see the lines above")
+        for (port, _), task in zip(listeners, tasks):
+            if task.done():  # it could not bind
+                starting.cancel()
+                raise RuntimeError(f"the HTTP server on {args.host}:{port} stopped: see the lines above")
         if not starting.done():  # stopped while loading
             starting.cancel()
             return 0
         starting.result()
         names = ", ".join(f"{m.label} ({len(m.workers)} workers)" for m in engine.all())
-        logger.info("tsctl engine: serving %s on %s:%d", names, args.host, args.http_port)
-        await http_task
+        where = ", ".join(f"{kind} {args.host}:{port}" for port, kind in listeners)
+        logger.info("tsctl engine: serving %s on %s", names, where)
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         return 0
     except (RuntimeError, SystemExit) as exc:
         message = str(exc) if isinstance(exc, RuntimeError) else f"the HTTP server on port {args.http_port} failed"
         print(f"tsctl engine: {message}", file=sys.stderr, flush=True)
         return 1
     finally:
-        engine.begin_stop()
-        http.should_exit = True
-        if not http_task.done():
-            await asyncio.wait({http_task}, timeout=5)
+        stop()
+        running = [task for task in tasks if not task.done()]
+        if running:
+            await asyncio.wait(running, timeout=5)
         for server in [grpc_server, *ts_grpc_servers]:
             if server is not None:
                 await server.stop(1)
@@ -508,7 +510,7 @@ def main(argv=None):
         specs, frontend, config, decode = load_specs(args)
         for note in frontend.notes:  # a setting not applied, an archive of the store not served
             logger.warning("%s", note)
-        engine = Engine(specs, frontend, decode)
+        engine = Engine(specs, frontend, decode, Path(args.model_store))
     except (ts_config.ConfigError, ArchiveError) as exc:
         print(f"tsctl engine: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)

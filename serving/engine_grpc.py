@@ -24,6 +24,8 @@ Bounds, in the order a call meets them (one design: the message is counted befor
 The handler's v2 answer (JSON or binary) is turned back into a ``ModelInferResponse`` with KServe's
 own protocol types, also off the loop. The repository calls
 (load, unload) are not served: ``UNIMPLEMENTED``, as is everything else that would change state.
+With token authorization on (serving/token_auth.py), every call needs the inference key in its
+``authorization`` metadata, as TorchServe's GRPCInterceptor asks (``TokenInterceptor``).
 """
 
 import asyncio
@@ -42,6 +44,7 @@ from handlers.v2_tensors import HEADER, NUMERIC
 
 from .body_limit import too_large_message
 from .protobuf_wire import wire_fields
+from .token_auth import INFERENCE, MESSAGE
 from .ts_wire import Request, Response
 
 STATUS = {
@@ -276,7 +279,7 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
                 http = await loop.run_in_executor(None, as_request, request)
             except Exception as exc:  # noqa: BLE001 - a request that cannot be read
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request could not be read: {exc}")
-            response = await model.submit(http)
+            response = await model.submit(http, request.model_version or None)
         finally:
             inflight.give(held)
         if response.status >= 400:
@@ -292,8 +295,31 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
             await context.abort(grpc.StatusCode.INTERNAL, f"the model's answer is not a KServe v2 response: {exc}")
 
 
+class TokenInterceptor(grpc.aio.ServerInterceptor):
+    """TorchServe's token check of a gRPC call (its GRPCInterceptor): the inference key in the call's
+    ``authorization`` metadata (``Bearer KEY``), else ``PERMISSION_DENIED`` with TorchServe's message."""
+
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+    async def intercept_service(self, continuation, details):
+        header = next((value for key, value in details.invocation_metadata or () if key == "authorization"), None)
+        if isinstance(header, bytes):
+            header = header.decode("latin-1")
+        if self.tokens.check(INFERENCE, header):
+            return await continuation(details)
+        return grpc.unary_unary_rpc_method_handler(denied)
+
+
+async def denied(request, context):
+    await context.abort(grpc.StatusCode.PERMISSION_DENIED, MESSAGE)
+
+
 async def start_grpc(engine, host: str, port: int):
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", engine.frontend.max_request_size)])
+    interceptors = [TokenInterceptor(engine.tokens)] if engine.tokens is not None else []
+    server = grpc.aio.server(
+        options=[("grpc.max_receive_message_length", engine.frontend.max_request_size)], interceptors=interceptors
+    )
     servicer, methods = Servicer(engine), _Methods()
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, methods)  # KServe's handlers, taken as made
     infer = methods.handlers["ModelInfer"]

@@ -31,11 +31,11 @@ errors with its status codes and its details (the message, a line break, the Jav
   ``SetDefault`` as TorchServe with the model API disabled: PERMISSION_DENIED ``Model API disabled``,
   after the NOT_FOUND of an unknown model.
 
-Seams for the management module and token authorization (not here yet): the management RPCs ask
-``engine.grpc_management`` when the engine has one (an object with ``ReadOnlyModels``' methods;
-``ReadOnlyModels`` otherwise), and every call first asks ``engine.authorize(api, authorization)``
-when the engine has it (``api`` is ``"inference"`` or ``"management"``, ``authorization`` the call's
-``authorization`` metadata or None; False: PERMISSION_DENIED with TorchServe's message).
+The management RPCs ask ``engine.grpc_management``: ``ModelApi`` with ``enable_model_api=true`` (the REST
+management API's calls, serving/engine_management.py), else ``ReadOnlyModels``; every call first asks
+``engine.authorize(api, authorization)`` (``api`` is ``"inference"`` or ``"management"``,
+``authorization`` the call's ``authorization`` metadata or None; False: PERMISSION_DENIED with
+TorchServe's message: serving/token_auth.py).
 
 Bounds: a message above ``max_request_size`` is refused by gRPC itself (RESOURCE_EXHAUSTED, as
 TorchServe's ``maxInboundMessageSize``); each message is counted against the engine's bodies in flight
@@ -50,7 +50,9 @@ from typing import List, Optional, Tuple
 
 import grpc
 
+from . import engine_management as management_api
 from . import ts_protos as pb
+from .engine_management import model_url
 from .protobuf_wire import wire_fields
 from .ts_wire import Request, Response
 
@@ -281,13 +283,12 @@ class ReadOnlyModels:
         else:
             answer["nextPageToken"] = str(last)
         answer["models"] = [
-            {"modelName": name, "modelUrl": self.engine.defaults[name].spec.archive.name}
-            for name in names[page_token:last]
+            {"modelName": name, "modelUrl": model_url(self.engine.defaults[name])} for name in names[page_token:last]
         ]
         return answer
 
     async def describe(self, name: str, version: Optional[str], customized: bool) -> list:
-        from .engine import describe_model
+        from .engine_management import describe_model
 
         if version == "all":
             found = list(self.engine.versions.get(name, {}).values())
@@ -332,6 +333,58 @@ class ReadOnlyModels:
             message = f"Model version {request.model_version} does not exist for model {request.model_name}"
             raise ApiError(grpc.StatusCode.NOT_FOUND, message, VERSION_NOT_FOUND)
         raise ApiError(grpc.StatusCode.PERMISSION_DENIED, "Model API disabled", MODEL_EXCEPTION)
+
+
+class ModelApi(ReadOnlyModels):
+    """The management RPCs that change state, with ``enable_model_api=true`` (the engine's
+    ``grpc_management`` then): the REST API's calls (serving/engine_management.py), one at a time with
+    them, their answers as TorchServe's ManagementImpl gives them (the status message; an error's status
+    code from its HTTP status, its details the message and the Java exception's name). A field of the
+    request left at its default (0, "") is absent, as TorchServe's GRPCUtils.getRegisterParam reads it."""
+
+    async def change(self, work):
+        try:
+            async with self.engine.changing:
+                message, _ = await work()
+        except management_api.ApiError as exc:
+            raise ApiError(grpc_status(exc.status), exc.message, JAVA_EXCEPTIONS.get(exc.kind, INTERNAL_SERVER))
+        return message
+
+    async def register(self, request) -> str:
+        fields = ("url", "model_name", "batch_size", "max_batch_delay", "initial_workers", "response_timeout")
+        params = {key: str(getattr(request, key)) for key in fields if getattr(request, key)}
+        params["synchronous"] = "true" if request.synchronous else "false"  # proto3: false unless sent
+        return await self.change(lambda: management_api.register(self.engine, params))
+
+    async def unregister(self, request) -> str:
+        version = request.model_version or None
+        return await self.change(lambda: management_api.unregister(self.engine, request.model_name, version))
+
+    async def scale(self, request) -> str:
+        params = {key: str(getattr(request, key)) for key in ("min_worker", "max_worker") if getattr(request, key)}
+        params["synchronous"] = "true" if request.synchronous else "false"
+        version = request.model_version or None
+        return await self.change(lambda: management_api.scale(self.engine, request.model_name, version, params))
+
+    async def set_default(self, request) -> str:
+        return await self.change(lambda: settled(management_api.set_default(self.engine, request.model_name,
+                                                                 request.model_version)))  # fmt: skip
+
+
+async def settled(value):
+    return value
+
+
+JAVA_EXCEPTIONS = {  # the canonical names of the exceptions TorchServe's management API raises
+    "ModelNotFoundException": MODEL_NOT_FOUND,
+    "ModelVersionNotFoundException": VERSION_NOT_FOUND,
+    "InvalidModelException": "org.pytorch.serve.archive.model.InvalidModelException",
+    "DownloadArchiveException": "org.pytorch.serve.archive.DownloadArchiveException",
+    "BadRequestException": "org.pytorch.serve.http.BadRequestException",
+    "ConflictStatusException": "org.pytorch.serve.http.ConflictStatusException",
+    "InvalidModelVersionException": "org.pytorch.serve.http.InvalidModelVersionException",
+    "InternalServerException": INTERNAL_SERVER,
+}
 
 
 class Management:

@@ -3,8 +3,10 @@
 
 ``ModelWorkers`` is one model version on the engine: a bounded job queue (``job_queue_size``; a
 full queue answers 503), batches gathered as TorchServe gathers them (up to ``batchSize`` within
-``maxBatchDelay`` ms of the first request), and ``minWorkers`` workers each taking the next batch.
-``open_model`` unpacks and checks an archive and makes its workers' environment.
+``maxBatchDelay`` ms of the first request), and ``minWorkers`` workers each taking the next batch;
+workers added and retired while it serves (scaling: ``add_workers``, ``remove_workers``; unregistering:
+``drain``). ``open_model`` unpacks and checks an archive and makes its workers' environment
+(``engine_versions.ModelVersions`` holds a server's model versions, added and removed by name and version).
 
 - **A worker that dies** (killed, out of memory, a handler calling ``sys.exit``) fails only the
   batch it held, as soon as its process ends (its socket shut down, even while a child it forked
@@ -54,6 +56,18 @@ worker_log = logging.getLogger("tsctl.worker")
 
 RECENT_BATCHES = 64  # the batches ts_batch_fill_ratio averages
 BACKOFF = (0, 1, 1, 2, 3, 5, 8, 13, 21, 34)  # seconds before each restart, as TorchServe's
+MAX_WORKERS = sockets.PORTS_PER_MODEL  # workers of one model version: each has a worker id of its own
+STOPPING = "the engine is stopping: retry on another replica"
+
+
+def no_worker_message(name: str, version: Optional[str]) -> str:
+    """TorchServe 0.12's 503 for a model version without workers (ApiUtils, quotes as it places them)."""
+    named = f'Model "{name}' + (f'" Version {version}' if version else "")
+    return (
+        f'{named}" has no worker to serve inference request. Please use scale workers API to add workers. '
+        "If this is a sequence inference, please check if it is closed, or expired; or exceeds "
+        "maxSequenceJobQueueSize"
+    )
 
 
 def worker_log_line(worker, line: str):
@@ -169,6 +183,8 @@ class Worker:
         self.failures = 0
         self.task: Optional[asyncio.Task] = None
         self.died = asyncio.Event()
+        self.retiring = asyncio.Event()  # set: take no more batches, end after the one held (scaling down)
+        self.counted = True  # counts for the model's readiness (a worker added by scaling: once it is up)
         self.load_seconds: Optional[float] = None
 
     @property
@@ -202,13 +218,14 @@ class Worker:
                                  owner.env, on_line, self._spawned, on_metric,
                                  fork_server.shared(owner.env, extras=True)),  # in this thread: it may start one
         )  # fmt: skip
-        if self.owner.stopping:  # the engine began to stop while this worker loaded
+        if self.owner.stopping or self.retiring.is_set():  # the engine (or this worker) began to stop meanwhile
             self.process.kill()
             raise asyncio.CancelledError()
         self.load_seconds = time.time() - self.process.started
         process = self.process.process
         threading.Thread(target=self._watch, args=(process, loop, died), daemon=True).start()
         self.status = "READY"
+        self.counted = True
         self.failures = 0
         logger.info("%s worker %d ready (pid %d)", self.owner.label, self.index, self.process.pid)
 
@@ -227,7 +244,7 @@ class Worker:
     async def serve(self):
         """Take batches off the queue and run them, for as long as the engine runs. Whatever goes wrong
         in one turn is logged and that worker replaced: the loop itself never ends before the engine."""
-        while not self.owner.stopping:
+        while not self.owner.stopping and not self.retiring.is_set():
             try:
                 await self.serve_once()
             except asyncio.CancelledError:
@@ -247,15 +264,17 @@ class Worker:
             return
         getting = asyncio.ensure_future(owner.queue.batch(owner.spec.batch_size, owner.spec.max_batch_delay / 1000))
         dying = asyncio.ensure_future(self.died.wait())
-        await asyncio.wait({getting, dying}, return_when=asyncio.FIRST_COMPLETED)
+        retiring = asyncio.ensure_future(self.retiring.wait())
+        await asyncio.wait({getting, dying, retiring}, return_when=asyncio.FIRST_COMPLETED)
         dying.cancel()
+        retiring.cancel()
         if not getting.done():
             getting.cancel()
             try:
                 await getting
             except asyncio.CancelledError:
                 pass
-            return  # died while idle: restarted next turn, nothing lost
+            return  # died (or retired) while idle: restarted next turn (or ended), nothing lost
         jobs = getting.result()
         if not jobs:
             return
@@ -341,7 +360,7 @@ class Worker:
         self.failures += 1
         if wait:
             await asyncio.sleep(wait)
-        if self.owner.stopping:
+        if self.owner.stopping or self.retiring.is_set():
             return
         try:
             await self.start()
@@ -371,6 +390,8 @@ class ModelWorkers:
         self.workers = [Worker(self, i) for i in range(spec.min_workers)]
         self.observe: Callable = lambda jobs, responses, sent, done: None  # metrics hook
         self.stopping = False
+        self.stopped_message = STOPPING
+        self.serving = True  # counts for the engine's readiness (a model being registered: once it has loaded)
         self.in_flight = 0  # requests taken and not yet answered: queued or in a worker's batch
         self.batches = self.batched = 0  # batches sent to the workers, and the requests they held
         self.recent_fill: Deque[float] = collections.deque(maxlen=RECENT_BATCHES)  # each: its size / batchSize
@@ -381,19 +402,90 @@ class ModelWorkers:
         for worker in self.workers:
             worker.task = asyncio.ensure_future(worker.serve())
 
+    async def start_settled(self) -> Optional[BaseException]:
+        """Start every worker and wait until each has loaded or failed (none still loading in the
+        background); the first error, else None and every worker serving."""
+        results = await asyncio.gather(*(w.start() for w in self.workers), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            return errors[0]
+        for worker in self.workers:
+            worker.task = asyncio.ensure_future(worker.serve())
+        return None
+
     @property
     def ready(self) -> bool:
-        """Every worker up and its serve loop running (a loop that ended would leave requests waiting)."""
-        return all(w.status in ("READY", "BUSY") and (w.task is None or not w.task.done()) for w in self.workers)
+        """Every worker up and its serve loop running (a loop that ended would leave requests waiting); a
+        worker added by scaling counts once it has loaded. A model version with no worker is not ready."""
+        counted = [w for w in self.workers if w.counted]
+        return bool(self.workers) and all(
+            w.status in ("READY", "BUSY") and (w.task is None or not w.task.done()) for w in counted
+        )
 
-    async def submit(self, request: Request) -> Response:
-        """The request's answer, whole (a streamed answer's parts joined: ``engine_stream.collect``)."""
-        return await collect(await self.submit_streaming(request))
+    async def add_workers(self, count: int, wait: bool = True) -> Optional[BaseException]:
+        """``count`` more workers (the lowest free indexes), counted for readiness once each is up. ``wait``:
+        until each has loaded or failed; then a worker that could not start is removed again (its process
+        ended), and its error returned (None when all started). Not waiting: each is started in the
+        background and, like any worker, started again after the backoff when it fails."""
+        taken = {w.index for w in self.workers}
+        free = [i for i in range(MAX_WORKERS) if i not in taken][:count]
+        added = [Worker(self, index) for index in free]
+        for worker in added:
+            worker.counted = False
+        self.workers.extend(added)
+        if not wait:
+            for worker in added:
+                worker.task = asyncio.ensure_future(worker.serve())  # its first turn starts it
+            return None
+        results = await asyncio.gather(*(w.start() for w in added), return_exceptions=True)
+        failed = [(w, r) for w, r in zip(added, results) if isinstance(r, BaseException)]
+        for worker, _ in failed:
+            worker.stop()
+            self.workers.remove(worker)
+        for worker in added:
+            if worker not in self.workers:
+                continue
+            worker.task = asyncio.ensure_future(worker.serve())
+        return failed[0][1] if failed else None
 
-    async def submit_streaming(self, request: Request) -> Response:
+    async def remove_workers(self, count: int, wait: bool = True):
+        """``count`` fewer workers: those loading first, then idle ones, then busy ones; each takes no more
+        batches, ends after the one it holds (within its responseTimeout), then its process is ended.
+        ``wait``: until they have."""
+        order = {"STARTING": 0, "READY": 1, "BUSY": 2}
+        leaving = sorted(self.workers, key=lambda w: (order.get(w.status, 0), -w.index))[:count]
+        for worker in leaving:
+            self.workers.remove(worker)
+        retired = asyncio.ensure_future(self.retire(leaving))
+        if wait:
+            await retired
+
+    async def retire(self, workers: List["Worker"]):
+        for worker in workers:
+            worker.retiring.set()
+        busy = [w.task for w in workers if w.status == "BUSY" and w.task is not None]
+        if busy:
+            await asyncio.wait(busy, timeout=self.spec.response_timeout + 5)
+        for worker in workers:
+            worker.stop()
+
+    async def drain(self, message: str):
+        """Unregistering: every request queued answered 503 with ``message``, no new one taken, the batches
+        workers hold answered (within responseTimeout), then every worker ended."""
+        self.begin_stop(message)
+        await self.retire(list(self.workers))
+
+    async def submit(self, request: Request, named: Optional[str] = None) -> Response:
+        """The request's answer, whole (a streamed answer's parts joined: ``engine_stream.collect``;
+        ``named``: the version the client named, for messages)."""
+        return await collect(await self.submit_streaming(request, named))
+
+    async def submit_streaming(self, request: Request, named: Optional[str] = None) -> Response:
         """The request's answer, or the first part of a streamed answer (its ``rest`` the others)."""
         if self.stopping:
-            return unavailable("the engine is stopping: retry on another replica")
+            return unavailable(self.stopped_message)
+        if not self.workers:  # registered with no worker, as TorchServe allows: its answer
+            return unavailable(no_worker_message(self.spec.name, named))
         done = asyncio.get_running_loop().create_future()
         if not await self.queue.put(Job(request, done)):
             return unavailable(
@@ -423,17 +515,19 @@ class ModelWorkers:
             job.answer(response)
         self.observe(jobs, responses, sent, done_at)
 
-    def begin_stop(self):
-        """No worker starts again; every request still queued is answered 503 now (a batch a worker
-        holds is answered as usual)."""
+    def begin_stop(self, message: str = STOPPING):
+        """No worker starts again; every request still queued is answered 503 now with ``message`` (a
+        batch a worker holds is answered as usual)."""
         self.stopping = True
+        self.stopped_message = message
         while self.queue.items:
             job = self.queue.items.popleft()
             if not job.done.done():
-                job.done.set_result(unavailable("the engine is stopping: retry on another replica"))
+                job.done.set_result(unavailable(message))
 
     def stop(self):
-        self.begin_stop()
+        if not self.stopping:
+            self.begin_stop()
         for worker in self.workers:
             worker.stop()
 
@@ -469,7 +563,7 @@ def open_model(
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(model_dir), os.environ.get("PYTHONPATH")) if p)
     env["TS_DECODE_INPUT_REQUEST"] = "true" if decode else "false"
-    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // spec.min_workers)))
+    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // max(1, spec.min_workers))))
     run_dir = str(Path(unpack_dir).parent)
     return ModelWorkers(
         spec, model_dir, model["handler"], frontend, run_dir, first_port, env, on_line or worker_log_line, on_metric

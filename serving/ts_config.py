@@ -8,8 +8,8 @@ archive in the store is served with its own model-config.yaml settings, as ``tor
 --models all`` would; the engine leaves out, with a note naming it, one that cannot be read as a
 model archive and serves the rest, as TorchServe does not stop for it. ``Frontend`` holds the keys
 the frontend itself honours (request size, queue size, envelope, decoding, image pixel limit,
-metrics config). A key the tsctl engine cannot honour (TLS, token authorisation, several model
-stores) is refused in one line (``ConfigError``).
+metrics config, the management API and token authorization: ``management_of``). A key the tsctl
+engine cannot honour (TLS) is refused in one line (``ConfigError``).
 
 No torch, no archiver: the engine (serving/engine.py) and ``tsctl`` (archiver/properties.py)
 read the same file through this module.
@@ -35,6 +35,7 @@ SNAPSHOT_LEAST = {"minWorkers": 1, "maxWorkers": 1, "batchSize": 1, "maxBatchDel
 # The greatest value of every worker setting: TorchServe reads each as a Java Integer (a larger YAML number is a
 # Long, which its ModelConfig ignores as it ignores 0).
 SNAPSHOT_MOST = 2**31 - 1
+DEFAULT_ALLOWED_URLS = "file://.*|http(s)?://.*"  # TorchServe 0.12's allowed_urls
 # Keys whose meaning the tsctl engine cannot give: refused rather than silently ignored.
 UNSUPPORTED = {
     "enable_grpc_ssl": "TLS: terminate it in front of the engine (KServe's ingress does)",
@@ -59,6 +60,8 @@ ENVIRONMENT_KEYS = (
     "default_response_timeout",
     "install_py_dep_per_model",
     "disable_token_authorization",
+    "enable_model_api",
+    "token_expiration_min",  # (TorchServe reads allowed_urls from TS_ALLOWED_URLS only with use_env_allowed_urls)
     *UNSUPPORTED,
 )
 
@@ -165,6 +168,10 @@ class ModelSpec:
     batch_size: int = 1
     max_batch_delay: int = 100  # ms
     response_timeout: int = 120  # s, per batch
+    # TorchServe's describe says loadedAtStartup for the models of load_models (the engine without a config),
+    # not for a model_snapshot's nor a registered one
+    loaded_at_startup: bool = False
+    url: Optional[str] = None  # what a register named it by (describe's modelUrl; else the archive's file name)
 
     def describe_settings(self) -> dict:
         return {
@@ -194,7 +201,16 @@ class Frontend:
     # default is false, the engine's true: serving/engine_metrics.py)
     metrics_auto_detect: bool = True
     default_workers: int = 1
+    configured_workers: int = 0  # default_workers_per_model as given: a register's initial_workers (TorchServe's 0)
     default_response_timeout: int = 120
+    # The management API and token authorization (serving/engine_management.py, serving/token_auth.py), with
+    # TorchServe 0.12's defaults: the model API off, tokens on, keys valid 60 minutes, any file or http(s) URL.
+    enable_model_api: bool = False
+    token_authorization: bool = True
+    token_authorization_asked: bool = False  # the config says disable_token_authorization=false
+    token_expiration_min: float = 60.0
+    allowed_urls: List[str] = field(default_factory=lambda: DEFAULT_ALLOWED_URLS.split(","))
+    management_port: Optional[int] = None  # management on a listener of its own (management_address)
     # TorchServe's own gRPC API (serving/engine_ts_grpc.py), each on its own listener as TorchServe binds them
     grpc_inference_address: str = "127.0.0.1"
     grpc_inference_port: int = 7070
@@ -207,11 +223,6 @@ def frontend_of(properties: Dict[str, str], path) -> Frontend:
     for key, why in UNSUPPORTED.items():
         if properties.get(key) and properties[key].lower() != "false":
             raise ConfigError(f"{path}: {key} is set, which the tsctl engine does not support ({why}): remove it")
-    if properties.get("disable_token_authorization", "true").lower() == "false":
-        raise ConfigError(
-            f"{path}: disable_token_authorization=false asks for TorchServe's token authorisation, which the "
-            "tsctl engine does not have: set it to true and put authorisation in front (KServe's ingress)"
-        )
     frontend = Frontend()
     frontend.max_request_size = _int(properties, MAX_REQUEST_SIZE, frontend.max_request_size, path)
     frontend.max_response_size = _int(properties, "max_response_size", frontend.max_response_size, path)
@@ -221,7 +232,8 @@ def frontend_of(properties: Dict[str, str], path) -> Frontend:
     frontend.limit_max_image_pixels = properties.get("limit_max_image_pixels", "true").lower() == "true"
     frontend.metrics_config = properties.get("metrics_config") or None
     frontend.metrics_auto_detect = properties.get("model_metrics_auto_detect", "true").strip().lower() != "false"
-    frontend.default_workers = _int(properties, "default_workers_per_model", 0, path) or 1
+    frontend.configured_workers = _int(properties, "default_workers_per_model", 0, path)
+    frontend.default_workers = frontend.configured_workers or 1
     frontend.default_response_timeout = _int(properties, "default_response_timeout", 120, path)
     for api in ("inference", "management"):
         address = properties.get(f"grpc_{api}_address") or getattr(frontend, f"grpc_{api}_address")
@@ -233,7 +245,47 @@ def frontend_of(properties: Dict[str, str], path) -> Frontend:
             f"{path}: install_py_dep_per_model=true: the tsctl engine installs nothing per model; "
             "its image holds each archive's requirements (tsctl export kserve --engine tsctl)"
         )
+    management_of(properties, path, frontend)
     return frontend
+
+
+def management_of(properties: Dict[str, str], path, frontend: Frontend):
+    """The management API's and token authorization's keys, read as TorchServe 0.12's ConfigManager reads
+    them: ``enable_model_api`` and ``disable_token_authorization`` true only when they say "true" (any
+    case), ``token_expiration_min`` a number of minutes (60 otherwise), ``allowed_urls`` comma-separated
+    patterns (``with_environment`` has applied the ``TS_*`` variables of the first three). ``management_address``:
+    its port when it is not ``inference_address``'s (TorchServe then serves management on a listener of its own)."""
+    values = properties
+    frontend.enable_model_api = values.get("enable_model_api", "false").strip().lower() == "true"
+    disable = values.get("disable_token_authorization")
+    frontend.token_authorization = (disable or "false").strip().lower() != "true"
+    frontend.token_authorization_asked = disable is not None and frontend.token_authorization
+    expiration = values.get("token_expiration_min")
+    if expiration not in (None, ""):
+        try:
+            frontend.token_expiration_min = float(expiration)
+        except ValueError:
+            raise ConfigError(f"{path}: token_expiration_min={expiration!r} is not a number of minutes") from None
+        if not 0 < frontend.token_expiration_min < 1e9:
+            raise ConfigError(f"{path}: token_expiration_min={expiration} must be a positive number of minutes")
+    frontend.allowed_urls = [p for p in values.get("allowed_urls", DEFAULT_ALLOWED_URLS).split(",")]
+    frontend.management_port = separate_port(properties, path)
+
+
+def separate_port(properties: Dict[str, str], path) -> Optional[int]:
+    """The port of ``management_address`` when TorchServe would serve management apart from inference (the
+    two addresses differ, each with its default when absent), else None (one listener for both). Without
+    either key, None: the engine's one port, as before (TorchServe's default 8081 is KServe's gRPC port)."""
+    if "management_address" not in properties:
+        return None
+    management = properties["management_address"].strip().rstrip("/")
+    inference = properties.get("inference_address", "http://127.0.0.1:8080").strip().rstrip("/")
+    if management == inference:
+        return None
+    port = management.rsplit(":", 1)[-1]
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{path}: management_address={management!r} names no port: give http://HOST:PORT")
+    return int(port)
 
 
 def _int(properties: Dict[str, str], key: str, default: int, path) -> int:
@@ -399,6 +451,7 @@ def _from_archive(archive: ArchiveLike, frontend: Frontend) -> ModelSpec:
             name=found.model_name,
             version=found.version,
             archive=found.path,
+            loaded_at_startup=True,
             min_workers=workers,
             max_workers=max(workers, config.get("maxWorkers", workers)),  # only a default minWorkers can be above it
             batch_size=config.get("batchSize", 1),

@@ -203,6 +203,7 @@ def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay,
             duration,
             headers,
             progress,
+            srv.headers("management"),
         )
         if as_json:
             print_json(finite(rows))

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from serving import sockets
 
+from ..errors import UserError
 from ..output import quiet
 from .base import Launch
 from .tsctl import TsctlRuntime, model_specs, served
@@ -29,6 +30,8 @@ class MLServerRuntime(TsctlRuntime):
     title = "MLServer"
     help = "mlserver: MLServer 1.7 with tsctl's runtime (Seldon Core 2's server): the Open Inference Protocol only."
     protocol = "v2"
+    model_api = False  # MLServer has no TorchServe management API
+    serve_flags = ()
     extra = None  # MLServer runs from a Python of its own (--python), checked before it starts
 
     def launch(self, run: Launch, batch_size: Optional[int] = None, max_batch_delay: Optional[int] = None) -> "Server":
@@ -40,6 +43,11 @@ class MLServerRuntime(TsctlRuntime):
         model_store, home = Path(run.model_store).resolve(), Path(run.home).resolve()
         config = Path(run.config).resolve() if run.config is not None else None
         specs, frontend = served(model_store, config)
+        if frontend.token_authorization_asked:
+            raise UserError(
+                f"{config}: disable_token_authorization=false asks for TorchServe's token authorization, which "
+                "MLServer does not have: set it to true and put authorization in front, or serve with --engine tsctl"
+            )
         extra = metrics_settings(frontend, config)
         python = mlserver.find_python(run.python)  # before anything is written
         for spec in specs:

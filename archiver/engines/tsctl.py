@@ -31,8 +31,8 @@ MISSING_MODULE = re.compile(r"^ModuleNotFoundError: No module named '([\w.]+)'")
 
 class TsctlRuntime(Runtime):
     """The tsctl engine (``python -m serving.engine``): TorchServe's model store and config.properties
-    served in Python, no Java, TorchServe's inference and read-only management APIs, KServe v1/v2 REST
-    and v2 gRPC, Prometheus metrics, all on one HTTP port (and gRPC on another)."""
+    served in Python, no Java, TorchServe's inference API, KServe v1/v2 REST and Prometheus metrics on
+    one HTTP port, TorchServe's management API on another, v2 gRPC on a third."""
 
     name = "tsctl"
     title = "tsctl engine"
@@ -41,6 +41,8 @@ class TsctlRuntime(Runtime):
         "from the same config and model store."
     )
     needs_config = False
+    model_api = True  # TorchServe's management API, with --enable-model-api (bench --sweep-batch)
+    serve_flags = ("enable_model_api",)
     extra = "kserve"  # the optional dependencies (pyproject.toml) the engine imports
 
     def launch(
@@ -50,15 +52,20 @@ class TsctlRuntime(Runtime):
         max_batch_delay: Optional[int] = None,
         metrics_config: Optional[str] = None,
         enable_grpc: bool = True,
+        enable_model_api: bool = False,
     ) -> "Server":
         """Serve ``model_store`` as ``config`` says (None: the engine's default, config/config.properties
         beside the store when there is one, else every archive with its model-config.yaml) on free
         127.0.0.1 ports; return once every model's workers are up. ``batch_size``/``max_batch_delay``
         override every model's; ``metrics_config`` is TorchServe's property of that name (None: the
-        config's, a relative path read from the current directory: ``properties.config_metrics``)."""
+        config's, a relative path read from the current directory: ``properties.config_metrics``);
+        ``enable_model_api`` lets its management API register, unregister and scale. As ``tsctl serve``
+        starts TorchServe, the management API gets a port of its own; token authorization is as the config
+        says (its keys in ``home``/key_file.json, where the engine runs), off for a store with no config
+        file at all, as in the file ``tsctl config`` would write."""
         import os
 
-        from serving import sockets
+        from serving import sockets, ts_config
 
         from .. import server as servers
         from ..properties import config_metrics
@@ -72,6 +79,8 @@ class TsctlRuntime(Runtime):
         arguments = ["-m", "serving.engine", "--model_store", str(model_store), "--host", "127.0.0.1"]
         if config is not None:
             arguments += ["--ts_config", str(config)]
+        elif ts_config.default_config(model_store) is None:  # no config at all: as the one tsctl config writes
+            arguments += ["--disable_token_auth"]
         if not enable_grpc:
             arguments += ["--enable_grpc", "false"]
         if batch_size:
@@ -80,12 +89,15 @@ class TsctlRuntime(Runtime):
             arguments += ["--max_batch_delay", str(max_batch_delay)]
         if metrics_config:
             arguments += ["--metrics_config", str(Path(metrics_config).resolve())]
+        if enable_model_api:
+            arguments += ["--enable_model_api", "true"]
         run_env = dict(os.environ, TEMP=str(temp))
         run_env.update(run.env or {})
 
         def launch() -> "Server":
-            http, grpc, ts_inference, ts_management = (servers.free_port() for _ in range(4))
-            command = [run.python or sys.executable, *arguments, "--http_port", str(http), "--grpc_port", str(grpc)]
+            http, grpc, management, ts_inference, ts_management = (servers.free_port() for _ in range(5))
+            command = [run.python or sys.executable, *arguments, "--http_port", str(http), "--grpc_port", str(grpc),
+                       "--management_port", str(management)]  # fmt: skip
             for api, port in (("inference", ts_inference), ("management", ts_management)):  # TorchServe's gRPC
                 command += [f"--grpc_{api}_address", "127.0.0.1", f"--grpc_{api}_port", str(port)]
             process = servers.spawn(command, home, run_env, ENGINE_OUT)
@@ -94,7 +106,7 @@ class TsctlRuntime(Runtime):
                 pid=process.pid,
                 home=str(home),
                 inference=address,
-                management=address,
+                management=f"http://127.0.0.1:{management}",
                 metrics=address,
                 models=models,
                 engine=self.name,
@@ -145,7 +157,9 @@ class TsctlRuntime(Runtime):
         from .. import server as servers
 
         try:
-            status, _ = servers.request(f"{server.inference}/v2/health/ready", timeout=5)
+            status, _ = servers.request(
+                f"{server.inference}/v2/health/ready", headers=server.headers("inference"), timeout=5
+            )
         except OSError:
             return False
         return status == 200
@@ -165,7 +179,9 @@ class TsctlRuntime(Runtime):
         pending = []
         for name in server.models:
             try:
-                status, _ = servers.request(f"{server.inference}/v2/models/{name}/ready", timeout=5)
+                status, _ = servers.request(
+                    f"{server.inference}/v2/models/{name}/ready", headers=server.headers("inference"), timeout=5
+                )
             except OSError:
                 status = None
             if status != 200:

@@ -1,5 +1,7 @@
 """With TorchServe's token authorization on, tsctl predict and bench read the key file and still work."""
 
+import re
+
 from click.testing import CliRunner
 
 from archiver import server
@@ -33,3 +35,37 @@ def test_a_key_file_still_being_written_has_no_keys_yet(tmp_path):
         assert server.read_keys(tmp_path) == {}
     key_file.write_text('{"management": {"key": "m"}, "inference": {"key": "i"}}')
     assert server.read_keys(tmp_path) == {"management": "m", "inference": "i"}
+
+
+def test_on_the_engine_too_with_the_batch_sweep(tmp_path):
+    """The tsctl engine with TorchServe's defaults (tokens on, no disable_token_authorization in the config):
+    serve, predict, bench and bench --sweep-batch (through its management API, --enable-model-api) read
+    the key file the engine writes in its home, as for TorchServe."""
+    from helpers.management import build_store, write_config
+    from helpers.paths import short_tmp
+
+    build_store(tmp_path)
+    config = write_config(tmp_path, enable_model_api="false")
+    home, text = short_tmp("te-"), tmp_path / "in.txt"
+    text.write_text("hello")
+    runner = CliRunner()
+    where = ["--home", str(home)]
+    serve = ["serve", "--engine", "tsctl", "--config", str(config), "--model-store", str(tmp_path / "model-store")]
+    result = runner.invoke(main, [*serve, *where, "--enable-model-api"])
+    try:
+        assert result.exit_code == 0, result.output
+        srv = server.read_state(home)
+        assert srv.management != srv.inference and server.read_keys(home)["management"]
+        assert server.request(f"{srv.inference}/predictions/echo", b"x", "POST", timeout=30)[0] == 400  # no key
+        result = runner.invoke(main, ["predict", "echo", str(text), *where])
+        assert result.exit_code == 0 and '"echo": "hello"' in result.output, result.output
+        sweep = ["bench", "echo", "--input", str(text), "--requests", "8", "--sweep-batch", "1,4", "--sweep-delay"]
+        sweep.append("10")
+        result = runner.invoke(main, [*sweep, *where])
+        assert result.exit_code == 0 and "<- recommended" in result.output, result.output
+        best = int(re.search(r"now runs with batchSize (\d+)", result.output).group(1))
+        status, described = server.request(f"{srv.management}/models/echo", headers=srv.headers("management"),
+                                           timeout=30)  # fmt: skip
+        assert status == 200 and described[0]["batchSize"] == best and described[0]["workers"][0]["status"] == "READY"
+    finally:
+        runner.invoke(main, ["stop", *where])

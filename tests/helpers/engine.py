@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from archiver import server
-from helpers.paths import short_tmp
+from helpers.paths import ROOT, short_tmp
 
 BIN = Path(sys.executable).parent
 
@@ -53,10 +53,11 @@ class Engine:
                    "--grpc_inference_port", str(self.ts_grpc), "--grpc_management_port", str(self.ts_grpc_management),
                    *extra]  # fmt: skip
         with open(self.out, "wb") as out:
-            env = dict(os.environ, TEMP=str(self.home))
+            path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+            env = dict(os.environ, TEMP=str(self.home), PYTHONPATH=path)  # run where it writes its key file
             self.process = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                env=env, preexec_fn=preexec_fn,
+                env=env, preexec_fn=preexec_fn, cwd=self.home,
             )  # fmt: skip
         self.timeout = timeout
 
@@ -65,7 +66,7 @@ class Engine:
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.output()
             try:
-                status, _ = server.request(f"{self.url}/v2/health/ready", timeout=5)
+                status, _ = server.request(f"{self.url}/v2/health/ready", headers=self.headers(), timeout=5)
             except OSError:
                 status = None
             if status == 200:
@@ -76,14 +77,26 @@ class Engine:
     def output(self) -> str:
         return self.out.read_text(errors="replace")
 
-    def get(self, path: str):
-        return server.request(self.url + path, timeout=30)
+    def headers(self, api: str = "inference") -> dict:
+        """The engine's key for ``api`` (management, inference or API) when token authorization is on (its
+        key_file.json, where it runs)."""
+        try:
+            key = json.loads((self.home / "key_file.json").read_text())[api]["key"]
+        except (OSError, ValueError, KeyError):
+            key = None
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def get(self, path: str, api: str = ""):
+        """GET with the key the path asks for (management for /models, else inference) when tokens are on."""
+        api = api or ("management" if path.startswith(("/models", "/token")) else "inference")
+        return server.request(self.url + path, headers=self.headers(api), timeout=30)
 
     def post(self, path: str, body: bytes, kind: str = "text/plain", timeout: float = 60):
-        return server.request(self.url + path, body, "POST", {"Content-Type": kind}, timeout)
+        api = "management" if path.startswith(("/models", "/token")) else "inference"
+        return server.request(self.url + path, body, "POST", {"Content-Type": kind, **self.headers(api)}, timeout)
 
     def workers(self, model: str) -> list:
-        status, body = self.get(f"/models/{model}")
+        status, body = self.get(f"/models/{model}", "management")
         assert status == 200, body
         return body[0]["workers"]
 

@@ -357,3 +357,38 @@ def test_an_input_written_to_while_package_signs_is_not_shipped_with_a_signature
         monkeypatch.undo()
     name, _, _ = archive_signing.verify_archive(archive, str(signed["public"]))
     assert name == "raced"
+
+
+def test_a_registered_archive_is_checked_as_startup_checks_one(signed, versions, tmp_path):
+    """With --public_key, the management API's register checks the archive where startup checks the
+    snapshot's (``open_model``), before any of its code runs: unsigned, tampered, or signed as another
+    model is one 400 and nothing registered, no process started; a version signed as itself registers."""
+    root = tmp_path / "tree"
+    store = root / "model-store"
+    store.mkdir(parents=True)
+    (store / "signed.mar").write_bytes(signed["archive"].read_bytes())
+    (store / "unsigned.mar").write_bytes(signed["unsigned"].read_bytes())
+    (store / "tampered.mar").write_bytes(tampered(signed["archive"], "resnet18.pt").read_bytes())
+    (store / "v2.mar").write_bytes(versions["v2"].read_bytes())
+    (root / "config").mkdir()
+    entry = snapshot_entry("signed.mar", 1, 1, 0, 120)
+    write_config(root / "config" / "config.properties", {"signed": entry}, "enable_model_api=true\n")
+    engine = Engine(root, "--public_key", str(signed["public"]), "--enable_grpc", "false").wait_ready()
+    try:
+        import psutil
+
+        listed = engine.get("/models")
+        processes = {p.pid for p in psutil.Process(engine.process.pid).children(recursive=True)}
+        for url, words in (("unsigned.mar", "unsigned.mar is not signed"),
+                           ("tampered.mar&model_name=tampered", "resnet18.pt differs from what was signed"),
+                           ("signed.mar&model_name=other", "is signed as model signed, expected other")):  # fmt: skip
+            status, body = engine.post(f"/models?url={url}&initial_workers=1", b"")
+            assert (status, body["type"]) == (400, "InvalidModelException") and words in body["message"], body
+            assert engine.get("/models") == listed
+            assert {p.pid for p in psutil.Process(engine.process.pid).children(recursive=True)} == processes
+            assert [d.name for d in engine.home.glob("tsctl-engine-*/m*")] == ["m0"]  # nothing it unpacked stays
+        status, body = engine.post("/models?url=v2.mar", b"")  # its model-config.yaml's workers, as TorchServe
+        assert status == 200 and 'Model "signed" Version: 2.0 registered with 1 initial workers' == body["status"]
+        assert [m["modelVersion"] for m in engine.get("/models/signed/all")[1]] == ["1.0", "2.0"]
+    finally:
+        engine.stop()
