@@ -140,6 +140,7 @@ def test_signing_runs_as_written(tmp_path):
     assert re.search(r"kitten\.jpg: 200 ", out), out
 
 
+@pytest.mark.matrix  # out of make test for its time (issue #32's tests took its room); make matrix runs it
 @pytest.mark.timeout(900)
 def test_writing_your_own_handler_runs_as_written(tmp_path):
     out = run_blocks(tmp_path, "own-handler")

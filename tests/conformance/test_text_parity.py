@@ -240,6 +240,7 @@ def check_entities(texts, ours, expected):
             assert text[entity["start"] : entity["end"]] == entity["word"]
 
 
+@pytest.mark.matrix  # out of make test for its time (issue #32's tests took its room); make matrix runs it
 @pytest.mark.parametrize("aggregation", ["average", "first", "max"])
 def test_entities_are_the_pipelines(models, tmp_path, aggregation):
     archive = package_text(models, tmp_path / "s", "ner", "token_classifier", "tagger", config(aggregation=aggregation))
@@ -419,7 +420,8 @@ def test_archives_of_sentence_transformers_directories_carry_their_files(models,
     assert {"st_weightedmean/modules.json", "st_weightedmean/2_Dense/config.json"} <= names
 
 
-@pytest.mark.parametrize("decode_input_request", ["true", pytest.param("false", marks=pytest.mark.matrix)])
+@pytest.mark.matrix  # out of make test for its time; test_text.py serves text bodies in make test
+@pytest.mark.parametrize("decode_input_request", ["true", "false"])
 def test_served_text_bodies_that_look_like_json_stay_text(models, tmp_path, decode_input_request):
     """The same on a real TorchServe, in both modes (``tsctl config`` writes false for toolkit stores)."""
     store = tmp_path / "store"

@@ -245,6 +245,7 @@ def post_mixed_with_header(srv, path, bodies, label):
 
 
 # ---- tsctl's image_classifier answers as TorchServe's built-in ----------------------------------
+@pytest.mark.matrix  # out of make test for its time (issue #32's tests took its room); make matrix runs it
 def test_the_toolkit_image_classifier_answers_as_torchserves_built_in(image_sample, tmp_path):
     model = resnet18(seed=3)
     with torch.no_grad():

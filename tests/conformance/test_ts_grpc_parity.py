@@ -149,7 +149,9 @@ def test_writes_the_engine_does_not_do_yet(sides):
               ts_grpc.call("SetDefault", model_name="probe", model_version="1.0")]  # fmt: skip
     answers = both(sides, lambda side: side.calls(wanted))
     assert [a["messages"][0]["msg"] for a in answers["TorchServe"]] == [
-        "Workers scaled to 1 for model: probe", 'Default version successfully updated for model "probe" to "1.0"']
+        "Workers scaled to 1 for model: probe",
+        'Default version successfully updated for model "probe" to "1.0"',
+    ]
     disabled = "Model API disabled\norg.pytorch.serve.archive.model.ModelException"
     assert [(a["code"], a["details"]) for a in answers["engine"]] == [("PERMISSION_DENIED", disabled)] * 2
 
@@ -207,7 +209,9 @@ def test_a_worker_that_dies_mid_stream(sides):
     for answer in answers.values():
         assert [m["prediction"] for m in answer["messages"]] == ["part0", "part1"], answer
     assert (answers["TorchServe"]["code"], answers["TorchServe"]["details"]) == (
-        "INTERNAL", "Worker died.\norg.pytorch.serve.http.InternalServerException")
+        "INTERNAL",
+        "Worker died.\norg.pytorch.serve.http.InternalServerException",
+    )
     assert answers["engine"]["code"] == "UNAVAILABLE" and answers["engine"]["details"].startswith(
         "Worker died (exit code 3) while it held this request.\n")  # fmt: skip
     for side in sides.values():

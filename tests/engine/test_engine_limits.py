@@ -201,7 +201,13 @@ def test_big_typed_grpc_calls_stall_no_rest_request(engine):
             statuses.append(status)
             time.sleep(0.05)
         results = [call.result() for call in calls]
-    assert all(code is None and abs(answer["sum"] - want) < 1e-3 * abs(want) for code, answer in results), results
+    # each call answered, or refused whole by the engine's bound on bodies in flight (six calls held at once,
+    # each with what parsing it will hold, can pass a quarter of the group's memory): none answered wrong
+    brief = [(code, answer if code else round(answer["sum"])) for code, answer in results]
+    answered = [answer for code, answer in results if code is None]
+    refused = [(code, answer) for code, answer in results if code is not None]
+    assert all(abs(answer["sum"] - want) < 1e-3 * abs(want) for answer in answered) and len(answered) >= 3, brief
+    assert all(code == grpc.StatusCode.UNAVAILABLE and "--max_inflight_bytes" in why for code, why in refused), brief
     grown = peak_rss(engine.process.pid) - peak_before
     print(f"REST during 6 x 32 MB gRPC: {len(latencies)} requests, max {max(latencies):.2f} s; engine grew {grown:,}")
     assert set(statuses) == {200}, statuses
@@ -243,6 +249,7 @@ def test_the_engine_bounds_bodies_by_its_own_cgroup_for_rest_and_grpc_alike(engi
 
 
 # ---- the body idle timeout: while the body arrives, not while the model answers ---------------------
+@pytest.mark.matrix  # out of make test for its time (issue #32's tests took its room); make matrix runs it
 def test_an_answer_slower_than_the_body_idle_timeout_is_not_408(tree):
     """The handler takes 2.5 x --body_idle_timeout (its responseTimeout is 60 s): 200; a streaming
     answer whose chunks come further apart than it: 200; a body that stops arriving: still 408."""

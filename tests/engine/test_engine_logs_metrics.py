@@ -124,6 +124,7 @@ def logs(srv) -> list:
     return sorted(srv.out.parent.glob(f"{srv.out.name}*"))
 
 
+@pytest.mark.matrix  # out of make test for its time (issue #32's tests took its room); make matrix runs it
 def test_a_handler_printing_without_end_cannot_fill_the_disk_or_stall_the_engine(srv):
     before = pids(srv)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:

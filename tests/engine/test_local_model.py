@@ -264,7 +264,9 @@ def test_model_files_of_the_same_name_in_two_archives_do_not_mix(tmp_path):
 
 
 # ---- one handler instance per LocalModel ----------------------------------------------------------
-@pytest.mark.parametrize("bundled", [True, False], ids=["bundled-handlers", "installed-handlers"])
+@pytest.mark.parametrize(
+    "bundled", [True, pytest.param(False, marks=pytest.mark.matrix)], ids=["bundled-handlers", "installed-handlers"]
+)
 def test_settings_are_read_again_when_an_edited_directory_is_opened_again(tmp_path, bundled):
     model_dir = package(tmp_path, "tiny", fmt="no-archive")
     if not bundled:  # handlers.image:handle then comes from the installed package, one module for all

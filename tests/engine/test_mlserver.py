@@ -240,9 +240,14 @@ def test_one_answer_shape_whichever_tool_built_the_archive(srv):
         response = result.get_response()
         read[model] = [json.loads(element) for element in result.as_numpy("output-0")]
         assert [(o["name"], o["datatype"], o["shape"]) for o in response["outputs"]] == [("output-0", "BYTES", [2])]
-    assert read["body-probe"] == read["body-probe-tsctl"] == [
-        {"keys": ["body"], "type": "str", "value": text} for text in texts  # no content_type: text, a str
-    ]
+    assert (
+        read["body-probe"]
+        == read["body-probe-tsctl"]
+        == [
+            {"keys": ["body"], "type": "str", "value": text}
+            for text in texts  # no content_type: text, a str
+        ]
+    )
     request = ENGINE.request_body(ts_probes.IRIS_ROWS["setosa"], "application/octet-stream")[0]
     outputs = [server.request(engines.predict_url(srv, model), request, "POST", {"Content-Type": "application/json"},
                               60)[1]["outputs"] for model in ("xgboost", "xgboost-tsctl")]  # fmt: skip

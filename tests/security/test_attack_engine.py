@@ -412,6 +412,7 @@ def test_an_answer_whose_headers_pass_max_response_size_fails_alone(engine):
     assert answer.startswith(b"HTTP/1.1 500") and b"max_response_size" in answer, answer[:200]
 
 
+@pytest.mark.matrix  # out of make test for its time (issue #32's tests took its room); make matrix runs it
 def test_thousands_of_answer_headers_and_streams_of_tiny_chunks(engine):
     """HELD. 20,000 answer headers reach the client; 100,000 streamed 2-byte parts reach it as 100,000
     chunks with the engine growing by little; a stream that never ends is cut at responseTimeout (its
@@ -696,6 +697,7 @@ def test_a_worker_that_dies_leaving_a_child_behind(engine):
 
 
 # ---- workers -----------------------------------------------------------------------------------------------
+@pytest.mark.matrix  # out of make test for its time (issue #32's tests took its room); make matrix runs it
 def test_a_worker_that_exits_at_every_load_backs_off(engine, tree):
     """HELD. crashy's worker dies, then exits in every load: restarts back off (at most 5 attempts in
     8 s), neighbours answer, the engine lives; once loads succeed again the model comes back."""

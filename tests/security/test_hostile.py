@@ -255,6 +255,7 @@ def test_generated_bodies_text(text_model, body):
     check_batch(text_model, body, GOOD_TEXT.encode())
 
 
+@pytest.mark.matrix  # out of make test for its time (issue #32's tests took its room); make matrix runs it
 @FUZZ
 @given(body=bodies | st.builds(lambda rows, cols: {"instances": [[1.0] * cols] * rows}, st.integers(0, 40),
                                st.integers(0, 8)))  # fmt: skip

@@ -144,6 +144,7 @@ def judge(case: hostile.Case, status, body, expected) -> list:
     return []
 
 
+@pytest.mark.matrix  # out of make test for its time (issue #32's tests took its room); make matrix runs it
 def test_hostile_image_corpus(srv):
     cases = hostile.image_corpus(GOOD_JPEG)
     assert len(cases) >= 40
