@@ -10,15 +10,14 @@ they are answered. About 15 s.
 
 import concurrent.futures
 import json
-import os
-import subprocess
 import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import grpc_client
-from helpers.engine import BIN, Engine, snapshot_entry, write_config
+from helpers.engine import Engine, snapshot_entry, write_config
+from helpers.engine_limits import archive_handler
 
 SLOW = '''\
 import json
@@ -51,9 +50,7 @@ def engine(tmp_path_factory):
     root = tmp_path_factory.mktemp("load")
     (root / "slow.py").write_text(SLOW)
     (root / "model-store").mkdir()
-    command = [str(BIN / "torch-model-archiver"), "--model-name", "slow", "--version", "1.0", "--handler",
-               str(root / "slow.py"), "--export-path", str(root / "model-store")]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True, env=dict(os.environ, TMPDIR=str(root)))
+    archive_handler(root / "slow.py", ["slow"], root / "model-store")
     (root / "config").mkdir()
     write_config(root / "config" / "config.properties", {"slow": snapshot_entry("slow.mar", 1, 4, 500, 60)})
     running = Engine(root).wait_ready()

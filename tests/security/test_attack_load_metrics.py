@@ -14,7 +14,6 @@ engine inside a memory cgroup of its own, its pids checked before and after (abo
 import asyncio
 import base64
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -25,8 +24,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import grpc_client
-from helpers.cgroups import MemoryLimit
-from helpers.engine import BIN, Engine, snapshot_entry, write_config
+from helpers.engine import snapshot_entry, write_config
+from helpers.engine_limits import archive_handler, engine_in_cgroup
 from serving.engine_workers import Job, JobQueue
 from serving.ts_wire import Request
 
@@ -70,23 +69,12 @@ def engine(tmp_path_factory):
     root = tmp_path_factory.mktemp("queue")
     (root / "slow.py").write_text(HANDLER)
     (root / "model-store").mkdir()
-    command = [str(BIN / "torch-model-archiver"), "--model-name", "slow", "--version", "1.0", "--handler",
-               str(root / "slow.py"), "--export-path", str(root / "model-store")]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True, env=dict(os.environ, TMPDIR=str(root)))
+    archive_handler(root / "slow.py", ["slow"], root / "model-store")
     (root / "config").mkdir()
     write_config(root / "config" / "config.properties", {"slow": snapshot_entry("slow.mar", 1, 1, 0, 60)},
                  f"job_queue_size={QUEUE}\n")  # fmt: skip
-    group = MemoryLimit(None, 2 << 30)
-    if group.cgroup is None:
-        pytest.skip("no memory cgroup can be made here")
-    try:
-        running = Engine(root, preexec_fn=group.join).wait_ready()
-        try:
-            yield running
-        finally:
-            assert running.stop() == 0
-    finally:
-        group.release()
+    with engine_in_cgroup(root, 2 << 30) as running:
+        yield running
 
 
 def load(engine) -> dict:
