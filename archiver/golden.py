@@ -214,12 +214,14 @@ def verify(
     golden_from=None,
     progress: Callable[[str], None] = lambda message: None,
     metrics_config: Optional[str] = None,
+    headers: Optional[dict] = None,
 ) -> Report:
     """Replay the golden answers of ``archive`` (or of ``golden_from``: another archive of the same
     model, e.g. the original of an ONNX export) in-process with ``archive`` or against ``url``
     (``base_url``). A server that has no endpoint for ``protocol`` (every answer a 404 no golden
     answer was) is a ServerError saying so, never a report of mismatches. ``progress`` hears of each
-    input as it is answered; ``metrics_config``: the in-process worker's metrics.yaml (None: TorchServe's)."""
+    input as it is answered; ``metrics_config``: the in-process worker's metrics.yaml (None: TorchServe's);
+    ``headers``: sent with each request to ``url`` (a token-auth server's ``Authorization``)."""
     with archives.opened(archive) as opened:
         golden = answers.read(golden_from or opened)
         if golden is None:
@@ -228,11 +230,21 @@ def verify(
             raise UserError(f"--protocol {protocol!r} must be one of {', '.join(PROTOCOLS)}")
         model = model or opened.model_name
         kind = (identity.read(opened) or {}).get("input")  # None: not a toolkit handler
-        return replay(opened, golden, url, protocol, atol, model, kind, timeout, progress, metrics_config)
+        return replay(opened, golden, url, protocol, atol, model, kind, timeout, progress, metrics_config, headers)
 
 
 def replay(
-    archive: archives.Archive, golden: dict, url, protocol, atol, model, kind, timeout, progress, metrics_config=None
+    archive: archives.Archive,
+    golden: dict,
+    url,
+    protocol,
+    atol,
+    model,
+    kind,
+    timeout,
+    progress,
+    metrics_config=None,
+    headers: Optional[dict] = None,
 ) -> Report:
     """``verify``'s replay of ``golden``'s cases, ``archive`` and its golden answers read."""
     cases = golden["cases"]
@@ -251,8 +263,11 @@ def replay(
         report = Report(f"{url} ({protocol})")
         results = []
         for number, case in enumerate(cases, 1):
-            results.append(served(url, protocol, model, kind, case, timeout))
+            results.append(served(url, protocol, model, kind, case, timeout, headers or {}))
             progress(f"{number}/{len(cases)} {case['name']}: {results[-1][0]}")
+        refused = unauthorized(url, results, bool(headers))
+        if refused:
+            raise ServerError(refused)
         missing = missing_endpoint(url, protocol, model, cases, results)
         if missing:
             raise ServerError(missing)
@@ -335,7 +350,26 @@ def missing_endpoint(url: str, protocol: str, model: str, cases: List[dict], res
     return f"{url} has no {path} (404 on every golden request: {said}): {hint}"
 
 
-def served(url: str, protocol: str, model: str, kind: Optional[str], case: dict, timeout: float) -> Tuple[int, Any]:
+KEY_REFUSED = "InvalidKeyException"  # TorchServe's answer (400) to a missing, wrong or expired key
+
+
+def unauthorized(url: str, results, had_token: bool) -> Optional[str]:
+    """What to say when the server at ``url`` refused every golden request for its token (TorchServe's
+    token authorization: 400 ``InvalidKeyException``, on the engine too); None otherwise."""
+    refused = [isinstance(answer, dict) and answer.get("type") == KEY_REFUSED for _, answer in results]
+    if not results or not all(refused):
+        return None
+    if had_token:
+        return f"{url} refused the token on every golden request ({KEY_REFUSED}): pass its current inference key"
+    return (
+        f"{url} asks for a token ({KEY_REFUSED} on every golden request): pass --token with the inference key "
+        "of its key_file.json, or use --served for a server tsctl started"
+    )
+
+
+def served(
+    url: str, protocol: str, model: str, kind: Optional[str], case: dict, timeout: float, headers: dict
+) -> Tuple[int, Any]:
     """Send one golden request the way ``protocol`` carries it; (status, the answer for it). ``kind``:
     what the archive's toolkit handler reads (its record's ``input``; None: not a toolkit handler).
     To a toolkit handler a JSON body goes as it is (KServe v1/v2 shapes included) and a file as one
@@ -350,19 +384,19 @@ def served(url: str, protocol: str, model: str, kind: Optional[str], case: dict,
 
     data, content = answers.body(case), case["content_type"]
     if protocol == "ts":
-        return request(f"{url}/predictions/{model}", data, "POST", typed(content), timeout)
+        return request(f"{url}/predictions/{model}", data, "POST", {**typed(content), **headers}, timeout)
     path = f"/v1/models/{model}:predict" if protocol == "v1" else f"/v2/models/{model}/infer"
     if protocol == "v2" and kind is None:
         from .engines import ENGINES
 
         body, sent = ENGINES["mlserver"].request_body(data, content, as_request=False)
-        headers = {"Content-Type": sent}
+        kinds = {"Content-Type": sent}
     elif content == wire.JSON_TYPE:  # a whole request body (KServe v1/v2 shapes included): sent as it is
-        return request(url + path, data, "POST", {"Content-Type": content}, timeout)
+        return request(url + path, data, "POST", {"Content-Type": content, **headers}, timeout)
     else:
         item = data.decode("utf-8") if kind == "text" else base64.b64encode(data).decode()
-        body, headers = wire.encode_request([item], protocol)
-    status, answer = request(url + path, body, "POST", headers, timeout)
+        body, kinds = wire.encode_request([item], protocol)
+    status, answer = request(url + path, body, "POST", {**kinds, **headers}, timeout)
     if status != 200:
         return status, answer
     try:

@@ -35,6 +35,11 @@ from .options import (
     "the engine's own (MLServer: v2), else ts.",
 )
 @click.option("--model", help="The model's name on the server (default: the archive's).")
+@click.option(
+    "--token",
+    help="With --url: the server's inference key (TorchServe's key_file.json), sent as 'Authorization: Bearer'. "
+    "--served reads it from the server's own key file.",
+)
 @click.option("--atol", type=click.FloatRange(0), default=1e-4, show_default=True, help="How far a number may move.")
 @timeout_option(60.0, "With a server: seconds to wait for each answer.")
 @click.option("--golden-from", type=click.Path(), help="Use another archive's golden answers (an export's original).")
@@ -43,8 +48,8 @@ from .options import (
 @expect_options
 @metrics_options
 def verify(
-    archive, url, served, home, protocol, model, atol, timeout, golden_from, as_json, public_key, expect_name,
-    expect_version, metrics_config, config_path
+    archive, url, served, home, protocol, model, token, atol, timeout, golden_from, as_json, public_key,
+    expect_name, expect_version, metrics_config, config_path
 ):  # fmt: skip
     """Replay ARCHIVE's golden requests (package --golden) and compare each answer with the recorded one;
     with --public-key, check its signature first (and stop there when it has no golden answers)."""
@@ -56,6 +61,9 @@ def verify(
     check_expectations(public_key, expect_name, expect_version)
     if (url or served) and (metrics_config or config_path):
         raise UserError("--metrics-config and --config are for the in-process run: a server reads its own config")
+    if token and not url:
+        raise UserError("--token is for --url: --served reads the server's key file, and in-process needs no key")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     if public_key:
         from handlers.signing import read_key
 
@@ -72,7 +80,7 @@ def verify(
             from .. import engines
 
             srv = running_server(home, model or found.model_name)
-            url = srv.inference
+            url, headers = srv.inference, srv.headers("inference")
             protocol = protocol or engines.engine_of(srv).protocol  # MLServer speaks v2 only
         protocol = protocol or "ts"
         from ..output import Progress
@@ -86,7 +94,9 @@ def verify(
                 report = golden.verify(found, url, protocol, atol, model, timeout, golden_from, progress, metrics)
         else:
             try:
-                report = golden.verify(found, url, protocol, atol, model, timeout, golden_from, progress)
+                report = golden.verify(
+                    found, url, protocol, atol, model, timeout, golden_from, progress, headers=headers
+                )
             except OSError as exc:
                 raise ServerError(f"could not reach {url}: {exc}") from None
     if as_json:

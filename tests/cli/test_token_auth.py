@@ -69,3 +69,40 @@ def test_on_the_engine_too_with_the_batch_sweep(tmp_path):
         assert status == 200 and described[0]["batchSize"] == best and described[0]["workers"][0]["status"] == "READY"
     finally:
         runner.invoke(main, ["stop", *where])
+
+
+def test_verify_sends_the_inference_key(tmp_path):
+    """verify against the engine with tokens on (TorchServe's default): --served reads the server's key file;
+    --url takes --token, and without it (or with a wrong one) says so in one line instead of reporting
+    every golden answer as a mismatch."""
+    import torch
+
+    from archiver import engines, properties
+    from helpers.hostile import build, scripted
+    from helpers.paths import short_tmp
+
+    golden_inputs = tmp_path / "golden"
+    golden_inputs.mkdir()
+    (golden_inputs / "a.json").write_text("[[1, 2, 3, 4]]")
+    archive = build(tmp_path, "tensor", "tensor", scripted(tmp_path / "t.pt", torch.nn.Linear(4, 2)), "", golden_inputs)
+    config = tmp_path / "config.properties"
+    properties.write_config(tmp_path / "store", config)
+    config.write_text(
+        config.read_text().replace("disable_token_authorization=true", "disable_token_authorization=false")
+    )
+    srv = engines.ENGINES["tsctl"].start(tmp_path / "store", config, short_tmp("tv-"))
+    runner = CliRunner()
+    try:
+        key = server.read_keys(srv.home)["inference"]
+        result = runner.invoke(main, ["verify", str(archive), "--served", "--home", srv.home])
+        assert result.exit_code == 0 and "1 of 1 golden answers match" in result.output, result.output
+        result = runner.invoke(main, ["verify", str(archive), "--url", srv.inference, "--token", key])
+        assert result.exit_code == 0 and "1 of 1 golden answers match" in result.output, result.output
+        for extra, said in (([], "asks for a token"), (["--token", key[::-1]], "refused the token")):
+            result = runner.invoke(main, ["verify", str(archive), "--url", srv.inference, *extra])
+            assert result.exit_code != 0 and said in result.output and "mismatch" not in result.output, result.output
+            assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+        result = runner.invoke(main, ["verify", str(archive), "--served", "--home", srv.home, "--token", key])
+        assert result.exit_code == 2 and "--token is for --url" in result.output, result.output
+    finally:
+        server.stop(srv)
