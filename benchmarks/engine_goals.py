@@ -36,20 +36,23 @@ CONFIG = "minWorkers: {w}\nmaxWorkers: {w}\nbatchSize: 8\nmaxBatchDelay: 20\nres
 REQUESTS, CONCURRENCY = 160, 16
 WHY = """
 Where a goal is missed, why, and what would change it:
-- **resnet18 (about 1.0x at 2 workers, 1.1x at 1, from run to run; goal 1.05x at the best of each).** Both engines run the same TorchServe worker
-  processes, so only the frontend differs, and resnet18's forward pass and JPEG decoding are nearly all of a
-  request's CPU: the engine's lighter frontend (uvicorn/httptools and one Unix-socket hop instead of Netty
-  and the JVM) frees ~5 % of two cores at one worker and less at two, where both workers already hold both
-  cores. What would change it is work inside the worker (draft JPEG decoding, P1), not the frontend.
-- **MiniLM at about 0.9x the raw forward pass (goal 0.95x).** The raw figure is the model alone on pre-tokenised
-  batches; a served request also pays HTTP parsing, tokenisation and JSON encoding on the same 2 cores, and
-  requests arrive as 16 clients' worth, so batches are not always full. The engine's own share is what is left
-  after the 1.28x over TorchServe.
-- **Cold start about 0.9x (goal 0.5x).** Both sides spend nearly all of it in the same place: each worker process
-  importing torch (and transformers) and loading its model, ~5 s of the engine's 5.6 s; the JVM's start,
-  which the engine saves, overlaps the workers' imports on TorchServe. Halving it needs workers that do not
-  import torch from scratch: forked from a process that already has (a fork server with torch and ts
-  preloaded), not built here.
+- **resnet18 (1.10x at 2 workers on 2026-11-26, 0.98x on 2026-11-23; goal 1.05x at the best of each).** Both engines
+  run the same TorchServe worker processes, so only the frontend differs, and resnet18's forward pass and JPEG
+  decoding are nearly all of a request's CPU: the engine's lighter frontend (uvicorn/httptools and one Unix-socket
+  hop instead of Netty and the JVM) frees a few per cent of two cores, within run-to-run noise at two workers.
+  What would change it is work inside the worker (draft JPEG decoding, P1), not the frontend.
+- **MiniLM against its raw forward pass (0.68x on 2026-11-26, 0.91x on 2026-11-23; goal 0.95x).** The raw figure
+  rose from 386 to 559 sentences/s between the runs while the served figure rose from 353 to 378 req/s. The raw
+  figure is the model alone on pre-tokenised batches of 8 with both cores; a served request also pays HTTP
+  parsing, tokenisation and JSON encoding on the same 2 cores, 16 clients' requests are split between two
+  workers whose batches are not always full, and two workers of 2 intra-op threads each share 2 cores.
+  TorchServe's workers pay the same (the engine is 1.16x TorchServe's best).
+- **Cold start (goal 0.5x) cannot be met by any server.** A cold start ends when the slowest model's worker has
+  imported what its handler imports and loaded its weights: for MiniLM that is torch and sentence-transformers
+  (which imports scikit-learn and scipy), about 5 s as a bare process with no server at all. The engine's own
+  start overlaps the fork server's torch import, so it is within a second of that floor; TorchServe's JVM adds
+  about a second more. The fork server pays where a worker starts again: after kill -9 a worker is back in a
+  fraction of TorchServe's time (BENCHMARKS' cold start section, `benchmarks/cold_start.py`).
 """
 SENTENCES = [
     b"A man is playing a guitar on stage in front of a large crowd.",
