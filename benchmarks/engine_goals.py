@@ -49,9 +49,9 @@ Where a goal is missed, why, and what would change it:
   TorchServe's workers pay the same (the engine is 1.16x TorchServe's best).
 - **Cold start (goal 0.5x) cannot be met by any server.** A cold start ends when the slowest model's worker has
   imported what its handler imports and loaded its weights: for MiniLM that is torch and sentence-transformers
-  (which imports scikit-learn and scipy), about 5 s as a bare process with no server at all. The engine's own
-  start overlaps the fork server's torch import, so it is within a second of that floor; TorchServe's JVM adds
-  about a second more. The fork server pays where a worker starts again: after kill -9 a worker is back in a
+  (which imports scikit-learn and scipy), about 5.3 s with no server at all (the cold start section's floor:
+  0.90x TorchServe's). The engine's own start overlaps the fork server's torch import, so it is within noise of
+  that floor; TorchServe's JVM adds under a second more. The fork server pays where a worker starts again: after kill -9 a worker is back in a
   fraction of TorchServe's time (BENCHMARKS' cold start section, `benchmarks/cold_start.py`).
 """
 SENTENCES = [
