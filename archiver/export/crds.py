@@ -1,5 +1,7 @@
 """Validating KServe and Seldon Core 2 manifests against the CRDs' own OpenAPI schemas (archiver/export/crds/*.json,
-archiver/export/crds/seldon/*.json; where each comes from: archiver/export/crds/README.md).
+archiver/export/crds/seldon/*.json; where each comes from: archiver/export/crds/README.md), and what
+``export kserve --autoscale`` writes beside them: KEDA's ScaledObject, the Prometheus Operator's ServiceMonitor and
+PodMonitor (crds/keda/, crds/prometheus-operator/), and a PodDisruptionBudget (``PDB_SCHEMA``, no CRD).
 
 Kubernetes prunes or, with strict field validation (kubectl's default), rejects fields a schema does not
 declare; plain JSON Schema would let them pass. So objects that declare ``properties`` are checked
@@ -32,16 +34,80 @@ SCHEMAS = {
     ("mlops.seldon.io/v1alpha1", "ServerConfig"): "seldon/serverconfig.v1alpha1.json",
     ("mlops.seldon.io/v1alpha1", "Experiment"): "seldon/experiment.v1alpha1.json",
     ("mlops.seldon.io/v1alpha1", "Pipeline"): "seldon/pipeline.v1alpha1.json",
+    # what tsctl export kserve --autoscale writes beside the InferenceService (archiver/export/autoscale.py)
+    ("keda.sh/v1alpha1", "ScaledObject"): "keda/scaledobject.v1alpha1.json",
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "prometheus-operator/servicemonitor.v1.json",
+    ("monitoring.coreos.com/v1", "PodMonitor"): "prometheus-operator/podmonitor.v1.json",
 }
-PROJECTS = {"serving.kserve.io": "KServe", "mlops.seldon.io": "Seldon Core"}  # API group -> whose CRD it is
+PROJECTS = {  # API group -> whose CRD it is
+    "serving.kserve.io": "KServe",
+    "mlops.seldon.io": "Seldon Core",
+    "keda.sh": "KEDA",
+    "monitoring.coreos.com": "the Prometheus Operator",
+    "policy": "Kubernetes",
+}
 PROTOCOLS = ("v1", "v2", "grpc-v1", "grpc-v2")  # KServe's protocol names (constants.InferenceServiceProtocol)
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
+INT_OR_PERCENT = {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": "^[0-9]+%$"}]}
+# policy/v1 PodDisruptionBudget: built into Kubernetes, so no CRD to vendor. Written here from the Kubernetes API
+# reference (PodDisruptionBudgetSpec: maxUnavailable, minAvailable (IntOrString), selector (LabelSelector),
+# unhealthyPodEvictionPolicy (IfHealthyBudget | AlwaysAllow)) and its validation (minAvailable and
+# maxUnavailable are mutually exclusive; a percentage is "N%"). tests/export/test_autoscale_export.py keeps it honest.
+PDB_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "policy/v1"},
+        "kind": {"const": "PodDisruptionBudget"},
+        "metadata": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string", "pattern": DNS_SUBDOMAIN},
+                "namespace": {"type": "string"},
+                "labels": STRINGS,
+                "annotations": STRINGS,
+            },
+        },
+        "spec": {
+            "type": "object",
+            "required": ["selector"],
+            "not": {"required": ["minAvailable", "maxUnavailable"]},
+            "properties": {
+                "maxUnavailable": INT_OR_PERCENT,
+                "minAvailable": INT_OR_PERCENT,
+                "selector": {
+                    "type": "object",
+                    "properties": {
+                        "matchLabels": STRINGS,
+                        "matchExpressions": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "required": ["key", "operator"],
+                                "properties": {
+                                    "key": {"type": "string"},
+                                    "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                                    "values": {"type": "array", "items": {"type": "string"}},
+                                },
+                            },
+                        },
+                    },
+                },
+                "unhealthyPodEvictionPolicy": {"enum": ["IfHealthyBudget", "AlwaysAllow"]},
+            },
+        },
+    },
+}
 
 
 @lru_cache(maxsize=None)
 def schema_for(api_version: str, kind: str) -> dict:
     if api_version == "serving.kserve.io/v1alpha1" and kind in RUNTIME_KINDS:
         return runtime_schema(kind)
+    if (api_version, kind) == ("policy/v1", "PodDisruptionBudget"):
+        return strict(PDB_SCHEMA)
     name = SCHEMAS.get((api_version, kind))
     if name is None:
         raise UserError(f"no {project(api_version)} schema for {kind} {api_version}")
@@ -57,14 +123,13 @@ def runtime_schema(kind: str) -> dict:
     """A (Cluster)ServingRuntime's schema: KServe's CRD (the same for both kinds) with the metadata and
     protocol checks of the module docstring; a cluster-scoped one has no namespace."""
     schema = json.loads(json.dumps(vendored(SCHEMAS[("serving.kserve.io/v1alpha1", kind)])))  # a copy to add to
-    strings = {"type": "object", "additionalProperties": {"type": "string"}}
     metadata = {
         "type": "object",
         "properties": {
             "name": {"type": "string", "pattern": DNS_SUBDOMAIN},
             "namespace": {"type": "string"},
-            "labels": strings,
-            "annotations": strings,
+            "labels": STRINGS,
+            "annotations": STRINGS,
         },
         "required": ["name"],
     }
