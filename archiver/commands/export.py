@@ -85,6 +85,45 @@ def parse_split(values):
     help="With --auto-select: its priority for pytorch (default 1, below kserve-torchserve's 2, which stays the "
     "pick while installed; 3 or more: this runtime first).",
 )
+@click.option(
+    "--autoscale",
+    type=click.Choice(choices.AUTOSCALE_MODES),
+    help="Write the autoscaling: Knative's KPA, KEDA on the engine's queue gauge, or the HPA on CPU; with a "
+    "PodDisruptionBudget, Prometheus annotations and a PodMonitor/ServiceMonitor.",
+)
+@click.option(
+    "--from-bench", help="The capacity result 'tsctl bench --capacity --out' wrote: the numbers come from it."
+)
+@click.option("--target", type=int, help="One replica's concurrency by hand (at most the measured knee).")
+@click.option(
+    "--scale-metric",
+    type=click.Choice(("concurrency", "rps")),
+    default="concurrency",
+    show_default=True,
+    help="--autoscale knative: what the KPA scales on.",
+)
+@click.option("--min-replicas", type=int, default=1, show_default=True, help="--autoscale: the fewest replicas.")
+@click.option("--max-replicas", type=int, help="--autoscale: the most replicas (default 10, or from --peak-rps).")
+@click.option("--peak-rps", type=float, help="--autoscale: the peak load; maxReplicas = peak / one replica's rps.")
+@click.option(
+    "--scale-down-delay",
+    default="300s",
+    show_default=True,
+    help="--autoscale: how long load must stay low before replicas go (Ns, Nm, Nh; at most 1h).",
+)
+@click.option(
+    "--prometheus-url",
+    default="http://prometheus-operated.monitoring.svc:9090",
+    show_default=True,
+    help="--autoscale keda: the Prometheus server KEDA queries.",
+)
+@click.option(
+    "--monitor",
+    type=click.Choice(("podmonitor", "servicemonitor")),
+    default="podmonitor",
+    show_default=True,
+    help="--autoscale: how the Prometheus Operator scrapes the pods.",
+)
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @json_option
 def export_kserve(out, config_path, split, as_json, **options):

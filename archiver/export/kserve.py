@@ -12,6 +12,9 @@
     OUT/inputs/                      what the request bodies are built from: a drawn picture, a golden input
     OUT/servingruntime.yaml          with --engine tsctl: the tsctl engine's (Cluster)ServingRuntime (tsctl_image.py)
     OUT/predictor-image/             with --engine tsctl: the build context of the runtime's image
+    OUT/pdb.yaml, OUT/podmonitor.yaml    with --autoscale: a PodDisruptionBudget, and a PodMonitor (or with --monitor
+    OUT/capacity.json                servicemonitor, metrics-service.yaml + servicemonitor.yaml); the capacity
+                                     result the numbers came from (--from-bench): archiver/export/autoscale.py
 
 KServe's TorchServe runtime runs ``torchserve --start --model-store=/mnt/models/model-store
 --ts-config=/mnt/models/config/config.properties`` with ``TS_SERVICE_ENVELOPE=kserve|kservev2``;
@@ -34,7 +37,7 @@ from ..choices import KSERVE_PROTOCOLS
 from ..errors import UserError
 from ..mar import handler_record, model_config, read_manifest, rewrite_archive
 from ..properties import check_keys, check_store, read_properties, render, snapshot_of
-from . import core, crds, kube, out_dir, targets
+from . import autoscale, core, crds, kube, out_dir, targets
 from .bodies import Served, input_of, sample_inputs
 from .kserve_deploy import curl_lines, deploy_md, predict_path
 from .options import ExportOptions
@@ -72,14 +75,20 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     notes += memory_notes(options, snapshot)
     check_split(options, snapshot)
     transformer_archive = check_transformer(options, snapshot)
+    plan = autoscale.check(options, snapshot, target, notes)
     locked = target.prepare(options, properties, archives, notes, scratch)
 
     manifests = target.manifests(options, resources(options))  # the runtime the InferenceService names first
-    manifests["inferenceservice.yaml"] = inference_service(options, snapshot)
+    manifests["inferenceservice.yaml"] = isvc = inference_service(options, snapshot)
+    scaling = {}
+    if plan is not None:
+        autoscale.apply(isvc, plan, options, target.ports(properties))
+        scaling = autoscale.manifests(plan, options, target.ports(properties))
     if options.split:
         manifests["inferencegraph.yaml"] = inference_graph(options)
-    for name, manifest in manifests.items():
+    for name, manifest in list(manifests.items()) + (autoscale.validated(plan, isvc, scaling) if plan else []):
         crds.check(manifest, name)
+    manifests.update(scaling)
     curls = curl_lines(options, served_models(options, snapshot_archives(options, snapshot)))
     models = served_models(options, archives)
     inputs = sample_inputs(models)
@@ -98,7 +107,10 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
             (staging / name).write_text(yaml.safe_dump(manifest, sort_keys=False), encoding="utf-8")
             files.append(staging / name)
         files += core.write_inputs(staging, inputs)
-        deploy = deploy_md(options, claim, sub_path, archives, curls, models, locked)
+        capacity = autoscale.capacity_copy(plan)
+        if capacity is not None:
+            files += core.write_inputs(staging, {autoscale.CAPACITY_FILE: capacity})
+        deploy = deploy_md(options, claim, sub_path, archives, curls, models, locked, plan)
         (staging / "DEPLOY.md").write_text(deploy, encoding="utf-8")
         files.append(staging / "DEPLOY.md")
     return Export(out_dir.moved(files, staging, Path(options.out)), notes, curls)

@@ -2,9 +2,9 @@
 directory DEPLOY.md is in (the export can be moved or copied anywhere)."""
 
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
-from . import core, targets
+from . import autoscale, core, targets
 from .bodies import Served, request_bodies
 from .options import ExportOptions
 
@@ -36,8 +36,10 @@ def deploy_md(
     curls: List[str],
     models: List[Served],
     locked: Dict[Path, dict],
+    plan: Optional[autoscale.Plan] = None,
 ) -> str:
-    """DEPLOY.md (templates/kserve.md); ``models``: the served models, their sample inputs chosen."""
+    """DEPLOY.md (templates/kserve.md); ``models``: the served models, their sample inputs chosen; ``plan``: the
+    autoscaling (--autoscale), its files applied in step 3 and its numbers in a section of their own."""
     pod, ns = f"{options.name}-copy", f"-n {options.namespace}"
     root = f"/pvc/{sub_path}".rstrip("/")
     target = targets.named(options.engine)
@@ -61,7 +63,7 @@ def deploy_md(
         copies=core.lines(copy_lines(options, archives, ns, pod, root)),
         root=root,
         requirements=requirements_steps(options, locked),
-        apply=core.lines(apply_lines(options, target, ns)),
+        apply=core.lines(apply_lines(options, target, ns, plan)),
         component=component,
         selector=f"serving.kserve.io/inferenceservice={options.name},component={component}",
         body=V2_BODY if options.protocol == "v2" else V1_BODY,
@@ -69,6 +71,7 @@ def deploy_md(
         transformer_note=transformer_note(options),
         curls=core.lines(curls),
         split=split_section(options, models, ns),
+        autoscale=autoscale.deploy_section(plan, options, ns),
     )
     return text.rstrip("\n") + "\n"
 
@@ -95,11 +98,13 @@ def copy_lines(options: ExportOptions, archives: List[Path], ns: str, pod: str, 
     return copies
 
 
-def apply_lines(options: ExportOptions, target: targets.Target, ns: str) -> List[str]:
-    """Step 3's commands: the target's own, the InferenceService (and graph), then the wait."""
+def apply_lines(options: ExportOptions, target: targets.Target, ns: str, plan=None) -> List[str]:
+    """Step 3's commands: the target's own, the InferenceService (and graph, and the autoscaling's
+    disruption budget and monitor), then the wait."""
     applied = target.apply_lines(options) + [f"kubectl apply {ns} -f inferenceservice.yaml"]
     if options.split:
         applied.append(f"kubectl apply {ns} -f inferencegraph.yaml")
+    applied += autoscale.apply_lines(plan, options, ns)
     return applied + [f"kubectl wait {ns} --for=condition=Ready inferenceservice/{options.name} --timeout=600s"]
 
 

@@ -32,6 +32,17 @@ class ExportOptions:
     auto_select: bool = False  # --engine tsctl: KServe picks the runtime for InferenceServices naming only pytorch
     priority: Optional[int] = None  # with auto_select: its priority for pytorch (None: tsctl_image.DEFAULT_PRIORITY)
     force: bool = False  # replace an OUT that holds files
+    # --autoscale (archiver/export/autoscale.py): the mode, and what sizes it
+    autoscale: Optional[str] = None  # knative | keda | hpa
+    from_bench: Optional[str] = None  # the capacity result file (tsctl bench --capacity)
+    target: Optional[int] = None  # one replica's concurrency, by hand (at most the measured knee)
+    scale_metric: str = "concurrency"  # knative: concurrency | rps
+    min_replicas: int = 1
+    max_replicas: Optional[int] = None  # None: --peak-rps's, else autoscale.DEFAULT_MAX_REPLICAS
+    peak_rps: Optional[float] = None  # the load to plan for: maxReplicas = ceil(peak / one replica's throughput)
+    scale_down_delay: str = "300s"
+    prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"  # what KEDA queries
+    monitor: str = "podmonitor"  # podmonitor | servicemonitor
     progress: Callable[[str], None] = field(default=quiet, repr=False, compare=False)  # archiver.output.Progress
 
 

@@ -7,9 +7,12 @@ A target checks the export's flags (``check_export``, ``export_flags``) and the 
 (``check_properties``), prepares the archives (``prepare``: their locked requirements, the exported
 config's changes), gives the InferenceService's predictor (``predictor``), more manifests beside it
 (``manifests``), more files (``write_files``: an image's build context) and DEPLOY.md's steps of its own
-(``image_steps``, ``apply_lines``). MLServer has no KServe target: ``tsctl export seldon`` exports it.
+(``image_steps``, ``apply_lines``), and for ``--autoscale`` the pod's ports (``ports``: readiness, metrics)
+and whether the engine exports the queue gauge KEDA scales on (``exports_queue_gauge``). MLServer has no KServe
+target: ``tsctl export seldon`` exports it.
 """
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
@@ -30,6 +33,21 @@ EXPORT_FLAGS = {
     "offline": "--offline",
 }
 ELSEWHERE = {"mlserver": "is exported for Seldon Core 2: run 'tsctl export seldon OUT' instead"}
+
+
+@dataclass
+class Ports:
+    """The pod's ports ``--autoscale`` points at: ``ready`` serves /ping (200 only once every worker of every
+    model is up), ``metrics`` serves /metrics."""
+
+    ready: int
+    metrics: int
+
+
+def address_port(properties: Dict[str, str], key: str, default: int) -> int:
+    """The port of a config.properties address (``http://0.0.0.0:8085``), else ``default``."""
+    port = properties.get(key, "").rstrip("/").rpartition(":")[2]
+    return int(port) if port.isdigit() else default
 
 
 class Target:
@@ -81,6 +99,13 @@ class Target:
     def apply_lines(self, options: ExportOptions) -> List[str]:
         """DEPLOY.md's commands of step 3 before the InferenceService is applied."""
         return []
+
+    def ports(self, properties: Dict[str, str]) -> Ports:
+        raise NotImplementedError
+
+    def exports_queue_gauge(self) -> bool:
+        """Whether /metrics has ts_queue_size (docs/engines.md, "The signal to scale on")."""
+        return False
 
 
 def check_values(properties: Dict[str, str], path: Path, expected: Dict[str, Tuple[str, str]]):
@@ -137,6 +162,14 @@ class TorchServeTarget(Target):
 
     def predictor(self, options: ExportOptions, resources: dict) -> dict:
         return {"model": storage_model(options, resources)}
+
+    def ports(self, properties: Dict[str, str]) -> Ports:
+        """TorchServe's own /ping on its inference address (KServe's wrapper on 8080 says ready once one worker
+        of a model is, kserve_wrapper/TorchserveModel.py; TorchServe 0.12's /ping once every model has its
+        minWorkers healthy, ApiUtils.isModelHealthy), and its metrics address, as the exported config says."""
+        return Ports(
+            address_port(properties, "inference_address", 8085), address_port(properties, "metrics_address", 8082)
+        )
 
 
 def runtime_notes(runtime: "runtimes.Runtime") -> List[str]:
@@ -202,6 +235,15 @@ class TsctlTarget(Target):
         from . import tsctl_image
 
         return tsctl_image.apply_lines(options)
+
+    def ports(self, properties: Dict[str, str]) -> Ports:
+        """The engine's one HTTP port serves /ping (every worker up) and /metrics (docs/engines.md)."""
+        from . import tsctl_image
+
+        return Ports(tsctl_image.HTTP_PORT, tsctl_image.HTTP_PORT)
+
+    def exports_queue_gauge(self) -> bool:
+        return True
 
 
 TARGETS: Dict[str, Target] = {target.name: target for target in (TorchServeTarget(), TsctlTarget())}

@@ -1,0 +1,553 @@
+"""``tsctl export kserve --autoscale knative|keda|hpa``: the InferenceService's autoscaling, sized from one
+replica's measured capacity (``--from-bench RESULT.json``, written by ``tsctl bench --capacity``; or
+``--target N`` by hand), and what every mode adds beside it.
+
+    knative   Knative mode (KPA): scaleMetric concurrency|rps, scaleTarget, containerConcurrency, min/maxReplicas,
+              autoscaling.knative.dev/target-utilization-percentage and scale-down-delay annotations
+    keda      Standard mode, serving.kserve.io/autoscalerClass: keda; autoScaling.metrics: one External metric,
+              a Prometheus query on the engine's ts_queue_size gauge, its threshold from the measured queue
+    hpa       Standard mode, serving.kserve.io/autoscalerClass: hpa; scaleMetric cpu, scaleTarget, and
+              autoScaling.metrics/behavior (scale-up and scale-down)
+    every     a readiness probe on the engine's every-worker endpoint (/ping), the prometheus.kserve.io
+    mode      annotations, OUT/pdb.yaml (policy/v1 PodDisruptionBudget), OUT/podmonitor.yaml or
+              OUT/metrics-service.yaml + OUT/servicemonitor.yaml (--monitor), OUT/capacity.json (the result read)
+
+The rule each number follows, and the documents it rests on, are in docs/kserve.md ("Autoscaling"); DEPLOY.md
+names, for each number, the measurement it came from (file, model, date, step). ``check`` refuses bad values in
+one line before anything is written; ``apply`` and ``manifests`` build what ``kserve.export`` validates and writes.
+"""
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from ..choices import AUTOSCALE_MODES
+from ..errors import UserError
+from . import core, targets
+from .options import ExportOptions
+
+MODES = AUTOSCALE_MODES
+MONITORS = ("podmonitor", "servicemonitor")
+SCALE_METRICS = ("concurrency", "rps")  # Knative's KPA metrics (--scale-metric)
+FORMAT = "tsctl-capacity/1"  # the capacity result file's format (docs/kserve.md, "The capacity result file")
+UTILIZATION = 70  # percent: Knative's container-concurrency-target-percentage default, written per revision
+CPU_HEADROOM = 70  # percent of the knee's CPU the HPA aims at, the same headroom as Knative's utilisation
+QUEUE_GAUGE = "ts_queue_size"
+DEFAULT_MAX_REPLICAS = 10
+SCRAPE_INTERVAL = "15s"
+DURATION = re.compile(r"^(\d+)(s|m|h)$")
+POD_LABELS = ("serving.kserve.io/inferenceservice", "component")  # what KServe labels the predictor's pods with
+CAPACITY_FILE = "capacity.json"
+
+
+# ---- the capacity result file ---------------------------------------------------------------------------
+def read_capacity(path: str, models: Iterable[str]) -> dict:
+    """The capacity result file ``tsctl bench --capacity`` writes (format tsctl-capacity/1), checked for what
+    the export reads: ``model`` (one of ``models``), ``engine``, ``measured_at``, ``steps`` (each a
+    concurrency, throughput_rps, p99_ms and queue_depth or null), ``knee`` and ``within_p99`` (null or a
+    step's concurrency). Anything else: one UserError line naming the file and the key."""
+    where = f"--from-bench {path}"
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{where} does not exist: give the file 'tsctl bench --capacity --out' wrote") from None
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        why = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise UserError(f"{where} is not a readable JSON file ({why}): give the file 'tsctl bench --capacity' wrote")
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise UserError(
+            f"{where} is not a capacity result (format {found!r}, not {FORMAT!r}): run 'tsctl bench --capacity'"
+        )
+
+    def bad(key: str, what: str):
+        raise UserError(f"{where}: {key} {what}; the file is damaged, run 'tsctl bench --capacity' again")
+
+    for key in ("model", "engine", "measured_at"):
+        if not isinstance(data.get(key), str) or not data[key]:
+            bad(key, "is missing or not a string")
+    steps = data.get("steps")
+    if not isinstance(steps, list) or not steps:
+        bad("steps", "is missing or empty")
+    for index, step in enumerate(steps):
+        if not isinstance(step, dict) or not _count(step.get("concurrency")):
+            bad(f"steps[{index}].concurrency", "is not a whole number above 0")
+        for key in ("throughput_rps", "p99_ms"):
+            if not _number(step.get(key)):
+                bad(f"steps[{index}].{key}", "is not a number >= 0")
+        queue = step.get("queue_depth")
+        if queue is not None and not (isinstance(queue, dict) and _number(queue.get("mean"))):
+            bad(f"steps[{index}].queue_depth", "is neither null nor {mean, max}")
+    measured = {step["concurrency"] for step in steps}
+    for key, optional in (("knee", False), ("within_p99", True)):
+        point = data.get(key)
+        if point is None and optional:
+            continue
+        if not isinstance(point, dict) or point.get("concurrency") not in measured:
+            bad(f"{key}.concurrency", "is not the concurrency of one of its steps")
+    known = sorted(models)
+    if data["model"] not in known:
+        raise UserError(
+            f"{where} measured model '{data['model']}', which is not in the config's model_snapshot "
+            f"({', '.join(known)}): measure the model you export"
+        )
+    return data
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+# ---- the plan: every number, and where it came from ----------------------------------------------------
+@dataclass
+class Plan:
+    mode: str
+    concurrency: int  # one replica's operating point: requests in flight it is sized for
+    min_replicas: int
+    max_replicas: int
+    scale_down_seconds: int
+    capacity: Optional[dict] = None  # the result file read (None: --target by hand)
+    step: Optional[dict] = None  # the measured step at the operating point
+    step_index: Optional[int] = None
+    numbers: Dict[str, int] = field(default_factory=dict)  # the values written, by setting
+    sources: List[Tuple[str, str, str]] = field(default_factory=list)  # (setting, value, where it came from)
+    model: str = ""
+    query: str = ""
+    chosen: str = ""  # what set the operating point: --target, within_p99 or knee
+    result_name: str = "RESULT.json"  # the --from-bench file's name, for messages
+
+    def note(self, setting: str, value, source: str):
+        self.sources.append((setting, str(value), source))
+
+
+def check(options: ExportOptions, snapshot: dict, target: "targets.Target", notes: List[str]) -> Optional[Plan]:
+    """Every --autoscale flag checked, and the numbers derived; None without --autoscale. One UserError line
+    for a bad value: a --target above the measured knee, --min-replicas above --max-replicas, KEDA on an
+    engine without the queue gauge, a result file unreadable or of another model."""
+    if not options.autoscale:
+        given = [flag for flag, value in _autoscale_flags(options) if value]
+        if given:
+            raise UserError(f"{given[0]} sizes the autoscaling: add --autoscale knative|keda|hpa, or drop {given[0]}")
+        return None
+    mode = options.autoscale
+    if mode not in MODES:
+        raise UserError(f"--autoscale {mode!r} must be one of {', '.join(MODES)}")
+    if mode == "keda" and not target.exports_queue_gauge():
+        raise UserError(
+            f"--autoscale keda scales on the engine's {QUEUE_GAUGE} gauge, which {target.title} does not export: "
+            "export with --engine tsctl, or use --autoscale knative or hpa"
+        )
+    if options.monitor not in MONITORS:
+        raise UserError(f"--monitor {options.monitor!r} must be podmonitor or servicemonitor")
+    if options.scale_metric not in SCALE_METRICS or (options.scale_metric != "concurrency" and mode != "knative"):
+        raise UserError(
+            f"--scale-metric {options.scale_metric} is Knative's (concurrency or rps): use it with --autoscale knative"
+        )
+    if options.from_bench is None and options.target is None:
+        raise UserError(f"--autoscale {mode} needs --from-bench RESULT.json (tsctl bench --capacity) or --target N")
+    plan = Plan(mode, 0, *replicas(options, mode), scale_down_seconds=seconds(options.scale_down_delay))
+    if options.from_bench is not None:
+        plan.capacity = read_capacity(options.from_bench, snapshot.get("models", {}))
+        plan.result_name = Path(options.from_bench).name
+        plan.model = plan.capacity["model"]
+        operating_point(plan, options.target)
+        notes.extend(capacity_notes(plan.capacity, target, snapshot))
+    else:
+        measured = {"keda": "the queue threshold", "hpa": "the CPU target"}.get(mode)
+        if measured or options.scale_metric == "rps":
+            what = measured or "the rps target"
+            raise UserError(f"--autoscale {mode}: {what} comes from a measured step: give --from-bench RESULT.json")
+        if options.target < 1:
+            raise UserError(f"--target {options.target} must be a whole number of requests above 0")
+        plan.concurrency = options.target
+        plan.model = next(iter(snapshot.get("models", {})), "")
+    if options.peak_rps is not None:
+        peak_replicas(plan, options)
+    {"knative": knative_numbers, "keda": keda_numbers, "hpa": hpa_numbers}[mode](plan, options)
+    return plan
+
+
+def _autoscale_flags(options: ExportOptions) -> List[Tuple[str, object]]:
+    return [
+        ("--from-bench", options.from_bench),
+        ("--target", options.target is not None),
+        ("--max-replicas", options.max_replicas is not None),
+        ("--peak-rps", options.peak_rps is not None),
+    ]
+
+
+def replicas(options: ExportOptions, mode: str) -> Tuple[int, int]:
+    low, high = options.min_replicas, options.max_replicas
+    high = DEFAULT_MAX_REPLICAS if high is None else high
+    floor = 1 if mode == "hpa" else 0  # Knative and KEDA scale to zero; KServe's HPA keeps one
+    if low < floor:
+        raise UserError(
+            f"--min-replicas {low}: --autoscale {mode} keeps at least {floor} replica (scale to zero: knative or keda)"
+        )
+    if high < 1:
+        raise UserError(f"--max-replicas {high} must be at least 1")
+    if low > high:
+        raise UserError(f"--min-replicas {low} is above --max-replicas {high}: give a minimum at or below the maximum")
+    return low, high
+
+
+def seconds(delay: str) -> int:
+    """--scale-down-delay: Ns, Nm or Nh, at most 1h (Knative's bound for scale-down-delay)."""
+    match = DURATION.match(delay or "")
+    if not match:
+        raise UserError(f"--scale-down-delay {delay!r} must look like 300s, 5m or 1h")
+    value = int(match.group(1)) * {"s": 1, "m": 60, "h": 3600}[match.group(2)]
+    if value > 3600:
+        raise UserError(f"--scale-down-delay {delay} is above 1h, Knative's limit for scale-down-delay")
+    return value
+
+
+def operating_point(plan: Plan, target: Optional[int]):
+    """One replica's concurrency: --target, else the largest step holding the p99 target, else the knee;
+    never above the knee (more concurrency there adds queueing, not throughput). The step read for the
+    throughput and queue depth is the measured one at that concurrency, or the largest below it."""
+    capacity = plan.capacity
+    knee = capacity["knee"]["concurrency"]
+    where = f"--from-bench {plan.result_name}"
+    if target is not None:
+        if target < 1:
+            raise UserError(f"--target {target} must be a whole number of requests above 0")
+        if target > knee:
+            raise UserError(
+                f"--target {target} is above the measured knee ({knee} concurrent requests, {where}): past it a "
+                f"replica answers no faster, requests only wait; give --target {knee} or less"
+            )
+        plan.concurrency, chosen = target, "--target"
+    elif capacity.get("within_p99") is not None:
+        plan.concurrency, chosen = min(capacity["within_p99"]["concurrency"], knee), "within_p99"
+    else:
+        plan.concurrency, chosen = knee, "knee"
+    below = [(i, s) for i, s in enumerate(capacity["steps"]) if s["concurrency"] <= plan.concurrency]
+    if not below:
+        first = capacity["steps"][0]["concurrency"]
+        raise UserError(f"--target {target} is below the smallest concurrency measured ({first}): measure from 1")
+    plan.step_index, plan.step = max(below, key=lambda pair: pair[1]["concurrency"])
+    plan.chosen = chosen
+
+
+def step_source(plan: Plan) -> str:
+    """Where a number came from: the file, model, engine, date and step."""
+    c, step = plan.capacity, plan.step
+    p99 = f", p99 {step['p99_ms']:g} ms" + (f" <= {c['p99_target_ms']:g} ms target" if c.get("p99_target_ms") else "")
+    return (
+        f"{CAPACITY_FILE} ({c['model']} on {c['engine']}, measured {c['measured_at']}), steps[{plan.step_index}]: "
+        f"concurrency {step['concurrency']}, {step['throughput_rps']:g} rps{p99}"
+    )
+
+
+def chosen_source(plan: Plan) -> str:
+    if plan.capacity is None:
+        return "--target (by hand, no measurement)"
+    c = plan.capacity
+    why = {
+        "--target": f"--target, at or below the knee ({c['knee']['concurrency']})",
+        "within_p99": f"within_p99: the largest concurrency holding p99 <= {c.get('p99_target_ms')} ms",
+        "knee": "knee: where more concurrency stops adding throughput (no within_p99 point)",
+    }[plan.chosen]
+    return f"{why}; {step_source(plan)}"
+
+
+def peak_replicas(plan: Plan, options: ExportOptions):
+    """--peak-rps R: maxReplicas = ceil(R / one replica's throughput at the operating point)."""
+    if plan.capacity is None:
+        raise UserError("--peak-rps divides by a measured throughput: give --from-bench RESULT.json")
+    if options.max_replicas is not None:
+        raise UserError("--peak-rps derives --max-replicas: give one of them")
+    per_replica = plan.step["throughput_rps"]
+    if options.peak_rps <= 0 or per_replica <= 0:
+        raise UserError(
+            f"--peak-rps {options.peak_rps:g} and the step's throughput ({per_replica:g} rps) must be above 0"
+        )
+    plan.max_replicas = max(1, math.ceil(options.peak_rps / per_replica))
+    if plan.min_replicas > plan.max_replicas:
+        raise UserError(
+            f"--min-replicas {plan.min_replicas} is above the {plan.max_replicas} replicas --peak-rps needs"
+        )
+
+
+def common_numbers(plan: Plan, options: ExportOptions):
+    plan.note("operating point", f"{plan.concurrency} concurrent requests per replica", chosen_source(plan))
+    plan.note("minReplicas", plan.min_replicas, "--min-replicas")
+    if options.peak_rps is not None:
+        source = f"ceil(--peak-rps {options.peak_rps:g} / {plan.step['throughput_rps']:g} rps per replica)"
+    else:
+        source = (
+            "--max-replicas" if options.max_replicas is not None else f"default {DEFAULT_MAX_REPLICAS}, not measured"
+        )
+    plan.note("maxReplicas", plan.max_replicas, source)
+
+
+def knative_numbers(plan: Plan, options: ExportOptions):
+    common_numbers(plan, options)
+    plan.numbers["containerConcurrency"] = plan.concurrency
+    plan.note(
+        "containerConcurrency",
+        plan.concurrency,
+        "the operating point (a hard limit: more requests wait in queue-proxy)",
+    )
+    if options.scale_metric == "rps":
+        plan.numbers["scaleTarget"] = max(1, math.floor(plan.step["throughput_rps"]))
+        plan.note("scaleTarget (rps)", plan.numbers["scaleTarget"], f"the throughput of {step_source(plan)}")
+    else:
+        plan.numbers["scaleTarget"] = plan.concurrency
+        plan.note("scaleTarget (concurrency)", plan.concurrency, "the operating point")
+    plan.note(
+        "target-utilization-percentage", UTILIZATION, "Knative's default, written: scale up at 70% of scaleTarget"
+    )
+    plan.note("scale-down-delay", f"{plan.scale_down_seconds}s", "--scale-down-delay (not measured)")
+
+
+def keda_numbers(plan: Plan, options: ExportOptions):
+    common_numbers(plan, options)
+    queue = plan.step.get("queue_depth")
+    if queue is None:
+        raise UserError(
+            f"--autoscale keda: {plan.capacity['engine']} exported no {QUEUE_GAUGE} while measured "
+            f"(steps[{plan.step_index}] has no queue_depth): measure with 'tsctl bench --capacity --engine tsctl'"
+        )
+    plan.numbers["threshold"] = max(1, math.ceil(queue["mean"]))
+    plan.note(
+        f"threshold ({QUEUE_GAUGE} per replica)",
+        plan.numbers["threshold"],
+        f"ceil(mean queue depth {queue['mean']:g}), at least 1, of {step_source(plan)}",
+    )
+    plan.query = queue_query(options, plan.model)
+    plan.note("scale-down stabilizationWindowSeconds", plan.scale_down_seconds, "--scale-down-delay (not measured)")
+
+
+def hpa_numbers(plan: Plan, options: ExportOptions):
+    common_numbers(plan, options)
+    knee = next(s for s in plan.capacity["steps"] if s["concurrency"] == plan.capacity["knee"]["concurrency"])
+    share = plan.step["throughput_rps"] / knee["throughput_rps"] if knee["throughput_rps"] > 0 else 1.0
+    plan.numbers["cpu"] = min(100, max(1, round(CPU_HEADROOM * min(share, 1.0))))
+    plan.note(
+        "scaleTarget (cpu %)",
+        plan.numbers["cpu"],
+        f"{CPU_HEADROOM}% x throughput {plan.step['throughput_rps']:g} / knee's {knee['throughput_rps']:g} rps "
+        f"(CPU taken to track throughput, saturated at the knee); {step_source(plan)}",
+    )
+    plan.note("scale-down stabilizationWindowSeconds", plan.scale_down_seconds, "--scale-down-delay (not measured)")
+
+
+def queue_query(options: ExportOptions, model: str) -> str:
+    """The PromQL KEDA runs: the model's queued requests over the predictor's pods (the Prometheus
+    Operator labels every scraped series with its namespace and pod)."""
+    return (
+        f'sum({QUEUE_GAUGE}{{namespace="{options.namespace}",pod=~"{options.name}-predictor-.*",model_name="{model}"}})'
+    )
+
+
+def capacity_notes(capacity: dict, target: "targets.Target", snapshot: dict) -> List[str]:
+    notes = []
+    if capacity["engine"] != target.name:
+        notes.append(
+            f"--from-bench measured {capacity['model']} on {capacity['engine']}, the export runs --engine "
+            f"{target.name}: one replica's capacity differs between engines, measure on the one you deploy"
+        )
+    if len(snapshot.get("models", {})) > 1:
+        notes.append(
+            f"the autoscaling is sized for {capacity['model']} alone; the pod serves "
+            f"{len(snapshot['models'])} models, whose load shares its CPU"
+        )
+    return notes
+
+
+# ---- the manifests --------------------------------------------------------------------------------------
+def apply(isvc: dict, plan: Plan, options: ExportOptions, ports: "targets.Ports"):
+    """The InferenceService's autoscaling: annotations, the predictor's fields, readiness on every worker."""
+    annotations = isvc["metadata"].setdefault("annotations", {})
+    annotations["serving.kserve.io/deploymentMode"] = "Knative" if plan.mode == "knative" else "Standard"
+    annotations["serving.kserve.io/enable-prometheus-scraping"] = "true"
+    annotations["prometheus.kserve.io/port"] = str(ports.metrics)
+    annotations["prometheus.kserve.io/path"] = "/metrics"
+    predictor = isvc["spec"]["predictor"]
+    predictor["minReplicas"] = plan.min_replicas
+    predictor["maxReplicas"] = plan.max_replicas
+    if plan.mode == "knative":
+        annotations["autoscaling.knative.dev/target-utilization-percentage"] = str(UTILIZATION)
+        annotations["autoscaling.knative.dev/scale-down-delay"] = f"{plan.scale_down_seconds}s"
+        predictor["scaleMetric"] = options.scale_metric
+        predictor["scaleTarget"] = plan.numbers["scaleTarget"]
+        predictor["containerConcurrency"] = plan.numbers["containerConcurrency"]
+    elif plan.mode == "keda":
+        annotations["serving.kserve.io/autoscalerClass"] = "keda"
+        metric = {"backend": "prometheus", "serverAddress": options.prometheus_url, "query": plan.query}
+        external = {"metric": metric, "target": {"type": "Value", "value": plan.numbers["threshold"]}}
+        predictor["autoScaling"] = {
+            "metrics": [{"type": "External", "external": external}],
+            "behavior": {"scaleDown": {"stabilizationWindowSeconds": plan.scale_down_seconds}},
+        }
+    else:
+        annotations["serving.kserve.io/autoscalerClass"] = "hpa"
+        predictor["scaleMetric"] = "cpu"
+        predictor["scaleTarget"] = plan.numbers["cpu"]
+        cpu = {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": plan.numbers["cpu"]}}
+        predictor["autoScaling"] = {"metrics": [{"type": "Resource", "resource": cpu}], "behavior": hpa_behavior(plan)}
+    predictor["model"]["readinessProbe"] = readiness(ports)
+
+
+def hpa_behavior(plan: Plan) -> dict:
+    """Scale up as Kubernetes' HPA does by default (no stabilization; +100% or +4 pods per 15 s, the larger),
+    written out; scale down after --scale-down-delay, at most half the replicas a minute."""
+    return {
+        "scaleUp": {
+            "stabilizationWindowSeconds": 0,
+            "selectPolicy": "Max",
+            "policies": [
+                {"type": "Percent", "value": 100, "periodSeconds": 15},
+                {"type": "Pods", "value": 4, "periodSeconds": 15},
+            ],
+        },
+        "scaleDown": {
+            "stabilizationWindowSeconds": plan.scale_down_seconds,
+            "policies": [{"type": "Percent", "value": 50, "periodSeconds": 60}],
+        },
+    }
+
+
+def readiness(ports: "targets.Ports") -> dict:
+    """A probe on the engine's /ping, which answers 200 only once every worker of every model is up."""
+    return {
+        "httpGet": {"path": "/ping", "port": ports.ready},
+        "periodSeconds": 5,
+        "timeoutSeconds": 2,
+        "failureThreshold": 3,
+    }
+
+
+def selector(options: ExportOptions) -> Dict[str, str]:
+    return {POD_LABELS[0]: options.name, POD_LABELS[1]: "predictor"}
+
+
+def manifests(plan: Plan, options: ExportOptions, ports: "targets.Ports") -> Dict[str, dict]:
+    """pdb.yaml, and podmonitor.yaml or metrics-service.yaml + servicemonitor.yaml, by file name."""
+    meta = {"name": f"{options.name}-predictor", "namespace": options.namespace}
+    out = {
+        "pdb.yaml": {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": dict(meta),
+            "spec": {
+                "maxUnavailable": 1,
+                "selector": {"matchLabels": selector(options)},
+                "unhealthyPodEvictionPolicy": "AlwaysAllow",
+            },
+        }
+    }
+    if options.monitor == "podmonitor":
+        endpoint = {"portNumber": ports.metrics, "path": "/metrics", "interval": SCRAPE_INTERVAL}
+        out["podmonitor.yaml"] = {
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "PodMonitor",
+            "metadata": dict(meta),
+            "spec": {"selector": {"matchLabels": selector(options)}, "podMetricsEndpoints": [endpoint]},
+        }
+        return out
+    labels = {"app.kubernetes.io/name": f"{options.name}-metrics"}
+    out["metrics-service.yaml"] = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": f"{options.name}-metrics", "namespace": options.namespace, "labels": labels},
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector(options),
+            "ports": [{"name": "metrics", "port": ports.metrics, "targetPort": ports.metrics, "protocol": "TCP"}],
+        },
+    }
+    endpoint = {"port": "metrics", "path": "/metrics", "interval": SCRAPE_INTERVAL}
+    out["servicemonitor.yaml"] = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": dict(meta),
+        "spec": {"selector": {"matchLabels": labels}, "endpoints": [endpoint]},
+    }
+    return out
+
+
+def kserve_scaled_object(isvc: dict) -> dict:
+    """The ScaledObject KServe makes from a keda InferenceService (kserve/kserve, pkg/controller/v1beta1/
+    inferenceservice/reconcilers/keda/keda_reconciler.go: a prometheus trigger of the External metric's
+    serverAddress, query and threshold, min/maxReplicaCount, the scale-down stabilization window), so that
+    the export validates it against KEDA's CRD too."""
+    predictor = isvc["spec"]["predictor"]
+    name = f"{isvc['metadata']['name']}-predictor"
+    triggers = []
+    for metric in predictor["autoScaling"]["metrics"]:
+        source = metric["external"]["metric"]
+        threshold = f"{float(metric['external']['target']['value']):f}"
+        meta = {"serverAddress": source["serverAddress"], "query": source["query"], "threshold": threshold}
+        triggers.append({"type": source["backend"], "metadata": meta})
+    spec = {
+        "scaleTargetRef": {"name": name},
+        "triggers": triggers,
+        "minReplicaCount": predictor["minReplicas"],
+        "maxReplicaCount": max(predictor["maxReplicas"], predictor["minReplicas"]),
+    }
+    window = predictor["autoScaling"].get("behavior", {}).get("scaleDown", {}).get("stabilizationWindowSeconds")
+    if window is not None:
+        behavior = {"scaleDown": {"stabilizationWindowSeconds": window}}
+        spec["advanced"] = {"horizontalPodAutoscalerConfig": {"behavior": behavior}}
+    meta = {"name": name, "namespace": isvc["metadata"]["namespace"]}
+    return {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": meta, "spec": spec}
+
+
+def validated(plan: Plan, isvc: dict, extra: Dict[str, dict]) -> List[Tuple[str, dict]]:
+    """What to check against the CRDs beside the InferenceService: the extra manifests but the Service
+    (core v1, no schema here), and with keda the ScaledObject KServe will make."""
+    checked = [(name, manifest) for name, manifest in extra.items() if manifest["kind"] != "Service"]
+    if plan.mode == "keda":
+        checked.append(("the ScaledObject KServe makes from inferenceservice.yaml", kserve_scaled_object(isvc)))
+    return checked
+
+
+# ---- DEPLOY.md ------------------------------------------------------------------------------------------
+def apply_lines(plan: Optional[Plan], options: ExportOptions, ns: str) -> List[str]:
+    if plan is None:
+        return []
+    files = ["pdb.yaml"] + (
+        ["podmonitor.yaml"] if options.monitor == "podmonitor" else ["metrics-service.yaml", "servicemonitor.yaml"]
+    )
+    return [f"kubectl apply {ns} -f {name}" for name in files]
+
+
+def deploy_section(plan: Optional[Plan], options: ExportOptions, ns: str) -> str:
+    """DEPLOY.md's "Autoscaling" section (templates/kserve-autoscale.md): the numbers, each with its source."""
+    if plan is None:
+        return ""
+    rows = [f"| {setting} | {value} | {source} |" for setting, value, source in plan.sources]
+    check_lines = {
+        "knative": f"kubectl get podautoscaler {ns} -l serving.kserve.io/inferenceservice={options.name}",
+        "keda": f"kubectl get scaledobject {ns} {options.name}-predictor -o yaml",
+        "hpa": f"kubectl get hpa {ns} {options.name}-predictor -o yaml",
+    }
+    monitor = "podmonitor" if options.monitor == "podmonitor" else "servicemonitor"
+    return core.render(
+        f"kserve-autoscale-{plan.mode}",
+        name=options.name,
+        rows=core.lines(rows),
+        capacity=CAPACITY_FILE if plan.capacity else "no result file (--target by hand)",
+        check=check_lines[plan.mode],
+        monitor=f"kubectl get {monitor} {ns} {options.name}-predictor",
+        query=plan.query,
+        prometheus=options.prometheus_url,
+        min_replicas=plan.min_replicas,
+    )
+
+
+def capacity_copy(plan: Optional[Plan]) -> Optional[bytes]:
+    """OUT/capacity.json: the result the numbers came from, as read (DEPLOY.md names it)."""
+    if plan is None or plan.capacity is None:
+        return None
+    return (json.dumps(plan.capacity, indent=2) + "\n").encode("utf-8")
