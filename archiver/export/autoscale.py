@@ -69,6 +69,8 @@ def read_capacity(path: str, models: Iterable[str]) -> dict:
     for key in ("model", "engine", "measured_at"):
         if not isinstance(data.get(key), str) or not data[key]:
             bad(key, "is missing or not a string")
+    if data.get("p99_target_ms") is not None and not _number(data["p99_target_ms"]):
+        bad("p99_target_ms", "is neither null nor a number >= 0")
     steps = data.get("steps")
     if not isinstance(steps, list) or not steps:
         bad("steps", "is missing or empty")

@@ -298,6 +298,8 @@ def test_the_schemas_catch_what_the_cluster_would_refuse():
         ({"autoscale": "knative"}, "{not json", "is not a readable JSON file"),
         ({"autoscale": "knative"}, result(format="tsctl-capacity/9"), "is not a capacity result (format"),
         ({"autoscale": "knative"}, result(knee={"concurrency": 7}), "knee.concurrency is not the concurrency of one"),
+        ({"autoscale": "knative"}, result(p99_target_ms="500"), "p99_target_ms is neither null nor a number"),
+        ({"autoscale": "knative"}, '{"format": "tsctl-capacity/1", "steps": NaN}', "model is missing or not a string"),
         ({"autoscale": "hpa", "from_bench": None, "target": 4}, None, "the CPU target comes from a measured step"),
         ({"autoscale": None}, None, "--from-bench sizes the autoscaling: add --autoscale"),
         ({"autoscale": "knative", "scale_down_delay": "2d"}, None, "must look like 300s, 5m or 1h"),
