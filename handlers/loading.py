@@ -20,6 +20,8 @@ from typing import Optional
 
 import torch
 
+from . import cpu_limit
+
 
 class ModelLoadError(RuntimeError):
     """The MAR's files do not make a model; the message names the file and the fix."""
@@ -118,13 +120,14 @@ def pick_threads(setting: int, workers) -> int:
     """Set this worker's intra-op threads (torch's, and ONNX Runtime's through ``OnnxModel``): the
     ``torch_threads`` setting, else OMP_NUM_THREADS when given, else torch's default divided among
     the model's ``minWorkers``, so that workers on one machine share its cores instead of each
-    claiming all of them (TorchServe sets no thread count for CPU workers)."""
+    claiming all of them (TorchServe sets no thread count for CPU workers). Under a CPU quota (a pod's
+    CPU limit: ``cpu_limit.cores``) the cores are the quota's, not the machine's."""
     if setting:
         threads = setting
     elif os.environ.get("OMP_NUM_THREADS"):
         threads = torch.get_num_threads()
     else:
-        threads = max(1, DEFAULT_THREADS // max(1, int(workers or 1)))
+        threads = max(1, min(DEFAULT_THREADS, cpu_limit.cores() or DEFAULT_THREADS) // max(1, int(workers or 1)))
     torch.set_num_threads(threads)
     return threads
 
