@@ -25,7 +25,7 @@ STOPPED = {
     "flat": f"throughput flat: {capacity.FLAT_STEPS} steps in a row adding under {capacity.GROWTH:.0%}",
     "p99": f"p99 past {capacity.P99_STOP}x the target",
     "errors": "a step had errors",
-    "bound": "the largest concurrency (--max-concurrency) was reached",
+    "bound": "the largest concurrency was reached (the knee may lie beyond: raise --max-concurrency)",
 }
 
 
@@ -70,7 +70,7 @@ def store_spec(engine: str, model: str, model_store: str, config: Optional[str])
     mine = [spec for spec in specs if spec.name == model]
     if not mine:
         names = ", ".join(dict.fromkeys(spec.name for spec in specs)) or "no model"
-        where = f"{config}'s model_snapshot" if config else f"the store {model_store}"
+        where = f"{config}'s model_snapshot" if config else f"the model store {model_store}"
         raise UserError(f"{where} serves no model {model!r}: it serves {names}")
     return next((spec for spec in mine if spec.default), mine[0])
 
@@ -139,7 +139,8 @@ def measure_started(
     note: Callable[[str], None] = quiet,
 ) -> dict:
     """Start ``engine`` on the store as the pod would (module docstring), inside ``cpu``/``memory``
-    limits where a cgroup can be made (``note`` hears which, or why not), measure it, stop it."""
+    limits where a cgroup can be made (the result's notes say which, or why not), measure it, stop it.
+    ``note`` hears of the store's archives the config leaves out, as 'tsctl serve' notes them."""
     from .cgroup_limits import Limits
 
     spec = store_spec(engine, model, model_store, config)
@@ -147,7 +148,6 @@ def measure_started(
     notes: List[str] = []
     if cpu is not None or memory is not None:
         notes.append(limits.describe())
-        note(notes[-1])
     home = tempfile.mkdtemp(prefix="tsctl-cap-")  # short: the servers' sockets live below it
     try:
         with limits.joined():
@@ -207,7 +207,7 @@ def table(doc: dict) -> List[str]:
     elif target is not None:
         lines.append(f"within p99 {target:g} ms: no step holds it")
     lines.append(f"stopped: {STOPPED.get(doc['stopped'], doc['stopped'])}")
-    return lines
+    return lines + [f"note: {line}" for line in doc.get("notes", [])]
 
 
 def plot(doc: dict, path: str):

@@ -171,8 +171,8 @@ def capacity_options(command):
                      "snapshot's workers and batching), instead of measuring the one --home names."),
         click.option("--config", "config_path", help="With --model-store: the config.properties the pod mounts "
                      f"(default {engines.DEFAULT_CONFIG}; the tsctl engine and MLServer serve the store without one)."),
-        click.option("--engine", type=click.Choice(list(engines.ENGINES) + list(engines.ALIASES)),
-                     callback=resolve_alias, help="With --model-store: what serves it (default torchserve)."),
+        click.option("--engine", callback=resolve_alias, help="With --model-store: what serves it, one of "
+                     f"{', '.join(engines.ENGINES)} (default torchserve)."),
         click.option("--python", type=click.Path(), help="With --model-store: the Python that runs the server "
                      "(MLServer's own venv)."),
         click.option("--cpu", type=float, help="With --model-store: the pod's CPU limit in cores (e.g. 1.5), as a "
@@ -224,8 +224,9 @@ def bench_capacity(model, inputs, count, duration, as_json, home, options):
         doc = replica.measure_running(running_server(home, model), model, plan, progress)
     else:
         memory = parse_memory(options["memory"]) if options["memory"] is not None else None
+        engine = engines.named(options["engine"] or "torchserve").name
         doc = replica.measure_started(
-            options["engine"] or "torchserve", model, options["model_store"], plan, options["config_path"],
+            engine, model, options["model_store"], plan, options["config_path"],
             options["python"], options["cpu"], memory, options["timeout"] or 300, progress,
             lambda line: click.echo(f"note: {line}", err=True),
         )  # fmt: skip
