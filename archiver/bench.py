@@ -3,8 +3,9 @@
 Bounded in count and time: a run stops after ``requests`` requests or ``duration`` seconds, whichever
 is given (both: whichever comes first), and never later than ``MAX_BENCH_SECONDS``. Each of
 ``concurrency`` threads keeps one HTTP keep-alive connection and sends the inputs in turn. A sweep
-re-registers the model with each batchSize/maxBatchDelay through the management API (the server needs the model API on:
-``tsctl serve --enable-model-api``) and recommends the setting with the best throughput.
+re-registers the model with each batchSize/maxBatchDelay through the management API (the server needs
+the model API on: ``tsctl serve --enable-model-api``) and recommends the setting with the best
+throughput. The concurrency sweep of ``bench --capacity`` is archiver/capacity.py.
 """
 
 import http.client
