@@ -148,6 +148,9 @@ def measure_started(
     notes: List[str] = []
     if cpu is not None or memory is not None:
         notes.append(limits.describe())
+    threads = threads_note(limits.cpu)
+    if threads:
+        notes.append(threads)
     home = tempfile.mkdtemp(prefix="tsctl-cap-")  # short: the servers' sockets live below it
     try:
         with limits.joined():
@@ -161,6 +164,20 @@ def measure_started(
     finally:
         limits.release()
         shutil.rmtree(home, ignore_errors=True)
+
+
+def threads_note(cpu: Optional[float]) -> Optional[str]:
+    """A quota below the cores the server sees, with no OMP_NUM_THREADS: its workers size their torch
+    threads from the cores, and the quota throttles them (docs/capacity.md, "On a pod's CPU limit")."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if cpu is None or cpu >= cores or os.environ.get("OMP_NUM_THREADS"):
+        return None
+    return (
+        f"the server sees {cores} cores under a {cpu:g} CPU quota and OMP_NUM_THREADS is not set: its workers' "
+        "torch threads are sized from the cores; measure with the OMP_NUM_THREADS the pod will set"
+    )
 
 
 # -- what is printed ------------------------------------------------------------------------------

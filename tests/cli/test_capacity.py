@@ -287,3 +287,14 @@ def test_the_server_tsctl_serve_started_is_swept_through_home(echo_tree):
     server = doc["server"]  # read from its management API; no limits applied by bench
     assert (server["workers"], server["batch_size"], server["max_batch_delay_ms"]) == (2, 4, 10)
     assert server["cpu"] is None and server["memory_bytes"] is None and doc["notes"] == []
+
+
+def test_a_quota_below_the_cores_is_noted_unless_threads_are_set(monkeypatch):
+    from archiver.replica import threads_note
+
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert threads_note(None) is None and threads_note(cores) is None
+    assert f"sees {cores} cores under a 0.5 CPU quota" in threads_note(0.5)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert threads_note(0.5) is None
