@@ -1,10 +1,11 @@
 """Load generation against a running TorchServe: ``tsctl bench``.
 
 Bounded in count and time: a run stops after ``requests`` requests or ``duration`` seconds, whichever
-is given, and never later than ``MAX_BENCH_SECONDS``. Each of ``concurrency`` threads keeps one HTTP
-keep-alive connection and sends the inputs in turn. A sweep re-registers the model with each
-batchSize/maxBatchDelay through the management API (the server needs the model API on:
-``tsctl serve --enable-model-api``) and recommends the setting with the best throughput.
+is given (both: whichever comes first), and never later than ``MAX_BENCH_SECONDS``. Each of
+``concurrency`` threads keeps one HTTP keep-alive connection and sends the inputs in turn. A sweep
+re-registers the model with each batchSize/maxBatchDelay through the management API (the server needs
+the model API on: ``tsctl serve --enable-model-api``) and recommends the setting with the best
+throughput. The concurrency sweep of ``bench --capacity`` is archiver/capacity.py.
 """
 
 import http.client
@@ -101,9 +102,10 @@ def run_load(
     headers: Optional[Dict[str, str]] = None,
     timeout: float = 60,
 ) -> LoadResult:
-    """POST ``inputs`` round-robin to ``url`` from ``concurrency`` threads until the bound is reached."""
-    if (requests is None) == (duration is None):
-        raise UserError("give exactly one of --requests and --duration")
+    """POST ``inputs`` round-robin to ``url`` from ``concurrency`` threads until the bound is reached
+    (``requests`` and ``duration`` both given: the first reached)."""
+    if requests is None and duration is None:
+        raise UserError("give --requests, --duration or both: a benchmark must be bounded")
     if concurrency < 1 or (requests is not None and requests < 1) or (duration is not None and duration <= 0):
         raise UserError("--concurrency, --requests and --duration must be positive")
     parsed = urllib.parse.urlsplit(url)

@@ -12,7 +12,7 @@ from .. import choices, engines
 from ..errors import ServerError, UserError
 from ..output import Progress, json_option, print_json
 from .common import Command, input_file, running_server
-from .options import content_type_option, engine_option, home_option, timeout_option
+from .options import content_type_option, engine_option, home_option, resolve_alias, timeout_option
 
 
 @click.command(cls=Command)
@@ -153,26 +153,133 @@ def int_list(value: str):
         raise UserError(f"{value!r} must be comma-separated whole numbers, e.g. 1,4,8") from None
 
 
+CAPACITY_FLAGS = {"max_concurrency": "--max-concurrency", "p99_ms": "--p99-ms", "model_store": "--model-store",
+                  "config_path": "--config", "engine": "--engine", "python": "--python", "cpu": "--cpu",
+                  "memory": "--memory", "timeout": "--timeout", "out": "--out", "plot": "--plot"}  # fmt: skip
+STARTING_FLAGS = ("config_path", "engine", "python", "cpu", "memory", "timeout")  # only with --model-store
+
+
+def capacity_options(command):
+    """``--capacity`` and the options only it takes (docs/capacity.md)."""
+    options = [
+        click.option("--capacity", is_flag=True, help="Find one replica's capacity: a concurrency sweep 1, 2, 4, ... "
+                     "up to the knee (docs/capacity.md); --requests/--duration bound each step (default 500, 10 s)."),
+        click.option("--max-concurrency", type=int, help="With --capacity: the most clients tried (default 64)."),
+        click.option("--p99-ms", type=float, help="With --capacity: report the most clients that hold p99 <= this; "
+                     "the sweep stops past twice it."),
+        click.option("--model-store", help="With --capacity: start the server on this store as the pod would (its "
+                     "snapshot's workers and batching), instead of measuring the one --home names."),
+        click.option("--config", "config_path", help="With --model-store: the config.properties the pod mounts "
+                     f"(default {engines.DEFAULT_CONFIG}; the tsctl engine and MLServer serve the store without one)."),
+        click.option("--engine", callback=resolve_alias, help="With --model-store: what serves it, one of "
+                     f"{', '.join(engines.ENGINES)} (default torchserve)."),
+        click.option("--python", type=click.Path(), help="With --model-store: the Python that runs the server "
+                     "(MLServer's own venv)."),
+        click.option("--cpu", type=float, help="With --model-store: the pod's CPU limit in cores (e.g. 1.5), as a "
+                     "cgroup CPU quota around the server and its workers where this machine can make one."),
+        click.option("--memory", help="With --model-store: the pod's memory limit (4Gi, 512Mi, 4G), as a cgroup "
+                     "memory limit where this machine can make one."),
+        click.option("--timeout", type=float, help="With --model-store: seconds to wait for the server (default 300)."),
+        click.option("--out", type=click.Path(), help="With --capacity: write the result file (docs/capacity.md)."),
+        click.option("--plot", type=click.Path(), help="With --capacity: a PNG of throughput and p99 against "
+                     "concurrency (needs matplotlib: the bench extra)."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def positive(flag: str, value, whole: bool = False):
+    """A one-line refusal of a value that is not a finite number above 0 (NaN and inf pass click's types)."""
+    if value is not None and not (0 < value < float("inf")):
+        examples = {"--cpu": "--cpu 1.5", "--p99-ms": "--p99-ms 500", "--timeout": "--timeout 300"}
+        example = examples.get(flag, f"{flag} 8")
+        raise UserError(f"{flag} {value:g} must be a {'whole ' if whole else ''}number above 0, e.g. {example}")
+    return value
+
+
+def writable(flag: str, path):
+    """Refuse, before a long run, a file that cannot be written where it is asked for."""
+    if path is not None and not Path(path).resolve().parent.is_dir():
+        raise UserError(f"{flag} {path}: its directory does not exist")
+
+
+def bench_capacity(model, inputs, count, duration, as_json, home, options):
+    """``bench --capacity``: measure, print the table (or the JSON), write --out and --plot."""
+    from .. import replica
+    from ..cgroup_limits import parse_memory
+
+    for flag in ("--max-concurrency", "--p99-ms", "--cpu", "--timeout"):
+        positive(flag, options[flag.lstrip("-").replace("-", "_")], flag == "--max-concurrency")
+    if options["max_concurrency"] is not None and options["max_concurrency"] > 256:
+        raise UserError(f"--max-concurrency {options['max_concurrency']} is above 256: one thread a client")
+    if duration is not None and duration != duration:
+        raise UserError("--duration must be a number of seconds, e.g. --duration 10")
+    writable("--out", options["out"])
+    writable("--plot", options["plot"])
+    plan = replica.Plan(list(inputs), options["max_concurrency"] or 64, count or 500, duration or 10.0,
+                        options["p99_ms"])  # fmt: skip
+    progress = Progress.for_command(as_json)
+    if options["model_store"] is None:
+        doc = replica.measure_running(running_server(home, model), model, plan, progress)
+    else:
+        memory = parse_memory(options["memory"]) if options["memory"] is not None else None
+        engine = engines.named(options["engine"] or "torchserve").name
+        doc = replica.measure_started(
+            engine, model, options["model_store"], plan, options["config_path"],
+            options["python"], options["cpu"], memory, options["timeout"] or 300, progress,
+            lambda line: click.echo(f"note: {line}", err=True),
+        )  # fmt: skip
+    if options["out"]:
+        from ..capacity import write
+
+        write(doc, options["out"])
+    if options["plot"]:
+        replica.plot(doc, options["plot"])
+    if as_json:
+        print_json(doc)
+    else:
+        for line in replica.table(doc):
+            click.echo(line)
+    sys.exit(0 if doc["knee"] else 1)
+
+
 @click.command(cls=Command)
 @click.argument("model")
 @click.option("--input", "inputs", multiple=True, required=True, help="A file to send; repeat for several.")
 @click.option(
     "--concurrency",
     type=click.IntRange(1, 256),
-    default=8,
-    show_default=True,
-    help="Requests in flight at once (one connection each).",
+    help="Requests in flight at once (one connection each; default 8).",
 )
-@click.option("--requests", "count", type=click.IntRange(1), help="Stop after this many requests.")
 @click.option(
-    "--duration", type=click.FloatRange(0, choices.MAX_BENCH_SECONDS, min_open=True), help="Stop after seconds."
+    "--requests", "count", type=click.IntRange(1), help="Stop after this many requests (with --capacity: per step)."
+)
+@click.option(
+    "--duration",
+    type=click.FloatRange(0, choices.MAX_BENCH_SECONDS, min_open=True),
+    help="Stop after seconds (with --capacity: per step).",
 )
 @click.option("--sweep-batch", help="Sweep batchSize over these values, e.g. 1,4,8 (needs --enable-model-api).")
 @click.option("--sweep-delay", default="5,50", show_default=True, help="maxBatchDelay values (ms) for the sweep.")
+@capacity_options
 @json_option
 @home_option()
-def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay, as_json, home):
-    """Drive MODEL on the running server and report throughput, p50/p90/p99 latency and errors."""
+def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay, as_json, home, capacity, **options):
+    """Drive MODEL on the running server and report throughput, p50/p90/p99 latency and errors; with
+    --capacity, find one replica's capacity (on the running server, or one started with --model-store)."""
+    given = [CAPACITY_FLAGS[key] for key, value in options.items() if value is not None]
+    if capacity:
+        if concurrency is not None or sweep_batch:
+            raise UserError("--capacity sweeps the concurrency itself: drop --concurrency and --sweep-batch "
+                            "(--max-concurrency bounds it)")  # fmt: skip
+        starting = [CAPACITY_FLAGS[key] for key in STARTING_FLAGS if options[key] is not None]
+        if starting and options["model_store"] is None:
+            raise UserError(f"{starting[0]} is for the server bench starts: give --model-store too")
+        return bench_capacity(model, inputs, count, duration, as_json, home, options)
+    if given:
+        raise UserError(f"{given[0]} is an option of --capacity: add --capacity, or drop {given[0]}")
+    concurrency = concurrency or 8
     from .. import bench as load
 
     srv = running_server(home, model)

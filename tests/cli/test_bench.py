@@ -93,7 +93,7 @@ def test_sweep_reregisters_and_recommends(srv, inputs):
 
 
 def test_bounds_are_required():
-    with pytest.raises(UserError, match="exactly one of --requests and --duration"):
+    with pytest.raises(UserError, match="give --requests, --duration or both"):
         bench.run_load("http://127.0.0.1:9/x", [(b"", "a/b")], 1)
 
 

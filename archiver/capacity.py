@@ -1,0 +1,312 @@
+"""One replica's capacity: ``tsctl bench MODEL --capacity`` (docs/capacity.md).
+
+A concurrency sweep (1, 2, 4, 8, ... up to ``max_concurrency``), each step a bounded load run
+(``bench.run_load``: at most ``requests`` requests and ``seconds`` seconds) with the engine's queue
+depth sampled from its ``/metrics`` every ``SAMPLE_SECONDS`` meanwhile. The sweep stops at the first of:
+a step with errors; a p99 above ``P99_STOP`` times the target; ``FLAT_STEPS`` steps in a row that each
+add less than ``GROWTH`` to the best throughput before them; the largest concurrency. Then:
+
+- the **knee**: the smallest concurrency whose throughput is at least ``KNEE_SHARE`` of the best
+  throughput of the steps without errors (more clients past it add queueing, not answers);
+- **within p99**: the largest concurrency without errors whose p99 is at most the target.
+
+The result is one JSON document, ``FORMAT`` (docs/capacity.md has the contract); ``load`` reads and
+checks one for the code that builds on it (the autoscaling export, the simulator).
+"""
+
+import json
+import re
+import statistics
+import threading
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from .errors import UserError
+from .output import quiet
+
+FORMAT = "tsctl-capacity/1"
+GROWTH = 0.05  # a step adding less than 5% to the best throughput before it is flat
+FLAT_STEPS = 2  # that many flat steps in a row end the sweep
+KNEE_SHARE = 0.95  # the knee: the first concurrency reaching 95% of the best throughput
+P99_STOP = 2  # a p99 past twice the target ends the sweep
+SAMPLE_SECONDS = 0.1  # how often the queue-depth gauge is read during a step
+QUEUE_GAUGE = "ts_queue_size"
+
+
+def concurrencies(largest: int) -> List[int]:
+    """1, 2, 4, ... below ``largest``, then ``largest``."""
+    steps, value = [], 1
+    while value < largest:
+        steps.append(value)
+        value *= 2
+    return steps + [largest]
+
+
+def clean(steps: Sequence[dict]) -> List[dict]:
+    """The steps that answered every request."""
+    return [s for s in steps if s["errors"] == 0 and s["requests"] > 0]
+
+
+def knee(steps: Sequence[dict]) -> Optional[dict]:
+    """The smallest concurrency reaching ``KNEE_SHARE`` of the best throughput of the clean steps; None
+    without any."""
+    good = clean(steps)
+    if not good:
+        return None
+    best = max(s["throughput_rps"] for s in good)
+    first = min((s for s in good if s["throughput_rps"] >= KNEE_SHARE * best), key=lambda s: s["concurrency"])
+    return point(first)
+
+
+def within_p99(steps: Sequence[dict], target_ms: Optional[float]) -> Optional[dict]:
+    """The largest concurrency of the clean steps whose p99 is at most ``target_ms``; None without a
+    target or when none holds it."""
+    if target_ms is None:
+        return None
+    held = [s for s in clean(steps) if s["p99_ms"] is not None and s["p99_ms"] <= target_ms]
+    return point(max(held, key=lambda s: s["concurrency"])) if held else None
+
+
+def point(step: dict) -> dict:
+    return {key: step[key] for key in ("concurrency", "throughput_rps", "p99_ms")}
+
+
+def stop_reason(steps: Sequence[dict], target_ms: Optional[float]) -> Optional[str]:
+    """Why the sweep ends after the last of ``steps`` (None: it goes on): ``errors``, ``p99`` (past
+    ``P99_STOP`` times the target) or ``flat`` (``FLAT_STEPS`` steps each adding under ``GROWTH``)."""
+    last = steps[-1]
+    if last["errors"] or not last["requests"]:
+        return "errors"
+    if target_ms is not None and last["p99_ms"] is not None and last["p99_ms"] > P99_STOP * target_ms:
+        return "p99"
+    if len(steps) > FLAT_STEPS:
+        rates = [s["throughput_rps"] for s in steps]
+        flat = [rates[i] < (1 + GROWTH) * max(rates[:i]) for i in range(len(rates) - FLAT_STEPS, len(rates))]
+        if all(flat):
+            return "flat"
+    return None
+
+
+# -- the queue-depth gauge ------------------------------------------------------------------------
+
+SAMPLE = re.compile(r"^(\w+)\{([^}]*)\}\s+(\S+)")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def queue_depth(exposition: str, model: str) -> Optional[float]:
+    """``model``'s ``ts_queue_size`` in a Prometheus exposition, summed over its versions; None when the
+    text has none for it."""
+    total, found = 0.0, False
+    for line in exposition.splitlines():
+        match = SAMPLE.match(line)
+        if not match or match.group(1) != QUEUE_GAUGE:
+            continue
+        if dict(LABEL.findall(match.group(2))).get("model_name") == model:
+            total, found = total + float(match.group(3)), True
+    return total if found else None
+
+
+def read_gauge(metrics_url: Optional[str], model: str) -> Optional[float]:
+    """The gauge now, from the server's /metrics (no key: TorchServe's and the engine's are open)."""
+    from .server import request
+
+    if not metrics_url:
+        return None
+    try:
+        status, body = request(metrics_url, timeout=2)
+    except OSError:
+        return None
+    return queue_depth(body, model) if status == 200 and isinstance(body, str) else None
+
+
+class QueueSampler:
+    """Reads the gauge every ``SAMPLE_SECONDS`` from a thread of its own until ``stop()``; ``summary()``:
+    ``{"mean", "max", "samples"}``, None when no read found the gauge."""
+
+    def __init__(self, metrics_url: Optional[str], model: str):
+        self.values: List[float] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(metrics_url, model), daemon=True)
+        if metrics_url:
+            self.thread.start()
+
+    def _run(self, metrics_url: str, model: str):
+        while not self.done.is_set():
+            value = read_gauge(metrics_url, model)
+            if value is not None:
+                self.values.append(value)
+            self.done.wait(SAMPLE_SECONDS)
+
+    def stop(self) -> Optional[dict]:
+        self.done.set()
+        if self.thread.is_alive():
+            self.thread.join(5)
+        if not self.values:
+            return None
+        return {"mean": round(statistics.fmean(self.values), 2), "max": max(self.values), "samples": len(self.values)}
+
+
+# -- the sweep ------------------------------------------------------------------------------------
+
+
+def step(url: str, inputs, concurrency: int, requests: int, seconds: float, headers=None, metrics_url=None,
+         model: str = "") -> dict:  # fmt: skip
+    """One load run at ``concurrency`` bounded by ``requests`` and ``seconds``, with the queue sampled
+    (``metrics_url`` None: not sampled, ``queue_depth`` null)."""
+    from .bench import run_load
+
+    sampler = QueueSampler(metrics_url, model)
+    try:
+        result = run_load(url, inputs, concurrency, requests=requests, duration=seconds, headers=headers)
+    finally:
+        queue = sampler.stop()
+    summary = result.summary()
+    lat = summary["latency_ms"]
+    number = lambda v: None if v != v else v  # noqa: E731 (NaN: nothing answered 200)
+    return {
+        "concurrency": concurrency,
+        "requests": summary["requests"],
+        "seconds": summary["seconds"],
+        "throughput_rps": summary["throughput_rps"],
+        "p50_ms": number(lat["p50"]),
+        "p90_ms": number(lat["p90"]),
+        "p99_ms": number(lat["p99"]),
+        "errors": summary["errors"],
+        "statuses": summary["statuses"],
+        "queue_depth": queue,
+    }
+
+
+def step_line(s: dict) -> str:
+    """One step as the progress lines and the table's notes say it."""
+    p99 = "-" if s["p99_ms"] is None else f"{s['p99_ms']:.1f} ms"
+    return f"concurrency {s['concurrency']}: {s['throughput_rps']:.1f} req/s, p99 {p99}, {s['errors']} errors"
+
+
+def sweep(
+    url: str,
+    inputs,
+    model: str,
+    max_concurrency: int,
+    requests: int,
+    seconds: float,
+    p99_ms: Optional[float] = None,
+    headers=None,
+    metrics_url: Optional[str] = None,
+    progress: Callable[[str], None] = quiet,
+) -> Tuple[List[dict], str]:
+    """The steps up to the knee (module docstring) and why it stopped: errors, p99, flat or bound (the
+    largest concurrency was reached). A short warm-up first, not counted."""
+    from .bench import run_load
+
+    progress(f"{model}: warming up")
+    run_load(url, inputs, min(2, max_concurrency), requests=16, duration=seconds, headers=headers)
+    steps: List[dict] = []
+    for concurrency in concurrencies(max_concurrency):
+        progress(f"{model}: concurrency {concurrency}")
+        steps.append(step(url, inputs, concurrency, requests, seconds, headers, metrics_url, model))
+        progress(step_line(steps[-1]))
+        reason = stop_reason(steps, p99_ms)
+        if reason:
+            return steps, reason
+    return steps, "bound"
+
+
+# -- the result file ------------------------------------------------------------------------------
+
+
+def document(model: str, engine: str, server: dict, files: Sequence[Tuple[str, int]], p99_ms: Optional[float],
+             steps: List[dict], stopped: str, notes: Sequence[str] = ()) -> dict:  # fmt: skip
+    """The result (FORMAT): what was measured and how, the steps, the knee and the p99 point."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        tsctl_version = version("tsctl")
+    except PackageNotFoundError:
+        tsctl_version = None
+    return {
+        "format": FORMAT,
+        "model": model,
+        "engine": engine,
+        "server": server,
+        "input": {"files": [name for name, _ in files], "bytes": [size for _, size in files]},
+        "p99_target_ms": p99_ms,
+        "steps": steps,
+        "knee": knee(steps),
+        "within_p99": within_p99(steps, p99_ms),
+        "stopped": stopped,
+        "queue_gauge": QUEUE_GAUGE if any(s["queue_depth"] is not None for s in steps) else None,
+        "notes": list(notes),
+        "measured_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "tsctl_version": tsctl_version,
+    }
+
+
+def write(doc: dict, path: str):
+    try:
+        Path(path).write_text(json.dumps(doc, indent=2) + "\n")
+    except OSError as exc:
+        raise UserError(f"--out {path}: cannot write it ({exc.strerror})") from None
+
+
+def _kind(value, kind: str) -> bool:
+    if kind == "count":  # a whole number >= 0 (not a bool)
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    if kind == "positive":
+        return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    if kind == "number":  # a finite number >= 0
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf")
+    if kind == "number?":
+        return value is None or _kind(value, "number")
+    if kind == "str":
+        return isinstance(value, str) and value != ""
+    raise ValueError(kind)
+
+
+WORDS = {"count": "a whole number", "positive": "a whole number above 0", "number": "a number >= 0",
+         "number?": "a number >= 0 or null", "str": "a non-empty string"}  # fmt: skip
+STEP_KEYS = {"concurrency": "positive", "requests": "count", "seconds": "number", "throughput_rps": "number",
+             "p50_ms": "number?", "p90_ms": "number?", "p99_ms": "number?", "errors": "count"}  # fmt: skip
+POINT_KEYS = {"concurrency": "positive", "throughput_rps": "number", "p99_ms": "number?"}
+SERVER_KEYS = {"workers": "count", "batch_size": "positive", "max_batch_delay_ms": "number", "cpu": "number",
+               "memory_bytes": "positive"}  # fmt: skip
+
+
+def load(path) -> dict:
+    """A capacity result file, checked: its format, and each key other code reads with the type it must
+    have; a UserError naming the file and the first key that is wrong."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read it ({exc.strerror})") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not JSON ({exc}): give a file 'tsctl bench --capacity --out' wrote") from None
+
+    def bad(key: str, what: str):
+        return UserError(f"{path}: key {key!r} must be {what}")
+
+    def check(value, keys: Dict[str, str], where: str, nullable=()):
+        if not isinstance(value, dict):
+            raise bad(where, "an object")
+        for key, kind in keys.items():
+            if key not in value or not (_kind(value[key], kind) or (key in nullable and value[key] is None)):
+                raise bad(f"{where}.{key}".lstrip("."), WORDS[kind] + (" or null" if key in nullable else ""))
+
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        found = doc.get("format") if isinstance(doc, dict) else None
+        raise bad("format", f"{FORMAT!r} (it is {found!r})")
+    check(doc, {"model": "str", "engine": "str", "p99_target_ms": "number?", "measured_at": "str"}, "")
+    check(doc["server"], SERVER_KEYS, "server", nullable=tuple(SERVER_KEYS))
+    if not isinstance(doc.get("steps"), list) or not doc["steps"]:
+        raise bad("steps", "a list of at least one step")
+    for index, entry in enumerate(doc["steps"]):
+        check(entry, STEP_KEYS, f"steps[{index}]")
+        if entry.get("queue_depth") is not None:
+            check(entry["queue_depth"], {"mean": "number", "max": "number"}, f"steps[{index}].queue_depth")
+    for key in ("knee", "within_p99"):
+        if key not in doc:
+            raise bad(key, "an object or null")
+        if doc[key] is not None:
+            check(doc[key], POINT_KEYS, key)
+    return doc
