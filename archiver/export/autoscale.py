@@ -32,7 +32,6 @@ from .options import ExportOptions
 MODES = AUTOSCALE_MODES
 MONITORS = ("podmonitor", "servicemonitor")
 SCALE_METRICS = ("concurrency", "rps")  # Knative's KPA metrics (--scale-metric)
-FORMAT = "tsctl-capacity/1"  # the capacity result file's format (docs/kserve.md, "The capacity result file")
 UTILIZATION = 70  # percent: Knative's container-concurrency-target-percentage default, written per revision
 CPU_HEADROOM = 70  # percent of the knee's CPU the HPA aims at, the same headroom as Knative's utilisation
 QUEUE_GAUGE = "ts_queue_size"
@@ -45,51 +44,25 @@ CAPACITY_FILE = "capacity.json"
 
 # ---- the capacity result file ---------------------------------------------------------------------------
 def read_capacity(path: str, models: Iterable[str]) -> dict:
-    """The capacity result file ``tsctl bench --capacity`` writes (format tsctl-capacity/1), checked for what
-    the export reads: ``model`` (one of ``models``), ``engine``, ``measured_at``, ``steps`` (each a
-    concurrency, throughput_rps, p99_ms and queue_depth or null), ``knee`` and ``within_p99`` (null or a
-    step's concurrency). Anything else: one UserError line naming the file and the key."""
+    """The capacity result file ``tsctl bench --capacity`` writes, read by ``capacity.load`` (its format and
+    keys), and checked for what the export needs besides: a knee, ``knee`` and ``within_p99`` at a measured
+    step's concurrency, ``model`` one of ``models``. Anything else: one UserError line naming the file and key."""
+    from .. import capacity
+
     where = f"--from-bench {path}"
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{where} does not exist: give the file 'tsctl bench --capacity --out' wrote") from None
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        why = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise UserError(f"{where} is not a readable JSON file ({why}): give the file 'tsctl bench --capacity' wrote")
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        found = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise UserError(
-            f"{where} is not a capacity result (format {found!r}, not {FORMAT!r}): run 'tsctl bench --capacity'"
-        )
-
-    def bad(key: str, what: str):
-        raise UserError(f"{where}: {key} {what}; the file is damaged, run 'tsctl bench --capacity' again")
-
-    for key in ("model", "engine", "measured_at"):
-        if not isinstance(data.get(key), str) or not data[key]:
-            bad(key, "is missing or not a string")
-    if data.get("p99_target_ms") is not None and not _number(data["p99_target_ms"]):
-        bad("p99_target_ms", "is neither null nor a number >= 0")
-    steps = data.get("steps")
-    if not isinstance(steps, list) or not steps:
-        bad("steps", "is missing or empty")
-    for index, step in enumerate(steps):
-        if not isinstance(step, dict) or not _count(step.get("concurrency")):
-            bad(f"steps[{index}].concurrency", "is not a whole number above 0")
-        for key in ("throughput_rps", "p99_ms"):
-            if not _number(step.get(key)):
-                bad(f"steps[{index}].{key}", "is not a number >= 0")
-        queue = step.get("queue_depth")
-        if queue is not None and not (isinstance(queue, dict) and _number(queue.get("mean"))):
-            bad(f"steps[{index}].queue_depth", "is neither null nor {mean, max}")
-    measured = {step["concurrency"] for step in steps}
-    for key, optional in (("knee", False), ("within_p99", True)):
-        point = data.get(key)
-        if point is None and optional:
-            continue
-        if not isinstance(point, dict) or point.get("concurrency") not in measured:
-            bad(f"{key}.concurrency", "is not the concurrency of one of its steps")
+        data = capacity.load(path)
+    except UserError as error:
+        raise UserError(f"--from-bench {error}") from None
+    if data["knee"] is None:
+        raise UserError(f"{where} has no knee (no step answered every request): measure again with fewer clients")
+    measured = {step["concurrency"] for step in data["steps"]}
+    for key in ("knee", "within_p99"):
+        if data[key] is not None and data[key]["concurrency"] not in measured:
+            raise UserError(
+                f"{where}: {key}.concurrency is not the concurrency of one of its steps; the file is damaged, "
+                "run 'tsctl bench --capacity' again"
+            )
     known = sorted(models)
     if data["model"] not in known:
         raise UserError(
@@ -97,14 +70,6 @@ def read_capacity(path: str, models: Iterable[str]) -> dict:
             f"({', '.join(known)}): measure the model you export"
         )
     return data
-
-
-def _count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 # ---- the plan: every number, and where it came from ----------------------------------------------------
