@@ -43,7 +43,9 @@ class Side:
 
     @property
     def headers(self) -> dict:
-        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        """The token; over v2, ``seldon-model``, which Seldon Core 2's mesh routes by (other servers ignore it)."""
+        found = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        return {**found, "seldon-model": str(self.model)} if self.protocol == "v2" else found
 
 
 @dataclass
