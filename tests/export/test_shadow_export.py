@@ -152,3 +152,24 @@ def test_seldon_mirror_mistakes_are_one_line(project, tmp_path, args, said):
 
 def test_seldon_vendored_experiment_schema_has_the_mirror():
     assert "mirror" in crds.schema_for("mlops.seldon.io/v1alpha1", "Experiment")["properties"]["spec"]["properties"]
+
+
+def test_a_canary_keeps_knative_autoscaling_and_standard_mode_has_none(project, tmp_path):
+    """Every step of the rollout carries the autoscaling (--autoscale knative); Standard mode (keda, hpa: plain
+    Deployments, no revisions) has no canary, refused in one line."""
+    from archiver.errors import UserError
+    from archiver.export import kserve_canary
+
+    out = tmp_path / "out"
+    kserve.export(kserve_options(project, out, canary=10, autoscale="knative", target=4))
+    scaled = load(out / "inferenceservice.yaml")
+    for name in ("inferenceservice-shadow.yaml", "inferenceservice-promote.yaml"):
+        step = load(out / name)
+        assert crds.problems(step) == []
+        assert step["metadata"]["annotations"] == scaled["metadata"]["annotations"]
+        assert step["spec"]["predictor"].get("scaleTarget") == scaled["spec"]["predictor"]["scaleTarget"] == 4
+    deploy = (out / "DEPLOY.md").read_text()
+    assert "## 7. Autoscaling" in deploy and "## 8. Roll out behind the shadow check" in deploy
+    for mode in ("keda", "hpa"):
+        with pytest.raises(UserError, match=f"--autoscale {mode} deploys in Standard mode, which has no canary"):
+            kserve_canary.manifests(scaled, kserve_options(project, out, canary=10, autoscale=mode))
