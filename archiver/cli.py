@@ -32,6 +32,7 @@ for command in (
     serving.predict,
     serving.bench,
     checks.verify,
+    checks.shadow,
     checks.run,
     checks.doctor,
     export.export,

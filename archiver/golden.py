@@ -32,31 +32,32 @@ MAX_TOTAL_BYTES = 48 << 20
 PROTOCOLS = ("ts", "v1", "v2")
 
 
-def requests_in(source: Path, kind: Optional[str] = None) -> List[Tuple[str, bytes, str]]:
+def requests_in(source: Path, kind: Optional[str] = None, flag: str = "--golden") -> List[Tuple[str, bytes, str]]:
     """(name, body, content type) of each golden request: every file of a directory (its type ``kind``,
-    '' for none, else from its suffix), or each item of a JSON list (a JSON body each)."""
+    '' for none, else from its suffix), or each item of a JSON list (a JSON body each). ``flag``: the
+    option that named ``source``, in messages (``tsctl shadow --inputs`` reads its requests here too)."""
     if not source.exists():
-        raise UserError(f"--golden {source} does not exist: give a directory of inputs or a JSON list of requests")
+        raise UserError(f"{flag} {source} does not exist: give a directory of inputs or a JSON list of requests")
     if source.is_file():
         if kind is not None:
             raise UserError(f"--golden-content-type is for a directory of inputs: {source}'s items are JSON bodies")
         try:
             items = json.loads(source.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as exc:
-            raise UserError(f"--golden {source} is not a JSON list of request bodies: {exc}") from None
+            raise UserError(f"{flag} {source} is not a JSON list of request bodies: {exc}") from None
         if not isinstance(items, list) or not items:
-            raise UserError(f"--golden {source} must hold a JSON list of request bodies, one per request")
+            raise UserError(f"{flag} {source} must hold a JSON list of request bodies, one per request")
         return [(f"{source.name}[{i}]", json.dumps(item).encode(), "application/json") for i, item in enumerate(items)]
     files = sorted(p for p in source.iterdir() if p.is_file() and not p.name.startswith("."))
     if not files:
-        raise UserError(f"--golden {source} holds no input files")
+        raise UserError(f"{flag} {source} holds no input files")
     found, total = [], 0
     for path in files:
         size = path.stat().st_size
         total += size
         if size > MAX_INPUT_BYTES or total > MAX_TOTAL_BYTES:
             raise UserError(
-                f"--golden {path} makes the golden inputs {total:,} bytes, above {MAX_TOTAL_BYTES:,} "
+                f"{flag} {path} makes the golden inputs {total:,} bytes, above {MAX_TOTAL_BYTES:,} "
                 f"(or the file above {MAX_INPUT_BYTES:,}): use smaller inputs"
             )
         found.append((path.name, path.read_bytes(), content_type(path) if kind is None else kind))
@@ -332,9 +333,10 @@ def handler_settings(model_dir: Path, manifest: dict, record: Optional[dict]) ->
 ENDPOINTS = {"ts": "/predictions/{model}", "v1": "/v1/models/{model}:predict", "v2": "/v2/models/{model}/infer"}
 
 
-def missing_endpoint(url: str, protocol: str, model: str, cases: List[dict], results) -> Optional[str]:
+def missing_endpoint(url: str, protocol: str, model: str, cases: List[dict], results, suffix="") -> Optional[str]:
     """What to say when the server at ``url`` has no endpoint for ``protocol`` or no ``model``: every
-    answer a 404 where no golden answer was one; None otherwise (the answers are compared)."""
+    answer a 404 where no golden answer was one; None otherwise (the answers are compared). ``suffix``:
+    of the flags named (``--model``, ``--protocol``), for ``tsctl shadow``'s ``--model-candidate``."""
     if not results or any(status != 404 for status, _ in results) or any(c["status"] == 404 for c in cases):
         return None
     answer = results[0][1]
@@ -342,11 +344,11 @@ def missing_endpoint(url: str, protocol: str, model: str, cases: List[dict], res
     said = " ".join(str(said or "").split())[:160]
     path = ENDPOINTS[protocol].format(model=model)
     if model in said and "not found" in said.lower():  # the server speaks the protocol: the model is missing
-        return f"{url} serves no model {model} (404: {said}): pass --model with the name it is served under"
+        return f"{url} serves no model {model} (404: {said}): pass --model{suffix} with the name it is served under"
     if protocol == "ts":
-        hint = "is it a KServe server? try --protocol v1 or v2"
+        hint = f"is it a KServe server? try --protocol{suffix} v1 or v2"
     else:
-        hint = "is it TorchServe? try --protocol ts (or the other of v1 and v2)"
+        hint = f"is it TorchServe? try --protocol{suffix} ts (or the other of v1 and v2)"
     return f"{url} has no {path} (404 on every golden request: {said}): {hint}"
 
 

@@ -1,5 +1,6 @@
 """Commands that check an archive or this machine: ``verify`` (replay its golden answers, check its
-signature), ``run`` (its handler in-process on files) and ``doctor`` (what each engine needs)."""
+signature), ``shadow`` (a candidate server's answers against the current one's), ``run`` (its handler
+in-process on files) and ``doctor`` (what each engine needs)."""
 
 import sys
 from pathlib import Path
@@ -109,6 +110,61 @@ def verify(
         for line in report.versions:
             click.echo(f"  note: {line}")
     sys.exit(1 if report.problems else 0)
+
+
+@click.command(cls=Command)
+@click.argument("archive", type=click.Path())
+@click.option("--current", required=True, help="The server answering now: http://HOST:PORT, or HOST:PORT.")
+@click.option("--candidate", required=True, help="The server of the version to roll out (same forms).")
+@click.option(
+    "--protocol",
+    type=click.Choice(["ts", "v1", "v2"]),
+    default="ts",
+    show_default=True,
+    help="How requests are sent: ts (TorchServe's /predictions/MODEL), v1 or v2 (KServe).",
+)
+@click.option(
+    "--protocol-candidate",
+    type=click.Choice(["ts", "v1", "v2"]),
+    help="The candidate's protocol when it differs (MLServer speaks v2 only). Default: --protocol.",
+)
+@click.option("--model", help="The model's name on the servers (default: the archive's).")
+@click.option("--model-candidate", help="The candidate's model name if other (a Seldon Model). Default: --model.")
+@click.option("--inputs", type=click.Path(), help="Request bodies to send (a directory, one file each; or a JSON list) "
+              "instead of the archive's golden inputs.")  # fmt: skip
+@click.option("--token-current", help="The current server's inference key, sent as 'Authorization: Bearer'.")
+@click.option("--token-candidate", help="The candidate server's inference key.")
+@click.option("--atol", type=click.FloatRange(0), default=1e-4, show_default=True, help="How far a number may move.")
+@click.option(
+    "--max-disagree",
+    default="0",
+    show_default=True,
+    help="How many inputs may disagree before the check fails: a number, or a percentage (5%).",
+)
+@timeout_option(60.0, "Seconds to wait for each answer.")
+@json_option
+def shadow(
+    archive, current, candidate, protocol, protocol_candidate, model, model_candidate, inputs, token_current,
+    token_candidate, atol, max_disagree, timeout, as_json
+):  # fmt: skip
+    """Send the same inputs (ARCHIVE's golden inputs, or --inputs) to the current and the candidate server
+    and report per input whether their answers agree; exit 1 when more than --max-disagree disagree: the
+    gate to run before raising canaryTrafficPercent or promoting a mirrored model."""
+    from .. import shadow as check
+    from ..output import Progress
+
+    sides = (
+        check.Side("current", current, protocol, model, token_current),
+        check.Side("candidate", candidate, protocol_candidate or protocol, model_candidate or model, token_candidate),
+    )
+    report = check.shadow(archive, *sides, inputs, atol, max_disagree, timeout, Progress.for_command(as_json))
+    if as_json:
+        print_json(report.as_json())
+    else:
+        for compared in report.inputs:
+            click.echo(check.line(compared))
+        click.echo(check.summary(report))
+    sys.exit(0 if report.passed else 1)
 
 
 def verified_signature(archive, shown: str, public_key, expect_name, expect_version, as_json) -> Optional[dict]:

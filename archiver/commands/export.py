@@ -164,20 +164,36 @@ def export_kserve(out, config_path, split, as_json, **options):
 @click.option("--cpu", default="1", show_default=True, help="The mlserver container's CPU.")
 @click.option("--memory", default="2Gi", show_default=True, help="Each Model's memory (the server asks for the sum).")
 @click.option("--ab", multiple=True, help="MODEL=WEIGHT, twice or more: an Experiment between models of the store.")
-@click.option("--default", "default_model", help="The --ab candidate whose own endpoint is split too (default: first).")
-@click.option("--experiment", help="The Experiment's name (default: FIRST-ab).")
+@click.option(
+    "--default",
+    "default_model",
+    help="The --ab candidate whose own endpoint is split too (default: first); with --mirror, the model it shadows.",
+)
+@click.option("--experiment", help="The Experiment's name (default: FIRST-ab; with --mirror alone: DEFAULT-mirror).")
+@click.option(
+    "--mirror",
+    help="MODEL[=PERCENT]: an Experiment mirroring PERCENT (default 100) of --default's requests to MODEL, and "
+    "experiment-promote.yaml, applied once 'tsctl shadow' passes.",
+)
 @click.option(
     "--transformer-archive", help="A toolkit .mar run as the Pipeline step before the model (its preprocessing)."
 )
 @click.option("--transformer-model", help="The model (or the --ab experiment) the transformer's Pipeline sends to.")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @json_option
-def export_seldon(out, config_path, ab, default_model, as_json, **options):
+def export_seldon(out, config_path, ab, default_model, mirror, as_json, **options):
     """Write OUT/models/NAME/ for a PVC, a Seldon Core 2 Server, Models (Experiment, Pipeline) and DEPLOY.md."""
     from .. import reports
-    from ..export import seldon
+    from ..export import seldon, seldon_mirror
 
     result = seldon.export(
-        seldon.SeldonOptions(out=out, config=config_path, ab=seldon.parse_ab(ab), default=default_model, **options)
+        seldon.SeldonOptions(
+            out=out,
+            config=config_path,
+            ab=seldon.parse_ab(ab),
+            default=default_model,
+            mirror=seldon_mirror.parse_mirror(mirror),
+            **options,
+        )
     )
     emit(reports.export_report(out, result), reports.export_text, as_json)

@@ -3,6 +3,8 @@
     OUT/config/config.properties     the config, checked for what KServe trips on; per-model install on
     OUT/model-store/*.mar            every archive the snapshot names
     OUT/inferenceservice.yaml        v1beta1, modelFormat pytorch, storageUri, protocol, resources
+    OUT/inferenceservice-shadow.yaml with --canary: the rollout's steps, gated by tsctl shadow (kserve_canary.py)
+    OUT/inferenceservice-promote.yaml
     OUT/inferencegraph.yaml          with --split: a Splitter between two models (A/B)
     OUT/transformer/*.mar            with --transformer-image: the archive whose pre/post the transformer runs
     OUT/pvc.yaml                     the PersistentVolumeClaim (ReadWriteOnce, twice the archives' size, >= 2Gi)
@@ -37,7 +39,7 @@ from ..choices import KSERVE_PROTOCOLS
 from ..errors import UserError
 from ..mar import handler_record, model_config, read_manifest, rewrite_archive
 from ..properties import check_keys, check_store, read_properties, render, snapshot_of
-from . import autoscale, core, crds, kube, out_dir, targets
+from . import autoscale, core, crds, kserve_canary, kube, out_dir, targets
 from .bodies import Served, input_of, sample_inputs
 from .kserve_deploy import curl_lines, deploy_md, predict_path
 from .options import ExportOptions
@@ -84,6 +86,8 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     if plan is not None:
         autoscale.apply(isvc, plan, options, target.ports(properties))
         scaling = autoscale.manifests(plan, options, target.ports(properties))
+    if options.canary is not None:  # the shadow, canary and promote steps (kserve_canary.py), scaled as isvc
+        manifests.update(kserve_canary.manifests(isvc, options))
     if options.split:
         manifests["inferencegraph.yaml"] = inference_graph(options)
     for name, manifest in list(manifests.items()) + (autoscale.validated(plan, isvc, scaling) if plan else []):

@@ -4,7 +4,7 @@ directory DEPLOY.md is in (the export can be moved or copied anywhere)."""
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from . import autoscale, core, targets
+from . import autoscale, core, kserve_canary, targets
 from .bodies import Served, request_bodies
 from .options import ExportOptions
 
@@ -72,6 +72,7 @@ def deploy_md(
         curls=core.lines(curls),
         split=split_section(options, models, ns),
         autoscale=autoscale.deploy_section(plan, options, ns),
+        canary=kserve_canary.section(options, archives, 8 if plan else 7),
     )
     return text.rstrip("\n") + "\n"
 
@@ -101,7 +102,7 @@ def copy_lines(options: ExportOptions, archives: List[Path], ns: str, pod: str, 
 def apply_lines(options: ExportOptions, target: targets.Target, ns: str, plan=None) -> List[str]:
     """Step 3's commands: the target's own, the InferenceService (and graph, and the autoscaling's
     disruption budget and monitor), then the wait."""
-    applied = target.apply_lines(options) + [f"kubectl apply {ns} -f inferenceservice.yaml"]
+    applied = target.apply_lines(options) + [f"kubectl apply {ns} -f {kserve_canary.first_manifest(options)}"]
     if options.split:
         applied.append(f"kubectl apply {ns} -f inferencegraph.yaml")
     applied += autoscale.apply_lines(plan, options, ns)

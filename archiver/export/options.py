@@ -60,6 +60,7 @@ class SeldonOptions:
     ab: List[Tuple[str, int]] = field(default_factory=list)
     default: Optional[str] = None
     experiment: Optional[str] = None
+    mirror: Optional[Tuple[str, int]] = None  # --mirror MODEL=PERCENT: a shadow of --default (seldon_mirror.py)
     transformer_archive: Optional[str] = None
     transformer_model: Optional[str] = None
     force: bool = False

@@ -10,7 +10,9 @@
                                           server-image/, the claim mounted read-only into its rclone container
     OUT/models.yaml                       one Model per folder: storageUri /var/models/models/NAME,
                                           requirements [tsctl, pvc] (only this Server advertises both)
-    OUT/experiment.yaml                   with --ab: an Experiment (A/B) between models of the store
+    OUT/experiment.yaml                   with --ab: an Experiment (A/B) between models of the store; with
+                                          --mirror, the model it shadows (seldon_mirror.py)
+    OUT/experiment-promote.yaml           with --mirror: the promotion, after tsctl shadow passes
     OUT/pipeline.yaml                     with --transformer-archive: a Pipeline T-pre -> model -> T-post
     OUT/networkpolicy.yaml                a NetworkPolicy: other pods reach the Server's pods only on the agent's
                                           ports (its proxies, its metrics), never MLServer's own (network_policy)
@@ -56,7 +58,7 @@ from serving import ts_config
 
 from .. import mlserver
 from ..errors import UserError
-from . import core, crds, out_dir
+from . import core, crds, out_dir, seldon_mirror
 from .bodies import input_of, sample_inputs
 from .kube import check_resources, label, suggest
 from .options import SeldonOptions
@@ -117,7 +119,7 @@ def check(options: SeldonOptions) -> Plan:
     specs = default_versions(options, notes)
     entries = [entry_of(spec) for spec in specs]
     names = [entry.name for entry in entries]
-    experiment = check_ab(options, names)
+    experiment = seldon_mirror.check(options, entries, check_ab(options, names))
     if options.ab:
         kinds = {entry.name: entry.kind for entry in entries}
         core.check_same_input("--ab", {model: kinds[model] for model, _ in options.ab})
@@ -130,7 +132,9 @@ def check(options: SeldonOptions) -> Plan:
         "models.yaml": [model(options, entry.name) for entry in all_entries],
     }
     if experiment:
-        manifests["experiment.yaml"] = [experiment_manifest(options, experiment)]
+        manifests["experiment.yaml"] = [experiment_manifest(options, experiment)] if options.ab else []
+    if options.mirror:  # the mirror, and the promotion tsctl shadow gates (seldon_mirror.py)
+        manifests.update(seldon_mirror.manifests(options, experiment, (manifests["experiment.yaml"] or [None])[0]))
     if pipeline:
         manifests["pipeline.yaml"] = [pipeline_manifest(options, pipeline, transformers, pipeline_model)]
     for name, documents in manifests.items():
@@ -158,7 +162,7 @@ def check_flags(options: SeldonOptions):
             "e.g. --image registry.example.com/tsctl-mlserver:1"
         )
     check_resources(options.cpu, options.memory)
-    if not options.ab and (options.default or options.experiment):
+    if not options.ab and not options.mirror and (options.default or options.experiment):
         flag = "--default" if options.default else "--experiment"
         raise UserError(f"{flag} is for an A/B experiment: give its candidates with --ab MODEL=WEIGHT (twice or more)")
     if bool(options.transformer_archive) != bool(options.transformer_model):

@@ -6,7 +6,7 @@ from typing import List
 from serving.ts_config import Frontend
 
 from .. import mlserver
-from . import core
+from . import core, seldon_mirror
 from .bodies import Served, request_bodies
 from .options import SeldonOptions
 from .seldon_image import BASE_IMAGE, IMAGE_DIR
@@ -40,8 +40,9 @@ def curl_lines(options: SeldonOptions, plan: Plan) -> List[str]:
 
 
 def served_input(plan: Plan, options: SeldonOptions) -> str:
-    """The request body of the experiment's first candidate."""
-    return next(e for e in plan.entries if e.name == options.ab[0][0]).served.input_file
+    """The request body of the experiment's first candidate (a mirror's own experiment: its default model)."""
+    first = options.ab[0][0] if options.ab else options.default
+    return next(e for e in plan.entries if e.name == first).served.input_file
 
 
 def served_models(plan: Plan) -> List[Served]:
@@ -91,6 +92,7 @@ def deploy_md(options: SeldonOptions, plan: Plan, served: List[Served]) -> str:
         bodies=request_bodies("v2", served),
         curls=core.lines(curls[: len(plan.entries)]),
         experiment=experiment_section(options, plan, curls),
+        mirror=seldon_mirror.section(options, plan),
         pipeline=pipeline_section(options, plan, curls),
         pod_label=SERVER_POD_LABEL,
         limit=f"{Frontend().max_request_size:,}",
@@ -113,7 +115,7 @@ def wait_lines(plan: Plan, ns: str) -> List[str]:
 
 def experiment_section(options: SeldonOptions, plan: Plan, curls: List[str]) -> str:
     """How to call the A/B experiment, and keep a client on the model that answered; '' without one."""
-    if not plan.experiment:
+    if not plan.experiment or not options.ab:  # a mirror's own experiment: seldon_mirror.section
         return ""
     route = curl_line(f"{plan.experiment}.experiment", plan.experiment, served_input(plan, options))
     return core.render(

@@ -61,6 +61,8 @@ def test_export_writes_the_pvc_tree_and_valid_manifests(project, tmp_path):
     assert names == [
         "DEPLOY.md",
         "config/config.properties",
+        "inferenceservice-promote.yaml",  # --canary: the rollout's steps (tests/export/test_shadow_export.py)
+        "inferenceservice-shadow.yaml",
         "inferenceservice.yaml",
         "inputs/sample.png",
         "model-store/custom.mar",

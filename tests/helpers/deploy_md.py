@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List
 
-STUBBED = ("kubectl", "docker", "curl")  # the cluster's side, and the calls that would reach it
+STUBBED = ("kubectl", "docker", "curl", "tsctl")  # the cluster's side, the calls that would reach it
 SEPARATOR = "\x1f"  # between a call's arguments; a call per line
 STUB = """#!/bin/sh
 # records its name and arguments, one call per line, and answers nothing
