@@ -1,0 +1,87 @@
+"""An outsider's attack on the engine's management API (#32): calls that race each other, and bad input
+that must be one TorchServe-shaped 4xx, nothing else changed, no worker leaked.
+
+One engine for the module (echo 1.0 on one worker, the model API on, tokens on, one listener), its
+workers counted from /proc before and after each attack against what describe lists."""
+
+import time
+
+import psutil
+import pytest
+
+from archiver import server
+from helpers.engine import Engine
+from helpers.management import build_store, query
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    root = tmp_path_factory.mktemp("attack-management")
+    store = build_store(root)
+    entry = {"1.0": {"defaultVersion": True, "marName": "echo.mar", "minWorkers": 1, "maxWorkers": 4,
+                     "batchSize": 1, "maxBatchDelay": 0, "responseTimeout": 60}}  # fmt: skip
+    from helpers.engine import write_config
+
+    config = root / "config" / "config.properties"
+    config.parent.mkdir()
+    write_config(config, {"echo": entry}, "management_address=http://0.0.0.0:8085\nenable_model_api=true\n"
+                 f"allowed_urls=file://{store}/.*\n")  # fmt: skip
+    config.write_text(config.read_text().replace("disable_token_authorization=true\n", ""))
+    running = Engine(root, "--enable_grpc", "false").wait_ready()
+    yield running
+    running.stop()
+
+
+def call(engine, method, path, api="management", body=None, timeout=60):
+    return server.request(engine.url + path, body, method, engine.headers(api), timeout=timeout)
+
+
+def workers(engine) -> set:
+    """The pids of the engine's worker processes (its fork servers' children; a spawned worker's parent
+    is the engine), from /proc."""
+    found = set()
+    for child in psutil.Process(engine.process.pid).children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and "--sock-name" in " ".join(child.cmdline()):
+                found.add(child.pid)
+            elif child.status() != psutil.STATUS_ZOMBIE and child.ppid() != engine.process.pid:
+                found.add(child.pid)  # forked from a fork server: a worker
+        except psutil.Error:
+            pass
+    return found
+
+
+def described(engine) -> set:
+    status, body = call(engine, "GET", "/models/echo/all")
+    assert status == 200, body
+    return {w["pid"] for version in body for w in version["workers"]}
+
+
+def settled(engine, seconds: float = 40) -> tuple:
+    """(workers running, workers described) once they agree, or after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        running, listed = workers(engine), described(engine)
+        if running == listed or time.monotonic() > deadline:
+            return running, listed
+        time.sleep(0.5)
+
+
+def test_scaling_up_and_down_without_waiting_leaves_no_worker_and_no_call_hanging(engine):
+    """Scale calls that return at once (synchronous=false, the default) while the workers they added are
+    still loading: a worker scaled away while it loads must not share its slot (its socket) with the one
+    that takes the slot next. It did: two workers on one socket path, one load hanging for LOAD_TIMEOUT
+    (300 s) and every management call behind it waiting as long."""
+    before = workers(engine)
+    for _ in range(4):
+        for count in (4, 1):
+            status, body = call(engine, "PUT", "/models/echo" + query(min_worker=count, max_worker=4))
+            assert status == 202, body
+    started = time.monotonic()
+    status, body = call(engine, "PUT", "/models/echo" + query(min_worker=1, synchronous="true"), timeout=40)
+    assert status == 200, body
+    assert time.monotonic() - started < 30
+    running, listed = settled(engine, 10)
+    assert running == listed and len(listed) == 1, (running, listed)
+    assert call(engine, "POST", "/predictions/echo", "inference", b"x")[0] == 200
+    assert len(before) == 1
