@@ -85,3 +85,23 @@ def test_scaling_up_and_down_without_waiting_leaves_no_worker_and_no_call_hangin
     assert running == listed and len(listed) == 1, (running, listed)
     assert call(engine, "POST", "/predictions/echo", "inference", b"x")[0] == 200
     assert len(before) == 1
+
+
+BAD_CALLS = [
+    ("POST", "/models" + query(url="a" * 300)),  # a name too long for the file system: was a 500 naming the store
+    ("POST", "/models" + query(url="é" * 200 + ".mar")),
+    ("POST", "/models" + query(url="echo2.mar", initial_workers="1_0")),  # int() read it as 10
+    ("PUT", "/models/echo" + query(min_worker="1_0")),
+    ("PUT", "/models/echo" + query(min_worker="9" * 5000)),
+    ("GET", "/models" + query(limit="1_0")),
+    ("POST", "/models" + query(url="echo2.mar", batch_size="0x10")),
+]
+
+
+@pytest.mark.parametrize("method, path", BAD_CALLS, ids=[f"{m} {p[:40]}" for m, p in BAD_CALLS])
+def test_bad_input_is_one_torchserve_shaped_4xx_and_changes_nothing(engine, method, path):
+    before, listing = workers(engine), call(engine, "GET", "/models")
+    status, body = call(engine, method, path)
+    assert 400 <= status < 500 and set(body) == {"code", "type", "message"} and body["code"] == status, body
+    assert "model-store" not in body["message"]  # nothing of the server's paths
+    assert call(engine, "GET", "/models") == listing and workers(engine) == before
