@@ -57,14 +57,16 @@ def described(engine) -> set:
     return {w["pid"] for version in body for w in version["workers"]}
 
 
-def settled(engine, seconds: float = 40) -> tuple:
-    """(workers running, workers described) once they agree, or after ``seconds``."""
-    deadline = time.monotonic() + seconds
+def settled(engine, seconds: float = 15) -> tuple:
+    """(workers running, workers described) once they have agreed for 2 s (a worker scaled away while it
+    loaded is ended once loaded: not at once), or after ``seconds``."""
+    deadline, agreed = time.monotonic() + seconds, None
     while True:
         running, listed = workers(engine), described(engine)
-        if running == listed or time.monotonic() > deadline:
+        agreed = (agreed or time.monotonic()) if running == listed else None
+        if (agreed and time.monotonic() - agreed >= 2) or time.monotonic() > deadline:
             return running, listed
-        time.sleep(0.5)
+        time.sleep(0.25)
 
 
 def test_scaling_up_and_down_without_waiting_leaves_no_worker_and_no_call_hanging(engine):
@@ -81,7 +83,7 @@ def test_scaling_up_and_down_without_waiting_leaves_no_worker_and_no_call_hangin
     status, body = call(engine, "PUT", "/models/echo" + query(min_worker=1, synchronous="true"), timeout=40)
     assert status == 200, body
     assert time.monotonic() - started < 30
-    running, listed = settled(engine, 10)
+    running, listed = settled(engine)
     assert running == listed and len(listed) == 1, (running, listed)
     assert call(engine, "POST", "/predictions/echo", "inference", b"x")[0] == 200
     assert len(before) == 1
@@ -105,3 +107,16 @@ def test_bad_input_is_one_torchserve_shaped_4xx_and_changes_nothing(engine, meth
     assert 400 <= status < 500 and set(body) == {"code", "type", "message"} and body["code"] == status, body
     assert "model-store" not in body["message"]  # nothing of the server's paths
     assert call(engine, "GET", "/models") == listing and workers(engine) == before
+
+
+def test_unregistering_leaves_no_socket_file_behind(engine):
+    """Each register takes new worker ids (socket paths): those of an unregistered version must go with it,
+    or a register/unregister loop fills the engine's temporary directory."""
+    (run_dir,) = engine.home.glob("tsctl-engine-*")
+    before = {p.name for p in run_dir.glob(".ts.sock.*")}
+    for _ in range(3):
+        status, body = call(engine, "POST", "/models" + query(url="echo2.mar", model_name="passing",
+                                                               initial_workers=2, synchronous="true"))  # fmt: skip
+        assert status == 200, body
+        assert call(engine, "DELETE", "/models/passing")[0] == 200
+    assert {p.name for p in run_dir.glob(".ts.sock.*")} == before
