@@ -189,9 +189,7 @@ class Worker:
         self.loading: Optional[asyncio.Future] = None  # its process starting, in its thread
 
     @property
-    def holds_slot(self) -> bool:
-        """Whether its index (its socket path) may still be in use: a start still running in its thread
-        (which goes on when the worker is stopped), or its process alive."""
+    def holds_slot(self) -> bool:  # its index (socket path) may be in use: its start running, or its process alive
         return bool(self.loading and not self.loading.done()) or bool(self.process and self.process.alive())
 
     @property
@@ -222,7 +220,7 @@ class Worker:
         loading = self.loading = loop.run_in_executor(
             self.thread,
             lambda: start_worker(owner.spec, owner.model_dir, owner.handler, owner.frontend, self.socket_path,
-                                 owner.env, on_line, self._spawned, on_metric,
+                                 owner.env, on_line, lambda spawned: setattr(self, "spawned", spawned), on_metric,
                                  fork_server.shared(owner.env, extras=True)),  # in this thread: it may start one
         )  # fmt: skip
         try:
@@ -245,9 +243,6 @@ class Worker:
         if not loading.cancelled() and loading.exception() is None:
             self.process = loading.result()
             threading.Thread(target=self.process.kill, daemon=True).start()
-
-    def _spawned(self, process: subprocess.Popen):
-        self.spawned = process
 
     @staticmethod
     def _watch(process: subprocess.Popen, loop, died: asyncio.Event):
@@ -282,9 +277,15 @@ class Worker:
         getting = asyncio.ensure_future(owner.queue.batch(owner.spec.batch_size, owner.spec.max_batch_delay / 1000))
         dying = asyncio.ensure_future(self.died.wait())
         retiring = asyncio.ensure_future(self.retiring.wait())
-        await asyncio.wait({getting, dying, retiring}, return_when=asyncio.FIRST_COMPLETED)
-        dying.cancel()
-        retiring.cancel()
+        try:
+            await asyncio.wait({getting, dying, retiring}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # stopped (scaled away): the wait for a batch must not take one after
+            getting.cancel()  # batch() puts back what it took
+            if getting.done() and not getting.cancelled() and getting.exception() is None:
+                asyncio.ensure_future(owner.queue.put_back(getting.result()))
+            raise
+        finally:
+            dying.cancel(), retiring.cancel()
         if not getting.done():
             getting.cancel()
             try:
@@ -465,9 +466,8 @@ class ModelWorkers:
         return failed[0][1] if failed else None
 
     async def free_indexes(self, count: int) -> List[int]:
-        """The ``count`` lowest indexes no worker holds: a serving one, or one scaled away whose start or
-        process may still use the socket path (two processes on one path: a load answered by the wrong
-        one, or never). Too few free: waited for, within LOAD_TIMEOUT."""
+        """The ``count`` lowest indexes no worker holds, serving or scaled away (``holds_slot``: two processes on
+        one socket path, a load answered by the wrong one or never); too few: waited for, within LOAD_TIMEOUT."""
         deadline = time.monotonic() + LOAD_TIMEOUT
         while True:
             self.retired = [w for w in self.retired if w.holds_slot]

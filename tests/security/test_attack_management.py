@@ -120,3 +120,13 @@ def test_unregistering_leaves_no_socket_file_behind(engine):
         assert status == 200, body
         assert call(engine, "DELETE", "/models/passing")[0] == 200
     assert {p.name for p in run_dir.glob(".ts.sock.*")} == before
+
+
+def test_scaling_down_loses_no_request(engine):
+    """A worker scaled away while idle left its wait for the next batch behind: that wait took the next
+    request off the queue and no one ran it (the client waited until its own timeout), one per worker."""
+    for count in (3, 1):
+        status, body = call(engine, "PUT", "/models/echo" + query(min_worker=count, max_worker=3, synchronous="true"))
+        assert status == 200, body
+    for _ in range(4):
+        assert call(engine, "POST", "/predictions/echo", "inference", b"x", timeout=10)[0] == 200
