@@ -130,3 +130,12 @@ def test_scaling_down_loses_no_request(engine):
         assert status == 200, body
     for _ in range(4):
         assert call(engine, "POST", "/predictions/echo", "inference", b"x", timeout=10)[0] == 200
+
+
+def test_a_key_followed_by_whitespace_is_the_key(engine):
+    """HTTP's whitespace around a header's value is not part of it: TorchServe 0.12 (Netty) takes
+    ``Bearer KEY `` as KEY, and so must the engine; a wrong key stays refused however it is padded."""
+    key = engine.headers("inference")["Authorization"]
+    for value, status in ((key + " ", 200), (key + "\t", 200), (key + "x ", 400), ("Bearer  ", 400)):
+        got = server.request(engine.url + "/ping", headers={"Authorization": value}, timeout=30)[0]
+        assert got == status, repr(value)
