@@ -403,7 +403,7 @@ class ModelWorkers:
         self.spec, self.model_dir, self.handler, self.frontend = spec, model_dir, handler, frontend
         self.run_dir, self.first_port, self.env, self.on_line = run_dir, first_port, env, on_line
         self.on_metric = on_metric  # (worker, line) for each line of its metrics logger; None: logged
-        self.label = f"{spec.name} {spec.version}"
+        self.label = printable(f"{spec.name} {spec.version}")  # in log lines: an archive names its version
         self.queue = JobQueue(frontend.job_queue_size)
         self.workers = [Worker(self, i) for i in range(spec.min_workers)]
         self.retired: List[Worker] = []  # scaled away: their index not given again while they hold it

@@ -4,7 +4,9 @@ that must be one TorchServe-shaped 4xx, nothing else changed, no worker leaked.
 One engine for the module (echo 1.0 on one worker, the model API on, tokens on, one listener), its
 workers counted from /proc before and after each attack against what describe lists."""
 
+import json
 import time
+import zipfile
 
 import psutil
 import pytest
@@ -28,6 +30,7 @@ def engine(tmp_path_factory):
                  f"allowed_urls=file://{store}/.*\n")  # fmt: skip
     config.write_text(config.read_text().replace("disable_token_authorization=true\n", ""))
     running = Engine(root, "--enable_grpc", "false").wait_ready()
+    running.store = store
     yield running
     running.stop()
 
@@ -139,3 +142,23 @@ def test_a_key_followed_by_whitespace_is_the_key(engine):
     for value, status in ((key + " ", 200), (key + "\t", 200), (key + "x ", 400), ("Bearer  ", 400)):
         got = server.request(engine.url + "/ping", headers={"Authorization": value}, timeout=30)[0]
         assert got == status, repr(value)
+
+
+def test_a_version_an_archive_names_cannot_write_lines_of_its_own_in_the_engine_log(engine):
+    """The model store's archives are read as untrusted (docs/safe-defaults.md): a version with a line
+    break and a terminal escape in its MANIFEST.json is logged escaped, on the engine's line."""
+    forged = "2026-01-01 00:00:00,000 ERROR tsctl.engine: FORGED"
+    store = engine.store
+    with zipfile.ZipFile(store / "echo2.mar") as source, zipfile.ZipFile(store / "forged.mar", "w") as out:
+        for item in source.infolist():
+            data = source.read(item)
+            if item.filename == "MAR-INF/MANIFEST.json":
+                manifest = json.loads(data)
+                manifest["model"]["modelVersion"] = f"9\n{forged}\x1b[31m"
+                data = json.dumps(manifest).encode()
+            out.writestr(item, data)
+    status, body = call(engine, "POST", "/models" + query(url="forged.mar", model_name="forged", initial_workers=1))
+    assert status == 200, body
+    assert call(engine, "DELETE", "/models/forged")[0] == 200
+    log = engine.output()
+    assert "FORGED" in log and not any(line.startswith(forged) for line in log.splitlines()) and "\x1b" not in log
