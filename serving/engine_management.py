@@ -55,6 +55,7 @@ logger = logging.getLogger("tsctl.engine")
 NOT_ALLOWED = "Requested method is not allowed, please refer to API document."
 NOT_FOUND = "Requested resource is not found, please refer to API document."
 VALID_URL = re.compile(r"file?://.*|http(s)?://.*", re.IGNORECASE)  # TorchServe's ArchiveUtils.VALID_URL_PATTERN
+WHOLE = re.compile(r"[+-]?\d{1,18}")  # as Java's Integer.parseInt reads one (any decimal digits), and not too long
 MODEL_NAME = re.compile(r"[^/\x00-\x1f\x7f]{1,255}")  # one segment of /predictions/NAME
 ALL_METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]
 # What TorchServe's describe adds for settings the engine does not have: their TorchServe defaults.
@@ -114,10 +115,10 @@ def whole(params: Dict[str, str], key: str, default: Optional[int]) -> Optional[
     value = params.get(key)
     if value is None:
         return default
-    try:
-        return int(str(value).strip())
-    except ValueError:
-        raise ApiError(400, "BadRequestException", f"{key}={value!r} is not a whole number") from None
+    text = str(value).strip()
+    if not WHOLE.fullmatch(text):  # not int(): it reads "1_0" as 10
+        raise ApiError(400, "BadRequestException", f"{key}={text[:100]!r} is not a whole number")
+    return int(text)
 
 
 def flag(params: Dict[str, str], key: str, default: bool) -> bool:
@@ -246,7 +247,11 @@ def archive_for(url: str, allowed: List[str], store: Path) -> Path:
     if VALID_URL.fullmatch(url):
         raise ApiError(404, "ModelNotFoundException", f"Given URL {url} does not match any allowed URL(s)")
     found = store / name
-    if name in ("", ".") or name.startswith(".") or not (found.is_file() or (found / "MAR-INF").is_dir()):
+    try:
+        usable = not name.startswith(".") and (found.is_file() or (found / "MAR-INF").is_dir())
+    except OSError:  # a name too long for the file system (TorchServe's File.exists says false)
+        usable = False
+    if not usable:
         raise ApiError(404, "ModelNotFoundException", f"Model not found at: {url}")
     return found
 

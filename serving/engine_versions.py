@@ -69,10 +69,15 @@ class ModelVersions:
                 self.set_default(next(iter(versions.values())))
 
     def forget(self, model: ModelWorkers):
-        """End a removed model's workers and remove what it unpacked."""
+        """End a removed model's workers and remove what it unpacked and their sockets."""
         model.stop()
         self.leaving.discard(model)
         shutil.rmtree(getattr(model, "unpack_dir", ""), ignore_errors=True)
+        for index in range(sockets.PORTS_PER_MODEL):  # its workers' sockets (their ids are not given again)
+            try:
+                os.unlink(sockets.socket_path(self.run_dir, model.first_port + index))
+            except OSError:
+                pass
 
     def all(self) -> List[ModelWorkers]:
         """Every model version (copied whole: /metrics reads it from another thread while calls change it)."""

@@ -49,7 +49,7 @@ from . import fork_server, sockets
 from .engine_stream import Parts, collect
 from .ts_config import Frontend, ModelSpec
 from .ts_wire import BrokenReply, Request, Response, WorkerDied, batch_error
-from .worker_process import NotSent, WorkerProcess, kill_group, start_worker
+from .worker_process import LOAD_TIMEOUT, NotSent, WorkerProcess, kill_group, start_worker
 
 logger = logging.getLogger("tsctl.engine")
 worker_log = logging.getLogger("tsctl.worker")
@@ -186,6 +186,11 @@ class Worker:
         self.retiring = asyncio.Event()  # set: take no more batches, end after the one held (scaling down)
         self.counted = True  # counts for the model's readiness (a worker added by scaling: once it is up)
         self.load_seconds: Optional[float] = None
+        self.loading: Optional[asyncio.Future] = None  # its process starting, in its thread
+
+    @property
+    def holds_slot(self) -> bool:  # its index (socket path) may be in use: its start running, or its process alive
+        return bool(self.loading and not self.loading.done()) or bool(self.process and self.process.alive())
 
     @property
     def id(self) -> int:
@@ -212,12 +217,17 @@ class Worker:
                 self.owner.on_metric(self, line)
 
         owner = self.owner
-        self.process = await loop.run_in_executor(
+        loading = self.loading = loop.run_in_executor(
             self.thread,
             lambda: start_worker(owner.spec, owner.model_dir, owner.handler, owner.frontend, self.socket_path,
-                                 owner.env, on_line, self._spawned, on_metric,
+                                 owner.env, on_line, lambda spawned: setattr(self, "spawned", spawned), on_metric,
                                  fork_server.shared(owner.env, extras=True)),  # in this thread: it may start one
         )  # fmt: skip
+        try:
+            self.process = await asyncio.shield(loading)
+        except asyncio.CancelledError:  # stopped while it loads: the process it will have is ended then
+            loading.add_done_callback(self._abandoned)
+            raise
         if self.owner.stopping or self.retiring.is_set():  # the engine (or this worker) began to stop meanwhile
             self.process.kill()
             raise asyncio.CancelledError()
@@ -229,8 +239,10 @@ class Worker:
         self.failures = 0
         logger.info("%s worker %d ready (pid %d)", self.owner.label, self.index, self.process.pid)
 
-    def _spawned(self, process: subprocess.Popen):
-        self.spawned = process
+    def _abandoned(self, loading: asyncio.Future):
+        if not loading.cancelled() and loading.exception() is None:
+            self.process = loading.result()
+            threading.Thread(target=self.process.kill, daemon=True).start()
 
     @staticmethod
     def _watch(process: subprocess.Popen, loop, died: asyncio.Event):
@@ -265,9 +277,15 @@ class Worker:
         getting = asyncio.ensure_future(owner.queue.batch(owner.spec.batch_size, owner.spec.max_batch_delay / 1000))
         dying = asyncio.ensure_future(self.died.wait())
         retiring = asyncio.ensure_future(self.retiring.wait())
-        await asyncio.wait({getting, dying, retiring}, return_when=asyncio.FIRST_COMPLETED)
-        dying.cancel()
-        retiring.cancel()
+        try:
+            await asyncio.wait({getting, dying, retiring}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # stopped (scaled away): the wait for a batch must not take one after
+            getting.cancel()  # batch() puts back what it took
+            if getting.done() and not getting.cancelled() and getting.exception() is None:
+                asyncio.ensure_future(owner.queue.put_back(getting.result()))
+            raise
+        finally:
+            dying.cancel(), retiring.cancel()
         if not getting.done():
             getting.cancel()
             try:
@@ -385,9 +403,10 @@ class ModelWorkers:
         self.spec, self.model_dir, self.handler, self.frontend = spec, model_dir, handler, frontend
         self.run_dir, self.first_port, self.env, self.on_line = run_dir, first_port, env, on_line
         self.on_metric = on_metric  # (worker, line) for each line of its metrics logger; None: logged
-        self.label = f"{spec.name} {spec.version}"
+        self.label = printable(f"{spec.name} {spec.version}")  # in log lines: an archive names its version
         self.queue = JobQueue(frontend.job_queue_size)
         self.workers = [Worker(self, i) for i in range(spec.min_workers)]
+        self.retired: List[Worker] = []  # scaled away: their index not given again while they hold it
         self.observe: Callable = lambda jobs, responses, sent, done: None  # metrics hook
         self.stopping = False
         self.stopped_message = STOPPING
@@ -427,9 +446,7 @@ class ModelWorkers:
         until each has loaded or failed; then a worker that could not start is removed again (its process
         ended), and its error returned (None when all started). Not waiting: each is started in the
         background and, like any worker, started again after the backoff when it fails."""
-        taken = {w.index for w in self.workers}
-        free = [i for i in range(MAX_WORKERS) if i not in taken][:count]
-        added = [Worker(self, index) for index in free]
+        added = [Worker(self, index) for index in await self.free_indexes(count)]
         for worker in added:
             worker.counted = False
         self.workers.extend(added)
@@ -448,6 +465,18 @@ class ModelWorkers:
             worker.task = asyncio.ensure_future(worker.serve())
         return failed[0][1] if failed else None
 
+    async def free_indexes(self, count: int) -> List[int]:
+        """The ``count`` lowest indexes no worker holds, serving or scaled away (``holds_slot``: two processes on
+        one socket path, a load answered by the wrong one or never); too few: waited for, within LOAD_TIMEOUT."""
+        deadline = time.monotonic() + LOAD_TIMEOUT
+        while True:
+            self.retired = [w for w in self.retired if w.holds_slot]
+            taken = {w.index for w in self.workers + self.retired}
+            free = [i for i in range(MAX_WORKERS) if i not in taken]
+            if len(free) >= count or not self.retired or time.monotonic() > deadline:
+                return free[:count]
+            await asyncio.sleep(0.1)
+
     async def remove_workers(self, count: int, wait: bool = True):
         """``count`` fewer workers: those loading first, then idle ones, then busy ones; each takes no more
         batches, ends after the one it holds (within its responseTimeout), then its process is ended.
@@ -456,6 +485,7 @@ class ModelWorkers:
         leaving = sorted(self.workers, key=lambda w: (order.get(w.status, 0), -w.index))[:count]
         for worker in leaving:
             self.workers.remove(worker)
+        self.retired.extend(leaving)
         retired = asyncio.ensure_future(self.retire(leaving))
         if wait:
             await retired

@@ -153,7 +153,7 @@ class TokenCheck:
         header = None
         for name, value in scope["headers"]:
             if name == b"authorization":
-                header = value.decode("latin-1")
+                header = value.decode("latin-1").strip(" \t")  # HTTP's whitespace around a value, as Netty's
                 break
         if not self.tokens.check(kind, header):
             return await answer(send, 400, refusal(TOKEN_API_MESSAGE if kind == API else MESSAGE))
