@@ -36,6 +36,7 @@ test: venv
 runtimes: venv
 	$(BIN)/python -m samples.runtime_env torchserve-kfs:0.9.0
 	$(BIN)/python -m samples.runtime_env mlserver-1.7.1
+	$(BIN)/python -m samples.runtime_env seldon-core-1.17.1
 
 # The runtime matrix: every served path on TorchServe 0.9.0 (Python 3.9) and 0.12.0 (Python 3.11), both
 # KServe envelopes, through pytorch/serve's kserve_wrapper. `make test` runs one smoke path of each.
