@@ -36,10 +36,10 @@ refuses is answered Seldon's error shape alone, ``{"status": {"status": 1, "info
 with that status; a failure is its 500 (``MICROSERVICE_INTERNAL_ERROR``). In a Model's batch a bad message
 fails alone: each request is its own job on the workers.
 
-**Loading.** The wrapper calls ``load()`` in its gunicorn worker, whose timeout (``seldon.io/rest-timeout``,
-5 s by default: seldon_core/microservice.py) also bounds a load: so ``load`` starts the archive in a thread
-and returns; ``/health/status`` answers 503 until it is ready (the export's readiness probe), and a request
-that comes before waits for it.
+**Loading.** The wrapper calls ``load()`` in its gunicorn worker, whose timeout (the pod's annotation
+``seldon.io/rest-timeout``: the export sets 60 s; seldon_core/microservice.py) also bounds a load: so ``load``
+starts the archive in a thread and returns; ``/health/status`` answers 503 until it is ready (the export's
+readiness probe), and a request that comes before waits for it.
 """
 
 import asyncio

@@ -36,7 +36,8 @@ gRPC server would load the archive a second time in a process of its own. ``SELD
 in ``svcOrchSpec.env`` makes the executor answer ``meta.routing`` (doc/source/graph/svcorch.md, "Routing
 Metadata Injection": off by default, doc/source/analytics/routers.md "Limitations"). ``seldon.io/rest-timeout``
 (spec.annotations, doc/source/graph/annotations.md) is each unit's REST timeout: the executor's per-unit call
-and the wrapper's gunicorn worker timeout, 5 s without it.
+(without it, none: rest/client.go) and the wrapper's gunicorn worker timeout (without it 5000 s: microservice.py
+takes its 5000 ms default as seconds).
 
 Every check runs before anything is written; the tree is written beside OUT and renamed into place.
 """
@@ -67,8 +68,9 @@ IMAGE_DIR = "component-image"
 RUNTIME_PATH = "/opt/tsctl"
 BASE_IMAGE = f"python:{PYTHON}-slim"
 REST_TIMEOUT_MS = 60_000  # seldon.io/rest-timeout: a unit's call, and its gunicorn worker's timeout
-# seldon-core 1.17.1 (the last Apache-2.0 release) and what its pins allow (numpy < 2, PyYAML <= 6.0.1), as
-# samples/runtime_env.py's venv holds them; the components' imports at the versions installed here.
+# seldon-core 1.17.1 (the last Apache-2.0 release) and what its pins allow (numpy < 2, PyYAML <= 6.0.1), and
+# setuptools < 81 (gunicorn 20.1 imports pkg_resources; torch 2.15 wants >= 77.0.3), as samples/runtime_env.py's
+# venv holds them; the components' imports at the versions installed here.
 SELDON_PINS = ("seldon-core==1.17.1", "numpy==1.26.4", "PyYAML==6.0.1", "setuptools==80.9.0")
 BASE_PACKAGES = ("torch", "torchvision", "torchserve", "Pillow", "captum")
 
