@@ -64,19 +64,7 @@ def ensure_mlserver(root: Path = ROOT) -> Path:
     """The python of a venv with MLServer 1.7.1 and what the workers import, built once."""
     from importlib import metadata
 
-    venv = root / MLSERVER
-    python = venv / "bin" / "python"
-    done = venv / ".complete"
-    packages = list(MLSERVER_PACKAGES) + [f"{name}=={metadata.version(name)}" for name in MLSERVER_SAME]
-    if done.exists() and done.read_text() == "\n".join(packages):
-        return python
-    uv = [sys.executable, "-m", "uv"]
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    subprocess.run(uv + ["venv", "--quiet", "--seed", "--allow-existing", "-p", interpreter(version), str(venv)],
-                   check=True)  # fmt: skip
-    subprocess.run(uv + ["pip", "install", "--quiet", "--python", str(python)] + packages, check=True)
-    done.write_text("\n".join(packages))
-    return python
+    return build(root / MLSERVER, list(MLSERVER_PACKAGES) + [f"{n}=={metadata.version(n)}" for n in MLSERVER_SAME])
 
 
 # Seldon Core 1's Python wrapper (``seldon-core-microservice``: Flask 2.2, gunicorn 20, protobuf 3.20, numpy
