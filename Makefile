@@ -31,11 +31,13 @@ test: venv
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
-# Venvs standing in for KServe's TorchServe images and MLServer with tsctl's runtime (.runtimes/;
-# samples/runtime_env.py); the tests build them on demand too.
+# Venvs standing in for KServe's TorchServe images, MLServer with tsctl's runtime and Seldon Core 1's Python
+# wrapper (seldon-core 1.17.1) with tsctl's components (.runtimes/; samples/runtime_env.py); the tests build
+# them on demand too.
 runtimes: venv
 	$(BIN)/python -m samples.runtime_env torchserve-kfs:0.9.0
 	$(BIN)/python -m samples.runtime_env mlserver-1.7.1
+	$(BIN)/python -m samples.runtime_env seldon-core-1.17.1
 
 # The runtime matrix: every served path on TorchServe 0.9.0 (Python 3.9) and 0.12.0 (Python 3.11), both
 # KServe envelopes, through pytorch/serve's kserve_wrapper. `make test` runs one smoke path of each.

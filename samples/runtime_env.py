@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from archiver.export.seldon_core1 import SELDON_PINS
 from archiver.mlserver import REQUIREMENT
 from archiver.runtimes import RUNTIMES
 
@@ -63,10 +64,30 @@ def ensure_mlserver(root: Path = ROOT) -> Path:
     """The python of a venv with MLServer 1.7.1 and what the workers import, built once."""
     from importlib import metadata
 
-    venv = root / MLSERVER
+    return build(root / MLSERVER, list(MLSERVER_PACKAGES) + [f"{n}=={metadata.version(n)}" for n in MLSERVER_SAME])
+
+
+# Seldon Core 1's Python wrapper (``seldon-core-microservice``: Flask 2.2, gunicorn 20, protobuf 3.20, numpy
+# < 2, PyYAML <= 6.0.1; Apache-2.0 up to 1.17.1) with tsctl's components (serving/seldon_components.py) and
+# what the archives' workers import, as archiver/export/seldon_core1.py's image holds them: its pins clash
+# with this environment's, so it lives in a venv of its own, the rest pinned to this environment's versions.
+SELDON_CORE = "seldon-core-1.17.1"
+SELDON_PACKAGES = SELDON_PINS + ("torchserve==0.12.0",)
+SELDON_SAME = ("torch", "torchvision", "Pillow", "captum")  # numpy and PyYAML: SELDON_PINS, what seldon-core allows
+
+
+def ensure_seldon(root: Path = ROOT) -> Path:
+    """The python of a venv with seldon-core 1.17.1 (its ``seldon-core-microservice`` beside it) and what
+    the components and their workers import, built once."""
+    from importlib import metadata
+
+    return build(root / SELDON_CORE, list(SELDON_PACKAGES) + [f"{n}=={metadata.version(n)}" for n in SELDON_SAME])
+
+
+def build(venv: Path, packages: list) -> Path:
+    """A venv of this Python's version holding ``packages`` (marked complete by a file naming them)."""
     python = venv / "bin" / "python"
     done = venv / ".complete"
-    packages = list(MLSERVER_PACKAGES) + [f"{name}=={metadata.version(name)}" for name in MLSERVER_SAME]
     if done.exists() and done.read_text() == "\n".join(packages):
         return python
     uv = [sys.executable, "-m", "uv"]
@@ -80,4 +101,5 @@ def ensure_mlserver(root: Path = ROOT) -> Path:
 
 if __name__ == "__main__":
     name = sys.argv[1] if len(sys.argv) > 1 else "torchserve-kfs:0.9.0"
-    print(ensure_mlserver() if name == MLSERVER else ensure(name))
+    builders = {MLSERVER: ensure_mlserver, SELDON_CORE: ensure_seldon}
+    print(builders[name]() if name in builders else ensure(name))

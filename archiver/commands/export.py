@@ -153,17 +153,33 @@ def export_kserve(out, config_path, split, as_json, **options):
     help="config.properties (default: config/config.properties beside the store when it exists, else each "
     "archive's model-config.yaml).",
 )
+@click.option(
+    "--core",
+    type=click.Choice(("1", "2")),
+    default="2",
+    show_default=True,
+    help="Seldon Core 2 (Models on MLServer, an Experiment, a Pipeline) or Seldon Core 1 (a SeldonDeployment: "
+    "TRANSFORMER -> ROUTER -> MODELs under seldon-core-microservice; needs --transformer-archive).",
+)
+@click.option("--name", help="--core 1: the SeldonDeployment's name (default tsctl-graph).")
 @click.option("--server", default="tsctl-mlserver", show_default=True, help="The Seldon Server's name.")
 @click.option("--claim", default="tsctl-models", show_default=True, help="The PersistentVolumeClaim holding models/.")
 @click.option(
     "--namespace",
-    default="seldon-mesh",
-    show_default=True,
-    help="The namespace Seldon Core 2 runs in: the Server, Models, claim and copy pod go there.",
+    help="The namespace Seldon Core 2 runs in (default seldon-mesh): the Server, Models, claim and copy pod go "
+    "there; --core 1: the SeldonDeployment's (default seldon).",
 )
-@click.option("--cpu", default="1", show_default=True, help="The mlserver container's CPU.")
-@click.option("--memory", default="2Gi", show_default=True, help="Each Model's memory (the server asks for the sum).")
-@click.option("--ab", multiple=True, help="MODEL=WEIGHT, twice or more: an Experiment between models of the store.")
+@click.option("--cpu", default="1", show_default=True, help="The mlserver container's CPU (--core 1: each unit's).")
+@click.option(
+    "--memory", default="2Gi", show_default=True, help="Each Model's memory (the server asks for the sum; --core 1: "
+    "each unit's)."
+)
+@click.option(
+    "--ab",
+    multiple=True,
+    help="MODEL=WEIGHT, twice or more: an Experiment between models of the store (--core 1: the router's "
+    "children, the weights percents adding up to 100).",
+)
 @click.option(
     "--default",
     "default_model",
@@ -181,11 +197,20 @@ def export_kserve(out, config_path, split, as_json, **options):
 @click.option("--transformer-model", help="The model (or the --ab experiment) the transformer's Pipeline sends to.")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @json_option
-def export_seldon(out, config_path, ab, default_model, mirror, as_json, **options):
-    """Write OUT/models/NAME/ for a PVC, a Seldon Core 2 Server, Models (Experiment, Pipeline) and DEPLOY.md."""
+def export_seldon(out, config_path, ab, default_model, mirror, as_json, core, name, **options):
+    """Write OUT/models/NAME/ for a PVC, a Seldon Core 2 Server, Models (Experiment, Pipeline) and DEPLOY.md
+    (--core 1: a SeldonDeployment, its components' image and DEPLOY.md)."""
     from .. import reports
     from ..export import seldon, seldon_mirror
 
+    if options["namespace"] is None:
+        del options["namespace"]  # each Core's own default
+    if core == "1":
+        result = export_core1(out, config_path, seldon.parse_ab(ab), name, options)
+        emit(reports.export_report(out, result), reports.export_text, as_json)
+        return
+    if name is not None:
+        raise UserError("--name names a Seldon Core 1 SeldonDeployment: with --core 2, --server names the Server")
     result = seldon.export(
         seldon.SeldonOptions(
             out=out,
@@ -197,3 +222,20 @@ def export_seldon(out, config_path, ab, default_model, mirror, as_json, **option
         )
     )
     emit(reports.export_report(out, result), reports.export_text, as_json)
+
+
+CORE2_ONLY = ("server", "default_model", "experiment", "mirror")  # Seldon Core 2's Server and Experiment
+
+
+def export_core1(out, config_path, ab, name, options):
+    """``tsctl export seldon --core 1``: refuses Seldon Core 2's own flags, then archiver/export/seldon_core1.py."""
+    from ..export import seldon_core1
+
+    context = click.get_current_context()
+    for parameter in CORE2_ONLY:
+        if context.get_parameter_source(parameter) is click.core.ParameterSource.COMMANDLINE:
+            flag = "--default" if parameter == "default_model" else f"--{parameter}"
+            raise UserError(f"{flag} is for Seldon Core 2 (--core 2): a Core 1 graph has no Server nor Experiment")
+    options.pop("server"), options.pop("experiment")
+    extra = {"name": name} if name else {}
+    return seldon_core1.export(seldon_core1.SeldonCore1Options(out=out, config=config_path, ab=ab, **options, **extra))

@@ -34,6 +34,8 @@ SCHEMAS = {
     ("mlops.seldon.io/v1alpha1", "ServerConfig"): "seldon/serverconfig.v1alpha1.json",
     ("mlops.seldon.io/v1alpha1", "Experiment"): "seldon/experiment.v1alpha1.json",
     ("mlops.seldon.io/v1alpha1", "Pipeline"): "seldon/pipeline.v1alpha1.json",
+    # Seldon Core 1 (tsctl export seldon --core 1)
+    ("machinelearning.seldon.io/v1", "SeldonDeployment"): "seldon/seldondeployment.v1.json",
     # what tsctl export kserve --autoscale writes beside the InferenceService (archiver/export/autoscale.py)
     ("keda.sh/v1alpha1", "ScaledObject"): "keda/scaledobject.v1alpha1.json",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "prometheus-operator/servicemonitor.v1.json",
@@ -42,6 +44,7 @@ SCHEMAS = {
 PROJECTS = {  # API group -> whose CRD it is
     "serving.kserve.io": "KServe",
     "mlops.seldon.io": "Seldon Core",
+    "machinelearning.seldon.io": "Seldon Core",
     "keda.sh": "KEDA",
     "monitoring.coreos.com": "the Prometheus Operator",
     "policy": "Kubernetes",
@@ -108,6 +111,8 @@ def schema_for(api_version: str, kind: str) -> dict:
         return runtime_schema(kind)
     if (api_version, kind) == ("policy/v1", "PodDisruptionBudget"):
         return strict(PDB_SCHEMA)
+    if (api_version, kind) == ("machinelearning.seldon.io/v1", "SeldonDeployment"):
+        return seldon_deployment_schema()
     name = SCHEMAS.get((api_version, kind))
     if name is None:
         raise UserError(f"no {project(api_version)} schema for {kind} {api_version}")
@@ -139,6 +144,46 @@ def runtime_schema(kind: str) -> dict:
     schema["properties"]["spec"]["properties"]["protocolVersions"]["items"]["enum"] = list(PROTOCOLS)
     schema["required"] = ["apiVersion", "kind", "metadata", "spec"]
     return strict(schema)
+
+
+# Seldon Core 1's graph units: the CRD types them as plain strings and leaves ``children`` open; the operator's
+# Go types (operator/apis/machinelearning.seldon.io/v1/seldondeployment_types.go at v1.17.1) name the values.
+UNIT_ENUMS = {
+    "type": ["UNKNOWN_TYPE", "ROUTER", "COMBINER", "MODEL", "TRANSFORMER", "OUTPUT_TRANSFORMER"],
+    "methods": ["TRANSFORM_INPUT", "TRANSFORM_OUTPUT", "ROUTE", "AGGREGATE", "SEND_FEEDBACK"],
+    "parameter": ["INT", "FLOAT", "DOUBLE", "STRING", "BOOL"],  # also what seldon-core-microservice parses
+    "endpoint": ["REST", "GRPC"],
+}
+
+
+def seldon_deployment_schema() -> dict:
+    """A SeldonDeployment's schema: Seldon's CRD (v1) with the metadata check of a namespaced object and its
+    graph checked unit by unit: each unit's type, methods, parameter types and endpoint type among the
+    operator's values, and its children units too (the CRD leaves them unchecked)."""
+    schema = json.loads(json.dumps(vendored(SCHEMAS[("machinelearning.seldon.io/v1", "SeldonDeployment")])))
+    schema["properties"]["metadata"] = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "pattern": DNS_SUBDOMAIN},
+            "namespace": {"type": "string"},
+            "labels": STRINGS,
+            "annotations": STRINGS,
+        },
+        "required": ["name"],
+    }
+    schema["required"] = ["apiVersion", "kind", "metadata", "spec"]
+    schema = strict(schema)
+    predictor = schema["properties"]["spec"]["properties"]["predictors"]["items"]
+    unit = predictor["properties"]["graph"]
+    fields = unit["properties"]
+    fields["type"]["enum"] = UNIT_ENUMS["type"]
+    fields["methods"]["items"]["enum"] = UNIT_ENUMS["methods"]
+    fields["parameters"]["items"]["properties"]["type"]["enum"] = UNIT_ENUMS["parameter"]
+    fields["endpoint"]["properties"]["type"]["enum"] = UNIT_ENUMS["endpoint"]
+    fields["children"]["items"] = {"$ref": "#/definitions/unit"}
+    schema["definitions"] = {"unit": unit}
+    predictor["properties"]["graph"] = {"$ref": "#/definitions/unit"}
+    return schema
 
 
 def project(api_version: str) -> str:

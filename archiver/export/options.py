@@ -1,5 +1,6 @@
 """The flags of each export, as the command line passes them: ``ExportOptions`` (``tsctl export kserve``,
-archiver/export/kserve.py) and ``SeldonOptions`` (``tsctl export seldon``, archiver/export/seldon.py)."""
+archiver/export/kserve.py), ``SeldonOptions`` (``tsctl export seldon``, archiver/export/seldon.py) and
+``SeldonCore1Options`` (``tsctl export seldon --core 1``, archiver/export/seldon_core1.py)."""
 
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Tuple
@@ -63,4 +64,21 @@ class SeldonOptions:
     mirror: Optional[Tuple[str, int]] = None  # --mirror MODEL=PERCENT: a shadow of --default (seldon_mirror.py)
     transformer_archive: Optional[str] = None
     transformer_model: Optional[str] = None
+    force: bool = False
+
+
+@dataclass
+class SeldonCore1Options:
+    out: str
+    image: str  # the components' image, built from OUT/component-image
+    transformer_archive: Optional[str] = None  # the graph's TRANSFORMER: a toolkit archive whose handler splits
+    transformer_model: Optional[str] = None  # the one MODEL without --ab
+    ab: List[Tuple[str, int]] = field(default_factory=list)  # the router's MODEL children and their percents
+    model_store: str = "model-store"
+    config: Optional[str] = None  # None: config/config.properties beside the store when it exists
+    name: str = "tsctl-graph"  # the SeldonDeployment's
+    claim: str = "tsctl-models"
+    namespace: str = "seldon"
+    cpu: str = "1"  # each container's
+    memory: str = "2Gi"  # each container's
     force: bool = False

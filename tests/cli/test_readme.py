@@ -114,7 +114,7 @@ def test_every_shell_block_is_run_or_says_why_not():
 def test_every_marked_block_is_run_by_a_test():
     assert set(blocks()) == {
         "flow", "curl", "torchserve", "engine", "kserve-export", "golden", "own-handler", "minilm",
-        "signing", "kserve-engine-export", "seldon-export", "mlserver",
+        "signing", "kserve-engine-export", "seldon-export", "seldon-core1-export", "mlserver",
         "kserve-image-base", "kserve-image", "kserve-image-stop",  # tests/export/test_kserve_image.py
     }  # fmt: skip
 
@@ -156,11 +156,13 @@ def test_the_sentence_embedder_runs_as_written(tmp_path):
 
 @pytest.mark.matrix  # tests/cli/test_golden.py and tests/export/ run the same commands in make test
 def test_the_exports_run_as_written(tmp_path):
-    run_blocks(tmp_path, "kserve-engine-export", "seldon-export")
+    run_blocks(tmp_path, "kserve-engine-export", "seldon-export", "seldon-core1-export")
     assert (tmp_path / "deploy-engine" / "servingruntime.yaml").is_file()
     assert (tmp_path / "deploy-engine" / "predictor-image" / "Dockerfile").is_file()
     assert (tmp_path / "seldon" / "experiment.yaml").is_file()
     assert (tmp_path / "seldon" / "models" / "vision-a" / "model-settings.json").is_file()
+    assert (tmp_path / "seldon-core1" / "seldondeployment.yaml").is_file()
+    assert (tmp_path / "seldon-core1" / "models" / "transformer" / "vision.mar").is_file()
 
 
 @pytest.mark.matrix

@@ -1,0 +1,233 @@
+"""tsctl export seldon --core 1: a SeldonDeployment whose graph is TRANSFORMER -> ROUTER -> MODELs, valid against
+Seldon Core 1's CRD (vendored, with the operator's unit values) and its admission webhook's graph checks, the
+components' image context, DEPLOY.md as a user runs it, and the refusals that leave no OUT. Files only: the
+graph runs under the real wrapper in tests/engine/test_seldon_core1.py."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from archiver.cli import main
+from archiver.errors import UserError
+from archiver.export import crds, seldon_core1
+from helpers import deploy_md
+from helpers.models import package_resnet, package_text
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "seldon"
+IMAGE = "registry.example.com/tsctl-seldon:1"
+
+
+@pytest.fixture(scope="module")
+def store(image_sample, text_samples, tmp_path_factory):
+    """model-store: vision-a, vision-b, vision-c (tensor), photo (image); transformer/vision.mar (image);
+    text/sentiment.mar (a text archive: its handler does not split)."""
+    root = tmp_path_factory.mktemp("seldon1")
+    tensor = root / "tensor.yaml"
+    tensor.write_text("batchSize: 4\nmaxBatchDelay: 20\nhandler:\n  input_shape: [3, 224, 224]\n")
+    for name in ("vision-a", "vision-b", "vision-c"):
+        package_resnet(image_sample, root / "model-store", name=name, handler="tensor", config_file=str(tensor),
+                       extra_files=[])  # fmt: skip
+    package_resnet(image_sample, root / "model-store", name="photo")
+    package_resnet(image_sample, root / "transformer", name="vision")
+    package_text(text_samples, root / "text", "sentiment", "text_classifier", "classifier")
+    return root
+
+
+def options(store: Path, out: Path, **changes) -> seldon_core1.SeldonCore1Options:
+    values = dict(out=str(out), image=IMAGE, model_store=str(store / "model-store"),
+                  transformer_archive=str(store / "transformer" / "vision.mar"))  # fmt: skip
+    return seldon_core1.SeldonCore1Options(**{**values, **changes})
+
+
+def manifest_of(out: Path) -> dict:
+    return yaml.safe_load((out / "seldondeployment.yaml").read_text())
+
+
+def invoke(store: Path, out: Path, *args: str):
+    return CliRunner().invoke(main, ["export", "seldon", "--core", "1", str(out), "--model-store",
+                                     str(store / "model-store"), "--image", IMAGE, *args])  # fmt: skip
+
+
+def test_an_ab_graph_is_a_valid_seldon_deployment(store, tmp_path):
+    out = tmp_path / "out"
+    result = seldon_core1.export(options(store, out, ab=[("vision-a", 90), ("vision-b", 10)]))
+    names = {p.relative_to(out).as_posix() for p in result.files}
+    assert names == {
+        "models/transformer/vision.mar", "models/vision-a/vision-a.mar", "models/vision-b/vision-b.mar",
+        "seldondeployment.yaml", "pvc.yaml", "pvc-copy-pod.yaml", "DEPLOY.md", "inputs/sample.png",
+        "component-image/Dockerfile", "component-image/requirements.txt", "component-image/handlers",
+        "component-image/serving",
+    }  # fmt: skip
+    assert any("not in the graph, not exported: photo, vision-c" in note for note in result.notes)
+    manifest = manifest_of(out)
+    assert crds.problems(manifest) == []
+    assert manifest["metadata"] == {"name": "tsctl-graph", "namespace": "seldon"}
+    spec = manifest["spec"]
+    assert spec["protocol"] == "seldon" and spec["transport"] == "rest"
+    assert spec["annotations"] == {"seldon.io/rest-timeout": "60000"}
+    [predictor] = spec["predictors"]
+    assert predictor["svcOrchSpec"]["env"] == [{"name": "SELDON_ENABLE_ROUTING_INJECTION", "value": "true"}]
+    graph = predictor["graph"]
+    assert graph["name"] == "transformer" and graph["type"] == "TRANSFORMER"
+    assert graph["methods"] == ["TRANSFORM_INPUT", "TRANSFORM_OUTPUT"]  # transform-input in, transform-output out
+    assert graph["parameters"] == [{"name": "archive", "value": "/var/models/models/transformer/vision.mar",
+                                    "type": "STRING"}]  # fmt: skip
+    [router] = graph["children"]
+    assert router == {  # the executor's own A/B router: no type (a ROUTER would be called over HTTP)
+        "name": "router",
+        "implementation": "RANDOM_ABTEST",
+        "parameters": [{"name": "ratioA", "value": "0.9", "type": "FLOAT"}],
+        "children": router["children"],
+    }
+    a, b = router["children"]
+    assert (a["name"], b["name"]) == ("vision-a", "vision-b") and a["type"] == b["type"] == "MODEL"
+    assert {p["name"]: (p["value"], p["type"]) for p in a["parameters"]} == {
+        "archive": ("/var/models/models/vision-a/vision-a.mar", "STRING"),
+        "batch_size": ("4", "INT"),
+        "max_batch_delay": ("20", "INT"),
+        "min_workers": ("1", "INT"),
+        "response_timeout": ("120", "INT"),
+    }
+    [component] = predictor["componentSpecs"]
+    [volume] = component["spec"]["volumes"]
+    assert volume == {"name": "models", "persistentVolumeClaim": {"claimName": "tsctl-models", "readOnly": True}}
+    containers = component["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["transformer", "vision-a", "vision-b"]  # one per unit with a class
+    for c, (component_class, kind) in zip(containers, [("Transformer", "TRANSFORMER"), ("Model", "MODEL"),
+                                                       ("Model", "MODEL")]):  # fmt: skip
+        assert c["image"] == IMAGE
+        assert {e["name"]: e["value"] for e in c["env"]} == {
+            "MODEL_NAME": f"serving.seldon_components.{component_class}", "SERVICE_TYPE": kind, "GRPC_WORKERS": "0"}
+        assert c["volumeMounts"] == [{"name": "models", "mountPath": "/var/models", "readOnly": True}]
+        assert c["readinessProbe"]["httpGet"] == {"path": "/health/status", "port": "http"}
+    for unit in (graph, a, b):  # each unit's archive is in the tree where the claim puts it
+        archive = unit["parameters"][0]["value"]
+        assert (out / archive.removeprefix("/var/models/")).is_file()
+    dockerfile = (out / "component-image/Dockerfile").read_text()
+    assert 'CMD ["sh", "-c", "exec seldon-core-microservice \\"$MODEL_NAME\\" --service-type \\"$SERVICE_TYPE\\""]' \
+        in dockerfile  # fmt: skip
+    assert "COPY serving/ /opt/tsctl/serving/" in dockerfile and (out / "component-image/serving/seldon_components.py")
+    pins = (out / "component-image/requirements.txt").read_text().splitlines()
+    assert pins[:4] == ["seldon-core==1.17.1", "numpy==1.26.4", "PyYAML==6.0.1", "setuptools==80.9.0"]
+    assert "torchserve==0.12.0" in pins and not any(p.startswith(("mlserver", "kserve", "numpy==2")) for p in pins)
+
+
+def test_three_candidates_get_the_tsctl_router_and_one_model_none(store, tmp_path):
+    out = tmp_path / "out"
+    seldon_core1.export(options(store, out, ab=[("vision-a", 50), ("vision-b", 30), ("vision-c", 20)], name="abc"))
+    manifest = manifest_of(out)
+    assert crds.problems(manifest) == []
+    [router] = manifest["spec"]["predictors"][0]["graph"]["children"]
+    assert router["type"] == "ROUTER" and router["endpoint"] == {"type": "REST"}
+    assert router["parameters"] == [{"name": "weights", "value": "50,30,20", "type": "STRING"}]
+    assert [c["name"] for c in router["children"]] == ["vision-a", "vision-b", "vision-c"]
+    containers = manifest["spec"]["predictors"][0]["componentSpecs"][0]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["transformer", "router", "vision-a", "vision-b", "vision-c"]
+    assert containers[1]["env"][0]["value"] == "serving.seldon_components.Router"
+
+    one = tmp_path / "one"
+    seldon_core1.export(options(store, one, transformer_model="vision-c"))
+    graph = manifest_of(one)["spec"]["predictors"][0]["graph"]
+    assert crds.problems(manifest_of(one)) == []
+    [model] = graph["children"]
+    assert model["name"] == "vision-c" and model["type"] == "MODEL" and "children" not in model
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/seldon is not beside this checkout")
+def test_the_vendored_schema_is_seldons_crd():
+    crd = yaml.load((SHARED / "machinelearning.seldon.io_seldondeployments.yaml").read_text(),
+                    Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # fmt: skip
+    schema = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")["schema"]["openAPIV3Schema"]
+    vendored = Path(crds.__file__).parent / "crds" / "seldon" / "seldondeployment.v1.json"
+    assert json.loads(vendored.read_text()) == schema
+
+
+def test_the_validator_checks_every_unit(store, tmp_path):
+    manifest = seldon_core1.check(options(store, tmp_path / "o", ab=[("vision-a", 50), ("vision-b", 50)])).manifest
+    assert crds.problems(manifest) == []
+    model = manifest["spec"]["predictors"][0]["graph"]["children"][0]["children"][1]
+    model["type"] = "MODELL"
+    model["parameters"][1]["type"] = "INTEGER"
+    model["endpoint"]["typ"] = "REST"
+    problems = crds.problems(manifest)
+    where = "spec.predictors.0.graph.children.0.children.1"
+    assert f"{where}.endpoint: Additional properties are not allowed ('typ' was unexpected)" in problems
+    assert any(p.startswith(f"{where}.parameters.1.type: 'INTEGER' is not one of") for p in problems)
+    assert any(p.startswith(f"{where}.type: 'MODELL' is not one of") for p in problems)
+    manifest = seldon_core1.check(options(store, tmp_path / "o", transformer_model="vision-a")).manifest
+    manifest["spec"]["predictors"][0]["graph"]["children"][0]["name"] = "elsewhere"
+    with pytest.raises(UserError, match="graph unit 'elsewhere' has no container of its name"):
+        seldon_core1.webhook_check(manifest)
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--transformer-archive", "TEXT", "--transformer-model", "vision-a"], "cannot run apart from its model"),
+        (["--ab", "vision-a=100"], "a router needs two or more candidates"),
+        (["--ab", "vision-a=60", "--ab", "vision-b=30"], "must add up to 100 (the router's shares), got 60 + 30 = 90"),
+        (["--ab", "vision-a=60", "--ab", "vision-b=60"], "got 60 + 60 = 120"),
+        (["--ab", "vision-a=50", "--ab", "vision-a=50"], "--ab names 'vision-a' twice"),
+        (["--ab", "nope=50", "--ab", "vision-a=50"], "--ab model 'nope' is not a model of the store"),
+        (["--ab", "photo=50", "--ab", "vision-a=50"], "model 'photo' gets the transformer's tensors"),
+        (["--name", "Vision_Graph", "--transformer-model", "vision-a"], "--name 'Vision_Graph' is not a valid"),
+        (["--namespace", "ML", "--transformer-model", "vision-a"], "--namespace 'ML' is not a valid Kubernetes name"),
+        (["--claim", "-x", "--transformer-model", "vision-a"], "--claim '-x' is not a valid Kubernetes name"),
+        (["--transformer-model", "vision-a", "--mirror", "vision-b"], "--mirror is for Seldon Core 2"),
+        (["--transformer-model", "vision-a", "--server", "s"], "--server is for Seldon Core 2"),
+        (["--transformer-model", "vision-a", "--ab", "vision-a=50", "--ab", "vision-b=50"], "one or the other"),
+        (["--memory", "2GB", "--transformer-model", "vision-a"], "--memory '2GB' must be a memory quantity"),
+    ],
+)
+def test_mistakes_are_one_line_exit_2_and_write_nothing(store, tmp_path, args, words):
+    out = tmp_path / "out"
+    args = [str(store / "text" / "sentiment.mar") if a == "TEXT" else a for a in args]
+    if "--transformer-archive" not in args:
+        args += ["--transformer-archive", str(store / "transformer" / "vision.mar")]
+    result = invoke(store, out, *args)
+    assert result.exit_code == 2, result.output
+    assert words in result.output and "Traceback" not in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    assert not out.exists() and list(tmp_path.iterdir()) == []  # no OUT, no staging directory beside it
+
+
+def test_without_a_transformer_and_with_name_on_core_2(store, tmp_path):
+    result = invoke(store, tmp_path / "out", "--ab", "vision-a=50", "--ab", "vision-b=50")
+    assert result.exit_code == 2 and "give --transformer-archive" in result.output, result.output
+    core2 = CliRunner().invoke(main, ["export", "seldon", str(tmp_path / "out"), "--model-store",
+                                      str(store / "model-store"), "--image", IMAGE, "--name", "g"])  # fmt: skip
+    assert core2.exit_code == 2 and "--name names a Seldon Core 1 SeldonDeployment" in core2.output, core2.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_deploy_md_runs_as_written_from_its_directory(store, tmp_path, tmp_path_factory):
+    out = tmp_path / "out"
+    result = invoke(store, out, "--ab", "vision-a=70", "--ab", "vision-b=30", "--name", "vision", "--namespace", "ml",
+                    "--transformer-archive", str(store / "transformer" / "vision.mar"))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[-1].strip() == (
+        'curl -s -H "Content-Type: application/json" "http://${INGRESS}/seldon/ml/vision/api/v1.0/predictions" '
+        "--data-binary @input.json"
+    )
+    run = deploy_md.run_deploy_md(out, tmp_path / "stubs")
+    deploy_md.check_referenced_files_exist(out, run)
+    here = [str(tmp_path_factory.getbasetemp()), str(Path.cwd()), str(Path(__file__).resolve().parents[2])]
+    assert deploy_md.paths_in_tree(out, here) == []
+    assert [args[:3] for args in run.of("docker")] == [["build", "-t", IMAGE], ["push", IMAGE]]
+    applied = [deploy_md.positional(args)[-1] for args in run.of("kubectl") if args[0] == "apply"]
+    assert applied == ["pvc.yaml", "pvc-copy-pod.yaml", "seldondeployment.yaml"]
+    copied = [deploy_md.positional(args)[1] for args in run.of("kubectl") if args[0] == "cp"]
+    assert copied == ["models/transformer/vision.mar", "models/vision-a/vision-a.mar", "models/vision-b/vision-b.mar"]
+    [curl] = run.of("curl")
+    assert "http://localhost:8080/seldon/ml/vision/api/v1.0/predictions" in curl
+    body = json.loads((out / "input.json").read_text())
+    assert list(body) == ["binData"] and (out / "inputs/sample.png").read_bytes() == __import__("base64").b64decode(
+        body["binData"])  # fmt: skip
+    deploy = (out / "DEPLOY.md").read_text()
+    assert "meta.routing" in deploy and "SELDON_ENABLE_ROUTING_INJECTION" in deploy
+    assert "{'router': 0, 'transformer': -1, 'vision-a': -1}" in deploy
+    shares = "the router `router` (RANDOM_ABTEST, ratioA) sends each request to one of vision-a 70%, vision-b 30%"
+    assert shares in deploy
