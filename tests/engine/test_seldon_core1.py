@@ -4,7 +4,7 @@ samples/runtime_env.py) with its container's env and typed parameters, and the g
 executor walks it (tests/helpers/seldon_graph.py: transform-input, route, the chosen child's predict,
 transform-output, meta.routing injected).
 
-- the transformer alone (the default run's smoke): its transform-input is the handler's batch in-process, its
+- the transformer alone (make test reads the same messages in-process: test_seldon_messages.py): its transform-input is the handler's batch in-process, its
   transform-output the handler's answers; names and meta come back; a bad message is Seldon's error shape
   with its 4xx, alone;
 - the A/B graph (RANDOM_ABTEST, ratioA 0.7) over 1,000 requests: the split is within 4 sigma of ratioA, and
@@ -90,8 +90,9 @@ def in_process(store: Path, names) -> dict:
     return answers
 
 
+@pytest.mark.matrix  # 12 s, and the seldon-core venv built first; make test reads the messages in-process
 def test_the_transformer_under_the_real_wrapper(store, seldon_python, tmp_path):
-    """The smoke: the export's transformer unit alone under seldon-core-microservice."""
+    """The export's transformer unit alone under seldon-core-microservice."""
     from serving import split
 
     out = tmp_path / "out"
