@@ -165,22 +165,20 @@ def version_of(model_entry: dict) -> str:
     return next(iter(model_entry))
 
 
-def render(properties: Dict[str, str]) -> str:
-    if properties.get("install_py_dep_per_model", "").lower() == "true":  # tsctl export kserve's
-        lines = [
-            "# Written by tsctl export kserve for KServe (mounted at /mnt/models): TorchServe installs each",
-            "# archive's requirements.txt (install_py_dep_per_model=true), locked for the image by the export.",
-        ]
-    else:
-        lines = [
-            "# Written by tsctl config. Locally, where the archives' packages are installed:",
-            "#   torchserve --start --ncs --model-store model-store --ts-config config/config.properties",
-            "# after moving its addresses, KServe's on every interface (0.0.0.0:8085, metrics 0.0.0.0:8082), to the",
-            "# loopback (TS_INFERENCE_ADDRESS, TS_MANAGEMENT_ADDRESS, TS_METRICS_ADDRESS: http://127.0.0.1:PORT),",
-            "# as 'tsctl serve' does.",
-            "# Under KServe (mounted at /mnt/models) as is only when its image has every archive's requirements",
-            "# (tsctl config names each archive whose requirements it lacks); else use 'tsctl export kserve'.",
-        ]
+CONFIG_HEADER = [
+    "# Written by tsctl config. Locally, where the archives' packages are installed:",
+    "#   torchserve --start --ncs --model-store model-store --ts-config config/config.properties",
+    "# after moving its addresses, KServe's on every interface (0.0.0.0:8085, metrics 0.0.0.0:8082), to the",
+    "# loopback (TS_INFERENCE_ADDRESS, TS_MANAGEMENT_ADDRESS, TS_METRICS_ADDRESS: http://127.0.0.1:PORT),",
+    "# as 'tsctl serve' does.",
+    "# Under KServe (mounted at /mnt/models) as is only when its image has every archive's requirements",
+    "# (tsctl config names each archive whose requirements it lacks); else use 'tsctl export kserve'.",
+]
+
+
+def render(properties: Dict[str, str], header: Optional[List[str]] = None) -> str:
+    """The file: ``header``'s comment lines (None: tsctl config's, ``CONFIG_HEADER``), then the keys."""
+    lines = list(CONFIG_HEADER if header is None else header)
     # key=value with only what Java would misread escaped, not javaproperties' fully escaped form:
     # pytorch/serve's kserve_wrapper reads this file by splitting each line at its first '=', so the
     # snapshot's JSON must stay as it is ('\:' would reach json.loads). tsctl's own values (addresses,

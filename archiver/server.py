@@ -40,8 +40,11 @@ STATE_FILE = "server.json"
 @dataclass
 class Server:
     """A running server, as server.json records it. Every address is a base URL (``http://HOST:PORT``);
-    ``grpc`` is ``HOST:PORT`` where the engine serves gRPC (TorchServe's own inference API on TorchServe,
-    KServe's v2 on the tsctl engine), else None."""
+    the gRPC ones are ``HOST:PORT``, each named for its API: ``kserve_v2_grpc`` KServe's v2 (Open Inference
+    Protocol) gRPC (the tsctl engine, MLServer), ``ts_grpc_inference``/``ts_grpc_management`` TorchServe's own
+    (``inference.proto``, ``management.proto``: TorchServe, the tsctl engine); None where not served.
+    ``grpc`` is the former key, kept for scripts that read it: TorchServe's gRPC inference API on TorchServe,
+    KServe's v2 gRPC on the tsctl engine and MLServer."""
 
     pid: int
     home: str
@@ -55,6 +58,7 @@ class Server:
     # TorchServe's own gRPC APIs (inference.proto, management.proto), HOST:PORT each; None where not served
     ts_grpc_inference: Optional[str] = None
     ts_grpc_management: Optional[str] = None
+    kserve_v2_grpc: Optional[str] = None
 
     @property
     def logs(self) -> Path:

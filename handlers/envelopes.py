@@ -49,10 +49,13 @@ def in_place() -> bool:
 
 
 def report() -> str:
-    """One line for the worker log: the envelope TorchServe was started with, and whether it steps aside."""
+    """One line for the worker log: the envelope KServe asks for, and whether it steps aside. The worker
+    inherits TS_SERVICE_ENVELOPE whether or not its frontend applied it: TorchServe 0.12 (and tsctl's engine)
+    read it only with config.properties' enable_envvars_config=true, and the worker cannot tell which."""
     envelope = os.environ.get("TS_SERVICE_ENVELOPE")
     if not envelope:
-        return "no KServe envelope (TS_SERVICE_ENVELOPE unset)"
+        return "no KServe envelope asked for (TS_SERVICE_ENVELOPE unset)"
+    where = f"TS_SERVICE_ENVELOPE={envelope}, applied where config.properties says enable_envvars_config=true"
     if in_place():
-        return f"TorchServe's {envelope} envelope hands rows straight to this handler"
-    return f"TorchServe's {envelope} envelope is NOT stepping aside: batches of several requests will fail"
+        return f"{where}: TorchServe's {envelope} envelope hands rows straight to this handler"
+    return f"{where}: TorchServe's {envelope} envelope is NOT stepping aside: batches of several requests will fail"

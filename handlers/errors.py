@@ -14,7 +14,7 @@ its workers, TorchServe's wire), the KServe transformer and the MLServer runtime
 - ``error_body``: TorchServe's ``{"code", "type", "message"}``; on KServe's routes (``kserve``) it
   also carries KServe's own ``{"error": message}``, so that clients of either read it;
 - ``frontend_error``: that body as TorchServe's frontend (Java) writes the errors it makes itself,
-  indented by two spaces;
+  indented by two spaces, a line break after: every error the tsctl engine makes itself;
 - ``with_kserve_error``: a handler's error body given KServe's ``error`` key on KServe's routes;
 - ``error_message``: the message in an error body, whichever of the two it is.
 
@@ -131,10 +131,12 @@ def error_body(status: int, kind: str, message: str, kserve: bool = False) -> Di
     return body
 
 
-def frontend_error(status: int, kind: str, message: str) -> bytes:
-    """An error TorchServe's frontend makes itself (a worker died, a queue is full, an answer too
-    large), byte for byte as it sends it: ``error_body`` indented by two spaces."""
-    return json.dumps(error_body(status, kind, message), indent=2).encode()
+def frontend_error(status: int, kind: str, message: str, kserve: bool = False) -> bytes:
+    """An error TorchServe's frontend makes itself (an unknown model or path, a worker died, a queue is
+    full, an answer too large, a missing token), byte for byte as it sends it: ``error_body`` indented by
+    two spaces and a line break (NettyUtils.sendJsonResponse). Every error the tsctl engine makes itself is
+    this body, on TorchServe's routes and on KServe's (``kserve``: with KServe's ``error`` key too)."""
+    return json.dumps(error_body(status, kind, message, kserve), indent=2).encode() + b"\n"
 
 
 def with_kserve_error(body: bytes) -> bytes:

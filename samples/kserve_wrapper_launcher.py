@@ -86,14 +86,17 @@ def generate_protos(python: str, proto_dir: Path, out: Path) -> Path:
 
     inference.proto imports ``google/rpc/status.proto``: the Dockerfile finds it with
     ``-I third_party/google/rpc`` (pytorch/serve's googleapis checkout); here it is the copy
-    googleapis-common-protos installs beside its ``google.rpc`` package, in ``python``'s environment."""
+    googleapis-common-protos installs beside its ``google.rpc`` package, in ``python``'s environment.
+    Both run isolated (``-I``): ``google`` and ``google.rpc`` are namespace packages, so a ``google/rpc/``
+    in the current directory or on ``PYTHONPATH`` (stubs a user generated there) would come first in
+    ``google.rpc.__path__`` and hide the environment's copy."""
     out.mkdir(parents=True, exist_ok=True)
     python = os.path.abspath(python) if os.sep in python else python
     find = "import os, google.rpc; print(os.path.dirname(os.path.dirname(list(google.rpc.__path__)[0])))"
-    found = subprocess.run([python, "-c", find], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    found = subprocess.run([python, "-I", "-c", find], capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if found.returncode != 0 or not (Path(found.stdout.strip()) / "google" / "rpc" / "status.proto").exists():
         raise RuntimeError(f"no google/rpc/status.proto in the environment of {python}: {found.stderr.strip()}")
-    command = [python, "-m", "grpc_tools.protoc", "-I", found.stdout.strip(), f"--proto_path={proto_dir}"]
+    command = [python, "-I", "-m", "grpc_tools.protoc", "-I", found.stdout.strip(), f"--proto_path={proto_dir}"]
     command += [f"--python_out={out}", f"--grpc_python_out={out}", "inference.proto", "management.proto"]
     done = subprocess.run(command, cwd=proto_dir, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if done.returncode != 0:

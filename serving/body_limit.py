@@ -27,7 +27,7 @@ import os
 import re
 from typing import List, Mapping, Optional, Tuple
 
-from handlers.errors import error_body
+from handlers.errors import frontend_error
 
 MAX_REQUEST_SIZE = "max_request_size"  # the setting's name: config.properties' key, in every message
 DEFAULT_MAX_REQUEST_SIZE = 6553500  # bytes: TorchServe's default
@@ -246,10 +246,9 @@ class BodyLimit:
 
     @staticmethod
     async def refuse(scope, send, status: int, message: str):
-        from starlette.responses import JSONResponse  # imported here: the CLI reads this module's limits
+        from starlette.responses import Response  # imported here: the CLI reads this module's limits
 
         kind = {408: "RequestTimeout", 413: "RequestEntityTooLarge", 503: "ServiceUnavailableException"}[status]
         headers = {"Retry-After": "1"} if status == 503 else None
-        await JSONResponse(error_body(status, kind, message, kserve=True), status_code=status, headers=headers)(
-            scope, None, send
-        )
+        body = frontend_error(status, kind, message, kserve=True)
+        await Response(body, status, headers=headers, media_type="application/json")(scope, None, send)

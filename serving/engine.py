@@ -57,11 +57,11 @@ from starlette.routing import Route
 
 from handlers import identity, signing
 from handlers.archives import ArchiveError
-from handlers.errors import error_body, with_kserve_error
+from handlers.errors import frontend_error, with_kserve_error
 
 from . import engine_http, engine_stream, sockets, ts_config
 from .body_limit import BODY_IDLE_TIMEOUT, BodyLimit, InFlight, max_inflight_bytes
-from .engine_management import NOT_ALLOWED, NOT_FOUND, management_routes, ts_error
+from .engine_management import NOT_ALLOWED, NOT_FOUND, management_routes, ts_error, ts_json
 from .engine_metrics import Metrics
 from .engine_versions import ModelVersions
 from .engine_workers import ModelWorkers
@@ -140,13 +140,14 @@ class Engine(ModelVersions):
 
 
 # ---- HTTP ---------------------------------------------------------------------------------------
-def error(status: int, kind: str, message: str, kserve: bool = False) -> JSONResponse:
-    return JSONResponse(error_body(status, kind, message, kserve), status_code=status)
+def error(status: int, kind: str, message: str, kserve: bool = False) -> HttpResponse:
+    """An error the engine makes itself, as TorchServe's frontend sends its own (``frontend_error``)."""
+    return HttpResponse(frontend_error(status, kind, message, kserve), status, media_type="application/json")
 
 
 def not_found(
     name: str, version: Optional[str], kserve: bool = False, engine: Optional["Engine"] = None
-) -> JSONResponse:
+) -> HttpResponse:
     """404 for a model (version) not served; on TorchServe's routes (``engine`` given) in TorchServe's words: a
     version of a model it serves is ModelVersionNotFoundException."""
     if engine is not None and version and name in engine.versions:
@@ -215,7 +216,7 @@ def torchserve_routes(engine: Engine) -> List[Route]:
 
     async def ping(_):
         healthy = engine.ready
-        return JSONResponse({"status": "Healthy" if healthy else "Unhealthy"}, status_code=200 if healthy else 500)
+        return ts_json({"status": "Healthy" if healthy else "Unhealthy"}, 200 if healthy else 500)  # as TorchServe
 
     async def metrics(_):  # rendered off the event loop: requests go on while a large exposition is made
         text, kind = await asyncio.get_running_loop().run_in_executor(None, engine.metrics.render)

@@ -23,14 +23,13 @@
 """
 
 import contextlib
-import json
 import resource
 from typing import Dict
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from handlers.errors import error_body
+from handlers.errors import frontend_error
 
 from .body_limit import BODY_IDLE_TIMEOUT
 from .engine_stream import ABORT
@@ -119,7 +118,7 @@ class BoundedHttp(HttpToolsProtocol):
 
     def _refuse_head(self):
         message = f"the request line and headers are above {MAX_HEAD_BYTES:,} bytes"
-        body = json.dumps(error_body(431, "RequestHeaderFieldsTooLarge", message, kserve=True))
+        body = frontend_error(431, "RequestHeaderFieldsTooLarge", message, kserve=True).decode("utf-8")
         head = (
             "HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"

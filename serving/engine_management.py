@@ -45,6 +45,7 @@ from starlette.responses import Response as HttpResponse
 from starlette.routing import Route
 
 from handlers.archives import ArchiveError, opened
+from handlers.errors import frontend_error
 from handlers.signing import SignatureError
 
 from . import ts_config
@@ -90,7 +91,7 @@ def ts_json(body, status: int = 200) -> HttpResponse:
 
 
 def ts_error(status: int, kind: str, message: str) -> HttpResponse:
-    return ts_json({"code": status, "type": kind, "message": message}, status)
+    return HttpResponse(frontend_error(status, kind, message), status, media_type="application/json")
 
 
 def status(message: str, code: int = 200) -> HttpResponse:

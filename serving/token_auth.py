@@ -124,7 +124,7 @@ class Tokens:
 
 
 def refusal(message: str = MESSAGE) -> bytes:
-    return frontend_error(400, "InvalidKeyException", message) + b"\n"
+    return frontend_error(400, "InvalidKeyException", message)
 
 
 def is_management(path: str) -> bool:

@@ -67,14 +67,23 @@ def serve(config_path, model_store, home, timeout, install_deps, enable_model_ap
         env=env,
     )
     chosen = engines.engine_of(srv)
+    key_file = chosen.key_file(srv)
     if as_json:
         addresses = dict(chosen.addresses(srv))
+        if srv.grpc:  # the former key, for scripts that read it (docs/json-output.md)
+            addresses["grpc"] = srv.grpc
         report = {"engine": chosen.name, "pid": srv.pid, "home": srv.home, "models": srv.models}
-        print_json({**report, "addresses": addresses, "notes": notes})
+        key = str(key_file) if key_file else None
+        print_json({**report, "addresses": addresses, "key_file": key, "notes": notes})
         return
     click.echo(f"{chosen.title} ready (pid {srv.pid}): {', '.join(srv.models)}")
     for label, address in chosen.addresses(srv):
-        click.echo(f"  {label:<10} {address}")
+        click.echo(f"  {label:<18} {address}")
+    if key_file:
+        click.echo(
+            f"token authorization is on: the keys are in {key_file} (predict, bench and verify --served send "
+            "them; others send 'Authorization: Bearer KEY')"
+        )
 
 
 @click.command(cls=Command)

@@ -91,15 +91,31 @@ class Runtime:
         return data, content_type
 
     def addresses(self, server: "Server") -> List[Tuple[str, str]]:
-        """(label, address) lines for ``tsctl serve`` to print."""
+        """(label, address) lines for ``tsctl serve`` to print, each gRPC address labelled with its API
+        (server.json's keys: ``Server``); ``serve --json`` adds the former ``grpc``."""
         lines = [("inference", server.inference)]
         if server.management:
             lines.append(("management", server.management))
         if server.metrics:
             lines.append(("metrics", server.metrics_url))
-        if server.grpc:
-            lines.append(("grpc", server.grpc))
+        for label in ("kserve_v2_grpc", "ts_grpc_inference", "ts_grpc_management"):
+            if getattr(server, label):
+                lines.append((label, getattr(server, label)))
         return lines + [("logs", str(self.output(server)))]
+
+    def key_file(self, server: "Server") -> Optional[Path]:
+        """Where the keys are when the server asks for TorchServe's tokens (its management API refuses a call
+        without one: ``InvalidKeyException``), else None: key_file.json in its home, where it runs."""
+        from .. import server as servers
+
+        if not server.management:
+            return None
+        try:
+            status, body = servers.request(f"{server.management}/models?limit=1", timeout=10)
+        except OSError:
+            return None
+        refused = status == 400 and isinstance(body, dict) and body.get("type") == "InvalidKeyException"
+        return Path(server.home) / "key_file.json" if refused else None
 
     def served_models(self, server: "Server") -> List[str]:
         """The models the running server serves now (``list_models``); the models server.json recorded

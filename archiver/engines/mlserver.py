@@ -101,6 +101,7 @@ class MLServerRuntime(TsctlRuntime):
                 engine=self.name,
                 grpc=f"127.0.0.1:{grpc}",
                 log_writer=process.log_writer.pid,
+                kserve_v2_grpc=f"127.0.0.1:{grpc}",
             )
             return servers.recorded(server, lambda: self.wait_ready(server, timeout, process, progress))
 

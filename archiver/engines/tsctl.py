@@ -32,7 +32,8 @@ MISSING_MODULE = re.compile(r"^ModuleNotFoundError: No module named '([\w.]+)'")
 class TsctlRuntime(Runtime):
     """The tsctl engine (``python -m serving.engine``): TorchServe's model store and config.properties
     served in Python, no Java, TorchServe's inference API, KServe v1/v2 REST and Prometheus metrics on
-    one HTTP port, TorchServe's management API on another, v2 gRPC on a third."""
+    one HTTP port, TorchServe's management API on another, KServe's v2 gRPC on a third, TorchServe's gRPC
+    inference and management APIs on two more."""
 
     name = "tsctl"
     title = "tsctl engine"
@@ -114,6 +115,7 @@ class TsctlRuntime(Runtime):
                 log_writer=process.log_writer.pid,
                 ts_grpc_inference=f"127.0.0.1:{ts_inference}" if enable_grpc else None,
                 ts_grpc_management=f"127.0.0.1:{ts_management}" if enable_grpc else None,
+                kserve_v2_grpc=f"127.0.0.1:{grpc}" if enable_grpc else None,
             )
             return servers.recorded(server, lambda: self.wait_ready(server, run.timeout, process, run.progress))
 

@@ -101,7 +101,7 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
 
     with out_dir.written_beside(Path(options.out)) as staging:
         properties["model_snapshot"] = json.dumps(snapshot, separators=(",", ":"))
-        files = write_tree(staging, properties, archives, locked)
+        files = write_tree(staging, properties, archives, locked, config_header(target, config_path, properties))
         files += target.write_files(staging, options, archives)
         if transformer_archive is not None:
             (staging / "transformer").mkdir()
@@ -120,13 +120,30 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     return Export(out_dir.moved(files, staging, Path(options.out)), notes, curls)
 
 
-def write_tree(root: Path, properties: Dict[str, str], archives: List[Path], locked: Dict[Path, dict]) -> List[Path]:
-    """config/config.properties and model-store/: each archive as it is, or rewritten with its locked
-    requirements."""
+def config_header(target: targets.Target, config: Path, properties: Dict[str, str]) -> List[str]:
+    """The exported config's comment: what wrote it, from what (the --config file, by name only: no path of
+    this machine goes into the tree), and what the export changed."""
+    lines = [
+        f"# Written by tsctl export kserve for KServe (mounted at /mnt/models), served by {target.title}:",
+        f"# the keys of {config.name} (--config), its model_snapshot checked against the model store.",
+    ]
+    if properties.get("install_py_dep_per_model", "").lower() == "true":
+        lines.append(
+            "# install_py_dep_per_model=true: TorchServe installs each archive's requirements.txt, locked for the "
+            "image by the export."
+        )
+    return lines
+
+
+def write_tree(
+    root: Path, properties: Dict[str, str], archives: List[Path], locked: Dict[Path, dict], header: List[str]
+) -> List[Path]:
+    """config/config.properties (under ``header``) and model-store/: each archive as it is, or rewritten with
+    its locked requirements."""
     (root / "config").mkdir()
     (root / "model-store").mkdir()
     files = [root / "config" / "config.properties"]
-    files[0].write_text(render(properties), encoding="utf-8")
+    files[0].write_text(render(properties, header), encoding="utf-8")
     for archive in archives:
         target = root / "model-store" / archive.name
         if archive in locked:

@@ -62,9 +62,19 @@ class Target:
         refuse(self.name, self.title, self.export_flags, given, EXPORT_FLAGS, flag_owners, "export")
 
     def check_properties(self, properties: Dict[str, str], path: Path):
-        """What the exported config must say for this runtime under KServe (UserError naming the key)."""
-        expected = {"disable_token_authorization": ("true", "KServe's requests carry no TorchServe token")}
+        """What the exported config must say under KServe (UserError naming the key), the same for TorchServe
+        and the tsctl engine, which read it alike: TS_SERVICE_ENVELOPE, which KServe sets, only with
+        enable_envvars_config=true (TorchServe 0.12's ConfigManager, serving/ts_config.py: with_environment)."""
+        expected = {
+            "disable_token_authorization": ("true", "KServe's requests carry no TorchServe token"),
+            "enable_envvars_config": ("true", "KServe's TS_SERVICE_ENVELOPE is ignored without it"),
+        }
         check_values(properties, path, expected)
+        if properties.get("enable_model_api", "").lower() not in ("true", "false"):
+            raise UserError(
+                f"{path}: set enable_model_api explicitly (TorchServe 0.11+ turns it off by default); "
+                "regenerate it with 'tsctl config'"
+            )
 
     def envelope_batches(self) -> bool:
         """True when archives of handlers that are not the toolkit's run inside TorchServe's KServe
@@ -131,17 +141,6 @@ class TorchServeTarget(Target):
     name = "torchserve"
     title = "TorchServe"
     export_flags = ("offline",)
-
-    def check_properties(self, properties: Dict[str, str], path: Path):
-        super().check_properties(properties, path)
-        check_values(
-            properties, path, {"enable_envvars_config": ("true", "KServe's TS_SERVICE_ENVELOPE is ignored without it")}
-        )
-        if properties.get("enable_model_api", "").lower() not in ("true", "false"):
-            raise UserError(
-                f"{path}: set enable_model_api explicitly (TorchServe 0.11+ turns it off by default); "
-                "regenerate it with 'tsctl config'"
-            )
 
     def envelope_batches(self) -> bool:
         return True

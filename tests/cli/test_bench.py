@@ -103,6 +103,7 @@ def test_server_json_records_the_engine_and_base_addresses(srv):
     for api in ("inference", "management", "metrics"):
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+", recorded[api]), (api, recorded[api])
     assert re.fullmatch(r"127\.0\.0\.1:\d+", recorded["grpc"])
+    assert recorded["grpc"] == recorded["ts_grpc_inference"] and recorded["kserve_v2_grpc"] is None  # TorchServe's
     status, metrics = server.request(srv.metrics_url, timeout=10)
     assert srv.metrics_url == recorded["metrics"] + "/metrics" and status == 200 and "ts_inference" in metrics
     assert engines.engine_of(srv).predict_url(srv, "resnet18") == f"{srv.inference}/predictions/resnet18"
@@ -118,7 +119,7 @@ def test_the_cli_serves_and_stops_torchserve_through_its_engine(store, tmp_path)
         assert started.output.startswith("TorchServe ready (pid ")
         running = server.read_state(home)
         for label, address in engines.ENGINES["torchserve"].addresses(running):
-            assert f"  {label:<10} {address}\n" in started.output
+            assert f"  {label:<18} {address}\n" in started.output
         again = [
             "serve",
             "--engine",

@@ -111,7 +111,19 @@ def test_the_per_model_install_is_off_here_and_on_in_the_export(image_sample, tm
     exported = tmp_path / "out" / "config" / "config.properties"
     assert properties.read_properties(exported)["install_py_dep_per_model"] == "true"
     assert exported.read_text().startswith("# Written by tsctl export kserve for KServe (mounted at /mnt/models)")
+    assert "# install_py_dep_per_model=true: TorchServe installs each archive" in exported.read_text()
     assert properties.read_properties(config)["install_py_dep_per_model"] == "false"  # the source is not changed
+    # the tsctl engine's export: a config tsctl config did not write is not said to be tsctl config's
+    mine = tmp_path / "mine.properties"
+    mine.write_text("# my own\n" + "\n".join(line for line in text.splitlines() if not line.startswith("#")) + "\n")
+    options.update(config=str(mine), engine="tsctl", image="registry.example.com/e:1")
+    kserve.export(kserve.ExportOptions(out=str(tmp_path / "engine"), **options))
+    header = [line for line in (tmp_path / "engine" / "config" / "config.properties").read_text().splitlines()
+              if line.startswith("#")]  # fmt: skip
+    assert header == [
+        "# Written by tsctl export kserve for KServe (mounted at /mnt/models), served by tsctl engine:",
+        "# the keys of mine.properties (--config), its model_snapshot checked against the model store.",
+    ]
 
 
 LACKS = "which KServe's torchserve-kfs:0.9.0 image lacks"

@@ -84,9 +84,10 @@ def served(root):
 def test_serve(served):
     document, stderr, home = served
     assert stderr == ""
-    assert set(document) == {"engine", "pid", "home", "models", "addresses", "notes"}
+    assert set(document) == {"engine", "pid", "home", "models", "addresses", "key_file", "notes"}
     assert_documented("serve", *document)
     assert document["notes"] == []  # every archive of the store is in the config's snapshot
+    assert document["key_file"] is None  # tsctl config's file turns token authorization off
     recorded = server.read_state(home)
     assert (document["engine"], document["pid"], document["home"]) == ("torchserve", recorded.pid, str(home))
     assert document["models"] == ["tensor"]
@@ -94,9 +95,12 @@ def test_serve(served):
         "inference": recorded.inference,
         "management": recorded.management,
         "metrics": recorded.metrics_url,
-        "grpc": recorded.grpc,
+        "ts_grpc_inference": recorded.ts_grpc_inference,  # TorchServe's inference.proto
+        "ts_grpc_management": recorded.ts_grpc_management,  # its management.proto
+        "grpc": recorded.ts_grpc_inference,  # the former key, as before
         "logs": str(recorded.logs),
     }
+    assert recorded.ts_grpc_inference != recorded.ts_grpc_management and recorded.kserve_v2_grpc is None
     assert_documented("serve", *document["addresses"])
 
 

@@ -92,6 +92,7 @@ def run_blocks(tmp_path: Path, *names: str, timeout: int = 600) -> str:
             )
             out.append(done.stdout)
             assert done.returncode == 0, f"block {name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        assert_written_files_are_ignored(tmp_path)
     finally:
         for home in tmp_path.rglob(".tsctl"):  # stopped by the test that started it, by its own state
             subprocess.run(
@@ -106,6 +107,21 @@ def run_blocks(tmp_path: Path, *names: str, timeout: int = 600) -> str:
     return "".join(out)
 
 
+def assert_written_files_are_ignored(root: Path):
+    """Every file the blocks wrote in the stand-in root is one the repository's .gitignore ignores: a
+    reader who runs them in a checkout gets no untracked files in ``git status``."""
+    linked = {".venv", ".runtimes", "serving"}  # the test's links to this checkout
+    written = []
+    for directory, subdirectories, files in os.walk(root):
+        if Path(directory) == root:
+            subdirectories[:] = [d for d in subdirectories if d not in linked]
+        written += [str((Path(directory) / f).relative_to(root)) for f in files if f not in linked]
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=ROOT, input="\n".join(written),
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    missed = sorted(set(written) - set(ignored.stdout.splitlines()))
+    assert not missed, f"files the documentation's blocks write that .gitignore does not ignore: {missed[:20]}"
+
+
 def test_every_shell_block_is_run_or_says_why_not():
     unmarked = [f"{doc}: {text.splitlines()[0]}" for doc, mark, _, text in shell_blocks() if mark is None]
     assert not unmarked, "shell blocks marked neither readme-test nor 'not run':\n" + "\n".join(unmarked)
@@ -114,7 +130,7 @@ def test_every_shell_block_is_run_or_says_why_not():
 def test_every_marked_block_is_run_by_a_test():
     assert set(blocks()) == {
         "flow", "curl", "torchserve", "engine", "kserve-export", "golden", "own-handler", "minilm",
-        "signing", "kserve-engine-export", "seldon-export", "seldon-core1-export", "mlserver",
+        "signing", "kserve-engine-export", "seldon-export", "seldon-core1-export", "mlserver", "ts-grpc-stubs",
         "kserve-image-base", "kserve-image", "kserve-image-stop",  # tests/export/test_kserve_image.py
     }  # fmt: skip
 
@@ -124,6 +140,18 @@ def test_the_flow_runs_as_written(tmp_path):
     assert len(re.findall(r"kitten\.jpg: 200 ", out)) == 3, out  # on TorchServe, by tsctl run and on tsctl's engine
     assert len(re.findall(r'"class_\d+": ', out)) >= 2, out  # curl's answers, through tsctl serve and plain TorchServe
     assert re.search(r"^DEPLOY\.md$", out, re.M) and re.search(r"^inferenceservice\.yaml$", out, re.M), out
+
+
+def test_the_grpc_stubs_generate_as_written(tmp_path):
+    """docs/engines.md's protoc command writes its stubs into ts-grpc-stubs/ alone: nothing in the root, where
+    a google/rpc/ would come first in every Python's google.rpc started there."""
+    (tmp_path / "serving").symlink_to(ROOT / "serving")  # the checkout's serving/protos, as in the root
+    out = run_blocks(tmp_path, "ts-grpc-stubs")
+    assert out.splitlines()[-1] == "stubs ok", out
+    assert {p.name for p in tmp_path.iterdir()} - {".venv", ".runtimes"} == {"serving", "ts-grpc-stubs"}
+    assert (tmp_path / "ts-grpc-stubs" / "google" / "rpc" / "status_pb2.py").is_file()
+    ignored = subprocess.run(["git", "check-ignore", "-q", "ts-grpc-stubs/inference_pb2.py"], cwd=ROOT, timeout=30)
+    assert ignored.returncode == 0, "ts-grpc-stubs/ is not in .gitignore"
 
 
 @pytest.mark.matrix  # tests/cli/test_golden.py and tests/export/ run the same commands in make test

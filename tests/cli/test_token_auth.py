@@ -1,10 +1,11 @@
 """With TorchServe's token authorization on, tsctl predict and bench read the key file and still work."""
 
 import re
+from pathlib import Path
 
 from click.testing import CliRunner
 
-from archiver import server
+from archiver import engines, server
 from archiver.cli import main
 from helpers.models import package_resnet
 from helpers.servers import RunningServer, post
@@ -19,6 +20,7 @@ def test_predict_and_bench_use_the_key_file(image_sample, jpegs, tmp_path):
         status, body = post(srv, "resnet18", jpegs[0], "image/jpeg")  # no token: TorchServe 0.12 says 400
         assert (status, body["type"]) == (400, "InvalidKeyException"), body
         assert server.read_keys(srv.home)["inference"]
+        assert engines.ENGINES["torchserve"].key_file(srv) == Path(srv.home) / "key_file.json"  # serve's line
         result = CliRunner().invoke(main, ["predict", "resnet18", str(image), "--home", srv.home])
         assert result.exit_code == 0 and ": 200 {" in result.output, result.output
         result = CliRunner().invoke(
@@ -56,6 +58,8 @@ def test_on_the_engine_too_with_the_batch_sweep(tmp_path):
         assert result.exit_code == 0, result.output
         srv = server.read_state(home)
         assert srv.management != srv.inference and server.read_keys(home)["management"]
+        said = f"token authorization is on: the keys are in {home.resolve() / 'key_file.json'} ("
+        assert result.output.count(said) == 1, result.output
         assert server.request(f"{srv.inference}/predictions/echo", b"x", "POST", timeout=30)[0] == 400  # no key
         result = runner.invoke(main, ["predict", "echo", str(text), *where])
         assert result.exit_code == 0 and '"echo": "hello"' in result.output, result.output

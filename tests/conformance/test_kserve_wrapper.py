@@ -180,6 +180,20 @@ def new_batches(srv, before: int, wait: float = 5) -> list:
         time.sleep(0.2)
 
 
+def test_the_protos_are_generated_whatever_the_current_directory_holds(kfs_python, tmp_path, monkeypatch):
+    """A google/rpc/ of a user's own (docs/engines.md's protoc command, run in the checkout, wrote one before)
+    in the current directory and on PYTHONPATH does not hide the runtime's google/rpc/status.proto."""
+    stray = tmp_path / "checkout"
+    (stray / "google" / "rpc").mkdir(parents=True)
+    (stray / "google" / "rpc" / "status_pb2.py").write_text("raise ImportError('a stray stub')\n")
+    monkeypatch.chdir(stray)
+    monkeypatch.setenv("PYTHONPATH", str(stray))
+    out = launcher.generate_protos(str(kfs_python), WRAPPER / "proto", tmp_path / "protos")
+    assert sorted(p.name for p in out.glob("*_pb2*.py")) == [
+        "inference_pb2.py", "inference_pb2_grpc.py", "management_pb2.py", "management_pb2_grpc.py"
+    ]  # fmt: skip
+
+
 # ---- the smoke path -------------------------------------------------------------------------------------
 def test_the_wrapper_runs_as_the_image_runs_it_on_loopback_ports(served, stack, exported):
     version, _ = served

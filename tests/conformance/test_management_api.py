@@ -8,7 +8,9 @@ The smoke (the default run, 8 to 15 s: most of it the two servers starting) comp
 and the read-only calls; the rest is ``matrix``.
 """
 
+import http.client
 import time
+import urllib.parse
 
 import grpc
 import pytest
@@ -65,6 +67,37 @@ def test_smoke_keys_listing_and_describe(servers):
     assert same(servers, "GET", "/models/echo/9.9")[1]["type"] == "ModelVersionNotFoundException"
     assert same(servers, "GET", "/token?type=inference", key="management") == (
         400, {"code": 400, "type": "InvalidKeyException", "message": TOKEN_API_FAILED})  # fmt: skip
+
+
+def raw_answer(base: str, method: str, path: str, key: str, body=None):
+    """(status, the body's bytes as sent) of one call."""
+    parts = urllib.parse.urlsplit(base)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    try:
+        connection.request(method, path, body=body, headers={"Authorization": f"Bearer {key}"})
+        answer = connection.getresponse()
+        return answer.status, answer.read()
+    finally:
+        connection.close()
+
+
+def test_error_bodies_are_torchserves_byte_for_byte(servers):
+    """Every error the engine makes itself is TorchServe's frontend's body as it sends it: indented by two
+    spaces, a line break after (one builder: handlers/errors.py's frontend_error); before, an unknown model
+    on /predictions was compact JSON on the engine."""
+    calls = (("POST", "/predictions/nope"), ("POST", "/predictions/echo/9.9"), ("GET", "/nowhere"))
+    for method, path in calls:
+        answers = {side: raw_answer(servers[side].srv.inference, method, path, servers[side].key("inference"),
+                                    b"x" if method == "POST" else None) for side in SIDES}  # fmt: skip
+        assert answers["tsctl"] == answers["torchserve"], (method, path, answers)
+        assert answers["tsctl"][0] >= 400 and answers["tsctl"][1].startswith(b'{\n  "code": '), answers
+    ping = {
+        side: raw_answer(servers[side].srv.inference, "GET", "/ping", servers[side].key("inference")) for side in SIDES
+    }
+    assert ping["tsctl"] == ping["torchserve"] == (200, b'{\n  "status": "Healthy"\n}\n'), ping
+    engine = servers["tsctl"]
+    status, body = raw_answer(engine.srv.inference, "POST", "/v1/models/nope:predict", engine.key("inference"), b"{}")
+    assert status == 404 and body.startswith(b'{\n  "code": 404,') and body.endswith(b'"\n}\n'), body  # KServe's too
 
 
 def wait_for(check, timeout: float = 60, what: str = ""):

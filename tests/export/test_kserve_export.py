@@ -161,7 +161,9 @@ def test_vendored_schemas_match_the_kserve_crds():
         (("install_py_dep_per_model", "false"), None),
     ],
 )
-def test_config_problems_are_refused_before_writing(project, tmp_path, edit, words):
+@pytest.mark.parametrize("engine", ["torchserve", "tsctl"])  # both read the config alike: the same checks
+def test_config_problems_are_refused_before_writing(project, tmp_path, edit, words, engine):
+    engine_options = {"engine": engine, "image": "registry.example.com/e:1"} if engine == "tsctl" else {}
     props = properties.read_properties(project / "config" / "config.properties")
     key, value = edit
     if value is None:
@@ -172,10 +174,10 @@ def test_config_problems_are_refused_before_writing(project, tmp_path, edit, wor
     config.write_text(properties.render(props))
     out = tmp_path / "out"
     if words is None:  # no archive carries requirements: nothing to install, nothing to refuse
-        kserve.export(options(project, out, config=str(config)))
+        kserve.export(options(project, out, config=str(config), **engine_options))
         return
     with pytest.raises(UserError, match=words.replace("(", r"\(")):
-        kserve.export(options(project, out, config=str(config)))
+        kserve.export(options(project, out, config=str(config), **engine_options))
     assert not out.exists()
 
 

@@ -252,3 +252,19 @@ def test_whole_numbers_out_of_range_are_a_400(data):
     body = json.dumps({"inputs": [{"name": "x", "shape": [2], "datatype": "UINT64", "data": data}]})
     with pytest.raises(protocol.ClientError, match="out of its range"):
         protocol.decode_request(body.encode(), {"Content-Type": "application/json"}, KEYS, ("UINT64",))
+
+
+def test_the_envelope_line_does_not_claim_the_frontend_applied_it(monkeypatch):
+    """The worker inherits TS_SERVICE_ENVELOPE whether or not TorchServe (or tsctl's engine) applied it: both
+    read it only with enable_envvars_config=true, so the worker log line says so rather than that it was."""
+    import handlers.base  # noqa: F401  (installs the step-aside, as a worker importing a toolkit handler does)
+    from handlers import envelopes
+
+    monkeypatch.delenv("TS_SERVICE_ENVELOPE", raising=False)
+    assert envelopes.report() == "no KServe envelope asked for (TS_SERVICE_ENVELOPE unset)"
+    monkeypatch.setenv("TS_SERVICE_ENVELOPE", "kserve")
+    assert envelopes.in_place()
+    assert envelopes.report() == (
+        "TS_SERVICE_ENVELOPE=kserve, applied where config.properties says enable_envvars_config=true: "
+        "TorchServe's kserve envelope hands rows straight to this handler"
+    )
