@@ -55,12 +55,6 @@ class Plan:
     def http(self) -> Listener:
         return self.rest[0]
 
-    def port_of(self, role: str) -> Optional[int]:
-        for listener in self.rest:
-            if listener.role == role or (role in ("inference", "management") and listener.role == "both"):
-                return listener.port
-        return None
-
 
 def address(addresses: Dict[str, str], key: str, path) -> Optional[Tuple[str, int]]:
     """(host, port) of a config address as TorchServe's Connector.parse reads it; None when absent."""
@@ -91,8 +85,8 @@ def plan(frontend, args, path="config.properties") -> Plan:
         apart = _apart(role, key, given, frontend, args, http, path)
         if apart is not None:
             found.rest.append(apart)
-    if found.port_of("management") == http.port:
-        http.role = "both"
+    if all(listener.role != "management" for listener in found.rest):
+        http.role = "both"  # management on the HTTP listener
     if getattr(args, "enable_grpc", "true") == "true":
         found.grpc = _grpc(found, getattr(args, "grpc_port", None), http.host)
         for api, port in (("inference", 7070), ("management", 7071)):

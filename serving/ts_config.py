@@ -390,13 +390,14 @@ def from_load_models(properties: Dict[str, str], config, model_store: Path, fron
     (ModelServer.initModelStore): ``all`` (any case) every archive of the store (``archives_in``), else a
     comma-separated list of ``FILE`` or ``NAME=FILE`` (the model served as NAME), each an archive of the
     store; each with its model-config.yaml (``_from_archive``), its workers ``default_workers_per_model``,
-    else as many as TorchServe counts CPUs (``torchserve_workers``); the first version of a name its default.
+    else as many as TorchServe counts CPUs (``torchserve_workers``); the first version of a name its default
+    (``all``: the first in the directory's order, TorchServe's, which need not be the file names' order).
     An entry it cannot serve (no such archive, an unreadable one, a model version given twice) is a line in
     ``frontend.notes`` and the rest is served, as TorchServe logs "Failed to load model" and goes on. No
     model at all is a ConfigError unless the model API is on (TorchServe then starts with none)."""
     value = (properties.get("load_models") or "").strip()
     if value.lower() == "all":
-        entries = [(None, archive.name) for archive in archives_in(model_store)]
+        entries = [(None, archive.name) for archive in archives_in(model_store, ordered=False)]
     else:
         entries = [(name.strip() or None, url.strip()) if sep else (None, name.strip())
                    for name, sep, url in (entry.partition("=") for entry in value.split(","))]  # fmt: skip
@@ -407,8 +408,10 @@ def from_load_models(properties: Dict[str, str], config, model_store: Path, fron
             continue
         try:
             archive = model_store / url
-            if "/" in url or ".." in url or not archive.exists():
-                raise ConfigError(f"Model not found in model store: {url}")
+            if ".." in url:
+                raise ConfigError(f"Relative path is not allowed in url: {url}")
+            if "/" in url or not archive.exists():  # (the engine downloads nothing: archives come from the store)
+                raise ConfigError(f"Model not found at: {url}")
             spec = _from_archive(archive, frontend, workers)
             spec.name, spec.url = name or spec.name, url
             if any((s.name, s.version) == (spec.name, spec.version) for s in specs):
@@ -467,12 +470,14 @@ def _from_snapshot(config, model_store: Path, name: str, version: str, entry, fr
     )
 
 
-def archives_in(model_store: Path) -> List[Path]:
+def archives_in(model_store: Path, ordered: bool = True) -> List[Path]:
     """The model archives in a store, as TorchServe takes them: *.mar and *.tar.gz files and unpacked
-    directories with a MAR-INF/MANIFEST.json, hidden names left out, sorted. What 'tsctl config' lists in
+    directories with a MAR-INF/MANIFEST.json, hidden names left out, sorted (``ordered=False``: in the
+    directory's own order, as TorchServe's File.listFiles lists them). What 'tsctl config' lists in
     the model_snapshot and what the engine serves without one."""
     found = []
-    for p in sorted(Path(model_store).iterdir()):
+    listed = Path(model_store).iterdir()
+    for p in sorted(listed) if ordered else listed:
         if p.name.startswith("."):
             continue
         if p.is_file() and (p.name.endswith(".mar") or p.name.endswith(".tar.gz")):
