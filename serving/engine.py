@@ -449,7 +449,11 @@ async def serve(engine: Engine, args, where: listeners.Plan) -> int:
         starting = asyncio.ensure_future(engine.start())  # the workers first: they take longest
         if args.enable_grpc == "true":  # KServe's protocol types take seconds to import: off the loop
             grpc = await loop.run_in_executor(None, importlib.import_module, f"{__package__}.engine_grpc")
-            grpc_server = await grpc.start_grpc(engine, where.grpc.host, where.grpc.port)
+            try:
+                grpc_server = await grpc.start_grpc(engine, where.grpc.host, where.grpc.port)
+            except RuntimeError as exc:  # grpc's own words end in advice about GRPC_VERBOSITY
+                raise RuntimeError(f"{where.grpc.source} on {where.grpc.host}: {str(exc).split(';')[0]} (in use?): "
+                                   "give --grpc_port a free port") from None  # fmt: skip
             ts_grpc = await loop.run_in_executor(None, importlib.import_module, f"{__package__}.engine_ts_grpc")
             ts_grpc_servers = await ts_grpc.start(engine, args)
         waiting = asyncio.ensure_future(stopping.wait())

@@ -146,11 +146,12 @@ def _grpc(found: Plan, port: Optional[int], host: str) -> Listener:
 
 
 def check(found: Plan):
-    """ConfigError naming both when two listeners would bind one port on overlapping addresses."""
+    """ConfigError naming both when two listeners would bind one port (not 0: any free one) on overlapping
+    addresses."""
     listeners = found.rest + ([found.grpc] if found.grpc else []) + found.ts_grpc
     for index, one in enumerate(listeners):
         for other in listeners[index + 1:]:
-            if one.port == other.port and (one.host in ANY or other.host in ANY or one.host == other.host):
+            if one.port == other.port != 0 and (one.host in ANY or other.host in ANY or one.host == other.host):
                 raise ConfigError(
                     f"{other.source} and {one.source} both take port {one.port}: give one of them another port"
                 )

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -248,6 +249,25 @@ def test_a_port_two_listeners_would_share_is_one_line_before_anything_binds(tmp_
     [line] = [line for line in done.stderr.splitlines() if line.startswith("tsctl engine:")]
     assert f"--grpc_port {chosen['management']} (KServe's v2 gRPC) and management_address=" in line, line
     assert "Traceback" not in done.stderr
+
+
+def test_a_grpc_port_in_use_is_one_line_naming_it(tmp_path, store):
+    """A port another process holds: grpc's bind error as one line naming --grpc_port, not a traceback. 3 to
+    5 s (the HTTP listeners and the workers start first)."""
+    config = tmp_path / "config.properties"
+    typical(config, store, "echo.mar", default_workers_per_model=1)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        command = [sys.executable, "-m", "serving.engine", "--model_store", str(store), "--ts_config", str(config),
+                   "--grpc_port", str(port)]  # fmt: skip
+        done = subprocess.run(command, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT), TEMP=str(tmp_path)),
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1, done.stderr[-2000:]
+    [line] = [line for line in done.stderr.splitlines() if line.startswith("tsctl engine:")]
+    assert f"--grpc_port {port} (KServe's v2 gRPC) on 127.0.0.1: Failed to bind to address 127.0.0.1:{port}" in line
+    assert "Traceback (most recent call last)" not in done.stderr.split("tsctl engine:")[0], done.stderr[-2000:]
 
 
 def test_tsctl_serve_still_moves_every_listener_to_free_ports(tmp_path, store):
