@@ -238,8 +238,8 @@ def grpc_ping(port: int) -> str:
 
 
 def test_a_port_two_listeners_would_share_is_one_line_before_anything_binds(tmp_path, store):
-    """KServe's runtime arguments on a typical config: --grpc_port is management_address's port. Under 3 s:
-    refused before any model is opened (0.8 s)."""
+    """KServe's runtime arguments on a typical config: --grpc_port is management_address's port.
+    Refused before any model is opened (0.8 s)."""
     config = tmp_path / "config.properties"
     chosen = typical(config, store, "echo.mar")
     command = [sys.executable, "-m", "serving.engine", "--model_store", str(store), "--ts_config", str(config),
@@ -253,7 +253,7 @@ def test_a_port_two_listeners_would_share_is_one_line_before_anything_binds(tmp_
 
 
 def test_a_grpc_port_in_use_is_one_line_naming_it(tmp_path, store):
-    """A port another process holds: grpc's bind error as one line naming --grpc_port, not a traceback. 3 to
+    """A port another process holds: grpc's bind error as one line naming --grpc_port, not a traceback. 5 to
     7 s (the HTTP listeners and the workers start first)."""
     config = tmp_path / "config.properties"
     typical(config, store, "echo.mar", default_workers_per_model=1)
