@@ -2,21 +2,19 @@
 
     python -m serving.engine --model_store model-store --ts_config config/config.properties \\
         [--host 127.0.0.1] [--http_port 8080] [--grpc_port 8081] [--enable_grpc false] \\
-        [--management_port 8082] [--enable_model_api true] [--disable_token_auth]
+        [--management_port 8082] [--metrics_port 8083] [--enable_model_api true] [--disable_token_auth]
 
 It reads the same tree as TorchServe (``serving/ts_config.py``: the model_snapshot's models and
-versions, workers, batching, timeouts; without a config file every archive in the store with its
-model-config.yaml, one it cannot read left out with a warning naming it), runs each model
-version's ``minWorkers`` as TorchServe's own worker processes (``serving/engine_workers.py``), and
-answers:
+versions, workers, batching, timeouts; without one, load_models' archives; without a config file every
+archive in the store with its model-config.yaml, one it cannot read left out with a warning naming
+it), runs each model version's ``minWorkers`` as TorchServe's own worker processes
+(``serving/engine_workers.py``), and answers:
 
 - TorchServe's inference API: ``GET /ping``, ``POST /predictions/NAME[/VERSION]``, with the status,
   content type, headers and body the handler set, exactly as TorchServe's frontend sends them (a
   streamed answer chunked, part by part: ``serving/engine_stream.py``);
 - TorchServe's management API (``serving/engine_management.py``): list and describe, and, with
-  ``enable_model_api=true``, register, unregister, scale and set-default; on the HTTP port, or on a
-  listener of its own (``--management_port``, or config.properties' ``management_address`` when it is
-  not ``inference_address``, as TorchServe binds them);
+  ``enable_model_api=true``, register, unregister, scale and set-default;
 - KServe v1 (``/v1/models/NAME:predict``) and v2 REST (``/v2/models/NAME[/versions/V]/infer``,
   JSON or the binary tensor extension) and v2 gRPC on ``--grpc_port``: the request's bytes go to the
   handler as they came (the toolkit handlers read both protocols, ``handlers/decoding.py``) and the
@@ -25,9 +23,12 @@ answers:
   ServerReady/ModelReady): true only while every worker of the model is up;
 - ``GET /metrics``: Prometheus, under TorchServe's names (``serving/engine_metrics.py``).
 
-TorchServe's own gRPC APIs (``serving/engine_ts_grpc.py``) listen where config.properties puts them
-(``grpc_inference_address:grpc_inference_port``, 127.0.0.1:7070, and the management API's, 7071), or
-``--grpc_inference_port`` ...; every other listener binds ``--host``. TorchServe's token authorization
+Each listens where config.properties' addresses put it, as TorchServe binds them, the command line's ports
+winning (``serving/listeners.py``): the HTTP port (inference_address), the management API's and /metrics'
+own listeners (management_address, metrics_address, when not inference_address; /metrics stays on the HTTP
+port too), KServe's v2 gRPC (--grpc_port, 8081 by default) and TorchServe's own gRPC APIs
+(``serving/engine_ts_grpc.py``: grpc_inference_address:grpc_inference_port, 127.0.0.1:7070, and the
+management API's, 7071). Two on one port are refused in one line. TorchServe's token authorization
 (``serving/token_auth.py``) is on unless the config says ``disable_token_authorization=true`` (or
 ``--disable_token_auth``): every call but ``/metrics`` needs its key, over REST and gRPC. KServe's
 repository API (load, unload) is absent.
@@ -59,7 +60,7 @@ from handlers import identity, signing
 from handlers.archives import ArchiveError
 from handlers.errors import frontend_error, with_kserve_error
 
-from . import engine_http, engine_stream, sockets, ts_config
+from . import engine_http, engine_stream, listeners, sockets, ts_config
 from .body_limit import BODY_IDLE_TIMEOUT, BodyLimit, InFlight, max_inflight_bytes
 from .engine_management import NOT_ALLOWED, NOT_FOUND, management_routes, ts_error, ts_json
 from .engine_metrics import Metrics
@@ -207,6 +208,14 @@ async def forward(http: HttpRequest, model: Optional[ModelWorkers], kserve: bool
     return http_answer(answer.result(), kserve)
 
 
+def metrics_route(engine: Engine) -> Route:
+    async def metrics(_):  # rendered off the event loop: requests go on while a large exposition is made
+        text, kind = await asyncio.get_running_loop().run_in_executor(None, engine.metrics.render)
+        return HttpResponse(text, media_type=kind)
+
+    return Route("/metrics", metrics, methods=["GET"])
+
+
 def torchserve_routes(engine: Engine) -> List[Route]:
     """TorchServe's inference API, and its metrics."""
 
@@ -218,15 +227,11 @@ def torchserve_routes(engine: Engine) -> List[Route]:
         healthy = engine.ready
         return ts_json({"status": "Healthy" if healthy else "Unhealthy"}, 200 if healthy else 500)  # as TorchServe
 
-    async def metrics(_):  # rendered off the event loop: requests go on while a large exposition is made
-        text, kind = await asyncio.get_running_loop().run_in_executor(None, engine.metrics.render)
-        return HttpResponse(text, media_type=kind)
-
     return [
         Route("/ping", ping, methods=["GET", "POST"]),
         Route("/predictions/{name}", predictions, methods=["POST", "PUT"]),
         Route("/predictions/{name}/{version}", predictions, methods=["POST", "PUT"]),
-        Route("/metrics", metrics, methods=["GET"]),
+        metrics_route(engine),
     ]
 
 
@@ -294,10 +299,10 @@ def kserve_routes(engine: Engine) -> List[Route]:
 
 def build_app(engine: Engine, listener: str = "both") -> Starlette:
     """A listener's REST app: ``inference`` (TorchServe's inference API, KServe's, /metrics), ``management``
-    (TorchServe's management API) or ``both``; every request's key checked first when token authorization
-    is on (``TokenCheck``), every request body bounded (``BodyLimit``); an unknown path or method is
-    TorchServe's 404 or 405."""
-    routes = []
+    (TorchServe's management API), ``both``, or ``metrics`` (/metrics alone, no key, as TorchServe's metrics
+    listener); every request's key checked first when token authorization is on (``TokenCheck``), every
+    request body bounded (``BodyLimit``); an unknown path or method is TorchServe's 404 or 405."""
+    routes = [metrics_route(engine)] if listener == "metrics" else []
     if listener in ("inference", "both"):
         routes += torchserve_routes(engine) + kserve_routes(engine)
     if listener in ("management", "both"):
@@ -309,7 +314,7 @@ def build_app(engine: Engine, listener: str = "both") -> Starlette:
         return ts_error(404, "ResourceNotFoundException", NOT_FOUND)
 
     app = Starlette(routes=routes, exception_handlers={404: unknown, 405: unknown})
-    if engine.tokens is not None:
+    if engine.tokens is not None and listener != "metrics":
         app.add_middleware(TokenCheck, tokens=engine.tokens, listener=listener)
     app.add_middleware(
         BodyLimit, limit=engine.frontend.max_request_size, inflight=engine.inflight, idle=engine.body_idle_timeout
@@ -331,9 +336,12 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m serving.engine", description=__doc__.split("\n")[0])
     parser.add_argument("--model_store", required=True, help="The model store (TorchServe's --model-store).")
     parser.add_argument("--ts_config", help="TorchServe's config.properties (default: config/ beside the store).")
-    parser.add_argument("--host", default="0.0.0.0", help="Address every listener binds.")
-    parser.add_argument("--http_port", type=int, default=8080)
-    parser.add_argument("--grpc_port", type=int, default=8081)
+    parser.add_argument("--host", help="Address every REST and KServe gRPC listener binds (default: the config's "
+                        "addresses' hosts, else 0.0.0.0).")  # fmt: skip
+    parser.add_argument("--http_port", type=int, help="The HTTP port: TorchServe's inference API, KServe v1/v2, "
+                        "/metrics (default: config.properties' inference_address, else 8080).")  # fmt: skip
+    parser.add_argument("--grpc_port", type=int, help="KServe's v2 gRPC port (default: 8081, or the next port "
+                        "the config's addresses leave free).")  # fmt: skip
     parser.add_argument("--enable_grpc", default="true", choices=["true", "false"],
                         help="Serve gRPC: KServe's v2 on --grpc_port and TorchServe's own two APIs.")  # fmt: skip
     for api, port in (("inference", 7070), ("management", 7071)):
@@ -346,6 +354,12 @@ def parse_args(argv=None):
         type=int,
         help="TorchServe's management API on a listener of its own at this port (default: config.properties' "
         "management_address when it is not inference_address, else on --http_port).",
+    )
+    parser.add_argument(
+        "--metrics_port",
+        type=int,
+        help="/metrics on a listener of its own at this port too (default: config.properties' metrics_address "
+        "when it is not inference_address; /metrics is always on --http_port).",
     )
     parser.add_argument(
         "--enable_model_api",
@@ -405,26 +419,21 @@ def load_specs(args):
         frontend.enable_model_api = args.enable_model_api == "true"
     if args.disable_token_auth:
         frontend.token_authorization = False
-    if args.management_port is not None:
-        frontend.management_port = args.management_port
-    if frontend.management_port == args.http_port:
-        frontend.management_port = None
     # Without a config, a toolkit archive reads raw bodies (tsctl config's decode_input_request=false).
     decode = None if config else (lambda model_dir: identity.read(model_dir) is None)
     return specs, frontend, config, decode
 
 
-async def serve(engine: Engine, args) -> int:
+async def serve(engine: Engine, args, where: listeners.Plan) -> int:
     """Listen, load every model, and serve until SIGTERM/SIGINT: 0, or 1 when a model cannot load or
-    a port cannot be bound (the reason on stderr). The management API has a listener of its own when
-    ``frontend.management_port`` says (TorchServe's management_address), else shares the HTTP port."""
+    a port cannot be bound (the reason on stderr). Every listener as ``where`` says (serving/listeners.py:
+    the config's addresses, the command line's ports)."""
     loop = asyncio.get_running_loop()
     if engine.frontend.token_authorization and engine.tokens is None:
         engine.tokens = Tokens(engine.frontend.token_expiration_min)  # key_file.json where the engine runs
-    apart = engine.frontend.management_port
-    listeners = [(args.http_port, "inference" if apart else "both")] + ([(apart, "management")] if apart else [])
-    servers = [engine_http.server(build_app(engine, kind), args.host, port, send_timeout=engine.body_idle_timeout)
-               for port, kind in listeners]  # fmt: skip
+    rest = where.rest
+    servers = [engine_http.server(build_app(engine, it.role), it.host, it.port, send_timeout=engine.body_idle_timeout)
+               for it in rest]  # fmt: skip
     stopping = asyncio.Event()
 
     def stop():
@@ -441,27 +450,31 @@ async def serve(engine: Engine, args) -> int:
         starting = asyncio.ensure_future(engine.start())  # the workers first: they take longest
         if args.enable_grpc == "true":  # KServe's protocol types take seconds to import: off the loop
             grpc = await loop.run_in_executor(None, importlib.import_module, f"{__package__}.engine_grpc")
-            grpc_server = await grpc.start_grpc(engine, args.host, args.grpc_port)
+            try:
+                grpc_server = await grpc.start_grpc(engine, where.grpc.host, where.grpc.port)
+            except RuntimeError as exc:  # grpc's own words end in advice about GRPC_VERBOSITY
+                raise RuntimeError(f"{where.grpc.source} on {where.grpc.host}: {str(exc).split(';')[0]} (in use?): "
+                                   "give --grpc_port a free port") from None  # fmt: skip
             ts_grpc = await loop.run_in_executor(None, importlib.import_module, f"{__package__}.engine_ts_grpc")
             ts_grpc_servers = await ts_grpc.start(engine, args)
         waiting = asyncio.ensure_future(stopping.wait())
         await asyncio.wait({starting, waiting, *tasks}, return_when=asyncio.FIRST_COMPLETED)
         waiting.cancel()
-        for (port, _), task in zip(listeners, tasks):
+        for it, task in zip(rest, tasks):
             if task.done():  # it could not bind
                 starting.cancel()
-                raise RuntimeError(f"the HTTP server on {args.host}:{port} stopped: see the lines above")
+                raise RuntimeError(f"the HTTP server on {it.host}:{it.port} ({it.source}) stopped: see the lines above")
         if not starting.done():  # stopped while loading
             starting.cancel()
             return 0
         starting.result()
         names = ", ".join(f"{m.label} ({len(m.workers)} workers)" for m in engine.all())
-        where = ", ".join(f"{kind} {args.host}:{port}" for port, kind in listeners)
-        logger.info("tsctl engine: serving %s on %s", names, where)
+        bound = ", ".join(f"{it.role} {it.host}:{it.port}" for it in [*rest, *([where.grpc] if grpc_server else [])])
+        logger.info("tsctl engine: serving %s on %s", names, bound)
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         return 0
     except (RuntimeError, SystemExit) as exc:
-        message = str(exc) if isinstance(exc, RuntimeError) else f"the HTTP server on port {args.http_port} failed"
+        message = str(exc) if isinstance(exc, RuntimeError) else f"the HTTP server on port {where.http.port} failed"
         print(f"tsctl engine: {message}", file=sys.stderr, flush=True)
         return 1
     finally:
@@ -509,7 +522,8 @@ def main(argv=None):
     return_freed_memory()
     try:
         specs, frontend, config, decode = load_specs(args)
-        for note in frontend.notes:  # a setting not applied, an archive of the store not served
+        where = listeners.plan(frontend, args, config or "the engine's defaults")
+        for note in frontend.notes + where.notes:  # a setting not applied, an archive not served, a port moved
             logger.warning("%s", note)
         engine = Engine(specs, frontend, decode, Path(args.model_store))
     except (ts_config.ConfigError, ArchiveError) as exc:
@@ -519,7 +533,7 @@ def main(argv=None):
         print(f"tsctl engine: {exc}", file=sys.stderr, flush=True)
         sys.exit(exc.exit_code)
     try:
-        code = asyncio.run(serve(engine, args))
+        code = asyncio.run(serve(engine, args, where))
     finally:
         engine.close()
     sys.exit(code)

@@ -62,6 +62,15 @@ ENVIRONMENT_KEYS = (
     "disable_token_authorization",
     "enable_model_api",
     "token_expiration_min",  # (TorchServe reads allowed_urls from TS_ALLOWED_URLS only with use_env_allowed_urls)
+    "inference_address",
+    "management_address",
+    "metrics_address",
+    "enable_metrics_api",
+    "grpc_inference_address",
+    "grpc_inference_port",
+    "grpc_management_address",
+    "grpc_management_port",
+    "load_models",
     *UNSUPPORTED,
 )
 
@@ -210,7 +219,9 @@ class Frontend:
     token_authorization_asked: bool = False  # the config says disable_token_authorization=false
     token_expiration_min: float = 60.0
     allowed_urls: List[str] = field(default_factory=lambda: DEFAULT_ALLOWED_URLS.split(","))
-    management_port: Optional[int] = None  # management on a listener of its own (management_address)
+    # inference_address, management_address, metrics_address as the config writes them (serving/listeners.py)
+    addresses: Dict[str, str] = field(default_factory=dict)
+    enable_metrics_api: bool = True  # TorchServe's metrics listener (metrics_address)
     # TorchServe's own gRPC API (serving/engine_ts_grpc.py), each on its own listener as TorchServe binds them
     grpc_inference_address: str = "127.0.0.1"
     grpc_inference_port: int = 7070
@@ -253,8 +264,8 @@ def management_of(properties: Dict[str, str], path, frontend: Frontend):
     """The management API's and token authorization's keys, read as TorchServe 0.12's ConfigManager reads
     them: ``enable_model_api`` and ``disable_token_authorization`` true only when they say "true" (any
     case), ``token_expiration_min`` a number of minutes (60 otherwise), ``allowed_urls`` comma-separated
-    patterns (``with_environment`` has applied the ``TS_*`` variables of the first three). ``management_address``:
-    its port when it is not ``inference_address``'s (TorchServe then serves management on a listener of its own)."""
+    patterns (``with_environment`` has applied the ``TS_*`` variables of the first three); the addresses as
+    written, which serving/listeners.py reads."""
     values = properties
     frontend.enable_model_api = values.get("enable_model_api", "false").strip().lower() == "true"
     disable = values.get("disable_token_authorization")
@@ -269,23 +280,10 @@ def management_of(properties: Dict[str, str], path, frontend: Frontend):
         if not 0 < frontend.token_expiration_min < 1e9:
             raise ConfigError(f"{path}: token_expiration_min={expiration} must be a positive number of minutes")
     frontend.allowed_urls = [p for p in values.get("allowed_urls", DEFAULT_ALLOWED_URLS).split(",")]
-    frontend.management_port = separate_port(properties, path)
-
-
-def separate_port(properties: Dict[str, str], path) -> Optional[int]:
-    """The port of ``management_address`` when TorchServe would serve management apart from inference (the
-    two addresses differ, each with its default when absent), else None (one listener for both). Without
-    either key, None: the engine's one port, as before (TorchServe's default 8081 is KServe's gRPC port)."""
-    if "management_address" not in properties:
-        return None
-    management = properties["management_address"].strip().rstrip("/")
-    inference = properties.get("inference_address", "http://127.0.0.1:8080").strip().rstrip("/")
-    if management == inference:
-        return None
-    port = management.rsplit(":", 1)[-1]
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"{path}: management_address={management!r} names no port: give http://HOST:PORT")
-    return int(port)
+    for key in ("inference_address", "management_address", "metrics_address"):
+        if properties.get(key) is not None:
+            frontend.addresses[key] = properties[key]
+    frontend.enable_metrics_api = properties.get("enable_metrics_api", "true").strip().lower() != "false"
 
 
 def _int(properties: Dict[str, str], key: str, default: int, path) -> int:
@@ -369,6 +367,8 @@ def from_properties(properties: Dict[str, str], config, model_store: Path) -> "t
     model_store = Path(model_store)
     check_store(model_store)
     frontend = frontend_of(properties, config)
+    if not properties.get("model_snapshot"):  # TorchServe then starts the models of load_models
+        return from_load_models(properties, config, model_store, frontend), frontend
     snapshot = snapshot_of(properties, config)
     specs = []
     for name, versions in snapshot["models"].items():
@@ -383,6 +383,58 @@ def from_properties(properties: Dict[str, str], config, model_store: Path) -> "t
     if not specs:
         raise ConfigError(f"{config}: model_snapshot lists no models: package some and run 'tsctl config'")
     return specs, frontend
+
+
+def from_load_models(properties: Dict[str, str], config, model_store: Path, frontend: Frontend) -> List[ModelSpec]:
+    """The models of ``load_models``, as TorchServe 0.12 starts them without a model_snapshot
+    (ModelServer.initModelStore): ``all`` (any case) every archive of the store (``archives_in``), else a
+    comma-separated list of ``FILE`` or ``NAME=FILE`` (the model served as NAME), each an archive of the
+    store; each with its model-config.yaml (``_from_archive``), its workers ``default_workers_per_model``,
+    else as many as TorchServe counts CPUs (``torchserve_workers``); the first version of a name its default
+    (``all``: the first in the directory's order, TorchServe's, which need not be the file names' order).
+    An entry it cannot serve (no such archive, an unreadable one, a model version given twice) is a line in
+    ``frontend.notes`` and the rest is served, as TorchServe logs "Failed to load model" and goes on. No
+    model at all is a ConfigError unless the model API is on (TorchServe then starts with none)."""
+    value = (properties.get("load_models") or "").strip()
+    if value.lower() == "all":
+        entries = [(None, archive.name) for archive in archives_in(model_store, ordered=False)]
+    else:
+        entries = [(name.strip() or None, url.strip()) if sep else (None, name.strip())
+                   for name, sep, url in (entry.partition("=") for entry in value.split(","))]  # fmt: skip
+    workers = frontend.configured_workers or torchserve_workers()
+    specs: List[ModelSpec] = []
+    for name, url in entries:
+        if not url:
+            continue
+        try:
+            archive = model_store / url
+            if ".." in url:
+                raise ConfigError(f"Relative path is not allowed in url: {url}")
+            if "/" in url or not archive.exists():  # (the engine downloads nothing: archives come from the store)
+                raise ConfigError(f"Model not found at: {url}")
+            spec = _from_archive(archive, frontend, workers)
+            spec.name, spec.url = name or spec.name, url
+            if any((s.name, s.version) == (spec.name, spec.version) for s in specs):
+                raise ConfigError(f"Model version {spec.version} is already registered for model {spec.name}")
+        except (ArchiveError, ConfigError) as exc:
+            frontend.notes.append(f"{config}: load_models: Failed to load model: {url} ({exc}); the rest is served")
+            continue
+        spec.default = all(s.name != spec.name for s in specs)
+        specs.append(spec)
+    if not specs and not frontend.enable_model_api:
+        why = f"load_models={value} serves no model" if value else "it has neither model_snapshot nor load_models"
+        raise ConfigError(f"{config}: {why} (and enable_model_api is off): give load_models=all, or regenerate "
+                          "the file with 'tsctl config'")  # fmt: skip
+    return specs
+
+
+def torchserve_workers() -> int:
+    """TorchServe 0.12's workers per model without default_workers_per_model (ConfigManager.getDefaultWorkers,
+    no GPU): the CPUs the JVM sees, the process's CPU affinity within its cgroup quota."""
+    from handlers import cpu_limit
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, cpu_limit.cores() or cores))
 
 
 def snapshot_archive(config, model_store: Path, name: str, entry) -> Path:
@@ -418,12 +470,14 @@ def _from_snapshot(config, model_store: Path, name: str, version: str, entry, fr
     )
 
 
-def archives_in(model_store: Path) -> List[Path]:
+def archives_in(model_store: Path, ordered: bool = True) -> List[Path]:
     """The model archives in a store, as TorchServe takes them: *.mar and *.tar.gz files and unpacked
-    directories with a MAR-INF/MANIFEST.json, hidden names left out, sorted. What 'tsctl config' lists in
+    directories with a MAR-INF/MANIFEST.json, hidden names left out, sorted (``ordered=False``: in the
+    directory's own order, as TorchServe's File.listFiles lists them). What 'tsctl config' lists in
     the model_snapshot and what the engine serves without one."""
     found = []
-    for p in sorted(Path(model_store).iterdir()):
+    listed = Path(model_store).iterdir()
+    for p in sorted(listed) if ordered else listed:
         if p.name.startswith("."):
             continue
         if p.is_file() and (p.name.endswith(".mar") or p.name.endswith(".tar.gz")):
@@ -439,14 +493,15 @@ def archive_config(archive: ArchiveLike) -> dict:
         return found.config
 
 
-def _from_archive(archive: ArchiveLike, frontend: Frontend) -> ModelSpec:
-    """TorchServe registering an archive with no snapshot: model-config.yaml's settings, else defaults."""
+def _from_archive(archive: ArchiveLike, frontend: Frontend, workers: Optional[int] = None) -> ModelSpec:
+    """TorchServe registering an archive with no snapshot: model-config.yaml's settings, else defaults
+    (``workers``: the workers without a model-config.yaml minWorkers, else ``default_workers``)."""
     with opened(archive) as found:
         config = found.config
         problem = settings_problem(config)
         if problem:
             raise ConfigError(f"{found.path}'s model-config.yaml: {problem}, and package the archive again")
-        workers = config.get("minWorkers", max(1, frontend.default_workers))
+        workers = config.get("minWorkers", workers or max(1, frontend.default_workers))
         return ModelSpec(
             name=found.model_name,
             version=found.version,

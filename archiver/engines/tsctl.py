@@ -98,7 +98,7 @@ class TsctlRuntime(Runtime):
         def launch() -> "Server":
             http, grpc, management, ts_inference, ts_management = (servers.free_port() for _ in range(5))
             command = [run.python or sys.executable, *arguments, "--http_port", str(http), "--grpc_port", str(grpc),
-                       "--management_port", str(management)]  # fmt: skip
+                       "--management_port", str(management), "--metrics_port", str(http)]  # fmt: skip
             for api, port in (("inference", ts_inference), ("management", ts_management)):  # TorchServe's gRPC
                 command += [f"--grpc_{api}_address", "127.0.0.1", f"--grpc_{api}_port", str(port)]
             process = servers.spawn(command, home, run_env, ENGINE_OUT)
@@ -244,13 +244,16 @@ def served(model_store: Path, config: Optional[Path]) -> "Tuple[List[ModelSpec],
     from serving import ts_config
 
     from .. import server as servers
-    from ..properties import read_properties
+    from ..properties import check_keys, read_properties
 
     try:
         if config is None:
             return ts_config.models(ts_config.default_config(model_store), model_store, skip_unreadable=True)
         properties = read_properties(config)
-        servers.snapshot_models(properties, config, model_store)  # as TorchServe's start checks it
-        return ts_config.from_properties(properties, config, model_store)
+        if properties.get("model_snapshot"):
+            servers.snapshot_models(properties, config, model_store)  # as TorchServe's start checks it
+        else:  # load_models (ts_config.from_load_models), its keys checked as a snapshot's are
+            check_keys(properties, config)
+        return ts_config.from_properties(ts_config.with_environment(properties), config, model_store)
     except ts_config.ConfigError as exc:
         raise UserError(str(exc)) from None

@@ -201,6 +201,12 @@ class TsctlTarget(Target):
         tsctl_image.check_runtime_kind(options.runtime_kind)
         tsctl_image.check_selection(options)
 
+    def check_properties(self, properties: Dict[str, str], path: Path):
+        super().check_properties(properties, path)
+        from . import tsctl_image
+
+        tsctl_image.check_ports(properties, path)
+
     def prepare(self, options, properties, archives, notes, scratch):
         from . import tsctl_image
 

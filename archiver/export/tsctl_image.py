@@ -27,7 +27,7 @@ DEPLOY.md's step 0 is templates/kserve-tsctl-image.md.
 """
 
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from ..choices import RUNTIME_KINDS
 from ..errors import UserError
@@ -123,6 +123,25 @@ def container_args() -> List[str]:
         f"--http_port={HTTP_PORT}",
         f"--grpc_port={GRPC_PORT}",
     ]
+
+
+def check_ports(properties: Dict[str, str], path: Path):
+    """The engine's listeners under the runtime's arguments (``container_args``: KServe's 8080 and 8081) and
+    the exported config's addresses, as the engine will bind them (serving/listeners.py): a UserError in one
+    line when two take one port (management_address on 8081, a typical TorchServe config's), before the
+    runtime is written to crash-loop on it."""
+    from argparse import Namespace
+
+    from serving import listeners, ts_config
+
+    try:
+        frontend = ts_config.frontend_of(ts_config.with_environment(properties, {}), path)
+        listeners.plan(frontend, Namespace(http_port=HTTP_PORT, grpc_port=GRPC_PORT), path)
+    except ts_config.ConfigError as exc:
+        raise UserError(
+            f"{exc} (the runtime runs the engine with --http_port={HTTP_PORT} --grpc_port={GRPC_PORT}, KServe's "
+            "ports: change the config)"
+        ) from None
 
 
 def model_format(options) -> dict:

@@ -29,17 +29,20 @@ ECHO = "def handle(data, context):\n    return data\n"  # no toolkit: TorchServe
         ("TRUE", {"TS_SERVICE_ENVELOPE": "kserve"}, "kserve"),  # Java's Boolean.parseBoolean: any case
         ("false", {"TS_SERVICE_ENVELOPE": "kserve"}, "body"),  # environment not allowed: the file's value
         ("true ", {"TS_SERVICE_ENVELOPE": "kserve"}, "body"),  # a trailing blank is the value's: not "true"
-        ("true", {"TS_METRICS_ADDRESS": "http://0.0.0.0:9"}, "body"),  # a key the engine does not read
+        ("true", {"TS_NUMBER_OF_NETTY_THREADS": "9"}, "body"),  # a key the engine does not read
     ],
 )
 def test_the_environment_overrides_the_file_as_torchserve_lets_it(switch, environment, envelope):
     written = {"enable_envvars_config": switch, "service_envelope": "body", "job_queue_size": "7"}
     read = ts_config.with_environment(written, environment)
     assert read["service_envelope"] == envelope and read["job_queue_size"] == "7"
-    assert "metrics_address" not in read and written["service_envelope"] == "body"  # the file's dict untouched
+    assert "number_of_netty_threads" not in read and written["service_envelope"] == "body"  # the file's untouched
     assert ts_config.with_environment(written, {"TS_JOB_QUEUE_SIZE": "9"})["job_queue_size"] == (
         "9" if switch == "TRUE" or switch == "true" else "7"
     )
+    # the addresses too, as TorchServe's TS_INFERENCE_ADDRESS ... (serving/listeners.py binds them)
+    moved = ts_config.with_environment(written, {"TS_METRICS_ADDRESS": "http://0.0.0.0:9"}).get("metrics_address")
+    assert moved == ("http://0.0.0.0:9" if switch in ("TRUE", "true") else None)
 
 
 @pytest.fixture(scope="module")

@@ -51,7 +51,7 @@ class Engine:
         command = [sys.executable, "-m", "serving.engine", "--model_store", str(root / "model-store"), *given,
                    "--host", "127.0.0.1", "--http_port", str(self.http), "--grpc_port", str(self.grpc),
                    "--grpc_inference_port", str(self.ts_grpc), "--grpc_management_port", str(self.ts_grpc_management),
-                   *extra]  # fmt: skip
+                   "--metrics_port", str(self.http), *extra]  # fmt: skip (/metrics on http: metrics_address unbound)
         with open(self.out, "wb") as out:
             path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
             env = dict(os.environ, TEMP=str(self.home), PYTHONPATH=path)  # run where it writes its key file

@@ -1,0 +1,157 @@
+"""Where the tsctl engine listens: config.properties' addresses, as TorchServe 0.12 binds them, and the
+engine's command line, which wins over them.
+
+- HTTP (TorchServe's inference API, KServe v1/v2 REST, ``/metrics``): ``--http_port`` (on ``--host``, else
+  every interface: the port KServe's runtime gives the engine, where KServe's wrapper listened), else
+  ``inference_address``, else 0.0.0.0:8080.
+- TorchServe's management API: ``--management_port``, else ``management_address`` on a listener of its own
+  when it is not ``inference_address`` (TorchServe's ``Connector.equals``), else on the HTTP listener. Without
+  the key, on the HTTP listener (TorchServe's default 127.0.0.1:8081 is KServe's gRPC port).
+- ``/metrics``: always on the HTTP listener (what the engine documents and KServe's runtime scrapes), and,
+  as TorchServe serves it, on a listener of its own at ``metrics_address`` (``--metrics_port``) when that
+  is not ``inference_address`` and ``enable_metrics_api`` is not false.
+- KServe's v2 gRPC: ``--grpc_port``, else 8081, or, when a listener above takes 8081, the next port none of
+  them takes (a note says so: only a direct run has no ``--grpc_port``; the KServe export passes 8081).
+- TorchServe's gRPC APIs: ``--grpc_{inference,management}_{address,port}``, else the config's
+  ``grpc_*_address``/``grpc_*_port``, else 127.0.0.1:7070 and 7071.
+
+``--host`` given, every REST and KServe gRPC listener binds it. Two listeners on one port are refused in
+one line naming what gave each (``ConfigError``), before anything is bound: ``tsctl export kserve --engine
+tsctl`` runs the same check on the runtime's arguments. No starlette, no grpc: the export imports it.
+"""
+
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from .ts_config import ConfigError
+
+DEFAULT_HOST = "0.0.0.0"  # the engine's, when nothing names one (KServe's containers need every interface)
+DEFAULT_HTTP_PORT = 8080
+DEFAULT_GRPC_PORT = 8081  # KServe's v2 gRPC port, as KServe's ModelServer and the export
+# TorchServe's ConfigManager.ADDRESS_PATTERN (a unix: socket refused: the engine listens on TCP)
+ADDRESS = re.compile(r"(https?)://([^:/]+)(?::([0-9]+))?/?", re.IGNORECASE)
+# The port TorchServe's Connector.parse gives an address that names none
+NO_PORT = {"inference_address": 80, "management_address": 8081, "metrics_address": 8082}
+ANY = ("0.0.0.0", "", "::", "*")
+
+
+@dataclass
+class Listener:
+    role: str  # both, inference, management, metrics, grpc, ts_inference, ts_management
+    host: str
+    port: int
+    source: str  # what named it, for messages: "--grpc_port 8081", "management_address=http://..."
+
+
+@dataclass
+class Plan:
+    rest: List[Listener]  # the HTTP listener first (inference, or both with management)
+    grpc: Optional[Listener] = None
+    ts_grpc: List[Listener] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def http(self) -> Listener:
+        return self.rest[0]
+
+
+def address(addresses: Dict[str, str], key: str, path) -> Optional[Tuple[str, int]]:
+    """(host, port) of a config address as TorchServe's Connector.parse reads it; None when absent."""
+    value = addresses.get(key)
+    if value is None:
+        return None
+    found = ADDRESS.fullmatch(value.strip())
+    if not found:
+        raise ConfigError(f"{path}: {key}={value!r} is not an address the engine can bind: give http://HOST:PORT")
+    if found.group(1).lower() == "https":
+        raise ConfigError(f"{path}: {key} is https, which the tsctl engine does not serve (TLS: terminate it "
+                          "in front of the engine): give http://HOST:PORT")  # fmt: skip
+    port = int(found.group(3)) if found.group(3) else NO_PORT[key]
+    if not 0 < port < 65536:
+        raise ConfigError(f"{path}: {key}={value!r}: {port} is not a TCP port")
+    return found.group(2), port
+
+
+def plan(frontend, args, path="config.properties") -> Plan:
+    """Every listener the engine will bind (``args``: the engine's parsed command line, None where not
+    given; ``frontend``: ts_config.Frontend, its ``addresses`` as the config wrote them). ConfigError in one
+    line when two take one port."""
+    given = {key: address(frontend.addresses, key, path) for key in NO_PORT}
+    host = getattr(args, "host", None)
+    http = _http(given["inference_address"], host, getattr(args, "http_port", None), frontend)
+    found = Plan(rest=[http])
+    for role, key in (("management", "management_address"), ("metrics", "metrics_address")):
+        apart = _apart(role, key, given, frontend, args, http, path)
+        if apart is not None:
+            found.rest.append(apart)
+    if all(listener.role != "management" for listener in found.rest):
+        http.role = "both"  # management on the HTTP listener
+    if getattr(args, "enable_grpc", "true") == "true":
+        found.grpc = _grpc(found, getattr(args, "grpc_port", None), http.host)
+        for api, port in (("inference", 7070), ("management", 7071)):
+            where = getattr(args, f"grpc_{api}_address", None) or getattr(frontend, f"grpc_{api}_address")
+            number = getattr(args, f"grpc_{api}_port", None)
+            source = f"--grpc_{api}_port {number}" if number is not None else f"grpc_{api}_port"
+            number = number if number is not None else getattr(frontend, f"grpc_{api}_port")
+            found.ts_grpc.append(Listener(f"ts_{api}", where, number, f"{source} (TorchServe's gRPC {api} API)"))
+    check(found)
+    return found
+
+
+def _http(inference: Optional[Tuple[str, int]], host: Optional[str], port: Optional[int], frontend) -> Listener:
+    if port is not None:
+        return Listener("inference", host or DEFAULT_HOST, port, f"--http_port {port}")
+    if inference is not None:
+        source = f"inference_address={frontend.addresses['inference_address']}"
+        return Listener("inference", host or inference[0], inference[1], source)
+    return Listener("inference", host or DEFAULT_HOST, DEFAULT_HTTP_PORT, f"the default HTTP port {DEFAULT_HTTP_PORT}")
+
+
+def _apart(role: str, key: str, given, frontend, args, http: Listener, path) -> Optional[Listener]:
+    """The management or metrics listener when it has one of its own, else None (on the HTTP listener)."""
+    port = getattr(args, f"{role}_port", None)
+    mine = given[key]
+    if port is not None:
+        source = f"--{role}_port {port}"
+    elif mine is None or (role == "metrics" and not frontend.enable_metrics_api):
+        return None
+    elif given["inference_address"] is not None and _same(mine, given["inference_address"]):
+        return None
+    else:
+        port, source = mine[1], f"{key}={frontend.addresses[key]}"
+    if port == http.port:
+        return None  # the HTTP listener's own port: served there
+    host = getattr(args, "host", None) or (mine[0] if mine is not None else http.host)
+    return Listener(role, host, port, source)
+
+
+def _same(one: Tuple[str, int], other: Tuple[str, int]) -> bool:
+    return one[1] == other[1] and one[0].lower() == other[0].lower()
+
+
+def _grpc(found: Plan, port: Optional[int], host: str) -> Listener:
+    if port is not None:
+        return Listener("grpc", host, port, f"--grpc_port {port} (KServe's v2 gRPC)")
+    taken = {listener.port: listener for listener in found.rest}
+    port = DEFAULT_GRPC_PORT
+    while port in taken:
+        port += 1
+    if port != DEFAULT_GRPC_PORT:
+        found.notes.append(
+            f"KServe's v2 gRPC listens on {port}, not its default {DEFAULT_GRPC_PORT}: "
+            f"{taken[DEFAULT_GRPC_PORT].source} takes {DEFAULT_GRPC_PORT} (give --grpc_port to choose)"
+        )
+    return Listener("grpc", host, port, f"KServe's v2 gRPC port {port}")
+
+
+def check(found: Plan):
+    """ConfigError naming both when two listeners would bind one port (not 0: any free one) on overlapping
+    addresses."""
+    listeners = found.rest + ([found.grpc] if found.grpc else []) + found.ts_grpc
+    for index, one in enumerate(listeners):
+        for other in listeners[index + 1:]:
+            if one.port == other.port != 0 and (one.host in ANY or other.host in ANY or one.host == other.host):
+                raise ConfigError(
+                    f"{other.source} and {one.source} both take port {one.port}: give one of them another port"
+                )
