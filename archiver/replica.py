@@ -167,16 +167,17 @@ def measure_started(
 
 
 def threads_note(cpu: Optional[float]) -> Optional[str]:
-    """A quota below the cores the server sees, with no OMP_NUM_THREADS: its workers size their torch
-    threads from the cores, and the quota throttles them (docs/capacity.md, "On a pod's CPU limit")."""
+    """A quota below the cores the server sees, with no OMP_NUM_THREADS: the toolkit's handlers size their
+    torch threads from the quota, any other handler from the cores, which the quota then throttles
+    (docs/capacity.md, "On a pod's CPU limit")."""
     import os
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if cpu is None or cpu >= cores or os.environ.get("OMP_NUM_THREADS"):
         return None
     return (
-        f"the server sees {cores} cores under a {cpu:g} CPU quota and OMP_NUM_THREADS is not set: its workers' "
-        "torch threads are sized from the cores; measure with the OMP_NUM_THREADS the pod will set"
+        f"the server sees {cores} cores under a {cpu:g} CPU quota and OMP_NUM_THREADS is not set: a handler that is "
+        "not the toolkit's sizes its torch threads from the cores; measure with the OMP_NUM_THREADS the pod will set"
     )
 
 
