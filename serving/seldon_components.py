@@ -99,7 +99,8 @@ def images_of(message: dict, limits) -> List[Any]:
     key = next(key for key in PAYLOADS if key in message)
     value = message[key]
     if key in ("binData", "strData"):
-        items = [value]
+        # a multipart file binData: its base64 as bytes (the wrapper's get_multi_form_data_request)
+        items = [value.decode("ascii") if isinstance(value, bytes) else value]
     elif key == "jsonData":
         items = value if isinstance(value, list) else [value]
     else:
@@ -142,9 +143,12 @@ def tensor_of(message: dict, limits):
         array = np.asarray(values)
         if array.dtype.kind not in "biuf":
             raise ValueError("not numbers")
-        array = array.astype(np.float32)
+        with np.errstate(over="ignore"):
+            array = array.astype(np.float32)
     except (ValueError, TypeError, OverflowError):
         raise ClientError(f"data.{form} is not a rectangular list of numbers") from None
+    if not np.isfinite(array).all():  # the wrapper's Flask reads NaN, Infinity and 1e400; JSON cannot answer them
+        raise ClientError(f"data.{form} holds NaN or Infinity (or a number beyond float32): send finite numbers")
     return array.reshape(shape) if shape is not None else array
 
 
