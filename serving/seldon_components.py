@@ -356,6 +356,8 @@ class Model(Unit):
             if reply.status >= 400:
                 raise ClientError(error_message(reply.body), reply.status)
             outputs = np.asarray(protocol.decode_answers(reply.body, reply.headers), dtype=np.float32)
+            if not np.isfinite(outputs).all():  # finite values past the model's range (3e38): JSON cannot say it
+                raise ClientError("the model's output for this message holds NaN or Infinity", 500)
         except ClientError as error:
             raise refused(error) from None
         return answer(message, data_of(message)[0], outputs)

@@ -229,6 +229,11 @@ def test_the_ab_graph_splits_by_ratio_and_answers_as_the_routed_model(store, sel
         sigma = math.sqrt(total * share * (1 - share))
         print(f"A/B served: {served} (ratioA 0.7: {total * share:.0f} +- {sigma:.1f})")
         assert abs(served[children[0]] - total * share) < 4 * sigma, served
+        # finite values the model overflows on: its output NaN, once answered as a 200 whose body was not JSON
+        huge = {"data": {"tensor": {"shape": [1, 3, 224, 224], "values": [3e38] * (3 * 224 * 224)}}}
+        status, body = seldon_graph.post(f"http://127.0.0.1:{graph.ports()[children[0]]}/predict",
+                                         json.dumps(huge).encode())  # fmt: skip
+        assert status == 500 and "NaN or Infinity" in json.loads(body)["status"]["info"], body[:300]
         # bad messages among good ones: each its own Seldon error, its neighbours their answers
         mixed = [json.dumps({"binData": b64(JPEGS[i])}).encode() if i % 2 else b'{"binData": "%%%"}' for i in range(12)]
         for i, (status, body) in enumerate(run_requests(executor, mixed, threads=6)):
