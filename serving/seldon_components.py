@@ -43,15 +43,18 @@ readiness probe), and a request that comes before waits for it.
 """
 
 import asyncio
+import io
+import json
 import logging
 import os
 import random
 import threading
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from handlers import protocol
-from handlers.errors import error_message
+from handlers.errors import error_message, too_large
 from handlers.protocol import ClientError
 
 logger = logging.getLogger("tsctl.seldon")
@@ -99,7 +102,8 @@ def images_of(message: dict, limits) -> List[Any]:
     key = next(key for key in PAYLOADS if key in message)
     value = message[key]
     if key in ("binData", "strData"):
-        items = [value]
+        # a multipart file binData: its base64 as bytes (the wrapper's get_multi_form_data_request)
+        items = [value.decode("ascii") if isinstance(value, bytes) else value]
     elif key == "jsonData":
         items = value if isinstance(value, list) else [value]
     else:
@@ -142,9 +146,12 @@ def tensor_of(message: dict, limits):
         array = np.asarray(values)
         if array.dtype.kind not in "biuf":
             raise ValueError("not numbers")
-        array = array.astype(np.float32)
+        with np.errstate(over="ignore"):
+            array = array.astype(np.float32)
     except (ValueError, TypeError, OverflowError):
         raise ClientError(f"data.{form} is not a rectangular list of numbers") from None
+    if not np.isfinite(array).all():  # the wrapper's Flask reads NaN, Infinity and 1e400; JSON cannot answer them
+        raise ClientError(f"data.{form} holds NaN or Infinity (or a number beyond float32): send finite numbers")
     return array.reshape(shape) if shape is not None else array
 
 
@@ -169,6 +176,41 @@ def refused(error: BaseException):
     error = protocol.error_for(error, protocol.READ)
     reason = BAD_DATA if error.status < 500 else "MICROSERVICE_INTERNAL_ERROR"
     return SeldonMicroserviceException(error.message, status_code=error.status, reason=reason)
+
+
+def guard(unit) -> Any:
+    """The wrapper's hook into its Flask app (``model_error_handler``: a blueprint it registers, wrapper.py)
+    for what it does before a unit sees a message: it reads any body whole (gunicorn marks even a chunked one
+    terminated: a 500 MB binData took a Transformer's worker past its memory), and a body it cannot parse (JSON
+    nested past Python's recursion limit, a form's ``json=`` field or multipart ``meta`` that is not JSON) was
+    its 500. A body above the unit's ``max_body_bytes`` is a 413 before it is read; one unparsable a 400."""
+    from flask import Blueprint, jsonify, request
+
+    blueprint = Blueprint("tsctl_guard", __name__)
+
+    @blueprint.before_app_request
+    def bounded_body():
+        if request.method != "POST":
+            return
+        limit = unit.body_limit()
+        length = request.content_length
+        if length is None:  # chunked: read at most the limit and a byte, kept for Flask to read again
+            body = request.environ["wsgi.input"].read(limit + 1)
+            request.environ["wsgi.input"] = io.BytesIO(body)
+            length = len(body)
+        if length > limit:
+            if request.content_length is not None:  # read past, a megabyte at a time: the client sees the 413
+                while request.environ["wsgi.input"].read(1 << 20):
+                    pass
+            raise refused(too_large("the request body is", length, "bytes", "max_body_bytes", limit))
+
+    @blueprint.app_errorhandler(RecursionError)
+    @blueprint.app_errorhandler(json.JSONDecodeError)
+    def unreadable(error):
+        refusal = refused(ClientError(f"the message is not JSON Python can read: {error}"))
+        return jsonify(refusal.to_dict()), refusal.status_code
+
+    return blueprint
 
 
 # ---- the units --------------------------------------------------------------------------------------
@@ -198,6 +240,14 @@ class Unit:
     def start(self):
         raise NotImplementedError
 
+    @cached_property
+    def model_error_handler(self):
+        return guard(self)
+
+    def body_limit(self) -> int:
+        self.ready()
+        return self.limits.max_body_bytes
+
     def ready(self):
         if not self._loaded.wait(LOAD_WAIT):
             raise refused(Unavailable(f"{Path(self.archive).name} is still loading"))
@@ -219,6 +269,7 @@ class Transformer(Unit):
 
         self._split = split
         self.handler = split.load_handler(self.archive)
+        self.limits = self.handler.limits
 
     def transform_input_raw(self, request) -> dict:
         self.ready()
@@ -305,6 +356,8 @@ class Model(Unit):
             if reply.status >= 400:
                 raise ClientError(error_message(reply.body), reply.status)
             outputs = np.asarray(protocol.decode_answers(reply.body, reply.headers), dtype=np.float32)
+            if not np.isfinite(outputs).all():  # finite values past the model's range (3e38): JSON cannot say it
+                raise ClientError("the model's output for this message holds NaN or Infinity", 500)
         except ClientError as error:
             raise refused(error) from None
         return answer(message, data_of(message)[0], outputs)
@@ -332,6 +385,15 @@ class Router:
         if len(self.weights) < 2 or min(self.weights) < 1:
             raise ValueError(f"parameter weights: {weights!r} needs two or more weights, each at least 1")
         self.random = random.Random()
+
+    @cached_property
+    def model_error_handler(self):
+        return guard(self)
+
+    def body_limit(self) -> int:  # it reads what a Model does: the transformer's batch
+        from handlers.settings import TensorSettings
+
+        return TensorSettings.max_body_bytes
 
     def route_raw(self, request) -> dict:
         try:

@@ -9,6 +9,13 @@ from ..errors import UserError
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 MEMORY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([KMGTPE]i|[kMGTPE])?$")
 CPU = re.compile(r"^([0-9]+(?:\.[0-9]+)?m?)$")
+# an image reference as docker and the kubelet read it (distribution/reference's grammar): [HOST[:PORT]/]PATH
+# [:TAG][@DIGEST], the path lowercase; anything else is InvalidImageName in the pod, or a shell word in DEPLOY.md
+_HOST = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?/)?"
+_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+_TAG = r"(?::[\w][\w.-]{0,127})?"
+_DIGEST = r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"
+IMAGE_REFERENCE = re.compile(f"^{_HOST}{_PATH}{_TAG}{_DIGEST}$")
 UNITS = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
 UNITS.update({f"{unit.upper()}i": 2 ** (10 * power) for power, unit in enumerate("kMGTPE", 1)})
 LABEL_RULE = "lowercase letters, digits and '-', starting and ending with a letter or digit, at most 63 characters"
@@ -18,6 +25,12 @@ def label(value: str, what: str, fix: str):
     """``value`` is a DNS-1123 label, as Kubernetes (and Seldon's scheduler) need names to be."""
     if not DNS_LABEL.match(value or ""):
         raise UserError(f"{what} {value!r} is not a valid Kubernetes name ({LABEL_RULE}): {fix}")
+
+
+def image_reference(value: str, what: str, fix: str):
+    """``value`` is an image reference a pod can pull (``registry.example.com/name:tag``)."""
+    if not value or len(value) > 255 or not IMAGE_REFERENCE.match(value):
+        raise UserError(f"{what} {value!r} is not an image reference ([HOST[:PORT]/]lowercase/path[:TAG]): {fix}")
 
 
 def suggest(name: str) -> str:

@@ -60,7 +60,7 @@ from .. import mlserver
 from ..errors import UserError
 from . import core, crds, out_dir, seldon_mirror
 from .bodies import input_of, sample_inputs
-from .kube import check_resources, label, suggest
+from .kube import check_resources, image_reference, label, suggest
 from .options import SeldonOptions
 from .seldon_deploy import curl_lines, deploy_md, served_models
 from .seldon_image import IMAGE_DIR, requirements, write_image_context
@@ -94,7 +94,7 @@ def parse_ab(values) -> List[Tuple[str, int]]:
                 f"--ab {value!r} names several candidates: give each its own --ab, e.g. --ab a=90 --ab b=10"
             )
         model, sep, weight = value.rpartition("=")
-        if not sep or not model or not weight.isdigit() or int(weight) < 1:
+        if not sep or not model or not (weight.isascii() and weight.isdigit()) or int(weight) < 1:
             raise UserError(
                 f"--ab {value!r} must be MODEL=WEIGHT with WEIGHT a positive whole number, e.g. --ab resnet18=90"
             )
@@ -156,11 +156,8 @@ def check_flags(options: SeldonOptions):
     label(options.server, "--server", "name the Server another way, e.g. --server tsctl-mlserver")
     label(options.claim, "--claim", "name the claim another way, e.g. --claim tsctl-models")
     label(options.namespace, "--namespace", "give the namespace Seldon Core 2 runs in, e.g. --namespace seldon-mesh")
-    if not options.image or any(c.isspace() for c in options.image):
-        raise UserError(
-            f"--image {options.image!r} must name the image to build from OUT/{IMAGE_DIR}, "
-            "e.g. --image registry.example.com/tsctl-mlserver:1"
-        )
+    image_reference(options.image, "--image", f"name the image to build from OUT/{IMAGE_DIR}, e.g. --image "
+                    "registry.example.com/tsctl-mlserver:1")  # fmt: skip
     check_resources(options.cpu, options.memory)
     if not options.ab and not options.mirror and (options.default or options.experiment):
         flag = "--default" if options.default else "--experiment"

@@ -55,7 +55,7 @@ from ..errors import UserError
 from . import core, crds, out_dir, seldon
 from .bodies import sample_inputs
 from .images import CPU_TORCH_INDEX, PYTHON, pinned, pins, with_archive_lines, write_context
-from .kube import check_resources, label
+from .kube import check_resources, image_reference, label
 from .options import SeldonCore1Options
 
 API_VERSION = "machinelearning.seldon.io/v1"
@@ -151,11 +151,8 @@ def check_flags(options: SeldonCore1Options):
     label(options.name, "--name", "name the SeldonDeployment another way, e.g. --name tsctl-graph")
     label(options.claim, "--claim", "name the claim another way, e.g. --claim tsctl-models")
     label(options.namespace, "--namespace", "give the namespace the graph goes in, e.g. --namespace seldon")
-    if not options.image or any(c.isspace() for c in options.image):
-        raise UserError(
-            f"--image {options.image!r} must name the image to build from OUT/{IMAGE_DIR}, "
-            "e.g. --image registry.example.com/tsctl-seldon:1"
-        )
+    image_reference(options.image, "--image", f"name the image to build from OUT/{IMAGE_DIR}, e.g. --image "
+                    "registry.example.com/tsctl-seldon:1")  # fmt: skip
     check_resources(options.cpu, options.memory)
     if not options.transformer_archive:
         raise UserError(

@@ -4,9 +4,9 @@ samples/runtime_env.py) with its container's env and typed parameters, and the g
 executor walks it (tests/helpers/seldon_graph.py: transform-input, route, the chosen child's predict,
 transform-output, meta.routing injected).
 
-- the transformer alone (make test reads the same messages in-process: test_seldon_messages.py): its transform-input is the handler's batch in-process, its
-  transform-output the handler's answers; names and meta come back; a bad message is Seldon's error shape
-  with its 4xx, alone;
+- the transformer alone (make test reads the same messages in-process: test_seldon_messages.py): its
+  transform-input is the handler's batch in-process, its transform-output the handler's answers; names and
+  meta come back; a bad message is Seldon's error shape with its 4xx, alone, hostile bodies too;
 - the A/B graph (RANDOM_ABTEST, ratioA 0.7) over 1,000 requests: the split is within 4 sigma of ratioA, and
   every answer equals the in-process answer (LocalModel) of the image archive with the weights of the model
   meta.routing names; bad messages among good ones fail alone;
@@ -14,9 +14,11 @@ transform-output, meta.routing injected).
 """
 
 import base64
+import http.client
 import json
 import math
 import random
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -137,9 +139,54 @@ def test_the_transformer_under_the_real_wrapper(store, seldon_python, tmp_path):
             assert status == code and set(error) == {"status"}, answer
             assert error["status"]["reason"] == "MICROSERVICE_BAD_DATA" and error["status"]["status"] == 1
             assert words in error["status"]["info"], answer
+        assert_hostile_bodies_fail_alone(url, graph.units["transformer"].log)
     finally:
         graph.stop()
         handler.pool and handler.pool.shutdown()
+
+
+def chunked_post(url: str, chunks) -> int:
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    try:
+        connection.request("POST", parts.path, body=iter(chunks), headers={"Content-Type": "application/json"},
+                           encode_chunked=True)  # fmt: skip
+        return connection.getresponse().status
+    except OSError:  # the unit closed a chunked body it refused as it came
+        return 0
+    finally:
+        connection.close()
+
+
+def assert_hostile_bodies_fail_alone(url: str, log: Path):
+    """What the wrapper reads before the unit does: a body past max_body_bytes (32 MiB for the image handler)
+    was read whole (500 MB took the worker past its memory: killed, reloaded), one it cannot parse was its 500;
+    a multipart file binData, NaN: serving/seldon_components.py. Each its own 4xx; the worker lives."""
+    boots = log.read_text(errors="replace").count("Booting worker")
+    jpeg = b64(JPEGS[0]).encode()
+    multipart = (b'--B\r\nContent-Disposition: form-data; name="binData"; filename="a.jpg"\r\n\r\n' + JPEGS[0]
+                 + b'\r\n--B\r\nContent-Disposition: form-data; name="meta"\r\n\r\n{"m": 1}\r\n--B--\r\n')  # fmt: skip
+    deep = b'{"jsonData": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"  # past Python's recursion limit
+    form = b"json=" + urllib.parse.quote(json.dumps({"binData": jpeg.decode()})).encode()
+    bad_meta = b'--B\r\nContent-Disposition: form-data; name="meta"\r\n\r\nnot json\r\n--B--\r\n'
+    cases = [
+        ("/transform-input", b'{"binData": "' + b"A" * (40 << 20) + b'"}', "application/json", 413, "max_body_bytes"),
+        ("/transform-input", deep, "application/json", 400, "not JSON"),
+        ("/transform-input", b"json=%7Bnot", "application/x-www-form-urlencoded", 400, "not JSON"),
+        ("/transform-input", bad_meta, "multipart/form-data; boundary=B", 400, "not JSON"),
+        ("/transform-output", b'{"data": {"ndarray": [[1.0, NaN, Infinity]]}}', "application/json", 400, "NaN"),
+        ("/transform-input", multipart, "multipart/form-data; boundary=B", 200, '"m":1'),
+        ("/transform-input", form, "application/x-www-form-urlencoded", 200, "tensor"),
+    ]
+    for path, body, kind, code, words in cases:
+        status, answer = seldon_graph.post(url + path, body, {"Content-Type": kind})
+        assert status == code and words in answer.decode(), (path, kind, status, answer[:300])
+        if code != 200:
+            assert json.loads(answer)["status"]["reason"] == "MICROSERVICE_BAD_DATA", answer
+    huge = [b'{"binData": "'] + [b"A" * (1 << 20)] * 40 + [b'"}']
+    assert chunked_post(url + "/transform-input", huge) in (413, 0)
+    assert chunked_post(url + "/transform-input", [b'{"binData": "', jpeg, b'"}']) == 200
+    assert log.read_text(errors="replace").count("Booting worker") == boots, "the unit's worker was restarted"
 
 
 def routed(answer: dict) -> str:
@@ -182,6 +229,11 @@ def test_the_ab_graph_splits_by_ratio_and_answers_as_the_routed_model(store, sel
         sigma = math.sqrt(total * share * (1 - share))
         print(f"A/B served: {served} (ratioA 0.7: {total * share:.0f} +- {sigma:.1f})")
         assert abs(served[children[0]] - total * share) < 4 * sigma, served
+        # finite values the model overflows on: its output NaN, once answered as a 200 whose body was not JSON
+        huge = {"data": {"tensor": {"shape": [1, 3, 224, 224], "values": [3e38] * (3 * 224 * 224)}}}
+        status, body = seldon_graph.post(f"http://127.0.0.1:{graph.ports()[children[0]]}/predict",
+                                         json.dumps(huge).encode())  # fmt: skip
+        assert status == 500 and "NaN or Infinity" in json.loads(body)["status"]["info"], body[:300]
         # bad messages among good ones: each its own Seldon error, its neighbours their answers
         mixed = [json.dumps({"binData": b64(JPEGS[i])}).encode() if i % 2 else b'{"binData": "%%%"}' for i in range(12)]
         for i, (status, body) in enumerate(run_requests(executor, mixed, threads=6)):

@@ -64,6 +64,11 @@ def test_a_tensor_is_read_in_its_shape_and_answered_with_names_and_meta():
         ({"data": {"tftensor": {}}}, "data must hold one of ndarray or tensor"),
         ({"jsonData": ["aGk="] * 33}, "max_items"),
         ({"jsonData": []}, "holds no image"),
+        # the wrapper's Flask reads NaN and Infinity (1e400 too) where JSON has none: answered, they made a 200
+        # whose body was not JSON (NaN in it) from a model fed them, and from transform-output
+        ({"data": {"ndarray": [[1.0, float("nan")]]}}, "NaN or Infinity"),
+        ({"data": {"tensor": {"shape": [2], "values": [float("inf"), 1]}}}, "NaN or Infinity"),
+        ({"data": {"ndarray": [[-float("inf")]]}}, "NaN or Infinity"),
     ],
 )
 def test_bad_messages_are_client_errors_naming_the_problem(message, words):
@@ -82,3 +87,9 @@ def test_the_router_draws_children_by_weight():
     for weights in ("1", "2,0", "a,b"):
         with pytest.raises(ValueError, match="parameter weights"):
             seldon.Router(weights)
+
+
+def test_a_multipart_file_in_bin_data_is_read_as_the_image():
+    """The wrapper reads a multipart/form-data file field binData as its base64 *bytes* (flask_utils.py
+    ``get_multi_form_data_request``, for protobuf to decode): the image, as Seldon's own models get it."""
+    assert seldon.images_of({"binData": b"aGk="}, LIMITS) == ["aGk="]

@@ -180,6 +180,12 @@ def test_the_validator_checks_every_unit(store, tmp_path):
         (["--transformer-model", "vision-a", "--server", "s"], "--server is for Seldon Core 2"),
         (["--transformer-model", "vision-a", "--ab", "vision-a=50", "--ab", "vision-b=50"], "one or the other"),
         (["--memory", "2GB", "--transformer-model", "vision-a"], "--memory '2GB' must be a memory quantity"),
+        (["--ab", "vision-a=\u00b2", "--ab", "vision-b=50"], "must be MODEL=WEIGHT"),  # isdigit, not int: a traceback
+        # image references docker and the kubelet refuse (InvalidImageName), or a shell runs in DEPLOY.md's build
+        (["--image", "Registry.example.com/Tsctl:1", "--transformer-model", "vision-a"], "is not an image reference"),
+        (["--image", "reg/x:1;id", "--transformer-model", "vision-a"], "is not an image reference"),
+        (["--image", "$(id)", "--transformer-model", "vision-a"], "is not an image reference"),
+        (["--image", "reg/x:", "--transformer-model", "vision-a"], "is not an image reference"),
     ],
 )
 def test_mistakes_are_one_line_exit_2_and_write_nothing(store, tmp_path, args, words):
