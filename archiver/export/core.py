@@ -11,7 +11,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional
 
+from handlers.settings import ImageSettings
+
 from ..errors import UserError
+from ..mar import handler_record, model_config
 
 COPY_POD_IMAGE = "busybox:1.36"  # has tar, which kubectl cp runs in the pod
 COPY_POD_UID = 1000  # the uid KServe's TorchServe runtime runs as (and Seldon's servers): the copied files are its own
@@ -132,3 +135,30 @@ def check_same_input(flag: str, kinds: Dict[str, Optional[str]]):
             f"{flag}: {said}; a split sends each request to either candidate, so they must take the same input: "
             "split between versions of one model"
         )
+
+
+def transformer_shape(archive: Path) -> Optional[List[int]]:
+    """The shape of one image's tensor the transformer archive sends its model: ``[3, crop, crop]`` for the
+    toolkit's image_classifier (its model-config.yaml ``handler.crop``, else 224); None for any other handler (a
+    subclass may preprocess another way: its shape cannot be known without running it)."""
+    record = handler_record(archive) or {}
+    if (record.get("module"), record.get("class")) != ("handlers.image", "ImageClassifier"):
+        return None
+    crop = (model_config(archive).get("handler") or {}).get("crop", ImageSettings.crop)
+    return [3, crop, crop]
+
+
+def check_transformer_shape(transformer: Path, model: str, shape) -> None:
+    """The model behind a transformer takes the tensor the transformer makes: else every request routed to it is
+    refused (the tensor handler's 400). Silent where either shape is unknown (no ``handler.input_shape``)."""
+    made = transformer_shape(transformer)
+    if made is None or shape is None or list(shape) == made:
+        return
+    shape = list(shape)
+    square = len(shape) == 3 and shape[0] == 3 and shape[1] == shape[2]
+    other = f", or give a transformer archive with handler.crop: {shape[1]}" if square else ""
+    raise UserError(
+        f"model '{model}' takes tensors of shape {shape} (its handler.input_shape), but the transformer "
+        f"{transformer.name} makes {made} (its handler.crop): every request routed to it would be refused; package "
+        f"'{model}' with handler.input_shape: {made} (weights that take {made[1]}x{made[2]} images){other}"
+    )

@@ -313,6 +313,7 @@ def check_transformer(options: ExportOptions, snapshot: dict) -> Optional[Path]:
                 "transformer sends it tensors: package the same weights with --handler tensor under another model "
                 "name and pass that name as --transformer-model"
             )
+        core.check_transformer_shape(archive, model, (model_config(predictor).get("handler") or {}).get("input_shape"))
     options.transformer_model = model
     return archive
 

@@ -281,6 +281,7 @@ def check_transformer(
                 f"({names[predictor].handler}) reads {names[predictor].kind or 'its own'} requests: package the same "
                 "weights with --handler tensor and name that model"
             )
+        core.check_transformer_shape(archive, predictor, names[predictor].shape)
     model_name = archive_files.read_manifest(archive)["model"]["modelName"]
     base = suggest(model_name)[:58]
     transformers = []

@@ -133,6 +133,7 @@ def check(options: SeldonCore1Options) -> Plan:
                 f"{entry.kind or 'its own'} requests: package the same weights with --handler tensor and name that "
                 "model"
             )
+        core.check_transformer_shape(transformer.archive, name, entry.shape)
     left = sorted(set(specs) - set(chosen))
     if left:
         notes.append(f"not in the graph, not exported: {', '.join(left)}")
