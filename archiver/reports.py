@@ -153,4 +153,5 @@ def export_report(out, result) -> dict:
 
 def export_text(report: dict) -> List[str]:
     lines = [f"wrote {path}" for path in report["files"]] + [f"note: {note}" for note in report["notes"]]
-    return lines + [f"deploy: see {report['deploy']}; then, per model:"] + [f"  {c}" for c in report["curls"]]
+    then = "then, per model:" if len(report["curls"]) > 1 else "then:"  # Core 1: one curl, the graph's
+    return lines + [f"deploy: see {report['deploy']}; {then}"] + [f"  {c}" for c in report["curls"]]

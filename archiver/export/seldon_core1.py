@@ -42,6 +42,7 @@ takes its 5000 ms default as seconds).
 Every check runs before anything is written; the tree is written beside OUT and renamed into place.
 """
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Tuple
@@ -67,6 +68,7 @@ CLAIM_VOLUME = "models"
 IMAGE_DIR = "component-image"
 RUNTIME_PATH = "/opt/tsctl"
 BASE_IMAGE = f"python:{PYTHON}-slim"
+INGRESS_UNSET = "set INGRESS to the ingress address, HOST:PORT"  # the shell's message when INGRESS is unset
 REST_TIMEOUT_MS = 60_000  # seldon.io/rest-timeout: a unit's call, and its gunicorn worker's timeout
 # seldon-core 1.17.1 (the last Apache-2.0 release) and what its pins allow (numpy < 2, PyYAML <= 6.0.1), and
 # setuptools < 81 (gunicorn 20.1 imports pkg_resources; torch 2.15 wants >= 77.0.3), as samples/runtime_env.py's
@@ -344,9 +346,9 @@ def deployment(options: SeldonCore1Options, transformer: Unit, models: List[Unit
 # ---- writing ------------------------------------------------------------------------------------------
 def curl_line(options: SeldonCore1Options) -> str:
     return (
-        'curl -s -H "Content-Type: application/json" '
-        f'"http://${{INGRESS}}/seldon/{options.namespace}/{options.name}/api/v1.0/predictions" '
-        "--data-binary @input.json"
+        'curl -sS --fail-with-body -H "Content-Type: application/json" '
+        f'"http://${{INGRESS:?{INGRESS_UNSET}}}/seldon/{options.namespace}/{options.name}/api/v1.0/predictions" '
+        "--data-binary @input.json -o answer.json"
     )
 
 
@@ -380,12 +382,18 @@ def write(plan: Plan, options: SeldonCore1Options, root: Path) -> List[Path]:
 def deploy_md(plan: Plan, options: SeldonCore1Options, units: List[Unit]) -> str:
     ns, pod = f"-n {options.namespace}", f"{options.name}-copy"
     copies = [f"kubectl cp {ns} {u.folder}/{u.archive.name} {pod}:/pvc/{u.folder}/{u.archive.name}" for u in units]
+    first = plan.models[0].name
+    routing = {TRANSFORMER: -1, first: -1}
     if plan.weights:
         shares = ", ".join(f"{m.name} {w}%" for m, w in zip(plan.models, plan.weights))
         how = "RANDOM_ABTEST, ratioA" if len(plan.weights) == 2 else "tsctl's router component"
         router = f"the router `{ROUTER}` ({how}) sends each request to one of {shares}, and "
+        routing_words = (f"`-1` for a unit that ran, and for the router `{ROUTER}` the index of the child that "
+                         f"answered (`0` is `{first}`, in the order of the graph's children)")  # fmt: skip
+        routing[ROUTER] = 0
     else:
         router = ""
+        routing_words = f"`-1` for each unit that ran, `{TRANSFORMER}` and `{first}` (this graph has no router)"
     return core.render(
         "seldon-core1",
         name=options.name,
@@ -406,8 +414,8 @@ def deploy_md(plan: Plan, options: SeldonCore1Options, units: List[Unit]) -> str
         models_dir=MODELS_DIR,
         transformer=TRANSFORMER,
         router=router,
-        router_name=ROUTER,
-        first=plan.models[0].name,
+        routing_words=routing_words,
+        routing_example=json.dumps(routing, sort_keys=True),
         curl=curl_line(options),
         timeout=REST_TIMEOUT_MS,
     ).rstrip("\n") + "\n"

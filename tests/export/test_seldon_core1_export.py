@@ -18,6 +18,8 @@ from helpers.models import package_resnet, package_text
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "seldon"
 IMAGE = "registry.example.com/tsctl-seldon:1"
+ANSWER = {"data": {"names": [], "ndarray": [{"class_238": 0.02}]},
+          "meta": {"routing": {"router": 1, "transformer": -1, "vision-b": -1}}}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -214,11 +216,15 @@ def test_deploy_md_runs_as_written_from_its_directory(store, tmp_path, tmp_path_
     result = invoke(store, out, "--ab", "vision-a=70", "--ab", "vision-b=30", "--name", "vision", "--namespace", "ml",
                     "--transformer-archive", str(store / "transformer" / "vision.mar"))  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert result.output.splitlines()[-1].strip() == (
-        'curl -s -H "Content-Type: application/json" "http://${INGRESS}/seldon/ml/vision/api/v1.0/predictions" '
-        "--data-binary @input.json"
+    curl_line = (
+        'curl -sS --fail-with-body -H "Content-Type: application/json" "http://${INGRESS:?set INGRESS to the ingress '
+        'address, HOST:PORT}/seldon/ml/vision/api/v1.0/predictions" --data-binary @input.json -o answer.json'
     )
-    run = deploy_md.run_deploy_md(out, tmp_path / "stubs")
+    assert result.output.splitlines()[-2:] == ["deploy: see " + str(out / "DEPLOY.md") + "; then:", f"  {curl_line}"]
+    assert curl_line in (out / "DEPLOY.md").read_text().splitlines()  # the summary's curl is DEPLOY.md's
+    run = deploy_md.run_deploy_md(out, tmp_path / "stubs", {"INGRESS": "localhost:8080"}, json.dumps(ANSWER))
+    assert 'data.ndarray: [{"class_238": 0.02}]' in run.output
+    assert 'meta.routing: {"router": 1, "transformer": -1, "vision-b": -1}' in run.output
     deploy_md.check_referenced_files_exist(out, run)
     here = [str(tmp_path_factory.getbasetemp()), str(Path.cwd()), str(Path(__file__).resolve().parents[2])]
     assert deploy_md.paths_in_tree(out, here) == []
@@ -234,6 +240,32 @@ def test_deploy_md_runs_as_written_from_its_directory(store, tmp_path, tmp_path_
         body["binData"])  # fmt: skip
     deploy = (out / "DEPLOY.md").read_text()
     assert "meta.routing" in deploy and "SELDON_ENABLE_ROUTING_INJECTION" in deploy
-    assert "{'router': 0, 'transformer': -1, 'vision-a': -1}" in deploy
+    assert 'meta.routing: {"router": 0, "transformer": -1, "vision-a": -1}' in deploy
     shares = "the router `router` (RANDOM_ABTEST, ratioA) sends each request to one of vision-a 70%, vision-b 30%"
     assert shares in deploy
+
+
+def test_deploy_md_step_6_fails_loudly_and_reads_what_it_got(store, tmp_path):
+    """INGRESS unset: the shell's message, before curl runs; the graph's refusal (Seldon's error shape, no meta)
+    and no answer at all: one error line each, no traceback; no router: meta.routing has none."""
+    out = tmp_path / "out"
+    result = invoke(store, out, "--transformer-model", "vision-a", "--transformer-archive",
+                    str(store / "transformer" / "vision.mar"))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    deploy = (out / "DEPLOY.md").read_text()
+    assert 'meta.routing: {"transformer": -1, "vision-a": -1}' in deploy and "'router'" not in deploy
+    assert "this graph has no router" in deploy and "the index of the child" not in deploy
+    with pytest.raises(AssertionError, match="INGRESS: set INGRESS to the ingress address") as unset:
+        deploy_md.run_deploy_md(out, tmp_path / "s1", {"INGRESS": ""})
+    assert "Traceback" not in str(unset.value)
+    with pytest.raises(AssertionError, match=r"error: no answer in answer.json \(\[Errno 2\]") as missing:
+        deploy_md.run_deploy_md(out, tmp_path / "s2", {"INGRESS": "localhost:8080"})  # curl wrote nothing
+    assert "Traceback" not in str(missing.value)
+    refused = {"status": {"code": -1, "info": "tensor input has shape [3, 224, 224]", "reason": "MICROSERVICE_BAD_DATA",
+                          "status": 1}}  # fmt: skip
+    with pytest.raises(AssertionError, match="error: the graph refused the request: .*MICROSERVICE_BAD_DATA") as bad:
+        deploy_md.run_deploy_md(out, tmp_path / "s3", {"INGRESS": "localhost:8080"}, json.dumps(refused))
+    assert "Traceback" not in str(bad.value)
+    answer = {"data": {"ndarray": [{"class_1": 0.5}]}, "meta": {}}  # SELDON_ENABLE_ROUTING_INJECTION off
+    run = deploy_md.run_deploy_md(out, tmp_path / "s4", {"INGRESS": "localhost:8080"}, json.dumps(answer))
+    assert "meta.routing: none (SELDON_ENABLE_ROUTING_INJECTION is off)" in run.output

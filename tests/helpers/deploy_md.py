@@ -11,7 +11,7 @@ import subprocess
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 STUBBED = ("kubectl", "docker", "curl", "tsctl")  # the cluster's side, the calls that would reach it
 SEPARATOR = "\x1f"  # between a call's arguments; a call per line
@@ -35,15 +35,20 @@ class Run:
         return [call[1:] for call in self.calls if call[0] == program]
 
 
-def run_deploy_md(out: Path, stubs: Path, env: Dict[str, str] = None) -> Run:
+def run_deploy_md(out: Path, stubs: Path, env: Dict[str, str] = None, answer: Optional[str] = None) -> Run:
     """Every ```sh block of ``out/DEPLOY.md``, in order, in one shell started in ``out`` (as a user runs
-    them there), stopping at the first command that fails; ``stubs``: an empty directory for the stubs."""
+    them there), stopping at the first command that fails; ``stubs``: an empty directory for the stubs;
+    ``answer``: what the curl stub writes to its ``-o FILE`` (else nothing)."""
     stubs.mkdir(parents=True, exist_ok=True)
     log = stubs / "calls.jsonl"
     for name in STUBBED:
         stub = stubs / name
         stub.write_text(STUB.format(log=log))
         stub.chmod(0o755)
+    if answer is not None:
+        (stubs / "answer").write_text(answer)
+        with open(stubs / "curl", "a") as stub:
+            stub.write(f'while [ $# -gt 0 ]; do [ "$1" = -o ] && cp "{stubs / "answer"}" "$2"; shift; done\n')
     script = "set -e\n" + "\n".join(sh_blocks((out / "DEPLOY.md").read_text()))
     environment = {**os.environ, **(env or {}), "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}"}
     done = subprocess.run(["sh", "-c", script], cwd=out, env=environment, capture_output=True, text=True, timeout=300)
