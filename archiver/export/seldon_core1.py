@@ -44,6 +44,7 @@ Every check runs before anything is written; the tree is written beside OUT and 
 
 import json
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -56,7 +57,7 @@ from ..errors import UserError
 from . import core, crds, out_dir, seldon
 from .bodies import sample_inputs
 from .images import CPU_TORCH_INDEX, PYTHON, pinned, pins, with_archive_lines, write_context
-from .kube import check_resources, image_reference, label
+from .kube import check_resources, image_reference, label, memory_bytes
 from .options import SeldonCore1Options
 
 API_VERSION = "machinelearning.seldon.io/v1"
@@ -147,6 +148,7 @@ def check(options: SeldonCore1Options) -> Plan:
     manifest = deployment(options, transformer, models, weights)
     crds.check(manifest, "seldondeployment.yaml")
     webhook_check(manifest)
+    notes.append(f"seldondeployment.yaml: {pod_size(manifest)}")
     return Plan(transformer, models, weights, manifest, notes)
 
 
@@ -237,6 +239,22 @@ def webhook_check(manifest: dict):
             if unit.get("implementation") in (None, "UNKNOWN_IMPLEMENTATION") and unit["name"] not in containers:
                 raise UserError(f"seldondeployment.yaml: graph unit '{unit['name']}' has no container of its name")
             stack += unit.get("children", [])
+
+
+def pod_size(manifest: dict) -> str:
+    """What the graph's one pod asks of a node: its containers' requests added up, per container."""
+    containers = manifest["spec"]["predictors"][0]["componentSpecs"][0]["spec"]["containers"]
+    requests = [c["resources"]["requests"] for c in containers]
+    millicores = sum(int(Decimal(r["cpu"][:-1])) if r["cpu"].endswith("m") else int(Decimal(r["cpu"]) * 1000)
+                     for r in requests)  # fmt: skip
+    memory = sum(memory_bytes(r["memory"]) for r in requests)
+    cpu = f"{millicores / 1000:g}"
+    shown = f"{memory // 2**30}Gi" if memory % 2**30 == 0 else f"{memory / 2**20:g}Mi"
+    each = ", ".join(f"{c['name']} {r['cpu']} / {r['memory']}" for c, r in zip(containers, requests))
+    return (
+        f"the graph's pod asks for {cpu} CPU and {shown} of memory ({each}; --cpu and --memory are each unit's), "
+        "plus Seldon's executor container: a node must have that free, or the pod stays Pending"
+    )
 
 
 def seldon_requirements(archives: List[Path]) -> str:
@@ -414,6 +432,7 @@ def deploy_md(plan: Plan, options: SeldonCore1Options, units: List[Unit]) -> str
         models_dir=MODELS_DIR,
         transformer=TRANSFORMER,
         router=router,
+        pod_size=pod_size(plan.manifest),
         routing_words=routing_words,
         routing_example=json.dumps(routing, sort_keys=True),
         curl=curl_line(options),

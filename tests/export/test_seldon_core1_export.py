@@ -269,3 +269,22 @@ def test_deploy_md_step_6_fails_loudly_and_reads_what_it_got(store, tmp_path):
     answer = {"data": {"ndarray": [{"class_1": 0.5}]}, "meta": {}}  # SELDON_ENABLE_ROUTING_INJECTION off
     run = deploy_md.run_deploy_md(out, tmp_path / "s4", {"INGRESS": "localhost:8080"}, json.dumps(answer))
     assert "meta.routing: none (SELDON_ENABLE_ROUTING_INJECTION is off)" in run.output
+
+
+def test_the_pod_size_is_noted_and_the_router_asks_little(store, tmp_path):
+    """Every unit is a container of one pod: the export says what it asks of a node. tsctl's router (three or
+    more candidates) only draws a child: 100m / 256Mi (its wrapper's processes: about 105 MB PSS measured)."""
+    abc = [("vision-a", 50), ("vision-b", 30), ("vision-c", 20)]
+    three = seldon_core1.export(options(store, tmp_path / "abc", ab=abc, cpu="2", memory="3Gi"))
+    containers = manifest_of(tmp_path / "abc")["spec"]["predictors"][0]["componentSpecs"][0]["spec"]["containers"]
+    router = next(c for c in containers if c["name"] == "router")
+    assert router["resources"] == {"requests": {"cpu": "100m", "memory": "256Mi"},
+                                   "limits": {"cpu": "100m", "memory": "256Mi"}}  # fmt: skip
+    [note] = [n for n in three.notes if n.startswith("seldondeployment.yaml: ")]
+    assert "the graph's pod asks for 8.1 CPU and 12544Mi of memory (transformer 2 / 3Gi, router 100m / 256Mi, " \
+        "vision-a 2 / 3Gi, vision-b 2 / 3Gi, vision-c 2 / 3Gi;" in note  # fmt: skip
+    assert "plus Seldon's executor container" in note and "stays Pending" in note
+    assert note.removeprefix("seldondeployment.yaml: ") in (tmp_path / "abc" / "DEPLOY.md").read_text()
+    ab = seldon_core1.export(options(store, tmp_path / "ab", ab=[("vision-a", 90), ("vision-b", 10)]))
+    assert any("asks for 3 CPU and 6Gi of memory (transformer 1 / 2Gi, vision-a 1 / 2Gi, vision-b 1 / 2Gi;" in n
+               for n in ab.notes)  # fmt: skip
