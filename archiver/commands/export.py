@@ -143,7 +143,12 @@ def export_kserve(out, config_path, split, as_json, **options):
 
 @export.command("seldon", cls=Command)
 @click.argument("out", type=click.Path())
-@click.option("--image", required=True, help="The server image to build from OUT/server-image (REGISTRY/NAME:TAG).")
+@click.option(
+    "--image",
+    required=True,
+    help="The image to build (REGISTRY/NAME:TAG): Core 2's server image from OUT/server-image; --core 1: the "
+    "units' image from OUT/component-image.",
+)
 @click.option(
     "--model-store", default="model-store", show_default=True, help="The directory holding the archives to export."
 )
@@ -192,9 +197,15 @@ def export_kserve(out, config_path, split, as_json, **options):
     "experiment-promote.yaml, applied once 'tsctl shadow' passes.",
 )
 @click.option(
-    "--transformer-archive", help="A toolkit .mar run as the Pipeline step before the model (its preprocessing)."
+    "--transformer-archive",
+    help="A toolkit image .mar run as the Pipeline step before the model (its preprocessing); --core 1 (required): "
+    "the graph's TRANSFORMER unit.",
 )
-@click.option("--transformer-model", help="The model (or the --ab experiment) the transformer's Pipeline sends to.")
+@click.option(
+    "--transformer-model",
+    help="The model (or the --ab experiment) the transformer's Pipeline sends to; --core 1: the one MODEL of a graph "
+    "without a router (instead of --ab).",
+)
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @json_option
 def export_seldon(out, config_path, ab, default_model, mirror, as_json, core, name, **options):

@@ -6,6 +6,7 @@ graph runs under the real wrapper in tests/engine/test_seldon_core1.py."""
 import json
 from pathlib import Path
 
+import click
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -288,3 +289,14 @@ def test_the_pod_size_is_noted_and_the_router_asks_little(store, tmp_path):
     ab = seldon_core1.export(options(store, tmp_path / "ab", ab=[("vision-a", 90), ("vision-b", 10)]))
     assert any("asks for 3 CPU and 6Gi of memory (transformer 1 / 2Gi, vision-a 1 / 2Gi, vision-b 1 / 2Gi;" in n
                for n in ab.notes)  # fmt: skip
+
+
+def test_the_help_and_commands_md_describe_core_1_for_the_options_it_uses():
+    command = main.commands["export"].commands["seldon"]
+    helps = {p.name: p.help for p in command.params if isinstance(p, click.Option)}
+    for name in ("image", "transformer_archive", "transformer_model", "cpu", "memory", "ab", "name", "namespace"):
+        assert "--core 1" in helps[name], (name, helps[name])
+    assert "OUT/component-image" in helps["image"] and "required" in helps["transformer_archive"]
+    commands_md = (Path(__file__).resolve().parents[2] / "docs" / "commands.md").read_text()
+    [row] = [line for line in commands_md.splitlines() if line.startswith("| `tsctl export seldon")]
+    assert "`--core 1" in row and "component-image" in row
