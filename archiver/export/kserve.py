@@ -168,6 +168,9 @@ def check_options(options: ExportOptions) -> Tuple[str, str]:
         )
     kube.label(options.namespace, "--namespace", "give the namespace the InferenceService goes in, e.g. default")
     kube.check_resources(options.cpu, options.memory)
+    for flag, image in (("--image", options.image), ("--transformer-image", options.transformer_image)):
+        if image is not None:  # docker build -t and the kubelet refuse what is not a reference (InvalidImageName)
+            kube.image_reference(image, flag, f"name the image another way, e.g. {flag} registry.example.com/tsctl:1")
     claim, sub_path = storage_path(options.storage_uri)
     if options.protocol not in KSERVE_PROTOCOLS:
         raise UserError(f"--protocol {options.protocol!r} must be v1 or v2")

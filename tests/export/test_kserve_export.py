@@ -206,6 +206,9 @@ def test_snapshot_and_store_mismatches_are_refused(project, tmp_path):
         (["--split", "resnet18=50", "--split", "nope=50"], "--split model 'nope' is not in"),
         (["--split", "resnet18:50"], "must look like MODEL=PERCENT"),
         (["--canary", "120"], "from 0 to 100"),
+        # an image docker build -t and the kubelet refuse (uppercase repository, a space): one line, as export seldon
+        (["--engine", "tsctl", "--image", "Bad_Image:1"], "--image 'Bad_Image:1' is not an image reference"),
+        (["--transformer-image", "reg/bad image:1", "--transformer-archive", "x.mar"], "is not an image reference"),
     ],
 )
 def test_cli_mistakes_are_one_sentence(project, tmp_path, args, words):

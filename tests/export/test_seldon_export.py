@@ -201,6 +201,7 @@ def test_vendored_schemas_match_the_seldon_crds():
         (["--server", "Tsctl"], "--server 'Tsctl' is not a valid Kubernetes name"),
         (["--memory", "lots"], "--memory 'lots' must be a memory quantity"),
         (["--transformer-model", "resnet18-t"], "--transformer-archive and --transformer-model go together"),
+        (["--image", "Bad_Image:1"], "--image 'Bad_Image:1' is not an image reference"),  # docker refuses it
     ],
 )
 def test_mistakes_are_one_line_exit_2_and_write_nothing(store, tmp_path, args, words):
