@@ -6,8 +6,8 @@ TRANSFORMER -> ROUTER -> MODELs, each unit a container of one image running Seld
     OUT/seldondeployment.yaml        the SeldonDeployment (machinelearning.seldon.io/v1)
     OUT/pvc.yaml, pvc-copy-pod.yaml  the claim and a pod to copy models/ onto it (core.py, as for Core 2)
     OUT/component-image/             the image's build context: python:X.Y-slim, seldon-core 1.17.1, this
-                                     environment's torch and torchserve, the archives' requirements, tsctl's
-                                     handlers/ and serving/
+                                     environment's torch (its CPU-only build) and torchserve, the archives'
+                                     requirements, tsctl's handlers/ and serving/
     OUT/DEPLOY.md                    build, claim, copy, apply, the curl, reading meta.routing
     OUT/inputs/                      the image a request body is built from
 

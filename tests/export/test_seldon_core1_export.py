@@ -189,6 +189,7 @@ def test_the_validator_checks_every_unit(store, tmp_path):
         (["--image", "reg/x:1;id", "--transformer-model", "vision-a"], "is not an image reference"),
         (["--image", "$(id)", "--transformer-model", "vision-a"], "is not an image reference"),
         (["--image", "reg/x:", "--transformer-model", "vision-a"], "is not an image reference"),
+        (["--image", "Bad_Image:1", "--transformer-model", "vision-a"], "--image 'Bad_Image:1' is not an image"),
     ],
 )
 def test_mistakes_are_one_line_exit_2_and_write_nothing(store, tmp_path, args, words):
@@ -300,3 +301,11 @@ def test_the_help_and_commands_md_describe_core_1_for_the_options_it_uses():
     commands_md = (Path(__file__).resolve().parents[2] / "docs" / "commands.md").read_text()
     [row] = [line for line in commands_md.splitlines() if line.startswith("| `tsctl export seldon")]
     assert "`--core 1" in row and "component-image" in row
+
+
+def test_the_image_is_said_to_be_cpu_only(store, tmp_path):
+    seldon_core1.export(options(store, tmp_path / "out", transformer_model="vision-a"))
+    assert "download.pytorch.org/whl/cpu" in (tmp_path / "out" / "component-image" / "Dockerfile").read_text()
+    assert "torch's CPU-only build" in (tmp_path / "out" / "DEPLOY.md").read_text()
+    seldon_md = (Path(__file__).resolve().parents[2] / "docs" / "seldon.md").read_text()
+    assert "torch's CPU-only build" in seldon_md
