@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,7 @@ DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MARK = r"<!-- (readme-test: ([\w-]+)|not run: [^>]+) -->\n"
 SHELL = re.compile(r"^(%s)?```(sh|bash|shell|console)\n(.*?)^```" % MARK, re.S | re.M)
 FIXED_PORTS = ("8085", "8082")  # TorchServe's addresses in config.properties, as a reader types them
+FIXED_PORTS += ("9100", "9101", "6100", "6101")  # docs/seldon.md's Core 1 units, run locally (HTTP, metrics)
 
 
 def shell_blocks() -> list:
@@ -130,7 +132,8 @@ def test_every_shell_block_is_run_or_says_why_not():
 def test_every_marked_block_is_run_by_a_test():
     assert set(blocks()) == {
         "flow", "curl", "torchserve", "engine", "kserve-export", "golden", "own-handler", "minilm",
-        "signing", "kserve-engine-export", "seldon-export", "seldon-core1-export", "mlserver", "ts-grpc-stubs",
+        "signing", "kserve-engine-export", "seldon-export", "seldon-core1-export", "seldon-core1-local", "mlserver",
+        "ts-grpc-stubs",
         "kserve-image-base", "kserve-image", "kserve-image-stop",  # tests/export/test_kserve_image.py
     }  # fmt: skip
 
@@ -191,6 +194,34 @@ def test_the_exports_run_as_written(tmp_path):
     assert (tmp_path / "seldon" / "models" / "vision-a" / "model-settings.json").is_file()
     assert (tmp_path / "seldon-core1" / "seldondeployment.yaml").is_file()
     assert (tmp_path / "seldon-core1" / "models" / "transformer" / "vision.mar").is_file()
+
+
+@pytest.mark.matrix  # about a minute: two units load under the real wrapper
+@pytest.mark.timeout(900)
+def test_the_core1_units_run_locally_as_written(tmp_path):
+    """docs/seldon.md's local run of the Core 1 graph: the transformer and a model under seldon-core-microservice,
+    called as the executor calls them, answer the image archive's top classes; the block stops its units."""
+    from samples import runtime_env
+
+    runtime_env.ensure_seldon()  # .runtimes/seldon-core-1.17.1, as `make runtimes` builds it
+    out = run_blocks(tmp_path, "seldon-core1-export", "seldon-core1-local")
+    assert re.search(r"^\[\{'class_\d+': [0-9.e-]+", out.splitlines()[-1]), out
+    deadline = time.monotonic() + 60  # the units stop on the block's SIGTERM, in a few seconds
+    while running_in(tmp_path / "seldon-core1") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert running_in(tmp_path / "seldon-core1") == [], "the block left units (or their workers) running"
+
+
+def running_in(directory: Path) -> list:
+    """The pids of processes whose working directory is ``directory`` (the units the block started there)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and Path(os.readlink(proc / "cwd")) == directory.resolve():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
 
 
 @pytest.mark.matrix
