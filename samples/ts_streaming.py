@@ -21,7 +21,7 @@ STAND_IN = Path(__file__).resolve().parent / "ts_examples" / "streaming" / "stre
 BIN = Path(sys.executable).parent
 PROMPT = b'{"prompt": "The capital of France", "max_new_tokens": 50}'  # gpt_fast's request.json
 
-PROBE = '''\
+PROBE = """\
 import json, os, time
 
 from ts.handler_utils.utils import send_intermediate_predict_response
@@ -69,7 +69,7 @@ def handle(data, context):
         else:
             answers.append({"echo": words, "inputs": sorted(row)})
     return answers
-'''
+"""
 
 
 def archive(name: str, handler: Path, store: Path, config: Path = None) -> Path:

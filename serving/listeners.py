@@ -150,7 +150,7 @@ def check(found: Plan):
     addresses."""
     listeners = found.rest + ([found.grpc] if found.grpc else []) + found.ts_grpc
     for index, one in enumerate(listeners):
-        for other in listeners[index + 1:]:
+        for other in listeners[index + 1 :]:
             if one.port == other.port != 0 and (one.host in ANY or other.host in ANY or one.host == other.host):
                 raise ConfigError(
                     f"{other.source} and {one.source} both take port {one.port}: give one of them another port"

@@ -110,8 +110,7 @@ def images_of(message: dict, limits) -> List[Any]:
         form, value, _ = data_of(message)
         if form != "ndarray":
             raise ClientError(
-                "data.tensor holds numbers: send images as binData, strData, jsonData or data.ndarray of base64 "
-                "strings"
+                "data.tensor holds numbers: send images as binData, strData, jsonData or data.ndarray of base64 strings"
             )
         items = protocol.flatten(value) if isinstance(value, list) else [value]
     if not items:

@@ -176,8 +176,10 @@ def export_kserve(out, config_path, split, as_json, **options):
 )
 @click.option("--cpu", default="1", show_default=True, help="The mlserver container's CPU (--core 1: each unit's).")
 @click.option(
-    "--memory", default="2Gi", show_default=True, help="Each Model's memory (the server asks for the sum; --core 1: "
-    "each unit's)."
+    "--memory",
+    default="2Gi",
+    show_default=True,
+    help="Each Model's memory (the server asks for the sum; --core 1: each unit's).",
 )
 @click.option(
     "--ab",

@@ -412,32 +412,35 @@ def deploy_md(plan: Plan, options: SeldonCore1Options, units: List[Unit]) -> str
     else:
         router = ""
         routing_words = f"`-1` for each unit that ran, `{TRANSFORMER}` and `{first}` (this graph has no router)"
-    return core.render(
-        "seldon-core1",
-        name=options.name,
-        models=", ".join(m.name for m in plan.models),
-        here_check=core.HERE_CHECK.format(folder=MODELS_DIR),
-        namespace=options.namespace,
-        ns=ns,
-        image_dir=IMAGE_DIR,
-        image=options.image,
-        base_image=BASE_IMAGE,
-        claim=options.claim,
-        claim_size=core.claim_size([u.archive for u in units]),
-        mount=MOUNT,
-        uid=core.COPY_POD_UID,
-        pod=pod,
-        folders=" ".join(f"/pvc/{u.folder}" for u in units),
-        copies=core.lines(copies),
-        models_dir=MODELS_DIR,
-        transformer=TRANSFORMER,
-        router=router,
-        pod_size=pod_size(plan.manifest),
-        routing_words=routing_words,
-        routing_example=json.dumps(routing, sort_keys=True),
-        curl=curl_line(options),
-        timeout=REST_TIMEOUT_MS,
-    ).rstrip("\n") + "\n"
+    return (
+        core.render(
+            "seldon-core1",
+            name=options.name,
+            models=", ".join(m.name for m in plan.models),
+            here_check=core.HERE_CHECK.format(folder=MODELS_DIR),
+            namespace=options.namespace,
+            ns=ns,
+            image_dir=IMAGE_DIR,
+            image=options.image,
+            base_image=BASE_IMAGE,
+            claim=options.claim,
+            claim_size=core.claim_size([u.archive for u in units]),
+            mount=MOUNT,
+            uid=core.COPY_POD_UID,
+            pod=pod,
+            folders=" ".join(f"/pvc/{u.folder}" for u in units),
+            copies=core.lines(copies),
+            models_dir=MODELS_DIR,
+            transformer=TRANSFORMER,
+            router=router,
+            pod_size=pod_size(plan.manifest),
+            routing_words=routing_words,
+            routing_example=json.dumps(routing, sort_keys=True),
+            curl=curl_line(options),
+            timeout=REST_TIMEOUT_MS,
+        ).rstrip("\n")
+        + "\n"
+    )
 
 
 __all__ = ["API_VERSION", "SeldonCore1Options", "export"]

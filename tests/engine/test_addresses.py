@@ -154,8 +154,14 @@ class Direct:
         else:
             command = server.torchserve_command() + ["--start", "--foreground", "--ncs", "--model-store", str(store),
                                                      "--ts-config", str(config)]  # fmt: skip
-        env = dict(os.environ, TEMP=str(self.home), PYTHONPATH=str(ROOT), LOG_LOCATION=str(self.home / "logs"),
-                   METRICS_LOCATION=str(self.home / "logs"), TS_INITIAL_WORKER_PORT=str(free_port() // 100 * 100))
+        env = dict(
+            os.environ,
+            TEMP=str(self.home),
+            PYTHONPATH=str(ROOT),
+            LOG_LOCATION=str(self.home / "logs"),
+            METRICS_LOCATION=str(self.home / "logs"),
+            TS_INITIAL_WORKER_PORT=str(free_port() // 100 * 100),
+        )
         with open(self.home / "out", "wb") as out:
             self.process = subprocess.Popen(command, cwd=self.home, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                             stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
@@ -299,7 +305,9 @@ def test_export_refuses_a_config_whose_addresses_take_the_runtimes_ports(tmp_pat
     shutil.copy(store / "echo.mar", mine / "echo.mar")
     store = mine
     properties.write_config(store, config)  # tsctl config's: one address for both, exported fine
-    text = config.read_text().replace("management_address=http://0.0.0.0:8085", "management_address=http://0.0.0.0:8081")
+    text = config.read_text().replace(
+        "management_address=http://0.0.0.0:8085", "management_address=http://0.0.0.0:8081"
+    )
     args = ["export", "kserve", "--config", str(config), "--model-store", str(store), "--name", "echo",
             "--storage-uri", "pvc://models/echo", "--engine", "tsctl", "--image", "r.example/e:1"]  # fmt: skip
     fine = CliRunner().invoke(main, [*args[:2], str(tmp_path / "fine"), *args[2:]])
@@ -307,9 +315,11 @@ def test_export_refuses_a_config_whose_addresses_take_the_runtimes_ports(tmp_pat
     config.write_text(text)
     result = CliRunner().invoke(main, [*args[:2], str(tmp_path / "out"), *args[2:]])
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
-    assert "--grpc_port 8081 (KServe's v2 gRPC) and management_address=http://0.0.0.0:8081 both take port 8081" in (
-        result.output
-    ) and "change the config" in result.output
+    assert (
+        "--grpc_port 8081 (KServe's v2 gRPC) and management_address=http://0.0.0.0:8081 both take port 8081"
+        in (result.output)
+        and "change the config" in result.output
+    )
     assert not (tmp_path / "out").exists()
 
 

@@ -103,7 +103,10 @@ def test_an_ab_graph_is_a_valid_seldon_deployment(store, tmp_path):
                                                        ("Model", "MODEL")]):  # fmt: skip
         assert c["image"] == IMAGE
         assert {e["name"]: e["value"] for e in c["env"]} == {
-            "MODEL_NAME": f"serving.seldon_components.{component_class}", "SERVICE_TYPE": kind, "GRPC_WORKERS": "0"}
+            "MODEL_NAME": f"serving.seldon_components.{component_class}",
+            "SERVICE_TYPE": kind,
+            "GRPC_WORKERS": "0",
+        }
         assert c["volumeMounts"] == [{"name": "models", "mountPath": "/var/models", "readOnly": True}]
         assert c["readinessProbe"]["httpGet"] == {"path": "/health/status", "port": "http"}
     for unit in (graph, a, b):  # each unit's archive is in the tree where the claim puts it

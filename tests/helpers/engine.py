@@ -48,10 +48,27 @@ class Engine:
         self.out = self.home / "engine.out"
         default = root / "config" / "config.properties"
         given = [] if config is None and not default.exists() else ["--ts_config", str(config or default)]
-        command = [sys.executable, "-m", "serving.engine", "--model_store", str(root / "model-store"), *given,
-                   "--host", "127.0.0.1", "--http_port", str(self.http), "--grpc_port", str(self.grpc),
-                   "--grpc_inference_port", str(self.ts_grpc), "--grpc_management_port", str(self.ts_grpc_management),
-                   "--metrics_port", str(self.http), *extra]  # fmt: skip (/metrics on http: metrics_address unbound)
+        command = [
+            sys.executable,
+            "-m",
+            "serving.engine",
+            "--model_store",
+            str(root / "model-store"),
+            *given,
+            "--host",
+            "127.0.0.1",
+            "--http_port",
+            str(self.http),
+            "--grpc_port",
+            str(self.grpc),
+            "--grpc_inference_port",
+            str(self.ts_grpc),
+            "--grpc_management_port",
+            str(self.ts_grpc_management),
+            "--metrics_port",
+            str(self.http),
+            *extra,
+        ]  # fmt: skip (/metrics on http: metrics_address unbound)
         with open(self.out, "wb") as out:
             path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
             env = dict(os.environ, TEMP=str(self.home), PYTHONPATH=path)  # run where it writes its key file

@@ -100,14 +100,16 @@ class ContextProbe:
         for idx, _ in enumerate(data):
             if idx % 2:
                 context.set_response_status(299, "Probe Odd", idx)
-            answers.append({
-                "header": [context.get_request_header(idx, "X-Probe"), context.get_request_header(idx, "x-probe")],
-                "status": [299 if idx % 2 else 200, len(data)],
-                "cwd": _label(cwd, self.model_dir, ""),
-                "sys_path": _labels(sys.path, self.model_dir, cwd),
-                "env": _env(self.model_dir, cwd),
-                "stdin": _stdin(),
-                "threads": [self.threads_before, torch.get_num_threads()],
-                "metrics": self.metrics,
-            })
+            answers.append(
+                {
+                    "header": [context.get_request_header(idx, "X-Probe"), context.get_request_header(idx, "x-probe")],
+                    "status": [299 if idx % 2 else 200, len(data)],
+                    "cwd": _label(cwd, self.model_dir, ""),
+                    "sys_path": _labels(sys.path, self.model_dir, cwd),
+                    "env": _env(self.model_dir, cwd),
+                    "stdin": _stdin(),
+                    "threads": [self.threads_before, torch.get_num_threads()],
+                    "metrics": self.metrics,
+                }
+            )
         return answers
