@@ -137,6 +137,31 @@ def check_same_input(flag: str, kinds: Dict[str, Optional[str]]):
         )
 
 
+def splitting_transformer(path) -> Path:
+    """``--transformer-archive``'s path, checked: it exists, and its handler is the toolkit's and splits (its
+    preprocessing makes one tensor of a request, its postprocessing reads the model's raw output: MAR-INF's
+    ``splits``), as every transformer the exports write runs it apart from its model; a UserError otherwise."""
+    from handlers import archives as archive_files
+
+    archive = Path(path)
+    if not archive.is_file():
+        raise UserError(f"--transformer-archive {archive} does not exist")
+    record = handler_record(archive)
+    if record is None:
+        handler = archive_files.read_manifest(archive)["model"].get("handler")
+        raise UserError(
+            f"--transformer-archive {archive} is not a toolkit archive (no MAR-INF/tsctl.json; handler {handler!r}): "
+            "package it with --handler image_classifier"
+        )
+    if not record.get("splits"):
+        raise UserError(
+            f"--transformer-archive {archive}: its handler ({record.get('class')}) cannot run apart from its model "
+            "(its preprocessing does not make one tensor of a request: the text handlers' makes a dict of token "
+            "tensors): give an archive built with --handler image_classifier"
+        )
+    return archive
+
+
 def transformer_shape(archive: Path) -> Optional[List[int]]:
     """The shape of one image's tensor the transformer archive sends its model: ``[3, crop, crop]`` for the
     toolkit's image_classifier (its model-config.yaml ``handler.crop``, else 224); None for any other handler (a

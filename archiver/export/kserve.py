@@ -287,21 +287,7 @@ def check_transformer(options: ExportOptions, snapshot: dict) -> Optional[Path]:
         raise UserError(
             "--transformer-image and --transformer-archive go together: the image runs the archive's pre/post"
         )
-    archive = Path(options.transformer_archive)
-    if not archive.exists():
-        raise UserError(f"--transformer-archive {archive} does not exist")
-    record = handler_record(archive) or {}
-    if not record.get("splits"):
-        if record:
-            handler, where = f"{record['module']}.{record['class']}", "MAR-INF/tsctl.json"
-        else:
-            handler, where = read_manifest(archive)["model"]["handler"], "MANIFEST model.handler"
-        raise UserError(
-            f"--transformer-archive {archive} has handler {handler!r} ({where}), whose pre/post "
-            "cannot run apart from its model (preprocess must turn a request into one tensor, as image_classifier's "
-            "does; the text handlers' makes a dict of token tensors): give an archive built with "
-            "--handler image_classifier"
-        )
+    archive = core.splitting_transformer(options.transformer_archive)
     models = list(snapshot["models"])
     model = options.transformer_model or models[0]
     if model not in models:

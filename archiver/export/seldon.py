@@ -53,7 +53,6 @@ from typing import Dict, List, Optional, Tuple
 import yaml
 
 from handlers import archives as archive_files
-from handlers import identity
 from serving import ts_config
 
 from .. import mlserver
@@ -249,22 +248,7 @@ def check_transformer(
     take tensors (``--handler tensor`` with the same weights)."""
     if not options.transformer_archive:
         return [], None, None
-    archive = Path(options.transformer_archive)
-    if not archive.exists():
-        raise UserError(f"--transformer-archive {archive} does not exist")
-    record = identity.read(archive)
-    if record is None:
-        handler = archive_files.read_manifest(archive)["model"].get("handler")
-        raise UserError(
-            f"--transformer-archive {archive} is not a toolkit archive (no {identity.RECORD}; handler {handler!r}): "
-            "package it with a toolkit handler, e.g. --handler image_classifier"
-        )
-    if not record.get("splits"):
-        raise UserError(
-            f"--transformer-archive {archive}: its handler ({record.get('class')}) cannot run apart from its model "
-            f"({identity.RECORD} splits: false: its preprocessing does not make one tensor of a request, or there is "
-            "none): use an archive built with --handler image_classifier"
-        )
+    archive = core.splitting_transformer(options.transformer_archive)
     names = {entry.name: entry for entry in entries}
     target = options.transformer_model
     if target not in names and target != experiment:

@@ -50,9 +50,6 @@ from typing import List, Optional, Tuple
 
 import yaml
 
-from handlers import archives as archive_files
-from handlers import identity
-
 from ..errors import UserError
 from . import core, crds, out_dir, seldon
 from .bodies import sample_inputs
@@ -174,22 +171,7 @@ def check_flags(options: SeldonCore1Options):
 
 
 def check_transformer(options: SeldonCore1Options) -> Unit:
-    archive = Path(options.transformer_archive)
-    if not archive.is_file():
-        raise UserError(f"--transformer-archive {archive} does not exist")
-    record = identity.read(archive)
-    if record is None:
-        handler = archive_files.read_manifest(archive)["model"].get("handler")
-        raise UserError(
-            f"--transformer-archive {archive} is not a toolkit archive (no {identity.RECORD}; handler {handler!r}): "
-            "package it with a toolkit handler, e.g. --handler image_classifier"
-        )
-    if not record.get("splits"):
-        raise UserError(
-            f"--transformer-archive {archive}: its handler ({record.get('class')}) cannot run apart from its model "
-            f"({identity.RECORD} splits: false: its preprocessing does not make one tensor of a request): the "
-            "graph's TRANSFORMER needs an archive built with --handler image_classifier"
-        )
+    archive = core.splitting_transformer(options.transformer_archive)
     return Unit(TRANSFORMER, archive)
 
 

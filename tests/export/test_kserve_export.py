@@ -600,8 +600,8 @@ def test_transformer_archive_that_cannot_split_is_refused(mixed, tmp_path, archi
     assert result.exit_code == 2, result.output
     [line] = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert "Traceback" not in result.output
-    assert line.startswith(f"error: --transformer-archive {path} has handler 'handlers.")
-    assert "(MAR-INF/tsctl.json)" in line and line.endswith("give an archive built with --handler image_classifier")
+    assert line.startswith(f"error: --transformer-archive {path}: its handler (")
+    assert "cannot run apart from its model" in line and line.endswith("built with --handler image_classifier")
     assert not (tmp_path / "out").exists()
 
 

@@ -296,7 +296,7 @@ def test_a_pipeline_into_an_experiment_steps_into_its_default_model(store, image
 
 def test_transformer_archives_are_checked(store, tmp_path):
     custom = store.parent / "other" / "custom.mar"
-    with pytest.raises(UserError, match="is not a toolkit archive .* package it with a toolkit handler"):
+    with pytest.raises(UserError, match="is not a toolkit archive .* package it with --handler image_classifier"):
         seldon.export(options(store, tmp_path / "o", transformer_archive=str(custom), transformer_model="resnet18"))
     pre = str(store.parent / "pre" / "pre.mar")
     with pytest.raises(UserError, match="--transformer-model 'nope' is not a model of the store"):
