@@ -52,6 +52,17 @@ PROJECTS = {  # API group -> whose CRD it is
 PROTOCOLS = ("v1", "v2", "grpc-v1", "grpc-v2")  # KServe's protocol names (constants.InferenceServiceProtocol)
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
+# An object's metadata as the exports write it: a DNS-subdomain name, labels and annotations as strings.
+METADATA = {
+    "type": "object",
+    "required": ["name"],
+    "properties": {
+        "name": {"type": "string", "pattern": DNS_SUBDOMAIN},
+        "namespace": {"type": "string"},
+        "labels": STRINGS,
+        "annotations": STRINGS,
+    },
+}
 INT_OR_PERCENT = {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": "^[0-9]+%$"}]}
 # policy/v1 PodDisruptionBudget: built into Kubernetes, so no CRD to vendor. Written here from the Kubernetes API
 # reference (PodDisruptionBudgetSpec: maxUnavailable, minAvailable (IntOrString), selector (LabelSelector),
@@ -63,16 +74,7 @@ PDB_SCHEMA = {
     "properties": {
         "apiVersion": {"const": "policy/v1"},
         "kind": {"const": "PodDisruptionBudget"},
-        "metadata": {
-            "type": "object",
-            "required": ["name"],
-            "properties": {
-                "name": {"type": "string", "pattern": DNS_SUBDOMAIN},
-                "namespace": {"type": "string"},
-                "labels": STRINGS,
-                "annotations": STRINGS,
-            },
-        },
+        "metadata": METADATA,
         "spec": {
             "type": "object",
             "required": ["selector"],
@@ -128,16 +130,7 @@ def runtime_schema(kind: str) -> dict:
     """A (Cluster)ServingRuntime's schema: KServe's CRD (the same for both kinds) with the metadata and
     protocol checks of the module docstring; a cluster-scoped one has no namespace."""
     schema = json.loads(json.dumps(vendored(SCHEMAS[("serving.kserve.io/v1alpha1", kind)])))  # a copy to add to
-    metadata = {
-        "type": "object",
-        "properties": {
-            "name": {"type": "string", "pattern": DNS_SUBDOMAIN},
-            "namespace": {"type": "string"},
-            "labels": STRINGS,
-            "annotations": STRINGS,
-        },
-        "required": ["name"],
-    }
+    metadata = json.loads(json.dumps(METADATA))  # a copy: a cluster-scoped kind adds to it
     if kind == "ClusterServingRuntime":
         metadata["not"] = {"required": ["namespace"]}
     schema["properties"]["metadata"] = metadata
@@ -161,16 +154,7 @@ def seldon_deployment_schema() -> dict:
     graph checked unit by unit: each unit's type, methods, parameter types and endpoint type among the
     operator's values, and its children units too (the CRD leaves them unchecked)."""
     schema = json.loads(json.dumps(vendored(SCHEMAS[("machinelearning.seldon.io/v1", "SeldonDeployment")])))
-    schema["properties"]["metadata"] = {
-        "type": "object",
-        "properties": {
-            "name": {"type": "string", "pattern": DNS_SUBDOMAIN},
-            "namespace": {"type": "string"},
-            "labels": STRINGS,
-            "annotations": STRINGS,
-        },
-        "required": ["name"],
-    }
+    schema["properties"]["metadata"] = METADATA
     schema["required"] = ["apiVersion", "kind", "metadata", "spec"]
     schema = strict(schema)
     predictor = schema["properties"]["spec"]["properties"]["predictors"]["items"]
