@@ -84,17 +84,17 @@ def message_of(request: Any) -> dict:
 
 
 def data_of(message: dict) -> Tuple[str, Any, list]:
-    """A message's ``data``: its form (``ndarray`` or ``tensor``), that value and its ``names``."""
+    """A message's ``data``: its layout (``ndarray`` or ``tensor``), that value and its ``names``."""
     data = message.get("data")
     if not isinstance(data, dict):
         raise ClientError("a Seldon message's data must be an object holding ndarray or tensor")
-    forms = [form for form in ("ndarray", "tensor", "tftensor") if form in data]
-    if len(forms) != 1 or forms[0] == "tftensor":
-        raise ClientError(f"data must hold one of ndarray or tensor, got {', '.join(forms) or 'neither'}")
+    layouts = [layout for layout in ("ndarray", "tensor", "tftensor") if layout in data]
+    if len(layouts) != 1 or layouts[0] == "tftensor":
+        raise ClientError(f"data must hold one of ndarray or tensor, got {', '.join(layouts) or 'neither'}")
     names = data.get("names", [])
     if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
         raise ClientError("data.names must be a list of strings")
-    return forms[0], data[forms[0]], names
+    return layouts[0], data[layouts[0]], names
 
 
 def images_of(message: dict, limits) -> List[Any]:
@@ -107,8 +107,8 @@ def images_of(message: dict, limits) -> List[Any]:
     elif key == "jsonData":
         items = value if isinstance(value, list) else [value]
     else:
-        form, value, _ = data_of(message)
-        if form != "ndarray":
+        layout, value, _ = data_of(message)
+        if layout != "ndarray":
             raise ClientError(
                 "data.tensor holds numbers: send images as binData, strData, jsonData or data.ndarray of base64 strings"
             )
@@ -127,8 +127,8 @@ def tensor_of(message: dict, limits):
     if "data" not in message:
         key = next(key for key in PAYLOADS if key in message)
         raise ClientError(f"{key} is not a tensor: send data.tensor or data.ndarray of numbers")
-    form, value, _ = data_of(message)
-    if form == "tensor":
+    layout, value, _ = data_of(message)
+    if layout == "tensor":
         if not isinstance(value, dict) or not isinstance(value.get("values"), list):
             raise ClientError("data.tensor must be an object with shape and values")
         count = protocol.element_count(value.get("shape"))
@@ -148,22 +148,22 @@ def tensor_of(message: dict, limits):
         with np.errstate(over="ignore"):
             array = array.astype(np.float32)
     except (ValueError, TypeError, OverflowError):
-        raise ClientError(f"data.{form} is not a rectangular list of numbers") from None
+        raise ClientError(f"data.{layout} is not a rectangular list of numbers") from None
     if not np.isfinite(array).all():  # the wrapper's Flask reads NaN, Infinity and 1e400; JSON cannot answer them
-        raise ClientError(f"data.{form} holds NaN or Infinity (or a number beyond float32): send finite numbers")
+        raise ClientError(f"data.{layout} holds NaN or Infinity (or a number beyond float32): send finite numbers")
     return array.reshape(shape) if shape is not None else array
 
 
-def answer(message: dict, form: str, value: Any, names: Optional[list] = None) -> dict:
-    """A Seldon message answering ``message``: ``value`` as ``data.FORM`` (an array as a tensor's shape and
+def answer(message: dict, layout: str, value: Any, names: Optional[list] = None) -> dict:
+    """A Seldon message answering ``message``: ``value`` as ``data.LAYOUT`` (an array as a tensor's shape and
     values, or as nested lists), the request's names and meta."""
-    if form == "tensor":
+    if layout == "tensor":
         value = {"shape": list(value.shape), "values": value.reshape(-1).tolist()}
     elif hasattr(value, "tolist"):
         value = value.tolist()
     if names is None:
         names = message["data"].get("names", []) if isinstance(message.get("data"), dict) else []
-    return {"data": {"names": names, form: value}, "meta": message.get("meta", {})}
+    return {"data": {"names": names, layout: value}, "meta": message.get("meta", {})}
 
 
 def refused(error: BaseException):
