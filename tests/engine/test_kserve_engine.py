@@ -175,6 +175,7 @@ def package_golden(image_sample: Path, root: Path) -> Path:
     return path
 
 
+@pytest.mark.matrix  # 15 s; make test: serve/predict/bench/stop on the engine in tests/cli/test_token_auth.py
 def test_the_cli_serves_predicts_benches_verifies_and_stops_on_the_engine(store, image_sample, tmp_path, local):
     """``serve --engine kserve`` (an alias of tsctl) ``--config`` reads the same config.properties as TorchServe
     (its snapshot's batchSize 2 wins over the archives' 4); server.json records the engine and its addresses."""
