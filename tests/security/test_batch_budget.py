@@ -210,6 +210,7 @@ def test_lists_that_are_not_json_numbers_are_not_json(bad):
     assert protocol.parse_numeric('{"data": %s}' % bad) is None
 
 
+@pytest.mark.matrix  # 17 s; make test: test_a_batch_of_32_mib_empty_list_bodies_is_refused_before_parsing
 def test_served_8_concurrent_big_tensor_bodies_do_not_kill_a_worker_under_3_gib(tensor_archive):
     """The issue's attack served: real TorchServe, the worker in a 3 GiB memory cgroup, 8 clients at
     once with 15,000,000-number bodies and 4 good requests among them. Before: 507 'Worker died' for

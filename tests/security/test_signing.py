@@ -166,6 +166,7 @@ def test_the_engine_serves_signed_archives_and_refuses_the_rest(signed, image_sa
         tsctl("stop", "--home", home)
 
 
+@pytest.mark.matrix  # 10 s; make test serves signed archives on the engine and tsctl archives on TorchServe
 def test_a_signed_archive_serves_on_torchserve_as_an_unsigned_one(signed, image_sample, tmp_path):
     store = tmp_path / "store"
     store.mkdir()
