@@ -48,7 +48,7 @@ QUEUE_PROXY_DEPTH = 10  # pkg/queue/sharedmain/main.go:413 queueDepth = 10 * Con
 HPA_SYNC_S = 15.0  # --horizontal-pod-autoscaler-sync-period, default 15 s
 HPA_TOLERANCE = 0.1  # "within a globally-configurable tolerance, 0.1 by default"
 HPA_DOWN_WINDOW_S = 300.0  # --horizontal-pod-autoscaler-downscale-stabilization, default 5 minutes
-# "Default Behavior"; pkg/apis/autoscaling/v2/defaults.go:27-62: (type, value, periodSeconds), selectPolicy Max
+# "Default Behavior"; pkg/apis/autoscaling/v2/defaults.go:27-65: (type, value, periodSeconds), selectPolicy Max
 HPA_UP_POLICIES = (("Pods", 4, 15), ("Percent", 100, 15))
 HPA_DOWN_POLICIES = (("Percent", 100, 15),)
 METRICS_WINDOW_S = 15.0  # the CPU the HPA reads: averaged over metrics-server's 15 s resolution (assumed)
@@ -287,10 +287,10 @@ class Run:
 class Cluster:
     """Replicas of one model behind Knative's activator (``buffered``) or a Service (Standard mode)."""
 
-    def __init__(self, curve: Curve, scaler, startup_s: float, buffered: bool, cc: Optional[int]):
+    def __init__(self, curve: Curve, scaler, startup_s: float, buffered: bool, cc: Optional[int], initial: int):
         self.curve, self.scaler, self.startup_s = curve, scaler, startup_s
         self.buffered, self.cc = buffered, cc
-        self.pods: List[float] = [0.0] * scaler.min_replicas  # the time each is (or will be) ready
+        self.pods: List[float] = [-math.inf] * initial  # the time each is (or will be) ready
         self.inside: deque = deque()  # [arrived, admitted, amount, concurrency found] in the replicas
         self.waiting: deque = deque()  # [arrived, amount] outside them (Knative's activator/queue-proxies)
         self.in_total = self.wait_total = 0.0
@@ -362,22 +362,28 @@ class Cluster:
 
 
 def simulate(curve: Curve, scaler, rate: Callable[[float], float], duration: float, dt: float = 0.2,
-             startup_s: float = COLD_START_S, clients: Optional[int] = None) -> Run:  # fmt: skip
+             startup_s: float = COLD_START_S, clients: Optional[int] = None,
+             initial: Optional[int] = None, settle_s: float = 0.0) -> Run:  # fmt: skip
     """Replay the load ``rate(t)`` (requests/s, open loop) for ``duration`` seconds, or with ``clients``
-    a closed loop of that many clients each sending its next request as the last is answered."""
+    a closed loop of that many clients each sending its next request as the last is answered. It starts
+    with ``initial`` replicas ready (default: minReplicas) that have served ``rate(0)`` for ``settle_s``
+    seconds before, the autoscaler running (its windows filled; nothing of it recorded)."""
     buffered = scaler.mode == "knative"
-    cluster = Cluster(curve, scaler, startup_s, buffered, getattr(scaler, "cc", None))
+    first = min(max(initial or 0, scaler.min_replicas), scaler.max_replicas)
+    cluster = Cluster(curve, scaler, startup_s, buffered, getattr(scaler, "cc", None), first)
     run = Run(scaler.mode)
     concurrency, cpu = deque(), deque()
     queue_seen = in_flight_seen = 0.0
-    next_decision, next_sample, next_window = scaler.interval, SAMPLE_S, WINDOW_S
+    next_decision, next_sample, next_window = scaler.interval - settle_s, SAMPLE_S - settle_s, WINDOW_S
     window_start, served_since = 0, 0.0
-    steps = int(round(duration / dt))
-    for i in range(steps):
+    for i in range(-int(round(settle_s / dt)), int(round(duration / dt))):
         now = i * dt
         ready = cluster.ready(now)
+        if i <= 0:  # settling: what is measured starts at 0
+            run.offered = run.served = run.shed = served_since = 0.0
+            run.pieces.clear()
         if clients is None:
-            arriving = rate(now) * dt
+            arriving = rate(max(0.0, now)) * dt
         else:
             arriving = max(0.0, clients - cluster.in_total - cluster.wait_total)
         run.offered += arriving
@@ -397,14 +403,15 @@ def simulate(curve: Curve, scaler, rate: Callable[[float], float], duration: flo
                     samples.popleft()
             if now % SCRAPE_S < SAMPLE_S - 1e-9:  # Prometheus scrapes the engines' queue gauge
                 queue_seen, in_flight_seen = ready * curve.waiting(per), held
-            run.rows.append({
-                "t": round(now, 3), "offered_rps": rate(now) if clients is None else None,
-                "served_rps": served_since / SAMPLE_S, "replicas": len(cluster.pods), "ready": ready,
-                "in_replicas": held, "waiting": cluster.wait_total + ready * curve.waiting(per),
-                "shed": run.shed, "panic": getattr(scaler, "panicking", False),
-            })  # fmt: skip
+            if now > 0:
+                run.rows.append({
+                    "t": round(now, 3), "offered_rps": rate(now) if clients is None else None,
+                    "served_rps": served_since / SAMPLE_S, "replicas": len(cluster.pods), "ready": ready,
+                    "in_replicas": held, "waiting": cluster.wait_total + ready * curve.waiting(per),
+                    "shed": run.shed, "panic": getattr(scaler, "panicking", False),
+                })  # fmt: skip
             served_since = 0.0
-        if now >= next_window - 1e-9:
+        if now >= next_window - 1e-9 and now > 0:
             run.p99_s.append((now, quantiles(curve, run.pieces[window_start:], (0.99,))[0]))
             window_start, next_window = len(run.pieces), next_window + WINDOW_S
         if now >= next_decision - 1e-9:
