@@ -75,9 +75,10 @@ def plot(doc: dict, runs: dict, name: str) -> str:
     top.set_title(f"{name}: {doc['model']} at {doc['server']['cpu']:g} CPU per replica, simulated", fontsize=10)
     figure.tight_layout()
     PLOTS.mkdir(parents=True, exist_ok=True)
-    figure.savefig(PLOTS / f"autoscale_{name}.png", dpi=90)
+    path = PLOTS / f"autoscale_{name}.png"
+    figure.savefig(path, dpi=90)
     plt.close(figure)
-    return f"![{name}](benchmarks/plots/autoscale_{name}.png)"
+    return f"![{name}]({path.relative_to(ROOT)})"
 
 
 def table(doc: dict, runs: dict, traces) -> str:

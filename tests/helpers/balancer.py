@@ -165,25 +165,35 @@ def bench_capacity(store: Path, config: Path, inputs, out: Path, cpu: float, sec
     return capacity.load(out)
 
 
-def through_nginx(count: int, cpu: float, store: Path, config: Path, inputs, per_replica, seconds: float,
-                  before=lambda: None) -> list:  # fmt: skip
-    """``count`` replicas capped at ``cpu`` behind nginx, measured at count x c clients for each c of
-    ``per_replica`` (``before()`` runs before each row; what it returns is kept as the row's ``load``)."""
+@contextmanager
+def balanced(count: int, cpu: float, store: Path, config: Path, model: str = "resnet18"):
+    """``count`` replicas capped at ``cpu`` behind nginx; yields the URL of ``model``'s predictions
+    through it (warmed up: a few requests from 2 x count clients first)."""
     import urllib.parse
 
+    with capped_replicas(count, cpu, store, config) as servers:
+        upstreams = [urllib.parse.urlsplit(srv.inference).netloc for srv in servers]
+        path = urllib.parse.urlsplit(engines.predict_url(servers[0], model)).path
+        with nginx(upstreams) as base:
+            yield base + path
+
+
+def step_at(url: str, inputs, count: int, clients: int, seconds: float, load=None) -> dict:
+    """One bounded load step of ``clients`` through ``url`` (capacity.step), as a row."""
     from archiver import capacity
 
     bodies = [(Path(p).read_bytes(), "image/jpeg") for p in inputs]
-    rows = []
-    with capped_replicas(count, cpu, store, config) as servers:
-        upstreams = [urllib.parse.urlsplit(srv.inference).netloc for srv in servers]
-        path = urllib.parse.urlsplit(engines.predict_url(servers[0], "resnet18")).path
-        with nginx(upstreams) as base:
-            url = base + path
-            capacity.step(url, bodies, 2 * count, 16 * count, seconds)  # warm-up, not counted
-            for per in per_replica:
-                load = before()
-                step = capacity.step(url, bodies, count * per, 100000, seconds)
-                rows.append({"replicas": count, "clients": count * per, "load": load, **step})
-                print(f"{count} replicas, {count * per} clients: {capacity.step_line(step)}, load {load}", flush=True)
-    return rows
+    step = capacity.step(url, bodies, clients, 100000, seconds)
+    print(f"{count} replicas, {clients} clients: {capacity.step_line(step)}, load {load}", flush=True)
+    return {"replicas": count, "clients": clients, "load": load, **step}
+
+
+def through_nginx(count: int, cpu: float, store: Path, config: Path, inputs, per_replica, seconds: float) -> list:
+    """``count`` replicas capped at ``cpu`` behind nginx, measured at count x c clients for each c of
+    ``per_replica``."""
+    from archiver import capacity
+
+    with balanced(count, cpu, store, config) as url:
+        bodies = [(Path(p).read_bytes(), "image/jpeg") for p in inputs]
+        capacity.step(url, bodies, 2 * count, 16 * count, seconds)  # warm-up, not counted
+        return [step_at(url, inputs, count, count * per, seconds) for per in per_replica]
