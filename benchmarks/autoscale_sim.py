@@ -108,6 +108,37 @@ def main():
     write_section("AUTOSCALE-SIM", section(doc, numbers, runs, slow, images))
 
 
+def reading(doc: dict, runs: dict, slow: dict) -> str:
+    """What the tables say, with this run's numbers."""
+    curve = sim.Curve(doc)
+
+    def shed(table, trace, mode):
+        return table[(trace, mode)][0].summary(curve)["shed_percent"]
+
+    knative = max(shed(runs, t, "knative") for t in ("ramp", "spike", "diurnal"))
+    spike = ", ".join(f"{m} {shed(runs, 'spike', m):.1f} %" for m in MODES[1:])
+    day = ", ".join(f"{m} {shed(runs, 'diurnal', m):.2f} %" for m in MODES)
+    slow_spike = ", ".join(f"{m} {shed(slow, 'spike', m):.1f} %" for m in MODES)
+    return f"""Reading it:
+- **Knative sheds {knative:.2f} % at most**: the activator and the queue-proxies hold what exceeds
+  `containerConcurrency` (10,000 + 10 x containerConcurrency per replica) while replicas start, so a
+  spike costs latency (the p99 column), not errors; panic mode adds replicas at the next 2 s tick and
+  does not let go of them for 60 s, and scale-down-delay (300 s) with the halving rule makes the way
+  down slow (replica-hours above the needed).
+- **Standard mode sheds during the spike** ({spike}): nothing buffers in front of the replicas, each
+  engine holds its batch plus `job_queue_size` (100) and answers 503 past it, while the HPA acts every
+  15 s by at most +100% (or +4 pods). With a 60 s start: {slow_spike}.
+- **KEDA on `ts_queue_size`, as exported, does not hold a load steady** (the day: {day}): the threshold
+  is the mean queue at the operating point, {sim.exported(doc, "keda", 1)["threshold"]} (the queue is empty
+  there); a queue the replicas keep empty recommends none, so 300 s later the HPA's default policy
+  (-100% in 15 s) takes replicas away, the queue comes back and it scales up again (the plots' saw-tooth).
+  CPU, which grows with what a replica answers, and in-flight requests hold better; in-flight requests
+  under-count for a batching model once over-provisioned (fewer in flight per replica answer faster:
+  `tests/cli/test_autoscale_sim.py` shows it on a hand-made curve). The export's KEDA mode needs a metric
+  that grows with load, or a slower scale-down (the ScaledObject's
+  `advanced.horizontalPodAutoscalerConfig.behavior`, which KServe does not carry: docs/kserve.md)."""
+
+
 def section(doc: dict, numbers: dict, runs: dict, slow: dict, images: str) -> str:
     kn, keda, hpa = numbers["knative"], numbers["keda"], numbers["hpa"]
     best = sim.Curve(doc).best
@@ -132,21 +163,7 @@ cold start, {sim.COLD_START_S} s):
 
 {images}
 
-Reading it:
-- **Knative sheds nothing**: the activator and the queue-proxies hold what exceeds `containerConcurrency`
-  (10,000 + 10 x containerConcurrency per replica) while replicas start; the cost is latency during the
-  spike, not errors. Its panic mode doubles replicas within seconds of a burst and holds them for 60 s.
-- **Standard mode (HPA, KEDA) sheds during a spike**: no buffer in front of the replicas, each engine holds
-  its batch plus `job_queue_size` (100) and answers 503 past it, while the HPA acts every 15 s by at most
-  +100% (or +4 pods).
-- **KEDA on the queue gauge, as exported, does not hold a steady load**: the threshold is the mean queue at
-  the operating point (the queue is empty there: threshold 1), a queue the replicas keep empty recommends
-  none, and 300 s later the HPA's default policy (-100% in 15 s) drops to minReplicas; the queue comes back
-  and it scales up again. In-flight requests behave alike for a batching model: fewer in flight per replica
-  answer faster, so the per-replica target under-counts once over-provisioned. CPU, which grows with the
-  requests a replica answers, holds a steady count. The export's KEDA mode needs a metric proportional to
-  load, or a scale-down policy (the ScaledObject's `advanced.horizontalPodAutoscalerConfig.behavior`) that
-  KServe does not carry (docs/kserve.md).
+{reading(doc, runs, slow)}
 
 Assumptions (archiver/autoscale_sim.py's docstring has them with the code):
 - a replica is its measured curve: with n requests in it, throughput(n) (linear between steps, flat past the
