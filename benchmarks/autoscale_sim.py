@@ -120,14 +120,15 @@ def reading(doc: dict, runs: dict, slow: dict) -> str:
     day = ", ".join(f"{m} {shed(runs, 'diurnal', m):.2f} %" for m in MODES)
     slow_spike = ", ".join(f"{m} {shed(slow, 'spike', m):.1f} %" for m in MODES)
     return f"""Reading it:
-- **Knative sheds {knative:.2f} % at most**: the activator and the queue-proxies hold what exceeds
+- **Knative sheds {knative:.2f} % at most with the engine's own start**: the activator and the queue-proxies hold what exceeds
   `containerConcurrency` (10,000 + 10 x containerConcurrency per replica) while replicas start, so a
   spike costs latency (the p99 column), not errors; panic mode adds replicas at the next 2 s tick and
   does not let go of them for 60 s, and scale-down-delay (300 s) with the halving rule makes the way
   down slow (replica-hours above the needed).
 - **Standard mode sheds during the spike** ({spike}): nothing buffers in front of the replicas, each
   engine holds its batch plus `job_queue_size` (100) and answers 503 past it, while the HPA acts every
-  15 s by at most +100% (or +4 pods). With a 60 s start: {slow_spike}.
+  15 s by at most +100% (or +4 pods). With a 60 s start, every mode: {slow_spike} (Knative's
+  buffers, 10,000 requests and 10 x containerConcurrency per replica, fill before the replicas come).
 - **KEDA on `ts_queue_size`, as exported, does not hold a load steady** (the day: {day}): the threshold
   is the mean queue at the operating point, {sim.exported(doc, "keda", 1)["threshold"]} (the queue is empty
   there); a queue the replicas keep empty recommends none, so 300 s later the HPA's default policy
