@@ -193,11 +193,10 @@ def test_quantiles_of_one_concurrency_are_its_measured_latencies():
     assert math.isnan(sim.quantiles(curve, [], (0.99,))[0])
 
 
-@pytest.mark.matrix  # about 2 minutes: the replicas' starts and 4 load steps of 10 s
+@pytest.mark.matrix  # 97 s: the sweep, the replicas' starts and 2 load steps of 10 s through nginx
 def test_two_real_replicas_behind_nginx_do_what_the_simulator_predicts(tmp_path):
     from archiver.cgroup_limits import Limits
     from helpers.balancer import bench_capacity, nginx_available, resnet_tree, through_nginx
-    from helpers.paths import short_tmp
 
     if not nginx_available():
         pytest.skip("no nginx: apt-get install -y nginx-light")
@@ -206,7 +205,8 @@ def test_two_real_replicas_behind_nginx_do_what_the_simulator_predicts(tmp_path)
     if probe.reason:
         pytest.skip(probe.describe())
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    store, config, inputs = resnet_tree(short_tmp("asim-"), images=4)
+    (tmp_path / "tree").mkdir()
+    store, config, inputs = resnet_tree(tmp_path / "tree", images=4)
     doc = bench_capacity(store, config, inputs, tmp_path / "one.json", 0.4, 10, most=4)
     for row in through_nginx(2, 0.4, store, config, inputs, (1, 4), 10):
         predicted = sim.steady(doc, 2, row["clients"])
