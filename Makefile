@@ -81,6 +81,8 @@ bench: venv
 	$(BIN)/python benchmarks/engine_under_attack.py
 	$(BIN)/python benchmarks/fork_server.py
 	$(BIN)/python benchmarks/cold_start.py
+	$(BIN)/python benchmarks/autoscale_check.py
+	$(BIN)/python benchmarks/autoscale_sim.py
 
 clean:
 	rm -rf $(VENV) .runtimes .tsctl samples/build logs

@@ -1,0 +1,554 @@
+"""What an autoscaler will do with one replica's measured capacity: a simulator of the control loops
+``tsctl export kserve --autoscale knative|keda|hpa`` configures, fed by a ``tsctl-capacity/1`` result
+(docs/capacity.md) and a load trace. No server: plain arithmetic on the measured curve.
+
+The model (BENCHMARKS.md, "Autoscaling, simulated", lists the same assumptions):
+
+- **A replica** is its measured curve: with ``n`` requests in it, it answers ``throughput(n)`` requests a
+  second (linear between measured steps, ``n x throughput(1)`` below one, flat past the last step), and a
+  request admitted while ``n`` are in it takes the p50/p90/p99 latency measured at ``n`` (past the last
+  step: that step's latency times ``n / n_last``, more waiting behind a flat throughput). Every ready
+  replica gets an equal share of the requests in the replicas (a balancer sending to the least loaded).
+- **The requests** are a fluid, in cohorts (one per time step) that keep their order (FIFO): a cohort's
+  latency is its wait outside the replicas plus the replica's latency at the concurrency it found.
+- **Knative** (``KPA``): ``containerConcurrency`` is a hard limit per replica; what exceeds it waits in
+  the activator and the queue-proxies (their queues hold ``ACTIVATOR_QUEUE`` + ``QUEUE_PROXY_DEPTH`` x
+  containerConcurrency per replica; more is shed with a 503). The autoscaler sees every request in the
+  revision, in the replicas or waiting, each second.
+- **Standard mode** (``HPA`` on CPU, ``HPA`` on KEDA's external queue metric): the Service spreads the
+  requests over the ready replicas, each holding at most ``workers x batch_size + ENGINE_QUEUE`` (the
+  engine's job queue, ``job_queue_size``: a full one answers 503); with no replica ready, a request fails.
+- **A new replica** is ready ``startup_s`` after the autoscaler asks for it (default ``COLD_START_S``: the
+  engine's measured cold start; scheduling and image pull come on top in a cluster).
+- **CPU** of a replica: throughput at its concurrency over the best measured throughput (a CPU-bound
+  replica saturates its CPU at the knee), the assumption ``export --autoscale hpa`` makes.
+
+Each rule of the autoscalers is cited where it is coded (knative/serving at 98e5ef90; Kubernetes' HPA
+documentation, https://kubernetes.io/docs/tasks/run-application/horizontal-pod-autoscale/, and
+kubernetes/kubernetes' pkg/apis/autoscaling/v2/defaults.go at 1adaa753).
+"""
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Callable, Dict, List, Optional, Sequence
+
+# ---- Knative's KPA: config/core/configmaps/autoscaler.yaml (defaults) and pkg/autoscaler -----------------
+KPA_TICK_S = 2.0  # pkg/autoscaler/scaling/multiscaler.go:36 tickInterval
+STABLE_WINDOW_S = 60.0  # autoscaler.yaml:105 stable-window
+PANIC_WINDOW_PERCENT = 10.0  # autoscaler.yaml:115 panic-window-percentage (of the stable window)
+PANIC_THRESHOLD = 2.0  # autoscaler.yaml:119 panic-threshold-percentage 200; decider.go:57 divides by 100
+TARGET_UTILIZATION = 0.70  # autoscaler.yaml:58 container-concurrency-target-percentage (the export writes 70)
+MAX_SCALE_UP_RATE = 1000.0  # autoscaler.yaml:128
+MAX_SCALE_DOWN_RATE = 2.0  # autoscaler.yaml:137
+ACTIVATOR_QUEUE = 10000  # pkg/activator/net/throttler.go:55 breakerQueueDepth
+QUEUE_PROXY_DEPTH = 10  # pkg/queue/sharedmain/main.go:413 queueDepth = 10 * ContainerConcurrency
+# ---- Kubernetes' HPA (and KEDA, which makes one): the HPA documentation, "Algorithm details" -------------
+HPA_SYNC_S = 15.0  # --horizontal-pod-autoscaler-sync-period, default 15 s
+HPA_TOLERANCE = 0.1  # "within a globally-configurable tolerance, 0.1 by default"
+HPA_DOWN_WINDOW_S = 300.0  # --horizontal-pod-autoscaler-downscale-stabilization, default 5 minutes
+# "Default Behavior"; pkg/apis/autoscaling/v2/defaults.go:27-65: (type, value, periodSeconds), selectPolicy Max
+HPA_UP_POLICIES = (("Pods", 4, 15), ("Percent", 100, 15))
+HPA_DOWN_POLICIES = (("Percent", 100, 15),)
+METRICS_WINDOW_S = 15.0  # the CPU the HPA reads: averaged over metrics-server's 15 s resolution (assumed)
+SCRAPE_S = 15.0  # the queue gauge KEDA's query reads: Prometheus' scrape interval (the export's PodMonitor)
+# ---- the engine and the measured start -----------------------------------------------------------------
+ENGINE_QUEUE = 100  # serving/ts_config.py job_queue_size default: requests waiting per model version
+COLD_START_S = 5.06  # BENCHMARKS.md "Cold start": the engine, forked workers, launch to READY (median)
+SAMPLE_S = 1.0  # how often the simulator records the state (and Knative's metric is scraped: collector.go:37)
+WINDOW_S = 10.0  # the p99 reported over time: per window of this many seconds
+
+
+class Curve:
+    """One replica's service curve from a ``tsctl-capacity/1`` document: its clean steps (no errors)."""
+
+    def __init__(self, doc: dict):
+        steps = sorted((s for s in doc["steps"] if s["errors"] == 0 and s["p99_ms"] is not None),
+                       key=lambda s: s["concurrency"])  # fmt: skip
+        if not steps:
+            raise ValueError("the capacity result has no step that answered every request")
+        self.n = [float(s["concurrency"]) for s in steps]
+        self.x = [float(s["throughput_rps"]) for s in steps]
+        self.lat = {q: [float(s[f"p{q}_ms"] or s["p99_ms"]) / 1000 for s in steps] for q in (50, 90, 99)}
+        self.queue = [float((s.get("queue_depth") or {}).get("mean", 0.0)) for s in steps]
+        self.best = max(self.x)
+        server = doc.get("server") or {}
+        self.in_service = (server.get("workers") or 1) * (server.get("batch_size") or 1)
+
+    def _at(self, values: Sequence[float], n: float) -> float:
+        """``values`` at concurrency ``n``: linear between steps, the ends held."""
+        if n <= self.n[0]:
+            return values[0]
+        for i in range(1, len(self.n)):
+            if n <= self.n[i]:
+                share = (n - self.n[i - 1]) / (self.n[i] - self.n[i - 1])
+                return values[i - 1] + share * (values[i] - values[i - 1])
+        return values[-1]
+
+    def throughput(self, n: float) -> float:
+        """Requests/s with ``n`` requests in the replica: ``n x throughput(1)`` below the first step, flat
+        past the last."""
+        if n <= 0:
+            return 0.0
+        if n < self.n[0]:
+            return self.x[0] * n / self.n[0]
+        return self._at(self.x, n)
+
+    def latency(self, n: float) -> Dict[int, float]:
+        """Seconds a request takes that finds ``n`` in the replica: {50: p50, 90: p90, 99: p99}; past the
+        last step, that step's times ``n / n_last`` (waiting behind a flat throughput)."""
+        scale = max(1.0, n / self.n[-1])
+        return {q: self._at(values, n) * scale for q, values in self.lat.items()}
+
+    def waiting(self, n: float) -> float:
+        """The engine's queue gauge (requests waiting for a worker) at ``n``: measured, else past the last
+        step the measured queue plus every request beyond it."""
+        return self._at(self.queue, n) + max(0.0, n - self.n[-1])
+
+
+# ---- the autoscalers ---------------------------------------------------------------------------------------
+@dataclass
+class Seen:
+    """What an autoscaler reads at a decision: replicas asked for, ready, and the metric history."""
+
+    now: float
+    replicas: int  # pods asked for (ready or starting)
+    ready: int
+    concurrency: deque  # (t, requests in the revision: in replicas or waiting), one a second
+    cpu: deque  # (t, mean CPU share of the ready replicas, 0-1)
+    queue: float  # the queue gauge summed over the replicas at the last scrape
+    in_flight: float = 0.0  # ts_requests_in_flight summed over the replicas at the last scrape
+
+
+class Fixed:
+    """No autoscaling: ``replicas`` replicas all along (the check against real replicas)."""
+
+    interval = 1e9
+    mode = "fixed"
+
+    def __init__(self, replicas: int):
+        self.min_replicas = self.max_replicas = replicas
+
+    def desired(self, seen: Seen) -> int:
+        return self.min_replicas
+
+
+class KPA:
+    """Knative's Pod Autoscaler on concurrency, as pkg/autoscaler/scaling/autoscaler.go's Scale does it."""
+
+    interval = KPA_TICK_S
+    mode = "knative"
+
+    def __init__(self, scale_target: float, container_concurrency: int, min_replicas: int, max_replicas: int,
+                 scale_down_delay_s: float = 0.0, utilization: float = TARGET_UTILIZATION):  # fmt: skip
+        # pkg/reconciler/autoscaling/resources/target.go:54,61: min(target, containerConcurrency) x utilisation
+        self.target = max(0.01, min(scale_target, container_concurrency) * utilization)
+        self.cc = container_concurrency
+        self.min_replicas, self.max_replicas = min_replicas, max_replicas
+        self.delay_s = scale_down_delay_s
+        self.panic_since: Optional[float] = None
+        self.max_panic = 0
+        self.delayed: deque = deque()  # (t, desired): pkg/autoscaler/aggregation/max/window.go, the max
+
+    def desired(self, seen: Seen) -> Optional[int]:
+        now = seen.now
+        stable = _mean(seen.concurrency, now - STABLE_WINDOW_S)
+        panic = _mean(seen.concurrency, now - STABLE_WINDOW_S * PANIC_WINDOW_PERCENT / 100)
+        if stable is None:
+            return None  # autoscaler.go:175-181: no data, no decision
+        ready = max(1.0, seen.ready)  # autoscaler.go:161
+        up = math.ceil(MAX_SCALE_UP_RATE * ready)  # autoscaler.go:189
+        down = math.floor(ready / MAX_SCALE_DOWN_RATE)  # autoscaler.go:193
+        dspc, dppc = math.ceil(stable / self.target), math.ceil(panic / self.target)  # autoscaler.go:196-197
+        want_stable, want_panic = min(max(dspc, down), up), min(max(dppc, down), up)  # autoscaler.go:207-208
+        over = dppc / ready >= PANIC_THRESHOLD  # autoscaler.go:220
+        if over:
+            self.panic_since = now  # autoscaler.go:222-229: start, or extend, the panic
+        elif self.panic_since is not None and self.panic_since + STABLE_WINDOW_S < now:
+            self.panic_since, self.max_panic = None, 0  # autoscaler.go:230-235
+        want = want_stable
+        if self.panic_since is not None:  # autoscaler.go:239-254: the larger, and never down while panicking
+            self.max_panic = max(self.max_panic, want, want_panic)
+            want = self.max_panic
+        if self.delay_s > 0:  # autoscaler.go:265-276: the largest wanted within scale-down-delay
+            self.delayed.append((now, want))
+            while self.delayed and self.delayed[0][0] <= now - self.delay_s:
+                self.delayed.popleft()
+            want = max(w for _, w in self.delayed)
+        return min(max(want, self.min_replicas), self.max_replicas)  # kpa/scaler.go:157 applyBounds
+
+    @property
+    def panicking(self) -> bool:
+        return self.panic_since is not None
+
+
+class HPA:
+    """Kubernetes' HPA: on CPU (``metric="cpu"``: target utilisation in percent of the request) or on an
+    external metric with an AverageValue target, what KEDA's ScaledObject makes: ``metric="queue"``
+    (``sum(ts_queue_size)``, as the export writes it) or ``"in_flight"`` (``sum(ts_requests_in_flight)``)."""
+
+    interval = HPA_SYNC_S
+
+    def __init__(self, metric: str, target: float, min_replicas: int, max_replicas: int,
+                 down_window_s: float = HPA_DOWN_WINDOW_S):  # fmt: skip
+        self.metric, self.target = metric, target
+        self.mode = {"cpu": "hpa", "queue": "keda"}.get(metric, f"keda-{metric}")
+        self.min_replicas, self.max_replicas = min_replicas, max_replicas
+        self.down_window_s = down_window_s
+        self.recommendations: deque = deque()  # (t, recommendation): the stabilization window
+        self.events: deque = deque()  # (t, change): the scaling policies' periods
+
+    def recommend(self, seen: Seen) -> int:
+        """The replica count the metric asks for ("Algorithm details"): ceil(replicas x metric / target)."""
+        current = seen.replicas
+        if self.metric != "cpu":  # an external metric's AverageValue: the total over the target per pod
+            total = seen.queue if self.metric == "queue" else seen.in_flight
+            ratio = total / (self.target * max(1, current))
+            return current if abs(1 - ratio) <= HPA_TOLERANCE else math.ceil(total / self.target)
+        cpu = _mean(seen.cpu, seen.now - METRICS_WINDOW_S)
+        if cpu is None or seen.ready == 0:
+            return current
+        ratio = cpu * 100 / self.target
+        unready = max(0, current - seen.ready)
+        if ratio > 1 and unready:  # "not yet ready ... assume it uses 0% of the desired metric" on a scale-up
+            counted = seen.ready + unready
+            rebalanced = cpu * 100 * seen.ready / counted / self.target
+            if abs(1 - rebalanced) <= HPA_TOLERANCE or rebalanced < 1:
+                return current  # within tolerance, or it would reverse the direction: no change
+            return math.ceil(rebalanced * counted)
+        if abs(1 - ratio) <= HPA_TOLERANCE:
+            return current
+        return math.ceil(ratio * seen.ready)
+
+    def desired(self, seen: Seen) -> int:
+        now, current = seen.now, seen.replicas
+        raw = self.recommend(seen)
+        # "Stabilization window" (horizontal.go's stabilizeRecommendationWithBehaviors): up at once to the
+        # recommendation (scale-up window 0), down only to the highest recommendation of the last 300 s
+        while self.recommendations and self.recommendations[0][0] <= now - self.down_window_s:
+            self.recommendations.popleft()
+        highest = max([raw] + [r for _, r in self.recommendations])
+        self.recommendations.append((now, raw))
+        want = raw if raw > current else min(current, highest)
+        want = self.rate_limited(now, current, want)
+        want = min(max(want, self.min_replicas), self.max_replicas)
+        if want != current:
+            self.events.append((now, want - current))
+        return want
+
+    def rate_limited(self, now: float, current: int, want: int) -> int:
+        """The scaling policies ("Scaling policies", selectPolicy Max): up by at most the larger of +4 pods
+        and +100% of the replicas at the period's start per 15 s; down by at most 100% per 15 s."""
+        if want == current:
+            return want
+        policies = HPA_UP_POLICIES if want > current else HPA_DOWN_POLICIES
+        limits = []
+        for kind, value, period in policies:
+            changed = sum(d for t, d in self.events if t > now - period and (d > 0) == (want > current))
+            start = current - changed
+            if want > current:
+                limits.append(start + value if kind == "Pods" else math.ceil(start * (1 + value / 100)))
+            else:
+                limits.append(start - value if kind == "Pods" else math.floor(start * (1 - value / 100)))
+        return min(want, max(limits)) if want > current else max(want, min(limits))
+
+
+def _mean(samples: deque, since: float) -> Optional[float]:
+    values = [v for t, v in samples if t > since]
+    return sum(values) / len(values) if values else None
+
+
+# ---- the cluster ---------------------------------------------------------------------------------------------
+@dataclass
+class Run:
+    """A simulation's record: one row a second (``rows``), p99 per ``WINDOW_S`` (``p99_s``), the totals."""
+
+    mode: str
+    rows: List[dict] = field(default_factory=list)  # t, offered/served rps, replicas, ready, in replicas, waiting
+    p99_s: List[tuple] = field(default_factory=list)  # (window's end, p99 seconds)
+    offered: float = 0.0
+    served: float = 0.0
+    shed: float = 0.0
+    pieces: List[tuple] = field(default_factory=list)  # (weight, wait s, concurrency found): every answer
+
+    def summary(self, curve: Curve) -> dict:
+        p = quantiles(curve, self.pieces, (0.5, 0.99))
+        return {
+            "requests": round(self.offered), "answered": round(self.served), "shed": round(self.shed),
+            "shed_percent": round(100 * self.shed / self.offered, 2) if self.offered else 0.0,
+            "p50_ms": round(p[0] * 1000, 1), "p99_ms": round(p[1] * 1000, 1),
+            "max_replicas": max(r["replicas"] for r in self.rows),
+            "replica_seconds": round(sum(r["replicas"] for r in self.rows) * SAMPLE_S),
+            "max_waiting": round(max(r["waiting"] for r in self.rows), 1),
+        }  # fmt: skip
+
+
+class Cluster:
+    """Replicas of one model behind Knative's activator (``buffered``) or a Service (Standard mode)."""
+
+    def __init__(self, curve: Curve, scaler, startup_s: float, buffered: bool, cc: Optional[int], initial: int):
+        self.curve, self.scaler, self.startup_s = curve, scaler, startup_s
+        self.buffered, self.cc = buffered, cc
+        self.pods: List[float] = [-math.inf] * initial  # the time each is (or will be) ready
+        self.inside: deque = deque()  # [arrived, admitted, amount, concurrency found] in the replicas
+        self.waiting: deque = deque()  # [arrived, amount] outside them (Knative's activator/queue-proxies)
+        self.in_total = self.wait_total = 0.0
+
+    def ready(self, now: float) -> int:
+        return sum(1 for t in self.pods if t <= now)
+
+    def room(self, ready: int) -> float:
+        """How many more requests the ready replicas take now."""
+        per = self.cc if self.buffered else self.curve.in_service + ENGINE_QUEUE
+        return max(0.0, ready * per - self.in_total)
+
+    def admit(self, now: float, amount: float, ready: int) -> float:
+        """Take ``amount`` arriving requests: into the replicas while they have room (waiting ones first),
+        the rest waits (Knative, up to its queues) or is shed; returns the amount shed."""
+        room = self.room(ready)
+        while self.waiting and room > 1e-9:
+            arrived, left = self.waiting[0]
+            take = min(left, room)
+            self._enter(arrived, now, take, ready)
+            room -= take
+            self.wait_total -= take
+            if take >= left - 1e-12:
+                self.waiting.popleft()
+            else:
+                self.waiting[0][1] = left - take
+        take = min(amount, room) if ready else 0.0
+        if take > 0:
+            self._enter(now, now, take, ready)
+        rest = amount - take
+        if not self.buffered:
+            return rest
+        limit = ACTIVATOR_QUEUE + QUEUE_PROXY_DEPTH * self.cc * ready
+        queued = min(rest, max(0.0, limit - self.wait_total))
+        if queued > 0:
+            self.waiting.append([now, queued])
+            self.wait_total += queued
+        return rest - queued
+
+    def _enter(self, arrived: float, now: float, amount: float, ready: int):
+        self.in_total += amount
+        self.inside.append([arrived, now, amount, self.in_total / max(1, ready)])
+
+    def serve(self, now: float, dt: float, ready: int, run: Run) -> float:
+        """The ready replicas answer for ``dt`` seconds, first in first out; returns the amount answered."""
+        if not ready or self.in_total <= 0:
+            return 0.0
+        done = min(self.in_total, ready * self.curve.throughput(self.in_total / ready) * dt)
+        left = done
+        while left > 1e-12 and self.inside:
+            arrived, admitted, amount, found = self.inside[0]
+            take = min(amount, left)
+            run.pieces.append((take, admitted - arrived, found))
+            left -= take
+            if take >= amount - 1e-12:
+                self.inside.popleft()
+            else:
+                self.inside[0][2] = amount - take
+        self.in_total = max(0.0, self.in_total - done)
+        return done
+
+    def scale(self, now: float, want: int):
+        """Ask for ``want`` replicas: new ones ready after the start-up time; fewer: the starting ones go
+        first, then the newest ready ones (what they hold is still answered: a graceful stop)."""
+        if want > len(self.pods):
+            self.pods += [now + self.startup_s] * (want - len(self.pods))
+        elif want < len(self.pods):
+            self.pods = sorted(self.pods)[:want]
+
+
+def simulate(curve: Curve, scaler, rate: Callable[[float], float], duration: float, dt: float = 0.2,
+             startup_s: float = COLD_START_S, clients: Optional[int] = None,
+             initial: Optional[int] = None, settle_s: float = 0.0) -> Run:  # fmt: skip
+    """Replay the load ``rate(t)`` (requests/s, open loop) for ``duration`` seconds, or with ``clients``
+    a closed loop of that many clients each sending its next request as the last is answered. It starts
+    with ``initial`` replicas ready (default: minReplicas) that have served ``rate(0)`` for ``settle_s``
+    seconds before, the autoscaler running (its windows filled; nothing of it recorded)."""
+    buffered = scaler.mode == "knative"
+    first = min(max(initial or 0, scaler.min_replicas), scaler.max_replicas)
+    cluster = Cluster(curve, scaler, startup_s, buffered, getattr(scaler, "cc", None), first)
+    run = Run(scaler.mode)
+    concurrency, cpu = deque(), deque()
+    queue_seen = in_flight_seen = 0.0
+    next_decision, next_sample, next_window = scaler.interval - settle_s, SAMPLE_S - settle_s, WINDOW_S
+    window_start, served_since = 0, 0.0
+    for i in range(-int(round(settle_s / dt)), int(round(duration / dt))):
+        now = i * dt
+        ready = cluster.ready(now)
+        if i <= 0:  # settling: what is measured starts at 0
+            run.offered = run.served = run.shed = served_since = 0.0
+            run.pieces.clear()
+        if clients is None:
+            arriving = rate(max(0.0, now)) * dt
+        else:
+            arriving = max(0.0, clients - cluster.in_total - cluster.wait_total)
+        run.offered += arriving
+        run.shed += cluster.admit(now, arriving, ready)
+        held = cluster.in_total  # what the replicas hold this step (sampled before it is answered)
+        answered = cluster.serve(now, dt, ready, run)
+        run.served += answered
+        served_since += answered
+        now += dt
+        if now >= next_sample - 1e-9:
+            next_sample += SAMPLE_S
+            per = held / ready if ready else 0.0
+            concurrency.append((now, held + cluster.wait_total))
+            cpu.append((now, min(1.0, curve.throughput(per) / curve.best) if ready else 0.0))
+            for samples in (concurrency, cpu):
+                while samples[0][0] < now - STABLE_WINDOW_S - SAMPLE_S:
+                    samples.popleft()
+            if now % SCRAPE_S < SAMPLE_S - 1e-9:  # Prometheus scrapes the engines' queue gauge
+                queue_seen, in_flight_seen = ready * curve.waiting(per), held
+            if now > 0:
+                run.rows.append({
+                    "t": round(now, 3), "offered_rps": rate(now) if clients is None else None,
+                    "served_rps": served_since / SAMPLE_S, "replicas": len(cluster.pods), "ready": ready,
+                    "in_replicas": held, "waiting": cluster.wait_total + ready * curve.waiting(per),
+                    "shed": run.shed, "panic": getattr(scaler, "panicking", False),
+                })  # fmt: skip
+            served_since = 0.0
+        if now >= next_window - 1e-9 and now > 0:
+            run.p99_s.append((now, quantiles(curve, run.pieces[window_start:], (0.99,))[0]))
+            window_start, next_window = len(run.pieces), next_window + WINDOW_S
+        if now >= next_decision - 1e-9:
+            next_decision += scaler.interval
+            seen = Seen(now, len(cluster.pods), cluster.ready(now), concurrency, cpu, queue_seen, in_flight_seen)
+            want = scaler.desired(seen)
+            if want is not None:
+                cluster.scale(now, want)
+    return run
+
+
+def quantiles(curve: Curve, pieces: Sequence[tuple], qs: Sequence[float]) -> List[float]:
+    """The latency quantiles (seconds) of the answers ``pieces`` (weight, wait, concurrency found): each
+    piece's latency is its wait plus the replica's measured distribution at that concurrency (piecewise
+    linear through 0 at p50/2, 0.5 at p50, 0.9 at p90, 0.99 at p99, 1 at p99 + (p99 - p90))."""
+    import numpy as np
+
+    merged: Dict[tuple, float] = {}
+    for weight, wait, found in pieces:  # answers alike within 10 ms of wait and 0.1 of concurrency
+        key = (round(wait, 2), round(found, 1))
+        merged[key] = merged.get(key, 0.0) + weight
+    if not merged:
+        return [float("nan")] * len(qs)
+    weights = np.array(list(merged.values()))
+    rows = []
+    for wait, found in merged:
+        at = curve.latency(found)
+        rows.append([wait + v for v in (at[50] / 2, at[50], at[90], at[99], 2 * at[99] - at[90])])
+    knots = np.array(rows)
+    rises = np.diff(np.array([0.0, 0.5, 0.9, 0.99, 1.0]))
+    widths = np.maximum(np.diff(knots, axis=1), 1e-12)
+    total = weights.sum()
+
+    def share_below(x: float) -> float:
+        filled = np.clip((x - knots[:, :-1]) / widths, 0.0, 1.0)
+        return float((weights * (filled * rises).sum(axis=1)).sum() / total)
+
+    return [_solve(share_below, q, 0.0, float(knots[:, -1].max())) for q in qs]
+
+
+def _solve(f: Callable[[float], float], q: float, low: float, high: float) -> float:
+    for _ in range(40):
+        middle = (low + high) / 2
+        low, high = (middle, high) if f(middle) < q else (low, middle)
+    return high
+
+
+# ---- what the export writes, the traces, the fixed-replica prediction ------------------------------------------
+def exported(doc: dict, mode: str, max_replicas: int, min_replicas: int = 1, scale_down_s: int = 300) -> dict:
+    """The numbers ``tsctl export kserve --autoscale MODE --from-bench`` writes for ``doc``, by the export's
+    own functions (archiver/export/autoscale.py): the operating point and each mode's target."""
+    from .export import autoscale
+
+    plan = autoscale.Plan(mode, 0, min_replicas, max_replicas, scale_down_s, capacity=doc, model=doc["model"])
+    autoscale.operating_point(plan, None)
+    options = SimpleNamespace(
+        scale_metric="concurrency", peak_rps=None, max_replicas=max_replicas, namespace="default", name=doc["model"]
+    )
+    {"knative": autoscale.knative_numbers, "keda": autoscale.keda_numbers, "hpa": autoscale.hpa_numbers}[mode](
+        plan, options
+    )
+    return dict(plan.numbers, concurrency=plan.concurrency, step_rps=plan.step["throughput_rps"])
+
+
+def scaler_for(doc: dict, mode: str, max_replicas: int, min_replicas: int = 1, scale_down_s: int = 300):
+    """The autoscaler the export's manifests set up. KServe (aaac4e29) gives the HPA an empty behavior and
+    KEDA's ScaledObject only the scale-down window (docs/kserve.md): Kubernetes' defaults run otherwise.
+    ``keda-in-flight`` is KEDA on ``sum(ts_requests_in_flight)`` with 70% of containerConcurrency per
+    replica as the threshold: not written by the export, simulated beside it."""
+    if mode == "keda-in-flight":  # not what the export writes: sum(ts_requests_in_flight), Knative's target
+        numbers = exported(doc, "knative", max_replicas, min_replicas, scale_down_s)
+        target = numbers["containerConcurrency"] * TARGET_UTILIZATION
+        return HPA("in_flight", target, min_replicas, max_replicas, down_window_s=scale_down_s)
+    numbers = exported(doc, mode, max_replicas, min_replicas, scale_down_s)
+    if mode == "knative":
+        return KPA(numbers["scaleTarget"], numbers["containerConcurrency"], min_replicas, max_replicas, scale_down_s)
+    if mode == "keda":
+        return HPA("queue", numbers["threshold"], min_replicas, max_replicas, down_window_s=scale_down_s)
+    return HPA("cpu", numbers["cpu"], min_replicas, max_replicas)
+
+
+def peak_replicas(doc: dict, peak_rps: float) -> int:
+    """``--peak-rps``'s maxReplicas: ceil(peak / the throughput at the operating point)."""
+    return max(1, math.ceil(peak_rps / exported(doc, "knative", 1)["step_rps"]))
+
+
+def ramp(one: float, peak: float = 50, base: float = 0.5, up_s: float = 600, hold_s: float = 300,
+         down_s: float = 300) -> Callable[[float], float]:  # fmt: skip
+    """From ``base`` x one replica's throughput ``one`` up to ``peak`` x over ``up_s``, held, then down."""
+
+    def rate(t: float) -> float:
+        if t < up_s:
+            return one * (base + (peak - base) * t / up_s)
+        if t < up_s + hold_s:
+            return one * peak
+        return one * max(base, peak - (peak - base) * (t - up_s - hold_s) / down_s)
+
+    rate.duration = up_s + hold_s + down_s + 120
+    return rate
+
+
+def spike(one: float, base: float = 5, peak: float = 30, at_s: float = 240, for_s: float = 60):
+    """``base`` x one replica's throughput, ``peak`` x for ``for_s`` seconds from ``at_s``, then back."""
+
+    def rate(t: float) -> float:
+        return one * (peak if at_s <= t < at_s + for_s else base)
+
+    rate.duration = at_s + for_s + 480
+    return rate
+
+
+def diurnal(one: float, low: float = 2, peak: float = 50, day_s: float = 7200):
+    """A day compressed into ``day_s`` seconds: ``low`` x one replica's throughput at 4 am rising to
+    ``peak`` x at 4 pm (a cosine); the autoscalers' clocks are not compressed, so changes come 86400/day_s
+    times faster than in a real day."""
+
+    def rate(t: float) -> float:
+        hour = (t / day_s * 24) % 24
+        return one * (low + (peak - low) * (1 - math.cos(2 * math.pi * (hour - 4) / 24)) / 2)
+
+    rate.duration = day_s
+    return rate
+
+
+TRACES = {"ramp": ramp, "spike": spike, "diurnal": diurnal}
+
+
+def steady(doc: dict, replicas: int, clients: int, seconds: float = 120.0) -> dict:
+    """``replicas`` replicas (no autoscaling) under ``clients`` closed-loop clients, simulated: the
+    throughput and latency of the last half of the run, when the start has passed."""
+    curve = Curve(doc)
+    run = simulate(curve, Fixed(replicas), lambda t: 0.0, seconds, dt=0.01, clients=clients)
+    half = [r for r in run.rows if r["t"] > seconds / 2]
+    late = [p for p in run.pieces[len(run.pieces) // 2 :]]
+    p50, p99 = quantiles(curve, late, (0.5, 0.99))
+    return {
+        "replicas": replicas, "clients": clients,
+        "throughput_rps": round(sum(r["served_rps"] for r in half) / len(half), 2),
+        "p50_ms": round(p50 * 1000, 1), "p99_ms": round(p99 * 1000, 1),
+    }  # fmt: skip

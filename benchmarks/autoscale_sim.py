@@ -1,0 +1,196 @@
+"""What the exported autoscaling does with load, simulated (issue #33, item 3):
+
+    .venv/bin/python benchmarks/autoscale_sim.py
+
+Reads one replica's measured curve, ``benchmarks/data/resnet18-cpu0.4.json`` (written by
+benchmarks/autoscale_check.py: ``tsctl bench --capacity --cpu 0.4``), takes the numbers
+``tsctl export kserve --autoscale MODE --from-bench`` writes from it (maxReplicas as ``--peak-rps`` gives it
+for each trace's peak), and replays three traces through archiver/autoscale_sim.py: a ramp to 50x one
+replica's best throughput, a spike (5x to 30x for a minute), a day compressed into two hours (2x to 50x).
+Modes: Knative's KPA, the HPA on CPU, KEDA on ``ts_queue_size`` (as exported) and KEDA on
+``ts_requests_in_flight`` (not exported: simulated beside it). Plots in benchmarks/plots/, a BENCHMARKS.md
+section with the assumptions.
+"""
+
+import math
+
+from common import PLOTS, ROOT, write_section
+
+from archiver import autoscale_sim as sim  # noqa: E402
+from archiver import capacity  # noqa: E402
+
+DATA = ROOT / "benchmarks" / "data" / "resnet18-cpu0.4.json"
+MODES = ("knative", "hpa", "keda", "keda-in-flight")
+COLORS = {"knative": "tab:blue", "hpa": "tab:green", "keda": "tab:red", "keda-in-flight": "tab:orange"}
+SLOW_START_S = 60.0  # a replica that needs a node, or an image pull, before the engine's own start
+SETTLE_S = 600.0  # the first load before the trace: longer than every window (300 s) and delay
+
+
+def run_all(doc: dict, startup_s: float, traces=("ramp", "spike", "diurnal")) -> dict:
+    curve = sim.Curve(doc)
+    runs = {}
+    for name in traces:
+        rate = sim.TRACES[name](curve.best)
+        peak = max(rate(t) for t in range(int(rate.duration)))
+        most = sim.peak_replicas(doc, peak)
+        warm = sim.peak_replicas(doc, rate(0))  # the replicas the first load needs, ready at the start
+        for mode in MODES:
+            scaler = sim.scaler_for(doc, mode, most)
+            run = sim.simulate(curve, scaler, rate, rate.duration, startup_s=startup_s, initial=warm, settle_s=SETTLE_S)
+            runs[(name, mode)] = (run, rate, most)
+            print(name, mode, run.summary(curve), flush=True)
+    return runs
+
+
+def needed(doc: dict, rate, duration: float) -> float:
+    """Replica-seconds a perfect autoscaler spends: each second, the offered load over one replica's
+    throughput at the operating point (no start-up, no headroom)."""
+    per = sim.exported(doc, "knative", 1)["step_rps"]
+    return sum(math.ceil(rate(t) / per) for t in range(int(duration)))
+
+
+def plot(doc: dict, runs: dict, name: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    per = sim.exported(doc, "knative", 1)["step_rps"]
+    figure, (top, middle, bottom) = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+    first = runs[(name, MODES[0])][0]
+    t = [r["t"] / 60 for r in first.rows]
+    top.plot(t, [math.ceil(r["offered_rps"] / per) for r in first.rows], color="gray", linestyle=":",
+             label="offered / one replica's rps")  # fmt: skip
+    for mode in MODES:
+        run = runs[(name, mode)][0]
+        top.plot(t, [r["replicas"] for r in run.rows], color=COLORS[mode], label=mode)
+        middle.plot([w / 60 for w, _ in run.p99_s], [p * 1000 for _, p in run.p99_s], color=COLORS[mode])
+        bottom.plot(t, [r["waiting"] for r in run.rows], color=COLORS[mode])
+    top.set_ylabel("replicas")
+    top.legend(fontsize=8, loc="upper left")
+    middle.set_ylabel("p99 per 10 s (ms)")
+    middle.set_yscale("log")
+    bottom.set_ylabel("requests waiting")
+    bottom.set_xlabel("minutes")
+    top.set_title(f"{name}: {doc['model']} at {doc['server']['cpu']:g} CPU per replica, simulated", fontsize=10)
+    figure.tight_layout()
+    PLOTS.mkdir(parents=True, exist_ok=True)
+    path = PLOTS / f"autoscale_{name}.png"
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+    return f"![{name}]({path.relative_to(ROOT)})"
+
+
+def table(doc: dict, runs: dict, traces) -> str:
+    curve = sim.Curve(doc)
+    lines = [
+        "| trace | mode | maxReplicas | requests | shed | p50 ms | p99 ms | most replicas | replica-hours (needed) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in traces:
+        for mode in MODES:
+            run, rate, most = runs[(name, mode)]
+            s = run.summary(curve)
+            hours = s["replica_seconds"] / 3600
+            lines.append(
+                f"| {name} | {mode} | {most} | {s['requests']:,} | {s['shed_percent']:.2f} % | {s['p50_ms']:.0f} | "
+                f"{s['p99_ms']:.0f} | {s['max_replicas']} | {hours:.1f} ({needed(doc, rate, rate.duration) / 3600:.1f}) |"
+            )
+    return "\n".join(lines)
+
+
+def main():
+    doc = capacity.load(DATA)
+    numbers = {mode: sim.exported(doc, mode, 10) for mode in ("knative", "keda", "hpa")}
+    runs = run_all(doc, sim.COLD_START_S)
+    slow = run_all(doc, SLOW_START_S, traces=("spike",))
+    images = "\n\n".join(plot(doc, runs, name) for name in ("ramp", "spike", "diurnal"))
+    write_section("AUTOSCALE-SIM", section(doc, numbers, runs, slow, images))
+
+
+def reading(doc: dict, runs: dict, slow: dict) -> str:
+    """What the tables say, with this run's numbers."""
+    curve = sim.Curve(doc)
+
+    def shed(table, trace, mode):
+        return table[(trace, mode)][0].summary(curve)["shed_percent"]
+
+    knative = max(shed(runs, t, "knative") for t in ("ramp", "spike", "diurnal"))
+    spike = ", ".join(f"{m} {shed(runs, 'spike', m):.1f} %" for m in MODES[1:])
+    day = ", ".join(f"{m} {shed(runs, 'diurnal', m):.2f} %" for m in MODES)
+    slow_spike = ", ".join(f"{m} {shed(slow, 'spike', m):.1f} %" for m in MODES)
+    return f"""Reading it:
+- **Knative sheds {knative:.2f} % at most with the engine's own start**: the activator and the queue-proxies hold what exceeds
+  `containerConcurrency` (10,000 + 10 x containerConcurrency per replica) while replicas start, so a
+  spike costs latency (the p99 column), not errors; panic mode adds replicas at the next 2 s tick and
+  does not let go of them for 60 s, and scale-down-delay (300 s) with the halving rule makes the way
+  down slow (replica-hours above the needed).
+- **Standard mode sheds during the spike** ({spike}): nothing buffers in front of the replicas, each
+  engine holds its batch plus `job_queue_size` (100) and answers 503 past it, while the HPA acts every
+  15 s by at most +100% (or +4 pods). With a 60 s start, every mode: {slow_spike} (Knative's
+  buffers, 10,000 requests and 10 x containerConcurrency per replica, fill before the replicas come).
+- **KEDA on `ts_queue_size`, as exported, does not hold a load steady** (the day: {day}): the threshold
+  is the mean queue at the operating point, {sim.exported(doc, "keda", 1)["threshold"]} (the queue is empty
+  there); a queue the replicas keep empty recommends none, so 300 s later the HPA's default policy
+  (-100% in 15 s) takes replicas away, the queue comes back and it scales up again (the plots' saw-tooth).
+  CPU, which grows with what a replica answers, and in-flight requests hold better; in-flight requests
+  under-count for a batching model once over-provisioned (fewer in flight per replica answer faster:
+  `tests/cli/test_autoscale_sim.py` shows it on a hand-made curve). The export's KEDA mode needs a metric
+  that grows with load, or a slower scale-down (the ScaledObject's
+  `advanced.horizontalPodAutoscalerConfig.behavior`, which KServe does not carry: docs/kserve.md)."""
+
+
+def section(doc: dict, numbers: dict, runs: dict, slow: dict, images: str) -> str:
+    kn, keda, hpa = numbers["knative"], numbers["keda"], numbers["hpa"]
+    best = sim.Curve(doc).best
+    return f"""## Autoscaling, simulated (issue #33)
+
+`benchmarks/autoscale_sim.py` replays three traces through `archiver/autoscale_sim.py`, fed by one replica's
+measured curve: resnet18 on the tsctl engine at {doc["server"]["cpu"]:g} CPU (`benchmarks/data/{DATA.name}`, measured
+{doc["measured_at"]}; best {best:.1f} req/s). The autoscaling is what `tsctl export kserve --autoscale MODE
+--from-bench` writes from that file: Knative `containerConcurrency` {kn["containerConcurrency"]}, `scaleTarget`
+{kn["scaleTarget"]} at 70% utilisation, scale-down-delay 300 s; KEDA threshold {keda["threshold"]} on
+`sum(ts_queue_size)`; HPA CPU target {hpa["cpu"]}%. maxReplicas is `--peak-rps`'s for each trace's peak. "KEDA in
+flight" is not exported: `sum(ts_requests_in_flight)` with 70% of `containerConcurrency` per replica, beside it.
+Each run starts with the replicas the first second's load needs at the operating point, ready, after {SETTLE_S:g} s of that load with the autoscaler running (its windows filled). Traces: **ramp** from 0.5x to 50x one replica's best over 10 minutes, held 5, down in 5; **spike** 5x, then 30x for
+60 s, then 5x; **diurnal** a day in 2 hours, 2x at 4 am to 50x at 4 pm.
+
+{table(doc, runs, ("ramp", "spike", "diurnal"))}
+
+With replicas ready {SLOW_START_S:g} s after they are asked for (a new node or an image pull; above, the engine's own
+cold start, {sim.COLD_START_S} s):
+
+{table(doc, slow, ("spike",))}
+
+{images}
+
+{reading(doc, runs, slow)}
+
+Assumptions (archiver/autoscale_sim.py's docstring has them with the code):
+- a replica is its measured curve: with n requests in it, throughput(n) (linear between steps, flat past the
+  last), and a request that finds n in it takes the latency measured at n (p50/p90/p99; past the last step
+  that latency x n / n_last); every ready replica gets an equal share (a least-loaded balancer);
+- requests are a fluid in per-0.2 s cohorts kept in order; a cohort's latency is its wait outside the
+  replicas plus the replica's at the concurrency it found; p99 is over the mixture of those distributions;
+- a replica is ready the engine's measured cold start ({sim.COLD_START_S} s, BENCHMARKS' cold start section)
+  after the autoscaler asks (scheduling and image pull on top: the second table); scale-down is graceful;
+- CPU of a replica = its throughput over the best measured (a CPU-bound replica saturates at the knee);
+  the HPA reads it averaged over 15 s; KEDA's query sees the queue gauge as Prometheus scraped it (15 s);
+- Knative's metric is every request of the revision (in replicas or waiting), one sample a second; the KPA
+  decides every 2 s; the HPA every 15 s; KServe passes the HPA no `behavior` (Kubernetes' defaults) and
+  KEDA only the scale-down window (docs/kserve.md);
+- not modelled: scale to zero (minReplicas 1), request timeouts (a request waits as long as it takes),
+  the activator leaving the path, per-pod imbalance, node autoscaling, and the network.
+
+Each rule's source: knative/serving at 98e5ef90 (`pkg/autoscaler/scaling/autoscaler.go` lines 161-276,
+`pkg/reconciler/autoscaling/resources/target.go` 54-61, `config/core/configmaps/autoscaler.yaml`,
+`pkg/activator/net/throttler.go` 55, `pkg/queue/sharedmain/main.go` 413); the HPA: the "Algorithm details",
+"Stabilization window" and "Default Behavior" sections of
+https://kubernetes.io/docs/tasks/run-application/horizontal-pod-autoscale/ and kubernetes/kubernetes
+`pkg/apis/autoscaling/v2/defaults.go` (1adaa753) lines 27-65.
+
+Reproduce: `.venv/bin/python benchmarks/autoscale_check.py` (the curve), then `.venv/bin/python benchmarks/autoscale_sim.py`."""
+
+
+if __name__ == "__main__":
+    main()
