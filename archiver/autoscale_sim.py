@@ -15,7 +15,7 @@ The model (BENCHMARKS.md, "Autoscaling, simulated", lists the same assumptions):
   the activator and the queue-proxies (their queues hold ``ACTIVATOR_QUEUE`` + ``QUEUE_PROXY_DEPTH`` x
   containerConcurrency per replica; more is shed with a 503). The autoscaler sees every request in the
   revision, in the replicas or waiting, each second.
-- **Standard mode** (``HPA`` on CPU, ``HPA`` on KEDA's external queue metric): the Service spreads the
+- **Standard mode** (``HPA`` on CPU, ``HPA`` on KEDA's external in-flight metric): the Service spreads the
   requests over the ready replicas, each holding at most ``workers x batch_size + ENGINE_QUEUE`` (the
   engine's job queue, ``job_queue_size``: a full one answers 503); with no replica ready, a request fails.
 - **A new replica** is ready ``startup_s`` after the autoscaler asks for it (default ``COLD_START_S``: the
@@ -52,7 +52,8 @@ HPA_DOWN_WINDOW_S = 300.0  # --horizontal-pod-autoscaler-downscale-stabilization
 HPA_UP_POLICIES = (("Pods", 4, 15), ("Percent", 100, 15))
 HPA_DOWN_POLICIES = (("Percent", 100, 15),)
 METRICS_WINDOW_S = 15.0  # the CPU the HPA reads: averaged over metrics-server's 15 s resolution (assumed)
-SCRAPE_S = 15.0  # the queue gauge KEDA's query reads: Prometheus' scrape interval (the export's PodMonitor)
+SCRAPE_S = 15.0  # the gauge KEDA's query reads: Prometheus' scrape interval (the export's PodMonitor)
+RATE_WINDOW_S = 60.0  # the answer rate KEDA's query reads: rate(...[1m]) (archiver/export/autoscale.py)
 # ---- the engine and the measured start -----------------------------------------------------------------
 ENGINE_QUEUE = 100  # serving/ts_config.py job_queue_size default: requests waiting per model version
 COLD_START_S = 5.06  # BENCHMARKS.md "Cold start": the engine, forked workers, launch to READY (median)
@@ -119,6 +120,7 @@ class Seen:
     cpu: deque  # (t, mean CPU share of the ready replicas, 0-1)
     queue: float  # the queue gauge summed over the replicas at the last scrape
     in_flight: float = 0.0  # ts_requests_in_flight summed over the replicas at the last scrape
+    served_rps: float = 0.0  # rate(ts_inference_requests_total[1m]) summed, as of the last scrape
 
 
 class Fixed:
@@ -184,36 +186,42 @@ class KPA:
 
 
 class HPA:
-    """Kubernetes' HPA: on CPU (``metric="cpu"``: target utilisation in percent of the request) or on an
-    external metric with an AverageValue target, what KEDA's ScaledObject makes: ``metric="queue"``
-    (``sum(ts_queue_size)``, as the export writes it) or ``"in_flight"`` (``sum(ts_requests_in_flight)``)."""
+    """Kubernetes' HPA on one or more metrics, each with its target (``targets``); it computes a count for
+    each and runs the largest ("Algorithm details": "If multiple metrics are specified"). ``"cpu"``: target
+    utilisation in percent of the request; the others are KEDA's external metrics with an AverageValue
+    target, the total over the target per pod: ``"rps"`` (``sum(rate(ts_inference_requests_total[1m]))``)
+    and ``"in_flight"`` (``sum(ts_requests_in_flight)``), the two the export writes, and ``"queue"``
+    (``sum(ts_queue_size)``, what it wrote before: simulated beside it to show why not)."""
 
     interval = HPA_SYNC_S
 
-    def __init__(self, metric: str, target: float, min_replicas: int, max_replicas: int,
-                 down_window_s: float = HPA_DOWN_WINDOW_S):  # fmt: skip
-        self.metric, self.target = metric, target
-        self.mode = {"cpu": "hpa", "queue": "keda"}.get(metric, f"keda-{metric}")
+    def __init__(self, targets: Dict[str, float], min_replicas: int, max_replicas: int,
+                 down_window_s: float = HPA_DOWN_WINDOW_S, mode: str = "hpa"):  # fmt: skip
+        self.targets, self.mode = dict(targets), mode
         self.min_replicas, self.max_replicas = min_replicas, max_replicas
         self.down_window_s = down_window_s
         self.recommendations: deque = deque()  # (t, recommendation): the stabilization window
         self.events: deque = deque()  # (t, change): the scaling policies' periods
 
     def recommend(self, seen: Seen) -> int:
-        """The replica count the metric asks for ("Algorithm details"): ceil(replicas x metric / target)."""
+        """The largest of the counts the metrics ask for."""
+        return max(self.one(seen, metric, target) for metric, target in self.targets.items())
+
+    def one(self, seen: Seen, metric: str, target: float) -> int:
+        """The replica count one metric asks for ("Algorithm details"): ceil(replicas x metric / target)."""
         current = seen.replicas
-        if self.metric != "cpu":  # an external metric's AverageValue: the total over the target per pod
-            total = seen.queue if self.metric == "queue" else seen.in_flight
-            ratio = total / (self.target * max(1, current))
-            return current if abs(1 - ratio) <= HPA_TOLERANCE else math.ceil(total / self.target)
+        if metric != "cpu":  # an external metric's AverageValue: the total over the target per pod
+            total = {"queue": seen.queue, "in_flight": seen.in_flight, "rps": seen.served_rps}[metric]
+            ratio = total / (target * max(1, current))
+            return current if abs(1 - ratio) <= HPA_TOLERANCE else math.ceil(total / target)
         cpu = _mean(seen.cpu, seen.now - METRICS_WINDOW_S)
         if cpu is None or seen.ready == 0:
             return current
-        ratio = cpu * 100 / self.target
+        ratio = cpu * 100 / target
         unready = max(0, current - seen.ready)
         if ratio > 1 and unready:  # "not yet ready ... assume it uses 0% of the desired metric" on a scale-up
             counted = seen.ready + unready
-            rebalanced = cpu * 100 * seen.ready / counted / self.target
+            rebalanced = cpu * 100 * seen.ready / counted / target
             if abs(1 - rebalanced) <= HPA_TOLERANCE or rebalanced < 1:
                 return current  # within tolerance, or it would reverse the direction: no change
             return math.ceil(rebalanced * counted)
@@ -372,8 +380,8 @@ def simulate(curve: Curve, scaler, rate: Callable[[float], float], duration: flo
     first = min(max(initial or 0, scaler.min_replicas), scaler.max_replicas)
     cluster = Cluster(curve, scaler, startup_s, buffered, getattr(scaler, "cc", None), first)
     run = Run(scaler.mode)
-    concurrency, cpu = deque(), deque()
-    queue_seen = in_flight_seen = 0.0
+    concurrency, cpu, answers = deque(), deque(), deque()
+    queue_seen = in_flight_seen = rps_seen = 0.0
     next_decision, next_sample, next_window = scaler.interval - settle_s, SAMPLE_S - settle_s, WINDOW_S
     window_start, served_since = 0, 0.0
     for i in range(-int(round(settle_s / dt)), int(round(duration / dt))):
@@ -398,11 +406,14 @@ def simulate(curve: Curve, scaler, rate: Callable[[float], float], duration: flo
             per = held / ready if ready else 0.0
             concurrency.append((now, held + cluster.wait_total))
             cpu.append((now, min(1.0, curve.throughput(per) / curve.best) if ready else 0.0))
-            for samples in (concurrency, cpu):
+            answers.append((now, served_since))
+            for samples in (concurrency, cpu, answers):
                 while samples[0][0] < now - STABLE_WINDOW_S - SAMPLE_S:
                     samples.popleft()
-            if now % SCRAPE_S < SAMPLE_S - 1e-9:  # Prometheus scrapes the engines' queue gauge
+            if now % SCRAPE_S < SAMPLE_S - 1e-9:  # Prometheus scrapes the engines' gauges and counters
                 queue_seen, in_flight_seen = ready * curve.waiting(per), held
+                recent = [n for t, n in answers if t > now - RATE_WINDOW_S]
+                rps_seen = sum(recent) / (len(recent) * SAMPLE_S)
             if now > 0:
                 run.rows.append({
                     "t": round(now, 3), "offered_rps": rate(now) if clients is None else None,
@@ -416,7 +427,8 @@ def simulate(curve: Curve, scaler, rate: Callable[[float], float], duration: flo
             window_start, next_window = len(run.pieces), next_window + WINDOW_S
         if now >= next_decision - 1e-9:
             next_decision += scaler.interval
-            seen = Seen(now, len(cluster.pods), cluster.ready(now), concurrency, cpu, queue_seen, in_flight_seen)
+            seen = Seen(now, len(cluster.pods), cluster.ready(now), concurrency, cpu, queue_seen, in_flight_seen,
+                        rps_seen)  # fmt: skip
             want = scaler.desired(seen)
             if want is not None:
                 cluster.scale(now, want)
@@ -479,18 +491,25 @@ def exported(doc: dict, mode: str, max_replicas: int, min_replicas: int = 1, sca
 def scaler_for(doc: dict, mode: str, max_replicas: int, min_replicas: int = 1, scale_down_s: int = 300):
     """The autoscaler the export's manifests set up. KServe (aaac4e29) gives the HPA an empty behavior and
     KEDA's ScaledObject only the scale-down window (docs/kserve.md): Kubernetes' defaults run otherwise.
-    ``keda-in-flight`` is KEDA on ``sum(ts_requests_in_flight)`` with 70% of containerConcurrency per
-    replica as the threshold: not written by the export, simulated beside it."""
-    if mode == "keda-in-flight":  # not what the export writes: sum(ts_requests_in_flight), Knative's target
+    Beside what the export writes, to show why it writes two KEDA triggers: ``keda-in-flight`` (its
+    in-flight trigger alone) and ``keda-queue`` (``sum(ts_queue_size)`` against the mean queue measured at
+    the operating point, rounded up, at least 1: what the export wrote before)."""
+    down = scale_down_s
+    if mode == "keda-queue":
         numbers = exported(doc, "knative", max_replicas, min_replicas, scale_down_s)
-        target = numbers["containerConcurrency"] * TARGET_UTILIZATION
-        return HPA("in_flight", target, min_replicas, max_replicas, down_window_s=scale_down_s)
-    numbers = exported(doc, mode, max_replicas, min_replicas, scale_down_s)
+        step = max((s for s in doc["steps"] if s["concurrency"] <= numbers["concurrency"]),
+                   key=lambda s: s["concurrency"])  # fmt: skip
+        threshold = max(1, math.ceil((step.get("queue_depth") or {}).get("mean", 0.0)))
+        return HPA({"queue": threshold}, min_replicas, max_replicas, down_window_s=down, mode=mode)
+    numbers = exported(doc, mode.split("-")[0], max_replicas, min_replicas, scale_down_s)
     if mode == "knative":
         return KPA(numbers["scaleTarget"], numbers["containerConcurrency"], min_replicas, max_replicas, scale_down_s)
-    if mode == "keda":
-        return HPA("queue", numbers["threshold"], min_replicas, max_replicas, down_window_s=scale_down_s)
-    return HPA("cpu", numbers["cpu"], min_replicas, max_replicas)
+    if mode.startswith("keda"):
+        targets = {"rps": float(numbers["rps_threshold"]), "in_flight": float(numbers["threshold"])}
+        if mode == "keda-in-flight":
+            del targets["rps"]
+        return HPA(targets, min_replicas, max_replicas, down_window_s=down, mode=mode)
+    return HPA({"cpu": numbers["cpu"]}, min_replicas, max_replicas)
 
 
 def peak_replicas(doc: dict, peak_rps: float) -> int:

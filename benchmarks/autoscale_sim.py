@@ -7,8 +7,9 @@ benchmarks/autoscale_check.py: ``tsctl bench --capacity --cpu 0.4``), takes the 
 ``tsctl export kserve --autoscale MODE --from-bench`` writes from it (maxReplicas as ``--peak-rps`` gives it
 for each trace's peak), and replays three traces through archiver/autoscale_sim.py: a ramp to 50x one
 replica's best throughput, a spike (5x to 30x for a minute), a day compressed into two hours (2x to 50x).
-Modes: Knative's KPA, the HPA on CPU, KEDA on ``ts_queue_size`` (as exported) and KEDA on
-``ts_requests_in_flight`` (not exported: simulated beside it). Plots in benchmarks/plots/, a BENCHMARKS.md
+Modes: Knative's KPA, the HPA on CPU, KEDA on the answer rate and ``ts_requests_in_flight`` (as exported),
+and beside them, not exported, KEDA on ``ts_requests_in_flight`` alone and on ``ts_queue_size`` (what the
+export wrote before). Plots in benchmarks/plots/, a BENCHMARKS.md
 section with the assumptions.
 """
 
@@ -20,8 +21,14 @@ from archiver import autoscale_sim as sim  # noqa: E402
 from archiver import capacity  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "resnet18-cpu0.4.json"
-MODES = ("knative", "hpa", "keda", "keda-in-flight")
-COLORS = {"knative": "tab:blue", "hpa": "tab:green", "keda": "tab:red", "keda-in-flight": "tab:orange"}
+MODES = ("knative", "hpa", "keda", "keda-in-flight", "keda-queue")
+COLORS = {
+    "knative": "tab:blue",
+    "hpa": "tab:green",
+    "keda": "tab:red",
+    "keda-in-flight": "tab:orange",
+    "keda-queue": "tab:gray",
+}
 SLOW_START_S = 60.0  # a replica that needs a node, or an image pull, before the engine's own start
 SETTLE_S = 600.0  # the first load before the trace: longer than every window (300 s) and delay
 
@@ -118,6 +125,8 @@ def reading(doc: dict, runs: dict, slow: dict) -> str:
     knative = max(shed(runs, t, "knative") for t in ("ramp", "spike", "diurnal"))
     spike = ", ".join(f"{m} {shed(runs, 'spike', m):.1f} %" for m in MODES[1:])
     day = ", ".join(f"{m} {shed(runs, 'diurnal', m):.2f} %" for m in MODES)
+    ramp = ", ".join(f"{m} {shed(runs, 'ramp', m):.2f} %" for m in MODES)
+    base = {m: runs[("spike", m)][0].rows[200]["replicas"] for m in ("keda", "keda-in-flight")}
     slow_spike = ", ".join(f"{m} {shed(slow, 'spike', m):.1f} %" for m in MODES)
     return f"""Reading it:
 - **Knative sheds {knative:.2f} % at most with the engine's own start**: the activator and the queue-proxies hold what exceeds
@@ -129,15 +138,18 @@ def reading(doc: dict, runs: dict, slow: dict) -> str:
   engine holds its batch plus `job_queue_size` (100) and answers 503 past it, while the HPA acts every
   15 s by at most +100% (or +4 pods). With a 60 s start, every mode: {slow_spike} (Knative's
   buffers, 10,000 requests and 10 x containerConcurrency per replica, fill before the replicas come).
-- **KEDA on `ts_queue_size`, as exported, does not hold a load steady** (the day: {day}): the threshold
-  is the mean queue at the operating point, {sim.exported(doc, "keda", 1)["threshold"]} (the queue is empty
-  there); a queue the replicas keep empty recommends none, so 300 s later the HPA's default policy
-  (-100% in 15 s) takes replicas away, the queue comes back and it scales up again (the plots' saw-tooth).
-  CPU, which grows with what a replica answers, and in-flight requests hold better; in-flight requests
-  under-count for a batching model once over-provisioned (fewer in flight per replica answer faster:
-  `tests/cli/test_autoscale_sim.py` shows it on a hand-made curve). The export's KEDA mode needs a metric
-  that grows with load, or a slower scale-down (the ScaledObject's
-  `advanced.horizontalPodAutoscalerConfig.behavior`, which KServe does not carry: docs/kserve.md)."""
+- **KEDA as exported holds the day and the ramp** (the day: {day}; the ramp: {ramp}): its two triggers
+  are the answer rate (`rate(ts_inference_requests_total[1m])`, threshold 70% of the throughput at the
+  operating point), which grows with the load as CPU does, and the requests in flight (threshold 70% of
+  the operating point), which jump when replicas fall behind; the HPA runs the larger count. Either alone
+  fails. **The queue gauge** (`ts_queue_size`, threshold the mean queue measured at the operating point,
+  1, what the export wrote before) asks for nothing while replicas keep the queue empty, so 300 s later
+  the HPA's default policy (-100% in 15 s) takes replicas away, the queue comes back and it scales up
+  again (the plots' saw-tooth). **Requests in flight alone** under-count a batching model's load when
+  replicas are spare (fewer in flight per replica answer faster), so its count swings the same way, less
+  deeply; its lower spike figure comes from that swing: it went into the spike with {base["keda-in-flight"]} replicas where
+  the load before needed {base["keda"]} (the exported KEDA's count), having shed on the way.
+  `tests/cli/test_autoscale_sim.py` shows each on a hand-made curve."""
 
 
 def section(doc: dict, numbers: dict, runs: dict, slow: dict, images: str) -> str:
@@ -149,9 +161,11 @@ def section(doc: dict, numbers: dict, runs: dict, slow: dict, images: str) -> st
 measured curve: resnet18 on the tsctl engine at {doc["server"]["cpu"]:g} CPU (`benchmarks/data/{DATA.name}`, measured
 {doc["measured_at"]}; best {best:.1f} req/s). The autoscaling is what `tsctl export kserve --autoscale MODE
 --from-bench` writes from that file: Knative `containerConcurrency` {kn["containerConcurrency"]}, `scaleTarget`
-{kn["scaleTarget"]} at 70% utilisation, scale-down-delay 300 s; KEDA threshold {keda["threshold"]} on
-`sum(ts_queue_size)`; HPA CPU target {hpa["cpu"]}%. maxReplicas is `--peak-rps`'s for each trace's peak. "KEDA in
-flight" is not exported: `sum(ts_requests_in_flight)` with 70% of `containerConcurrency` per replica, beside it.
+{kn["scaleTarget"]} at 70% utilisation, scale-down-delay 300 s; KEDA thresholds {keda["rps_threshold"]} on
+`sum(rate(ts_inference_requests_total[1m]))` and {keda["threshold"]} on `sum(ts_requests_in_flight)`, the larger count;
+HPA CPU target {hpa["cpu"]}%. maxReplicas is `--peak-rps`'s for each trace's peak. Not exported, beside them:
+**keda-in-flight**, the in-flight trigger alone, and **keda-queue**, `sum(ts_queue_size)` with the mean queue at
+the operating point rounded up (at least 1) as the threshold, what the export wrote before.
 Each run starts with the replicas the first second's load needs at the operating point, ready, after {SETTLE_S:g} s of that load with the autoscaler running (its windows filled). Traces: **ramp** from 0.5x to 50x one replica's best over 10 minutes, held 5, down in 5; **spike** 5x, then 30x for
 60 s, then 5x; **diurnal** a day in 2 hours, 2x at 4 am to 50x at 4 pm.
 
@@ -175,7 +189,8 @@ Assumptions (archiver/autoscale_sim.py's docstring has them with the code):
 - a replica is ready the engine's measured cold start ({sim.COLD_START_S} s, BENCHMARKS' cold start section)
   after the autoscaler asks (scheduling and image pull on top: the second table); scale-down is graceful;
 - CPU of a replica = its throughput over the best measured (a CPU-bound replica saturates at the knee);
-  the HPA reads it averaged over 15 s; KEDA's query sees the queue gauge as Prometheus scraped it (15 s);
+  the HPA reads it averaged over 15 s; KEDA's queries see the gauges as Prometheus scraped them (every 15 s)
+  and the answer rate as the mean of the last 60 s;
 - Knative's metric is every request of the revision (in replicas or waiting), one sample a second; the KPA
   decides every 2 s; the HPA every 15 s; KServe passes the HPA no `behavior` (Kubernetes' defaults) and
   KEDA only the scale-down window (docs/kserve.md);

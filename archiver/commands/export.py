@@ -88,7 +88,7 @@ def parse_split(values):
 @click.option(
     "--autoscale",
     type=click.Choice(choices.AUTOSCALE_MODES),
-    help="Write the autoscaling: Knative's KPA, KEDA on the engine's queue gauge, or the HPA on CPU; with a "
+    help="Write the autoscaling: Knative's KPA, KEDA on the engine's in-flight gauge, or the HPA on CPU; with a "
     "PodDisruptionBudget, Prometheus annotations and a PodMonitor/ServiceMonitor.",
 )
 @click.option(

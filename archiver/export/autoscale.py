@@ -4,8 +4,10 @@ replica's measured capacity (``--from-bench RESULT.json``, written by ``tsctl be
 
     knative   Knative mode (KPA): scaleMetric concurrency|rps, scaleTarget, containerConcurrency, min/maxReplicas,
               autoscaling.knative.dev/target-utilization-percentage and scale-down-delay annotations
-    keda      Standard mode, serving.kserve.io/autoscalerClass: keda; autoScaling.metrics: one External metric,
-              a Prometheus query on the engine's ts_queue_size gauge, its threshold from the measured queue
+    keda      Standard mode, serving.kserve.io/autoscalerClass: keda; autoScaling.metrics: two External
+              metrics (Prometheus queries over the predictor's pods), the HPA taking the larger count: the
+              answer rate (ts_inference_requests_total) against 70% of the measured throughput at the
+              operating point, and the engine's ts_requests_in_flight gauge against 70% of the operating point
     hpa       Standard mode, serving.kserve.io/autoscalerClass: hpa; scaleMetric cpu, scaleTarget, and
               autoScaling.metrics/behavior (scale-up and scale-down)
     every     a readiness probe on the engine's every-worker endpoint (/ping), the prometheus.kserve.io
@@ -34,7 +36,9 @@ MONITORS = ("podmonitor", "servicemonitor")
 SCALE_METRICS = ("concurrency", "rps")  # Knative's KPA metrics (--scale-metric)
 UTILIZATION = 70  # percent: Knative's container-concurrency-target-percentage default, written per revision
 CPU_HEADROOM = 70  # percent of the knee's CPU the HPA aims at, the same headroom as Knative's utilisation
-QUEUE_GAUGE = "ts_queue_size"
+LOAD_GAUGE = "ts_requests_in_flight"  # KEDA's overload signal: queued or in a batch (docs/engines.md)
+ANSWERS = "ts_inference_requests_total"  # KEDA's load signal: its rate, requests answered a second
+RATE_WINDOW = "1m"  # the rate's range: four scrapes at SCRAPE_INTERVAL
 DEFAULT_MAX_REPLICAS = 10
 SCRAPE_INTERVAL = "15s"
 DURATION = re.compile(r"^(\d+)(s|m|h)$")
@@ -83,10 +87,10 @@ class Plan:
     capacity: Optional[dict] = None  # the result file read (None: --target by hand)
     step: Optional[dict] = None  # the measured step at the operating point
     step_index: Optional[int] = None
-    numbers: Dict[str, int] = field(default_factory=dict)  # the values written, by setting
+    numbers: Dict[str, object] = field(default_factory=dict)  # the values written, by setting
     sources: List[Tuple[str, str, str]] = field(default_factory=list)  # (setting, value, where it came from)
     model: str = ""
-    query: str = ""
+    queries: Dict[str, str] = field(default_factory=dict)  # KEDA's PromQL, by trigger: "rps", "in_flight"
     chosen: str = ""  # what set the operating point: --target, within_p99 or knee
     result_name: str = "RESULT.json"  # the --from-bench file's name, for messages
 
@@ -97,7 +101,7 @@ class Plan:
 def check(options: ExportOptions, snapshot: dict, target: "targets.Target", notes: List[str]) -> Optional[Plan]:
     """Every --autoscale flag checked, and the numbers derived; None without --autoscale. One UserError line
     for a bad value: a --target above the measured knee, --min-replicas above --max-replicas, KEDA on an
-    engine without the queue gauge, a result file unreadable or of another model."""
+    engine without the in-flight gauge, a result file unreadable or of another model."""
     if not options.autoscale:
         given = [flag for flag, value in _autoscale_flags(options) if value]
         if given:
@@ -106,9 +110,9 @@ def check(options: ExportOptions, snapshot: dict, target: "targets.Target", note
     mode = options.autoscale
     if mode not in MODES:
         raise UserError(f"--autoscale {mode!r} must be one of {', '.join(MODES)}")
-    if mode == "keda" and not target.exports_queue_gauge():
+    if mode == "keda" and not target.exports_load_gauge():
         raise UserError(
-            f"--autoscale keda scales on the engine's {QUEUE_GAUGE} gauge, which {target.title} does not export: "
+            f"--autoscale keda scales on the engine's {LOAD_GAUGE} gauge, which {target.title} does not export: "
             "export with --engine tsctl, or use --autoscale knative or hpa"
         )
     if options.monitor not in MONITORS:
@@ -127,7 +131,7 @@ def check(options: ExportOptions, snapshot: dict, target: "targets.Target", note
         operating_point(plan, options.target)
         notes.extend(capacity_notes(plan.capacity, target, snapshot))
     else:
-        measured = {"keda": "the queue threshold", "hpa": "the CPU target"}.get(mode)
+        measured = {"keda": "the answer-rate threshold", "hpa": "the CPU target"}.get(mode)
         if measured or options.scale_metric == "rps":
             what = measured or "the rps target"
             raise UserError(f"--autoscale {mode}: {what} comes from a measured step: give --from-bench RESULT.json")
@@ -277,21 +281,34 @@ def knative_numbers(plan: Plan, options: ExportOptions):
 
 
 def keda_numbers(plan: Plan, options: ExportOptions):
+    """Two triggers; KEDA keeps, for each, sum(query) / threshold replicas (the prometheus scaler's
+    AverageValue), and the HPA takes the larger. The answer rate grows in proportion to the load a replica
+    takes: threshold 70% (Knative's utilisation) of the throughput measured at the operating point. It
+    cannot see past what the replicas answer, so the in-flight gauge joins it: threshold 70% of the
+    operating point, which requests waiting for a worker push past at once. Neither alone (BENCHMARKS.md,
+    "Autoscaling, simulated"): in flight under-counts a batching model's load when replicas are spare
+    (fewer in each answer faster), and ts_queue_size, which replicas keeping up hold at 0, asks for none."""
     common_numbers(plan, options)
-    queue = plan.step.get("queue_depth")
-    if queue is None:
-        raise UserError(
-            f"--autoscale keda: {plan.capacity['engine']} exported no {QUEUE_GAUGE} while measured "
-            f"(steps[{plan.step_index}] has no queue_depth): measure with 'tsctl bench --capacity --engine tsctl'"
-        )
-    plan.numbers["threshold"] = max(1, math.ceil(queue["mean"]))
+    rps = plan.step["throughput_rps"] * UTILIZATION / 100
+    plan.numbers["rps_threshold"] = quantity(rps)
     plan.note(
-        f"threshold ({QUEUE_GAUGE} per replica)",
-        plan.numbers["threshold"],
-        f"ceil(mean queue depth {queue['mean']:g}), at least 1, of {step_source(plan)}",
+        f"threshold (rate of {ANSWERS} per replica)",
+        plan.numbers["rps_threshold"],
+        f"{UTILIZATION}% (Knative's target utilisation) x the throughput of {step_source(plan)}",
     )
-    plan.query = queue_query(options, plan.model)
+    plan.numbers["threshold"] = quantity(plan.concurrency * UTILIZATION / 100)
+    plan.note(
+        f"threshold ({LOAD_GAUGE} per replica)",
+        plan.numbers["threshold"],
+        f"{UTILIZATION}% (Knative's target utilisation) x the operating point {plan.concurrency}",
+    )
+    plan.queries = {"rps": rate_query(options, plan.model), "in_flight": load_query(options, plan.model)}
     plan.note("scale-down stabilizationWindowSeconds", plan.scale_down_seconds, "--scale-down-delay (not measured)")
+
+
+def quantity(value: float) -> str:
+    """A threshold as a Kubernetes quantity, two decimals at most (KServe hands its text to KEDA unchanged)."""
+    return f"{max(0.01, round(value, 2)):g}"
 
 
 def hpa_numbers(plan: Plan, options: ExportOptions):
@@ -308,12 +325,44 @@ def hpa_numbers(plan: Plan, options: ExportOptions):
     plan.note("scale-down stabilizationWindowSeconds", plan.scale_down_seconds, "--scale-down-delay (not measured)")
 
 
-def queue_query(options: ExportOptions, model: str) -> str:
-    """The PromQL KEDA runs: the model's queued requests over the predictor's pods (the Prometheus
-    Operator labels every scraped series with its namespace and pod)."""
-    return (
-        f'sum({QUEUE_GAUGE}{{namespace="{options.namespace}",pod=~"{options.name}-predictor-.*",model_name="{model}"}})'
-    )
+def _selector(options: ExportOptions, model: str) -> str:
+    """The model's series on the predictor's pods (the Prometheus Operator labels every scraped series
+    with its namespace and pod)."""
+    return f'{{namespace="{options.namespace}",pod=~"{options.name}-predictor-.*",model_name="{model}"}}'
+
+
+def load_query(options: ExportOptions, model: str) -> str:
+    """The PromQL of the in-flight trigger: the model's requests in flight over the predictor's pods."""
+    return f"sum({LOAD_GAUGE}{_selector(options, model)})"
+
+
+def rate_query(options: ExportOptions, model: str) -> str:
+    """The PromQL of the answer-rate trigger: the model's requests answered a second over the pods."""
+    return f"sum(rate({ANSWERS}{_selector(options, model)}[{RATE_WINDOW}]))"
+
+
+def check_metrics_config(properties: Dict[str, str], config_path: Path):
+    """KEDA's rate trigger reads ts_inference_requests_total, which the engine exports only if the workers'
+    metrics.yaml (``metrics_config``, else TorchServe's own, which has it) declares it in ``ts_metrics``."""
+    import yaml
+
+    given = properties.get("metrics_config")
+    if not given:
+        return
+    path = Path(given) if Path(given).is_absolute() else config_path.parent / given
+    where = f"{config_path}: metrics_config {given}"
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as error:
+        raise UserError(f"{where} cannot be read ({type(error).__name__}): fix the path, or drop the key") from None
+    groups = (doc or {}).get("ts_metrics") if isinstance(doc, dict) else None
+    names = {m.get("name") for group in (groups or {}).values() if isinstance(group, list) for m in group
+             if isinstance(m, dict)}  # fmt: skip
+    if ANSWERS not in names:
+        raise UserError(
+            f"{where} does not declare {ANSWERS} under ts_metrics, which --autoscale keda scales on: add it "
+            "(TorchServe's metrics.yaml has it), or use --autoscale knative or hpa"
+        )
 
 
 def capacity_notes(capacity: dict, target: "targets.Target", snapshot: dict) -> List[str]:
@@ -350,10 +399,11 @@ def apply(isvc: dict, plan: Plan, options: ExportOptions, ports: "targets.Ports"
         predictor["containerConcurrency"] = plan.numbers["containerConcurrency"]
     elif plan.mode == "keda":
         annotations["serving.kserve.io/autoscalerClass"] = "keda"
-        metric = {"backend": "prometheus", "serverAddress": options.prometheus_url, "query": plan.query}
-        external = {"metric": metric, "target": {"type": "Value", "value": plan.numbers["threshold"]}}
         predictor["autoScaling"] = {
-            "metrics": [{"type": "External", "external": external}],
+            "metrics": [
+                external(options, plan.queries["rps"], plan.numbers["rps_threshold"]),
+                external(options, plan.queries["in_flight"], plan.numbers["threshold"]),
+            ],
             "behavior": {"scaleDown": {"stabilizationWindowSeconds": plan.scale_down_seconds}},
         }
     else:
@@ -363,6 +413,11 @@ def apply(isvc: dict, plan: Plan, options: ExportOptions, ports: "targets.Ports"
         cpu = {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": plan.numbers["cpu"]}}
         predictor["autoScaling"] = {"metrics": [{"type": "Resource", "resource": cpu}], "behavior": hpa_behavior(plan)}
     predictor["model"]["readinessProbe"] = readiness(ports)
+
+
+def external(options: ExportOptions, query: str, value: str) -> dict:
+    metric = {"backend": "prometheus", "serverAddress": options.prometheus_url, "query": query}
+    return {"type": "External", "external": {"metric": metric, "target": {"type": "Value", "value": value}}}
 
 
 def hpa_behavior(plan: Plan) -> dict:
@@ -453,8 +508,8 @@ def kserve_scaled_object(isvc: dict) -> dict:
     triggers = []
     for metric in predictor["autoScaling"]["metrics"]:
         source = metric["external"]["metric"]
-        threshold = f"{float(metric['external']['target']['value']):f}"
-        meta = {"serverAddress": source["serverAddress"], "query": source["query"], "threshold": threshold}
+        value = str(metric["external"]["target"]["value"])  # getOriginalStringMQ: the text as written
+        meta = {"serverAddress": source["serverAddress"], "query": source["query"], "threshold": value}
         triggers.append({"type": source["backend"], "metadata": meta})
     spec = {
         "scaleTargetRef": {"name": name},
@@ -507,7 +562,8 @@ def deploy_section(plan: Optional[Plan], options: ExportOptions, ns: str) -> str
         capacity=CAPACITY_FILE if plan.capacity else "no result file (--target by hand)",
         check=check_lines[plan.mode],
         monitor=f"kubectl get {monitor} {ns} {options.name}-predictor",
-        query=plan.query,
+        rate_query=plan.queries.get("rps", ""),
+        load_query=plan.queries.get("in_flight", ""),
         prometheus=options.prometheus_url,
         min_replicas=plan.min_replicas,
     )

@@ -78,6 +78,8 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     check_split(options, snapshot)
     transformer_archive = check_transformer(options, snapshot)
     plan = autoscale.check(options, snapshot, target, notes)
+    if plan is not None and plan.mode == "keda":
+        autoscale.check_metrics_config(properties, config_path)
     locked = target.prepare(options, properties, archives, notes, scratch)
 
     manifests = target.manifests(options, resources(options))  # the runtime the InferenceService names first

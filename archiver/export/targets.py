@@ -8,7 +8,7 @@ A target checks the export's flags (``check_export``, ``export_flags``) and the 
 config's changes), gives the InferenceService's predictor (``predictor``), more manifests beside it
 (``manifests``), more files (``write_files``: an image's build context) and DEPLOY.md's steps of its own
 (``image_steps``, ``apply_lines``), and for ``--autoscale`` the pod's ports (``ports``: readiness, metrics)
-and whether the engine exports the queue gauge KEDA scales on (``exports_queue_gauge``). MLServer has no KServe
+and whether the engine exports the in-flight gauge KEDA scales on (``exports_load_gauge``). MLServer has no KServe
 target: ``tsctl export seldon`` exports it.
 """
 
@@ -113,8 +113,8 @@ class Target:
     def ports(self, properties: Dict[str, str]) -> Ports:
         raise NotImplementedError
 
-    def exports_queue_gauge(self) -> bool:
-        """Whether /metrics has ts_queue_size (docs/engines.md, "The signal to scale on")."""
+    def exports_load_gauge(self) -> bool:
+        """Whether /metrics has ts_requests_in_flight (docs/engines.md, "The signal to scale on")."""
         return False
 
 
@@ -247,7 +247,7 @@ class TsctlTarget(Target):
 
         return Ports(tsctl_image.HTTP_PORT, tsctl_image.HTTP_PORT)
 
-    def exports_queue_gauge(self) -> bool:
+    def exports_load_gauge(self) -> bool:
         return True
 
 

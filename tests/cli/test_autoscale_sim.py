@@ -29,9 +29,9 @@ def result(rows=ROWS, p99_target=1000) -> dict:
             "queue_gauge": "ts_queue_size", "notes": [], "measured_at": "2026-11-26T00:00:00Z"}  # fmt: skip
 
 
-def seen(now, replicas, ready=None, concurrency=(), cpu=(), queue=0.0, in_flight=0.0):
+def seen(now, replicas, ready=None, concurrency=(), cpu=(), queue=0.0, in_flight=0.0, rps=0.0):
     ready = replicas if ready is None else ready
-    return sim.Seen(now, replicas, ready, deque(concurrency), deque(cpu), queue, in_flight)
+    return sim.Seen(now, replicas, ready, deque(concurrency), deque(cpu), queue, in_flight, rps)
 
 
 def history(now, level, seconds=60, recent=None, recent_s=0):
@@ -91,7 +91,7 @@ def test_the_kpa_scale_down_delay_keeps_the_largest_count_of_the_delay():
 
 
 def test_the_hpa_formula_its_tolerance_and_its_unready_pods():
-    hpa = sim.HPA("cpu", 50, 1, 100)
+    hpa = sim.HPA({"cpu": 50}, 1, 100)
     cpu = [(t, 0.8) for t in range(46, 61)]  # 80% against 50%: ceil(4 x 1.6) = 7
     assert hpa.recommend(seen(60, 4, cpu=cpu)) == 7
     assert hpa.recommend(seen(60, 4, cpu=[(t, 0.545) for t in range(46, 61)])) == 4  # 1.09: within 10%
@@ -100,14 +100,18 @@ def test_the_hpa_formula_its_tolerance_and_its_unready_pods():
     assert hpa.recommend(seen(60, 6, ready=4, cpu=[(t, 0.9) for t in range(46, 61)])) == 8
     # ... and no change when that brings it within the tolerance (80% over 4 of 6 = 53.3%: 1.067)
     assert hpa.recommend(seen(60, 6, ready=4, cpu=cpu)) == 6
-    keda = sim.HPA("queue", 2, 1, 100)  # AverageValue 2: ceil(total / 2) unless within 10% of current x 2
+    keda = sim.HPA({"queue": 2}, 1, 100)  # AverageValue 2: ceil(total / 2) unless within 10% of current x 2
     assert keda.recommend(seen(60, 3, queue=13)) == 7
     assert keda.recommend(seen(60, 3, queue=6.5)) == 3
     assert keda.recommend(seen(60, 3, queue=0)) == 0
+    # two triggers: each its own count, the largest runs (30 rps / 10 = 3 and 20 in flight / 4 = 5)
+    both = sim.HPA({"rps": 10, "in_flight": 4}, 1, 100)
+    assert both.recommend(seen(60, 3, in_flight=20, rps=30)) == 5
+    assert both.recommend(seen(60, 3, in_flight=2, rps=70)) == 7
 
 
 def test_the_hpa_default_policies_and_the_scale_down_window():
-    hpa = sim.HPA("queue", 1, 1, 1000)
+    hpa = sim.HPA({"queue": 1}, 1, 1000)
     assert hpa.desired(seen(15, 2, queue=100)) == 6  # +4 pods beats +100% from 2
     assert hpa.desired(seen(30, 6, queue=100)) == 12  # the next period: +100% beats +4
     assert hpa.desired(seen(45, 12, queue=100)) == 24
@@ -121,7 +125,8 @@ def test_the_numbers_are_the_exports():
     doc = result()
     assert sim.exported(doc, "knative", 10) == {"containerConcurrency": 8, "scaleTarget": 8, "concurrency": 8,
                                                  "step_rps": 14.6}  # fmt: skip
-    assert sim.exported(doc, "keda", 10)["threshold"] == 1  # the mean queue at 8 is 0: at least 1
+    keda = sim.exported(doc, "keda", 10)
+    assert (keda["threshold"], keda["rps_threshold"]) == ("5.6", "10.22")  # 70% of 8 and of 14.6 rps
     assert sim.exported(doc, "hpa", 10)["cpu"] == round(70 * 14.6 / 16.7)
     assert sim.peak_replicas(doc, 50 * 16.7) == math.ceil(50 * 16.7 / 14.6)
     kpa = sim.scaler_for(doc, "knative", 10)
@@ -161,26 +166,31 @@ def test_knative_buffers_a_spike_that_standard_mode_sheds_and_new_replicas_wait_
     assert later["ready"] < later["replicas"]  # asked for, not ready within the 5 s start
 
 
-def test_keda_on_the_queue_gauge_lets_go_of_replicas_that_keep_up_where_cpu_holds():
-    """The export's KEDA threshold is the mean queue at the operating point; a queue the replicas keep
-    empty asks for none, so after the 300 s window the HPA goes down to minReplicas and sheds again. CPU,
-    which grows with the load a replica answers, holds a steady count; in-flight requests do not."""
+def test_keda_holds_a_steady_load_where_the_queue_or_in_flight_alone_do_not():
+    """The export's KEDA (the answer rate and requests in flight, the larger count) settles on one count
+    under a steady 8x one replica's best, as CPU does. The queue gauge the export wrote before asks for
+    nothing while replicas keep the queue empty, so after the 300 s window the HPA goes down to minReplicas
+    and sheds again; requests in flight alone under-count once over-provisioned (fewer in flight per
+    replica answer faster on this batching curve), so the count does not settle either."""
     doc = result()
     curve = sim.Curve(doc)
-    run = sim.simulate(curve, sim.scaler_for(doc, "keda", 20), lambda t: 8 * curve.best, 900)
-    counts = [r["replicas"] for r in run.rows]
-    assert max(counts) >= 9 and 1 in counts[400:] and run.shed > 0
-    cpu = sim.simulate(curve, sim.scaler_for(doc, "hpa", 20), lambda t: 8 * curve.best, 900)
-    late = {r["replicas"] for r in cpu.rows[120:]}
-    assert len(late) == 1 and late.pop() >= 9
+
+    def steady(mode):
+        return sim.simulate(curve, sim.scaler_for(doc, mode, 20), lambda t: 8 * curve.best, 900)
 
     def shed_after_start(r):
         return r.rows[-1]["shed"] - r.rows[119]["shed"]
 
-    assert shed_after_start(cpu) == 0 and shed_after_start(run) > 1000
-    # in-flight requests under-count once over-provisioned (fewer in flight per replica answer faster on
-    # this batching curve): the count does not settle either
-    in_flight = sim.simulate(curve, sim.scaler_for(doc, "keda-in-flight", 20), lambda t: 8 * curve.best, 900)
+    keda, cpu = steady("keda"), steady("hpa")
+    # from one replica: requests in flight ask for the most at once (20), the answer rate brings it down to
+    # CPU's count (14) once the 300 s window has passed; it sheds less than CPU while the replicas come
+    assert {r["replicas"] for r in cpu.rows[120:]} == {14} and {r["replicas"] for r in keda.rows[400:]} == {14}
+    assert max(r["replicas"] for r in keda.rows[:120]) == 20 and keda.shed < cpu.shed
+    assert shed_after_start(keda) == shed_after_start(cpu) == 0
+    queue = steady("keda-queue")
+    counts = [r["replicas"] for r in queue.rows]
+    assert max(counts) >= 9 and 1 in counts[400:] and shed_after_start(queue) > 1000
+    in_flight = steady("keda-in-flight")
     assert len({r["replicas"] for r in in_flight.rows[400:]}) > 1
 
 

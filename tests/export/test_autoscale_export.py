@@ -196,9 +196,10 @@ def test_a_target_by_hand_picks_the_step_below_it(project, tmp_path):
     )
 
 
-def test_keda_scales_on_the_measured_queue(project, tmp_path):
-    """The External metric's query sums ts_queue_size over the predictor's pods; its threshold is the queue
-    measured at the p99 point rounded up (2.3 -> 3); the ScaledObject KServe makes of it passes KEDA's CRD; the
+def test_keda_scales_on_the_answer_rate_and_requests_in_flight(project, tmp_path):
+    """Two External metrics over the predictor's pods: the rate of ts_inference_requests_total against 70% of
+    the p99 step's throughput (96 -> "67.2") and ts_requests_in_flight against 70% of its concurrency (6 ->
+    "4.2"), handed to KEDA as written; the ScaledObject KServe makes of them passes KEDA's CRD; the
     ServiceMonitor scrapes a headless Service on the engine's port."""
     kserve.export(
         options(
@@ -218,21 +219,26 @@ def test_keda_scales_on_the_measured_queue(project, tmp_path):
         "Standard",
         "keda",
     )
-    [metric] = predictor["autoScaling"]["metrics"]
-    assert metric["type"] == "External" and metric["external"]["target"] == {"type": "Value", "value": 3}
-    assert metric["external"]["metric"] == {
-        "backend": "prometheus",
-        "serverAddress": "http://prometheus.mon.svc:9090",
-        "query": 'sum(ts_queue_size{namespace="default",pod=~"vision-predictor-.*",model_name="resnet18"})',
-    }
+    pods = '{namespace="default",pod=~"vision-predictor-.*",model_name="resnet18"}'
+    rate, in_flight = predictor["autoScaling"]["metrics"]
+    assert rate == {"type": "External", "external": {
+        "metric": {"backend": "prometheus", "serverAddress": "http://prometheus.mon.svc:9090",
+                   "query": f"sum(rate(ts_inference_requests_total{pods}[1m]))"},
+        "target": {"type": "Value", "value": "67.2"}}}  # fmt: skip
+    assert in_flight["external"]["metric"]["query"] == f"sum(ts_requests_in_flight{pods})"
+    assert in_flight["external"]["target"] == {"type": "Value", "value": "4.2"}
     assert "scaleMetric" not in predictor and predictor["model"]["readinessProbe"]["httpGet"]["port"] == 8080
     scaled = autoscale.kserve_scaled_object(isvc)
-    assert crds.problems(scaled) == [] and scaled["spec"]["triggers"][0]["metadata"]["threshold"] == "3.000000"
+    assert crds.problems(scaled) == []
+    assert [t["metadata"]["threshold"] for t in scaled["spec"]["triggers"]] == ["67.2", "4.2"]
     service, monitor = written(tmp_path, "metrics-service.yaml"), written(tmp_path, "servicemonitor.yaml")
     assert monitor["spec"]["selector"]["matchLabels"] == service["metadata"]["labels"]
     assert service["spec"]["ports"][0] == {"name": "metrics", "port": 8080, "targetPort": 8080, "protocol": "TCP"}
     deploy = (tmp_path / "DEPLOY.md").read_text()
-    assert "ceil(mean queue depth 2.3), at least 1, of capacity.json (resnet18 on tsctl" in deploy
+    assert (
+        "| threshold (ts_requests_in_flight per replica) | 4.2 | 70% (Knative's target utilisation) x the "
+        "operating point 6 |" in deploy
+    )
     assert "kubectl apply -n default -f metrics-service.yaml" in deploy
 
 
@@ -288,12 +294,7 @@ def test_the_schemas_catch_what_the_cluster_would_refuse():
             "--min-replicas 5 is above --max-replicas 3",
         ),
         ({"autoscale": "hpa", "min_replicas": 0}, None, "--autoscale hpa keeps at least 1 replica"),
-        ({"autoscale": "keda"}, None, "ts_queue_size gauge, which TorchServe does not export"),
-        (
-            {"autoscale": "keda", "engine": "tsctl", "image": IMAGE},
-            result(engine="torchserve", steps=[{**s, "queue_depth": None} for s in result()["steps"]]),
-            "torchserve exported no ts_queue_size while measured (steps[3] has no queue_depth)",
-        ),
+        ({"autoscale": "keda"}, None, "ts_requests_in_flight gauge, which TorchServe does not export"),
         ({"autoscale": "knative"}, result(model="bert"), "measured model 'bert', which is not in the config's"),
         ({"autoscale": "knative"}, "{not json", "not JSON"),
         ({"autoscale": "knative"}, result(format="tsctl-capacity/9"), "key 'format' must be 'tsctl-capacity/1'"),
@@ -310,6 +311,11 @@ def test_the_schemas_catch_what_the_cluster_would_refuse():
             "key 'model' must be a non-empty string",
         ),
         ({"autoscale": "hpa", "from_bench": None, "target": 4}, None, "the CPU target comes from a measured step"),
+        (
+            {"autoscale": "keda", "engine": "tsctl", "image": IMAGE, "from_bench": None, "target": 4},
+            None,
+            "the answer-rate threshold comes from a measured step",
+        ),
         ({"autoscale": None}, None, "--from-bench sizes the autoscaling: add --autoscale"),
         ({"autoscale": "knative", "scale_down_delay": "2d"}, None, "must look like 300s, 5m or 1h"),
         ({"autoscale": "knative", "from_bench": "missing.json"}, None, "cannot read it"),
@@ -323,6 +329,30 @@ def test_bad_values_are_one_line_refusals_and_leave_nothing(project, tmp_path, c
         kserve.export(options(project, out, **{"from_bench": str(bench), **changes}))
     assert words in str(refused.value) and "\n" not in str(refused.value)
     assert not out.exists()
+
+
+def test_keda_refuses_a_metrics_config_without_the_answer_counter(project, tmp_path):
+    """The rate trigger reads ts_inference_requests_total, which the engine exports only as the config's
+    metrics_config declares: one without it is refused in one line; TorchServe's own metrics.yaml passes."""
+    import ts
+
+    config = tmp_path / "config" / "config.properties"
+    config.parent.mkdir()
+    text = (project / "config" / "config.properties").read_text()
+    (config.parent / "metrics.yaml").write_text("ts_metrics:\n  counter:\n    - name: Requests2XX\n      unit: Count\n")
+    config.write_text(text + "metrics_config=metrics.yaml\n")
+    keda = dict(autoscale="keda", engine="tsctl", image=IMAGE, config=str(config))
+    with pytest.raises(UserError) as refused:
+        kserve.export(options(project, tmp_path / "out", **keda))
+    assert (
+        "metrics_config metrics.yaml does not declare ts_inference_requests_total under ts_metrics"
+        in str(refused.value)
+        and not (tmp_path / "out").exists()
+    )
+    theirs = Path(ts.__file__).parent / "configs" / "metrics.yaml"
+    config.write_text(text + f"metrics_config={theirs}\n")
+    kserve.export(options(project, tmp_path / "out", **keda))
+    assert len(written(tmp_path / "out", "inferenceservice.yaml")["spec"]["predictor"]["autoScaling"]["metrics"]) == 2
 
 
 def test_the_command_line(project, tmp_path):
