@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 UV := $(PYTHON) -m uv
 SAMPLE := samples/build/resnet18
 
-.PHONY: venv runtimes demo test matrix image-test fuzz bench clean
+.PHONY: venv runtimes demo test matrix matrix-tools image-test fuzz bench clean
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml uv.lock
@@ -44,8 +44,20 @@ runtimes: venv
 # Also the KServe engine: every handler kind on both engines, its predictor image recipe (a fresh venv
 # serving the export), and the served hostile suite on it; golden answers verified against servers and on
 # start (TorchServe, the KServe engine, a transformer); ONNX archives served next to their originals.
-matrix: venv runtimes
+matrix: venv runtimes matrix-tools
 	$(BIN)/python -m pytest -m matrix
+
+# Debian's nginx and Prometheus, for the autoscaling checks (real replicas behind nginx, the KEDA queries run
+# by Prometheus): installed with apt-get where make runs as root on Debian; elsewhere their tests say why
+# they skip.
+matrix-tools:
+	@if [ -x /usr/sbin/nginx ] && [ -x /usr/bin/prometheus ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "matrix: installing nginx-light and prometheus (apt-get)"; \
+	  apt-get install -y -q nginx-light prometheus >/dev/null || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q nginx-light prometheus >/dev/null; } || \
+	  echo "matrix: apt-get could not install nginx-light prometheus: their tests skip"; \
+	else echo "matrix: no nginx or prometheus (apt-get install -y nginx-light prometheus): their tests skip"; fi
 
 # The tsctl engine's KServe runtime image, built and run for real: docs/kserve.md's blocks (a Debian bookworm
 # root made with debootstrap as the base, podman build, the container run with the runtime's arguments and
