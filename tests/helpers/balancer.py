@@ -6,17 +6,16 @@ against what can run on one machine: k tsctl engine replicas, each in a cgroup C
 
 import os
 import shutil
-import signal
 import subprocess
-import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import List, Sequence
 
 from archiver import engines
 from archiver.cgroup_limits import Limits
-from archiver.server import free_port, request
+from archiver.server import free_port
 
+from .detached import detached
 from .paths import short_tmp
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
@@ -68,35 +67,9 @@ def nginx(upstreams: Sequence[str], timeout: float = 10):
     servers = "\n".join(f"        server {u} max_fails=0;" for u in upstreams)
     conf = root / "nginx.conf"
     conf.write_text(CONFIG.format(root=root, servers=servers, port=port))
-    log = (root / "stderr.log").open("wb")
-    process = subprocess.Popen(
-        [NGINX, "-p", str(root), "-e", str(root / "error.log"), "-c", str(conf)],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if request(f"http://127.0.0.1:{port}/ping", timeout=2)[0] == 200:
-                    break
-            except OSError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"nginx did not start: {(root / 'error.log').read_text(errors='replace')[-2000:]}")
-            time.sleep(0.1)
+    argv = [NGINX, "-p", str(root), "-e", str(root / "error.log"), "-c", str(conf)]
+    with detached(argv, root, f"http://127.0.0.1:{port}/ping", "nginx", "error.log", timeout):
         yield f"http://127.0.0.1:{port}"
-    finally:
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
-        log.close()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @contextmanager

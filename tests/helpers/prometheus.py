@@ -5,9 +5,6 @@ on a free port with its config and storage in a temp directory; and a query thro
 
 import os
 import shutil
-import signal
-import subprocess
-import time
 import urllib.parse
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,6 +14,7 @@ import yaml
 
 from archiver.server import free_port, request
 
+from .detached import detached
 from .paths import short_tmp
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -36,37 +34,10 @@ def prometheus(targets: Dict[str, Dict[str, str]], interval: str = "1s", timeout
     scrape = {"job_name": "pods", "scrape_interval": interval, "metrics_path": "/metrics", "static_configs": groups}
     config = root / "prometheus.yml"
     config.write_text(yaml.safe_dump({"global": {"scrape_interval": interval}, "scrape_configs": [scrape]}))
-    log = (root / "prometheus.log").open("wb")
-    process = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={root / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if request(f"{url}/-/ready", timeout=2)[0] == 200:
-                    break
-            except OSError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"prometheus did not start: {(root / 'prometheus.log').read_text()[-2000:]}")
-            time.sleep(0.2)
-        yield url
-    finally:
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
-        log.close()
-        shutil.rmtree(root, ignore_errors=True)
+    argv = [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={root / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}"]  # fmt: skip
+    with detached(argv, root, f"http://127.0.0.1:{port}/-/ready", "prometheus", "output.log", timeout):
+        yield f"http://127.0.0.1:{port}"
 
 
 def query(url: str, promql: str) -> Optional[float]:
