@@ -341,21 +341,16 @@ def rate_query(options: ExportOptions, model: str) -> str:
     return f"sum(rate({ANSWERS}{_selector(options, model)}[{RATE_WINDOW}]))"
 
 
-def check_metrics_config(properties: Dict[str, str], config_path: Path):
+def check_metrics_config(metrics: Optional[bytes], where: str):
     """KEDA's rate trigger reads ts_inference_requests_total, which the engine exports only if the workers'
-    metrics.yaml (``metrics_config``, else TorchServe's own, which has it) declares it in ``ts_metrics``."""
+    metrics.yaml (the config's ``metrics_config``, ``metrics`` here; None: TorchServe's own, which has it)
+    declares it in ``ts_metrics``."""
     import yaml
 
-    given = properties.get("metrics_config")
-    if not given:
+    if metrics is None:
         return
-    path = Path(given) if Path(given).is_absolute() else config_path.parent / given
-    where = f"{config_path}: metrics_config {given}"
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError, UnicodeDecodeError) as error:
-        raise UserError(f"{where} cannot be read ({type(error).__name__}): fix the path, or drop the key") from None
-    groups = (doc or {}).get("ts_metrics") if isinstance(doc, dict) else None
+    doc = yaml.safe_load(metrics)
+    groups = doc.get("ts_metrics") if isinstance(doc, dict) else None
     names = {m.get("name") for group in (groups or {}).values() if isinstance(group, list) for m in group
              if isinstance(m, dict)}  # fmt: skip
     if ANSWERS not in names:

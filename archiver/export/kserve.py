@@ -1,6 +1,7 @@
 """``tsctl export kserve``: the tree to copy onto a PVC, and the manifests that serve it.
 
     OUT/config/config.properties     the config, checked for what KServe trips on; per-model install on
+    OUT/config/metrics.yaml          the workers' metrics.yaml its metrics_config names, which then names this copy
     OUT/model-store/*.mar            every archive the snapshot names
     OUT/inferenceservice.yaml        v1beta1, modelFormat pytorch, storageUri, protocol, resources
     OUT/inferenceservice-shadow.yaml with --canary: the rollout's steps, gated by tsctl shadow (kserve_canary.py)
@@ -38,7 +39,7 @@ import yaml
 from ..choices import KSERVE_PROTOCOLS
 from ..errors import UserError
 from ..mar import handler_record, model_config, read_manifest, rewrite_archive
-from ..properties import check_keys, check_store, read_properties, render, snapshot_of
+from ..properties import check_keys, check_store, metrics_yaml, read_properties, render, snapshot_of
 from . import autoscale, core, crds, kserve_canary, kube, out_dir, targets
 from .bodies import Served, input_of, sample_inputs
 from .kserve_deploy import curl_lines, deploy_md, predict_path
@@ -47,6 +48,8 @@ from .options import ExportOptions
 NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 PVC_URI = re.compile(r"^pvc://([a-z0-9]([-a-z0-9.]*[a-z0-9])?)(/[^\s]*)?$")
 PATH_SEGMENT = re.compile(r"^[A-Za-z0-9_.-]+$")  # a segment of the path inside the claim (storage_path)
+MOUNT = "/mnt/models"  # where KServe mounts the storage URI in the predictor's pod
+METRICS_FILE = "metrics.yaml"  # the config's metrics_config, copied beside it into OUT/config
 
 
 @dataclass
@@ -77,9 +80,10 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     notes += memory_notes(options, snapshot)
     check_split(options, snapshot)
     transformer_archive = check_transformer(options, snapshot)
+    metrics = carried_metrics(properties, config_path)
     plan = autoscale.check(options, snapshot, target, notes)
     if plan is not None and plan.mode == "keda":
-        autoscale.check_metrics_config(properties, config_path)
+        autoscale.check_metrics_config(metrics, f"metrics_config of {config_path}")
     locked = target.prepare(options, properties, archives, notes, scratch)
 
     manifests = target.manifests(options, resources(options))  # the runtime the InferenceService names first
@@ -104,6 +108,8 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     with out_dir.written_beside(Path(options.out)) as staging:
         properties["model_snapshot"] = json.dumps(snapshot, separators=(",", ":"))
         files = write_tree(staging, properties, archives, locked, config_header(target, config_path, properties))
+        if metrics is not None:
+            files += core.write_inputs(staging / "config", {METRICS_FILE: metrics})
         files += target.write_files(staging, options, archives)
         if transformer_archive is not None:
             (staging / "transformer").mkdir()
@@ -116,10 +122,23 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
         capacity = autoscale.capacity_copy(plan)
         if capacity is not None:
             files += core.write_inputs(staging, {autoscale.CAPACITY_FILE: capacity})
-        deploy = deploy_md(options, claim, sub_path, archives, curls, models, locked, plan)
+        config_files = ["config.properties"] + ([METRICS_FILE] if metrics is not None else [])
+        deploy = deploy_md(options, claim, sub_path, archives, curls, models, locked, plan, config_files)
         (staging / "DEPLOY.md").write_text(deploy, encoding="utf-8")
         files.append(staging / "DEPLOY.md")
     return Export(out_dir.moved(files, staging, Path(options.out)), notes, curls)
+
+
+def carried_metrics(properties: Dict[str, str], config: Path) -> Optional[bytes]:
+    """The workers' metrics.yaml the config names (``metrics_config``, read as TorchServe started here reads
+    it: ``properties.metrics_yaml``), to copy beside the exported config; the key then names the copy as the
+    pod sees it. None when the config names none (TorchServe's own is used)."""
+    given = properties.get("metrics_config")
+    if not given:
+        return None
+    path = metrics_yaml(given, f"metrics_config of {config}")
+    properties["metrics_config"] = f"{MOUNT}/config/{METRICS_FILE}"
+    return Path(path).read_bytes()
 
 
 def config_header(target: targets.Target, config: Path, properties: Dict[str, str]) -> List[str]:
@@ -129,6 +148,8 @@ def config_header(target: targets.Target, config: Path, properties: Dict[str, st
         f"# Written by tsctl export kserve for KServe (mounted at /mnt/models), served by {target.title}:",
         f"# the keys of {config.name} (--config), its model_snapshot checked against the model store.",
     ]
+    if properties.get("metrics_config"):
+        lines.append(f"# metrics_config: the file {config.name} named, copied beside this one as {METRICS_FILE}.")
     if properties.get("install_py_dep_per_model", "").lower() == "true":
         lines.append(
             "# install_py_dep_per_model=true: TorchServe installs each archive's requirements.txt, locked for the "

@@ -2,7 +2,7 @@
 directory DEPLOY.md is in (the export can be moved or copied anywhere)."""
 
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from . import autoscale, core, kserve_canary, targets
 from .bodies import Served, request_bodies
@@ -37,9 +37,11 @@ def deploy_md(
     models: List[Served],
     locked: Dict[Path, dict],
     plan: Optional[autoscale.Plan] = None,
+    config_files: Sequence[str] = ("config.properties",),
 ) -> str:
     """DEPLOY.md (templates/kserve.md); ``models``: the served models, their sample inputs chosen; ``plan``: the
-    autoscaling (--autoscale), its files applied in step 3 and its numbers in a section of their own."""
+    autoscaling (--autoscale), its files applied in step 3 and its numbers in a section of their own;
+    ``config_files``: what OUT/config holds, copied in step 2."""
     pod, ns = f"{options.name}-copy", f"-n {options.namespace}"
     root = f"/pvc/{sub_path}".rstrip("/")
     target = targets.named(options.engine)
@@ -60,7 +62,7 @@ def deploy_md(
         uid=core.COPY_POD_UID,
         pod=pod,
         folders=" ".join(folders),
-        copies=core.lines(copy_lines(options, archives, ns, pod, root)),
+        copies=core.lines(copy_lines(options, archives, ns, pod, root, config_files)),
         root=root,
         requirements=requirements_steps(options, locked),
         apply=core.lines(apply_lines(options, target, ns, plan)),
@@ -89,9 +91,10 @@ def needs(options: ExportOptions) -> str:
     return text
 
 
-def copy_lines(options: ExportOptions, archives: List[Path], ns: str, pod: str, root: str) -> List[str]:
-    """Step 2's kubectl cp of the config, each archive and the transformer's archive."""
-    copies = [f"kubectl cp {ns} config/config.properties {pod}:{root}/config/config.properties"]
+def copy_lines(options: ExportOptions, archives: List[Path], ns: str, pod: str, root: str,
+               config_files: Sequence[str]) -> List[str]:  # fmt: skip
+    """Step 2's kubectl cp of the config's files, each archive and the transformer's archive."""
+    copies = [f"kubectl cp {ns} config/{name} {pod}:{root}/config/{name}" for name in config_files]
     copies += [f"kubectl cp {ns} model-store/{a.name} {pod}:{root}/model-store/{a.name}" for a in archives]
     copies += [
         f"kubectl cp {ns} transformer/{a.name} {pod}:{root}/transformer/{a.name}" for a in transformer_archives(options)

@@ -331,21 +331,24 @@ def test_bad_values_are_one_line_refusals_and_leave_nothing(project, tmp_path, c
     assert not out.exists()
 
 
-def test_keda_refuses_a_metrics_config_without_the_answer_counter(project, tmp_path):
+def test_keda_refuses_a_metrics_config_without_the_answer_counter(project, tmp_path, monkeypatch):
     """The rate trigger reads ts_inference_requests_total, which the engine exports only as the config's
-    metrics_config declares: one without it is refused in one line; TorchServe's own metrics.yaml passes."""
+    metrics_config declares: one without it is refused in one line. TorchServe's own metrics.yaml passes and is
+    copied beside the exported config, the key naming the copy as the pod sees it, DEPLOY.md copying it too.
+    A relative metrics_config is read from the current directory, as TorchServe reads it."""
     import ts
 
+    monkeypatch.chdir(tmp_path)
     config = tmp_path / "config" / "config.properties"
     config.parent.mkdir()
     text = (project / "config" / "config.properties").read_text()
-    (config.parent / "metrics.yaml").write_text("ts_metrics:\n  counter:\n    - name: Requests2XX\n      unit: Count\n")
+    (tmp_path / "metrics.yaml").write_text("ts_metrics:\n  counter:\n    - name: Requests2XX\n      unit: Count\n")
     config.write_text(text + "metrics_config=metrics.yaml\n")
     keda = dict(autoscale="keda", engine="tsctl", image=IMAGE, config=str(config))
     with pytest.raises(UserError) as refused:
         kserve.export(options(project, tmp_path / "out", **keda))
     assert (
-        "metrics_config metrics.yaml does not declare ts_inference_requests_total under ts_metrics"
+        f"metrics_config of {config} does not declare ts_inference_requests_total under ts_metrics"
         in str(refused.value)
         and not (tmp_path / "out").exists()
     )
@@ -353,6 +356,13 @@ def test_keda_refuses_a_metrics_config_without_the_answer_counter(project, tmp_p
     config.write_text(text + f"metrics_config={theirs}\n")
     kserve.export(options(project, tmp_path / "out", **keda))
     assert len(written(tmp_path / "out", "inferenceservice.yaml")["spec"]["predictor"]["autoScaling"]["metrics"]) == 2
+    assert (tmp_path / "out" / "config" / "metrics.yaml").read_bytes() == theirs.read_bytes()
+    exported = (tmp_path / "out" / "config" / "config.properties").read_text()
+    assert "metrics_config=/mnt/models/config/metrics.yaml" in exported and str(theirs) not in exported
+    assert (
+        "kubectl cp -n default config/metrics.yaml vision-copy:/pvc/tsctl/config/metrics.yaml"
+        in (tmp_path / "out" / "DEPLOY.md").read_text()
+    )
 
 
 def test_the_command_line(project, tmp_path):
