@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Callable, Dict, List, Optional, Sequence
 
+from . import choices
+
 # ---- Knative's KPA: config/core/configmaps/autoscaler.yaml (defaults) and pkg/autoscaler -----------------
 KPA_TICK_S = 2.0  # pkg/autoscaler/scaling/multiscaler.go:36 tickInterval
 STABLE_WINDOW_S = 60.0  # autoscaler.yaml:105 stable-window
@@ -56,7 +58,7 @@ SCRAPE_S = 15.0  # the gauge KEDA's query reads: Prometheus' scrape interval (th
 RATE_WINDOW_S = 60.0  # the answer rate KEDA's query reads: rate(...[1m]) (archiver/export/autoscale.py)
 # ---- the engine and the measured start -----------------------------------------------------------------
 ENGINE_QUEUE = 100  # serving/ts_config.py job_queue_size default: requests waiting per model version
-COLD_START_S = 5.06  # BENCHMARKS.md "Cold start": the engine, forked workers, launch to READY (median)
+COLD_START_S = choices.ENGINE_COLD_START_S  # BENCHMARKS.md "Cold start": the engine, launch to READY
 SAMPLE_S = 1.0  # how often the simulator records the state (and Knative's metric is scraped: collector.go:37)
 WINDOW_S = 10.0  # the p99 reported over time: per window of this many seconds
 
@@ -556,6 +558,7 @@ def diurnal(one: float, low: float = 2, peak: float = 50, day_s: float = 7200):
 
 
 TRACES = {"ramp": ramp, "spike": spike, "diurnal": diurnal}
+assert tuple(TRACES) == choices.SIMULATED_TRACES
 
 
 def steady(doc: dict, replicas: int, clients: int, seconds: float = 120.0) -> dict:

@@ -33,6 +33,7 @@ for command in (
     serving.bench,
     checks.verify,
     checks.shadow,
+    checks.simulate,
     checks.run,
     checks.doctor,
     export.export,

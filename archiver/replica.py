@@ -230,12 +230,9 @@ def table(doc: dict) -> List[str]:
 
 def plot(doc: dict, path: str):
     """Throughput and p99 against concurrency, the knee and the p99 target marked, as a PNG."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise UserError("--plot needs matplotlib: pip install 'tsctl[bench]' (or uv sync --extra bench)") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from .plotting import pyplot, save
+
+    plt = pyplot()
 
     steps = doc["steps"]
     x = [s["concurrency"] for s in steps]
@@ -257,10 +254,4 @@ def plot(doc: dict, path: str):
     handles = [line for axis in (left, right) for line in axis.get_lines() if not line.get_label().startswith("_")]
     left.legend(handles, [line.get_label() for line in handles], loc="upper left", fontsize=8)
     left.set_title(headline(doc), fontsize=9)
-    figure.tight_layout()
-    try:
-        figure.savefig(path, dpi=100)
-    except OSError as exc:
-        raise UserError(f"--plot {path}: cannot write it ({exc.strerror})") from None
-    finally:
-        plt.close(figure)
+    save(figure, path, 100)

@@ -9,124 +9,69 @@ for each trace's peak), and replays three traces through archiver/autoscale_sim.
 replica's best throughput, a spike (5x to 30x for a minute), a day compressed into two hours (2x to 50x).
 Modes: Knative's KPA, the HPA on CPU, KEDA on the answer rate and ``ts_requests_in_flight`` (as exported),
 and beside them, not exported, KEDA on ``ts_requests_in_flight`` alone and on ``ts_queue_size`` (what the
-export wrote before). Plots in benchmarks/plots/, a BENCHMARKS.md
+export wrote before), with `tsctl simulate`'s functions (archiver/simulate.py). Plots in benchmarks/plots/, a BENCHMARKS.md
 section with the assumptions.
 """
-
-import math
 
 from common import PLOTS, ROOT, write_section
 
 from archiver import autoscale_sim as sim  # noqa: E402
-from archiver import capacity  # noqa: E402
+from archiver import simulate  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "resnet18-cpu0.4.json"
 MODES = ("knative", "hpa", "keda", "keda-in-flight", "keda-queue")
-COLORS = {
-    "knative": "tab:blue",
-    "hpa": "tab:green",
-    "keda": "tab:red",
-    "keda-in-flight": "tab:orange",
-    "keda-queue": "tab:gray",
-}
 SLOW_START_S = 60.0  # a replica that needs a node, or an image pull, before the engine's own start
-SETTLE_S = 600.0  # the first load before the trace: longer than every window (300 s) and delay
 
 
-def run_all(doc: dict, startup_s: float, traces=("ramp", "spike", "diurnal")) -> dict:
-    curve = sim.Curve(doc)
-    runs = {}
-    for name in traces:
-        rate = sim.TRACES[name](curve.best)
-        peak = max(rate(t) for t in range(int(rate.duration)))
-        most = sim.peak_replicas(doc, peak)
-        warm = sim.peak_replicas(doc, rate(0))  # the replicas the first load needs, ready at the start
-        for mode in MODES:
-            scaler = sim.scaler_for(doc, mode, most)
-            run = sim.simulate(curve, scaler, rate, rate.duration, startup_s=startup_s, initial=warm, settle_s=SETTLE_S)
-            runs[(name, mode)] = (run, rate, most)
-            print(name, mode, run.summary(curve), flush=True)
-    return runs
-
-
-def needed(doc: dict, rate, duration: float) -> float:
-    """Replica-seconds a perfect autoscaler spends: each second, the offered load over one replica's
-    throughput at the operating point (no start-up, no headroom)."""
-    per = sim.exported(doc, "knative", 1)["step_rps"]
-    return sum(math.ceil(rate(t) / per) for t in range(int(duration)))
+def run_all(doc: dict, startup_s: float, traces=simulate.TRACES) -> dict:
+    """``tsctl simulate``'s run with the variants beside the export's modes: rows by (trace, mode), the runs."""
+    done = simulate.run(doc, MODES, traces, start_s=startup_s, progress=print)
+    return {"rows": {(r["trace"], r["mode"]): r for r in done["result"]["rows"]}, "runs": done["runs"]}
 
 
 def plot(doc: dict, runs: dict, name: str) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    per = sim.exported(doc, "knative", 1)["step_rps"]
-    figure, (top, middle, bottom) = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
-    first = runs[(name, MODES[0])][0]
-    t = [r["t"] / 60 for r in first.rows]
-    top.plot(t, [math.ceil(r["offered_rps"] / per) for r in first.rows], color="gray", linestyle=":",
-             label="offered / one replica's rps")  # fmt: skip
-    for mode in MODES:
-        run = runs[(name, mode)][0]
-        top.plot(t, [r["replicas"] for r in run.rows], color=COLORS[mode], label=mode)
-        middle.plot([w / 60 for w, _ in run.p99_s], [p * 1000 for _, p in run.p99_s], color=COLORS[mode])
-        bottom.plot(t, [r["waiting"] for r in run.rows], color=COLORS[mode])
-    top.set_ylabel("replicas")
-    top.legend(fontsize=8, loc="upper left")
-    middle.set_ylabel("p99 per 10 s (ms)")
-    middle.set_yscale("log")
-    bottom.set_ylabel("requests waiting")
-    bottom.set_xlabel("minutes")
-    top.set_title(f"{name}: {doc['model']} at {doc['server']['cpu']:g} CPU per replica, simulated", fontsize=10)
-    figure.tight_layout()
     PLOTS.mkdir(parents=True, exist_ok=True)
     path = PLOTS / f"autoscale_{name}.png"
-    figure.savefig(path, dpi=90)
-    plt.close(figure)
+    simulate.plot(doc, runs["runs"], [name], MODES, str(path))
     return f"![{name}]({path.relative_to(ROOT)})"
 
 
-def table(doc: dict, runs: dict, traces) -> str:
-    curve = sim.Curve(doc)
+def table(runs: dict, traces) -> str:
     lines = [
         "| trace | mode | maxReplicas | requests | shed | p50 ms | p99 ms | most replicas | replica-hours (needed) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name in traces:
         for mode in MODES:
-            run, rate, most = runs[(name, mode)]
-            s = run.summary(curve)
-            hours = s["replica_seconds"] / 3600
+            r = runs["rows"][(name, mode)]
             lines.append(
-                f"| {name} | {mode} | {most} | {s['requests']:,} | {s['shed_percent']:.2f} % | {s['p50_ms']:.0f} | "
-                f"{s['p99_ms']:.0f} | {s['max_replicas']} | {hours:.1f} ({needed(doc, rate, rate.duration) / 3600:.1f}) |"
+                f"| {name} | {mode} | {r['max_replicas_allowed']} | {r['requests']:,} | {r['shed_percent']:.2f} % | "
+                f"{r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {r['max_replicas']} | {r['replica_hours']:.1f} "
+                f"({r['needed_replica_hours']:.1f}) |"
             )
     return "\n".join(lines)
 
 
 def main():
-    doc = capacity.load(DATA)
+    doc = simulate.load(str(DATA))
     numbers = {mode: sim.exported(doc, mode, 10) for mode in ("knative", "keda", "hpa")}
     runs = run_all(doc, sim.COLD_START_S)
     slow = run_all(doc, SLOW_START_S, traces=("spike",))
-    images = "\n\n".join(plot(doc, runs, name) for name in ("ramp", "spike", "diurnal"))
+    images = "\n\n".join(plot(doc, runs, name) for name in simulate.TRACES)
     write_section("AUTOSCALE-SIM", section(doc, numbers, runs, slow, images))
 
 
 def reading(doc: dict, runs: dict, slow: dict) -> str:
     """What the tables say, with this run's numbers."""
-    curve = sim.Curve(doc)
 
     def shed(table, trace, mode):
-        return table[(trace, mode)][0].summary(curve)["shed_percent"]
+        return table["rows"][(trace, mode)]["shed_percent"]
 
     knative = max(shed(runs, t, "knative") for t in ("ramp", "spike", "diurnal"))
     spike = ", ".join(f"{m} {shed(runs, 'spike', m):.1f} %" for m in MODES[1:])
     day = ", ".join(f"{m} {shed(runs, 'diurnal', m):.2f} %" for m in MODES)
     ramp = ", ".join(f"{m} {shed(runs, 'ramp', m):.2f} %" for m in MODES)
-    base = {m: runs[("spike", m)][0].rows[200]["replicas"] for m in ("keda", "keda-in-flight")}
+    base = {m: runs["runs"][("spike", m)][0].rows[200]["replicas"] for m in ("keda", "keda-in-flight")}
     slow_spike = ", ".join(f"{m} {shed(slow, 'spike', m):.1f} %" for m in MODES)
     return f"""Reading it:
 - **Knative sheds {knative:.2f} % at most with the engine's own start**: the activator and the queue-proxies hold what exceeds
@@ -166,15 +111,15 @@ measured curve: resnet18 on the tsctl engine at {doc["server"]["cpu"]:g} CPU (`b
 HPA CPU target {hpa["cpu"]}%. maxReplicas is `--peak-rps`'s for each trace's peak. Not exported, beside them:
 **keda-in-flight**, the in-flight trigger alone, and **keda-queue**, `sum(ts_queue_size)` with the mean queue at
 the operating point rounded up (at least 1) as the threshold, what the export wrote before.
-Each run starts with the replicas the first second's load needs at the operating point, ready, after {SETTLE_S:g} s of that load with the autoscaler running (its windows filled). Traces: **ramp** from 0.5x to 50x one replica's best over 10 minutes, held 5, down in 5; **spike** 5x, then 30x for
+Each run starts with the replicas the first second's load needs at the operating point, ready, after {simulate.SETTLE_S:g} s of that load with the autoscaler running (its windows filled). Traces: **ramp** from 0.5x to 50x one replica's best over 10 minutes, held 5, down in 5; **spike** 5x, then 30x for
 60 s, then 5x; **diurnal** a day in 2 hours, 2x at 4 am to 50x at 4 pm.
 
-{table(doc, runs, ("ramp", "spike", "diurnal"))}
+{table(runs, simulate.TRACES)}
 
 With replicas ready {SLOW_START_S:g} s after they are asked for (a new node or an image pull; above, the engine's own
 cold start, {sim.COLD_START_S} s):
 
-{table(doc, slow, ("spike",))}
+{table(slow, ("spike",))}
 
 {images}
 

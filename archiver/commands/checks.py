@@ -1,6 +1,7 @@
 """Commands that check an archive or this machine: ``verify`` (replay its golden answers, check its
 signature), ``shadow`` (a candidate server's answers against the current one's), ``run`` (its handler
-in-process on files) and ``doctor`` (what each engine needs)."""
+in-process on files), ``doctor`` (what each engine needs) and ``simulate`` (what an export's autoscaling
+would do with load, on a measured capacity)."""
 
 import sys
 from pathlib import Path
@@ -8,6 +9,7 @@ from typing import Optional
 
 import click
 
+from .. import choices
 from ..errors import ServerError, UserError
 from ..output import json_option, print_json
 from .common import Command, handler_errors, input_file, running_server
@@ -165,6 +167,58 @@ def shadow(
             click.echo(check.line(compared))
         click.echo(check.summary(report))
     sys.exit(0 if report.passed else 1)
+
+
+@click.command(cls=Command)
+@click.argument("result", type=click.Path())
+@click.option(
+    "--autoscale",
+    "modes",
+    multiple=True,
+    type=click.Choice(choices.AUTOSCALE_MODES),
+    help="The mode to simulate, as 'tsctl export kserve --autoscale MODE --from-bench RESULT' writes it; "
+    "repeat for several (default: all three).",
+)
+@click.option(
+    "--trace",
+    "traces",
+    multiple=True,
+    type=click.Choice(choices.SIMULATED_TRACES),
+    help="ramp (to --peak over 10 minutes, held 5, down in 5), spike (5x to --peak for a minute) or diurnal "
+    "(a day in 2 hours, 2x to --peak); repeat for several (default: all three).",
+)
+@click.option("--peak", type=float, help="The traces' peak, x one replica's best throughput (default 50, spike 30).")
+@click.option(
+    "--start-seconds",
+    type=float,
+    default=choices.ENGINE_COLD_START_S,
+    show_default=True,
+    help="How long a new replica takes to be ready (default: the tsctl engine's measured cold start; add your "
+    "cluster's scheduling and image pull).",
+)
+@click.option("--max-replicas", type=int, help="maxReplicas (default: what --peak-rps gives for the trace's peak).")
+@click.option("--plot", type=click.Path(), help="Replicas, p99 and requests waiting over time, as a PNG.")
+@json_option
+def simulate(result, modes, traces, peak, start_seconds, max_replicas, plot, as_json):
+    """What an export's autoscaling would do with load, simulated on RESULT (tsctl bench --capacity --out)."""
+    from .. import simulate as simulation
+    from ..output import Progress
+
+    for flag, value in (("--peak", peak), ("--start-seconds", start_seconds)):
+        if value is not None and value != value:
+            raise UserError(f"{flag} must be a number, e.g. {flag} 30")
+    if plot is not None and not Path(plot).resolve().parent.is_dir():
+        raise UserError(f"--plot {plot}: its directory does not exist")
+    doc = simulation.load(result)
+    modes, traces = list(modes or choices.AUTOSCALE_MODES), list(traces or choices.SIMULATED_TRACES)
+    done = simulation.run(doc, modes, traces, peak, start_seconds, max_replicas, Progress.for_command(as_json))
+    if plot:
+        simulation.plot(doc, done["runs"], traces, modes, plot)
+    if as_json:
+        print_json(done["result"])
+    else:
+        for line in simulation.table(done["result"]):
+            click.echo(line)
 
 
 def verified_signature(archive, shown: str, public_key, expect_name, expect_version, as_json) -> Optional[dict]:

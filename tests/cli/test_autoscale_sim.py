@@ -203,6 +203,56 @@ def test_quantiles_of_one_concurrency_are_its_measured_latencies():
     assert math.isnan(sim.quantiles(curve, [], (0.99,))[0])
 
 
+def test_the_simulate_command_on_a_measured_curve(tmp_path):
+    """``tsctl simulate RESULT --trace spike``: each mode's row, the same load offered to each, Knative's
+    buffers shedding nothing where Standard mode sheds; --json, --plot; a later start sheds more."""
+    import json
+
+    from click.testing import CliRunner
+
+    from archiver.cli import main
+
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(result()))
+    args = ["simulate", str(path), "--trace", "spike", "--peak", "12"]
+    done = CliRunner().invoke(main, args + ["--json", "--plot", str(tmp_path / "spike.png")])
+    assert done.exit_code == 0, done.output
+    rows = {r["mode"]: r for r in json.loads(done.output)["rows"]}
+    assert list(rows) == ["knative", "keda", "hpa"] and len({r["requests"] for r in rows.values()}) == 1
+    assert rows["knative"]["shed"] == 0 and rows["hpa"]["shed"] > 0
+    assert rows["hpa"]["max_replicas_allowed"] == math.ceil(12 * 16.7 / 14.6)  # --peak-rps's for the peak
+    assert (tmp_path / "spike.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    slow = CliRunner().invoke(main, args + ["--json", "--start-seconds", "60", "--autoscale", "hpa"])
+    assert json.loads(slow.output)["rows"][0]["shed"] > rows["hpa"]["shed"]
+    text = CliRunner().invoke(main, args + ["--autoscale", "keda"])
+    assert text.exit_code == 0 and "replicas ready 5.06 s after" in text.output and "spike    keda" in text.output
+
+
+@pytest.mark.parametrize(
+    "extra, data, words",
+    [
+        ([], result(ROWS[:1]) | {"knee": None}, "has no knee (no step answered every request)"),
+        ([], "{not json", "not JSON"),
+        (["--peak", "0"], None, "--peak 0 must be above 0 and at most 1000"),
+        (["--peak", "inf"], None, "--peak inf must be above 0 and at most 1000"),
+        (["--start-seconds", "-1"], None, "--start-seconds -1 must be from 0 to 3600"),
+        (["--max-replicas", "0"], None, "--max-replicas 0 must be from 1 to 10000"),
+        (["--plot", "/nonexistent/x.png"], None, "--plot /nonexistent/x.png: its directory does not exist"),
+    ],
+)
+def test_the_simulate_command_refuses_in_one_line(tmp_path, extra, data, words):
+    import json
+
+    from click.testing import CliRunner
+
+    from archiver.cli import main
+
+    path = tmp_path / "result.json"
+    path.write_text(data if isinstance(data, str) else json.dumps(data or result()))
+    done = CliRunner().invoke(main, ["simulate", str(path), "--trace", "spike", *extra])
+    assert done.exit_code == 2 and words in done.output and len(done.output.strip().splitlines()) == 1, done.output
+
+
 @pytest.mark.matrix  # 97 s: the sweep, the replicas' starts and 2 load steps of 10 s through nginx
 def test_two_real_replicas_behind_nginx_do_what_the_simulator_predicts(tmp_path):
     from archiver.cgroup_limits import Limits

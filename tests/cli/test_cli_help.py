@@ -19,6 +19,8 @@ JSON_COMMANDS = {
     "run",
     "verify",
     "bench",
+    "shadow",
+    "simulate",
     "doctor",
     "export kserve",
     "export seldon",
