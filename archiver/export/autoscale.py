@@ -555,12 +555,24 @@ def deploy_section(plan: Optional[Plan], options: ExportOptions, ns: str) -> str
         name=options.name,
         rows=core.lines(rows),
         capacity=CAPACITY_FILE if plan.capacity else "no result file (--target by hand)",
+        simulate=simulate_line(plan),
         check=check_lines[plan.mode],
         monitor=f"kubectl get {monitor} {ns} {options.name}-predictor",
         rate_query=plan.queries.get("rps", ""),
         load_query=plan.queries.get("in_flight", ""),
         prometheus=options.prometheus_url,
         min_replicas=plan.min_replicas,
+    )
+
+
+def simulate_line(plan: Plan) -> str:
+    """DEPLOY.md's pointer to ``tsctl simulate`` on the result copied beside it (none without a result)."""
+    if plan.capacity is None:
+        return ""
+    return (
+        f"What these numbers do under a ramp, a spike and a day of load, before a cluster sees them: "
+        f"`tsctl simulate {CAPACITY_FILE} --autoscale {plan.mode}` here, with `--start-seconds` set to how long "
+        "a new pod takes to be ready on your cluster (docs/kserve.md, \"Before a cluster sees them\").\n\n"
     )
 
 
