@@ -239,7 +239,18 @@ def test_keda_scales_on_the_answer_rate_and_requests_in_flight(project, tmp_path
         "| threshold (ts_requests_in_flight per replica) | 4.2 | 70% (Knative's target utilisation) x the "
         "operating point 6 |" in deploy
     )
+    assert (
+        "| threshold (rate of ts_inference_requests_total per replica) | 67.2 | 70% (Knative's target "
+        "utilisation) x the throughput of capacity.json (resnet18 on tsctl" in deploy
+    )
+    assert f"sum(rate(ts_inference_requests_total{pods}[1m]))" in deploy
+    assert f"sum(ts_requests_in_flight{pods})" in deploy
     assert "kubectl apply -n default -f metrics-service.yaml" in deploy
+    # DEPLOY.md's pointer: tsctl simulate on the result copied beside it
+    assert "`tsctl simulate capacity.json --autoscale keda` here" in deploy
+    args = ["simulate", str(tmp_path / "capacity.json"), "--autoscale", "keda", "--trace", "spike", "--json"]
+    done = CliRunner().invoke(main, args)
+    assert done.exit_code == 0 and json.loads(done.output)["rows"][0]["mode"] == "keda", done.output
 
 
 def test_hpa_on_cpu_with_behavior(project, tmp_path):
