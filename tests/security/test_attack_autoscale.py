@@ -77,3 +77,55 @@ def test_a_result_file_that_never_ends_is_refused_unread(tmp_path):
     text = refused(lambda: capacity.load(path))
     assert str(path) in text
 
+
+def test_a_result_file_that_measured_no_throughput_sizes_nothing(tmp_path):
+    """Every step 0 req/s yet 'answered': no number can be derived from it (a KEDA threshold of 0.01 was)."""
+    doc = result()
+    for step in doc["steps"]:
+        step["throughput_rps"] = 0.0
+    doc["knee"] = {"concurrency": 1, "throughput_rps": 0.0, "p99_ms": 60.0}
+    for mode in ("knative", "keda", "hpa"):
+        text = refused(lambda: plan(tmp_path, doc, autoscale=mode))
+        assert "--from-bench" in text and "throughput" in text
+
+
+def test_numbers_beyond_int32_are_refused_naming_their_source(tmp_path):
+    """A 1e300 rps measurement, --max-replicas 3e9, --peak-rps 1e300: KServe's fields are int32, its webhook
+    cannot decode more (the schema check let them through)."""
+    doc = result()
+    for step in doc["steps"]:
+        step["throughput_rps"] = 1e300
+    doc["knee"]["throughput_rps"] = 1e300
+    assert "--from-bench" in refused(lambda: plan(tmp_path, doc, scale_metric="rps"))
+    assert "--max-replicas" in refused(lambda: plan(tmp_path, max_replicas=3_000_000_000))
+    assert "--peak-rps" in refused(lambda: plan(tmp_path, peak_rps=1e300))
+
+
+@pytest.mark.parametrize("peak", [math.nan, math.inf, -math.inf])
+def test_peak_rps_not_finite_is_one_line(tmp_path, peak):
+    assert "--peak-rps" in refused(lambda: plan(tmp_path, peak_rps=peak))
+
+
+def test_the_schema_check_knows_int32():
+    isvc = {
+        "apiVersion": "serving.kserve.io/v1beta1",
+        "kind": "InferenceService",
+        "metadata": {"name": "vision", "namespace": "default"},
+        "spec": {"predictor": {"model": {"modelFormat": {"name": "pytorch"}}, "maxReplicas": 2**31}},
+    }
+    assert any("maxReplicas" in line for line in crds.problems(isvc))
+    isvc["spec"]["predictor"]["maxReplicas"] = 2**31 - 1
+    assert crds.problems(isvc) == []
+
+
+def test_knative_refuses_a_concurrency_above_its_max_limit(tmp_path):
+    """Knative's webhook refuses containerConcurrency above config-defaults' container-concurrency-max-limit
+    (1000 by default); a sweep with --max-concurrency 2048 can put the knee there."""
+    doc = result()
+    doc["steps"].append(dict(doc["steps"][-1], concurrency=2048, throughput_rps=500.0))
+    doc["knee"] = {"concurrency": 2048, "throughput_rps": 500.0, "p99_ms": 900.0}
+    text = refused(lambda: plan(tmp_path, doc))
+    assert "1000" in text and "--target" in text
+    assert plan(tmp_path, doc, target=1000).numbers["containerConcurrency"] == 1000
+
+
