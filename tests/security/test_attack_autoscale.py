@@ -129,3 +129,18 @@ def test_knative_refuses_a_concurrency_above_its_max_limit(tmp_path):
     assert plan(tmp_path, doc, target=1000).numbers["containerConcurrency"] == 1000
 
 
+# ---- the model name in KEDA's PromQL ----------------------------------------------------------------------
+def test_a_snapshot_model_name_that_would_inject_promql_is_refused(tmp_path):
+    """An archive named 'r18"}) or vector(1000) or sum(x{a="' (hand-made: tsctl package refuses the name) in a
+    snapshot of the same key: its query asked KEDA for 1000 replicas' worth of load, always."""
+    name = 'r18"}) or vector(1000) or sum(x{a="'
+    store = tmp_path / "store"
+    store.mkdir()
+    with zipfile.ZipFile(store / "r18.mar", "w") as archive:
+        manifest = {"model": {"modelName": name, "handler": "h.py", "modelVersion": "1.0"}}
+        archive.writestr("MAR-INF/MANIFEST.json", json.dumps(manifest))
+    snapshot = {"models": {name: {"1.0": {"marName": "r18.mar", "minWorkers": 1}}}}
+    text = refused(lambda: kserve.check_models(snapshot, store, []))
+    assert "model_snapshot" in text
+
+
