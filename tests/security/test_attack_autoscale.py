@@ -144,3 +144,52 @@ def test_a_snapshot_model_name_that_would_inject_promql_is_refused(tmp_path):
     assert "model_snapshot" in text
 
 
+# ---- tsctl shadow against hostile servers -----------------------------------------------------------------
+def answering(status: int, body: bytes, kind: str = "application/json"):
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    return Handler
+
+
+@pytest.fixture(scope="module")
+def shadowed(tmp_path_factory):
+    """An archive (a bare manifest: shadow reads its name) and a recorded sample of two request bodies."""
+    root = tmp_path_factory.mktemp("shadow")
+    with zipfile.ZipFile(root / "tensor.mar", "w") as archive:
+        manifest = {"model": {"modelName": "tensor", "handler": "h.py", "modelVersion": "1.0"}}
+        archive.writestr("MAR-INF/MANIFEST.json", json.dumps(manifest))
+    (root / "sample").mkdir()
+    for index in range(2):
+        (root / "sample" / f"r{index}.json").write_text(json.dumps([[index, 1, 2, 3]]))
+    return root
+
+
+def shadow(root, current, candidate):
+    with stand_in_http(current) as a, stand_in_http(candidate) as b:
+        args = ["shadow", root / "tensor.mar", "--current", a, "--candidate", b, "--inputs", root / "sample"]
+        return CliRunner().invoke(main, [str(arg) for arg in args + ["--timeout", "5"]])
+
+
+@pytest.mark.parametrize("status", [503, 302])
+def test_shadow_does_not_pass_when_neither_server_answered(shadowed, status):
+    """Both sides fail every input the same way: nothing was compared, so the gate cannot pass."""
+    failing = answering(status, b'{"code": 503, "message": "Model tensor has no worker to serve inference"}')
+    result = shadow(shadowed, failing, failing)
+    assert result.exit_code == 1, result.output
+    assert "FAIL" in result.output
+
+
+def test_shadow_tells_apart_answers_that_are_not_utf8(shadowed):
+    """Two different non-UTF-8 bodies were read as the same replacement characters and agreed."""
+    result = shadow(shadowed, answering(200, b"\xff\xfe", "application/octet-stream"),
+                    answering(200, b"\xff\xfd", "application/octet-stream"))  # fmt: skip
+    assert result.exit_code == 1, result.output
+    same = shadow(shadowed, answering(200, b"\xff\xfe"), answering(200, b"\xff\xfe"))
+    assert same.exit_code == 0, same.output
