@@ -193,3 +193,24 @@ def test_shadow_tells_apart_answers_that_are_not_utf8(shadowed):
     assert result.exit_code == 1, result.output
     same = shadow(shadowed, answering(200, b"\xff\xfe"), answering(200, b"\xff\xfe"))
     assert same.exit_code == 0, same.output
+
+
+# ---- bench --capacity --cpu -------------------------------------------------------------------------------
+def test_a_cpu_quota_below_the_kernels_minimum_is_raised_as_the_kubelet_does_not_dropped():
+    """--cpu 0.001 (Kubernetes' 1m) is a 100 us quota, below the kernel's 1 ms minimum: the write failed and the
+    server ran with no limit at all (memory included), the result saying only 'no cgroup could be made here'.
+    The kubelet raises such a quota to 1 ms (MinQuotaPeriod); a quota the kernel refuses above is one line."""
+    from archiver.cgroup_limits import Limits
+
+    limits = Limits.make(0.001, None)
+    try:
+        if limits.kind is None and "Invalid argument" not in (limits.reason or ""):
+            pytest.skip(f"no cgroup here: {limits.reason}")
+        assert limits.kind is not None, limits.reason
+        name = "cpu.max" if limits.kind == "cgroup v2" else "cpu.cfs_quota_us"
+        quota = [group / name for group, _ in limits.groups]
+        assert quota[0].read_text().split()[0] == "1000"
+        assert limits.cpu == 0.01 and "0.01 CPU" in limits.describe()
+    finally:
+        limits.release()
+    assert "--cpu" in refused(lambda: Limits.make(1e9, None))
