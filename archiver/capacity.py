@@ -32,6 +32,7 @@ KNEE_SHARE = 0.95  # the knee: the first concurrency reaching 95% of the best th
 P99_STOP = 2  # a p99 past twice the target ends the sweep
 SAMPLE_SECONDS = 0.1  # how often the queue-depth gauge is read during a step
 QUEUE_GAUGE = "ts_queue_size"
+MAX_BYTES = 16 << 20  # a result file's size at most: 256 steps are under 200 KiB
 
 
 def concurrencies(largest: int) -> List[int]:
@@ -277,11 +278,18 @@ def load(path) -> dict:
     """A capacity result file, checked: its format, and each key other code reads with the type it must
     have; a UserError naming the file and the first key that is wrong."""
     try:
-        doc = json.loads(Path(path).read_text())
+        with open(path, "rb") as file:
+            raw = file.read(MAX_BYTES + 1)
     except OSError as exc:
         raise UserError(f"{path}: cannot read it ({exc.strerror})") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: not JSON ({exc}): give a file 'tsctl bench --capacity --out' wrote") from None
+    if len(raw) > MAX_BYTES:
+        raise UserError(f"{path}: larger than {MAX_BYTES >> 20} MiB, no result file is: give the file "
+                        "'tsctl bench --capacity --out' wrote")  # fmt: skip
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError; RecursionError: nesting
+        reason = "nested too deep" if isinstance(exc, RecursionError) else str(exc)
+        raise UserError(f"{path}: not JSON ({reason}): give a file 'tsctl bench --capacity --out' wrote") from None
 
     def bad(key: str, what: str):
         return UserError(f"{path}: key {key!r} must be {what}")

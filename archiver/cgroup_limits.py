@@ -13,6 +13,7 @@ and workers, MLServer's workers) is born inside, and the block's end moves this 
 the load generator is not limited. ``release()`` removes the groups once the server has stopped.
 """
 
+import errno
 import os
 import re
 import time
@@ -25,6 +26,7 @@ from .errors import UserError
 
 ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000  # the CFS period a quota is a share of (Kubernetes' and Docker's default)
+MIN_QUOTA_US = 1_000  # the kernel's smallest quota; the kubelet raises a smaller one to it (MinQuotaPeriod)
 UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?\s*$", re.IGNORECASE)
 
@@ -66,6 +68,8 @@ class Limits:
 
     @classmethod
     def make(cls, cpu: Optional[float], memory: Optional[int]) -> "Limits":
+        if cpu is not None and cpu * PERIOD_US < MIN_QUOTA_US:  # --cpu 1m, as the kubelet writes it: 0.01
+            cpu = MIN_QUOTA_US / PERIOD_US
         limits = cls(cpu, memory)
         if cpu is None and memory is None:
             return limits
@@ -79,6 +83,10 @@ class Limits:
             limits.kind = "cgroup v2" if unified else "cgroup v1"
         except OSError as exc:
             limits.release()
+            if exc.errno == errno.EINVAL:  # the hierarchy is there, the kernel refuses the value
+                given = [f"--cpu {cpu:g}" if cpu is not None else "", f"--memory {memory}" if memory else ""]
+                raise UserError(f"{' '.join(filter(None, given))}: the kernel refuses it as a cgroup limit: give the "
+                                "pod's own limits") from None  # fmt: skip
             limits.groups, limits.cpu, limits.memory = [], None, None
             limits.reason = f"no cgroup could be made here ({exc.strerror or exc})"
         return limits

@@ -370,7 +370,7 @@ def unauthorized(url: str, results, had_token: bool) -> Optional[str]:
 
 
 def served(
-    url: str, protocol: str, model: str, kind: Optional[str], case: dict, timeout: float, headers: dict
+    url: str, protocol: str, model: str, kind: Optional[str], case: dict, timeout: float, headers: dict, binary=False
 ) -> Tuple[int, Any]:
     """Send one golden request the way ``protocol`` carries it; (status, the answer for it). ``kind``:
     what the archive's toolkit handler reads (its record's ``input``; None: not a toolkit handler).
@@ -379,14 +379,15 @@ def served(
     handlers/kserve_client.py. Over v2 a handler that is not the toolkit's gets the file as ``tsctl
     predict --content-type`` sends it (``MLServerRuntime.request_body``): one BYTES element with the
     recorded type as its ``content_type``, so that MLServer hands it what TorchServe's worker gave it
-    when the answer was recorded. Answers are read by handlers/kserve_client.py."""
+    when the answer was recorded. Answers are read by handlers/kserve_client.py; one that is not UTF-8
+    comes back as its bytes with ``binary`` (else as text, the bytes it cannot decode replaced)."""
     from handlers import protocol as wire
 
     from .server import request
 
     data, content = answers.body(case), case["content_type"]
     if protocol == "ts":
-        return request(f"{url}/predictions/{model}", data, "POST", {**typed(content), **headers}, timeout)
+        return request(f"{url}/predictions/{model}", data, "POST", {**typed(content), **headers}, timeout, binary)
     path = f"/v1/models/{model}:predict" if protocol == "v1" else f"/v2/models/{model}/infer"
     if protocol == "v2" and kind is None:
         from .engines import ENGINES
@@ -394,12 +395,12 @@ def served(
         body, sent = ENGINES["mlserver"].request_body(data, content, as_request=False)
         kinds = {"Content-Type": sent}
     elif content == wire.JSON_TYPE:  # a whole request body (KServe v1/v2 shapes included): sent as it is
-        return request(url + path, data, "POST", {"Content-Type": content, **headers}, timeout)
+        return request(url + path, data, "POST", {"Content-Type": content, **headers}, timeout, binary)
     else:
         item = data.decode("utf-8") if kind == "text" else base64.b64encode(data).decode()
         body, kinds = wire.encode_request([item], protocol)
-    status, answer = request(url + path, body, "POST", {**kinds, **headers}, timeout)
-    if status != 200:
+    status, answer = request(url + path, body, "POST", {**kinds, **headers}, timeout, binary)
+    if status != 200 or isinstance(answer, bytes):
         return status, answer
     try:
         found = wire.decode_answers(answer)

@@ -163,7 +163,7 @@ def shadow(
     found = {side.role: answers_of(side, cases, kind, timeout, progress) for side in (current, candidate)}
     report = Report(current.where, candidate.where, atol, allowed, str(max_disagree))
     for case, now, then in zip(cases, found["current"], found["candidate"]):
-        report.inputs.append(compare(case["name"], now, then, atol))
+        report.inputs.append(compare(case["name"], now, then, atol, case["status"]))
     return report
 
 
@@ -174,7 +174,7 @@ def answers_of(side: Side, cases: List[dict], kind, timeout: float, progress) ->
     results = []
     for number, case in enumerate(cases, 1):
         try:
-            results.append(golden.served(side.url, side.protocol, side.model, kind, case, timeout, side.headers))
+            results.append(golden.served(side.url, side.protocol, side.model, kind, case, timeout, side.headers, True))
         except OSError as exc:
             raise ServerError(f"{flag} {side.url}: could not reach it ({exc})") from None
         progress(f"{side.role} {number}/{len(cases)} {case['name']}: {results[-1][0]}")
@@ -191,9 +191,20 @@ def answers_of(side: Side, cases: List[dict], kind, timeout: float, progress) ->
     return results
 
 
-def compare(name: str, current: Tuple[int, Any], candidate: Tuple[int, Any], atol: float) -> Compared:
+def compare(
+    name: str, current: Tuple[int, Any], candidate: Tuple[int, Any], atol: float, expected: int = 200
+) -> Compared:
     """Whether ``candidate``'s answer matches ``current``'s (as ``verify`` matches a golden one), and the
-    measures of ``distance``."""
+    measures of ``distance``. An input the current server did not answer with its ``expected`` status (200,
+    or a golden refusal's) compared nothing: it disagrees, whatever the candidate answered, so that two
+    servers failing alike never pass. Answers that are not UTF-8 (bytes) agree only byte for byte."""
+    statuses = (current[0], candidate[0])
+    if current[0] != expected:
+        said = f"the current server answered {current[0]}, not {expected}: nothing to compare"
+        return Compared(name, False, statuses, f"{name}: {said}")
+    if isinstance(current[1], bytes) or isinstance(candidate[1], bytes):
+        same = current == candidate
+        return Compared(name, same, statuses, None if same else f"{name}: the answers differ (not UTF-8)")
     recorded = {"name": name, "status": current[0], "answer": current[1]}
     difference = answers.check_case(recorded, candidate[0], candidate[1], atol)
     found = Compared(name, difference is None, (current[0], candidate[0]), difference)

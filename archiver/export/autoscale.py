@@ -40,6 +40,8 @@ LOAD_GAUGE = "ts_requests_in_flight"  # KEDA's overload signal: queued or in a b
 ANSWERS = "ts_inference_requests_total"  # KEDA's load signal: its rate, requests answered a second
 RATE_WINDOW = "1m"  # the rate's range: four scrapes at SCRAPE_INTERVAL
 DEFAULT_MAX_REPLICAS = 10
+INT32 = 2**31 - 1  # KServe's replica counts and scaleTarget are int32: its webhook cannot decode more
+KNATIVE_MAX_CONCURRENCY = 1000  # Knative's config-defaults container-concurrency-max-limit, its webhook's bound
 SCRAPE_INTERVAL = "15s"
 DURATION = re.compile(r"^(\d+)(s|m|h)$")
 POD_LABELS = ("serving.kserve.io/inferenceservice", "component")  # what KServe labels the predictor's pods with
@@ -164,6 +166,8 @@ def replicas(options: ExportOptions, mode: str) -> Tuple[int, int]:
         )
     if high < 1:
         raise UserError(f"--max-replicas {high} must be at least 1")
+    if high > INT32:
+        raise UserError(f"--max-replicas {high} is above {INT32}, the most KServe's maxReplicas (int32) takes")
     if low > high:
         raise UserError(f"--min-replicas {low} is above --max-replicas {high}: give a minimum at or below the maximum")
     return low, high
@@ -206,6 +210,11 @@ def operating_point(plan: Plan, target: Optional[int]):
         raise UserError(f"--target {target} is below the smallest concurrency measured ({first}): measure from 1")
     plan.step_index, plan.step = max(below, key=lambda pair: pair[1]["concurrency"])
     plan.chosen = chosen
+    if not 0 < plan.step["throughput_rps"] <= INT32:  # 0: nothing sizes on it; past int32: no scaleTarget
+        raise UserError(
+            f"{where}: steps[{plan.step_index}] (concurrency {plan.step['concurrency']}) has a "
+            f"throughput of {plan.step['throughput_rps']:g} requests/s, which no replica has: measure again"
+        )
 
 
 def step_source(plan: Plan) -> str:
@@ -237,11 +246,17 @@ def peak_replicas(plan: Plan, options: ExportOptions):
     if options.max_replicas is not None:
         raise UserError("--peak-rps derives --max-replicas: give one of them")
     per_replica = plan.step["throughput_rps"]
-    if options.peak_rps <= 0 or per_replica <= 0:
+    if not 0 < options.peak_rps < math.inf or per_replica <= 0:
         raise UserError(
-            f"--peak-rps {options.peak_rps:g} and the step's throughput ({per_replica:g} rps) must be above 0"
+            f"--peak-rps {options.peak_rps:g} and the step's throughput ({per_replica:g} rps) must be finite "
+            "numbers above 0"
         )
     plan.max_replicas = max(1, math.ceil(options.peak_rps / per_replica))
+    if plan.max_replicas > INT32:
+        raise UserError(
+            f"--peak-rps {options.peak_rps:g} needs {plan.max_replicas} replicas of {per_replica:g} rps, above "
+            f"{INT32}, the most KServe's maxReplicas (int32) takes: give the peak you plan for"
+        )
     if plan.min_replicas > plan.max_replicas:
         raise UserError(
             f"--min-replicas {plan.min_replicas} is above the {plan.max_replicas} replicas --peak-rps needs"
@@ -261,6 +276,12 @@ def common_numbers(plan: Plan, options: ExportOptions):
 
 
 def knative_numbers(plan: Plan, options: ExportOptions):
+    if plan.concurrency > KNATIVE_MAX_CONCURRENCY:
+        raise UserError(
+            f"--autoscale knative: the operating point, {plan.concurrency} concurrent requests, is above "
+            f"{KNATIVE_MAX_CONCURRENCY}, Knative's container-concurrency-max-limit (its webhook refuses a larger "
+            f"containerConcurrency): give --target {KNATIVE_MAX_CONCURRENCY} or less"
+        )
     common_numbers(plan, options)
     plan.numbers["containerConcurrency"] = plan.concurrency
     plan.note(
@@ -281,13 +302,9 @@ def knative_numbers(plan: Plan, options: ExportOptions):
 
 
 def keda_numbers(plan: Plan, options: ExportOptions):
-    """Two triggers; KEDA keeps, for each, sum(query) / threshold replicas (the prometheus scaler's
-    AverageValue), and the HPA takes the larger. The answer rate grows in proportion to the load a replica
-    takes: threshold 70% (Knative's utilisation) of the throughput measured at the operating point. It
-    cannot see past what the replicas answer, so the in-flight gauge joins it: threshold 70% of the
-    operating point, which requests waiting for a worker push past at once. Neither alone (BENCHMARKS.md,
-    "Autoscaling, simulated"): in flight under-counts a batching model's load when replicas are spare
-    (fewer in each answer faster), and ts_queue_size, which replicas keeping up hold at 0, asks for none."""
+    """Two triggers, the HPA taking the larger count: the answer rate (grows with the load) against 70% of the
+    throughput at the operating point, and the requests in flight (jump when replicas fall behind) against
+    70% of it. Why both, and not ts_queue_size: docs/kserve.md, "Autoscaling"."""
     common_numbers(plan, options)
     rps = plan.step["throughput_rps"] * UTILIZATION / 100
     plan.numbers["rps_threshold"] = quantity(rps)
@@ -572,7 +589,7 @@ def simulate_line(plan: Plan) -> str:
     return (
         f"What these numbers do under a ramp, a spike and a day of load, before a cluster sees them: "
         f"`tsctl simulate {CAPACITY_FILE} --autoscale {plan.mode}` here, with `--start-seconds` set to how long "
-        "a new pod takes to be ready on your cluster (docs/kserve.md, \"Before a cluster sees them\").\n\n"
+        'a new pod takes to be ready on your cluster (docs/kserve.md, "Before a cluster sees them").\n\n'
     )
 
 

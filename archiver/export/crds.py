@@ -191,10 +191,17 @@ def strict(schema):
     return out
 
 
+# The integer formats the CRDs declare (int32, int64): the API server stores any integer, but the controller
+# decoding the object into its Go struct (KServe's webhook, Knative's) fails on one its field cannot hold.
+INTEGERS = jsonschema.FormatChecker(())
+for _format, _bits in (("int32", 31), ("int64", 63)):
+    INTEGERS.checks(_format)(lambda value, bits=_bits: not isinstance(value, int) or -(2**bits) <= value < 2**bits)
+
+
 def problems(manifest: dict) -> list:
     """Readable schema violations, each 'path: message'; [] when the manifest is valid."""
     schema = schema_for(manifest.get("apiVersion", ""), manifest.get("kind", ""))
-    validator = jsonschema.Draft7Validator(schema)
+    validator = jsonschema.Draft7Validator(schema, format_checker=INTEGERS)
     found = []
     for error in sorted(validator.iter_errors(manifest), key=lambda e: list(e.absolute_path)):
         path = ".".join(str(p) for p in error.absolute_path) or "(top)"

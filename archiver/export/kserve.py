@@ -38,7 +38,7 @@ import yaml
 
 from ..choices import KSERVE_PROTOCOLS
 from ..errors import UserError
-from ..mar import handler_record, model_config, read_manifest, rewrite_archive
+from ..mar import MODEL_NAME, handler_record, model_config, read_manifest, rewrite_archive, shown_name
 from ..properties import check_keys, check_store, metrics_yaml, read_properties, render, snapshot_of
 from . import autoscale, core, crds, kserve_canary, kube, out_dir, targets
 from .bodies import Served, input_of, sample_inputs
@@ -255,6 +255,11 @@ def check_models(snapshot: dict, store: Path, notes: List[str], envelope_batches
     check_store(store)
     archives = []
     for name, versions in snapshot.get("models", {}).items():
+        if not MODEL_NAME.match(name):  # it goes into URLs, DEPLOY.md's shell lines and KEDA's PromQL as it is
+            raise UserError(
+                f"model_snapshot key {shown_name(name)} is not a model name tsctl packages (letters, digits, '_', "
+                "'-' and '.'): package the model again under such a name and run 'tsctl config'"
+            )
         for version, entry in versions.items():
             archive = store / entry.get("marName", "")
             if not entry.get("marName") or not archive.exists():
