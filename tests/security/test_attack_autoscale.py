@@ -7,6 +7,7 @@ served and nothing is packaged by torch: each test is well under a second."""
 import http.server
 import json
 import math
+import time
 import zipfile
 
 import pytest
@@ -171,10 +172,47 @@ def shadowed(tmp_path_factory):
     return root
 
 
-def shadow(root, current, candidate):
+def shadow(root, current, candidate, timeout=5):
     with stand_in_http(current) as a, stand_in_http(candidate) as b:
         args = ["shadow", root / "tensor.mar", "--current", a, "--candidate", b, "--inputs", root / "sample"]
-        return CliRunner().invoke(main, [str(arg) for arg in args + ["--timeout", "5"]])
+        return CliRunner().invoke(main, [str(arg) for arg in args + ["--timeout", timeout]])
+
+
+def dripping(every: float, length: int = 1000):
+    """Answers 200 with a Content-Length of ``length`` and sends it a byte every ``every`` seconds."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(length))
+            self.end_headers()
+            for _ in range(length if every else 0):
+                try:
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                except OSError:
+                    return
+                time.sleep(every)
+
+    return Handler
+
+
+def test_shadow_cuts_off_a_server_that_drips_its_answer(shadowed):
+    """Each byte came within the socket's timeout, so the wait never ended: --timeout bounds the whole call."""
+    started = time.monotonic()
+    result = shadow(shadowed, dripping(0.2), dripping(0.2), timeout=1)
+    assert result.exit_code == 1 and "did not answer within 1 s" in result.output, result.output
+    assert time.monotonic() - started < 5
+
+
+def test_shadow_refuses_an_answer_larger_than_it_reads_unread(shadowed):
+    """A Content-Length of 300 MiB is refused before a byte of it is read (the body never comes)."""
+    started = time.monotonic()
+    result = shadow(shadowed, dripping(0, 300 << 20), dripping(0, 300 << 20))
+    assert result.exit_code == 1 and "more than tsctl reads (268,435,456)" in result.output, result.output
+    assert time.monotonic() - started < 3
 
 
 @pytest.mark.parametrize("status", [503, 302])
