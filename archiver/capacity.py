@@ -317,4 +317,25 @@ def load(path) -> dict:
             raise bad(key, "an object or null")
         if doc[key] is not None:
             check(doc[key], POINT_KEYS, key)
+    check_words(doc, bad)
+    for key, found in (("knee", knee(doc["steps"])), ("within_p99", within_p99(doc["steps"], doc["p99_target_ms"]))):
+        if (doc[key] or {}).get("concurrency") != (found or {}).get("concurrency"):
+            given = "its steps give none" if found is None else f"its steps give concurrency {found['concurrency']}"
+            raise UserError(f"{path}: {key} is not what {given}; the file was changed: run 'tsctl bench "
+                            "--capacity' again")  # fmt: skip
     return doc
+
+
+MEASURED_AT = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+ENGINE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
+
+
+def check_words(doc: dict, bad):
+    """The strings other files quote (DEPLOY.md's table, the export's queries): each as tsctl writes it."""
+    from .mar import MODEL_NAME
+
+    for key, pattern, what in (("model", MODEL_NAME, "a model name (letters, digits, '_', '-', '.')"),
+                               ("engine", ENGINE_NAME, "an engine's name, e.g. 'tsctl'"),
+                               ("measured_at", MEASURED_AT, "a UTC time as 2026-11-26T14:12:41Z")):  # fmt: skip
+        if not pattern.match(doc[key]):
+            raise bad(key, what)

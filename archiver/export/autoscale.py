@@ -51,8 +51,8 @@ CAPACITY_FILE = "capacity.json"
 # ---- the capacity result file ---------------------------------------------------------------------------
 def read_capacity(path: str, models: Iterable[str]) -> dict:
     """The capacity result file ``tsctl bench --capacity`` writes, read by ``capacity.load`` (its format and
-    keys), and checked for what the export needs besides: a knee, ``knee`` and ``within_p99`` at a measured
-    step's concurrency, ``model`` one of ``models``. Anything else: one UserError line naming the file and key."""
+    keys; ``knee`` and ``within_p99`` what its steps give), and checked for what the export needs besides: a
+    knee, ``model`` one of ``models``. Anything else: one UserError line naming the file and key."""
     from .. import capacity
 
     where = f"--from-bench {path}"
@@ -62,13 +62,6 @@ def read_capacity(path: str, models: Iterable[str]) -> dict:
         raise UserError(f"--from-bench {error}") from None
     if data["knee"] is None:
         raise UserError(f"{where} has no knee (no step answered every request): measure again with fewer clients")
-    measured = {step["concurrency"] for step in data["steps"]}
-    for key in ("knee", "within_p99"):
-        if data[key] is not None and data[key]["concurrency"] not in measured:
-            raise UserError(
-                f"{where}: {key}.concurrency is not the concurrency of one of its steps; the file is damaged, "
-                "run 'tsctl bench --capacity' again"
-            )
     known = sorted(models)
     if data["model"] not in known:
         raise UserError(

@@ -231,7 +231,7 @@ def test_the_simulate_command_on_a_measured_curve(tmp_path):
 @pytest.mark.parametrize(
     "extra, data, words",
     [
-        ([], result(ROWS[:1]) | {"knee": None}, "has no knee (no step answered every request)"),
+        ([], result(ROWS[:1]) | {"knee": None}, "knee is not what its steps give concurrency 1; the file was changed"),
         ([], "{not json", "not JSON"),
         (["--peak", "0"], None, "--peak 0 must be above 0 and at most 1000"),
         (["--peak", "inf"], None, "--peak inf must be above 0 and at most 1000"),

@@ -312,9 +312,16 @@ def test_the_schemas_catch_what_the_cluster_would_refuse():
         (
             {"autoscale": "knative"},
             result(knee={"concurrency": 7, "throughput_rps": 110.0, "p99_ms": 620.0}),
-            "knee.concurrency is not the concurrency of one",
+            "knee is not what its steps give concurrency 8; the file was changed",
         ),
-        ({"autoscale": "knative"}, result(knee=None, within_p99=None), "has no knee (no step answered every request)"),
+        (
+            {"autoscale": "knative"},
+            result(steps=[{**s, "errors": 1} for s in result()["steps"]], knee=None, within_p99=None),
+            "has no knee (no step answered every request)",
+        ),
+        ({"autoscale": "knative"}, result(within_p99=None), "within_p99 is not what its steps give concurrency 6"),
+        ({"autoscale": "knative"}, result(measured_at="today\n| x |"), "key 'measured_at' must be a UTC time"),
+        ({"autoscale": "knative"}, result(engine="tsctl`rm`"), "key 'engine' must be an engine's name"),
         ({"autoscale": "knative"}, result(p99_target_ms="500"), "key 'p99_target_ms' must be a number >= 0 or null"),
         (
             {"autoscale": "knative"},
