@@ -16,7 +16,8 @@ replica's measured capacity (``--from-bench RESULT.json``, written by ``tsctl be
 
 The rule each number follows, and the documents it rests on, are in docs/kserve.md ("Autoscaling"); DEPLOY.md
 names, for each number, the measurement it came from (file, model, date, step). ``check`` refuses bad values in
-one line before anything is written; ``apply`` and ``manifests`` build what ``kserve.export`` validates and writes.
+one line before anything is written; ``apply`` and ``manifests`` build what ``kserve.export`` validates and writes;
+DEPLOY.md's section is ``kserve_deploy.autoscale_section``.
 """
 
 import json
@@ -28,7 +29,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 from ..choices import AUTOSCALE_MODES
 from ..errors import UserError
-from . import core, targets
+from . import targets
 from .options import ExportOptions
 
 MODES = AUTOSCALE_MODES
@@ -112,6 +113,7 @@ def check(options: ExportOptions, snapshot: dict, target: "targets.Target", note
         )
     if options.monitor not in MONITORS:
         raise UserError(f"--monitor {options.monitor!r} must be podmonitor or servicemonitor")
+    check_names(options, mode)
     if options.scale_metric not in SCALE_METRICS or (options.scale_metric != "concurrency" and mode != "knative"):
         raise UserError(
             f"--scale-metric {options.scale_metric} is Knative's (concurrency or rps): use it with --autoscale knative"
@@ -138,6 +140,34 @@ def check(options: ExportOptions, snapshot: dict, target: "targets.Target", note
         peak_replicas(plan, options)
     {"knative": knative_numbers, "keda": keda_numbers, "hpa": hpa_numbers}[mode](plan, options)
     return plan
+
+
+def check_names(options: ExportOptions, mode: str):
+    """What the cluster would refuse of the names the manifests carry: the metrics Service's name (and its
+    label) NAME-metrics, a DNS label of 63 characters at most; KEDA's Prometheus address, an http(s) URL."""
+    service = f"{options.name}-metrics"
+    if options.monitor == "servicemonitor" and len(service) > 63:
+        raise UserError(
+            f"--monitor servicemonitor names a Service {service}, {len(service)} characters, above Kubernetes' 63: "
+            f"give a --name of {63 - len('-metrics')} characters at most, or --monitor podmonitor"
+        )
+    if mode == "keda" and not http_address(options.prometheus_url or ""):
+        raise UserError(
+            f"--prometheus-url {options.prometheus_url!r} is not an address KEDA can query: give "
+            "http(s)://HOST[:PORT], e.g. http://prometheus-operated.monitoring.svc:9090"
+        )
+
+
+def http_address(url: str) -> bool:
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (a port that is not a number raises)
+    except ValueError:
+        return False
+    quoted = any(c.isspace() or c in "\"'`" for c in url)
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and not quoted
 
 
 def _autoscale_flags(options: ExportOptions) -> List[Tuple[str, object]]:
@@ -539,53 +569,7 @@ def validated(plan: Plan, isvc: dict, extra: Dict[str, dict]) -> List[Tuple[str,
     return checked
 
 
-# ---- DEPLOY.md ------------------------------------------------------------------------------------------
-def apply_lines(plan: Optional[Plan], options: ExportOptions, ns: str) -> List[str]:
-    if plan is None:
-        return []
-    files = ["pdb.yaml"] + (
-        ["podmonitor.yaml"] if options.monitor == "podmonitor" else ["metrics-service.yaml", "servicemonitor.yaml"]
-    )
-    return [f"kubectl apply {ns} -f {name}" for name in files]
-
-
-def deploy_section(plan: Optional[Plan], options: ExportOptions, ns: str) -> str:
-    """DEPLOY.md's "Autoscaling" section (templates/kserve-autoscale.md): the numbers, each with its source."""
-    if plan is None:
-        return ""
-    rows = [f"| {setting} | {value} | {source} |" for setting, value, source in plan.sources]
-    check_lines = {
-        "knative": f"kubectl get podautoscaler {ns} -l serving.kserve.io/inferenceservice={options.name}",
-        "keda": f"kubectl get scaledobject {ns} {options.name}-predictor -o yaml",
-        "hpa": f"kubectl get hpa {ns} {options.name}-predictor -o yaml",
-    }
-    monitor = "podmonitor" if options.monitor == "podmonitor" else "servicemonitor"
-    return core.render(
-        f"kserve-autoscale-{plan.mode}",
-        name=options.name,
-        rows=core.lines(rows),
-        capacity=CAPACITY_FILE if plan.capacity else "no result file (--target by hand)",
-        simulate=simulate_line(plan),
-        check=check_lines[plan.mode],
-        monitor=f"kubectl get {monitor} {ns} {options.name}-predictor",
-        rate_query=plan.queries.get("rps", ""),
-        load_query=plan.queries.get("in_flight", ""),
-        prometheus=options.prometheus_url,
-        min_replicas=plan.min_replicas,
-    )
-
-
-def simulate_line(plan: Plan) -> str:
-    """DEPLOY.md's pointer to ``tsctl simulate`` on the result copied beside it (none without a result)."""
-    if plan.capacity is None:
-        return ""
-    return (
-        f"What these numbers do under a ramp, a spike and a day of load, before a cluster sees them: "
-        f"`tsctl simulate {CAPACITY_FILE} --autoscale {plan.mode}` here, with `--start-seconds` set to how long "
-        'a new pod takes to be ready on your cluster (docs/kserve.md, "Before a cluster sees them").\n\n'
-    )
-
-
+# ---- the result file beside the manifests -----------------------------------------------------------------
 def capacity_copy(plan: Optional[Plan]) -> Optional[bytes]:
     """OUT/capacity.json: the result the numbers came from, as read (DEPLOY.md names it)."""
     if plan is None or plan.capacity is None:

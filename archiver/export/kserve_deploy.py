@@ -73,7 +73,7 @@ def deploy_md(
         transformer_note=transformer_note(options),
         curls=core.lines(curls),
         split=split_section(options, models, ns),
-        autoscale=autoscale.deploy_section(plan, options, ns),
+        autoscale=autoscale_section(plan, options, ns),
         canary=kserve_canary.section(options, archives, 8 if plan else 7),
     )
     return text.rstrip("\n") + "\n"
@@ -108,7 +108,7 @@ def apply_lines(options: ExportOptions, target: targets.Target, ns: str, plan=No
     applied = target.apply_lines(options) + [f"kubectl apply {ns} -f {kserve_canary.first_manifest(options)}"]
     if options.split:
         applied.append(f"kubectl apply {ns} -f inferencegraph.yaml")
-    applied += autoscale.apply_lines(plan, options, ns)
+    applied += autoscale_apply_lines(plan, options, ns)
     return applied + [f"kubectl wait {ns} --for=condition=Ready inferenceservice/{options.name} --timeout=600s"]
 
 
@@ -143,3 +143,51 @@ def split_section(options: ExportOptions, models: List[Served], ns: str) -> str:
         return ""
     first = next(m for m in models if m.name == options.split[0][0])
     return core.render("kserve-split", name=options.name, ns=ns, curl=curl_line("", first.input_file))
+
+
+# ---- the autoscaling's files and section (--autoscale: archiver/export/autoscale.py) -------------------------
+def autoscale_apply_lines(plan: Optional[autoscale.Plan], options: ExportOptions, ns: str) -> List[str]:
+    if plan is None:
+        return []
+    files = ["pdb.yaml"] + (
+        ["podmonitor.yaml"] if options.monitor == "podmonitor" else ["metrics-service.yaml", "servicemonitor.yaml"]
+    )
+    return [f"kubectl apply {ns} -f {name}" for name in files]
+
+
+def autoscale_section(plan: Optional[autoscale.Plan], options: ExportOptions, ns: str) -> str:
+    """DEPLOY.md's "Autoscaling" section (templates/kserve-autoscale-MODE.md): the numbers, each with its
+    source."""
+    if plan is None:
+        return ""
+    rows = [f"| {setting} | {value} | {source} |" for setting, value, source in plan.sources]
+    check_lines = {
+        "knative": f"kubectl get podautoscaler {ns} -l serving.kserve.io/inferenceservice={options.name}",
+        "keda": f"kubectl get scaledobject {ns} {options.name}-predictor -o yaml",
+        "hpa": f"kubectl get hpa {ns} {options.name}-predictor -o yaml",
+    }
+    monitor = "podmonitor" if options.monitor == "podmonitor" else "servicemonitor"
+    return core.render(
+        f"kserve-autoscale-{plan.mode}",
+        name=options.name,
+        rows=core.lines(rows),
+        capacity=autoscale.CAPACITY_FILE if plan.capacity else "no result file (--target by hand)",
+        simulate=simulate_line(plan),
+        check=check_lines[plan.mode],
+        monitor=f"kubectl get {monitor} {ns} {options.name}-predictor",
+        rate_query=plan.queries.get("rps", ""),
+        load_query=plan.queries.get("in_flight", ""),
+        prometheus=options.prometheus_url,
+        min_replicas=plan.min_replicas,
+    )
+
+
+def simulate_line(plan: autoscale.Plan) -> str:
+    """The section's pointer to ``tsctl simulate`` on the result copied beside it (none without a result)."""
+    if plan.capacity is None:
+        return ""
+    return (
+        f"What these numbers do under a ramp, a spike and a day of load, before a cluster sees them: "
+        f"`tsctl simulate {autoscale.CAPACITY_FILE} --autoscale {plan.mode}` here, with `--start-seconds` set to "
+        'how long a new pod takes to be ready on your cluster (docs/kserve.md, "Before a cluster sees them").\n\n'
+    )

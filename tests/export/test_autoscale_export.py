@@ -320,6 +320,21 @@ def test_the_schemas_catch_what_the_cluster_would_refuse():
             "has no knee (no step answered every request)",
         ),
         ({"autoscale": "knative"}, result(within_p99=None), "within_p99 is not what its steps give concurrency 6"),
+        (
+            {"autoscale": "knative", "monitor": "servicemonitor", "name": "v" * 56},
+            None,
+            "a Service " + "v" * 56 + "-metrics, 64 characters, above Kubernetes' 63: give a --name of 55",
+        ),
+        (
+            {"autoscale": "keda", "engine": "tsctl", "image": IMAGE, "prometheus_url": "prometheus:9090"},
+            None,
+            "--prometheus-url 'prometheus:9090' is not an address KEDA can query",
+        ),
+        (
+            {"autoscale": "keda", "engine": "tsctl", "image": IMAGE, "prometheus_url": 'http://p:9090/"x'},
+            None,
+            "is not an address KEDA can query: give http(s)://HOST[:PORT]",
+        ),
         ({"autoscale": "knative"}, result(measured_at="today\n| x |"), "key 'measured_at' must be a UTC time"),
         ({"autoscale": "knative"}, result(engine="tsctl`rm`"), "key 'engine' must be an engine's name"),
         ({"autoscale": "knative"}, result(p99_target_ms="500"), "key 'p99_target_ms' must be a number >= 0 or null"),
