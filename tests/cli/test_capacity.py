@@ -298,3 +298,34 @@ def test_a_quota_below_the_cores_is_noted_unless_threads_are_set(monkeypatch):
     assert f"sees {cores} cores under a 0.5 CPU quota" in threads_note(0.5)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert threads_note(0.5) is None
+
+
+@pytest.mark.matrix  # about 15 s: the engine started twice, interrupted while it starts and mid-sweep
+@pytest.mark.parametrize("after", [1.5, 8.0])
+def test_ctrl_c_leaves_no_cgroup_and_no_server(echo_tree, after):
+    """Ctrl-C (SIGINT to tsctl's process group; the server it started has a session of its own) while the
+    engine starts and while the sweep runs: tsctl exits 1, its cgroups are removed (which the kernel allows
+    only once no process is left in them) and no process of the server is left."""
+    import signal
+    import time
+
+    before = capacity_groups()
+    args = [str(BIN / "tsctl"), "bench", "--capacity", "echo", "--input", str(echo_tree / "in.txt"), "--duration",
+            "3", "--max-concurrency", "8", "--model-store", str(echo_tree / "model-store"), "--config",
+            str(echo_tree / "config.properties"), "--engine", "tsctl", "--cpu", "1", "--memory", "1Gi"]  # fmt: skip
+    run = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, text=True)
+    time.sleep(after)
+    during = [g for g in capacity_groups() if g not in before]
+    held = {pid for g in during for name in ("tasks", "cgroup.procs") if (Path(g) / name).exists()
+            for pid in (Path(g) / name).read_text().split()}  # fmt: skip
+    os.killpg(run.pid, signal.SIGINT)
+    try:
+        _, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode == 1 and "Traceback" not in err, err
+    if during:  # this machine made the cgroups: they held the server, and are gone with it
+        assert held, "the server was not inside its cgroup"
+        assert capacity_groups() == before
+        assert not [pid for pid in held if Path(f"/proc/{pid}").exists()]
