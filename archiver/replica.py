@@ -148,7 +148,7 @@ def measure_started(
     notes: List[str] = []
     if cpu is not None or memory is not None:
         notes.append(limits.describe())
-    threads = threads_note(limits.cpu)
+    threads = threads_note(limits.cpu, engine)
     if threads:
         notes.append(threads)
     home = tempfile.mkdtemp(prefix="tsctl-cap-")  # short: the servers' sockets live below it
@@ -166,18 +166,19 @@ def measure_started(
         shutil.rmtree(home, ignore_errors=True)
 
 
-def threads_note(cpu: Optional[float]) -> Optional[str]:
-    """A quota below the cores the server sees, with no OMP_NUM_THREADS: the toolkit's handlers size their
+def threads_note(cpu: Optional[float], engine: str = "torchserve") -> Optional[str]:
+    """A quota below the cores TorchServe sees, with no OMP_NUM_THREADS: the toolkit's handlers size their
     torch threads from the quota, any other handler from the cores, which the quota then throttles
-    (docs/capacity.md, "On a pod's CPU limit")."""
+    (docs/capacity.md, "On a pod's CPU limit"). The tsctl engine and MLServer's runtime set each worker's
+    OMP_NUM_THREADS from the quota themselves (serving/engine_workers.py)."""
     import os
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if cpu is None or cpu >= cores or os.environ.get("OMP_NUM_THREADS"):
+    visible = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if engine != "torchserve" or cpu is None or cpu >= visible or os.environ.get("OMP_NUM_THREADS"):
         return None
     return (
-        f"the server sees {cores} cores under a {cpu:g} CPU quota and OMP_NUM_THREADS is not set: a handler that is "
-        "not the toolkit's sizes its torch threads from the cores; measure with the OMP_NUM_THREADS the pod will set"
+        f"TorchServe sees {visible} cores under a {cpu:g} CPU quota and OMP_NUM_THREADS is not set: a handler that "
+        "is not the toolkit's sizes its torch threads from the cores; measure with the OMP_NUM_THREADS the pod will set"
     )
 
 

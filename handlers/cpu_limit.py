@@ -3,8 +3,9 @@
 A container sees every core of its node (``os.cpu_count()``, torch's default thread count) while
 its CPU limit is a CFS quota: a worker that runs one thread per visible core under a limit of one
 core spends most of its time throttled (``docs/capacity.md``: resnet18 at 3.5 instead of 16.7
-req/s). ``cores()`` is the quota in whole cores (at least 1), or None where no quota applies. It
-reads the process's own group and each parent up to the root, the smallest quota counting:
+req/s). ``cores()`` is the quota in whole cores (at least 1), or None where no quota applies;
+``usable()`` the cores a process may keep busy, the ones it may run on within that quota. ``cores`` reads
+the process's own group and each parent up to the root, the smallest quota counting:
 
 - cgroup v2: ``cpu.max`` (``"max 100000"``: none; ``"150000 100000"``: 1.5 cores);
 - cgroup v1: ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` in the ``cpu`` controller (-1: none).
@@ -21,6 +22,14 @@ def cores(proc_cgroup: str = PROC_CGROUP, root: str = ROOT) -> Optional[int]:
     """The CPU quota of this process's cgroups in whole cores (rounded down, at least 1); None without one."""
     quotas = [quota / period for quota, period in _quotas(proc_cgroup, root) if quota > 0 and period > 0]
     return max(1, int(min(quotas))) if quotas else None
+
+
+def usable(proc_cgroup: str = PROC_CGROUP, root: str = ROOT) -> int:
+    """The cores this process may keep busy: those it may run on (its CPU affinity), within its cgroup's
+    quota. What the tsctl engine divides among a model's workers (OMP_NUM_THREADS) and TorchServe counts
+    as its default workers per model."""
+    visible = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(visible, cores(proc_cgroup, root) or visible))
 
 
 def _quotas(proc_cgroup: str, root: str) -> Iterator[Tuple[int, int]]:

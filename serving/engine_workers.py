@@ -22,7 +22,8 @@ workers added and retired while it serves (scaling: ``add_workers``, ``remove_wo
   ``Job`` as the worker's reader gets it; the first resolves the request, the others follow in its
   ``Parts`` (``engine_stream.py``); ``submit`` joins them, ``submit_streaming`` does not.
 - **Threads.** Each worker gets ``OMP_NUM_THREADS`` = the cores divided among the model's workers
-  (unless the environment sets it), as the toolkit handlers divide them on TorchServe.
+  (unless the environment sets it), as the toolkit handlers divide them on TorchServe; the cores within
+  the engine's CPU quota (``handlers.cpu_limit.usable``: a pod's CPU limit), not the machine's.
 - **Fork server.** Workers are forked from the engine's fork server for their environment
   (``fork_server.py``: torch and TorchServe's worker modules imported once; a model of another
   ``OMP_NUM_THREADS`` gets another), a worker's start costing its model's load alone; an archive
@@ -42,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Deque, List, Optional
 
+from handlers import cpu_limit
 from handlers.archives import Archive, opened, printable
 from handlers.errors import frontend_error
 
@@ -589,11 +591,10 @@ def open_model(
         if model["modelName"] != spec.name:
             logger.info("%s: served as %s (its manifest says %s)", spec.archive, spec.name, model["modelName"])
         decode = frontend.decode_input_request if decode_default is None else decode_default(found)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(model_dir), os.environ.get("PYTHONPATH")) if p)
     env["TS_DECODE_INPUT_REQUEST"] = "true" if decode else "false"
-    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // max(1, spec.min_workers))))
+    env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_limit.usable() // max(1, spec.min_workers))))
     run_dir = str(Path(unpack_dir).parent)
     return ModelWorkers(
         spec, model_dir, model["handler"], frontend, run_dir, first_port, env, on_line or worker_log_line, on_metric

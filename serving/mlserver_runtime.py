@@ -60,7 +60,7 @@ from mlserver.errors import MLServerError
 from mlserver.types import InferenceRequest, InferenceResponse
 from mlserver.utils import get_model_uri
 
-from handlers import identity, protocol
+from handlers import cpu_limit, identity, protocol
 from handlers.archives import Archive
 from handlers.errors import error_message
 
@@ -102,8 +102,7 @@ class ArchiveModel(MLModel):
             from . import split  # torch, in this process: only a transformer step needs it here
 
             self._split = split
-            self._transforms = asyncio.Semaphore(max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                                                      else (os.cpu_count() or 1)))  # fmt: skip
+            self._transforms = asyncio.Semaphore(cpu_limit.usable())
             self._handler = await asyncio.get_running_loop().run_in_executor(None, split.load_handler, archive)
             return True
         spec, frontend = model_spec(self.name, self.version or "1.0", archive, extra)

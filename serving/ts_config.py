@@ -433,8 +433,7 @@ def torchserve_workers() -> int:
     no GPU): the CPUs the JVM sees, the process's CPU affinity within its cgroup quota."""
     from handlers import cpu_limit
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(cores, cpu_limit.cores() or cores))
+    return cpu_limit.usable()
 
 
 def snapshot_archive(config, model_store: Path, name: str, entry) -> Path:

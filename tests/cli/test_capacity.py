@@ -295,7 +295,9 @@ def test_a_quota_below_the_cores_is_noted_unless_threads_are_set(monkeypatch):
     cores = len(os.sched_getaffinity(0))
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert threads_note(None) is None and threads_note(cores) is None
-    assert f"sees {cores} cores under a 0.5 CPU quota" in threads_note(0.5)
+    assert f"TorchServe sees {cores} cores under a 0.5 CPU quota" in threads_note(0.5, "torchserve")
+    # the tsctl engine and MLServer's runtime give each worker OMP_NUM_THREADS from the quota themselves
+    assert threads_note(0.5, "tsctl") is None and threads_note(0.5, "mlserver") is None
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert threads_note(0.5) is None
 
@@ -329,3 +331,47 @@ def test_ctrl_c_leaves_no_cgroup_and_no_server(echo_tree, after):
         assert held, "the server was not inside its cgroup"
         assert capacity_groups() == before
         assert not [pid for pid in held if Path(f"/proc/{pid}").exists()]
+
+
+def test_the_engine_in_a_cpu_quota_gives_its_workers_the_quotas_threads(tmp_path, monkeypatch):
+    """About 4 s. The tsctl engine started inside a 1-CPU cgroup on a machine of more cores gives a model of
+    one worker OMP_NUM_THREADS=1 (torch and numpy read it; the toolkit's handlers too): it gave the machine's
+    cores, so every handler ran threads the quota then throttled (2-3x slower at 1 client, measured)."""
+    from archiver.cgroup_limits import Limits
+    from handlers import cpu_limit
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one core: a 1-CPU quota changes nothing here")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    (tmp_path / "echo.py").write_text(ECHO)
+    (tmp_path / "echo.yaml").write_text("minWorkers: 1\nmaxWorkers: 1\n")
+    store = tmp_path / "model-store"
+    store.mkdir()
+    archiver_args = [str(BIN / "torch-model-archiver"), "--model-name", "echo", "--version", "1.0", "--handler",
+                     str(tmp_path / "echo.py"), "--config-file", str(tmp_path / "echo.yaml"), "--export-path",
+                     str(store)]  # fmt: skip
+    subprocess.run(archiver_args, check=True, capture_output=True, env=dict(os.environ, TMPDIR=str(tmp_path)))
+    config = properties.write_config(store, tmp_path / "config.properties")
+    limits = Limits.make(1.0, None)
+    if limits.reason:
+        pytest.skip(limits.describe())
+    home = short_tmp("omp-")
+    try:
+        with limits.joined():
+            srv = engines.serve("tsctl", str(config), str(store), str(home), 120)
+        try:
+            group = limits.groups[0][0]
+            pids = [p for p in (group / "cgroup.procs").read_text().split() if p != str(srv.pid)]
+            threads = set()
+            for pid in pids:
+                try:
+                    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                threads |= {v.split(b"=", 1)[1] for v in environ if v.startswith(b"OMP_NUM_THREADS=")}
+        finally:
+            engines.engine_of(srv).stop(srv)
+    finally:
+        limits.release()
+    assert threads == {b"1"}, threads  # outside the quota it would be the cores: cpu_limit.usable()
+    assert cpu_limit.usable() >= 2
