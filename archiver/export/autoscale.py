@@ -30,6 +30,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 from ..choices import AUTOSCALE_MODES
 from ..errors import UserError
 from . import targets
+from .measured_notes import measured_notes
 from .options import ExportOptions
 
 MODES = AUTOSCALE_MODES
@@ -126,7 +127,7 @@ def check(options: ExportOptions, snapshot: dict, target: "targets.Target", note
         plan.result_name = Path(options.from_bench).name
         plan.model = plan.capacity["model"]
         operating_point(plan, options.target)
-        notes.extend(capacity_notes(plan.capacity, target, snapshot))
+        notes.extend(measured_notes(plan, options, target, snapshot))
     else:
         measured = {"keda": "the answer-rate threshold", "hpa": "the CPU target"}.get(mode)
         if measured or options.scale_metric == "rps":
@@ -224,7 +225,8 @@ def operating_point(plan: Plan, target: Optional[int]):
             )
         plan.concurrency, chosen = target, "--target"
     elif capacity.get("within_p99") is not None:
-        plan.concurrency, chosen = min(capacity["within_p99"]["concurrency"], knee), "within_p99"
+        within = capacity["within_p99"]["concurrency"]
+        plan.concurrency, chosen = min(within, knee), ("within_p99" if within <= knee else "knee below within_p99")
     else:
         plan.concurrency, chosen = knee, "knee"
     below = [(i, s) for i, s in enumerate(capacity["steps"]) if s["concurrency"] <= plan.concurrency]
@@ -243,7 +245,11 @@ def operating_point(plan: Plan, target: Optional[int]):
 def step_source(plan: Plan) -> str:
     """Where a number came from: the file, model, engine, date and step."""
     c, step = plan.capacity, plan.step
-    p99 = f", p99 {step['p99_ms']:g} ms" + (f" <= {c['p99_target_ms']:g} ms target" if c.get("p99_target_ms") else "")
+    target, p99 = c.get("p99_target_ms"), step["p99_ms"]
+    held = (
+        "" if target is None or p99 is None else (" <=" if p99 <= target else ", above the") + f" {target:g} ms target"
+    )
+    p99 = f", p99 {p99:g} ms{held}" if p99 is not None else ""
     return (
         f"{CAPACITY_FILE} ({c['model']} on {c['engine']}, measured {c['measured_at']}), steps[{plan.step_index}]: "
         f"concurrency {step['concurrency']}, {step['throughput_rps']:g} rps{p99}"
@@ -258,6 +264,8 @@ def chosen_source(plan: Plan) -> str:
         "--target": f"--target, at or below the knee ({c['knee']['concurrency']})",
         "within_p99": f"within_p99: the largest concurrency holding p99 <= {c.get('p99_target_ms')} ms",
         "knee": "knee: where more concurrency stops adding throughput (no within_p99 point)",
+        "knee below within_p99": f"knee: where more concurrency stops adding throughput, below within_p99's "
+        f"{(c.get('within_p99') or {}).get('concurrency')} (past the knee requests only wait)",
     }[plan.chosen]
     return f"{why}; {step_source(plan)}"
 
@@ -398,21 +406,6 @@ def check_metrics_config(metrics: Optional[bytes], where: str):
             f"{where} does not declare {ANSWERS} under ts_metrics, which --autoscale keda scales on: add it "
             "(TorchServe's metrics.yaml has it), or use --autoscale knative or hpa"
         )
-
-
-def capacity_notes(capacity: dict, target: "targets.Target", snapshot: dict) -> List[str]:
-    notes = []
-    if capacity["engine"] != target.name:
-        notes.append(
-            f"--from-bench measured {capacity['model']} on {capacity['engine']}, the export runs --engine "
-            f"{target.name}: one replica's capacity differs between engines, measure on the one you deploy"
-        )
-    if len(snapshot.get("models", {})) > 1:
-        notes.append(
-            f"the autoscaling is sized for {capacity['model']} alone; the pod serves "
-            f"{len(snapshot['models'])} models, whose load shares its CPU"
-        )
-    return notes
 
 
 # ---- the manifests --------------------------------------------------------------------------------------

@@ -253,6 +253,52 @@ def test_keda_scales_on_the_answer_rate_and_requests_in_flight(project, tmp_path
     assert done.exit_code == 0 and json.loads(done.output)["rows"][0]["mode"] == "keda", done.output
 
 
+@pytest.mark.parametrize(
+    "changes, flags, said",
+    [
+        (
+            {"server": {**result()["server"], "cpu": None}},
+            {},
+            "measured with no CPU limit, the pod is limited to --cpu 1",
+        ),
+        (
+            {"server": {**result()["server"], "cpu": 2.0}},
+            {"cpu": "500m"},
+            "measured under 2 CPU, the pod gets --cpu 500m",
+        ),
+        ({"stopped": "bound"}, {}, "its knee (8) is a lower bound; measure with a larger --max-concurrency"),
+        (
+            {"p99_target_ms": 50, "within_p99": None},
+            {},
+            "no step of --from-bench held its p99 target (50 ms): sized at the knee, whose p99 is 620 ms",
+        ),
+    ],
+)
+def test_what_makes_the_measurement_weaker_is_a_note(project, tmp_path, changes, flags, said):
+    """Exported all the same (a measurement is better than none), with the reason it may not hold said."""
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps(result(**changes)))
+    done = kserve.export(options(project, tmp_path / "out", autoscale="knative", from_bench=str(bench), **flags))
+    assert any(said in note for note in done.notes), done.notes
+
+
+def test_deploy_md_says_where_the_operating_point_came_from_truly(project, tmp_path):
+    """--target 8 (the knee, p99 620 ms) is "above the 500 ms target", not "<="; a within_p99 past the knee is
+    capped at it and said so; the pod's resources are a row, with what the measurement ran under."""
+    kserve.export(options(project, tmp_path / "a", autoscale="knative", target=8))
+    deploy = (tmp_path / "a" / "DEPLOY.md").read_text()
+    assert "concurrency 8, 110 rps, p99 620 ms, above the 500 ms target" in deploy
+    assert "| pod resources | cpu 1, memory 2Gi | --cpu, --memory; measured under 1 CPU |" in deploy
+    bench = tmp_path / "bench.json"
+    steps = [{**step, "p99_ms": 100.0} for step in result()["steps"]]  # every step holds 500 ms: within_p99 is 12
+    within = {"concurrency": 12, "throughput_rps": 111.0, "p99_ms": 100.0}
+    knee = {"concurrency": 8, "throughput_rps": 110.0, "p99_ms": 100.0}
+    bench.write_text(json.dumps(result(steps=steps, within_p99=within, knee=knee)))
+    kserve.export(options(project, tmp_path / "b", autoscale="knative", from_bench=str(bench)))
+    deploy = (tmp_path / "b" / "DEPLOY.md").read_text()
+    assert "knee: where more concurrency stops adding throughput, below within_p99's 12" in deploy
+
+
 def test_hpa_on_cpu_with_behavior(project, tmp_path):
     """CPU target: 70% x the p99 step's throughput over the knee's (96/110); behavior scale-up and -down."""
     kserve.export(options(project, tmp_path, autoscale="hpa", scale_down_delay="10m"))

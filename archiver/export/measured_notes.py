@@ -1,0 +1,53 @@
+"""The notes ``tsctl export kserve --autoscale --from-bench`` prints about the measurement it sizes from."""
+
+from typing import TYPE_CHECKING, List
+
+from .options import ExportOptions
+
+if TYPE_CHECKING:
+    from . import targets
+    from .autoscale import Plan
+
+
+def measured_notes(plan: "Plan", options: ExportOptions, target: "targets.Target", snapshot: dict) -> List[str]:
+    """Where the measurement and the export differ, or the measurement is weaker than it looks, said as
+    notes: another engine, several models in the pod, limits other than the pod's, a knee that is only a
+    lower bound, a p99 target no step held. DEPLOY.md's table gains the pod's resources, with what the
+    measurement ran under."""
+    capacity, notes = plan.capacity, []
+    if capacity["engine"] != target.name:
+        notes.append(
+            f"--from-bench measured {capacity['model']} on {capacity['engine']}, the export runs --engine "
+            f"{target.name}: one replica's capacity differs between engines, measure on the one you deploy"
+        )
+    if len(snapshot.get("models", {})) > 1:
+        notes.append(
+            f"the autoscaling is sized for {capacity['model']} alone; the pod serves "
+            f"{len(snapshot['models'])} models, whose load shares its CPU"
+        )
+    measured = capacity["server"].get("cpu")
+    pod = float(options.cpu[:-1]) / 1000 if options.cpu.endswith("m") else float(options.cpu)
+    if measured is None:
+        notes.append(
+            f"--from-bench was measured with no CPU limit, the pod is limited to --cpu {options.cpu}: a "
+            f"replica's capacity follows its CPU; measure with 'tsctl bench --capacity --cpu {pod:g}'"
+        )
+    elif abs(measured - pod) > 1e-9:
+        notes.append(
+            f"--from-bench was measured under {measured:g} CPU, the pod gets --cpu {options.cpu}: a "
+            f"replica's capacity follows its CPU; measure with --cpu {pod:g}, or export with --cpu {measured:g}"
+        )
+    under = "no CPU limit" if measured is None else f"{measured:g} CPU"
+    plan.note(
+        "pod resources", f"cpu {options.cpu}, memory {options.memory}", f"--cpu, --memory; measured under {under}"
+    )
+    if capacity.get("stopped") == "bound":
+        notes.append(
+            f"--from-bench stopped at its largest concurrency before throughput flattened: its knee "
+            f"({capacity['knee']['concurrency']}) is a lower bound; measure with a larger --max-concurrency"
+        )
+    p99_target, knee_p99 = capacity.get("p99_target_ms"), capacity["knee"].get("p99_ms")
+    if p99_target is not None and capacity.get("within_p99") is None:
+        at_knee = "" if knee_p99 is None else f", whose p99 is {knee_p99:g} ms"
+        notes.append(f"no step of --from-bench held its p99 target ({p99_target:g} ms): sized at the knee{at_knee}")
+    return notes
