@@ -21,9 +21,8 @@ workers added and retired while it serves (scaling: ``add_workers``, ``remove_wo
 - **Streamed answers** (``send_intermediate_predict_response``): each part reaches the request's
   ``Job`` as the worker's reader gets it; the first resolves the request, the others follow in its
   ``Parts`` (``engine_stream.py``); ``submit`` joins them, ``submit_streaming`` does not.
-- **Threads.** Each worker gets ``OMP_NUM_THREADS`` = the cores divided among the model's workers
-  (unless the environment sets it), as the toolkit handlers divide them on TorchServe; the cores within
-  the engine's CPU quota (``handlers.cpu_limit.usable``: a pod's CPU limit), not the machine's.
+- **Threads.** Each worker gets ``OMP_NUM_THREADS`` = the cores within the CPU quota (``cpu_limit.usable``)
+  divided among the model's workers (unless the environment sets it), as the toolkit's handlers do.
 - **Fork server.** Workers are forked from the engine's fork server for their environment
   (``fork_server.py``: torch and TorchServe's worker modules imported once; a model of another
   ``OMP_NUM_THREADS`` gets another), a worker's start costing its model's load alone; an archive
