@@ -120,9 +120,8 @@ def parse_split(values):
 @click.option(
     "--monitor",
     type=click.Choice(("podmonitor", "servicemonitor")),
-    default="podmonitor",
-    show_default=True,
-    help="--autoscale: how the Prometheus Operator scrapes the pods.",
+    help="--autoscale: how the Prometheus Operator scrapes the pods (default: a PodMonitor where the pod declares "
+    "its metrics port, the tsctl engine's; else a Service and a ServiceMonitor, TorchServe's 8082).",
 )
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @json_option

@@ -89,13 +89,16 @@ class Plan:
     model: str = ""
     queries: Dict[str, str] = field(default_factory=dict)  # KEDA's PromQL, by trigger: "rps", "in_flight"
     chosen: str = ""  # what set the operating point: --target, within_p99 or knee
+    monitor: str = "podmonitor"  # podmonitor | servicemonitor: how Prometheus finds the pods (``monitor``)
     result_name: str = "RESULT.json"  # the --from-bench file's name, for messages
 
     def note(self, setting: str, value, source: str):
         self.sources.append((setting, str(value), source))
 
 
-def check(options: ExportOptions, snapshot: dict, target: "targets.Target", notes: List[str]) -> Optional[Plan]:
+def check(
+    options: ExportOptions, snapshot: dict, target: "targets.Target", notes: List[str], ports: Optional["targets.Ports"]
+) -> Optional[Plan]:
     """Every --autoscale flag checked, and the numbers derived; None without --autoscale. One UserError line
     for a bad value: a --target above the measured knee, --min-replicas above --max-replicas, KEDA on an
     engine without the in-flight gauge, a result file unreadable or of another model."""
@@ -112,9 +115,8 @@ def check(options: ExportOptions, snapshot: dict, target: "targets.Target", note
             f"--autoscale keda scales on the engine's {LOAD_GAUGE} gauge, which {target.title} does not export: "
             "export with --engine tsctl, or use --autoscale knative or hpa"
         )
-    if options.monitor not in MONITORS:
-        raise UserError(f"--monitor {options.monitor!r} must be podmonitor or servicemonitor")
-    check_names(options, mode)
+    chosen_monitor = monitor(options, ports)
+    check_names(options, mode, chosen_monitor)
     if options.scale_metric not in SCALE_METRICS or (options.scale_metric != "concurrency" and mode != "knative"):
         raise UserError(
             f"--scale-metric {options.scale_metric} is Knative's (concurrency or rps): use it with --autoscale knative"
@@ -122,6 +124,7 @@ def check(options: ExportOptions, snapshot: dict, target: "targets.Target", note
     if options.from_bench is None and options.target is None:
         raise UserError(f"--autoscale {mode} needs --from-bench RESULT.json (tsctl bench --capacity) or --target N")
     plan = Plan(mode, 0, *replicas(options, mode), scale_down_seconds=seconds(options.scale_down_delay))
+    plan.monitor = chosen_monitor
     if options.from_bench is not None:
         plan.capacity = read_capacity(options.from_bench, snapshot.get("models", {}))
         plan.result_name = Path(options.from_bench).name
@@ -143,11 +146,26 @@ def check(options: ExportOptions, snapshot: dict, target: "targets.Target", note
     return plan
 
 
-def check_names(options: ExportOptions, mode: str):
+def monitor(options: ExportOptions, ports: "targets.Ports") -> str:
+    """--monitor, by default a PodMonitor where the pod declares its metrics port, else a Service and a
+    ServiceMonitor: the Prometheus Operator drops a PodMonitor's target on a port the pod does not declare
+    (its CRD's podMetricsEndpoints.portNumber), and KServe's TorchServe pod declares only 8080."""
+    chosen = options.monitor or ("podmonitor" if ports.metrics_declared else "servicemonitor")
+    if chosen not in MONITORS:
+        raise UserError(f"--monitor {chosen!r} must be podmonitor or servicemonitor")
+    if chosen == "podmonitor" and not ports.metrics_declared:
+        raise UserError(
+            f"--monitor podmonitor: the pod does not declare its metrics port {ports.metrics}, and the Prometheus "
+            "Operator drops a PodMonitor's target on such a port: use --monitor servicemonitor (this engine's default)"
+        )
+    return chosen
+
+
+def check_names(options: ExportOptions, mode: str, monitor: str):
     """What the cluster would refuse of the names the manifests carry: the metrics Service's name (and its
     label) NAME-metrics, a DNS label of 63 characters at most; KEDA's Prometheus address, an http(s) URL."""
     service = f"{options.name}-metrics"
-    if options.monitor == "servicemonitor" and len(service) > 63:
+    if monitor == "servicemonitor" and len(service) > 63:
         raise UserError(
             f"--monitor servicemonitor names a Service {service}, {len(service)} characters, above Kubernetes' 63: "
             f"give a --name of {63 - len('-metrics')} characters at most, or --monitor podmonitor"
@@ -496,7 +514,7 @@ def manifests(plan: Plan, options: ExportOptions, ports: "targets.Ports") -> Dic
             },
         }
     }
-    if options.monitor == "podmonitor":
+    if plan.monitor == "podmonitor":
         endpoint = {"portNumber": ports.metrics, "path": "/metrics", "interval": SCRAPE_INTERVAL}
         out["podmonitor.yaml"] = {
             "apiVersion": "monitoring.coreos.com/v1",

@@ -81,7 +81,8 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     check_split(options, snapshot)
     transformer_archive = check_transformer(options, snapshot)
     metrics = carried_metrics(properties, config_path)
-    plan = autoscale.check(options, snapshot, target, notes)
+    ports = target.ports(properties) if options.autoscale else None  # the pod's, where the autoscaling looks
+    plan = autoscale.check(options, snapshot, target, notes, ports)
     if plan is not None and plan.mode == "keda":
         autoscale.check_metrics_config(metrics, f"metrics_config of {config_path}")
     locked = target.prepare(options, properties, archives, notes, scratch)
@@ -90,8 +91,8 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     manifests["inferenceservice.yaml"] = isvc = inference_service(options, snapshot)
     scaling = {}
     if plan is not None:
-        autoscale.apply(isvc, plan, options, target.ports(properties))
-        scaling = autoscale.manifests(plan, options, target.ports(properties))
+        autoscale.apply(isvc, plan, options, ports)
+        scaling = autoscale.manifests(plan, options, ports)
     if options.canary is not None:  # the shadow, canary and promote steps (kserve_canary.py), scaled as isvc
         manifests.update(kserve_canary.manifests(isvc, options))
     if options.split:

@@ -150,7 +150,7 @@ def autoscale_apply_lines(plan: Optional[autoscale.Plan], options: ExportOptions
     if plan is None:
         return []
     files = ["pdb.yaml"] + (
-        ["podmonitor.yaml"] if options.monitor == "podmonitor" else ["metrics-service.yaml", "servicemonitor.yaml"]
+        ["podmonitor.yaml"] if plan.monitor == "podmonitor" else ["metrics-service.yaml", "servicemonitor.yaml"]
     )
     return [f"kubectl apply {ns} -f {name}" for name in files]
 
@@ -166,7 +166,6 @@ def autoscale_section(plan: Optional[autoscale.Plan], options: ExportOptions, ns
         "keda": f"kubectl get scaledobject {ns} {options.name}-predictor -o yaml",
         "hpa": f"kubectl get hpa {ns} {options.name}-predictor -o yaml",
     }
-    monitor = "podmonitor" if options.monitor == "podmonitor" else "servicemonitor"
     return core.render(
         f"kserve-autoscale-{plan.mode}",
         name=options.name,
@@ -174,7 +173,7 @@ def autoscale_section(plan: Optional[autoscale.Plan], options: ExportOptions, ns
         capacity=autoscale.CAPACITY_FILE if plan.capacity else "no result file (--target by hand)",
         simulate=simulate_line(plan),
         check=check_lines[plan.mode],
-        monitor=f"kubectl get {monitor} {ns} {options.name}-predictor",
+        monitor=f"kubectl get {plan.monitor} {ns} {options.name}-predictor",
         rate_query=plan.queries.get("rps", ""),
         load_query=plan.queries.get("in_flight", ""),
         prometheus=options.prometheus_url,

@@ -43,7 +43,7 @@ class ExportOptions:
     peak_rps: Optional[float] = None  # the load to plan for: maxReplicas = ceil(peak / one replica's throughput)
     scale_down_delay: str = "300s"
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"  # what KEDA queries
-    monitor: str = "podmonitor"  # podmonitor | servicemonitor
+    monitor: Optional[str] = None  # podmonitor | servicemonitor; None: by whether the pod declares the port
     progress: Callable[[str], None] = field(default=quiet, repr=False, compare=False)  # archiver.output.Progress
 
 

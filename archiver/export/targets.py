@@ -42,6 +42,7 @@ class Ports:
 
     ready: int
     metrics: int
+    metrics_declared: bool  # the pod's container declares the metrics port (a PodMonitor needs it to)
 
 
 def address_port(properties: Dict[str, str], key: str, default: int) -> int:
@@ -166,8 +167,10 @@ class TorchServeTarget(Target):
         """TorchServe's own /ping on its inference address (KServe's wrapper on 8080 says ready once one worker
         of a model is, kserve_wrapper/TorchserveModel.py; TorchServe 0.12's /ping once every model has its
         minWorkers healthy, ApiUtils.isModelHealthy), and its metrics address, as the exported config says."""
-        return Ports(
-            address_port(properties, "inference_address", 8085), address_port(properties, "metrics_address", 8082)
+        return Ports(  # KServe gives the predictor's container one port, 8080 (its wrapper's): not these
+            address_port(properties, "inference_address", 8085),
+            address_port(properties, "metrics_address", 8082),
+            False,
         )
 
 
@@ -245,7 +248,7 @@ class TsctlTarget(Target):
         """The engine's one HTTP port serves /ping (every worker up) and /metrics (docs/engines.md)."""
         from . import tsctl_image
 
-        return Ports(tsctl_image.HTTP_PORT, tsctl_image.HTTP_PORT)
+        return Ports(tsctl_image.HTTP_PORT, tsctl_image.HTTP_PORT, True)  # the runtime declares its containerPort
 
     def exports_load_gauge(self) -> bool:
         return True

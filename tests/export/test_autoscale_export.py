@@ -135,11 +135,14 @@ def check_valid(out: Path, names):
 
 def test_knative_sizes_one_replica_from_the_p99_point(project, tmp_path):
     """containerConcurrency and scaleTarget are within_p99's concurrency (6), each traced in DEPLOY.md to the
-    file, model, date and step; a PodMonitor, a PDB, Prometheus annotations, readiness on /ping."""
+    file, model, date and step; a PDB, Prometheus annotations, readiness on /ping; TorchServe's metrics port
+    is not one its pod declares (KServe gives it 8080 alone), so Prometheus finds it through a Service and a
+    ServiceMonitor, not a PodMonitor, whose target the Prometheus Operator would drop."""
     result_ = kserve.export(options(project, tmp_path, autoscale="knative", min_replicas=2, max_replicas=20))
     names = sorted(p.relative_to(tmp_path).as_posix() for p in result_.files)
-    assert {"pdb.yaml", "podmonitor.yaml", "capacity.json"} <= set(names) and "servicemonitor.yaml" not in names
-    check_valid(tmp_path, ["inferenceservice.yaml", "pdb.yaml", "podmonitor.yaml"])
+    assert {"pdb.yaml", "metrics-service.yaml", "servicemonitor.yaml", "capacity.json"} <= set(names)
+    assert "podmonitor.yaml" not in names
+    check_valid(tmp_path, ["inferenceservice.yaml", "pdb.yaml", "servicemonitor.yaml"])
     isvc = written(tmp_path, "inferenceservice.yaml")
     predictor, annotations = isvc["spec"]["predictor"], isvc["metadata"]["annotations"]
     assert (predictor["scaleMetric"], predictor["scaleTarget"], predictor["containerConcurrency"]) == (
@@ -154,11 +157,10 @@ def test_knative_sizes_one_replica_from_the_p99_point(project, tmp_path):
     # TorchServe: metrics on its metrics address, readiness on its own /ping (not the wrapper's first-worker one)
     assert (annotations["prometheus.kserve.io/port"], annotations["prometheus.kserve.io/path"]) == ("8082", "/metrics")
     assert predictor["model"]["readinessProbe"]["httpGet"] == {"path": "/ping", "port": 8085}
-    pdb, monitor = written(tmp_path, "pdb.yaml"), written(tmp_path, "podmonitor.yaml")
+    pdb, service = written(tmp_path, "pdb.yaml"), written(tmp_path, "metrics-service.yaml")
     labels = {"serving.kserve.io/inferenceservice": "vision", "component": "predictor"}
     assert pdb["spec"]["selector"]["matchLabels"] == labels and pdb["spec"]["maxUnavailable"] == 1
-    assert monitor["spec"]["selector"]["matchLabels"] == labels
-    assert monitor["spec"]["podMetricsEndpoints"][0]["portNumber"] == 8082
+    assert service["spec"]["selector"] == labels and service["spec"]["ports"][0]["targetPort"] == 8082
     assert json.loads((tmp_path / "capacity.json").read_text()) == result()
     deploy = (tmp_path / "DEPLOY.md").read_text()
     trace = "capacity.json (resnet18 on tsctl, measured 2026-11-26T13:00:00Z), steps[3]: concurrency 6, 96 rps"
@@ -168,7 +170,7 @@ def test_knative_sizes_one_replica_from_the_p99_point(project, tmp_path):
     run = deploy_md.run_deploy_md(tmp_path, tmp_path.parent / f"{tmp_path.name}-stubs")
     deploy_md.check_referenced_files_exist(tmp_path, run)
     applied = [a[-1] for a in run.of("kubectl") if a[:1] == ["apply"]]
-    assert {"inferenceservice.yaml", "pdb.yaml", "podmonitor.yaml"} <= set(applied)
+    assert {"inferenceservice.yaml", "pdb.yaml", "metrics-service.yaml", "servicemonitor.yaml"} <= set(applied)
     assert deploy_md.paths_in_tree(tmp_path, [str(project), str(tmp_path)]) == []
 
 
@@ -302,7 +304,7 @@ def test_deploy_md_says_where_the_operating_point_came_from_truly(project, tmp_p
 def test_hpa_on_cpu_with_behavior(project, tmp_path):
     """CPU target: 70% x the p99 step's throughput over the knee's (96/110); behavior scale-up and -down."""
     kserve.export(options(project, tmp_path, autoscale="hpa", scale_down_delay="10m"))
-    check_valid(tmp_path, ["inferenceservice.yaml", "pdb.yaml", "podmonitor.yaml"])
+    check_valid(tmp_path, ["inferenceservice.yaml", "pdb.yaml", "servicemonitor.yaml"])
     isvc = written(tmp_path, "inferenceservice.yaml")
     predictor = isvc["spec"]["predictor"]
     cpu = round(70 * 96 / 110)
@@ -366,6 +368,11 @@ def test_the_schemas_catch_what_the_cluster_would_refuse():
             "has no knee (no step answered every request)",
         ),
         ({"autoscale": "knative"}, result(within_p99=None), "within_p99 is not what its steps give concurrency 6"),
+        (
+            {"autoscale": "knative", "monitor": "podmonitor"},
+            None,
+            "--monitor podmonitor: the pod does not declare its metrics port 8082",
+        ),
         (
             {"autoscale": "knative", "monitor": "servicemonitor", "name": "v" * 56},
             None,

@@ -53,7 +53,7 @@ def plan(tmp_path, doc=None, **flags):
     base = dict(out=str(tmp_path / "out"), name="vision", storage_uri="pvc://models/tsctl", engine="tsctl")
     base.update(autoscale="knative", from_bench=str(path))
     base.update(flags)
-    return autoscale.check(ExportOptions(**base), SNAPSHOT, targets.named("tsctl"), [])
+    return autoscale.check(ExportOptions(**base), SNAPSHOT, targets.named("tsctl"), [], targets.Ports(8080, 8080, True))
 
 
 def refused(call) -> str:
