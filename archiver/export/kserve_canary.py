@@ -36,8 +36,13 @@ def manifests(isvc: dict, options: ExportOptions) -> Dict[str, dict]:
     mode = getattr(options, "autoscale", None)
     if mode in ("keda", "hpa"):
         raise UserError(
-            f"--canary needs KServe's Serverless mode (Knative revisions), but --autoscale {mode} deploys in "
-            "Standard mode, which has no canary: use --autoscale knative, or roll out without --canary"
+            f"--canary needs KServe's Knative mode (revisions; older KServe calls it Serverless), but --autoscale "
+            f"{mode} deploys in Standard mode, which has no canary: use --autoscale knative, or drop --canary"
+        )
+    if mode == "knative" and isvc["spec"]["predictor"].get("minReplicas") == 0:
+        raise UserError(
+            "--canary with --min-replicas 0: Knative scales the candidate's revision to zero while it has none of "
+            "the traffic (the shadow step), and tsctl shadow finds no pod to compare: give --min-replicas 1 or more"
         )
     canary = copy.deepcopy(isvc)
     canary["metadata"].setdefault("annotations", {})[TAG_ROUTING] = "true"

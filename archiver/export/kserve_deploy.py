@@ -103,9 +103,10 @@ def copy_lines(options: ExportOptions, archives: List[Path], ns: str, pod: str, 
 
 
 def apply_lines(options: ExportOptions, target: targets.Target, ns: str, plan=None) -> List[str]:
-    """Step 3's commands: the target's own, the InferenceService (and graph, and the autoscaling's
-    disruption budget and monitor), then the wait."""
-    applied = target.apply_lines(options) + [f"kubectl apply {ns} -f {kserve_canary.first_manifest(options)}"]
+    """Step 3's commands: the autoscaling's prerequisites, the target's own, the InferenceService (and graph,
+    and the autoscaling's disruption budget and monitor), then the wait."""
+    applied = autoscale_prerequisites(plan) + target.apply_lines(options)
+    applied += [f"kubectl apply {ns} -f {kserve_canary.first_manifest(options)}"]
     if options.split:
         applied.append(f"kubectl apply {ns} -f inferencegraph.yaml")
     applied += autoscale_apply_lines(plan, options, ns)
@@ -146,6 +147,15 @@ def split_section(options: ExportOptions, models: List[Served], ns: str) -> str:
 
 
 # ---- the autoscaling's files and section (--autoscale: archiver/export/autoscale.py) -------------------------
+def autoscale_prerequisites(plan: Optional[autoscale.Plan]) -> List[str]:
+    """What must be in the cluster before the autoscaling's files apply: the Prometheus Operator's CRD of the
+    monitor, and with KEDA its ScaledObject CRD (KServe makes one of the InferenceService)."""
+    if plan is None:
+        return []
+    crds = [f"{plan.monitor}s.monitoring.coreos.com"] + (["scaledobjects.keda.sh"] if plan.mode == "keda" else [])
+    return [f"kubectl get crd {name}" for name in crds]
+
+
 def autoscale_apply_lines(plan: Optional[autoscale.Plan], options: ExportOptions, ns: str) -> List[str]:
     if plan is None:
         return []

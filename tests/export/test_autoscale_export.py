@@ -248,6 +248,9 @@ def test_keda_scales_on_the_answer_rate_and_requests_in_flight(project, tmp_path
     assert f"sum(rate(ts_inference_requests_total{pods}[1m]))" in deploy
     assert f"sum(ts_requests_in_flight{pods})" in deploy
     assert "kubectl apply -n default -f metrics-service.yaml" in deploy
+    crds_first = [deploy.index(f"kubectl get crd {c}") for c in ("servicemonitors.monitoring.coreos.com",
+                                                                  "scaledobjects.keda.sh")]  # fmt: skip
+    assert max(crds_first) < deploy.index("kubectl apply -n default -f inferenceservice.yaml")  # step 3 checks first
     # DEPLOY.md's pointer: tsctl simulate on the result copied beside it
     assert "`tsctl simulate capacity.json --autoscale keda` here" in deploy
     args = ["simulate", str(tmp_path / "capacity.json"), "--autoscale", "keda", "--trace", "spike", "--json"]

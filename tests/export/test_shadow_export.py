@@ -173,3 +173,8 @@ def test_a_canary_keeps_knative_autoscaling_and_standard_mode_has_none(project, 
     for mode in ("keda", "hpa"):
         with pytest.raises(UserError, match=f"--autoscale {mode} deploys in Standard mode, which has no canary"):
             kserve_canary.manifests(scaled, kserve_options(project, out, canary=10, autoscale=mode))
+    # the candidate's revision at 0% scales to zero with --min-replicas 0: no pod for tsctl shadow to compare
+    with pytest.raises(UserError, match="--canary with --min-replicas 0: Knative scales the candidate's revision"):
+        kserve.export(kserve_options(project, tmp_path / "zero", canary=10, autoscale="knative", target=4,
+                                     min_replicas=0))  # fmt: skip
+    assert not (tmp_path / "zero").exists()
