@@ -493,9 +493,9 @@ def exported(doc: dict, mode: str, max_replicas: int, min_replicas: int = 1, sca
 def scaler_for(doc: dict, mode: str, max_replicas: int, min_replicas: int = 1, scale_down_s: int = 300):
     """The autoscaler the export's manifests set up. KServe (aaac4e29) gives the HPA an empty behavior and
     KEDA's ScaledObject only the scale-down window (docs/kserve.md): Kubernetes' defaults run otherwise.
-    Beside what the export writes, to show why it writes two KEDA triggers: ``keda-in-flight`` (its
-    in-flight trigger alone) and ``keda-queue`` (``sum(ts_queue_size)`` against the mean queue measured at
-    the operating point, rounded up, at least 1: what the export wrote before)."""
+    Beside what the export writes, to show why it writes two KEDA triggers: ``keda-rate`` and
+    ``keda-in-flight`` (each of its triggers alone) and ``keda-queue`` (``sum(ts_queue_size)`` against the
+    mean queue at the operating point, rounded up, at least 1: what the export wrote before)."""
     down = scale_down_s
     if mode == "keda-queue":
         numbers = exported(doc, "knative", max_replicas, min_replicas, scale_down_s)
@@ -508,8 +508,8 @@ def scaler_for(doc: dict, mode: str, max_replicas: int, min_replicas: int = 1, s
         return KPA(numbers["scaleTarget"], numbers["containerConcurrency"], min_replicas, max_replicas, scale_down_s)
     if mode.startswith("keda"):
         targets = {"rps": float(numbers["rps_threshold"]), "in_flight": float(numbers["threshold"])}
-        if mode == "keda-in-flight":
-            del targets["rps"]
+        if mode != "keda":  # keda-rate, keda-in-flight: the one trigger named
+            targets = {"rps": targets["rps"]} if mode == "keda-rate" else {"in_flight": targets["in_flight"]}
         return HPA(targets, min_replicas, max_replicas, down_window_s=down, mode=mode)
     return HPA({"cpu": numbers["cpu"]}, min_replicas, max_replicas)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 
 from . import capacity, engines
-from .errors import UserError
+from .errors import ServerError, UserError
 from .output import quiet
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -154,7 +154,13 @@ def measure_started(
     home = tempfile.mkdtemp(prefix="tsctl-cap-")  # short: the servers' sockets live below it
     try:
         with limits.joined():
-            srv = engines.serve(engine, config, model_store, home, timeout, progress, note, python=python)
+            try:
+                srv = engines.serve(engine, config, model_store, home, timeout, progress, note, python=python)
+            except ServerError as exc:
+                if memory is not None and "-9" in str(exc):  # SIGKILL: what the memory cgroup's OOM killer sends
+                    raise ServerError(f"{exc} (-9: killed; --memory {memory:,} bytes may be less than the server "
+                                      "and its workers need, as a pod's limit would be)") from None  # fmt: skip
+                raise
         try:
             if limits.groups and not limits.holds(srv.pid):
                 raise UserError(f"the {engine} server did not start inside its cgroup: drop --cpu/--memory")
@@ -197,7 +203,12 @@ def headline(doc: dict) -> str:
         parts.append(f"{server['cpu']:g} CPU")
     if server.get("memory_bytes") is not None:
         parts.append(f"{server['memory_bytes'] / 2**30:.2f} GiB")
-    return f"{doc['model']} on the {title}" + (f" ({'; '.join(parts)})" if parts else "")
+    article = "the " if title.islower() else ""  # "the tsctl engine", but "TorchServe"
+    return f"{doc['model']} on {article}{title}" + (f" ({'; '.join(parts)})" if parts else "")
+
+
+def clients(count: int) -> str:
+    return f"{count} client{'s' if count != 1 else ''}"
 
 
 def table(doc: dict) -> List[str]:
@@ -212,7 +223,7 @@ def table(doc: dict) -> List[str]:
     knee = doc["knee"]
     if knee:
         lines.append(
-            f"knee: {knee['concurrency']} clients, {knee['throughput_rps']:.1f} req/s, p99 {knee['p99_ms']:.1f} ms "
+            f"knee: {clients(knee['concurrency'])}, {knee['throughput_rps']:.1f} req/s, p99 {knee['p99_ms']:.1f} ms "
             f"(the fewest clients reaching {capacity.KNEE_SHARE:.0%} of the best throughput)"
         )
     else:
@@ -220,7 +231,7 @@ def table(doc: dict) -> List[str]:
     target, held = doc["p99_target_ms"], doc["within_p99"]
     if target is not None and held:
         lines.append(
-            f"within p99 {target:g} ms: {held['concurrency']} clients, {held['throughput_rps']:.1f} req/s, "
+            f"within p99 {target:g} ms: {clients(held['concurrency'])}, {held['throughput_rps']:.1f} req/s, "
             f"p99 {held['p99_ms']:.1f} ms"
         )
     elif target is not None:

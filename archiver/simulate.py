@@ -20,8 +20,8 @@ FORMAT = "tsctl-simulation/1"
 TRACES = tuple(sim.TRACES)  # ramp, spike, diurnal
 SETTLE_S = 600.0  # the first load before the trace: longer than every window (300 s) and delay
 MAX_PEAK = 1000.0  # x one replica: past it the simulated replica count is beyond any one model's
-COLORS = {"knative": "tab:blue", "hpa": "tab:green", "keda": "tab:red", "keda-in-flight": "tab:orange",
-          "keda-queue": "tab:gray"}  # fmt: skip
+COLORS = {"knative": "tab:blue", "hpa": "tab:green", "keda": "tab:red", "keda-rate": "tab:purple",
+          "keda-in-flight": "tab:orange", "keda-queue": "tab:gray"}  # fmt: skip
 
 
 def load(path: str) -> dict:

@@ -19,7 +19,7 @@ from archiver import autoscale_sim as sim  # noqa: E402
 from archiver import simulate  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "resnet18-cpu0.4.json"
-MODES = ("knative", "hpa", "keda", "keda-in-flight", "keda-queue")
+MODES = ("knative", "hpa", "keda", "keda-rate", "keda-in-flight", "keda-queue")
 SLOW_START_S = 60.0  # a replica that needs a node, or an image pull, before the engine's own start
 
 
@@ -90,7 +90,9 @@ def reading(doc: dict, runs: dict, slow: dict) -> str:
   fails. **The queue gauge** (`ts_queue_size`, threshold the mean queue measured at the operating point,
   1, what the export wrote before) asks for nothing while replicas keep the queue empty, so 300 s later
   the HPA's default policy (-100% in 15 s) takes replicas away, the queue comes back and it scales up
-  again (the plots' saw-tooth). **Requests in flight alone** under-count a batching model's load when
+  again (the plots' saw-tooth). **The answer rate alone** (keda-rate) sees only what the replicas answer,
+  averaged over a minute: once they fall behind it asks for the answered rate over its threshold and no more,
+  so the ramp sheds {shed(runs, "ramp", "keda-rate"):.2f} % and the spike {shed(runs, "spike", "keda-rate"):.2f} %. **Requests in flight alone** under-count a batching model's load when
   replicas are spare (fewer in flight per replica answer faster), so its count swings the same way, less
   deeply; its lower spike figure comes from that swing: it went into the spike with {base["keda-in-flight"]} replicas where
   the load before needed {base["keda"]} (the exported KEDA's count), having shed on the way.

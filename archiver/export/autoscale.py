@@ -316,7 +316,10 @@ def common_numbers(plan: Plan, options: ExportOptions):
     plan.note("operating point", f"{plan.concurrency} concurrent requests per replica", chosen_source(plan))
     plan.note("minReplicas", plan.min_replicas, "--min-replicas")
     if options.peak_rps is not None:
-        source = f"ceil(--peak-rps {options.peak_rps:g} / {plan.step['throughput_rps']:g} rps per replica)"
+        source = (
+            f"ceil(--peak-rps {options.peak_rps:g} / {plan.step['throughput_rps']:g} rps per replica): at the peak "
+            f"every replica at its operating point, the {100 - UTILIZATION}% headroom of the targets spent"
+        )
     else:
         source = (
             "--max-replicas" if options.max_replicas is not None else f"default {DEFAULT_MAX_REPLICAS}, not measured"
