@@ -286,6 +286,7 @@ MISTAKES = {  # each command's arguments for one of our errors, before anything 
     ("export", "kserve"): ["out", "--name", "x", "--storage-uri", "s3://x"],
     ("export", "seldon"): ["out", "--image", "a b"],
     ("shadow",): ["missing.mar", "--current", "http://127.0.0.1:9", "--candidate", "http://127.0.0.1:10"],
+    ("simulate",): ["missing.json"],
 }
 NO_ERRORS = {("doctor",)}  # every problem it finds is a check line of its answer, exit 1: never an error
 
