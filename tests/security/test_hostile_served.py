@@ -207,7 +207,7 @@ def mixed_load(srv, model, good, good_type, cases, clients, seconds, hostile_sha
 def test_mixed_load_smoke(srv):
     """make test's short version of benchmarks/hostile_load.py (64 clients, 60 s)."""
     before = workers(srv, "resnet18")
-    result = mixed_load(srv, "resnet18", GOOD_JPEG, "image/jpeg", hostile.image_corpus(GOOD_JPEG), 16, 10)
+    result = mixed_load(srv, "resnet18", GOOD_JPEG, "image/jpeg", hostile.image_corpus(GOOD_JPEG), 16, 6)
     assert not result["failures"], "\n".join(result["failures"][:20])
     assert result["good"] > 20 and result["hostile"] > 5, result
     assert workers(srv, "resnet18") == before
