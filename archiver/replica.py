@@ -179,7 +179,9 @@ def threads_note(cpu: Optional[float], engine: str = "torchserve") -> Optional[s
     OMP_NUM_THREADS from the quota themselves (serving/engine_workers.py)."""
     import os
 
-    visible = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    from handlers import cpu_limit
+
+    visible = cpu_limit.visible()
     if engine != "torchserve" or cpu is None or cpu >= visible or os.environ.get("OMP_NUM_THREADS"):
         return None
     return (

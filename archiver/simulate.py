@@ -67,6 +67,7 @@ def run(doc: dict, modes: Sequence[str], traces: Sequence[str] = TRACES, peak: O
         top = max(rate(t) for t in range(int(rate.duration)))
         most = max_replicas or sim.peak_replicas(doc, top)
         warm = min(most, sim.peak_replicas(doc, rate(0)))  # ready at the start: what the first load needs
+        needed_hours = round(needed(doc, rate, rate.duration) / 3600, 2)  # the trace's, whatever the mode
         for mode in modes:
             progress(f"{name}: {mode}")
             scaler = sim.scaler_for(doc, mode, most)
@@ -76,7 +77,7 @@ def run(doc: dict, modes: Sequence[str], traces: Sequence[str] = TRACES, peak: O
             summary = result.summary(curve)
             rows.append({"trace": name, "mode": mode, "max_replicas_allowed": most, **summary,
                          "replica_hours": round(summary["replica_seconds"] / 3600, 2),
-                         "needed_replica_hours": round(needed(doc, rate, rate.duration) / 3600, 2)})  # fmt: skip
+                         "needed_replica_hours": needed_hours})  # fmt: skip
     out = {"format": FORMAT, "model": doc["model"], "engine": doc["engine"], "measured_at": doc["measured_at"],
            "best_rps": round(curve.best, 2), "start_seconds": start_s, "peak": peak, "rows": rows}  # fmt: skip
     return {"result": out, "runs": runs}

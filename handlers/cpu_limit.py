@@ -24,12 +24,17 @@ def cores(proc_cgroup: str = PROC_CGROUP, root: str = ROOT) -> Optional[int]:
     return max(1, int(min(quotas))) if quotas else None
 
 
+def visible() -> int:
+    """The cores this process may run on: its CPU affinity (what a container sees of its node)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def usable(proc_cgroup: str = PROC_CGROUP, root: str = ROOT) -> int:
-    """The cores this process may keep busy: those it may run on (its CPU affinity), within its cgroup's
-    quota. What the tsctl engine divides among a model's workers (OMP_NUM_THREADS) and TorchServe counts
-    as its default workers per model."""
-    visible = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(visible, cores(proc_cgroup, root) or visible))
+    """The cores this process may keep busy: those it may run on (``visible``), within its cgroup's quota.
+    What the tsctl engine divides among a model's workers (OMP_NUM_THREADS) and TorchServe counts as its
+    default workers per model."""
+    seen = visible()
+    return max(1, min(seen, cores(proc_cgroup, root) or seen))
 
 
 def _quotas(proc_cgroup: str, root: str) -> Iterator[Tuple[int, int]]:

@@ -44,6 +44,11 @@ def memory_bytes(memory: str) -> int:
     return int(Decimal(number) * UNITS.get(unit, 1))
 
 
+def cpu_cores(cpu: str) -> Decimal:
+    """A CPU quantity (``1``, ``1.5``, ``500m``) in cores; check_resources has checked it."""
+    return Decimal(cpu[:-1]) / 1000 if cpu.endswith("m") else Decimal(cpu)
+
+
 def check_resources(cpu: str, memory: str):
     """``--cpu`` and ``--memory`` as Kubernetes quantities above 0 (``2GB`` is not one: ``2Gi``)."""
     found = MEMORY.match(memory or "")

@@ -2,6 +2,7 @@
 
 from typing import TYPE_CHECKING, List
 
+from .kube import cpu_cores
 from .options import ExportOptions
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ def measured_notes(plan, options: ExportOptions, target: "targets.Target", snaps
             f"{len(snapshot['models'])} models, whose load shares its CPU"
         )
     measured = capacity["server"].get("cpu")
-    pod = float(options.cpu[:-1]) / 1000 if options.cpu.endswith("m") else float(options.cpu)
+    pod = float(cpu_cores(options.cpu))
     if measured is None:
         notes.append(
             f"--from-bench was measured with no CPU limit, the pod is limited to --cpu {options.cpu}: a "

@@ -44,7 +44,6 @@ Every check runs before anything is written; the tree is written beside OUT and 
 
 import json
 from dataclasses import dataclass
-from decimal import Decimal
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -54,7 +53,7 @@ from ..errors import UserError
 from . import core, crds, out_dir, seldon
 from .bodies import sample_inputs
 from .images import CPU_TORCH_INDEX, PYTHON, pinned, pins, with_archive_lines, write_context
-from .kube import check_resources, image_reference, label, memory_bytes
+from .kube import check_resources, cpu_cores, image_reference, label, memory_bytes
 from .options import SeldonCore1Options
 
 API_VERSION = "machinelearning.seldon.io/v1"
@@ -227,8 +226,7 @@ def pod_size(manifest: dict) -> str:
     """What the graph's one pod asks of a node: its containers' requests added up, per container."""
     containers = manifest["spec"]["predictors"][0]["componentSpecs"][0]["spec"]["containers"]
     requests = [c["resources"]["requests"] for c in containers]
-    millicores = sum(int(Decimal(r["cpu"][:-1])) if r["cpu"].endswith("m") else int(Decimal(r["cpu"]) * 1000)
-                     for r in requests)  # fmt: skip
+    millicores = sum(int(cpu_cores(r["cpu"]) * 1000) for r in requests)
     memory = sum(memory_bytes(r["memory"]) for r in requests)
     cpu = f"{millicores / 1000:g}"
     shown = f"{memory // 2**30}Gi" if memory % 2**30 == 0 else f"{memory / 2**20:g}Mi"
