@@ -1,11 +1,38 @@
-"""Shared fixtures: sample models built on the spot (resnet18, JPEGs, the text models). What the tests
-share besides fixtures is in tests/helpers/; pyproject.toml puts the repository and tests/ on sys.path."""
+"""Shared fixtures: each test in a directory of its own, never the checkout's working state; the sample
+models built on the spot (resnet18, JPEGs, the text models). What the tests share besides fixtures is in
+tests/helpers/; pyproject.toml puts the repository and tests/ on sys.path."""
 
+import os
 from pathlib import Path
 
 import pytest
 
+from helpers import checkout_state
 from samples import image_model
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_directory(tmp_path_factory):
+    """The session's fixtures run in a directory of their own, not in the checkout: the README's flow leaves
+    config/config.properties and model-store/ there, which a command given no path would read. What a
+    module's or the session's fixtures change in the checkout fails the last test."""
+    before, state = os.getcwd(), checkout_state.snapshot()
+    os.chdir(tmp_path_factory.mktemp("session-cwd"))
+    yield
+    os.chdir(before)
+    changed = checkout_state.changes(state, checkout_state.snapshot())
+    assert not changed, f"the suite's fixtures changed the checkout's working state: {', '.join(changed[:10])}"
+
+
+@pytest.fixture(autouse=True)
+def own_directory(tmp_path_factory, monkeypatch):
+    """Each test runs in an empty directory of its own, and fails if the checkout's working state changed
+    while it ran (helpers/checkout_state.py: what it wrote, removed or changed there)."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+    before = checkout_state.snapshot()
+    yield
+    changed = checkout_state.changes(before, checkout_state.snapshot())
+    assert not changed, f"the test changed the checkout's working state: {', '.join(changed[:10])}"
 
 
 @pytest.fixture(scope="session")
