@@ -178,3 +178,15 @@ def test_a_canary_keeps_knative_autoscaling_and_standard_mode_has_none(project, 
         kserve.export(kserve_options(project, tmp_path / "zero", canary=10, autoscale="knative", target=4,
                                      min_replicas=0))  # fmt: skip
     assert not (tmp_path / "zero").exists()
+
+
+def test_the_stubs_record_calls_made_at_once_whole(tmp_path):
+    """DEPLOY.md's canary steps run two ``kubectl port-forward ... &`` beside ``tsctl shadow``: on a busy
+    machine the stubs' records interleaved into an empty call (an IndexError inside the helper, not an
+    assertion about the export). 40 calls at once are 40 whole records."""
+    out = tmp_path / "out"
+    out.mkdir()
+    calls = "\n".join(f"kubectl port-forward pod/p{i} {8000 + i}:8080 &" for i in range(40))
+    (out / "DEPLOY.md").write_text(f"```sh\n{calls}\nwait\n```\n")
+    run = deploy_md.run_deploy_md(out, tmp_path / "stubs")
+    assert sorted(run.of("kubectl")) == sorted(["port-forward", f"pod/p{i}", f"{8000 + i}:8080"] for i in range(40))

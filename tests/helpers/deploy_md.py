@@ -16,7 +16,10 @@ from typing import Dict, List, Optional
 STUBBED = ("kubectl", "docker", "curl", "tsctl")  # the cluster's side, the calls that would reach it
 SEPARATOR = "\x1f"  # between a call's arguments; a call per line
 STUB = """#!/bin/sh
-# records its name and arguments, one call per line, and answers nothing
+# records its name and arguments, one call per line, and answers nothing. DEPLOY.md runs some in the
+# background (kubectl port-forward ... &): each call's line is written whole, under a lock
+exec 9>>"{log}.lock"
+flock 9
 printf '%s\\037' "$(basename "$0")" "$@" >> "{log}"
 printf '\\n' >> "{log}"
 """
@@ -57,6 +60,8 @@ def run_deploy_md(out: Path, stubs: Path, env: Dict[str, str] = None, answer: Op
     assert "error:" not in output, output
     lines = log.read_text().splitlines() if log.exists() else []
     calls = [line.split(SEPARATOR)[:-1] for line in lines]
+    malformed = [number for number, call in enumerate(calls, 1) if not call or call[0] not in STUBBED]
+    assert not malformed, f"the stubs recorded malformed calls (lines {malformed} of {log}): {lines}"
     return Run(calls, output)
 
 
