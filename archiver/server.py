@@ -31,6 +31,7 @@ from serving import sockets, ts_config
 from .errors import ServerError, UserError, make_directory
 from .http_client import request
 from .output import quiet
+from .patience import Patience
 from .properties import check_keys, config_metrics, read_properties, snapshot_of
 from .torchserve_log import failing_model, registration_failure, startup_problem, startup_states, worker_failure
 
@@ -349,9 +350,10 @@ def wait_ready(
 ):
     """Poll the management API until each model has a READY worker. Fail as soon as the logs say why
     it will not happen (a model TorchServe could not register, a crash-looping worker, TorchServe
-    exiting), with that reason. ``progress`` hears of each model's state when it changes
+    exiting), with that reason, or once nothing moved for ``timeout`` seconds (``Patience``: no model
+    changed state, its logs did not grow). ``progress`` hears of each model's state when it changes
     (``model_state``; ``registering`` names what a model not registered yet is going through)."""
-    deadline = time.monotonic() + timeout
+    patience = Patience(timeout, [server.logs / "ts_log.log", server.logs / "model_log.log"])
     pending = list(server.models)
     report = States(progress)
     while pending:
@@ -360,8 +362,9 @@ def wait_ready(
             raise ServerError(f"TorchServe exited with code {process.returncode}: {startup_problem(server)}")
         if process is None and not group_alive(server.pid):  # started detached: the launcher has exited
             raise ServerError(f"TorchServe exited: {startup_problem(server)}")
-        if time.monotonic() > deadline:
-            raise ServerError(f"models {', '.join(pending)} not READY after {timeout:.0f}s: {startup_problem(server)}")
+        patience.note(tuple(sorted(report.seen.items())))
+        if patience.expired():
+            raise ServerError(f"models {', '.join(pending)} not READY, {patience.said()}: {startup_problem(server)}")
         refused = registration_failure(server)
         if refused:
             raise ServerError(

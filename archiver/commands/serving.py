@@ -24,7 +24,7 @@ from .options import content_type_option, engine_option, home_option, resolve_al
 )
 @click.option("--model-store", default="model-store", show_default=True, help="The directory of archives to serve.")
 @home_option("State directory: logs, pid lock, server.json.")
-@timeout_option(180.0, "Seconds to wait for every model to be READY.")
+@timeout_option(180.0, "Seconds to wait while no model makes progress (a state, a log line) before giving up.")
 @click.option("--install-deps", is_flag=True, help="pip-install each archive's requirements.txt first, as KServe does.")
 @click.option(
     "--enable-model-api", is_flag=True, help="Allow (re)registering models, e.g. for 'tsctl bench --sweep-batch'."
@@ -188,7 +188,8 @@ def capacity_options(command):
                      "cgroup CPU quota around the server and its workers where this machine can make one."),
         click.option("--memory", help="With --model-store: the pod's memory limit (4Gi, 512Mi, 4G), as a cgroup "
                      "memory limit where this machine can make one."),
-        click.option("--timeout", type=float, help="With --model-store: seconds to wait for the server (default 300)."),
+        click.option("--timeout", type=float, help="With --model-store: seconds the server may show no progress "
+                     "while starting (default 300)."),
         click.option("--out", type=click.Path(), help="With --capacity: write the result file (docs/capacity.md)."),
         click.option("--plot", type=click.Path(), help="With --capacity: a PNG of throughput and p99 against "
                      "concurrency (needs matplotlib: the bench extra)."),

@@ -129,10 +129,12 @@ class TsctlRuntime(Runtime):
     def wait_ready(self, server: "Server", timeout: float, process=None, progress: Callable[[str], None] = quiet):
         """Poll ``/v2/health/ready`` until 200 (every model's workers up), telling ``progress`` each
         model's state as it changes (``model_states``). Fail as soon as the engine exits, with the last
-        error it printed; on timeout, name the models that are not ready."""
+        error it printed; once nothing moved for ``timeout`` seconds (``Patience``: no model changed state,
+        its output did not grow), name the models that are not ready."""
         from .. import server as servers
+        from ..patience import Patience
 
-        deadline = time.monotonic() + timeout
+        patience = Patience(timeout, [self.output(server)])
         report = servers.States(progress)
         while True:
             if process is not None and process.poll() is not None:
@@ -150,9 +152,10 @@ class TsctlRuntime(Runtime):
                 report(name, state)
             if ready:
                 return
-            if time.monotonic() > deadline:
+            patience.note(tuple(sorted(report.seen.items())))
+            if patience.expired():
                 pending = ", ".join(self.not_ready(server)) or "(none answered)"
-                raise ServerError(f"models {pending} not ready after {timeout:.0f}s: {self.problem(server)}")
+                raise ServerError(f"models {pending} not ready, {patience.said()}: {self.problem(server)}")
             time.sleep(0.5)
 
     def is_ready(self, server: "Server") -> bool:

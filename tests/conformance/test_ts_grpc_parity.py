@@ -11,13 +11,12 @@ breaks TorchServe's workers (its bugs), so it runs last.
 
 import json
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 
 from archiver import properties, server
-from helpers import streams, ts_grpc
+from helpers import streams, ts_grpc, waiting
 from helpers.engine import Engine
 from helpers.paths import short_tmp
 from samples import ts_examples, ts_streaming
@@ -37,14 +36,17 @@ class Side:
         self.inference, self.management = inference, management
 
     def wait_ready(self, model: str = "probe", timeout: float = 60):
-        """Until the model's workers are READY again (after a worker died)."""
-        deadline = time.monotonic() + timeout
-        while True:
+        """Until the model's workers are READY again (after a worker died), as long as their states move
+        (helpers/waiting.py)."""
+
+        def workers():
             status, body = server.request(f"{self.rest_management}/models/{model}", timeout=10)
-            if status == 200 and all(w["status"] == "READY" and w["pid"] > 0 for w in body[0]["workers"]):
-                return
-            assert time.monotonic() < deadline, body
-            time.sleep(0.3)
+            return tuple((w["status"], w["pid"]) for w in body[0]["workers"]) if status == 200 else (status, body)
+
+        def ready(shown):
+            return bool(shown) and all(isinstance(w, tuple) and w[0] == "READY" and w[1] > 0 for w in shown)
+
+        waiting.until(workers, ready, f"{model} not ready again", timeout=timeout)
 
     def calls(self, wanted: list) -> list:
         return ts_grpc.calls(self.stubs, self.inference, self.management, wanted)

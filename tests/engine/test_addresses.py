@@ -18,7 +18,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from argparse import Namespace
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from click.testing import CliRunner
 
 from archiver import engines, server
 from archiver.cli import main
-from helpers import management
+from helpers import management, waiting
 from helpers.engine import free_port
 from helpers.paths import ROOT, short_tmp
 from serving import listeners, ts_config
@@ -173,19 +172,21 @@ class Direct:
         return server.request(self.url(api) + path, timeout=10)
 
     def wait(self, models, timeout: float = 120) -> "Direct":
-        """Until every model's workers are READY (the management API's describe)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.output()[-3000:]
-            try:
-                described = [self.get("management", f"/models/{name}/all") for name in models]
-            except OSError:
-                described = []
-            if described and all(status == 200 and all(w["status"] == "READY" for m in body for w in m["workers"])
-                                 and all(m["workers"] for m in body) for status, body in described):  # fmt: skip
-                return self
-            time.sleep(0.3)
-        raise AssertionError(f"not ready after {timeout}s: {self.output()[-3000:]}")
+        """Until every model's workers are READY (the management API's describe), as long as the engine makes
+        progress (helpers/waiting.py)."""
+
+        def states():
+            described = [self.get("management", f"/models/{name}/all") for name in models]
+            return [(status, [tuple(w["status"] for w in m["workers"]) for m in body] if status == 200 else body)
+                    for status, body in described]  # fmt: skip (each version's workers' states)
+
+        def ready(shown):
+            return bool(shown) and all(status == 200 and all(v and set(v) == {"READY"} for v in versions)
+                                       for status, versions in shown)  # fmt: skip
+
+        waiting.until(states, ready, f"models {models} not ready", self.home / "out",
+                      lambda: self.process.poll() is None, timeout)  # fmt: skip
+        return self
 
     def output(self) -> str:
         return (self.home / "out").read_text(errors="replace")

@@ -24,7 +24,7 @@ import pytest
 import tritonclient.http as triton_http
 
 from archiver import server
-from helpers import grpc_client
+from helpers import grpc_client, waiting
 from helpers.engine import BIN, Engine, received, snapshot_entry, write_config
 from helpers.hostile import assert_close
 from helpers.models import package_resnet
@@ -221,14 +221,9 @@ def test_a_dead_worker_fails_only_the_requests_it_held_and_comes_back(engine):
     died = next(body for status, body in answers if status == 503)
     assert "Worker died" in died["message"], died
     assert next(body for status, body in answers if status == 200)["pid"] != victim
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        now = engine.workers("echo")
-        if all(w["status"] == "READY" and w["pid"] > 0 for w in now) and victim not in {w["pid"] for w in now}:
-            break
-        time.sleep(0.5)
-    else:
-        raise AssertionError(f"the killed worker did not come back: {engine.workers('echo')}")
+    now = waiting.until(lambda: engine.workers("echo"), lambda now: all(w["status"] == "READY" and w["pid"] > 0
+                        for w in now) and victim not in {w["pid"] for w in now}, "the killed worker did not come back",
+                        engine.out, engine.alive, 30)  # fmt: skip
     assert len(before & {w["pid"] for w in now}) == 1
     assert all(echo_json(engine, f"after {i}")[0] == 200 for i in range(4))
 
@@ -240,10 +235,8 @@ def test_response_timeout_and_a_handler_that_exits(engine):
     assert time.monotonic() - start < 15
     status, body = echo_json(engine, "exit")
     assert status == 503 and "Worker died" in body["message"], body
-    deadline = time.monotonic() + 30
-    while not all(w["status"] == "READY" for w in engine.workers("echo")):
-        assert time.monotonic() < deadline, engine.workers("echo")
-        time.sleep(0.5)
+    waiting.until(lambda: engine.workers("echo"), lambda now: all(w["status"] == "READY" for w in now),
+                  "the worker that exited did not come back", engine.out, engine.alive, 30)  # fmt: skip
     assert echo_json(engine, "still here")[0] == 200
 
 

@@ -425,5 +425,45 @@ def test_wait_ready_names_the_models_not_ready_on_timeout(tmp_path):
 
     with stand_in_http(Handler) as address:
         srv = server.Server(os.getpgid(0), str(tmp_path), address, address, address, ["up", "down", "slow"], "kserve")
-        with pytest.raises(server.ServerError, match=r"^models down, slow not ready after 1s: no error in the output"):
+        said = r"^models down, slow not ready, no progress for 1s: no error in the output"
+        with pytest.raises(server.ServerError, match=said):
             ENGINE.wait_ready(srv, 1)
+
+
+def test_wait_ready_waits_while_the_engine_makes_progress(tmp_path):
+    """A slow start is not a hang: with a 1 s timeout, models that become ready after 4 s while the engine
+    writes to its output are waited for (on a busy machine workers take that long); above, an engine that
+    says nothing is given up on after 1 s."""
+    import http.server
+    import threading
+    import time
+
+    from archiver.engines.tsctl import ENGINE_OUT
+
+    ready_at = time.monotonic() + 4
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if time.monotonic() > ready_at else 503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    done = threading.Event()
+
+    def log_lines():
+        with open(tmp_path / ENGINE_OUT, "a") as out:
+            while not done.wait(0.3):
+                out.write("worker: still loading\n")
+                out.flush()
+
+    writer = threading.Thread(target=log_lines, daemon=True)
+    writer.start()
+    try:
+        with stand_in_http(Handler) as address:
+            srv = server.Server(os.getpgid(0), str(tmp_path), address, address, address, ["slow"], "kserve")
+            started = time.monotonic()
+            ENGINE.wait_ready(srv, 1)
+            assert time.monotonic() - started > 3.5
+    finally:
+        done.set()
+        writer.join()

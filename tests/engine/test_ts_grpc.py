@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from archiver import properties, server
-from helpers import streams, ts_grpc
+from helpers import streams, ts_grpc, waiting
 from helpers.engine import Engine
 from samples import ts_streaming
 from serving import ts_protos as pb
@@ -235,10 +235,9 @@ def test_a_worker_that_dies_mid_stream(engine):
 
 
 def wait_ready(engine, timeout: float = 60):
-    deadline = time.monotonic() + timeout
-    while engine.get("/v2/models/probe/ready")[0] != 200:
-        assert time.monotonic() < deadline, "the probe's worker did not come back"
-        time.sleep(0.2)
+    """Until the probe's worker is back, as long as the engine makes progress (helpers/waiting.py)."""
+    waiting.until(lambda: engine.get("/v2/models/probe/ready")[0], lambda status: status == 200,
+                  "the probe's worker did not come back", engine.out, engine.alive, timeout)  # fmt: skip
 
 
 def test_the_authorization_seam_guards_every_call(tmp_path):

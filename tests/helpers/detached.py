@@ -6,12 +6,12 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
 
 from archiver.server import request
+from helpers import waiting
 
 
 @contextmanager
@@ -20,19 +20,9 @@ def detached(argv: Sequence[str], root: Path, ready_url: str, what: str, log_nam
     does not start within ``timeout`` seconds."""
     log = (root / "output.log").open("wb")
     process = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if request(ready_url, timeout=2)[0] == 200:
-                    break
-            except OSError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                shown = root / log_name
-                text = shown.read_text(errors="replace")[-2000:] if shown.exists() else "(no log)"
-                raise RuntimeError(f"{what} did not start: {text}")
-            time.sleep(0.1)
+    try:  # as long as it makes progress (helpers/waiting.py)
+        waiting.until(lambda: request(ready_url, timeout=2)[0], lambda status: status == 200, f"{what} did not start",
+                      root / log_name, lambda: process.poll() is None, timeout, every=0.1)  # fmt: skip
         yield
     finally:
         try:

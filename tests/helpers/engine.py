@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from archiver import server
+from helpers import waiting
 from helpers.paths import ROOT, short_tmp
 
 BIN = Path(sys.executable).parent
@@ -79,17 +80,17 @@ class Engine:
         self.timeout = timeout
 
     def wait_ready(self):
-        deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.output()
-            try:
-                status, _ = server.request(f"{self.url}/v2/health/ready", headers=self.headers(), timeout=5)
-            except OSError:
-                status = None
-            if status == 200:
-                return self
-            time.sleep(0.3)
-        raise AssertionError(f"not ready after {self.timeout}s: {self.output()[-3000:]}")
+        """Until /v2/health/ready answers 200, as long as the engine makes progress (helpers/waiting.py)."""
+
+        def health():
+            return server.request(f"{self.url}/v2/health/ready", headers=self.headers(), timeout=5)[0]
+
+        waiting.until(health, lambda status: status == 200, "the engine is not ready", self.out, self.alive,
+                      self.timeout)  # fmt: skip
+        return self
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
 
     def output(self) -> str:
         return self.out.read_text(errors="replace")

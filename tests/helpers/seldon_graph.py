@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from helpers import waiting
 from helpers.paths import ROOT
 from helpers.processes import kill, session_members
 
@@ -129,13 +130,10 @@ def start(manifest: dict, out: Path, python: Path, logs: Path, timeout: float = 
                 cwd=logs,
             )
             graph.units[name] = Unit(name, port, process, log)
-        deadline = time.monotonic() + timeout
-        for unit in graph.units.values():
-            while get_status(f"http://127.0.0.1:{unit.port}/health/status") != 200:
-                if unit.process.poll() is not None or time.monotonic() > deadline:
-                    tail = unit.log.read_text(errors="replace")[-3000:]
-                    raise RuntimeError(f"unit {unit.name} did not become ready:\n{tail}")
-                time.sleep(0.3)
+        for unit in graph.units.values():  # each as long as it makes progress (helpers/waiting.py)
+            waiting.until(lambda: get_status(f"http://127.0.0.1:{unit.port}/health/status"),
+                          lambda status: status == 200, f"unit {unit.name} did not become ready", unit.log,
+                          lambda: unit.process.poll() is None, timeout)  # fmt: skip
     except BaseException:
         graph.stop()
         raise

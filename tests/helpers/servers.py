@@ -7,11 +7,11 @@ import json
 import shutil
 import sys
 import threading
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from archiver import engines, properties, server
+from helpers import waiting
 from helpers.paths import ROOT, short_tmp
 
 
@@ -40,20 +40,21 @@ class Transformer:
                 env={**os.environ, "PYTHONPATH": str(ROOT)},
             )
         self.url, self.exit_code = None, None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                self.exit_code = self.process.returncode
-                return
-            try:
-                if server.request(f"http://127.0.0.1:{port}/v1/models/{model}", timeout=2)[0] == 200:
-                    self.url = f"http://127.0.0.1:{port}"
-                    return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise AssertionError("transformer did not come up: " + self.output[-2000:])
+
+        def state():
+            exited = self.process.poll() is not None
+            return "exited" if exited else server.request(f"http://127.0.0.1:{port}/v1/models/{model}", timeout=2)[0]
+
+        try:  # as long as it makes progress (helpers/waiting.py)
+            shown = waiting.until(state, lambda s: s in ("exited", 200), "transformer did not come up", self.log,
+                                  timeout=timeout, every=0.5)  # fmt: skip
+        except AssertionError:
+            self.stop()
+            raise
+        if shown == "exited":
+            self.exit_code = self.process.returncode
+        else:
+            self.url = f"http://127.0.0.1:{port}"
 
     @property
     def output(self) -> str:

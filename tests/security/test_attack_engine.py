@@ -23,7 +23,7 @@ import grpc
 import pytest
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 
-from helpers import streams
+from helpers import streams, waiting
 from helpers.cgroups import MemoryLimit, peak_rss
 from helpers.engine import Engine, received, snapshot_entry
 from helpers.engine_limits import archive_handler, engine_in_cgroup, varint, write_config
@@ -246,13 +246,10 @@ def say(engine, text: str, model: str = "victim", timeout: float = 60):
 
 
 def wait_ready(engine, model: str, timeout: float = 30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        workers = engine.workers(model)
-        if all(w["status"] == "READY" and w["pid"] > 0 for w in workers):
-            return workers
-        time.sleep(0.2)
-    raise AssertionError(f"{model} not ready again after {timeout}s: {engine.workers(model)}")
+    """Until the model's workers are READY again, as long as the engine makes progress (helpers/waiting.py)."""
+    return waiting.until(lambda: engine.workers(model), lambda workers: workers is not None and all(
+        w["status"] == "READY" and w["pid"] > 0 for w in workers), f"{model} not ready again", engine.out,
+        engine.alive, timeout, every=0.2)  # fmt: skip
 
 
 def raw_exchange(engine, data: bytes, until: bytes = b"", timeout: float = 30) -> bytes:
@@ -841,16 +838,9 @@ def mlserver(tree):
                                    preexec_fn=group.join)  # fmt: skip
     process.url, process.home = f"http://127.0.0.1:{http}", home
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert process.poll() is None, (home / "mlserver.out").read_text(errors="replace")[-3000:]
-            try:
-                if server.request(f"{process.url}/v2/models/neighbour/ready", timeout=5)[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "MLServer not ready"
-            time.sleep(1)
+        waiting.until(lambda: server.request(f"{process.url}/v2/models/neighbour/ready", timeout=5)[0],
+                      lambda status: status == 200, "MLServer not ready", home / "mlserver.out",
+                      lambda: process.poll() is None, 240, every=1)  # fmt: skip
         yield process
     finally:
         try:

@@ -23,7 +23,7 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from helpers import grpc_client
+from helpers import grpc_client, waiting
 from helpers.engine import snapshot_entry, write_config
 from helpers.engine_limits import archive_handler, engine_in_cgroup
 from serving.engine_workers import Job, JobQueue
@@ -141,7 +141,6 @@ def test_a_worker_killed_holding_a_batch_leaves_no_request_counted(engine):
     assert status == 503 and "Worker died" in json.dumps(body), (status, body)
     assert until(engine, lambda got: got["ts_requests_in_flight"] == 0) == {"ts_queue_size": 0,
                                                                            "ts_requests_in_flight": 0}  # fmt: skip
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and engine.workers("slow")[0]["status"] != "READY":
-        time.sleep(0.3)
+    waiting.until(lambda: engine.workers("slow")[0]["status"], lambda status: status == "READY",
+                  "the slow model's worker did not come back", engine.out, engine.alive, 30)  # fmt: skip
     assert engine.post("/predictions/slow", b"1", OCTETS, 30) == (200, "slept")
