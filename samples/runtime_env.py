@@ -12,6 +12,7 @@ the downloads, so a second build takes seconds; the venv has pip, which TorchSer
 install runs.
 """
 
+import fcntl
 import glob
 import os
 import subprocess
@@ -35,18 +36,8 @@ def interpreter(version: str) -> str:
 def ensure(name: str, root: Path = ROOT) -> Path:
     """The python of a venv standing in for runtime ``name``, built once (marked complete by a file)."""
     runtime = RUNTIMES[name]
-    venv = root / name.replace(":", "-")
-    python = venv / "bin" / "python"
-    done = venv / ".complete"
     packages = [f"{package}=={version}" for package, version in sorted(runtime.pins.items())] + list(WRAPPER_PACKAGES)
-    if done.exists() and done.read_text() == "\n".join(packages):
-        return python
-    uv = [sys.executable, "-m", "uv"]
-    python_version = interpreter(runtime.python)
-    subprocess.run(uv + ["venv", "--quiet", "--seed", "--allow-existing", "-p", python_version, str(venv)], check=True)
-    subprocess.run(uv + ["pip", "install", "--quiet", "--python", str(python)] + packages, check=True)
-    done.write_text("\n".join(packages))
-    return python
+    return build(root / name.replace(":", "-"), packages, runtime.python)
 
 
 # MLServer with tsctl's runtime (serving/mlserver_runtime.py), as archiver/export/seldon_image.py's image holds it: its
@@ -84,18 +75,21 @@ def ensure_seldon(root: Path = ROOT) -> Path:
     return build(root / SELDON_CORE, list(SELDON_PACKAGES) + [f"{n}=={metadata.version(n)}" for n in SELDON_SAME])
 
 
-def build(venv: Path, packages: list) -> Path:
-    """A venv of this Python's version holding ``packages`` (marked complete by a file naming them)."""
+def build(venv: Path, packages: list, version: str = f"{sys.version_info.major}.{sys.version_info.minor}") -> Path:
+    """A venv of Python ``version`` (this one's by default) holding ``packages``, marked complete by a file
+    naming them. Two suites in one checkout build it once: the second waits on a lock beside the venv."""
     python = venv / "bin" / "python"
     done = venv / ".complete"
-    if done.exists() and done.read_text() == "\n".join(packages):
-        return python
-    uv = [sys.executable, "-m", "uv"]
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    subprocess.run(uv + ["venv", "--quiet", "--seed", "--allow-existing", "-p", interpreter(version), str(venv)],
-                   check=True)  # fmt: skip
-    subprocess.run(uv + ["pip", "install", "--quiet", "--python", str(python)] + packages, check=True)
-    done.write_text("\n".join(packages))
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.parent / f".{venv.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.exists() and done.read_text() == "\n".join(packages):
+            return python
+        uv = [sys.executable, "-m", "uv"]
+        subprocess.run(uv + ["venv", "--quiet", "--seed", "--allow-existing", "-p", interpreter(version), str(venv)],
+                       check=True)  # fmt: skip
+        subprocess.run(uv + ["pip", "install", "--quiet", "--python", str(python)] + packages, check=True)
+        done.write_text("\n".join(packages))
     return python
 
 
