@@ -27,9 +27,12 @@ demo: venv
 	$(BIN)/tsctl predict resnet18 $(SAMPLE)/kitten.jpg $(SAMPLE)/street.jpg; status=$$?; \
 	  $(BIN)/tsctl stop; exit $$status
 
+# The suite in TEST_WORKERS processes (pytest-xdist), each test file in one of them with its module's servers;
+# TEST_WORKERS=0 runs it in this one process. pytest alone runs it in one process too.
+TEST_WORKERS ?= 2
 test: venv
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # Venvs standing in for KServe's TorchServe images, MLServer with tsctl's runtime and Seldon Core 1's Python
 # wrapper (seldon-core 1.17.1) with tsctl's components (.runtimes/; samples/runtime_env.py); the tests build
