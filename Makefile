@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 UV := $(PYTHON) -m uv
 SAMPLE := samples/build/resnet18
 
-.PHONY: venv runtimes demo test matrix matrix-tools image-test fuzz bench clean
+.PHONY: venv runtimes demo test matrix matrix-tools image-test fuzz bench gpu-check clean
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml uv.lock
@@ -72,6 +72,11 @@ image-test: venv
 # The property-based tests with many more examples (about half an hour; not part of `make test`).
 fuzz: venv
 	TSCTL_FUZZ_EXAMPLES=5000 $(BIN)/python -m pytest -m "matrix or not matrix" tests/security/test_hostile.py
+
+# On a machine with an NVIDIA GPU: workers' GPUs on TorchServe and the engine, answers against the CPU's, served
+# throughput (benchmarks/gpu.py; each step bounded, benchmarks/data/gpu/gpu.json written as it goes).
+gpu-check: venv
+	$(BIN)/python benchmarks/gpu.py
 
 # The figures in BENCHMARKS.md, one script each (several minutes; not part of `make test`).
 bench: venv

@@ -218,8 +218,10 @@ def sweep(
 
 
 def document(model: str, engine: str, server: dict, files: Sequence[Tuple[str, int]], p99_ms: Optional[float],
-             steps: List[dict], stopped: str, notes: Sequence[str] = ()) -> dict:  # fmt: skip
-    """The result (FORMAT): what was measured and how, the steps, the knee and the p99 point."""
+             steps: List[dict], stopped: str, notes: Sequence[str] = (),
+             gpus: Sequence[dict] = ()) -> dict:  # fmt: skip
+    """The result (FORMAT): what was measured and how (``gpus``: those the model's workers ran on, by id, name
+    and memory; none on the CPU), the steps, the knee and the p99 point."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -231,6 +233,7 @@ def document(model: str, engine: str, server: dict, files: Sequence[Tuple[str, i
         "model": model,
         "engine": engine,
         "server": server,
+        "gpus": list(gpus),
         "input": {"files": [name for name, _ in files], "bytes": [size for _, size in files]},
         "p99_target_ms": p99_ms,
         "steps": steps,
@@ -270,6 +273,8 @@ WORDS = {"count": "a whole number", "positive": "a whole number above 0", "numbe
 STEP_KEYS = {"concurrency": "positive", "requests": "count", "seconds": "number", "throughput_rps": "number",
              "p50_ms": "number?", "p90_ms": "number?", "p99_ms": "number?", "errors": "count"}  # fmt: skip
 POINT_KEYS = {"concurrency": "positive", "throughput_rps": "number", "p99_ms": "number?"}
+GPU_KEYS = {"id": "count", "name": "str", "memory_mib": "count"}
+MAX_GPUS = 64
 SERVER_KEYS = {"workers": "count", "batch_size": "positive", "max_batch_delay_ms": "number", "cpu": "number",
                "memory_bytes": "positive"}  # fmt: skip
 
@@ -317,6 +322,11 @@ def load(path) -> dict:
             raise bad(key, "an object or null")
         if doc[key] is not None:
             check(doc[key], POINT_KEYS, key)
+    gpus = doc.setdefault("gpus", [])  # absent in a file tsctl wrote before it recorded them: the CPU
+    if not isinstance(gpus, list) or len(gpus) > MAX_GPUS:
+        raise bad("gpus", f"a list of at most {MAX_GPUS} GPUs")
+    for index, entry in enumerate(gpus):
+        check(entry, GPU_KEYS, f"gpus[{index}]")
     check_words(doc, bad)
     for key, found in (("knee", knee(doc["steps"])), ("within_p99", within_p99(doc["steps"], doc["p99_target_ms"]))):
         if (doc[key] or {}).get("concurrency") != (found or {}).get("concurrency"):

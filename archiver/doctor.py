@@ -5,8 +5,9 @@ Each check says what it found (``detail``) and, when something is missing, the o
 (Python, TorchServe and torch, Java 17+): ``tsctl doctor`` exits 1 when one of those fails, else 0; the
 other checks (pip for ``serve --install-deps``, the kserve extra for ``--engine tsctl``, MLServer for
 ``--engine mlserver``, uv for ``export kserve --runtime``, free disk) are reported without changing the
-exit code. Nothing is installed or started; the checks find modules without importing them, and run
-only ``java -version`` and, when MLServer is not in this Python, the checkout's MLServer venv.
+exit code, and so are the GPUs (NVML's list, the driver, whether torch sees them; none is fine). Nothing is
+installed or started; the checks find modules without importing them, and run only ``java -version``, when
+MLServer is not in this Python the checkout's MLServer venv, and where there are GPUs torch's count of them.
 """
 
 import importlib.util
@@ -59,6 +60,7 @@ def run_checks(min_free: int = MIN_FREE, runtimes: Optional[Path] = None) -> Lis
         mlserver_check(runtimes if runtimes is not None else CHECKOUT / ".runtimes"),
         uv_check(),
         archiver_check(),
+        gpu_check(),
         *disk_checks(min_free),
     ]
 
@@ -220,6 +222,37 @@ def archiver_check() -> Check:
         return Check("torch-model-archiver", True, detail, None, needed_for)
     fix = "pip install torch-model-archiver==0.12.0 (tsctl package does not need it)"
     return Check("torch-model-archiver", False, f"not installed in {sys.executable}", fix, needed_for)
+
+
+def gpu_check(python: str = sys.executable) -> Check:
+    """The GPUs the servers would give workers (serving/gpus.py: CUDA_VISIBLE_DEVICES, else NVML's list), the
+    driver, and whether ``python``'s torch sees as many (a CPU build of torch, or one built for a newer CUDA
+    than the driver, sees none). No GPU is fine: workers run on the CPU."""
+    from serving import gpus
+
+    needed_for = "GPUs (number_of_gpu, deviceType: gpu, --gpu)"
+    driver, why = gpus.nvml_driver()
+    found = gpus.count_gpus()
+    if not found:
+        detail = f"no GPU ({why or 'the driver lists none'}): workers run on the CPU"
+        return Check("gpu", True, detail, None, needed_for)
+    listed = ", ".join(f"{i}: {d.name} ({d.memory_total_mib:,} MiB)" for i, d in sorted(gpus.sample_devices().items()))
+    code = "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.device_count())"
+    try:
+        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+        version, cuda, seen = done.stdout.split()
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        fix = f"install torch in {python} ('make venv')"
+        return Check("gpu", False, f"{found} GPU(s) [{listed}], driver {driver}; {python} cannot import torch", fix,
+                     needed_for)  # fmt: skip
+    detail = f"{found} GPU(s) [{listed}], driver {driver}; torch {version} (CUDA {cuda}) sees {seen}"
+    if int(seen) < found:
+        fix = (
+            f"install a CUDA build of torch that driver {driver} runs (pip install torch --index-url "
+            "https://download.pytorch.org/whl/cu126), or set CUDA_VISIBLE_DEVICES to the GPUs it should use"
+        )
+        return Check("gpu", False, detail, fix, needed_for)
+    return Check("gpu", True, detail, None, needed_for)
 
 
 def disk_checks(min_free: int = MIN_FREE) -> List[Check]:

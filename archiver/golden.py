@@ -25,6 +25,7 @@ from handlers.requests import content_type
 
 from . import mar
 from .errors import ServerError, UserError
+from .inprocess import worker_gpu
 from .output import quiet
 
 MAX_INPUT_BYTES = 16 << 20
@@ -87,8 +88,10 @@ def record(
     allow_errors=False,
     metrics_config: Optional[str] = None,
     kind: Optional[str] = None,
+    gpu: str = "cpu",
 ) -> dict:
-    """Run ``archive`` in-process on the golden requests; the golden.json it gets. ``progress`` hears of
+    """Run ``archive`` in-process (on ``gpu``: ``--golden-gpu``, inprocess.worker_gpu) on the golden requests;
+    the golden.json it gets. ``progress`` hears of
     the load and of each input (archiver.output.Progress). An answer of the handler failing (5xx) is no
     golden answer: a ServerError naming the input and the handler's error, unless ``allow_errors``
     (a refusal, 4xx, is one: the input is checked to be refused). ``metrics_config``: the worker's
@@ -101,7 +104,7 @@ def record(
 
     with archives.opened(archive) as opened:
         bodies = [(body, kind) for _, body, kind in requests]
-        results, settings = in_process(opened, bodies, each, with_settings=True, metrics_config=metrics_config)
+        results, settings = in_process(opened, bodies, each, True, metrics_config, worker_gpu(gpu, opened))
         found = identity.read(opened) or {}
         handler = f"{found.get('module')}.{found.get('class')}" if found else opened.model["handler"]
     failed = [(name, answer) for (name, _, _), (status, answer) in zip(requests, results) if status >= 500]
@@ -142,18 +145,20 @@ def package(
     allow_errors=False,
     metrics_config=None,
     kind: Optional[str] = None,
+    gpu: str = "cpu",
 ) -> Tuple[Path, mar.Plan, dict]:
     """Build the archive in a scratch directory, record its golden answers, and only then write it,
     with MAR-INF/golden.json, to its place (atomically, as every build; signed before that one write
     with ``options.sign_key``). ``progress`` hears of each step; ``allow_errors`` records the handler's
     failures (5xx) too, with a note naming them; ``metrics_config``: the golden run's metrics.yaml;
-    ``kind``: the inputs' content type (None: each file's suffix's)."""
+    ``kind``: the inputs' content type (None: each file's suffix's); ``gpu``: where the golden run's worker
+    runs (``--golden-gpu``)."""
     target = mar.archive_path(options.export_path, options.model_name, options.archive_format)
     if (target.exists() or target.is_symlink()) and not options.force:
         raise UserError(f"{target} already exists: pass --force to overwrite it")
     with tempfile.TemporaryDirectory(prefix="tsctl-golden-") as scratch:
         built, planned = mar.build(dataclasses.replace(options, export_path=scratch, force=True, sign_key=None))
-        golden = record(built, Path(source), options.serialized_file, progress, allow_errors, metrics_config, kind)
+        golden = record(built, Path(source), options.serialized_file, progress, allow_errors, metrics_config, kind, gpu)
     failed = [case["name"] for case in golden["cases"] if case["status"] >= 500]
     if failed:
         planned.notes.append(
@@ -216,13 +221,15 @@ def verify(
     progress: Callable[[str], None] = lambda message: None,
     metrics_config: Optional[str] = None,
     headers: Optional[dict] = None,
+    gpu: str = "auto",
 ) -> Report:
     """Replay the golden answers of ``archive`` (or of ``golden_from``: another archive of the same
     model, e.g. the original of an ONNX export) in-process with ``archive`` or against ``url``
     (``base_url``). A server that has no endpoint for ``protocol`` (every answer a 404 no golden
     answer was) is a ServerError saying so, never a report of mismatches. ``progress`` hears of each
     input as it is answered; ``metrics_config``: the in-process worker's metrics.yaml (None: TorchServe's);
-    ``headers``: sent with each request to ``url`` (a token-auth server's ``Authorization``)."""
+    ``headers``: sent with each request to ``url`` (a token-auth server's ``Authorization``); ``gpu``: where the
+    in-process worker runs (``--gpu``: inprocess.worker_gpu)."""
     with archives.opened(archive) as opened:
         golden = answers.read(golden_from or opened)
         if golden is None:
@@ -231,7 +238,17 @@ def verify(
             raise UserError(f"--protocol {protocol!r} must be one of {', '.join(PROTOCOLS)}")
         model = model or opened.model_name
         kind = (identity.read(opened) or {}).get("input")  # None: not a toolkit handler
-        return replay(opened, golden, url, protocol, atol, model, kind, timeout, progress, metrics_config, headers)
+        atol = max(atol, precision_atol(opened))
+        return replay(opened, golden, url, protocol, atol, model, kind, timeout, progress, metrics_config, headers,
+                      gpu)  # fmt: skip
+
+
+def precision_atol(archive: archives.Archive) -> float:
+    """How far a golden number may move for the archive's ``handler.precision`` (handlers/golden.py's
+    PRECISION_ATOL): a model run in fp16 or bf16 is checked at that tolerance, whatever ``--atol`` says."""
+    handler = archive.config.get("handler")
+    precision = handler.get("precision", "fp32") if isinstance(handler, dict) else "fp32"
+    return answers.PRECISION_ATOL.get(precision, answers.DEFAULT_ATOL)
 
 
 def replay(
@@ -246,6 +263,7 @@ def replay(
     progress,
     metrics_config=None,
     headers: Optional[dict] = None,
+    gpu: str = "auto",
 ) -> Report:
     """``verify``'s replay of ``golden``'s cases, ``archive`` and its golden answers read."""
     cases = golden["cases"]
@@ -257,7 +275,7 @@ def replay(
         def each(index: int):
             progress(f"{index + 1}/{len(cases)} {cases[index]['name']}")
 
-        results, _ = in_process(archive, bodies, each, metrics_config=metrics_config)
+        results, _ = in_process(archive, bodies, each, metrics_config=metrics_config, gpu=worker_gpu(gpu, archive))
         report.versions = answers.version_changes(golden)
     else:
         url = base_url(url)
@@ -286,13 +304,15 @@ def in_process(
     before_each: Optional[Callable[[int], None]] = None,
     with_settings: bool = False,
     metrics_config: Optional[str] = None,
+    gpu: int = -1,
 ) -> Tuple[List[Tuple[int, Any]], dict]:
     """(status, answer) of each (body, content type), one request at a time as a worker would run
     it alone; and, ``with_settings``, the handler's settings (``handler_settings``; else {}).
-    ``before_each(i)`` is called before request i runs; ``metrics_config``: the worker's metrics.yaml."""
+    ``before_each(i)`` is called before request i runs; ``metrics_config``: the worker's metrics.yaml; ``gpu``:
+    its GPU (-1: the CPU)."""
     from serving.testing import LocalModel, Request  # a worker process: only for --golden and in-process verify
 
-    with LocalModel(archive, batch_size=1, metrics_config=metrics_config) as model:
+    with LocalModel(archive, batch_size=1, metrics_config=metrics_config, gpu=None if gpu < 0 else gpu) as model:
         results = []
         for index, (body, kind) in enumerate(requests):
             if before_each is not None:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
-from .errors import ServerError
+from .errors import ServerError, UserError
 
 FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')  # a traceback's frame, as a worker logs it
 # TorchServe's frontend's answers for a batch that failed as a whole (serving/ts_wire.batch_error).
@@ -110,6 +110,32 @@ def metrics_config(given: Optional[str] = None, config: Optional[str] = None) ->
     return config_metrics(config or DEFAULT_CONFIG)
 
 
+def worker_gpu(choice: str, archive) -> int:
+    """The gpu an in-process worker of ``archive`` (an Archive) is loaded with, from ``--gpu`` (``choice``):
+    an id among the visible GPUs, ``cpu`` (-1), or ``auto``: the GPU TorchServe gives a model's first worker
+    on this machine (serving/gpus.py: its model-config.yaml's deviceType and deviceIds honoured), else -1.
+    One UserError for an id this machine does not have."""
+    from serving import gpus
+
+    choice = (choice or "auto").strip().lower()
+    found = gpus.count_gpus()
+    if choice == "cpu":
+        return gpus.CPU
+    if choice == "auto":
+        try:
+            devices = gpus.model_devices(archive.config, found, f"{archive.path.name}'s model-config.yaml")
+        except gpus.PlacementError as exc:
+            raise UserError(str(exc)) from None
+        return gpus.Placement(found).next_gpu(devices)
+    if not choice.isdigit():
+        raise UserError(f"--gpu {choice}: give a GPU's id (0, 1, ...), cpu or auto")
+    if int(choice) >= found:
+        have = f"{found} visible GPU{'s' if found != 1 else ''}" if found else "no visible GPU"
+        raise UserError(f"--gpu {choice}: this machine has {have} (CUDA_VISIBLE_DEVICES, the driver): give a "
+                        "smaller id, cpu or auto")  # fmt: skip
+    return int(choice)
+
+
 def batch_size(archive) -> int:
     """The batchSize a server gives the archive (an Archive): its model-config.yaml's (as 'tsctl config'
     writes it), else 1."""
@@ -125,19 +151,21 @@ def run(
     expected: Tuple[Optional[str], Optional[str]] = (None, None),
     metrics: Optional[str] = None,
     kind: Optional[str] = None,
+    gpu: str = "auto",
 ) -> List[Tuple[Path, object]]:
     """(path, Response) for each file, answered as ``tsctl predict`` would be answered (module
     docstring). The handler's failure to load is raised as it is (the caller names it); its failure on
     a batch is a ServerError naming ``archive``, the input and the handler's error. With ``public_key``
     the archive must be signed as ``expected`` (name, version; None: any); ``metrics``: the worker's
     metrics.yaml (``metrics_config``; None: TorchServe's); ``kind``: the content type every file is sent
-    with ('': none; None: its suffix's)."""
+    with ('': none; None: its suffix's); ``gpu``: ``--gpu`` (``worker_gpu``)."""
     from handlers import identity
     from handlers.archives import opened
 
     with opened(archive) as archive:  # the archive read once: record, config, files
         raw = identity.read(archive) is not None  # a toolkit handler: served with decode_input_request=false
-        progress(f"loading {archive.path.name}")
+        device = worker_gpu(gpu, archive)
+        progress(f"loading {archive.path.name}" + (f" on GPU {device}" if device >= 0 else ""))
         from serving.testing import LocalModel  # the worker process imports torch, not this one
 
         model = LocalModel(
@@ -147,6 +175,7 @@ def run(
             public_key=public_key,
             expected=expected,
             metrics_config=metrics,
+            gpu=None if device < 0 else device,
         )
         with model:
             answered = []

@@ -8,6 +8,7 @@ gives, inside a cgroup with the pod's CPU and memory limits where this machine l
 (archiver/cgroup_limits.py), stopped once measured. The result's text (``table``) and plot (``plot``).
 """
 
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -75,6 +76,21 @@ def store_spec(engine: str, model: str, model_store: str, config: Optional[str])
     return next((spec for spec in mine if spec.default), mine[0])
 
 
+GPU_ID = re.compile(r"^gpuId::(\d+) ")
+
+
+def gpus_used(described: Optional["Described"]) -> List[dict]:
+    """The GPUs a measured model's workers ran on (``capacity.document``'s ``gpus``): each one's id, name and
+    memory, as NVML reads this machine's (serving/gpus.py); [] on the CPU or where the server does not say."""
+    if described is None or not described.gpu_ids:
+        return []
+    from serving import gpus
+
+    samples = gpus.sample_devices()
+    return [{"id": i, "name": samples[i].name, "memory_mib": samples[i].memory_total_mib}
+            for i in described.gpu_ids if i in samples]  # fmt: skip
+
+
 class Described:
     """A model's settings as a running server's management API describes them (as a ModelSpec)."""
 
@@ -83,6 +99,9 @@ class Described:
         self.max_workers = entry.get("maxWorkers")
         self.batch_size = entry.get("batchSize")
         self.max_batch_delay = entry.get("maxBatchDelay")
+        # the GPUs its workers run on, from their gpuUsage ("gpuId::N ..." as TorchServe and the engine write it)
+        usages = [w.get("gpuUsage") for w in entry.get("workers") or [] if isinstance(w, dict) and w.get("gpu")]
+        self.gpu_ids = sorted({int(m.group(1)) for u in usages if isinstance(u, str) for m in [GPU_ID.match(u)] if m})
 
 
 def running_spec(srv: "Server", model: str) -> Optional[Described]:
@@ -117,7 +136,8 @@ def measure(srv: "Server", model: str, plan: Plan, settings: dict, progress=quie
         plan.p99_ms, srv.headers("inference"), metrics, progress,
     )  # fmt: skip
     named = [(Path(p).name, len(data)) for p, (data, _) in zip(plan.inputs, files)]
-    return capacity.document(model, chosen.name, settings, named, plan.p99_ms, steps, stopped, notes)
+    used = gpus_used(running_spec(srv, model))
+    return capacity.document(model, chosen.name, settings, named, plan.p99_ms, steps, stopped, notes, used)
 
 
 def measure_running(srv: "Server", model: str, plan: Plan, progress=quiet) -> dict:

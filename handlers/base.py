@@ -41,7 +41,7 @@ from typing import Any, List, Optional
 import torch
 
 from . import catalogue, envelopes, golden, log_text, protocol, signing
-from .loading import load_model, pick_device, pick_threads
+from .loading import PRECISIONS, load_model, pick_device, pick_threads, release_memory, to_device, with_precision
 from .protocol import Busy, ClientError, InferenceError, Limits, Request, too_large  # noqa: F401 (InferenceError)
 from .settings import Settings, read_settings
 
@@ -148,10 +148,11 @@ class ToolkitHandler:
         self.model_dir = properties.get("model_dir")
         self.model_name = context.model_name
         self.model_version = self.manifest.get("model", {}).get("modelVersion")
-        self.device = pick_device(properties.get("gpu_id"))
+        self.device = pick_device(properties.get("gpu_id"))  # the load command's gpu (serving/gpus.py), if CUDA is here
         config_file = self.manifest.get("model", {}).get("configFile", "model-config.yaml")
         yaml_config = getattr(context, "model_yaml_config", None) or {}
         self.settings = read_settings(self.Settings, yaml_config.get("handler"), where=config_file)
+        self.dtype = PRECISIONS[self.settings.precision]  # the model's floating-point inputs (load_model casts it)
         self.batch_size = max(1, int(properties.get("batch_size") or 1))
         self.threads = pick_threads(self.settings.torch_threads, yaml_config.get("minWorkers"))
         self.limits = self.request_limits()
@@ -200,7 +201,9 @@ class ToolkitHandler:
         return Limits(max_items, s.max_body_bytes, s.max_json_depth, s.max_json_values, s.max_batch_bytes)
 
     def load_model(self):
-        return load_model(self.model_dir, self.manifest.get("model", {}), self.device, self.settings.allow_pickle)
+        """The archive's model on ``self.device``, its weights in ``handler.precision``."""
+        model = load_model(self.model_dir, self.manifest.get("model", {}), self.device, self.settings.allow_pickle)
+        return with_precision(model, self.settings.precision)
 
     def setup(self):
         """Load anything else the handler needs (labels, tokenizer) after the model."""
@@ -211,7 +214,7 @@ class ToolkitHandler:
         return item
 
     def preprocess(self, inputs: List[Any]) -> Any:
-        return torch.stack(inputs).to(self.device)
+        return to_device(torch.stack(inputs), self.device, self.dtype)
 
     def inference(self, batch: Any, *args, **kwargs) -> Any:
         return self.model(batch)
@@ -327,7 +330,9 @@ class ToolkitHandler:
             chunk = rows[start : start + self.batch_size]
             try:
                 answers = self._run([job.inputs[position] for job, position in chunk])
-            except Exception:  # noqa: BLE001 - retried per request below
+            except Exception as exc:  # noqa: BLE001 - retried per request below
+                if protocol.out_of_memory(exc):  # the same requests alone start from an empty cache
+                    release_memory(self.device)
                 retry.extend(job for job, _ in chunk if job not in retry)
                 continue
             for (job, position), answer in zip(chunk, answers):
@@ -343,6 +348,8 @@ class ToolkitHandler:
                 job.fail(error)
             except Exception as exc:  # noqa: BLE001 - the model failed on this request
                 logger.exception("tsctl inference failed for one request")
+                if protocol.out_of_memory(exc):  # 507; what it held given back for the next batch
+                    release_memory(self.device)
                 job.fail(protocol.error_for(exc, protocol.INFERENCE, "inference failed"))
 
     def _run(self, inputs: list) -> list:

@@ -30,7 +30,7 @@ from . import log_text
 from .base import entry_point
 from .catalogue import ONNX_FILE, SENTENCE_TRANSFORMERS
 from .fit import pooling_modes, sentence_modules_problem
-from .loading import ModelLoadError
+from .loading import ModelLoadError, with_precision
 from .settings import POOLINGS, EmbedderSettings
 from .text import Encoded, TextHandler, read_prefix
 
@@ -91,7 +91,7 @@ class TextEmbedder(TextHandler):
         model = SentenceTransformer(
             self.hf_dir, device=str(self.device), local_files_only=True, trust_remote_code=False
         )
-        return model.eval()
+        return with_precision(model.eval(), self.settings.precision)
 
     def setup(self):
         if self.sentence_model is None:

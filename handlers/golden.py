@@ -25,6 +25,9 @@ GOLDEN = "MAR-INF/golden.json"
 MAX_GOLDEN_BYTES = 64 << 20
 LIBRARIES = ("torch", "torchvision", "Pillow", "numpy", "transformers", "tokenizers", "sentence-transformers")
 DEFAULT_ATOL = 1e-4  # probabilities and embeddings agree to ~1e-6 across batch sizes; a real drift is far larger
+# How far a golden number may move for a model run in each handler.precision: half precision keeps 11 (fp16) or 8
+# (bf16) significant bits, so probabilities in [0, 1] move by up to ~1e-3 or ~1e-2 from their fp32 values
+PRECISION_ATOL = {"fp32": DEFAULT_ATOL, "fp16": 5e-3, "bf16": 3e-2}
 
 
 class DriftError(RuntimeError):
@@ -167,7 +170,8 @@ def check_on_start(handler, golden: dict) -> List[str]:
             context.request_processor = [RequestProcessor({"Content-Type": case["content_type"]})]
             [raw] = handler.handle([{"body": body(case)}], context)
             status = context.get_response_status(0)[0]
-            problem = check_case(case, status, json.loads(raw), handler.settings.verify_atol)
+            atol = max(handler.settings.verify_atol, PRECISION_ATOL[handler.settings.precision])
+            problem = check_case(case, status, json.loads(raw), atol)
             if problem:
                 problems.append(problem)
     finally:

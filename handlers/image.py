@@ -17,6 +17,8 @@ model-config.yaml, all optional (ImageNet defaults)::
       decode_threads: 2    # decode a batch's images in parallel (PIL releases the GIL)
       channels_last: true  # NHWC batches: faster convolutions on CPU
       optimize: true       # TorchScript: freeze + optimize_for_inference (folds batch norm into convolutions)
+      gpu_decode: true     # on a GPU: a batch's JPEGs decoded (nvJPEG), resized and cropped there
+      precision: fp32      # fp16 or bf16: half the memory and bandwidth on a GPU, answers move ~1e-3
 
 Labels map class indices to names like TorchServe's ``index_to_name.json``: ``{"0": "tench"}`` or
 ``{"0": ["n01440764", "tench"]}``; without the file, labels are the class indices.
@@ -27,6 +29,14 @@ A resized copy is bounded: ``max_aspect_ratio`` refuses extreme shapes first (a 
 ask for 26 GB), and above ``EXACT_RESIZE_PIXELS`` only the crop's box is resampled. Images above a
 quarter of ``max_pixels`` decode one at a time, so a batch's decode memory stays near that of one
 image at the limit.
+
+**On a GPU** (a worker given one: serving/gpus.py) the JPEGs of a batch, which are most of what clients send,
+are not decoded by ``decode``: it reads their headers and checks their size as for any image, and
+``preprocess`` decodes them together on the model's GPU (``torchvision.io.decode_jpeg``, nvJPEG), resizes
+and crops each there with torchvision's antialiased bilinear resize, the same coordinates as ``resize_crop``
+(``gpu_decode: false`` turns it off). On the CPU, that path gives PIL's pixels within one level; nvJPEG's
+IDCT may move a few more. Other formats, CMYK JPEGs, ``jpeg_draft`` and a JPEG nvJPEG cannot read are
+decoded by PIL as on the CPU, and copied to the GPU through pinned memory.
 """
 
 import contextlib
@@ -35,7 +45,7 @@ import json
 import math
 import os
 import threading
-from typing import Optional, Sequence
+from typing import Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -45,6 +55,7 @@ from torchvision.transforms.v2 import functional as F
 from .base import ToolkitHandler, entry_point
 from .errors import ClientError
 from .items import to_bytes
+from .loading import to_device
 from .settings import ImageSettings
 
 WIDE_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")  # 16-bit and float images
@@ -78,15 +89,19 @@ class ImageClassifier(ToolkitHandler):
         self.labels = read_labels(os.path.join(self.model_dir, self.settings.labels))
         self.mean = torch.tensor(self.settings.mean, device=self.device).view(1, 3, 1, 1)
         self.std = torch.tensor(self.settings.std, device=self.device).view(1, 3, 1, 1)
+        self.decode_on_gpu = self.settings.gpu_decode and self.device.type == "cuda"
 
-    def decode(self, item) -> torch.Tensor:
-        """Bytes to a resized, centre-cropped uint8 CHW tensor; its size checked before it is decoded."""
+    def decode(self, item) -> Union[torch.Tensor, "EncodedJpeg"]:
+        """Bytes to a resized, centre-cropped uint8 CHW tensor; its size checked before it is decoded. On a
+        GPU a JPEG is left encoded for ``preprocess`` to decode with the batch's others (``EncodedJpeg``)."""
         data = to_bytes(item, "image")
         if not data:
             raise ClientError("image is empty (0 bytes)")
         settings = self.settings
         image = open_image(data, self.formats, settings.max_pixels)
         self.check_size(*image.size)
+        if self.decode_on_gpu and image.format == "JPEG" and image.mode in ("RGB", "L") and not settings.jpeg_draft:
+            return EncodedJpeg(data, image)
         shorter_side = settings.resize if settings.jpeg_draft else None
         large = image.size[0] * image.size[1] > settings.max_pixels // 4
         with self.large_decode if large else contextlib.nullcontext():
@@ -115,11 +130,17 @@ class ImageClassifier(ToolkitHandler):
         self.spend(pixels, "decoded pixels", "max_request_pixels", settings.max_request_pixels)
 
     def preprocess(self, inputs):
-        batch = torch.stack(inputs).to(self.device, non_blocking=True)
-        batch = (batch.float().div_(255) - self.mean) / self.std
+        jpegs = [i for i in inputs if isinstance(i, EncodedJpeg)]
+        if jpegs:  # on a GPU: decoded there together, the others copied there one by one
+            decoded = decode_jpegs(jpegs, self.device, self.settings)
+            images = torch.stack([next(decoded) if isinstance(i, EncodedJpeg) else to_device(i, self.device)
+                                  for i in inputs])  # fmt: skip
+        else:  # one copy of the whole batch (pinned, to a GPU)
+            images = to_device(torch.stack(inputs), self.device)
+        batch = (images.float().div_(255) - self.mean) / self.std
         if self.settings.channels_last:
             batch = batch.contiguous(memory_format=torch.channels_last)
-        return batch
+        return batch.to(self.dtype)
 
     def postprocess(self, output, inputs=None):
         probabilities = torch.softmax(output.float(), dim=1)
@@ -129,6 +150,57 @@ class ImageClassifier(ToolkitHandler):
             {self.labels.get(i, str(i)): p for i, p in zip(row_indices, row_values)}
             for row_indices, row_values in zip(indices.tolist(), values.tolist())
         ]
+
+
+class EncodedJpeg:
+    """A JPEG whose header ``decode`` read and checked, left encoded for ``decode_jpegs`` (on the GPU)."""
+
+    __slots__ = ("data", "image")
+
+    def __init__(self, data: bytes, image: Image.Image):
+        self.data, self.image = data, image
+
+
+def decode_jpegs(jpegs: List[EncodedJpeg], device: torch.device, settings) -> Iterator[torch.Tensor]:
+    """Each JPEG as a resized, centre-cropped uint8 CHW tensor on ``device``, in order: decoded together
+    by torchvision (on a GPU, nvJPEG, in one call), each then resized and cropped there
+    (``resize_crop_tensor``). A batch nvJPEG refuses is decoded again one by one (``decode_one``)."""
+    if not jpegs:
+        return iter(())
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    encoded = [torch.frombuffer(bytearray(j.data), dtype=torch.uint8) for j in jpegs]
+    try:
+        pictures = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device)
+    except RuntimeError:  # one JPEG nvJPEG cannot read fails the call: the others are decoded alone
+        return iter([decode_one(jpeg, data, device, settings) for jpeg, data in zip(jpegs, encoded)])
+    return iter([resize_crop_tensor(picture, settings.resize, settings.crop) for picture in pictures])
+
+
+def decode_one(jpeg: EncodedJpeg, data: torch.Tensor, device: torch.device, settings) -> torch.Tensor:
+    """One JPEG decoded by torchvision on ``device``, resized and cropped there; one it cannot read by PIL,
+    as on the CPU (a damaged one: the ClientError PIL's decode gives), copied to ``device``."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    try:
+        picture = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+    except RuntimeError:
+        return to_device(F.pil_to_tensor(decode_image(jpeg.image, settings.resize, settings.crop)), device)
+    return resize_crop_tensor(picture, settings.resize, settings.crop)
+
+
+def resize_crop_tensor(picture: torch.Tensor, resize: int, crop: int) -> torch.Tensor:
+    """``resize_crop`` on a uint8 CHW tensor where it is (the GPU): torchvision's antialiased bilinear
+    resize of the shorter side to ``resize``, then the centre ``crop`` at the same coordinates."""
+    height, width = picture.shape[-2:]
+    if width <= height:
+        new_width, new_height = resize, int(resize * height / width)
+    else:
+        new_width, new_height = int(resize * width / height), resize
+    left = int(round((new_width - crop) / 2.0))
+    top = int(round((new_height - crop) / 2.0))
+    resized = F.resize(picture, [new_height, new_width], antialias=True)
+    return resized[:, top : top + crop, left : left + crop]
 
 
 def open_image(data: bytes, formats: Optional[Sequence[str]] = None, max_pixels: int = 0) -> Image.Image:

@@ -27,6 +27,40 @@ class ModelLoadError(RuntimeError):
     """The MAR's files do not make a model; the message names the file and the fix."""
 
 
+PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}  # handler.precision
+
+
+def with_precision(model, precision: str):
+    """``model`` with its floating-point weights in ``precision`` (``handler.precision``: fp32 leaves it as
+    loaded). An ONNX model or an exported program keeps its own: a ModelLoadError says so."""
+    if precision == "fp32":
+        return model
+    if not isinstance(model, torch.nn.Module) or isinstance(model, torch.fx.GraphModule):
+        raise ModelLoadError(
+            f"handler.precision {precision} needs a torch module (eager or TorchScript); this model is "
+            f"{type(model).__name__}: export it in that precision, or set precision: fp32"
+        )
+    return model.to(PRECISIONS[precision])
+
+
+def to_device(tensor: torch.Tensor, device: torch.device, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """``tensor`` on ``device``, floating-point values in ``dtype`` when given. To a GPU the copy goes through
+    pinned host memory without blocking, so the host goes on (decoding, tokenizing) while it runs; the cast
+    happens on the device, after the copy."""
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        tensor = tensor.pin_memory().to(device, non_blocking=True)
+    else:
+        tensor = tensor.to(device)
+    return tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
+
+
+def release_memory(device: Optional[torch.device]):
+    """After an out-of-memory error on a GPU: the cached blocks of the failed batch back to the driver, so the
+    next batch (or the same requests alone) starts from an empty cache."""
+    if device is not None and device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def load_model(model_dir: str, manifest_model: dict, device: torch.device, allow_pickle: bool = False):
     serialized = manifest_model.get("serializedFile")
     model_file = manifest_model.get("modelFile")

@@ -121,9 +121,12 @@ class Settings:
     decode_threads: int = 1  # decode a batch's inputs in this many threads
     torch_threads: int = 0  # intra-op threads per worker; 0: OMP_NUM_THREADS, else the cores / minWorkers
     verify_on_start: bool = False  # replay MAR-INF/golden.json at start; refuse to start if an answer drifted
-    verify_atol: float = golden.DEFAULT_ATOL  # how far a golden number may move (verify_on_start)
+    verify_atol: float = golden.DEFAULT_ATOL  # how far a golden number may move (verify_on_start); at least precision's
+    precision: str = "fp32"  # the model's weights and inputs: fp32, or fp16/bf16 (faster on GPUs, answers move more)
 
     def check(self):
+        if self.precision not in golden.PRECISION_ATOL:
+            return f"'handler.precision' is {self.precision!r}: give one of {', '.join(golden.PRECISION_ATOL)}"
         if not 0 <= self.torch_threads <= MAX_TORCH_THREADS:
             return f"'handler.torch_threads' must be 0 (the cores / minWorkers) to {MAX_TORCH_THREADS}"
         for key in ("max_body_bytes", "max_json_depth", "max_json_values", "max_batch_bytes", "decode_threads"):
@@ -152,6 +155,7 @@ class ImageSettings(Settings):
     decode_threads: int = 2
     channels_last: bool = True
     optimize: bool = True
+    gpu_decode: bool = True  # on a GPU: a batch's JPEGs decoded, resized and cropped there (other formats: PIL)
 
     def check(self):
         if len(self.mean) != 3 or len(self.std) != 3:

@@ -29,7 +29,7 @@ from .catalogue import ONNX_FILE, TRANSFORMERS
 from .decoding import text_request
 from .errors import too_large
 from .items import to_text
-from .loading import ModelLoadError
+from .loading import ModelLoadError, to_device, with_precision
 from .onnx_runtime import OnnxModel
 from .settings import TextSettings
 from .v2_binary import header_length
@@ -86,11 +86,11 @@ class TextHandler(ToolkitHandler):
             config = transformers.AutoConfig.from_pretrained(
                 self.hf_dir, local_files_only=True, trust_remote_code=False
             )
-            return OnnxModel(onnx, config)
+            return with_precision(OnnxModel(onnx, config), self.settings.precision)  # fp32 only: said at load
         model = getattr(transformers, self.auto_class).from_pretrained(
             self.hf_dir, local_files_only=True, trust_remote_code=False
         )
-        return model.to(self.device).eval()
+        return with_precision(model.to(self.device).eval(), self.settings.precision)
 
     def setup(self):
         from transformers import AutoTokenizer
@@ -162,7 +162,9 @@ class TextHandler(ToolkitHandler):
         batch = self.tokenizer.pad(
             list(features), padding=self.settings.padding, max_length=self.max_length, return_tensors="pt"
         )
-        return batch.to(self.device)
+        for name, value in batch.items():  # tokenized in decode's threads; here only the copy (pinned, to a GPU)
+            batch[name] = to_device(value, self.device)
+        return batch
 
     def preprocess(self, items: List[Encoded]):
         return self.pad([item.features for item in items])

@@ -5,6 +5,7 @@ the worker gives it.
   CSV bytes; with ``TSCTL_PYTORCH_SERVE`` its own handler and a model trained by its own ``xgboost_train.py``;
 - ``body_probe`` (``build_body_probe``): a handler answering the type and value of the body it received, one
   request for each row of TorchServe's worker's decoding table;
+- ``gpu_probe`` (``build_gpu_probe``): a handler printing, when its worker loads, the gpu_id TorchServe gave it;
 - ``context_probe`` (``build_context_probe``): a handler class answering what else the worker gives it (a
   request header, statuses set for part of a batch, sys.path, the environment, stdin, torch's threads,
   context.metrics in initialize), batched by two.
@@ -108,4 +109,19 @@ def build_context_probe(out: Path) -> Example:
         inputs,
         config_file=config,
         note="answers what the worker gave it beside the body; sent as one batch of two",
+    )
+
+
+def build_gpu_probe(out: Path, name: str, config_text: str) -> Example:
+    """A handler saying which GPU its worker was given (samples/ts_examples/gpu_probe), as model ``name`` with
+    ``config_text`` as its model-config.yaml (workers, deviceType, deviceIds)."""
+    out.mkdir(parents=True, exist_ok=True)
+    config = out / f"{name}-config.yaml"
+    config.write_text(config_text)
+    return Example(
+        name,
+        str(STAND_INS / "gpu_probe/gpu_probe.py"),
+        [(b"which", "text/plain")],
+        config_file=config,
+        note="answers the gpu_id its worker was loaded with",
     )

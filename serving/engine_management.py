@@ -48,7 +48,7 @@ from handlers.archives import ArchiveError, opened
 from handlers.errors import frontend_error
 from handlers.signing import SignatureError
 
-from . import ts_config
+from . import gpus, ts_config
 from .engine_workers import MAX_WORKERS, ModelWorkers
 
 logger = logging.getLogger("tsctl.engine")
@@ -181,6 +181,7 @@ def describe_model(model: ModelWorkers) -> dict:
     """TorchServe's describe answer for one model version."""
     spec = model.spec
     workers = []
+    samples = gpus.sample_devices() if any(w.gpu >= 0 for w in model.workers) else {}  # NVML, once
     for worker in list(model.workers):
         process = worker.process
         workers.append(
@@ -190,8 +191,8 @@ def describe_model(model: ModelWorkers) -> dict:
                 "status": {"BUSY": "READY", "STARTING": "LOADING"}.get(worker.status, worker.status),
                 "memoryUsage": rss(process.pid) if process else 0,
                 "pid": process.pid if process and process.alive() else -1,
-                "gpu": False,
-                "gpuUsage": "N/A",
+                "gpu": worker.gpu >= 0,
+                "gpuUsage": gpus.describe_usage(worker.gpu, samples),
             }
         )
     return {
@@ -202,6 +203,7 @@ def describe_model(model: ModelWorkers) -> dict:
         **spec.describe_settings(),
         "startupTimeout": 120,
         **TORCHSERVE_DEFAULTS,
+        **devices_described(model.devices),
         "loadedAtStartup": spec.loaded_at_startup,
         "workers": workers,
         "jobQueueStatus": {
@@ -209,6 +211,17 @@ def describe_model(model: ModelWorkers) -> dict:
             "pendingRequests": len(model.queue),
         },
     }
+
+
+def devices_described(devices) -> dict:
+    """Where a model's workers run, as TorchServe's describe says it (ApiUtils.createModelResponse): its
+    deviceType, its deviceIds when it has a valid list (Gson leaves a null out), parallelType custom's level."""
+    described = {"deviceType": "gpu" if devices.on_gpu else "cpu"}
+    if devices.ids:
+        described["deviceIds"] = list(devices.ids)
+    if devices.level:
+        described.update(parallelType="custom", parallelLevel=devices.level)
+    return described
 
 
 def iso_time(seconds: float) -> str:

@@ -6,8 +6,9 @@ exports them in prometheus mode (``metrics_mode=prometheus``: names, types, labe
   the counters ``ts_inference_requests_total``, ``ts_inference_latency_microseconds`` (request arrival to
   answer), ``ts_queue_latency_microseconds`` (arrival to the batch leaving for a worker), labelled
   model_name, model_version, hostname; ``Requests2XX``/``4XX``/``5XX`` (Level, Hostname); the gauge
-  ``WorkerLoadTime`` per worker. TorchServe's system metrics (CPU, memory, disk, GPU: its metric
-  collector process samples them), ``QueueTime`` and ``WorkerThreadTime`` are not kept.
+  ``WorkerLoadTime`` per worker. TorchServe's GPU metrics (``GPUMemoryUtilization``, ``GPUMemoryUsed``,
+  ``GPUUtilization``, per ``DeviceId``) read through NVML when scraped, on a machine with GPUs; its other
+  system metrics (CPU, memory, disk), ``QueueTime`` and ``WorkerThreadTime`` are not kept.
 - Worker counts: ``ts_workers{model_name, model_version, status}`` (TorchServe shows them only in
   describe; a gauge makes a dead or restarting worker visible to an alert).
 - Each model version's load, the signal to scale on (TorchServe has none: pytorch/serve#714), labelled
@@ -109,10 +110,13 @@ LOAD_COUNTERS = {
     "ts_batches_total": "Batches the model version's workers ran",
     "ts_batched_requests_total": "Requests in those batches (over ts_batches_total: the mean batch size)",
 }
+# TorchServe's GPU system metrics (ts/metrics/system_metrics.py), per visible GPU, read through NVML when scraped
+GPU_GAUGES = ("GPUMemoryUtilization", "GPUMemoryUsed", "GPUUtilization")
+GPU_LABELS = ("Level", "DeviceId", "Hostname")
 # Names the engine exposes itself: a worker's line cannot add samples to them.
 ENGINE_NAMES = (
     frozenset(FRONTEND_COUNTERS) | {"ts_workers", "WorkerLoadTime", "request_predict_seconds"} | set(LOAD_GAUGES)
-    | set(LOAD_COUNTERS) | {name[: -len("_total")] for name in LOAD_COUNTERS}
+    | set(LOAD_COUNTERS) | {name[: -len("_total")] for name in LOAD_COUNTERS} | set(GPU_GAUGES)
 )  # fmt: skip
 ENGINE_PREFIXES = ("request_predict_seconds", "tsctl_")
 DROPPED = "tsctl_metrics_dropped_total"
@@ -391,6 +395,7 @@ class Metrics:
         self.registry.register(_Frontend(self))
         self.registry.register(self.workers)
         self.registry.register(_Live(self))
+        self.registry.register(_Gpus(self))
 
     def _add(self, name: str, labels: Tuple, value: float):
         series = self.frontend[name]
@@ -481,3 +486,33 @@ class _Live:
             yield load
         yield from gauges.values()
         yield from counters.values()
+
+
+class _Gpus:
+    """TorchServe's GPU metrics that the yaml in use declares, per GPU the engine uses (number_of_gpu), by the
+    id its workers know it by: ``GPUMemoryUtilization`` (memory used over total, %), ``GPUMemoryUsed`` (MB),
+    ``GPUUtilization`` (%), read through NVML when scraped (serving/gpus.py), never through torch."""
+
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+
+    def collect(self):
+        from . import gpus
+
+        metrics, engine = self.metrics, self.metrics.engine
+        declared = [name for name in GPU_GAUGES if name in metrics.declared]
+        if engine is None or not declared or engine.frontend.number_of_gpu < 1:
+            return
+        samples = [s for index, s in sorted(gpus.sample_devices().items()) if index < engine.frontend.number_of_gpu]
+        if not samples:  # NVML could not read them: no family rather than an empty one
+            return
+        values = {
+            "GPUMemoryUtilization": lambda sample: sample.memory_used_percent,
+            "GPUMemoryUsed": lambda sample: sample.memory_used_mib,
+            "GPUUtilization": lambda sample: sample.utilization,
+        }
+        for name in declared:
+            family = GaugeMetricFamily(name, HELP.format(kind="gauge", unit=metrics.declared[name]), labels=GPU_LABELS)
+            for sample in samples:
+                family.add_metric(("Host", str(sample.index), metrics.hostname), values[name](sample))
+            yield family

@@ -8,8 +8,9 @@ import os
 import shutil
 from typing import Dict, List, Optional
 
-from . import sockets
-from .engine_workers import ModelWorkers, open_model
+from . import gpus, sockets
+from .engine_workers import ModelWorkers
+from .model_opening import open_model
 from .ts_config import Frontend, ModelSpec
 
 
@@ -25,6 +26,7 @@ class ModelVersions:
         self.defaults: Dict[str, ModelWorkers] = {}
         self.numbers = itertools.count()  # each model version's number: its unpack folder and worker ids
         self.leaving: set = set()  # removed, their workers not ended yet (``forget``)
+        self.placement = gpus.Placement(frontend.number_of_gpu)  # each new worker's GPU, across every model
 
     def open(self, spec: ModelSpec) -> ModelWorkers:
         """A model version's workers, not started: its archive unpacked and checked (``open_model``): the
@@ -34,7 +36,8 @@ class ModelVersions:
         unpack = os.path.join(self.run_dir, f"m{number}")
         on_metric = self.metrics.worker_metric if self.metrics is not None else None
         try:
-            model = open_model(spec, self.frontend, unpack, first_port, self.decode_default, on_metric=on_metric)
+            model = open_model(spec, self.frontend, unpack, first_port, self.decode_default, on_metric=on_metric,
+                               placement=self.placement)  # fmt: skip
         except BaseException:
             shutil.rmtree(unpack, ignore_errors=True)
             raise

@@ -5,8 +5,9 @@
 full queue answers 503), batches gathered as TorchServe gathers them (up to ``batchSize`` within
 ``maxBatchDelay`` ms of the first request), and ``minWorkers`` workers each taking the next batch;
 workers added and retired while it serves (scaling: ``add_workers``, ``remove_workers``; unregistering:
-``drain``). ``open_model`` unpacks and checks an archive and makes its workers' environment
-(``engine_versions.ModelVersions`` holds a server's model versions, added and removed by name and version).
+``drain``), each on the GPU the server's placement gives it (serving/gpus.py). ``model_opening.open_model``
+unpacks and checks an archive and makes its workers' environment and devices (``engine_versions.ModelVersions``
+holds a server's model versions, added and removed by name and version).
 
 - **A worker that dies** (killed, out of memory, a handler calling ``sys.exit``) fails only the
   batch it held, as soon as its process ends (its socket shut down, even while a child it forked
@@ -34,7 +35,6 @@ workers added and retired while it serves (scaling: ``add_workers``, ``remove_wo
 import asyncio
 import collections
 import logging
-import os
 import subprocess
 import threading
 import time
@@ -42,12 +42,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Deque, List, Optional
 
-from handlers import cpu_limit
-from handlers.archives import Archive, opened, printable
+from handlers.archives import printable
 from handlers.errors import frontend_error
 
-from . import fork_server, sockets
+from . import fork_server, gpus, sockets
 from .engine_stream import Parts, collect
+from .gpus import CPU
 from .ts_config import Frontend, ModelSpec
 from .ts_wire import BrokenReply, Request, Response, WorkerDied, batch_error
 from .worker_process import LOAD_TIMEOUT, NotSent, WorkerProcess, kill_group, start_worker
@@ -173,10 +173,11 @@ def unavailable(message: str, status: int = 503) -> Response:
 
 
 class Worker:
-    """One worker slot of a model version: its process, restarted when it dies."""
+    """One worker slot of a model version: its process, restarted when it dies, on GPU ``gpu`` (-1: the CPU),
+    which it keeps when it is started again (TorchServe's WorkerThread.gpuId)."""
 
-    def __init__(self, owner: "ModelWorkers", index: int):
-        self.owner, self.index = owner, index
+    def __init__(self, owner: "ModelWorkers", index: int, gpu: int = CPU):
+        self.owner, self.index, self.gpu = owner, index, gpu
         self.process: Optional[WorkerProcess] = None
         self.spawned: Optional[subprocess.Popen] = None  # the process while it loads
         self.status = "STARTING"  # READY, BUSY, STARTING (TorchServe: WORKER_STARTED / MODEL_LOADED ...)
@@ -218,11 +219,13 @@ class Worker:
                 self.owner.on_metric(self, line)
 
         owner = self.owner
+        visible = gpus.visible_devices(owner.devices, self.gpu)  # parallelType custom: its contiguous GPUs
+        env = owner.env if visible is None else {**owner.env, "CUDA_VISIBLE_DEVICES": visible}
         loading = self.loading = loop.run_in_executor(
             self.thread,
             lambda: start_worker(owner.spec, owner.model_dir, owner.handler, owner.frontend, self.socket_path,
-                                 owner.env, on_line, lambda spawned: setattr(self, "spawned", spawned), on_metric,
-                                 fork_server.shared(owner.env, extras=True)),  # in this thread: it may start one
+                                 env, on_line, lambda spawned: setattr(self, "spawned", spawned), on_metric,
+                                 fork_server.shared(env, extras=True), self.gpu),  # in this thread: it may start one
         )  # fmt: skip
         try:
             self.process = await asyncio.shield(loading)
@@ -400,13 +403,16 @@ class ModelWorkers:
     """One model version: its queue, its workers, and what it counts for /metrics and describe."""
 
     def __init__(self, spec: ModelSpec, model_dir: Path, handler: str, frontend: Frontend, run_dir: str,
-                 first_port: int, env: dict, on_line: Callable, on_metric: Optional[Callable] = None):  # fmt: skip
+                 first_port: int, env: dict, on_line: Callable, on_metric: Optional[Callable] = None,
+                 devices: Optional[gpus.ModelDevices] = None, placement: Optional[gpus.Placement] = None):  # fmt: skip
         self.spec, self.model_dir, self.handler, self.frontend = spec, model_dir, handler, frontend
         self.run_dir, self.first_port, self.env, self.on_line = run_dir, first_port, env, on_line
         self.on_metric = on_metric  # (worker, line) for each line of its metrics logger; None: logged
+        self.devices = devices or gpus.ModelDevices()  # where its workers run (serving/gpus.py)
+        self.placement = placement or gpus.Placement(0)  # the server's: each new worker's GPU
         self.label = printable(f"{spec.name} {spec.version}")  # in log lines: an archive names its version
         self.queue = JobQueue(frontend.job_queue_size)
-        self.workers = [Worker(self, i) for i in range(spec.min_workers)]
+        self.workers = [self.new_worker(i) for i in range(spec.min_workers)]
         self.retired: List[Worker] = []  # scaled away: their index not given again while they hold it
         self.observe: Callable = lambda jobs, responses, sent, done: None  # metrics hook
         self.stopping = False
@@ -415,6 +421,10 @@ class ModelWorkers:
         self.in_flight = 0  # requests taken and not yet answered: queued or in a worker's batch
         self.batches = self.batched = 0  # batches sent to the workers, and the requests they held
         self.recent_fill: Deque[float] = collections.deque(maxlen=RECENT_BATCHES)  # each: its size / batchSize
+
+    def new_worker(self, index: int) -> Worker:
+        """A worker slot on the next GPU the server's placement gives this model (TorchServe's addThreads)."""
+        return Worker(self, index, self.placement.next_gpu(self.devices))
 
     async def start(self):
         """Start every worker and wait until each has loaded the model; RuntimeError if one cannot."""
@@ -447,7 +457,7 @@ class ModelWorkers:
         until each has loaded or failed; then a worker that could not start is removed again (its process
         ended), and its error returned (None when all started). Not waiting: each is started in the
         background and, like any worker, started again after the backoff when it fails."""
-        added = [Worker(self, index) for index in await self.free_indexes(count)]
+        added = [self.new_worker(index) for index in await self.free_indexes(count)]
         for worker in added:
             worker.counted = False
         self.workers.extend(added)
@@ -561,40 +571,3 @@ class ModelWorkers:
             self.begin_stop()
         for worker in self.workers:
             worker.stop()
-
-
-def open_model(
-    spec: ModelSpec,
-    frontend: Frontend,
-    unpack_dir: str,
-    first_port: int,
-    decode_default=None,
-    on_line=None,
-    on_metric=None,
-    archive: Optional[Archive] = None,
-) -> ModelWorkers:
-    """One model version ready to start: its archive (``archive``, opened already, else ``spec.archive``
-    opened here) unpacked into ``unpack_dir`` (an unpacked directory is served where it is, as TorchServe
-    serves it) and checked (the signature first when ``frontend.public_key`` asks, before any of its code
-    can run), its workers' environment made as TorchServe's frontend makes it. ``decode_default(archive)``:
-    whether its requests are decoded (None: the config's ``decode_input_request``); ``on_line(worker,
-    line)`` gets the lines a worker prints (default: the ``tsctl.worker`` log), ``on_metric(worker, line)``
-    those of its metrics logger (default: logged as the others)."""
-    from handlers import signing
-
-    with opened(archive or spec.archive) as found:
-        model_dir = found.model_dir(unpack_dir)
-        if frontend.public_key:  # before any of the archive's code can run; signed as the snapshot's name and version
-            signing.verify(model_dir, frontend.public_key, spec.archive.name, spec.name, spec.version)
-        model = found.model
-        if model["modelName"] != spec.name:
-            logger.info("%s: served as %s (its manifest says %s)", spec.archive, spec.name, model["modelName"])
-        decode = frontend.decode_input_request if decode_default is None else decode_default(found)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(model_dir), os.environ.get("PYTHONPATH")) if p)
-    env["TS_DECODE_INPUT_REQUEST"] = "true" if decode else "false"
-    env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_limit.usable() // max(1, spec.min_workers))))
-    run_dir = str(Path(unpack_dir).parent)
-    return ModelWorkers(
-        spec, model_dir, model["handler"], frontend, run_dir, first_port, env, on_line or worker_log_line, on_metric
-    )

@@ -6,7 +6,7 @@
 
 MLServer (1.7, Seldon Core 2's server and one of KServe's runtimes) loads ``ArchiveModel`` for each
 model folder; ``load`` starts the archive's workers exactly as the tsctl engine does
-(``engine_workers.open_model``: TorchServe's own worker processes, its context and hooks, batches of
+(``model_opening.open_model``: TorchServe's own worker processes, its context and hooks, batches of
 up to ``batchSize`` gathered within ``maxBatchDelay`` ms, a dead worker restarted). So any archive
 TorchServe serves (the toolkit's, ``BaseHandler`` subclasses, pytorch/serve's examples) serves here.
 
@@ -65,7 +65,8 @@ from handlers.archives import Archive
 from handlers.errors import error_message
 
 from . import sockets, v2_requests
-from .engine_workers import ModelWorkers, open_model
+from .engine_workers import ModelWorkers
+from .model_opening import open_model
 from .ts_config import Frontend, ModelSpec
 from .ts_wire import Request, Response
 

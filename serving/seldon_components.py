@@ -17,7 +17,7 @@ DOUBLE, STRING or BOOL and passes to the class as keyword arguments: seldon_core
   answers, one per image (``data.ndarray``).
 - **Model** (``archive``: a ``--handler tensor`` archive; ``batch_size``, ``max_batch_delay``, ``min_workers``,
   ``response_timeout``: its worker settings): the archive's workers exactly as the tsctl engine starts them
-  (``engine_workers.open_model``: TorchServe's own worker processes, batches gathered across requests).
+  (``model_opening.open_model``: TorchServe's own worker processes, batches gathered across requests).
   ``/predict`` reads ``data.tensor`` or ``data.ndarray`` (numbers) and answers the model's output rows in the
   same form.
 - **Router** (``weights``: "60,30,10", one whole number per child, in the children's order): ``/route``
@@ -315,7 +315,7 @@ class Model(Unit):
         from handlers import identity
         from handlers.archives import Archive
 
-        from .engine_workers import open_model
+        from .model_opening import open_model
         from .sockets import FIRST_PORT
         from .ts_config import Frontend, ModelSpec
 

@@ -133,8 +133,9 @@ class LocalModel:
         public_key: Optional[str] = None,
         expected: Tuple[Optional[str], Optional[str]] = (None, None),
     ):
-        if gpu is not None:
-            raise ValueError("LocalModel runs the worker on the CPU, as the tsctl engine does: leave gpu unset")
+        if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < 0):
+            raise ValueError(f"gpu={gpu!r}: give a GPU's id (0 for the first visible one), or None for the CPU")
+        self.gpu = -1 if gpu is None else gpu  # the load command's gpu (serving/gpus.py), as TorchServe sends it
         self.decode_input_request = decode_input_request
         self.log: Deque[str] = collections.deque(maxlen=KEPT_LINES)  # the worker's log lines, as it wrote them
         self.logged = 0  # lines the worker has logged so far (``log`` keeps the latest KEPT_LINES)
@@ -184,6 +185,7 @@ class LocalModel:
                 self._log_line,
                 on_metric=self.metrics.append,
                 fork_server=fork_server.shared(env),
+                gpu=self.gpu,
             )
         except RuntimeError as exc:
             raise LoadError.from_worker(str(exc)) from None
@@ -193,7 +195,7 @@ class LocalModel:
         self.logged += 1
 
     def _environment(self) -> dict:
-        """The worker's environment as TorchServe's frontend makes it (``engine_workers.open_model``):
+        """The worker's environment as TorchServe's frontend makes it (``model_opening.open_model``):
         the model directory first on ``PYTHONPATH``, ``TS_DECODE_INPUT_REQUEST``; no bytecode written
         into the model directory, and its temporary files in the LocalModel's temporary directory."""
         env = dict(os.environ)

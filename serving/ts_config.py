@@ -24,6 +24,7 @@ from typing import Dict, List, Optional
 
 from handlers.archives import MAX_CONFIG_BYTES, ArchiveError, ArchiveLike, opened  # noqa: F401 - MAX_CONFIG_BYTES: callers'
 
+from . import gpus
 from .body_limit import DEFAULT_MAX_REQUEST_SIZE, MAX_REQUEST_SIZE
 
 SNAPSHOT_KEYS = ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout")
@@ -58,6 +59,7 @@ ENVIRONMENT_KEYS = (
     "model_metrics_auto_detect",
     "default_workers_per_model",
     "default_response_timeout",
+    "number_of_gpu",
     "install_py_dep_per_model",
     "disable_token_authorization",
     "enable_model_api",
@@ -211,6 +213,8 @@ class Frontend:
     metrics_auto_detect: bool = True
     default_workers: int = 1
     configured_workers: int = 0  # default_workers_per_model as given: a register's initial_workers (TorchServe's 0)
+    # number_of_gpu as TorchServe sets it at start: the config's, capped at the GPUs found (serving/gpus.py)
+    number_of_gpu: int = field(default_factory=lambda: gpus.count_gpus())
     default_response_timeout: int = 120
     # The management API and token authorization (serving/engine_management.py, serving/token_auth.py), with
     # TorchServe 0.12's defaults: the model API off, tokens on, keys valid 60 minutes, any file or http(s) URL.
@@ -244,7 +248,11 @@ def frontend_of(properties: Dict[str, str], path) -> Frontend:
     frontend.metrics_config = properties.get("metrics_config") or None
     frontend.metrics_auto_detect = properties.get("model_metrics_auto_detect", "true").strip().lower() != "false"
     frontend.configured_workers = _int(properties, "default_workers_per_model", 0, path)
-    frontend.default_workers = frontend.configured_workers or 1
+    try:
+        frontend.number_of_gpu = gpus.number_of_gpu(properties, frontend.number_of_gpu)
+    except gpus.PlacementError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    frontend.default_workers = frontend.configured_workers or frontend.number_of_gpu or 1
     frontend.default_response_timeout = _int(properties, "default_response_timeout", 120, path)
     for api in ("inference", "management"):
         address = properties.get(f"grpc_{api}_address") or getattr(frontend, f"grpc_{api}_address")
@@ -401,7 +409,7 @@ def from_load_models(properties: Dict[str, str], config, model_store: Path, fron
     else:
         entries = [(name.strip() or None, url.strip()) if sep else (None, name.strip())
                    for name, sep, url in (entry.partition("=") for entry in value.split(","))]  # fmt: skip
-    workers = frontend.configured_workers or torchserve_workers()
+    workers = frontend.configured_workers or torchserve_workers(frontend.number_of_gpu)
     specs: List[ModelSpec] = []
     for name, url in entries:
         if not url:
@@ -428,12 +436,12 @@ def from_load_models(properties: Dict[str, str], config, model_store: Path, fron
     return specs
 
 
-def torchserve_workers() -> int:
-    """TorchServe 0.12's workers per model without default_workers_per_model (ConfigManager.getDefaultWorkers,
-    no GPU): the CPUs the JVM sees, the process's CPU affinity within its cgroup quota."""
+def torchserve_workers(number_of_gpu: int = 0) -> int:
+    """TorchServe 0.12's workers per model without default_workers_per_model (ConfigManager.getDefaultWorkers):
+    one a GPU, else the CPUs the JVM sees, the process's CPU affinity within its cgroup quota."""
     from handlers import cpu_limit
 
-    return cpu_limit.usable()
+    return gpus.default_workers(0, number_of_gpu, cpu_limit.usable())
 
 
 def snapshot_archive(config, model_store: Path, name: str, entry) -> Path:

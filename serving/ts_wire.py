@@ -109,8 +109,10 @@ def _field(data: bytes) -> bytes:
 
 
 def encode_load(name: str, model_dir: Path, handler: str, batch_size: int, envelope: Optional[str],
-                limit_max_image_pixels: bool = True) -> bytes:  # fmt: skip
-    """The load command (``otf_message_handler._retrieve_load_msg`` reads it); no gpu."""
+                limit_max_image_pixels: bool = True, gpu: int = -1) -> bytes:  # fmt: skip
+    """The load command (``otf_message_handler._retrieve_load_msg`` reads it): ``gpu`` the worker's GPU id
+    (serving/gpus.py places it), -1 on the CPU; the worker hands a GPU's id to the handler as
+    ``context.system_properties["gpu_id"]``, and None on the CPU."""
     return b"".join(
         [
             b"L",
@@ -118,7 +120,7 @@ def encode_load(name: str, model_dir: Path, handler: str, batch_size: int, envel
             _field(str(model_dir).encode()),
             struct.pack("!i", batch_size),
             _field(handler.encode()),
-            struct.pack("!i", -1),
+            struct.pack("!i", gpu),
             _field((envelope or "").encode()),
             struct.pack("!?", limit_max_image_pixels),
         ]

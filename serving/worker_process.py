@@ -4,8 +4,8 @@ Each worker is ``ts/model_service_worker.py`` (the file TorchServe's Java fronte
 way the frontend runs it: in the unpacked archive's directory, with that directory on
 ``PYTHONPATH``, ``TS_DECODE_INPUT_REQUEST`` from the config, listening on a Unix socket of its own.
 ``start_worker`` connects, sends the load command (model name and directory, handler, batch size,
-gpu, envelope, limitMaxImagePixels) and ``WorkerProcess.predict`` then one inference command per
-batch, in the frontend's binary protocol (``ts_wire.encode_load``, ``encode_batch``); the reply is
+the GPU serving/gpus.py placed it on, envelope, limitMaxImagePixels) and ``WorkerProcess.predict`` then one
+inference command per batch, in the frontend's binary protocol (``ts_wire.encode_load``, ``encode_batch``); the reply is
 read back as the frontend reads it (per request the status, content type, headers and body the
 handler set). So an archive runs in its own process with its own imports, exactly as on
 TorchServe: no module swapping, and one model's crash is that worker's alone.
@@ -198,8 +198,10 @@ def start_worker(
     on_spawn: Callable[[subprocess.Popen], None] = lambda process: None,
     on_metric: Optional[Callable[[str], None]] = None,
     fork_server: Optional[ForkServer] = None,
+    gpu: int = -1,
 ) -> WorkerProcess:
-    """Start a worker process and load the model in it, as the frontend does, within
+    """Start a worker process and load the model in it, as the frontend does, on GPU ``gpu`` (-1: the CPU;
+    serving/gpus.py places it), within
     ``LOAD_TIMEOUT``; raises RuntimeError with the worker's own last error when it cannot load
     (``sockets.SocketPathError``, before anything starts, when ``socket_path`` is too long for a socket).
     ``on_line`` gets its log lines (within ``WORKER_LOG_RATE``), ``on_metric`` the lines of its
@@ -218,7 +220,7 @@ def start_worker(
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         load = encode_load(spec.name, model_dir, handler, spec.batch_size, frontend.envelope,
-                           frontend.limit_max_image_pixels)  # fmt: skip
+                           frontend.limit_max_image_pixels, gpu)  # fmt: skip
         stream = connect_and_load(process, sock, socket_path, load)
     except BaseException as exc:
         sock.close()

@@ -10,7 +10,7 @@ from ..engines import DEFAULT_CONFIG
 from ..errors import UserError
 from ..output import Progress, json_option
 from .common import Command, emit, handler_errors
-from .options import METRICS_CONFIG, content_type_option, runtime_option
+from .options import GPU_HELP, METRICS_CONFIG, content_type_option, gpu_option, runtime_option
 
 
 def handler_list(names) -> str:
@@ -81,20 +81,22 @@ def init(name, start, as_json):
     help=f"With --golden: {METRICS_CONFIG[:-2]}; the config: {DEFAULT_CONFIG} when it exists).",
 )
 @content_type_option("--golden-content-type", "file of --golden DIR")
+@gpu_option("cpu", "With --golden: where the golden run's worker runs: " + GPU_HELP[0].lower() + GPU_HELP[1:],
+            "--golden-gpu")  # fmt: skip (the reference answers: on the CPU unless asked)
 @click.option(
     "--sign-key",
     type=click.Path(),
     help="Sign every file with this PEM EC private key (OpenSSF model-signing, MAR-INF/model.sig).",
 )
 @json_option
-def package(golden, golden_allow_errors, metrics_config, kind, as_json, **flags):
+def package(golden, golden_allow_errors, metrics_config, kind, golden_gpu, as_json, **flags):
     """Build model-store/NAME.mar (torch-model-archiver's flags)."""
     from .. import mar, reports
 
     extra = [p.strip() for p in flags.pop("extra_files").split(",") if p.strip()]
     options = mar.PackageOptions(extra_files=extra, **flags)
     given_flags = (("--golden-allow-errors", golden_allow_errors), ("--metrics-config", metrics_config),
-                   ("--golden-content-type", kind is not None))  # fmt: skip
+                   ("--golden-content-type", kind is not None), ("--golden-gpu", golden_gpu != "cpu"))  # fmt: skip
     for flag, given in given_flags:
         if given and not golden:
             raise UserError(f"{flag} goes with --golden DIR: give the inputs whose answers to record")
@@ -107,7 +109,7 @@ def package(golden, golden_allow_errors, metrics_config, kind, as_json, **flags)
         # its handler failing on the golden run: nothing written, one line (its log kept off the terminal)
         with inprocess.quiet_logs(), handler_errors(options.model_name):
             path, planned, recorded = golden_answers.package(
-                options, golden, progress, golden_allow_errors, metrics, kind
+                options, golden, progress, golden_allow_errors, metrics, kind, golden_gpu
             )
     else:
         path, planned = mar.build(options)

@@ -14,9 +14,11 @@ from ..errors import ServerError, UserError
 from ..output import json_option, print_json
 from .common import Command, handler_errors, input_file, running_server
 from .options import (
+    GPU_HELP,
     check_expectations,
     content_type_option,
     expect_options,
+    gpu_option,
     home_option,
     metrics_options,
     timeout_option,
@@ -50,9 +52,10 @@ from .options import (
 @click.option("--public-key", type=click.Path(), help="Check ARCHIVE's signature (package --sign-key) with this key.")
 @expect_options
 @metrics_options
+@gpu_option(help_text="In-process: " + GPU_HELP[0].lower() + GPU_HELP[1:])
 def verify(
     archive, url, served, home, protocol, model, token, atol, timeout, golden_from, as_json, public_key,
-    expect_name, expect_version, metrics_config, config_path
+    expect_name, expect_version, metrics_config, config_path, gpu
 ):  # fmt: skip
     """Replay ARCHIVE's golden requests (package --golden) and compare each answer with the recorded one;
     with --public-key, check its signature first (and stop there when it has no golden answers)."""
@@ -66,6 +69,8 @@ def verify(
         raise UserError("--metrics-config and --config are for the in-process run: a server reads its own config")
     if token and not url:
         raise UserError("--token is for --url: --served reads the server's key file, and in-process needs no key")
+    if (url or served) and gpu != "auto":
+        raise UserError("--gpu is for the in-process run: a server places its own workers (number_of_gpu)")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     if public_key:
         from handlers.signing import read_key
@@ -94,7 +99,8 @@ def verify(
 
             metrics = inprocess.metrics_config(metrics_config, config_path)
             with inprocess.quiet_logs(), handler_errors(archive):
-                report = golden.verify(found, url, protocol, atol, model, timeout, golden_from, progress, metrics)
+                report = golden.verify(found, url, protocol, atol, model, timeout, golden_from, progress, metrics,
+                                       gpu=gpu)  # fmt: skip
         else:
             try:
                 report = golden.verify(
@@ -244,8 +250,9 @@ def verified_signature(archive, shown: str, public_key, expect_name, expect_vers
 @expect_options
 @metrics_options
 @content_type_option()
+@gpu_option()
 @json_option
-def run(archive, inputs, public_key, expect_name, expect_version, metrics_config, config_path, kind, as_json):
+def run(archive, inputs, public_key, expect_name, expect_version, metrics_config, config_path, kind, gpu, as_json):
     """Run ARCHIVE's handler in-process (no server) on each INPUT file, answering as 'tsctl predict' does."""
     from handlers.archives import opened
 
@@ -266,7 +273,8 @@ def run(archive, inputs, public_key, expect_name, expect_version, metrics_config
             read_key(public_key)
             expected = (expect_name or stem(Path(archive)), expect_version)
         with handler_errors(archive):
-            answered = inprocess.run(found, paths, public_key, Progress.for_command(as_json), expected, metrics, kind)
+            answered = inprocess.run(found, paths, public_key, Progress.for_command(as_json), expected, metrics, kind,
+                                     gpu)  # fmt: skip
     if as_json:
         print_json({"archive": str(archive), "results": [inprocess.as_json(p, r) for p, r in answered]})
     else:

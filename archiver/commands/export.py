@@ -64,6 +64,13 @@ def parse_split(values):
 @click.option(
     "--memory", default="2Gi", show_default=True, help="Memory request and limit of the predictor's container."
 )
+@click.option(
+    "--gpus",
+    type=int,
+    default=0,
+    show_default=True,
+    help="NVIDIA GPUs of the predictor (nvidia.com/gpu): number_of_gpu in the tree's config, a CUDA image.",
+)
 @runtime_option("The TorchServe image KServe runs: each archive's requirements are resolved and pinned for it.")
 @click.option("--offline", is_flag=True, help="Bundle each archive's wheels: its per-model install needs no index.")
 @engine_option("What serves the tree in the pod; tsctl writes a serving runtime for the engine's image (--image).")
@@ -174,6 +181,13 @@ def export_kserve(out, config_path, split, as_json, **options):
     "there; --core 1: the SeldonDeployment's (default seldon).",
 )
 @click.option("--cpu", default="1", show_default=True, help="The mlserver container's CPU (--core 1: each unit's).")
+@click.option(
+    "--gpus",
+    type=int,
+    default=0,
+    show_default=True,
+    help="NVIDIA GPUs of the mlserver container (--core 1: each model unit's), and a CUDA torch in the image.",
+)
 @click.option(
     "--memory",
     default="2Gi",

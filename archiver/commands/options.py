@@ -117,3 +117,15 @@ def media_type(ctx, param, value):
             "application/json, text/plain or application/octet-stream, or '' for none"
         )
     return value
+
+
+GPU_HELP = (
+    "Where the handler's worker runs: a GPU's id among the visible ones (CUDA_VISIBLE_DEVICES), 'cpu', or 'auto' "
+    "(as TorchServe places a model's first worker: a GPU when there is one, unless the archive's "
+    "model-config.yaml says deviceType: cpu)."
+)
+
+
+def gpu_option(default: str = "auto", help_text: str = GPU_HELP, flag: str = "--gpu"):
+    """``--gpu ID|cpu|auto``: the load command's gpu for an in-process worker (archiver/inprocess.py: worker_gpu)."""
+    return click.option(flag, default=default, show_default=True, metavar="ID|cpu|auto", help=help_text)

@@ -102,9 +102,11 @@ def serve(
     """``tsctl serve``: start ``engine`` on ``model_store`` with ``config`` (None: config/config.properties;
     a runtime that can do without one serves every archive in the store when that file is absent);
     ``progress`` hears of each model's state as it changes, ``notes`` of each archive in the store the
-    config's snapshot leaves out, before it starts (one the snapshot names but the store lacks is an error)."""
+    config's snapshot leaves out and of each GPU asked for that this machine does not have, before it starts
+    (an archive the snapshot names but the store lacks is an error)."""
     from .. import bounded_log
     from .. import server as servers
+    from ..device_notes import device_notes
 
     chosen = named(engine)
     check_serve_flags(chosen, **flags)
@@ -114,5 +116,7 @@ def serve(
     if config is not None:
         for line in servers.unlisted_archives(config, model_store):
             notes(line)
+    for line in device_notes(config, model_store):  # a GPU asked for that this machine does not have
+        notes(line)
     options = {k: v for k, v in flags.items() if v}
     return chosen.start(model_store, config, home, timeout, progress=progress, **options)

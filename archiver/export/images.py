@@ -14,6 +14,13 @@ from handlers import archives as archive_files
 from .. import requirements as requirement_files
 
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+# PyPI itself: its Linux torch wheels are the CUDA build (an image asked for with --gpus)
+CUDA_TORCH_INDEX = "https://pypi.org/simple"
+
+
+def torch_index(gpus: int) -> str:
+    """Where an image's torch comes from: the CPU build, unless its containers are given GPUs."""
+    return CUDA_TORCH_INDEX if gpus else CPU_TORCH_INDEX
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"  # the images' Python: this one's
 
 

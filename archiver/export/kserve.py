@@ -77,6 +77,7 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     snapshot = snapshot_of(properties, config_path)
     target.check_properties(properties, config_path)
     archives = check_models(snapshot, Path(options.model_store), notes, target.envelope_batches())
+    gpu_settings(options, properties, config_path, notes)
     notes += memory_notes(options, snapshot)
     check_split(options, snapshot)
     transformer_archive = check_transformer(options, snapshot)
@@ -128,6 +129,17 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
         (staging / "DEPLOY.md").write_text(deploy, encoding="utf-8")
         files.append(staging / "DEPLOY.md")
     return Export(out_dir.moved(files, staging, Path(options.out)), notes, curls)
+
+
+def gpu_settings(options: ExportOptions, properties: Dict[str, str], config: Path, notes: List[str]):
+    """With ``--gpus N`` the tree's config says ``number_of_gpu=N`` (what TorchServe and the engine give
+    workers, serving/gpus.py); a config asking for GPUs the predictor does not get is noted."""
+    asked = (properties.get("number_of_gpu") or "").strip()
+    if options.gpus:
+        properties["number_of_gpu"] = str(options.gpus)
+    elif asked not in ("", "0"):
+        notes.append(f"{config} says number_of_gpu={asked} but the predictor asks for no GPU: its workers run on "
+                     f"the CPU; give --gpus {asked} to ask for them")  # fmt: skip
 
 
 def carried_metrics(properties: Dict[str, str], config: Path) -> Optional[bytes]:
@@ -192,6 +204,7 @@ def check_options(options: ExportOptions) -> Tuple[str, str]:
         )
     kube.label(options.namespace, "--namespace", "give the namespace the InferenceService goes in, e.g. default")
     kube.check_resources(options.cpu, options.memory)
+    kube.check_gpus(options.gpus)
     for flag, image in (("--image", options.image), ("--transformer-image", options.transformer_image)):
         if image is not None:  # docker build -t and the kubelet refuse what is not a reference (InvalidImageName)
             kube.image_reference(image, flag, f"name the image another way, e.g. {flag} registry.example.com/tsctl:1")
@@ -338,8 +351,7 @@ def check_transformer(options: ExportOptions, snapshot: dict) -> Optional[Path]:
 
 # ---- manifests ----------------------------------------------------------------------------------------
 def resources(options: ExportOptions) -> dict:
-    amount = {"cpu": options.cpu, "memory": options.memory}
-    return {"requests": dict(amount), "limits": dict(amount)}
+    return kube.container_resources(options.cpu, options.memory, options.gpus)
 
 
 def inference_service(options: ExportOptions, snapshot: dict) -> dict:

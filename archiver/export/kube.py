@@ -49,6 +49,22 @@ def cpu_cores(cpu: str) -> Decimal:
     return Decimal(cpu[:-1]) / 1000 if cpu.endswith("m") else Decimal(cpu)
 
 
+GPU_RESOURCE = "nvidia.com/gpu"  # NVIDIA's device plugin's resource: whole GPUs, requests equal to limits
+
+
+def container_resources(cpu: str, memory: str, gpus: int = 0) -> dict:
+    """A container's ``resources``: ``cpu`` and ``memory`` requested and limited alike, and ``gpus`` whole
+    NVIDIA GPUs when asked (an extended resource: Kubernetes wants its request equal to its limit)."""
+    amount = {"cpu": cpu, "memory": memory, **({GPU_RESOURCE: str(gpus)} if gpus else {})}
+    return {"requests": dict(amount), "limits": dict(amount)}
+
+
+def check_gpus(gpus: int):
+    """``--gpus`` a whole number of GPUs, 0 (none) or more."""
+    if gpus < 0:
+        raise UserError(f"--gpus {gpus} must be 0 (no GPU) or a whole number of GPUs, e.g. --gpus 1")
+
+
 def check_resources(cpu: str, memory: str):
     """``--cpu`` and ``--memory`` as Kubernetes quantities above 0 (``2GB`` is not one: ``2Gi``)."""
     found = MEMORY.match(memory or "")

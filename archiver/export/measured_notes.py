@@ -37,6 +37,7 @@ def measured_notes(plan, options: ExportOptions, target: "targets.Target", snaps
             f"--from-bench was measured under {measured:g} CPU, the pod gets --cpu {options.cpu}: a "
             f"replica's capacity follows its CPU; measure with --cpu {pod:g}, or export with --cpu {measured:g}"
         )
+    notes.extend(gpu_notes(capacity, options))
     under = "no CPU limit" if measured is None else f"{measured:g} CPU"
     plan.note(
         "pod resources", f"cpu {options.cpu}, memory {options.memory}", f"--cpu, --memory; measured under {under}"
@@ -51,3 +52,18 @@ def measured_notes(plan, options: ExportOptions, target: "targets.Target", snaps
         at_knee = "" if knee_p99 is None else f", whose p99 is {knee_p99:g} ms"
         notes.append(f"no step of --from-bench held its p99 target ({p99_target:g} ms): sized at the knee{at_knee}")
     return notes
+
+
+def gpu_notes(capacity: dict, options: ExportOptions) -> List[str]:
+    """Where the GPUs the measurement's workers ran on (``gpus``, tsctl bench --capacity) are not the pod's
+    ``--gpus``: a replica's capacity on a GPU is the GPU's, so the pod must have what was measured."""
+    measured = capacity.get("gpus") or []
+    names = ", ".join(sorted({g["name"] for g in measured}))
+    if len(measured) == options.gpus:
+        return []
+    if not measured:
+        return [f"--from-bench was measured on the CPU, the pod gets --gpus {options.gpus}: measure on the GPU "
+                "you deploy ('tsctl bench --capacity' on a machine with it)"]  # fmt: skip
+    return [f"--from-bench was measured on {len(measured)} GPU(s) ({names}), the pod gets --gpus {options.gpus}: "
+            f"export with --gpus {len(measured)} on nodes with that GPU, or measure what you deploy"]  # fmt: skip
+

@@ -25,6 +25,7 @@ class ExportOptions:
     namespace: str = "default"
     cpu: str = "1"
     memory: str = "2Gi"
+    gpus: int = 0  # NVIDIA GPUs the predictor asks for; number_of_gpu in the tree's config, a CUDA torch in the image
     runtime: str = runtimes.DEFAULT  # the torchserve-kfs image the InferenceService runs (archiver/runtimes.py)
     offline: bool = False  # bundle each archive's wheels: its per-model install needs no package index
     engine: str = "torchserve"  # a key of archiver.export.targets.TARGETS: what serves the tree in the pod
@@ -58,6 +59,7 @@ class SeldonOptions:
     namespace: str = "seldon-mesh"
     cpu: str = "1"
     memory: str = "2Gi"  # each Model's memory; the mlserver container asks for it times the number of Models
+    gpus: int = 0  # NVIDIA GPUs of the mlserver container; a CUDA torch in its image
     ab: List[Tuple[str, int]] = field(default_factory=list)
     default: Optional[str] = None
     experiment: Optional[str] = None
@@ -81,4 +83,5 @@ class SeldonCore1Options:
     namespace: str = "seldon"
     cpu: str = "1"  # each container's
     memory: str = "2Gi"  # each container's
+    gpus: int = 0  # NVIDIA GPUs of each model unit's container; a CUDA torch in the image
     force: bool = False

@@ -59,7 +59,7 @@ from .. import mlserver
 from ..errors import UserError
 from . import core, crds, out_dir, seldon_mirror
 from .bodies import input_of, sample_inputs
-from .kube import check_resources, image_reference, label, suggest
+from .kube import check_gpus, check_resources, image_reference, label, suggest
 from .options import SeldonOptions
 from .seldon_deploy import curl_lines, deploy_md, served_models
 from .seldon_image import IMAGE_DIR, requirements, write_image_context
@@ -158,6 +158,7 @@ def check_flags(options: SeldonOptions):
     image_reference(options.image, "--image", f"name the image to build from OUT/{IMAGE_DIR}, e.g. --image "
                     "registry.example.com/tsctl-mlserver:1")  # fmt: skip
     check_resources(options.cpu, options.memory)
+    check_gpus(options.gpus)
     if not options.ab and not options.mirror and (options.default or options.experiment):
         flag = "--default" if options.default else "--experiment"
         raise UserError(f"{flag} is for an A/B experiment: give its candidates with --ab MODEL=WEIGHT (twice or more)")

@@ -52,8 +52,8 @@ import yaml
 from ..errors import UserError
 from . import core, crds, out_dir, seldon
 from .bodies import sample_inputs
-from .images import CPU_TORCH_INDEX, PYTHON, pinned, pins, with_archive_lines, write_context
-from .kube import check_resources, cpu_cores, image_reference, label, memory_bytes
+from .images import PYTHON, pinned, pins, torch_index, with_archive_lines, write_context
+from .kube import check_gpus, check_resources, container_resources, cpu_cores, image_reference, label, memory_bytes
 from .options import SeldonCore1Options
 
 API_VERSION = "machinelearning.seldon.io/v1"
@@ -71,7 +71,7 @@ REST_TIMEOUT_MS = 60_000  # seldon.io/rest-timeout: a unit's call, and its gunic
 # setuptools < 81 (gunicorn 20.1 imports pkg_resources; torch 2.15 wants >= 77.0.3), as samples/runtime_env.py's
 # venv holds them; the components' imports at the versions installed here.
 SELDON_PINS = ("seldon-core==1.17.1", "numpy==1.26.4", "PyYAML==6.0.1", "setuptools==80.9.0")
-BASE_PACKAGES = ("torch", "torchvision", "torchserve", "Pillow", "captum")
+BASE_PACKAGES = ("torch", "torchvision", "torchserve", "Pillow", "captum", "nvidia-ml-py")
 
 
 @dataclass
@@ -155,6 +155,7 @@ def check_flags(options: SeldonCore1Options):
     image_reference(options.image, "--image", f"name the image to build from OUT/{IMAGE_DIR}, e.g. --image "
                     "registry.example.com/tsctl-seldon:1")  # fmt: skip
     check_resources(options.cpu, options.memory)
+    check_gpus(options.gpus)
     if not options.transformer_archive:
         raise UserError(
             "--core 1 exports the graph TRANSFORMER -> ROUTER -> MODELs: give --transformer-archive (a toolkit "
@@ -255,7 +256,7 @@ def parameter(name: str, value, kind: str) -> dict:
 
 
 def container(options: SeldonCore1Options, name: str, component: str, service_type: str) -> dict:
-    amount = {"cpu": options.cpu, "memory": options.memory}
+    gpus = options.gpus if component == "Model" else 0  # the transformer and the router run no model
     return {
         "name": name,
         "image": options.image,
@@ -265,7 +266,7 @@ def container(options: SeldonCore1Options, name: str, component: str, service_ty
             {"name": "GRPC_WORKERS", "value": "0"},
         ],
         "volumeMounts": [{"name": CLAIM_VOLUME, "mountPath": MOUNT, "readOnly": True}],
-        "resources": {"requests": dict(amount), "limits": dict(amount)},
+        "resources": container_resources(options.cpu, options.memory, gpus),
         # answered 503 until the unit's archive has loaded (the operator's default probe: the port is open)
         "readinessProbe": {"httpGet": {"path": "/health/status", "port": "http"}, "periodSeconds": 5},
     }
@@ -367,7 +368,7 @@ def write(plan: Plan, options: SeldonCore1Options, root: Path) -> List[Path]:
         (root / name).write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
         files.append(root / name)
     dockerfile = core.render("seldon-core1-image.Dockerfile", image=options.image, context=IMAGE_DIR,
-                             base=BASE_IMAGE, torch_index=CPU_TORCH_INDEX, runtime=RUNTIME_PATH)  # fmt: skip
+                             base=BASE_IMAGE, torch_index=torch_index(options.gpus), runtime=RUNTIME_PATH)  # fmt: skip
     requirements = seldon_requirements([u.archive for u in units])
     files += write_context(root / IMAGE_DIR, dockerfile, requirements)
     served = seldon.entry_of(seldon.transformer_spec(plan.transformer.archive, TRANSFORMER)).served

@@ -8,7 +8,7 @@ from typing import List
 from .. import mlserver
 from . import tsctl_image
 from .core import render
-from .images import CPU_TORCH_INDEX, PYTHON, pinned, pins, with_archive_lines, write_context
+from .images import PYTHON, pinned, pins, torch_index, with_archive_lines, write_context
 from .options import SeldonOptions
 from .seldon_plan import RUNTIME_PATH, Entry
 
@@ -20,7 +20,7 @@ BASE_IMAGE = f"python:{PYTHON}-slim"
 # The runtime's own imports (serving/mlserver_runtime.py, engine_workers.py: TorchServe's worker) and the
 # toolkit handlers', at the versions installed here; MLServer at the release the runtime is tested with;
 # captum, which TorchServe's own vision handlers import (pytorch/serve's image examples).
-BASE_PACKAGES = ("torch", "torchvision", "torchserve", "numpy", "Pillow", "PyYAML", "captum")
+BASE_PACKAGES = ("torch", "torchvision", "torchserve", "numpy", "Pillow", "PyYAML", "captum", "nvidia-ml-py")
 TEXT_PACKAGES = ("transformers", "safetensors")
 
 
@@ -45,7 +45,7 @@ def write_image_context(out: Path, options: SeldonOptions, entries: List[Entry])
         image=options.image,
         context=IMAGE_DIR,
         base=BASE_IMAGE,
-        torch_index=CPU_TORCH_INDEX,
+        torch_index=torch_index(options.gpus),
         runtime=RUNTIME_PATH,
     )
     text = any(entry.kind == "text" for entry in entries)

@@ -35,7 +35,7 @@ def server_memory(options: SeldonOptions, models: int) -> str:
 def server(options: SeldonOptions, models: int) -> dict:
     """The Server: Seldon's MLServer ServerConfig, its mlserver container running our image, the claim
     mounted read-only where the rclone container copies Models from."""
-    amount = {"cpu": options.cpu, "memory": server_memory(options, models)}
+    resources = kube.container_resources(options.cpu, server_memory(options, models), options.gpus)
     return {
         "apiVersion": API_VERSION,
         "kind": "Server",
@@ -61,7 +61,7 @@ def server(options: SeldonOptions, models: int) -> dict:
                             {"name": "MLSERVER_PARALLEL_WORKERS", "value": "0"},
                             {"name": "PYTHONPATH", "value": RUNTIME_PATH},
                         ],
-                        "resources": {"requests": dict(amount), "limits": dict(amount)},
+                        "resources": resources,
                     },
                 ],
             },

@@ -161,7 +161,13 @@ class TorchServeTarget(Target):
         return runtimes.for_runtime(archives, runtime, options.offline, scratch, notes, options.progress)
 
     def predictor(self, options: ExportOptions, resources: dict) -> dict:
-        return {"model": storage_model(options, resources)}
+        """KServe's TorchServe runtime; with --gpus its image's CUDA build (torchserve-kfs:VERSION-gpu)."""
+        from .. import runtimes
+
+        model = storage_model(options, resources)
+        if options.gpus:
+            model["runtimeVersion"] = f"{runtimes.runtime_named(options.runtime).torchserve}-gpu"
+        return {"model": model}
 
     def ports(self, properties: Dict[str, str]) -> Ports:
         """TorchServe's own /ping on its inference address (KServe's wrapper on 8080 says ready once one worker
@@ -232,7 +238,7 @@ class TsctlTarget(Target):
     def write_files(self, out: Path, options: ExportOptions, archives: List[Path]) -> List[Path]:
         from . import tsctl_image
 
-        return tsctl_image.write_image_context(out, options.image, archives)
+        return tsctl_image.write_image_context(out, options.image, archives, options.gpus)
 
     def image_steps(self, options: ExportOptions) -> str:
         from . import tsctl_image

@@ -32,7 +32,7 @@ from typing import Dict, List, Optional
 from ..choices import RUNTIME_KINDS
 from ..errors import UserError
 from .core import render
-from .images import CPU_TORCH_INDEX, PYTHON, pins, with_archive_lines, write_context
+from .images import PYTHON, pins, torch_index, with_archive_lines, write_context
 
 IMAGE_DIR = "predictor-image"
 RUNTIME_FILE = "servingruntime.yaml"
@@ -68,6 +68,7 @@ BASE_PACKAGES = (
     "protobuf",
     "kserve",  # the v2 gRPC service's generated code (serving/engine_grpc.py)
     "javaproperties",  # config.properties, read as TorchServe reads it (serving/ts_config.py)
+    "nvidia-ml-py",  # the GPUs the workers are placed on and /metrics' GPU gauges (serving/gpus.py)
 )
 
 
@@ -198,14 +199,14 @@ def requirements(archives: List[Path]) -> str:
     return "\n".join(with_archive_lines(pins(BASE_PACKAGES), archives)) + "\n"
 
 
-def write_image_context(out: Path, image: str, archives: List[Path]) -> List[Path]:
+def write_image_context(out: Path, image: str, archives: List[Path], gpus: int = 0) -> List[Path]:
     """OUT/predictor-image/: Dockerfile (templates/tsctl-image.Dockerfile), requirements.txt, the handlers and
     serving packages."""
     dockerfile = render(
         "tsctl-image.Dockerfile",
         image=image,
         python=PYTHON,
-        torch_index=CPU_TORCH_INDEX,
+        torch_index=torch_index(gpus),
         uid=UID,
         http_port=HTTP_PORT,
         grpc_port=GRPC_PORT,

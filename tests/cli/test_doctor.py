@@ -81,6 +81,18 @@ def test_this_machine_has_what_torchserve_needs():
     for name in ("python", "torchserve", "java"):
         assert lines[name].startswith(f"ok      {name} (for torchserve): "), lines[name]
     assert "Java " in lines["java"] and "at " in lines["java"]
+    assert lines["gpu"].startswith("ok      gpu (for GPUs (number_of_gpu, deviceType: gpu, --gpu)): no GPU ("), lines
+    assert lines["gpu"].endswith("): workers run on the CPU")
+
+
+def test_gpus_named_but_not_seen_by_torch_name_the_fix(tmp_path, monkeypatch):
+    """CUDA_VISIBLE_DEVICES names two GPUs, which TorchServe would count; this torch (a CUDA build, no driver)
+    sees none: a problem naming the CUDA build of torch, without changing the exit code."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    check = doctor.gpu_check()
+    assert not check.ok and check.detail.startswith("2 GPU(s) [], driver None; torch ") and "sees 0" in check.detail
+    assert "install a CUDA build of torch" in check.fix
+    assert doctor.all_ok([check])  # GPUs are no need of the default engine
 
 
 def test_no_java_on_path_and_no_java_home_names_the_fix(tmp_path):

@@ -41,7 +41,8 @@ class Engine:
     root/config/config.properties by default; a root without that file is served without a config (every
     archive of its store)."""
 
-    def __init__(self, root: Path, *extra: str, config: Path = None, timeout: float = 240, preexec_fn=None):
+    def __init__(self, root: Path, *extra: str, config: Path = None, timeout: float = 240, preexec_fn=None,
+                 env: dict = None):  # fmt: skip
         self.home = short_tmp("engine-")
         self.http, self.grpc = free_port(), free_port()
         self.ts_grpc, self.ts_grpc_management = free_port(), free_port()  # TorchServe's own gRPC APIs
@@ -72,7 +73,7 @@ class Engine:
         ]  # fmt: skip (/metrics on http: metrics_address unbound)
         with open(self.out, "wb") as out:
             path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-            env = dict(os.environ, TEMP=str(self.home), PYTHONPATH=path)  # run where it writes its key file
+            env = dict(os.environ, **(env or {}), TEMP=str(self.home), PYTHONPATH=path)  # where it writes its keys
             self.process = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                 env=env, preexec_fn=preexec_fn, cwd=self.home,

@@ -777,7 +777,7 @@ def test_a_batch_that_fails_unexpectedly_is_answered_and_the_model_is_not_ready_
     import asyncio
 
     from serving import ts_config
-    from serving.engine_workers import open_model
+    from serving.model_opening import open_model
     from serving.ts_wire import Request
 
     specs, frontend = ts_config.models(tree / "config" / "config.properties", tree / "model-store")

@@ -1,0 +1,46 @@
+"""What ``tsctl serve`` says before it starts about where the workers will run: a GPU asked for that this
+machine does not have (``number_of_gpu`` in config.properties, a model-config.yaml's ``deviceType: gpu`` or
+``deviceIds``), which every runtime turns into workers on the CPU, or into another list, without a word
+(TorchServe logs a warning at most). The rules are serving/gpus.py's, TorchServe 0.12's."""
+
+from pathlib import Path
+from typing import List, Optional
+
+from serving import gpus, ts_config
+
+
+def device_notes(config: Optional[str], model_store) -> List[str]:
+    """A line for each GPU setting this machine cannot honour; none when the config or the store cannot be
+    read (starting says why) or nothing asks for a GPU."""
+    from handlers.archives import ArchiveError, opened
+
+    try:
+        properties = ts_config.with_environment(ts_config.read_properties(config)) if config else {}
+        found = gpus.count_gpus()
+        usable = gpus.number_of_gpu(properties, found)
+        archives = served_archives(properties, config, Path(model_store))
+    except (ts_config.ConfigError, gpus.PlacementError, OSError):
+        return []
+    notes = []
+    asked = (properties.get("number_of_gpu") or "").strip()
+    if asked.isdigit() and int(asked) > found:
+        notes.append(f"{config}: number_of_gpu={asked} but this machine has {found} visible GPU(s): "
+                     f"{found or 'no'} GPU(s) used" + ("; workers run on the CPU" if not found else ""))  # fmt: skip
+    for archive in archives:
+        try:
+            with opened(archive) as found_archive:
+                devices = gpus.model_devices(found_archive.config, usable, f"{archive.name}'s model-config.yaml")
+        except (ArchiveError, gpus.PlacementError, OSError):
+            continue  # the runtime says why it cannot serve it
+        notes.extend(devices.notes)
+    return notes
+
+
+def served_archives(properties: dict, config: Optional[str], model_store: Path) -> List[Path]:
+    """The archives a config's model_snapshot names in ``model_store``, else every archive of the store."""
+    if properties.get("model_snapshot"):
+        snapshot = ts_config.snapshot_of(properties, config)
+        names = {entry.get("marName") for versions in snapshot["models"].values() if isinstance(versions, dict)
+                 for entry in versions.values() if isinstance(entry, dict)}  # fmt: skip
+        return [model_store / name for name in sorted(n for n in names if isinstance(n, str) and "/" not in n)]
+    return ts_config.archives_in(model_store) if model_store.is_dir() else []
