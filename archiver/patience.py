@@ -6,9 +6,11 @@ such a start for being slow. ``Patience`` ends a wait only when the server has s
 for ``timeout`` seconds: a hang, not slowness. A server that exits is not this module's business: every
 wait checks that first and fails at once with the log's cause.
 
-Hangs stay bounded: a worker that never finishes loading prints nothing and changes no state, and the
-servers' own load timeouts (TorchServe's ``startupTimeout``, the engine's ``LOAD_TIMEOUT``) end a load that
-loops.
+What counts as progress is what the server's models and workers do, never what the wait itself causes: the
+logs watched are the workers' output (TorchServe's ``model_log.log``), not a log that records each request
+(TorchServe's ``ts_log.log`` logs every poll of its management API, and a failing ``nvidia-smi`` with it).
+Hangs stay bounded: a worker that never finishes loading prints nothing and changes no state; one that
+prints without end is given at most ``CAP`` times the timeout in all.
 """
 
 import os
@@ -24,14 +26,18 @@ def size_of(path: Path) -> int:
         return -1
 
 
+CAP = 10  # a wait ends after this many timeouts in all, whatever moved
+
+
 class Patience:
     """``note(signs)`` at each poll with what the server shows (its models' states); the watched logs'
-    sizes are read there too. ``expired()`` once nothing of that changed for ``timeout`` seconds."""
+    sizes are read there too. ``expired()`` once nothing of that changed for ``timeout`` seconds, or
+    ``CAP`` timeouts after the start."""
 
     def __init__(self, timeout: float, watched: Iterable[Path] = ()):
         self.timeout = timeout
         self.watched = list(watched)
-        self.last = time.monotonic()
+        self.started = self.last = time.monotonic()
         self.seen: Optional[Tuple[Hashable, Tuple[int, ...]]] = None
 
     def note(self, signs: Hashable = None):
@@ -40,8 +46,12 @@ class Patience:
             self.seen, self.last = now, time.monotonic()
 
     def expired(self) -> bool:
-        return time.monotonic() - self.last > self.timeout
+        now = time.monotonic()
+        return now - self.last > self.timeout or now - self.started > CAP * self.timeout
 
     def said(self) -> str:
-        """How the wait ended, for the message: "no progress for 180s"."""
-        return f"no progress for {self.timeout:.0f}s"
+        """How the wait ended, for the message: "no progress for 180s" (or "not ready in 1800s")."""
+        now = time.monotonic()
+        if now - self.last > self.timeout:
+            return f"no progress for {self.timeout:.0f}s"
+        return f"not ready in {now - self.started:.0f}s ({CAP} x the {self.timeout:.0f}s timeout)"

@@ -353,7 +353,7 @@ def wait_ready(
     exiting), with that reason, or once nothing moved for ``timeout`` seconds (``Patience``: no model
     changed state, its logs did not grow). ``progress`` hears of each model's state when it changes
     (``model_state``; ``registering`` names what a model not registered yet is going through)."""
-    patience = Patience(timeout, [server.logs / "ts_log.log", server.logs / "model_log.log"])
+    patience = Patience(timeout, [server.logs / "model_log.log"])  # the workers' output (ts_log logs each poll)
     pending = list(server.models)
     report = States(progress)
     while pending:

@@ -215,12 +215,10 @@ def describe_model(model: ModelWorkers) -> dict:
 
 def devices_described(devices) -> dict:
     """Where a model's workers run, as TorchServe's describe says it (ApiUtils.createModelResponse): its
-    deviceType, its deviceIds when it has a valid list (Gson leaves a null out), parallelType custom's level."""
+    deviceType, and its deviceIds when it has a valid list (Gson leaves a null out)."""
     described = {"deviceType": "gpu" if devices.on_gpu else "cpu"}
     if devices.ids:
         described["deviceIds"] = list(devices.ids)
-    if devices.level:
-        described.update(parallelType="custom", parallelLevel=devices.level)
     return described
 
 

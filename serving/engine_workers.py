@@ -219,14 +219,12 @@ class Worker:
                 self.owner.on_metric(self, line)
 
         owner = self.owner
-        visible = gpus.visible_devices(owner.devices, self.gpu)  # parallelType custom: its contiguous GPUs
-        env = owner.env if visible is None else {**owner.env, "CUDA_VISIBLE_DEVICES": visible}
         loading = self.loading = loop.run_in_executor(
             self.thread,
             lambda: start_worker(owner.spec, owner.model_dir, owner.handler, owner.frontend, self.socket_path,
-                                 env, on_line, lambda spawned: setattr(self, "spawned", spawned), on_metric,
-                                 fork_server.shared(env, extras=True), self.gpu),  # in this thread: it may start one
-        )  # fmt: skip
+                                 owner.env, on_line, lambda spawned: setattr(self, "spawned", spawned), on_metric,
+                                 fork_server.shared(owner.env, extras=True), self.gpu),
+        )  # fmt: skip (the fork server got in this thread: it may start one)
         try:
             self.process = await asyncio.shield(loading)
         except asyncio.CancelledError:  # stopped while it loads: the process it will have is ended then

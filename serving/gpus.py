@@ -15,16 +15,18 @@ pytorch/serve/``), and where it is done here:
   kept only if every id is below the GPU count, else the list is ignored with a warning; the GPUs a model
   spreads over (``numCores``) are its ``deviceIds``, else all of them, none on the CPU. ``ModelDevices``.
 - **Each worker's GPU** (``wlm/WorkLoadManager.java``, ``addThreads`` lines 206-227): -1 on the CPU; a model
-  with ``deviceIds`` (or ``parallelLevel``) takes the next id of its own counter over its list (stride
-  ``parallelLevel``), any other the next of one counter shared by every model, which is incremented before
+  with ``deviceIds`` takes the next id of its own counter over its list, any other the next of one counter
+  shared by every model, which is incremented before
   it is read (``++prev % n``: with two GPUs the first worker gets GPU 1). The id goes to the worker in the
   load command (``gpu``, ``ts_wire.encode_load``), which hands it to the handler as
   ``context.system_properties["gpu_id"]``; a worker started again keeps its id (``WorkerThread.gpuId``).
   ``Placement.next_gpu``.
-- **Tensor parallelism** (``parallelType``/``parallelLevel``/``torchrun``: ``WorkerLifeCycle.java`` starts
-  torchrun over ``parallelLevel`` contiguous GPUs): not run by tsctl's runtimes; ``ModelDevices`` refuses it
-  in one line naming the key (TorchServe 0.12 itself fails such a model with a NullPointerException when
-  the GPUs are missing).
+- **Parallelism** (``parallelType`` with ``parallelLevel`` or ``torchrun``): TorchServe 0.12 starts one worker
+  (``ModelManager``: minWorkers and maxWorkers set to 1) over ``parallelLevel`` contiguous GPUs, under torchrun
+  for pp/tp/pptp (``WorkerLifeCycle.java``), and connects to ``parallelLevel`` sockets, one per rank, which for
+  ``custom`` the handler must open itself. tsctl's runtimes start no ranks: ``model_devices`` refuses such a
+  model in one line naming the key (TorchServe 0.12 itself fails tp with a NullPointerException on a machine
+  without the GPUs, and waits for custom's ranks).
 
 Where tsctl differs: a ``CUDA_VISIBLE_DEVICES`` entry that is not a number (a GPU's UUID, a MIG instance)
 counts as a device, where TorchServe's ``Integer.parseInt`` stops it from starting.
@@ -127,8 +129,7 @@ class ModelDevices:
     gpus: int = 0
     ids: Optional[List[int]] = None
     notes: List[str] = field(default_factory=list)
-    level: int = 0  # parallelLevel of parallelType custom: each worker sees that many contiguous GPUs
-    counter: int = 0  # the model's own counter (TorchServe's Model.gpuCounter)
+    counter: int = 0  # the model's own counter over ``ids`` (TorchServe's Model.gpuCounter)
 
     @property
     def on_gpu(self) -> bool:
@@ -138,13 +139,14 @@ class ModelDevices:
 def model_devices(config: Mapping, number_of_gpus: int, where: str = "model-config.yaml") -> ModelDevices:
     """A model version's devices from its model-config.yaml (``config``), as TorchServe's Model reads them."""
     level, kind = parallel_level(config), str(config.get("parallelType") or "").strip().lower()
-    if level > 0 and kind in TORCHRUN_TYPES:
+    if level > 0 and kind in PARALLEL_TYPES:
+        runner = "with torchrun " if kind != "custom" else ""
         raise PlacementError(
             f"{where}: parallelType {config.get('parallelType')!r} with parallelLevel {level} asks TorchServe to "
-            "start the worker with torchrun over several GPUs, which tsctl's runtimes do not do: remove "
-            "parallelType, or serve this model with --engine torchserve"
+            f"start one worker {runner}over {level} GPUs with a process for each, which tsctl's runtimes do not "
+            "do: remove parallelType, or serve this model with --engine torchserve"
         )
-    devices = ModelDevices(level=level if kind == "custom" else 0)
+    devices = ModelDevices()
     kind = config.get("deviceType")
     asked = kind.strip().lower() if isinstance(kind, str) else ""
     if kind is not None and asked not in ("cpu", "gpu"):  # ModelConfig: a warning, the type left unset
@@ -165,13 +167,10 @@ def model_devices(config: Mapping, number_of_gpus: int, where: str = "model-conf
                 "list is ignored, as TorchServe ignores it"
             )
     devices.gpus = len(devices.ids) if devices.ids else number_of_gpus
-    if devices.level > devices.gpus:
-        raise PlacementError(f"{where}: parallelLevel {devices.level} is more GPUs than the model has "
-                             f"({devices.gpus}): give at most {devices.gpus}")  # fmt: skip
     return devices
 
 
-TORCHRUN_TYPES = ("pp", "tp", "pptp")  # ModelConfig.ParallelType run under torchrun; "custom" is not; others: NONE
+PARALLEL_TYPES = ("pp", "tp", "pptp", "custom")  # ModelConfig.ParallelType; any other value is NONE
 
 
 def parallel_level(config: Mapping) -> int:
@@ -196,23 +195,13 @@ class Placement:
         if not devices.on_gpu:
             return CPU
         with self.lock:
-            if devices.ids or devices.level:
+            if devices.ids:
                 index = devices.counter
-                devices.counter = (devices.counter + max(1, devices.level)) % devices.gpus
-                return index if devices.level else devices.ids[index]
+                devices.counter = (devices.counter + 1) % devices.gpus
+                return devices.ids[index]
             self.shared = (self.shared + 1) % devices.gpus
             return self.shared
 
-
-def visible_devices(devices: ModelDevices, gpu: int) -> Optional[str]:
-    """The CUDA_VISIBLE_DEVICES a worker of parallelType custom is started with (WorkerThread.getDeviceIds,
-    lines 559-574): ``level`` contiguous ids from its gpu (past the last GPU as TorchServe counts them), or
-    that slice of its deviceIds (where TorchServe's subList fails past their end, the slice is shorter); None
-    for any other worker."""
-    if gpu < 0 or not devices.level:
-        return None
-    ids = devices.ids[gpu : gpu + devices.level] if devices.ids else range(gpu, gpu + devices.level)
-    return ",".join(str(i) for i in ids)
 
 def describe_usage(gpu: int, samples: Dict[int, "DeviceSample"]) -> str:
     """A worker's ``gpuUsage`` in the management API's describe, as TorchServe 0.12 writes it from

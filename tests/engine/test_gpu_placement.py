@@ -29,7 +29,6 @@ VISIBLE = {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}  # four GPUs as TorchServe counts 
 CONFIGS = {  # model: its model-config.yaml; the store's order (sorted) is the order workers are placed in
     "bad-ids": "minWorkers: 2\nmaxWorkers: 2\ndeviceIds: [1, 7]\n",  # 7 >= number_of_gpu: the list is ignored
     "cpu": "minWorkers: 1\nmaxWorkers: 1\ndeviceType: cpu\n",
-    "custom": "minWorkers: 2\nmaxWorkers: 2\nparallelType: custom\nparallelLevel: 2\n",
     "ids": "minWorkers: 2\nmaxWorkers: 2\ndeviceIds: [2]\n",
     "shared": "minWorkers: 3\nmaxWorkers: 3\n",
 }
@@ -38,7 +37,6 @@ CONFIGS = {  # model: its model-config.yaml; the store's order (sorted) is the o
 WANTED = {
     "bad-ids": [("1", "0,1,2,3"), ("2", "0,1,2,3")],
     "cpu": [("None", "0,1,2,3")],
-    "custom": [("0", "0,1"), ("2", "2,3")],
     "ids": [("2", "0,1,2,3"), ("2", "0,1,2,3")],
     "shared": [("0", "0,1,2,3"), ("1", "0,1,2,3"), ("2", "0,1,2,3")],
 }
@@ -99,17 +97,16 @@ def test_device_type_cpu_stays_on_the_cpu_and_gpu_without_one_falls_back_with_a_
     assert "ignored, as TorchServe ignores it" in gpus.model_devices({"deviceType": "tpu"}, 1, "m").notes[0]
 
 
-def test_parallel_types_run_under_torchrun_are_refused_and_custom_gets_contiguous_gpus():
+def test_a_parallel_type_is_refused_in_one_line_naming_it():
+    """TorchServe 0.12 starts one worker over parallelLevel GPUs with a process (a socket) for each rank: under
+    torchrun for pp/tp/pptp, the handler's own for custom (TorchServe waits for them); tsctl starts no ranks."""
     torchrun = {"parallelType": "pp", "torchrun": {"nproc-per-node": 2}}  # torchrun sets parallelLevel
     for config in ({"parallelType": "tp", "parallelLevel": 2}, torchrun):
-        with pytest.raises(gpus.PlacementError, match="torchrun over several GPUs.*--engine torchserve"):
+        with pytest.raises(gpus.PlacementError, match="with torchrun over 2 GPUs.*--engine torchserve"):
             gpus.model_devices(config, 4, "m.yaml")
-    assert not gpus.model_devices({"parallelLevel": 2}, 4, "m").level  # no parallelType: TorchServe ignores it
-    devices = gpus.model_devices({"parallelType": "custom", "parallelLevel": 2}, 3, "m")
-    ids = [gpus.Placement(3).next_gpu(devices) for _ in range(3)]
-    assert ids == [0, 2, 1] and [gpus.visible_devices(devices, i) for i in ids] == ["0,1", "2,3", "1,2"]
-    with pytest.raises(gpus.PlacementError, match="parallelLevel 4 is more GPUs than the model has"):
-        gpus.model_devices({"parallelType": "custom", "parallelLevel": 4}, 3, "m")
+    with pytest.raises(gpus.PlacementError, match="^m.yaml: parallelType 'custom' with parallelLevel 2 asks"):
+        gpus.model_devices({"parallelType": "custom", "parallelLevel": 2}, 4, "m.yaml")
+    assert placed([("a", {"parallelLevel": 2}, 2)], 2) == {"a": [1, 0]}  # no parallelType: TorchServe ignores it
 
 
 def test_gpu_usage_is_na_on_the_cpu_and_torchserves_words_when_it_cannot_be_read():

@@ -10,6 +10,7 @@
 - **Out of memory in one batch** (torch's CUDA OutOfMemoryError, raised by the model for one request): that
   request 507, the batch's others answered, the worker kept, the next batch served."""
 
+import io
 import json
 
 import pytest
@@ -31,8 +32,6 @@ SETTINGS = type("S", (), {"resize": 256, "crop": 224})  # what decode_jpegs read
 
 
 def jpeg_of(seed: int, size, quality: int, subsampling: int, mode: str = "RGB") -> bytes:
-    import io
-
     image = Image.open(io.BytesIO(sample_jpeg(seed, size))).convert(mode)
     out = io.BytesIO()
     image.save(out, "JPEG", quality=quality, subsampling=subsampling if mode == "RGB" else 0)
@@ -96,8 +95,9 @@ def test_half_precision_answers_within_its_tolerance_and_verify_checks_at_it(ima
     config.write_text("batchSize: 2\n")
     done = CliRunner().invoke(main, [
         "package", "--model-name", "full", "--handler", "image_classifier", "--serialized-file",
-        str(image_sample / "resnet18.pt"), "--model-file", str(image_sample / "model.py"), "--config-file",
-        str(config), "--export-path", str(store), "--golden", str(photos),
+        str(image_sample / "resnet18.pt"), "--model-file", str(image_sample / "model.py"), "--extra-files",
+        str(image_sample / "index_to_name.json"), "--config-file", str(config), "--export-path", str(store),
+        "--golden", str(photos),
     ])  # fmt: skip
     assert done.exit_code == 0, done.output
     half = package_resnet(image_sample, store, name="half", config_text=f"handler:\n  precision: {precision}\n")
@@ -119,7 +119,7 @@ class Greedy(ImageClassifier):
     """The model runs out of GPU memory on a batch holding a 1x1 JPEG, as a too-large batch would."""
 
     def inference(self, batch, *args, **kwargs):
-        if (batch.flatten(1).std(dim=1) == 0).any():  # a 1x1 JPEG, resized: one flat colour
+        if (batch.flatten(2).std(dim=2).amax(dim=1) == 0).any():  # a 1x1 JPEG, resized: one flat colour
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
         return super().inference(batch)
 
@@ -133,7 +133,9 @@ def test_out_of_memory_in_one_batch_is_that_requests_507_and_the_worker_serves_o
     handler.write_text(OOM_HANDLER)
     archive = package_resnet(image_sample, tmp_path / "model-store", name="greedy", handler=str(handler),
                              config_text="batchSize: 4\n")  # fmt: skip
-    flat = jpeg_of(1, (1, 1), 90, 0)
+    flat = io.BytesIO()
+    Image.new("RGB", (1, 1), (200, 30, 90)).save(flat, "JPEG")
+    flat = flat.getvalue()
     with LocalModel(archive, batch_size=4) as model:
         pid = model.pid
         batch = (jpegs[0], flat, jpegs[1], jpegs[2])
