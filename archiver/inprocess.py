@@ -127,7 +127,7 @@ def worker_gpu(choice: str, archive) -> int:
         except gpus.PlacementError as exc:
             raise UserError(str(exc)) from None
         return gpus.Placement(found).next_gpu(devices)
-    if not choice.isdigit():
+    if not re.fullmatch(r"[0-9]+", choice):  # not str.isdigit: '²' and '٣' are digits to it
         raise UserError(f"--gpu {choice}: give a GPU's id (0, 1, ...), cpu or auto")
     if int(choice) >= found:
         have = f"{found} visible GPU{'s' if found != 1 else ''}" if found else "no visible GPU"

@@ -211,3 +211,16 @@ def test_local_model_and_tsctl_run_load_the_worker_with_the_gpu_asked_for(tmp_pa
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     done = CliRunner().invoke(main, ["run", str(archive), str(body), "--gpu", "0", "--json"])
     assert done.exit_code == 2 and "--gpu 0: this machine has no visible GPU" in done.output, done.output
+
+
+@pytest.mark.parametrize("given", ["²", "٣", "１", "0x1", "+1", "-1", "1e9", "1.0", "1_0"])
+def test_gpu_is_an_ascii_whole_number_or_refused_in_one_line(given, monkeypatch):
+    """str.isdigit() holds for '²' (int() then raises ValueError, reported as the handler failing to load)
+    and for other scripts' digits ('٣' is 3): --gpu takes 0-9 only."""
+    from archiver.errors import UserError
+    from archiver.inprocess import worker_gpu
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4")
+    with pytest.raises(UserError, match=r"give a GPU's id \(0, 1, \.\.\.\), cpu or auto"):
+        worker_gpu(given, None)
+    assert worker_gpu(" 3 ", None) == 3 and worker_gpu("CPU", None) == gpus.CPU
