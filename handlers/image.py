@@ -100,7 +100,8 @@ class ImageClassifier(ToolkitHandler):
         settings = self.settings
         image = open_image(data, self.formats, settings.max_pixels)
         self.check_size(*image.size)
-        if self.decode_on_gpu and image.format == "JPEG" and image.mode in ("RGB", "L") and not settings.jpeg_draft:
+        on_gpu = self.decode_on_gpu and image.format == "JPEG" and image.mode in ("RGB", "L")
+        if on_gpu and not settings.jpeg_draft and resized_whole(*image.size, settings.resize):  # else: PIL's box
             return EncodedJpeg(data, image)
         shorter_side = settings.resize if settings.jpeg_draft else None
         large = image.size[0] * image.size[1] > settings.max_pixels // 4
@@ -164,17 +165,44 @@ class EncodedJpeg:
 def decode_jpegs(jpegs: List[EncodedJpeg], device: torch.device, settings) -> Iterator[torch.Tensor]:
     """Each JPEG as a resized, centre-cropped uint8 CHW tensor on ``device``, in order: decoded together
     by torchvision (on a GPU, nvJPEG, in one call), each then resized and cropped there
-    (``resize_crop_tensor``). A batch nvJPEG refuses is decoded again one by one (``decode_one``)."""
+    (``resize_crop_tensor``). A batch nvJPEG refuses is decoded again one by one (``decode_one``). A JPEG
+    whose resized copy would be above ``EXACT_RESIZE_PIXELS`` (an extreme shape) is decoded by PIL, which
+    resamples only the crop's box (``resize_crop``), and copied to ``device``."""
     if not jpegs:
         return iter(())
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    encoded = [torch.frombuffer(bytearray(j.data), dtype=torch.uint8) for j in jpegs]
+    encoded = {index: torch.frombuffer(bytearray(jpeg.data), dtype=torch.uint8)
+               for index, jpeg in enumerate(jpegs) if resized_whole(*jpeg.image.size, settings.resize)}  # fmt: skip
     try:
-        pictures = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device)
+        found = decode_jpeg(list(encoded.values()), mode=ImageReadMode.RGB, device=device) if encoded else []
+        pictures: Optional[dict] = dict(zip(encoded, found))
     except RuntimeError:  # one JPEG nvJPEG cannot read fails the call: the others are decoded alone
-        return iter([decode_one(jpeg, data, device, settings) for jpeg, data in zip(jpegs, encoded)])
-    return iter([resize_crop_tensor(picture, settings.resize, settings.crop) for picture in pictures])
+        pictures = None
+    return iter([
+        pil_decoded(jpeg, device, settings) if index not in encoded
+        else decode_one(jpeg, encoded[index], device, settings) if pictures is None
+        else resize_crop_tensor(pictures[index], settings.resize, settings.crop)
+        for index, jpeg in enumerate(jpegs)
+    ])  # fmt: skip
+
+
+def resized_size(width: int, height: int, resize: int) -> "tuple[int, int]":
+    """(width, height) of an image resized so that its shorter side is ``resize``, as torchvision's Resize."""
+    if width <= height:
+        return resize, int(resize * height / width)
+    return int(resize * width / height), resize
+
+
+def resized_whole(width: int, height: int, resize: int) -> bool:
+    """Whether a full resized copy of a width x height image stays within ``EXACT_RESIZE_PIXELS``."""
+    new_width, new_height = resized_size(width, height, resize)
+    return new_width * new_height <= EXACT_RESIZE_PIXELS
+
+
+def pil_decoded(jpeg: EncodedJpeg, device: torch.device, settings) -> torch.Tensor:
+    """A JPEG decoded, resized and cropped by PIL as on the CPU (``decode_image``), copied to ``device``."""
+    return to_device(F.pil_to_tensor(decode_image(jpeg.image, settings.resize, settings.crop)), device)
 
 
 def decode_one(jpeg: EncodedJpeg, data: torch.Tensor, device: torch.device, settings) -> torch.Tensor:
@@ -185,18 +213,16 @@ def decode_one(jpeg: EncodedJpeg, data: torch.Tensor, device: torch.device, sett
     try:
         picture = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
     except RuntimeError:
-        return to_device(F.pil_to_tensor(decode_image(jpeg.image, settings.resize, settings.crop)), device)
+        return pil_decoded(jpeg, device, settings)
     return resize_crop_tensor(picture, settings.resize, settings.crop)
 
 
 def resize_crop_tensor(picture: torch.Tensor, resize: int, crop: int) -> torch.Tensor:
     """``resize_crop`` on a uint8 CHW tensor where it is (the GPU): torchvision's antialiased bilinear
-    resize of the shorter side to ``resize``, then the centre ``crop`` at the same coordinates."""
+    resize of the shorter side to ``resize``, then the centre ``crop`` at the same coordinates. The whole
+    resized copy is made: callers keep to ``resized_whole`` (PIL's ``resize_crop`` resamples only the crop's box)."""
     height, width = picture.shape[-2:]
-    if width <= height:
-        new_width, new_height = resize, int(resize * height / width)
-    else:
-        new_width, new_height = int(resize * width / height), resize
+    new_width, new_height = resized_size(width, height, resize)
     left = int(round((new_width - crop) / 2.0))
     top = int(round((new_height - crop) / 2.0))
     resized = F.resize(picture, [new_height, new_width], antialias=True)
@@ -257,10 +283,7 @@ def resize_crop(image: Image.Image, resize: int, crop: int) -> Image.Image:
     crop's box of the original straight to crop x crop pixels, with the same filter and coordinates
     (pixels may then differ by one level from the full resize). Needs crop <= resize."""
     width, height = image.size
-    if width <= height:
-        new_width, new_height = resize, int(resize * height / width)
-    else:
-        new_width, new_height = int(resize * width / height), resize
+    new_width, new_height = resized_size(width, height, resize)
     left = int(round((new_width - crop) / 2.0))
     top = int(round((new_height - crop) / 2.0))
     if new_width * new_height <= EXACT_RESIZE_PIXELS:

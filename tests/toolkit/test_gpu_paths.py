@@ -55,6 +55,24 @@ def test_the_device_path_gives_pils_pixels_within_one_level(width, height, quali
     assert (picture.int() - wanted.int()).abs().max() <= 1
 
 
+def test_an_extreme_shape_is_resampled_only_where_the_crop_is_on_the_device_path_too(monkeypatch):
+    """resize_crop's bound (above EXACT_RESIZE_PIXELS only the crop's box is resampled, for a shape
+    max_aspect_ratio was raised to let in) holds on the device path: a 6000x2 JPEG was resized whole to
+    768,000x256 there (600 MB and a second on this CPU; 65,500x2 asks for 12 GB of a GPU's memory)."""
+    from handlers import image
+
+    out = io.BytesIO()
+    Image.new("RGB", (6000, 2), (10, 200, 30)).save(out, "JPEG")
+    data = out.getvalue()
+    resized, resize = [], F.resize
+    monkeypatch.setattr(F, "resize", lambda picture, size, **kw: resized.append(size) or resize(picture, size, **kw))
+    [picture] = decode_jpegs([EncodedJpeg(data, open_image(data))], torch.device("cpu"), SETTINGS)
+    assert all(height * width <= image.EXACT_RESIZE_PIXELS for height, width in resized), resized
+    wanted = F.pil_to_tensor(decode_image(open_image(data), 256, 224))
+    assert picture.shape == wanted.shape == (3, 224, 224)
+    assert (picture.int() - wanted.int()).abs().max() <= 1
+
+
 @pytest.fixture(scope="module")
 def resnet(image_sample, tmp_path_factory):
     store = tmp_path_factory.mktemp("gpu-paths") / "model-store"
