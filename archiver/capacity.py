@@ -322,7 +322,7 @@ def load(path) -> dict:
             raise bad(key, "an object or null")
         if doc[key] is not None:
             check(doc[key], POINT_KEYS, key)
-    gpus = doc.setdefault("gpus", [])  # absent in a file tsctl wrote before it recorded them: the CPU
+    gpus = doc.get("gpus", [])  # absent in a file tsctl wrote before it recorded them: the CPU (left absent)
     if not isinstance(gpus, list) or len(gpus) > MAX_GPUS:
         raise bad("gpus", f"a list of at most {MAX_GPUS} GPUs")
     for index, entry in enumerate(gpus):

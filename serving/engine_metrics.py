@@ -516,3 +516,21 @@ class _Gpus:
             for sample in samples:
                 family.add_metric(("Host", str(sample.index), metrics.hostname), values[name](sample))
             yield family
+
+
+_registered: Optional[WorkerMetrics] = None
+
+
+def registered_metrics(hostname: str) -> WorkerMetrics:
+    """This process's one ``WorkerMetrics``, registered in prometheus_client's registry at first use, its
+    names clear of those registered before it (MLServer's own). One for the process: MLServer reloads its
+    runtime's module for each model it loads (mlserver/settings.py, ``_reload_module``), so a collector
+    kept there was registered again for every model, each family exported once per model."""
+    from prometheus_client import REGISTRY
+
+    global _registered
+    if _registered is None:
+        taken = getattr(REGISTRY, "_names_to_collectors", {})
+        _registered = WorkerMetrics(hostname, reserved=taken.__contains__)
+        REGISTRY.register(_registered)
+    return _registered

@@ -203,6 +203,19 @@ class Placement:
             return self.shared
 
 
+_process_placement: Optional[Placement] = None
+
+
+def process_placement(number_of_gpus: int) -> Placement:
+    """This process's one ``Placement``, for a server that loads each model through its own entry point:
+    MLServer opens every model in its process and reloads the runtime's module for each
+    (mlserver/settings.py, ``_reload_module``), so a counter kept there would start again at every model."""
+    global _process_placement
+    if _process_placement is None:
+        _process_placement = Placement(number_of_gpus)
+    return _process_placement
+
+
 def describe_usage(gpu: int, samples: Dict[int, "DeviceSample"]) -> str:
     """A worker's ``gpuUsage`` in the management API's describe, as TorchServe 0.12 writes it from
     ``nvidia-smi -i ID --query-gpu=utilization.gpu,utilization.memory,memory.used --format=csv``

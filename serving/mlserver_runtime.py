@@ -64,7 +64,7 @@ from handlers import cpu_limit, identity, protocol
 from handlers.archives import Archive
 from handlers.errors import error_message
 
-from . import sockets, v2_requests
+from . import gpus, sockets, v2_requests
 from .engine_workers import ModelWorkers
 from .model_opening import open_model
 from .ts_config import Frontend, ModelSpec
@@ -114,7 +114,7 @@ class ArchiveModel(MLModel):
                 model_dir = os.path.join(self._run_dir, "model")
                 self._workers: ModelWorkers = open_model(
                     spec, frontend, model_dir, sockets.FIRST_PORT, lambda _: not toolkit,
-                    on_metric=metrics_of(frontend), archive=opened,
+                    on_metric=metrics_of(frontend), archive=opened, placement=gpus.process_placement(frontend.number_of_gpu),
                 )  # fmt: skip
             await self._workers.start()
         except BaseException:
@@ -247,24 +247,14 @@ def model_spec(name: str, version: str, archive: Path, extra: Dict[str, Any]) ->
     return spec, frontend
 
 
-_worker_metrics = None  # this process's WorkerMetrics, once a model has loaded
-
-
 def metrics_of(frontend: Frontend):
-    """Where a model's workers' metric lines go: one ``WorkerMetrics`` for every model of this process,
-    registered in prometheus_client's registry, which MLServer's /metrics serves (its
-    ``parallel_workers`` 0: archiver/mlserver.py), its names clear of MLServer's own; the model's
-    metrics.yaml declared there (a name another model's declared first keeps that declaration)."""
-    from prometheus_client import REGISTRY
+    """Where a model's workers' metric lines go: the process's one ``WorkerMetrics``
+    (``engine_metrics.registered_metrics``), which MLServer's /metrics serves (its ``parallel_workers`` 0:
+    archiver/mlserver.py), its names clear of MLServer's own; the model's metrics.yaml declared there (a
+    name another model's declared first keeps that declaration)."""
+    from .engine_metrics import registered_metrics
 
-    from .engine_metrics import WorkerMetrics
-
-    global _worker_metrics
-    if _worker_metrics is None:
-        taken = getattr(REGISTRY, "_names_to_collectors", {})  # MLServer's own metrics, as they are registered
-        _worker_metrics = WorkerMetrics(socket.gethostname(), reserved=taken.__contains__)
-        REGISTRY.register(_worker_metrics)
-    metrics = _worker_metrics
+    metrics = registered_metrics(socket.gethostname())
     if frontend.metrics_config:
         metrics.declare(frontend.metrics_config)
     detect = frontend.metrics_auto_detect

@@ -224,3 +224,24 @@ def test_gpu_is_an_ascii_whole_number_or_refused_in_one_line(given, monkeypatch)
     with pytest.raises(UserError, match=r"give a GPU's id \(0, 1, \.\.\.\), cpu or auto"):
         worker_gpu(given, None)
     assert worker_gpu(" 3 ", None) == 3 and worker_gpu("CPU", None) == gpus.CPU
+
+
+def test_mlservers_models_take_one_counter_as_torchserves_do(tmp_path, monkeypatch):
+    """MLServer loads every model in one process (its parallel_workers 0), so its models' workers take the
+    server's one shared counter, as TorchServe's do: with a counter a model, every model's first worker went
+    to GPU 1 of 2 (three one-worker models: 1, 1, 1 and GPU 0 idle, where TorchServe gives 1, 0, 1)."""
+    from archiver import engines
+    from samples import runtime_env
+
+    store = tmp_path / "model-store"
+    for name in ("a", "b", "c"):
+        probe = ts_probes.build_gpu_probe(tmp_path / "probes", name, "minWorkers: 1\nmaxWorkers: 1\n")
+        ts_examples.package(probe, "tsctl", store)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    mlserver = engines.ENGINES["mlserver"]
+    srv = mlserver.start(store, home=short_tmp("gpu-mls-"), timeout=300, python=str(runtime_env.ensure_mlserver()))
+    try:
+        found = probes(mlserver.output(srv).read_text(errors="replace"))
+    finally:
+        mlserver.stop(srv)
+    assert sorted(gpu for ids in found.values() for gpu, _ in ids) == ["0", "1", "1"], found  # loaded in any order

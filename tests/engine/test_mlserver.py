@@ -158,6 +158,26 @@ def test_every_kind_answers_as_in_process(srv, store):
     print({model: len(bodies) for model, bodies in REQUESTS.items()}, "requests, each as in-process")
 
 
+def test_metrics_of_every_model_are_one_family_each(srv, store):
+    """After requests to several models, MLServer's /metrics holds each worker family once, with a series
+    for each model: one collector for the process, though MLServer reloads the runtime's module for every
+    model it loads (a collector a model gave each family once per model, an exposition Prometheus refuses)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for model in ("sentiment", "minilm"):
+        status, _ = server.request(engines.predict_url(srv, model), REQUESTS[model][0], "POST",
+                                   {"Content-Type": "application/json"}, 120)  # fmt: skip
+        assert status == 200
+    time.sleep(1)  # the last request's metric lines read
+    status, text = server.request(srv.metrics_url, timeout=30)
+    assert status == 200
+    names = [line.split(" ")[2] for line in text.splitlines() if line.startswith("# TYPE ")]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    served = {sample.labels.get("ModelName") for sample in families["HandlerTime"].samples}
+    assert {"sentiment", "minilm"} <= served, served
+
+
 def test_tritonclient_http_and_grpc(srv, store):
     """tritonclient's HTTP client (JSON: MLServer reads no binary extension) and its gRPC client, both
     ways it sends BYTES (raw_input_contents, contents.bytes_contents), get the in-process answer."""
