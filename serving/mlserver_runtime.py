@@ -114,7 +114,8 @@ class ArchiveModel(MLModel):
                 model_dir = os.path.join(self._run_dir, "model")
                 self._workers: ModelWorkers = open_model(
                     spec, frontend, model_dir, sockets.FIRST_PORT, lambda _: not toolkit,
-                    on_metric=metrics_of(frontend), archive=opened, placement=gpus.process_placement(frontend.number_of_gpu),
+                    on_metric=metrics_of(frontend), archive=opened,
+                    placement=gpus.process_placement(frontend.number_of_gpu),
                 )  # fmt: skip
             await self._workers.start()
         except BaseException:
