@@ -407,9 +407,7 @@ def served(
 
     data, content = answers.body(case), case["content_type"]
     if protocol == "ts":
-        return request(
-            f"{url}/predictions/{model}", data, "POST", {**typed(content), **headers}, timeout, binary, whole=True
-        )
+        return request(f"{url}/predictions/{model}", data, "POST", {**typed(content), **headers}, timeout, binary)
     path = f"/v1/models/{model}:predict" if protocol == "v1" else f"/v2/models/{model}/infer"
     if protocol == "v2" and kind is None:
         from .engines import ENGINES
@@ -417,11 +415,11 @@ def served(
         body, sent = ENGINES["mlserver"].request_body(data, content, as_request=False)
         kinds = {"Content-Type": sent}
     elif content == wire.JSON_TYPE:  # a whole request body (KServe v1/v2 shapes included): sent as it is
-        return request(url + path, data, "POST", {"Content-Type": content, **headers}, timeout, binary, whole=True)
+        return request(url + path, data, "POST", {"Content-Type": content, **headers}, timeout, binary)
     else:
         item = data.decode("utf-8") if kind == "text" else base64.b64encode(data).decode()
         body, kinds = wire.encode_request([item], protocol)
-    status, answer = request(url + path, body, "POST", {**kinds, **headers}, timeout, binary, whole=True)
+    status, answer = request(url + path, body, "POST", {**kinds, **headers}, timeout, binary)
     if status != 200 or isinstance(answer, bytes):
         return status, answer
     try:

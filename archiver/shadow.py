@@ -168,13 +168,19 @@ def shadow(
 
 
 def answers_of(side: Side, cases: List[dict], kind, timeout: float, progress) -> List[Tuple[int, Any]]:
-    """(status, answer) of each case from ``side``; a server that cannot be reached, refuses its token or
-    lacks the endpoint or the model is one ServerError naming its flag."""
+    """(status, answer) of each case from ``side``; a server that cannot be reached, answers past tsctl's
+    bounds (http_client.py: in time, bytes, JSON), refuses its token or lacks the endpoint or the model is
+    one ServerError naming its flag."""
+    from .http_client import AnswerError
+
     flag = f"--{side.role}"
     results = []
     for number, case in enumerate(cases, 1):
         try:
             results.append(golden.served(side.url, side.protocol, side.model, kind, case, timeout, side.headers, True))
+        except AnswerError as exc:
+            hint = ": raise --timeout" if isinstance(exc, TimeoutError) else ""
+            raise ServerError(f"{flag} {exc}{hint}") from None
         except OSError as exc:
             raise ServerError(f"{flag} {side.url}: could not reach it ({exc})") from None
         progress(f"{side.role} {number}/{len(cases)} {case['name']}: {results[-1][0]}")

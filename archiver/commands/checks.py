@@ -63,6 +63,7 @@ def verify(
     from handlers.archives import opened
 
     from .. import golden
+    from ..http_client import AnswerError
 
     check_expectations(public_key, expect_name, expect_version)
     if (url or served) and (metrics_config or config_path):
@@ -106,6 +107,9 @@ def verify(
                 report = golden.verify(
                     found, url, protocol, atol, model, timeout, golden_from, progress, headers=headers
                 )
+            except AnswerError as exc:  # past tsctl's bounds on an answer (http_client.py): it names the URL
+                hint = ": raise --timeout" if isinstance(exc, TimeoutError) else ""
+                raise ServerError(f"{exc}{hint}") from None
             except OSError as exc:
                 raise ServerError(f"could not reach {url}: {exc}") from None
     if as_json:

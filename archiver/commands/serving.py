@@ -126,14 +126,19 @@ def stop(home, as_json):
 def predict(model, inputs, home, timeout, kind, as_json):
     """Send each INPUT file to MODEL on the running server (where its engine takes one request:
     /predictions/MODEL) and print the answers."""
+    from ..http_client import AnswerError
+
     paths = [input_file(p) for p in inputs]
     srv = running_server(home, model)
     results = []
     for path in paths:
         try:
             status, body = engines.predict(srv, model, Path(path), timeout, kind)
-        except TimeoutError:
-            raise ServerError(f"{path}: no answer from {model} within {timeout:g} s: raise --timeout") from None
+        except TimeoutError:  # the whole call's deadline (http_client.Late)
+            url = engines.predict_url(srv, model)
+            raise ServerError(f"{path}: {url}: no answer from {model} within {timeout:g} s: raise --timeout") from None
+        except AnswerError as exc:  # past tsctl's other bounds on an answer (http_client.py): it names the URL
+            raise ServerError(f"{path}: {exc}") from None
         except OSError as exc:
             raise ServerError(f"could not reach {srv.inference}: {exc}") from None
         binary = isinstance(body, bytes)  # not UTF-8: an image, a tensor file

@@ -55,6 +55,15 @@ class MemoryLimit:
         resource.prlimit(self.pid, resource.RLIMIT_AS, (size + self.limit, size + self.limit))
         return "RLIMIT_AS"
 
+    def peak(self):
+        """The most memory the cgroup's processes held at once, in bytes (v2's ``memory.peak``, v1's
+        ``memory.max_usage_in_bytes``); None without a cgroup, or on a kernel that does not keep it."""
+        for name in ("memory.peak", "memory.max_usage_in_bytes"):
+            text = _read(self.cgroup / name).strip() if self.cgroup is not None else ""
+            if text.isdigit():
+                return int(text)
+        return None
+
     def release(self):
         """Remove the cgroup once its process is gone (the server was stopped)."""
         if self.cgroup is not None:
