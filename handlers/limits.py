@@ -90,7 +90,7 @@ def json_values(text: str, limits: Limits) -> int:
     if count > limits.max_json_values or may_hold_long_number(text) and LONG_NUMBER.search(text):
         bare = JSON_STRING.sub('""', text)
         count = bare.count(",") + bare.count("[") + bare.count("{") - bare.count("[]") - bare.count("{}")
-        if LONG_NUMBER.search(bare):
+        if may_hold_long_number(bare) and LONG_NUMBER.search(bare):
             raise ClientError(f"the JSON body holds a number of more than {MAX_DIGITS:,} digits")
     return count
 
