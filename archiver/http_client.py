@@ -9,12 +9,17 @@ Each bound is defined here and enforced in one place:
   never ends and an endless chunked answer all end with it. ``bench`` makes its calls on the same
   ``Connection``, each with its own deadline.
 - **bytes**: an answer is read up to ``MAX_ANSWER_BYTES`` (``read_body``; bench drops what it reads).
+- **parsing**: an answer read as JSON holds at most ``MAX_ANSWER_VALUES`` values, counted on its text
+  before it is parsed, and nests at most ``MAX_ANSWER_DEPTH`` levels (``parse``: handlers/limits.py's
+  counting and depth walk, as for a request). What parsing may take is then bounded: about
+  ``limits.VALUE_BYTES`` (160 bytes) a value, 640 MB, beside the answer's bytes and its text.
 
 Past a bound, an ``AnswerError``: one sentence naming the server's URL and the bound.
 """
 
 import http.client
 import json
+import re
 import select
 import socket
 import time
@@ -22,6 +27,8 @@ import urllib.parse
 from typing import Dict, Optional, Tuple
 
 MAX_ANSWER_BYTES = 256 << 20  # an answer larger is refused unread: no model's answer a tsctl command reads is near
+MAX_ANSWER_VALUES = 4_000_000  # JSON values (list items, object members): a 2000x2000 output of floats
+MAX_ANSWER_DEPTH = 64  # levels of JSON: a tensor's nest a few; past about 1,000 Python's parser recurses out
 CHUNK = 1 << 20
 EXPECT_CONTINUE = 1 << 20  # a body larger is sent after the server's 100 Continue, as curl sends it
 MAX_INTERIM = 64 << 10  # bytes of an interim 100 Continue's head, as http.client bounds a final one's
@@ -157,18 +164,51 @@ def read_body(response: http.client.HTTPResponse, url: str, keep: bool = True) -
 
 
 def answer(raw, binary: bool = True, url: str = "the server"):
-    """A response body (bytes) as JSON, else as text, else (not UTF-8) as bytes when ``binary``, else as
-    text with the undecodable bytes replaced."""
+    """A response body (bytes) as JSON within the bounds (``parse``), else as text, else (not UTF-8) as bytes
+    when ``binary``, else as text with the undecodable bytes replaced."""
     try:
         text = str(raw, "utf-8")
     except UnicodeDecodeError:
         if binary:
             return bytes(raw)
         text = str(raw, "utf-8", errors="replace")
+    return parse(text, url)
+
+
+LEADING_SPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
+
+
+def parse(text: str, url: str):
+    """``text`` as JSON (text that is not JSON as it is) within the bounds: ``MAX_ANSWER_VALUES`` values,
+    counted on the text before it is parsed (``limits.json_values``), and ``MAX_ANSWER_DEPTH`` levels,
+    checked as it is parsed and after (``limits.check_json``); past them an AnswerError naming ``url``."""
+    from handlers.errors import ClientError
+    from handlers.limits import MAX_DIGITS, Limits, check_json, json_values
+
+    start = LEADING_SPACE.match(text).end()
+    if text[start : start + 1] not in ("[", "{"):  # a number, a string, a literal: nothing nests or counts
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+    limits = Limits(max_json_depth=MAX_ANSWER_DEPTH, max_json_values=MAX_ANSWER_VALUES)
+    said = f"{url} answered JSON"
     try:
-        return json.loads(text)
+        values = json_values(text, limits)
+    except ClientError:  # Python's parser takes quadratic time over such a number
+        raise AnswerError(
+            f"{said} with a number of more than {MAX_DIGITS:,} digits, which tsctl does not read"
+        ) from None
+    if values > MAX_ANSWER_VALUES:
+        raise AnswerError(f"{said} of {values:,} values, more than the {MAX_ANSWER_VALUES:,} values tsctl parses")
+    try:
+        found = json.loads(text)
+        check_json(found, limits)  # its depth: its values were counted above
+    except (RecursionError, ClientError):
+        raise AnswerError(f"{said} nested deeper than the {MAX_ANSWER_DEPTH} levels tsctl parses") from None
     except ValueError:
         return text
+    return found
 
 
 def _may_continue(sock: DeadlineSocket, wait: float = 1.0) -> bool:

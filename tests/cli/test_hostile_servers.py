@@ -121,3 +121,31 @@ def test_a_100_continue_then_closed_ends_at_once(files, tmp_path, name):
         ran = tsctl(*client(name, files, url, pid, tmp_path / "home"), "--timeout", TIMEOUT)
     ran.one_line(url, "100 Continue")
     assert ran.code == 1 and ran.seconds < TIMEOUT + MARGIN
+
+
+@pytest.mark.parametrize("name", CLIENTS)
+def test_an_answer_nested_too_deep_is_one_line(files, tmp_path, name):
+    """Case 12: JSON arrays nested 200,000 deep. Before: a RecursionError traceback."""
+    with hostile_server("deep") as (url, pid):
+        ran = tsctl(*client(name, files, url, pid, tmp_path / "home"), "--timeout", TIMEOUT)
+    ran.one_line(url, "64 levels")
+    assert ran.code == 1 and ran.seconds < TIMEOUT + MARGIN
+
+
+def test_shadow_refuses_an_answer_of_millions_of_values_before_parsing_it(files, tmp_path):
+    """Case 11: 250 MiB of ``[[],[],...]``, under the 256 MiB tsctl reads of an answer. Before: parsed, 87
+    million lists, killed at the cgroup's limit."""
+    with hostile_server("empties") as (url, pid):
+        ran = tsctl(*client("shadow", files, url, pid, tmp_path / "home"), "--timeout", 30)
+    ran.one_line(url, "4,000,000 values")
+    assert ran.code == 1 and ran.peak < MEMORY
+
+
+def test_the_bounds_hold_however_the_answer_starts():
+    """In-process, the one reader: whitespace before a nest, scalars, text that is not JSON."""
+    from archiver.http_client import AnswerError, answer
+
+    assert answer(b' \n[1, {"a": [2]}]', url="http://x") == [1, {"a": [2]}]
+    assert answer(b"12") == 12 and answer(b"not [json") == "not [json" and answer(b"\xff") == b"\xff"
+    with pytest.raises(AnswerError, match="http://x answered JSON nested deeper than the 64 levels tsctl parses"):
+        answer(b" " * 100 + b"[" * 65 + b"]" * 65, url="http://x")
