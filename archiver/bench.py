@@ -1,8 +1,12 @@
 """Load generation against a running TorchServe: ``tsctl bench``.
 
 Bounded in count and time: a run stops after ``requests`` requests or ``duration`` seconds, whichever
-is given (both: whichever comes first), and never later than ``MAX_BENCH_SECONDS``. Each of
-``concurrency`` threads keeps one HTTP keep-alive connection and sends the inputs in turn. A sweep
+is given (both: whichever comes first), and never later than ``MAX_BENCH_SECONDS``: a request still
+unanswered then is cut, whatever the server drips, and not counted (``LoadResult.cut``), as a load
+generator leaves out what is in flight at its end. A request unanswered after ``timeout``, or whose
+answer passes http_client's ``MAX_ANSWER_BYTES`` (answers are read and dropped), is an error, its cause
+kept (``LoadResult.problems``). Each of ``concurrency`` threads keeps one HTTP keep-alive connection
+(http_client's ``Connection``, a deadline per call) and sends the inputs in turn. A sweep
 re-registers the model with each batchSize/maxBatchDelay through the management API (the server needs
 the model API on: ``tsctl serve --enable-model-api``) and recommends the setting with the best
 throughput. The concurrency sweep of ``bench --capacity`` is archiver/capacity.py.
@@ -23,6 +27,7 @@ from handlers.requests import content_type
 
 from .choices import MAX_BENCH_SECONDS
 from .errors import ServerError, UserError
+from .http_client import AnswerError, Connection, late, read_body
 from .server import request
 
 
@@ -31,6 +36,8 @@ class LoadResult:
     seconds: float
     latencies_ms: List[float] = field(default_factory=list)
     statuses: Counter = field(default_factory=Counter)
+    problems: Counter = field(default_factory=Counter)  # why requests had no answer (status 0), where known
+    cut: Counter = field(default_factory=Counter)  # requests in flight when the run ended: not counted, by why
 
     @property
     def requests(self) -> int:
@@ -110,12 +117,13 @@ def run_load(
         raise UserError("--concurrency, --requests and --duration must be positive")
     parsed = urllib.parse.urlsplit(url)
     deadline = time.monotonic() + min(duration or MAX_BENCH_SECONDS, MAX_BENCH_SECONDS)
+    ends = f"--duration {duration:g} s" if duration else f"the run's {MAX_BENCH_SECONDS} s"
     counter = itertools.count()
     lock = threading.Lock()
     result = LoadResult(seconds=0.0)
 
     def worker():
-        connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=timeout)
+        connection = Connection(parsed.hostname, parsed.port)
         try:
             while time.monotonic() < deadline:
                 index = next(counter)
@@ -123,18 +131,18 @@ def run_load(
                     return
                 body, content_type = inputs[index % len(inputs)]
                 started = time.perf_counter()
-                try:
-                    connection.request("POST", parsed.path, body, {"Content-Type": content_type, **(headers or {})})
-                    response = connection.getresponse()
-                    response.read()
-                    status = response.status
-                except (OSError, http.client.HTTPException):
-                    connection.close()
-                    connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=timeout)
-                    status = 0  # no HTTP answer: counted as an error
+                sent = (parsed.path, body, {"Content-Type": content_type, **(headers or {})})
+                status, problem = send(connection, url, sent, timeout, deadline, ends)
                 elapsed = (time.perf_counter() - started) * 1000
+                if not status:  # no whole answer: the connection starts again
+                    connection.close()
                 with lock:
+                    if status is None:
+                        result.cut[problem] += 1
+                        continue
                     result.statuses[status] += 1
+                    if problem:
+                        result.problems[problem] += 1
                     if status == 200:
                         result.latencies_ms.append(elapsed)
         finally:
@@ -148,6 +156,28 @@ def run_load(
         t.join(MAX_BENCH_SECONDS + timeout)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def send(connection: Connection, url: str, sent: tuple, timeout: float, deadline: float, ends: str):
+    """One POST of ``sent`` (path, body, headers) on ``connection``, ended by ``timeout`` or by the run's
+    ``deadline`` (the bound ``ends`` names), whichever comes first; its answer read and dropped (within
+    ``MAX_ANSWER_BYTES``). (status, None), else (0, why) for an answer past a bound, (0, None) for a server
+    that could not be reached or did not speak HTTP, (None, why) for a request the run's end cut."""
+    left = deadline - time.monotonic()
+    connection.until(min(timeout, left))
+    try:
+        connection.request("POST", *sent)
+        response = connection.getresponse()
+        read_body(response, url, keep=False)
+        return response.status, None
+    except TimeoutError:
+        if timeout < left:
+            return 0, str(late(url, timeout))
+        return None, f"{url} had not answered when {ends} ended"
+    except AnswerError as exc:  # more than MAX_ANSWER_BYTES
+        return 0, str(exc)
+    except (OSError, http.client.HTTPException):
+        return 0, None
 
 
 def register(management: str, model: str, mar_url: str, batch_size: int, delay: int, headers=None, timeout=300):

@@ -354,4 +354,8 @@ def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay,
         print_json(finite(summary))
     else:
         click.echo(load.summary_line(summary))
-    sys.exit(1 if summary["errors"] else 0)
+    for problem, times in result.problems.items():  # answers past a bound: each cause once, on stderr
+        click.echo(f"{times} of {result.requests} requests: {problem}", err=True)
+    for why, times in result.cut.items():
+        click.echo(f"{times} requests cut, not counted: {why}", err=True)
+    sys.exit(1 if summary["errors"] or not summary["requests"] else 0)  # none answered: nothing measured

@@ -141,6 +141,28 @@ def test_shadow_refuses_an_answer_of_millions_of_values_before_parsing_it(files,
     assert ran.code == 1 and ran.peak < MEMORY
 
 
+def test_bench_reads_an_endless_chunked_answer_within_its_bound(files, tmp_path):
+    """Case 8: an answer in chunks of 1 MiB that never end. Before: bench read it whole, until it was killed
+    at the cgroup's limit (512 MiB here)."""
+    with hostile_server("chunked") as (url, pid):
+        home = server_json(tmp_path / "home", url, pid, "m")
+        ran = tsctl("bench", "m", "--input", files / "small.json", "--requests", 1, "--home", home, memory=512 << 20)
+    ran.one_line(url, "268,435,456 bytes")
+    assert ran.code == 1 and ran.peak < 512 << 20
+
+
+def test_bench_ends_at_its_duration_whatever_the_server_drips(files, tmp_path):
+    """Case 9: an answer dripped a byte a second, from 2 clients. Before: each byte came within the socket's
+    timeout, so bench ran on past --duration until every answer ended (1,000 s). Now both are cut at its
+    end and not counted: none was answered, nothing was measured, exit 1."""
+    with hostile_server("drip") as (url, pid):
+        home = server_json(tmp_path / "home", url, pid, "m")
+        args = ["bench", "m", "--input", files / "small.json", "--concurrency", 2, "--duration", TIMEOUT]
+        ran = tsctl(*args, "--home", home)
+    ran.one_line(url, f"--duration {TIMEOUT} s")
+    assert ran.code == 1 and ran.seconds < TIMEOUT + MARGIN
+
+
 def test_the_bounds_hold_however_the_answer_starts():
     """In-process, the one reader: whitespace before a nest, scalars, text that is not JSON."""
     from archiver.http_client import AnswerError, answer
