@@ -46,7 +46,7 @@ from .options import (
     "--served reads it from the server's own key file.",
 )
 @click.option("--atol", type=click.FloatRange(0), default=1e-4, show_default=True, help="How far a number may move.")
-@timeout_option(60.0, "With a server: seconds to wait for each answer.")
+@timeout_option(60.0, "With a server: seconds each answer may take, whole (from the request to its last byte).")
 @click.option("--golden-from", type=click.Path(), help="Use another archive's golden answers (an export's original).")
 @json_option
 @click.option("--public-key", type=click.Path(), help="Check ARCHIVE's signature (package --sign-key) with this key.")
@@ -153,7 +153,7 @@ def verify(
     show_default=True,
     help="How many inputs may disagree before the check fails: a number, or a percentage (5%).",
 )
-@timeout_option(60.0, "Seconds to wait for each answer.")
+@timeout_option(60.0, "Seconds each answer may take, whole: from the request to its last byte.")
 @json_option
 def shadow(
     archive, current, candidate, protocol, protocol_candidate, model, model_candidate, inputs, token_current,

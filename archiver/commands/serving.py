@@ -117,7 +117,7 @@ def stop(home, as_json):
 @click.argument("model")
 @click.argument("inputs", nargs=-1, required=True, type=click.Path())
 @home_option()
-@timeout_option(60.0, "Seconds to wait for each answer.")
+@timeout_option(60.0, "Seconds each answer may take, whole: from the request to its last byte.")
 @content_type_option(
     more="On MLServer the file is one BYTES element of a v2 request, this type its content_type (without "
     "--content-type a .json file is sent as the v2 request itself)."
