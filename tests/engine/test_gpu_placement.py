@@ -20,6 +20,7 @@ from archiver.cli import main
 from archiver.device_notes import device_notes
 from helpers.engine import Engine
 from helpers.paths import short_tmp
+from helpers.waiting import until
 from samples import ts_examples, ts_probes
 from serving import gpus
 from serving.testing import LocalModel
@@ -152,14 +153,20 @@ def test_torchserve_and_the_engine_give_each_worker_the_same_gpu(tree, monkeypat
     config = tree / "config" / "config.properties"
     ts = server.start(config, tree / "model-store", home, timeout=240)
     try:
-        torchserve = probes((ts.logs / "model_log.log").read_text(errors="replace"))
+        workers = sum(len(ids) for ids in WANTED.values())  # each worker's line, written once it is up
+        log = ts.logs / "model_log.log"
+        torchserve = until(lambda: probes(log.read_text(errors="replace")),
+                           lambda found: sum(len(ids) for ids in found.values()) >= workers,
+                           "every worker's probe line in model_log.log", log, timeout=60)  # fmt: skip
         ts_described = described_gpus(ts.management, ts.headers("management"))
     finally:
         server.stop(ts)
     assert torchserve == WANTED, torchserve  # TorchServe 0.12 itself, as its rules were read
     engine = Engine(tree, "--enable-model-api", env=VISIBLE).wait_ready()
     try:
-        assert probes(engine.output()) == torchserve, engine.output()[-3000:]
+        found = until(lambda: probes(engine.output()), lambda found: sum(len(ids) for ids in found.values()) >= workers,
+                      "every worker's probe line in the engine's output", engine.out, engine.alive, 60)  # fmt: skip
+        assert found == torchserve, engine.output()[-3000:]
         assert described_gpus(engine.url, engine.headers("management")) == ts_described, ts_described
         status, body = engine.get("/models/ids", "management")
         assert body[0]["deviceType"] == "gpu" and body[0]["deviceIds"] == [2], body
