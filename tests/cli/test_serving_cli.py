@@ -379,6 +379,7 @@ def test_serve_in_a_pipe_prints_no_progress(root, tmp_path):
         shutil.rmtree(home, ignore_errors=True)
 
 
+@pytest.mark.matrix  # 16 s; make test: test_serve_in_a_pipe_prints_no_progress, bench on a terminal
 def test_run_and_verify_show_progress_per_input_on_a_terminal_only(root, served, failing):
     """run of a toolkit handler whose postprocess fails: the request's 500 printed as predict prints it,
     the handler's logged traceback nowhere; progress lines on a terminal, nothing on stderr in a pipe."""

@@ -28,10 +28,10 @@ compared with TorchServe's built-in like the others, and test_tsctl_image_classi
 _of_the_builtin holds it to 1e-5 absolute, in ``make test``.
 
 ``make test`` runs the smoke path (about two minutes alone, four on a busy machine): every case packaged
-by tsctl, on one TorchServe, compared with in-process; ``tsctl run`` of the custom_metrics,
-micro_batching and transformer cases (``RUN_CASES``); and tsctl's acceptance of torch-model-archiver's
---handler spellings; MLServer's is tests/engine/test_mlserver.py (the mnist example packaged by
-torch-model-archiver answering as in-process). ``pytest -m matrix
+by tsctl, on one TorchServe, compared with in-process; ``tsctl run`` of the custom_metrics case (the
+other ``RUN_CASES``, micro_batching and transformer, in ``make matrix``); and tsctl's acceptance of
+torch-model-archiver's --handler spellings; MLServer's is tests/engine/test_mlserver.py (the mnist example
+packaged by torch-model-archiver answering as in-process, ``make matrix``). ``pytest -m matrix
 tests/conformance/test_conformance.py`` runs every cell (both packagers x the five runtimes: 13 minutes
 alone, MLServer's two columns 3 of them) and writes the table to /tmp/conformance_table.md (or
 ``TSCTL_CONFORMANCE_TABLE``).
@@ -538,7 +538,7 @@ def test_tsctl_archive_answers_in_process_as_on_torchserve(case, packager, runti
 RUN_CASES = ("custom_metrics", "micro_batching", "transformer")
 
 
-@pytest.mark.parametrize("case", RUN_CASES)
+@pytest.mark.parametrize("case", [RUN_CASES[0], *(pytest.param(c, marks=pytest.mark.matrix) for c in RUN_CASES[1:])])
 def test_tsctl_run_answers_as_torchserve(case, runs):
     """`tsctl run --json` as a whole process (``Runs.tsctl_run``, about 7 s each): it finds the example's
     metrics.yaml as `tsctl serve` would, ends though the handler's threads do not, prints one JSON

@@ -288,6 +288,7 @@ def test_stride_windows_count_against_max_items(models, tmp_path):
     assert fits.status == 200 and neighbour.status == 200
 
 
+@pytest.mark.matrix  # 9 s
 def test_a_stride_that_leaves_no_room_is_refused_at_load(models, tmp_path):
     archive = package_text(
         models, tmp_path / "s", "ner", "token_classifier", "tagger", config(max_length=16, stride=14)
@@ -367,6 +368,7 @@ def test_without_the_package_only_what_the_plain_path_computes_exactly_loads(mod
         InProcessHandler(dense)
 
 
+@pytest.mark.matrix  # 11 s
 def test_pooling_setting_is_refused_for_sentence_transformers_directories(models, tmp_path):
     archive = package_text(models, tmp_path / "s", "emb", "text_embedder", "st_cls", config(pooling="mean"))
     with pytest.raises(Exception, match="handler.pooling"):
@@ -394,7 +396,7 @@ def test_requirements_follow_the_directory(models):
 JSONISH = '{"text": "not this"}'
 
 
-@pytest.mark.parametrize("decode_input_request", [True, False])
+@pytest.mark.parametrize("decode_input_request", [True, pytest.param(False, marks=pytest.mark.matrix)])  # False: 15 s
 def test_a_text_body_that_looks_like_json_stays_text(models, tmp_path, decode_input_request):
     """TorchServe hands a text/* body over as str (decode_input_request=true) or bytes (false, the
     Content-Type in the headers); an application/json body as parsed JSON or bytes."""

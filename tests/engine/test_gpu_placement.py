@@ -11,6 +11,7 @@ hand their worker the id asked for."""
 
 import json
 import re
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -236,8 +237,17 @@ def test_gpu_is_an_ascii_whole_number_or_refused_in_one_line(given, monkeypatch)
 def test_mlservers_models_take_one_counter_as_torchserves_do(tmp_path, monkeypatch):
     """MLServer loads every model in one process (its parallel_workers 0), so its models' workers take the
     server's one shared counter, as TorchServe's do: with a counter a model, every model's first worker went
-    to GPU 1 of 2 (three one-worker models: 1, 1, 1 and GPU 0 idle, where TorchServe gives 1, 0, 1)."""
+    to GPU 1 of 2 (three one-worker models: 1, 1, 1 and GPU 0 idle, where TorchServe gives 1, 0, 1). Each
+    answers with the GPU its worker was given, and /metrics holds each worker family once with a series for
+    each model: one collector for the process, though MLServer reloads the runtime's module for every model it
+    loads (a collector a model gave each family once per model, an exposition Prometheus refuses).
+
+    ``make test``'s MLServer smoke path: the real MLServer 1.7.1 and tsctl's runtime serving three archives;
+    tests/engine/test_mlserver.py is MLServer's whole suite (make matrix)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     from archiver import engines
+    from helpers.v2_answers import ask_v2
     from samples import runtime_env
 
     store = tmp_path / "model-store"
@@ -249,6 +259,16 @@ def test_mlservers_models_take_one_counter_as_torchserves_do(tmp_path, monkeypat
     srv = mlserver.start(store, home=short_tmp("gpu-mls-"), timeout=300, python=str(runtime_env.ensure_mlserver()))
     try:
         found = probes(mlserver.output(srv).read_text(errors="replace"))
+        answers = {name: ask_v2(srv, name, b"which", "text/plain") for name in ("a", "b", "c")}
+        time.sleep(1)  # the last request's metric lines read
+        status, text = server.request(srv.metrics_url, timeout=30)
     finally:
         mlserver.stop(srv)
     assert sorted(gpu for ids in found.values() for gpu, _ in ids) == ["0", "1", "1"], found  # loaded in any order
+    for name, (code, answer) in answers.items():
+        assert code == 200 and str(answer["gpu_id"]) == found[name][0][0], (name, code, answer, found)
+    assert status == 200, text
+    names = [line.split(" ")[2] for line in text.splitlines() if line.startswith("# TYPE ")]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    assert {sample.labels.get("ModelName") for sample in families["PredictionTime"].samples} >= {"a", "b", "c"}

@@ -236,6 +236,7 @@ def test_tsctl_run_runs_the_archives_copy(tmp_path):
     assert json.loads(result.output.split(": 200 ", 1)[1])["copy"] == "edited image.py"
 
 
+@pytest.mark.matrix  # 16 s; make test: test_the_archives_handlers_copy_runs_and_archives_do_not_mix
 def test_model_files_of_the_same_name_in_two_archives_do_not_mix(tmp_path):
     """Two archives whose model file is net.py, each with its own class: both open at once."""
     archives = []

@@ -21,9 +21,10 @@ through serving/mlserver_runtime.py, driven by clients nobody here wrote (triton
 - the export's model folders, served as Seldon's agent hands them to MLServer, run its pipeline (the
   transformer's preprocessing, the tensor model, its postprocessing) to the archive's own answers.
 
-``make test`` runs the parity, tritonclient, mnist, decoding, answer-shape and bad-request tests (one
-MLServer for all); the hostile corpus, the CLI, the failed load, the pipeline and the A/B split run in
-``make matrix``."""
+``make matrix`` runs them all (one MLServer for the parity, tritonclient, mnist, decoding, answer-shape,
+metrics and bad-request tests); ``make test`` runs the missing-MLServer line here, and MLServer's smoke path
+is tests/engine/test_gpu_placement.py's (the real MLServer and tsctl's runtime serving three archives:
+their placement, their answers, one family each in /metrics)."""
 
 import base64
 import concurrent.futures
@@ -146,6 +147,7 @@ def outputs(body) -> list:
     return [described, [protocol.jsonable(answer) for answer in protocol.decode_answers(body)]]
 
 
+@pytest.mark.matrix
 def test_every_kind_answers_as_in_process(srv, store):
     for model, bodies in REQUESTS.items():
         want = in_process(store, model, bodies)
@@ -158,6 +160,7 @@ def test_every_kind_answers_as_in_process(srv, store):
     print({model: len(bodies) for model, bodies in REQUESTS.items()}, "requests, each as in-process")
 
 
+@pytest.mark.matrix
 def test_metrics_of_every_model_are_one_family_each(srv, store):
     """After requests to several models, MLServer's /metrics holds each worker family once, with a series
     for each model: one collector for the process, though MLServer reloads the runtime's module for every
@@ -178,6 +181,7 @@ def test_metrics_of_every_model_are_one_family_each(srv, store):
     assert {"sentiment", "minilm"} <= served, served
 
 
+@pytest.mark.matrix
 def test_tritonclient_http_and_grpc(srv, store):
     """tritonclient's HTTP client (JSON: MLServer reads no binary extension) and its gRPC client, both
     ways it sends BYTES (raw_input_contents, contents.bytes_contents), get the in-process answer."""
@@ -202,6 +206,7 @@ def test_tritonclient_http_and_grpc(srv, store):
         assert_close([json.loads(a) for a in answer["answers"]], want_answers)
 
 
+@pytest.mark.matrix
 def test_mnist_example_gets_what_torchserve_hands_it(srv, store):
     """pytorch/serve's mnist (a BaseHandler subclass, packaged by torch-model-archiver) answers as
     in-process: each PNG sent as ``tsctl predict`` sends it (base64, content_type image/png: the handler
@@ -225,6 +230,7 @@ def answers_of(srv, model: str, inputs) -> list:
     return [ask_v2(srv, model, body, kind, 60) for body, kind in inputs]
 
 
+@pytest.mark.matrix
 def test_a_handler_gets_what_torchserves_worker_gives_it(srv, store):
     """Issue #31's xgboost_classfication: a handler that is not the toolkit's receives, for each file sent
     with a Content-Type, what TorchServe's worker (in-process) gives it for that body and type: bytes, a str,
@@ -246,6 +252,7 @@ def test_a_handler_gets_what_torchserves_worker_gives_it(srv, store):
             assert [json.loads(a) for a in answer["answers"]] == list(ts_probes.IRIS_ROWS), (model, contents)
 
 
+@pytest.mark.matrix
 def test_one_answer_shape_whichever_tool_built_the_archive(srv):
     """Issue #31: the same handler packaged by tsctl and by torch-model-archiver answers the same v2
     response, the shape the toolkit's handlers answer in: one BYTES output ``output-0`` of shape [N]
@@ -274,6 +281,7 @@ def test_one_answer_shape_whichever_tool_built_the_archive(srv):
     assert outputs[0] == outputs[1] == [{"name": "output-0", "shape": [1], "datatype": "BYTES", "data": ['"setosa"']}]
 
 
+@pytest.mark.matrix
 def test_verify_served_sends_each_golden_file_as_predict_does(srv, tmp_path):
     """``tsctl verify --served`` of a handler that is not the toolkit's: each golden file goes as ``tsctl
     predict --content-type`` sends it (one BYTES element, the recorded type its ``content_type``), so MLServer
@@ -299,6 +307,7 @@ def test_verify_served_sends_each_golden_file_as_predict_does(srv, tmp_path):
     assert report["where"] == f"{srv.inference} (v2)", report
 
 
+@pytest.mark.matrix
 def test_a_bad_request_fails_alone_in_its_batch(srv, store):
     good = REQUESTS["sentiment"][0]
     bad = [
@@ -336,6 +345,7 @@ def test_a_bad_request_fails_alone_in_its_batch(srv, store):
     assert status == 200, body
 
 
+@pytest.mark.matrix
 def test_no_client_can_unload_a_model_and_bodies_are_bounded(srv, store):
     """tsctl starts MLServer through serving/mlserver_start.py: its repository's load and unload calls are
     gone over REST and refused over gRPC, the model still answers, a body above the limit gets 413 before
@@ -602,10 +612,11 @@ def test_the_seldon_export_serves_and_its_pipeline_answers_as_the_archive(store,
         ENGINE.stop(running)
 
 
-def test_mlserver_missing_is_one_line(store, tmp_path):
+def test_mlserver_missing_is_one_line(image_sample, tmp_path):
     """A Python without MLServer (this one: kserve's environment) is one line naming the fix, before anything
     is written or started."""
-    home = tmp_path / "h"
+    store, home = tmp_path / "model-store", tmp_path / "h"
+    package_resnet(image_sample, store)
     for python in ([], ["--python", sys.executable], ["--python", str(tmp_path / "nowhere" / "python")]):
         done = CliRunner().invoke(main, ["serve", "--engine", "mlserver", *python, "--model-store", str(store),
                                          "--home", str(home)])  # fmt: skip

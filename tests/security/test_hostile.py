@@ -30,7 +30,7 @@ from samples.image_model import sample_jpeg
 from serving.testing import LocalModel
 
 # make fuzz runs many more: TSCTL_FUZZ_EXAMPLES=5000
-EXAMPLES = int(os.environ.get("TSCTL_FUZZ_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("TSCTL_FUZZ_EXAMPLES", "60"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 GIB = 1 << 30
 

@@ -81,6 +81,7 @@ def tsctl(*args) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "tsctl"), *map(str, args)], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.matrix  # 18 s; make test: the engine serving signed archives, verify refusing tampered ones
 def test_verify_checks_the_signature_then_the_golden_answers(signed):
     done = tsctl("verify", signed["archive"], "--public-key", signed["public"])
     assert done.returncode == 0, done.stderr
@@ -360,6 +361,7 @@ def test_an_input_written_to_while_package_signs_is_not_shipped_with_a_signature
     assert name == "raced"
 
 
+@pytest.mark.matrix  # 19 s; make test: the engine refusing unsigned archives at start
 def test_a_registered_archive_is_checked_as_startup_checks_one(signed, versions, tmp_path):
     """With --public_key, the management API's register checks the archive where startup checks the
     snapshot's (``open_model``), before any of its code runs: unsigned, tampered, or signed as another

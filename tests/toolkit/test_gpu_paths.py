@@ -101,7 +101,7 @@ def test_a_batch_through_the_device_path_answers_as_the_pil_path(resnet, jpegs):
         assert max(abs(answer[k] - wanted[k]) for k in answer) <= golden_format.DEFAULT_ATOL
 
 
-@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("precision", ["fp16", pytest.param("bf16", marks=pytest.mark.matrix)])  # bf16: 30 s
 def test_half_precision_answers_within_its_tolerance_and_verify_checks_at_it(image_sample, jpegs, tmp_path, precision):
     """fp32's golden answers (package --golden) replayed by 'tsctl verify --golden-from' on the same weights in
     half precision pass at that precision's tolerance; the answers did move (the setting works)."""
