@@ -43,6 +43,14 @@ class Late(AnswerError, TimeoutError):
     """A call that had not ended by its deadline."""
 
 
+def time_left(deadline: float) -> float:
+    """Seconds until ``deadline`` (a ``time.monotonic()``); past it, ``TimeoutError``."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the call's deadline has passed")
+    return left
+
+
 class DeadlineSocket(socket.socket):
     """A socket whose every send and receive waits at most until ``deadline`` (a ``time.monotonic()``):
     the time left of the whole call, not a fresh timeout per wait. Past it, ``TimeoutError``."""
@@ -50,10 +58,7 @@ class DeadlineSocket(socket.socket):
     deadline = 0.0
 
     def _time_left(self):
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("the call's deadline has passed")
-        self.settimeout(left)
+        self.settimeout(time_left(self.deadline))
 
     def recv(self, *args):
         self._time_left()
@@ -87,10 +92,7 @@ class Connection(http.client.HTTPConnection):
             self.sock.deadline = self.deadline
 
     def connect(self):
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("the call's deadline has passed")
-        plain = socket.create_connection((self.host, self.port), left)
+        plain = socket.create_connection((self.host, self.port), time_left(self.deadline))
         self.sock = DeadlineSocket(plain.family, plain.type, plain.proto, plain.detach())
         self.sock.deadline = self.deadline
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
