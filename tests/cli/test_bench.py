@@ -45,9 +45,12 @@ def test_load_is_bounded_by_count_and_counts_errors(srv, inputs):
 
 
 def test_load_is_bounded_by_time(srv, inputs):
+    """--duration ends the run: what answered by then is counted, what is still in flight is cut and said
+    (on a busy machine one resnet18 answer can take longer than the run: both clients' first requests cut)."""
     result = bench.run_load(f"{srv.inference}/predictions/resnet18", inputs[:1], concurrency=2, duration=1.0)
-    assert result.requests >= 1 and result.errors == 0
-    assert result.seconds < 1.0 + 5  # stops once the requests in flight return
+    assert result.errors == 0 and result.requests + sum(result.cut.values()) >= 2, result
+    assert all("had not answered when --duration 1 s ended" in why for why in result.cut), result.cut
+    assert result.seconds < 1.0 + 2  # the requests in flight are cut at the end, not waited for
 
 
 def test_cli_prints_json_and_exits_nonzero_on_errors(srv, jpegs, tmp_path):
