@@ -5,6 +5,16 @@
   config.properties (``ts_config.frontend_of``); MLServer started by tsctl from
   ``TSCTL_MAX_REQUEST_SIZE`` (``max_request_size_from_environment``, mlserver_start.py). Enforced over
   REST by ``BodyLimit`` (413) and over gRPC by ``engine_grpc.weigh`` (INVALID_ARGUMENT).
+- **MAX_MANAGEMENT_BODY** (64 KiB): one call's body on TorchServe's management API (``/models...``: a
+  register's parameters as JSON, a few short values; in the query they are bounded by the request head's
+  64 KiB), or ``max_request_size`` when that is smaller (``management_body_limit``). Enforced over REST
+  by ``BodyLimit`` (``management``: 413 by Content-Length before a byte of the body is read) and over
+  TorchServe's gRPC management API by ``grpc.max_receive_message_length`` (engine_ts_grpc.start:
+  RESOURCE_EXHAUSTED). TorchServe bounds these bodies by max_request_size alone (ServerInitializer.java
+  lines 58-63, one ``HttpObjectAggregator(maxRequestSize)`` for every listener; ModelServer's gRPC
+  ``maxInboundMessageSize``), which is sized for inference: raised to 64 MiB, a 60 MiB JSON register
+  body was parsed whole into Python objects, 36.6 s and 1.7 GB of the engine's memory (Gson reads the
+  same body into a few fields).
 - **--max_inflight_bytes** (``max_inflight_bytes``): what all requests' bodies hold together
   (being received, queued, at a worker), REST and gRPC alike; default a quarter of the memory the
   process may use (``memory_limit``: the smallest limit of its memory cgroup and the groups above
@@ -33,6 +43,13 @@ MAX_REQUEST_SIZE = "max_request_size"  # the setting's name: config.properties' 
 DEFAULT_MAX_REQUEST_SIZE = 6553500  # bytes: TorchServe's default
 MAX_REQUEST_SIZE_VARIABLE = "TSCTL_MAX_REQUEST_SIZE"  # MLServer started by tsctl reads it here
 BODY_IDLE_TIMEOUT = 30.0  # s without a byte of a request's body while it arrives (--body_idle_timeout)
+MAX_MANAGEMENT_BODY = 64 << 10  # bytes: one management call's body (a register's parameters)
+MANAGEMENT_BODY = "a management call's body: its parameters, a few short values"  # the limit, in messages
+
+
+def management_body_limit(max_request_size: int) -> int:
+    """The bound on one management call's body: ``MAX_MANAGEMENT_BODY``, or ``max_request_size`` when smaller."""
+    return min(max_request_size, MAX_MANAGEMENT_BODY)
 
 
 def max_request_size_from_environment(environ: Mapping[str, str] = os.environ) -> int:
@@ -42,10 +59,10 @@ def max_request_size_from_environment(environ: Mapping[str, str] = os.environ) -
     return int(text) if text.isdigit() and int(text) > 0 else DEFAULT_MAX_REQUEST_SIZE
 
 
-def too_large_message(what: str, size: int, limit: int, how: str = "") -> str:
-    """The message of a request above ``max_request_size``: ``what`` it is, its ``size`` in bytes
-    (``how`` they were counted)."""
-    return f"{what} {size:,} bytes{how}, above the limit of {limit:,} ({MAX_REQUEST_SIZE})"
+def too_large_message(what: str, size: int, limit: int, how: str = "", name: str = MAX_REQUEST_SIZE) -> str:
+    """The message of a request above a limit (``name``, by default ``max_request_size``): ``what`` it is,
+    its ``size`` in bytes (``how`` they were counted)."""
+    return f"{what} {size:,} bytes{how}, above the limit of {limit:,} ({name})"
 
 
 def memory_limit(proc: str = "/proc/self") -> Tuple[int, str]:
@@ -171,8 +188,9 @@ class BodyTooLarge(Exception):
 class BodyLimit:
     """ASGI middleware bounding request bodies, the REST side of this module's limits:
 
-    - one body above ``max_request_size``: 413, by its Content-Length before anything is read, or,
-      sent chunked, as soon as what has arrived passes the limit; the body is never held whole;
+    - one body above ``max_request_size`` (under ``management``, the path of TorchServe's management API:
+      ``management_body_limit``): 413, by its Content-Length before anything is read, or, sent chunked,
+      as soon as what has arrived passes the limit; the body is never held whole;
     - all bodies together: what has arrived of every request not answered yet (received, queued, at
       a worker) above ``inflight.limit`` (``--max_inflight_bytes``): the request whose bytes would
       pass it gets 503 with ``Retry-After``, as soon as they arrive (150 uploads of 32 MiB, sent or
@@ -185,16 +203,28 @@ class BodyLimit:
       (uvicorn's flow control); the engine's server gives up on a client that reads nothing for
       ``idle`` seconds (``engine_http.BoundedHttp``)."""
 
-    def __init__(self, app, limit: int, inflight: InFlight, idle: float = BODY_IDLE_TIMEOUT):
-        self.app, self.limit, self.inflight, self.idle = app, limit, inflight, idle
+    def __init__(self, app, limit: int, inflight: InFlight, idle: float = BODY_IDLE_TIMEOUT,
+                 management: Optional[str] = None):  # fmt: skip
+        self.app, self.limit, self.inflight, self.idle, self.management = app, limit, inflight, idle, management
+
+    def limit_of(self, path: str) -> Tuple[int, str]:
+        """The bound on a body sent to ``path``, and its name."""
+        if self.management and (path == self.management or path.startswith(self.management + "/")):
+            return management_body_limit(self.limit), MANAGEMENT_BODY
+        return self.limit, MAX_REQUEST_SIZE
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        limit, inflight = self.limit, self.inflight
+        inflight = self.inflight
+        limit, name = self.limit_of(scope.get("path", ""))
+
+        def too_large(size: int, qualifier: str = "") -> str:
+            return too_large_message(f"the request body is {qualifier}".rstrip(), size, limit, name=name)
+
         length = dict(scope["headers"]).get(b"content-length", b"")
         if length.isdigit() and int(length) > limit:
-            return await self.refuse(scope, send, 413, self.too_large(int(length)))
+            return await self.refuse(scope, send, 413, too_large(int(length)))
         seen, refusal, started, whole = 0, None, False, False
 
         async def counted():
@@ -209,7 +239,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 size = len(message.get("body", b""))
                 if seen + size > limit:
-                    refusal = (413, self.too_large(seen + size, "at least "))
+                    refusal = (413, too_large(seen + size, "at least "))
                 elif not inflight.take(size):
                     refusal = (503, inflight.busy())
                 if refusal:
@@ -240,9 +270,6 @@ class BodyLimit:
             inflight.give(seen)
         if refusal and not started:
             await self.refuse(scope, send, *refusal)
-
-    def too_large(self, size: int, qualifier: str = "") -> str:
-        return too_large_message(f"the request body is {qualifier}".rstrip(), size, self.limit)
 
     @staticmethod
     async def refuse(scope, send, status: int, message: str):

@@ -34,10 +34,10 @@ management API's, 7071). Two on one port are refused in one line. TorchServe's t
 repository API (load, unload) is absent.
 
 Request bodies are bounded by ``serving/body_limit.py`` (``max_request_size`` from config.properties,
-TorchServe's 6.5 MB by default: 413 before the body is read whole; bodies in flight; slow bodies),
-request heads and connections by ``serving/engine_http.py``; an answer above ``max_response_size``
-fails alone with TorchServe's 500 and is never held (``ts_wire.Stream.reply``). Needs ``torchserve``
-(its worker, not its frontend).
+TorchServe's 6.5 MB by default, a management call's 64 KiB: 413 before the body is read whole; bodies in
+flight; slow bodies), request heads and connections by ``serving/engine_http.py``; an answer above
+``max_response_size`` fails alone with TorchServe's 500 and is never held (``ts_wire.Stream.reply``).
+Needs ``torchserve`` (its worker, not its frontend).
 """
 
 import argparse
@@ -316,9 +316,9 @@ def build_app(engine: Engine, listener: str = "both") -> Starlette:
     app = Starlette(routes=routes, exception_handlers={404: unknown, 405: unknown})
     if engine.tokens is not None and listener != "metrics":
         app.add_middleware(TokenCheck, tokens=engine.tokens, listener=listener)
-    app.add_middleware(
-        BodyLimit, limit=engine.frontend.max_request_size, inflight=engine.inflight, idle=engine.body_idle_timeout
-    )
+    management = "/models" if listener in ("management", "both") else None  # its bodies: MAX_MANAGEMENT_BODY
+    app.add_middleware(BodyLimit, limit=engine.frontend.max_request_size, inflight=engine.inflight,
+                       idle=engine.body_idle_timeout, management=management)  # fmt: skip
     return app
 
 

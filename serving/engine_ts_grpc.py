@@ -37,8 +37,9 @@ management API's calls, serving/engine_management.py), else ``ReadOnlyModels``; 
 ``authorization`` the call's ``authorization`` metadata or None; False: PERMISSION_DENIED with
 TorchServe's message: serving/token_auth.py).
 
-Bounds: a message above ``max_request_size`` is refused by gRPC itself (RESOURCE_EXHAUSTED, as
-TorchServe's ``maxInboundMessageSize``); each message is counted against the engine's bodies in flight
+Bounds: a message above ``max_request_size`` (on the management API, ``body_limit.management_body_limit``:
+64 KiB) is refused by gRPC itself before it is parsed (RESOURCE_EXHAUSTED, as TorchServe's
+``maxInboundMessageSize``); each message is counted against the engine's bodies in flight
 before it is parsed (REST's and KServe gRPC's counter: UNAVAILABLE above it), and at most
 ``MAX_INPUTS`` entries (INVALID_ARGUMENT).
 """
@@ -52,6 +53,7 @@ import grpc
 
 from . import engine_management as management_api
 from . import ts_protos as pb
+from .body_limit import management_body_limit
 from .engine_management import model_url
 from .protobuf_wire import wire_fields
 from .ts_wire import Request, Response
@@ -489,7 +491,9 @@ async def start(engine, args) -> list:
     try:
         for api, (host, port) in addresses(engine.frontend, args).items():
             service, servicer, raw = services[api]
-            options = [("grpc.max_receive_message_length", engine.frontend.max_request_size)]
+            limit = engine.frontend.max_request_size
+            limit = management_body_limit(limit) if api == "management" else limit
+            options = [("grpc.max_receive_message_length", limit)]
             server = grpc.aio.server(options=options, interceptors=[Authorization(engine, api)])
             handlers = method_handlers(servicer, service, raw)
             server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))

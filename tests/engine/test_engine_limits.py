@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from helpers import streams
-from helpers.cgroups import peak_rss
+from helpers.cgroups import peak_rss, reset_peak
 from helpers.engine import Engine, received, snapshot_entry
 from helpers.engine_limits import HANDLER, MAX_RESPONSE, archive_handler, engine_in_cgroup, grpc_infer, write_config
 from serving import body_limit
@@ -127,12 +127,6 @@ def partial_upload(engine, declared: int, sent: int) -> socket.socket:
     head = b"POST /predictions/other HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n"
     sock.sendall(head % declared + b"a" * sent)
     return sock
-
-
-def reset_peak(pid: int) -> int:
-    """Reset the process's peak resident memory (VmHWM) to what it holds now, and return that."""
-    Path(f"/proc/{pid}/clear_refs").write_text("5")
-    return peak_rss(pid)
 
 
 def pids(engine) -> dict:

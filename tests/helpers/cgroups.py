@@ -88,3 +88,9 @@ def _read(path: Path, prefix: str = "") -> str:
 def peak_rss(pid: int) -> int:
     """The process's peak resident memory so far (VmHWM), in bytes."""
     return int(_read(Path(f"/proc/{pid}/status"), "VmHWM:").split()[0]) * 1024
+
+
+def reset_peak(pid: int) -> int:
+    """Reset the process's peak resident memory (VmHWM) to what it holds now, and return that."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+    return peak_rss(pid)
