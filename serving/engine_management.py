@@ -24,10 +24,12 @@ Bad input is one TorchServe-shaped 4xx (``{"code", "type", "message"}``) and cha
 TorchServe 0.12 may differ: a query value that is not a whole number (TorchServe takes the default),
 ``min_worker`` 0 or above the engine's ``MAX_WORKERS`` (TorchServe scales to 0), batch settings TorchServe
 would take and then ignore (``ts_config.settings_problem``), an archive that fails to load (TorchServe:
-500, and the model stays registered with no worker). URLs: a name (or path) is looked up in the model
-store by its file name, as TorchServe does; ``file://``/``http(s)://`` URLs outside ``allowed_urls`` get
-TorchServe's 404; inside it the engine downloads nothing (400, TorchServe's message for a download that
-failed, with the reason).
+500, and the model stays registered with no worker). URLs: a file name is looked up in the model store,
+as TorchServe does, and must lie inside it (serving/model_store.py: a name with a directory part, which
+TorchServe reads as its file name, and a link leading out of the store, which TorchServe follows, are its
+404); ``file://``/``http(s)://`` URLs outside ``allowed_urls`` get TorchServe's 404; inside it the engine
+downloads nothing (400, TorchServe's message for a download that failed, with the reason). A call's body
+(a register's parameters as JSON) is bounded by ``body_limit.MAX_MANAGEMENT_BODY`` before it is read.
 """
 
 import asyncio
@@ -50,6 +52,7 @@ from handlers.signing import SignatureError
 
 from . import gpus, ts_config
 from .engine_workers import MAX_WORKERS, ModelWorkers
+from .model_store import NotInStore, store_entry
 
 logger = logging.getLogger("tsctl.engine")
 
@@ -241,13 +244,14 @@ def archive_for(url: str, allowed: List[str], store: Path) -> Path:
     ``..`` refused; a URL matching ``allowed_urls`` would be downloaded into the store, which the engine
     does not do (400, unless the store has that file already: TorchServe's 500); a ``file://`` or
     ``http(s)://`` URL matching none is TorchServe's 404; anything else is the store's entry of that file
-    name (a .mar, .tar.gz or unpacked directory)."""
+    name (a .mar, .tar.gz or unpacked directory) inside the store (``model_store.store_entry``: a
+    directory part or a link leading out is TorchServe's 404 for a url it cannot find, with why)."""
     if not url:
         raise ApiError(404, "ModelNotFoundException", "empty url")
     if ".." in url:
         raise ApiError(404, "ModelNotFoundException", f"Relative path is not allowed in url: {url}")
-    name = url.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0].split("#", 1)[0]
     if any(re.fullmatch(pattern, url, re.IGNORECASE) for pattern in allowed if pattern):
+        name = url.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0].split("#", 1)[0]
         if (store / name).exists():
             raise ApiError(500, "InternalServerException", f"Model file already exists {name}")
         raise ApiError(
@@ -258,11 +262,11 @@ def archive_for(url: str, allowed: List[str], store: Path) -> Path:
         )
     if VALID_URL.fullmatch(url):
         raise ApiError(404, "ModelNotFoundException", f"Given URL {url} does not match any allowed URL(s)")
-    found = store / name
     try:
-        usable = not name.startswith(".") and (found.is_file() or (found / "MAR-INF").is_dir())
-    except OSError:  # a name too long for the file system (TorchServe's File.exists says false)
-        usable = False
+        found = store_entry(store, url.rstrip("/"))
+        usable = not url.startswith(".") and (found.is_file() or (found / "MAR-INF").is_dir())
+    except NotInStore as exc:
+        raise ApiError(404, "ModelNotFoundException", exc.message(url)) from None
     if not usable:
         raise ApiError(404, "ModelNotFoundException", f"Model not found at: {url}")
     return found

@@ -26,6 +26,7 @@ from handlers.archives import MAX_CONFIG_BYTES, ArchiveError, ArchiveLike, opene
 
 from . import gpus
 from .body_limit import DEFAULT_MAX_REQUEST_SIZE, MAX_REQUEST_SIZE
+from .model_store import NotInStore, store_entry
 
 SNAPSHOT_KEYS = ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout")
 SNAPSHOT_DEFAULTS = {"minWorkers": 1, "maxWorkers": 1, "batchSize": 1, "maxBatchDelay": 100, "responseTimeout": 120}
@@ -346,7 +347,7 @@ def _from_store(archives: List[Path], frontend: Frontend, skip_unreadable: bool 
     specs, seen = [], {}
     for archive in archives:
         try:
-            spec = _from_archive(archive, frontend)
+            spec = _from_archive(in_store(archive), frontend)
         except (ArchiveError, ConfigError) as exc:
             if not skip_unreadable:
                 raise
@@ -360,6 +361,14 @@ def _from_store(archives: List[Path], frontend: Frontend, skip_unreadable: bool 
             )
         specs.append(spec)
     return specs
+
+
+def in_store(archive: Path) -> Path:
+    """``archive``, an entry found by listing the store, when it lies inside (``store_entry``); else ConfigError."""
+    try:
+        return store_entry(archive.parent, archive.name)
+    except NotInStore as exc:
+        raise ConfigError(exc.message(archive.name)) from None
 
 
 def check_store(model_store: Path):
@@ -415,11 +424,12 @@ def from_load_models(properties: Dict[str, str], config, model_store: Path, fron
         if not url:
             continue
         try:
-            archive = model_store / url
             if ".." in url:
                 raise ConfigError(f"Relative path is not allowed in url: {url}")
-            if "/" in url or not archive.exists():  # (the engine downloads nothing: archives come from the store)
-                raise ConfigError(f"Model not found at: {url}")
+            try:  # the engine downloads nothing: archives come from the store
+                archive = store_entry(model_store, url)
+            except NotInStore as exc:
+                raise ConfigError(exc.message(url)) from None
             spec = _from_archive(archive, frontend, workers)
             spec.name, spec.url = name or spec.name, url
             if any((s.name, s.version) == (spec.name, spec.version) for s in specs):
@@ -447,12 +457,12 @@ def torchserve_workers(number_of_gpu: int = 0) -> int:
 def snapshot_archive(config, model_store: Path, name: str, entry) -> Path:
     """The archive a model_snapshot entry names, which must be a file name in ``model_store``."""
     mar_name = entry.get("marName") if isinstance(entry, dict) else None
-    if not isinstance(mar_name, str) or not mar_name or "/" in mar_name or not (model_store / mar_name).exists():
-        raise ConfigError(
-            f"{config}: model_snapshot names {mar_name!r} for model {name!r}, which is not in {model_store}: "
-            "regenerate the file with 'tsctl config'"
-        )
-    return model_store / mar_name
+    try:
+        return store_entry(model_store, mar_name if isinstance(mar_name, str) else "")
+    except NotInStore as exc:
+        why = f" ({exc})" if str(exc) and mar_name else ""
+        raise ConfigError(f"{config}: model_snapshot names {mar_name!r} for model {name!r}, which is not in "
+                          f"{model_store}{why}: regenerate the file with 'tsctl config'") from None  # fmt: skip
 
 
 def _from_snapshot(config, model_store: Path, name: str, version: str, entry, frontend: Frontend) -> ModelSpec:
