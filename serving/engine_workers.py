@@ -50,7 +50,7 @@ from .engine_stream import Parts, collect
 from .gpus import CPU
 from .ts_config import Frontend, ModelSpec
 from .ts_wire import BrokenReply, Request, Response, WorkerDied, batch_error
-from .worker_process import LOAD_TIMEOUT, NotSent, WorkerProcess, kill_group, start_worker
+from .worker_process import LOAD_TIMEOUT, NotSent, WorkerProcess, kill_worker, start_worker
 
 logger = logging.getLogger("tsctl.engine")
 worker_log = logging.getLogger("tsctl.worker")
@@ -393,7 +393,7 @@ class Worker:
         if self.process is not None:
             self.process.kill()
         if self.spawned is not None and self.spawned.poll() is None:  # still loading
-            kill_group(self.spawned)
+            kill_worker(self.spawned)
         self.thread.shutdown(wait=False)
 
 
