@@ -22,7 +22,7 @@ import pytest
 
 from helpers import waiting
 from helpers.engine import snapshot_entry
-from helpers.engine_limits import archive_handler, engine_in_cgroup, write_config
+from helpers.engine_limits import Neighbour, archive_handler, engine_in_cgroup, write_config
 
 GROUP_LIMIT = 1536 << 20  # the engine's cgroup: the engine, its fork server and every worker
 FAT_MB = 160  # what one worker of ``fat`` holds once loaded
@@ -199,3 +199,80 @@ def test_a_double_forked_daemon_dies_with_its_worker(engine, tmp_path):
     gone_within(kept, 5)
     after = live(engine.cgroup)
     assert len(after) == len(before), (sorted(before), sorted(after))
+
+
+# ---- case 7: registering and scaling past the group's memory -----------------------------------------
+def refused_as_torchserve(status, body, name: str, version: str):
+    assert status == 507, (status, body)
+    assert body["code"] == 507 and body["type"] == "InternalServerException", body
+    assert body["message"].startswith(f"Failed to start workers for model {name} version: {version}: "), body
+    assert "--max_inflight_bytes" in body["message"] and "more memory" in body["message"], body
+
+
+def test_registering_one_archive_under_many_names_stops_before_the_memory_runs_out(engine):
+    """Before #43 every register was let start: in a 1.5 GiB group 6 fat models registered, the 7th's worker
+    was OOM-killed as it loaded (400, 1 OOM kill) and the neighbour waited up to 12.4 s; now one is refused
+    (507) before any OOM kill."""
+    kills, registered, refused = oom_kills(engine.cgroup), [], None
+    neighbour_pid = workers_of(engine, ["neighbour"])
+    try:
+        with Neighbour(engine) as neighbour:
+            for index in range(1, GROUP_LIMIT // (FAT_MB << 20) + 1):
+                name = f"fat-{index}"
+                status, body = call(engine, "POST", f"/models?url=fat.mar&model_name={name}&initial_workers=1")
+                if status != 200:
+                    refused = (status, body, name)
+                    break
+                registered.append(name)
+        kills = oom_kills(engine.cgroup) - kills
+        print(
+            f"registered {len(registered)} fat models, then {refused and refused[0]}; OOM kills: {kills}; "
+            f"neighbour: {len(neighbour.answers)} answers, slowest {max(t for _, t in neighbour.answers):.2f} s"
+        )
+        assert refused is not None, f"every register was accepted ({len(registered)}); OOM kills: {kills}"
+        refused_as_torchserve(*refused, "1.0")
+        assert kills == 0, kills
+        neighbour.check(slowest=10)
+        assert registered, "not even one fat model fits: the group is too small for this test"
+        assert workers_of(engine, ["neighbour"]) == neighbour_pid
+    finally:
+        for name in registered:
+            call(engine, "DELETE", f"/models/{name}")
+
+
+def test_scaling_past_the_groups_memory_is_refused_at_once(engine):
+    """Before #43 the scale was accepted (202), its workers then OOM-killed over and over; now 507 at once,
+    nothing started."""
+    status, body = call(engine, "POST", "/models?url=fat.mar&model_name=fat&initial_workers=1")
+    assert status == 200, body
+    try:
+        before, kills = live(engine.cgroup), oom_kills(engine.cgroup)
+        status, body = call(engine, "PUT", "/models/fat?min_worker=40")
+        print(f"a scale to 40 fat workers: {status}; OOM kills since: {oom_kills(engine.cgroup) - kills}")
+        refused_as_torchserve(status, body, "fat", "null")
+        assert len(engine.workers("fat")) == 1 and live(engine.cgroup) == before
+    finally:
+        call(engine, "DELETE", "/models/fat")
+
+
+def test_a_scale_down_ends_its_idle_workers_at_once(engine):
+    """A scale from 3 workers to 1 while 2 are busy retires one idle and one busy worker: the idle one must
+    end at once, not once the busy one has answered (before #43 it lived as long: 4 s, while describe
+    listed 1 worker), and the processes then agree with describe."""
+    import concurrent.futures
+
+    status, body = call(engine, "PUT", "/models/neighbour?min_worker=3&synchronous=true")
+    assert status == 200, body
+    everyone = workers_of(engine, ["neighbour"])
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        sleeping = [pool.submit(say, engine, "sleep 4", "neighbour") for _ in range(2)]
+        time.sleep(1)  # both requests at their workers
+        status, body = call(engine, "PUT", "/models/neighbour?min_worker=1")
+        assert status == 202, body
+        kept = workers_of(engine, ["neighbour"])
+        left = gone_within(everyone - kept, 2)
+        print(f"scaled 3 -> 1 with 2 busy: retired {sorted(everyone - kept)}, alive 2 s after: {left}")
+        assert len(left) <= 1, f"a retired idle worker outlived the scale-down: {left}"
+        assert [f.result()[0] for f in sleeping] == [200, 200]
+    assert not gone_within(everyone - kept, 10), "a retired worker outlived its batch"
+    assert len(kept) == 1 and all(alive(p) for p in kept)
