@@ -73,19 +73,27 @@ def memory_limit(proc: str = "/proc/self") -> Tuple[int, str]:
     hierarchy is mounted (``proc``/mountinfo: /sys/fs/cgroup/memory, /sys/fs/cgroup,
     /sys/fs/cgroup/unified ...): on a host without a cgroup namespace the mount's top is the host's
     root group, not ours."""
+    limit, source, _ = limiting_group(proc)
+    return limit, source
+
+
+def limiting_group(proc: str = "/proc/self") -> Tuple[int, str, Optional[str]]:
+    """``memory_limit``'s limit and source, and the folder of the cgroup that sets it (None: the machine's
+    memory), where its usage is read (``memory_admission.in_use``)."""
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    limit, source = total, "the machine's memory"
+    limit, source, folder = total, "the machine's memory", None
     found = memory_cgroup(proc)
     if found is None:
-        return limit, source
+        return limit, source, folder
     mount, group, limit_file = found
     path = group
     while True:
-        value = _read_number(os.path.join(mount, path.lstrip("/"), limit_file))
+        here = os.path.join(mount, path.lstrip("/"))
+        value = _read_number(os.path.join(here, limit_file))
         if value is not None and value < limit:
-            limit, source = value, f"the limit of cgroup {path} ({limit_file})"
+            limit, source, folder = value, f"the limit of cgroup {path} ({limit_file})", here
         if path in ("/", ""):
-            return limit, source
+            return limit, source, folder
         path = os.path.dirname(path)
 
 

@@ -12,6 +12,8 @@
   then the workers end); not the default version while others remain (403, as TorchServe).
 - ``PUT /models/NAME[/VERSION]?min_worker=&max_worker=&synchronous=`` (or ``model_version=``): scale
   (``synchronous`` default false: 202 at once).
+- A register or scale whose workers would not fit in the engine's memory is refused before any starts:
+  TorchServe's 507 (``memory_admission.admit``, ``admitted``).
 - ``PUT /models/NAME/VERSION/set-default``.
 
 Safe by default: every call that changes state (register, unregister, scale, set-default) answers
@@ -34,6 +36,7 @@ downloads nothing (400, TorchServe's message for a download that failed, with th
 
 import asyncio
 import datetime
+import functools
 import inspect
 import json
 import logging
@@ -50,7 +53,7 @@ from handlers.archives import ArchiveError, opened
 from handlers.errors import frontend_error
 from handlers.signing import SignatureError
 
-from . import gpus, ts_config
+from . import gpus, memory_admission, ts_config
 from .engine_workers import MAX_WORKERS, ModelWorkers
 from .model_store import NotInStore, store_entry
 
@@ -334,6 +337,7 @@ async def register(engine, params: Dict[str, str]) -> Done:
     if spec.version in engine.versions.get(spec.name, {}):
         message = f"Model version {spec.version} is already registered for model {spec.name}"
         raise ApiError(409, "ConflictStatusException", message)
+    await admitted(engine, spec.name, spec.version, spec.min_workers, None)
     try:
         model = await loop.run_in_executor(None, engine.open, spec)  # unpacked; its signature checked first
     except (ArchiveError, SignatureError, ts_config.ConfigError) as exc:
@@ -405,8 +409,9 @@ async def scale(engine, name: str, version: Optional[str], params: Dict[str, str
     if high > MAX_WORKERS:
         why = f"max_worker is {high}, above the engine's {MAX_WORKERS} workers per model version"
         raise ApiError(400, "BadRequestException", why)
-    model.spec.min_workers, model.spec.max_workers = low, high
     have = len(model.workers)
+    await admitted(engine, name, version, low - have, model)
+    model.spec.min_workers, model.spec.max_workers = low, high
     if low < have:
         await model.remove_workers(have - low, wait=synchronous)
     elif low > have:
@@ -418,6 +423,17 @@ async def scale(engine, name: str, version: Optional[str], params: Dict[str, str
     if not synchronous:
         return "Processing worker updates...", 202
     return f"Workers scaled to {low} for model: {name}" + (f", version: {version}" if version else ""), 200
+
+
+async def admitted(engine, name: str, version: Optional[str], adding: int, model: Optional[ModelWorkers]):
+    """``adding`` more workers of a model checked against the engine's memory (``memory_admission.admit``):
+    refused, TorchServe's 507 for a scale that ran out of memory."""
+    check = functools.partial(memory_admission.admit, name, version, adding, model, engine.all(),
+                              engine.inflight.limit)  # fmt: skip
+    try:
+        await asyncio.get_running_loop().run_in_executor(None, check)
+    except memory_admission.NotEnoughMemory as exc:
+        raise ApiError(507, "InternalServerException", str(exc)[:2000]) from None
 
 
 def set_default(engine, name: str, version: str) -> Done:

@@ -50,7 +50,7 @@ from .engine_stream import Parts, collect
 from .gpus import CPU
 from .ts_config import Frontend, ModelSpec
 from .ts_wire import BrokenReply, Request, Response, WorkerDied, batch_error
-from .worker_process import LOAD_TIMEOUT, NotSent, WorkerProcess, kill_group, start_worker
+from .worker_process import LOAD_TIMEOUT, NotSent, WorkerProcess, kill_worker, start_worker
 
 logger = logging.getLogger("tsctl.engine")
 worker_log = logging.getLogger("tsctl.worker")
@@ -222,7 +222,7 @@ class Worker:
         loading = self.loading = loop.run_in_executor(
             self.thread,
             lambda: start_worker(owner.spec, owner.model_dir, owner.handler, owner.frontend, self.socket_path,
-                                 owner.env, on_line, lambda spawned: setattr(self, "spawned", spawned), on_metric,
+                                 owner.env, on_line, self._spawned, on_metric,
                                  fork_server.shared(owner.env, extras=True), self.gpu),
         )  # fmt: skip (the fork server got in this thread: it may start one)
         try:
@@ -240,6 +240,13 @@ class Worker:
         self.counted = True
         self.failures = 0
         logger.info("%s worker %d ready (pid %d)", self.owner.label, self.index, self.process.pid)
+
+    def _spawned(self, spawned: subprocess.Popen):
+        """Its process, as soon as it runs (in its thread): ended at once when the worker was retired or the
+        model stopped meanwhile (``stop`` could not see it yet), rather than once it has loaded."""
+        self.spawned = spawned
+        if self.retiring.is_set() or self.owner.stopping:
+            kill_worker(spawned)
 
     def _abandoned(self, loading: asyncio.Future):
         if not loading.cancelled() and loading.exception() is None:
@@ -393,7 +400,7 @@ class Worker:
         if self.process is not None:
             self.process.kill()
         if self.spawned is not None and self.spawned.poll() is None:  # still loading
-            kill_group(self.spawned)
+            kill_worker(self.spawned)
         self.thread.shutdown(wait=False)
 
 
@@ -488,8 +495,7 @@ class ModelWorkers:
 
     async def remove_workers(self, count: int, wait: bool = True):
         """``count`` fewer workers: those loading first, then idle ones, then busy ones; each takes no more
-        batches, ends after the one it holds (within its responseTimeout), then its process is ended.
-        ``wait``: until they have."""
+        batches and its process is ended once it holds none (``retire``). ``wait``: until they have."""
         order = {"STARTING": 0, "READY": 1, "BUSY": 2}
         leaving = sorted(self.workers, key=lambda w: (order.get(w.status, 0), -w.index))[:count]
         for worker in leaving:
@@ -500,13 +506,18 @@ class ModelWorkers:
             await retired
 
     async def retire(self, workers: List["Worker"]):
+        """Each worker takes no more batches and is ended as soon as it holds none: an idle or loading one at
+        once, a busy one once its batch is answered (within its responseTimeout), each on its own (an idle
+        worker does not wait for a busy one: describe and the processes agree)."""
         for worker in workers:
             worker.retiring.set()
-        busy = [w.task for w in workers if w.status == "BUSY" and w.task is not None]
-        if busy:
-            await asyncio.wait(busy, timeout=self.spec.response_timeout + 5)
-        for worker in workers:
+
+        async def end(worker: Worker):
+            if worker.status == "BUSY" and worker.task is not None:
+                await asyncio.wait({worker.task}, timeout=self.spec.response_timeout + 5)
             worker.stop()
+
+        await asyncio.gather(*(end(worker) for worker in workers))
 
     async def drain(self, message: str):
         """Unregistering: every request queued answered 503 with ``message``, no new one taken, the batches

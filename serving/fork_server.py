@@ -43,6 +43,12 @@ workers of a cold start, forked at once, import them themselves; a worker restar
 started later, finds them imported. ``tsctl run``'s and ``LocalModel``'s server does not (one start,
 and the imports would take the cores its worker is using).
 
+**A worker's descendants.** Each worker makes itself a child subreaper (``worker_launch.py``), so that what
+it forks stays below it even once it double-forks and leaves its session (``setsid``): ``end_tree`` ends
+the worker with everything below it. The server is a subreaper too: what a worker leaves when it dies on
+its own (killed by the OOM killer, ``os._exit``) is reparented to the server, which ends every child it
+did not fork as each worker's exit is reported (``sweep``).
+
 The server reaps its children and reports each exit status; a fork the kernel refuses (a pids limit
 reached) fails that start alone, with the OSError a spawn would raise. ``ForkedProcess`` offers what
 ``worker_process`` uses of ``subprocess.Popen`` (``pid``, ``poll``, ``wait``, ``returncode``,
@@ -61,6 +67,11 @@ import subprocess
 import sys
 import threading
 from typing import Dict, List, Optional
+
+try:  # imported by the engine, from its package
+    from .process_tree import children, end_tree, subreaper
+except ImportError:  # run by path as the server: process_tree.py is beside it, on sys.path as main() starts
+    from process_tree import children, end_tree, subreaper
 
 PRELOAD = (  # imported once by the server; ts.torch_handler is not (it reads TS_IPEX_ENABLE when imported)
     "numpy",
@@ -292,6 +303,7 @@ def serve(sock: socket.socket, extras: List[str]):
     signal.set_wakeup_fd(wakeup_write)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     server = os.getpid()
+    forked: set = set()  # the workers it forked and has not reaped: any other child is an orphan (``sweep``)
     import select
 
     while True:
@@ -301,7 +313,8 @@ def serve(sock: socket.socket, extras: List[str]):
             continue
         if wakeup_read in ready:
             os.read(wakeup_read, 4096)
-            report_exits(sock)
+            if report_exits(sock, forked):
+                sweep(server, forked)
         if sock in ready:
             try:
                 raw, fds, _, _ = socket.recv_fds(sock, MESSAGE, 2)
@@ -330,6 +343,7 @@ def serve(sock: socket.socket, extras: List[str]):
                     os.setpgid(pid, pid)  # as the child does: its group exists before its pid is known
                 except OSError:  # it has set it, or already ended
                     pass
+                forked.add(pid)
                 reply = {"pid": pid}
             for fd in fds:
                 os.close(fd)
@@ -349,15 +363,29 @@ def preload(name: str):
         pass
 
 
-def report_exits(sock: socket.socket):
+def report_exits(sock: socket.socket, forked: set) -> bool:
+    """Reap every child that has ended and report the workers' exits (an orphan's is not: the client never
+    knew it); whether a worker's was among them."""
+    reported = False
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return reported
         if pid == 0:
-            return
-        sock.send(json.dumps({"exited": pid, "code": os.waitstatus_to_exitcode(status)}).encode("utf-8"))
+            return reported
+        if pid in forked:
+            forked.discard(pid)
+            reported = True
+            sock.send(json.dumps({"exited": pid, "code": os.waitstatus_to_exitcode(status)}).encode("utf-8"))
+
+
+def sweep(server: int, forked: set):
+    """End every child of the server that it did not fork, and what is below it: what a worker that has
+    ended left (reparented to the server, its subreaper, before the worker's exit is reported)."""
+    for pid in children(server):
+        if pid not in forked:
+            end_tree(pid)
 
 
 def die_with(server: int):
@@ -516,6 +544,7 @@ VENDOR_WALK = 20000  # entries of a model's folder looked through for a vendored
 def main():
     global BASE_PATH, PRELOADED
     sock = socket.socket(fileno=int(sys.argv[1]))
+    subreaper()  # what a worker leaves as it dies comes to the server (``sweep``)
     extras = list(EXTRAS) if "--extras" in sys.argv[2:] else []
     BASE_PATH = [p for p in sys.path if os.path.realpath(p or os.curdir) != HERE]  # its environment has no PYTHONPATH
     sys.path[:] = BASE_PATH  # the preloaded modules come from the interpreter's own path, not a model's

@@ -8,7 +8,8 @@ records). A frontend reading metrics from stdout also reads any line a handler p
 included. This sends that one logger's records to the pipe ``FD`` instead (one record a line, line
 breaks in a record escaped), then runs ``model_service_worker.py`` unchanged, as ``__main__``, with
 the rest of the arguments: the worker is otherwise exactly TorchServe's (its own ``sys.path``, its
-logging on stdout). The engine reads metrics from ``FD`` only (``worker_process.start_worker``).
+logging on stdout), but that it is a child subreaper (``subreaper``: what it forks stays below it).
+The engine reads metrics from ``FD`` only (``worker_process.start_worker``).
 
 Run by path, not with ``-m``: this file's folder is taken off ``sys.path`` first, and the worker's
 path is then the one TorchServe gives it (the model's folder on ``PYTHONPATH``). Standard library only.
@@ -33,7 +34,20 @@ class OneLine(logging.Formatter):
         return super().format(record).replace("\r", "\\r").replace("\n", "\\n")
 
 
+def subreaper():
+    """Make the worker a child subreaper (Linux's PR_SET_CHILD_SUBREAPER): what its handler forks stays
+    below it even once it double-forks and leaves the worker's session, and is ended with it
+    (serving/process_tree.py, which this file, run by path, cannot import)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # 36: PR_SET_CHILD_SUBREAPER
+    except (AttributeError, OSError):  # no prctl: not Linux
+        pass
+
+
 def main():
+    subreaper()
     fd, script = int(sys.argv[1]), sys.argv[2]
     channel = logging.StreamHandler(os.fdopen(fd, "w", encoding="utf-8", errors="replace", buffering=1))
     channel.setFormatter(OneLine("%(message)s"))

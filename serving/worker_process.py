@@ -10,8 +10,10 @@ read back as the frontend reads it (per request the status, content type, header
 handler set). So an archive runs in its own process with its own imports, exactly as on
 TorchServe: no module swapping, and one model's crash is that worker's alone.
 
-- **Process groups.** Each worker runs in a process group of its own and is killed with it
-  (``kill_group``): what it forked dies with it.
+- **Descendants.** Each worker runs in a process group of its own and is a child subreaper
+  (``worker_launch.py``); it is killed with its group and everything below it (``kill_worker``,
+  ``process_tree.end_tree``): what it forked dies with it, a double-forked daemon in a session of its
+  own too.
 - **max_response_size** is enforced per answer as the worker's reply is read (``Stream.reply``),
   its headers, content type and reason phrase counted with its body: an answer above it gets 500
   with TorchServe's message, its bytes dropped as they come; the worker and the batch's other
@@ -48,6 +50,7 @@ from handlers.archives import printable
 
 from . import sockets
 from .fork_server import ForkedProcess, ForkServer
+from .process_tree import end_tree
 from .ts_config import Frontend, ModelSpec
 from .ts_wire import Request, Response, Stream, WorkerDied, batch_error, cause_of, encode_batch, encode_load
 
@@ -116,7 +119,7 @@ class WorkerProcess:
     def kill(self):
         """End the worker and whatever it forked (its process group, ``start_worker``), and shut its socket
         down so that a predict blocked on it returns at once, even while a forked child still holds it."""
-        kill_group(self.process)
+        kill_worker(self.process)
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -177,10 +180,13 @@ class Replies:
         return [self.last[i] for i in self.ids]
 
 
-def kill_group(process: subprocess.Popen):
-    """SIGKILL to a worker's process group: the worker and every process it forked, even once it has
-    ended (TorchServe's frontend kills the worker process alone: a forked child would outlive it holding
-    its socket and pipes)."""
+def kill_worker(process: subprocess.Popen):
+    """SIGKILL to a worker and every process below it (``end_tree``, while it runs: once it has ended, what it
+    left went to its fork server, which ends it), and to its process group, even once it has ended
+    (TorchServe's frontend kills the worker process alone: a forked child would outlive it holding its
+    socket and pipes)."""
+    if process.poll() is None:
+        end_tree(process.pid)
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except OSError:  # the group is gone: the worker and all its children have ended
@@ -267,7 +273,7 @@ def spawn(model_dir: Path, metrics: str, socket_path: str, env: dict,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             pass_fds=(metric_write,),
-            process_group=0,  # its own group, the engine's session: kill_group ends what it forks with it
+            process_group=0,  # its own group, the engine's session: kill_worker ends what it forks with it
         )
     except BaseException:
         os.close(metric_read)
@@ -339,13 +345,13 @@ def end_failed_load(process: subprocess.Popen, output: threading.Thread, killed:
     """End a worker whose load failed, and what it forked, once it has written its error (``killed``:
     at once; a worker whose load failed exits by itself, its traceback written)."""
     if killed:
-        kill_group(process)
+        kill_worker(process)
     try:
         process.wait(5)
     except subprocess.TimeoutExpired:
-        kill_group(process)
+        kill_worker(process)
         process.wait()
-    kill_group(process)  # what it forked
+    kill_worker(process)  # what it forked
     output.join(5)  # every line it wrote read: its own error is among them
 
 

@@ -5,6 +5,8 @@ import contextlib
 import json
 import os
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -137,3 +139,36 @@ def grpc_infer(engine, model: str, values: np.ndarray, timeout: float = 60):
             answer[output.name] = (list(contents.fp64_contents) or list(contents.int64_contents)
                                    or [b.decode() for b in contents.bytes_contents])[0]  # fmt: skip
     return None, answer
+
+
+class Neighbour:
+    """A good request to ``neighbour`` every 0.2 s while the attack runs: each status and latency."""
+
+    def __init__(self, engine, timeout: float = 30):
+        self.engine, self.timeout, self.answers = engine, timeout, []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        while not self.done.is_set():
+            started = time.monotonic()
+            try:
+                status, _ = self.engine.post("/predictions/neighbour", b"echo", timeout=self.timeout)
+            except OSError as exc:
+                status = repr(exc)
+            self.answers.append((status, time.monotonic() - started))
+            self.done.wait(0.2)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join(self.timeout + 5)
+
+    def check(self, slowest: float = 5.0):
+        assert self.answers, "no neighbour request was made"
+        bad = [(s, round(t, 2)) for s, t in self.answers if s != 200 or t > slowest]
+        assert not bad, f"neighbour requests failed or were slow during the attack: {bad[:10]}"
+        return max(t for _, t in self.answers)

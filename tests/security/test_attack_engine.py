@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import socket
-import threading
 import time
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from helpers import streams, waiting
 from helpers.cgroups import MemoryLimit, peak_rss
 from helpers.engine import Engine, received, snapshot_entry
-from helpers.engine_limits import archive_handler, engine_in_cgroup, varint, write_config
+from helpers.engine_limits import Neighbour, archive_handler, engine_in_cgroup, varint, write_config
 
 GROUP_LIMIT = 3 << 30  # the engine's cgroup, workers included: bodies in flight may hold a quarter, 768 MiB
 BOUND = GROUP_LIMIT // 4
@@ -206,39 +205,6 @@ def rss(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     return 0
-
-
-class Neighbour:
-    """A good request to ``neighbour`` every 0.2 s while the attack runs: each status and latency."""
-
-    def __init__(self, engine, timeout: float = 30):
-        self.engine, self.timeout, self.answers = engine, timeout, []
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-
-    def run(self):
-        while not self.done.is_set():
-            started = time.monotonic()
-            try:
-                status, _ = self.engine.post("/predictions/neighbour", b"echo", timeout=self.timeout)
-            except OSError as exc:
-                status = repr(exc)
-            self.answers.append((status, time.monotonic() - started))
-            self.done.wait(0.2)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.done.set()
-        self.thread.join(self.timeout + 5)
-
-    def check(self, slowest: float = 5.0):
-        assert self.answers, "no neighbour request was made"
-        bad = [(s, round(t, 2)) for s, t in self.answers if s != 200 or t > slowest]
-        assert not bad, f"neighbour requests failed or were slow during the attack: {bad[:10]}"
-        return max(t for _, t in self.answers)
 
 
 def say(engine, text: str, model: str = "victim", timeout: float = 60):
