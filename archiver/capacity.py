@@ -309,6 +309,7 @@ def load(path) -> dict:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         found = doc.get("format") if isinstance(doc, dict) else None
         raise bad("format", f"{FORMAT!r} (it is {found!r})")
+    check_one_line(doc, path)
     check(doc, {"model": "str", "engine": "str", "p99_target_ms": "number?", "measured_at": "str"}, "")
     check(doc["server"], SERVER_KEYS, "server", nullable=tuple(SERVER_KEYS))
     if not isinstance(doc.get("steps"), list) or not doc["steps"]:
@@ -334,6 +335,27 @@ def load(path) -> dict:
             raise UserError(f"{path}: {key} is not what {given}; the file was changed: run 'tsctl bench "
                             "--capacity' again")  # fmt: skip
     return doc
+
+
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # line breaks, tabs, escapes: no text field holds one
+
+
+def check_one_line(doc, path):
+    """Every string of the file (DEPLOY.md and the export's notes quote them into Markdown, one line each) is
+    one line of printable text: a newline in one (``"measured_at": "...Z\\n## ..."``) reached DEPLOY.md as
+    written. Walked without recursion (the file is at most ``MAX_BYTES``)."""
+    stack = [("", doc)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            found = CONTROL.search(value)
+            if found:
+                raise UserError(f"{path}: key {where!r} holds the control character {found.group()!r}: text fields are "
+                                "one line; remove it or run 'tsctl bench --capacity' again")  # fmt: skip
+        elif isinstance(value, dict):
+            stack.extend((f"{where}.{key}".lstrip("."), item) for key, item in value.items())
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{index}]", item) for index, item in enumerate(value))
 
 
 MEASURED_AT = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")

@@ -54,8 +54,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from handlers import protocol
-from handlers.errors import error_message, too_large
+from handlers.errors import error_message
+from handlers.limits import Limits
 from handlers.protocol import ClientError
+
+from .seldon_bounds import Bounds
 
 logger = logging.getLogger("tsctl.seldon")
 
@@ -70,8 +73,9 @@ class Unavailable(Exception):
 
 
 # ---- the Seldon protocol ----------------------------------------------------------------------------
-def message_of(request: Any) -> dict:
-    """The request as a Seldon message: a JSON object with exactly one payload and an object ``meta``."""
+def message_of(request: Any, bounds: Bounds) -> dict:
+    """The request as a Seldon message: a JSON object with exactly one payload and an object ``meta`` within the
+    unit's ``bounds`` (serving/seldon_bounds.py: its depth, values and size; no NaN)."""
     if not isinstance(request, dict):
         raise ClientError(f"a Seldon message is a JSON object, got {type(request).__name__}")
     found = [key for key in PAYLOADS if key in request]
@@ -80,6 +84,7 @@ def message_of(request: Any) -> dict:
         raise ClientError(f"a Seldon message holds one of {listed}, got {', '.join(found) or 'none'}")
     if not isinstance(request.get("meta", {}), dict):
         raise ClientError("a Seldon message's meta must be an object")
+    bounds.check_meta(request.get("meta", {}))
     return request
 
 
@@ -182,7 +187,9 @@ def guard(unit) -> Any:
     for what it does before a unit sees a message: it reads any body whole (gunicorn marks even a chunked one
     terminated: a 500 MB binData took a Transformer's worker past its memory), and a body it cannot parse (JSON
     nested past Python's recursion limit, a form's ``json=`` field or multipart ``meta`` that is not JSON) was
-    its 500. A body above the unit's ``max_body_bytes`` is a 413 before it is read; one unparsable a 400."""
+    its 500. A body above the unit's ``max_body_bytes`` is a 413 before it is read, a JSON body of more than its
+    ``max_json_values`` one before it is parsed (serving/seldon_bounds.py: each at most what the unit's memory
+    affords); one unparsable a 400."""
     from flask import Blueprint, jsonify, request
 
     blueprint = Blueprint("tsctl_guard", __name__)
@@ -191,7 +198,8 @@ def guard(unit) -> Any:
     def bounded_body():
         if request.method != "POST":
             return
-        limit = unit.body_limit()
+        bounds = unit.bounds()
+        limit = bounds.limits.max_body_bytes
         length = request.content_length
         if length is None:  # chunked: read at most the limit and a byte, kept for Flask to read again
             body = request.environ["wsgi.input"].read(limit + 1)
@@ -201,7 +209,12 @@ def guard(unit) -> Any:
             if request.content_length is not None:  # read past, a megabyte at a time: the client sees the 413
                 while request.environ["wsgi.input"].read(1 << 20):
                     pass
-            raise refused(too_large("the request body is", length, "bytes", "max_body_bytes", limit))
+        try:
+            bounds.within("the request body is", length, "bytes", "max_body_bytes")
+            if request.is_json:  # read here, kept for Flask's get_json: its values counted before it parses them
+                bounds.check_text(request.get_data(cache=True))
+        except ClientError as error:
+            raise refused(error) from None
 
     @blueprint.app_errorhandler(RecursionError)
     @blueprint.app_errorhandler(json.JSONDecodeError)
@@ -229,6 +242,7 @@ class Unit:
     def _load(self):
         try:
             self.start()
+            self._bounds = Bounds.of(self.limits)
             logger.info("%s: %s ready", type(self).__name__, Path(self.archive).name)
         except BaseException as exc:  # noqa: BLE001 - kept, and answered as 503 with its cause
             logger.exception("%s: %s failed to load", type(self).__name__, self.archive)
@@ -243,9 +257,9 @@ class Unit:
     def model_error_handler(self):
         return guard(self)
 
-    def body_limit(self) -> int:
+    def bounds(self) -> Bounds:
         self.ready()
-        return self.limits.max_body_bytes
+        return self._bounds
 
     def ready(self):
         if not self._loaded.wait(LOAD_WAIT):
@@ -275,7 +289,7 @@ class Transformer(Unit):
         from handlers.base import Job
 
         try:
-            message = message_of(request)
+            message = message_of(request, self._bounds)
             items = images_of(message, self.handler.limits)
             batch = self._split.batch(self.handler, Job(protocol.Request(items, protocol.V2)))
         except ClientError as error:
@@ -286,7 +300,7 @@ class Transformer(Unit):
         self.ready()
         limits = self.handler.limits
         try:
-            message = message_of(request)
+            message = message_of(request, self._bounds)
             outputs = tensor_of(message, limits)
             if outputs.ndim != 2:  # the image classifier's logits: the one handler kind that splits
                 raise ClientError(f"transform-output reads one row per image (shape [N, K]), got {list(outputs.shape)}")
@@ -345,7 +359,7 @@ class Model(Unit):
         import numpy as np
 
         try:
-            message = message_of(request)
+            message = message_of(request, self._bounds)
             tensor = tensor_of(message, self.limits)
             if tensor.ndim < 2:
                 raise ClientError(f"the model reads one row per example (shape [N, ...]), got {list(tensor.shape)}")
@@ -389,14 +403,26 @@ class Router:
     def model_error_handler(self):
         return guard(self)
 
-    def body_limit(self) -> int:  # it reads what a Model does: the transformer's batch
+    @cached_property
+    def _bounds(self) -> Bounds:  # it reads what a Model does (the transformer's batch) within its own memory
         from handlers.settings import TensorSettings
 
-        return TensorSettings.max_body_bytes
+        model = Limits(max_body_bytes=TensorSettings.max_body_bytes, max_json_values=TensorSettings.max_json_values)
+        bounds = Bounds.of(model)
+        logger.info(
+            "Router: at most %s bytes and %s values a message (%s bytes of memory)",
+            f"{bounds.limits.max_body_bytes:,}",
+            f"{bounds.limits.max_json_values:,}",
+            f"{bounds.memory:,}",
+        )
+        return bounds
+
+    def bounds(self) -> Bounds:
+        return self._bounds
 
     def route_raw(self, request) -> dict:
         try:
-            message = message_of(request)
+            message = message_of(request, self._bounds)
         except ClientError as error:
             raise refused(error) from None
         child = self.random.choices(range(len(self.weights)), self.weights)[0]

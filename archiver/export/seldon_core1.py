@@ -250,6 +250,11 @@ def seldon_requirements(archives: List[Path]) -> str:
 
 
 # ---- the SeldonDeployment -----------------------------------------------------------------------------
+# it draws a number per message and answers its meta: what it holds of one is bounded by this memory
+# (serving/seldon_bounds.py: 20 MiB and 524,288 values a message at 256Mi)
+ROUTER_RESOURCES = {"cpu": "100m", "memory": "256Mi"}
+
+
 def parameter(name: str, value, kind: str) -> dict:
     """One of Seldon's typed parameters (its value always a string, as the CRD has it)."""
     return {"name": name, "value": str(value).lower() if kind == "BOOL" else str(value), "type": kind}
@@ -316,8 +321,7 @@ def deployment(options: SeldonCore1Options, transformer: Unit, models: List[Unit
     if len(weights) > 2:
         router = container(options, ROUTER, "Router", "ROUTER")
         router["volumeMounts"] = []
-        small = {"cpu": "100m", "memory": "256Mi"}  # it draws a number per request
-        router["resources"] = {"requests": dict(small), "limits": dict(small)}
+        router["resources"] = {"requests": dict(ROUTER_RESOURCES), "limits": dict(ROUTER_RESOURCES)}
         containers.append(router)
     containers += [container(options, m.name, "Model", "MODEL") for m in models]
     volume = {"name": CLAIM_VOLUME, "persistentVolumeClaim": {"claimName": options.claim, "readOnly": True}}

@@ -10,8 +10,10 @@ from hypothesis import strategies as st
 
 from handlers.protocol import ClientError, Limits
 from serving import seldon_components as seldon
+from serving.seldon_bounds import Bounds
 
 LIMITS = Limits(max_items=32, max_body_bytes=1 << 20, max_json_depth=32, max_json_values=1000, max_batch_bytes=1 << 24)
+BOUNDS = Bounds.of(LIMITS, memory=1 << 30)
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
     lambda inner: (
@@ -31,8 +33,9 @@ JSON = st.recursive(
 @settings(max_examples=300, deadline=None)
 @given(JSON)
 def test_any_json_is_read_or_refused_as_a_client_error(request):
-    for read in (seldon.message_of, lambda r: seldon.images_of(seldon.message_of(r), LIMITS),
-                 lambda r: seldon.tensor_of(seldon.message_of(r), LIMITS)):  # fmt: skip
+    for read in (lambda r: seldon.message_of(r, BOUNDS),
+                 lambda r: seldon.images_of(seldon.message_of(r, BOUNDS), LIMITS),
+                 lambda r: seldon.tensor_of(seldon.message_of(r, BOUNDS), LIMITS)):  # fmt: skip
         try:
             read(request)
         except ClientError:
@@ -41,7 +44,7 @@ def test_any_json_is_read_or_refused_as_a_client_error(request):
 
 def test_a_tensor_is_read_in_its_shape_and_answered_with_names_and_meta():
     message = {"data": {"names": ["a", "b"], "tensor": {"shape": [2, 2], "values": [1, 2, 3, 4]}}, "meta": {"x": 1}}
-    array = seldon.tensor_of(seldon.message_of(message), LIMITS)
+    array = seldon.tensor_of(seldon.message_of(message, BOUNDS), LIMITS)
     assert array.dtype == np.float32 and array.shape == (2, 2)
     assert seldon.answer(message, "tensor", array * 2) == {
         "data": {"names": ["a", "b"], "tensor": {"shape": [2, 2], "values": [2.0, 4.0, 6.0, 8.0]}},
@@ -74,7 +77,7 @@ def test_a_tensor_is_read_in_its_shape_and_answered_with_names_and_meta():
 def test_bad_messages_are_client_errors_naming_the_problem(message, words):
     with pytest.raises(ClientError, match=words):
         reader = seldon.images_of if "jsonData" in message or "strData" in message else seldon.tensor_of
-        reader(seldon.message_of(message), LIMITS)
+        reader(seldon.message_of(message, BOUNDS), LIMITS)
 
 
 def test_the_router_draws_children_by_weight():

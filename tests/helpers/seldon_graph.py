@@ -17,7 +17,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -107,7 +107,6 @@ def start(manifest: dict, out: Path, python: Path, logs: Path, timeout: float = 
     graph = Graph(manifest)
     units = units_of(graph.predictor["graph"])
     logs.mkdir(parents=True, exist_ok=True)
-    binary = Path(python).parent / "seldon-core-microservice"
     try:
         for container in graph.predictor["componentSpecs"][0]["spec"]["containers"]:
             name = container["name"]
@@ -115,29 +114,44 @@ def start(manifest: dict, out: Path, python: Path, logs: Path, timeout: float = 
                 continue
             env = {e["name"]: e["value"] for e in container.get("env", [])}
             parameters = [dict(p, value=p["value"].replace(MOUNT, str(out))) for p in units[name].get("parameters", [])]
-            env["PREDICTIVE_UNIT_PARAMETERS"] = json.dumps(parameters)
-            port, metrics = free_port(), free_port()
-            command = [str(binary), env["MODEL_NAME"], "--service-type", env["SERVICE_TYPE"], "--http-port", str(port),
-                       "--metrics-port", str(metrics)]  # fmt: skip
-            log = logs / f"{name}.log"
-            process = subprocess.Popen(
-                command,
-                env={**os.environ, **env, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"},
-                stdin=subprocess.DEVNULL,
-                stdout=log.open("wb"),
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=logs,
-            )
-            graph.units[name] = Unit(name, port, process, log)
-        for unit in graph.units.values():  # each as long as it makes progress (helpers/waiting.py)
-            waiting.until(lambda: get_status(f"http://127.0.0.1:{unit.port}/health/status"),
-                          lambda status: status == 200, f"unit {unit.name} did not become ready", unit.log,
-                          lambda: unit.process.poll() is None, timeout)  # fmt: skip
+            graph.units[name] = start_unit(name, env, parameters, python, logs)
+        for unit in graph.units.values():
+            wait_ready(unit, timeout)
     except BaseException:
         graph.stop()
         raise
     return graph
+
+
+def start_unit(name: str, env: Dict[str, str], parameters: List[dict], python: Path, logs: Path,
+               join: Optional[Callable[[], None]] = None) -> Unit:  # fmt: skip
+    """One unit under seldon-core-microservice, as its image's CMD starts it (``$MODEL_NAME --service-type
+    $SERVICE_TYPE``), on a free port, its log LOGS/NAME.log; ``join``: run in the child before it starts (a memory
+    cgroup's ``MemoryLimit.join``). Not waited for."""
+    env = dict(env, PREDICTIVE_UNIT_PARAMETERS=json.dumps(parameters))
+    port, metrics = free_port(), free_port()
+    binary = Path(python).parent / "seldon-core-microservice"
+    command = [str(binary), env["MODEL_NAME"], "--service-type", env["SERVICE_TYPE"], "--http-port", str(port),
+               "--metrics-port", str(metrics)]  # fmt: skip
+    log = logs / f"{name}.log"
+    process = subprocess.Popen(
+        command,
+        env={**os.environ, **env, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"},
+        stdin=subprocess.DEVNULL,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=join,
+        cwd=logs,
+    )
+    return Unit(name, port, process, log)
+
+
+def wait_ready(unit: Unit, timeout: float = 300):
+    """Until the unit answers /health/status 200, as long as it makes progress (helpers/waiting.py)."""
+    waiting.until(lambda: get_status(f"http://127.0.0.1:{unit.port}/health/status"),
+                  lambda status: status == 200, f"unit {unit.name} did not become ready", unit.log,
+                  lambda: unit.process.poll() is None, timeout)  # fmt: skip
 
 
 class Executor:
