@@ -96,3 +96,23 @@ def test_a_multipart_file_in_bin_data_is_read_as_the_image():
     """The wrapper reads a multipart/form-data file field binData as its base64 *bytes* (flask_utils.py
     ``get_multi_form_data_request``, for protobuf to decode): the image, as Seldon's own models get it."""
     assert seldon.images_of({"binData": b"aGk="}, LIMITS) == ["aGk="]
+
+
+def test_a_units_limits_are_what_its_memory_affords():
+    """The export's 256 MiB router: its limits are its memory's, not the Model's 64 MiB and 4M values; a meta
+    holding NaN or Infinity is refused (400), never answered as a body that is not JSON. Served under the real
+    wrapper in a 256 MiB cgroup: tests/engine/test_seldon_router_memory.py (make matrix)."""
+    model = Limits(
+        max_items=32, max_body_bytes=64 << 20, max_json_depth=32, max_json_values=4_000_000, max_batch_bytes=1 << 30
+    )
+    router = Bounds.of(model, memory=256 << 20)
+    assert router.limits.max_body_bytes < 32 << 20 and router.limits.max_json_values < 2_000_000
+    assert Bounds.of(model, memory=64 << 30).limits == model  # a large container keeps the handler's own
+    with pytest.raises(ClientError) as refused:
+        seldon.message_of({"strData": "", "meta": {"a": [[]] * (router.limits.max_json_values + 1)}}, router)
+    assert refused.value.status == 413
+    for value in (float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(ClientError, match="NaN or Infinity") as refused:
+            seldon.message_of({"strData": "", "meta": {"tags": {"score": value}}}, router)
+        assert refused.value.status == 400
+    assert seldon.message_of({"strData": "x", "meta": {"tags": {"score": 0.5}}}, router)["meta"]["tags"]["score"] == 0.5

