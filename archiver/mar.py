@@ -45,8 +45,8 @@ MANIFEST = archives.MANIFEST
 ARCHIVER_VERSION = "0.12.0"  # the torch-model-archiver format these archives follow
 # Names and versions end up in config.properties' model_snapshot (JSON inside a Java properties
 # file, read again by KServe's wrapper with a plain split): only characters neither format escapes.
-MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-.]{0,127}$")  # 128 at most: a file name, a URL path segment
-VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-.+]{0,63}$")
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-.]{0,127}\Z")  # 128 at most: a file name, a URL path segment
+VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-.+]{0,63}\Z")
 SKIP_DIRS = {"__pycache__", "__MACOSX"}
 BUILTIN_PREFIX = "ts.torch_handler."  # --handler ts.torch_handler.NAME: TorchServe's built-in NAME
 

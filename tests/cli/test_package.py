@@ -107,6 +107,8 @@ def package_args(sample, store, **changes):
         ({"--handler": "image_classifer"}, "unknown --handler 'image_classifer'"),
         ({"--model-name": "bad name!"}, "invalid --model-name 'bad name!'"),
         ({"--model-name": "-leading"}, "invalid --model-name"),
+        ({"--model-name": "trailing\n"}, "invalid --model-name"),  # $ matched before a last newline: \Z now
+        ({"--version": "1.0\n"}, "invalid --version"),
         ({"--extra-files": "nope.json"}, "--extra-files nope.json does not exist"),
     ],
 )
