@@ -32,7 +32,7 @@ demo: venv
 TEST_WORKERS ?= 2
 test: venv
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # Venvs standing in for KServe's TorchServe images, MLServer with tsctl's runtime and Seldon Core 1's Python
 # wrapper (seldon-core 1.17.1) with tsctl's components (.runtimes/; samples/runtime_env.py); the tests build

@@ -11,6 +11,44 @@ from helpers import checkout_state
 from samples import image_model
 
 
+# The slowest test files, slowest first (measured: docs/tests.md). make test runs files in two processes
+# (pytest-xdist --dist loadfile --no-loadscope-reorder), each taking the next file in this order when it is
+# free: the long ones start first and short ones fill the end, so neither process waits long for the other
+# to finish its last file (xdist's own order, most tests first, left a three-minute file for the end).
+# The order changes nothing but the time.
+SLOWEST_FIRST = [
+    "conformance/test_conformance.py",
+    "conformance/test_kserve_wrapper.py",
+    "cli/test_readme.py",
+    "engine/test_gpu_placement.py",
+    "security/test_reading_safety.py",
+    "security/test_attack_fork_server.py",
+    "security/test_hostile.py",
+    "conformance/test_v2_binary.py",
+    "cli/test_init.py",
+    "engine/test_local_model.py",
+    "security/test_hostile_served.py",
+    "engine/test_engine.py",
+    "conformance/test_kserve_serving.py",
+    "conformance/test_text_parity.py",
+    "toolkit/test_text.py",
+    "security/test_attack_archives.py",
+    "conformance/test_torchserve_compat.py",
+    "security/test_signing.py",
+    "export/test_kserve_export.py",
+    "conformance/test_token_parity.py",
+    "toolkit/test_harness.py",
+    "engine/test_fork_server.py",
+]
+
+
+def pytest_collection_modifyitems(items):
+    """The files of SLOWEST_FIRST first, in its order; the others after them as collected."""
+    tests = Path(__file__).parent
+    rank = {str(tests / name): place for place, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(str(item.path), len(rank)))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def session_directory(tmp_path_factory):
     """The session's fixtures run in a directory of their own, not in the checkout: the README's flow leaves
