@@ -40,7 +40,12 @@ TorchServe's message: serving/token_auth.py).
 Bounds: a message above ``max_request_size`` is refused by gRPC itself (RESOURCE_EXHAUSTED, as
 TorchServe's ``maxInboundMessageSize``); each message is counted against the engine's bodies in flight
 before it is parsed (REST's and KServe gRPC's counter: UNAVAILABLE above it), and at most
-``MAX_INPUTS`` entries (INVALID_ARGUMENT).
+``MAX_INPUTS`` entries (INVALID_ARGUMENT). A streamed answer's parts held for its client count in flight
+too (engine_stream.Parts: past it the stream ends UNAVAILABLE). At most ``MAX_OPEN_STREAMS``
+``StreamPredictions2`` calls are open at once, a client address its share of them
+(``body_limit.CLIENT_SHARE``); one past either ends RESOURCE_EXHAUSTED as it opens. TorchServe sets no
+such bound (``ModelServer.startGRPCServer``: NettyServerBuilder with no ``maxConcurrentCallsPerConnection``);
+RESOURCE_EXHAUSTED is its code for 429 (``GRPCUtils.getGRPCStatusCode``, lines 35-37).
 """
 
 import asyncio
