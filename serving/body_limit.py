@@ -21,6 +21,16 @@
   it, read through ``/proc/self/cgroup``, or the machine's memory), logged at start. Counted by
   ``InFlight``, the one counter both use: a REST request whose body would pass it gets 503 with
   ``Retry-After`` (``BodyLimit``), a gRPC call UNAVAILABLE, with the same message.
+- **A client's share** (``CLIENT_SHARE``): every budget clients hold together (``Budget``: the bytes
+  in flight here, ``engine_http``'s connections, ``engine_ts_grpc``'s open streams) keeps its last
+  quarter for the clients holding less than a quarter of it: a client address (``client_of``, the
+  socket's peer) holding more may take more only while a quarter stays free. One client with
+  970 half-sent uploads no longer refuses everybody else's requests (its own get 503; behind a proxy
+  every client is one address, and may still use three quarters of each budget).
+- **Streamed answers** (``engine_stream.Parts``): the parts held for a client that reads them slower
+  than the worker sends them count in flight (and in that client's share); a part that would pass
+  either while parts already wait ends that client's stream there (``max_response_size`` bounds each
+  stream's parts together, ``ts_wire.Stream.reply``).
 - **--body_idle_timeout** (``BODY_IDLE_TIMEOUT``): seconds a body may pause while it arrives before
   its request ends with 408 (``BodyLimit``); once the body is whole, only the model's
   ``responseTimeout`` bounds the answer. The engine's HTTP server gives up on a client that reads
@@ -35,7 +45,7 @@ engine_http).
 import asyncio
 import os
 import re
-from typing import List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from handlers.errors import frontend_error
 
@@ -45,6 +55,7 @@ MAX_REQUEST_SIZE_VARIABLE = "TSCTL_MAX_REQUEST_SIZE"  # MLServer started by tsct
 BODY_IDLE_TIMEOUT = 30.0  # s without a byte of a request's body while it arrives (--body_idle_timeout)
 MAX_MANAGEMENT_BODY = 64 << 10  # bytes: one management call's body (a register's parameters)
 MANAGEMENT_BODY = "a management call's body: its parameters, a few short values"  # the limit, in messages
+CLIENT_SHARE = 4  # a client above 1/CLIENT_SHARE of a budget may take more while 1/CLIENT_SHARE stays free
 
 
 def management_body_limit(max_request_size: int) -> int:
@@ -159,34 +170,82 @@ def max_inflight_bytes(max_request_size: int, configured: Optional[int] = None) 
     return limit // 4, f"a quarter of {source}, {limit:,} bytes"
 
 
-class InFlight:
-    """The bytes of request bodies the engine holds, all requests together, REST (``BodyLimit``) and
-    gRPC (``engine_grpc``) alike; one event loop serves both: no lock."""
+def client_of(peer) -> str:
+    """The client's address: an ASGI scope's ``client`` (host, port), or a gRPC ``context.peer()``
+    (``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5``, ``unix:path``); "" when unknown."""
+    if isinstance(peer, (tuple, list)):
+        return str(peer[0]) if peer else ""
+    kind, _, where = str(peer or "").partition(":")
+    if kind == "ipv6":
+        return where.rpartition("]")[0].lstrip("[") or where
+    if kind == "ipv4":
+        return where.rpartition(":")[0]
+    return where
+
+
+class Budget:
+    """Something clients hold, bounded in all (``limit``) and for each client address (``CLIENT_SHARE``:
+    a client holding more than ``limit // CLIENT_SHARE`` takes more only while that much stays free for
+    the others). One event loop counts it: no lock."""
 
     def __init__(self, limit: int):
         self.limit, self.held = limit, 0
+        self.share = max(1, limit // CLIENT_SHARE)
+        self.clients: Dict[str, int] = {}
 
-    def take(self, size: int) -> bool:
-        """Count ``size`` more bytes held; False (nothing counted) when they would pass the limit."""
+    def refused(self, size: int, client: str = "") -> str:
+        """Why ``client`` may not take ``size`` more: "" when it may, "all" (the limit), "client" (its share)."""
         if self.held + size > self.limit:
+            return "all"
+        if self.clients.get(client, 0) + size > self.share and self.held + size > self.limit - self.share:
+            return "client"
+        return ""
+
+    def why(self, size: int, client: str) -> str:
+        """Why ``client`` may not take ``size`` more, in words (the counts, not their unit)."""
+        if self.refused(size, client) == "client":
+            return f"client {client} holds {self.clients.get(client, 0):,}, above its share of {self.share:,}"
+        return f"{self.held:,} are held, the limit"
+
+    def take(self, size: int, client: str = "") -> bool:
+        """Count ``size`` more held by ``client``; False (nothing counted) when it is refused."""
+        if self.refused(size, client):
             return False
-        self.held += size
+        self.hold(size, client)
         return True
 
-    def hold(self, size: int):
-        """Count ``size`` more bytes held whatever the limit (an answer made already, waiting to be sent:
+    def hold(self, size: int, client: str = ""):
+        """Count ``size`` more held whatever the limit (an answer made already, waiting to be sent:
         requests' bodies are refused while it waits)."""
         self.held += size
+        self.clients[client] = self.clients.get(client, 0) + size
 
-    def give(self, size: int):
+    def give(self, size: int, client: str = ""):
         self.held -= size
+        left = self.clients.get(client, 0) - size
+        if left > 0:
+            self.clients[client] = left
+        else:
+            self.clients.pop(client, None)
 
-    def busy(self) -> str:
+
+class InFlight(Budget):
+    """The bytes of request bodies the engine holds, all requests together, REST (``BodyLimit``) and
+    gRPC (``engine_grpc``, ``engine_ts_grpc``) alike, and the streamed answers' parts waiting for their
+    clients (``engine_stream.Parts``)."""
+
+    def over(self, size: int = 0, client: str = "") -> str:
+        """The limit ``size`` more bytes held by ``client`` would pass, in words."""
+        if self.refused(size, client) == "client":
+            return (
+                f"the share of client {client} ({self.share:,} bytes, a quarter of --max_inflight_bytes, while less "
+                "than a quarter is free)"
+            )
+        return f"the engine's bytes in flight ({self.limit:,}, --max_inflight_bytes)"
+
+    def busy(self, size: int = 0, client: str = "") -> str:
         """What a request refused for it is told."""
-        return (
-            f"the engine holds {self.limit:,} bytes of request bodies in flight, its limit (--max_inflight_bytes): "
-            "send it again"
-        )
+        return f"the request's body would pass {self.over(size, client)}: send it again"
 
 
 class BodyTooLarge(Exception):
@@ -224,7 +283,7 @@ class BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        inflight = self.inflight
+        inflight, client = self.inflight, client_of(scope.get("client"))
         limit, name = self.limit_of(scope.get("path", ""))
 
         def too_large(size: int, qualifier: str = "") -> str:
@@ -248,8 +307,8 @@ class BodyLimit:
                 size = len(message.get("body", b""))
                 if seen + size > limit:
                     refusal = (413, too_large(seen + size, "at least "))
-                elif not inflight.take(size):
-                    refusal = (503, inflight.busy())
+                elif not inflight.take(size, client):
+                    refusal = (503, inflight.busy(size, client))
                 if refusal:
                     raise BodyTooLarge()
                 seen += size
@@ -264,18 +323,18 @@ class BodyLimit:
                 return
             started = started or message["type"] == "http.response.start"
             waiting = len(message.get("body", b"")) if message["type"] == "http.response.body" else 0
-            inflight.hold(waiting)  # held while the client does not read it (engine_http: send_timeout)
+            inflight.hold(waiting, client)  # held while the client does not read it (engine_http: send_timeout)
             try:
                 await send(message)
             finally:
-                inflight.give(waiting)
+                inflight.give(waiting, client)
 
         try:
             await self.app(scope, counted, tracked)
         except BodyTooLarge:
             pass
         finally:
-            inflight.give(seen)
+            inflight.give(seen, client)
         if refusal and not started:
             await self.refuse(scope, send, *refusal)
 

@@ -204,7 +204,7 @@ async def forward(http: HttpRequest, model: Optional[ModelWorkers], kserve: bool
         return HttpResponse(status_code=499)
     gone.cancel()
     if answer.result().rest is not None:  # a streamed answer: chunked, part by part (engine_stream.py)
-        return await engine_stream.http_reply(answer.result(), kserve, http_answer)
+        return await engine_stream.http_reply(answer.result(), kserve, http_answer, engine.inflight)
     return http_answer(answer.result(), kserve)
 
 

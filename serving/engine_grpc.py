@@ -42,7 +42,7 @@ from handlers.json_body import numpy, to_json
 from handlers.v2_binary import encode_tensor, header_length
 from handlers.v2_tensors import HEADER, NUMERIC
 
-from .body_limit import too_large_message
+from .body_limit import client_of, too_large_message
 from .protobuf_wire import wire_fields
 from .token_auth import INFERENCE, MESSAGE
 from .ts_wire import Request, Response
@@ -256,17 +256,18 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, data: bytes, context):
         """``data``: the call's message unparsed (``start_grpc``), counted before it is parsed."""
         loop, inflight, held = asyncio.get_running_loop(), self.engine.inflight, 0
+        client = client_of(context.peer())
         try:
-            if not inflight.take(len(data)):  # the message gRPC holds for as long as the call lasts
-                await context.abort(grpc.StatusCode.UNAVAILABLE, inflight.busy())
+            if not inflight.take(len(data), client):  # the message gRPC holds for as long as the call lasts
+                await context.abort(grpc.StatusCode.UNAVAILABLE, inflight.busy(len(data), client))
             held = len(data)
             try:
                 size, parts = await loop.run_in_executor(None, weigh, data, self.engine.frontend.max_request_size)
             except ValueError as exc:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             cost = conversion_cost(size, parts)
-            if not inflight.take(cost):  # what parsing and converting it will hold, counted before either
-                await context.abort(grpc.StatusCode.UNAVAILABLE, inflight.busy())
+            if not inflight.take(cost, client):  # what parsing and converting it will hold, counted before either
+                await context.abort(grpc.StatusCode.UNAVAILABLE, inflight.busy(cost, client))
             held += cost
             try:
                 request = await loop.run_in_executor(None, pb.ModelInferRequest.FromString, data)
@@ -281,7 +282,7 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request could not be read: {exc}")
             response = await model.submit(http, request.model_version or None)
         finally:
-            inflight.give(held)
+            inflight.give(held, client)
         if response.status >= 400:
             body = response.body or b""
             try:

@@ -16,7 +16,10 @@
   engine.py): 12 clients not reading 15 MB answers no longer hold 180 MB for as long as they keep
   their sockets open.
 - **Connections** at once: at most ``max_connections()`` (below the process's open-file limit, so
-  that the workers can always be restarted); above it uvicorn answers 503.
+  that the workers can always be restarted), a client address its share of them
+  (``body_limit.CLIENT_SHARE``: above a quarter only while a quarter stays free); a connection past
+  either is answered 503 and closed as it opens (``BoundedHttp.connection_made``), so one client
+  holding a thousand slow connections cannot keep the others out.
 - **Stopping**: no signal handling of uvicorn's own (the engine stops on SIGTERM/SIGINT itself and
   ends its workers; uvicorn would re-raise the signal once stopped), and at most
   ``SHUTDOWN_GRACE`` seconds for the requests in flight.
@@ -31,7 +34,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from handlers.errors import frontend_error
 
-from .body_limit import BODY_IDLE_TIMEOUT
+from .body_limit import BODY_IDLE_TIMEOUT, Budget, client_of
 from .engine_stream import ABORT
 
 MAX_HEAD_BYTES = 64 << 10
@@ -47,9 +50,15 @@ class BoundedHttp(HttpToolsProtocol):
 
     send_timeout = BODY_IDLE_TIMEOUT  # s (server() sets the engine's --body_idle_timeout)
     send_timer = None
+    connection_budget = Budget(4096)  # the server's connections (server() makes its own; uvicorn has ``connections``)
+    client_address, counted = "", False  # uvicorn has ``client``: the (host, port) in the scope
 
     def connection_made(self, transport):
         super().connection_made(transport)
+        self.client_address = client_of(transport.get_extra_info("peername"))
+        self.counted = self.connection_budget.take(1, self.client_address)
+        if not self.counted:
+            return self._refuse_connection()
         self._begin_head()
 
     def _begin_head(self):
@@ -90,6 +99,9 @@ class BoundedHttp(HttpToolsProtocol):
         super().on_headers_complete()
 
     def connection_lost(self, exc) -> None:
+        if self.counted:
+            self.connection_budget.give(1, self.client_address)
+            self.counted = False
         self._cancel_head_timer()
         self._cancel_send_timer()
         super().connection_lost(exc)
@@ -118,9 +130,18 @@ class BoundedHttp(HttpToolsProtocol):
 
     def _refuse_head(self):
         message = f"the request line and headers are above {MAX_HEAD_BYTES:,} bytes"
-        body = frontend_error(431, "RequestHeaderFieldsTooLarge", message, kserve=True).decode("utf-8")
+        self._refuse(431, "Request Header Fields Too Large", "RequestHeaderFieldsTooLarge", message)
+
+    def _refuse_connection(self):
+        held = self.connection_budget.why(1, self.client_address)
+        message = f"too many connections: {held} (max_connections(), from the open-file limit): close one first"
+        self._refuse(503, "Service Unavailable", "ServiceUnavailableException", message)
+
+    def _refuse(self, status: int, reason: str, kind: str, message: str):
+        """Answer ``status`` before any request is read, and close the connection."""
+        body = frontend_error(status, kind, message, kserve=True).decode("utf-8")
         head = (
-            "HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+            f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
         )
         self.in_head = False
@@ -142,6 +163,7 @@ def server(app, host: str, port: int, send_timeout: float = BODY_IDLE_TIMEOUT) -
         pass
 
     Protocol.send_timeout = send_timeout
+    Protocol.connection_budget = Budget(max_connections())
 
     class Server(uvicorn.Server):
         @contextlib.contextmanager
@@ -156,7 +178,6 @@ def server(app, host: str, port: int, send_timeout: float = BODY_IDLE_TIMEOUT) -
         log_level="warning",
         access_log=False,
         lifespan="off",
-        limit_concurrency=max_connections(),
         timeout_graceful_shutdown=SHUTDOWN_GRACE,
     )
     return Server(config)

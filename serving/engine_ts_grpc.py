@@ -41,7 +41,12 @@ Bounds: a message above ``max_request_size`` (on the management API, ``body_limi
 64 KiB) is refused by gRPC itself before it is parsed (RESOURCE_EXHAUSTED, as TorchServe's
 ``maxInboundMessageSize``); each message is counted against the engine's bodies in flight
 before it is parsed (REST's and KServe gRPC's counter: UNAVAILABLE above it), and at most
-``MAX_INPUTS`` entries (INVALID_ARGUMENT).
+``MAX_INPUTS`` entries (INVALID_ARGUMENT). A streamed answer's parts held for its client count in flight
+too (engine_stream.Parts: past it the stream ends UNAVAILABLE). At most ``MAX_OPEN_STREAMS``
+``StreamPredictions2`` calls are open at once, a client address its share of them
+(``body_limit.CLIENT_SHARE``); one past either ends RESOURCE_EXHAUSTED as it opens. TorchServe sets no
+such bound (``ModelServer.startGRPCServer``: NettyServerBuilder with no ``maxConcurrentCallsPerConnection``);
+RESOURCE_EXHAUSTED is its code for 429 (``GRPCUtils.getGRPCStatusCode``, lines 35-37).
 """
 
 import asyncio
@@ -53,7 +58,7 @@ import grpc
 
 from . import engine_management as management_api
 from . import ts_protos as pb
-from .body_limit import management_body_limit
+from .body_limit import Budget, client_of, management_body_limit
 from .engine_management import model_url
 from .protobuf_wire import wire_fields
 from .ts_wire import Request, Response
@@ -61,6 +66,7 @@ from .ts_wire import Request, Response
 logger = logging.getLogger("tsctl.engine")
 
 MAX_INPUTS = 1 << 16  # entries of one request's input map (each a parameter the worker reads)
+MAX_OPEN_STREAMS = 2048  # StreamPredictions2 calls open at once (about 22 KB each), a client its share of them
 INPUT_COST = 256  # bytes an entry costs once read, counted in flight with the message
 MODEL_NOT_FOUND = "org.pytorch.serve.archive.model.ModelNotFoundException"
 VERSION_NOT_FOUND = "org.pytorch.serve.archive.model.ModelVersionNotFoundException"
@@ -115,6 +121,13 @@ class ApiError(Exception):
         except (ValueError, AttributeError, TypeError):
             message = (response.body or b"").decode("utf-8", errors="replace")
         return cls(grpc_status(response.status), message)
+
+    @classmethod
+    def streams(cls, streams: Budget, client: str) -> "ApiError":
+        """A StreamPredictions2 call refused: the engine's open streams, or this client's share, are all held."""
+        held = streams.why(1, client)
+        message = f"too many open StreamPredictions2 streams: {held} (MAX_OPEN_STREAMS, {streams.limit:,}): end one"
+        return cls(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
 
     def status(self) -> "pb.Status":
         """As StreamPredictions2 sends it: a google.rpc.Status with an ErrorInfo naming the exception."""
@@ -177,31 +190,33 @@ class Inference:
 
     def __init__(self, engine):
         self.engine = engine
+        self.streams = Budget(MAX_OPEN_STREAMS)  # StreamPredictions2 calls open, in all and per client
 
     async def Ping(self, request, context):
         return pb.TorchServeHealthResponse(health=pretty({"status": "Healthy" if self.engine.ready else "Unhealthy"}))
 
-    async def admit(self, data: bytes, sequence: bool = False):
+    async def admit(self, data: bytes, client: str, sequence: bool = False):
         """(model, worker request, bytes held in flight) for one PredictionsRequest's bytes, or ApiError."""
         loop, inflight = asyncio.get_running_loop(), self.engine.inflight
-        if not inflight.take(len(data)):
-            raise ApiError(grpc.StatusCode.UNAVAILABLE, inflight.busy())
+        if not inflight.take(len(data), client):
+            raise ApiError(grpc.StatusCode.UNAVAILABLE, inflight.busy(len(data), client))
         held = len(data)
         try:
             try:
                 request, inputs = await loop.run_in_executor(None, read_inputs, data)
             except ValueError as exc:
                 raise ApiError(grpc.StatusCode.INVALID_ARGUMENT, str(exc), BAD_REQUEST) from None
-            if not inflight.take(len(data) + INPUT_COST * len(inputs)):  # the values, copied out of the message
-                raise ApiError(grpc.StatusCode.UNAVAILABLE, inflight.busy())
-            held += len(data) + INPUT_COST * len(inputs)
+            cost = len(data) + INPUT_COST * len(inputs)
+            if not inflight.take(cost, client):  # the values, copied out of the message
+                raise ApiError(grpc.StatusCode.UNAVAILABLE, inflight.busy(cost, client))
+            held += cost
             if sequence and not request.sequence_id:
                 raise ApiError(grpc.StatusCode.INTERNAL, "Parameter sequenceId is required.", BAD_REQUEST)
             if not request.model_name:
                 raise ApiError(grpc.StatusCode.INTERNAL, "Parameter model_name is required.", BAD_REQUEST)
             model = find(self.engine, request.model_name, request.model_version, grpc.StatusCode.INTERNAL)
         except BaseException:
-            inflight.give(held)
+            inflight.give(held, client)
             raise
         headers = {}
         if sequence:
@@ -211,22 +226,25 @@ class Inference:
                 headers[SEQUENCE_END] = "true"
         return model, Request(b"", headers, inputs), held
 
-    async def answer(self, data: bytes, sequence: bool = False) -> Response:
-        """The first part of the answer to one PredictionsRequest (its ``rest`` the others), or ApiError."""
-        model, request, held = await self.admit(data, sequence)
+    async def answer(self, data: bytes, client: str, sequence: bool = False) -> Response:
+        """The first part of the answer to one PredictionsRequest (its ``rest`` the others), or ApiError;
+        the parts after it held count in flight, in ``client``'s share (engine_stream.Parts.count)."""
+        model, request, held = await self.admit(data, client, sequence)
         try:
             first = await model.submit_streaming(request)
         finally:
-            self.engine.inflight.give(held)
+            self.engine.inflight.give(held, client)
         if first.error:
             if first.rest is not None:
                 first.rest.close()
             raise ApiError.of(first)
+        if first.rest is not None:
+            first.rest.count(self.engine.inflight, client)
         return first
 
     async def Predictions(self, data: bytes, context):
         try:
-            first = await self.answer(data)
+            first = await self.answer(data, client_of(context.peer()))
         except ApiError as exc:
             await context.abort(exc.code, exc.details)
         if first.rest is not None:  # a streamed answer: its first part, as TorchServe answers (the rest dropped)
@@ -235,19 +253,25 @@ class Inference:
 
     async def StreamPredictions(self, data: bytes, context):
         try:
-            async for part in parts_of(await self.answer(data)):
+            async for part in parts_of(await self.answer(data, client_of(context.peer()))):
                 yield pb.PredictionResponse(prediction=part.body or b"")
         except ApiError as exc:  # before the first part, or midway
             await context.abort(exc.code, exc.details)
 
     async def StreamPredictions2(self, requests, context):
-        async for data in requests:
-            try:
-                first = await self.answer(data, sequence=True)
-                async for part in parts_of(first):
-                    yield pb.PredictionResponse(prediction=part.body or b"")
-            except ApiError as exc:
-                yield pb.PredictionResponse(status=exc.status())
+        client = client_of(context.peer())
+        if not self.streams.take(1, client):  # TorchServe has no bound: its 429's code (GRPCUtils.getGRPCStatusCode)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, ApiError.streams(self.streams, client).details)
+        try:
+            async for data in requests:
+                try:
+                    first = await self.answer(data, client, sequence=True)
+                    async for part in parts_of(first):
+                        yield pb.PredictionResponse(prediction=part.body or b"")
+                except ApiError as exc:
+                    yield pb.PredictionResponse(status=exc.status())
+        finally:
+            self.streams.give(1, client)
 
 
 async def parts_of(first: Response):

@@ -10,7 +10,6 @@ import pytest
 from helpers import checkout_state
 from samples import image_model
 
-
 # The slowest test files, slowest first (measured: docs/tests.md). make test runs files in two processes
 # (pytest-xdist --dist loadfile --no-loadscope-reorder), each taking the next file in this order when it is
 # free: the long ones start first and short ones fill the end, so neither process waits long for the other

@@ -121,9 +121,10 @@ def engine(tree):
         yield running
 
 
-def partial_upload(engine, declared: int, sent: int) -> socket.socket:
-    """A connection to the ``other`` model that declared a body of ``declared`` bytes and sent ``sent``."""
-    sock = socket.create_connection(("127.0.0.1", engine.http), timeout=30)
+def partial_upload(engine, declared: int, sent: int, source: str = "127.0.0.1") -> socket.socket:
+    """A connection to the ``other`` model that declared a body of ``declared`` bytes and sent ``sent``
+    (from ``source``: another loopback address is another client, with a share of its own)."""
+    sock = socket.create_connection(("127.0.0.1", engine.http), timeout=30, source_address=(source, 0))
     head = b"POST /predictions/other HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n"
     sock.sendall(head % declared + b"a" * sent)
     return sock
@@ -220,11 +221,15 @@ def test_big_typed_grpc_calls_stall_no_rest_request(engine):
 def test_the_engine_bounds_bodies_by_its_own_cgroup_for_rest_and_grpc_alike(engine):
     """Started inside a 2.5 GiB group (the machine has more), the engine holds at most a quarter of it
     in bodies: uploads held up to that bound, one more REST upload gets 503 and a gRPC call UNAVAILABLE,
-    with the same message. (Before: the hierarchy's root was read, a quarter of the machine's memory.)"""
+    each naming --max_inflight_bytes (the REST one its client's share: it passes that first). (Before: the
+    hierarchy's root was read, a quarter of the machine's memory.)
+    One client holds three quarters at most (body_limit.CLIENT_SHARE): a second one fills the rest."""
     bound = GROUP_LIMIT // 4
     before = pids(engine)
     share = 15_000_000
-    holders = [partial_upload(engine, 16_000_000, share) for _ in range(bound // share)]
+    first = bound * 3 // 4 // share
+    holders = [partial_upload(engine, 16_000_000, share) for _ in range(first)]
+    holders += [partial_upload(engine, 16_000_000, share, "127.0.0.2") for _ in range(bound // share - first)]
     try:
         time.sleep(2)  # every byte sent read by the engine
         for sock in holders:  # all held, none refused
@@ -236,7 +241,7 @@ def test_the_engine_bounds_bodies_by_its_own_cgroup_for_rest_and_grpc_alike(engi
         over = partial_upload(engine, 16_000_000, share)
         over.settimeout(20)
         answer = received(over, b"max_inflight_bytes")
-        assert answer.startswith(b"HTTP/1.1 503") and message.encode() in answer, answer[:400]
+        assert answer.startswith(b"HTTP/1.1 503") and b"--max_inflight_bytes" in answer, answer[:400]
         over.close()
     finally:
         for sock in holders:

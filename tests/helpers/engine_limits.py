@@ -82,14 +82,15 @@ def archive_handler(handler: Path, names, store: Path):
 
 
 @contextlib.contextmanager
-def engine_in_cgroup(tree: Path, limit: int):
-    """The engine serving ``tree``, started inside a memory cgroup of its own of ``limit`` bytes (joined at
-    spawn, so that the bound on bodies in flight it computes at start is the group's), stopped after."""
+def engine_in_cgroup(tree: Path, limit: int, *extra: str):
+    """The engine serving ``tree`` (``extra``: more of its arguments), started inside a memory cgroup of its
+    own of ``limit`` bytes (joined at spawn, so that the bound on bodies in flight it computes at start is
+    the group's), stopped after."""
     group = MemoryLimit(None, limit)
     if group.cgroup is None:
         pytest.skip("no memory cgroup can be made here")
     try:
-        running = Engine(tree, preexec_fn=group.join).wait_ready()
+        running = Engine(tree, *extra, preexec_fn=group.join).wait_ready()
         running.cgroup = group.cgroup
         try:
             yield running

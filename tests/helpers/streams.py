@@ -62,11 +62,14 @@ class Reader:
 
 
 def post(port: int, path: str, body: bytes, content_type: str = "text/plain", timeout: float = 60,
-         pause: float = 0.0, size: int = 65536, leave_after: Optional[int] = None) -> Streamed:  # fmt: skip
+         pause: float = 0.0, size: int = 65536, leave_after: Optional[int] = None,
+         source: str = "") -> Streamed:  # fmt: skip
     """POST ``body`` and read the answer chunk by chunk (``pause`` s before each read of ``size`` bytes at
-    most: a slow client); ``leave_after``: close the connection once that many chunks have come."""
+    most: a slow client); ``leave_after``: close the connection once that many chunks have come;
+    ``source``: the client's address (another loopback address is another client to the server)."""
     answer = Streamed()
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+    where = (source, 0) if source else None
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout, source_address=where) as sock:
         if pause:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
