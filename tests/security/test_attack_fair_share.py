@@ -194,14 +194,19 @@ def test_one_clients_half_sent_uploads_do_not_refuse_the_others(engine):
     assert pids(engine) == before
 
 
-async def open_streams(port: int, count: int, channels: int = 8):
+async def open_streams(port: int, count: int, expect_ended: int, channels: int = 8):
     """``count`` StreamPredictions2 calls left open (nothing sent, nothing closed) over ``channels``
-    connections: (the calls still open after 2 s, the status codes of those ended)."""
+    connections: (the calls still open, the status codes of those ended), once ``expect_ended`` have ended
+    and 2 s more passed, or after 30 s (a busy engine takes seconds to answer every call's start)."""
     opened = [grpc.aio.insecure_channel(f"127.0.0.1:{port}") for _ in range(channels)]
     try:
         methods = [channel.stream_stream(f"{INFERENCE}/StreamPredictions2") for channel in opened]
         calls = [methods[n % channels](timeout=60) for n in range(count)]
-        await asyncio.sleep(2)
+        waited = 0.0
+        while waited < 30 and sum(call.done() for call in calls) < expect_ended:
+            await asyncio.sleep(0.25)
+            waited += 0.25
+        await asyncio.sleep(2)  # any more that would end
         ended = [await call.code() for call in calls if call.done()]
         still = sum(1 for call in calls if not call.done())
         for call in calls:
@@ -219,7 +224,9 @@ def test_half_open_stream_predictions2_calls_are_bounded(engine):
     before = pids(engine)
     base = reset_peak(engine.process.pid)
     with Neighbours(engine) as neighbours:
-        still, ended = asyncio.run(open_streams(engine.ts_grpc, count))
+        still, ended = asyncio.run(
+            open_streams(engine.ts_grpc, count, count - engine_ts_grpc.MAX_OPEN_STREAMS * 3 // 4)
+        )
     grown = peak_rss(engine.process.pid) - base
     refused = ended.count(grpc.StatusCode.RESOURCE_EXHAUSTED)  # the others CANCELLED: reset as they opened
     print(f"{count} half-open StreamPredictions2: {still} open, {len(ended)} refused ({refused} RESOURCE_EXHAUSTED); "
