@@ -1,6 +1,6 @@
 """The tsctl engine under attack: good traffic's throughput with and without attackers, and the engine's peak memory.
 
-    .venv/bin/python benchmarks/engine_under_attack.py [SECONDS] [ROUNDS]   (20 s, 3 rounds: about 9 minutes)
+    .venv/bin/python benchmarks/engine_under_attack.py [SECONDS] [ROUNDS]   (20 s, 3 rounds: about 16 minutes)
 
 One engine (``python -m serving.engine``) in a 4 GiB memory cgroup of its own, joined at spawn (so its
 bound on bodies in flight is a quarter of that group's limit), serving resnet18 (the toolkit's
@@ -14,7 +14,19 @@ The attacks, all aimed at the engine (issue #29's reproductions):
 - 2 clients sending gRPC ``ModelInfer`` calls of 15.5 M FP32 values as typed contents;
 - 2 clients asking ``target`` for a 200 MB answer (above ``max_response_size``);
 - 2 clients sending JSON whose key forges a ``[METRICS]`` line, and scraping ``/metrics``;
-- 40 connections trickling a request head a byte a second (slowloris).
+- 40 connections trickling a request head a byte a second (slowloris);
+
+and issue #43's:
+
+- 8 clients asking ``target`` for a 50 MiB streamed answer (30 parts) and reading none of it (a 4 KiB receive
+  buffer), each held 5 s, then closed and asked again;
+- 1 client holding 1,100 half-sent uploads (1 MiB of 2 MiB each: more than the whole budget), topped up a byte at a time, reopened when
+  refused (one client against the shared bodies-in-flight budget);
+- 1,700 ``StreamPredictions2`` calls opened and left open (nothing sent), reopened when refused;
+- 2 clients posting 60 MiB JSON bodies to the management API's register.
+
+The attackers connect from 127.0.0.2, the good clients from 127.0.0.1: the engine sees two clients (the bounds
+that are a client's share, issue #43, are per address).
 
 Reported: good requests per second alone and beside each attack, their p99, the cores used, errors among good requests (must
 be 0), the engine's peak RSS (VmHWM), whether any pid changed, and the size of ``/metrics`` at the end.
@@ -40,6 +52,8 @@ from helpers.models import package_resnet  # noqa: E402
 from samples import image_model  # noqa: E402
 
 GROUP_LIMIT = 4 << 30
+ATTACKER = "127.0.0.2"  # the attackers' address: the good traffic's is 127.0.0.1
+STREAM = b"stream 30 1048576 0"  # 30 parts, 50 MiB (tests/security/test_attack_fair_share.py's)
 FORGED = '{"\\n[METRICS]HandlerTime.ms:999999|#ModelName:resnet18,Level:Model|#hostname:forged": 1}'
 
 
@@ -87,7 +101,8 @@ class Attackers:
 
     def _attack(self):
         plan = [(self.partial_upload, 24), (self.grpc_typed, 2), (self.big_answer, 2), (self.forged_metric, 2)]
-        plan += [(self.slowloris, 40)]
+        plan += [(self.slowloris, 40), (self.unread_stream, 8), (self.one_client_uploads, 1)]
+        plan += [(self.half_open_streams, 1), (self.management_body, 2)]
         threads = []
         for attack, copies in plan:
             if self.kinds is not None and attack.__name__ not in self.kinds:
@@ -107,8 +122,11 @@ class Attackers:
             except OSError as exc:
                 self.count(attack.__name__, type(exc).__name__)
 
+    def connect(self, timeout: float) -> socket.socket:
+        return socket.create_connection(("127.0.0.1", self.engine.http), timeout=timeout, source_address=(ATTACKER, 0))
+
     def partial_upload(self):
-        with socket.create_connection(("127.0.0.1", self.engine.http), timeout=30) as sock:
+        with self.connect(30) as sock:
             sock.sendall(b"POST /predictions/target HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (32 << 20))
             chunk = b"a" * (1 << 20)
             try:
@@ -141,7 +159,7 @@ class Attackers:
         self.engine.get("/metrics")
 
     def slowloris(self):
-        with socket.create_connection(("127.0.0.1", self.engine.http), timeout=60) as sock:
+        with self.connect(60) as sock:
             try:
                 for byte in b"POST /predictions/resnet18 HTTP/1.1\r\nHost: x\r\n":
                     if self.stopping.is_set():
@@ -151,6 +169,81 @@ class Attackers:
                 self.count("slowloris", "whole head sent")
             except OSError:
                 self.count("slowloris", "disconnected")
+
+    def unread_stream(self):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(30)
+        sock.bind((ATTACKER, 0))
+        with sock:
+            sock.connect(("127.0.0.1", self.engine.http))
+            head = b"POST /predictions/target HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(STREAM)
+            sock.sendall(head + STREAM)
+            self.stopping.wait(5)
+        self.count("unread_stream", "held 5 s unread, closed")
+
+    def one_client_uploads(self):
+        head = b"POST /predictions/target HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (2 << 20)
+        held = []
+        try:
+            while not self.stopping.is_set():
+                while len(held) < 1100 and not self.stopping.is_set():
+                    sock = self.connect(30)
+                    try:
+                        sock.sendall(head + b"a" * (1 << 20))
+                        held.append(sock)
+                    except OSError:
+                        sock.close()
+                        self.count("one_client_uploads", "refused while sending")
+                for sock in list(held):  # a byte each, so that no body goes idle
+                    try:
+                        sock.sendall(b"a")
+                    except OSError:
+                        held.remove(sock)
+                        sock.close()
+                        self.count("one_client_uploads", "refused or closed")
+                self.stopping.wait(1)
+        finally:
+            for sock in held:
+                sock.close()
+
+    def half_open_streams(self):
+        import asyncio
+
+        import grpc
+
+        from serving import ts_protos as pb
+
+        async def hold():
+            channels = [grpc.aio.insecure_channel(f"127.0.0.1:{self.engine.ts_grpc}") for _ in range(8)]
+            method = [c.stream_stream(f"/{pb.INFERENCE_SERVICE}/StreamPredictions2") for c in channels]
+            calls = [method[n % 8](timeout=600) for n in range(1700)]
+            while not self.stopping.is_set():
+                await asyncio.sleep(1)
+                for n, call in enumerate(calls):
+                    if call.done():
+                        self.count("half_open_streams", (await call.code()).name)
+                        calls[n] = method[n % 8](timeout=600)
+            for call in calls:
+                call.cancel()
+            for channel in channels:
+                await channel.close()
+
+        asyncio.run(hold())
+
+    def management_body(self):
+        body = b'{"url": "' + b"a" * (60 << 20) + b'"}'
+        with self.connect(60) as sock:
+            head = b"POST /models HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+            try:
+                sock.sendall(head % len(body))
+                sock.sendall(body)
+            except OSError:
+                pass
+            try:
+                self.count("management_body", sock.recv(12)[9:12].decode(errors="replace") or "closed")
+            except OSError as exc:
+                self.count("management_body", type(exc).__name__)
 
 
 def good_traffic(engine, jpeg: bytes, seconds: float) -> dict:
@@ -166,7 +259,21 @@ SIDES = {  # what runs beside the good traffic
     "big answers": ("big_answer",),
     "forged metrics": ("forged_metric",),
     "slowloris": ("slowloris",),
-    "all at once": ("partial_upload", "grpc_typed", "big_answer", "forged_metric", "slowloris"),
+    "unread streams": ("unread_stream",),
+    "one client's uploads": ("one_client_uploads",),
+    "half-open StreamPredictions2": ("half_open_streams",),
+    "management bodies": ("management_body",),
+    "all at once": (
+        "partial_upload",
+        "grpc_typed",
+        "big_answer",
+        "forged_metric",
+        "slowloris",
+        "unread_stream",
+        "one_client_uploads",
+        "half_open_streams",
+        "management_body",
+    ),
 }
 
 
@@ -235,13 +342,16 @@ def main(seconds: float = 20, rounds: int = 3):
     write_section(
         "UNDER_ATTACK",
         f"""
-## The engine under attack (issue #29): good traffic beside each attack, and all at once
+## The engine under attack (issues #29 and #43): good traffic beside each attack, and all at once
 
 `benchmarks/engine_under_attack.py`: one tsctl engine in a {GROUP_LIMIT >> 30} GiB memory cgroup (joined at
 spawn), serving resnet18 (batchSize 4, one worker) and an attack target (one worker). 4 clients post a JPEG to
 resnet18 for {seconds:.0f} s beside each attack: 24 half-sent 32 MiB uploads (reopened when refused), 2
 clients of 15.5 M-float typed gRPC calls, 2 asking for 200 MB answers (above `max_response_size`), 2 forging
-`[METRICS]` keys and scraping `/metrics`, 40 slowloris heads; {rounds} rounds, the sides alternating. The
+`[METRICS]` keys and scraping `/metrics`, 40 slowloris heads; issue #43's: 8 unread 50 MiB streams, one
+client's 1,100 half-sent 2 MiB uploads topped up a byte a second, 1,700 half-open `StreamPredictions2` calls, 2
+clients of 60 MiB management bodies; the attackers from 127.0.0.2, the good clients from 127.0.0.1;
+{rounds} rounds, the sides alternating. The
 attackers run on the same 2 cores: CPU is the columns on the right (cores used by each process while the good
 traffic ran; the attackers are a process of their own, the good clients another), and a side that takes the
 cores leaves fewer to resnet18 whatever the server does.

@@ -33,6 +33,7 @@ def package_resnet(sample: Path, store: Path, name="resnet18", config_text=None,
     key = hashlib.sha256(repr((name, config_text)).encode()).hexdigest()[:16]
     packaged = sample.parent / "packaged" / key / f"{name}.mar"
     if not packaged.exists():
+        packaged.parent.mkdir(parents=True, exist_ok=True)
         _package_resnet(sample, packaged.parent, name, config_text)
     store.mkdir(parents=True, exist_ok=True)
     return Path(shutil.copyfile(packaged, store / f"{name}.mar"))
