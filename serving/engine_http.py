@@ -138,16 +138,12 @@ class BoundedHttp(HttpToolsProtocol):
         """uvicorn's answer to a request the parser stopped at: a refusal of ours (``TooMany``), or too many
         requests sent ahead: those waiting are answered, the connection then closed, the rest dropped."""
         refusal, self.refusal = self.refusal, None
-        if refusal is not None and not self.pipeline and (self.cycle is None or self.cycle.response_complete):
-            return self._refuse(*refusal)
-        if refusal is None and not (self.pipeline or self.cycle is not None):
-            return super().send_400_response(msg)
+        if not self.pipeline and (self.cycle is None or self.cycle.response_complete):  # nothing being answered
+            return self._refuse(*refusal) if refusal else super().send_400_response(msg)
         self.dropping = True
         self.flow.pause_reading()
         last = self.pipeline[0][0] if self.pipeline else self.cycle
         last.keep_alive = False  # uvicorn closes the connection once it is answered
-        if last.response_complete:
-            self.transport.close()
 
     def pause_writing(self) -> None:
         """The client does not read as fast as the answer is written: it has ``send_timeout`` seconds to
