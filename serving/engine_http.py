@@ -4,6 +4,15 @@
   the connection gets 431 and is closed before the rest is read (uvicorn's httptools protocol has no
   limit: a 100 MB header was parsed whole). TorchServe's Netty allows 8 KiB; this allows more for
   long tokens and tracing headers.
+- **Headers**: at most ``MAX_HEADERS`` header lines a request (431 past it): each is a tuple of two
+  bytes objects, about 80 bytes where the wire has 5 (``a:b``), so a 63 KiB head of 12,900 headers
+  held about 1 MB while its body was awaited (100 connections: +102 MiB). TorchServe's Netty bounds
+  the head at 8 KiB, which holds about 1,600.
+- **Pipelining**: at most ``MAX_PIPELINED`` requests of a connection wait behind the one being
+  answered; past that the rest of what it sent is dropped and the connection is closed once those
+  are answered (RFC 9112 section 9.3.2). uvicorn parsed every request of each read (256 KiB: 8,456
+  ``GET /ping``) and queued them all, reading more as each was answered: 20 connections grew the
+  engine by 455 MiB and kept a neighbour waiting 18 s.
 - **Slow clients**: a request head must arrive within ``HEAD_TIMEOUT`` seconds of its first byte
   (or of the connection's opening); a client trickling headers (slowloris) is disconnected.
 - **Request bodies** (their size, all of them in flight, a body that stops arriving) are bounded by
@@ -38,10 +47,17 @@ from .body_limit import BODY_IDLE_TIMEOUT, Budget, client_of
 from .engine_stream import ABORT
 
 MAX_HEAD_BYTES = 64 << 10
+MAX_HEADERS = 256  # header lines a request
+MAX_PIPELINED = 16  # requests a connection may send ahead, waiting behind the one being answered
 HEAD_TIMEOUT = 30.0  # s
 SHUTDOWN_GRACE = 30  # s
 END_OF_HEAD = b"\r\n\r\n"
 HEADER_NAMES = "tsctl.header_names"  # in a request's scope: lower-cased name -> the name as the client spelled it
+
+
+class TooMany(Exception):
+    """Raised from a parser callback to stop parsing what the connection sent (httptools wraps it in
+    ``HttpParserCallbackError``, which uvicorn answers with ``send_400_response``)."""
 
 
 class BoundedHttp(HttpToolsProtocol):
@@ -52,6 +68,8 @@ class BoundedHttp(HttpToolsProtocol):
     send_timer = None
     connection_budget = Budget(4096)  # the server's connections (server() makes its own; uvicorn has ``connections``)
     client_address, counted = "", False  # uvicorn has ``client``: the (host, port) in the scope
+    refusal = None  # (status, reason, kind, message) of a request stopped in a parser callback
+    dropping = False  # the rest of what the connection sends is dropped (it sent too many requests ahead)
 
     def connection_made(self, transport):
         super().connection_made(transport)
@@ -73,6 +91,8 @@ class BoundedHttp(HttpToolsProtocol):
         self.head_timer = None
 
     def data_received(self, data: bytes) -> None:
+        if self.dropping:
+            return
         if self.in_head:
             room = MAX_HEAD_BYTES - self.head_bytes
             if len(data) > room and END_OF_HEAD not in self.head_tail + data[: max(room, 0) + len(END_OF_HEAD)]:
@@ -84,14 +104,22 @@ class BoundedHttp(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self.names: Dict[bytes, bytes] = {}
+        self.header_count = 0
         if not self.in_head:  # the next request on a kept-alive connection
             self._begin_head()
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.header_count += 1
+        if self.header_count > MAX_HEADERS:
+            message = f"the request has more than {MAX_HEADERS:,} headers"
+            self.refusal = (431, "Request Header Fields Too Large", "RequestHeaderFieldsTooLarge", message)
+            raise TooMany()
         self.names.setdefault(name.lower(), name)  # ASGI lower-cases names: TorchServe's handlers see them as sent
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        if len(self.pipeline) >= MAX_PIPELINED:
+            raise TooMany()  # the requests queued are answered, then the connection closes (send_400_response)
         self.in_head = False
         self._cancel_head_timer()
         self.scope[HEADER_NAMES] = {low.decode("latin-1"): name.decode("latin-1") for low, name in self.names.items()}
@@ -105,6 +133,17 @@ class BoundedHttp(HttpToolsProtocol):
         self._cancel_head_timer()
         self._cancel_send_timer()
         super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request the parser stopped at: a refusal of ours (``TooMany``), or too many
+        requests sent ahead: those waiting are answered, the connection then closed, the rest dropped."""
+        refusal, self.refusal = self.refusal, None
+        if not self.pipeline and (self.cycle is None or self.cycle.response_complete):  # nothing being answered
+            return self._refuse(*refusal) if refusal else super().send_400_response(msg)
+        self.dropping = True
+        self.flow.pause_reading()
+        last = self.pipeline[0][0] if self.pipeline else self.cycle
+        last.keep_alive = False  # uvicorn closes the connection once it is answered
 
     def pause_writing(self) -> None:
         """The client does not read as fast as the answer is written: it has ``send_timeout`` seconds to

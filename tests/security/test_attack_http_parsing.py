@@ -1,0 +1,115 @@
+"""Issue #43, an outsider's attack on the engine's HTTP server (serving/engine_http.py): what uvicorn
+makes of a few bytes before any bound of body_limit.py sees a request.
+
+1. HTTP/1.1 pipelining: uvicorn parses every request of a read (256 KiB) at once and queues each
+   (a request cycle, its scope) behind the one being answered; each answer that completes reads
+   more. 20 connections each sending 256 KiB of ``GET /ping`` and reading nothing grew the engine by
+   about 640 MiB, a neighbour waiting 19.5 s. Now a connection may have ``MAX_PIPELINED`` requests
+   waiting behind the one being answered; the rest of what it sent is dropped, and it is closed once
+   those are answered (as a server may close a pipelining connection, RFC 9112 section 9.3.2).
+2. Heads of many tiny headers: a 63 KiB head of ``a:b`` lines is 12,902 headers, each a tuple of two
+   bytes objects (about 80 bytes a header where the wire has 5): 100 connections holding such a
+   request (a body still to come) grew the engine by 102 MiB, 400 by 529 MiB; a client's share of
+   connections (1,024) would be about 1 GB. Now ``MAX_HEADERS`` headers a request: 431 past it.
+
+One engine in a memory cgroup of its own; its peak resident memory measured (VmHWM), its workers'
+pids checked before and after, a neighbour's request answered after each attack.
+"""
+
+import socket
+import time
+
+import pytest
+
+from helpers.cgroups import peak_rss, reset_peak
+from helpers.engine import snapshot_entry
+from helpers.engine_limits import HANDLER, archive_handler, engine_in_cgroup, write_config
+from serving.engine_http import MAX_HEADERS, MAX_PIPELINED
+
+GROUP_LIMIT = 2 << 30
+BOUND = 128 << 20  # --max_inflight_bytes
+PING = b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    root = tmp_path_factory.mktemp("http-parsing")
+    store = root / "model-store"
+    store.mkdir()
+    handler = root / "limits.py"
+    handler.write_text(HANDLER)
+    archive_handler(handler, ("other",), store)
+    (root / "config").mkdir()
+    write_config(root / "config" / "config.properties", {"other": snapshot_entry("other.mar", 1, 1, 0, 60)})
+    with engine_in_cgroup(root, GROUP_LIMIT, "--max_inflight_bytes", str(BOUND)) as running:
+        yield running
+
+
+def connect(engine) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", engine.http), timeout=30)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # reads nothing: the answers back up
+    return sock
+
+
+def neighbour(engine):
+    started = time.monotonic()
+    status, _ = engine.post("/predictions/other", b"echo", timeout=60)
+    return status, time.monotonic() - started
+
+
+def answers_on(sock: socket.socket) -> int:
+    """How many answers the engine sent before closing the connection (read to its end)."""
+    data, sock_timeout = b"", time.monotonic() + 60
+    sock.settimeout(30)
+    while time.monotonic() < sock_timeout:
+        try:
+            chunk = sock.recv(1 << 16)
+        except (ConnectionResetError, socket.timeout):
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data.count(b"HTTP/1.1 200")
+
+
+def test_a_head_of_many_tiny_headers_is_refused(engine):
+    base = reset_peak(engine.process.pid)
+    head = b"POST /predictions/other HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n" + b"a:b\r\n" * 12900 + b"\r\n"
+    socks = [connect(engine) for _ in range(100)]
+    try:
+        for sock in socks:
+            sock.sendall(head + b"x")  # the body: 1 byte of 10, the rest never sent
+        status, took = neighbour(engine)  # answered once the engine has parsed what it read
+        socks[0].settimeout(40)
+        first = socks[0].recv(1 << 16)
+        grown = peak_rss(engine.process.pid) - base
+    finally:
+        for sock in socks:
+            sock.close()
+    print(f"100 heads of 12,900 headers: engine +{grown >> 20} MiB, first answer {first[:12]!r}, "
+          f"neighbour {status} in {took:.2f} s")  # fmt: skip
+    assert status == 200
+    assert first.startswith(b"HTTP/1.1 431"), first[:200]
+    assert f"{MAX_HEADERS:,} headers".encode() in first
+    assert grown < 32 << 20, f"+{grown >> 20} MiB for 100 heads of 12,900 headers"
+
+
+def test_pipelined_requests_are_not_parsed_ahead_of_their_answers(engine):
+    workers = [w["pid"] for w in engine.workers("other")]
+    base = reset_peak(engine.process.pid)
+    burst = PING * ((256 << 10) // len(PING))  # 8,456 requests in one read
+    socks = [connect(engine) for _ in range(20)]
+    try:
+        for sock in socks:
+            sock.sendall(burst)
+        status, took = neighbour(engine)  # answered once the engine has parsed what it read
+        answered = answers_on(socks[0])
+        grown = peak_rss(engine.process.pid) - base
+    finally:
+        for sock in socks:
+            sock.close()
+    print(f"20 connections x {burst.count(b'GET'):,} pipelined requests: engine +{grown >> 20} MiB, "
+          f"the first connection answered {answered}, neighbour {status} in {took:.2f} s")  # fmt: skip
+    assert status == 200 and [w["pid"] for w in engine.workers("other")] == workers
+    assert grown < 64 << 20, f"+{grown >> 20} MiB for 20 connections' pipelined requests"
+    assert answered <= MAX_PIPELINED + 1
