@@ -43,6 +43,7 @@ engine_http).
 """
 
 import asyncio
+import ipaddress
 import os
 import re
 from typing import Dict, List, Mapping, Optional, Tuple
@@ -171,16 +172,29 @@ def max_inflight_bytes(max_request_size: int, configured: Optional[int] = None) 
 
 
 def client_of(peer) -> str:
-    """The client's address: an ASGI scope's ``client`` (host, port), or a gRPC ``context.peer()``
-    (``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5``, ``unix:path``); "" when unknown."""
+    """The client a share is kept for: an ASGI scope's ``client`` (host, port), or a gRPC ``context.peer()``
+    (``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5``, ``unix:path``); "" when unknown. An IPv4 address written as IPv6
+    (``::ffff:1.2.3.4``) is that IPv4 address; an IPv6 address counts by its /64, the block one host is given
+    (a host would otherwise be a new client at each of its 2^64 addresses)."""
     if isinstance(peer, (tuple, list)):
-        return str(peer[0]) if peer else ""
-    kind, _, where = str(peer or "").partition(":")
-    if kind == "ipv6":
-        return where.rpartition("]")[0].lstrip("[") or where
-    if kind == "ipv4":
-        return where.rpartition(":")[0]
-    return where
+        host = str(peer[0]) if peer else ""
+    else:
+        kind, _, where = str(peer or "").partition(":")
+        if kind == "ipv6":
+            host = where.rpartition("]")[0].lstrip("[") or where
+        elif kind == "ipv4":
+            host = where.rpartition(":")[0]
+        else:
+            return where
+    try:
+        address = ipaddress.ip_address(host.partition("%")[0])
+    except ValueError:
+        return host
+    if address.version == 6 and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    if address.version == 6:
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)
 
 
 class Budget:

@@ -299,3 +299,20 @@ def raw_post(engine, model: str, body: bytes):
     answer = streams.post(engine.http, f"/predictions/{model}", body, timeout=60)
     assert answer.complete, f"the answer was cut short: {answer.status}, {len(answer.body):,} bytes"
     return answer.status, answer.body
+
+
+@pytest.mark.parametrize(
+    "peer, client",
+    [
+        (("127.0.0.1", 5), "127.0.0.1"),
+        ("ipv4:127.0.0.2:55", "127.0.0.2"),
+        ("ipv6:[::ffff:127.0.0.1]:5", "127.0.0.1"),  # one IPv4 client whichever way the socket writes it
+        (("::ffff:10.0.0.1", 1), "10.0.0.1"),
+        ("ipv6:[2001:db8::1]:5", "2001:db8::/64"),  # an IPv6 host has a /64: one client, not 2^64
+        (("2001:db8::ffff:2", 9), "2001:db8::/64"),
+        ("unix:/tmp/engine.sock", "/tmp/engine.sock"),
+        (None, ""),
+    ],
+)
+def test_a_clients_share_is_kept_by_its_address_as_one_host_has_it(peer, client):
+    assert body_limit.client_of(peer) == client
