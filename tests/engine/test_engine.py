@@ -371,9 +371,9 @@ def test_a_stuck_load_ends_with_the_engine(tree, tmp_path):
     engine.stop(group=False)
 
 
-def partial_upload(port: int, declared: int, sent: int) -> socket.socket:
-    """A connection that declared a body of ``declared`` bytes and has sent ``sent`` of them."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+def partial_upload(port: int, declared: int, sent: int, source: str = "127.0.0.1") -> socket.socket:
+    """A connection from ``source`` that declared a body of ``declared`` bytes and has sent ``sent`` of them."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(source, 0))
     sock.sendall(
         b"POST /predictions/echo HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
         + b"Content-Length: %d\r\n\r\n" % declared
@@ -385,22 +385,24 @@ def partial_upload(port: int, declared: int, sent: int) -> socket.socket:
 def test_bodies_in_flight_are_bounded_across_all_requests(tree):
     """Half-sent uploads hold only what they sent; the body that would pass --max_inflight_bytes gets
     503 with Retry-After as its bytes arrive, other requests go on, and a finished upload frees its
-    share. (150 half-sent 32 MiB uploads OOM-killed the KServe engine of #20's round.)"""
+    share. (150 half-sent 32 MiB uploads OOM-killed the KServe engine of #20's round.) Each upload from a
+    client of its own, each within its share (a quarter of the budget; one client's share:
+    tests/security/test_attack_fair_share.py)."""
     engine = Engine(tree, "--max_inflight_bytes", "3000000", "--enable_grpc", "false").wait_ready()
     try:
-        holders = [partial_upload(engine.http, 2_000_000, 1_000_000) for _ in range(2)]
+        holders = [partial_upload(engine.http, 740_000, 700_000, f"127.0.0.{n}") for n in range(2, 6)]
         time.sleep(1)
-        pushing = partial_upload(engine.http, 2_000_000, 1_500_000)
+        pushing = partial_upload(engine.http, 2_000_000, 1_500_000, "127.0.0.9")  # 2.8 MB held: past 3 MB
         answer = received(pushing, b"max_inflight_bytes")
         assert answer.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in answer.lower(), answer[:300]
-        assert b"max_inflight_bytes" in answer
+        assert b"the engine's bytes in flight (3,000,000, --max_inflight_bytes)" in answer, answer[-300:]
         assert echo_json(engine, "small bodies still fit")[0] == 200
-        holders[0].sendall(b"a" * 1_000_000)  # completed: answered, and its 2 MB are released
+        holders[0].sendall(b"a" * 40_000)  # completed: answered, and its 740 KB are released
         assert received(holders[0], b"\r\n\r\n").startswith(b"HTTP/1.1 200")
         for sock in holders + [pushing]:
             sock.close()
         time.sleep(0.5)
-        status, _ = engine.post("/predictions/echo", b"b" * 2_500_000, timeout=30)
-        assert status == 200  # the abandoned uploads gave their bytes back
+        status, _ = engine.post("/predictions/echo", b"b" * 2_200_000, timeout=30)
+        assert status == 200  # the abandoned uploads gave their bytes back (one client: three quarters)
     finally:
         assert engine.stop() == 0
