@@ -19,8 +19,10 @@ them, ``ts_wire.Stream.reply``). The parts held for a client count in flight
 (``Parts.count``) until they are sent, then as ``BodyLimit`` counts any answer waiting for its client;
 a part that would pass the budget while earlier parts still wait for that client ends its stream
 there (``Parts.cut``: HTTP cuts the connection, gRPC ends the call UNAVAILABLE), so 60 clients not
-reading 60 MiB streams hold the budget, not 3.6 GB; a client that keeps up is never cut (a part
-arriving with none waiting is counted whatever the budget). A client that reads nothing for
+reading 60 MiB streams hold the budget, not 3.6 GB. A part arriving with none waiting, or while its
+client holds no more than its share with it, is counted whatever the budget: a reader slower than its
+handler sends is not cut because others filled the budget; the budget's overshoot is then at most a
+part per stream and a share per client address. A client that reads nothing for
 ``--body_idle_timeout`` seconds is disconnected (``engine_http.BoundedHttp``). A client that leaves
 mid-stream closes its ``Parts``: what the handler sends after is read and dropped, the worker goes
 on. ``responseTimeout`` bounds the whole batch, every part of a streamed answer within it, as for any
@@ -69,15 +71,21 @@ class Parts:
         if not self.closed:
             if self.budget is not None and not part.error:
                 size = size_of(part)
-                if self.queue and not self.budget.take(size, self.client):
-                    return self.cut(size)
-                if not self.queue:  # the client keeps up: counted whatever the budget
+                if self.keeps_up(size):  # counted whatever the budget
                     self.budget.hold(size, self.client)
+                elif not self.budget.take(size, self.client):
+                    return self.cut(size)
                 self.held += size
             self.queue.append(part)
             self.changed.set()
         if last or part.error:
             self.end()
+
+    def keeps_up(self, size: int) -> bool:
+        """Whether this part is held whatever the budget: none waits for the client, or the client holds no
+        more than its share with it. A handler may send faster than any client reads: parts then wait for
+        a client that reads; the cut falls on a client above its share, not on the others."""
+        return not self.queue or self.budget.clients.get(self.client, 0) + size <= self.budget.share
 
     def cut(self, size: int):
         """The client reads slower than its parts come and the next would pass the budget: what is held is
