@@ -9,7 +9,8 @@ it starts a worker (engine_management.py).
   memory: ``body_limit.memory_limit()`` (the smallest limit of its memory cgroup and those above it, the
   pod's, or the machine's memory) less the memory in use (``in_use``: that group's usage less its
   inactive file cache, as the kubelet counts a working set; the machine's MemTotal less MemAvailable)
-  and less the bound on request bodies in flight (``--max_inflight_bytes``: what bodies may yet hold).
+  and, where a cgroup sets the limit, less the bound on request bodies in flight (``--max_inflight_bytes``:
+  what bodies may yet hold). A cost of 0 (no worker measured yet) is admitted.
   Refused before anything starts, in TorchServe 0.12's shape for a scale that ran out of memory:
   507 InternalServerException "Failed to start workers for model NAME version: VERSION" (WorkerThread
   sets HTTP_ENTITY_TOO_LARGE on an OutOfMemoryError, WorkerThread.java:315-317;
@@ -83,8 +84,12 @@ def stat_numbers(path: str) -> Dict[str, int]:
 
 
 def memory(reserved: int) -> Memory:
+    """The memory the engine may use and what is left of it. ``reserved`` (the bound on bodies in flight)
+    is kept aside only where a cgroup sets the limit (the pod's: the engine and its workers alone in it);
+    on the machine's memory, other processes' use is in ``in_use`` already, and keeping a quarter of the
+    machine aside refused every worker on a busy workstation (22 of 25 GB in use by others)."""
     limit, source, folder = body_limit.limiting_group()
-    return Memory(limit, source, in_use(folder), reserved)
+    return Memory(limit, source, in_use(folder), reserved if folder is not None else 0)
 
 
 def worker_cost(model, models: Iterable) -> int:
@@ -105,6 +110,8 @@ def admit(name: str, version: Optional[str], adding: int, model, models: List, r
     if adding <= 0:
         return
     each = worker_cost(model, models)
+    if each == 0:
+        return  # nothing measured yet (no worker runs): the cgroup's own limit bounds the first
     pending = sum(worker_cost(m, models) for m in models for w in m.workers if w.status == "STARTING")
     have = memory(reserved)
     needed = adding * each

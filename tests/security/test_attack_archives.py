@@ -1143,7 +1143,7 @@ JSON_MISTAKES += [  # each was a traceback, a hang or a memory hog: a file optio
 @pytest.mark.parametrize("command", JSON_MISTAKES)
 def test_every_user_mistake_under_json_is_a_json_error_and_its_exit_code(mistakes, command):
     try:
-        done = tsctl(*command.format(w=mistakes).split(), "--json", timeout=5 if "fifo" in command else 30)
+        done = tsctl(*command.format(w=mistakes).split(), "--json", timeout=60 if "fifo" in command else 120)
     except subprocess.TimeoutExpired:
         pytest.fail(f"{command} hangs")
     assert done.returncode in (1, 2) and "Traceback" not in done.stderr, (done.returncode, done.stderr[-1500:])
