@@ -20,8 +20,8 @@ import pytest
 
 from helpers import streams
 from helpers.cgroups import peak_rss, reset_peak
-from helpers.engine import Engine, received, snapshot_entry
-from helpers.engine_limits import HANDLER, MAX_RESPONSE, archive_handler, engine_in_cgroup, grpc_infer, write_config
+from helpers.engine import Engine, received
+from helpers.engine_limits import MAX_RESPONSE, engine_in_cgroup, grpc_infer, limits_tree
 from serving import body_limit
 
 GROUP_LIMIT = 2560 << 20  # the engine's cgroup (workers included): its bodies in flight may hold a quarter, 640 MiB
@@ -104,14 +104,7 @@ def test_the_bound_on_bodies_in_flight_is_a_quarter_of_the_limit_or_one_body():
 def tree(tmp_path_factory):
     """model-store/ with the handler as ``slow`` and ``other`` (one worker each, responseTimeout 60 s)."""
     root = tmp_path_factory.mktemp("limits")
-    store = root / "model-store"
-    store.mkdir()
-    handler = root / "limits.py"
-    handler.write_text(HANDLER)
-    archive_handler(handler, ("slow", "other"), store)
-    (root / "config").mkdir()
-    models = {name: snapshot_entry(f"{name}.mar", 1, 1, 0, 60) for name in ("slow", "other")}
-    write_config(root / "config" / "config.properties", models)
+    limits_tree(root, {"slow": 1, "other": 1})
     return root
 
 

@@ -15,7 +15,7 @@ import pytest
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 
 from helpers.cgroups import MemoryLimit
-from helpers.engine import BIN, Engine
+from helpers.engine import BIN, Engine, snapshot_entry
 
 MAX_REQUEST = 64 << 20
 
@@ -79,6 +79,20 @@ def archive_handler(handler: Path, names, store: Path):
         command = [str(BIN / "torch-model-archiver"), "--model-name", name, "--version", "1.0", "--handler",
                    str(handler), "--export-path", str(store)]  # fmt: skip
         subprocess.run(command, check=True, capture_output=True, env=dict(os.environ, TMPDIR=str(store.parent)))
+
+
+def limits_tree(root: Path, workers: dict) -> Path:
+    """``root`` as the engine serves it: model-store/ with HANDLER archived under each name of ``workers``
+    (name: its worker count; batch 1, responseTimeout 60 s) and config/config.properties."""
+    store = root / "model-store"
+    store.mkdir()
+    handler = root / "limits.py"
+    handler.write_text(HANDLER)
+    archive_handler(handler, tuple(workers), store)
+    (root / "config").mkdir()
+    models = {name: snapshot_entry(f"{name}.mar", count, 1, 0, 60) for name, count in workers.items()}
+    write_config(root / "config" / "config.properties", models)
+    return root
 
 
 @contextlib.contextmanager

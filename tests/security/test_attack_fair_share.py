@@ -23,8 +23,7 @@ import pytest
 
 from helpers import streams
 from helpers.cgroups import peak_rss
-from helpers.engine import snapshot_entry
-from helpers.engine_limits import HANDLER, archive_handler, engine_in_cgroup, write_config
+from helpers.engine_limits import engine_in_cgroup, limits_tree
 from serving import engine_ts_grpc
 from serving import ts_protos as pb
 
@@ -40,14 +39,7 @@ INFERENCE = f"/{pb.INFERENCE_SERVICE}"
 def tree(tmp_path_factory):
     """``slow`` (the streaming handler, 2 workers) and ``other`` (the neighbours', 1 worker)."""
     root = tmp_path_factory.mktemp("fair")
-    store = root / "model-store"
-    store.mkdir()
-    handler = root / "limits.py"
-    handler.write_text(HANDLER)
-    archive_handler(handler, ("slow", "other"), store)
-    (root / "config").mkdir()
-    models = {"slow": snapshot_entry("slow.mar", 2, 1, 0, 60), "other": snapshot_entry("other.mar", 1, 1, 0, 60)}
-    write_config(root / "config" / "config.properties", models)
+    limits_tree(root, {"slow": 2, "other": 1})
     return root
 
 

@@ -23,8 +23,7 @@ import time
 
 import pytest
 
-from helpers.engine import snapshot_entry
-from helpers.engine_limits import HANDLER, archive_handler, engine_in_cgroup, write_config
+from helpers.engine_limits import engine_in_cgroup, limits_tree
 from helpers.h2_raw import HalfSent
 from serving import ts_protos as pb
 
@@ -38,13 +37,7 @@ SLACK = 128 << 20  # what the engine may grow by beside its bodies in flight (gR
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     root = tmp_path_factory.mktemp("half-sent")
-    store = root / "model-store"
-    store.mkdir()
-    handler = root / "limits.py"
-    handler.write_text(HANDLER)
-    archive_handler(handler, ("other",), store)
-    (root / "config").mkdir()
-    write_config(root / "config" / "config.properties", {"other": snapshot_entry("other.mar", 1, 1, 0, 60)})
+    limits_tree(root, {"other": 1})
     with engine_in_cgroup(root, GROUP_LIMIT, "--max_inflight_bytes", str(BOUND)) as running:
         yield running
 

@@ -22,8 +22,7 @@ import time
 import pytest
 
 from helpers.cgroups import peak_rss, reset_peak
-from helpers.engine import snapshot_entry
-from helpers.engine_limits import HANDLER, archive_handler, engine_in_cgroup, write_config
+from helpers.engine_limits import engine_in_cgroup, limits_tree
 from serving.engine_http import MAX_HEADERS, MAX_PIPELINED
 
 GROUP_LIMIT = 2 << 30
@@ -34,13 +33,7 @@ PING = b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n"
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     root = tmp_path_factory.mktemp("http-parsing")
-    store = root / "model-store"
-    store.mkdir()
-    handler = root / "limits.py"
-    handler.write_text(HANDLER)
-    archive_handler(handler, ("other",), store)
-    (root / "config").mkdir()
-    write_config(root / "config" / "config.properties", {"other": snapshot_entry("other.mar", 1, 1, 0, 60)})
+    limits_tree(root, {"other": 1})
     with engine_in_cgroup(root, GROUP_LIMIT, "--max_inflight_bytes", str(BOUND)) as running:
         yield running
 

@@ -16,8 +16,9 @@ import grpc
 import pytest
 
 from archiver import server
-from helpers.cgroups import MemoryLimit, peak_rss, reset_peak
-from helpers.engine import Engine, snapshot_entry, write_config
+from helpers.cgroups import peak_rss, reset_peak
+from helpers.engine import snapshot_entry, write_config
+from helpers.engine_limits import engine_in_cgroup
 from helpers.management import build_store
 from serving import ts_protos as pb
 from serving.body_limit import MAX_MANAGEMENT_BODY
@@ -34,17 +35,8 @@ def engine(tmp_path_factory):
     config.parent.mkdir()
     write_config(config, {"echo": snapshot_entry("echo.mar", 1, 1, 0, 60)}, "enable_model_api=true\n")
     config.write_text(config.read_text().replace("max_request_size=16777216", f"max_request_size={MAX_REQUEST}"))
-    group = MemoryLimit(None, 1 << 30)
-    if group.cgroup is None:
-        pytest.skip("no memory cgroup can be made here")
-    try:
-        running = Engine(root, preexec_fn=group.join).wait_ready()
-        try:
-            yield running
-        finally:
-            assert running.stop() == 0
-    finally:
-        group.release()
+    with engine_in_cgroup(root, 1 << 30) as running:
+        yield running
 
 
 def state(engine) -> dict:
