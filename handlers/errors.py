@@ -112,10 +112,10 @@ def forget(error: BaseException) -> BaseException:
     return error
 
 
-def too_large(subject: str, value: int, unit: str, setting: str, limit: int) -> ClientError:
-    """The 413 for a request above one of its limits, naming the ``handler:`` setting that sets it:
-    ``too_large("the text is", 200000, "characters", ...)``."""
-    return ClientError(f"{subject} {value:,} {unit}, above the limit of {limit:,} (handler.{setting})", 413)
+def too_large(subject: str, value: int, unit: str, setting: str, limit: int, why: str = "") -> ClientError:
+    """The 413 for a request above one of its limits, naming the ``handler:`` setting that sets it (or ``why``,
+    when something else set it): ``too_large("the text is", 200000, "characters", ...)``."""
+    return ClientError(f"{subject} {value:,} {unit}, above the limit of {limit:,} ({why or 'handler.' + setting})", 413)
 
 
 def too_deep(limit: int) -> ClientError:

@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
-from handlers.errors import ClientError
+from handlers.errors import ClientError, too_large
 from handlers.limits import VALUE_BYTES, Limits, check_json, json_values
 
 RESERVE = 96 << 20  # the wrapper's processes before a message: 88 MiB measured for the router (gunicorn's master
@@ -60,11 +60,10 @@ class Bounds:
         limit = getattr(self.limits, setting)
         if amount <= limit:
             return
+        why = ""  # the handler's setting
         if limit < getattr(self.handler, setting):
             why = f"what the unit's {self.memory / 2**20:g} MiB of memory affords; give its container more"
-        else:
-            why = f"handler.{setting}"
-        raise ClientError(f"{subject} {amount:,} {unit}, above the limit of {limit:,} ({why})", 413)
+        raise too_large(subject, amount, unit, setting, limit, why)
 
     def check_text(self, body: bytes):
         """The values of a JSON body counted in its text, before it is parsed."""
