@@ -211,9 +211,13 @@ class Budget:
         """Why ``client`` may not take ``size`` more: "" when it may, "all" (the limit), "client" (its share)."""
         if self.held + size > self.limit:
             return "all"
-        if self.clients.get(client, 0) + size > self.share and self.held + size > self.limit - self.share:
+        if not self.within_share(size, client) and self.held + size > self.limit - self.share:
             return "client"
         return ""
+
+    def within_share(self, size: int, client: str) -> bool:
+        """Whether ``client`` holds no more than its share with ``size`` more."""
+        return self.clients.get(client, 0) + size <= self.share
 
     def why(self, size: int, client: str) -> str:
         """Why ``client`` may not take ``size`` more, in words (the counts, not their unit)."""

@@ -85,7 +85,7 @@ class Parts:
         """Whether this part is held whatever the budget: none waits for the client, or the client holds no
         more than its share with it. A handler may send faster than any client reads: parts then wait for
         a client that reads; the cut falls on a client above its share, not on the others."""
-        return not self.queue or self.budget.clients.get(self.client, 0) + size <= self.budget.share
+        return not self.queue or self.budget.within_share(size, self.client)
 
     def cut(self, size: int):
         """The client reads slower than its parts come and the next would pass the budget: what is held is
