@@ -92,15 +92,21 @@ def memory(reserved: int) -> Memory:
     return Memory(limit, source, in_use(folder), reserved if folder is not None else 0)
 
 
-def worker_cost(model, models: Iterable) -> int:
+def model_costs(models: Iterable) -> Dict[int, int]:
+    """The most one running worker of each model holds of its own, by ``id(model)`` (0: none running): each
+    worker's memory read once."""
+    return {
+        id(model): max((own_memory(w.process.pid) for w in model.workers if w.process and w.process.alive()), default=0)
+        for model in models
+    }
+
+
+def worker_cost(model, costs: Dict[int, int]) -> int:
     """What one more worker of ``model`` (an engine_workers.ModelWorkers, or None: one being registered)
     will hold: the most one of its running workers holds of its own; none running, the most any worker of
-    ``models`` holds."""
-    for group in ([model] if model is not None else [], list(models)):
-        costs = [own_memory(w.process.pid) for m in group for w in m.workers if w.process and w.process.alive()]
-        if any(costs):
-            return max(costs)
-    return 0
+    the engine holds (``costs``: ``model_costs``)."""
+    own = costs.get(id(model), 0) if model is not None else 0
+    return own or max(costs.values(), default=0)
 
 
 def admit(name: str, version: Optional[str], adding: int, model, models: List, reserved: int) -> None:
@@ -109,10 +115,11 @@ def admit(name: str, version: Optional[str], adding: int, model, models: List, r
     (the engine's) and ``reserved`` (the bound on request bodies in flight)."""
     if adding <= 0:
         return
-    each = worker_cost(model, models)
+    costs = model_costs(models)
+    each = worker_cost(model, costs)
     if each == 0:
         return  # nothing measured yet (no worker runs): the cgroup's own limit bounds the first
-    pending = sum(worker_cost(m, models) for m in models for w in m.workers if w.status == "STARTING")
+    pending = sum(worker_cost(m, costs) for m in models for w in m.workers if w.status == "STARTING")
     have = memory(reserved)
     needed = adding * each
     if needed + pending <= have.left:
