@@ -8,6 +8,9 @@ workers like any request. The conversion runs in a thread, off the event loop.
 
 Bounds, in the order a call meets them (one design: the message is counted before it is parsed):
 
+- Every method reads its message itself, ``max_request_size`` (or the client's share, when less)
+  counted in the client's share of the bodies in flight while it arrives (serving/grpc_reading.py):
+  a message begun and never finished holds no more than that, and one past the bound is never asked for.
 - ``ModelInfer`` is registered to receive the message's bytes unparsed (``start_grpc``): they count
   against the engine's bodies in flight (``body_limit.InFlight``, REST's counter) as the call
   begins, before protobuf builds anything of them; above ``--max_inflight_bytes`` the call gets
@@ -43,6 +46,7 @@ from handlers.v2_binary import encode_tensor, header_length
 from handlers.v2_tensors import HEADER, NUMERIC
 
 from .body_limit import client_of, too_large_message
+from .grpc_reading import Counted, server_options
 from .protobuf_wire import wire_fields
 from .token_auth import INFERENCE, MESSAGE
 from .ts_wire import Request, Response
@@ -318,15 +322,15 @@ async def denied(request, context):
 
 async def start_grpc(engine, host: str, port: int):
     interceptors = [TokenInterceptor(engine.tokens)] if engine.tokens is not None else []
-    server = grpc.aio.server(
-        options=[("grpc.max_receive_message_length", engine.frontend.max_request_size)], interceptors=interceptors
-    )
+    limit = engine.frontend.max_request_size
+    server = grpc.aio.server(options=server_options(limit), interceptors=interceptors)
     servicer, methods = Servicer(engine), _Methods()
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, methods)  # KServe's handlers, taken as made
     infer = methods.handlers["ModelInfer"]
     methods.handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
         servicer.ModelInfer, request_deserializer=None, response_serializer=infer.response_serializer
     )  # the message's bytes as they came: counted before they are parsed (this module's docstring)
+    methods.handlers = Counted(engine.inflight, limit).handlers(methods.handlers)  # counted while they arrive
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, methods.handlers),))
     server.add_registered_method_handlers(SERVICE, methods.handlers)
     bound = server.add_insecure_port(f"{host}:{port}")

@@ -39,8 +39,10 @@ TorchServe's message: serving/token_auth.py).
 
 Bounds: a message above ``max_request_size`` (on the management API, ``body_limit.management_body_limit``:
 64 KiB) is refused by gRPC itself before it is parsed (RESOURCE_EXHAUSTED, as TorchServe's
-``maxInboundMessageSize``); each message is counted against the engine's bodies in flight
-before it is parsed (REST's and KServe gRPC's counter: UNAVAILABLE above it), and at most
+``maxInboundMessageSize``); each message is read by the method itself, that size (or the client's share,
+when less) counted in the client's share of the bodies in flight while it arrives (serving/grpc_reading.py:
+a ``StreamPredictions2`` call waiting for its next request holds it too); each message is counted against
+the engine's bodies in flight before it is parsed (REST's and KServe gRPC's counter: UNAVAILABLE above it), and at most
 ``MAX_INPUTS`` entries (INVALID_ARGUMENT). A streamed answer's parts held for its client count in flight
 too (engine_stream.Parts: past it the stream ends UNAVAILABLE). At most ``MAX_OPEN_STREAMS``
 ``StreamPredictions2`` calls are open at once, a client address its share of them
@@ -60,6 +62,7 @@ from . import engine_management as management_api
 from . import ts_protos as pb
 from .body_limit import Budget, client_of, management_body_limit
 from .engine_management import model_url
+from .grpc_reading import Counted, server_options
 from .protobuf_wire import wire_fields
 from .ts_wire import Request, Response
 
@@ -517,9 +520,8 @@ async def start(engine, args) -> list:
             service, servicer, raw = services[api]
             limit = engine.frontend.max_request_size
             limit = management_body_limit(limit) if api == "management" else limit
-            options = [("grpc.max_receive_message_length", limit)]
-            server = grpc.aio.server(options=options, interceptors=[Authorization(engine, api)])
-            handlers = method_handlers(servicer, service, raw)
+            server = grpc.aio.server(options=server_options(limit), interceptors=[Authorization(engine, api)])
+            handlers = Counted(engine.inflight, limit).handlers(method_handlers(servicer, service, raw))
             server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
             if not server.add_insecure_port(f"{host}:{port}"):
                 raise RuntimeError(f"TorchServe's gRPC {api} port {host}:{port} could not be bound")

@@ -81,7 +81,7 @@ def archive_handler(handler: Path, names, store: Path):
         subprocess.run(command, check=True, capture_output=True, env=dict(os.environ, TMPDIR=str(store.parent)))
 
 
-def limits_tree(root: Path, workers: dict) -> Path:
+def limits_tree(root: Path, workers: dict, max_request: int = MAX_REQUEST) -> Path:
     """``root`` as the engine serves it: model-store/ with HANDLER archived under each name of ``workers``
     (name: its worker count; batch 1, responseTimeout 60 s) and config/config.properties."""
     store = root / "model-store"
@@ -91,7 +91,7 @@ def limits_tree(root: Path, workers: dict) -> Path:
     archive_handler(handler, tuple(workers), store)
     (root / "config").mkdir()
     models = {name: snapshot_entry(f"{name}.mar", count, 1, 0, 60) for name, count in workers.items()}
-    write_config(root / "config" / "config.properties", models)
+    write_config(root / "config" / "config.properties", models, max_request)
     return root
 
 

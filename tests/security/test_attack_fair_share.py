@@ -5,7 +5,10 @@
    their streams are cut past it, the engine stays within its budget, a client that reads gets all.
 2. One client holding hundreds of half-sent uploads: it gets 503 past its share, the others' requests
    (another loopback address: another client) are answered.
-3. Half-open ``StreamPredictions2`` calls: refused RESOURCE_EXHAUSTED past the client's share of them.
+3. Half-open ``StreamPredictions2`` calls: refused RESOURCE_EXHAUSTED past the client's share of them
+   (an engine of its own whose ``max_request_size`` is 16 KiB: a call waiting for its next message
+   holds that much of the bodies in flight, serving/grpc_reading.py, so with 64 MiB the bodies in
+   flight would end the calls first, UNAVAILABLE).
 
 One engine in a memory cgroup of its own (``engine_in_cgroup``) with ``--max_inflight_bytes`` of
 ``BOUND``; neighbours post from 127.0.0.2 throughout and are counted; pids checked before and after.
@@ -46,6 +49,15 @@ def tree(tmp_path_factory):
 @pytest.fixture(scope="module")
 def engine(tree):
     with engine_in_cgroup(tree, GROUP_LIMIT, "--max_inflight_bytes", str(BOUND)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def small_messages(tmp_path_factory):
+    """An engine like ``engine`` whose max_request_size is 16 KiB (``other``, 1 worker)."""
+    root = tmp_path_factory.mktemp("small-messages")
+    limits_tree(root, {"slow": 1, "other": 1}, max_request=16 << 10)
+    with engine_in_cgroup(root, GROUP_LIMIT, "--max_inflight_bytes", str(BOUND)) as running:
         yield running
 
 
@@ -209,13 +221,14 @@ async def open_streams(port: int, count: int, expect_ended: int, channels: int =
             await channel.close()
 
 
-def test_half_open_stream_predictions2_calls_are_bounded(engine):
+def test_half_open_stream_predictions2_calls_are_bounded(small_messages):
     """One client opens more StreamPredictions2 calls than its share and never closes them: those past it
     end RESOURCE_EXHAUSTED; the neighbours are answered meanwhile and the engine grows by little."""
+    engine = small_messages
     count = engine_ts_grpc.MAX_OPEN_STREAMS * 3 // 4 + 200
     before = pids(engine)
     base = reset_peak(engine.process.pid)
-    with Neighbours(engine) as neighbours:
+    with Neighbours(engine, b"a" * (8 << 10)) as neighbours:
         still, ended = asyncio.run(
             open_streams(engine.ts_grpc, count, count - engine_ts_grpc.MAX_OPEN_STREAMS * 3 // 4)
         )
