@@ -78,9 +78,21 @@ class Server:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> List[int]:
+    """``count`` different ports free on 127.0.0.1 now: each held open until all are picked, so that no
+    two are the same (a port picked and closed at once could be handed out again by the next pick)."""
+    held = []
+    try:
+        for _ in range(count):
+            held.append(socket.socket())
+            held[-1].bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in held]
+    finally:
+        for sock in held:
+            sock.close()
 
 
 def torchserve_command(python: Optional[str] = None) -> List[str]:
@@ -239,7 +251,8 @@ def _launch(
     """Start TorchServe once on free 127.0.0.1 ports and wait for it."""
     for old in (home / "logs").glob("*.log"):
         old.unlink()
-    ports = {name: free_port() for name in ("inference", "management", "metrics", "grpc_i", "grpc_m")}
+    names = ("inference", "management", "metrics", "grpc_i", "grpc_m")
+    ports = dict(zip(names, free_ports(len(names))))
     run_env = dict(os.environ)
     run_env.update(
         {

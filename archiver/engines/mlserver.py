@@ -87,7 +87,7 @@ class MLServerRuntime(TsctlRuntime):
         run_env.update(env or {})
 
         def launch() -> "Server":
-            http, grpc, metrics = servers.free_port(), servers.free_port(), servers.free_port()
+            http, grpc, metrics = servers.free_ports(3)
             settings = mlserver.server_settings("127.0.0.1", http, grpc, metrics)
             (folder / mlserver.SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
             process = servers.spawn(mlserver.command(python, folder), home, run_env, MLSERVER_OUT)

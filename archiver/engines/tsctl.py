@@ -96,7 +96,7 @@ class TsctlRuntime(Runtime):
         run_env.update(run.env or {})
 
         def launch() -> "Server":
-            http, grpc, management, ts_inference, ts_management = (servers.free_port() for _ in range(5))
+            http, grpc, management, ts_inference, ts_management = servers.free_ports(5)
             command = [run.python or sys.executable, *arguments, "--http_port", str(http), "--grpc_port", str(grpc),
                        "--management_port", str(management), "--metrics_port", str(http)]  # fmt: skip
             for api, port in (("inference", ts_inference), ("management", ts_management)):  # TorchServe's gRPC

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from archiver import server
+from archiver.server import free_port, free_ports  # noqa: F401 - free_port: the tests' import of it
 from helpers import waiting
 from helpers.paths import ROOT, short_tmp
 
@@ -30,12 +31,6 @@ def write_config(path: Path, models: dict, extra: str = "") -> Path:
     return path
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Engine:
     """``python -m serving.engine`` on free ports, detached; ``stop()`` ends its process group. ``config``:
     root/config/config.properties by default; a root without that file is served without a config (every
@@ -44,8 +39,7 @@ class Engine:
     def __init__(self, root: Path, *extra: str, config: Path = None, timeout: float = 240, preexec_fn=None,
                  env: dict = None):  # fmt: skip
         self.home = short_tmp("engine-")
-        self.http, self.grpc = free_port(), free_port()
-        self.ts_grpc, self.ts_grpc_management = free_port(), free_port()  # TorchServe's own gRPC APIs
+        self.http, self.grpc, self.ts_grpc, self.ts_grpc_management = free_ports(4)  # the last two TorchServe's gRPC
         self.url = f"http://127.0.0.1:{self.http}"
         self.out = self.home / "engine.out"
         default = root / "config" / "config.properties"

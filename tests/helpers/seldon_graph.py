@@ -9,7 +9,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -21,17 +20,12 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from archiver.server import free_ports
 from helpers import waiting
 from helpers.paths import ROOT
 from helpers.processes import kill, session_members
 
 MOUNT = "/var/models"  # archiver/export/seldon_core1.py: where each container sees the claim
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(url: str, body: bytes, headers: Optional[Dict[str, str]] = None, timeout: float = 120) -> Tuple[int, bytes]:
@@ -129,7 +123,7 @@ def start_unit(name: str, env: Dict[str, str], parameters: List[dict], python: P
     $SERVICE_TYPE``), on a free port, its log LOGS/NAME.log; ``join``: run in the child before it starts (a memory
     cgroup's ``MemoryLimit.join``). Not waited for."""
     env = dict(env, PREDICTIVE_UNIT_PARAMETERS=json.dumps(parameters))
-    port, metrics = free_port(), free_port()
+    port, metrics = free_ports(2)
     binary = Path(python).parent / "seldon-core-microservice"
     command = [str(binary), env["MODEL_NAME"], "--service-type", env["SERVICE_TYPE"], "--http-port", str(port),
                "--metrics-port", str(metrics)]  # fmt: skip

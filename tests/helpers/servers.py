@@ -24,12 +24,12 @@ class Transformer:
         import os
         import subprocess
 
-        port = server.free_port()
+        port, grpc = server.free_ports(2)
         self.home = short_tmp("tr-")
         self.log = self.home / "transformer.log"
         command = [sys.executable, "-m", "serving.kserve_transformer", "--model_name", model]
         command += ["--archive", str(archive), "--predictor_host", predictor_host, "--predictor_protocol", protocol]
-        command += ["--http_port", str(port), "--grpc_port", str(server.free_port()), "--enable_grpc", "false", *extra]
+        command += ["--http_port", str(port), "--grpc_port", str(grpc), "--enable_grpc", "false", *extra]
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(
                 command,
