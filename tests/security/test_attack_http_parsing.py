@@ -14,14 +14,20 @@ makes of a few bytes before any bound of body_limit.py sees a request.
 
 One engine in a memory cgroup of its own; its peak resident memory measured (VmHWM), its workers'
 pids checked before and after, a neighbour's request answered after each attack.
+
+3. One client's connections: at most ``max_connections()`` at once (from the open-file limit), a client
+   its share of them (``body_limit.CLIENT_SHARE``), past it 503 as the connection opens (an engine of
+   its own with 256 open files).
 """
 
+import resource
 import socket
 import time
 
 import pytest
 
 from helpers.cgroups import peak_rss, reset_peak
+from helpers.engine import Engine, received
 from helpers.engine_limits import engine_in_cgroup, limits_tree
 from serving.engine_http import MAX_HEADERS, MAX_PIPELINED
 
@@ -106,3 +112,60 @@ def test_pipelined_requests_are_not_parsed_ahead_of_their_answers(engine):
     assert status == 200 and [w["pid"] for w in engine.workers("other")] == workers
     assert grown < 64 << 20, f"+{grown >> 20} MiB for 20 connections' pipelined requests"
     assert answered <= MAX_PIPELINED + 1
+
+
+OPEN_FILES = 256  # the engine's open-file limit in the next test: max_connections() is 128, a share 32
+
+
+@pytest.fixture(scope="module")
+def few_files(tmp_path_factory):
+    """An engine whose open-file limit is OPEN_FILES (its connections bound with it)."""
+    root = tmp_path_factory.mktemp("few-files")
+    limits_tree(root, {"other": 1})
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (OPEN_FILES, OPEN_FILES))
+
+    running = Engine(root, "--max_inflight_bytes", str(BOUND), preexec_fn=limited).wait_ready()
+    try:
+        yield running
+    finally:
+        assert running.stop() == 0
+
+
+def test_one_client_holding_connections_leaves_the_others_theirs(few_files):
+    """One client (127.0.0.2) opens more connections than the engine serves, each a head begun and never
+    finished: past its share, while a quarter stays free, each is answered 503 as it opens and closed;
+    another client (127.0.0.1) still connects and is answered, and its own connections are never refused."""
+    engine, limit = few_files, max(16, OPEN_FILES - 128)  # engine_http.max_connections() in the engine
+    workers = [w["pid"] for w in engine.workers("other")]
+    held, refused = [], 0
+    try:
+        for _ in range(limit + 40):
+            sock = socket.create_connection(("127.0.0.1", engine.http), timeout=10, source_address=("127.0.0.2", 0))
+            sock.sendall(b"GET /ping HTTP/1.1\r\n")  # a head begun: the connection stays until HEAD_TIMEOUT
+            held.append(sock)
+        time.sleep(1)
+        for sock in held:
+            sock.setblocking(False)
+            try:
+                answer = sock.recv(4096)
+            except BlockingIOError:
+                continue
+            assert answer.startswith(b"HTTP/1.1 503") and b"too many connections" in answer, answer[:300]
+            refused += 1
+        mine = [connect(engine) for _ in range(limit // 4)]  # the other client's share, all at once
+        try:
+            for sock in mine:
+                sock.sendall(PING)
+            answers = [received(sock, b"}") for sock in mine]
+        finally:
+            for sock in mine:
+                sock.close()
+    finally:
+        for sock in held:
+            sock.close()
+    print(f"{limit + 40} connections from one client: {refused} refused; the other's {len(mine)} all answered")
+    assert refused == limit + 40 - (limit - limit // 4), refused  # it kept three quarters of them
+    assert all(answer.startswith(b"HTTP/1.1 200") for answer in answers), [a[:60] for a in answers]
+    assert [w["pid"] for w in engine.workers("other")] == workers
