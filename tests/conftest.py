@@ -10,6 +10,11 @@ import pytest
 from helpers import checkout_state
 from samples import image_model
 
+# The TorchServe frontends the tests start (each serves for seconds): the JVM's first compiler only and its
+# serial collector. Starting one takes about a third less CPU (3.2 s against 1.9 s alone); the answers are
+# the same. A JAVA_TOOL_OPTIONS of your own is kept.
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+
 # The slowest test files, slowest first (measured: docs/tests.md). make test runs files in two processes
 # (pytest-xdist --dist loadfile --no-loadscope-reorder), each taking the next file in this order when it is
 # free: the long ones start first and short ones fill the end, so neither process waits long for the other
@@ -17,27 +22,29 @@ from samples import image_model
 # The order changes nothing but the time.
 SLOWEST_FIRST = [
     "conformance/test_conformance.py",
-    "conformance/test_kserve_wrapper.py",
     "cli/test_readme.py",
+    "conformance/test_v2_binary.py",
     "engine/test_gpu_placement.py",
+    "conformance/test_kserve_wrapper.py",
+    "security/test_attack_archives.py",
+    "conformance/test_text_parity.py",
+    "engine/test_local_model.py",
+    "conformance/test_kserve_serving.py",
+    "engine/test_engine.py",
+    "security/test_hostile_served.py",
+    "security/test_signing.py",
+    "conformance/test_torchserve_compat.py",
+    "toolkit/test_text.py",
+    "cli/test_init.py",
+    "engine/test_serving.py",
+    "cli/test_serving_cli.py",
+    "security/test_attack_engine.py",
+    "security/test_hostile.py",
+    "export/test_kserve_export.py",
+    "toolkit/test_gpu_paths.py",
+    "toolkit/test_onnx.py",
     "security/test_reading_safety.py",
     "security/test_attack_fork_server.py",
-    "security/test_hostile.py",
-    "conformance/test_v2_binary.py",
-    "cli/test_init.py",
-    "engine/test_local_model.py",
-    "security/test_hostile_served.py",
-    "engine/test_engine.py",
-    "conformance/test_kserve_serving.py",
-    "conformance/test_text_parity.py",
-    "toolkit/test_text.py",
-    "security/test_attack_archives.py",
-    "conformance/test_torchserve_compat.py",
-    "security/test_signing.py",
-    "export/test_kserve_export.py",
-    "conformance/test_token_parity.py",
-    "toolkit/test_harness.py",
-    "engine/test_fork_server.py",
 ]
 
 
