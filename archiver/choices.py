@@ -6,6 +6,7 @@ its option declarations need up front live here.
 """
 
 ARCHIVE_FORMATS = {"default": ".mar", "zip-store": ".mar", "tgz": ".tar.gz", "no-archive": ""}  # -> suffix
+ARCHIVE_RUNTIMES = ("python", "python3", "LSP")  # tsctl package --runtime: torch-model-archiver's (LSP refused)
 KSERVE_PROTOCOLS = ("v1", "v2")  # tsctl export kserve --protocol
 AUTOSCALE_MODES = ("knative", "keda", "hpa")  # tsctl export kserve --autoscale
 SIMULATED_TRACES = ("ramp", "spike", "diurnal")  # tsctl simulate --trace (archiver/autoscale_sim.py's TRACES)

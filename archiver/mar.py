@@ -65,6 +65,7 @@ class PackageOptions:
     config_file: Optional[str] = None
     export_path: str = "model-store"
     archive_format: str = "default"
+    runtime: str = "python"  # the manifest's; LSP (TorchServe's C++ backend) is refused
     force: bool = False
     follow_symlinks: bool = False
     sign_key: Optional[str] = None  # a PEM private key: MAR-INF/model.sig over every file (handlers/signing.py)
@@ -134,6 +135,9 @@ def shown_name(name) -> str:
 def plan(options: PackageOptions) -> Plan:
     """The archive's entries (name inside -> file on disk) and its manifest, after validation."""
     name = options.model_name
+    if options.runtime == "LSP":
+        raise UserError("--runtime LSP is TorchServe's C++ backend, which tsctl neither packages nor serves: "
+                        "give --runtime python, or package the archive with torch-model-archiver")  # fmt: skip
     if not MODEL_NAME.match(name or ""):
         raise UserError(
             f"invalid --model-name {shown_name(name)}: use up to 128 letters, digits, '_', '-' and '.', starting with "
@@ -205,7 +209,7 @@ def plan(options: PackageOptions) -> Plan:
 
     manifest = {
         "createdOn": time.strftime("%d/%m/%Y %H:%M:%S", time.gmtime(build_time(inputs.entries))),
-        "runtime": "python",
+        "runtime": options.runtime,
         "model": model,
         "archiverVersion": ARCHIVER_VERSION,
     }

@@ -41,7 +41,7 @@ def init(name, start, as_json):
 
 @click.command(cls=Command)
 @click.option("--model-name", required=True, help="Model name (the URL path /predictions/NAME).")
-@click.option("--version", "version", default="1.0", show_default=True, help="Model version.")
+@click.option("-v", "--version", "version", default="1.0", show_default=True, help="Model version.")
 @click.option(
     "--serialized-file",
     help="Weights: state_dict .pt/.pth, TorchScript, .pt2, .safetensors, .onnx, or a Hugging Face model directory.",
@@ -53,8 +53,15 @@ def init(name, start, as_json):
     help="A toolkit handler or your handler .py file. " + handler_list(catalogue.HANDLERS),
 )
 @click.option("--extra-files", default="", help="Comma-separated files or directories to add.")
-@click.option("--requirements-file", help="requirements.txt installed per model by TorchServe.")
-@click.option("--config-file", help="model-config.yaml (workers, batching, handler: settings).")
+@click.option("-r", "--requirements-file", help="requirements.txt installed per model by TorchServe.")
+@click.option("-c", "--config-file", help="model-config.yaml (workers, batching, handler: settings).")
+@click.option(
+    "--runtime",
+    type=click.Choice(list(choices.ARCHIVE_RUNTIMES)),
+    default="python",
+    show_default=True,
+    help="The manifest's runtime, as torch-model-archiver writes it (python and python3 are the same).",
+)
 @click.option("--export-path", default="model-store", show_default=True, help="Directory to write the archive to.")
 @click.option(
     "--archive-format",
