@@ -33,9 +33,18 @@ from serving import ts_protos as pb
 GROUP_LIMIT = 2 << 30  # the engine's cgroup, workers included
 BOUND = 128 << 20  # --max_inflight_bytes
 NEIGHBOUR = "127.0.0.2"  # another client to the engine
-STREAM = b"stream 30 1048576 0"  # 30 parts, 50 MiB ("%d" % part repeated: parts 10-29 are 2 MiB)
-STREAM_BYTES = 10 * (1 << 20) + 20 * (2 << 20)
 INFERENCE = f"/{pb.INFERENCE_SERVICE}"
+STREAM = b"stream 30 1048576 0"  # 30 parts, 50 MiB ("%d" % part repeated: parts 10-29 are 2 MiB)
+# The stream a client that reads asks for: 30 MiB, within its share of the budget (32 MiB) however slowly it
+# reads (a handler sends all at once; a reader that falls more than its share behind may be cut: on a busy
+# machine a 50 MiB stream's reader was, 9 MiB in)
+READ = b"stream 20 1048576 0"
+
+
+def stream_bytes(request: bytes) -> int:
+    """The bytes of the answer to ``stream N 1048576 0``: parts 0-9 are 1 MiB, the others 2 MiB."""
+    parts = int(request.split()[1])
+    return min(parts, 10) * (1 << 20) + max(parts - 10, 0) * (2 << 20)
 
 
 @pytest.fixture(scope="module")
@@ -103,14 +112,14 @@ class Neighbours:
         assert all(status == 200 for status in self.statuses), (self.counts(), self.statuses[:10])
 
 
-def unread_stream(port: int) -> socket.socket:
+def unread_stream(port: int, request: bytes = STREAM) -> socket.socket:
     """A client that asks ``slow`` for a streamed answer and reads nothing (a 4 KiB receive buffer)."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.settimeout(60)
     sock.connect(("127.0.0.1", port))
     head = b"POST /predictions/slow HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n"
-    sock.sendall(head % len(STREAM) + STREAM)
+    sock.sendall(head % len(request) + request)
     return sock
 
 
@@ -123,21 +132,26 @@ def read_late(sock: socket.socket) -> streams.Streamed:
     return answer
 
 
-def test_streamed_answers_nobody_reads_are_cut_within_the_budget(engine):
+@pytest.mark.parametrize("clients, grpc_calls, request_", [
+    (16, 4, STREAM),
+    pytest.param(60, 0, b"stream 60 1048576 0", marks=pytest.mark.matrix, id="issue"),  # the issue's 60 x 60 parts
+])  # fmt: skip
+def test_streamed_answers_nobody_reads_are_cut_within_the_budget(engine, clients, grpc_calls, request_):
     """16 HTTP clients and 4 StreamPredictions calls ask for 50 MiB streams and read nothing: unfixed the
     engine held every part (about 1 GB here; 3.2 GB and OOM-killed in the issue), now at most the budget
-    and a part or two each; their streams are cut, a client that reads gets its stream whole."""
+    and a part or two each; their streams are cut, a client that reads gets its stream whole (30 MiB:
+    within its share). ``make matrix``: the issue's scale, 60 clients asking for 60 parts each (110 MiB)."""
     before = pids(engine)
     base = reset_peak(engine.process.pid)
     socks, calls = [], []
     with grpc.insecure_channel(f"127.0.0.1:{engine.ts_grpc}") as channel, Neighbours(engine) as neighbours:
         stream = channel.unary_stream(f"{INFERENCE}/StreamPredictions", response_deserializer=None)
-        request = pb.PredictionsRequest(model_name="slow", input={"data": STREAM}).SerializeToString()
+        request = pb.PredictionsRequest(model_name="slow", input={"data": request_}).SerializeToString()
         try:
-            for _ in range(16):
-                socks.append(unread_stream(engine.http))
-            calls = [stream(request, timeout=120) for _ in range(4)]
-            reader = streams.post(engine.http, "/predictions/slow", STREAM, timeout=120, source=NEIGHBOUR)
+            for _ in range(clients):
+                socks.append(unread_stream(engine.http, request_))
+            calls = [stream(request, timeout=120) for _ in range(grpc_calls)]
+            reader = streams.post(engine.http, "/predictions/slow", READ, timeout=180, source=NEIGHBOUR)
             time.sleep(2)
             grown = peak_rss(engine.process.pid) - base
             answers = [read_late(sock) for sock in socks]
@@ -154,25 +168,29 @@ def test_streamed_answers_nobody_reads_are_cut_within_the_budget(engine):
             for sock in socks:
                 sock.close()
     cut = sum(1 for answer in answers if not answer.complete)
-    print(f"16 unread HTTP streams and 4 gRPC, 50 MiB each: engine peak +{grown:,} (budget {BOUND:,}); "
-          f"{cut} HTTP and {len(grpc_errors)} gRPC streams cut; {neighbours.counts()}")  # fmt: skip
-    assert reader.complete and len(reader.body) == STREAM_BYTES, (reader.status, len(reader.body))
+    print(f"{clients} unread HTTP streams and {len(calls)} gRPC, {stream_bytes(request_) >> 20} MiB each: engine "
+          f"peak +{grown:,} (budget {BOUND:,}); {cut} HTTP and {len(grpc_errors)} gRPC streams cut; "
+          f"{neighbours.counts()}")  # fmt: skip
+    assert reader.complete and len(reader.body) == stream_bytes(READ), (reader.status, len(reader.body))
     assert grown < 2 * BOUND, grown
-    assert cut >= 8 and all(answer.status == 200 for answer in answers), [(a.status, a.complete) for a in answers]
+    statuses = [(answer.status, answer.complete) for answer in answers]
+    assert cut >= clients // 2 and all(answer.status == 200 for answer in answers), statuses
     assert all(code == grpc.StatusCode.UNAVAILABLE for code in grpc_errors), grpc_errors
     neighbours.check()
     assert pids(engine) == before
 
 
-def test_one_clients_half_sent_uploads_do_not_refuse_the_others(engine):
+@pytest.mark.parametrize("uploads", [300, pytest.param(970, marks=pytest.mark.matrix, id="issue")])
+def test_one_clients_half_sent_uploads_do_not_refuse_the_others(engine, uploads):
     """300 connections of one client, each 1 MiB of a 2 MiB body (300 MiB against a budget of 128): it
-    gets 503 past its share; the neighbours' 48 KiB requests (another address) are all answered."""
+    gets 503 past its share; the neighbours' 48 KiB requests (another address) are all answered. ``make
+    matrix``: the issue's 970 (some refused as they open: the client's share of connections)."""
     before = pids(engine)
     head = b"POST /predictions/other HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n"
     socks, refused = [], 0
     started = time.monotonic()
     try:
-        for _ in range(300):
+        for _ in range(uploads):
             sock = socket.create_connection(("127.0.0.1", engine.http), timeout=30)
             sock.settimeout(2)  # a refused upload is not read on: its sender gives up
             socks.append(sock)
@@ -192,7 +210,7 @@ def test_one_clients_half_sent_uploads_do_not_refuse_the_others(engine):
     finally:
         for sock in socks:
             sock.close()
-    print(f"300 half-sent 2 MiB uploads from one client ({took:.1f} s): {refused} refused; {neighbours.counts()}")
+    print(f"{uploads} half-sent 2 MiB uploads from one client ({took:.1f} s): {refused} refused; {neighbours.counts()}")
     assert refused > 0
     neighbours.check()
     assert pids(engine) == before
