@@ -46,7 +46,7 @@ from handlers.v2_binary import encode_tensor, header_length
 from handlers.v2_tensors import HEADER, NUMERIC
 
 from .body_limit import client_of, too_large_message
-from .grpc_reading import Counted, server_options
+from .grpc_reading import Counted, refusal, server_options
 from .protobuf_wire import wire_fields
 from .token_auth import INFERENCE, MESSAGE
 from .ts_wire import Request, Response
@@ -313,11 +313,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
             header = header.decode("latin-1")
         if self.tokens.check(INFERENCE, header):
             return await continuation(details)
-        return grpc.unary_unary_rpc_method_handler(denied)
-
-
-async def denied(request, context):
-    await context.abort(grpc.StatusCode.PERMISSION_DENIED, MESSAGE)
+        return refusal(grpc.StatusCode.PERMISSION_DENIED, MESSAGE)  # its message never read
 
 
 async def start_grpc(engine, host: str, port: int):

@@ -62,7 +62,7 @@ from . import engine_management as management_api
 from . import ts_protos as pb
 from .body_limit import Budget, client_of, management_body_limit
 from .engine_management import model_url
-from .grpc_reading import Counted, server_options
+from .grpc_reading import Counted, refusal, server_options
 from .protobuf_wire import wire_fields
 from .ts_wire import Request, Response
 
@@ -489,12 +489,8 @@ class Authorization(grpc.aio.ServerInterceptor):
         if authorize is not None:
             token = dict(details.invocation_metadata or ()).get("authorization")
             if not authorize(self.api, token):
-                return grpc.unary_unary_rpc_method_handler(denied)
+                return refusal(grpc.StatusCode.PERMISSION_DENIED, TOKEN_DENIED)  # its message never read
         return await continuation(details)
-
-
-async def denied(request, context):
-    await context.abort(grpc.StatusCode.PERMISSION_DENIED, TOKEN_DENIED)
 
 
 def addresses(frontend, args) -> dict:

@@ -30,6 +30,16 @@ from .body_limit import InFlight, client_of
 OPTIONS = [("grpc.http2.bdp_probe", 0)]  # a stream's window stays 64 KiB until its message is asked for
 
 
+def refusal(code: grpc.StatusCode, details: str) -> grpc.RpcMethodHandler:
+    """A handler ending the call with ``code`` before a byte of its message is read (an interceptor's
+    answer, a call without its key: a unary handler would run only once gRPC had the message whole)."""
+
+    async def refuse(requests, context):
+        await context.abort(code, details)
+
+    return grpc.stream_unary_rpc_method_handler(refuse)
+
+
 def server_options(max_message: int) -> list:
     """The options of a gRPC server whose messages are read through ``Counted``."""
     return [("grpc.max_receive_message_length", max_message)] + OPTIONS

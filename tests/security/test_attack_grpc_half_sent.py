@@ -84,3 +84,44 @@ def neighbour_predicts(engine) -> bytes:
                                    response_deserializer=pb.PredictionResponse.FromString)  # fmt: skip
         answer = call(pb.PredictionsRequest(model_name="other", input={"data": b"echo"}), timeout=30)
     return json.loads(answer.prediction)["echo"][0].encode()
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory):
+    """The same engine with token authorization on (TorchServe 0.12's default)."""
+    root = tmp_path_factory.mktemp("half-sent-token")
+    limits_tree(root, {"other": 1})
+    config = root / "config" / "config.properties"
+    text = config.read_text()
+    config.write_text(text.replace("disable_token_authorization=true", "disable_token_authorization=false"))
+    with engine_in_cgroup(root, GROUP_LIMIT, "--max_inflight_bytes", str(BOUND)) as running:
+        yield running
+
+
+@pytest.mark.parametrize("method", ["Predictions", "ModelInfer"])
+def test_half_sent_messages_without_the_key_are_refused_unread(guarded, method):
+    """A call without the inference key is refused before its message is read: the token check answered
+    with a unary handler, which gRPC calls only once the message is whole, so a client holding no key
+    held 8 x 50 MiB in the engine."""
+    port, path = {
+        "Predictions": (guarded.ts_grpc, f"/{pb.INFERENCE_SERVICE}/Predictions"),
+        "ModelInfer": (guarded.grpc, "/inference.GRPCInferenceService/ModelInfer"),
+    }[method]
+    workers = [w["pid"] for w in guarded.workers("other")]
+    before = usage(guarded)
+    attack = HalfSent(port, path, CALLS, DECLARED, SENT, source="127.0.0.2")
+    try:
+        attack.pump(20)
+        time.sleep(1)
+        grown = usage(guarded) - before
+        refused = len(attack.reset)
+        status, _ = guarded.post("/predictions/other", b"echo", timeout=30)
+    finally:
+        attack.close()
+    print(f"{method} without the key: {CALLS} half-sent calls, {refused} refused, engine +{grown >> 20} MiB")
+    with pytest.raises(grpc.RpcError) as denied:  # a whole call without the key: TorchServe's answer
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            channel.unary_unary(path)(b"", timeout=30)
+    assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED, denied.value
+    assert status == 200 and guarded.alive() and [w["pid"] for w in guarded.workers("other")] == workers
+    assert refused == CALLS and grown < SLACK, (refused, grown >> 20)
