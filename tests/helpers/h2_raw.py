@@ -35,9 +35,11 @@ def headers(pairs) -> bytes:
 class HalfSent:
     """One HTTP/2 connection from ``source`` opening ``count`` gRPC calls to ``path``, each a message
     announcing ``declared`` bytes of which ``sent`` are sent (as fast as the server's windows allow),
-    then nothing more: the calls stay open until ``close()``."""
+    then nothing more: the calls stay open until ``close()``. ``metadata``: more headers of each call
+    (``authorization``)."""
 
-    def __init__(self, port: int, path: str, count: int, declared: int, sent: int, source: str = "127.0.0.1"):
+    def __init__(self, port: int, path: str, count: int, declared: int, sent: int, source: str = "127.0.0.1",
+                 metadata: tuple = ()):  # fmt: skip
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
         self.sock.setblocking(False)
         self.path, self.port, self.inbox = path, port, b""
@@ -48,7 +50,7 @@ class HalfSent:
         for index in range(count):
             stream = 2 * index + 1
             pairs = [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", f"127.0.0.1:{port}"),
-                     ("content-type", "application/grpc"), ("te", "trailers")]  # fmt: skip
+                     ("content-type", "application/grpc"), ("te", "trailers"), *metadata]  # fmt: skip
             self.send_all(frame(HEADERS, END_HEADERS, stream, headers(pairs)))
             self.stream_window[stream] = self.initial
             self.left[stream] = memoryview(b"\x00" + struct.pack(">I", declared) + bytes(sent))

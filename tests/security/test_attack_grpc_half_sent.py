@@ -13,6 +13,9 @@ client's share of the bodies in flight before each is asked for, and gRPC's band
 stream not read yet holds 64 KiB). ``max_request_size`` being half the budget here, a read takes the
 client's share (32 MiB): 3 calls of the 8 read (while a quarter stays free), 5 end UNAVAILABLE, the
 engine grows by what the 3 hold, and another client's calls are answered.
+
+The engine has token authorization on: a call without the key is refused before its message is read
+(``grpc_reading.refusal``; the token check's unary handler read it whole first: +403 MiB for 8 calls).
 """
 
 import json
@@ -36,10 +39,20 @@ SLACK = 128 << 20  # what the engine may grow by beside its bodies in flight (gR
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
+    """The engine with token authorization on (TorchServe 0.12's default): the calls with the key read
+    their messages, those without are refused."""
     root = tmp_path_factory.mktemp("half-sent")
     limits_tree(root, {"other": 1})
+    config = root / "config" / "config.properties"
+    text = config.read_text()
+    config.write_text(text.replace("disable_token_authorization=true", "disable_token_authorization=false"))
     with engine_in_cgroup(root, GROUP_LIMIT, "--max_inflight_bytes", str(BOUND)) as running:
         yield running
+
+
+def key(engine) -> tuple:
+    """The inference key as a call's metadata."""
+    return (("authorization", engine.headers("inference")["Authorization"]),)
 
 
 def usage(engine) -> int:
@@ -56,7 +69,7 @@ def test_half_sent_grpc_messages_stay_within_the_bodies_in_flight(engine, method
     }[method]
     workers = [w["pid"] for w in engine.workers("other")]
     before = usage(engine)
-    attack = HalfSent(port, path, CALLS, DECLARED, SENT, source="127.0.0.2")
+    attack = HalfSent(port, path, CALLS, DECLARED, SENT, source="127.0.0.2", metadata=key(engine))
     try:
         attack.pump(20)
         time.sleep(1)
@@ -82,40 +95,29 @@ def neighbour_predicts(engine) -> bytes:
         call = channel.unary_unary(f"/{pb.INFERENCE_SERVICE}/Predictions",
                                    request_serializer=pb.PredictionsRequest.SerializeToString,
                                    response_deserializer=pb.PredictionResponse.FromString)  # fmt: skip
-        answer = call(pb.PredictionsRequest(model_name="other", input={"data": b"echo"}), timeout=30)
+        answer = call(pb.PredictionsRequest(model_name="other", input={"data": b"echo"}), timeout=30,
+                      metadata=key(engine))  # fmt: skip
     return json.loads(answer.prediction)["echo"][0].encode()
 
 
-@pytest.fixture(scope="module")
-def guarded(tmp_path_factory):
-    """The same engine with token authorization on (TorchServe 0.12's default)."""
-    root = tmp_path_factory.mktemp("half-sent-token")
-    limits_tree(root, {"other": 1})
-    config = root / "config" / "config.properties"
-    text = config.read_text()
-    config.write_text(text.replace("disable_token_authorization=true", "disable_token_authorization=false"))
-    with engine_in_cgroup(root, GROUP_LIMIT, "--max_inflight_bytes", str(BOUND)) as running:
-        yield running
-
-
 @pytest.mark.parametrize("method", ["Predictions", "ModelInfer"])
-def test_half_sent_messages_without_the_key_are_refused_unread(guarded, method):
+def test_half_sent_messages_without_the_key_are_refused_unread(engine, method):
     """A call without the inference key is refused before its message is read: the token check answered
     with a unary handler, which gRPC calls only once the message is whole, so a client holding no key
     held 8 x 50 MiB in the engine."""
     port, path = {
-        "Predictions": (guarded.ts_grpc, f"/{pb.INFERENCE_SERVICE}/Predictions"),
-        "ModelInfer": (guarded.grpc, "/inference.GRPCInferenceService/ModelInfer"),
+        "Predictions": (engine.ts_grpc, f"/{pb.INFERENCE_SERVICE}/Predictions"),
+        "ModelInfer": (engine.grpc, "/inference.GRPCInferenceService/ModelInfer"),
     }[method]
-    workers = [w["pid"] for w in guarded.workers("other")]
-    before = usage(guarded)
+    workers = [w["pid"] for w in engine.workers("other")]
+    before = usage(engine)
     attack = HalfSent(port, path, CALLS, DECLARED, SENT, source="127.0.0.2")
     try:
         attack.pump(20)
         time.sleep(1)
-        grown = usage(guarded) - before
+        grown = usage(engine) - before
         refused = len(attack.reset)
-        status, _ = guarded.post("/predictions/other", b"echo", timeout=30)
+        status, _ = engine.post("/predictions/other", b"echo", timeout=30)
     finally:
         attack.close()
     print(f"{method} without the key: {CALLS} half-sent calls, {refused} refused, engine +{grown >> 20} MiB")
@@ -123,5 +125,5 @@ def test_half_sent_messages_without_the_key_are_refused_unread(guarded, method):
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             channel.unary_unary(path)(b"", timeout=30)
     assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED, denied.value
-    assert status == 200 and guarded.alive() and [w["pid"] for w in guarded.workers("other")] == workers
+    assert status == 200 and engine.alive() and [w["pid"] for w in engine.workers("other")] == workers
     assert refused == CALLS and grown < SLACK, (refused, grown >> 20)
