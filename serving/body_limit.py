@@ -31,6 +31,10 @@
   than the worker sends them count in flight (and in that client's share); a part that would pass
   either while parts already wait ends that client's stream there (``max_response_size`` bounds each
   stream's parts together, ``ts_wire.Stream.reply``).
+- **gRPC messages while they arrive** (``READS_SHARE``, ``reads_budget``, ``READ_TIMEOUTS``): each read of a
+  gRPC message reserves the most it can be (or a client's share) from a budget of its own, half of
+  --max_inflight_bytes; a unary call's message must arrive whole within twice --body_idle_timeout (60 s;
+  DEADLINE_EXCEEDED after it) (serving/grpc_reading.py).
 - **--body_idle_timeout** (``BODY_IDLE_TIMEOUT``): seconds a body may pause while it arrives before
   its request ends with 408 (``BodyLimit``); once the body is whole, only the model's
   ``responseTimeout`` bounds the answer. The engine's HTTP server gives up on a client that reads
@@ -57,6 +61,8 @@ BODY_IDLE_TIMEOUT = 30.0  # s without a byte of a request's body while it arrive
 MAX_MANAGEMENT_BODY = 64 << 10  # bytes: one management call's body (a register's parameters)
 MANAGEMENT_BODY = "a management call's body: its parameters, a few short values"  # the limit, in messages
 CLIENT_SHARE = 4  # a client above 1/CLIENT_SHARE of a budget may take more while 1/CLIENT_SHARE stays free
+READS_SHARE = 2  # gRPC messages being read reserve from a budget of their own: --max_inflight_bytes / READS_SHARE
+READ_TIMEOUTS = 2  # a unary gRPC call's message arrives whole within READ_TIMEOUTS x --body_idle_timeout (60 s)
 
 
 def management_body_limit(max_request_size: int) -> int:
@@ -169,6 +175,13 @@ def max_inflight_bytes(max_request_size: int, configured: Optional[int] = None) 
     if limit // 4 < max_request_size:
         return max_request_size, f"one body of max_request_size: a quarter of {source}, {limit:,} bytes, is less"
     return limit // 4, f"a quarter of {source}, {limit:,} bytes"
+
+
+def reads_budget(max_inflight_bytes: int) -> "Budget":
+    """What the gRPC messages being read may reserve together (serving/grpc_reading.py), a client its share
+    of it: ``--max_inflight_bytes / READS_SHARE``, apart from the bodies in flight (REST's bodies are
+    never refused because gRPC calls wait for messages that do not come)."""
+    return Budget(max(1, max_inflight_bytes // READS_SHARE))
 
 
 def client_of(peer) -> str:

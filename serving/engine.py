@@ -61,7 +61,7 @@ from handlers.archives import ArchiveError
 from handlers.errors import frontend_error, with_kserve_error
 
 from . import engine_http, engine_stream, listeners, sockets, ts_config
-from .body_limit import BODY_IDLE_TIMEOUT, BodyLimit, InFlight, max_inflight_bytes
+from .body_limit import BODY_IDLE_TIMEOUT, BodyLimit, InFlight, max_inflight_bytes, reads_budget
 from .engine_management import NOT_ALLOWED, NOT_FOUND, management_routes, ts_error, ts_json
 from .engine_metrics import Metrics
 from .engine_versions import ModelVersions
@@ -87,6 +87,7 @@ class Engine(ModelVersions):
         bound, why = max_inflight_bytes(frontend.max_request_size, frontend.max_inflight_bytes)
         logger.info("bodies in flight: at most %s bytes (%s)", f"{bound:,}", why)
         self.inflight = InFlight(bound)  # REST's and gRPC's bodies together
+        self.grpc_reads = reads_budget(bound)  # gRPC messages while they arrive (serving/grpc_reading.py)
         self.changing = asyncio.Lock()  # management calls that change state, one at a time
         self.tokens: Optional[Tokens] = None  # made when it serves (``serve``), as TorchServe makes its keys
         try:
