@@ -9,7 +9,7 @@ workers like any request. The conversion runs in a thread, off the event loop.
 Bounds, in the order a call meets them (one design: the message is counted before it is parsed):
 
 - Every method reads its message itself, ``max_request_size`` (or the client's share, when less)
-  counted in the client's share of the bodies in flight while it arrives (serving/grpc_reading.py):
+  counted in the client's share of the reads' budget while it arrives (serving/grpc_reading.py):
   a message begun and never finished holds no more than that, and one past the bound is never asked for.
 - ``ModelInfer`` is registered to receive the message's bytes unparsed (``start_grpc``): they count
   against the engine's bodies in flight (``body_limit.InFlight``, REST's counter) as the call

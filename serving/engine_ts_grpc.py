@@ -40,7 +40,7 @@ TorchServe's message: serving/token_auth.py).
 Bounds: a message above ``max_request_size`` (on the management API, ``body_limit.management_body_limit``:
 64 KiB) is refused by gRPC itself before it is parsed (RESOURCE_EXHAUSTED, as TorchServe's
 ``maxInboundMessageSize``); each message is read by the method itself, that size (or the client's share,
-when less) counted in the client's share of the bodies in flight while it arrives (serving/grpc_reading.py:
+when less) counted in the client's share of the reads' budget while it arrives (serving/grpc_reading.py:
 a ``StreamPredictions2`` call waiting for its next request holds it too); each message is counted against
 the engine's bodies in flight before it is parsed (REST's and KServe gRPC's counter: UNAVAILABLE above it), and at most
 ``MAX_INPUTS`` entries (INVALID_ARGUMENT). A streamed answer's parts held for its client count in flight
