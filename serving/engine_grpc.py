@@ -45,8 +45,8 @@ from handlers.json_body import numpy, to_json
 from handlers.v2_binary import encode_tensor, header_length
 from handlers.v2_tensors import HEADER, NUMERIC
 
-from .body_limit import READ_TIMEOUTS, client_of, too_large_message
-from .grpc_reading import Counted, refusal, server_options
+from .body_limit import client_of, too_large_message
+from .grpc_reading import counted, refusal, server_options
 from .protobuf_wire import wire_fields
 from .token_auth import INFERENCE, MESSAGE
 from .ts_wire import Request, Response
@@ -326,9 +326,7 @@ async def start_grpc(engine, host: str, port: int):
     methods.handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
         servicer.ModelInfer, request_deserializer=None, response_serializer=infer.response_serializer
     )  # the message's bytes as they came: counted before they are parsed (this module's docstring)
-    methods.handlers = Counted(engine.grpc_reads, limit, READ_TIMEOUTS * engine.body_idle_timeout).handlers(
-        methods.handlers
-    )  # counted while they arrive
+    methods.handlers = counted(engine, limit).handlers(methods.handlers)  # counted while they arrive
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, methods.handlers),))
     server.add_registered_method_handlers(SERVICE, methods.handlers)
     bound = server.add_insecure_port(f"{host}:{port}")

@@ -60,9 +60,9 @@ import grpc
 
 from . import engine_management as management_api
 from . import ts_protos as pb
-from .body_limit import READ_TIMEOUTS, Budget, client_of, management_body_limit
+from .body_limit import Budget, client_of, management_body_limit
 from .engine_management import model_url
-from .grpc_reading import Counted, refusal, server_options
+from .grpc_reading import counted, refusal, server_options
 from .protobuf_wire import wire_fields
 from .ts_wire import Request, Response
 
@@ -517,9 +517,7 @@ async def start(engine, args) -> list:
             limit = engine.frontend.max_request_size
             limit = management_body_limit(limit) if api == "management" else limit
             server = grpc.aio.server(options=server_options(limit), interceptors=[Authorization(engine, api)])
-            handlers = Counted(engine.grpc_reads, limit, READ_TIMEOUTS * engine.body_idle_timeout).handlers(
-                method_handlers(servicer, service, raw)
-            )
+            handlers = counted(engine, limit).handlers(method_handlers(servicer, service, raw))
             server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
             if not server.add_insecure_port(f"{host}:{port}"):
                 raise RuntimeError(f"TorchServe's gRPC {api} port {host}:{port} could not be bound")

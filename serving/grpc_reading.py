@@ -39,7 +39,7 @@ from typing import Optional
 
 import grpc
 
-from .body_limit import Budget, client_of
+from .body_limit import READ_TIMEOUTS, Budget, client_of
 
 OPTIONS = [("grpc.http2.bdp_probe", 0)]  # a stream's window stays 64 KiB until its message is asked for
 
@@ -57,6 +57,12 @@ def refusal(code: grpc.StatusCode, details: str) -> grpc.RpcMethodHandler:
 def server_options(max_message: int) -> list:
     """The options of a gRPC server whose messages are read through ``Counted``."""
     return [("grpc.max_receive_message_length", max_message)] + OPTIONS
+
+
+def counted(engine, limit: int) -> "Counted":
+    """How one of the engine's gRPC servers, whose messages are at most ``limit`` bytes, reads them: from
+    the engine's reads' budget, a unary call's message within READ_TIMEOUTS x --body_idle_timeout."""
+    return Counted(engine.grpc_reads, limit, READ_TIMEOUTS * engine.body_idle_timeout)
 
 
 class Counted:
@@ -105,39 +111,28 @@ class Counted:
     def handler(self, method: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         """``method``'s behaviour, served as a client-streaming handler reading through ``read``."""
         parse, serialize = method.request_deserializer, method.response_serializer
-        if not method.request_streaming and not method.response_streaming:
+        behaviour = method.unary_unary or method.unary_stream or method.stream_unary or method.stream_stream
 
-            async def unary_unary(requests, context):
-                return await answered(method.unary_unary(await self.one(context, parse), context))
+        async def request(context):
+            """What ``behaviour`` takes: the call's messages, or its one message."""
+            return self.messages(context, parse) if method.request_streaming else await self.one(context, parse)
 
-            return grpc.stream_unary_rpc_method_handler(unary_unary, response_serializer=serialize)
-        if not method.request_streaming:
+        if method.response_streaming:
 
-            async def unary_stream(requests, context):
-                answers = method.unary_stream(await self.one(context, parse), context)
+            async def streamed(requests, context):
+                answers = behaviour(await request(context), context)
                 try:
                     async for answer in answers:
                         yield answer
                 finally:  # the call ended early: the method's own finally blocks run now
                     await answers.aclose()
 
-            return grpc.stream_stream_rpc_method_handler(unary_stream, response_serializer=serialize)
-        if not method.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(streamed, response_serializer=serialize)
 
-            async def stream_unary(requests, context):
-                return await answered(method.stream_unary(self.messages(context, parse), context))
+        async def unary(requests, context):
+            return await answered(behaviour(await request(context), context))
 
-            return grpc.stream_unary_rpc_method_handler(stream_unary, response_serializer=serialize)
-
-        async def stream_stream(requests, context):
-            answers = method.stream_stream(self.messages(context, parse), context)
-            try:
-                async for answer in answers:
-                    yield answer
-            finally:
-                await answers.aclose()
-
-        return grpc.stream_stream_rpc_method_handler(stream_stream, response_serializer=serialize)
+        return grpc.stream_unary_rpc_method_handler(unary, response_serializer=serialize)
 
     def handlers(self, methods: dict) -> dict:
         """{name: handler} with each handler reading through ``read``."""
