@@ -11,11 +11,13 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+import psutil
 import pytest
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 
 from helpers.cgroups import MemoryLimit
 from helpers.engine import BIN, Engine, snapshot_entry
+from serving import ts_protos as ts_pb
 
 MAX_REQUEST = 64 << 20
 
@@ -154,6 +156,26 @@ def grpc_infer(engine, model: str, values: np.ndarray, timeout: float = 60):
             answer[output.name] = (list(contents.fp64_contents) or list(contents.int64_contents)
                                    or [b.decode() for b in contents.bytes_contents])[0]  # fmt: skip
     return None, answer
+
+
+def ts_predicts(engine, payload: bytes = b"echo", metadata: tuple = (), compression=None, timeout: float = 30):
+    """TorchServe's gRPC Predictions to ``other`` from 127.0.0.1: (None, the echoed word) or (status code,
+    details). ``metadata``: the call's (``authorization``)."""
+    with grpc.insecure_channel(f"127.0.0.1:{engine.ts_grpc}") as channel:
+        call = channel.unary_unary(f"/{ts_pb.INFERENCE_SERVICE}/Predictions",
+                                   request_serializer=ts_pb.PredictionsRequest.SerializeToString,
+                                   response_deserializer=ts_pb.PredictionResponse.FromString)  # fmt: skip
+        try:
+            answer = call(ts_pb.PredictionsRequest(model_name="other", input={"data": payload}), timeout=timeout,
+                          metadata=metadata, compression=compression)  # fmt: skip
+        except grpc.RpcError as exc:
+            return exc.code(), exc.details()
+    return None, json.loads(answer.prediction)["echo"][0]
+
+
+def engine_rss(engine) -> int:
+    """The engine process's resident memory (its group's usage counts page cache too)."""
+    return psutil.Process(engine.process.pid).memory_info().rss
 
 
 class Neighbour:

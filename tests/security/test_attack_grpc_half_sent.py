@@ -18,14 +18,12 @@ The engine has token authorization on: a call without the key is refused before 
 (``grpc_reading.refusal``; the token check's unary handler read it whole first: +403 MiB for 8 calls).
 """
 
-import json
 import time
 
 import grpc
-import psutil
 import pytest
 
-from helpers.engine_limits import engine_in_cgroup, limits_tree
+from helpers.engine_limits import engine_in_cgroup, engine_rss, limits_tree, ts_predicts
 from helpers.h2_raw import HalfSent
 from serving import ts_protos as pb
 from serving.body_limit import CLIENT_SHARE
@@ -55,11 +53,6 @@ def key(engine) -> tuple:
     return (("authorization", engine.headers("inference")["Authorization"]),)
 
 
-def usage(engine) -> int:
-    """The engine process's resident memory (its group's usage counts page cache too)."""
-    return psutil.Process(engine.process.pid).memory_info().rss
-
-
 @pytest.mark.parametrize("method", ["Predictions", "StreamPredictions2", "ModelInfer"])
 def test_half_sent_grpc_messages_stay_within_the_bodies_in_flight(engine, method):
     port, path = {
@@ -68,36 +61,25 @@ def test_half_sent_grpc_messages_stay_within_the_bodies_in_flight(engine, method
         "ModelInfer": (engine.grpc, "/inference.GRPCInferenceService/ModelInfer"),
     }[method]
     workers = [w["pid"] for w in engine.workers("other")]
-    before = usage(engine)
+    before = engine_rss(engine)
     attack = HalfSent(port, path, CALLS, DECLARED, SENT, source="127.0.0.2", metadata=key(engine))
     try:
         attack.pump(20)
         time.sleep(1)
-        grown = usage(engine) - before
+        grown = engine_rss(engine) - before
         refused = len(attack.reset)
         sent = sum(SENT - len(attack.left[stream]) for stream in attack.left)
         print(f"{method}: {CALLS} half-sent calls, {refused} refused, {sent:,} bytes sent, "
               f"engine +{grown >> 20} MiB (bound {BOUND >> 20} MiB)")  # fmt: skip
         status, _ = engine.post("/predictions/other", b"echo", timeout=30)
         assert status == 200
-        assert neighbour_predicts(engine) == b"echo"  # another client's gRPC call, while the attack holds
+        assert ts_predicts(engine, metadata=key(engine)) == (None, "echo")  # another client's, meanwhile
     finally:
         attack.close()
     assert engine.alive() and [w["pid"] for w in engine.workers("other")] == workers
     reading = CALLS - refused  # the calls whose messages the engine asked for: each holds what was sent of it
     assert grown < reading * SENT + SLACK, f"+{grown >> 20} MiB for {CALLS} half-sent messages, {refused} refused"
     assert refused >= CALLS - (CLIENT_SHARE - 1), refused  # a read takes a share at most
-
-
-def neighbour_predicts(engine) -> bytes:
-    """TorchServe's Predictions from 127.0.0.1 (the attack comes from 127.0.0.2): the prediction's words."""
-    with grpc.insecure_channel(f"127.0.0.1:{engine.ts_grpc}") as channel:
-        call = channel.unary_unary(f"/{pb.INFERENCE_SERVICE}/Predictions",
-                                   request_serializer=pb.PredictionsRequest.SerializeToString,
-                                   response_deserializer=pb.PredictionResponse.FromString)  # fmt: skip
-        answer = call(pb.PredictionsRequest(model_name="other", input={"data": b"echo"}), timeout=30,
-                      metadata=key(engine))  # fmt: skip
-    return json.loads(answer.prediction)["echo"][0].encode()
 
 
 @pytest.mark.parametrize("method", ["Predictions", "ModelInfer"])
@@ -110,12 +92,12 @@ def test_half_sent_messages_without_the_key_are_refused_unread(engine, method):
         "ModelInfer": (engine.grpc, "/inference.GRPCInferenceService/ModelInfer"),
     }[method]
     workers = [w["pid"] for w in engine.workers("other")]
-    before = usage(engine)
+    before = engine_rss(engine)
     attack = HalfSent(port, path, CALLS, DECLARED, SENT, source="127.0.0.2")
     try:
         attack.pump(20)
         time.sleep(1)
-        grown = usage(engine) - before
+        grown = engine_rss(engine) - before
         refused = len(attack.reset)
         status, _ = engine.post("/predictions/other", b"echo", timeout=30)
     finally:

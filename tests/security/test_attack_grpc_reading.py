@@ -28,10 +28,9 @@ import threading
 import time
 
 import grpc
-import psutil
 import pytest
 
-from helpers.engine_limits import engine_in_cgroup, limits_tree
+from helpers.engine_limits import engine_in_cgroup, engine_rss, limits_tree, ts_predicts
 from helpers.h2_raw import HalfSent
 from serving import ts_protos as pb
 from serving.body_limit import CLIENT_SHARE
@@ -54,29 +53,12 @@ def engine(tmp_path_factory):
         yield running
 
 
-def rss(engine) -> int:
-    return psutil.Process(engine.process.pid).memory_info().rss
-
-
 def whole_budget(engine) -> int:
     """A REST request whose body needs all but 1 MiB of what one client may hold (three quarters of the
     budget): 200 only when the engine holds (almost) nothing in flight, else 503."""
     body = b"big 1" + b" " * (BOUND - SHARE - (1 << 20) - 5)
     status, _ = engine.post("/predictions/other", body, timeout=60)
     return status
-
-
-def predicts(engine, payload: bytes = b"echo", compression=None, timeout: float = 30):
-    """TorchServe's Predictions from 127.0.0.1: (None, the echoed word) or (status code, details)."""
-    with grpc.insecure_channel(f"127.0.0.1:{engine.ts_grpc}") as channel:
-        call = channel.unary_unary(PREDICTIONS, request_serializer=pb.PredictionsRequest.SerializeToString,
-                                   response_deserializer=pb.PredictionResponse.FromString)  # fmt: skip
-        try:
-            answer = call(pb.PredictionsRequest(model_name="other", input={"data": payload}), timeout=timeout,
-                          compression=compression)  # fmt: skip
-        except grpc.RpcError as exc:
-            return exc.code(), exc.details()
-    return None, json.loads(answer.prediction)["echo"][0]
 
 
 def idle_calls(engine, port: int, path: str, sources) -> list:
@@ -95,15 +77,15 @@ def test_a_cancelled_read_gives_its_reservation_back(engine):
     more while 8 stay free) holds their 24 MiB, so that client's next call is refused; once they are
     cancelled (the connection closed) its calls are answered again. REST's bodies never wait for them."""
     workers = [w["pid"] for w in engine.workers("other")]
-    attack = HalfSent(engine.ts_grpc, PREDICTIONS, 3, 15 << 20, 10 << 20)  # from 127.0.0.1, as predicts()
+    attack = HalfSent(engine.ts_grpc, PREDICTIONS, 3, 15 << 20, 10 << 20)  # from 127.0.0.1, as ts_predicts()
     try:
         attack.pump(20)
         time.sleep(0.5)
-        during, rest = predicts(engine), whole_budget(engine)
+        during, rest = ts_predicts(engine), whole_budget(engine)
     finally:
         attack.close()
     time.sleep(1)
-    after = predicts(engine)
+    after = ts_predicts(engine)
     print(f"3 half-read calls (10 of 15 MiB): the client's next call {during} while they hold, {after} once "
           f"they are gone; a {(BOUND - SHARE) >> 20} MiB REST body meanwhile {rest}")  # fmt: skip
     assert during[0] == grpc.StatusCode.UNAVAILABLE  # the reads' reservations were held (the check has teeth)
@@ -113,12 +95,12 @@ def test_a_cancelled_read_gives_its_reservation_back(engine):
 
 @pytest.mark.matrix  # 8 s: 70 MiB made and gzipped by the client
 def test_a_gzip_message_inflating_past_max_request_size_is_refused(engine):
-    before = rss(engine)
-    code, details = predicts(engine, bytes(70 << 20), compression=grpc.Compression.Gzip, timeout=60)
-    grown = rss(engine) - before
+    before = engine_rss(engine)
+    code, details = ts_predicts(engine, bytes(70 << 20), compression=grpc.Compression.Gzip, timeout=60)
+    grown = engine_rss(engine) - before
     print(f"70 MiB of zeros gzipped (~70 KiB sent): {code} {details!r}, engine +{grown >> 20} MiB")
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (code, details)
-    assert predicts(engine) == (None, "echo")
+    assert ts_predicts(engine) == (None, "echo")
     assert whole_budget(engine) == 200
 
 
@@ -147,7 +129,7 @@ def during_idle_calls(engine):
         started = time.monotonic()
         status, _ = engine.post("/predictions/other", b"echo", timeout=30)
         rest = (status, round(time.monotonic() - started, 2))
-        grpc_answer = predicts(engine)
+        grpc_answer = ts_predicts(engine)
         print(f"{len(calls)} idle calls ({sum(len(c.reset) for c in calls)} refused): neighbour REST {rest}, "
               f"gRPC {grpc_answer}")  # fmt: skip
     finally:
@@ -183,7 +165,7 @@ def test_a_message_that_does_not_arrive_whole_in_time_ends_its_call(engine):
         attack.close()
     print(f"half of a 1 MiB message, then nothing: the call ended after {took:.1f} s")
     assert attack.reset and 2 * IDLE - 1 <= took < 2 * IDLE + 30, took
-    assert predicts(engine) == (None, "echo")
+    assert ts_predicts(engine) == (None, "echo")
 
 
 @pytest.mark.xfail(strict=True, reason="#43: a StreamPredictions2 stream waiting for its next request holds a "
