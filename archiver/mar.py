@@ -132,16 +132,15 @@ def shown_name(name) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def plan(options: PackageOptions) -> Plan:
-    """The archive's entries (name inside -> file on disk) and its manifest, after validation."""
-    name = options.model_name
+def _check_options(options: PackageOptions) -> None:
+    """One line for the first option that cannot make an archive: the runtime, the name, the version, the format."""
     if options.runtime == "LSP":
         raise UserError("--runtime LSP is TorchServe's C++ backend, which tsctl neither packages nor serves: "
                         "give --runtime python, or package the archive with torch-model-archiver")  # fmt: skip
-    if not MODEL_NAME.match(name or ""):
+    if not MODEL_NAME.match(options.model_name or ""):
         raise UserError(
-            f"invalid --model-name {shown_name(name)}: use up to 128 letters, digits, '_', '-' and '.', starting with "
-            "a letter or digit"
+            f"invalid --model-name {shown_name(options.model_name)}: use up to 128 letters, digits, '_', '-' and '.', "
+            "starting with a letter or digit"
         )
     if not VERSION.match(options.version or ""):
         raise UserError(
@@ -150,6 +149,12 @@ def plan(options: PackageOptions) -> Plan:
         )
     if options.archive_format not in ARCHIVE_FORMATS:
         raise UserError(f"unknown --archive-format {options.archive_format!r}: use one of {', '.join(ARCHIVE_FORMATS)}")
+
+
+def plan(options: PackageOptions) -> Plan:
+    """The archive's entries (name inside -> file on disk) and its manifest, after validation."""
+    _check_options(options)
+    name = options.model_name
     inputs = Inputs(options.follow_symlinks)
     model = {"modelName": name}
 
