@@ -2,15 +2,17 @@
 
 ``run`` answers as ``tsctl predict`` does against a server ``tsctl config`` configured: each file is one
 request (its content type from its suffix, or the one ``--content-type`` gives) in a batch of its own,
-as predict's requests reach a worker one after the other; the handler gets the bodies as that worker
-would (a toolkit archive raw, ``decode_input_request=false``, as tsctl config and the tsctl engine set
-it; any other TorchServe's default, parsed), with the archive's batchSize as its context's. The archive
-runs in TorchServe's worker process (``serving.testing.LocalModel``), whose log is kept, not printed (a
-handler logs a traceback for a request it refuses, TorchServe one for a batch that failed); this
-process's own log records and warnings are kept too while a command runs one (``quiet_logs``). A batch
-the handler failed as a whole (TorchServe's frontend answers 503 ``Prediction failed``, 500 ``Worker
-died.`` ...) is one ServerError naming the archive, the input and the handler's own error, read from the
-worker's log (``handler_error``).
+as predict's requests reach a worker one after the other (a stateful archive's, ``sequenceBatching:
+true``: the files are one sequence, in order, the first with TorchServe's start header and the last with
+its end); the handler gets the bodies as that worker would (a toolkit archive raw,
+``decode_input_request=false``, as tsctl config and the tsctl engine set it; any other TorchServe's
+default, parsed), with the archive's batchSize as its context's. The archive runs in TorchServe's worker
+process (``serving.testing.LocalModel``), whose log is kept, not printed (a handler logs a traceback for
+a request it refuses, TorchServe one for a batch that failed); this process's own log records and
+warnings are kept too while a command runs one (``quiet_logs``). A batch the handler failed as a whole
+(TorchServe's frontend answers 503 ``Prediction failed``, 500 ``Worker died.`` ...) is one ServerError
+naming the archive, the input and the handler's own error, read from the worker's log
+(``handler_error``).
 
 Nothing here imports torch.
 """
@@ -21,6 +23,7 @@ import json
 import logging
 import re
 import time
+import uuid
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
@@ -177,11 +180,16 @@ def run(
             metrics_config=metrics,
             gpu=None if device < 0 else device,
         )
+        stateful = archive.config.get("sequenceBatching") is True
+        sequence = f"tsctl-run-{uuid.uuid4()}"
         with model:
             answered = []
             for number, path in enumerate(paths, 1):
                 seen = model.logged
-                [response] = model.predict([request_of(Path(path), kind)])
+                request = request_of(Path(path), kind)
+                if stateful:  # the files are one sequence, in order: started by the first, ended by the last
+                    request.headers.update(sequence_headers(sequence, number == 1, number == len(paths)))
+                [response] = model.predict([request])
                 if failed_whole(response):
                     cause = worker_error(model, seen) or response.json().get("message")
                     if "MetricsCacheKeyError" in str(cause) and not metrics:  # a metric declared in the example's yaml
@@ -190,6 +198,18 @@ def run(
                 answered.append((Path(path), response))
                 progress(f"{number}/{len(paths)} {path}: {response.status}")
     return answered
+
+
+def sequence_headers(sequence: str, first: bool, last: bool) -> dict:
+    """The headers TorchServe's frontend gives a stateful handler's request (serving/engine_sequences.py)."""
+    from serving.engine_sequences import SEQUENCE_END, SEQUENCE_ID, SEQUENCE_START
+
+    headers = {SEQUENCE_ID: sequence}
+    if first:
+        headers[SEQUENCE_START] = "true"
+    if last:
+        headers[SEQUENCE_END] = "true"
+    return headers
 
 
 def request_of(path: Path, kind: Optional[str] = None):

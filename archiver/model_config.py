@@ -16,6 +16,7 @@ from typing import Optional
 from handlers.metadata import ArchiveError, bounded_yaml
 from handlers.settings import SettingsError, read_settings, shown
 from serving import ts_config
+from serving.engine_sequences import SequenceConfigError, SequenceSettings
 
 from .errors import UserError
 
@@ -86,6 +87,10 @@ def check_model_config(path: Path, settings_class=None, text: Optional[bytes] = 
     problem = ts_config.settings_problem(data)  # the worker settings, as tsctl config and the engine check them
     if problem:
         raise UserError(f"{path}: {problem}")
+    try:
+        SequenceSettings.of(data, str(path))  # as the engine reads them at load
+    except SequenceConfigError as exc:
+        raise UserError(str(exc)) from None
     if settings_class is not None:
         try:
             read_settings(settings_class, data.get("handler"), where=str(path))

@@ -209,6 +209,7 @@ def describe_model(model: ModelWorkers) -> dict:
         **spec.describe_settings(),
         "startupTimeout": 120,
         **TORCHSERVE_DEFAULTS,
+        **(model.sequences.settings.described() if model.sequences is not None else {}),
         **devices_described(model.devices),
         "loadedAtStartup": spec.loaded_at_startup,
         "workers": workers,

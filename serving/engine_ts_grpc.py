@@ -18,13 +18,13 @@ errors with its status codes and its details (the message, a line break, the Jav
 - ``StreamPredictions``: each part of a streamed answer one message as it comes (engine_stream.py); a
   whole answer one message, then the call ends OK (TorchServe 0.12 sends it, then fails the call with
   ``Worker died.`` and restarts its worker); a failure midway ends the call with its status.
-- ``StreamPredictions2``: each request as it comes, its answer's parts one message each; a request
-  with no ``sequence_id`` is answered with ``status`` INTERNAL ``Parameter sequenceId is required.`` and
-  the stream goes on, as any failure (``PredictionResponse.status``, a ``google.rpc.Status`` whose
-  details hold an ``ErrorInfo`` with the exception's name). The worker gets TorchServe's
-  ``ts_request_sequence_id`` header (and ``ts_request_sequence_end: true`` when the input map says
-  so). No sequence batching: the requests of one stream are answered in order, any worker may take
-  each (TorchServe 0.12 serves this call only to models with sequence batching).
+- ``StreamPredictions2``: each request as it comes, its answer's parts one message each; a request with
+  no ``sequence_id`` is answered with ``status`` INTERNAL ``Parameter sequenceId is required.`` and the
+  stream goes on, as any failure (``PredictionResponse.status``, a ``google.rpc.Status`` whose details
+  hold an ``ErrorInfo`` with the exception's name). The worker gets TorchServe's
+  ``ts_request_sequence_id`` header (and ``ts_request_sequence_end: true`` when the input map says so).
+  A stateful model's requests go by their sequence, each sequence on one worker (engine_sequences.py);
+  another model's are answered in order, any worker taking each.
 - Management: ``ListModels`` (TorchServe's paging, its quirks included: ``limit`` 0 lists none) and
   ``DescribeModel`` (``customized``: the handler's ``describe_handle`` asked through a worker) answer
   from the engine's models; ``RegisterModel``, ``UnregisterModel``, ``ScaleWorker`` and
@@ -62,6 +62,7 @@ from . import engine_management as management_api
 from . import ts_protos as pb
 from .body_limit import Budget, client_of, management_body_limit
 from .engine_management import model_url
+from .engine_sequences import SEQUENCE_END, SEQUENCE_ID
 from .grpc_reading import counted, refusal, server_options
 from .protobuf_wire import wire_fields
 from .ts_wire import Request, Response
@@ -75,9 +76,9 @@ MODEL_NOT_FOUND = "org.pytorch.serve.archive.model.ModelNotFoundException"
 VERSION_NOT_FOUND = "org.pytorch.serve.archive.model.ModelVersionNotFoundException"
 MODEL_EXCEPTION = "org.pytorch.serve.archive.model.ModelException"
 INTERNAL_SERVER = "org.pytorch.serve.http.InternalServerException"
+NOT_ADDED = "InternalServerException.()"  # InferenceImpl.prediction's description when ModelManager.addJob fails
 BAD_REQUEST = "BadRequestException.()"
 TOKEN_DENIED = "Token Authorization failed. Token either incorrect, expired, or not provided correctly"
-SEQUENCE_ID, SEQUENCE_END = "ts_request_sequence_id", "ts_request_sequence_end"
 GRPC_STATUS = {  # TorchServe's GRPCUtils.getGRPCStatusCode
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
@@ -123,6 +124,8 @@ class ApiError(Exception):
             message = json.loads(response.body).get("message", "")
         except (ValueError, AttributeError, TypeError):
             message = (response.body or b"").decode("utf-8", errors="replace")
+        if response.refused:  # not taken in: as TorchServe's prediction() answers a job it could not add
+            return cls(grpc.StatusCode.INTERNAL, message, NOT_ADDED)
         return cls(grpc_status(response.status), message)
 
     @classmethod
@@ -213,7 +216,7 @@ class Inference:
             if not inflight.take(cost, client):  # the values, copied out of the message
                 raise ApiError(grpc.StatusCode.UNAVAILABLE, inflight.busy(cost, client))
             held += cost
-            if sequence and not request.sequence_id:
+            if sequence and not request.sequence_id:  # TorchServe 0.12 never reads its start input as true
                 raise ApiError(grpc.StatusCode.INTERNAL, "Parameter sequenceId is required.", BAD_REQUEST)
             if not request.model_name:
                 raise ApiError(grpc.StatusCode.INTERNAL, "Parameter model_name is required.", BAD_REQUEST)
@@ -225,7 +228,7 @@ class Inference:
         if sequence:
             headers[SEQUENCE_ID] = request.sequence_id
             ends = {name: value for name, _, value in inputs}.get(SEQUENCE_END, b"")
-            if ends.decode("utf-8", "replace").strip().lower() == "true":
+            if ends.decode("utf-8", "replace").strip().lower() == "true":  # (TorchServe 0.12: every request, docs)
                 headers[SEQUENCE_END] = "true"
         return model, Request(b"", headers, inputs), held
 

@@ -46,7 +46,9 @@ from handlers.archives import printable
 from handlers.errors import frontend_error
 
 from . import fork_server, gpus, sockets
-from .engine_stream import Parts, collect
+from .engine_queue import Job, JobQueue
+from .engine_sequences import Sequences, SequenceSettings
+from .engine_stream import collect
 from .gpus import CPU
 from .ts_config import Frontend, ModelSpec
 from .ts_wire import BrokenReply, Request, Response, WorkerDied, batch_error
@@ -81,95 +83,17 @@ def worker_log_line(worker, line: str):
 
 
 # ---- A model version's queue and workers ---------------------------------------------------------
-class Job:
-    """One request in a model's queue: ``done`` resolves with its answer, or with the first part of a
-    streamed answer, whose ``rest`` (``parts``) brings the others (engine_stream.py)."""
-
-    __slots__ = ("request", "done", "arrived", "parts")
-
-    def __init__(self, request: Request, done: asyncio.Future):
-        self.request, self.done, self.arrived = request, done, time.perf_counter()
-        self.parts: Optional[Parts] = None
-
-    def part(self, response: Response, on_end: Callable[[], None]):
-        """A part of a streamed answer that more parts follow (on the event loop, as the worker sends it)."""
-        if self.parts is None:
-            if self.done.done():
-                return  # the client left before the first part: the rest is dropped
-            self.parts = Parts(on_end)
-            response.rest = self.parts
-            if response.error:  # a first part above max_response_size: the answer ends with it
-                self.parts.end()
-            self.done.set_result(response)
-        else:
-            self.parts.put(response)
-
-    def answer(self, response: Response):
-        """The request's answer, or the last part of its streamed answer."""
-        if self.parts is not None:
-            self.parts.put(response, last=True)
-        elif not self.done.done():
-            self.done.set_result(response)
-
-
-class JobQueue:
-    """Requests waiting for a worker, in arrival order; ``batch`` gathers the next batch. A request whose
-    client left (its future done) is not counted, and makes room for the next."""
-
-    def __init__(self, limit: int):
-        self.limit = max(1, limit)
-        self.items: Deque[Job] = collections.deque()
-        self.changed = asyncio.Condition()
-
-    def __len__(self):
-        return sum(1 for job in self.items if not job.done.done())
-
-    async def put(self, job: Job) -> bool:
-        if len(self.items) >= self.limit:  # the clients that left first make room
-            waiting = [queued for queued in self.items if not queued.done.done()]
-            self.items.clear()
-            self.items.extend(waiting)
-        if len(self.items) >= self.limit:
-            return False
-        self.items.append(job)
-        async with self.changed:
-            self.changed.notify()
-        return True
-
-    async def put_back(self, jobs: List[Job]):
-        self.items.extendleft(reversed(jobs))
-        async with self.changed:
-            self.changed.notify(len(jobs))
-
-    async def batch(self, size: int, delay: float) -> List[Job]:
-        """Up to ``size`` jobs: the first to come, and those arriving within ``delay`` s of it."""
-        taken: List[Job] = []
-        try:
-            async with self.changed:
-                await self.changed.wait_for(lambda: self.items)
-                taken.append(self.items.popleft())
-                deadline = asyncio.get_running_loop().time() + delay
-                while len(taken) < size:
-                    if self.items:
-                        taken.append(self.items.popleft())
-                        continue
-                    wait = deadline - asyncio.get_running_loop().time()
-                    if wait <= 0:
-                        break
-                    try:
-                        await asyncio.wait_for(self.changed.wait_for(lambda: self.items), wait)
-                    except asyncio.TimeoutError:
-                        break
-        except asyncio.CancelledError:
-            self.items.extendleft(reversed(taken))  # nothing taken is lost
-            raise
-        return [job for job in taken if not job.done.done()]  # clients that gave up are skipped
-
-
 def unavailable(message: str, status: int = 503) -> Response:
     """The frontend's answer for a request no worker could answer."""
     body = frontend_error(status, "ServiceUnavailableException", message)
     return Response(status, body, "application/json", error=True)
+
+
+def refused(message: str) -> Response:
+    """The frontend's answer for a request it did not take in (no worker, a full queue or sequence)."""
+    response = unavailable(message)
+    response.refused = True
+    return response
 
 
 class Worker:
@@ -283,7 +207,7 @@ class Worker:
         if self.process is None or not self.process.alive():
             await self._restart()
             return
-        getting = asyncio.ensure_future(owner.queue.batch(owner.spec.batch_size, owner.spec.max_batch_delay / 1000))
+        getting = asyncio.ensure_future(owner.next_batch(self))
         dying = asyncio.ensure_future(self.died.wait())
         retiring = asyncio.ensure_future(self.retiring.wait())
         try:
@@ -291,7 +215,7 @@ class Worker:
         except asyncio.CancelledError:  # stopped (scaled away): the wait for a batch must not take one after
             getting.cancel()  # batch() puts back what it took
             if getting.done() and not getting.cancelled() and getting.exception() is None:
-                asyncio.ensure_future(owner.queue.put_back(getting.result()))
+                asyncio.ensure_future(owner.put_back(getting.result()))
             raise
         finally:
             dying.cancel(), retiring.cancel()
@@ -310,7 +234,7 @@ class Worker:
         try:
             responses = await self.run(jobs)
         except NotSent:
-            await owner.queue.put_back(jobs)
+            await owner.put_back(jobs)
             return
         except Exception as exc:  # noqa: BLE001 - whatever it was, this batch is answered and the worker replaced
             logger.exception("%s worker %d (pid %d): unexpected error in a batch: killed", owner.label, self.index,
@@ -409,7 +333,8 @@ class ModelWorkers:
 
     def __init__(self, spec: ModelSpec, model_dir: Path, handler: str, frontend: Frontend, run_dir: str,
                  first_port: int, env: dict, on_line: Callable, on_metric: Optional[Callable] = None,
-                 devices: Optional[gpus.ModelDevices] = None, placement: Optional[gpus.Placement] = None):  # fmt: skip
+                 devices: Optional[gpus.ModelDevices] = None, placement: Optional[gpus.Placement] = None,
+                 sequences: Optional[SequenceSettings] = None):  # fmt: skip
         self.spec, self.model_dir, self.handler, self.frontend = spec, model_dir, handler, frontend
         self.run_dir, self.first_port, self.env, self.on_line = run_dir, first_port, env, on_line
         self.on_metric = on_metric  # (worker, line) for each line of its metrics logger; None: logged
@@ -417,6 +342,8 @@ class ModelWorkers:
         self.placement = placement or gpus.Placement(0)  # the server's: each new worker's GPU
         self.label = printable(f"{spec.name} {spec.version}")  # in log lines: an archive names its version
         self.queue = JobQueue(frontend.job_queue_size)
+        # a stateful model's (sequenceBatching): its requests wait in their sequences, not in the queue
+        self.sequences = Sequences(sequences, lambda: self.workers) if sequences else None
         self.workers = [self.new_worker(i) for i in range(spec.min_workers)]
         self.retired: List[Worker] = []  # scaled away: their index not given again while they hold it
         self.observe: Callable = lambda jobs, responses, sent, done: None  # metrics hook
@@ -535,10 +462,13 @@ class ModelWorkers:
         if self.stopping:
             return unavailable(self.stopped_message)
         if not self.workers:  # registered with no worker, as TorchServe allows: its answer
-            return unavailable(no_worker_message(self.spec.name, named))
+            return refused(no_worker_message(self.spec.name, named))
         done = asyncio.get_running_loop().create_future()
-        if not await self.queue.put(Job(request, done)):
-            return unavailable(
+        if self.sequences is not None:
+            if not await self.sequences.admit(Job(request, done)):  # TorchServe's answer past either bound
+                return refused(no_worker_message(self.spec.name, named))
+        elif not await self.queue.put(Job(request, done)):
+            return refused(
                 f"model {self.spec.name} version {self.spec.version}: its job queue is full "
                 f"({self.queue.limit} requests, job_queue_size): retry later"
             )
@@ -555,6 +485,20 @@ class ModelWorkers:
     def stream_ended(self):
         self.in_flight -= 1
 
+    async def next_batch(self, worker: Worker) -> List[Job]:
+        """The next batch for ``worker``: from the queue, or from its sequences (engine_sequences.py)."""
+        size, delay = self.spec.batch_size, self.spec.max_batch_delay / 1000
+        if self.sequences is not None:
+            return await self.sequences.batch(worker, size, delay)
+        return await self.queue.batch(size, delay)
+
+    async def put_back(self, jobs: List[Job]):
+        """A batch taken but never sent: first in line again."""
+        if self.sequences is not None:
+            await self.sequences.put_back(jobs)
+        else:
+            await self.queue.put_back(jobs)
+
     def finished(self, jobs: List[Job], responses: List[Response], sent: float):
         """A batch a worker ran (or failed): its answers given, counted for the metrics."""
         done_at = time.perf_counter()
@@ -563,6 +507,8 @@ class ModelWorkers:
         self.recent_fill.append(len(jobs) / max(1, self.spec.batch_size))
         for job, response in zip(jobs, responses):
             job.answer(response)
+        if self.sequences is not None:
+            asyncio.ensure_future(self.sequences.answered(jobs))
         self.observe(jobs, responses, sent, done_at)
 
     def begin_stop(self, message: str = STOPPING):
@@ -570,8 +516,9 @@ class ModelWorkers:
         batch a worker holds is answered as usual)."""
         self.stopping = True
         self.stopped_message = message
-        while self.queue.items:
-            job = self.queue.items.popleft()
+        waiting = list(self.queue.items) + (self.sequences.drop_all() if self.sequences is not None else [])
+        self.queue.items.clear()
+        for job in waiting:
             if not job.done.done():
                 job.done.set_result(unavailable(message))
 

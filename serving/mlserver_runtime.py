@@ -65,6 +65,7 @@ from handlers.archives import Archive
 from handlers.errors import error_message
 
 from . import gpus, sockets, v2_requests
+from .engine_sequences import refuse_stateful
 from .engine_workers import ModelWorkers
 from .model_opening import open_model
 from .ts_config import Frontend, ModelSpec
@@ -110,6 +111,7 @@ class ArchiveModel(MLModel):
         self._run_dir = sockets.run_dir(sockets.MLSERVER)
         try:
             with Archive(archive) as opened:  # read once: its record here, its files in open_model
+                refuse_stateful(opened.config, f"{archive.name}'s model-config.yaml", "MLServer")
                 self._toolkit = toolkit = identity.read(opened) is not None
                 model_dir = os.path.join(self._run_dir, "model")
                 self._workers: ModelWorkers = open_model(

@@ -13,6 +13,7 @@ from handlers import cpu_limit
 from handlers.archives import Archive, opened
 
 from . import gpus
+from .engine_sequences import SequenceConfigError, SequenceSettings
 from .engine_workers import ModelWorkers, worker_log_line
 from .ts_config import ConfigError, Frontend, ModelSpec
 
@@ -50,10 +51,11 @@ def open_model(
         if model["modelName"] != spec.name:
             logger.info("%s: served as %s (its manifest says %s)", spec.archive, spec.name, model["modelName"])
         decode = frontend.decode_input_request if decode_default is None else decode_default(found)
+        where = f"{spec.archive.name}'s model-config.yaml"
         try:
-            where = f"{spec.archive.name}'s model-config.yaml"
             devices = gpus.model_devices(found.config, frontend.number_of_gpu, where)
-        except gpus.PlacementError as exc:
+            sequences = SequenceSettings.of(found.config, where)
+        except (gpus.PlacementError, SequenceConfigError) as exc:
             raise ConfigError(str(exc)) from None
     for note in devices.notes:
         logger.warning("%s", note)
@@ -64,6 +66,6 @@ def open_model(
     run_dir = str(Path(unpack_dir).parent)
     workers = ModelWorkers(
         spec, model_dir, model["handler"], frontend, run_dir, first_port, env, on_line or worker_log_line, on_metric,
-        devices, placement or gpus.Placement(frontend.number_of_gpu),
+        devices, placement or gpus.Placement(frontend.number_of_gpu), sequences,
     )  # fmt: skip
     return workers

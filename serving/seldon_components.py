@@ -329,6 +329,7 @@ class Model(Unit):
         from handlers import identity
         from handlers.archives import Archive
 
+        from .engine_sequences import refuse_stateful
         from .model_opening import open_model
         from .sockets import FIRST_PORT
         from .ts_config import Frontend, ModelSpec
@@ -337,6 +338,7 @@ class Model(Unit):
         threading.Thread(target=self.loop.run_forever, name="tsctl-workers", daemon=True).start()
         run_dir = tempfile.mkdtemp(prefix=RUN_PREFIX, dir=os.environ.get("TEMP") or None)
         with Archive(self.archive) as opened:
+            refuse_stateful(opened.config, f"{Path(self.archive).name}'s model-config.yaml", "a Seldon model unit")
             toolkit = identity.read(opened) is not None
             version = str(opened.model.get("modelVersion") or "1.0")
             spec = ModelSpec(name=opened.model["modelName"], version=version, archive=Path(self.archive))

@@ -75,6 +75,9 @@ class Response:
     # time, an answer above max_response_size, a batch the worker failed as a whole). TorchServe's gRPC API
     # sends these as the call's error status, a handler's answer as a prediction whatever its status.
     error: bool = False
+    # The frontend did not take it in (no worker, its queue or sequence full: engine_workers.refused);
+    # TorchServe's gRPC API answers these INTERNAL, naming ``InternalServerException.()`` (InferenceImpl.prediction).
+    refused: bool = False
     # A streamed answer's parts after this one (engine_stream.Parts), for a handler that sends
     # intermediate responses (send_intermediate_predict_response); None: the answer is whole.
     rest: Any = field(default=None, repr=False, compare=False)

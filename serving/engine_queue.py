@@ -1,0 +1,97 @@
+"""A model version's requests waiting for a worker: each a ``Job`` (its answer to come, or its streamed
+answer's parts), in one bounded ``JobQueue`` in arrival order, from which a worker takes its next batch
+(a stateful model's wait in their sequences instead: engine_sequences.py)."""
+
+import asyncio
+import collections
+import time
+from typing import Any, Callable, Deque, List, Optional
+
+from .engine_stream import Parts
+from .ts_wire import Request, Response
+
+
+class Job:
+    """One request in a model's queue: ``done`` resolves with its answer, or with the first part of a
+    streamed answer, whose ``rest`` (``parts``) brings the others (engine_stream.py)."""
+
+    __slots__ = ("request", "done", "arrived", "parts", "sequence")
+
+    def __init__(self, request: Request, done: asyncio.Future):
+        self.request, self.done, self.arrived = request, done, time.perf_counter()
+        self.parts: Optional[Parts] = None
+        self.sequence: Any = None  # a stateful model's: the sequence it belongs to
+
+    def part(self, response: Response, on_end: Callable[[], None]):
+        """A part of a streamed answer that more parts follow (on the event loop, as the worker sends it)."""
+        if self.parts is None:
+            if self.done.done():
+                return  # the client left before the first part: the rest is dropped
+            self.parts = Parts(on_end)
+            response.rest = self.parts
+            if response.error:  # a first part above max_response_size: the answer ends with it
+                self.parts.end()
+            self.done.set_result(response)
+        else:
+            self.parts.put(response)
+
+    def answer(self, response: Response):
+        """The request's answer, or the last part of its streamed answer."""
+        if self.parts is not None:
+            self.parts.put(response, last=True)
+        elif not self.done.done():
+            self.done.set_result(response)
+
+
+class JobQueue:
+    """Requests waiting for a worker, in arrival order; ``batch`` gathers the next batch. A request whose
+    client left (its future done) is not counted, and makes room for the next."""
+
+    def __init__(self, limit: int):
+        self.limit = max(1, limit)
+        self.items: Deque[Job] = collections.deque()
+        self.changed = asyncio.Condition()
+
+    def __len__(self):
+        return sum(1 for job in self.items if not job.done.done())
+
+    async def put(self, job: Job) -> bool:
+        if len(self.items) >= self.limit:  # the clients that left first make room
+            waiting = [queued for queued in self.items if not queued.done.done()]
+            self.items.clear()
+            self.items.extend(waiting)
+        if len(self.items) >= self.limit:
+            return False
+        self.items.append(job)
+        async with self.changed:
+            self.changed.notify()
+        return True
+
+    async def put_back(self, jobs: List[Job]):
+        self.items.extendleft(reversed(jobs))
+        async with self.changed:
+            self.changed.notify(len(jobs))
+
+    async def batch(self, size: int, delay: float) -> List[Job]:
+        """Up to ``size`` jobs: the first to come, and those arriving within ``delay`` s of it."""
+        taken: List[Job] = []
+        try:
+            async with self.changed:
+                await self.changed.wait_for(lambda: self.items)
+                taken.append(self.items.popleft())
+                deadline = asyncio.get_running_loop().time() + delay
+                while len(taken) < size:
+                    if self.items:
+                        taken.append(self.items.popleft())
+                        continue
+                    wait = deadline - asyncio.get_running_loop().time()
+                    if wait <= 0:
+                        break
+                    try:
+                        await asyncio.wait_for(self.changed.wait_for(lambda: self.items), wait)
+                    except asyncio.TimeoutError:
+                        break
+        except asyncio.CancelledError:
+            self.items.extendleft(reversed(taken))  # nothing taken is lost
+            raise
+        return [job for job in taken if not job.done.done()]  # clients that gave up are skipped
