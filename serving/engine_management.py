@@ -53,9 +53,10 @@ from handlers.archives import ArchiveError, opened
 from handlers.errors import frontend_error
 from handlers.signing import SignatureError
 
-from . import gpus, memory_admission, ts_config
+from . import gpus, memory_admission, model_config_keys, ts_config
 from .engine_workers import MAX_WORKERS, ModelWorkers
 from .model_store import NotInStore, store_entry
+from .worker_process import LOAD_TIMEOUT
 
 logger = logging.getLogger("tsctl.engine")
 
@@ -65,16 +66,12 @@ VALID_URL = re.compile(r"file?://.*|http(s)?://.*", re.IGNORECASE)  # TorchServe
 WHOLE = re.compile(r"[+-]?\d{1,18}")  # as Java's Integer.parseInt reads one (any decimal digits), and not too long
 MODEL_NAME = re.compile(r"[^/\x00-\x1f\x7f]{1,255}")  # one segment of /predictions/NAME
 ALL_METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]
-# What TorchServe's describe adds for settings the engine does not have: their TorchServe defaults.
+# What TorchServe's describe adds for settings the engine has in one form only: their values (a model that is
+# not stateful: the sequence fields; model_config_keys.described: the noted keys).
 TORCHSERVE_DEFAULTS = {
-    "maxRetryTimeoutInSec": 300,
-    "clientTimeoutInMills": 0,
     "parallelType": "",
     "parallelLevel": 0,
     "deviceType": "cpu",
-    "continuousBatching": False,
-    "useJobTicket": False,
-    "useVenv": False,
     "stateful": False,
     "sequenceMaxIdleMSec": 0,
     "sequenceTimeoutMSec": 0,
@@ -207,14 +204,15 @@ def describe_model(model: ModelWorkers) -> dict:
         "modelUrl": model_url(model),
         "runtime": "python",
         **spec.describe_settings(),
-        "startupTimeout": 120,
+        "startupTimeout": int(spec.startup_timeout or LOAD_TIMEOUT),
+        **model_config_keys.described(),
         **TORCHSERVE_DEFAULTS,
         **(model.sequences.settings.described() if model.sequences is not None else {}),
         **devices_described(model.devices),
         "loadedAtStartup": spec.loaded_at_startup,
         "workers": workers,
         "jobQueueStatus": {
-            "remainingCapacity": model.queue.limit - len(model.queue),
+            "remainingCapacity": model.queue.limit - len(model.queue),  # (a stateful model's wait in sequences)
             "pendingRequests": len(model.queue),
         },
     }

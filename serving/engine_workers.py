@@ -341,7 +341,7 @@ class ModelWorkers:
         self.devices = devices or gpus.ModelDevices()  # where its workers run (serving/gpus.py)
         self.placement = placement or gpus.Placement(0)  # the server's: each new worker's GPU
         self.label = printable(f"{spec.name} {spec.version}")  # in log lines: an archive names its version
-        self.queue = JobQueue(frontend.job_queue_size)
+        self.queue = JobQueue(spec.job_queue_size or frontend.job_queue_size)
         # a stateful model's (sequenceBatching): its requests wait in their sequences, not in the queue
         self.sequences = Sequences(sequences, lambda: self.workers) if sequences else None
         self.workers = [self.new_worker(i) for i in range(spec.min_workers)]

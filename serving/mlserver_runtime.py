@@ -52,7 +52,7 @@ import re
 import shutil
 import socket
 from pathlib import Path
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 from mlserver import MLModel
@@ -108,13 +108,14 @@ class ArchiveModel(MLModel):
             self._handler = await asyncio.get_running_loop().run_in_executor(None, split.load_handler, archive)
             return True
         spec, frontend = model_spec(self.name, self.version or "1.0", archive, extra)
+        self._workers: Optional[ModelWorkers] = None  # none when the load fails: unload has nothing to stop
         self._run_dir = sockets.run_dir(sockets.MLSERVER)
         try:
             with Archive(archive) as opened:  # read once: its record here, its files in open_model
                 refuse_stateful(opened.config, f"{archive.name}'s model-config.yaml", "MLServer")
                 self._toolkit = toolkit = identity.read(opened) is not None
                 model_dir = os.path.join(self._run_dir, "model")
-                self._workers: ModelWorkers = open_model(
+                self._workers = open_model(
                     spec, frontend, model_dir, sockets.FIRST_PORT, lambda _: not toolkit,
                     on_metric=metrics_of(frontend), archive=opened,
                     placement=gpus.process_placement(frontend.number_of_gpu),
@@ -207,7 +208,7 @@ class ArchiveModel(MLModel):
         return InferenceResponse(model_name=self.name, model_version=self.version, id=payload.id, outputs=[output])
 
     async def unload(self) -> bool:
-        if self._role is not None:
+        if self._role is not None or self._workers is None:
             return True
         self._workers.stop()
         shutil.rmtree(self._run_dir, ignore_errors=True)

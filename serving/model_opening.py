@@ -12,7 +12,7 @@ from typing import Optional
 from handlers import cpu_limit
 from handlers.archives import Archive, opened
 
-from . import gpus
+from . import gpus, model_config_keys
 from .engine_sequences import SequenceConfigError, SequenceSettings
 from .engine_workers import ModelWorkers, worker_log_line
 from .ts_config import ConfigError, Frontend, ModelSpec
@@ -55,8 +55,16 @@ def open_model(
         try:
             devices = gpus.model_devices(found.config, frontend.number_of_gpu, where)
             sequences = SequenceSettings.of(found.config, where)
-        except (gpus.PlacementError, SequenceConfigError) as exc:
+            notes = model_config_keys.check(found.config, where)
+        except (gpus.PlacementError, SequenceConfigError, model_config_keys.ModelConfigRefused) as exc:
             raise ConfigError(str(exc)) from None
+        spec.response_timeout, spec.startup_timeout = model_config_keys.in_force(
+            found.config, spec.response_timeout, frontend.default_startup_timeout
+        )
+        if (found.config.get("jobQueueSize") or 0) > 0:  # TorchServe's Model: over job_queue_size
+            spec.job_queue_size = found.config["jobQueueSize"]
+    for note in notes:
+        logger.warning("%s", note)
     for note in devices.notes:
         logger.warning("%s", note)
     env = dict(os.environ)

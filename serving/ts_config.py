@@ -60,6 +60,7 @@ ENVIRONMENT_KEYS = (
     "model_metrics_auto_detect",
     "default_workers_per_model",
     "default_response_timeout",
+    "default_startup_timeout",
     "number_of_gpu",
     "install_py_dep_per_model",
     "disable_token_authorization",
@@ -184,6 +185,8 @@ class ModelSpec:
     # not for a model_snapshot's nor a registered one
     loaded_at_startup: bool = False
     url: Optional[str] = None  # what a register named it by (describe's modelUrl; else the archive's file name)
+    startup_timeout: Optional[int] = None  # s a worker may take to load (model_opening sets it; None: LOAD_TIMEOUT)
+    job_queue_size: Optional[int] = None  # the model-config.yaml's jobQueueSize (None: the config's job_queue_size)
 
     def describe_settings(self) -> dict:
         return {
@@ -217,6 +220,7 @@ class Frontend:
     # number_of_gpu as TorchServe sets it at start: the config's, capped at the GPUs found (serving/gpus.py)
     number_of_gpu: int = field(default_factory=lambda: gpus.count_gpus())
     default_response_timeout: int = 120
+    default_startup_timeout: int = 120  # s a worker may take to load, unless its model-config.yaml says
     # The management API and token authorization (serving/engine_management.py, serving/token_auth.py), with
     # TorchServe 0.12's defaults: the model API off, tokens on, keys valid 60 minutes, any file or http(s) URL.
     enable_model_api: bool = False
@@ -255,6 +259,7 @@ def frontend_of(properties: Dict[str, str], path) -> Frontend:
         raise ConfigError(f"{path}: {exc}") from None
     frontend.default_workers = frontend.configured_workers or frontend.number_of_gpu or 1
     frontend.default_response_timeout = _int(properties, "default_response_timeout", 120, path)
+    frontend.default_startup_timeout = _int(properties, "default_startup_timeout", 120, path)
     for api in ("inference", "management"):
         address = properties.get(f"grpc_{api}_address") or getattr(frontend, f"grpc_{api}_address")
         setattr(frontend, f"grpc_{api}_address", address)

@@ -207,8 +207,8 @@ def start_worker(
     gpu: int = -1,
 ) -> WorkerProcess:
     """Start a worker process and load the model in it, as the frontend does, on GPU ``gpu`` (-1: the CPU;
-    serving/gpus.py places it), within
-    ``LOAD_TIMEOUT``; raises RuntimeError with the worker's own last error when it cannot load
+    serving/gpus.py places it), within its ``startupTimeout`` (``LOAD_TIMEOUT`` when it gives none);
+    raises RuntimeError with the worker's own last error when it cannot load
     (``sockets.SocketPathError``, before anything starts, when ``socket_path`` is too long for a socket).
     ``on_line`` gets its log lines (within ``WORKER_LOG_RATE``), ``on_metric`` the lines of its
     metrics logger (None: they are log lines too); ``on_spawn`` gets the process as soon as it runs
@@ -220,6 +220,7 @@ def start_worker(
     except FileNotFoundError:
         pass
     started = time.time()
+    timeout = spec.startup_timeout or LOAD_TIMEOUT
     process, metric_read = spawn(model_dir, frontend.metrics_config or METRICS_YAML, socket_path, env, fork_server)
     on_spawn(process)
     lines, readers = read_output(spec.name, process, metric_read, on_line, on_metric)
@@ -227,14 +228,14 @@ def start_worker(
     try:
         load = encode_load(spec.name, model_dir, handler, spec.batch_size, frontend.envelope,
                            frontend.limit_max_image_pixels, gpu)  # fmt: skip
-        stream = connect_and_load(process, sock, socket_path, load)
+        stream = connect_and_load(process, sock, socket_path, load, timeout)
     except BaseException as exc:
         sock.close()
         end_failed_load(process, readers[0], killed=not isinstance(exc, WorkerDied))
         if isinstance(exc, WorkerDied):
             raise RuntimeError(_last_error(lines) or str(exc)) from None
         if isinstance(exc, socket.timeout):
-            raise RuntimeError(f"the worker did not load the model within {LOAD_TIMEOUT:.0f}s") from None
+            raise RuntimeError(f"the worker did not load the model within {timeout:.0f}s (startupTimeout)") from None
         if isinstance(exc, OSError):
             raise RuntimeError(f"the worker could not be started: {exc}") from None
         raise
@@ -316,10 +317,11 @@ def read_output(
     return lines, readers
 
 
-def connect_and_load(process: subprocess.Popen, sock: socket.socket, socket_path: str, load: bytes) -> Stream:
-    """Connect to the worker once it listens and send it the load command, all within ``LOAD_TIMEOUT``:
-    the stream its answers come on. WorkerDied when it exits or cannot load."""
-    deadline = time.monotonic() + LOAD_TIMEOUT
+def connect_and_load(process: subprocess.Popen, sock: socket.socket, socket_path: str, load: bytes,
+                     timeout: float = LOAD_TIMEOUT) -> Stream:  # fmt: skip
+    """Connect to the worker once it listens and send it the load command, all within ``timeout`` s: the
+    stream its answers come on. WorkerDied when it exits or cannot load."""
+    deadline = time.monotonic() + timeout
     while True:  # the worker binds its socket once its imports are done
         if process.poll() is not None:
             raise WorkerDied(f"the worker exited with code {process.returncode}")
@@ -328,9 +330,9 @@ def connect_and_load(process: subprocess.Popen, sock: socket.socket, socket_path
             break
         except (FileNotFoundError, ConnectionRefusedError):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the worker did not listen within {LOAD_TIMEOUT:.0f}s") from None
+                raise RuntimeError(f"the worker did not listen within {timeout:.0f}s (startupTimeout)") from None
             time.sleep(0.05)
-    sock.settimeout(max(1.0, deadline - time.monotonic()))  # the load, too, within LOAD_TIMEOUT
+    sock.settimeout(max(1.0, deadline - time.monotonic()))  # the load, too, within the timeout
     sock.sendall(load)
     stream = Stream(sock)
     code, message = stream.int(), stream.field().decode("utf-8", errors="replace")

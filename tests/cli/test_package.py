@@ -154,6 +154,7 @@ def test_a_mistyped_handler_file_is_named_with_the_file_meant(image_sample, tmp_
         ("handler:\n  mean: [0.5, 0.5]\n", "must each hold 3 numbers"),
         ("handler:\n  top_k: 2.5\n", "'handler.top_k' must be a whole number"),
         ("batchSize: [4\n", "is not valid YAML (line"),
+        ("sequenceBatching: true\n", "sequenceBatching is true but sequenceMaxIdleMSec is 0"),
     ],
 )
 def test_malformed_model_config_is_reported_with_file_and_key(image_sample, tmp_path, config_text, words):

@@ -256,3 +256,23 @@ def test_serve_reads_a_relative_metrics_config_as_torchserve_started_in_the_proj
         assert got == want, (engine, asked.output)
     ran = cli("run", "--json", project / "model-store" / "custom_metrics.mar", *files, cwd=project)
     assert ran.exit_code == 0 and statuses(ran) == want, ran.output
+
+
+# ---- stateful: the files are one sequence ---------------------------------------------------------------
+def test_run_sends_a_stateful_archives_files_as_one_sequence(tmp_path):
+    """pytorch/serve's stateful example (sequenceBatching: true) sums a sequence's requests: run's files are
+    one sequence, in order, the first with TorchServe's start header and the last with its end."""
+    from samples import ts_stateful
+
+    archives = ts_stateful.build(tmp_path / "store", idle_ms=5000)
+    files = []
+    for number in (1, 2, 3):
+        files.append(tmp_path / f"input{number}.txt")
+        files[-1].write_text(str(number))
+    result = cli("run", archives["stateful"], *files, "--json", cwd=tmp_path)
+    assert result.exit_code == 0, result.output
+    assert [r["answer"] for r in json.loads(result.stdout)["results"]] == [1, 3, 6]
+    result = cli("run", archives["running_sum"], *files, "--json", cwd=tmp_path)
+    answers = [r["answer"] for r in json.loads(result.stdout)["results"]]
+    seen = [(a["sum"], a["start"], a["end"]) for a in answers]
+    assert seen == [(1, True, False), (3, False, False), (6, False, True)]

@@ -504,6 +504,22 @@ def test_serve_fails_fast_with_the_handlers_error(image_sample, mlserver_python,
 
 
 @pytest.mark.matrix
+def test_a_stateful_archive_is_refused_at_load_in_one_line(mlserver_python, tmp_path):
+    """MLServer's V2 requests carry no sequence id: a sequenceBatching archive (pytorch/serve's stateful example)
+    is refused at load, naming the key and the fix, not served with its sequences mixed."""
+    from samples import ts_stateful
+
+    store = tmp_path / "model-store"
+    ts_stateful.build(store, idle_ms=5000)
+    home = short_tmp("mseq-")
+    with pytest.raises(Exception) as failed:
+        ENGINE.start(store, home=home, timeout=300, python=mlserver_python)
+    message = str(failed.value)
+    assert "sequenceBatching is true: MLServer gives its requests no sequence id" in message, message
+    assert server.read_state(home) is None
+
+
+@pytest.mark.matrix
 def test_ab_split_as_seldon_routes_it(srv, store, tmp_path):
     """``tsctl export seldon --ab sentiment=90 --ab sentiment-b=10``'s Experiment, routed as Seldon Core 2
     does: each request to a candidate drawn by weight. 1,000 requests: the share of each is within 4

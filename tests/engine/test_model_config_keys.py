@@ -1,0 +1,71 @@
+"""Every key of TorchServe 0.12's model-config.yaml: honoured, refused or noted (serving/model_config_keys.py),
+the table in docs/engines.md the same, and describe giving the values in force, on a served engine."""
+
+import re
+
+import pytest
+
+from archiver import properties
+from archiver.model_config import WORKER_KEYS
+from helpers.engine import Engine
+from helpers.paths import ROOT
+from samples import ts_examples, ts_stateful
+from serving import model_config_keys
+from serving.model_config_keys import KEYS
+
+NOTED = """\
+minWorkers: 1
+maxWorkers: 1
+jobQueueSize: 3
+startupTimeout: 200
+continuousBatching: true
+useVenv: true
+clientTimeoutInMills: 5000
+"""
+
+
+def test_every_key_torchserve_reads_has_a_state_and_the_docs_say_the_same():
+    assert set(KEYS) == set(WORKER_KEYS)
+    text = (ROOT / "docs" / "engines.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+)` \| (honoured|noted|refused) \|", text, re.MULTILINE))
+    assert rows == {key: state for key, (state, _) in KEYS.items()}
+
+
+@pytest.mark.parametrize("key, value", [("asyncCommunication", True), ("parallelType", "pp")])
+def test_a_refused_key_is_one_line_naming_it(key, value):
+    config = {key: value, "parallelLevel": 2} if key == "parallelType" else {key: value}
+    if key in model_config_keys.REFUSED_ELSEWHERE:
+        from serving import gpus
+
+        with pytest.raises(gpus.PlacementError, match=key):
+            gpus.model_devices(config, 0, "x's model-config.yaml")
+        return
+    with pytest.raises(model_config_keys.ModelConfigRefused, match=f"x's model-config.yaml: {key} is True"):
+        model_config_keys.check(config, "x's model-config.yaml")
+
+
+def test_the_engine_serves_the_values_in_force_and_notes_the_rest(tmp_path):
+    """An archive with a model-config.yaml: responseTimeout 120 (TorchServe's createModel) though
+    default_response_timeout is 300; its startupTimeout and jobQueueSize; continuousBatching, useVenv and
+    clientTimeoutInMills noted in one line each, and described as the engine does them."""
+    store = tmp_path / "model-store"
+    config = tmp_path / "model-config.yaml"
+    config.write_text(NOTED)
+    case = ts_examples.Example("noted", str(ts_stateful.STAND_INS / "running_sum.py"), [], config_file=config)
+    ts_examples.package(case, "torch-model-archiver", store)
+    extra = {"disable_token_authorization": "true", "default_response_timeout": "300"}
+    properties.write_config(store, tmp_path / "config" / "config.properties", extra=extra)
+    engine = Engine(tmp_path).wait_ready()
+    try:
+        status, [described] = engine.get("/models/noted")
+        assert status == 200
+        assert {k: described[k] for k in ("responseTimeout", "startupTimeout", "continuousBatching", "useVenv",
+                                          "clientTimeoutInMills")} == {
+            "responseTimeout": 120, "startupTimeout": 200, "continuousBatching": False, "useVenv": False,
+            "clientTimeoutInMills": 0}  # fmt: skip
+        assert described["jobQueueStatus"]["remainingCapacity"] == 3
+        output = engine.output()
+        for key in ("continuousBatching", "useVenv", "clientTimeoutInMills"):
+            assert f"noted.mar's model-config.yaml: {key}:" in output, output[-3000:]
+    finally:
+        assert engine.stop() == 0
