@@ -15,7 +15,7 @@ from typing import Optional
 
 from handlers.metadata import ArchiveError, bounded_yaml
 from handlers.settings import SettingsError, read_settings, shown
-from serving import ts_config
+from serving import ts_config, v2_metadata
 from serving.engine_sequences import SequenceConfigError, SequenceSettings
 
 from .errors import UserError
@@ -89,7 +89,9 @@ def check_model_config(path: Path, settings_class=None, text: Optional[bytes] = 
         raise UserError(f"{path}: {problem}")
     try:
         SequenceSettings.of(data, str(path))  # as the engine reads them at load
-    except SequenceConfigError as exc:
+        if v2_metadata.SECTION in data:
+            v2_metadata.check(data[v2_metadata.SECTION], str(path))
+    except (SequenceConfigError, v2_metadata.MetadataError) as exc:
         raise UserError(str(exc)) from None
     if settings_class is not None:
         try:

@@ -110,6 +110,10 @@ class ToolkitHandler:
     item_keys = ("data",)
     v2_datatypes = ("BYTES",)
     v2_output_name = "output-0"
+    # KServe v2 model metadata (recorded in MAR-INF/tsctl.json, answered by GET /v2/models/NAME and gRPC
+    # ModelMetadata): the inputs a request holds and the outputs its answer has; -1 a dimension of any size
+    v2_metadata = {"inputs": [{"name": "input-0", "datatype": "BYTES", "shape": [-1]}],
+                   "outputs": [{"name": "output-0", "datatype": "BYTES", "shape": [-1]}]}  # fmt: skip
     input_kind = "any"  # what a request holds: image, text, tensor or any (MAR-INF/tsctl.json, identity.py)
     splits = False  # True: decode/preprocess and postprocess can run apart from the model (KServe transformer)
     with_model = True  # False: only decode/preprocess/postprocess are used (a KServe transformer)

@@ -20,7 +20,7 @@ This module imports nothing of the toolkit at import time: ``tsctl --help`` read
 
 import enum
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
 # What an archive's requirements.txt asks for: ranges, never this machine's versions.
@@ -57,6 +57,7 @@ class Declared:
     # (file, requirement): asked for too when the model directory holds that file
     requirements_if_present: Tuple[Tuple[str, str], ...] = ()
     loads_own_model: bool = False  # a subclass that overrides load_model: its weights are its own business
+    v2: dict = field(default_factory=lambda: bytes_in_out())  # its KServe v2 model metadata (inputs, outputs)
 
     def requirements_for(self, serialized: Optional[str]) -> Tuple[str, ...]:
         """What an archive of ``serialized`` (the --serialized-file) needs installed: ``requirements``,
@@ -72,6 +73,12 @@ class Declared:
         return needed
 
 
+def bytes_in_out(output: str = "output-0") -> dict:
+    """KServe v2 model metadata of a handler taking and answering BYTES (ToolkitHandler.v2_metadata's default)."""
+    return {"inputs": [{"name": "input-0", "datatype": "BYTES", "shape": [-1]}],
+            "outputs": [{"name": output, "datatype": "BYTES", "shape": [-1]}]}  # fmt: skip
+
+
 def declared_by(handler_class) -> Declared:
     """What a handler class (a ToolkitHandler subclass) declares."""
     toolkit = [c for c in handler_class.__mro__[1:] if c.__module__.startswith("handlers.")]
@@ -85,6 +92,7 @@ def declared_by(handler_class) -> Declared:
         requirements=tuple(handler_class.requirements),
         requirements_if_present=tuple(handler_class.requirements_if_present),
         loads_own_model=any("load_model" in vars(c) for c in own),
+        v2=handler_class.v2_metadata,
     )
 
 
@@ -119,6 +127,7 @@ class Handler:
     requirements: Tuple[str, ...] = ()
     requirements_if_present: Tuple[Tuple[str, str], ...] = ()
     scaffold: Tuple[str, ...] = ()  # Start's weights, weights_are, predict, make_input
+    v2: dict = field(default_factory=lambda: bytes_in_out())  # its class's v2_metadata
 
     @property
     def entry_point(self) -> str:
@@ -138,6 +147,7 @@ class Handler:
             getattr(settings, self.settings),
             self.requirements,
             self.requirements_if_present,
+            v2=self.v2,
         )
 
     def start(self) -> Start:
@@ -209,6 +219,8 @@ HANDLERS: Dict[str, Handler] = {
             requirements=(TRANSFORMERS,),
             requirements_if_present=(("modules.json", SENTENCE_TRANSFORMERS),),
             scaffold=(*TEXT_WEIGHTS, "text.txt", "echo 'A sentence to embed' > text.txt && "),
+            v2={"inputs": [{"name": "input-0", "datatype": "BYTES", "shape": [-1]}],
+                "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [-1, -1]}]},  # fmt: skip
         ),
         Handler(
             "tensor",
@@ -220,6 +232,8 @@ HANDLERS: Dict[str, Handler] = {
             False,
             "TensorSettings",
             WEIGHTS,
+            v2={"inputs": [{"name": "input-0", "datatype": "FP32", "shape": [-1, -1]}],
+                "outputs": [{"name": "output-0", "datatype": "FP32", "shape": [-1, -1]}]},  # fmt: skip
         ),
     )
 }

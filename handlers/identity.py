@@ -35,6 +35,7 @@ def describe(declared, entry: str, module: str) -> dict:
         "bases": list(declared.bases),
         "input": declared.input,
         "splits": declared.splits,
+        "v2": declared.v2,  # KServe v2 model metadata (serving/v2_metadata.py)
     }
 
 

@@ -60,7 +60,7 @@ from handlers import identity, signing
 from handlers.archives import ArchiveError
 from handlers.errors import frontend_error, with_kserve_error
 
-from . import engine_http, engine_stream, listeners, sockets, ts_config
+from . import engine_http, engine_stream, listeners, sockets, ts_config, v2_metadata
 from .body_limit import BODY_IDLE_TIMEOUT, BodyLimit, InFlight, max_inflight_bytes, reads_budget
 from .engine_management import NOT_ALLOWED, NOT_FOUND, management_routes, ts_error, ts_json
 from .engine_metrics import Metrics
@@ -268,11 +268,10 @@ def kserve_routes(engine: Engine) -> List[Route]:
 
     async def v2_model(http: HttpRequest):
         name, version = http.path_params["name"], http.path_params.get("version")
-        if engine.find(name, version) is None:
+        model = engine.find(name, version)
+        if model is None:
             return not_found(name, version, kserve=True)
-        versions = sorted(engine.versions[name])
-        return JSONResponse({"name": name, "versions": versions, "platform": "pytorch_torchserve", "inputs": [],
-                             "outputs": []})  # fmt: skip
+        return JSONResponse(v2_metadata.rest_body(name, sorted(engine.versions[name]), model.v2_metadata))
 
     async def v2_model_ready(http: HttpRequest):
         name, version = http.path_params["name"], http.path_params.get("version")

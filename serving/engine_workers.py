@@ -344,6 +344,7 @@ class ModelWorkers:
         self.queue = JobQueue(spec.job_queue_size or frontend.job_queue_size)
         # a stateful model's (sequenceBatching): its requests wait in their sequences, not in the queue
         self.sequences = Sequences(sequences, lambda: self.workers) if sequences else None
+        self.v2_metadata: Optional[dict] = None  # the inputs and outputs it declares (serving/v2_metadata.py)
         self.workers = [self.new_worker(i) for i in range(spec.min_workers)]
         self.retired: List[Worker] = []  # scaled away: their index not given again while they hold it
         self.observe: Callable = lambda jobs, responses, sent, done: None  # metrics hook

@@ -9,10 +9,10 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from handlers import cpu_limit
+from handlers import cpu_limit, identity
 from handlers.archives import Archive, opened
 
-from . import gpus, model_config_keys
+from . import gpus, model_config_keys, v2_metadata
 from .engine_sequences import SequenceConfigError, SequenceSettings
 from .engine_workers import ModelWorkers, worker_log_line
 from .ts_config import ConfigError, Frontend, ModelSpec
@@ -56,7 +56,9 @@ def open_model(
             devices = gpus.model_devices(found.config, frontend.number_of_gpu, where)
             sequences = SequenceSettings.of(found.config, where)
             notes = model_config_keys.check(found.config, where)
-        except (gpus.PlacementError, SequenceConfigError, model_config_keys.ModelConfigRefused) as exc:
+            metadata = v2_metadata.declared(found.config, identity.read(found), where)
+        except (gpus.PlacementError, SequenceConfigError, model_config_keys.ModelConfigRefused,
+                v2_metadata.MetadataError) as exc:  # fmt: skip
             raise ConfigError(str(exc)) from None
         spec.response_timeout, spec.startup_timeout = model_config_keys.in_force(
             found.config, spec.response_timeout, frontend.default_startup_timeout
@@ -76,4 +78,5 @@ def open_model(
         spec, model_dir, model["handler"], frontend, run_dir, first_port, env, on_line or worker_log_line, on_metric,
         devices, placement or gpus.Placement(frontend.number_of_gpu), sequences,
     )  # fmt: skip
+    workers.v2_metadata = metadata
     return workers

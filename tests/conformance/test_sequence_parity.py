@@ -130,6 +130,23 @@ def test_describe_gives_the_same_settings(sides):
     assert same(sides, run)["stateful"] is True
 
 
+def test_a_worker_killed_mid_sequence(sides):
+    """The request whose worker dies: TorchServe 507, the engine 503 naming the cause (docs/engines.md); the
+    sequence goes on, on the worker started again, its state lost, on both."""
+
+    def run(side):
+        before = post(side, "running_sum", 4, "d1")
+        died = post(side, "running_sum", "die", "d1")[0]
+        time.sleep(8)  # the worker started again (TorchServe's describe did not show both READY within 120 s)
+        return before, died, post(side, "running_sum", 3, "d1")
+
+    answers = both(sides, run)
+    assert answers["TorchServe"][1] == 507 and answers["engine"][1] == 503
+    for name in answers:
+        assert answers[name][0] == (200, {"sum": 4, "count": 1, "start": False, "end": False})
+        assert answers[name][2] == (200, {"sum": 3, "count": 1, "start": False, "end": False})
+
+
 def test_stream_predictions2(sides):
     """TorchServe 0.12 answers a stateful model's StreamPredictions2 with its 'no worker' status and ends the
     stream; the engine answers each request of the sequence (docs/engines.md). A request without a
@@ -146,23 +163,6 @@ def test_stream_predictions2(sides):
     assert their_sums != [1, 3, 6], theirs[0]  # its first answer 'has no worker...', the stream ended
     assert theirs[1] == ours[1]
     assert [m["status"]["message"] for m in ours[1]["messages"]] == ["Parameter sequenceId is required."] * 2
-
-
-def test_a_worker_killed_mid_sequence(sides):
-    """The request whose worker dies: TorchServe 507, the engine 503 naming the cause (docs/engines.md); the
-    sequence goes on, on the worker started again, its state lost, on both."""
-
-    def run(side):
-        before = post(side, "running_sum", 4, "d1")
-        died = post(side, "running_sum", "die", "d1")[0]
-        time.sleep(8)  # the worker started again (TorchServe's describe did not show both READY within 120 s)
-        return before, died, post(side, "running_sum", 3, "d1")
-
-    answers = both(sides, run)
-    assert answers["TorchServe"][1] == 507 and answers["engine"][1] == 503
-    for name in answers:
-        assert answers[name][0] == (200, {"sum": 4, "count": 1, "start": False, "end": False})
-        assert answers[name][2] == (200, {"sum": 3, "count": 1, "start": False, "end": False})
 
 
 def test_unary_grpc_calls_to_a_stateful_model(sides):
