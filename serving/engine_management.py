@@ -206,6 +206,7 @@ def describe_model(model: ModelWorkers) -> dict:
         **spec.describe_settings(),
         "startupTimeout": int(spec.startup_timeout or LOAD_TIMEOUT),
         **model_config_keys.described(),
+        "continuousBatching": spec.continuous_batching,
         **TORCHSERVE_DEFAULTS,
         **(model.sequences.settings.described() if model.sequences is not None else {}),
         **devices_described(model.devices),

@@ -72,6 +72,15 @@ class JobQueue:
         async with self.changed:
             self.changed.notify(len(jobs))
 
+    def take_now(self, count: int) -> List[Job]:
+        """Up to ``count`` jobs waiting now, without waiting (a continuous batch's newcomers)."""
+        taken: List[Job] = []
+        while self.items and len(taken) < count:
+            job = self.items.popleft()
+            if not job.done.done():
+                taken.append(job)
+        return taken
+
     async def batch(self, size: int, delay: float) -> List[Job]:
         """Up to ``size`` jobs: the first to come, and those arriving within ``delay`` s of it."""
         taken: List[Job] = []

@@ -40,12 +40,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Deque, List, Optional
+from typing import Callable, Deque, Dict, List, Optional
 
 from handlers.archives import printable
 from handlers.errors import frontend_error
 
-from . import fork_server, gpus, sockets
+from . import engine_continuous, fork_server, gpus, sockets
 from .engine_queue import Job, JobQueue
 from .engine_sequences import Sequences, SequenceSettings
 from .engine_stream import collect
@@ -113,6 +113,8 @@ class Worker:
         self.counted = True  # counts for the model's readiness (a worker added by scaling: once it is up)
         self.load_seconds: Optional[float] = None
         self.loading: Optional[asyncio.Future] = None  # its process starting, in its thread
+        self.running: Dict[str, Job] = {}  # a continuous batch's requests between steps, by request id
+        self.sizes: Dict[str, int] = {}  # their answers' bytes so far (max_response_size)
 
     @property
     def holds_slot(self) -> bool:  # its index (socket path) may be in use: its start running, or its process alive
@@ -227,6 +229,9 @@ class Worker:
                 pass
             return  # died (or retired) while idle: restarted next turn (or ended), nothing lost
         jobs = getting.result()
+        if owner.continuous:  # the next step of its continuous batch, these joining it (engine_continuous.py)
+            await engine_continuous.step(self, jobs)
+            return
         if not jobs:
             return
         self.status = "BUSY"
@@ -246,18 +251,20 @@ class Worker:
             self.status = "READY" if self.process is not None and self.process.alive() else "STARTING"
         owner.finished(jobs, responses, sent)
 
-    async def run(self, jobs: List[Job]) -> List[Response]:
+    async def run(self, jobs: List[Job], call: Optional[Callable[[], List[Response]]] = None) -> List[Response]:
         """One batch on the worker: its answers, or what each request gets when the worker's process ends
         (at once: its socket shut down, whatever it forked killed), when it passes responseTimeout, or
         when its reply cannot be read (``BrokenReply``); in each case the worker is killed (serve
-        restarts it). NotSent when the batch never reached it."""
+        restarts it). NotSent when the batch never reached it. ``call``: what runs it on the worker (in the
+        worker's thread; default its ``predict``: engine_continuous.py gives a step of a continuous batch)."""
         owner, process, loop = self.owner, self.process, asyncio.get_running_loop()
         timeout = owner.spec.response_timeout  # for the whole batch, a streamed answer's parts all within it
 
         def on_part(index: int, part: Response):  # in the worker's thread: a part of a streamed answer
             loop.call_soon_threadsafe(jobs[index].part, part, owner.stream_ended)
 
-        predicting = loop.run_in_executor(self.thread, process.predict, [j.request for j in jobs], on_part)
+        predicting = loop.run_in_executor(self.thread, call or (lambda: process.predict([j.request for j in jobs],
+                                                                                      on_part)))  # fmt: skip
         dying = asyncio.ensure_future(self.died.wait())
         try:
             await asyncio.wait({predicting, dying}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
@@ -345,6 +352,7 @@ class ModelWorkers:
         # a stateful model's (sequenceBatching): its requests wait in their sequences, not in the queue
         self.sequences = Sequences(sequences, lambda: self.workers) if sequences else None
         self.v2_metadata: Optional[dict] = None  # the inputs and outputs it declares (serving/v2_metadata.py)
+        self.continuous = bool(spec.continuous_batching)  # continuousBatching: requests join running batches
         self.workers = [self.new_worker(i) for i in range(spec.min_workers)]
         self.retired: List[Worker] = []  # scaled away: their index not given again while they hold it
         self.observe: Callable = lambda jobs, responses, sent, done: None  # metrics hook
@@ -489,6 +497,8 @@ class ModelWorkers:
     async def next_batch(self, worker: Worker) -> List[Job]:
         """The next batch for ``worker``: from the queue, or from its sequences (engine_sequences.py)."""
         size, delay = self.spec.batch_size, self.spec.max_batch_delay / 1000
+        if self.continuous and worker.running:  # a running continuous batch: those waiting now join it
+            return self.queue.take_now(size - len(worker.running))
         if self.sequences is not None:
             return await self.sequences.batch(worker, size, delay)
         return await self.queue.batch(size, delay)

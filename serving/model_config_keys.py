@@ -16,7 +16,7 @@ HONOURED, NOTED, REFUSED = "honoured", "noted", "refused"
 TORCHSERVE_TIMEOUT = 120  # s: ModelConfig's defaultResponseTimeout and defaultStartupTimeout
 # TorchServe's defaults for the noted keys, as its describe shows them (ModelConfig's fields)
 NOTED_DEFAULTS = {"maxRetryTimeoutInSec": 300, "clientTimeoutInMills": 0, "useJobTicket": False,
-                  "continuousBatching": False, "useVenv": False}  # fmt: skip
+                  "useVenv": False}  # fmt: skip
 
 KEYS: Dict[str, Tuple[str, str]] = {
     "minWorkers": (HONOURED, "the workers started (a snapshot's or a register's first)"),
@@ -41,7 +41,7 @@ KEYS: Dict[str, Tuple[str, str]] = {
     "sequenceTimeoutMSec": (HONOURED, "a sequence expires this long after it opened"),
     "maxSequenceJobQueueSize": (HONOURED, "requests waiting in one sequence"),
     "maxNumSequence": (HONOURED, "open sequences"),
-    "continuousBatching": (NOTED, "each batch runs whole: requests arriving meanwhile wait for the next batch"),
+    "continuousBatching": (HONOURED, "requests join a running batch between its steps (serving/engine_continuous.py)"),
     "asyncCommunication": (REFUSED, "an asynchronous worker (ts/async_service.py): serve it with --engine "
                                     "torchserve"),
     "useVenv": (NOTED, "the worker runs in the engine's Python: install the archive's requirements there"),

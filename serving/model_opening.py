@@ -65,6 +65,7 @@ def open_model(
         )
         if (found.config.get("jobQueueSize") or 0) > 0:  # TorchServe's Model: over job_queue_size
             spec.job_queue_size = found.config["jobQueueSize"]
+        spec.continuous_batching = found.config.get("continuousBatching") is True
     for note in notes:
         logger.warning("%s", note)
     for note in devices.notes:

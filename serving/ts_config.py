@@ -187,6 +187,7 @@ class ModelSpec:
     url: Optional[str] = None  # what a register named it by (describe's modelUrl; else the archive's file name)
     startup_timeout: Optional[int] = None  # s a worker may take to load (model_opening sets it; None: LOAD_TIMEOUT)
     job_queue_size: Optional[int] = None  # the model-config.yaml's jobQueueSize (None: the config's job_queue_size)
+    continuous_batching: bool = False  # the model-config.yaml's continuousBatching (serving/engine_continuous.py)
 
     def describe_settings(self) -> dict:
         return {

@@ -116,6 +116,29 @@ class WorkerProcess:
             raise WorkerDied(str(exc)) from None
         return reading.answers()
 
+    def step(self, requests: List[Request], ids: List[str], sizes: Dict[str, int]) -> List[Response]:
+        """One step of a continuous batch (TorchServe's ContinuousBatching), blocking: the requests under
+        ``ids`` (the ids they keep from step to step; one in the handler's cache already sent with no
+        parameters), and the worker's one reply, each answer with its ``ts_stream_next`` (more steps to
+        come) or without (its last). ``sizes``: each answer's bytes so far, against ``max_response_size``.
+        NotSent and WorkerDied as ``predict``."""
+        pieces = encode_batch(requests, ids)
+        if not self.alive():
+            raise NotSent()
+        try:
+            for piece in pieces:
+                self.sock.sendall(piece)
+        except OSError:
+            raise NotSent() from None
+        try:
+            code, message, got = self.stream.reply(self.max_response_size, sizes, ids)
+        except (OSError, struct.error) as exc:
+            raise WorkerDied(str(exc)) from None
+        if code != 200:
+            return batch_error(code, message, len(ids))
+        missing = batch_error(500, "the handler gave this request no answer in its batch", 1)[0]
+        return [got.get(request_id, missing) for request_id in ids]
+
     def kill(self):
         """End the worker and whatever it forked (its process group, ``start_worker``), and shut its socket
         down so that a predict blocked on it returns at once, even while a forked child still holds it."""

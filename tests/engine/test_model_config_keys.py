@@ -18,7 +18,7 @@ minWorkers: 1
 maxWorkers: 1
 jobQueueSize: 3
 startupTimeout: 200
-continuousBatching: true
+useJobTicket: true
 useVenv: true
 clientTimeoutInMills: 5000
 """
@@ -46,7 +46,7 @@ def test_a_refused_key_is_one_line_naming_it(key, value):
 
 def test_the_engine_serves_the_values_in_force_and_notes_the_rest(tmp_path):
     """An archive with a model-config.yaml: responseTimeout 120 (TorchServe's createModel) though
-    default_response_timeout is 300; its startupTimeout and jobQueueSize; continuousBatching, useVenv and
+    default_response_timeout is 300; its startupTimeout and jobQueueSize; useJobTicket, useVenv and
     clientTimeoutInMills noted in one line each, and described as the engine does them."""
     store = tmp_path / "model-store"
     config = tmp_path / "model-config.yaml"
@@ -59,13 +59,13 @@ def test_the_engine_serves_the_values_in_force_and_notes_the_rest(tmp_path):
     try:
         status, [described] = engine.get("/models/noted")
         assert status == 200
-        assert {k: described[k] for k in ("responseTimeout", "startupTimeout", "continuousBatching", "useVenv",
-                                          "clientTimeoutInMills")} == {
-            "responseTimeout": 120, "startupTimeout": 200, "continuousBatching": False, "useVenv": False,
-            "clientTimeoutInMills": 0}  # fmt: skip
+        assert {k: described[k] for k in ("responseTimeout", "startupTimeout", "useJobTicket", "useVenv",
+                                          "clientTimeoutInMills", "continuousBatching")} == {
+            "responseTimeout": 120, "startupTimeout": 200, "useJobTicket": False, "useVenv": False,
+            "clientTimeoutInMills": 0, "continuousBatching": False}  # fmt: skip
         assert described["jobQueueStatus"]["remainingCapacity"] == 3
         output = engine.output()
-        for key in ("continuousBatching", "useVenv", "clientTimeoutInMills"):
+        for key in ("useJobTicket", "useVenv", "clientTimeoutInMills"):
             assert f"noted.mar's model-config.yaml: {key}:" in output, output[-3000:]
     finally:
         assert engine.stop() == 0
