@@ -167,3 +167,9 @@ def profile_tables(shares: dict, cores: dict) -> str:
         f"| where the worker's CPU samples are | share |\n|---|---|\n{rows}\n\n"
         f"| process | cores used (of {os.cpu_count()}) |\n|---|---|\n{cpu_rows}"
     )
+
+
+def percentile(values, share: float) -> float:
+    """The value at ``share`` (0.9: the 90th percentile) of ``values``, nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]

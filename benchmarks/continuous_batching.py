@@ -19,12 +19,10 @@ import threading
 import time
 from pathlib import Path
 
-from common import alternate, write_section
+from common import alternate, percentile, write_section
 
-from archiver import properties, server  # noqa: E402
-from helpers import streams  # noqa: E402
-from helpers.engine import Engine  # noqa: E402
-from helpers.paths import short_tmp  # noqa: E402
+from archiver import properties  # noqa: E402
+from helpers import side_by_side, streams  # noqa: E402
 from samples import ts_continuous  # noqa: E402
 
 CONCURRENCY = (1, 8, 32)
@@ -65,9 +63,24 @@ def burst(side: dict, protocol: str, clients: int, tokens: int) -> dict:
             "failed": sum(not r[2] for r in results), "wall": wall}  # fmt: skip
 
 
-def percentile(values, share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+def compare(sides: dict, protocol: str, clients: int, args) -> list:
+    """One table row per side: ``clients`` streams at once, the sides alternating for ``args.rounds`` rounds."""
+    found = {name: [] for name in sides}
+
+    def run_side(name):
+        def run():
+            found[name].append(burst(sides[name], protocol, clients, args.tokens))
+            return found[name][-1]["failed"]
+
+        return run
+
+    alternate({name: run_side(name) for name in sides}, args.rounds)
+    rows = []
+    for name, runs in found.items():
+        firsts = [f * 1000 for r in runs for f in r["first"]]
+        rate = statistics.median(r["tokens"] / r["wall"] for r in runs)
+        rows.append((protocol, clients, name, firsts, rate, sum(r["failed"] for r in runs), clients * len(runs)))
+    return rows
 
 
 def main():
@@ -78,37 +91,16 @@ def main():
     root = Path(tempfile.mkdtemp(prefix="cb-"))
     store = root / "model-store"
     ts_continuous.build(store, batch=8, step=0.02)
-    config = properties.write_config(store, root / "config" / "config.properties",
-                                     extra={"disable_token_authorization": "true"})  # fmt: skip
-    home = short_tmp("cb-")
-    torchserve = server.start(config, store, home, timeout=300)
-    engine = Engine(root).wait_ready()
-    sides = {
-        "TorchServe 0.12": {"http": int(torchserve.inference.rsplit(":", 1)[1]), "grpc": torchserve.ts_grpc_inference},
-        "tsctl engine": {"http": engine.http, "grpc": f"127.0.0.1:{engine.ts_grpc}"},
-    }
+    properties.write_config(store, root / "config" / "config.properties", extra={"disable_token_authorization": "true"})
     rows = []
-    try:
+    with side_by_side.started(root, "cb-") as (torchserve, engine):
+        sides = {
+            "TorchServe 0.12": {"http": side_by_side.http_port(torchserve), "grpc": torchserve.ts_grpc_inference},
+            "tsctl engine": {"http": engine.http, "grpc": f"127.0.0.1:{engine.ts_grpc}"},
+        }
         for protocol in ("HTTP", "gRPC"):
             for clients in CONCURRENCY:
-                found = {name: [] for name in sides}
-
-                def run_side(name):
-                    def run():
-                        found[name].append(burst(sides[name], protocol, clients, args.tokens))
-                        return found[name][-1]["failed"]
-
-                    return run
-
-                alternate({name: run_side(name) for name in sides}, args.rounds)
-                for name, runs in found.items():
-                    firsts = [f * 1000 for r in runs for f in r["first"]]
-                    rate = statistics.median(r["tokens"] / r["wall"] for r in runs)
-                    failed = sum(r["failed"] for r in runs)
-                    rows.append((protocol, clients, name, firsts, rate, failed, clients * len(runs)))
-    finally:
-        server.stop(torchserve)
-        engine.stop()
+                rows.extend(compare(sides, protocol, clients, args))
 
     def cells(firsts, rate, failed, total):
         if not firsts:

@@ -15,7 +15,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from common import alternate, write_section
+from common import alternate, percentile, write_section
 
 from archiver import properties, server  # noqa: E402
 from helpers import streams  # noqa: E402
@@ -57,11 +57,6 @@ def measure(side: dict, protocol: str, model: str, body: bytes, parts: int, coun
         firsts.append(times[0] * 1000)
         lasts.append(times[-1] * 1000)
     return firsts, lasts
-
-
-def percentile(values, share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
 def main():

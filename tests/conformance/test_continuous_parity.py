@@ -5,16 +5,13 @@ StreamPredictions: TorchServe 0.12 sends the first token and then nothing until 
 (docs/engines.md), the engine every token."""
 
 import json
-import shutil
 import threading
 import time
 
 import pytest
 
-from archiver import properties, server
-from helpers import streams, ts_grpc
-from helpers.engine import Engine
-from helpers.paths import short_tmp
+from archiver import properties
+from helpers import side_by_side, streams, ts_grpc
 from samples import ts_continuous
 
 pytestmark = pytest.mark.matrix
@@ -32,21 +29,12 @@ def sides(tmp_path_factory):
     properties.write_config(store, root / "config" / "config.properties",
                             extra={"disable_token_authorization": "true"})  # fmt: skip
     stubs = ts_grpc.generate(root / "stubs")
-    home = short_tmp("tscb-")
-    torchserve = server.start(root / "config" / "config.properties", store, home, timeout=300)
-    engine = None
-    try:
-        engine = Engine(root).wait_ready()
+    with side_by_side.started(root, "tscb-") as (torchserve, engine):
         yield {
-            "TorchServe": (int(torchserve.inference.rsplit(":", 1)[1]), torchserve.ts_grpc_inference,
+            "TorchServe": (side_by_side.http_port(torchserve), torchserve.ts_grpc_inference,
                            torchserve.ts_grpc_management, stubs),
             "engine": (engine.http, f"127.0.0.1:{engine.ts_grpc}", f"127.0.0.1:{engine.ts_grpc_management}", stubs),
         }  # fmt: skip
-    finally:
-        server.stop(torchserve)
-        shutil.rmtree(home, ignore_errors=True)
-        if engine is not None:
-            assert engine.stop() == 0
 
 
 def test_the_same_chunks_over_http(sides):

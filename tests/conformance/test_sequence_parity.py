@@ -8,7 +8,6 @@ make matrix (TorchServe takes ~20 s to start); tests/engine/test_sequences.py is
 The last case breaks TorchServe's model (unary gRPC calls to a stateful model), so it runs last."""
 
 import json
-import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,9 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from archiver import properties, server
-from helpers import ts_grpc
-from helpers.engine import Engine
-from helpers.paths import short_tmp
+from helpers import sequences, side_by_side, ts_grpc
 from samples import ts_stateful
 
 pytestmark = pytest.mark.matrix
@@ -34,34 +31,17 @@ def sides(tmp_path_factory):
     properties.write_config(store, root / "config" / "config.properties",
                             extra={"disable_token_authorization": "true"})  # fmt: skip
     stubs = ts_grpc.generate(root / "stubs")
-    home = short_tmp("tsseq-")
-    torchserve = server.start(root / "config" / "config.properties", store, home, timeout=300)
-    engine = None
-    try:
-        engine = Engine(root).wait_ready()
+    with side_by_side.started(root, "tsseq-") as (torchserve, engine):
         yield {
             "TorchServe": (torchserve.inference, torchserve.management, torchserve.ts_grpc_inference,
                            torchserve.ts_grpc_management, stubs),
             "engine": (engine.url, engine.url, f"127.0.0.1:{engine.ts_grpc}", f"127.0.0.1:{engine.ts_grpc_management}",
                        stubs),
         }  # fmt: skip
-    finally:
-        server.stop(torchserve)
-        shutil.rmtree(home, ignore_errors=True)
-        if engine is not None:
-            assert engine.stop() == 0
 
 
 def post(side, model: str, body, sequence=None, end=False):
-    headers = {"Content-Type": "text/plain"}
-    if sequence:
-        headers["ts_request_sequence_id"] = sequence
-    if end:
-        headers["ts_request_sequence_end"] = "true"
-    status, answer = server.request(f"{side[0]}/predictions/{model}", str(body).encode(), "POST", headers, 30)
-    if isinstance(answer, dict) and "message" in answer:  # TorchServe's error body
-        answer = (answer.get("type"), answer["message"])
-    return status, answer
+    return sequences.post(side[0], model, body, sequence, end)
 
 
 def both(sides, run) -> dict:

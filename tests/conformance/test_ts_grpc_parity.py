@@ -10,15 +10,12 @@ breaks TorchServe's workers (its bugs), so it runs last.
 """
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from archiver import properties, server
-from helpers import streams, ts_grpc, waiting
-from helpers.engine import Engine
-from helpers.paths import short_tmp
+from helpers import side_by_side, streams, ts_grpc, waiting
 from samples import ts_examples, ts_streaming
 
 pytestmark = pytest.mark.matrix
@@ -73,22 +70,13 @@ def tree(tmp_path_factory):
 @pytest.fixture(scope="module")
 def sides(tree):
     stubs = ts_grpc.generate(tree / "stubs")
-    home = short_tmp("tsgp-")
-    torchserve = server.start(tree / "config" / "config.properties", tree / "model-store", home, timeout=300)
-    engine = None
-    try:
-        engine = Engine(tree).wait_ready()
+    with side_by_side.started(tree, "tsgp-") as (torchserve, engine):
         yield {
-            "TorchServe": Side(int(torchserve.inference.rsplit(":", 1)[1]), torchserve.management,
+            "TorchServe": Side(side_by_side.http_port(torchserve), torchserve.management,
                                torchserve.ts_grpc_inference, torchserve.ts_grpc_management, stubs),
             "engine": Side(engine.http, engine.url, f"127.0.0.1:{engine.ts_grpc}",
                            f"127.0.0.1:{engine.ts_grpc_management}", stubs),
         }  # fmt: skip
-    finally:
-        server.stop(torchserve)
-        shutil.rmtree(home, ignore_errors=True)
-        if engine is not None:
-            assert engine.stop() == 0
 
 
 def both(sides, run):

@@ -1,0 +1,31 @@
+"""TorchServe 0.12 and the tsctl engine started on one tree (``config/config.properties``, ``model-store/``),
+for the tests that send both the same calls; both stopped by their own process groups after."""
+
+import contextlib
+import shutil
+from pathlib import Path
+
+from archiver import server
+from helpers.engine import Engine
+from helpers.paths import short_tmp
+
+
+@contextlib.contextmanager
+def started(root: Path, prefix: str):
+    """(torchserve, engine): TorchServe's ``server.Server`` (its home a short temporary directory named
+    ``prefix``...) and the engine (helpers/engine.py), each ready."""
+    home = short_tmp(prefix)
+    torchserve = server.start(root / "config" / "config.properties", root / "model-store", home, timeout=300)
+    engine = None
+    try:
+        engine = Engine(root).wait_ready()
+        yield torchserve, engine
+    finally:
+        server.stop(torchserve)
+        shutil.rmtree(home, ignore_errors=True)
+        if engine is not None:
+            assert engine.stop() == 0
+
+
+def http_port(torchserve) -> int:
+    return int(torchserve.inference.rsplit(":", 1)[1])
