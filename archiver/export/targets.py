@@ -79,8 +79,10 @@ class Target:
 
     def envelope_batches(self) -> bool:
         """True when archives of handlers that are not the toolkit's run inside TorchServe's KServe
-        envelope, which answers every request of a batch of several with 503 (export sets batchSize 1)."""
-        return False
+        envelope, which answers every request of a batch of several with 503 (export sets batchSize 1):
+        on TorchServe and on the tsctl engine alike, whose workers are TorchServe's and get the envelope
+        KServe's TS_SERVICE_ENVELOPE names (ts/model_loader.py wraps the handler in it)."""
+        return True
 
     def prepare(self, options, properties: Dict[str, str], archives: List[Path], notes: List[str], scratch: Path):
         """Change the exported config for this runtime; return {archive: its requirements.txt for the
@@ -142,9 +144,6 @@ class TorchServeTarget(Target):
     name = "torchserve"
     title = "TorchServe"
     export_flags = ("offline",)
-
-    def envelope_batches(self) -> bool:
-        return True
 
     def export_notice(self, options: ExportOptions) -> Optional[str]:
         what = "resolving and downloading" if options.offline else "resolving"

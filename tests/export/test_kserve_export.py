@@ -735,10 +735,11 @@ def test_engine_export_is_a_serving_runtime_and_an_isvc_over_the_same_storage(pr
     assert 'ENTRYPOINT ["python", "-m", "serving.engine"]' in dockerfile and "USER 1000" in dockerfile
     assert "\nARG BASE_IMAGE=python:3." in dockerfile and "\nFROM ${BASE_IMAGE}\n" in dockerfile
     assert '"--ts_config=/mnt/models/config/config.properties"' in dockerfile
-    # the engine reads the snapshot as written: no TorchServe envelope, no per-model install to lock for
+    # the engine's workers are TorchServe's, in KServe's envelope as on TorchServe (issue #47: 8 of 8 concurrent
+    # v1 requests answered 503 with batchSize 8): the user's own handler's batch size is made safe too
     snapshot = json.loads(properties.read_properties(tmp_path / "engine/config/config.properties")["model_snapshot"])
-    assert snapshot["models"]["custom"]["1.0"]["batchSize"] == 8
-    assert not any("batchSize set to 1" in note for note in result.notes)
+    assert snapshot["models"]["custom"]["1.0"]["batchSize"] == 1
+    assert any("custom: batchSize set to 1" in note for note in result.notes)
     for archive in (project / "model-store").glob("*.mar"):
         assert (tmp_path / "engine" / "model-store" / archive.name).read_bytes() == archive.read_bytes()
 
@@ -936,3 +937,27 @@ def test_a_container_too_small_for_its_workers_gets_a_note(project, tmp_path, me
         assert noted in note, note
     else:
         assert said == []
+
+
+def test_the_engine_export_serves_a_users_handler_under_concurrent_requests(project, tmp_path):
+    """The engine export of a user's handler (batchSize 8 in its archive), served as the pod serves it: the
+    engine on the exported tree with KServe's TS_SERVICE_ENVELOPE=kserve. 8 concurrent v1 requests all
+    answered (issue #47: with batchSize 8 kept, TorchServe's envelope answered all 8 with 503 'number of
+    batch response mismatched')."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from archiver import server
+    from helpers.engine import Engine
+
+    out = tmp_path / "engine"
+    kserve.export(options(project, out, engine="tsctl", image=IMAGE))
+    engine = Engine(out, env={"TS_SERVICE_ENVELOPE": "kserve"}).wait_ready()
+    try:
+        url = f"{engine.url}/v1/models/custom:predict"
+        bodies = [json.dumps({"instances": [[k, k + 1]]}).encode() for k in range(8)]
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda b: server.request(url, b, "POST", {"Content-Type": "application/json"},
+                                                             60), bodies))  # fmt: skip
+    finally:
+        assert engine.stop() == 0
+    assert [status for status, _ in answers] == [200] * 8, answers
