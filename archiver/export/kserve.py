@@ -76,7 +76,7 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     check_keys(properties, config_path)
     snapshot = snapshot_of(properties, config_path)
     target.check_properties(properties, config_path)
-    archives = check_models(snapshot, Path(options.model_store), notes, target.envelope_batches())
+    archives = check_models(snapshot, Path(options.model_store), notes, target.envelope_batches(), target.archive_notes)
     gpu_settings(options, properties, config_path, notes)
     notes += memory_notes(options, snapshot)
     check_split(options, snapshot)
@@ -263,9 +263,11 @@ def memory_notes(options: ExportOptions, snapshot: dict) -> List[str]:
     ]
 
 
-def check_models(snapshot: dict, store: Path, notes: List[str], envelope_batches: bool = True) -> List[Path]:
+def check_models(snapshot: dict, store: Path, notes: List[str], envelope_batches: bool = True,
+                 archive_notes=lambda config, where: []) -> List[Path]:  # fmt: skip
     """Each snapshot entry's archive exists and names the same model; with ``envelope_batches`` (TorchServe
-    under KServe), batch sizes safe under its envelope."""
+    under KServe), batch sizes safe under its envelope; ``archive_notes(config, where)``: the target's
+    notes on each archive's model-config.yaml (UserError for what it cannot serve)."""
     check_store(store)
     archives = []
     for name, versions in snapshot.get("models", {}).items():
@@ -288,6 +290,7 @@ def check_models(snapshot: dict, store: Path, notes: List[str], envelope_batches
                     f"'{manifest['modelName']}': KServe serves the key, so requests for either would miss one; "
                     "run 'tsctl config' again"
                 )
+            notes.extend(archive_notes(model_config(archive), f"{archive.name}'s model-config.yaml"))
             toolkit = handler_record(archive) is not None
             if envelope_batches and not toolkit and entry.get("batchSize", 1) > 1:
                 entry["batchSize"] = 1

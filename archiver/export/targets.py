@@ -84,6 +84,11 @@ class Target:
         KServe's TS_SERVICE_ENVELOPE names (ts/model_loader.py wraps the handler in it)."""
         return True
 
+    def archive_notes(self, config: dict, where: str) -> List[str]:
+        """Notes on an archive's model-config.yaml keys this runtime serves otherwise than TorchServe 0.12
+        (UserError for one it cannot serve): none on TorchServe itself."""
+        return []
+
     def prepare(self, options, properties: Dict[str, str], archives: List[Path], notes: List[str], scratch: Path):
         """Change the exported config for this runtime; return {archive: its requirements.txt for the
         image} for the archives to rewrite with locked requirements (the others are copied as they are)."""
@@ -208,6 +213,15 @@ class TsctlTarget(Target):
 
         tsctl_image.check_runtime_kind(options.runtime_kind)
         tsctl_image.check_selection(options)
+
+    def archive_notes(self, config: dict, where: str) -> List[str]:
+        """The engine's notes on the keys it does not do (serving/model_config_keys.py), as it logs them at load."""
+        from serving import model_config_keys
+
+        try:
+            return model_config_keys.check(config, where)
+        except model_config_keys.ModelConfigRefused as exc:
+            raise UserError(str(exc)) from None
 
     def check_properties(self, properties: Dict[str, str], path: Path):
         super().check_properties(properties, path)

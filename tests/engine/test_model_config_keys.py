@@ -69,3 +69,32 @@ def test_the_engine_serves_the_values_in_force_and_notes_the_rest(tmp_path):
             assert f"noted.mar's model-config.yaml: {key}:" in output, output[-3000:]
     finally:
         assert engine.stop() == 0
+
+
+@pytest.mark.parametrize("config_text, noted, refused", [
+    ("batchSize: 1\nuseVenv: true\n", "custom.mar's model-config.yaml: useVenv: True is not done by the tsctl", None),
+    ("batchSize: 1\nasyncCommunication: true\n", None, "custom.mar's model-config.yaml: asyncCommunication is True"),
+])  # fmt: skip
+def test_the_engine_export_notes_and_refuses_the_same_keys(image_sample, tmp_path, config_text, noted, refused):
+    """tsctl export kserve --engine tsctl says at export what the engine would say at load; the TorchServe
+    export nothing (TorchServe does them)."""
+    from archiver import properties as config_properties
+    from archiver.errors import UserError
+    from archiver.export import kserve
+    from helpers.models import package_resnet
+
+    store = tmp_path / "model-store"
+    handler = tmp_path / "my_handler.py"
+    handler.write_text("def handle(data, context):\n    return data\n")
+    package_resnet(image_sample, store, name="custom", handler=str(handler), config_text=config_text)
+    config_properties.write_config(store, tmp_path / "config" / "config.properties")
+    base = dict(name="vision", storage_uri="pvc://models/tsctl", config=str(tmp_path / "config" / "config.properties"),
+                model_store=str(store))  # fmt: skip
+    engine = dict(base, out=str(tmp_path / "engine"), engine="tsctl", image="registry.local/tsctl:1")
+    if refused:
+        with pytest.raises(UserError, match=refused):
+            kserve.export(kserve.ExportOptions(**engine))
+        return
+    assert any(noted in note for note in kserve.export(kserve.ExportOptions(**engine)).notes)
+    torchserve = kserve.export(kserve.ExportOptions(**base, out=str(tmp_path / "torchserve")))
+    assert not any("useVenv" in note for note in torchserve.notes)
