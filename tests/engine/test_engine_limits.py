@@ -201,7 +201,9 @@ def test_big_typed_grpc_calls_stall_no_rest_request(engine):
     answered = [answer for code, answer in results if code is None]
     refused = [(code, answer) for code, answer in results if code is not None]
     assert all(abs(answer["sum"] - want) < 1e-3 * abs(want) for answer in answered) and len(answered) >= 3, brief
-    assert all(code == grpc.StatusCode.UNAVAILABLE and "--max_inflight_bytes" in why for code, why in refused), brief
+    # (refused by the bodies in flight, or by the client's share of the gRPC reads' budget, #43's READS_SHARE)
+    assert all(code == grpc.StatusCode.UNAVAILABLE and ("--max_inflight_bytes" in why or "READS_SHARE" in why)
+               for code, why in refused), brief  # fmt: skip
     grown = peak_rss(engine.process.pid) - peak_before
     print(f"REST during 6 x 32 MB gRPC: {len(latencies)} requests, max {max(latencies):.2f} s; engine grew {grown:,}")
     assert set(statuses) == {200}, statuses
