@@ -31,7 +31,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Dict, List, Optional
 
-from .engine_queue import Job
+from .engine_queue import Job, wait_within
 
 Worker = Any  # engine_workers' (which imports this module)
 
@@ -185,6 +185,9 @@ class Sequences:
             return False
         return sequence.worker is worker or sequence.worker not in self.workers()  # its own, or one left behind
 
+    def _ready(self, worker: Worker) -> bool:
+        return any(self._takes(worker, s) for s in self.open.values())
+
     def _take(self, worker: Worker, count: int) -> List[Job]:
         taken = []
         for sequence in self.open.values():
@@ -202,7 +205,7 @@ class Sequences:
         taken: List[Job] = []
         try:
             async with self.changed:
-                await self.changed.wait_for(lambda: any(self._takes(worker, s) for s in self.open.values()))
+                await self.changed.wait_for(lambda: self._ready(worker))
                 taken = self._take(worker, size)
                 deadline = loop.time() + delay
                 while len(taken) < size:
@@ -211,12 +214,7 @@ class Sequences:
                         taken.extend(more)
                         continue
                     wait = deadline - loop.time()
-                    if wait <= 0:
-                        break
-                    ready = self.changed.wait_for(lambda: any(self._takes(worker, s) for s in self.open.values()))
-                    try:
-                        await asyncio.wait_for(ready, wait)
-                    except asyncio.TimeoutError:
+                    if wait <= 0 or not await wait_within(self.changed, lambda: self._ready(worker), wait):
                         break
         except asyncio.CancelledError:
             self.restore(taken)  # nothing taken is lost
