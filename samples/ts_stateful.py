@@ -34,13 +34,17 @@ sequenceBatching: true
 handler:
   cache:
     capacity: 4
+  load_seconds: {load_seconds}
 """
 
 
-def config(out: Path, idle_ms: int, workers: int = 2, batch: int = 4, sequences: int = 4, queue: int = 10) -> Path:
-    path = out / f"model-config-{idle_ms}-{workers}-{batch}-{sequences}-{queue}.yaml"
+def config(out: Path, idle_ms: int, workers: int = 2, batch: int = 4, sequences: int = 4, queue: int = 10,
+           load_seconds: float = 0) -> Path:  # fmt: skip
+    """The example's model-config.yaml; ``load_seconds``: running_sum's load takes that long (a worker
+    starting again stays STARTING a while)."""
+    path = out / f"model-config-{idle_ms}-{workers}-{batch}-{sequences}-{queue}-{load_seconds}.yaml"
     path.write_text(EXAMPLE_CONFIG.format(idle_ms=idle_ms, workers=workers, batch=batch, sequences=sequences,
-                                          queue=queue))  # fmt: skip
+                                          queue=queue, load_seconds=load_seconds))  # fmt: skip
     return path
 
 

@@ -43,6 +43,32 @@ class Job:
             self.done.set_result(response)
 
 
+async def wait_within(changed: asyncio.Condition, ready: Callable[[], bool], seconds: float) -> bool:
+    """``changed.wait_for(ready)`` (its lock held) for at most ``seconds``: whether ``ready()`` then. Not
+    ``asyncio.wait_for``: before Python 3.12 it returns the inner wait's result when a cancellation meets
+    it done (a request came in the same turn as the worker died or was scaled away), so a batch gathered
+    for a worker that had gone was returned to no one, its requests never answered and a stateful model's
+    sequences held busy for ever."""
+    over = False
+
+    def wake():
+        nonlocal over
+        over = True
+        asyncio.ensure_future(notify_all(changed))
+
+    timer = asyncio.get_running_loop().call_later(max(0.0, seconds), wake)
+    try:
+        await changed.wait_for(lambda: over or ready())
+    finally:
+        timer.cancel()
+    return ready()
+
+
+async def notify_all(changed: asyncio.Condition):
+    async with changed:
+        changed.notify_all()
+
+
 class JobQueue:
     """Requests waiting for a worker, in arrival order; ``batch`` gathers the next batch. A request whose
     client left (its future done) is not counted, and makes room for the next."""
@@ -94,11 +120,7 @@ class JobQueue:
                         taken.append(self.items.popleft())
                         continue
                     wait = deadline - asyncio.get_running_loop().time()
-                    if wait <= 0:
-                        break
-                    try:
-                        await asyncio.wait_for(self.changed.wait_for(lambda: self.items), wait)
-                    except asyncio.TimeoutError:
+                    if wait <= 0 or not await wait_within(self.changed, lambda: bool(self.items), wait):
                         break
         except asyncio.CancelledError:
             self.items.extendleft(reversed(taken))  # nothing taken is lost

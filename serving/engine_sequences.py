@@ -8,7 +8,8 @@ does the same, in these few rules:
 - **Ids.** A request names its sequence in the ``ts_request_sequence_id`` header (gRPC
   ``StreamPredictions2``: the message's ``sequence_id``). A request without one starts a sequence of its
   own: ``ts-seq-`` and a UUID, with ``ts_request_sequence_start: true`` (the handler reads both with
-  ``context.get_sequence_id``/``get_request_header``).
+  ``context.get_sequence_id``/``get_request_header``, by those names however the client spelled them). An
+  open sequence is kept by a 16-byte digest of its id (``key_of``), so long ids cost no more than short.
 - **Bounds.** At most ``maxNumSequence`` sequences open (default 1; the engine also at most
   ``MAX_SEQUENCES``), each with at most
   ``maxSequenceJobQueueSize`` requests waiting; past either, TorchServe's 503 (``no_worker_message``).
@@ -26,12 +27,13 @@ does the same, in these few rules:
 
 import asyncio
 import collections
+import hashlib
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Dict, List, Optional
 
-from .engine_queue import Job
+from .engine_queue import Job, wait_within
 
 Worker = Any  # engine_workers' (which imports this module)
 
@@ -101,14 +103,25 @@ def refuse_stateful(config: dict, where: str, server: str):
 
 def sequence_headers(headers: Dict[str, str]) -> str:
     """The request's sequence id (a header of any case); without one a new id, with the start header set,
-    as TorchServe's frontend sets them (``headers`` changed in place)."""
-    for name, value in headers.items():
-        if name.lower() == SEQUENCE_ID and value:
-            return value
-    sequence_id = f"ts-seq-{uuid.uuid4()}"
-    headers[SEQUENCE_START] = "true"
+    as TorchServe's frontend sets them (``headers`` changed in place). The id and the end header, however
+    the client spelled them, reach the handler under TorchServe's names too: its context reads them by
+    those exact names (ts/context.py ``get_sequence_id``), so ``TS_REQUEST_SEQUENCE_ID`` made every such
+    sequence ``None`` to the handler, their states one (TorchServe 0.12's Netty finds the header in any
+    case and passes it as spelled: the same mix there)."""
+    sequence_id = next((value for name, value in headers.items() if name.lower() == SEQUENCE_ID and value), "")
+    if not sequence_id:
+        sequence_id = f"ts-seq-{uuid.uuid4()}"
+        headers[SEQUENCE_START] = "true"
     headers[SEQUENCE_ID] = sequence_id
+    if ends(headers):
+        headers[SEQUENCE_END] = "true"
     return sequence_id
+
+
+def key_of(sequence_id: str) -> bytes:
+    """An open sequence's key: 16 bytes however long its id (an HTTP head may be 64 KiB, a gRPC message
+    more), so that open sequences hold memory by their count alone (MAX_SEQUENCES of 60 KiB ids: 3.8 GiB)."""
+    return hashlib.blake2b(sequence_id.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def ends(headers: Dict[str, str]) -> bool:
@@ -120,8 +133,8 @@ class Sequence:
 
     __slots__ = ("id", "jobs", "worker", "busy", "last", "deadline", "ending")
 
-    def __init__(self, sequence_id: str, worker: Optional[Worker], timeout_ms: int):
-        self.id, self.worker, self.busy, self.ending = sequence_id, worker, False, False
+    def __init__(self, key: bytes, worker: Optional[Worker], timeout_ms: int):
+        self.id, self.worker, self.busy, self.ending = key, worker, False, False
         self.jobs: Deque[Job] = collections.deque()
         self.last = time.monotonic()
         self.deadline = self.last + timeout_ms / 1000 if timeout_ms else None
@@ -137,7 +150,7 @@ class Sequences:
 
     def __init__(self, settings: SequenceSettings, workers: Callable[[], List[Worker]]):
         self.settings, self.workers = settings, workers
-        self.open: Dict[str, Sequence] = {}
+        self.open: Dict[bytes, Sequence] = {}  # by key_of(the sequence id)
         self.changed = asyncio.Condition()
 
     def __len__(self):
@@ -149,12 +162,12 @@ class Sequences:
     async def admit(self, job: Job) -> bool:
         """Queue ``job`` on its sequence (opened when new); False past the bounds."""
         self.expire()
-        sequence_id = sequence_headers(job.request.headers)
-        sequence = self.open.get(sequence_id)
+        key = key_of(sequence_headers(job.request.headers))
+        sequence = self.open.get(key)
         if sequence is None:
             if len(self.open) >= self.settings.max_sequences:
                 return False
-            sequence = self.open[sequence_id] = Sequence(sequence_id, self.least_held(), self.settings.timeout_ms)
+            sequence = self.open[key] = Sequence(key, self.least_held(), self.settings.timeout_ms)
         sequence.waiting()
         if len(sequence.jobs) >= self.settings.queue_size:
             return False
@@ -185,6 +198,9 @@ class Sequences:
             return False
         return sequence.worker is worker or sequence.worker not in self.workers()  # its own, or one left behind
 
+    def _ready(self, worker: Worker) -> bool:
+        return any(self._takes(worker, s) for s in self.open.values())
+
     def _take(self, worker: Worker, count: int) -> List[Job]:
         taken = []
         for sequence in self.open.values():
@@ -202,7 +218,7 @@ class Sequences:
         taken: List[Job] = []
         try:
             async with self.changed:
-                await self.changed.wait_for(lambda: any(self._takes(worker, s) for s in self.open.values()))
+                await self.changed.wait_for(lambda: self._ready(worker))
                 taken = self._take(worker, size)
                 deadline = loop.time() + delay
                 while len(taken) < size:
@@ -211,12 +227,7 @@ class Sequences:
                         taken.extend(more)
                         continue
                     wait = deadline - loop.time()
-                    if wait <= 0:
-                        break
-                    ready = self.changed.wait_for(lambda: any(self._takes(worker, s) for s in self.open.values()))
-                    try:
-                        await asyncio.wait_for(ready, wait)
-                    except asyncio.TimeoutError:
+                    if wait <= 0 or not await wait_within(self.changed, lambda: self._ready(worker), wait):
                         break
         except asyncio.CancelledError:
             self.restore(taken)  # nothing taken is lost

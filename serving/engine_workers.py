@@ -437,6 +437,8 @@ class ModelWorkers:
         for worker in leaving:
             self.workers.remove(worker)
         self.retired.extend(leaving)
+        if self.sequences is not None:  # theirs are the others' now: a worker waiting for its own looks again
+            await self.sequences.notify()
         retired = asyncio.ensure_future(self.retire(leaving))
         if wait:
             await retired

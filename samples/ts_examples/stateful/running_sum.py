@@ -4,7 +4,8 @@ Each request's body is a whole number, or ``die`` (the worker kills itself: a wo
 mid-sequence) or ``sleep S`` (holds its worker S seconds, counted as 0). The answer, JSON: the sum
 of the sequence so far, how many requests it has seen, and the start and end headers the frontend
 gave (``ts_request_sequence_start``, ``ts_request_sequence_end``). A sequence starts afresh at its
-start header, and its state is dropped at its end."""
+start header, and its state is dropped at its end. Its load takes the model-config.yaml's
+``handler.load_seconds`` (0 when absent)."""
 
 import json
 import os
@@ -17,6 +18,7 @@ from ts.torch_handler.base_handler import BaseHandler
 class RunningSum(BaseHandler):
     def initialize(self, context):
         self.sums = {}
+        time.sleep(float(((context.model_yaml_config or {}).get("handler") or {}).get("load_seconds") or 0))
         self.initialized = True
 
     def handle(self, data, context):
