@@ -11,6 +11,7 @@ takes, every model-config.yaml key TorchServe 0.12 reads, and refuses a handler 
 model before writing anything. (pytorch/serve's example handlers: test_conformance.py.)"""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -107,7 +108,11 @@ def package_with_torch_model_archiver(store: Path, name: str, handler: str, *fla
     archiver = Path(sys.executable).parent / "torch-model-archiver"
     command = [str(archiver), "--model-name", name, "--version", "1.0", "--handler", handler, "--export-path"]
     store.mkdir(parents=True, exist_ok=True)
-    subprocess.run(command + [str(store), *flags], check=True, timeout=300)
+    # torch-model-archiver stages in $TMPDIR/NAME, removing what is there: a TMPDIR of its own, so that another
+    # test process packaging the same name at the same time does not empty it (a suite run: /tmp/a gone)
+    scratch = store.parent / f"{store.name}-tmp"
+    scratch.mkdir(exist_ok=True)
+    subprocess.run(command + [str(store), *flags], check=True, timeout=300, env=dict(os.environ, TMPDIR=str(scratch)))
     return store / f"{name}.mar"
 
 

@@ -3,8 +3,11 @@ and gRPC clients from a served engine: a toolkit handler's own declaration (the 
 handler declaring them in its model-config.yaml's v2_metadata section, and one declaring nothing (empty
 lists, and a note in the REST body saying how to declare them)."""
 
+import json
+import subprocess
+import sys
+
 import pytest
-import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 
 from archiver.errors import UserError
@@ -39,18 +42,30 @@ def engine(image_sample, tmp_path_factory):
     assert running.stop() == 0
 
 
+GRPC_METADATA = """
+import json, sys
+import tritonclient.grpc as triton_grpc
+address, name, key = sys.argv[1:4]
+client = triton_grpc.InferenceServerClient(address)
+headers = {"authorization": key} if key else {}
+print(json.dumps(client.get_model_metadata(name, headers=headers, as_json=True, client_timeout=30)))
+"""
+
+
 def metadata(engine, name: str) -> dict:
-    """{"http": ..., "grpc": ...}: tritonclient's get_model_metadata on each protocol, as dicts."""
+    """{"http": ..., "grpc": ...}: tritonclient's get_model_metadata on each protocol, as dicts. Its gRPC
+    client in a process of its own (its protos and kserve's declare the same ``inference`` package, which
+    one Python process cannot hold: tests/helpers/grpc_client.py)."""
+    key = engine.headers("inference")  # token authorization: TorchServe 0.12's default, on
     http = triton_http.InferenceServerClient(f"127.0.0.1:{engine.http}", network_timeout=30)
-    grpc = triton_grpc.InferenceServerClient(f"127.0.0.1:{engine.grpc}")
     try:
-        key = engine.headers("inference")  # token authorization: TorchServe 0.12's default, on
-        over_grpc = grpc.get_model_metadata(name, headers={k.lower(): v for k, v in key.items()}, as_json=True,
-                                            client_timeout=30)  # fmt: skip
-        return {"http": http.get_model_metadata(name, headers=key), "grpc": over_grpc}
+        over_http = http.get_model_metadata(name, headers=key)
     finally:
         http.close()
-        grpc.close()
+    command = [sys.executable, "-c", GRPC_METADATA, f"127.0.0.1:{engine.grpc}", name, key.get("Authorization", "")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {"http": over_http, "grpc": json.loads(done.stdout)}
 
 
 def tensors(answer: dict, side: str) -> list:
