@@ -33,7 +33,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Dict, List, Optional
 
-from .engine_queue import Job, wait_within
+from .engine_queue import Job, notify_all, wait_within
 
 Worker = Any  # engine_workers' (which imports this module)
 
@@ -156,9 +156,6 @@ class Sequences:
     def __len__(self):
         return len(self.open)
 
-    def pending(self) -> int:
-        return sum(len(s.jobs) for s in self.open.values())
-
     async def admit(self, job: Job) -> bool:
         """Queue ``job`` on its sequence (opened when new); False past the bounds."""
         self.expire()
@@ -241,8 +238,7 @@ class Sequences:
             job.sequence.busy = False
 
     async def notify(self):
-        async with self.changed:
-            self.changed.notify_all()
+        await notify_all(self.changed)
 
     async def put_back(self, jobs: List[Job]):
         """Jobs taken but never sent (their worker stopped): first in their sequences again."""
