@@ -97,14 +97,7 @@ class WorkerProcess:
         (``too_large``, ``error``), and what the handler sends after it is dropped. Without
         ``on_part`` the parts are joined into one answer."""
         ids = [str(uuid.uuid4()) for _ in requests]
-        pieces = encode_batch(requests, ids)
-        if not self.alive():
-            raise NotSent()
-        try:
-            for piece in pieces:  # a batch cut short is not one the worker can run: not sent either
-                self.sock.sendall(piece)
-        except OSError:
-            raise NotSent() from None
+        self.send(requests, ids)
         reading = Replies(ids, on_part)
         try:
             while not reading.complete():  # a streaming handler (ts_stream_next) answers in several replies
@@ -116,12 +109,9 @@ class WorkerProcess:
             raise WorkerDied(str(exc)) from None
         return reading.answers()
 
-    def step(self, requests: List[Request], ids: List[str], sizes: Dict[str, int]) -> List[Response]:
-        """One step of a continuous batch (TorchServe's ContinuousBatching), blocking: the requests under
-        ``ids`` (the ids they keep from step to step; one in the handler's cache already sent with no
-        parameters), and the worker's one reply, each answer with its ``ts_stream_next`` (more steps to
-        come) or without (its last). ``sizes``: each answer's bytes so far, against ``max_response_size``.
-        NotSent and WorkerDied as ``predict``."""
+    def send(self, requests: List[Request], ids: List[str]):
+        """The inference command for a batch, on the worker's socket; NotSent when it did not get there
+        whole (a batch cut short is not one the worker can run: not sent either)."""
         pieces = encode_batch(requests, ids)
         if not self.alive():
             raise NotSent()
@@ -130,6 +120,14 @@ class WorkerProcess:
                 self.sock.sendall(piece)
         except OSError:
             raise NotSent() from None
+
+    def step(self, requests: List[Request], ids: List[str], sizes: Dict[str, int]) -> List[Response]:
+        """One step of a continuous batch (TorchServe's ContinuousBatching), blocking: the requests under
+        ``ids`` (the ids they keep from step to step; one in the handler's cache already sent with no
+        parameters), and the worker's one reply, each answer with its ``ts_stream_next`` (more steps to
+        come) or without (its last). ``sizes``: each answer's bytes so far, against ``max_response_size``.
+        NotSent and WorkerDied as ``predict``."""
+        self.send(requests, ids)
         try:
             code, message, got = self.stream.reply(self.max_response_size, sizes, ids)
         except (OSError, struct.error) as exc:
