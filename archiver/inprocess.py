@@ -1,18 +1,19 @@
 """An archive's handler run here, without a server: ``tsctl run`` and in-process ``tsctl verify``.
 
 ``run`` answers as ``tsctl predict`` does against a server ``tsctl config`` configured: each file is one
-request (its content type from its suffix, or the one ``--content-type`` gives) in a batch of its own,
-as predict's requests reach a worker one after the other (a stateful archive's, ``sequenceBatching:
-true``: the files are one sequence, in order, the first with TorchServe's start header and the last with
-its end); the handler gets the bodies as that worker would (a toolkit archive raw,
-``decode_input_request=false``, as tsctl config and the tsctl engine set it; any other TorchServe's
+request (its content type from its suffix, or the one ``--content-type`` gives) in a batch of its own, as
+predict's requests reach a worker one after the other (a stateful archive's, ``sequenceBatching: true``: the
+files are one sequence, in order, the first with TorchServe's start header and the last with its end; a
+continuous-batching archive's, ``continuousBatching: true``: each run step by step to its end, its parts
+joined); the model-config.yaml's keys as the engine takes them (``config_notes``: a note for a key it does
+not do, one line for one it refuses); the handler gets the bodies as that worker would (a toolkit archive
+raw, ``decode_input_request=false``, as tsctl config and the tsctl engine set it; any other TorchServe's
 default, parsed), with the archive's batchSize as its context's. The archive runs in TorchServe's worker
-process (``serving.testing.LocalModel``), whose log is kept, not printed (a handler logs a traceback for
-a request it refuses, TorchServe one for a batch that failed); this process's own log records and
-warnings are kept too while a command runs one (``quiet_logs``). A batch the handler failed as a whole
-(TorchServe's frontend answers 503 ``Prediction failed``, 500 ``Worker died.`` ...) is one ServerError
-naming the archive, the input and the handler's own error, read from the worker's log
-(``handler_error``).
+process (``serving.testing.LocalModel``), whose log is kept, not printed (a handler logs a traceback for a
+request it refuses, TorchServe one for a batch that failed); this process's own log records and warnings are
+kept too while a command runs one (``quiet_logs``). A batch the handler failed as a whole (TorchServe's
+frontend answers 503 ``Prediction failed``, 500 ``Worker died.`` ...) is one ServerError naming the archive,
+the input and the handler's own error, read from the worker's log (``handler_error``).
 
 Nothing here imports torch.
 """
@@ -139,6 +140,17 @@ def worker_gpu(choice: str, archive) -> int:
     return int(choice)
 
 
+def config_notes(archive) -> List[str]:
+    """The engine's notes on the model-config.yaml keys it does not do (serving/model_config_keys.py), as
+    its worker runs the archive here too; a key it refuses is a UserError naming it."""
+    from serving import model_config_keys
+
+    try:
+        return model_config_keys.check(archive.config, f"{archive.path}'s model-config.yaml")
+    except model_config_keys.ModelConfigRefused as exc:
+        raise UserError(str(exc)) from None
+
+
 def batch_size(archive) -> int:
     """The batchSize a server gives the archive (an Archive): its model-config.yaml's (as 'tsctl config'
     writes it), else 1."""
@@ -166,6 +178,8 @@ def run(
     from handlers.archives import opened
 
     with opened(archive) as archive:  # the archive read once: record, config, files
+        for note in config_notes(archive):
+            progress(note)
         raw = identity.read(archive) is not None  # a toolkit handler: served with decode_input_request=false
         device = worker_gpu(gpu, archive)
         progress(f"loading {archive.path.name}" + (f" on GPU {device}" if device >= 0 else ""))
@@ -179,6 +193,7 @@ def run(
             expected=expected,
             metrics_config=metrics,
             gpu=None if device < 0 else device,
+            continuous=archive.config.get("continuousBatching") is True,
         )
         stateful = archive.config.get("sequenceBatching") is True
         sequence = f"tsctl-run-{uuid.uuid4()}"

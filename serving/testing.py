@@ -20,7 +20,9 @@ There are two ways here, for two different needs:
   the content type of its suffix, or a ``Request`` with headers of its own); each answer is what
   TorchServe's frontend would send (status, content type, headers, body bytes). The worker's log lines
   are kept (``log``), and so are the lines of its metrics logger (``metrics``), never printed; a
-  thread reads each as it comes, so both are complete once the LocalModel is closed. A
+  thread reads each as it comes, so both are complete once the LocalModel is closed. With
+  ``continuous=True`` (a ``continuousBatching: true`` archive) each batch runs step by step to its end,
+  as TorchServe's ContinuousBatching drives it, each answer's parts joined. A
   worker costs a process and a torch import: share a LocalModel across tests (a module-scoped
   fixture) where the tests allow.
 - **``InProcessHandler``: your handler class, in this process, to unit-test it.** TorchServe's own
@@ -132,11 +134,13 @@ class LocalModel:
         metrics_config: Optional[str] = None,
         public_key: Optional[str] = None,
         expected: Tuple[Optional[str], Optional[str]] = (None, None),
+        continuous: bool = False,
     ):
         if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < 0):
             raise ValueError(f"gpu={gpu!r}: give a GPU's id (0 for the first visible one), or None for the CPU")
         self.gpu = -1 if gpu is None else gpu  # the load command's gpu (serving/gpus.py), as TorchServe sends it
         self.decode_input_request = decode_input_request
+        self.continuous = continuous  # continuousBatching: each batch run step by step to its end (``steps``)
         self.log: Deque[str] = collections.deque(maxlen=KEPT_LINES)  # the worker's log lines, as it wrote them
         self.logged = 0  # lines the worker has logged so far (``log`` keeps the latest KEPT_LINES)
         self.metrics: Deque[str] = collections.deque(maxlen=KEPT_LINES)  # its metrics logger's lines
@@ -223,7 +227,8 @@ class LocalModel:
                 self._stop_worker()
                 self._start()
             try:
-                return self.worker.predict(list(requests))
+                run = self.worker.steps if self.continuous else self.worker.predict
+                return run(list(requests))
             except (NotSent, WorkerDied, BrokenReply):
                 self._stop_worker()
                 return batch_error(500, "Worker died.", len(requests))

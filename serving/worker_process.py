@@ -137,6 +137,21 @@ class WorkerProcess:
         missing = batch_error(500, "the handler gave this request no answer in its batch", 1)[0]
         return [got.get(request_id, missing) for request_id in ids]
 
+    def steps(self, requests: List[Request]) -> List[Response]:
+        """A continuous batch run to its end, blocking (``LocalModel``: ``tsctl run``, in-process ``verify``):
+        ``step`` after ``step``, each request sent again (no parameters, as ``engine_continuous.step``)
+        while its answer says ``ts_stream_next``, its parts joined into one answer as ``predict`` joins
+        them. NotSent and WorkerDied as ``predict``."""
+        ids = [str(uuid.uuid4()) for _ in requests]
+        reading, sent = Replies(ids, None), set()
+        while not reading.complete():
+            left = [request_id for request_id in ids if request_id not in reading.last]
+            batch = [Request(b"", requests[reading.index[i]].headers, inputs=[]) if i in sent
+                     else requests[reading.index[i]] for i in left]  # fmt: skip
+            sent.update(left)
+            reading.take(dict(zip(left, self.step(batch, left, reading.sizes))))
+        return reading.answers()
+
     def kill(self):
         """End the worker and whatever it forked (its process group, ``start_worker``), and shut its socket
         down so that a predict blocked on it returns at once, even while a forked child still holds it."""

@@ -276,6 +276,8 @@ def run(archive, inputs, public_key, expect_name, expect_version, metrics_config
 
             read_key(public_key)
             expected = (expect_name or stem(Path(archive)), expect_version)
+        for note in inprocess.config_notes(found):  # as the engine logs them at load
+            click.echo(f"note: {note}", err=True)
         with handler_errors(archive):
             answered = inprocess.run(found, paths, public_key, Progress.for_command(as_json), expected, metrics, kind,
                                      gpu)  # fmt: skip

@@ -13,6 +13,7 @@ runner; whether a command ends, and what it leaves running, through whole proces
 
 import json
 import shutil
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -276,3 +277,44 @@ def test_run_sends_a_stateful_archives_files_as_one_sequence(tmp_path):
     answers = [r["answer"] for r in json.loads(result.stdout)["results"]]
     seen = [(a["sum"], a["start"], a["end"]) for a in answers]
     assert seen == [(1, True, False), (3, False, False), (6, False, True)]
+
+
+# ---- continuous batching and the model-config's other keys -----------------------------------------------
+def test_run_drives_a_continuous_archives_steps_to_the_end(tmp_path):
+    """A continuousBatching archive answers one token a step, ``ts_stream_next`` until its stopping
+    criterion says done: run sends each request again step after step (it waited for ever on the first
+    step before) and answers the parts joined (against TorchServe: tests/conformance/test_continuous_parity.py)."""
+    from samples import ts_continuous
+
+    archive = ts_continuous.build(tmp_path / "store", batch=4, step=0.01)
+    (tmp_path / "prompt.json").write_text(json.dumps({"prompt": "hello there", "max_new_tokens": 4}))
+    done = run_alone([ts_examples.BIN / "tsctl", "run", "--json", archive, tmp_path / "prompt.json",
+                      tmp_path / "prompt.json"], cwd=tmp_path, timeout=120)  # fmt: skip
+    assert done.code == 0, done.stderr
+    chunks = "".join(json.dumps({"text": f" hello{n}"}) for n in range(1, 5))
+    assert [(r["status"], r["answer"]) for r in json.loads(done.stdout)["results"]] == [(200, chunks)] * 2
+
+
+def test_run_takes_the_model_config_keys_as_the_engine_does(tmp_path):
+    """serving/model_config_keys.py: a key the engine refuses stops run in one line naming the archive and
+    the key; one it does not do is one note on stderr, the answers unchanged."""
+    from samples import ts_continuous
+
+    for key, refused in (("asyncCommunication", True), ("useJobTicket", False)):
+        archive = ts_continuous.build(tmp_path / key, batch=2, step=0.01)
+        with zipfile.ZipFile(archive) as mar:
+            members = {name: mar.read(name) for name in mar.namelist()}
+        members["model-config.yaml"] += f"{key}: true\n".encode()
+        with zipfile.ZipFile(archive, "w") as mar:
+            for name, data in members.items():
+                mar.writestr(name, data)
+        (tmp_path / "prompt.json").write_text(json.dumps({"prompt": "a", "max_new_tokens": 1}))
+        result = cli("run", archive, tmp_path / "prompt.json", cwd=tmp_path)
+        lines = result.stderr.strip().splitlines()
+        if refused:
+            assert result.exit_code == 2 and len(lines) == 1, result.output
+            assert str(archive) in lines[0] and "asyncCommunication" in lines[0] and "traceback" not in result.output
+        else:
+            assert result.exit_code == 0, result.output
+            assert lines == [f"note: {archive}'s model-config.yaml: useJobTicket: True is not done by the tsctl "
+                             "engine: requests wait in the job queue when every worker is busy, not refused at once"]

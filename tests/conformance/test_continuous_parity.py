@@ -12,7 +12,8 @@ import pytest
 
 from archiver import properties
 from helpers import side_by_side, streams, ts_grpc
-from samples import ts_continuous
+from helpers.processes import run_alone
+from samples import ts_continuous, ts_examples
 
 pytestmark = pytest.mark.matrix
 
@@ -22,10 +23,15 @@ def prompt(word: str, tokens: int) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def sides(tmp_path_factory):
-    root = tmp_path_factory.mktemp("continuous-parity")
-    store = root / "model-store"
+def store(tmp_path_factory):
+    store = tmp_path_factory.mktemp("continuous-parity") / "model-store"
     ts_continuous.build(store, batch=4, step=0.05)
+    return store
+
+
+@pytest.fixture(scope="module")
+def sides(store):
+    root = store.parent
     properties.write_config(store, root / "config" / "config.properties",
                             extra={"disable_token_authorization": "true"})  # fmt: skip
     stubs = ts_grpc.generate(root / "stubs")
@@ -68,3 +74,15 @@ def test_grpc_stream_predictions(sides):
     assert answers["engine"]["code"] == "OK" and len(answers["engine"]["messages"]) == 3
     assert answers["TorchServe"]["code"] == "DEADLINE_EXCEEDED"
     assert answers["TorchServe"]["messages"] == answers["engine"]["messages"][:1]
+
+
+def test_tsctl_run_answers_the_chunks_torchserve_streams_joined(sides, store, tmp_path):
+    """``tsctl run`` on the continuous archive drives its steps to the end as TorchServe does (it waited for
+    ever before): its answer is TorchServe's chunks joined, as a client reading the whole stream gets it."""
+    torchserve = streams.post(sides["TorchServe"][0], "/predictions/tokens", prompt("hello", 6), "application/json")
+    (tmp_path / "prompt.json").write_bytes(prompt("hello", 6))
+    done = run_alone([ts_examples.BIN / "tsctl", "run", "--json", store / "tokens.mar", tmp_path / "prompt.json"],
+                     cwd=tmp_path, timeout=120)  # fmt: skip
+    assert done.code == 0, done.stderr
+    [result] = json.loads(done.stdout)["results"]
+    assert (result["status"], result["answer"]) == (200, torchserve.body.decode()) and len(torchserve.chunks) == 6
