@@ -57,7 +57,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 from mlserver import MLModel
 from mlserver.errors import MLServerError
-from mlserver.types import InferenceRequest, InferenceResponse
+from mlserver.types import InferenceRequest, InferenceResponse, MetadataTensor
 from mlserver.utils import get_model_uri
 
 from handlers import cpu_limit, identity, protocol
@@ -120,6 +120,7 @@ class ArchiveModel(MLModel):
                     on_metric=metrics_of(frontend), archive=opened,
                     placement=gpus.process_placement(frontend.number_of_gpu),
                 )  # fmt: skip
+            self.declare(self._workers.v2_metadata)
             await self._workers.start()
         except BaseException:
             shutil.rmtree(self._run_dir, ignore_errors=True)
@@ -127,6 +128,14 @@ class ArchiveModel(MLModel):
         logger.info("%s: %s ready (%d workers, batchSize %d)", self.name, archive.name, spec.min_workers,
                     spec.batch_size)  # fmt: skip
         return True
+
+    def declare(self, metadata: Optional[dict]):
+        """The v2 metadata the archive declares (serving/v2_metadata.py) as MLServer's answer to ``GET
+        /v2/models/NAME`` and ``ModelMetadata``, where the model-settings.json declares none (its own win)."""
+        if metadata is None or self.settings.inputs or self.settings.outputs:
+            return
+        self.inputs = [MetadataTensor(**tensor) for tensor in metadata["inputs"]]
+        self.outputs = [MetadataTensor(**tensor) for tensor in metadata["outputs"]]
 
     async def predict(self, payload: InferenceRequest) -> InferenceResponse:
         check_id(payload.id)
