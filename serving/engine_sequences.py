@@ -13,16 +13,20 @@ does the same, in these few rules:
 - **Bounds.** At most ``maxNumSequence`` sequences open (default 1; the engine also at most
   ``MAX_SEQUENCES``), each with at most
   ``maxSequenceJobQueueSize`` requests waiting; past either, TorchServe's 503 (``no_worker_message``).
-- **One worker.** A new sequence goes to the model's worker holding the fewest; it stays there (its
-  handler keeps its state), through that worker's restarts. A sequence whose worker was scaled away is
-  taken by the next worker free. A worker's batch takes the next request of each of its sequences, at
-  most one a sequence (its requests run in order, one batch after the other), up to ``batchSize`` within
-  ``maxBatchDelay``.
+- **One worker.** A new sequence goes to the model's worker holding the fewest (of those up: not a
+  restarting one); it stays there (its handler keeps its state), through that worker's restarts. A sequence
+  whose worker was scaled away is taken by the next worker free. A worker's batch takes the next request of
+  each of its sequences, at most one a sequence (its requests run in order, one batch after the other), up
+  to ``batchSize`` within ``maxBatchDelay``.
 - **Expiry.** A sequence with nothing waiting expires ``sequenceMaxIdleMSec`` after its last answer, and
   at ``sequenceTimeoutMSec`` after it opened (0: never); a request naming it afterwards opens it again.
 - **End.** ``ts_request_sequence_end: true`` closes it once that request is answered (TorchServe 0.12's
   SequenceBatching passes the header to the handler and keeps the sequence until it expires; its
-  SequenceContinuousBatching closes it so: the engine frees the slot at once, docs/engines.md).
+  SequenceContinuousBatching closes it so: the engine frees the slot at once, docs/engines.md). An end
+  request whose client left before a worker took it is not run, and so ends nothing: the sequence expires.
+- **An always-busy sequence.** ``sequenceTimeoutMSec`` ends a sequence only when nothing of it waits: one
+  whose clients keep a request queued goes on, as on TorchServe (``SequenceBatching``'s poll of a group
+  past its expiry still takes a job already there).
 """
 
 import asyncio
@@ -169,17 +173,18 @@ class Sequences:
         if len(sequence.jobs) >= self.settings.queue_size:
             return False
         sequence.jobs.append(job)
-        sequence.ending = sequence.ending or ends(job.request.headers)
         job.sequence = sequence
         await self.notify()
         return True
 
     def least_held(self) -> Optional[Worker]:
+        """The worker a new sequence goes to: of those up (a restarting one only when all are), the one
+        holding the fewest sequences (TorchServe: the worker that polls for it, so never a restarting one)."""
         workers = self.workers()
         if not workers:
             return None
         held = collections.Counter(s.worker for s in self.open.values())
-        return min(workers, key=lambda w: (held[w], w.index))
+        return min(workers, key=lambda w: (w.status == "STARTING", held[w], w.index))
 
     def expire(self):
         """Close the sequences idle past sequenceMaxIdleMSec, or past sequenceTimeoutMSec, with nothing waiting."""
@@ -251,6 +256,7 @@ class Sequences:
         for job in jobs:
             sequence = job.sequence
             sequence.busy, sequence.last = False, now
+            sequence.ending = sequence.ending or ends(job.request.headers)
             if sequence.ending and not sequence.waiting() and self.open.get(sequence.id) is sequence:
                 del self.open[sequence.id]
         await self.notify()

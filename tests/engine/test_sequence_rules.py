@@ -34,10 +34,10 @@ WORKERS = 3
 
 
 class FakeWorker:
-    """What Sequences reads of a worker: its index."""
+    """What Sequences reads of a worker: its index and status."""
 
     def __init__(self, index: int):
-        self.index = index
+        self.index, self.status = index, "READY"
 
     def __repr__(self):
         return f"w{self.index}"
@@ -285,5 +285,57 @@ def test_a_queue_gathering_cancelled_as_a_request_arrives_takes_nothing():
         except asyncio.CancelledError:
             taken = []
         assert not taken and list(queue.items) == jobs, f"{len(taken)} returned to no one, {len(queue.items)} queued"
+
+    asyncio.run(run())
+
+
+def settings_of(sequences: int = 4) -> SequenceSettings:
+    return SequenceSettings(max_idle_ms=60_000, timeout_ms=0, max_sequences=sequences, queue_size=4)
+
+
+def test_a_new_sequence_goes_to_a_worker_that_is_up():
+    """Found by the attack (tests/security/test_attack_sequences.py's helper): a new sequence went to a
+    restarting worker holding fewer sequences, and waited for its load while the other worker was free."""
+
+    async def run():
+        workers = [FakeWorker(0), FakeWorker(1)]
+        sequences, loop = Sequences(settings_of(), lambda: workers), asyncio.get_running_loop()
+        for name in ("a", "b"):
+            await sequences.admit(Job(Request(b"", {SEQUENCE_ID: name}), loop.create_future()))
+        assert [s.worker for s in sequences.open.values()] == workers  # one each
+        workers[0].status = "STARTING"
+        await sequences.admit(Job(Request(b"", {SEQUENCE_ID: "c"}), loop.create_future()))
+        assert sequences.open[key_of("c")].worker is workers[1]
+        workers[1].status = "STARTING"  # all restarting: the least held again
+        await sequences.admit(Job(Request(b"", {SEQUENCE_ID: "d"}), loop.create_future()))
+        assert sequences.open[key_of("d")].worker is workers[0]
+
+    asyncio.run(run())
+
+
+def test_an_end_request_whose_client_left_ends_nothing():
+    """Found by the attack: a queued end request whose client left before a worker took it is not run, yet
+    it closed the sequence when the request before it was answered; the next request of that sequence then
+    opened a new one, on any worker, its handler's state left behind. The end closes only once run."""
+
+    async def run():
+        workers = [FakeWorker(0), FakeWorker(1)]
+        sequences, loop = Sequences(settings_of(), lambda: workers), asyncio.get_running_loop()
+        first = Job(Request(b"", {SEQUENCE_ID: "a"}), loop.create_future())
+        ending = Job(Request(b"", {SEQUENCE_ID: "a", SEQUENCE_END: "true"}), loop.create_future())
+        await sequences.admit(first)
+        [taken] = await sequences.batch(first.sequence.worker, 4, 0.0)
+        await sequences.admit(ending)
+        ending.done.cancel()  # its client left
+        taken.answer(Response(200, b"1", "text/plain"))
+        await sequences.answered([taken])
+        assert sequences.open.get(key_of("a")) is first.sequence, "closed by an end that never ran"
+        last = Job(Request(b"", {SEQUENCE_ID: "a", SEQUENCE_END: "true"}), loop.create_future())
+        await sequences.admit(last)
+        [taken] = await sequences.batch(first.sequence.worker, 4, 0.0)
+        assert taken is last
+        taken.answer(Response(200, b"2", "text/plain"))
+        await sequences.answered([taken])
+        assert key_of("a") not in sequences.open
 
     asyncio.run(run())
