@@ -7,18 +7,15 @@ the handler keeps its state in ``context.cache``); an answer without it is the r
 place goes to the next request waiting. So a request joins a running batch between two steps instead of
 waiting for the batch to end. A request whose client left is not sent again (TorchServe: the job is
 not open). A worker that dies or passes ``responseTimeout`` in a step fails every request of its batch,
-as for any batch (``Worker.run``)."""
+as for any batch (``Worker.answers``)."""
 
-import logging
 import time
 import uuid
 from typing import List
 
 from .engine_queue import Job
-from .ts_wire import Request, Response, batch_error
+from .ts_wire import Request, Response
 from .worker_process import NotSent
-
-logger = logging.getLogger("tsctl.engine")
 
 
 def gone(job: Job) -> bool:
@@ -48,21 +45,14 @@ async def step(worker, newcomers: List[Job]):
     requests = [Request(b"", running[i].request.headers, inputs=[]) if i in cached else running[i].request
                 for i in ids]  # fmt: skip
     process, sent = worker.process, time.perf_counter()
-    worker.status = "BUSY"
     try:
-        responses = await worker.run(jobs, lambda: process.step(requests, ids, worker.sizes))
+        responses = await worker.answers(jobs, lambda: process.step(requests, ids, worker.sizes))
     except NotSent:
         for request_id in ids:
             if request_id not in cached:
                 del running[request_id]
         await owner.put_back(newcomers)
         return
-    except Exception as exc:  # noqa: BLE001 - whatever it was, this batch is answered and the worker replaced
-        logger.exception("%s worker %d: unexpected error in a continuous batch: killed", owner.label, worker.index)
-        process.kill()
-        responses = batch_error(500, f"the worker's batch failed ({type(exc).__name__}: {exc})", len(jobs))
-    finally:
-        worker.status = "READY" if worker.process is not None and worker.process.alive() else "STARTING"
     ended_jobs: List[Job] = []
     ended: List[Response] = []
     for request_id, job, response in zip(ids, jobs, responses):

@@ -234,22 +234,30 @@ class Worker:
             return
         if not jobs:
             return
-        self.status = "BUSY"
         sent = time.perf_counter()
         try:
-            responses = await self.run(jobs)
+            responses = await self.answers(jobs)
         except NotSent:
             await owner.put_back(jobs)
             return
+        owner.finished(jobs, responses, sent)
+
+    async def answers(self, jobs: List[Job], call: Optional[Callable[[], List[Response]]] = None) -> List[Response]:
+        """``run``, the worker BUSY meanwhile; an unexpected error answers each request 500 and kills the
+        worker (serve restarts it). NotSent as ``run``."""
+        process, self.status = self.process, "BUSY"
+        try:
+            return await self.run(jobs, call)
+        except NotSent:
+            raise
         except Exception as exc:  # noqa: BLE001 - whatever it was, this batch is answered and the worker replaced
-            logger.exception("%s worker %d (pid %d): unexpected error in a batch: killed", owner.label, self.index,
-                             self.process.pid)  # fmt: skip
-            self.process.kill()
+            logger.exception("%s worker %d (pid %d): unexpected error in a batch: killed", self.owner.label,
+                             self.index, process.pid)  # fmt: skip
+            process.kill()
             message = f"the worker's batch failed ({type(exc).__name__}: {exc}); the worker was restarted"
-            responses = batch_error(500, message, len(jobs))
+            return batch_error(500, message, len(jobs))
         finally:
             self.status = "READY" if self.process is not None and self.process.alive() else "STARTING"
-        owner.finished(jobs, responses, sent)
 
     async def run(self, jobs: List[Job], call: Optional[Callable[[], List[Response]]] = None) -> List[Response]:
         """One batch on the worker: its answers, or what each request gets when the worker's process ends
