@@ -8,13 +8,19 @@ add less than ``GROWTH`` to the best throughput before them; the largest concurr
 
 - the **knee**: the smallest concurrency whose throughput is at least ``KNEE_SHARE`` of the best
   throughput of the steps without errors (more clients past it add queueing, not answers);
-- **within p99**: the largest concurrency without errors whose p99 is at most the target.
+- **within p99**: the largest concurrency without errors whose p99 is at most the target, drawn from at
+  least ``MIN_P99_REQUESTS`` answers (a p99 of fewer is their slowest one or two, not a percentile: such a
+  step is kept, marked in the result's notes, and not used).
+
+The machine's load is recorded with it: its CPUs and 1-minute load average before the sweep (``machine``),
+and each step's at its end, so that a sweep on a busy machine says so.
 
 The result is one JSON document, ``FORMAT`` (docs/capacity.md has the contract); ``load`` reads and
 checks one for the code that builds on it (the autoscaling export, the simulator).
 """
 
 import json
+import os
 import re
 import statistics
 import threading
@@ -33,6 +39,8 @@ P99_STOP = 2  # a p99 past twice the target ends the sweep
 SAMPLE_SECONDS = 0.1  # how often the queue-depth gauge is read during a step
 QUEUE_GAUGE = "ts_queue_size"
 MAX_BYTES = 16 << 20  # a result file's size at most: 256 steps are under 200 KiB
+MIN_P99_REQUESTS = 100  # the answers a step's p99 must be drawn from to be used (within_p99)
+BUSY_LOAD = 0.5  # a 1-minute load average above this share of the CPUs before the sweep: the machine was busy
 
 
 def concurrencies(largest: int) -> List[int]:
@@ -65,8 +73,42 @@ def within_p99(steps: Sequence[dict], target_ms: Optional[float]) -> Optional[di
     target or when none holds it."""
     if target_ms is None:
         return None
-    held = [s for s in clean(steps) if s["p99_ms"] is not None and s["p99_ms"] <= target_ms]
+    held = [s for s in clean(steps) if s["p99_ms"] is not None and s["p99_ms"] <= target_ms and p99_counts(s)]
     return point(max(held, key=lambda s: s["concurrency"])) if held else None
+
+
+def p99_counts(step: dict) -> bool:
+    """Whether the step's p99 is drawn from enough answers (``MIN_P99_REQUESTS``) to be a percentile."""
+    return step["requests"] - step["errors"] >= MIN_P99_REQUESTS
+
+
+def few_notes(steps: Sequence[dict]) -> List[str]:
+    """One note naming the steps whose p99 is drawn from too few answers to be used, or none."""
+    few = [s for s in steps if s["p99_ms"] is not None and not p99_counts(s)]
+    if not few:
+        return []
+    counts = ", ".join(f"{s['requests'] - s['errors']} at concurrency {s['concurrency']}" for s in few)
+    return [f"p99 from too few answers ({counts}; under {MIN_P99_REQUESTS}): not a percentile, not used for "
+            f"within_p99; measure with --requests {MIN_P99_REQUESTS} or more and a --duration long enough for "
+            "them"]  # fmt: skip
+
+
+def machine() -> dict:
+    """This machine's CPUs and 1-minute load average now (null where the system gives none)."""
+    try:
+        load = round(os.getloadavg()[0], 2)
+    except OSError:
+        load = None
+    return {"cpus": os.cpu_count(), "load_average": load}
+
+
+def busy_notes(measured: Optional[dict]) -> List[str]:
+    """One note when the machine was busy before the sweep (``BUSY_LOAD``), or none."""
+    load, cpus = (measured or {}).get("load_average"), (measured or {}).get("cpus")
+    if load is None or not cpus or load <= BUSY_LOAD * cpus:
+        return []
+    return [f"the machine was busy before the sweep (1-minute load average {load:g} on {cpus} CPUs): other work "
+            "shared its CPUs, so the throughput and p99 are lower bounds; measure on a quiet machine"]  # fmt: skip
 
 
 def point(step: dict) -> dict:
@@ -176,6 +218,7 @@ def step(url: str, inputs, concurrency: int, requests: int, seconds: float, head
         "errors": summary["errors"],
         "statuses": summary["statuses"],
         "queue_depth": queue,
+        "load_average": machine()["load_average"],
     }
 
 
@@ -219,9 +262,10 @@ def sweep(
 
 def document(model: str, engine: str, server: dict, files: Sequence[Tuple[str, int]], p99_ms: Optional[float],
              steps: List[dict], stopped: str, notes: Sequence[str] = (),
-             gpus: Sequence[dict] = ()) -> dict:  # fmt: skip
+             gpus: Sequence[dict] = (), measured_on: Optional[dict] = None) -> dict:  # fmt: skip
     """The result (FORMAT): what was measured and how (``gpus``: those the model's workers ran on, by id, name
-    and memory; none on the CPU), the steps, the knee and the p99 point."""
+    and memory; none on the CPU; ``measured_on``: ``machine()`` before the sweep), the steps, the knee and
+    the p99 point, with notes on a busy machine and on p99s from too few answers."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -234,6 +278,7 @@ def document(model: str, engine: str, server: dict, files: Sequence[Tuple[str, i
         "engine": engine,
         "server": server,
         "gpus": list(gpus),
+        "machine": measured_on,
         "input": {"files": [name for name, _ in files], "bytes": [size for _, size in files]},
         "p99_target_ms": p99_ms,
         "steps": steps,
@@ -241,7 +286,7 @@ def document(model: str, engine: str, server: dict, files: Sequence[Tuple[str, i
         "within_p99": within_p99(steps, p99_ms),
         "stopped": stopped,
         "queue_gauge": QUEUE_GAUGE if any(s["queue_depth"] is not None for s in steps) else None,
-        "notes": list(notes),
+        "notes": [*notes, *busy_notes(measured_on), *few_notes(steps)],
         "measured_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "tsctl_version": tsctl_version,
     }
@@ -323,6 +368,8 @@ def load(path) -> dict:
             raise bad(key, "an object or null")
         if doc[key] is not None:
             check(doc[key], POINT_KEYS, key)
+    if doc.get("machine") is not None:  # absent in a file tsctl wrote before it recorded the machine's load
+        check(doc["machine"], {"cpus": "positive", "load_average": "number?"}, "machine", nullable=("cpus",))
     gpus = doc.get("gpus", [])  # absent in a file tsctl wrote before it recorded them: the CPU (left absent)
     if not isinstance(gpus, list) or len(gpus) > MAX_GPUS:
         raise bad("gpus", f"a list of at most {MAX_GPUS} GPUs")

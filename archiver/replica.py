@@ -131,13 +131,15 @@ def measure(srv: "Server", model: str, plan: Plan, settings: dict, progress=quie
     if capacity.read_gauge(metrics, model) is None:
         notes.append(f"the {chosen.title} exports no {capacity.QUEUE_GAUGE} gauge for {model}: queue depth is null")
         metrics = None
+    measured_on = capacity.machine()  # before the sweep loads it
     steps, stopped = capacity.sweep(
         engines.predict_url(srv, model), bodies, model, plan.max_concurrency, plan.requests, plan.seconds,
         plan.p99_ms, srv.headers("inference"), metrics, progress,
     )  # fmt: skip
     named = [(Path(p).name, len(data)) for p, (data, _) in zip(plan.inputs, files)]
     used = gpus_used(running_spec(srv, model))
-    return capacity.document(model, chosen.name, settings, named, plan.p99_ms, steps, stopped, notes, used)
+    return capacity.document(model, chosen.name, settings, named, plan.p99_ms, steps, stopped, notes, used,
+                             measured_on)  # fmt: skip
 
 
 def measure_running(srv: "Server", model: str, plan: Plan, progress=quiet) -> dict:

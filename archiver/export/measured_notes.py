@@ -2,6 +2,7 @@
 
 from typing import TYPE_CHECKING, List
 
+from ..capacity import MIN_P99_REQUESTS, busy_notes, few_notes
 from .kube import cpu_cores
 from .options import ExportOptions
 
@@ -50,7 +51,10 @@ def measured_notes(plan, options: ExportOptions, target: "targets.Target", snaps
     p99_target, knee_p99 = capacity.get("p99_target_ms"), capacity["knee"].get("p99_ms")
     if p99_target is not None and capacity.get("within_p99") is None:
         at_knee = "" if knee_p99 is None else f", whose p99 is {knee_p99:g} ms"
-        notes.append(f"no step of --from-bench held its p99 target ({p99_target:g} ms): sized at the knee{at_knee}")
+        held = "held its p99 target" + (f" from {MIN_P99_REQUESTS} answers or more" if few_notes(capacity["steps"])
+                                        else "")  # fmt: skip
+        notes.append(f"no step of --from-bench {held} ({p99_target:g} ms): sized at the knee{at_knee}")
+    notes.extend(f"--from-bench: {note}" for note in busy_notes(capacity.get("machine")) + few_notes(capacity["steps"]))
     return notes
 
 

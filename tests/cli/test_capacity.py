@@ -53,6 +53,24 @@ def test_within_p99_is_the_most_clients_holding_the_target():
     assert capacity.within_p99(curve((10, 20), (19, 40), errors=(2,)), 100)["concurrency"] == 1
 
 
+def test_a_p99_from_too_few_answers_is_kept_marked_and_not_used():
+    """Issue #47: a sweep on a loaded machine gave a "p99" from 7 requests, and the export sized from it."""
+    steps = curve((10, 20), (19, 40), (30, 90))
+    steps[2]["requests"] = capacity.MIN_P99_REQUESTS - 1
+    assert capacity.within_p99(steps, 100)["concurrency"] == 2
+    doc = capacity.document("m", "tsctl", {}, [("a.jpg", 1)], 100, steps, "flat",
+                            measured_on={"cpus": 2, "load_average": 0.3})  # fmt: skip
+    assert doc["within_p99"]["concurrency"] == 2 and doc["machine"] == {"cpus": 2, "load_average": 0.3}
+    assert doc["notes"] == ["p99 from too few answers (99 at concurrency 4; under 100): not a percentile, not used "
+                            "for within_p99; measure with --requests 100 or more and a --duration long enough for "
+                            "them"]  # fmt: skip
+    busy = capacity.document("m", "tsctl", {}, [("a.jpg", 1)], 100, curve((10, 20)), "flat",
+                             measured_on={"cpus": 2, "load_average": 1.5})  # fmt: skip
+    assert busy["notes"] == ["the machine was busy before the sweep (1-minute load average 1.5 on 2 CPUs): other "
+                             "work shared its CPUs, so the throughput and p99 are lower bounds; measure on a quiet "
+                             "machine"]  # fmt: skip
+
+
 def test_the_sweep_stops_flat_past_twice_the_target_or_on_errors():
     def reason(steps, target=None):
         return capacity.stop_reason(steps, target)

@@ -277,6 +277,21 @@ def test_keda_scales_on_the_answer_rate_and_requests_in_flight(project, tmp_path
             {},
             "no step of --from-bench held its p99 target (50 ms): sized at the knee, whose p99 is 620 ms",
         ),
+        (  # issue #47: a p99 from 7 answers sized containerConcurrency; now the knee, and said
+            {"steps": [{**step, "requests": 7} for step in result()["steps"]], "within_p99": None},
+            {},
+            "no step of --from-bench held its p99 target from 100 answers or more (500 ms): sized at the knee",
+        ),
+        (
+            {"steps": [{**step, "requests": 7} for step in result()["steps"]], "within_p99": None},
+            {},
+            "--from-bench: p99 from too few answers (7 at concurrency 1, 7 at concurrency 2,",
+        ),
+        (
+            {"machine": {"cpus": 2, "load_average": 9.5}},
+            {},
+            "--from-bench: the machine was busy before the sweep (1-minute load average 9.5 on 2 CPUs)",
+        ),
     ],
 )
 def test_what_makes_the_measurement_weaker_is_a_note(project, tmp_path, changes, flags, said):
