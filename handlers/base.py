@@ -277,6 +277,9 @@ class ToolkitHandler:
         self.current.job = job  # what parsing meters (self.spend) is this request's
         try:
             headers = request_headers(self.context, index)
+            if headers is not None and headers.get("explain") == "True":
+                raise ClientError(f"{type(self).__name__} gives no explanations (TorchServe's /explanations, KServe's "
+                                  ":explain): send the request to /predictions, :predict or /infer", 501)  # fmt: skip
             request = protocol.parse_request(row, self.item_keys, self.v2_datatypes, self.limits, headers, self.spend)
             job.binary = protocol.wants_binary(request, self.v2_output_name)
             if job.binary and headers is None:  # no context to set the answer's header length on

@@ -10,12 +10,14 @@ archive in the store with its model-config.yaml, one it cannot read left out wit
 it), runs each model version's ``minWorkers`` as TorchServe's own worker processes
 (``serving/engine_workers.py``), and answers:
 
-- TorchServe's inference API: ``GET /ping``, ``POST /predictions/NAME[/VERSION]``, with the status,
+- TorchServe's inference API: ``GET /ping``, ``POST /predictions/NAME[/VERSION[/PATH]]`` and
+  ``/explanations/...`` (the handler's ``explain_handle``, as TorchServe's headers ask), with the status,
   content type, headers and body the handler set, exactly as TorchServe's frontend sends them (a
   streamed answer chunked, part by part: ``serving/engine_stream.py``);
 - TorchServe's management API (``serving/engine_management.py``): list and describe, and, with
   ``enable_model_api=true``, register, unregister, scale and set-default;
-- KServe v1 (``/v1/models/NAME:predict``) and v2 REST (``/v2/models/NAME[/versions/V]/infer``,
+- KServe v1 (``/v1/models/NAME:predict`` and ``:explain``) and v2 REST (``/v2/models/NAME[/versions/V]/infer``,
+  ``/v2/models/NAME/explain``,
   JSON or the binary tensor extension) and v2 gRPC on ``--grpc_port``: the request's bytes go to the
   handler as they came (the toolkit handlers read both protocols, ``handlers/decoding.py``) and the
   handler's answer comes back as it made it: decoded once, encoded once;
@@ -189,14 +191,22 @@ async def disconnected(http: HttpRequest):
         pass
 
 
-async def forward(http: HttpRequest, model: Optional[ModelWorkers], kserve: bool, engine=None) -> HttpResponse:
+async def forward(http: HttpRequest, model: Optional[ModelWorkers], kserve: bool, engine=None,
+                  explain: bool = False) -> HttpResponse:  # fmt: skip
     """One inference request to its model's workers, and their answer back (499, nothing run, when the
-    client leaves first: its request is dropped from the queue)."""
+    client leaves first: its request is dropped from the queue). The headers TorchServe's frontend adds
+    (``InferenceRequestHandler``), over the client's: ``explain`` (``True`` on /explanations and KServe's
+    explain: BaseHandler.handle then calls its ``explain_handle``), and on TorchServe's own paths
+    ``url_path`` (what follows NAME/VERSION, "" when nothing does)."""
     if model is None:
         return not_found(http.path_params["name"], http.path_params.get("version"), kserve, engine)
     body = await http.body()
     names = http.scope.get(engine_http.HEADER_NAMES, {})  # as the client spelled them, as TorchServe passes them
     headers = {names.get(k, k): v for k, v in http.headers.items() if k not in HOP_HEADERS}
+    headers = {k: v for k, v in headers.items() if k.lower() not in ("explain", "url_path")}
+    headers["explain"] = "True" if explain else "False"
+    if not kserve:
+        headers["url_path"] = http.path_params.get("url_path", "")
     answer = asyncio.ensure_future(model.submit_streaming(Request(body, headers), http.path_params.get("version")))
     gone = asyncio.ensure_future(disconnected(http))
     await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -224,6 +234,10 @@ def torchserve_routes(engine: Engine) -> List[Route]:
         name, version = http.path_params["name"], http.path_params.get("version")
         return await forward(http, engine.find(name, version), kserve=False, engine=engine)
 
+    async def explanations(http: HttpRequest):
+        name, version = http.path_params["name"], http.path_params.get("version")
+        return await forward(http, engine.find(name, version), kserve=False, engine=engine, explain=True)
+
     async def ping(_):
         healthy = engine.ready
         return ts_json({"status": "Healthy" if healthy else "Unhealthy"}, 200 if healthy else 500)  # as TorchServe
@@ -232,6 +246,10 @@ def torchserve_routes(engine: Engine) -> List[Route]:
         Route("/ping", ping, methods=["GET", "POST"]),
         Route("/predictions/{name}", predictions, methods=["POST", "PUT"]),
         Route("/predictions/{name}/{version}", predictions, methods=["POST", "PUT"]),
+        Route("/predictions/{name}/{version}/{url_path:path}", predictions, methods=["POST", "PUT"]),
+        Route("/explanations/{name}", explanations, methods=["POST", "PUT"]),
+        Route("/explanations/{name}/{version}", explanations, methods=["POST", "PUT"]),
+        Route("/explanations/{name}/{version}/{url_path:path}", explanations, methods=["POST", "PUT"]),
         metrics_route(engine),
     ]
 
@@ -245,6 +263,9 @@ def kserve_routes(engine: Engine) -> List[Route]:
     async def v2_infer(http: HttpRequest):
         name, version = http.path_params["name"], http.path_params.get("version")
         return await forward(http, engine.find(name, version), kserve=True)
+
+    async def explain(http: HttpRequest):  # v1 and v2: TorchServe routes both to the model's default version
+        return await forward(http, engine.find(http.path_params["name"]), kserve=True, explain=True)
 
     async def v1_models(_):
         return JSONResponse({"models": sorted(engine.defaults)})
@@ -285,12 +306,14 @@ def kserve_routes(engine: Engine) -> List[Route]:
         Route("/v1/models", v1_models, methods=["GET"]),
         Route("/v1/models/{name}", v1_model, methods=["GET"]),
         Route("/v1/models/{name}:predict", v1_predict, methods=infer),
+        Route("/v1/models/{name}:explain", explain, methods=infer),
         Route("/v2", v2_server, methods=["GET"]),
         Route("/v2/health/live", v2_live, methods=["GET"]),
         Route("/v2/health/ready", v2_ready, methods=["GET"]),
         Route("/v2/models/{name}", v2_model, methods=["GET"]),
         Route("/v2/models/{name}/ready", v2_model_ready, methods=["GET"]),
         Route("/v2/models/{name}/infer", v2_infer, methods=infer),
+        Route("/v2/models/{name}/explain", explain, methods=infer),
         Route("/v2/models/{name}/versions/{version}", v2_model, methods=["GET"]),
         Route("/v2/models/{name}/versions/{version}/ready", v2_model_ready, methods=["GET"]),
         Route("/v2/models/{name}/versions/{version}/infer", v2_infer, methods=infer),
