@@ -144,11 +144,15 @@ def config_notes(archive) -> List[str]:
     """The engine's notes on the model-config.yaml keys it does not do (serving/model_config_keys.py), as
     its worker runs the archive here too; a key it refuses is a UserError naming it."""
     from serving import model_config_keys
+    from serving.engine_sequences import SequenceConfigError, SequenceSettings
 
+    where = f"{archive.path}'s model-config.yaml"
     try:
-        return model_config_keys.check(archive.config, f"{archive.path}'s model-config.yaml")
-    except model_config_keys.ModelConfigRefused as exc:
+        notes = model_config_keys.check(archive.config, where)
+        SequenceSettings.of(archive.config, where)  # as the engine reads them at load
+    except (model_config_keys.ModelConfigRefused, SequenceConfigError) as exc:
         raise UserError(str(exc)) from None
+    return notes
 
 
 def batch_size(archive) -> int:

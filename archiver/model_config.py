@@ -9,43 +9,17 @@ name of your own, unless the name is a near miss of one of TorchServe's keys (``
 ``BatchSize``): TorchServe would ignore it without a word, so it is refused with the key meant.
 """
 
-import difflib
 from pathlib import Path
 from typing import Optional
 
 from handlers.metadata import ArchiveError, bounded_yaml
-from handlers.settings import SettingsError, read_settings, shown
-from serving import ts_config, v2_metadata
+from handlers.settings import SettingsError, read_settings
+from serving import model_config_keys, ts_config, v2_metadata
 from serving.engine_sequences import SequenceConfigError, SequenceSettings
 
 from .errors import UserError
 
-# Keys TorchServe 0.12 reads from model-config.yaml, with the type it expects.
-WORKER_KEYS = {
-    "minWorkers": int,
-    "maxWorkers": int,
-    "batchSize": int,
-    "maxBatchDelay": int,
-    "responseTimeout": int,
-    "startupTimeout": int,
-    "deviceType": str,
-    "deviceIds": list,
-    "parallelLevel": int,
-    "parallelType": str,
-    "jobQueueSize": int,
-    "useJobTicket": bool,
-    "maxSequenceJobQueueSize": int,
-    "sequenceMaxIdleMSec": int,
-    "maxNumSequence": int,
-    "sequenceBatching": bool,
-    "continuousBatching": bool,
-    "asyncCommunication": bool,
-    "useVenv": bool,
-    "torchrun": dict,
-    "maxRetryTimeoutInSec": int,
-    "clientTimeoutInMills": int,
-    "sequenceTimeoutMSec": int,
-}
+WORKER_KEYS = model_config_keys.TYPES  # the keys TorchServe 0.12 reads from model-config.yaml, with their types
 
 
 def load_model_config(path: Path) -> dict:
@@ -71,19 +45,14 @@ def check_model_config(path: Path, settings_class=None, text: Optional[bytes] = 
     """Load (or parse ``text``, read from ``path``) and validate; raise UserError naming the file, the key
     and the fix."""
     data = load_model_config(path) if text is None else parse_model_config(text, str(path), "fix the syntax")
-    for key, value in data.items():
-        expected = WORKER_KEYS.get(key)
-        if expected is None:
-            meant = near_miss(str(key))
-            if meant:
-                raise UserError(f"{path}: unknown key '{key}'; did you mean '{meant}'? (TorchServe ignores '{key}')")
-            continue  # a section or value of the handler's own
-        if expected is int and (isinstance(value, bool) or not isinstance(value, int)):
-            raise UserError(f"{path}: '{key}' must be a whole number, got {shown(value)}")
-        if expected is not int and not isinstance(value, expected):
-            raise UserError(f"{path}: '{key}' must be a {expected.__name__}, got {shown(value)}")
-        if expected is int and value < 0:
-            raise UserError(f"{path}: '{key}' must not be negative, got {value}")
+    for key in data:
+        meant = None if key in WORKER_KEYS else model_config_keys.near_miss(str(key))
+        if meant:
+            raise UserError(f"{path}: unknown key '{key}'; did you mean '{meant}'? (TorchServe ignores '{key}')")
+    try:
+        model_config_keys.typed(data, str(path))
+    except model_config_keys.ModelConfigRefused as exc:
+        raise UserError(str(exc)) from None
     problem = ts_config.settings_problem(data)  # the worker settings, as tsctl config and the engine check them
     if problem:
         raise UserError(f"{path}: {problem}")
@@ -99,14 +68,3 @@ def check_model_config(path: Path, settings_class=None, text: Optional[bytes] = 
         except SettingsError as exc:
             raise UserError(str(exc)) from None
     return data
-
-
-def near_miss(key: str) -> Optional[str]:
-    """The TorchServe key ``key`` is a typo of (the same letters in another case or snake_case:
-    ``batch_size``; or one or two letters off: ``maxWorker``), or None."""
-    folded = key.lower().replace("_", "").replace("-", "")
-    for known in WORKER_KEYS:
-        if folded == known.lower():
-            return known
-    close = difflib.get_close_matches(key, list(WORKER_KEYS), n=1, cutoff=0.85)
-    return close[0] if close else None

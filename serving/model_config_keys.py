@@ -10,7 +10,10 @@ takes its ``responseTimeout`` and ``startupTimeout`` from it, 120 s where it giv
 snapshot's, the register's and ``default_response_timeout`` (``in_force``).
 """
 
-from typing import Dict, List, Tuple
+import difflib
+from typing import Dict, List, Optional, Tuple
+
+from handlers.settings import shown
 
 HONOURED, NOTED, REFUSED = "honoured", "noted", "refused"
 TORCHSERVE_TIMEOUT = 120  # s: ModelConfig's defaultResponseTimeout and defaultStartupTimeout
@@ -48,8 +51,45 @@ KEYS: Dict[str, Tuple[str, str]] = {
 }
 
 
+# Each key's type as TorchServe's ModelConfig.build reads it (a value of another type it ignores with a
+# log line only, and serves its default: the engine, ``tsctl run`` and ``tsctl package`` refuse it, ``typed``).
+TYPES = {
+    "minWorkers": int, "maxWorkers": int, "batchSize": int, "maxBatchDelay": int, "responseTimeout": int,
+    "startupTimeout": int, "deviceType": str, "deviceIds": list, "parallelLevel": int, "parallelType": str,
+    "jobQueueSize": int, "useJobTicket": bool, "maxSequenceJobQueueSize": int, "sequenceMaxIdleMSec": int,
+    "maxNumSequence": int, "sequenceBatching": bool, "continuousBatching": bool, "asyncCommunication": bool,
+    "useVenv": bool, "torchrun": dict, "maxRetryTimeoutInSec": int, "clientTimeoutInMills": int,
+    "sequenceTimeoutMSec": int,
+}  # fmt: skip
+
+
 class ModelConfigRefused(ValueError):
     """A key the engine cannot honour: one line naming it and the fix."""
+
+
+def typed(config: dict, where: str):
+    """ModelConfigRefused naming the first key of TorchServe's whose value has another type, or is negative."""
+    for key, value in config.items():
+        expected = TYPES.get(key)
+        if expected is None:
+            continue
+        if expected is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ModelConfigRefused(f"{where}: '{key}' must be a whole number, got {shown(value)}")
+        if expected is not int and not isinstance(value, expected):
+            raise ModelConfigRefused(f"{where}: '{key}' must be a {expected.__name__}, got {shown(value)}")
+        if expected is int and value < 0:
+            raise ModelConfigRefused(f"{where}: '{key}' must not be negative, got {value}")
+
+
+def near_miss(key: str) -> Optional[str]:
+    """The TorchServe key ``key`` is a typo of (the same letters in another case or snake_case:
+    ``batch_size``; or one or two letters off: ``maxWorker``), or None."""
+    folded = key.lower().replace("_", "").replace("-", "")
+    for known in TYPES:
+        if folded == known.lower():
+            return known
+    close = difflib.get_close_matches(key, list(TYPES), n=1, cutoff=0.85)
+    return close[0] if close else None
 
 
 REFUSED_ELSEWHERE = ("parallelType", "parallelLevel", "torchrun")  # serving/gpus.model_devices refuses them
@@ -61,9 +101,17 @@ def asked(config: dict, key: str) -> bool:
 
 
 def check(config: dict, where: str) -> List[str]:
-    """The notes (one line each) for the noted keys the model-config.yaml sets; ModelConfigRefused for a
-    refused one."""
-    notes = []
+    """The notes (one line each) for the noted keys the model-config.yaml sets, a key that is a near miss of
+    one of TorchServe's, and a maxNumSequence above the engine's bound; ModelConfigRefused for a refused
+    key or one of another type (``typed``)."""
+    from .engine_sequences import MAX_SEQUENCES
+
+    typed(config, where)
+    notes = [f"{where}: unknown key '{key}'; did you mean '{near_miss(str(key))}'? (TorchServe ignores '{key}')"
+             for key in config if key not in TYPES and near_miss(str(key))]  # fmt: skip
+    if (config.get("maxNumSequence") or 0) > MAX_SEQUENCES:
+        notes.append(f"{where}: maxNumSequence {config['maxNumSequence']} is above the engine's bound: "
+                     f"{MAX_SEQUENCES} sequences open at most (docs/limits.md)")  # fmt: skip
     for key, (state, what) in KEYS.items():
         if not asked(config, key) or state == HONOURED or key in REFUSED_ELSEWHERE:
             continue

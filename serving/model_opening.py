@@ -53,9 +53,9 @@ def open_model(
         decode = frontend.decode_input_request if decode_default is None else decode_default(found)
         where = f"{spec.archive.name}'s model-config.yaml"
         try:
+            notes = model_config_keys.check(found.config, where)  # first: each key's type
             devices = gpus.model_devices(found.config, frontend.number_of_gpu, where)
             sequences = SequenceSettings.of(found.config, where)
-            notes = model_config_keys.check(found.config, where)
             metadata = v2_metadata.declared(found.config, identity.read(found), where)
         except (gpus.PlacementError, SequenceConfigError, model_config_keys.ModelConfigRefused,
                 v2_metadata.MetadataError) as exc:  # fmt: skip

@@ -44,6 +44,28 @@ def test_a_refused_key_is_one_line_naming_it(key, value):
         model_config_keys.check(config, "x's model-config.yaml")
 
 
+@pytest.mark.parametrize("config, said", [  # what a new user wrote (issue #44's newcomer); served unchecked before
+    ({"sequenceBatching": True, "sequenceMaxIdleMSec": "1 min"}, "'sequenceMaxIdleMSec' must be a whole number"),
+    ({"sequenceBatching": "yes"}, "'sequenceBatching' must be a bool, got 'yes'"),
+    ({"continuousBatching": "true"}, "'continuousBatching' must be a bool, got 'true'"),
+    ({"sequenceTimeoutMSec": -1}, "'sequenceTimeoutMSec' must not be negative, got -1"),
+])  # fmt: skip
+def test_a_value_of_another_type_is_refused_in_one_line(config, said):
+    """TorchServe's ModelConfig.build ignores such a value with a log line and serves its default (not
+    stateful, not continuous): the engine, tsctl run and tsctl package refuse it, naming the file and key."""
+    with pytest.raises(model_config_keys.ModelConfigRefused) as refused:
+        model_config_keys.check(config, "x's model-config.yaml")
+    assert str(refused.value).startswith("x's model-config.yaml: ") and said in str(refused.value)
+
+
+def test_a_near_miss_and_a_bound_past_the_engines_are_notes():
+    notes = model_config_keys.check({"sequenceMaxIdleMsec": 10, "maxNumSequence": 10_000_000}, "x")
+    assert notes == ["x: unknown key 'sequenceMaxIdleMsec'; did you mean 'sequenceMaxIdleMSec'? (TorchServe "
+                     "ignores 'sequenceMaxIdleMsec')",
+                     "x: maxNumSequence 10000000 is above the engine's bound: 65536 sequences open at most "
+                     "(docs/limits.md)"]  # fmt: skip
+
+
 def test_the_engine_serves_the_values_in_force_and_notes_the_rest(tmp_path):
     """An archive with a model-config.yaml: responseTimeout 120 (TorchServe's createModel) though
     default_response_timeout is 300; its startupTimeout and jobQueueSize; useJobTicket, useVenv and
