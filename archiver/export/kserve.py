@@ -50,6 +50,10 @@ PVC_URI = re.compile(r"^pvc://([a-z0-9]([-a-z0-9.]*[a-z0-9])?)(/[^\s]*)?$")
 PATH_SEGMENT = re.compile(r"^[A-Za-z0-9_.-]+$")  # a segment of the path inside the claim (storage_path)
 MOUNT = "/mnt/models"  # where KServe mounts the storage URI in the predictor's pod
 METRICS_FILE = "metrics.yaml"  # the config's metrics_config, copied beside it into OUT/config
+# KServe's default predictor minReplicas ("defaults to 1 but can be set to 0 to enable scale-to-zero": kserve/kserve
+# python/kserve/docs/V1beta1ComponentExtensionSpec.md): --min-replicas without --autoscale is written into the
+# InferenceService only when it differs
+KSERVE_MIN_REPLICAS = 1
 
 
 @dataclass
@@ -213,6 +217,11 @@ def check_options(options: ExportOptions) -> Tuple[str, str]:
         raise UserError(f"--protocol {options.protocol!r} must be v1 or v2")
     if options.canary is not None and not 0 <= options.canary <= 100:
         raise UserError(f"--canary {options.canary} must be a percentage from 0 to 100")
+    if not options.autoscale and not 0 <= options.min_replicas <= autoscale.INT32:
+        raise UserError(
+            f"--min-replicas {options.min_replicas} must be 0 or more (KServe's minReplicas, an int32; 0 lets the "
+            "predictor scale to zero): give the fewest replicas to keep running, e.g. --min-replicas 2"
+        )
     targets.named(options.engine).check_export(options)
     return claim, sub_path
 
@@ -362,6 +371,8 @@ def inference_service(options: ExportOptions, snapshot: dict) -> dict:
     if options.canary is not None:
         predictor["canaryTrafficPercent"] = options.canary
     predictor.update(targets.named(options.engine).predictor(options, resources(options)))
+    if not options.autoscale and options.min_replicas != KSERVE_MIN_REPLICAS:  # --autoscale writes its own
+        predictor["minReplicas"] = options.min_replicas
     spec = {"predictor": predictor}
     if options.transformer_image:
         spec["transformer"] = transformer(options)

@@ -1,0 +1,96 @@
+"""A new user's slips on a fresh clone (issue #47): each answered in one sentence (``error: ...`` on stderr,
+exit 2; under ``--json`` the same sentence in the JSON error) naming the file, key or flag and the fix, or
+doing what a KServe or TorchServe user expects."""
+
+import json
+import os
+
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+
+from archiver import mar, properties
+from archiver.cli import main
+from helpers.hostile import scripted
+from helpers.models import stand_in_torchscript
+
+BASE_HANDLER = "from ts.torch_handler.base_handler import BaseHandler\n\n\nclass Mine(BaseHandler):\n    pass\n"
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """model-store/ with tensor.mar (TorchScript), img.mar (image_classifier), txt.mar (text_classifier),
+    mine.mar (a handler of the user's own) and config/config.properties naming them; the weights beside."""
+    root = tmp_path_factory.mktemp("slips")
+    store = root / "model-store"
+    scripted(root / "tensor.pt", torch.nn.Linear(4, 2))
+    stand_in_torchscript(root / "img.pt")
+    text = root / "text"
+    text.mkdir()
+    (text / "config.json").write_text('{"model_type": "bert", "architectures": ["BertForSequenceClassification"]}')
+    (text / "tokenizer.json").write_text("{}")
+    (text / "model.safetensors").write_bytes(b"x")
+    (root / "mine.py").write_text(BASE_HANDLER)
+    for name, handler, weights in (
+        ("tensor", "tensor", "tensor.pt"),
+        ("img", "image_classifier", "img.pt"),
+        ("txt", "text_classifier", "text"),
+        ("mine", "mine.py", "tensor.pt"),
+    ):
+        options = mar.PackageOptions(
+            model_name=name, handler=str(root / handler) if handler.endswith(".py") else handler,
+            serialized_file=str(root / weights), export_path=str(store),
+        )  # fmt: skip
+        mar.package(options)
+    properties.write_config(store, root / "config" / "config.properties")
+    torch.save(torch.nn.Linear(4, 2).state_dict(), root / "state_dict.pt")
+    (root / "inputs").mkdir()
+    (root / "inputs" / "row.json").write_text("[[1, 2, 3, 4]]")
+    return root
+
+
+def tsctl(cwd, *args):
+    previous = os.getcwd()
+    os.chdir(cwd)
+    try:
+        return CliRunner().invoke(main, [str(a) for a in args])
+    finally:
+        os.chdir(previous)
+
+
+def one_line(done, *words, code=2) -> str:
+    """The command's one error line (exit ``code``), holding each of ``words``; the same under --json."""
+    lines = done.stderr.strip().splitlines()
+    assert done.exit_code == code and len(lines) == 1 and lines[0].startswith("error: "), done.output
+    assert "Traceback" not in done.output and all(w in lines[0] for w in words), (words, lines)
+    return lines[0]
+
+
+def same_under_json(cwd, args, line: str, code=2):
+    done = tsctl(cwd, *args, "--json")
+    assert done.exit_code == code, done.output
+    assert f"error: {json.loads(done.stdout)['error']['message']}" == line, (done.stdout, line)
+
+
+# ---- 1: export kserve --min-replicas without --autoscale ---------------------------------------------------
+KSERVE = ["export", "kserve", "--name", "demo", "--storage-uri", "pvc://models/demo"]
+
+
+@pytest.mark.parametrize("replicas", [0, 2])
+def test_min_replicas_without_autoscale_is_the_predictor_s_min_replicas(project, tmp_path, replicas):
+    """--min-replicas 2 without --autoscale exited 0 and wrote no minReplicas: KServe's predictor takes it
+    alone (its default is 1), so it is written, and checked against the CRD as every manifest is."""
+    out = tmp_path / "out"
+    done = tsctl(project, *KSERVE, out, "--min-replicas", replicas)
+    assert done.exit_code == 0, done.output
+    isvc = yaml.safe_load((out / "inferenceservice.yaml").read_text())
+    assert isvc["spec"]["predictor"]["minReplicas"] == replicas, isvc
+    assert "maxReplicas" not in isvc["spec"]["predictor"] and "annotations" not in isvc["metadata"], isvc
+
+
+def test_min_replicas_below_zero_is_one_line(project, tmp_path):
+    args = [*KSERVE, tmp_path / "out", "--min-replicas", "-1"]
+    line = one_line(tsctl(project, *args), "--min-replicas -1", "0 or more")
+    same_under_json(project, args, line)
+    assert not (tmp_path / "out").exists()
