@@ -83,7 +83,7 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     archives = check_models(snapshot, Path(options.model_store), notes, target.envelope_batches(), target.archive_notes)
     gpu_settings(options, properties, config_path, notes)
     notes += memory_notes(options, snapshot)
-    check_split(options, snapshot)
+    check_split(options, snapshot, notes)
     transformer_archive = check_transformer(options, snapshot)
     metrics = carried_metrics(properties, config_path)
     ports = target.ports(properties) if options.autoscale else None  # the pod's, where the autoscaling looks
@@ -311,7 +311,7 @@ def check_models(snapshot: dict, store: Path, notes: List[str], envelope_batches
     return archives
 
 
-def check_split(options: ExportOptions, snapshot: dict):
+def check_split(options: ExportOptions, snapshot: dict, notes: List[str]):
     if not options.split:
         return
     models = snapshot.get("models", {})
@@ -323,9 +323,8 @@ def check_split(options: ExportOptions, snapshot: dict):
     if options.split[0][0] == options.split[1][0]:
         raise UserError("--split needs two different models")
     store = Path(options.model_store)
-    core.check_same_input(
-        "--split",
-        {model: input_of(store / next(iter(models[model].values()))["marName"]) for model, _ in options.split},
+    notes += core.check_same_input(
+        "--split", {model: store / next(iter(models[model].values()))["marName"] for model, _ in options.split}
     )
     total = sum(weight for _, weight in options.split)
     if total != 100:

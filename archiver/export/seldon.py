@@ -118,10 +118,10 @@ def check(options: SeldonOptions) -> Plan:
     specs = default_versions(options, notes)
     entries = [entry_of(spec) for spec in specs]
     names = [entry.name for entry in entries]
-    experiment = seldon_mirror.check(options, entries, check_ab(options, names))
+    experiment = seldon_mirror.check(options, entries, check_ab(options, names), notes)
     if options.ab:
-        kinds = {entry.name: entry.kind for entry in entries}
-        core.check_same_input("--ab", {model: kinds[model] for model, _ in options.ab})
+        archives = {entry.name: entry.archive for entry in entries}
+        notes += core.check_same_input("--ab", {model: archives[model] for model, _ in options.ab})
     transformers, pipeline, pipeline_model = check_transformer(options, entries, experiment, notes)
     all_entries = entries + transformers
     requirements([entry.archive for entry in all_entries], False)  # each line checked before anything is written

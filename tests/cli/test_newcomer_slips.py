@@ -94,3 +94,25 @@ def test_min_replicas_below_zero_is_one_line(project, tmp_path):
     line = one_line(tsctl(project, *args), "--min-replicas -1", "0 or more")
     same_under_json(project, args, line)
     assert not (tmp_path / "out").exists()
+
+
+# ---- 2: an A/B between models that take different inputs ----------------------------------------------------
+def test_an_ab_between_an_image_and_a_text_model_names_both_archives(project, tmp_path):
+    """The refusal named the models alone: it names both archives and what each takes."""
+    for args in (["--ab", "img=50", "--ab", "txt=50"], ["--ab", "img=50", "--ab", "tensor=50"]):
+        command = ["export", "seldon", tmp_path / "out", "--image", "registry.example.com/tsctl:1", *args]
+        line = one_line(tsctl(project, *command), "--ab", "model-store/img.mar", "takes image")
+        assert "model-store/txt.mar" in line or "model-store/tensor.mar" in line, line
+        same_under_json(project, command, line)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_ab_with_a_handler_of_the_user_s_own_is_accepted_with_a_note(project, tmp_path):
+    """A handler of the user's own says nothing of its input: the A/B was accepted without a word."""
+    command = ["export", "seldon", tmp_path / "out", "--image", "registry.example.com/tsctl:1", "--ab", "tensor=50",
+               "--ab", "mine=50"]  # fmt: skip
+    done = tsctl(project, *command)
+    assert done.exit_code == 0, done.output
+    notes = [line for line in done.stdout.splitlines() if line.startswith("note: --ab")]
+    assert len(notes) == 1 and "note: --ab: tsctl cannot tell what model-store/mine.mar's handler (" in notes[0], notes
+    assert "model-store/tensor.mar" in notes[0], notes
