@@ -116,3 +116,14 @@ def test_an_ab_with_a_handler_of_the_user_s_own_is_accepted_with_a_note(project,
     notes = [line for line in done.stdout.splitlines() if line.startswith("note: --ab")]
     assert len(notes) == 1 and "note: --ab: tsctl cannot tell what model-store/mine.mar's handler (" in notes[0], notes
     assert "model-store/tensor.mar" in notes[0], notes
+
+
+# ---- 3: a state_dict packaged without --model-file ---------------------------------------------------------
+def test_a_state_dict_without_model_file_says_so(project, tmp_path):
+    """A handler subclassing TorchServe's BaseHandler loads a .pt without a model file as TorchScript: torch
+    said "...your checkpoint file is corrupted", exit 1."""
+    args = ["package", "--model-name", "sd", "--handler", "mine.py", "--serialized-file", "state_dict.pt",
+            "--export-path", tmp_path / "out", "--golden", "inputs"]  # fmt: skip
+    line = one_line(tsctl(project, *args), "state_dict.pt is a state_dict", "--model-file", "eager mode")
+    assert "corrupted" not in line and not (tmp_path / "out" / "sd.mar").exists(), line
+    same_under_json(project, args, line)
