@@ -4,6 +4,7 @@ doing what a KServe or TorchServe user expects."""
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -126,4 +127,21 @@ def test_a_state_dict_without_model_file_says_so(project, tmp_path):
             "--export-path", tmp_path / "out", "--golden", "inputs"]  # fmt: skip
     line = one_line(tsctl(project, *args), "state_dict.pt is a state_dict", "--model-file", "eager mode")
     assert "corrupted" not in line and not (tmp_path / "out" / "sd.mar").exists(), line
+    same_under_json(project, args, line)
+
+
+# ---- 4: tsctl run on a weights file --------------------------------------------------------------------------
+def legacy_pickle(path: Path) -> Path:
+    torch.save(torch.nn.Linear(4, 2).state_dict(), path, _use_new_zipfile_serialization=False)
+    return path
+
+
+@pytest.mark.parametrize("weights", ["state_dict.pt", "tensor.pt", "legacy.pt"])
+def test_run_on_a_pytorch_file_says_to_package_it(project, weights):
+    """tsctl run state_dict.pt spoke of zip data descriptors; a legacy pickle "is not a model archive ... or
+    it is truncated"."""
+    legacy_pickle(project / "legacy.pt")
+    args = ["run", weights, "inputs/row.json"]
+    line = one_line(tsctl(project, *args), f"{weights} is a PyTorch file", "not a model archive", "tsctl package")
+    assert "data descriptor" not in line and "truncated" not in line, line
     same_under_json(project, args, line)
