@@ -468,7 +468,9 @@ def snapshot_archive(config, model_store: Path, name: str, entry) -> Path:
     except NotInStore as exc:
         why = f" ({exc})" if str(exc) and mar_name else ""
         raise ConfigError(f"{config}: model_snapshot names {mar_name!r} for model {name!r}, which is not in "
-                          f"{model_store}{why}: regenerate the file with 'tsctl config'") from None  # fmt: skip
+                          f"{model_store}{why}, the model store given (--model-store): give the store the config was "
+                          f"written for, or run 'tsctl config --model-store {model_store}' for a config of this "
+                          "store") from None  # fmt: skip
 
 
 def _from_snapshot(config, model_store: Path, name: str, version: str, entry, frontend: Frontend) -> ModelSpec:

@@ -145,3 +145,13 @@ def test_run_on_a_pytorch_file_says_to_package_it(project, weights):
     line = one_line(tsctl(project, *args), f"{weights} is a PyTorch file", "not a model archive", "tsctl package")
     assert "data descriptor" not in line and "truncated" not in line, line
     same_under_json(project, args, line)
+
+
+# ---- 5: serve --model-store naming another store than the config's --------------------------------------------
+def test_serve_with_another_model_store_names_it_and_the_fix(project, tmp_path):
+    """It said to regenerate the project's config: the config is fine, the store given lacks its archives."""
+    (project / "otherdir").mkdir(exist_ok=True)
+    args = ["serve", "--model-store", "otherdir", "--home", tmp_path / "home"]
+    line = one_line(tsctl(project, *args), "otherdir", "config/config.properties", "--model-store")
+    assert "tsctl config --model-store" in line and "regenerate" not in line, line
+    same_under_json(project, args, line)
