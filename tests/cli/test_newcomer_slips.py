@@ -155,3 +155,15 @@ def test_serve_with_another_model_store_names_it_and_the_fix(project, tmp_path):
     line = one_line(tsctl(project, *args), "otherdir", "config/config.properties", "--model-store")
     assert "tsctl config --model-store" in line and "regenerate" not in line, line
     same_under_json(project, args, line)
+
+
+# ---- 6: --config /dev/null ---------------------------------------------------------------------------------
+def test_config_dev_null_is_read_as_an_empty_config(project, tmp_path):
+    """It said /dev/null does not exist; TorchServe's ConfigManager loads whatever file exists (an empty one:
+    no keys), so it is read, and found to name no models."""
+    args = ["serve", "--config", "/dev/null", "--home", tmp_path / "home"]
+    line = one_line(tsctl(project, *args), "/dev/null", "model_snapshot", "tsctl config")
+    assert "does not exist" not in line, line
+    same_under_json(project, args, line)
+    folder = one_line(tsctl(project, "serve", "--config", "config", "--home", tmp_path / "home"), "config")
+    assert "is a directory" in folder, folder
