@@ -4,6 +4,10 @@ doing what a KServe or TorchServe user expects."""
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +19,8 @@ from archiver import mar, properties
 from archiver.cli import main
 from helpers.hostile import scripted
 from helpers.models import stand_in_torchscript
+from helpers.paths import ROOT
+from helpers.processes import kill, session_members
 
 BASE_HANDLER = "from ts.torch_handler.base_handler import BaseHandler\n\n\nclass Mine(BaseHandler):\n    pass\n"
 
@@ -167,3 +173,33 @@ def test_config_dev_null_is_read_as_an_empty_config(project, tmp_path):
     same_under_json(project, args, line)
     folder = one_line(tsctl(project, "serve", "--config", "config", "--home", tmp_path / "home"), "config")
     assert "is a directory" in folder, folder
+
+
+# ---- 7: Ctrl-C during package --golden ---------------------------------------------------------------------
+def test_ctrl_c_during_package_golden_is_one_line_and_leaves_nothing(project, tmp_path):
+    """Ctrl-C printed "Aborted!" and the fork server's BrokenPipeError traceback, exit 1. Sent as a terminal
+    sends it (to the command's process group) once its worker process runs."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    command = [sys.executable, "-m", "archiver.cli", "package", "--model-name", "t", "--handler", "tensor",
+               "--serialized-file", "tensor.pt", "--golden", "inputs", "--export-path", tmp_path / "out"]  # fmt: skip
+    process = subprocess.Popen(
+        [str(part) for part in command], cwd=project, env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(temp)},
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while len(session_members(process.pid)) < 2 and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(session_members(process.pid)) >= 2, "no worker started"
+        os.killpg(process.pid, signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        kill([process.pid] if process.poll() is None else [])
+    deadline = time.monotonic() + 10
+    while session_members(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = session_members(process.pid)
+    kill(left)
+    assert process.returncode == 130 and stderr.strip().splitlines() == ["error: interrupted (Ctrl-C)"], stderr
+    assert left == [] and list(temp.iterdir()) == [] and not (tmp_path / "out").exists(), (left, list(temp.iterdir()))
