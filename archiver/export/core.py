@@ -125,13 +125,18 @@ def write_inputs(out: Path, files: Dict[str, bytes]) -> List[Path]:
     return written
 
 
+def input_of(archive: Path) -> Optional[str]:
+    """What the archive's requests hold: image, text or tensor (MAR-INF/tsctl.json); None for a handler of
+    the user's own that says no more."""
+    kind = (handler_record(archive) or {}).get("input")
+    return kind if kind in ("image", "text", "tensor") else None
+
+
 def check_same_input(flag: str, archives: Dict[str, Path]) -> List[str]:
     """The candidates of a split (``--split``, ``--ab``, ``--mirror``: model -> its archive) take the same kind
-    of input (MAR-INF/tsctl.json's, ``bodies.input_of``): the router sends each request to either, so an image
+    of input (MAR-INF/tsctl.json's, ``input_of``): the router sends each request to either, so an image
     to a text model would fail; one UserError naming both archives. A handler of the user's own says nothing
     of its input: accepted, with a note for each such archive (returned) saying tsctl cannot tell."""
-    from .bodies import input_of
-
     kinds = {model: input_of(archive) for model, archive in archives.items()}
     known = {model: kind for model, kind in kinds.items() if kind}
     if len(set(known.values())) > 1:

@@ -41,7 +41,7 @@ from ..errors import UserError
 from ..mar import MODEL_NAME, handler_record, model_config, read_manifest, rewrite_archive, shown_name
 from ..properties import check_keys, check_store, metrics_yaml, read_properties, render, snapshot_of
 from . import autoscale, core, crds, kserve_canary, kube, out_dir, targets
-from .bodies import Served, input_of, sample_inputs
+from .bodies import Served, sample_inputs
 from .kserve_deploy import curl_lines, deploy_md, predict_path
 from .options import ExportOptions
 
@@ -348,7 +348,7 @@ def check_transformer(options: ExportOptions, snapshot: dict) -> Optional[Path]:
     named = f"--transformer-model '{model}'" if options.transformer_model else f"model '{model}' (the first)"
     for entry in snapshot["models"][model].values():
         predictor = Path(options.model_store) / entry["marName"]
-        if input_of(predictor) != "tensor":
+        if core.input_of(predictor) != "tensor":
             handler = read_manifest(predictor)["model"]["handler"]
             raise UserError(
                 f"{named} is served by {predictor}, whose handler is {handler!r} (MANIFEST model.handler), but the "
@@ -426,11 +426,11 @@ def served_models(options: ExportOptions, archives: List[Path]) -> List[Served]:
     if options.transformer_archive:
         archive = Path(options.transformer_archive)
         handler = read_manifest(archive)["model"]["handler"]
-        return [Served(options.transformer_model, handler, input_of(archive), archive=archive)]
+        return [Served(options.transformer_model, handler, core.input_of(archive), archive=archive)]
     served: Dict[str, Served] = {}
     for archive in archives:
         model = read_manifest(archive)["model"]
-        kind = input_of(archive)
+        kind = core.input_of(archive)
         shape = (model_config(archive).get("handler") or {}).get("input_shape") if kind == "tensor" else None
         served.setdefault(model["modelName"], Served(model["modelName"], model["handler"], kind, shape, archive))
     return list(served.values())

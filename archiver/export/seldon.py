@@ -58,7 +58,7 @@ from serving import ts_config
 from .. import mlserver
 from ..errors import UserError
 from . import core, crds, out_dir, seldon_mirror
-from .bodies import input_of, sample_inputs
+from .bodies import sample_inputs
 from .kube import check_gpus, check_resources, image_reference, label, suggest
 from .options import SeldonOptions
 from .seldon_deploy import curl_lines, deploy_md, served_models
@@ -203,7 +203,7 @@ def default_versions(options: SeldonOptions, notes: List[str]) -> List[ts_config
 def entry_of(spec: ts_config.ModelSpec, extra: Optional[dict] = None) -> Entry:
     archive = spec.archive
     manifest = archive_files.read_manifest(archive)["model"]
-    kind = input_of(archive)
+    kind = core.input_of(archive)
     shape = None
     if kind == "tensor":
         shape = (ts_config.archive_config(archive).get("handler") or {}).get("input_shape")
