@@ -108,6 +108,12 @@ class Archive:
             raise ArchiveError(f"{path} cannot be read ({exc.strerror or exc}): check its permissions") from None
         try:
             self._version = _version(self._file)
+            if _pytorch_file(self._file):
+                raise ArchiveError(
+                    f"{path} is a PyTorch file (torch.save or torch.jit.save wrote it), not a model archive: package "
+                    f"it first, e.g. 'tsctl package --model-name NAME --handler HANDLER --serialized-file {path}', "
+                    "and give the .mar it writes"
+                )
             if zipfile.is_zipfile(self._file):
                 self._zip = open_zip(path, self._file)
                 return "zip"
@@ -289,6 +295,27 @@ def _version(f) -> Tuple[int, int, int, int, int]:
     a write resetting the modification time still moves) and link count (which moves it too)."""
     found = os.fstat(f.fileno())
     return found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns, found.st_nlink
+
+
+def _pytorch_file(f) -> bool:
+    """Whether the open file is what torch.save or torch.jit.save writes rather than an archive: a zip of
+    one folder holding ``data.pkl`` (``constants.pkl`` too for TorchScript) and no MAR-INF/MANIFEST.json, or
+    (torch.save's format before 1.6) a pickle, which starts with the PROTO opcode. Read from the central
+    directory alone (any zip Python cannot read so is left to ``open_zip``); the file is left at 0."""
+    try:
+        f.seek(0)
+        if f.read(1) == b"\x80":
+            return True
+        with zipfile.ZipFile(f) as z:
+            names = z.namelist()
+    except Exception:  # noqa: BLE001 - not a zip, or one open_zip then refuses in its own words
+        return False
+    finally:
+        f.seek(0)
+    tops = {name.partition("/")[0] for name in names}
+    return (
+        MANIFEST not in names and len(tops) == 1 and any(n.count("/") == 1 and n.endswith("/data.pkl") for n in names)
+    )
 
 
 def _is_tar(f) -> bool:

@@ -125,6 +125,25 @@ def _suggest(architectures: List[str], handler: str) -> str:
     return "save a model with that head (AutoModelFor...) or pick the handler of its task"
 
 
+def unloaded_state_dict(model_dir: str, model: dict) -> Optional[str]:
+    """Why an archive's handler failed to load, when its weights tell: a ``.pt`` state_dict
+    (``torch.save(model.state_dict())``) without a model file, which TorchServe's BaseHandler loads as
+    TorchScript (``torch.jit.load``, base_handler.py ``initialize``: no ``modelFile``, a ``.pt``), and torch
+    then calls the checkpoint corrupted. None otherwise. ``model``: its MANIFEST.json's ``model``."""
+    serialized = model.get("serializedFile")
+    if model.get("modelFile") or not isinstance(serialized, str) or not serialized.endswith(".pt"):
+        return None
+    path = os.path.join(model_dir, serialized)
+    if not os.path.isfile(path) or is_torchscript(path) or not is_torch_save(path):
+        return None
+    return (
+        f"{os.path.basename(serialized)} is a state_dict (torch.save(model.state_dict())), not TorchScript, and the "
+        "archive has no model file, so the handler cannot build the model: package it with --model-file model.py "
+        "defining the model class, as torch-model-archiver's eager mode needs (or save the model with "
+        "torch.jit.script)"
+    )
+
+
 def is_torchscript(path: str) -> bool:
     """True for a TorchScript file (``torch.jit.save``: a zip holding ``code/`` and ``constants.pkl``);
     ``torch.save`` writes a zip with ``data.pkl`` and no code, or a bare pickle."""

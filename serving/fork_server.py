@@ -554,11 +554,21 @@ def main():
         for name in PRELOAD:
             importlib.import_module(name)
     except BaseException as exc:  # noqa: BLE001 - said to the client, which then spawns workers itself
-        sock.send(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode("utf-8"))
+        hello(sock, {"error": f"{type(exc).__name__}: {exc}"})
         return
     PRELOADED = {name.partition(".")[0] for name in sys.modules}
-    sock.send(json.dumps({"ready": True}).encode("utf-8"))  # the server checks shadowing itself (``shadowed``)
-    serve(sock, extras)
+    if hello(sock, {"ready": True}):  # the server checks shadowing itself (``shadowed``)
+        serve(sock, extras)
+
+
+def hello(sock: socket.socket, message: dict) -> bool:
+    """Say ``message`` to the client; False, silently, when it has gone meanwhile (interrupted while the
+    server imported: its end is closed, and the server has nothing to serve)."""
+    try:
+        sock.send(json.dumps(message).encode("utf-8"))
+        return True
+    except OSError:  # BrokenPipeError, ConnectionResetError
+        return False
 
 
 if __name__ == "__main__":

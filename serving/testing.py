@@ -43,7 +43,7 @@ import threading
 from pathlib import Path
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple, Union
 
-from handlers import identity, signing
+from handlers import fit, identity, signing
 from handlers.archives import Archive, opened
 from handlers.requests import content_type
 
@@ -192,6 +192,9 @@ class LocalModel:
                 gpu=self.gpu,
             )
         except RuntimeError as exc:
+            why = fit.unloaded_state_dict(str(self.model_dir), self.manifest["model"])  # torch says "corrupted"
+            if why is not None:
+                raise LoadError("handlers.loading.ModelLoadError", why) from None
             raise LoadError.from_worker(str(exc)) from None
 
     def _log_line(self, line: str):

@@ -15,6 +15,7 @@ No torch, no archiver: the engine (serving/engine.py) and ``tsctl`` (archiver/pr
 read the same file through this module.
 """
 
+import io
 import json
 import os
 from collections import OrderedDict
@@ -84,6 +85,7 @@ class ConfigError(ValueError):
 
 
 MAX_METRICS_YAML = 1 << 20  # bytes of a metrics_config (TorchServe's own metrics.yaml: 3 kB)
+SPECIAL_CONFIG_BYTES = 1 << 20  # bytes read of a config that is a device or FIFO (read_properties; a file: all)
 
 
 def read_regular(path, limit: int) -> str:
@@ -118,9 +120,13 @@ def read_properties(path) -> Dict[str, str]:
     import javaproperties
 
     path = Path(path)
-    if not path.is_file():
+    if path.is_dir():  # TorchServe: "Unable to read configuration file" (an IOException)
+        raise ConfigError(f"{path} is a directory, not a config file: give the config.properties in it")
+    if not path.exists():
         raise ConfigError(f"{path} does not exist: write it with 'tsctl config'")
-    with path.open("rb") as stream:  # bytes: javaproperties decodes them as Java does, ISO-8859-1
+    # TorchServe's ConfigManager loads whatever file exists (ConfigManager.java, 'if (tsConfigFile.exists())
+    # ... prop.load(stream)'): /dev/null is an empty config. A device or FIFO is read so, up to SPECIAL_CONFIG_BYTES.
+    with path.open("rb") if path.is_file() else io.BytesIO(_special(path)) as stream:  # bytes, ISO-8859-1 as Java
         try:
             return javaproperties.load(stream, object_pairs_hook=OrderedDict)
         except javaproperties.InvalidUEscapeError as exc:
@@ -129,10 +135,27 @@ def read_properties(path) -> Dict[str, str]:
             ) from None
 
 
+def _special(path: Path) -> bytes:
+    """The bytes of a config that is a device or a FIFO (``/dev/null``: none), opened without blocking, at
+    most ``SPECIAL_CONFIG_BYTES`` (``/dev/zero`` never ends); a ConfigError naming it otherwise."""
+    try:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as opened_file:
+            data = opened_file.read(SPECIAL_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{path} is not a regular file and cannot be read ({exc.strerror or exc})") from None
+    if data is None or len(data) > SPECIAL_CONFIG_BYTES:
+        raise ConfigError(
+            f"{path} is not a regular file and gives more than {SPECIAL_CONFIG_BYTES:,} bytes (or none yet): give "
+            "a config.properties file"
+        )
+    return data
+
+
 def snapshot_of(properties: Dict[str, str], path="config.properties") -> dict:
     raw = properties.get("model_snapshot")
     if not raw:
-        raise ConfigError(f"{path} has no model_snapshot: regenerate it with 'tsctl config'")
+        empty = " (it holds no keys)" if not properties else ""
+        raise ConfigError(f"{path} has no model_snapshot{empty}: write the config with 'tsctl config'")
     try:
         snapshot = json.loads(raw)
     except ValueError as exc:
@@ -468,7 +491,9 @@ def snapshot_archive(config, model_store: Path, name: str, entry) -> Path:
     except NotInStore as exc:
         why = f" ({exc})" if str(exc) and mar_name else ""
         raise ConfigError(f"{config}: model_snapshot names {mar_name!r} for model {name!r}, which is not in "
-                          f"{model_store}{why}: regenerate the file with 'tsctl config'") from None  # fmt: skip
+                          f"{model_store}{why}, the model store given (--model-store): give the store the config was "
+                          f"written for, or run 'tsctl config --model-store {model_store}' for a config of this "
+                          "store") from None  # fmt: skip
 
 
 def _from_snapshot(config, model_store: Path, name: str, version: str, entry, frontend: Frontend) -> ModelSpec:

@@ -13,6 +13,9 @@ import click
 from ..errors import ServerError, UserError
 from ..output import print_json, print_json_error
 
+INTERRUPTED = "interrupted (Ctrl-C)"
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C ended (click's own Abort: 1)
+
 
 class Command(click.Command):
     """Runs the command and turns our errors into one line on stderr and an honest exit code; with
@@ -36,6 +39,11 @@ class Command(click.Command):
                 print_json_error(str(error), error.exit_code)
             click.secho(f"error: {error}", fg="red", err=True)
             ctx.exit(error.exit_code)
+        except KeyboardInterrupt:  # Ctrl-C: what ran cleans up as it unwinds (LocalModel, the staged writes)
+            if ctx.params.get("as_json"):
+                print_json_error(INTERRUPTED, INTERRUPTED_EXIT)
+            click.secho(f"error: {INTERRUPTED}", fg="red", err=True)
+            ctx.exit(INTERRUPTED_EXIT)
 
 
 def our_errors() -> tuple:

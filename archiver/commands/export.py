@@ -109,7 +109,13 @@ def parse_split(values):
     show_default=True,
     help="--autoscale knative: what the KPA scales on.",
 )
-@click.option("--min-replicas", type=int, default=1, show_default=True, help="--autoscale: the fewest replicas.")
+@click.option(
+    "--min-replicas",
+    type=int,
+    default=1,
+    show_default=True,
+    help="The fewest replicas (KServe's minReplicas; also without --autoscale).",
+)
 @click.option("--max-replicas", type=int, help="--autoscale: the most replicas (default 10, or from --peak-rps).")
 @click.option("--peak-rps", type=float, help="--autoscale: the peak load; maxReplicas = peak / one replica's rps.")
 @click.option(

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from ..mar import handler_record
 from .core import render
 
 
@@ -26,13 +25,6 @@ class Served:
     @property
     def input_file(self) -> str:
         return f"input-{self.kind}.json" if self.kind in ("image", "text") else f"input-{self.name}.json"
-
-
-def input_of(archive: Path) -> Optional[str]:
-    """What the archive's requests hold: image, text or tensor (MAR-INF/tsctl.json); None for a handler of
-    the user's own that says no more."""
-    kind = (handler_record(archive) or {}).get("input")
-    return kind if kind in ("image", "text", "tensor") else None
 
 
 # Request bodies, built by python3 from a file, a text or a shape (the variable x in the body), each command

@@ -14,7 +14,7 @@ from typing import Dict, Iterable, List, Optional
 from handlers.settings import ImageSettings
 
 from ..errors import UserError
-from ..mar import handler_record, model_config
+from ..mar import handler_record, model_config, read_manifest
 
 COPY_POD_IMAGE = "busybox:1.36"  # has tar, which kubectl cp runs in the pod
 COPY_POD_UID = 1000  # the uid KServe's TorchServe runtime runs as (and Seldon's servers): the copied files are its own
@@ -125,16 +125,33 @@ def write_inputs(out: Path, files: Dict[str, bytes]) -> List[Path]:
     return written
 
 
-def check_same_input(flag: str, kinds: Dict[str, Optional[str]]):
-    """The candidates of a split (``--split``, ``--ab``) take the same kind of input: the router sends each
-    request to either, so an image to a text model would fail. Unknown kinds (a handler of your own) pass."""
+def input_of(archive: Path) -> Optional[str]:
+    """What the archive's requests hold: image, text or tensor (MAR-INF/tsctl.json); None for a handler of
+    the user's own that says no more."""
+    kind = (handler_record(archive) or {}).get("input")
+    return kind if kind in ("image", "text", "tensor") else None
+
+
+def check_same_input(flag: str, archives: Dict[str, Path]) -> List[str]:
+    """The candidates of a split (``--split``, ``--ab``, ``--mirror``: model -> its archive) take the same kind
+    of input (MAR-INF/tsctl.json's, ``input_of``): the router sends each request to either, so an image
+    to a text model would fail; one UserError naming both archives. A handler of the user's own says nothing
+    of its input: accepted, with a note for each such archive (returned) saying tsctl cannot tell."""
+    kinds = {model: input_of(archive) for model, archive in archives.items()}
     known = {model: kind for model, kind in kinds.items() if kind}
     if len(set(known.values())) > 1:
-        said = ", ".join(f"{model} takes {kind}" for model, kind in known.items())
+        said = ", ".join(f"{archives[model]} ('{model}') takes {kind}" for model, kind in known.items())
         raise UserError(
             f"{flag}: {said}; a split sends each request to either candidate, so they must take the same input: "
             "split between versions of one model"
         )
+    return [
+        f"{flag}: tsctl cannot tell what {archive}'s handler ({read_manifest(archive)['model'].get('handler')}) "
+        f"takes, so it is not checked against {', '.join(str(archives[m]) for m in known) or 'the others'}: "
+        "send it the same requests as the other candidates before deploying"
+        for model, archive in archives.items()
+        if model not in known
+    ]
 
 
 def splitting_transformer(path) -> Path:

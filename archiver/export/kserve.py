@@ -41,7 +41,7 @@ from ..errors import UserError
 from ..mar import MODEL_NAME, handler_record, model_config, read_manifest, rewrite_archive, shown_name
 from ..properties import check_keys, check_store, metrics_yaml, read_properties, render, snapshot_of
 from . import autoscale, core, crds, kserve_canary, kube, out_dir, targets
-from .bodies import Served, input_of, sample_inputs
+from .bodies import Served, sample_inputs
 from .kserve_deploy import curl_lines, deploy_md, predict_path
 from .options import ExportOptions
 
@@ -50,6 +50,10 @@ PVC_URI = re.compile(r"^pvc://([a-z0-9]([-a-z0-9.]*[a-z0-9])?)(/[^\s]*)?$")
 PATH_SEGMENT = re.compile(r"^[A-Za-z0-9_.-]+$")  # a segment of the path inside the claim (storage_path)
 MOUNT = "/mnt/models"  # where KServe mounts the storage URI in the predictor's pod
 METRICS_FILE = "metrics.yaml"  # the config's metrics_config, copied beside it into OUT/config
+# KServe's default predictor minReplicas ("defaults to 1 but can be set to 0 to enable scale-to-zero": kserve/kserve
+# python/kserve/docs/V1beta1ComponentExtensionSpec.md): --min-replicas without --autoscale is written into the
+# InferenceService only when it differs
+KSERVE_MIN_REPLICAS = 1
 
 
 @dataclass
@@ -79,7 +83,7 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     archives = check_models(snapshot, Path(options.model_store), notes, target.envelope_batches(), target.archive_notes)
     gpu_settings(options, properties, config_path, notes)
     notes += memory_notes(options, snapshot)
-    check_split(options, snapshot)
+    check_split(options, snapshot, notes)
     transformer_archive = check_transformer(options, snapshot)
     metrics = carried_metrics(properties, config_path)
     ports = target.ports(properties) if options.autoscale else None  # the pod's, where the autoscaling looks
@@ -213,6 +217,11 @@ def check_options(options: ExportOptions) -> Tuple[str, str]:
         raise UserError(f"--protocol {options.protocol!r} must be v1 or v2")
     if options.canary is not None and not 0 <= options.canary <= 100:
         raise UserError(f"--canary {options.canary} must be a percentage from 0 to 100")
+    if not options.autoscale and not 0 <= options.min_replicas <= autoscale.INT32:
+        raise UserError(
+            f"--min-replicas {options.min_replicas} must be 0 or more (KServe's minReplicas, an int32; 0 lets the "
+            "predictor scale to zero): give the fewest replicas to keep running, e.g. --min-replicas 2"
+        )
     targets.named(options.engine).check_export(options)
     return claim, sub_path
 
@@ -302,7 +311,7 @@ def check_models(snapshot: dict, store: Path, notes: List[str], envelope_batches
     return archives
 
 
-def check_split(options: ExportOptions, snapshot: dict):
+def check_split(options: ExportOptions, snapshot: dict, notes: List[str]):
     if not options.split:
         return
     models = snapshot.get("models", {})
@@ -314,9 +323,8 @@ def check_split(options: ExportOptions, snapshot: dict):
     if options.split[0][0] == options.split[1][0]:
         raise UserError("--split needs two different models")
     store = Path(options.model_store)
-    core.check_same_input(
-        "--split",
-        {model: input_of(store / next(iter(models[model].values()))["marName"]) for model, _ in options.split},
+    notes += core.check_same_input(
+        "--split", {model: store / next(iter(models[model].values()))["marName"] for model, _ in options.split}
     )
     total = sum(weight for _, weight in options.split)
     if total != 100:
@@ -340,7 +348,7 @@ def check_transformer(options: ExportOptions, snapshot: dict) -> Optional[Path]:
     named = f"--transformer-model '{model}'" if options.transformer_model else f"model '{model}' (the first)"
     for entry in snapshot["models"][model].values():
         predictor = Path(options.model_store) / entry["marName"]
-        if input_of(predictor) != "tensor":
+        if core.input_of(predictor) != "tensor":
             handler = read_manifest(predictor)["model"]["handler"]
             raise UserError(
                 f"{named} is served by {predictor}, whose handler is {handler!r} (MANIFEST model.handler), but the "
@@ -362,6 +370,8 @@ def inference_service(options: ExportOptions, snapshot: dict) -> dict:
     if options.canary is not None:
         predictor["canaryTrafficPercent"] = options.canary
     predictor.update(targets.named(options.engine).predictor(options, resources(options)))
+    if not options.autoscale and options.min_replicas != KSERVE_MIN_REPLICAS:  # --autoscale writes its own
+        predictor["minReplicas"] = options.min_replicas
     spec = {"predictor": predictor}
     if options.transformer_image:
         spec["transformer"] = transformer(options)
@@ -416,11 +426,11 @@ def served_models(options: ExportOptions, archives: List[Path]) -> List[Served]:
     if options.transformer_archive:
         archive = Path(options.transformer_archive)
         handler = read_manifest(archive)["model"]["handler"]
-        return [Served(options.transformer_model, handler, input_of(archive), archive=archive)]
+        return [Served(options.transformer_model, handler, core.input_of(archive), archive=archive)]
     served: Dict[str, Served] = {}
     for archive in archives:
         model = read_manifest(archive)["model"]
-        kind = input_of(archive)
+        kind = core.input_of(archive)
         shape = (model_config(archive).get("handler") or {}).get("input_shape") if kind == "tensor" else None
         served.setdefault(model["modelName"], Served(model["modelName"], model["handler"], kind, shape, archive))
     return list(served.values())

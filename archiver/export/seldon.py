@@ -58,7 +58,7 @@ from serving import ts_config
 from .. import mlserver
 from ..errors import UserError
 from . import core, crds, out_dir, seldon_mirror
-from .bodies import input_of, sample_inputs
+from .bodies import sample_inputs
 from .kube import check_gpus, check_resources, image_reference, label, suggest
 from .options import SeldonOptions
 from .seldon_deploy import curl_lines, deploy_md, served_models
@@ -118,10 +118,10 @@ def check(options: SeldonOptions) -> Plan:
     specs = default_versions(options, notes)
     entries = [entry_of(spec) for spec in specs]
     names = [entry.name for entry in entries]
-    experiment = seldon_mirror.check(options, entries, check_ab(options, names))
+    experiment = seldon_mirror.check(options, entries, check_ab(options, names), notes)
     if options.ab:
-        kinds = {entry.name: entry.kind for entry in entries}
-        core.check_same_input("--ab", {model: kinds[model] for model, _ in options.ab})
+        archives = {entry.name: entry.archive for entry in entries}
+        notes += core.check_same_input("--ab", {model: archives[model] for model, _ in options.ab})
     transformers, pipeline, pipeline_model = check_transformer(options, entries, experiment, notes)
     all_entries = entries + transformers
     requirements([entry.archive for entry in all_entries], False)  # each line checked before anything is written
@@ -203,7 +203,7 @@ def default_versions(options: SeldonOptions, notes: List[str]) -> List[ts_config
 def entry_of(spec: ts_config.ModelSpec, extra: Optional[dict] = None) -> Entry:
     archive = spec.archive
     manifest = archive_files.read_manifest(archive)["model"]
-    kind = input_of(archive)
+    kind = core.input_of(archive)
     shape = None
     if kind == "tensor":
         shape = (ts_config.archive_config(archive).get("handler") or {}).get("input_shape")

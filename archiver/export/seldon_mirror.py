@@ -34,10 +34,10 @@ def parse_mirror(value: Optional[str]) -> Optional[Tuple[str, int]]:
     return model, int(percent) if sep else 100
 
 
-def check(options: SeldonOptions, entries: List[Entry], experiment: Optional[str]) -> Optional[str]:
+def check(options: SeldonOptions, entries: List[Entry], experiment: Optional[str], notes: List[str]) -> Optional[str]:
     """The experiment the mirror goes in (the --ab one, else a new one, its name checked), after checking the
     mirror and the model it shadows (``options.default``, set here when the store has just one other
-    model); ``experiment`` unchanged without --mirror."""
+    model; ``notes`` hears of a handler whose input cannot be told); ``experiment`` unchanged without --mirror."""
     if not options.mirror:
         return experiment
     candidate, _ = options.mirror
@@ -54,7 +54,8 @@ def check(options: SeldonOptions, entries: List[Entry], experiment: Optional[str
             f"{said} the model answering now, which --mirror '{candidate}' shadows: give --default with another "
             f"model of the store ({', '.join(others)})"
         )
-    core.check_same_input("--mirror", {current: kinds[current], candidate: kinds[candidate]})
+    archives = {entry.name: entry.archive for entry in entries}
+    notes += core.check_same_input("--mirror", {current: archives[current], candidate: archives[candidate]})
     options.default = current
     if options.ab:
         return experiment

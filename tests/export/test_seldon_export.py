@@ -267,7 +267,7 @@ def test_a_pipeline_into_an_experiment_steps_into_its_default_model(store, image
     ab = dict(ab=[("resnet18-t", 50), ("resnet18-b", 50)], default="resnet18-t", experiment="split")
     with pytest.raises(
         UserError,
-        match=r"--ab: resnet18-t takes tensor, resnet18-b takes image; a split sends each request to either",
+        match=r"--ab: \S*/resnet18-t\.mar \('resnet18-t'\) takes tensor, \S*/resnet18-b\.mar \('resnet18-b'\) takes",
     ):  # candidates of mixed kinds are refused before the pipeline is looked at
         seldon.export(options(store, out, transformer_archive=str(archive), transformer_model="split", **ab))
     assert not out.exists()
@@ -537,7 +537,10 @@ def test_model_names_must_be_kubernetes_names(store, tmp_path):
 
 
 def test_an_experiment_between_an_image_and_a_text_model_is_refused(store, tmp_path):
-    with pytest.raises(UserError, match="--ab: resnet18 takes image, sentiment takes text; a split sends"):
+    with pytest.raises(
+        UserError,
+        match=r"--ab: \S*/resnet18\.mar \('resnet18'\) takes image, \S*/sentiment\.mar \('sentiment'\) takes text",
+    ):
         seldon.export(options(store, tmp_path / "out", ab=[("resnet18", 90), ("sentiment", 10)]))
     assert not (tmp_path / "out").exists()
 
