@@ -118,7 +118,7 @@ def find_python(python: Optional[str]) -> str:
             f"--python {python} cannot import mlserver and ts: install 'mlserver=={VERSION}.*', torch and "
             "torchserve==0.12.0 there"
         )
-    return python
+    return os.path.abspath(python)  # the server starts in its home: a relative path would not be found there
 
 
 def command(python: str, folder: Path) -> List[str]:

@@ -46,6 +46,7 @@ import argparse
 import asyncio
 import importlib
 import logging
+import re
 import shutil
 import signal
 import sys
@@ -75,6 +76,7 @@ logger = logging.getLogger("tsctl.engine")
 
 # Headers describing the HTTP body as it came: the worker gets the body, not the transfer.
 HOP_HEADERS = frozenset(("content-length", "transfer-encoding", "connection", "expect", "host"))
+MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")  # a handler's import the venv lacks
 
 
 class Engine(ModelVersions):
@@ -128,7 +130,11 @@ class Engine(ModelVersions):
         results = await asyncio.gather(*(m.start() for m in models), return_exceptions=True)
         for model, result in zip(models, results):
             if isinstance(result, BaseException):
-                raise RuntimeError(f"model {model.label} ({model.spec.archive.name}) could not load: {result}")
+                missing = MISSING_MODULE.search(str(result))
+                fix = (f": install '{missing.group(1)}' in the engine's Python ({sys.executable}), from the archive's "
+                       "requirements.txt where it has one (useVenv and install_py_dep_per_model are TorchServe's; "
+                       "tsctl serve --engine torchserve --install-deps does them)") if missing else ""  # fmt: skip
+                raise RuntimeError(f"model {model.label} ({model.spec.archive.name}) could not load: {result}{fix}")
 
     def begin_stop(self):
         """No worker starts or restarts from now on, and no request waits (the engine is stopping)."""

@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 ENGINE_OUT = "engine.out"
 ENGINE_LINE = re.compile(r"^tsctl engine: (.+)$")  # what the engine prints before it exits
+OWN_CLASS = re.compile(r"^(?:serving|handlers|archiver)\.[\w.]+: ")  # tsctl's own refusals are one sentence already
 PYTHON_ERROR = re.compile(r"^(?:ERROR:[\w.]+:)?\s*([A-Za-z_.]*(?:Error|Exception)\b:.*)$")
 # A worker's own error, as the engine logs its output: "... tsctl.worker: [MODEL VERSION wN] XError: ..."
 WORKER_ERROR = re.compile(r"tsctl\.worker: \[[^\]]*\]\s+([A-Za-z_][\w.]*(?:Error|Exception)\b:.*)$")
@@ -140,7 +141,8 @@ class TsctlRuntime(Runtime):
             if process is not None and process.poll() is not None:
                 servers.output_written(process)
                 self.check_extra(server)
-                raise ServerError(f"the {self.title} exited with code {process.returncode}: {self.problem(server)}")
+                how = "stopped" if process.returncode == 0 else f"exited with code {process.returncode}"
+                raise ServerError(f"the {self.title} {how}: {self.problem(server)}")
             if process is None and not servers.group_alive(server.pid):
                 self.check_extra(server)
                 raise ServerError(f"the {self.title} exited: {self.problem(server)}")
@@ -224,7 +226,7 @@ class TsctlRuntime(Runtime):
             cause = worker[-1] if worker and worker[-1] not in fatal[-1] else None
             return f"{fatal[-1]} (the worker's last error: {cause})" if cause else fatal[-1]
         bind = [line.strip() for line in lines if "address already in use" in line.lower() or "failed to bind" in line]
-        errors = [m.group(1).strip() for m in map(PYTHON_ERROR.match, lines) if m]
+        errors = [OWN_CLASS.sub("", m.group(1).strip()) for m in map(PYTHON_ERROR.match, lines) if m]
         return (bind or errors or worker or [f"no error in the output; see {out}"])[-1]
 
     def output(self, server: "Server") -> Path:

@@ -203,3 +203,15 @@ def test_ctrl_c_during_package_golden_is_one_line_and_leaves_nothing(project, tm
     kill(left)
     assert process.returncode == 130 and stderr.strip().splitlines() == ["error: interrupted (Ctrl-C)"], stderr
     assert left == [] and list(temp.iterdir()) == [] and not (tmp_path / "out").exists(), (left, list(temp.iterdir()))
+
+
+def test_a_relative_python_for_mlserver_is_made_absolute(monkeypatch):
+    """The path 'make runtimes' suggests, given relative: MLServer starts in its home, where the relative
+    path was not found (a FileNotFoundError traceback before; #44's newcomer)."""
+    from archiver import mlserver
+    from samples import runtime_env
+
+    python = Path(runtime_env.ensure_mlserver())
+    monkeypatch.chdir(python.parent.parent.parent)
+    relative = os.path.relpath(python)
+    assert not os.path.isabs(relative) and mlserver.find_python(relative) == str(python.parent.parent.parent / relative)

@@ -81,6 +81,25 @@ def test_an_import_error_inside_the_users_handler_is_named(image_sample, tmp_pat
     assert seconds < 90, seconds
 
 
+def test_the_engine_names_a_module_its_python_lacks_and_the_fix(image_sample, tmp_path):
+    """pytorch/serve's stateful example imports lru (lru-dict, its requirements.txt): the engine's line named
+    the module and no fix (#44's newcomer)."""
+    from archiver import engines
+
+    handler = tmp_path / "my_handler.py"
+    handler.write_text("import nosuchmodule_tsctl_test\n\n\ndef handle(data, context):\n    return data\n")
+    store = tmp_path / "store"
+    package_resnet(image_sample, store, handler=str(handler), config_file=None)
+    home = short_tmp("te-")
+    try:
+        with pytest.raises(ServerError) as caught:
+            engines.named("tsctl").start(store, None, home, 240)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    assert "No module named 'nosuchmodule_tsctl_test': install 'nosuchmodule_tsctl_test' in the engine's Python" in \
+        str(caught.value), caught.value
+
+
 def test_a_failed_per_model_pip_install_is_named_with_pips_error(image_sample, tmp_path):
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("nosuchpackage-tsctl-test==9.9\n")
