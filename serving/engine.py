@@ -63,7 +63,7 @@ from handlers import identity, signing
 from handlers.archives import ArchiveError
 from handlers.errors import frontend_error, with_kserve_error
 
-from . import engine_http, engine_stream, listeners, sockets, ts_config, v2_metadata
+from . import engine_http, engine_stream, form_bodies, listeners, sockets, ts_config, v2_metadata
 from .body_limit import BODY_IDLE_TIMEOUT, BodyLimit, InFlight, max_inflight_bytes, reads_budget
 from .engine_management import NOT_ALLOWED, NOT_FOUND, management_routes, ts_error, ts_json
 from .engine_metrics import Metrics
@@ -213,7 +213,9 @@ async def forward(http: HttpRequest, model: Optional[ModelWorkers], kserve: bool
     headers["explain"] = "True" if explain else "False"
     if not kserve:
         headers["url_path"] = http.path_params.get("url_path", "")
-    answer = asyncio.ensure_future(model.submit_streaming(Request(body, headers), http.path_params.get("version")))
+    inputs = form_bodies.parameters(http.headers.get("content-type", ""), body)  # a form: a parameter a field
+    request = Request(body, headers, inputs=inputs)
+    answer = asyncio.ensure_future(model.submit_streaming(request, http.path_params.get("version")))
     gone = asyncio.ensure_future(disconnected(http))
     await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
     if not answer.done():  # the client left: its request is dropped from the queue, not run
