@@ -213,7 +213,10 @@ async def forward(http: HttpRequest, model: Optional[ModelWorkers], kserve: bool
     headers["explain"] = "True" if explain else "False"
     if not kserve:
         headers["url_path"] = http.path_params.get("url_path", "")
-    inputs = form_bodies.parameters(http.headers.get("content-type", ""), body)  # a form: a parameter a field
+    try:
+        inputs = form_bodies.parameters(http.headers.get("content-type", ""), body)  # a form: a parameter a field
+    except form_bodies.FormError as exc:
+        return error(400, "BadRequestException", str(exc), kserve)
     request = Request(body, headers, inputs=inputs)
     answer = asyncio.ensure_future(model.submit_streaming(request, http.path_params.get("version")))
     gone = asyncio.ensure_future(disconnected(http))

@@ -4,6 +4,7 @@ the worker as a parameter of its own (serving/form_bodies.py); the engine did no
 engine alone in make test, and call for call against TorchServe 0.12 (make matrix)."""
 
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -58,6 +59,14 @@ def test_the_engine_hands_a_forms_fields_as_parameters(tmp_path_factory):
     engine = Engine(root).wait_ready()
     try:
         got = answers(engine.http)
+        many, kind = urllib3.encode_multipart_formdata([(f"f{i}", "x") for i in range(60_000)])  # 5 MB
+        started = time.monotonic()
+        refused = urllib.request.Request(f"{engine.url}/predictions/forms", data=many, headers={"Content-Type": kind})
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(refused, timeout=60)
+        assert caught.value.code == 400 and b"more than the 1000" in caught.value.read()
+        assert time.monotonic() - started < 30  # parsed, it held the event loop 3.7 s (140 s with email's parser)
+        assert answers(engine.http) == got  # and the engine serves on
     finally:
         assert engine.stop() == 0
     status, fields = got["multipart file and field"]
