@@ -25,7 +25,8 @@ from .options import content_type_option, engine_option, home_option, resolve_al
 @click.option("--model-store", default="model-store", show_default=True, help="The directory of archives to serve.")
 @home_option("State directory: logs, pid lock, server.json.")
 @timeout_option(180.0, "Seconds to wait while no model makes progress (a state, a log line) before giving up.")
-@click.option("--install-deps", is_flag=True, help="pip-install each archive's requirements.txt first, as KServe does.")
+@click.option("--install-deps", is_flag=True, help="--engine torchserve: pip-install each archive's requirements.txt "
+              "first, as KServe does (the tsctl engine runs archives in its own Python: install them there).")
 @click.option(
     "--enable-model-api", is_flag=True, help="Allow (re)registering models, e.g. for 'tsctl bench --sweep-batch'."
 )
