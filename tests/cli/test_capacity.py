@@ -275,7 +275,7 @@ def test_the_engine_started_in_a_cgroup_is_swept(echo_tree, tmp_path):
     assert all(s["queue_depth"] is not None and s["queue_depth"]["samples"] >= 1 for s in doc["steps"])
     assert doc["queue_gauge"] == "ts_queue_size"
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert capacity_groups() == before  # released: every process of the server gone
+    assert not set(capacity_groups()) - set(before)  # released (another suite's groups may come and go meanwhile)
 
 
 @pytest.mark.matrix  # TorchServe's JVM: about 15 s
@@ -354,7 +354,7 @@ def test_ctrl_c_leaves_no_cgroup_and_no_server(echo_tree, after):
     assert run.returncode == 130 and "Traceback" not in err, err
     if during:  # this machine made the cgroups: they held the server, and are gone with it
         assert held, "the server was not inside its cgroup"
-        assert capacity_groups() == before
+        assert not set(capacity_groups()) - set(before)
         assert not [pid for pid in held if Path(f"/proc/{pid}").exists()]
 
 

@@ -208,6 +208,7 @@ def test_tritonclient_http_and_grpc(srv, store):
         assert_close([json.loads(a) for a in answer["answers"]], want_answers)
 
 
+@pytest.mark.matrix  # the srv fixture's nine models: MLServer's whole suite is make matrix's (docs/tests.md)
 def test_model_metadata_is_what_the_archive_declares(srv, store):
     """MLServer answers GET /v2/models/NAME from the model-settings.json; where it declares no tensors, the
     runtime gives the archive's (serving/v2_metadata.py: the tensor handler's record), as the engine does;
