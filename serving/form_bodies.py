@@ -15,11 +15,11 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 
 URLENCODED, MULTIPART = "application/x-www-form-urlencoded", "multipart/form-data"
 MAX_FIELDS = 1000  # fields of one form body (Starlette's default max_fields): past it 400, nothing parsed
+FILE_TYPE = "application/octet-stream"  # a file part without a Content-Type (Netty's default)
 
 
 class FormError(ValueError):
     """A form body the engine does not read: one line for the client's 400."""
-FILE_TYPE = "application/octet-stream"  # a file part without a Content-Type (Netty's default)
 
 
 def parameters(content_type: str, body: bytes) -> Optional[List[Tuple[str, str, bytes]]]:
@@ -29,8 +29,8 @@ def parameters(content_type: str, body: bytes) -> Optional[List[Tuple[str, str, 
     kind = content_type.split(";", 1)[0].strip().lower()
     if kind not in (URLENCODED, MULTIPART):
         return None
-    boundary = parse_options_header(content_type)[1].get(b"boundary") or b"-"
-    fields = body.count(b"&") + 1 if kind == URLENCODED else body.count(b"--" + boundary) - 1
+    boundary = parse_options_header(content_type)[1].get(b"boundary")
+    fields = body.count(b"&") + 1 if kind == URLENCODED else body.count(b"--" + (boundary or b"-")) - 1
     if fields > MAX_FIELDS:  # counted before any is parsed: a parse of each costs time on the event loop
         raise FormError(f"the form body has {fields} fields, more than the {MAX_FIELDS} a request may have: send "
                         "the data as one field or as the request's body")  # fmt: skip
@@ -39,7 +39,7 @@ def parameters(content_type: str, body: bytes) -> Optional[List[Tuple[str, str, 
         fields = parse_qsl(pairs, keep_blank_values=True)  # a bare value ("curl -d 1") is no field at all
         return [(name, "", value.encode("utf-8")) for name, value in fields]
     found = []
-    for headers, data in parts(content_type, body):
+    for headers, data in parts(boundary, body):
         _, disposition = parse_options_header(headers.get(b"content-disposition", b""))
         name = disposition.get(b"name")
         if name is None:
@@ -52,10 +52,9 @@ def parameters(content_type: str, body: bytes) -> Optional[List[Tuple[str, str, 
     return found
 
 
-def parts(content_type: str, body: bytes) -> List[Tuple[Dict[bytes, bytes], bytes]]:
+def parts(boundary: Optional[bytes], body: bytes) -> List[Tuple[Dict[bytes, bytes], bytes]]:
     """A multipart body's parts: (headers by lower-case name, data) each; none when it has no boundary or
     cannot be read (the handler then gets no parameter, and says what it missed)."""
-    boundary = parse_options_header(content_type)[1].get(b"boundary")
     if not boundary:
         return []
     found: List[Tuple[Dict[bytes, bytes], bytes]] = []

@@ -107,8 +107,9 @@ def check(config: dict, where: str) -> List[str]:
     from .engine_sequences import MAX_SEQUENCES
 
     typed(config, where)
-    notes = [f"{where}: unknown key '{key}'; did you mean '{near_miss(str(key))}'? (TorchServe ignores '{key}')"
-             for key in config if key not in TYPES and near_miss(str(key))]  # fmt: skip
+    meant = {key: near_miss(str(key)) for key in config if key not in TYPES}
+    notes = [f"{where}: unknown key '{key}'; did you mean '{known}'? (TorchServe ignores '{key}')"
+             for key, known in meant.items() if known]  # fmt: skip
     if (config.get("maxNumSequence") or 0) > MAX_SEQUENCES:
         notes.append(f"{where}: maxNumSequence {config['maxNumSequence']} is above the engine's bound: "
                      f"{MAX_SEQUENCES} sequences open at most (docs/limits.md)")  # fmt: skip
