@@ -527,6 +527,7 @@ def main(argv=None):
             logger.warning("%s", note)
         engine = Engine(specs, frontend, decode, Path(args.model_store))
     except (ts_config.ConfigError, ArchiveError) as exc:
+        listeners.check_free(where)  # before any worker starts
         print(f"tsctl engine: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
     except signing.SignatureError as exc:  # exit 2 for a key file that is no public key (KeyFileError)
