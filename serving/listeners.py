@@ -193,3 +193,16 @@ def check_free(found: Plan):
                 fix = "stop that process, or give" if held else "give"
                 raise ConfigError(f"{it.host}:{it.port} ({it.source}) {why}: {fix} {it.setting} a free port") from None
 
+
+def other_api(found: Plan, role: str, management_path: bool) -> str:
+    """What a request to the wrong listener is told after TorchServe's message (its status kept): on the
+    management listener a path of the inference API, or on the inference listener one of the management API
+    (``management_path``), `` (this is the management API; the inference API is at http://HOST:PORT)``; else
+    "" (a listener serving both, or the path's own)."""
+    wanted = "management" if management_path else "inference"
+    if role not in ("inference", "management") or role == wanted:
+        return ""
+    other = next((it for it in found.rest if it.role in (wanted, "both")), None)
+    if other is None:
+        return ""
+    return f" (this is the {role} API; the {wanted} API is at http://{other.host}:{other.port})"
