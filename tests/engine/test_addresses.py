@@ -27,7 +27,7 @@ from click.testing import CliRunner
 from archiver import engines, server
 from archiver.cli import main
 from helpers import management, waiting
-from helpers.engine import free_port
+from helpers.engine import free_port, free_ports
 from helpers.paths import ROOT, short_tmp
 from serving import listeners, ts_config
 
@@ -132,7 +132,8 @@ def store(root) -> Path:
 def typical(path: Path, store: Path, load_models: str, **extra) -> dict:
     """A typical TorchServe config (inference, management, metrics apart; TorchServe's gRPC ports) with free
     ports written in; returns them."""
-    chosen = {key: free_port() for key in ("inference", "management", "metrics", "grpc_inference", "grpc_management")}
+    keys = ("inference", "management", "metrics", "grpc_inference", "grpc_management")
+    chosen = dict(zip(keys, free_ports(len(keys))))  # different ports (free_port twice can give one port twice)
     lines = [f"{key}_address=http://127.0.0.1:{chosen[key]}" for key in ("inference", "management", "metrics")]
     lines += [f"grpc_{api}_port={chosen[f'grpc_{api}']}" for api in ("inference", "management")]
     settings = {"model_store": str(store), "load_models": load_models, "disable_token_authorization": "true", **extra}
