@@ -21,11 +21,8 @@ def device_notes(config: Optional[str], model_store) -> List[str]:
         archives = served_archives(properties, config, Path(model_store))
     except (ts_config.ConfigError, gpus.PlacementError, OSError):
         return []
-    notes = []
-    asked = (properties.get("number_of_gpu") or "").strip()
-    if asked.isdigit() and int(asked) > found:
-        notes.append(f"{config}: number_of_gpu={asked} but this machine has {found} visible GPU(s): "
-                     f"{found or 'no'} GPU(s) used" + ("; workers run on the CPU" if not found else ""))  # fmt: skip
+    note = gpus.number_of_gpu_note(properties, found, str(config))
+    notes = [note] if note else []
     for archive in archives:
         try:
             with opened(archive) as found_archive:

@@ -69,7 +69,7 @@ from .engine_management import NOT_ALLOWED, NOT_FOUND, management_routes, ts_err
 from .engine_metrics import Metrics
 from .engine_versions import ModelVersions
 from .engine_workers import ModelWorkers
-from .token_auth import TokenCheck, Tokens
+from .token_auth import TokenCheck, Tokens, is_management
 from .ts_wire import Request, Response
 
 logger = logging.getLogger("tsctl.engine")
@@ -331,25 +331,29 @@ def kserve_routes(engine: Engine) -> List[Route]:
     ]
 
 
-def build_app(engine: Engine, listener: str = "both") -> Starlette:
+def build_app(engine: Engine, listener: str = "both", where: Optional[listeners.Plan] = None) -> Starlette:
     """A listener's REST app: ``inference`` (TorchServe's inference API, KServe's, /metrics), ``management``
     (TorchServe's management API), ``both``, or ``metrics`` (/metrics alone, no key, as TorchServe's metrics
     listener); every request's key checked first when token authorization is on (``TokenCheck``), every
-    request body bounded (``BodyLimit``); an unknown path or method is TorchServe's 404 or 405."""
+    request body bounded (``BodyLimit``); an unknown path or method is TorchServe's 404 or 405 (a path of the
+    other API's: saying which API this is and where the other is, ``listeners.other_api`` of ``where``)."""
     routes = [metrics_route(engine)] if listener == "metrics" else []
     if listener in ("inference", "both"):
         routes += torchserve_routes(engine) + kserve_routes(engine)
     if listener in ("management", "both"):
         routes += management_routes(engine)
 
+    def other_api(path: str) -> str:
+        return listeners.other_api(where, listener, is_management(path)) if where is not None else ""
+
     async def unknown(http, exc):
         if exc.status_code == 405:
             return ts_error(405, "MethodNotAllowedException", NOT_ALLOWED)
-        return ts_error(404, "ResourceNotFoundException", NOT_FOUND)
+        return ts_error(404, "ResourceNotFoundException", NOT_FOUND + other_api(http.url.path))
 
     app = Starlette(routes=routes, exception_handlers={404: unknown, 405: unknown})
     if engine.tokens is not None and listener != "metrics":
-        app.add_middleware(TokenCheck, tokens=engine.tokens, listener=listener)
+        app.add_middleware(TokenCheck, tokens=engine.tokens, listener=listener, other_api=other_api)
     management = "/models" if listener in ("management", "both") else None  # its bodies: MAX_MANAGEMENT_BODY
     app.add_middleware(BodyLimit, limit=engine.frontend.max_request_size, inflight=engine.inflight,
                        idle=engine.body_idle_timeout, management=management)  # fmt: skip
@@ -466,8 +470,8 @@ async def serve(engine: Engine, args, where: listeners.Plan) -> int:
     if engine.frontend.token_authorization and engine.tokens is None:
         engine.tokens = Tokens(engine.frontend.token_expiration_min)  # key_file.json where the engine runs
     rest = where.rest
-    servers = [engine_http.server(build_app(engine, it.role), it.host, it.port, send_timeout=engine.body_idle_timeout)
-               for it in rest]  # fmt: skip
+    servers = [engine_http.server(build_app(engine, it.role, where), it.host, it.port,
+                                  send_timeout=engine.body_idle_timeout) for it in rest]  # fmt: skip
     stopping = asyncio.Event()
 
     def stop():
@@ -557,6 +561,7 @@ def main(argv=None):
     try:
         specs, frontend, config, decode = load_specs(args)
         where = listeners.plan(frontend, args, config or "the engine's defaults")
+        listeners.check_free(where)  # before any worker starts
         for note in frontend.notes + where.notes:  # a setting not applied, an archive not served, a port moved
             logger.warning("%s", note)
         engine = Engine(specs, frontend, decode, Path(args.model_store))

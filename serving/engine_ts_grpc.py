@@ -128,6 +128,15 @@ class ApiError(Exception):
             return cls(grpc.StatusCode.INTERNAL, message, NOT_ADDED)
         return cls(grpc_status(response.status), message)
 
+    def keys_noted(self, inputs) -> "ApiError":
+        """A failed prediction whose input map has neither ``data`` nor ``body``, the keys TorchServe's
+        handlers read a request from (BaseHandler, the toolkit): its message names the keys it has."""
+        keys = [name for name, _, _ in inputs or []]
+        if keys and not {"data", "body"} & set(keys):
+            named = ", ".join(repr(key) for key in keys[:5])
+            self.message += f" (the input map holds {named}; handlers read the input under 'data' or 'body')"
+        return self
+
     @classmethod
     def streams(cls, streams: Budget, client: str) -> "ApiError":
         """A StreamPredictions2 call refused: the engine's open streams, or this client's share, are all held."""
@@ -243,7 +252,7 @@ class Inference:
         if first.error:
             if first.rest is not None:
                 first.rest.close()
-            raise ApiError.of(first)
+            raise ApiError.of(first).keys_noted(request.inputs)
         if first.rest is not None:
             first.rest.count(self.engine.inflight, client)
         return first

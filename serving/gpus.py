@@ -114,6 +114,16 @@ def number_of_gpu(properties: Mapping[str, str], found: int) -> int:
         raise PlacementError(f"number_of_gpu={configured!r} is not a whole number: fix it or remove it") from None
 
 
+def number_of_gpu_note(properties: Mapping[str, str], found: int, where: str) -> Optional[str]:
+    """The line a ``number_of_gpu`` above the GPUs ``found`` gets (TorchServe 0.12 caps it without a word:
+    ConfigManager, ``Integer.min``), logged by the engine at start and said by ``tsctl serve``; else None."""
+    asked = (properties.get("number_of_gpu") or "").strip()
+    if not asked.isdigit() or int(asked) <= found:
+        return None
+    used = f"{found} GPU(s) used" if found else "no GPU is visible (CUDA_VISIBLE_DEVICES, NVML): workers run on the CPU"
+    return f"{where}: number_of_gpu={asked} but this machine has {found} visible GPU(s): {used}"
+
+
 def default_workers(configured: int, gpus: int, cpus: int) -> int:
     """Workers per model without a model's own count: ``default_workers_per_model``, else the GPUs, else the
     CPUs (ConfigManager.getDefaultWorkers)."""

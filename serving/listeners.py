@@ -17,10 +17,14 @@ engine's command line, which wins over them.
 
 ``--host`` given, every REST and KServe gRPC listener binds it. Two listeners on one port are refused in
 one line naming what gave each (``ConfigError``), before anything is bound: ``tsctl export kserve --engine
-tsctl`` runs the same check on the runtime's arguments. No starlette, no grpc: the export imports it.
+tsctl`` runs the same check on the runtime's arguments. A port another process holds is refused in one line
+naming the address, the key and the fix (``check_free``), before any worker starts. No starlette, no grpc:
+the export imports it.
 """
 
+import errno
 import re
+import socket
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
@@ -42,6 +46,14 @@ class Listener:
     host: str
     port: int
     source: str  # what named it, for messages: "--grpc_port 8081", "management_address=http://..."
+
+    @property
+    def setting(self) -> str:
+        """The config key or argument that sets its port, for messages."""
+        first = self.source.split(" ")[0]
+        if first.startswith(("--", "grpc_")) or "=" in first:
+            return first.split("=")[0]
+        return "--grpc_port" if self.role == "grpc" else "inference_address (or --http_port)"
 
 
 @dataclass
@@ -155,3 +167,42 @@ def check(found: Plan):
                 raise ConfigError(
                     f"{other.source} and {one.source} both take port {one.port}: give one of them another port"
                 )
+
+
+def check_free(found: Plan):
+    """ConfigError in one line for a listener another process holds (or that cannot be bound here), naming
+    the address, the key that set it and the fix: checked before any worker starts, where binding it after
+    the models loaded failed in a traceback from uvicorn, each worker and asyncio (14 s with four workers)."""
+    for it in found.rest + ([found.grpc] if found.grpc else []) + found.ts_grpc:
+        if it.port == 0:
+            continue
+        host = None if it.host in ("", "*") else it.host
+        try:
+            family, kind, proto, _, where = socket.getaddrinfo(host, it.port, type=socket.SOCK_STREAM,
+                                                               flags=socket.AI_PASSIVE)[0]  # fmt: skip
+        except socket.gaierror as exc:
+            raise ConfigError(f"{it.source}: {it.host} is not an address of this machine ({exc.strerror}): "
+                              f"give {it.setting} one it has") from None  # fmt: skip
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn and grpc bind
+            try:
+                probe.bind(where)
+            except OSError as exc:
+                held = exc.errno == errno.EADDRINUSE
+                why = "is in use by another process" if held else f"cannot be bound ({exc.strerror})"
+                fix = "stop that process, or give" if held else "give"
+                raise ConfigError(f"{it.host}:{it.port} ({it.source}) {why}: {fix} {it.setting} a free port") from None
+
+
+def other_api(found: Plan, role: str, management_path: bool) -> str:
+    """What a request to the wrong listener is told after TorchServe's message (its status kept): on the
+    management listener a path of the inference API, or on the inference listener one of the management API
+    (``management_path``), `` (this is the management API; the inference API is at http://HOST:PORT)``; else
+    "" (a listener serving both, or the path's own)."""
+    wanted = "management" if management_path else "inference"
+    if role not in ("inference", "management") or role == wanted:
+        return ""
+    other = next((it for it in found.rest if it.role in (wanted, "both")), None)
+    if other is None:
+        return ""
+    return f" (this is the {role} API; the {wanted} API is at http://{other.host}:{other.port})"

@@ -24,7 +24,9 @@ as TorchServe's pattern reads it); a gRPC call the same as its ``authorization``
 
 A missing, malformed, wrong or expired key is TorchServe's 400 ``InvalidKeyException`` with its
 message (``MESSAGE``; ``/token``'s says "Authentication"), checked before anything else of the
-request: an unknown path without a key is 400, not 404. gRPC: ``PERMISSION_DENIED`` with the same
+request: an unknown path without a key is 400, not 404. A path of the other API's (``/predictions`` on the
+management listener, ``/models`` on the inference one) gets, after that message, which API this listener
+serves and where the other is (``listeners.other_api``). gRPC: ``PERMISSION_DENIED`` with the same
 message. Keys are compared in constant time.
 """
 
@@ -37,7 +39,7 @@ import re
 import secrets
 import time
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 from urllib.parse import parse_qs
 
 from handlers.errors import frontend_error
@@ -135,8 +137,9 @@ class TokenCheck:
     """ASGI middleware: every request to a listener checked for its key before anything else
     (``listener``: ``inference``, ``management`` or ``both``); ``/token`` answered here."""
 
-    def __init__(self, app, tokens: Tokens, listener: str):
+    def __init__(self, app, tokens: Tokens, listener: str, other_api: Callable[[str], str] = lambda path: ""):
         self.app, self.tokens, self.listener = app, tokens, listener
+        self.other_api = other_api  # a path of the other API's: where that API is (listeners.other_api)
 
     def kind(self, path: str) -> Optional[str]:
         """The key a path needs on this listener (None: none)."""
@@ -156,7 +159,8 @@ class TokenCheck:
                 header = value.decode("latin-1").strip(" \t")  # HTTP's whitespace around a value, as Netty's
                 break
         if not self.tokens.check(kind, header):
-            return await answer(send, 400, refusal(TOKEN_API_MESSAGE if kind == API else MESSAGE))
+            message = TOKEN_API_MESSAGE if kind == API else MESSAGE + self.other_api(scope["path"])
+            return await answer(send, 400, refusal(message))
         if kind != API:
             return await self.app(scope, receive, send)
         wanted = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("type", [""])[0]

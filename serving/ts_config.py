@@ -278,9 +278,11 @@ def frontend_of(properties: Dict[str, str], path) -> Frontend:
     frontend.metrics_auto_detect = properties.get("model_metrics_auto_detect", "true").strip().lower() != "false"
     frontend.configured_workers = _int(properties, "default_workers_per_model", 0, path)
     try:
+        note = gpus.number_of_gpu_note(properties, frontend.number_of_gpu, path)
         frontend.number_of_gpu = gpus.number_of_gpu(properties, frontend.number_of_gpu)
     except gpus.PlacementError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    frontend.notes.extend([note] if note else [])  # logged at start, as a deviceType: gpu without one
     frontend.default_workers = frontend.configured_workers or frontend.number_of_gpu or 1
     frontend.default_response_timeout = _int(properties, "default_response_timeout", 120, path)
     frontend.default_startup_timeout = _int(properties, "default_startup_timeout", 120, path)

@@ -42,7 +42,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Deque, Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import ts
 
@@ -61,6 +61,9 @@ LOAD_TIMEOUT = 300.0  # s for a worker to start and load its model
 MAX_LINE = 64 << 10  # bytes of one worker output line kept; the rest of a longer line is dropped
 WORKER_LOG_RATE = 1 << 20  # bytes a second of one worker's output logged, once WORKER_LOG_BURST is spent
 WORKER_LOG_BURST = 4 << 20  # bytes of one worker's output logged at once
+CAUSE_WAIT = 1.0  # s a batch's failure waits for the handler's error to be read from the worker's log
+MAX_CAUSE = 500  # characters of the handler's error put after "Prediction failed"
+FAILED = "Prediction failed"  # ts/service.py's message for a batch its handler's entry point raised on
 PYTHON_ERROR = re.compile(r"^\s*(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception)\b:.*")
 
 
@@ -80,6 +83,7 @@ class WorkerProcess:
         self.process, self.sock, self.stream, self.started = process, sock, stream, started
         self.max_response_size = max_response_size
         self.readers: List[threading.Thread] = []  # the threads reading its output and metrics (start_worker)
+        self.output: Optional[Output] = None  # its log lines as read (start_worker)
 
     @property
     def pid(self) -> int:
@@ -97,17 +101,28 @@ class WorkerProcess:
         (``too_large``, ``error``), and what the handler sends after it is dropped. Without
         ``on_part`` the parts are joined into one answer."""
         ids = [str(uuid.uuid4()) for _ in requests]
+        seen = self.output.logged if self.output else 0
         self.send(requests, ids)
         reading = Replies(ids, on_part)
         try:
             while not reading.complete():  # a streaming handler (ts_stream_next) answers in several replies
                 code, message, got = self.stream.reply(self.max_response_size, reading.sizes, ids)
                 if code != 200:
-                    return batch_error(code, message, len(ids))
+                    return batch_error(code, self.with_cause(message, seen), len(ids))
                 reading.take(got)
         except (OSError, struct.error) as exc:
             raise WorkerDied(str(exc)) from None
         return reading.answers()
+
+    def with_cause(self, message: str, seen: int) -> str:
+        """TorchServe's "Prediction failed" (ts/service.py: the handler raised for the whole batch) with the
+        handler's error after it, the last Python error the worker logged since its ``seen``-th line (the
+        worker logs it before it replies; its output is read by a thread, so it is waited for, up to
+        ``CAUSE_WAIT`` s). Any other message (a PredictionException's own, "Out of resources") as it is."""
+        if message != FAILED or self.output is None:
+            return message
+        cause = self.output.error_since(seen, CAUSE_WAIT)
+        return f"{message}: {cause[:MAX_CAUSE]}" if cause else message
 
     def send(self, requests: List[Request], ids: List[str]):
         """The inference command for a batch, on the worker's socket; NotSent when it did not get there
@@ -127,13 +142,14 @@ class WorkerProcess:
         parameters), and the worker's one reply, each answer with its ``ts_stream_next`` (more steps to
         come) or without (its last). ``sizes``: each answer's bytes so far, against ``max_response_size``.
         NotSent and WorkerDied as ``predict``."""
+        seen = self.output.logged if self.output else 0
         self.send(requests, ids)
         try:
             code, message, got = self.stream.reply(self.max_response_size, sizes, ids)
         except (OSError, struct.error) as exc:
             raise WorkerDied(str(exc)) from None
         if code != 200:
-            return batch_error(code, message, len(ids))
+            return batch_error(code, self.with_cause(message, seen), len(ids))
         missing = batch_error(500, "the handler gave this request no answer in its batch", 1)[0]
         return [got.get(request_id, missing) for request_id in ids]
 
@@ -276,7 +292,7 @@ def start_worker(
             raise RuntimeError(f"the worker could not be started: {exc}") from None
         raise
     worker = WorkerProcess(process, sock, stream, started, frontend.max_response_size)
-    worker.readers = readers
+    worker.readers, worker.output = readers, lines
     return worker
 
 
@@ -326,14 +342,14 @@ def read_output(
     metric_read: int,
     on_line: Callable[[str], None],
     on_metric: Optional[Callable[[str], None]],
-) -> Tuple[Deque[str], List[threading.Thread]]:
+) -> Tuple["Output", List[threading.Thread]]:
     """Threads reading the worker's output (to ``on_line``, within ``WORKER_LOG_RATE``) and its metrics
     pipe (to ``on_metric``, else as log lines): its last 200 lines, and the two readers (the output's first)."""
-    lines: Deque[str] = collections.deque(maxlen=200)
+    lines = Output()
     budget = OutputBudget(WORKER_LOG_RATE, WORKER_LOG_BURST)
 
     def log_line(line: str):
-        lines.append(line)
+        lines.add(line)
         if budget.take(len(line)):
             if budget.dropped:
                 on_line(budget.dropped_note())
@@ -435,6 +451,30 @@ class OutputBudget:
         )
         self.dropped = self.dropped_bytes = 0
         return note
+
+
+class Output(collections.deque):
+    """A worker's last 200 log lines, and how many it has logged (``logged``)."""
+
+    def __init__(self):
+        super().__init__(maxlen=200)
+        self.logged = 0
+
+    def add(self, line: str):
+        self.append(line)
+        self.logged += 1
+
+    def error_since(self, seen: int, wait: float) -> Optional[str]:
+        """The last Python error among the lines logged after the ``seen``-th, once they stop coming (a
+        chained exception logs several), waiting up to ``wait`` s for one."""
+        deadline, before = time.monotonic() + wait, -1
+        while True:
+            new = list(self)[-(self.logged - seen) :] if self.logged > seen else []
+            error = _last_error(new)
+            if (error is not None and self.logged == before) or time.monotonic() > deadline:
+                return error
+            before = self.logged
+            time.sleep(0.02)
 
 
 def _last_error(lines) -> Optional[str]:

@@ -184,7 +184,8 @@ def test_a_model_asking_for_a_gpu_on_a_machine_without_one_is_served_on_the_cpu_
     config = properties.write_config(store, tmp_path / "config" / "config.properties", extra={"number_of_gpu": "1"})
     notes = device_notes(str(config), store)
     assert notes == [
-        f"{config}: number_of_gpu=1 but this machine has 0 visible GPU(s): no GPU(s) used; workers run on the CPU",
+        f"{config}: number_of_gpu=1 but this machine has 0 visible GPU(s): no GPU is visible (CUDA_VISIBLE_DEVICES, "
+        "NVML): workers run on the CPU",
         "wants-gpu.mar's model-config.yaml: deviceType is gpu but this machine has no GPU (number_of_gpu 0): its "
         "workers run on the CPU",
     ]
@@ -192,6 +193,7 @@ def test_a_model_asking_for_a_gpu_on_a_machine_without_one_is_served_on_the_cpu_
     try:
         assert probes(engine.output()) == {"wants-gpu": [("None", "None")]}
         assert "deviceType is gpu but this machine has no GPU" in engine.output()
+        assert f"WARNING tsctl.engine: {notes[0]}" in engine.output()  # the engine's own line (issue #47)
         status, body = engine.post("/predictions/wants-gpu", b"x")
         assert (status, body["gpu_id"]) == (200, None), body
     finally:
