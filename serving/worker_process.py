@@ -108,21 +108,27 @@ class WorkerProcess:
             while not reading.complete():  # a streaming handler (ts_stream_next) answers in several replies
                 code, message, got = self.stream.reply(self.max_response_size, reading.sizes, ids)
                 if code != 200:
-                    return batch_error(code, self.with_cause(message, seen), len(ids))
+                    return batch_error(code, self.with_cause(message, seen, len(ids)), len(ids))
                 reading.take(got)
         except (OSError, struct.error) as exc:
             raise WorkerDied(str(exc)) from None
         return reading.answers()
 
-    def with_cause(self, message: str, seen: int) -> str:
+    def with_cause(self, message: str, seen: int, clients: int) -> str:
         """TorchServe's "Prediction failed" (ts/service.py: the handler raised for the whole batch) with the
         handler's error after it, the last Python error the worker logged since its ``seen``-th line (the
         worker logs it before it replies; its output is read by a thread, so it is waited for, up to
-        ``CAUSE_WAIT`` s). Any other message (a PredictionException's own, "Out of resources") as it is."""
+        ``CAUSE_WAIT`` s). A batch of several requests gets the error's name alone: its message may quote
+        another client's input. Any other message (a PredictionException's own, "Out of resources") as it is."""
         if message != FAILED or self.output is None:
             return message
         cause = self.output.error_since(seen, CAUSE_WAIT)
-        return f"{message}: {cause[:MAX_CAUSE]}" if cause else message
+        if not cause:
+            return message
+        if clients > 1:
+            name = cause.split(":")[0]
+            return f"{message}: {name} (in a batch of {clients} requests: the engine's log has its message)"
+        return f"{message}: {cause[:MAX_CAUSE]}"
 
     def send(self, requests: List[Request], ids: List[str]):
         """The inference command for a batch, on the worker's socket; NotSent when it did not get there
@@ -149,7 +155,7 @@ class WorkerProcess:
         except (OSError, struct.error) as exc:
             raise WorkerDied(str(exc)) from None
         if code != 200:
-            return batch_error(code, self.with_cause(message, seen), len(ids))
+            return batch_error(code, self.with_cause(message, seen, len(ids)), len(ids))
         missing = batch_error(500, "the handler gave this request no answer in its batch", 1)[0]
         return [got.get(request_id, missing) for request_id in ids]
 

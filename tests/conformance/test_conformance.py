@@ -142,7 +142,10 @@ METRIC = re.compile(r"\[METRICS\]([A-Za-z0-9_]+)\.")
 
 
 def message_of(body) -> str:
-    return str(body.get("message", body)) if isinstance(body, dict) else str(body)
+    """An error body's message as TorchServe words it: the engine's and in-process's "Prediction failed"
+    carry the handler's error after it (docs/engines.md), TorchServe's not."""
+    message = str(body.get("message", body)) if isinstance(body, dict) else str(body)
+    return re.sub(r"^Prediction failed: .*", "Prediction failed", message, flags=re.S)
 
 
 def short(value, limit=120) -> str:

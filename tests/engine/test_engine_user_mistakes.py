@@ -156,3 +156,21 @@ def test_a_port_in_use_is_one_line_before_any_worker_starts(root, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("tsctl engine: "), done.stderr[-3000:]
     assert f"127.0.0.1:{port}" in lines[0] and "inference_address" in lines[0] and "free port" in lines[0], lines
     assert "worker" not in done.stderr.lower(), took
+
+
+def test_a_failed_batch_of_several_requests_names_the_error_not_its_message():
+    """A handler's message may quote the input it failed on: in a batch of several clients' requests, each
+    client gets the error's name alone (the message stays in the engine's log); a batch of one, the message."""
+    from types import SimpleNamespace
+
+    from serving.worker_process import FAILED, Output, WorkerProcess
+
+    output = Output()
+    for line in ["Invoking custom service failed.", "Traceback (most recent call last):",
+                 "ValueError: could not convert string to float: 'another client's secret'"]:  # fmt: skip
+        output.add(line)
+    worker = SimpleNamespace(output=output)
+    several = WorkerProcess.with_cause(worker, FAILED, 0, 3)
+    assert several.startswith(FAILED + ": ValueError (in a batch of 3") and "secret" not in several, several
+    assert WorkerProcess.with_cause(worker, FAILED, 0, 1).endswith("float: 'another client's secret'")
+    assert WorkerProcess.with_cause(worker, "Out of resources", 0, 3) == "Out of resources"
