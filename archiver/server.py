@@ -28,6 +28,7 @@ from typing import Callable, Dict, List, Optional
 
 from serving import sockets, ts_config
 
+from .addresses import LOOPBACK, bind_address, client_address
 from .errors import ServerError, UserError, make_directory
 from .http_client import request
 from .output import quiet
@@ -77,6 +78,13 @@ class Server:
         return {"Authorization": f"Bearer {key}"} if key else {}
 
 
+def pick_ports(count: int, port: Optional[int] = None) -> List[int]:
+    """``count`` different ports: ``port`` first when given (the inference API's), the rest free ones."""
+    if port is None:
+        return free_ports(count)
+    return [port, *[free for free in free_ports(count) if free != port][: count - 1]]
+
+
 def free_port() -> int:
     return free_ports(1)[0]
 
@@ -113,6 +121,8 @@ def start(
     install_deps: bool = False,
     kserve_args: bool = False,
     progress: Callable[[str], None] = quiet,
+    host: str = LOOPBACK,
+    port: Optional[int] = None,
 ) -> Server:
     """Start TorchServe detached and wait until every snapshot model has a READY worker (``progress``
     hears of each model's state as it changes: ``wait_ready``).
@@ -123,7 +133,9 @@ def start(
     ``kserve_args`` starts it with exactly the arguments of KServe's TorchServe runtime (no
     ``--foreground``, no ``--ncs``): the launcher exits and the server lives on in its process group.
     TorchServe runs in ``home``: the config's ``metrics_config`` is given to it as read from the current
-    directory (``TS_METRICS_CONFIG``, absolute), as TorchServe started here would read it."""
+    directory (``TS_METRICS_CONFIG``, absolute), as TorchServe started here would read it. Its listeners
+    bind ``host``, the inference API ``port`` (``tsctl serve --host/--port``; default: free ports on
+    127.0.0.1)."""
     config, model_store, home = Path(config).resolve(), Path(model_store).resolve(), Path(home).resolve()
     properties = read_properties(config)
     models = snapshot_models(properties, config, model_store)
@@ -138,11 +150,8 @@ def start(
     if install_deps:
         check_pip(python or sys.executable)
     temp = check_home(home)
-    return with_port_retry(
-        lambda: _launch(
-            config, model_store, home, temp, timeout, python, env, install_deps, kserve_args, models, progress
-        )
-    )
+    options = (install_deps, kserve_args, models, progress, host, port)
+    return with_port_retry(lambda: _launch(config, model_store, home, temp, timeout, python, env, *options))
 
 
 def unlisted_archives(config, model_store) -> List[str]:
@@ -246,24 +255,24 @@ def with_port_retry(launch) -> "Server":
 
 
 def _launch(
-    config, model_store, home, temp, timeout, python, env, install_deps, kserve_args, models, progress
+    config, model_store, home, temp, timeout, python, env, install_deps, kserve_args, models, progress, host, port
 ) -> Server:
-    """Start TorchServe once on free 127.0.0.1 ports and wait for it."""
+    """Start TorchServe once (on ``host``, the inference API on ``port``, the rest free ports) and wait for it."""
     for old in (home / "logs").glob("*.log"):
         old.unlink()
     names = ("inference", "management", "metrics", "grpc_i", "grpc_m")
-    ports = dict(zip(names, free_ports(len(names))))
+    ports = dict(zip(names, pick_ports(len(names), port)))
     run_env = dict(os.environ)
     run_env.update(
         {
             "TEMP": str(temp),
             "LOG_LOCATION": str(home / "logs"),
             "METRICS_LOCATION": str(home / "logs"),
-            "TS_INFERENCE_ADDRESS": f"http://127.0.0.1:{ports['inference']}",
-            "TS_MANAGEMENT_ADDRESS": f"http://127.0.0.1:{ports['management']}",
-            "TS_METRICS_ADDRESS": f"http://127.0.0.1:{ports['metrics']}",
-            "TS_GRPC_INFERENCE_ADDRESS": "127.0.0.1",
-            "TS_GRPC_MANAGEMENT_ADDRESS": "127.0.0.1",
+            "TS_INFERENCE_ADDRESS": f"http://{bind_address(host, ports['inference'])}",
+            "TS_MANAGEMENT_ADDRESS": f"http://{bind_address(host, ports['management'])}",
+            "TS_METRICS_ADDRESS": f"http://{bind_address(host, ports['metrics'])}",
+            "TS_GRPC_INFERENCE_ADDRESS": host,
+            "TS_GRPC_MANAGEMENT_ADDRESS": host,
             "TS_GRPC_INFERENCE_PORT": str(ports["grpc_i"]),
             "TS_GRPC_MANAGEMENT_PORT": str(ports["grpc_m"]),
             # Workers talk to the frontend over /tmp/.ts.sock.<port>: a base of our own avoids clashes.
@@ -280,14 +289,14 @@ def _launch(
     server = Server(
         pid=process.pid,
         home=str(home),
-        inference=run_env["TS_INFERENCE_ADDRESS"],
-        management=run_env["TS_MANAGEMENT_ADDRESS"],
-        metrics=run_env["TS_METRICS_ADDRESS"],
+        inference=f"http://{client_address(host, ports['inference'])}",
+        management=f"http://{client_address(host, ports['management'])}",
+        metrics=f"http://{client_address(host, ports['metrics'])}",
         models=models,
-        grpc=f"127.0.0.1:{ports['grpc_i']}",
+        grpc=client_address(host, ports["grpc_i"]),
         log_writer=process.log_writer.pid,
-        ts_grpc_inference=f"127.0.0.1:{ports['grpc_i']}",
-        ts_grpc_management=f"127.0.0.1:{ports['grpc_m']}",
+        ts_grpc_inference=client_address(host, ports["grpc_i"]),
+        ts_grpc_management=client_address(host, ports["grpc_m"]),
     )
     registering = "extracting, installing its requirements" if install_deps else "extracting"
     return recorded(

@@ -174,24 +174,38 @@ def check_free(found: Plan):
     the address, the key that set it and the fix: checked before any worker starts, where binding it after
     the models loaded failed in a traceback from uvicorn, each worker and asyncio (14 s with four workers)."""
     for it in found.rest + ([found.grpc] if found.grpc else []) + found.ts_grpc:
-        if it.port == 0:
-            continue
-        host = None if it.host in ("", "*") else it.host
+        problem = bind_problem(it.host, it.port)
+        if problem == NOT_HERE:
+            raise ConfigError(f"{it.source}: {it.host} {problem}: give {it.setting} one it has")
+        if problem:
+            fix = "stop that process, or give" if problem == HELD else "give"
+            raise ConfigError(f"{it.host}:{it.port} ({it.source}) {problem}: {fix} {it.setting} a free port")
+
+
+HELD = "is in use by another process"
+NOT_HERE = "is not an address of this machine"
+
+
+def bind_problem(host: str, port: int) -> Optional[str]:
+    """Why ``host``:``port`` cannot be bound now (HELD, NOT_HERE, or the system's words), as uvicorn and grpc
+    bind it (SO_REUSEADDR); None when it can (port 0: any free one)."""
+    if port == 0:
+        return None
+    try:
+        named = None if host in ("", "*") else host
+        found = socket.getaddrinfo(named, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, where = found[0]
+    except socket.gaierror:
+        return NOT_HERE
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            family, kind, proto, _, where = socket.getaddrinfo(host, it.port, type=socket.SOCK_STREAM,
-                                                               flags=socket.AI_PASSIVE)[0]  # fmt: skip
-        except socket.gaierror as exc:
-            raise ConfigError(f"{it.source}: {it.host} is not an address of this machine ({exc.strerror}): "
-                              f"give {it.setting} one it has") from None  # fmt: skip
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn and grpc bind
-            try:
-                probe.bind(where)
-            except OSError as exc:
-                held = exc.errno == errno.EADDRINUSE
-                why = "is in use by another process" if held else f"cannot be bound ({exc.strerror})"
-                fix = "stop that process, or give" if held else "give"
-                raise ConfigError(f"{it.host}:{it.port} ({it.source}) {why}: {fix} {it.setting} a free port") from None
+            probe.bind(where)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return HELD
+            return NOT_HERE if exc.errno == errno.EADDRNOTAVAIL else f"cannot be bound ({exc.strerror})"
+    return None
 
 
 def other_api(found: Plan, role: str, management_path: bool) -> str:

@@ -30,6 +30,12 @@ from .options import content_type_option, engine_option, home_option, resolve_al
 @click.option(
     "--enable-model-api", is_flag=True, help="Allow (re)registering models, e.g. for 'tsctl bench --sweep-batch'."
 )
+@click.option("--disable-token-auth", is_flag=True, help="Turn TorchServe's token authorization off, whatever the "
+              "config says (torchserve's flag of that name).")  # fmt: skip
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="The address every listener binds (0.0.0.0: every address of this machine).")  # fmt: skip
+@click.option("--port", type=click.IntRange(1, 65535), help="The inference API's port (default: a free one; the "
+              "others are free ones, printed once it is ready).")  # fmt: skip
 @click.option("--python", type=click.Path(), help="The Python that runs the engine (default: this one).")
 @click.option(
     "--public-key",
@@ -39,8 +45,9 @@ from .options import content_type_option, engine_option, home_option, resolve_al
 )
 @engine_option("What serves the store.")
 @json_option
-def serve(config_path, model_store, home, timeout, install_deps, enable_model_api, python, public_key, engine, as_json):
-    """Start a server in the background on 127.0.0.1 and wait until every model is ready."""
+def serve(config_path, model_store, home, timeout, install_deps, enable_model_api, disable_token_auth, host, port,
+          python, public_key, engine, as_json):  # fmt: skip
+    """Start a server in the background (on 127.0.0.1 unless --host) and wait until every model is ready."""
     env = None
     if public_key:  # checked here, in one line, before anything starts
         from handlers.signing import ENVIRONMENT, read_key
@@ -64,8 +71,11 @@ def serve(config_path, model_store, home, timeout, install_deps, enable_model_ap
         notes=note,
         install_deps=install_deps,
         enable_model_api=enable_model_api,
+        disable_token_auth=disable_token_auth,
         python=python,
         env=env,
+        host=host,
+        port=port,
     )
     chosen = engines.engine_of(srv)
     key_file = chosen.key_file(srv)

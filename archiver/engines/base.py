@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Tuple
 
+from ..addresses import LOOPBACK, client_address
 from ..errors import UserError
 from ..output import quiet
 
@@ -31,7 +32,11 @@ if TYPE_CHECKING:  # pragma: no cover
 DEFAULT_CONFIG = "config/config.properties"  # tsctl config's output: what serve reads unless told
 
 # The optional flags of ``tsctl serve`` that not every runtime takes: option name -> the flag as typed.
-SERVE_FLAGS = {"install_deps": "--install-deps", "enable_model_api": "--enable-model-api"}
+SERVE_FLAGS = {
+    "install_deps": "--install-deps",
+    "enable_model_api": "--enable-model-api",
+    "disable_token_auth": "--disable-token-auth",
+}
 
 
 @dataclass
@@ -47,6 +52,18 @@ class Launch:
     python: Optional[str]
     env: Optional[Dict[str, str]]
     progress: Callable[[str], None]
+    host: str = LOOPBACK  # the address every listener binds (tsctl serve --host)
+    port: Optional[int] = None  # the inference API's port (tsctl serve --port); None: a free one
+
+    def ports(self, count: int) -> List[int]:
+        """``count`` different ports: the inference API's first (``port``, else a free one), the rest free."""
+        from .. import server as servers
+
+        return servers.pick_ports(count, self.port)
+
+    def address(self, port: int) -> str:
+        """HOST:PORT of one of its listeners as a client on this machine reaches it."""
+        return client_address(self.host, port)
 
 
 class Runtime:
@@ -70,11 +87,16 @@ class Runtime:
         python: Optional[str] = None,
         env: Optional[Dict[str, str]] = None,
         progress: Callable[[str], None] = quiet,
+        host: str = LOOPBACK,
+        port: Optional[int] = None,
         **options,
     ) -> "Server":
-        """Start serving ``model_store`` and return once every model is ready; ``options`` are the
-        runtime's own (``launch``'s keyword arguments)."""
-        return self.launch(Launch(model_store, config, home, timeout, python, env, progress), **options)
+        """Start serving ``model_store`` and return once every model is ready, its listeners on ``host``
+        (the inference API's on ``port``, else a free one: one UserError when another process holds it);
+        ``options`` are the runtime's own (``launch``'s keyword arguments)."""
+        if port is not None:
+            check_free(host, port)
+        return self.launch(Launch(model_store, config, home, timeout, python, env, progress, host, port), **options)
 
     def launch(self, run: Launch, **options) -> "Server":
         raise NotImplementedError
@@ -160,3 +182,15 @@ def refuse(name: str, title: str, taken: Iterable[str], given: dict, flags: Dict
             flag = flags[key]
             instead = f", or {command} with --engine {others[0]}" if others else ""
             raise UserError(f"{flag} is not an option of --engine {name} ({title}): drop {flag}{instead}")
+
+
+def check_free(host: str, port: int):
+    """One UserError when ``tsctl serve --host HOST --port PORT`` cannot be bound: another process holds
+    it, or HOST is no address of this machine (the tsctl engine's own check: serving/listeners.py)."""
+    from serving import listeners
+
+    problem = listeners.bind_problem(host, port)
+    if problem == listeners.NOT_HERE:
+        raise UserError(f"--host {host} {problem}: give one of its addresses (127.0.0.1, 0.0.0.0 for every one)")
+    if problem:
+        raise UserError(f"--port {port}: {host}:{port} {problem}: stop that process, or give --port another port")

@@ -56,7 +56,7 @@ class MLServerRuntime(TsctlRuntime):
         servers.check_home(home, MLSERVER_SOCKET)
         folder = mlserver.write_repository(specs, home / "mlserver", extra)
         models = list(dict.fromkeys(spec.name for spec in specs))
-        return self.serve_repository(folder, models, home, run.timeout, python, run.env, run.progress)
+        return self.serve_repository(folder, models, home, run.timeout, python, run.env, run.progress, run)
 
     def serve_repository(
         self,
@@ -67,10 +67,11 @@ class MLServerRuntime(TsctlRuntime):
         python=None,
         env=None,
         progress=quiet,
+        where: Optional[Launch] = None,
     ) -> "Server":
         """MLServer on a model repository as it is (``folder``: a folder of model folders, each with its
-        model-settings.json, as ``export seldon`` writes them and Seldon's agent copies them), on free
-        127.0.0.1 ports; returns once each of ``models`` is ready."""
+        model-settings.json, as ``export seldon`` writes them and Seldon's agent copies them), on ``where``'s
+        host and port (default: free 127.0.0.1 ports); returns once each of ``models`` is ready."""
         import os
 
         import handlers
@@ -85,23 +86,24 @@ class MLServerRuntime(TsctlRuntime):
         run_env = dict(os.environ, TEMP=str(temp))
         run_env["PYTHONPATH"] = os.pathsep.join(p for p in (source, os.environ.get("PYTHONPATH")) if p)
         run_env.update(env or {})
+        place = where or Launch(str(folder), None, str(home), timeout, python, env, progress)
 
         def launch() -> "Server":
-            http, grpc, metrics = servers.free_ports(3)
-            settings = mlserver.server_settings("127.0.0.1", http, grpc, metrics)
+            http, grpc, metrics = place.ports(3)
+            settings = mlserver.server_settings(place.host, http, grpc, metrics)
             (folder / mlserver.SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
             process = servers.spawn(mlserver.command(python, folder), home, run_env, MLSERVER_OUT)
             server = servers.Server(
                 pid=process.pid,
                 home=str(home),
-                inference=f"http://127.0.0.1:{http}",
+                inference=f"http://{place.address(http)}",
                 management="",
-                metrics=f"http://127.0.0.1:{metrics}",
+                metrics=f"http://{place.address(metrics)}",
                 models=models,
                 engine=self.name,
-                grpc=f"127.0.0.1:{grpc}",
+                grpc=place.address(grpc),
                 log_writer=process.log_writer.pid,
-                kserve_v2_grpc=f"127.0.0.1:{grpc}",
+                kserve_v2_grpc=place.address(grpc),
             )
             return servers.recorded(server, lambda: self.wait_ready(server, timeout, process, progress))
 

@@ -17,20 +17,29 @@ class TorchServeRuntime(Runtime):
     title = "TorchServe"
     help = "torchserve: TorchServe itself (Java 17)."
     model_api = True
-    serve_flags = ("install_deps", "enable_model_api")
+    serve_flags = ("install_deps", "enable_model_api", "disable_token_auth")
 
     def launch(
-        self, run: Launch, install_deps: bool = False, enable_model_api: bool = False, kserve_args: bool = False
+        self,
+        run: Launch,
+        install_deps: bool = False,
+        enable_model_api: bool = False,
+        disable_token_auth: bool = False,
+        kserve_args: bool = False,
     ) -> "Server":
         """TorchServe on ``run``'s store (archiver/server.py: ``start``); ``kserve_args``: with exactly
-        the arguments of KServe's TorchServe runtime."""
+        the arguments of KServe's TorchServe runtime. ``enable_model_api`` and ``disable_token_auth`` are
+        torchserve's flags of those names, given as the TS_ variables its ConfigManager reads."""
         from .. import server
 
-        env = {**(run.env or {}), "TS_ENABLE_MODEL_API": "true"} if enable_model_api else run.env
+        env = dict(run.env or {})
+        if enable_model_api:
+            env["TS_ENABLE_MODEL_API"] = "true"
+        if disable_token_auth:
+            env["TS_DISABLE_TOKEN_AUTHORIZATION"] = "true"
         config = run.config or DEFAULT_CONFIG
-        return server.start(
-            config, run.model_store, run.home, run.timeout, run.python, env, install_deps, kserve_args, run.progress
-        )
+        return server.start(config, run.model_store, run.home, run.timeout, run.python, env, install_deps,
+                            kserve_args, run.progress, run.host, run.port)  # fmt: skip
 
     def wait_ready(self, server: "Server", timeout: float, process=None, progress: Callable[[str], None] = quiet):
         from .. import server as servers

@@ -44,7 +44,7 @@ class TsctlRuntime(Runtime):
     )
     needs_config = False
     model_api = True  # TorchServe's management API, with --enable-model-api (bench --sweep-batch)
-    serve_flags = ("enable_model_api",)
+    serve_flags = ("enable_model_api", "disable_token_auth")
     extra = "kserve"  # the optional dependencies (pyproject.toml) the engine imports
 
     def launch(
@@ -55,16 +55,18 @@ class TsctlRuntime(Runtime):
         metrics_config: Optional[str] = None,
         enable_grpc: bool = True,
         enable_model_api: bool = False,
+        disable_token_auth: bool = False,
     ) -> "Server":
         """Serve ``model_store`` as ``config`` says (None: the engine's default, config/config.properties
-        beside the store when there is one, else every archive with its model-config.yaml) on free
-        127.0.0.1 ports; return once every model's workers are up. ``batch_size``/``max_batch_delay``
-        override every model's; ``metrics_config`` is TorchServe's property of that name (None: the
-        config's, a relative path read from the current directory: ``properties.config_metrics``);
-        ``enable_model_api`` lets its management API register, unregister and scale. As ``tsctl serve``
-        starts TorchServe, the management API gets a port of its own; token authorization is as the config
-        says (its keys in ``home``/key_file.json, where the engine runs), off for a store with no config
-        file at all, as in the file ``tsctl config`` would write."""
+        beside the store when there is one, else every archive with its model-config.yaml) on free ports of
+        ``run.host`` (127.0.0.1; the inference API on ``run.port`` when given); return once every model's
+        workers are up. ``batch_size``/``max_batch_delay`` override every model's; ``metrics_config`` is
+        TorchServe's property of that name (None: the config's, a relative path read from the current
+        directory: ``properties.config_metrics``); ``enable_model_api`` lets its management API register,
+        unregister and scale; ``disable_token_auth`` turns token authorization off whatever the config says.
+        As ``tsctl serve`` starts TorchServe, the management API gets a port of its own; token authorization
+        is as the config says (its keys in ``home``/key_file.json, where the engine runs), off for a store
+        with no config file at all, as in the file ``tsctl config`` would write."""
         import os
 
         from serving import sockets, ts_config
@@ -78,11 +80,11 @@ class TsctlRuntime(Runtime):
         models = list(dict.fromkeys(spec.name for spec in specs))
         metrics_config = metrics_config or config_metrics(config)  # the engine runs in home, not here
         temp = servers.check_home(home, sockets.socket_below(sockets.ENGINE, sockets.engine_port(len(specs))))
-        arguments = ["-m", "serving.engine", "--model_store", str(model_store), "--host", "127.0.0.1"]
+        arguments = ["-m", "serving.engine", "--model_store", str(model_store), "--host", run.host]
         if config is not None:
             arguments += ["--ts_config", str(config)]
-        elif ts_config.default_config(model_store) is None:  # no config at all: as the one tsctl config writes
-            arguments += ["--disable_token_auth"]
+        if disable_token_auth or (config is None and ts_config.default_config(model_store) is None):
+            arguments += ["--disable_token_auth"]  # no config at all: as the one tsctl config writes
         if not enable_grpc:
             arguments += ["--enable_grpc", "false"]
         if batch_size:
@@ -97,26 +99,26 @@ class TsctlRuntime(Runtime):
         run_env.update(run.env or {})
 
         def launch() -> "Server":
-            http, grpc, management, ts_inference, ts_management = servers.free_ports(5)
+            http, grpc, management, ts_inference, ts_management = run.ports(5)
             command = [run.python or sys.executable, *arguments, "--http_port", str(http), "--grpc_port", str(grpc),
                        "--management_port", str(management), "--metrics_port", str(http)]  # fmt: skip
             for api, port in (("inference", ts_inference), ("management", ts_management)):  # TorchServe's gRPC
-                command += [f"--grpc_{api}_address", "127.0.0.1", f"--grpc_{api}_port", str(port)]
+                command += [f"--grpc_{api}_address", run.host, f"--grpc_{api}_port", str(port)]
             process = servers.spawn(command, home, run_env, ENGINE_OUT)
-            address = f"http://127.0.0.1:{http}"
+            address = f"http://{run.address(http)}"
             server = servers.Server(
                 pid=process.pid,
                 home=str(home),
                 inference=address,
-                management=f"http://127.0.0.1:{management}",
+                management=f"http://{run.address(management)}",
                 metrics=address,
                 models=models,
                 engine=self.name,
-                grpc=f"127.0.0.1:{grpc}" if enable_grpc else None,
+                grpc=run.address(grpc) if enable_grpc else None,
                 log_writer=process.log_writer.pid,
-                ts_grpc_inference=f"127.0.0.1:{ts_inference}" if enable_grpc else None,
-                ts_grpc_management=f"127.0.0.1:{ts_management}" if enable_grpc else None,
-                kserve_v2_grpc=f"127.0.0.1:{grpc}" if enable_grpc else None,
+                ts_grpc_inference=run.address(ts_inference) if enable_grpc else None,
+                ts_grpc_management=run.address(ts_management) if enable_grpc else None,
+                kserve_v2_grpc=run.address(grpc) if enable_grpc else None,
             )
             return servers.recorded(server, lambda: self.wait_ready(server, run.timeout, process, run.progress))
 
