@@ -11,7 +11,9 @@ import json
 import shutil
 import time
 
+import numpy as np
 import pytest
+import tritonclient.http as triton
 
 from archiver import server
 from helpers.models import export_tree, package_resnet, package_text
@@ -112,6 +114,26 @@ def test_v1_and_v2_requests_with_several_instances(runtime, jpegs, expected):
     assert status == 200, body
     for served, answer in zip(body["outputs"][0]["data"], texts):
         assert_close(json.loads(served), answer)
+
+
+def test_tritonclients_binary_data_answers_as_json_does(runtime, jpegs, expected):
+    """make test's smoke of KServe v2's binary extension (every form, both clients: test_v2_binary.py, make
+    matrix): tritonclient sends the JPEG bytes as binary data and reads the binary output it asks for."""
+    envelope, srv = runtime
+    if envelope != "kservev2":
+        pytest.skip("the binary extension is KServe v2's")
+    images, _ = expected
+    data = np.array(jpegs[:3], dtype=np.object_)
+    infer_input = triton.InferInput("input-0", list(data.shape), "BYTES")
+    infer_input.set_data_from_numpy(data, binary_data=True)
+    url = srv.inference.split("://", 1)[1]
+    with triton.InferenceServerClient(url, connection_timeout=60, network_timeout=120) as client:
+        result = client.infer("resnet18", [infer_input])
+    assert "data" not in result.get_output("output-0"), result.get_response()  # the output came back binary
+    served = result.as_numpy("output-0")
+    assert served.shape == (3,)
+    for answer, reference in zip(served, images):
+        assert_close(json.loads(answer), reference)
 
 
 def test_concurrent_requests_are_batched_under_the_envelope(runtime, jpegs, expected):

@@ -2,7 +2,10 @@
 (TS_SERVICE_ENVELOPE=kservev2, the exported tree), driven by tritonclient's and kserve's own HTTP
 clients: BYTES and FP32 inputs sent as binary data or JSON, outputs asked for in binary or JSON, each
 answer equal to the same archive's in-process answer; concurrent binary requests batched together,
-a malformed one failing alone with a 4xx naming its problem, and the worker never restarting."""
+a malformed one failing alone with a 4xx naming its problem, and the worker never restarting.
+
+make matrix's (its own TorchServe: 95 s of make test's time); make test's smoke is tritonclient's binary image
+request in test_kserve_serving.py, and the engine's binary extension is tested in tests/engine."""
 
 import asyncio
 import base64
@@ -33,6 +36,7 @@ TEXTS = [
     "short",
 ]
 BATCHING = "batchSize: 4\nmaxBatchDelay: 300\n"
+pytestmark = pytest.mark.matrix
 
 
 @pytest.fixture(scope="module")

@@ -347,6 +347,7 @@ def test_tsctl_run_of_an_archive_with_bad_settings_is_a_user_mistake(tmp_path):
     assert result.exit_code == 2, result.output
 
 
+@pytest.mark.matrix  # 30 s of TorchServe; make test serves the toolkit's handlers on it in test_bundling, the README
 def test_a_real_worker_keeps_one_handler_instance_for_its_life(tmp_path):
     """Served by TorchServe: each worker process initialises its handler once, however many batches."""
     from helpers.servers import RunningServer, post_concurrently
