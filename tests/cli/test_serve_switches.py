@@ -6,6 +6,7 @@ switch a runtime does not have are each one line, exit 2, nothing started.
 Each server runs as a user starts it (``tsctl serve`` as its own process) in its own home, stopped by the test
 by its process group (server.json); about 20 s a runtime."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -56,16 +57,25 @@ def listening(port: int) -> set:
     return found
 
 
-@pytest.mark.parametrize("engine", ["tsctl", "torchserve"])
-def test_the_port_host_and_token_switch_asked_for_are_served(root, engine):
-    [port] = free_ports(1)
+@contextlib.contextmanager
+def served(root, *args):
+    """``tsctl serve --json ARGS`` in ``root`` with a home of its own: its report and Server, stopped after."""
     home = short_tmp("switch-")
-    code, out, err = tsctl("serve", "--engine", engine, "--home", home, "--host", "0.0.0.0", "--port", port,
-                           "--disable-token-auth", "--json", cwd=root)  # fmt: skip
+    code, out, err = tsctl("serve", "--home", home, "--json", *args, cwd=root)
     srv = server.read_state(home)
     try:
         assert code == 0, out + err
-        report = json.loads(out)
+        yield json.loads(out), srv
+    finally:
+        if srv is not None:
+            server.stop(srv)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.mark.parametrize("engine", ["tsctl", "torchserve"])
+def test_the_port_host_and_token_switch_asked_for_are_served(root, engine):
+    [port] = free_ports(1)
+    with served(root, "--engine", engine, "--host", "0.0.0.0", "--port", port, "--disable-token-auth") as (report, srv):
         assert report["addresses"]["inference"] == f"http://127.0.0.1:{port}" and report["key_file"] is None, report
         assert listening(port) & {"00000000", "00000000000000000000000000000000"}, listening(port)  # every address
         body = json.dumps([[1, 2, 3, 4]]).encode()
@@ -74,26 +84,14 @@ def test_the_port_host_and_token_switch_asked_for_are_served(root, engine):
         assert status == 200, answer
         status, _ = server.request(f"{srv.management}/models", timeout=30)
         assert status == 200  # the management API too takes no key
-    finally:
-        if srv is not None:
-            server.stop(srv)
-        shutil.rmtree(home, ignore_errors=True)
 
 
 def test_without_the_switch_the_config_asks_for_keys(root):
     """The control: the same config without --disable-token-auth, on a free port, refuses a call without a key."""
-    home = short_tmp("switch-")
-    code, out, err = tsctl("serve", "--engine", "tsctl", "--home", home, "--json", cwd=root)
-    srv = server.read_state(home)
-    try:
-        assert code == 0, out + err
-        assert json.loads(out)["key_file"], out
+    with served(root, "--engine", "tsctl") as (report, srv):
+        assert report["key_file"], report
         status, answer = server.request(f"{srv.inference}/ping", timeout=30)
         assert status == 400 and answer["type"] == "InvalidKeyException", answer
-    finally:
-        if srv is not None:
-            server.stop(srv)
-        shutil.rmtree(home, ignore_errors=True)
 
 
 def test_a_port_in_use_or_a_host_not_here_is_one_line_and_nothing_starts(root):

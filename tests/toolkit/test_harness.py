@@ -104,7 +104,11 @@ def assert_same_answer(served: dict, expected: dict):
         assert served[label] == pytest.approx(probability, rel=1e-4, abs=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["state_dict", "torchscript", "export", "safetensors"])
+# torchscript and safetensors (16 s): make matrix's
+KINDS = ["state_dict", "export", *(pytest.param(k, marks=pytest.mark.matrix) for k in ("torchscript", "safetensors"))]
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_every_weights_kind_answers_like_the_model_itself(tmp_path, kind):
     model, path = package_tiny(tmp_path, kind)
     images = [sample_jpeg(seed, (120 + 10 * seed, 90)) for seed in range(3)]

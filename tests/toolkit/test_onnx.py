@@ -118,6 +118,7 @@ def test_onnx_archives_answer_as_the_originals_in_process_and_served(store, jpeg
     print(f"ONNX vs torch: top-k equal within 1e-4 (resnet18, sentiment); minilm cosine >= {low:.7f}")
 
 
+@pytest.mark.matrix  # 14 s; make test's golden replays: tests/cli/test_golden.py
 def test_verify_replays_the_originals_golden_answers_against_the_export(store, jpegs, tmp_path):
     inputs = tmp_path / "inputs"
     inputs.mkdir()

@@ -35,6 +35,9 @@ def text_store(text_samples, tmp_path_factory):
     return store
 
 
+# The served checks are make matrix's (their TorchServe with three text models: 70 s of make test's); make test
+# serves text archives on TorchServe in test_kserve_serving (v1/v2), test_hostile_served (the hostile corpus) and
+# test_local_path (the README's local path).
 @pytest.fixture(scope="module")
 def srv(text_store):
     with RunningServer(text_store) as running:
@@ -99,6 +102,7 @@ def test_tokenisation_pads_to_the_longest_text_not_max_length(text_store):
 
 
 # ---- served ---------------------------------------------------------------------------------------
+@pytest.mark.matrix
 def test_served_embeddings_match_sentence_transformers(srv, text_samples):
     from sentence_transformers import SentenceTransformer
 
@@ -119,6 +123,7 @@ def test_served_embeddings_match_sentence_transformers(srv, text_samples):
     assert status == 200 and body["outputs"][0]["shape"] == [2, 384] and body["outputs"][0]["datatype"] == "FP32"
 
 
+@pytest.mark.matrix
 def test_served_classifier_equals_the_model_run_in_process(srv, text_samples):
     directory = text_samples / "classifier"
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
@@ -142,6 +147,7 @@ def test_served_classifier_equals_the_model_run_in_process(srv, text_samples):
     assert max(sizes) > 1, f"no batching: {sizes}"
 
 
+@pytest.mark.matrix
 def test_served_entities_index_back_into_the_text(srv, text_store):
     texts = [PEOPLE, "Grace Hopper worked in Arlington.", "   leading spaces and ünïcode Zürich"]
     with LocalModel(text_store / "ner.mar") as local:
@@ -158,6 +164,7 @@ def test_served_entities_index_back_into_the_text(srv, text_store):
         ]
 
 
+@pytest.mark.matrix
 def test_bad_texts_fail_alone_on_the_server(srv):
     bodies = [b"good text", b"\xff\xfe\xfd", b'{"text": 12}', b"another good one"]
     results = post_concurrently(srv, "sentiment", bodies, "application/octet-stream")
