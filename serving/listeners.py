@@ -188,9 +188,7 @@ NOT_HERE = "is not an address of this machine"
 
 def bind_problem(host: str, port: int) -> Optional[str]:
     """Why ``host``:``port`` cannot be bound now (HELD, NOT_HERE, or the system's words), as uvicorn and grpc
-    bind it (SO_REUSEADDR); None when it can (port 0: any free one)."""
-    if port == 0:
-        return None
+    bind it (SO_REUSEADDR); None when it can (port 0: any free one of ``host``)."""
     try:
         named = None if host in ("", "*") else host
         found = socket.getaddrinfo(named, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)

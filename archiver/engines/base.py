@@ -94,8 +94,8 @@ class Runtime:
         """Start serving ``model_store`` and return once every model is ready, its listeners on ``host``
         (the inference API's on ``port``, else a free one: one UserError when another process holds it);
         ``options`` are the runtime's own (``launch``'s keyword arguments)."""
-        if port is not None:
-            check_free(host, port)
+        if port is not None or host != LOOPBACK:
+            check_free(host, port or 0)
         return self.launch(Launch(model_store, config, home, timeout, python, env, progress, host, port), **options)
 
     def launch(self, run: Launch, **options) -> "Server":
