@@ -193,7 +193,6 @@ def _autoscale_flags(options: ExportOptions) -> List[Tuple[str, object]]:
     return [
         ("--from-bench", options.from_bench),
         ("--target", options.target is not None),
-        ("--max-replicas", options.max_replicas is not None),
         ("--peak-rps", options.peak_rps is not None),
     ]
 

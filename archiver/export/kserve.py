@@ -222,6 +222,8 @@ def check_options(options: ExportOptions) -> Tuple[str, str]:
             f"--min-replicas {options.min_replicas} must be 0 or more (KServe's minReplicas, an int32; 0 lets the "
             "predictor scale to zero): give the fewest replicas to keep running, e.g. --min-replicas 2"
         )
+    if not options.autoscale and options.max_replicas is not None:  # KServe's own autoscaler's bounds
+        autoscale.replicas(options, "knative")
     targets.named(options.engine).check_export(options)
     return claim, sub_path
 
@@ -372,6 +374,8 @@ def inference_service(options: ExportOptions, snapshot: dict) -> dict:
     predictor.update(targets.named(options.engine).predictor(options, resources(options)))
     if not options.autoscale and options.min_replicas != KSERVE_MIN_REPLICAS:  # --autoscale writes its own
         predictor["minReplicas"] = options.min_replicas
+    if not options.autoscale and options.max_replicas is not None:  # the bound of KServe's default autoscaler
+        predictor["maxReplicas"] = options.max_replicas
     spec = {"predictor": predictor}
     if options.transformer_image:
         spec["transformer"] = transformer(options)

@@ -96,6 +96,20 @@ def test_min_replicas_without_autoscale_is_the_predictor_s_min_replicas(project,
     assert "maxReplicas" not in isvc["spec"]["predictor"] and "annotations" not in isvc["metadata"], isvc
 
 
+def test_max_replicas_without_autoscale_is_the_predictor_s_max_replicas(project, tmp_path):
+    """--max-replicas without --autoscale was refused ("sizes the autoscaling"): KServe's predictor takes it
+    alone, as the bound of its default autoscaler (Knative's, or the HPA of a raw deployment)."""
+    out = tmp_path / "out"
+    done = tsctl(project, *KSERVE, out, "--min-replicas", 2, "--max-replicas", 5)
+    assert done.exit_code == 0, done.output
+    predictor = yaml.safe_load((out / "inferenceservice.yaml").read_text())["spec"]["predictor"]
+    assert (predictor["minReplicas"], predictor["maxReplicas"]) == (2, 5), predictor
+    args = [*KSERVE, tmp_path / "bad", "--min-replicas", 3, "--max-replicas", 2]
+    one_line(tsctl(project, *args), "--min-replicas 3 is above --max-replicas 2")
+    one_line(tsctl(project, *KSERVE, tmp_path / "bad", "--max-replicas", 0), "--max-replicas 0 must be at least 1")
+    assert not (tmp_path / "bad").exists()
+
+
 def test_min_replicas_below_zero_is_one_line(project, tmp_path):
     args = [*KSERVE, tmp_path / "out", "--min-replicas", "-1"]
     line = one_line(tsctl(project, *args), "--min-replicas -1", "0 or more")
