@@ -201,10 +201,7 @@ def test_the_exports_run_as_written(tmp_path):
 def test_the_core1_units_run_locally_as_written(tmp_path):
     """docs/seldon.md's local run of the Core 1 graph: the transformer and a model under seldon-core-microservice,
     called as the executor calls them, answer the image archive's top classes; the block stops its units."""
-    from samples import runtime_env
-
-    runtime_env.ensure_seldon()  # .runtimes/seldon-core-1.17.1, as `make runtimes` builds it
-    out = run_blocks(tmp_path, "seldon-core1-export", "seldon-core1-local")
+    out = run_blocks(tmp_path, "seldon-core1-export", "seldon-core1-local")  # the block builds its venv first
     assert re.search(r"^\[\{'class_\d+': [0-9.e-]+", out.splitlines()[-1]), out
     deadline = time.monotonic() + 60  # the units stop on the block's SIGTERM, in a few seconds
     while running_in(tmp_path / "seldon-core1") and time.monotonic() < deadline:
@@ -227,8 +224,30 @@ def running_in(directory: Path) -> list:
 @pytest.mark.matrix
 @pytest.mark.timeout(900)
 def test_mlserver_runs_as_written(tmp_path):
-    from samples import runtime_env
-
-    runtime_env.ensure_mlserver()  # .runtimes/mlserver-1.7.1, as `make runtimes` builds it
-    out = run_blocks(tmp_path, "mlserver")
+    out = run_blocks(tmp_path, "mlserver")  # the block builds MLServer's venv first
     assert re.search(r"kitten\.jpg: 200 ", out), out
+
+
+# A reader's path (issue #47): the README's blocks, then each page's, in the order the README points to them.
+# docs/kserve.md's image blocks need root, podman and a Debian root: tests/export/test_kserve_image.py.
+READING_ORDER = (
+    "flow", "curl", "torchserve", "engine", "kserve-export",  # README.md
+    "minilm", "own-handler",  # docs/handlers.md
+    "golden",  # docs/golden.md
+    "signing",  # docs/signing.md
+    "kserve-engine-export",  # docs/kserve.md
+    "seldon-export", "seldon-core1-export", "seldon-core1-local",  # docs/seldon.md
+    "ts-grpc-stubs", "mlserver",  # docs/engines.md
+)  # fmt: skip
+
+
+@pytest.mark.matrix  # every page in one run: about 20 minutes
+@pytest.mark.timeout(3600)
+def test_the_pages_run_in_order_in_one_directory(tmp_path):
+    """Each test above runs its blocks in a fresh directory; a reader runs them all in one checkout, each block
+    after what the blocks before it left there (model-store/ and config/ with every page's archives, a server
+    stopped or not). The same blocks, in the reading order, in one directory."""
+    assert set(READING_ORDER) == set(blocks()) - {"kserve-image-base", "kserve-image", "kserve-image-stop"}
+    (tmp_path / "serving").symlink_to(ROOT / "serving")  # ts-grpc-stubs: the checkout's serving/protos
+    out = run_blocks(tmp_path, *READING_ORDER, timeout=1200)
+    assert len(re.findall(r"kitten\.jpg: 200 ", out)) >= 6, out  # the README's three, signing's two, MLServer's
