@@ -190,13 +190,20 @@ def test_config_dev_null_is_read_as_an_empty_config(project, tmp_path):
 
 
 # ---- 7: Ctrl-C during package --golden ---------------------------------------------------------------------
-@pytest.mark.matrix  # racy under load: the command finished (exit 0) before its SIGINT in a fresh clone's .ci/run
+SLOW_HANDLER = (
+    "import time\n\nfrom ts.torch_handler.base_handler import BaseHandler\n\n\nclass Slow(BaseHandler):\n"
+    "    def handle(self, data, context):\n        time.sleep(300)\n        return super().handle(data, context)\n"
+)
+
+
 def test_ctrl_c_during_package_golden_is_one_line_and_leaves_nothing(project, tmp_path):
     """Ctrl-C printed "Aborted!" and the fork server's BrokenPipeError traceback, exit 1. Sent as a terminal
-    sends it (to the command's process group) once its worker process runs."""
+    sends it (to the command's process group) once its worker process runs, while the handler computes the
+    golden answers (it sleeps: the tensor handler finished first under load, the signal too late)."""
     temp = tmp_path / "tmp"
     temp.mkdir()
-    command = [sys.executable, "-m", "archiver.cli", "package", "--model-name", "t", "--handler", "tensor",
+    (tmp_path / "slow.py").write_text(SLOW_HANDLER)
+    command = [sys.executable, "-m", "archiver.cli", "package", "--model-name", "t", "--handler", tmp_path / "slow.py",
                "--serialized-file", "tensor.pt", "--golden", "inputs", "--export-path", tmp_path / "out"]  # fmt: skip
     process = subprocess.Popen(
         [str(part) for part in command], cwd=project, env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(temp)},
