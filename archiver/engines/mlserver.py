@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from serving import sockets
 
+from ..addresses import LOOPBACK, client_address
 from ..errors import UserError
 from ..output import quiet
 from .base import Launch
@@ -56,7 +57,8 @@ class MLServerRuntime(TsctlRuntime):
         servers.check_home(home, MLSERVER_SOCKET)
         folder = mlserver.write_repository(specs, home / "mlserver", extra)
         models = list(dict.fromkeys(spec.name for spec in specs))
-        return self.serve_repository(folder, models, home, run.timeout, python, run.env, run.progress, run)
+        return self.serve_repository(folder, models, home, run.timeout, python, run.env, run.progress, run.host,
+                                     run.port)  # fmt: skip
 
     def serve_repository(
         self,
@@ -67,11 +69,12 @@ class MLServerRuntime(TsctlRuntime):
         python=None,
         env=None,
         progress=quiet,
-        where: Optional[Launch] = None,
+        host: str = LOOPBACK,
+        port: Optional[int] = None,
     ) -> "Server":
         """MLServer on a model repository as it is (``folder``: a folder of model folders, each with its
-        model-settings.json, as ``export seldon`` writes them and Seldon's agent copies them), on ``where``'s
-        host and port (default: free 127.0.0.1 ports); returns once each of ``models`` is ready."""
+        model-settings.json, as ``export seldon`` writes them and Seldon's agent copies them), on ``host``,
+        its inference API on ``port`` (default: free 127.0.0.1 ports); returns once each of ``models`` is ready."""
         import os
 
         import handlers
@@ -86,24 +89,23 @@ class MLServerRuntime(TsctlRuntime):
         run_env = dict(os.environ, TEMP=str(temp))
         run_env["PYTHONPATH"] = os.pathsep.join(p for p in (source, os.environ.get("PYTHONPATH")) if p)
         run_env.update(env or {})
-        place = where or Launch(str(folder), None, str(home), timeout, python, env, progress)
 
         def launch() -> "Server":
-            http, grpc, metrics = place.ports(3)
-            settings = mlserver.server_settings(place.host, http, grpc, metrics)
+            http, grpc, metrics = servers.pick_ports(3, port)
+            settings = mlserver.server_settings(host, http, grpc, metrics)
             (folder / mlserver.SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
             process = servers.spawn(mlserver.command(python, folder), home, run_env, MLSERVER_OUT)
             server = servers.Server(
                 pid=process.pid,
                 home=str(home),
-                inference=f"http://{place.address(http)}",
+                inference=f"http://{client_address(host, http)}",
                 management="",
-                metrics=f"http://{place.address(metrics)}",
+                metrics=f"http://{client_address(host, metrics)}",
                 models=models,
                 engine=self.name,
-                grpc=place.address(grpc),
+                grpc=client_address(host, grpc),
                 log_writer=process.log_writer.pid,
-                kserve_v2_grpc=place.address(grpc),
+                kserve_v2_grpc=client_address(host, grpc),
             )
             return servers.recorded(server, lambda: self.wait_ready(server, timeout, process, progress))
 

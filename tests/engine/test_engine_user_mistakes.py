@@ -19,14 +19,13 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 
 import grpc
 import pytest
 
 from archiver import server
-from helpers.engine import Engine, free_ports
+from helpers.engine import Engine, engine_command, free_ports
 from helpers.models import package_resnet
 from helpers.paths import ROOT
 from samples.image_model import sample_jpeg
@@ -136,17 +135,7 @@ def test_a_port_in_use_is_one_line_before_any_worker_starts(root, tmp_path):
         port = held.getsockname()[1]
         config = write_config(tmp_path / "config.properties", free_ports(1)[0], "disable_token_authorization=true\n")
         config.write_text(config.read_text().replace("127.0.0.1:8085", f"127.0.0.1:{port}"))
-        command = [
-            sys.executable,
-            "-m",
-            "serving.engine",
-            "--model_store",
-            str(root / "model-store"),
-            "--ts_config",
-            str(config),
-            "--enable_grpc",
-            "false",
-        ]
+        command = engine_command(root / "model-store", "--ts_config", str(config), "--enable_grpc", "false")
         started = time.monotonic()
         done = subprocess.run(command, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT), TEMP=str(tmp_path)),
                               capture_output=True, text=True, timeout=120, start_new_session=True)  # fmt: skip

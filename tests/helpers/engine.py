@@ -31,6 +31,11 @@ def write_config(path: Path, models: dict, extra: str = "") -> Path:
     return path
 
 
+def engine_command(model_store: Path, *arguments: str) -> list:
+    """``python -m serving.engine --model_store MODEL_STORE ARGUMENTS``, in this Python."""
+    return [sys.executable, "-m", "serving.engine", "--model_store", str(model_store), *arguments]
+
+
 class Engine:
     """``python -m serving.engine`` on free ports, detached; ``stop()`` ends its process group. ``config``:
     root/config/config.properties by default; a root without that file is served without a config (every
@@ -44,12 +49,8 @@ class Engine:
         self.out = self.home / "engine.out"
         default = root / "config" / "config.properties"
         given = [] if config is None and not default.exists() else ["--ts_config", str(config or default)]
-        command = [
-            sys.executable,
-            "-m",
-            "serving.engine",
-            "--model_store",
-            str(root / "model-store"),
+        command = engine_command(
+            root / "model-store",
             *given,
             "--host",
             "127.0.0.1",
@@ -64,7 +65,7 @@ class Engine:
             "--metrics_port",
             str(self.http),
             *extra,
-        ]  # fmt: skip (/metrics on http: metrics_address unbound)
+        )  # fmt: skip (/metrics on http: metrics_address unbound)
         with open(self.out, "wb") as out:
             path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
             env = dict(os.environ, **(env or {}), TEMP=str(self.home), PYTHONPATH=path)  # where it writes its keys
