@@ -190,19 +190,22 @@ def test_config_dev_null_is_read_as_an_empty_config(project, tmp_path):
 
 
 # ---- 7: Ctrl-C during package --golden ---------------------------------------------------------------------
-SLOW_HANDLER = (
-    "import time\n\nfrom ts.torch_handler.base_handler import BaseHandler\n\n\nclass Slow(BaseHandler):\n"
-    "    def handle(self, data, context):\n        time.sleep(300)\n        return super().handle(data, context)\n"
+SLOW_HANDLER = (  # says it is computing (MARK: a file it creates), then takes its time
+    "import pathlib\nimport time\n\nfrom ts.torch_handler.base_handler import BaseHandler\n\n\n"
+    "class Slow(BaseHandler):\n"
+    "    def handle(self, data, context):\n        pathlib.Path(MARK).touch()\n        time.sleep(300)\n"
+    "        return super().handle(data, context)\n"
 )
 
 
 def test_ctrl_c_during_package_golden_is_one_line_and_leaves_nothing(project, tmp_path):
     """Ctrl-C printed "Aborted!" and the fork server's BrokenPipeError traceback, exit 1. Sent as a terminal
-    sends it (to the command's process group) once its worker process runs, while the handler computes the
-    golden answers (it sleeps: the tensor handler finished first under load, the signal too late)."""
-    temp = tmp_path / "tmp"
+    sends it (to the command's process group) while the handler computes the golden answers (it says so
+    with a file, then sleeps: the tensor handler finished first under load, the signal too late; sent once
+    a second process ran, the signal once came before the worker and the command outlived 60 s)."""
+    temp, mark = tmp_path / "tmp", tmp_path / "handling"
     temp.mkdir()
-    (tmp_path / "slow.py").write_text(SLOW_HANDLER)
+    (tmp_path / "slow.py").write_text(f"MARK = {str(mark)!r}\n" + SLOW_HANDLER)
     command = [sys.executable, "-m", "archiver.cli", "package", "--model-name", "t", "--handler", tmp_path / "slow.py",
                "--serialized-file", "tensor.pt", "--golden", "inputs", "--export-path", tmp_path / "out"]  # fmt: skip
     process = subprocess.Popen(
@@ -211,11 +214,15 @@ def test_ctrl_c_during_package_golden_is_one_line_and_leaves_nothing(project, tm
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 120
-        while len(session_members(process.pid)) < 2 and process.poll() is None and time.monotonic() < deadline:
+        while not mark.exists() and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert len(session_members(process.pid)) >= 2, "no worker started"
+        assert mark.exists(), f"the handler never ran: {process.communicate(timeout=60)}"
         os.killpg(process.pid, signal.SIGINT)
-        _, stderr = process.communicate(timeout=60)
+        try:
+            _, stderr = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            still = described(session_members(process.pid))
+            raise AssertionError(f"still running 60 s after Ctrl-C: {still}") from None
     finally:
         kill([process.pid] if process.poll() is None else [])
     deadline = time.monotonic() + 10
@@ -225,6 +232,17 @@ def test_ctrl_c_during_package_golden_is_one_line_and_leaves_nothing(project, tm
     kill(left)
     assert process.returncode == 130 and stderr.strip().splitlines() == ["error: interrupted (Ctrl-C)"], stderr
     assert left == [] and list(temp.iterdir()) == [] and not (tmp_path / "out").exists(), (left, list(temp.iterdir()))
+
+
+def described(pids) -> list:
+    """Each process's pid and command line, to say what still ran."""
+    found = []
+    for pid in pids:
+        try:
+            found.append(f"{pid}: {Path(f'/proc/{pid}/cmdline').read_bytes().replace(bytes(1), b' ').decode()[:200]}")
+        except OSError:
+            found.append(f"{pid}: (ended)")
+    return found
 
 
 def test_a_relative_python_for_mlserver_is_made_absolute(monkeypatch):
