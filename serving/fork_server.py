@@ -38,10 +38,10 @@ spawned when the fork server cannot start.
 
 An engine's server (``shared(env, extras=True)``: the tsctl engine's and MLServer's, whose workers are
 restarted and added while they run) also imports ``EXTRAS`` (Pillow, torchvision, transformers' models
-and tokenizers: what handlers import first), one at a time once no request has come for ``IDLE`` s: the
-workers of a cold start, forked at once, import them themselves; a worker restarted after it died, or
-started later, finds them imported. ``tsctl run``'s and ``LocalModel``'s server does not (one start,
-and the imports would take the cores its worker is using).
+and tokenizers: what handlers import first), the first once no request has come for ``SETTLE`` s, the
+others one at a time ``IDLE`` s apart: the workers of a cold start, forked at once, import them
+themselves; a worker restarted after it died, or started later, finds them imported. ``tsctl run``'s
+and ``LocalModel``'s server does not (one start, and the imports would take the cores its worker is using).
 
 **A worker's descendants.** Each worker makes itself a child subreaper (``worker_launch.py``), so that what
 it forks stays below it even once it double-forks and leaves its session (``setsid``): ``end_tree`` ends
@@ -83,10 +83,13 @@ PRELOAD = (  # imported once by the server; ts.torch_handler is not (it reads TS
     "ts.protocol.otf_message_handler",
     "ts.service",
 )
-# With ``extras``, imported once the server is idle, one at a time between requests: what the toolkit's and
-# TorchServe's handlers import first (the image handlers, transformers' models and tokenizers), if
-# installed. A worker forked before they are in imports them itself; one restarted after it died, or added
-# later, finds them imported. A request that comes during one waits for it (at most about 1.5 s).
+# With ``extras``, imported once the server has settled (no request for ``SETTLE`` s), one at a time between
+# requests: what the toolkit's and TorchServe's handlers import first (the image handlers, transformers'
+# models and tokenizers), if installed. A worker forked before they are in imports them itself; one restarted
+# after it died, or added later, finds them imported. A request that comes during one waits for it (at most
+# about 1.5 s). They cost the server about 5 s of a core and 240 MB here: a server that lives less than
+# SETTLE s after its last worker's start (a test's, a benchmark's, a CLI's) never pays for them, and a cold
+# start's first requests do not share the cores with them.
 EXTRAS = (
     "PIL.Image",
     "torchvision",
@@ -95,7 +98,8 @@ EXTRAS = (
     "transformers.models.auto.modeling_auto",
     "transformers.models.auto.tokenization_auto",
 )
-IDLE = 1.0  # s without a request before the server imports the next extra (a cold start's come at once)
+SETTLE = 30.0  # s without a request before the server imports the first extra (a cold start's come at once)
+IDLE = 1.0  # s without a request before it imports each next one
 MESSAGE = 1 << 20  # bytes of one request or reply, at most
 RE_READ = ("PYTHONPATH", "TMPDIR", "TEMP", "TMP")  # read by each forked child again
 MAX_SERVERS = 3  # fork servers one process keeps, one per start environment
@@ -129,7 +133,7 @@ class ForkServer:
     """The server process and its socket. ``spawn`` forks a worker; None when it cannot (the caller
     then spawns a new process). Thread-safe; one request at a time."""
 
-    def __init__(self, env: Optional[dict] = None, extras: bool = False):
+    def __init__(self, env: Optional[dict] = None, extras: bool = False, settle: float = SETTLE):
         self.spawning = threading.Lock()  # held from a request to its reply
         self.lock = threading.Lock()  # the state below, shared with the reading thread
         self.replies: List[dict] = []
@@ -139,9 +143,10 @@ class ForkServer:
         self.alive = True
         self.env = start_environment(os.environ if env is None else env)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        importing = ["--extras", str(settle)] if extras else []
         try:
             self.process = subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), str(theirs.fileno())] + (["--extras"] if extras else []),
+                [sys.executable, os.path.abspath(__file__), str(theirs.fileno())] + importing,
                 env=self.env,
                 stdin=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),),
@@ -295,21 +300,23 @@ def shared(env: Optional[dict] = None, extras: bool = False) -> Optional[ForkSer
 
 
 # ---- The server --------------------------------------------------------------------------------
-def serve(sock: socket.socket, extras: List[str]):
+def serve(sock: socket.socket, extras: List[str], settle: float = SETTLE):
     """Fork a worker per request, report each exit, until the client closes its end; once nothing has
-    come for ``IDLE`` s, import the next of ``extras``."""
+    come for ``settle`` s, import the first of ``extras``, then one each ``IDLE`` s without a request."""
     wakeup_read, wakeup_write = os.pipe()
     os.set_blocking(wakeup_write, False)
     signal.set_wakeup_fd(wakeup_write)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     server = os.getpid()
     forked: set = set()  # the workers it forked and has not reaped: any other child is an orphan (``sweep``)
+    wait = settle  # then IDLE between the extras
     import select
 
     while True:
-        ready, _, _ = select.select([sock, wakeup_read], [], [], IDLE if extras else None)
+        ready, _, _ = select.select([sock, wakeup_read], [], [], wait if extras else None)
         if not ready:  # idle: the next of the modules workers often import
             preload(extras.pop(0))
+            wait = IDLE
             continue
         if wakeup_read in ready:
             os.read(wakeup_read, 4096)
@@ -546,6 +553,7 @@ def main():
     sock = socket.socket(fileno=int(sys.argv[1]))
     subreaper()  # what a worker leaves as it dies comes to the server (``sweep``)
     extras = list(EXTRAS) if "--extras" in sys.argv[2:] else []
+    settle = float(sys.argv[sys.argv.index("--extras") + 1]) if extras else SETTLE
     BASE_PATH = [p for p in sys.path if os.path.realpath(p or os.curdir) != HERE]  # its environment has no PYTHONPATH
     sys.path[:] = BASE_PATH  # the preloaded modules come from the interpreter's own path, not a model's
     try:
@@ -558,7 +566,7 @@ def main():
         return
     PRELOADED = {name.partition(".")[0] for name in sys.modules}
     if hello(sock, {"ready": True}):  # the server checks shadowing itself (``shadowed``)
-        serve(sock, extras)
+        serve(sock, extras, settle)
 
 
 def hello(sock: socket.socket, message: dict) -> bool:

@@ -153,25 +153,28 @@ print(json.dumps({"seen": seen, "threads": torch.get_num_threads(), "transformer
 """
 
 
-def test_an_engines_server_imports_the_extras_once_idle_and_its_workers_find_them(tmp_path):
-    """``extras``: what handlers import first is imported while the server is idle, so that a worker
-    restarted or added later does not import it again; a worker whose path brings its own transformers
-    is spawned instead; torch's threads run in a fork made after those imports."""
+def test_an_engines_server_imports_the_extras_once_settled_and_its_workers_find_them(tmp_path):
+    """``extras``: what handlers import first is imported once the server has settled (no request for
+    ``settle`` s), so that a worker restarted or added later does not import it again; before, the server
+    has not paid for them; a worker whose path brings its own transformers is spawned instead; torch's
+    threads run in a fork made after those imports."""
     env = dict(os.environ, OMP_NUM_THREADS="2")
     plain, bringing = tmp_path / "plain", tmp_path / "bringing"
     for folder in (plain, bringing):
         folder.mkdir()
         (folder / "probe.py").write_text(PROBE)
     (bringing / "transformers.py").write_text("OURS = True\n")
-    with_extras = fork_server.ForkServer(fork_server.start_environment(env), extras=True)
+    with_extras = fork_server.ForkServer(fork_server.start_environment(env), extras=True, settle=10.0)
     without = None
     try:
         first = forked_probe(with_extras, plain, env)  # at once: before the server was idle
         assert first["seen"] == [] and first["threads"] == 2, first
+        time.sleep(fork_server.IDLE + 4)  # idle, not settled: nothing imported yet
+        assert forked_probe(with_extras, plain, env)["seen"] == []
         without = fork_server.ForkServer(fork_server.start_environment(env))
         deadline, later = time.monotonic() + 90, first
         while later["seen"] != ["PIL", "torchvision", "transformers"] and time.monotonic() < deadline:
-            time.sleep(fork_server.IDLE + 4)  # each probe makes the server busy again: room for an import or two
+            time.sleep(10.0 + fork_server.IDLE + 4)  # each probe unsettles the server: room for an import or two
             later = forked_probe(with_extras, plain, env)
         assert later["seen"] == ["PIL", "torchvision", "transformers"] and later["threads"] == 2, later
         assert forked_probe(with_extras, bringing, env) is None  # shadowed: the caller spawns it

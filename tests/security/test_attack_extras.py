@@ -46,7 +46,7 @@ def test_a_package_vendored_in_a_subfolder_is_not_replaced_by_the_servers_extra(
         (folder / "probe.py").write_text(PROBE)
     (vendoring / "lib" / "vendored" / "PIL").mkdir(parents=True)
     (vendoring / "lib" / "vendored" / "PIL" / "__init__.py").write_text("OURS = True\n")
-    server = fork_server.ForkServer(fork_server.start_environment(env), extras=True)
+    server = fork_server.ForkServer(fork_server.start_environment(env), extras=True, settle=fork_server.IDLE)
     try:
         deadline, seen = time.monotonic() + 120, {"extras": False}
         while not seen["extras"] and time.monotonic() < deadline:
