@@ -81,7 +81,7 @@ KNOWN_KEYS = frozenset(
     system_metrics_cmd token_expiration_min torchelastic_ts ts_header_key_sequence_end ts_header_key_sequence_id
     ts_header_key_sequence_start ts_open_inference_protocol unregister_model_timeout use_env_allowed_urls
     use_native_io vendor workflow_store""".split()
-)
+) | {"python", "version", "tsConfigFile"}  # what TorchServe writes in its config snapshots too (python: read)
 
 
 def check_keys(properties: Dict[str, str], path):

@@ -131,7 +131,8 @@ def start(
     in the config ``tsctl export kserve`` writes: each archive's requirements.txt goes into its model
     directory. By default it is off, whatever the config says: the environment has the packages.
     ``kserve_args`` starts it with exactly the arguments of KServe's TorchServe runtime (no
-    ``--foreground``, no ``--ncs``): the launcher exits and the server lives on in its process group.
+    ``--foreground``): the launcher exits and the server lives on in its process group. Either way it saves
+    its config snapshots (no ``--ncs``) in ``home``/logs/config, for ``tsctl serve --last-snapshot``.
     TorchServe runs in ``home``: the config's ``metrics_config`` is given to it as read from the current
     directory (``TS_METRICS_CONFIG``, absolute), as TorchServe started here would read it. Its listeners
     bind ``host``, the inference API ``port`` (``tsctl serve --host/--port``; default: free ports on
@@ -284,7 +285,7 @@ def _launch(
     if kserve_args:
         arguments = ["--start", f"--model-store={model_store}", f"--ts-config={config}"]
     else:
-        arguments = ["--start", "--foreground", "--ncs", "--model-store", str(model_store), "--ts-config", str(config)]
+        arguments = ["--start", "--foreground", "--model-store", str(model_store), "--ts-config", str(config)]
     process = spawn(torchserve_command(python) + arguments, home, run_env, "torchserve.out")
     server = Server(
         pid=process.pid,

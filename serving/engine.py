@@ -63,7 +63,7 @@ from handlers import identity, signing
 from handlers.archives import ArchiveError
 from handlers.errors import frontend_error, with_kserve_error
 
-from . import engine_http, engine_stream, form_bodies, listeners, sockets, ts_config, v2_metadata
+from . import engine_http, engine_stream, form_bodies, listeners, snapshots, sockets, ts_config, v2_metadata
 from .body_limit import BODY_IDLE_TIMEOUT, BodyLimit, InFlight, max_inflight_bytes, reads_budget
 from .engine_management import NOT_ALLOWED, NOT_FOUND, management_routes, ts_error, ts_json
 from .engine_metrics import Metrics
@@ -94,6 +94,7 @@ class Engine(ModelVersions):
         self.grpc_reads = reads_budget(bound)  # gRPC messages while they arrive (serving/grpc_reading.py)
         self.changing = asyncio.Lock()  # management calls that change state, one at a time
         self.tokens: Optional[Tokens] = None  # made when it serves (``serve``), as TorchServe makes its keys
+        self.snapshots: Optional[snapshots.Snapshots] = None  # where its config snapshots go (--snapshot_dir)
         try:
             for spec in specs:
                 self.add(self.open(spec))
@@ -421,6 +422,11 @@ def parse_args(argv=None):
         f"(default: ${signing.ENVIRONMENT}, tsctl serve --public-key).",
     )
     parser.add_argument(
+        "--snapshot_dir",
+        help="Write TorchServe's config snapshots here, at start, after each management call that changes what "
+        "is served, and at the end (default: none; tsctl serve gives HOME/logs/config).",
+    )
+    parser.add_argument(
         "--max_inflight_bytes",
         type=int,
         help="Request bodies held at once, all requests together (default: a quarter of the memory limit).",
@@ -483,7 +489,7 @@ async def serve(engine: Engine, args, where: listeners.Plan) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
     tasks = [asyncio.ensure_future(server.serve()) for server in servers]
-    grpc_server, ts_grpc_servers = None, []
+    grpc_server, ts_grpc_servers, served = None, [], False
     try:
         starting = asyncio.ensure_future(engine.start())  # the workers first: they take longest
         if args.enable_grpc == "true":  # KServe's protocol types take seconds to import: off the loop
@@ -506,6 +512,9 @@ async def serve(engine: Engine, args, where: listeners.Plan) -> int:
             starting.cancel()
             return 0
         starting.result()
+        served = True
+        if engine.snapshots is not None:
+            engine.snapshots.save("startup")
         names = ", ".join(f"{m.label} ({len(m.workers)} workers)" for m in engine.all())
         bound = ", ".join(f"{it.role} {it.host}:{it.port}" for it in [*rest, *([where.grpc] if grpc_server else [])])
         logger.info("tsctl engine: serving %s on %s", names, bound)
@@ -517,6 +526,8 @@ async def serve(engine: Engine, args, where: listeners.Plan) -> int:
         return 1
     finally:
         stop()
+        if served and engine.snapshots is not None:
+            engine.snapshots.save("shutdown")
         running = [task for task in tasks if not task.done()]
         if running:
             await asyncio.wait(running, timeout=5)
@@ -565,6 +576,9 @@ def main(argv=None):
         for note in frontend.notes + where.notes:  # a setting not applied, an archive not served, a port moved
             logger.warning("%s", note)
         engine = Engine(specs, frontend, decode, Path(args.model_store))
+        if args.snapshot_dir:
+            properties = ts_config.read_properties(config) if config else {}
+            engine.snapshots = snapshots.Snapshots(Path(args.snapshot_dir), properties, engine)
     except (ts_config.ConfigError, ArchiveError) as exc:
         print(f"tsctl engine: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)

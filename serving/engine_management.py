@@ -458,7 +458,11 @@ def management_routes(engine) -> List[Route]:
             if not changes:
                 return await settle(work())
             async with engine.changing:
-                message, code = await settle(work())
+                try:
+                    message, code = await settle(work())
+                finally:  # what is served may have changed (a scale that failed half-way too): as TorchServe saves
+                    if engine.snapshots is not None:
+                        engine.snapshots.save("snapshot")
             return status(message, code)
         except ApiError as exc:
             return ts_error(exc.status, exc.kind, exc.message)

@@ -36,6 +36,9 @@ from .options import content_type_option, engine_option, home_option, resolve_al
               help="The address every listener binds (0.0.0.0: every address of this machine).")  # fmt: skip
 @click.option("--port", type=click.IntRange(1, 65535), help="The inference API's port (default: a free one; the "
               "others are free ones, printed once it is ready).")  # fmt: skip
+@click.option("--last-snapshot", is_flag=True, help="Serve what the last server of --home served as it ended: "
+              "its newest config snapshot (HOME/logs/config), with the models registered, scaled or unregistered "
+              "through the management API; as 'torchserve --start' without --ts-config.")  # fmt: skip
 @click.option("--python", type=click.Path(), help="The Python that runs the engine (default: this one).")
 @click.option(
     "--public-key",
@@ -46,7 +49,7 @@ from .options import content_type_option, engine_option, home_option, resolve_al
 @engine_option("What serves the store.")
 @json_option
 def serve(config_path, model_store, home, timeout, install_deps, enable_model_api, disable_token_auth, host, port,
-          python, public_key, engine, as_json):  # fmt: skip
+          last_snapshot, python, public_key, engine, as_json):  # fmt: skip
     """Start a server in the background (on 127.0.0.1 unless --host) and wait until every model is ready."""
     env = None
     if public_key:  # checked here, in one line, before anything starts
@@ -69,6 +72,7 @@ def serve(config_path, model_store, home, timeout, install_deps, enable_model_ap
         timeout,
         progress=Progress.for_command(as_json),
         notes=note,
+        last_snapshot=last_snapshot,
         install_deps=install_deps,
         enable_model_api=enable_model_api,
         disable_token_auth=disable_token_auth,

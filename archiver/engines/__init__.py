@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, Dict, Optional, Tuple
 
 from ..errors import UserError
 from ..output import quiet
-from .base import DEFAULT_CONFIG, SERVE_FLAGS, Runtime, refuse
+from .base import DEFAULT_CONFIG, SERVE_FLAGS, Runtime, refuse, snapshot_dir
 from .mlserver import MLServerRuntime
 from .torchserve import TorchServeRuntime
 from .tsctl import ENGINE_OUT, TsctlRuntime
@@ -54,6 +54,25 @@ def check_serve_flags(runtime: Runtime, **given):
 
     flags = {k: v for k, v in given.items() if k in SERVE_FLAGS}
     refuse(runtime.name, runtime.title, runtime.serve_flags, flags, SERVE_FLAGS, owners, "serve")
+
+
+def last_snapshot_config(runtime: Runtime, config: Optional[str], home) -> str:
+    """The newest config snapshot a server of ``home`` saved (at its start, after each management call
+    that changed its models, at its end): what `torchserve --start` without --ts-config serves. One
+    UserError when the runtime keeps none, ``config`` names another, or there is none yet."""
+    from serving import snapshots
+
+    if not runtime.snapshots:
+        raise UserError(f"--last-snapshot: {runtime.title} keeps no config snapshot (it registers no model while it "
+                        "runs): serve with --config, or with --engine torchserve or tsctl")  # fmt: skip
+    if config is not None:
+        raise UserError(f"--config {config} and --last-snapshot both say what to serve: give one of them")
+    where = snapshot_dir(home)
+    found = snapshots.latest(where)
+    if found is None:
+        raise UserError(f"--last-snapshot: {where} holds no config snapshot; a server 'tsctl serve --home {home}' "
+                        "starts writes one as it starts and after each change: serve with --config first")  # fmt: skip
+    return str(found)
 
 
 def require_model(server: "Server", model: str):
@@ -97,13 +116,15 @@ def serve(
     timeout: float = 180,
     progress: Callable[[str], None] = quiet,
     notes: Callable[[str], None] = quiet,
+    last_snapshot: bool = False,
     **flags,
 ) -> "Server":
     """``tsctl serve``: start ``engine`` on ``model_store`` with ``config`` (None: config/config.properties;
     a runtime that can do without one serves every archive in the store when that file is absent);
     ``progress`` hears of each model's state as it changes, ``notes`` of each archive in the store the
     config's snapshot leaves out and of each GPU asked for that this machine does not have, before it starts
-    (an archive the snapshot names but the store lacks is an error)."""
+    (an archive the snapshot names but the store lacks is an error). ``last_snapshot``: the config is the
+    newest config snapshot a server of ``home`` saved (``last_snapshot_config``)."""
     from .. import bounded_log
     from .. import server as servers
     from ..device_notes import device_notes
@@ -111,6 +132,8 @@ def serve(
     chosen = named(engine)
     check_serve_flags(chosen, **flags)
     bounded_log.limits()  # a bad TSCTL_LOG_* is refused before the last run's logs are cleared
+    if last_snapshot:
+        config = last_snapshot_config(chosen, config, home)
     if config is None and (chosen.needs_config or Path(DEFAULT_CONFIG).exists()):
         config = DEFAULT_CONFIG
     if config is not None:

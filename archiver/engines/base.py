@@ -31,6 +31,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 DEFAULT_CONFIG = "config/config.properties"  # tsctl config's output: what serve reads unless told
 
+
+def snapshot_dir(home) -> Path:
+    """Where a server ``tsctl serve`` starts in ``home`` keeps its config snapshots: TorchServe's own place,
+    ``LOG_LOCATION/config`` (serving/snapshots.py)."""
+    return Path(home) / "logs" / "config"
+
 # The optional flags of ``tsctl serve`` that not every runtime takes: option name -> the flag as typed.
 SERVE_FLAGS = {
     "install_deps": "--install-deps",
@@ -77,6 +83,7 @@ class Runtime:
     model_api = False  # its management API can (re)register models: bench --sweep-batch
     protocol = "ts"  # what it natively answers, as verify --protocol names it: ts (/predictions/MODEL), v1, v2
     serve_flags: Tuple[str, ...] = ()  # keys of SERVE_FLAGS it honours
+    snapshots = False  # it writes TorchServe's config snapshots in snapshot_dir(home): serve --last-snapshot
 
     def start(
         self,

@@ -33,6 +33,7 @@ class MLServerRuntime(TsctlRuntime):
     protocol = "v2"
     model_api = False  # MLServer has no TorchServe management API
     serve_flags = ()
+    snapshots = False  # no management API: nothing registered while it runs, no snapshot
     extra = None  # MLServer runs from a Python of its own (--python), checked before it starts
 
     def launch(self, run: Launch, batch_size: Optional[int] = None, max_batch_delay: Optional[int] = None) -> "Server":

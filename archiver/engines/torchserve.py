@@ -18,6 +18,7 @@ class TorchServeRuntime(Runtime):
     help = "torchserve: TorchServe itself (Java 17)."
     model_api = True
     serve_flags = ("install_deps", "enable_model_api", "disable_token_auth")
+    snapshots = True  # TorchServe's own, in LOG_LOCATION/config (HOME/logs/config)
 
     def launch(
         self,

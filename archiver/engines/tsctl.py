@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from ..errors import ServerError, UserError
 from ..output import quiet
-from .base import Launch, Runtime
+from .base import Launch, Runtime, snapshot_dir
 
 if TYPE_CHECKING:  # pragma: no cover
     from serving.ts_config import Frontend, ModelSpec
@@ -45,6 +45,7 @@ class TsctlRuntime(Runtime):
     needs_config = False
     model_api = True  # TorchServe's management API, with --enable-model-api (bench --sweep-batch)
     serve_flags = ("enable_model_api", "disable_token_auth")
+    snapshots = True  # --snapshot_dir HOME/logs/config, as TorchServe's
     extra = "kserve"  # the optional dependencies (pyproject.toml) the engine imports
 
     def launch(
@@ -81,6 +82,7 @@ class TsctlRuntime(Runtime):
         metrics_config = metrics_config or config_metrics(config)  # the engine runs in home, not here
         temp = servers.check_home(home, sockets.socket_below(sockets.ENGINE, sockets.engine_port(len(specs))))
         arguments = ["-m", "serving.engine", "--model_store", str(model_store), "--host", run.host]
+        arguments += ["--snapshot_dir", str(snapshot_dir(home))]
         if config is not None:
             arguments += ["--ts_config", str(config)]
         if disable_token_auth or (config is None and ts_config.default_config(model_store) is None):
