@@ -33,6 +33,7 @@ MARK = r"<!-- (readme-test: ([\w-]+)|not run: [^>]+) -->\n"
 SHELL = re.compile(r"^(%s)?```(sh|bash|shell|console)\n(.*?)^```" % MARK, re.S | re.M)
 FIXED_PORTS = ("8085", "8082")  # TorchServe's addresses in config.properties, as a reader types them
 FIXED_PORTS += ("9100", "9101", "6100", "6101")  # docs/seldon.md's Core 1 units, run locally (HTTP, metrics)
+FIXED_PORTS += ("8090", "8091")  # docs/golden.md's shadow block: the current server and the candidate
 
 
 def shell_blocks() -> list:
@@ -131,7 +132,7 @@ def test_every_shell_block_is_run_or_says_why_not():
 
 def test_every_marked_block_is_run_by_a_test():
     assert set(blocks()) == {
-        "flow", "curl", "torchserve", "engine", "kserve-export", "golden", "own-handler", "minilm",
+        "flow", "curl", "torchserve", "engine", "kserve-export", "golden", "golden-shadow", "own-handler", "minilm",
         "signing", "kserve-engine-export", "seldon-export", "seldon-core1-export", "seldon-core1-local", "mlserver",
         "ts-grpc-stubs",
         "kserve-image-base", "kserve-image", "kserve-image-stop",  # tests/export/test_kserve_image.py
@@ -159,9 +160,10 @@ def test_the_grpc_stubs_generate_as_written(tmp_path):
 
 @pytest.mark.matrix  # tests/cli/test_golden.py and tests/export/ run the same commands in make test
 def test_golden_answers_run_as_written(tmp_path):
-    out = run_blocks(tmp_path, "golden")
+    out = run_blocks(tmp_path, "golden", "golden-shadow")
     assert "2 of 2 golden answers match (in-process" in out, out
     assert re.search(r"2 of 2 golden answers match \(http://127\.0\.0\.1:\d+", out), out
+    assert len(re.findall(r"^agree ", out, re.M)) == 2 and "FAIL" not in out, out  # shadow: the same archive twice
 
 
 @pytest.mark.matrix  # these three in make matrix; make test runs the flow, golden, own-handler and export blocks
@@ -233,7 +235,7 @@ def test_mlserver_runs_as_written(tmp_path):
 READING_ORDER = (
     "flow", "curl", "torchserve", "engine", "kserve-export",  # README.md
     "minilm", "own-handler",  # docs/handlers.md
-    "golden",  # docs/golden.md
+    "golden", "golden-shadow",  # docs/golden.md
     "signing",  # docs/signing.md
     "kserve-engine-export",  # docs/kserve.md
     "seldon-export", "seldon-core1-export", "seldon-core1-local",  # docs/seldon.md
