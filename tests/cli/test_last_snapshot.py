@@ -9,9 +9,6 @@ by its process group (server.json)."""
 
 import contextlib
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,16 +16,9 @@ import torch
 from archiver import properties, server
 from archiver.http_client import request
 from helpers.hostile import build, scripted
-from helpers.paths import ROOT, short_tmp
+from helpers.paths import short_tmp
+from helpers.processes import tsctl
 from serving import snapshots
-
-
-def tsctl(*args, cwd, timeout: float = 300):
-    """``tsctl ARGS`` as its own process: (exit code, stdout, stderr)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "archiver.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=timeout)  # fmt: skip
-    return done.returncode, done.stdout, done.stderr
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,8 @@ by its process group (server.json); about 20 s a runtime."""
 
 import contextlib
 import json
-import os
 import shutil
 import socket
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,15 +17,8 @@ import torch
 from archiver import properties, server
 from helpers.engine import free_ports
 from helpers.hostile import build, scripted
-from helpers.paths import ROOT, short_tmp
-
-
-def tsctl(*args, cwd, timeout: float = 300):
-    """``tsctl ARGS`` as its own process: (exit code, stdout, stderr)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "archiver.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=timeout)  # fmt: skip
-    return done.returncode, done.stdout, done.stderr
+from helpers.paths import short_tmp
+from helpers.processes import tsctl
 
 
 @pytest.fixture(scope="module")

@@ -74,3 +74,13 @@ def kill(pids: List[int]):
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def tsctl(*args, cwd, timeout: float = 300):
+    """``tsctl ARGS`` as its own process, in ``cwd``: (exit code, stdout, stderr)."""
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "archiver.cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=timeout)  # fmt: skip
+    return done.returncode, done.stdout, done.stderr
