@@ -18,7 +18,7 @@ from typing import Dict, Optional
 
 logger = logging.getLogger(__name__)
 
-SNAPSHOT_FILE = re.compile(r"^(\d{17})-\w+\.cfg$")  # TorchServe's name: a local time to the millisecond, a kind
+SNAPSHOT_FILE = re.compile(r"^\d{17}-\w+\.cfg$")  # TorchServe's name: a local time to the millisecond, a kind
 DROPPED = ("model_snapshot", "load_models")  # the models are the snapshot's own
 
 
@@ -73,6 +73,7 @@ class Snapshots:
 
 
 def latest(directory: Path) -> Optional[Path]:
-    """The newest snapshot in ``directory`` by the time its name holds (TorchServe's getLastSnapshot), or None."""
+    """The newest snapshot in ``directory`` by the time its name holds (TorchServe's getLastSnapshot), or None:
+    the names start with that time, at a fixed width, so the greatest name is the newest."""
     found = [p for p in Path(directory).glob("*.cfg") if p.is_file() and SNAPSHOT_FILE.match(p.name)]
-    return max(found, key=lambda p: (SNAPSHOT_FILE.match(p.name).group(1), p.name), default=None)
+    return max(found, key=lambda p: p.name, default=None)
