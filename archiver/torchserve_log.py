@@ -30,7 +30,7 @@ def startup_states(server, registering: str = "extracting") -> Dict[str, str]:
     return states
 
 
-WORKER_DIED = re.compile(r"(Backend worker process died|Load model failed|Failed to load model)")
+RETRY = re.compile(r"WorkerThread - Retry worker: \d+ in \d+ seconds\.")  # once a death (0.9.0 and 0.12.0)
 PY_ERROR = re.compile(r"MODEL_LOG - \s*([A-Za-z_.]*(?:Error|Exception)\b.*)$")
 REGISTRATION_ERROR = re.compile(r"\[ERROR\] main org\.pytorch\.serve\.(?:snapshot|wlm)\.\w+ - (.*)$")
 JAVA_EXCEPTION = re.compile(r"^(?:[a-z]\w*\.)+([A-Z]\w*(?:Exception|Error)): (.+)$")
@@ -57,8 +57,10 @@ def registration_failure(server) -> Optional[str]:
 
 
 def worker_failure(server) -> Optional[str]:
-    """The worker's own error once a worker has died twice (a crash loop), else None."""
-    deaths = sum(bool(WORKER_DIED.search(line)) for line in _log_lines(server.logs / "ts_log.log"))
+    """The worker's own error once workers have died twice (a crash loop), else None. A death is a retry
+    TorchServe schedules: one death logs "died" and "failed" in several lines, before the worker's own
+    error reaches model_log.log; ts_log.log holds each line twice, the time telling deaths apart."""
+    deaths = len({line for line in _log_lines(server.logs / "ts_log.log") if RETRY.search(line)})
     if deaths < 2:
         return None
     return last_python_error(server) or "see the log"

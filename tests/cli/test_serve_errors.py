@@ -4,11 +4,12 @@ real cause from TorchServe's logs (the worker's own error, pip's error, the miss
 import shutil
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
 
-from archiver import properties, server
+from archiver import properties, server, torchserve_log
 from archiver.cli import main
 from archiver.errors import ServerError, UserError
 from helpers.models import package_resnet
@@ -157,3 +158,31 @@ def test_a_home_too_deep_for_a_unix_socket_gets_a_short_temp_that_stop_removes(t
     assert not again.exists() and not (home / "tmp").exists()
     shallow = short_tmp("ts-")
     assert server.check_home(shallow) == shallow / "tmp"  # a short home keeps its own tmp/
+
+
+# What TorchServe 0.12's ts_log.log holds after one death of a worker (copied from a run, each line twice as
+# it writes them): "died" and "failed" several times, the retry once a death.
+WLM = "W-34300-resnet18_1.0 org.pytorch.serve.wlm"
+ONE_DEATH = f"""\
+{{t}},212 [INFO ] W-34300-resnet18_1.0-stdout MODEL_LOG - Backend worker process died.
+{{t}},224 [DEBUG] {WLM}.WorkerThread - Backend worker monitoring thread interrupted or backend worker process died.
+{{t}},245 [WARN ] {WLM}.BatchAggregator - Load model failed: resnet18, error: Worker died.
+{{t}},245 [WARN ] {WLM}.BatchAggregator - Load model failed: resnet18, error: Worker died.
+{{t}},247 [INFO ] {WLM}.WorkerThread - Retry worker: 34300 in 1 seconds.
+{{t}},247 [INFO ] {WLM}.WorkerThread - Retry worker: 34300 in 1 seconds.
+"""
+ERROR = "{t},214 [INFO ] W-34300-resnet18_1.0-stdout MODEL_LOG - ModuleNotFoundError: No module named 'absent'\n"
+
+
+def test_a_crash_loop_is_two_deaths_not_two_lines_of_one(tmp_path):
+    """One death is not a loop yet: its error may still be on its way to model_log.log (a fresh clone's run
+    reported "see the log" for the import error above, the error logged a moment later)."""
+    server = SimpleNamespace(logs=tmp_path)
+    ts_log, model_log = tmp_path / "ts_log.log", tmp_path / "model_log.log"
+    ts_log.write_text(ONE_DEATH.format(t="2026-11-28T15:06:10"))
+    model_log.write_text("")
+    assert torchserve_log.worker_failure(server) is None
+    ts_log.write_text(ts_log.read_text() + ONE_DEATH.format(t="2026-11-28T15:06:11"))
+    assert torchserve_log.worker_failure(server) == "see the log"
+    model_log.write_text(ERROR.format(t="2026-11-28T15:06:10"))
+    assert torchserve_log.worker_failure(server) == "ModuleNotFoundError: No module named 'absent'"
