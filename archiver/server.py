@@ -64,7 +64,7 @@ class Server:
 
     @property
     def logs(self) -> Path:
-        return Path(self.home) / "logs"
+        return logs_of(self.home)
 
     @property
     def metrics_url(self) -> str:
@@ -205,10 +205,15 @@ def check_home(home: Path, socket_below: str = sockets.socket_below()) -> Path:
         raise UserError(f"a server started from {home} is still running (pid {existing.pid}): run 'tsctl stop' first")
     make_directory(home, "--home")  # a file in the way, or no permission: one line
     try:
-        (home / "logs").mkdir(exist_ok=True)
+        logs_of(home).mkdir(exist_ok=True)
         return temp_dir(home, socket_below)
     except OSError as exc:
         raise UserError(f"--home {home}: cannot write there ({exc.strerror}): give a directory you can write") from None
+
+
+def logs_of(home) -> Path:
+    """Where a server started in ``home`` writes its logs (TorchServe's LOG_LOCATION), and its snapshots below."""
+    return Path(home) / "logs"
 
 
 def temp_dir(home: Path, socket_below: str = sockets.socket_below()) -> Path:
@@ -259,7 +264,7 @@ def _launch(
     config, model_store, home, temp, timeout, python, env, install_deps, kserve_args, models, progress, host, port
 ) -> Server:
     """Start TorchServe once (on ``host``, the inference API on ``port``, the rest free ports) and wait for it."""
-    for old in (home / "logs").glob("*.log"):
+    for old in logs_of(home).glob("*.log"):
         old.unlink()
     names = ("inference", "management", "metrics", "grpc_i", "grpc_m")
     ports = dict(zip(names, pick_ports(len(names), port)))
@@ -267,8 +272,8 @@ def _launch(
     run_env.update(
         {
             "TEMP": str(temp),
-            "LOG_LOCATION": str(home / "logs"),
-            "METRICS_LOCATION": str(home / "logs"),
+            "LOG_LOCATION": str(logs_of(home)),
+            "METRICS_LOCATION": str(logs_of(home)),
             "TS_INFERENCE_ADDRESS": f"http://{bind_address(host, ports['inference'])}",
             "TS_MANAGEMENT_ADDRESS": f"http://{bind_address(host, ports['management'])}",
             "TS_METRICS_ADDRESS": f"http://{bind_address(host, ports['metrics'])}",

@@ -35,7 +35,9 @@ DEFAULT_CONFIG = "config/config.properties"  # tsctl config's output: what serve
 def snapshot_dir(home) -> Path:
     """Where a server ``tsctl serve`` starts in ``home`` keeps its config snapshots: TorchServe's own place,
     ``LOG_LOCATION/config`` (serving/snapshots.py)."""
-    return Path(home) / "logs" / "config"
+    from ..server import logs_of
+
+    return logs_of(home) / "config"
 
 # The optional flags of ``tsctl serve`` that not every runtime takes: option name -> the flag as typed.
 SERVE_FLAGS = {
