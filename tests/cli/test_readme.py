@@ -130,12 +130,15 @@ def test_every_shell_block_is_run_or_says_why_not():
     assert not unmarked, "shell blocks marked neither readme-test nor 'not run':\n" + "\n".join(unmarked)
 
 
+IMAGE_BLOCKS = ("kserve-image-base", "kserve-image-settings", "kserve-image", "kserve-image-stop")  # test_kserve_image
+
+
 def test_every_marked_block_is_run_by_a_test():
     assert set(blocks()) == {
         "flow", "curl", "torchserve", "engine", "kserve-export", "golden", "golden-shadow", "own-handler", "minilm",
         "signing", "kserve-engine-export", "seldon-export", "seldon-core1-export", "seldon-core1-local", "mlserver",
         "ts-grpc-stubs",
-        "kserve-image-base", "kserve-image", "kserve-image-stop",  # tests/export/test_kserve_image.py
+        *IMAGE_BLOCKS,
     }  # fmt: skip
 
 
@@ -249,7 +252,7 @@ def test_the_pages_run_in_order_in_one_directory(tmp_path):
     """Each test above runs its blocks in a fresh directory; a reader runs them all in one checkout, each block
     after what the blocks before it left there (model-store/ and config/ with every page's archives, a server
     stopped or not). The same blocks, in the reading order, in one directory."""
-    assert set(READING_ORDER) == set(blocks()) - {"kserve-image-base", "kserve-image", "kserve-image-stop"}
+    assert set(READING_ORDER) == set(blocks()) - set(IMAGE_BLOCKS)
     (tmp_path / "serving").symlink_to(ROOT / "serving")  # ts-grpc-stubs: the checkout's serving/protos
     out = run_blocks(tmp_path, *READING_ORDER, timeout=1200)
     assert len(re.findall(r"kitten\.jpg: 200 ", out)) >= 6, out  # the README's three, signing's two, MLServer's

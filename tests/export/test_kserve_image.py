@@ -1,17 +1,20 @@
 """The tsctl engine's runtime image, built and run for real (``make image-test``; in ``make matrix`` too):
-docs/kserve.md's kserve-image-base, kserve-image and kserve-image-stop blocks as written. A Debian bookworm
-root (debootstrap) imported as the base, the export's recipe built on it with podman, the container run
-with the exported tree at /mnt/models, the runtime's own arguments, envelope, user, capabilities and
-resources; answered with curl, ``tsctl verify --url`` (v1 and v2) and, here, tritonclient over HTTP and
-gRPC, each answer the archive's in-process one. Skipped, saying why, where it cannot run: not root, a
-tool missing, or podman unable to start a container even with tests/helpers/containers.py's settings.
+docs/kserve.md's kserve-image-base, kserve-image-settings, kserve-image and kserve-image-stop blocks as
+written. Debian's tools installed where missing, a Debian bookworm root (debootstrap) imported as the base,
+podman's settings where its defaults cannot start a container, the export's recipe built on the base with
+podman, the container run with the exported tree at /mnt/models, the runtime's own arguments, envelope,
+user, capabilities and resources; answered with curl, ``tsctl verify --url`` (v1 and v2) and, here,
+tritonclient over HTTP and gRPC, each answer the archive's in-process one. Skipped, saying why, where it
+cannot run: not root, no apt-get to install a missing tool, or podman unable to start a container even with
+the settings block's.
 
 The root and the base image are kept in /var/cache/tsctl-image, the image's layers in podman's storage:
 a rerun builds nothing that did not change (the first run: minutes, most of it pip)."""
 
 import json
+import os
 import re
-import socket
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import containers, grpc_client
+from helpers import grpc_client
 from helpers.hostile import assert_close
 from serving.testing import LocalModel
 
@@ -27,14 +30,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
 from test_readme import run_blocks  # noqa: E402 - the docs' block runner, beside it
 
 CONTAINER = "tsctl-vision"  # the blocks' container name
+CONF = Path("/var/cache/tsctl-image/containers.conf")  # kserve-image-settings' file, where podman needs one
+TOOLS = ("podman", "runc", "debootstrap", "curl")  # what kserve-image-base installs where one is missing
 
 
-def reachable(host: str) -> bool:
-    try:
-        socket.getaddrinfo(host, 443)
-        return True
-    except OSError:
-        return False
+def missing() -> str:
+    """Why the blocks cannot run here at all (not root; a tool missing and no apt-get to install it), or ''."""
+    if os.geteuid() != 0:
+        return "needs root: apt-get, debootstrap, chroot and rootful podman (docs/kserve.md)"
+    absent = [tool for tool in TOOLS if shutil.which(tool) is None]
+    if absent and shutil.which("apt-get") is None:
+        return f"{', '.join(absent)} not installed, and no apt-get to install them"
+    return ""
 
 
 def port(number: int) -> str:
@@ -46,20 +53,18 @@ def port(number: int) -> str:
 @pytest.mark.matrix
 @pytest.mark.timeout(5400)
 def test_the_runtime_image_serves_the_export_as_kserve_runs_it(tmp_path, monkeypatch):
-    why = containers.missing()
+    why = missing()
     if why:
         pytest.skip(why)
     repository = tmp_path / "repo"
     repository.mkdir()
     print(run_blocks(repository, "kserve-image-base", timeout=1800))  # debootstrap and import: once per machine
-    conf, tried = containers.settings()
-    if tried and conf is None:
-        pytest.skip("podman cannot start a container here: " + "; ".join(tried))
-    if conf is not None:
-        print(f"{tried[0]}: CONTAINERS_CONF={conf}")
-        monkeypatch.setenv("CONTAINERS_CONF", str(conf))
-    if not reachable("download.pytorch.org"):  # torch's CPU index: pip then takes PyPI's (CUDA) torch
-        monkeypatch.setenv("TORCH_INDEX", "https://pypi.org/simple")
+    try:
+        print(run_blocks(repository, "kserve-image-settings", timeout=600))
+    except AssertionError as failed:  # podman's last words with the settings too
+        pytest.skip(f"podman cannot start a container here: {str(failed).strip().splitlines()[-1]}")
+    if CONF.exists():  # as the blocks give it to podman, for this test's own podman calls
+        monkeypatch.setenv("CONTAINERS_CONF", str(CONF))
     subprocess.run(["podman", "rm", "-f", CONTAINER], capture_output=True, timeout=120)  # a failed run's
     try:
         out = run_blocks(repository, "kserve-image", timeout=3600)
