@@ -181,9 +181,7 @@ def run(
     from handlers import identity
     from handlers.archives import opened
 
-    with opened(archive) as archive:  # the archive read once: record, config, files
-        for note in config_notes(archive):
-            progress(note)
+    with opened(archive) as archive:  # the archive read once: record, config, files (its notes: the caller's)
         raw = identity.read(archive) is not None  # a toolkit handler: served with decode_input_request=false
         device = worker_gpu(gpu, archive)
         progress(f"loading {archive.path.name}" + (f" on GPU {device}" if device >= 0 else ""))

@@ -318,3 +318,24 @@ def test_run_takes_the_model_config_keys_as_the_engine_does(tmp_path):
             assert result.exit_code == 0, result.output
             assert lines == [f"note: {archive}'s model-config.yaml: useJobTicket: True is not done by the tsctl "
                              "engine: requests wait in the job queue when every worker is busy, not refused at once"]
+            # at a terminal, where progress lines show too: the note still once, not again as progress
+            shown = at_a_terminal(["run", str(archive), str(tmp_path / "prompt.json")], cwd=tmp_path)
+            assert shown.count("is not done by the tsctl engine") == 1, shown
+
+
+def at_a_terminal(args, cwd: Path) -> str:
+    """What ``tsctl ARGS`` writes on stderr when its stdout is a terminal (a pseudo-terminal here)."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    controller, terminal = pty.openpty()
+    try:
+        done = subprocess.run([str(Path(sys.executable).parent / "tsctl"), *args], cwd=cwd, stdout=terminal,
+                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, timeout=300)  # fmt: skip
+    finally:
+        os.close(terminal)
+        os.close(controller)
+    assert done.returncode == 0, done.stderr
+    return done.stderr
