@@ -476,7 +476,8 @@ async def serve(engine: Engine, args, where: listeners.Plan) -> int:
     if engine.frontend.token_authorization and engine.tokens is None:
         engine.tokens = Tokens(engine.frontend.token_expiration_min)  # key_file.json where the engine runs
     rest = where.rest
-    servers = [engine_http.server(build_app(engine, it.role, where), it.host, it.port,
+    shared = engine_http.Shared(engine_http.max_connections())  # every listener's connections and heads, together
+    servers = [engine_http.server(build_app(engine, it.role, where), it.host, it.port, shared,
                                   send_timeout=engine.body_idle_timeout) for it in rest]  # fmt: skip
     stopping = asyncio.Event()
 

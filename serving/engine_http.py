@@ -24,11 +24,17 @@
   (``BoundedHttp.pause_writing``); memory freed goes back to the system (``return_freed_memory`` in
   engine.py): 12 clients not reading 15 MB answers no longer hold 180 MB for as long as they keep
   their sockets open.
-- **Connections** at once: at most ``max_connections()`` (below the process's open-file limit, so
-  that the workers can always be restarted), a client address its share of them
-  (``body_limit.CLIENT_SHARE``: above a quarter only while a quarter stays free); a connection past
-  either is answered 503 and closed as it opens (``BoundedHttp.connection_made``), so one client
-  holding a thousand slow connections cannot keep the others out.
+- **Connections** at once: at most ``max_connections()`` on all the engine's HTTP listeners together
+  (below the process's open-file limit, which they share, so that the workers can always be restarted),
+  a client address its share of them (``body_limit.CLIENT_SHARE``: above a quarter only while a quarter
+  stays free); a connection past either is answered 503 and closed as it opens
+  (``BoundedHttp.connection_made``), so one client holding a thousand slow connections cannot keep the
+  others out. Each listener had a budget of its own: 3,072 connections from one address on each of three
+  listeners, each sending a 62 KiB head slowly, OOM-killed an engine in a 1.5 GiB group in 22 s.
+- **Request heads in flight**: the bytes of the heads not yet complete, on every connection of every
+  listener together, at most ``HEAD_BYTES_IN_FLIGHT`` (a client its share); a head that would go past
+  it is answered 503 and its connection closed (``BoundedHttp.data_received``). ``MAX_HEAD_BYTES``
+  bounds one head; this bounds them all (``Shared``: one of each budget for the listeners of an engine).
 - **Stopping**: no signal handling of uvicorn's own (the engine stops on SIGTERM/SIGINT itself and
   ends its workers; uvicorn would re-raise the signal once stopped), and at most
   ``SHUTDOWN_GRACE`` seconds for the requests in flight.
@@ -47,12 +53,21 @@ from .body_limit import BODY_IDLE_TIMEOUT, Budget, client_of
 from .engine_stream import ABORT
 
 MAX_HEAD_BYTES = 64 << 10
+HEAD_BYTES_IN_FLIGHT = 32 << 20  # every unfinished head of every connection together (about 512 of the largest)
 MAX_HEADERS = 256  # header lines a request
 MAX_PIPELINED = 16  # requests a connection may send ahead, waiting behind the one being answered
 HEAD_TIMEOUT = 30.0  # s
 SHUTDOWN_GRACE = 30  # s
 END_OF_HEAD = b"\r\n\r\n"
 HEADER_NAMES = "tsctl.header_names"  # in a request's scope: lower-cased name -> the name as the client spelled it
+
+
+class Shared:
+    """What the HTTP listeners of one engine count together (one event loop: no lock): its connections
+    and the bytes of its unfinished request heads."""
+
+    def __init__(self, connections: int, head_bytes: int = HEAD_BYTES_IN_FLIGHT):
+        self.connections, self.head_bytes = Budget(connections), Budget(head_bytes)
 
 
 class TooMany(Exception):
@@ -66,7 +81,8 @@ class BoundedHttp(HttpToolsProtocol):
 
     send_timeout = BODY_IDLE_TIMEOUT  # s (server() sets the engine's --body_idle_timeout)
     send_timer = None
-    connection_budget = Budget(4096)  # the server's connections (server() makes its own; uvicorn has ``connections``)
+    shared = Shared(4096)  # the engine's connections and head bytes (server() gives them; uvicorn has ``connections``)
+    head_held = 0  # bytes of this connection's unfinished head counted in ``shared.head_bytes``
     client_address, counted = "", False  # uvicorn has ``client``: the (host, port) in the scope
     refusal = None  # (status, reason, kind, message) of a request stopped in a parser callback
     dropping = False  # the rest of what the connection sends is dropped (it sent too many requests ahead)
@@ -74,7 +90,7 @@ class BoundedHttp(HttpToolsProtocol):
     def connection_made(self, transport):
         super().connection_made(transport)
         self.client_address = client_of(transport.get_extra_info("peername"))
-        self.counted = self.connection_budget.take(1, self.client_address)
+        self.counted = self.shared.connections.take(1, self.client_address)
         if not self.counted:
             return self._refuse_connection()
         self._begin_head()
@@ -97,6 +113,10 @@ class BoundedHttp(HttpToolsProtocol):
             room = MAX_HEAD_BYTES - self.head_bytes
             if len(data) > room and END_OF_HEAD not in self.head_tail + data[: max(room, 0) + len(END_OF_HEAD)]:
                 return self._refuse_head()
+            counted = min(len(data), max(room, 0))
+            if not self.shared.head_bytes.take(counted, self.client_address):
+                return self._refuse_heads_in_flight(counted)
+            self.head_held += counted
             self.head_bytes += len(data)
             self.head_tail = data[-(len(END_OF_HEAD) - 1) :]
         super().data_received(data)
@@ -122,14 +142,16 @@ class BoundedHttp(HttpToolsProtocol):
             raise TooMany()  # the requests queued are answered, then the connection closes (send_400_response)
         self.in_head = False
         self._cancel_head_timer()
+        self._give_head()
         self.scope[HEADER_NAMES] = {low.decode("latin-1"): name.decode("latin-1") for low, name in self.names.items()}
         self.scope[ABORT] = self.transport.close  # a streamed answer that fails midway ends so (engine_stream.cut)
         super().on_headers_complete()
 
     def connection_lost(self, exc) -> None:
         if self.counted:
-            self.connection_budget.give(1, self.client_address)
+            self.shared.connections.give(1, self.client_address)
             self.counted = False
+        self._give_head()
         self._cancel_head_timer()
         self._cancel_send_timer()
         super().connection_lost(exc)
@@ -162,6 +184,11 @@ class BoundedHttp(HttpToolsProtocol):
             self.send_timer.cancel()
         self.send_timer = None
 
+    def _give_head(self):
+        if self.head_held:
+            self.shared.head_bytes.give(self.head_held, self.client_address)
+            self.head_held = 0
+
     def _head_too_slow(self):
         self.head_timer = None
         if self.in_head and not self.transport.is_closing():
@@ -171,8 +198,13 @@ class BoundedHttp(HttpToolsProtocol):
         message = f"the request line and headers are above {MAX_HEAD_BYTES:,} bytes"
         self._refuse(431, "Request Header Fields Too Large", "RequestHeaderFieldsTooLarge", message)
 
+    def _refuse_heads_in_flight(self, size: int):
+        held = self.shared.head_bytes.why(size, self.client_address)
+        message = f"too many request heads in flight: {held} bytes (HEAD_BYTES_IN_FLIGHT): retry later"
+        self._refuse(503, "Service Unavailable", "ServiceUnavailableException", message)
+
     def _refuse_connection(self):
-        held = self.connection_budget.why(1, self.client_address)
+        held = self.shared.connections.why(1, self.client_address)
         message = f"too many connections: {held} (max_connections(), from the open-file limit): close one first"
         self._refuse(503, "Service Unavailable", "ServiceUnavailableException", message)
 
@@ -185,6 +217,7 @@ class BoundedHttp(HttpToolsProtocol):
         )
         self.in_head = False
         self._cancel_head_timer()
+        self._give_head()
         self.transport.write(head.encode("ascii") + body.encode("utf-8"))
         self.transport.close()
 
@@ -197,12 +230,14 @@ def max_connections() -> int:
     return max(16, min(4096, soft - 128))
 
 
-def server(app, host: str, port: int, send_timeout: float = BODY_IDLE_TIMEOUT) -> uvicorn.Server:
+def server(app, host: str, port: int, shared: Shared, send_timeout: float = BODY_IDLE_TIMEOUT) -> uvicorn.Server:
+    """A listener of the engine; ``shared``: what it counts with the engine's other listeners."""
+
     class Protocol(BoundedHttp):
         pass
 
     Protocol.send_timeout = send_timeout
-    Protocol.connection_budget = Budget(max_connections())
+    Protocol.shared = shared
 
     class Server(uvicorn.Server):
         @contextlib.contextmanager

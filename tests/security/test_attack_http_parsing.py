@@ -29,7 +29,7 @@ import pytest
 from helpers.cgroups import peak_rss, reset_peak
 from helpers.engine import Engine, received
 from helpers.engine_limits import engine_in_cgroup, limits_tree
-from serving.engine_http import MAX_HEADERS, MAX_PIPELINED
+from serving.engine_http import HEAD_BYTES_IN_FLIGHT, MAX_HEADERS, MAX_PIPELINED
 
 GROUP_LIMIT = 2 << 30
 BOUND = 128 << 20  # --max_inflight_bytes
@@ -168,4 +168,46 @@ def test_one_client_holding_connections_leaves_the_others_theirs(few_files):
     print(f"{limit + 40} connections from one client: {refused} refused; the other's {len(mine)} all answered")
     assert refused == limit + 40 - (limit - limit // 4), refused  # it kept three quarters of them
     assert all(answer.startswith(b"HTTP/1.1 200") for answer in answers), [a[:60] for a in answers]
+    assert [w["pid"] for w in engine.workers("other")] == workers
+
+
+def test_unfinished_heads_on_many_connections_are_bounded_together(engine):
+    """An outsider's attack (#43): thousands of connections, each sending a head of 62 KiB (under
+    MAX_HEAD_BYTES) slowly and never finishing it, OOM-killed an engine in a 1.5 GiB group in 22 s: one head
+    was bounded, all of them were not. Now their bytes count against HEAD_BYTES_IN_FLIGHT, of which one
+    client (127.0.0.2) holds three quarters at most: past it, 503 and the connection closed; a neighbour
+    is answered, the engine's memory grows by a bounded amount, its workers unchanged."""
+    line = b"X-Pad: " + b"a" * 240 + b"\r\n"
+    head = b"POST /predictions/other HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n" + line * 240  # no end
+    per_head = len(head)
+    count = HEAD_BYTES_IN_FLIGHT // per_head + 200  # more than all of it could hold
+    workers = [w["pid"] for w in engine.workers("other")]
+    base = reset_peak(engine.process.pid)
+    socks = []
+    try:
+        for _ in range(count):
+            sock = socket.create_connection(("127.0.0.1", engine.http), timeout=10, source_address=("127.0.0.2", 0))
+            sock.sendall(head)
+            socks.append(sock)
+        time.sleep(2)
+        refused = 0
+        for sock in socks:
+            sock.setblocking(False)
+            try:
+                answer = sock.recv(4096)
+            except BlockingIOError:
+                continue
+            assert answer.startswith(b"HTTP/1.1 503") and b"too many request heads in flight" in answer, answer[:300]
+            refused += 1
+        status, seconds = neighbour(engine)
+        grown = peak_rss(engine.process.pid) - base
+    finally:
+        for sock in socks:
+            sock.close()
+    held = count - refused
+    print(f"{count} unfinished heads of {per_head:,} bytes: {held} held, {refused} refused, +{grown >> 20} MiB")
+    assert held * per_head <= HEAD_BYTES_IN_FLIGHT * 3 // 4 + per_head, held  # the client's three quarters at most
+    assert refused >= count - HEAD_BYTES_IN_FLIGHT * 3 // 4 // per_head - 1, refused
+    assert status == 200 and seconds < 30, (status, seconds)
+    assert grown < 3 * HEAD_BYTES_IN_FLIGHT, grown >> 20
     assert [w["pid"] for w in engine.workers("other")] == workers
