@@ -31,6 +31,13 @@ must arrive whole within ``body_limit.READ_TIMEOUTS`` x --body_idle_timeout of b
 clients' reads out, and a ``StreamPredictions2`` call waiting for its next request holds a
 reservation with no deadline (idle streams are bounded by the reads' budget). Counting the bytes as
 they arrive, as REST does, needs a gRPC server whose HTTP/2 layer shows each DATA frame.
+
+Connections: each gRPC server takes at most ``connections()`` at once (gRPC core's
+``grpc.max_allowed_incoming_connections``: one past it is closed as it opens), a quarter of the HTTP
+listeners' ``max_connections()``. gRPC had no bound (an outsider's attack, #43: 3,000 HTTP/2 connections
+on each of the three gRPC ports, each a HEADERS frame never ended, about 110 KB each, OOM-killed an engine
+in a 1.5 GiB group in 30 s). gRPC counts them per server and not per client: one client can hold a
+server's connections (its other clients then connect over REST), not the engine's memory.
 """
 
 import asyncio
@@ -40,6 +47,7 @@ from typing import Optional
 import grpc
 
 from .body_limit import READ_TIMEOUTS, Budget, client_of
+from .engine_http import max_connections
 
 OPTIONS = [("grpc.http2.bdp_probe", 0)]  # a stream's window stays 64 KiB until its message is asked for
 
@@ -54,9 +62,18 @@ def refusal(code: grpc.StatusCode, details: str) -> grpc.RpcMethodHandler:
     return grpc.stream_unary_rpc_method_handler(refuse)
 
 
+def connections() -> int:
+    """The connections one gRPC server of the engine takes at once (module docstring)."""
+    return max(16, max_connections() // 4)
+
+
 def server_options(max_message: int) -> list:
-    """The options of a gRPC server whose messages are read through ``Counted``."""
-    return [("grpc.max_receive_message_length", max_message)] + OPTIONS
+    """The options of a gRPC server whose messages are read through ``Counted``, its connections bounded."""
+    return [
+        ("grpc.max_receive_message_length", max_message),
+        ("grpc.max_allowed_incoming_connections", connections()),
+        *OPTIONS,
+    ]
 
 
 def counted(engine, limit: int) -> "Counted":

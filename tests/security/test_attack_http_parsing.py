@@ -211,3 +211,42 @@ def test_unfinished_heads_on_many_connections_are_bounded_together(engine):
     assert status == 200 and seconds < 30, (status, seconds)
     assert grown < 3 * HEAD_BYTES_IN_FLIGHT, grown >> 20
     assert [w["pid"] for w in engine.workers("other")] == workers
+
+
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # and an empty SETTINGS
+
+
+def test_each_grpc_server_takes_a_bounded_number_of_connections(few_files):
+    """gRPC had no bound on connections (#43: 3,000 on each of three gRPC ports, each an HTTP/2 head never
+    ended, OOM-killed an engine in 30 s). Now each gRPC server takes grpc_reading.connections() (32 at
+    256 open files): past them, a connection is closed as it opens; REST is still answered."""
+    engine, cap = few_files, max(16, max(16, OPEN_FILES - 128) // 4)  # grpc_reading.connections() there
+    workers = [w["pid"] for w in engine.workers("other")]
+    for port in (engine.grpc, engine.ts_grpc, engine.ts_grpc_management):
+        socks = []
+        try:
+            for _ in range(cap + 20):
+                sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+                sock.sendall(HTTP2_PREFACE)
+                socks.append(sock)
+            time.sleep(1)
+            closed = sum(closed_by_the_server(sock) for sock in socks)
+            status, _ = neighbour(few_files)
+        finally:
+            for sock in socks:
+                sock.close()
+        assert closed == 20, (port, closed)
+        assert status == 200
+    assert [w["pid"] for w in engine.workers("other")] == workers
+
+
+def closed_by_the_server(sock: socket.socket) -> bool:
+    sock.setblocking(False)
+    try:
+        while sock.recv(1 << 16):
+            pass
+        return True  # the end of the stream
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
