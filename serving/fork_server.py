@@ -47,7 +47,7 @@ and ``LocalModel``'s server does not (one start, and the imports would take the 
 it forks stays below it even once it double-forks and leaves its session (``setsid``): ``end_tree`` ends
 the worker with everything below it. The server is a subreaper too: what a worker leaves when it dies on
 its own (killed by the OOM killer, ``os._exit``) is reparented to the server, which ends every child it
-did not fork as each worker's exit is reported (``sweep``).
+did not fork as each worker's exit is reported, and everything when its client closes it (``sweep``).
 
 The server reaps its children and reports each exit status; a fork the kernel refuses (a pids limit
 reached) fails that start alone, with the OSError a spawn would raise. ``ForkedProcess`` offers what
@@ -100,6 +100,8 @@ EXTRAS = (
 )
 SETTLE = 30.0  # s without a request before the server imports the first extra (a cold start's come at once)
 IDLE = 1.0  # s without a request before it imports each next one
+CLOSE_GRACE = 5.0  # s a closed server has to end what is left below it before it is killed
+SWEEPS = 100  # readings of the children at most, until one finds no stray (``sweep``)
 MESSAGE = 1 << 20  # bytes of one request or reply, at most
 RE_READ = ("PYTHONPATH", "TMPDIR", "TEMP", "TMP")  # read by each forked child again
 MAX_SERVERS = 3  # fork servers one process keeps, one per start environment
@@ -249,12 +251,18 @@ class ForkServer:
         self.process.wait()
 
     def close(self):
-        """End the server (its workers are not its group: each is ended by its owner)."""
-        self._end_process()
+        """End the server: its end of the socket closed first, it ends every child left (``sweep``) and
+        exits; killed if it has not within CLOSE_GRACE s (its workers are not its group: each is ended by
+        its owner, and dies with the server)."""
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+        try:
+            self.process.wait(CLOSE_GRACE)
+        except subprocess.TimeoutExpired:
+            pass
+        self._end_process()
         self.sock.close()
 
 
@@ -312,49 +320,52 @@ def serve(sock: socket.socket, extras: List[str], settle: float = SETTLE):
     wait = settle  # then IDLE between the extras
     import select
 
-    while True:
-        ready, _, _ = select.select([sock, wakeup_read], [], [], wait if extras else None)
-        if not ready:  # idle: the next of the modules workers often import
-            preload(extras.pop(0))
-            wait = IDLE
-            continue
-        if wakeup_read in ready:
-            os.read(wakeup_read, 4096)
-            if report_exits(sock, forked):
-                sweep(server, forked)
-        if sock in ready:
-            try:
-                raw, fds, _, _ = socket.recv_fds(sock, MESSAGE, 2)
-            except ConnectionResetError:
-                return
-            if not raw:
-                return
-            request = json.loads(raw)
-            found = shadowed(request["env"], request["cwd"])
-            if found:  # the worker's own would be shadowed by the server's: it is spawned instead
+    try:
+        while True:
+            ready, _, _ = select.select([sock, wakeup_read], [], [], wait if extras else None)
+            if not ready:  # idle: the next of the modules workers often import
+                preload(extras.pop(0))
+                wait = IDLE
+                continue
+            if wakeup_read in ready:
+                os.read(wakeup_read, 4096)
+                if report_exits(sock, forked):
+                    sweep(server, forked)
+            if sock in ready:
+                try:
+                    raw, fds, _, _ = socket.recv_fds(sock, MESSAGE, 2)
+                except ConnectionResetError:
+                    return
+                if not raw:
+                    return
+                request = json.loads(raw)
+                found = shadowed(request["env"], request["cwd"])
+                if found:  # the worker's own would be shadowed by the server's: it is spawned instead
+                    for fd in fds:
+                        os.close(fd)
+                    sock.send(json.dumps({"shadowed": found}).encode("utf-8"))
+                    continue
+                try:
+                    pid = os.fork()
+                except OSError as exc:  # no process to be had (a pids limit reached): this start fails as a spawn would
+                    reply = {"errno": exc.errno, "error": exc.strerror}
+                else:
+                    if pid == 0:
+                        for fd in (sock.fileno(), wakeup_read, wakeup_write):
+                            os.close(fd)
+                        die_with(server)
+                        os._exit(become_worker(request, *fds))
+                    try:
+                        os.setpgid(pid, pid)  # as the child does: its group exists before its pid is known
+                    except OSError:  # it has set it, or already ended
+                        pass
+                    forked.add(pid)
+                    reply = {"pid": pid}
                 for fd in fds:
                     os.close(fd)
-                sock.send(json.dumps({"shadowed": found}).encode("utf-8"))
-                continue
-            try:
-                pid = os.fork()
-            except OSError as exc:  # no process to be had (a pids limit reached): this start fails, as a spawn would
-                reply = {"errno": exc.errno, "error": exc.strerror}
-            else:
-                if pid == 0:
-                    for fd in (sock.fileno(), wakeup_read, wakeup_write):
-                        os.close(fd)
-                    die_with(server)
-                    os._exit(become_worker(request, *fds))
-                try:
-                    os.setpgid(pid, pid)  # as the child does: its group exists before its pid is known
-                except OSError:  # it has set it, or already ended
-                    pass
-                forked.add(pid)
-                reply = {"pid": pid}
-            for fd in fds:
-                os.close(fd)
-            sock.send(json.dumps(reply).encode("utf-8"))
+                sock.send(json.dumps(reply).encode("utf-8"))
+    finally:  # the client has gone (the engine stops): nothing the server forked, or a worker left, outlives it
+        sweep(server, set())
 
 
 def preload(name: str):
@@ -389,9 +400,15 @@ def report_exits(sock: socket.socket, forked: set) -> bool:
 
 def sweep(server: int, forked: set):
     """End every child of the server that it did not fork, and what is below it: what a worker that has
-    ended left (reparented to the server, its subreaper, before the worker's exit is reported)."""
-    for pid in children(server):
-        if pid not in forked:
+    ended left (reparented to the server, its subreaper, before the worker's exit is reported), or what a
+    handler made a sibling of its worker (clone with CLONE_PARENT). The children are read again until a
+    reading finds none: one that clones a new sibling and exits as it is read leaves another each time (an
+    outsider's attack, #43: such a process outlived its worker 1 time in 3, and its model's unregister)."""
+    for _ in range(SWEEPS):
+        strays = [pid for pid in children(server) if pid not in forked]
+        if not strays:
+            return
+        for pid in strays:
             end_tree(pid)
 
 

@@ -58,6 +58,31 @@ def daemon(path):
     return open(path).read()
 
 
+HOP = """
+import ctypes, os, sys, time
+libc = ctypes.PyDLL(None)
+os.setsid()
+open(sys.argv[1], "w").close()
+while True:  # a new pid every 5 ms: clone a sibling (the same parent), then exit
+    time.sleep(0.005)
+    if libc.syscall(56, 0x8000 | 17, 0, 0, 0, 0) > 0:  # SYS_clone, CLONE_PARENT | SIGCHLD
+        os._exit(0)
+"""
+
+
+def sibling(path):
+    """A process made a sibling of the worker (clone with CLONE_PARENT: its parent is the worker's), that
+    leaves the worker's session and keeps changing its pid: it runs HOP once it has written ``path``."""
+    import ctypes, sys
+
+    child = ctypes.PyDLL(None).syscall(56, 0x8000 | 17, 0, 0, 0, 0)
+    if child == 0:
+        os.execv(sys.executable, [sys.executable, "-c", HOP, path])
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    return child
+
+
 def handle(data, context):
     if data is None:
         if context.model_name.startswith("fat"):
@@ -69,6 +94,8 @@ def handle(data, context):
         words = (bytes(body).decode() if isinstance(body, (bytes, bytearray)) else str(body)).split()
         if words[0] == "daemon":
             answers.append({"daemon": daemon(words[1]), "pid": os.getpid()})
+        elif words[0] == "sibling":
+            answers.append({"sibling": sibling(words[1]), "pid": os.getpid()})
         elif words[0] == "exit":
             os._exit(3)
         elif words[0] == "sleep":
@@ -276,3 +303,21 @@ def test_a_scale_down_ends_its_idle_workers_at_once(engine):
         assert [f.result()[0] for f in sleeping] == [200, 200]
     assert not gone_within(everyone - kept, 10), "a retired worker outlived its batch"
     assert len(kept) == 1 and all(alive(p) for p in kept)
+
+
+def test_a_sibling_a_handler_makes_of_its_worker_ends_with_the_engine(tree, tmp_path):
+    """An outsider's attack (#43): a handler's clone(CLONE_PARENT) child is the fork server's child, not the
+    worker's; once it left the worker's session and hopped to a new pid every 5 ms, it outlived its worker 1
+    time in 3, its model's unregister, and the engine's stop (the fork server was killed before it could end
+    its children). Now the fork server reads its children again until none is left, and ends them before it
+    exits; its client gives it CLOSE_GRACE s to. An engine of its own: nothing of it is left in its cgroup."""
+    with engine_in_cgroup(tree, GROUP_LIMIT) as running:
+        cgroup = running.cgroup
+        status, body = say(running, f"sibling {tmp_path / 'hopping'}")
+        assert status == 200, body
+        assert (tmp_path / "hopping").exists()
+    time.sleep(1)
+    left = live(cgroup)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes of the engine outlived it in its cgroup: {left}"
