@@ -133,27 +133,35 @@ def few_files(tmp_path_factory):
         assert running.stop() == 0
 
 
+def refusals(socks, why: bytes) -> int:
+    """How many of ``socks`` the engine answered 503 for ``why`` (any other answer fails); the others
+    have had no answer."""
+    refused = 0
+    for sock in socks:
+        sock.setblocking(False)
+        try:
+            answer = sock.recv(4096)
+        except BlockingIOError:
+            continue
+        assert answer.startswith(b"HTTP/1.1 503") and why in answer, answer[:300]
+        refused += 1
+    return refused
+
+
 def test_one_client_holding_connections_leaves_the_others_theirs(few_files):
     """One client (127.0.0.2) opens more connections than the engine serves, each a head begun and never
     finished: past its share, while a quarter stays free, each is answered 503 as it opens and closed;
     another client (127.0.0.1) still connects and is answered, and its own connections are never refused."""
     engine, limit = few_files, max(16, OPEN_FILES - 128)  # engine_http.max_connections() in the engine
     workers = [w["pid"] for w in engine.workers("other")]
-    held, refused = [], 0
+    held = []
     try:
         for _ in range(limit + 40):
             sock = socket.create_connection(("127.0.0.1", engine.http), timeout=10, source_address=("127.0.0.2", 0))
             sock.sendall(b"GET /ping HTTP/1.1\r\n")  # a head begun: the connection stays until HEAD_TIMEOUT
             held.append(sock)
         time.sleep(1)
-        for sock in held:
-            sock.setblocking(False)
-            try:
-                answer = sock.recv(4096)
-            except BlockingIOError:
-                continue
-            assert answer.startswith(b"HTTP/1.1 503") and b"too many connections" in answer, answer[:300]
-            refused += 1
+        refused = refusals(held, b"too many connections")
         mine = [connect(engine) for _ in range(limit // 4)]  # the other client's share, all at once
         try:
             for sock in mine:
@@ -190,15 +198,7 @@ def test_unfinished_heads_on_many_connections_are_bounded_together(engine):
             sock.sendall(head)
             socks.append(sock)
         time.sleep(2)
-        refused = 0
-        for sock in socks:
-            sock.setblocking(False)
-            try:
-                answer = sock.recv(4096)
-            except BlockingIOError:
-                continue
-            assert answer.startswith(b"HTTP/1.1 503") and b"too many request heads in flight" in answer, answer[:300]
-            refused += 1
+        refused = refusals(socks, b"too many request heads in flight")
         status, seconds = neighbour(engine)
         grown = peak_rss(engine.process.pid) - base
     finally:
