@@ -48,15 +48,21 @@ class NotARegularFile(OSError):
     """A path that is a directory, a device or a pipe where a file's bytes were wanted."""
 
 
-def read_regular(path: PathLike, size: int) -> bytes:
-    """At most ``size`` bytes of ``path``, a regular file: opened without blocking, so a pipe raises
-    NotARegularFile instead of being waited on (as does a directory or a device); OSError when it
-    cannot be opened. For files a user names on the command line (key files, package's inputs)."""
+def open_regular(path: PathLike):
+    """``path`` opened for reading, a regular file: opened without blocking and checked once open, so a
+    pipe raises NotARegularFile instead of being waited on (as does a directory or a device), even one
+    swapped in since the path was last looked at; OSError when it cannot be opened."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a directory its own way
         os.close(fd)
         raise NotARegularFile(path)
-    with os.fdopen(fd, "rb") as f:
+    return os.fdopen(fd, "rb")
+
+
+def read_regular(path: PathLike, size: int) -> bytes:
+    """At most ``size`` bytes of ``path``, a regular file (``open_regular``). For files a user names on the
+    command line (key files, package's inputs)."""
+    with open_regular(path) as f:
         return f.read(size)
 
 
@@ -103,7 +109,9 @@ class Archive:
         if not path.is_file():
             raise ArchiveError(f"{path} is not a regular file: give a .mar, .tar.gz or model directory")
         try:
-            self._file = open(path, "rb")
+            self._file = open_regular(path)
+        except NotARegularFile:  # replaced since the check above (a pipe would block the open for ever)
+            raise ArchiveError(f"{path} is not a regular file: give a .mar, .tar.gz or model directory") from None
         except OSError as exc:
             raise ArchiveError(f"{path} cannot be read ({exc.strerror or exc}): check its permissions") from None
         try:

@@ -121,3 +121,41 @@ def test_startup_from_a_snapshot_or_the_store_alone_refuses_the_link(tree, tmp_p
     assert [spec.archive.name for spec in specs] == ["echo.mar"]
     notes = " ".join(frontend.notes)
     assert "evil.mar is a link" in notes and "evil_dir is a link" in notes, notes
+
+
+
+def test_an_entry_swapped_for_a_pipe_is_refused_not_waited_on(tmp_path, monkeypatch):
+    """An outsider's attack (#43): a store entry swapped, again and again, between an empty file and a FIFO.
+    The archive was checked as a regular file, then opened by its path: one open in 20 met the FIFO and
+    blocked for ever, holding the engine's management lock (every later register and scale timed out;
+    SIGTERM waited behind it). The swap landing between the check and the open is made certain here: the
+    check is told the FIFO is a file. Now the open does not block, and what was opened must be a regular
+    file: refused at once."""
+    import os
+    import threading
+    from pathlib import Path as FsPath
+
+    from handlers.archives import Archive, ArchiveError
+
+    pipe = tmp_path / "y.mar"
+    os.mkfifo(pipe)
+    really = FsPath.is_file
+    monkeypatch.setattr(FsPath, "is_file", lambda path: path == pipe or really(path))  # it was a file when checked
+    outcome = []
+
+    def open_it():
+        try:
+            Archive(pipe).close()
+            outcome.append("opened")
+        except ArchiveError as exc:
+            outcome.append(str(exc))
+
+    opener = threading.Thread(target=open_it, daemon=True)
+    opener.start()
+    opener.join(20)
+    hung = opener.is_alive()
+    if hung:  # a writer unblocks the open, so that the thread ends
+        os.close(os.open(pipe, os.O_WRONLY | os.O_NONBLOCK))
+        opener.join(10)
+    assert not hung, "the open waited on the pipe"
+    assert outcome == [f"{pipe} is not a regular file: give a .mar, .tar.gz or model directory"], outcome
