@@ -535,9 +535,9 @@ def test_a_few_big_stored_or_deflated_entries_cost_a_millisecond(tmp_path):
     with zipfile.ZipFile(archive, "w") as z:  # 6 entries of 8 MB: the check reads headers only
         for index, method in enumerate([zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED] * 3):
             z.writestr(zipfile.ZipInfo(f"weights-{index}.bin"), os.urandom(1 << 20) * 8, method)
-    started = time.perf_counter()
+    started = time.thread_time()  # the check's own CPU, not the wall clock a loaded machine stretches
     archives.check_zip(archive)
-    assert time.perf_counter() - started < 0.05
+    assert time.thread_time() - started < 0.05
 
 
 def test_a_small_archive_of_a_descriptor_entry_is_checked_quickly(tmp_path):
@@ -546,12 +546,12 @@ def test_a_small_archive_of_a_descriptor_entry_is_checked_quickly(tmp_path):
     archive = tmp_path / "bomb.mar"
     archive.write_bytes(descriptor_bomb(255))
     assert archive.stat().st_size < 4.5e6
-    started = time.perf_counter()
+    started = time.thread_time()  # the check's own CPU
     try:
         archives.check_zip(archive)
     except archives.ArchiveError:
         pass
-    took = time.perf_counter() - started
+    took = time.thread_time() - started
     print(f"check_zip of a {archive.stat().st_size / 1e6:.1f} MB descriptor entry: {took:.1f} s")
     assert took < 0.5
 
@@ -563,10 +563,10 @@ def test_a_descriptor_entry_is_inflated_no_further_than_its_declared_size(tmp_pa
     big.descriptor = b"PK\x07\x08" + struct.pack("<III", 0, len(stream), 100)
     archive = tmp_path / "liar.mar"
     archive.write_bytes(build([entry("MAR-INF/MANIFEST.json", b"{}"), big]))
-    started = time.perf_counter()
+    started = time.thread_time()  # the check's own CPU
     with pytest.raises(archives.ArchiveError, match="weights.bin's compressed data does not end"):
         archives.check_zip(archive)
-    assert time.perf_counter() - started < 0.05
+    assert time.thread_time() - started < 0.05
 
 
 # ---- .tar.gz: tsctl reads the first of two same-named members, extraction keeps the last ---------------------

@@ -140,10 +140,10 @@ def test_a_shape_of_huge_numbers_is_refused_without_multiplying_it(binary):
     else:
         body = json.dumps({"inputs": [{"name": "x", "shape": shape, "datatype": "FP32", "data": [1.0]}]}).encode()
         headers = {}
-    started = time.perf_counter()
+    started = time.thread_time()  # the decoding's own CPU: a loaded machine stretches the wall clock (2.07 s once)
     with pytest.raises(protocol.ClientError, match="shape' must be a list of 1 to 64") as caught:
         protocol.decode_request(body, headers, ("data",), ("FP32",), limits)
-    assert time.perf_counter() - started < 2
+    assert time.thread_time() - started < 2
     assert len(caught.value.message) < 400  # the shape is not echoed back
 
 
