@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from archiver import properties, server
+from archiver.engines.base import snapshot_dir
 from archiver.http_client import request
 from helpers.hostile import build, scripted
 from helpers.paths import short_tmp
@@ -76,7 +77,7 @@ def test_registered_and_scaled_models_come_back_with_last_snapshot(root, first, 
         manage(srv, "PUT", "/models/tensor?min_worker=2&max_worker=2&synchronous=true")
         assert workers(srv) == {"tensor": 2, "later": 1}
     with served(root, home, "--engine", then, "--last-snapshot") as srv:
-        assert workers(srv) == {"tensor": 2, "later": 1}, snapshots.latest(home / "logs" / "config").read_text()
+        assert workers(srv) == {"tensor": 2, "later": 1}, snapshots.latest(snapshot_dir(home)).read_text()
         status, body = request(f"{srv.inference}/predictions/later", json.dumps([[1.0, 2.0, 3.0, 4.0]]).encode(),
                                "POST", {"Content-Type": "application/json", **srv.headers()}, timeout=60)  # fmt: skip
         assert status == 200, body
