@@ -21,6 +21,7 @@ run archives) and by tsctl's commands.
 """
 
 import contextlib
+import errno
 import os
 import shutil
 import stat
@@ -32,6 +33,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 # MIN_UNPACK_LIMIT, check_tar, check_zip and printable: callers (and tests) import them from here too
+from . import confined
 from .archive_checks import MIN_UNPACK_LIMIT, check_tar, check_unpacked_size, check_zip, open_tar, open_zip  # noqa: F401
 from .metadata import ArchiveError, bounded_json, bounded_yaml, printable  # noqa: F401
 
@@ -76,9 +78,12 @@ class Archive:
     """A model archive opened once and checked (module docstring): ``kind`` is 'dir', 'zip' or 'tar'.
     Close it (or open it in a ``with``) when done; what was read stays readable after."""
 
-    def __init__(self, path: PathLike):
+    def __init__(self, path: PathLike, within: Optional[PathLike] = None):
         self.path = Path(path)
+        self.within = Path(within).resolve() if within is not None else None  # the folder it must lie in
         self._file = None  # the open .mar or .tar.gz
+        self._dir: Optional[int] = None  # the open directory of an unpacked archive
+        self._root: Optional[Path] = None  # its real path
         self._zip: Optional[zipfile.ZipFile] = None
         self._tar: Optional[tarfile.TarFile] = None
         self._cache: Dict[str, Any] = {}
@@ -97,23 +102,33 @@ class Archive:
         for opened in (self._zip, self._tar, self._file):
             if opened is not None:
                 opened.close()
+        if self._dir is not None:
+            os.close(self._dir)
+            self._dir = None
 
     def _open(self) -> str:
+        """Open the path once, without blocking (a pipe swapped in is refused, not waited on), and check what
+        was opened: within ``within`` when given, a directory holding MANIFEST.json or a regular file."""
         path = self.path
         if not path.exists() and not path.is_symlink():
             raise ArchiveError(f"{path} does not exist: check the path")
-        if path.is_dir():
-            if not (path / MANIFEST).is_file():
-                raise ArchiveError(f"{path} is a directory without {MANIFEST}: it is not an unpacked model archive")
-            return "dir"
-        if not path.is_file():
-            raise ArchiveError(f"{path} is not a regular file: give a .mar, .tar.gz or model directory")
         try:
-            self._file = open_regular(path)
-        except NotARegularFile:  # replaced since the check above (a pipe would block the open for ever)
-            raise ArchiveError(f"{path} is not a regular file: give a .mar, .tar.gz or model directory") from None
+            fd = confined.open_within(path, self.within) if self.within else os.open(path, confined.OPEN_FLAGS)
+        except confined.Outside:
+            raise ArchiveError(f"{path} leads outside {self.within}: copy the archive into {self.within}") from None
         except OSError as exc:
             raise ArchiveError(f"{path} cannot be read ({exc.strerror or exc}): check its permissions") from None
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            self._dir, self._root = fd, confined.real_path(fd)
+            if self._read(MANIFEST, 0) is None:
+                self.close()
+                raise ArchiveError(f"{path} is a directory without {MANIFEST}: it is not an unpacked model archive")
+            return "dir"
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            raise ArchiveError(f"{path} is not a regular file: give a .mar, .tar.gz or model directory")
+        self._file = os.fdopen(fd, "rb")
         try:
             self._version = _version(self._file)
             if _pytorch_file(self._file):
@@ -185,12 +200,19 @@ class Archive:
     def _read(self, name: str, limit: int) -> Optional[bytes]:
         """At most limit + 1 bytes of one file (enough to tell it is too big), or None."""
         self._unchanged()
-        if self.kind == "dir":
-            path = self.path / name
-            if not path.is_file() or path.is_symlink():
+        if self._root is not None:  # a link as its last part is not the archive's file; nor is a file outside it
+            if self._dir is None:
+                raise ArchiveError(f"{self.path} is closed: open it again to read {name}")
+            try:
+                fd = confined.open_within(name, self._root, dir_fd=self._dir, follow=False)
+            except (FileNotFoundError, NotADirectoryError, confined.Outside):
                 return None
-            with open(path, "rb") as f:
-                return f.read(limit + 1)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    return None
+                raise
+            with os.fdopen(fd, "rb") as f:
+                return f.read(limit + 1) if stat.S_ISREG(os.fstat(fd).st_mode) else None
         if self.kind == "zip":
             if name not in self._zip.NameToInfo:
                 return None
@@ -291,11 +313,29 @@ class Archive:
         return tops[0] if len(tops) == 1 and tops[0].is_dir() else into
 
     def model_dir(self, into: PathLike) -> Path:
-        """The directory to run the archive from, resolved: itself when it is unpacked already, else
-        unpacked into ``into``; the files its manifest names checked to lie inside it."""
-        model_dir = (self.path if self.kind == "dir" else self.unpack(into)).resolve()
+        """The directory to run the archive from, resolved: a .mar or .tar.gz unpacked into ``into``; an
+        unpacked directory itself, or, opened ``within`` a folder (a model store), copied into ``into``
+        through what was opened, its links followed only inside that folder (``confined.copy_within``), so
+        that nothing swapped in the folder afterwards runs; the files its manifest names checked to lie
+        inside it."""
+        if self.kind != "dir":
+            model_dir = self.unpack(into).resolve()
+        elif self.within is None:
+            model_dir = self._root
+        else:
+            model_dir = self._copy(Path(into))
         check_inside(model_dir, self.manifest)
         return model_dir
+
+    def _copy(self, into: Path) -> Path:
+        self.manifest
+        try:
+            confined.copy_within(self._dir, into, self.within)
+        except confined.Outside as exc:
+            raise ArchiveError(f"{self.path}: {exc}: copy the file into the archive") from None
+        except OSError as exc:
+            raise ArchiveError(f"{self.path} could not be copied into {into}: {exc.strerror or exc}") from None
+        return into.resolve()
 
 
 def _version(f) -> Tuple[int, int, int, int, int]:
@@ -379,13 +419,13 @@ ArchiveLike = Union[str, Path, Archive]
 
 
 @contextlib.contextmanager
-def opened(archive: ArchiveLike) -> Iterator[Archive]:
-    """``archive`` itself when it is an Archive, else the path opened for the block and closed after:
-    for the functions that take either."""
+def opened(archive: ArchiveLike, within: Optional[PathLike] = None) -> Iterator[Archive]:
+    """``archive`` itself when it is an Archive, else the path opened for the block (``within`` that
+    folder, when given) and closed after: for the functions that take either."""
     if isinstance(archive, Archive):
         yield archive
         return
-    with Archive(archive) as found:
+    with Archive(archive, within) as found:
         yield found
 
 

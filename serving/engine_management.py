@@ -49,7 +49,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response as HttpResponse
 from starlette.routing import Route
 
-from handlers.archives import ArchiveError, opened
+from handlers.archives import Archive, ArchiveError
 from handlers.errors import frontend_error
 from handlers.signing import SignatureError
 
@@ -275,17 +275,26 @@ def archive_for(url: str, allowed: List[str], store: Path) -> Path:
     return found
 
 
-def register_spec(params: Dict[str, str], archive: Path, frontend: ts_config.Frontend) -> ts_config.ModelSpec:
+def open_registered(archive: Path, store: Path) -> Archive:
+    """A register's archive opened once, within the model store: what was opened must lie inside it
+    (``Archive``'s ``within``), though a link may have been swapped since ``archive_for`` looked. The
+    register reads everything from this one opening, and the workers run what it unpacks or copies."""
+    try:
+        return Archive(archive, within=store)
+    except ArchiveError as exc:
+        raise ApiError(400, "InvalidModelException", f"{archive.name}: {exc}") from None
+
+
+def register_spec(params: Dict[str, str], archive: Archive, frontend: ts_config.Frontend) -> ts_config.ModelSpec:
     """The model version a register makes, its settings picked as TorchServe 0.12 picks them
     (ModelManager.createModel, ApiUtils.handleRegister): ``batch_size``/``max_batch_delay`` given, else the
     archive's model-config.yaml, else 1 / 100; the archive's ``responseTimeout`` before ``response_timeout``;
     workers from the archive's ``minWorkers``/``maxWorkers`` when they make sense, else ``initial_workers``
     (default ``default_workers_per_model``, 0). Settings TorchServe would ignore are refused (400)."""
     try:
-        with opened(archive) as found:
-            config, name, version = found.config, found.model_name, found.version
+        config, name, version = archive.config, archive.model_name, archive.version
     except ArchiveError as exc:
-        raise ApiError(400, "InvalidModelException", f"{archive.name}: {exc}") from None
+        raise ApiError(400, "InvalidModelException", f"{archive.path.name}: {exc}") from None
     name = params.get("model_name") or name
     if not MODEL_NAME.fullmatch(name):
         raise ApiError(400, "BadRequestException", f"model_name {name!r} cannot be a model's name (a URL path segment)")
@@ -310,9 +319,9 @@ def register_spec(params: Dict[str, str], archive: Path, frontend: ts_config.Fro
             problem = problem.replace(key, query)
         raise ApiError(400, "BadRequestException", problem)
     return ts_config.ModelSpec(
-        name=name, version=version, archive=archive, default=False, min_workers=workers[0],
+        name=name, version=version, archive=archive.path, default=False, min_workers=workers[0],
         max_workers=max(workers), batch_size=settings["batchSize"], max_batch_delay=settings["maxBatchDelay"],
-        response_timeout=settings["responseTimeout"], url=params["url"],
+        response_timeout=settings["responseTimeout"], url=params["url"], store=archive.within,
     )  # fmt: skip
 
 
@@ -331,17 +340,21 @@ async def register(engine, params: Dict[str, str]) -> Done:
     if params.get("url") is None:
         raise ApiError(400, "BadRequestException", "Parameter url is required.")
     synchronous = flag(params, "synchronous", True)
-    archive = archive_for(params["url"], engine.frontend.allowed_urls, engine.model_store)
+    path = archive_for(params["url"], engine.frontend.allowed_urls, engine.model_store)
     loop = asyncio.get_running_loop()
-    spec = await loop.run_in_executor(None, register_spec, params, archive, engine.frontend)
-    if spec.version in engine.versions.get(spec.name, {}):
-        message = f"Model version {spec.version} is already registered for model {spec.name}"
-        raise ApiError(409, "ConflictStatusException", message)
-    await admitted(engine, spec.name, spec.version, spec.min_workers, None)
+    archive = await loop.run_in_executor(None, open_registered, path, engine.model_store)
     try:
-        model = await loop.run_in_executor(None, engine.open, spec)  # unpacked; its signature checked first
-    except (ArchiveError, SignatureError, ts_config.ConfigError) as exc:
-        raise ApiError(400, "InvalidModelException", str(exc)) from None
+        spec = await loop.run_in_executor(None, register_spec, params, archive, engine.frontend)
+        if spec.version in engine.versions.get(spec.name, {}):
+            message = f"Model version {spec.version} is already registered for model {spec.name}"
+            raise ApiError(409, "ConflictStatusException", message)
+        await admitted(engine, spec.name, spec.version, spec.min_workers, None)
+        try:  # unpacked (or copied) from the one opening; its signature checked first
+            model = await loop.run_in_executor(None, engine.open, spec, archive)
+        except (ArchiveError, SignatureError, ts_config.ConfigError) as exc:
+            raise ApiError(400, "InvalidModelException", str(exc)) from None
+    finally:
+        archive.close()
     model.serving = not model.workers  # counts for the engine's readiness once loaded
     engine.add(model)
     logger.info("%s registered from %s (%d workers)", model.label, spec.url, spec.min_workers)

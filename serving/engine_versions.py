@@ -8,6 +8,8 @@ import os
 import shutil
 from typing import Dict, List, Optional
 
+from handlers.archives import Archive
+
 from . import gpus, sockets
 from .engine_workers import ModelWorkers
 from .model_opening import open_model
@@ -28,16 +30,17 @@ class ModelVersions:
         self.leaving: set = set()  # removed, their workers not ended yet (``forget``)
         self.placement = gpus.Placement(frontend.number_of_gpu)  # each new worker's GPU, across every model
 
-    def open(self, spec: ModelSpec) -> ModelWorkers:
-        """A model version's workers, not started: its archive unpacked and checked (``open_model``): the
-        one place startup and a register open an archive. Refused, nothing of it stays on disk."""
+    def open(self, spec: ModelSpec, archive: Optional[Archive] = None) -> ModelWorkers:
+        """A model version's workers, not started: its archive (``archive``, opened already by a register,
+        else ``spec.archive``) unpacked and checked (``open_model``): the one place startup and a register
+        open an archive for serving. Refused, nothing of it stays on disk."""
         number = next(self.numbers)
         first_port = sockets.FIRST_PORT + sockets.PORTS_PER_MODEL * number
         unpack = os.path.join(self.run_dir, f"m{number}")
         on_metric = self.metrics.worker_metric if self.metrics is not None else None
         try:
             model = open_model(spec, self.frontend, unpack, first_port, self.decode_default, on_metric=on_metric,
-                               placement=self.placement)  # fmt: skip
+                               archive=archive, placement=self.placement)  # fmt: skip
         except BaseException:
             shutil.rmtree(unpack, ignore_errors=True)
             raise

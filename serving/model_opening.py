@@ -32,18 +32,20 @@ def open_model(
     placement: Optional[gpus.Placement] = None,
 ) -> ModelWorkers:
     """One model version ready to start: its archive (``archive``, opened already, else ``spec.archive``
-    opened here) unpacked into ``unpack_dir`` (an unpacked directory is served where it is, as TorchServe
-    serves it) and checked (the signature first when ``frontend.public_key`` asks, before any of its code
-    can run), its workers' environment made as TorchServe's frontend makes it, their devices read from its
-    model-config.yaml (``gpus.model_devices``: a PlacementError for settings tsctl cannot honour; a note
-    logged for one it ignores, as TorchServe does) and each worker's GPU taken from ``placement`` (the
-    server's; None: one of this model's own). ``decode_default(archive)``: whether its requests are
-    decoded (None: the config's ``decode_input_request``); ``on_line(worker, line)`` gets the lines a worker
-    prints (default: the ``tsctl.worker`` log), ``on_metric(worker, line)`` those of its metrics logger
-    (default: logged as the others)."""
+    opened here, within ``spec.store`` when it is a model store's) unpacked into ``unpack_dir`` (an
+    unpacked directory is served where it is, as TorchServe serves it, unless it is a model store's: then
+    it is copied there, links followed only inside the store: ``Archive.model_dir``) and checked (the
+    signature first when ``frontend.public_key`` asks, before any of its code can run), its workers'
+    environment made as TorchServe's frontend makes it, their devices read from its model-config.yaml
+    (``gpus.model_devices``: a PlacementError for settings tsctl cannot honour; a note logged for one it
+    ignores, as TorchServe does) and each worker's GPU taken from ``placement`` (the server's; None: one
+    of this model's own). ``decode_default(archive)``: whether its requests are decoded (None: the
+    config's ``decode_input_request``); ``on_line(worker, line)`` gets the lines a worker prints (default:
+    the ``tsctl.worker`` log), ``on_metric(worker, line)`` those of its metrics logger (default: logged as
+    the others)."""
     from handlers import signing
 
-    with opened(archive or spec.archive) as found:
+    with opened(archive or spec.archive, within=spec.store) as found:
         model_dir = found.model_dir(unpack_dir)
         if frontend.public_key:  # before any of the archive's code can run; signed as the snapshot's name and version
             signing.verify(model_dir, frontend.public_key, spec.archive.name, spec.name, spec.version)

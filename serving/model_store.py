@@ -14,6 +14,11 @@ loads too when the store has no such file name (``new File(url).isDirectory()``,
 keeps the rule and closes both ways round it: a name with a directory part (``sub/x.mar``, ``/abs/x.mar``)
 is refused rather than read as its file name, and the entry's real path (every link resolved) must lie
 inside the store's real path; either refusal is TorchServe's 404 for a url it refuses, with the reason.
+
+A link can be swapped between that look and the reads that follow, so the look is not the boundary alone:
+each archive of the store is then opened once within it (``Archive(path, within=store)``: the real path of
+what was opened must lie inside the store, ``handlers/confined.py``), everything is read from that
+opening, and a directory archive is copied out of the store through it, its links followed only inside.
 """
 
 from pathlib import Path

@@ -211,6 +211,7 @@ class ModelSpec:
     startup_timeout: Optional[int] = None  # s a worker may take to load (model_opening sets it; None: LOAD_TIMEOUT)
     job_queue_size: Optional[int] = None  # the model-config.yaml's jobQueueSize (None: the config's job_queue_size)
     continuous_batching: bool = False  # the model-config.yaml's continuousBatching (serving/engine_continuous.py)
+    store: Optional[Path] = None  # the model store (real path) its archive must lie in, opened; None: anywhere
 
     def describe_settings(self) -> dict:
         return {
@@ -378,7 +379,7 @@ def _from_store(archives: List[Path], frontend: Frontend, skip_unreadable: bool 
     specs, seen = [], {}
     for archive in archives:
         try:
-            spec = _from_archive(in_store(archive), frontend)
+            spec = _from_archive(in_store(archive), frontend, store=archive.parent)
         except (ArchiveError, ConfigError) as exc:
             if not skip_unreadable:
                 raise
@@ -461,7 +462,7 @@ def from_load_models(properties: Dict[str, str], config, model_store: Path, fron
                 archive = store_entry(model_store, url)
             except NotInStore as exc:
                 raise ConfigError(exc.message(url)) from None
-            spec = _from_archive(archive, frontend, workers)
+            spec = _from_archive(archive, frontend, workers, store=model_store)
             spec.name, spec.url = name or spec.name, url
             if any((s.name, s.version) == (spec.name, spec.version) for s in specs):
                 raise ConfigError(f"Model version {spec.version} is already registered for model {spec.name}")
@@ -517,6 +518,7 @@ def _from_snapshot(config, model_store: Path, name: str, version: str, entry, fr
         batch_size=values["batchSize"],
         max_batch_delay=values["maxBatchDelay"],
         response_timeout=values["responseTimeout"],
+        store=Path(model_store).resolve(),
     )
 
 
@@ -543,10 +545,13 @@ def archive_config(archive: ArchiveLike) -> dict:
         return found.config
 
 
-def _from_archive(archive: ArchiveLike, frontend: Frontend, workers: Optional[int] = None) -> ModelSpec:
+def _from_archive(
+    archive: ArchiveLike, frontend: Frontend, workers: Optional[int] = None, store: Optional[Path] = None
+) -> ModelSpec:
     """TorchServe registering an archive with no snapshot: model-config.yaml's settings, else defaults
-    (``workers``: the workers without a model-config.yaml minWorkers, else ``default_workers``)."""
-    with opened(archive) as found:
+    (``workers``: the workers without a model-config.yaml minWorkers, else ``default_workers``); an archive
+    of a model ``store`` is opened within it (what was opened must lie inside it, links resolved)."""
+    with opened(archive, within=store) as found:
         config = found.config
         problem = settings_problem(config)
         if problem:
@@ -562,6 +567,7 @@ def _from_archive(archive: ArchiveLike, frontend: Frontend, workers: Optional[in
             batch_size=config.get("batchSize", 1),
             max_batch_delay=config.get("maxBatchDelay", 100),
             response_timeout=config.get("responseTimeout", frontend.default_response_timeout),
+            store=found.within,
         )
 
 

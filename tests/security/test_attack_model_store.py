@@ -7,18 +7,49 @@ outside/evil.mar, a directory too), at register and at startup alike. Now one fu
 
 One engine (model API on, echo 1.0 from load_models, which also names the link: left out at start), its
 models and workers' pids checked after every refused call; startup's other paths (a snapshot's marName,
-a store served without a config) read by ts_config in this process."""
+a store served without a config) read by ts_config in this process.
 
+A second attack (#43) swapped links in the store while the engine read it: the entry was checked once,
+then opened by its path twice more (to read the settings, then to unpack), and a directory archive was
+served where it lies, its workers reading it again at every restart. 100 of 300 registers of a link
+flipping between an archive inside and one outside read the outside one; a directory archive's handler,
+swapped for a link out after its register, ran at the worker's restart; a link out in a directory archive
+(a helper module) loaded. Now a register opens the archive once, within the store (the real path of what
+was opened must lie inside it: ``handlers.confined``), and reads everything from that opening; a
+directory archive of the store is copied into the engine's own folder, its links followed only inside
+the store, and the workers run the copy."""
+
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import urllib.parse
 import zipfile
+from pathlib import Path
 
 import pytest
 
 from archiver import server
-from helpers.engine import Engine
+from handlers.archives import Archive, ArchiveError
+from helpers import waiting
+from helpers.engine import BIN, Engine
 from helpers.management import build_store
-from serving import ts_config
+from serving import engine_management, ts_config
+
+OUTSIDE_HANDLER = """\
+def handle(data, context):
+    return None if data is None else [{"echo": "OUTSIDE"} for _ in data]
+"""
+# a link flipped between two targets as fast as a process can, until it is killed
+FLIPPER = """\
+import os, sys
+link, a, b = sys.argv[1:]
+while True:
+    for target in (a, b):
+        os.symlink(target, link + ".flip")
+        os.rename(link + ".flip", link)
+"""
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +68,26 @@ def tree(tmp_path_factory):
     (store / "inside.mar").symlink_to("echo2.mar")
     (store / "sub").mkdir()
     shutil.copy(store / "echo2.mar", store / "sub" / "inner.mar")
+    build_archive(OUTSIDE_HANDLER, "echo", "6.6", outside / "race.mar", root)
     return root
+
+
+def build_archive(handler: str, name: str, version: str, target: Path, root: Path) -> Path:
+    """torch-model-archiver's archive of one handler (its source ``handler``), written to ``target``."""
+    folder = root / f"src-{target.stem}-{version}"
+    folder.mkdir()
+    (folder / "h.py").write_text(handler)
+    command = [str(BIN / "torch-model-archiver"), "--model-name", name, "--version", version, "--handler",
+               str(folder / "h.py"), "--export-path", str(folder)]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True, env=dict(os.environ, TMPDIR=str(root)))
+    (folder / f"{name}.mar").rename(target)
+    return target
+
+
+def unpacked(mar: Path, into: Path) -> Path:
+    with zipfile.ZipFile(mar) as found:
+        found.extractall(into)
+    return into
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +108,14 @@ def state(engine) -> dict:
             "workers": [w["pid"] for m in listed for w in m["workers"]]}  # fmt: skip
 
 
-def register(engine, url: str):
-    query = urllib.parse.urlencode({"url": url, "initial_workers": 0})
+def register(engine, url: str, workers: int = 0):
+    query = urllib.parse.urlencode({"url": url, "initial_workers": workers})
     return server.request(f"{engine.url}/models?{query}", b"", "POST", timeout=60)
+
+
+def unregister(engine, name: str, version: str):
+    status, body = server.request(f"{engine.url}/models/{name}/{version}", None, "DELETE", timeout=60)
+    assert status == 200, body
 
 
 def test_startup_left_out_the_link_leading_out_of_the_store(engine):
@@ -159,3 +214,138 @@ def test_an_entry_swapped_for_a_pipe_is_refused_not_waited_on(tmp_path, monkeypa
         opener.join(10)
     assert not hung, "the open waited on the pipe"
     assert outcome == [f"{pipe} is not a regular file: give a .mar, .tar.gz or model directory"], outcome
+
+
+def test_a_link_flipping_out_of_the_store_while_it_is_registered_never_registers_what_lies_outside(engine, tree):
+    """x.mar flips, as fast as a process can, between echo2.mar (echo 2.0, inside) and a link to
+    outside/race.mar (echo 6.6). 200 registers: each is refused (the link led out when looked at: 404; or
+    when opened: 400) or registers echo 2.0. Before, a third of them registered echo 6.6 from outside."""
+    store = tree / "model-store"
+    link = store / "x.mar"
+    link.symlink_to("echo2.mar")
+    flip = [sys.executable, "-c", FLIPPER, str(link), "echo2.mar", str(tree / "outside" / "race.mar")]
+    flipper = subprocess.Popen(flip, start_new_session=True)
+    outcomes = {}
+    try:
+        for _ in range(200):
+            status, body = register(engine, "x.mar")
+            if status == 200:
+                versions = [v for v, _ in state(engine)["models"] if v != "1.0"]
+                outcome = f"200 {versions}"
+                for version in versions:
+                    unregister(engine, "echo", version)
+            else:
+                outcome = f"{status} {body['message'].split('(')[-1][:40]}"
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    finally:
+        os.killpg(flipper.pid, signal.SIGKILL)
+        flipper.wait()
+        link.unlink()
+        (store / "x.mar.flip").unlink(missing_ok=True)
+    assert set(outcomes) <= {"200 ['2.0']"} | {o for o in outcomes if o.startswith(("404 ", "400 "))}, outcomes
+    assert outcomes.get("200 ['2.0']"), f"no register landed inside: {outcomes}"
+    assert [v for v, _ in state(engine)["models"]] == ["1.0"]
+
+
+def test_the_register_reads_the_archive_it_opened_not_what_its_link_leads_to_after(tree):
+    """The race's order made certain, with the engine's own functions: the url is looked at while the link
+    leads inside (``archive_for``), then the link is swapped out before the archive is opened: the opening
+    is refused (400, naming the store), where before the register read the outside archive. An archive
+    opened first stays the one read, whatever the link leads to after."""
+    store = tree / "model-store"
+    link = store / "swapped.mar"
+    link.symlink_to("echo2.mar")
+    try:
+        path = engine_management.archive_for("swapped.mar", [], store)
+        link.unlink()
+        link.symlink_to(tree / "outside" / "race.mar")
+        with pytest.raises(engine_management.ApiError) as refused:
+            engine_management.open_registered(path, store)
+        assert refused.value.status == 400 and "leads outside" in str(refused.value.message), refused.value
+        link.unlink()
+        link.symlink_to("echo2.mar")
+        with engine_management.open_registered(path, store) as opened:
+            link.unlink()
+            link.symlink_to(tree / "outside" / "race.mar")
+            assert (opened.version, opened.config) == ("2.0", {})
+    finally:
+        link.unlink()
+
+
+def test_a_directory_archive_runs_the_copy_its_register_made_after_its_handler_is_swapped(engine, tree):
+    """A directory archive of the store whose handler is a link to a file inside it: registered with a
+    worker, its handler then swapped for a link to a handler outside, its worker killed. The restarted
+    worker answers as before: the workers run the engine's copy. Before, the restarted worker ran the
+    outside handler (the directory was served where it lies)."""
+    store = tree / "model-store"
+    folder = unpacked(store / "echo2.mar", store / "linked_dir")
+    (folder / "echo2_real.py").write_text((folder / "echo2.py").read_text())
+    (folder / "echo2.py").unlink()
+    (folder / "echo2.py").symlink_to("echo2_real.py")
+    (tree / "outside" / "handler.py").write_text(OUTSIDE_HANDLER)
+    status, body = register(engine, "linked_dir", workers=1)
+    assert status == 200, body
+    try:
+        status, first = engine.post("/predictions/echo/2.0", b"hi")
+        assert status == 200 and first["echo"] == "hi", first
+        (folder / "echo2.py").unlink()
+        (folder / "echo2.py").symlink_to(tree / "outside" / "handler.py")
+        os.kill(first["pid"], signal.SIGKILL)
+        waiting.until(lambda: engine.workers("echo/2.0"), lambda workers: bool(workers) and all(
+            w["status"] == "READY" and w["pid"] not in (0, first["pid"]) for w in workers),
+            "echo 2.0's worker restarted", engine.out, engine.alive, 60)  # fmt: skip
+        status, again = engine.post("/predictions/echo/2.0", b"hi")
+        assert status == 200 and again["echo"] == "hi" and again["pid"] != first["pid"], again
+    finally:
+        unregister(engine, "echo", "2.0")
+        shutil.rmtree(folder)
+
+
+def test_a_directory_archives_link_out_of_the_store_is_refused_naming_it(engine, tree):
+    """A directory archive whose helper module (a file its manifest does not name) is a link out of the store:
+    400 naming the file, nothing registered. Before, it registered and its worker imported the outside file."""
+    store = tree / "model-store"
+    folder = unpacked(store / "echo2.mar", store / "helper_dir")
+    (tree / "outside" / "helper.py").write_text("WHO = 'outside'\n")
+    (folder / "helper.py").symlink_to(tree / "outside" / "helper.py")
+    before = state(engine)
+    try:
+        status, body = register(engine, "helper_dir", workers=1)
+    finally:
+        shutil.rmtree(folder)
+    assert status == 400 and body["type"] == "InvalidModelException", body
+    assert "helper.py leads to" in body["message"] and "copy the file into the archive" in body["message"], body
+    assert state(engine) == before
+
+
+def test_a_directory_copied_out_of_a_store_follows_links_only_inside_it(tree, tmp_path):
+    """What ``Archive.model_dir`` copies of a store's directory archive: a link to a file elsewhere in the
+    store is copied as that file; a pipe, a dangling link and a link to a folder it is in are left out
+    (the pipe never waited on); a link to a file outside the store refuses the copy, naming it; an unpacked
+    directory opened with no store is served where it is, as before."""
+    from handlers import confined
+
+    store = tmp_path / "store"
+    folder = unpacked(tree / "model-store" / "echo2.mar", store / "d")
+    (store / "weights.bin").write_bytes(b"w" * 10)
+    (folder / "weights.bin").symlink_to("../weights.bin")
+    os.mkfifo(folder / "pipe")
+    (folder / "dangling").symlink_to("nowhere")
+    (folder / "sub").mkdir()
+    (folder / "sub" / "up").symlink_to("..")
+    with Archive(folder, within=store) as opened:
+        copy = opened.model_dir(tmp_path / "m0")
+    assert copy == (tmp_path / "m0").resolve()
+    found = sorted(p.relative_to(copy).as_posix() for p in copy.rglob("*"))
+    assert found == ["MAR-INF", "MAR-INF/MANIFEST.json", "echo2.py", "sub", "weights.bin"], found
+    assert not any(p.is_symlink() for p in copy.rglob("*")) and (copy / "weights.bin").read_bytes() == b"w" * 10
+    with Archive(folder) as opened:
+        assert opened.model_dir(tmp_path / "unused") == folder.resolve()
+    (folder / "out.py").symlink_to(tree / "outside" / "evil.mar")
+    with Archive(folder, within=store) as opened, pytest.raises(ArchiveError, match="out.py leads to .* copy the file"):
+        opened.model_dir(tmp_path / "m1")
+    deep = folder / "/".join(["x"] * (confined.MAX_DEPTH + 1))
+    (folder / "out.py").unlink()
+    deep.mkdir(parents=True)
+    with Archive(folder, within=store) as opened, pytest.raises(ArchiveError, match="folders deep"):
+        opened.model_dir(tmp_path / "m2")
