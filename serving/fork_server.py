@@ -69,8 +69,10 @@ import threading
 from typing import Dict, List, Optional
 
 try:  # imported by the engine, from its package
+    from .module_shadowing import python_path, shadowed
     from .process_tree import children, end_tree, subreaper
-except ImportError:  # run by path as the server: process_tree.py is beside it, on sys.path as main() starts
+except ImportError:  # run by path as the server: these are beside it, on sys.path as main() starts
+    from module_shadowing import python_path, shadowed
     from process_tree import children, end_tree, subreaper
 
 PRELOAD = (  # imported once by the server; ts.torch_handler is not (it reads TS_IPEX_ENABLE when imported)
@@ -105,7 +107,6 @@ SWEEPS = 100  # readings of the children at most, until one finds no stray (``sw
 MESSAGE = 1 << 20  # bytes of one request or reply, at most
 RE_READ = ("PYTHONPATH", "TMPDIR", "TEMP", "TMP")  # read by each forked child again
 MAX_SERVERS = 3  # fork servers one process keeps, one per start environment
-AT_START = ("sitecustomize", "usercustomize")  # imported from sys.path by a new interpreter as it starts
 HERE = os.path.dirname(os.path.abspath(__file__))
 LAUNCHER = os.path.join(HERE, "worker_launch.py")
 
@@ -143,6 +144,7 @@ class ForkServer:
         self.children: Dict[int, ForkedProcess] = {}
         self.ended: Dict[int, int] = {}  # exits reported before their ForkedProcess was made
         self.alive = True
+        self.closing = False  # close() waits for the server to end what is left, then ends it
         self.env = start_environment(os.environ if env is None else env)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         importing = ["--extras", str(settle)] if extras else []
@@ -239,7 +241,8 @@ class ForkServer:
                 pass
             child._end(-signal.SIGKILL)
         self.children.clear()
-        self._end_process()
+        if not self.closing:  # a closed server's end of the socket closes as it exits: close() waits for that
+            self._end_process()
         self.sock.close()
 
     def _end_process(self):
@@ -251,11 +254,13 @@ class ForkServer:
         self.process.wait()
 
     def close(self):
-        """End the server: its end of the socket closed first, it ends every child left (``sweep``) and
-        exits; killed if it has not within CLOSE_GRACE s (its workers are not its group: each is ended by
-        its owner, and dies with the server)."""
+        """End the server: told by the end of what it reads (its socket shut for writing; the reading thread
+        still reads, and does not take the end of the server's reply for a server lost and kill it), it
+        ends every child left (``sweep``) and exits; killed if it has not within CLOSE_GRACE s (its workers
+        are not its group: each is ended by its owner, and dies with the server)."""
+        self.closing = True
         try:
-            self.sock.shutdown(socket.SHUT_RDWR)
+            self.sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass
         try:
@@ -339,7 +344,7 @@ def serve(sock: socket.socket, extras: List[str], settle: float = SETTLE):
                 if not raw:
                     return
                 request = json.loads(raw)
-                found = shadowed(request["env"], request["cwd"])
+                found = shadowed(request["env"], request["cwd"], PRELOADED)
                 if found:  # the worker's own would be shadowed by the server's: it is spawned instead
                     for fd in fds:
                         os.close(fd)
@@ -408,8 +413,17 @@ def sweep(server: int, forked: set):
         strays = [pid for pid in children(server) if pid not in forked]
         if not strays:
             return
+        for pid in strays:  # stopped as soon as read: a stopped process clones no new sibling
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except OSError:
+                pass
         for pid in strays:
             end_tree(pid)
+            try:  # reaped here when it has ended already (else by report_exits, or by init once the server exits)
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
 
 
 def die_with(server: int):
@@ -505,64 +519,8 @@ def fresh_interpreter_state():
     multiprocessing.process.current_process().authkey = os.urandom(32)
 
 
-def shadows(folder: str, imported: set) -> List[str]:
-    """The top-level modules and packages in ``folder`` whose names are in ``imported``."""
-    names = set()
-    for entry in os.listdir(folder):
-        stem, dot, suffix = entry.partition(".")
-        if (not dot and os.path.isdir(os.path.join(folder, entry))) or suffix in ("py", "pyc") or ".so" in entry:
-            names.add(stem)
-    return sorted(names & imported)
-
-
-def vendored(folder: str, names: set) -> List[str]:
-    """The top-level modules and packages of ``names`` anywhere under ``folder`` (a handler may put a
-    subfolder first on ``sys.path``); ``[folder]`` when it holds more than ``VENDOR_WALK`` entries."""
-    seen = 0
-    for root, folders, files in os.walk(folder):
-        seen += len(folders) + len(files)
-        if seen > VENDOR_WALK:
-            return [folder]
-        stems = {entry.partition(".")[0] for entry in files if entry.partition(".")[2] in ("py", "pyc")
-                 or ".so" in entry} | {entry for entry in folders if "." not in entry}  # fmt: skip
-        if stems & names:
-            return sorted(stems & names)
-    return []
-
-
-def shadowed(env: dict, cwd: str) -> List[str]:
-    """What of this process's modules (by top-level name, and what a new interpreter imports at start:
-    ``AT_START``) a folder on ``env``'s ``PYTHONPATH`` would bring instead, or a file there (a zip: not
-    looked into). A folder that cannot be listed is passed over, as the interpreter imports nothing from it.
-    What the extras brought (imported since ``PRELOAD``: TorchServe's worker has not imported them before
-    its handler) is looked for in the whole of ``cwd``, the model's folder, too (``vendored``)."""
-    imported = {name.partition(".")[0] for name in sys.modules} | set(AT_START)
-    if PRELOADED is not None and imported - PRELOADED - set(AT_START):
-        found = vendored(cwd, imported - PRELOADED - set(AT_START))
-        if found:
-            return found
-    for folder in python_path(env, cwd):
-        try:
-            if os.path.isfile(folder):
-                return [folder]
-            found = shadows(folder, imported) if os.path.isdir(folder) else []
-        except OSError:
-            continue
-        if found:
-            return found
-    return []
-
-
-def python_path(env: dict, cwd: str) -> List[str]:
-    """``PYTHONPATH`` as a new interpreter started in ``cwd`` puts it on ``sys.path``: each entry made
-    absolute (an empty one is ``cwd``), ``lib`` and ``./lib/`` alike."""
-    value = env.get("PYTHONPATH", "")
-    return [os.path.abspath(os.path.join(cwd, entry)) for entry in value.split(os.pathsep)] if value else []
-
-
 BASE_PATH: List[str] = []
 PRELOADED: Optional[set] = None  # the top-level names imported once PRELOAD was (in the server)
-VENDOR_WALK = 20000  # entries of a model's folder looked through for a vendored extra; beyond: spawned
 
 
 def main():

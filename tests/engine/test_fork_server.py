@@ -183,3 +183,57 @@ def test_an_engines_server_imports_the_extras_once_settled_and_its_workers_find_
         for server in (with_extras, without):
             if server is not None:
                 server.close()
+
+
+HOPPER = """\
+import ctypes, os, sys, time
+marker = sys.argv[1]
+if ctypes.PyDLL(None).syscall(56, 0x8000 | 17, 0, 0, 0, 0) == 0:  # SYS_clone, CLONE_PARENT: the server's child
+    os.setsid()
+    with open(marker + ".tmp", "w") as session:  # its session: every hop's
+        session.write(str(os.getpid()))
+    os.rename(marker + ".tmp", marker)
+    while True:  # a new pid every 5 ms: clone a sibling (the server's child again), then exit
+        time.sleep(0.005)
+        if ctypes.PyDLL(None).syscall(56, 0x8000 | 17, 0, 0, 0, 0) > 0:
+            os._exit(0)
+while not os.path.exists(marker):
+    time.sleep(0.01)
+print("hopping", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_closed_server_ends_what_is_below_it_and_exits_on_its_own(tmp_path):
+    """``close()`` with a worker still running and a process it made a sibling of itself (the server's child,
+    in a session of its own, changing its pid every 5 ms): the server ends both and exits on its own (code
+    0), and nothing of the hopper is left. Before, the client's reading thread took the end of the socket
+    that close() made for a server lost and SIGKILLed it at once (-9), before it could end its children: the
+    hopper outlived the engine's stop in 2 of 4 runs of tests/security/test_attack_worker_lifetimes.py."""
+    marker = tmp_path / "hopping"
+    (tmp_path / "probe.py").write_text(HOPPER)
+    server = fork_server.ForkServer(fork_server.start_environment(dict(os.environ)))
+    out_read, out_write = os.pipe()
+    metrics_read, metrics_write = os.pipe()
+    try:
+        child = server.spawn([str(tmp_path / "probe.py"), str(marker)], str(tmp_path), dict(os.environ), out_write,
+                             metrics_write)  # fmt: skip
+        assert child is not None
+        os.close(out_write)
+        with os.fdopen(out_read, "rb") as out:
+            assert out.readline() == b"hopping\n"
+    finally:
+        server.close()
+        os.close(metrics_read)
+    assert server.process.returncode == 0, f"the server was killed ({server.process.returncode}) rather than exit"
+    session, left = marker.read_text(), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            state, _, _, sid = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[:4]
+        except OSError:
+            continue
+        if sid == session and state != "Z":
+            left.append(pid)
+    for pid in left:
+        os.kill(int(pid), signal.SIGKILL)
+    assert not left, f"the hopper outlived its server: {left}"
