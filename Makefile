@@ -66,8 +66,9 @@ matrix-tools:
 # root made with debootstrap as the base, podman build, the container run with the runtime's arguments and
 # answered), as root with podman, debootstrap and curl installed; it says why it skips where podman cannot run.
 # The root and the base image are kept in /var/cache/tsctl-image, the layers in podman's storage.
+# And the model image of `tsctl export kserve --storage oci`, read by skopeo and umoci and served by TorchServe 0.12.
 image-test: venv
-	$(BIN)/python -m pytest -m matrix -s tests/export/test_kserve_image.py
+	$(BIN)/python -m pytest -m matrix -s tests/export/test_kserve_image.py tests/export/test_model_image.py
 
 # The property-based tests with many more examples (about half an hour; not part of `make test`).
 fuzz: venv

@@ -312,6 +312,18 @@ class Archive:
         tops = list(into.iterdir())
         return tops[0] if len(tops) == 1 and tops[0].is_dir() else into
 
+    def file_digest(self) -> str:
+        """The sha256 (hex) of the open .mar or .tar.gz, as it was checked when opened."""
+        import hashlib
+
+        self._unchanged()
+        digest, position = hashlib.sha256(), self._file.tell()
+        self._file.seek(0)
+        for block in iter(lambda: self._file.read(1 << 20), b""):
+            digest.update(block)
+        self._file.seek(position)
+        return digest.hexdigest()
+
     def model_dir(self, into: PathLike) -> Path:
         """The directory to run the archive from, resolved: a .mar or .tar.gz unpacked into ``into``; an
         unpacked directory itself, or, opened ``within`` a folder (a model store), copied into ``into``

@@ -42,7 +42,6 @@ flight; slow bodies), request heads and connections by ``serving/engine_http.py`
 Needs ``torchserve`` (its worker, not its frontend).
 """
 
-import argparse
 import asyncio
 import importlib
 import logging
@@ -65,11 +64,13 @@ from handlers.errors import frontend_error, with_kserve_error
 
 from . import engine_http, engine_stream, form_bodies, listeners, snapshots, sockets, ts_config, v2_metadata
 from .body_limit import BODY_IDLE_TIMEOUT, BodyLimit, InFlight, max_inflight_bytes, reads_budget
+from .engine_arguments import parse_args
 from .engine_management import NOT_ALLOWED, NOT_FOUND, management_routes, ts_error, ts_json
 from .engine_metrics import Metrics
 from .engine_versions import ModelVersions
 from .engine_workers import ModelWorkers
 from .token_auth import TokenCheck, Tokens, is_management
+from .tree_digests import Tree, TreeChanged
 from .ts_wire import Request, Response
 
 logger = logging.getLogger("tsctl.engine")
@@ -84,10 +85,10 @@ class Engine(ModelVersions):
     management call registers or unregisters while it runs, serving/engine_management.py)."""
 
     def __init__(self, specs: List[ts_config.ModelSpec], frontend: ts_config.Frontend, decode_default=None,
-                 model_store: Optional[Path] = None):  # fmt: skip
+                 model_store: Optional[Path] = None, tree: Optional[Tree] = None):  # fmt: skip
         self.model_store = Path(model_store) if model_store is not None else None
         self.metrics = Metrics(frontend.metrics_config, frontend.metrics_auto_detect)
-        super().__init__(frontend, sockets.run_dir(sockets.ENGINE), decode_default, self.metrics)
+        super().__init__(frontend, sockets.run_dir(sockets.ENGINE), decode_default, self.metrics, tree)
         bound, why = max_inflight_bytes(frontend.max_request_size, frontend.max_inflight_bytes)
         logger.info("bodies in flight: at most %s bytes (%s)", f"{bound:,}", why)
         self.inflight = InFlight(bound)  # REST's and gRPC's bodies together
@@ -371,77 +372,15 @@ def version_string() -> str:
 
 
 # ---- Running ------------------------------------------------------------------------------------
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m serving.engine", description=__doc__.split("\n")[0])
-    parser.add_argument("--model_store", required=True, help="The model store (TorchServe's --model-store).")
-    parser.add_argument("--ts_config", help="TorchServe's config.properties (default: config/ beside the store).")
-    parser.add_argument("--host", help="Address every REST and KServe gRPC listener binds (default: the config's "
-                        "addresses' hosts, else 0.0.0.0).")  # fmt: skip
-    parser.add_argument("--http_port", type=int, help="The HTTP port: TorchServe's inference API, KServe v1/v2, "
-                        "/metrics (default: config.properties' inference_address, else 8080).")  # fmt: skip
-    parser.add_argument("--grpc_port", type=int, help="KServe's v2 gRPC port (default: 8081, or the next port "
-                        "the config's addresses leave free).")  # fmt: skip
-    parser.add_argument("--enable_grpc", default="true", choices=["true", "false"],
-                        help="Serve gRPC: KServe's v2 on --grpc_port and TorchServe's own two APIs.")  # fmt: skip
-    for api, port in (("inference", 7070), ("management", 7071)):
-        parser.add_argument(f"--grpc_{api}_address", help=f"TorchServe's gRPC {api} API's address "
-                            f"(default: config.properties' grpc_{api}_address, else 127.0.0.1).")  # fmt: skip
-        parser.add_argument(f"--grpc_{api}_port", type=int, help=f"TorchServe's gRPC {api} API's port "
-                            f"(default: config.properties' grpc_{api}_port, else {port}).")  # fmt: skip
-    parser.add_argument(
-        "--management_port",
-        type=int,
-        help="TorchServe's management API on a listener of its own at this port (default: config.properties' "
-        "management_address when it is not inference_address, else on --http_port).",
-    )
-    parser.add_argument(
-        "--metrics_port",
-        type=int,
-        help="/metrics on a listener of its own at this port too (default: config.properties' metrics_address "
-        "when it is not inference_address; /metrics is always on --http_port).",
-    )
-    parser.add_argument(
-        "--enable_model_api",
-        choices=["true", "false"],
-        help="Let the management API register, unregister and scale models (default: config.properties' "
-        "enable_model_api, else false).",
-    )
-    parser.add_argument(
-        "--disable_token_auth",
-        action="store_true",
-        help="No token authorization (TorchServe's --disable-token-auth; default: on unless config.properties "
-        "says disable_token_authorization=true).",
-    )
-    parser.add_argument("--metrics_config", help="The workers' metrics.yaml (TorchServe's metrics_config).")
-    parser.add_argument("--batch_size", type=int, help="Override every model's batchSize.")
-    parser.add_argument("--max_batch_delay", type=int, help="Override every model's maxBatchDelay (ms).")
-    parser.add_argument(
-        "--public_key",
-        default=signing.required_key(),
-        help="Serve only archives signed with this key's private half (tsctl package --sign-key); refuse the rest "
-        f"(default: ${signing.ENVIRONMENT}, tsctl serve --public-key).",
-    )
-    parser.add_argument(
-        "--snapshot_dir",
-        help="Write TorchServe's config snapshots here, at start, after each management call that changes what "
-        "is served, and at the end (default: none; tsctl serve gives HOME/logs/config).",
-    )
-    parser.add_argument(
-        "--max_inflight_bytes",
-        type=int,
-        help="Request bodies held at once, all requests together (default: a quarter of the memory limit).",
-    )
-    parser.add_argument(
-        "--body_idle_timeout",
-        type=float,
-        default=BODY_IDLE_TIMEOUT,
-        help="Seconds a request body may pause while it arrives before the request ends with 408 "
-        f"(default: {BODY_IDLE_TIMEOUT:g}).",
-    )
-    args, unknown = parser.parse_known_args(argv)  # KServe passes --model_name and others it knows
-    if unknown:
-        logger.info("ignoring arguments the engine does not use: %s", " ".join(unknown))
-    return args
+def pinned_tree(args) -> Optional[Tree]:
+    """With ``--tree_digest``: the tree above the model store (export kserve's), every file of it checked."""
+    if not args.tree_digest:
+        return None
+    root = str(Path(args.model_store).resolve().parent)
+    tree = Tree.pinned(root, args.tree_digest)
+    tree.check_all()
+    logger.info("the tree %s is the one %s pins: %d files checked", root, args.tree_digest, len(tree.files))
+    return tree
 
 
 def load_specs(args):
@@ -571,16 +510,17 @@ def main(argv=None):
     log_to_stderr()
     return_freed_memory()
     try:
+        tree = pinned_tree(args)  # before anything of the tree is read
         specs, frontend, config, decode = load_specs(args)
         where = listeners.plan(frontend, args, config or "the engine's defaults")
         listeners.check_free(where)  # before any worker starts
         for note in frontend.notes + where.notes:  # a setting not applied, an archive not served, a port moved
             logger.warning("%s", note)
-        engine = Engine(specs, frontend, decode, Path(args.model_store))
+        engine = Engine(specs, frontend, decode, Path(args.model_store), tree)
         if args.snapshot_dir:
             properties = ts_config.read_properties(config) if config else {}
             engine.snapshots = snapshots.Snapshots(Path(args.snapshot_dir), properties, engine)
-    except (ts_config.ConfigError, ArchiveError) as exc:
+    except (ts_config.ConfigError, ArchiveError, TreeChanged) as exc:
         print(f"tsctl engine: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
     except signing.SignatureError as exc:  # exit 2 for a key file that is no public key (KeyFileError)

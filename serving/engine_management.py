@@ -53,7 +53,7 @@ from handlers.archives import Archive, ArchiveError
 from handlers.errors import frontend_error
 from handlers.signing import SignatureError
 
-from . import gpus, memory_admission, model_config_keys, ts_config
+from . import gpus, memory_admission, model_config_keys, tree_digests, ts_config
 from .engine_workers import MAX_WORKERS, ModelWorkers
 from .model_store import NotInStore, store_entry
 from .worker_process import LOAD_TIMEOUT
@@ -351,7 +351,7 @@ async def register(engine, params: Dict[str, str]) -> Done:
         await admitted(engine, spec.name, spec.version, spec.min_workers, None)
         try:  # unpacked (or copied) from the one opening; its signature checked first
             model = await loop.run_in_executor(None, engine.open, spec, archive)
-        except (ArchiveError, SignatureError, ts_config.ConfigError) as exc:
+        except (ArchiveError, SignatureError, ts_config.ConfigError, tree_digests.TreeChanged) as exc:
             raise ApiError(400, "InvalidModelException", str(exc)) from None
     finally:
         archive.close()

@@ -8,9 +8,9 @@ import os
 import shutil
 from typing import Dict, List, Optional
 
-from handlers.archives import Archive
+from handlers.archives import Archive, opened
 
-from . import gpus, sockets
+from . import gpus, sockets, tree_digests
 from .engine_workers import ModelWorkers
 from .model_opening import open_model
 from .ts_config import Frontend, ModelSpec
@@ -22,8 +22,9 @@ class ModelVersions:
     their workers are told to end). ``metrics``: the server's (engine_metrics.Metrics), for each version's
     observer and its workers' metric lines."""
 
-    def __init__(self, frontend: Frontend, run_dir: str, decode_default=None, metrics=None):
+    def __init__(self, frontend: Frontend, run_dir: str, decode_default=None, metrics=None, tree=None):
         self.frontend, self.run_dir, self.decode_default, self.metrics = frontend, run_dir, decode_default, metrics
+        self.tree: Optional[tree_digests.Tree] = tree  # the pinned tree (--tree_digest): each archive checked
         self.versions: Dict[str, Dict[str, ModelWorkers]] = {}
         self.defaults: Dict[str, ModelWorkers] = {}
         self.numbers = itertools.count()  # each model version's number: its unpack folder and worker ids
@@ -39,8 +40,13 @@ class ModelVersions:
         unpack = os.path.join(self.run_dir, f"m{number}")
         on_metric = self.metrics.worker_metric if self.metrics is not None else None
         try:
-            model = open_model(spec, self.frontend, unpack, first_port, self.decode_default, on_metric=on_metric,
-                               archive=archive, placement=self.placement)  # fmt: skip
+            with opened(archive or spec.archive, within=spec.store) as found:
+                if self.tree is not None and found.kind != "dir":  # the bytes opened, before any is unpacked
+                    self.tree.check_archive(spec.archive.name, digest=found.file_digest())
+                model = open_model(spec, self.frontend, unpack, first_port, self.decode_default, on_metric=on_metric,
+                                   archive=found, placement=self.placement)  # fmt: skip
+                if self.tree is not None and found.kind == "dir":  # the copy its workers run
+                    self.tree.check_archive(spec.archive.name, folder=str(model.model_dir))
         except BaseException:
             shutil.rmtree(unpack, ignore_errors=True)
             raise

@@ -28,7 +28,16 @@ def parse_split(values):
 @export.command("kserve", cls=Command)
 @click.argument("out", type=click.Path())
 @click.option("--name", required=True, help="InferenceService name.")
-@click.option("--storage-uri", required=True, help="pvc://CLAIM/PATH the tree is copied to.")
+@click.option(
+    "--storage",
+    type=click.Choice(("pvc", "oci")),
+    default="pvc",
+    show_default=True,
+    help="Where the pod finds the tree: copied onto a claim (--storage-uri), or a model image (--image-ref) "
+    "KServe 0.20 mounts as an image volume.",
+)
+@click.option("--storage-uri", help="--storage pvc: pvc://CLAIM/PATH the tree is copied to.")
+@click.option("--image-ref", help="--storage oci: REGISTRY/NAME:TAG the model image is pushed to.")
 @click.option(
     "--protocol",
     type=click.Choice(choices.KSERVE_PROTOCOLS),

@@ -27,6 +27,7 @@ with ``--engine tsctl`` the tsctl engine serves the same tree, and the Inference
 in naming its runtime. Every manifest is validated against KServe's CRDs first.
 """
 
+import hashlib
 import json
 import re
 import tempfile
@@ -34,21 +35,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-import yaml
+from serving.tree_digests import LISTING, listing_bytes, tree_files
 
 from ..choices import KSERVE_PROTOCOLS
 from ..errors import UserError
 from ..mar import MODEL_NAME, handler_record, model_config, read_manifest, rewrite_archive, shown_name
 from ..properties import check_keys, check_store, metrics_yaml, read_properties, render, snapshot_of
-from . import autoscale, core, crds, kserve_canary, kube, out_dir, targets
+from . import autoscale, core, crds, kserve_canary, kserve_storage, kube, out_dir, targets
 from .bodies import Served, sample_inputs
 from .kserve_deploy import curl_lines, deploy_md, predict_path
 from .options import ExportOptions
+from .targets import MOUNT
 
 NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
-PVC_URI = re.compile(r"^pvc://([a-z0-9]([-a-z0-9.]*[a-z0-9])?)(/[^\s]*)?$")
-PATH_SEGMENT = re.compile(r"^[A-Za-z0-9_.-]+$")  # a segment of the path inside the claim (storage_path)
-MOUNT = "/mnt/models"  # where KServe mounts the storage URI in the predictor's pod
 METRICS_FILE = "metrics.yaml"  # the config's metrics_config, copied beside it into OUT/config
 # KServe's default predictor minReplicas ("defaults to 1 but can be set to 0 to enable scale-to-zero": kserve/kserve
 # python/kserve/docs/V1beta1ComponentExtensionSpec.md): --min-replicas without --autoscale is written into the
@@ -74,7 +73,7 @@ def export(options: ExportOptions) -> Export:
 def _export(options: ExportOptions, scratch: Path) -> Export:
     notes: List[str] = []
     target = targets.named(options.engine)
-    claim, sub_path = check_options(options)
+    storage = check_options(options)
     config_path = Path(options.config)
     properties = read_properties(config_path)
     check_keys(properties, config_path)
@@ -108,28 +107,31 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     curls = curl_lines(options, served_models(options, snapshot_archives(options, snapshot)))
     models = served_models(options, archives)
     inputs = sample_inputs(models)
-    manifests["pvc-copy-pod.yaml"] = core.copy_pod(options.name, options.namespace, claim)
-    manifests["pvc.yaml"] = core.claim_manifest(claim, options.namespace, claimed(options, archives))
+    manifests.update(storage.manifests(options, claimed(options, archives)))
 
     with out_dir.written_beside(Path(options.out)) as staging:
         properties["model_snapshot"] = json.dumps(snapshot, separators=(",", ":"))
         files = write_tree(staging, properties, archives, locked, config_header(target, config_path, properties))
         if metrics is not None:
             files += core.write_inputs(staging / "config", {METRICS_FILE: metrics})
-        files += target.write_files(staging, options, archives)
         if transformer_archive is not None:
             (staging / "transformer").mkdir()
             core.copy_archive(transformer_archive, staging / "transformer" / transformer_archive.name)
             files.append(staging / "transformer" / transformer_archive.name)
+        listing, tree_digest = write_listing(staging)  # the tree is complete: its digests, then its image
+        image_files, digests = storage.write(staging)
+        files += [listing] + image_files + target.write_files(staging, options, archives)
+        digests[targets.TREE_PENDING] = tree_digest
         for name, manifest in manifests.items():
-            (staging / name).write_text(yaml.safe_dump(manifest, sort_keys=False), encoding="utf-8")
+            manifest = kserve_storage.pinned(manifest, digests)
+            (staging / name).write_text(kube.manifest_text(manifest), encoding="utf-8")
             files.append(staging / name)
         files += core.write_inputs(staging, inputs)
         capacity = autoscale.capacity_copy(plan)
         if capacity is not None:
             files += core.write_inputs(staging, {autoscale.CAPACITY_FILE: capacity})
-        config_files = ["config.properties"] + ([METRICS_FILE] if metrics is not None else [])
-        deploy = deploy_md(options, claim, sub_path, archives, curls, models, locked, plan, config_files)
+        config_files = ["config.properties"] + ([METRICS_FILE] if metrics is not None else []) + [listing.name]
+        deploy = deploy_md(options, storage, archives, curls, models, locked, plan, config_files)
         (staging / "DEPLOY.md").write_text(deploy, encoding="utf-8")
         files.append(staging / "DEPLOY.md")
     return Export(out_dir.moved(files, staging, Path(options.out)), notes, curls)
@@ -194,13 +196,22 @@ def write_tree(
     return files
 
 
+def write_listing(root: Path) -> Tuple[Path, str]:
+    """config/tree-digests.json: the sha256 of every other file of the tree (serving/tree_digests.py); its path,
+    and its own sha256, the tree's digest, which the InferenceService pins."""
+    listing = listing_bytes(tree_files(str(root)))
+    path = root / LISTING
+    path.write_bytes(listing)
+    return path, "sha256:" + hashlib.sha256(listing).hexdigest()
+
+
 def claimed(options: ExportOptions, archives: List[Path]) -> List[Path]:
     """What is copied onto the claim: the archives, and the transformer's."""
     return archives + ([Path(options.transformer_archive)] if options.transformer_archive else [])
 
 
 # ---- checks -------------------------------------------------------------------------------------------
-def check_options(options: ExportOptions) -> Tuple[str, str]:
+def check_options(options: ExportOptions) -> kserve_storage.Storage:
     if not NAME.match(options.name):
         raise UserError(
             f"--name {options.name!r} is not a valid InferenceService name: use lowercase letters, digits and '-', "
@@ -212,7 +223,8 @@ def check_options(options: ExportOptions) -> Tuple[str, str]:
     for flag, image in (("--image", options.image), ("--transformer-image", options.transformer_image)):
         if image is not None:  # docker build -t and the kubelet refuse what is not a reference (InvalidImageName)
             kube.image_reference(image, flag, f"name the image another way, e.g. {flag} registry.example.com/tsctl:1")
-    claim, sub_path = storage_path(options.storage_uri)
+    storage = kserve_storage.of(options)
+    options.storage_uri = storage.uri()  # what the manifests name, its digest pinned once the tree is written
     if options.protocol not in KSERVE_PROTOCOLS:
         raise UserError(f"--protocol {options.protocol!r} must be v1 or v2")
     if options.canary is not None and not 0 <= options.canary <= 100:
@@ -225,29 +237,7 @@ def check_options(options: ExportOptions) -> Tuple[str, str]:
     if not options.autoscale and options.max_replicas is not None:  # KServe's own autoscaler's bounds
         autoscale.replicas(options, "knative")
     targets.named(options.engine).check_export(options)
-    return claim, sub_path
-
-
-def storage_path(uri: str) -> Tuple[str, str]:
-    """The claim and the path inside it of ``--storage-uri pvc://CLAIM/PATH`` (PATH "" for the claim's
-    root). PATH is where DEPLOY.md copies the tree, inside the claim: segments of letters, digits, '-',
-    '_' and '.', none empty (``//``: an absolute path), '.' or '..' (outside the claim); one trailing '/'
-    is allowed. A one-line UserError otherwise."""
-    match = PVC_URI.match(uri)
-    if not match:
-        raise UserError(f"--storage-uri {uri!r} must look like pvc://CLAIM/PATH")
-    path = match.group(3) or ""
-    path = path[:-1] if path.endswith("/") else path
-    segments = path.split("/")[1:]
-    bad = next((s for s in segments if s in ("", ".", "..") or not PATH_SEGMENT.match(s)), None)
-    if bad is not None:
-        named = {"": "an empty segment (//)", ".": "a '.' segment", "..": "a '..' segment"}
-        why = named.get(bad, f"the segment {bad!r}")
-        raise UserError(
-            f"--storage-uri {uri!r} has {why} in its path, which DEPLOY.md would copy to: give a path inside "
-            "the claim of letters, digits, '-', '_' and '.' segments, e.g. pvc://models/vision"
-        )
-    return match.group(1), "/".join(segments)
+    return storage
 
 
 WORKER_BYTES = 1 << 30  # one model worker's peak RSS, rounded up: 875-956 MiB measured for resnet18 and

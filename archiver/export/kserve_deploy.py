@@ -2,11 +2,14 @@
 directory DEPLOY.md is in (the export can be moved or copied anywhere)."""
 
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 from . import autoscale, core, kserve_canary, targets
 from .bodies import Served, request_bodies
 from .options import ExportOptions
+
+if TYPE_CHECKING:  # pragma: no cover
+    from . import kserve_storage
 
 V1_BODY = "a KServe v1 body (`instances`)"
 V2_BODY = "a KServe v2 body (a BYTES tensor)"
@@ -30,8 +33,7 @@ def curl_lines(options: ExportOptions, served: List[Served]) -> List[str]:
 
 def deploy_md(
     options: ExportOptions,
-    claim: str,
-    sub_path: str,
+    storage: "kserve_storage.Storage",
     archives: List[Path],
     curls: List[str],
     models: List[Served],
@@ -41,29 +43,18 @@ def deploy_md(
 ) -> str:
     """DEPLOY.md (templates/kserve.md); ``models``: the served models, their sample inputs chosen; ``plan``: the
     autoscaling (--autoscale), its files applied in step 3 and its numbers in a section of their own;
-    ``config_files``: what OUT/config holds, copied in step 2."""
-    pod, ns = f"{options.name}-copy", f"-n {options.namespace}"
-    root = f"/pvc/{sub_path}".rstrip("/")
+    ``config_files``: what OUT/config holds, copied in step 2; ``storage``: where the tree goes (steps 1 and 2)."""
+    ns = f"-n {options.namespace}"
     target = targets.named(options.engine)
     component = "transformer" if options.transformer_image else "predictor"
-    folders = [f"{root}/config", f"{root}/model-store"] + (
-        [f"{root}/transformer"] if options.transformer_archive else []
-    )
     text = core.render(
         "kserve",
         name=options.name,
         here_check=core.HERE_CHECK.format(folder="model-store"),
         needs=needs(options),
         image_steps=target.image_steps(options),
-        claim=claim,
-        claim_size=core.claim_size(archives + transformer_archives(options)),
+        storage_steps=storage.steps(options, archives, config_files),
         ns=ns,
-        mounted=f"{claim}/{sub_path}".rstrip("/"),
-        uid=core.COPY_POD_UID,
-        pod=pod,
-        folders=" ".join(folders),
-        copies=core.lines(copy_lines(options, archives, ns, pod, root, config_files)),
-        root=root,
         requirements=requirements_steps(options, locked),
         apply=core.lines(apply_lines(options, target, ns, plan)),
         component=component,
@@ -79,27 +70,12 @@ def deploy_md(
     return text.rstrip("\n") + "\n"
 
 
-def transformer_archives(options: ExportOptions) -> List[Path]:
-    return [Path(options.transformer_archive)] if options.transformer_archive else []
-
-
 def needs(options: ExportOptions) -> str:
     """What the reader needs beyond kubectl and python3: docker for an image, a namespace of their own."""
     text = " Step 0 needs docker (or any image builder)." if options.image else ""
     if options.namespace != "default":
         text += f" The namespace `{options.namespace}` must exist (`kubectl create namespace {options.namespace}`)."
     return text
-
-
-def copy_lines(options: ExportOptions, archives: List[Path], ns: str, pod: str, root: str,
-               config_files: Sequence[str]) -> List[str]:  # fmt: skip
-    """Step 2's kubectl cp of the config's files, each archive and the transformer's archive."""
-    copies = [f"kubectl cp {ns} config/{name} {pod}:{root}/config/{name}" for name in config_files]
-    copies += [f"kubectl cp {ns} model-store/{a.name} {pod}:{root}/model-store/{a.name}" for a in archives]
-    copies += [
-        f"kubectl cp {ns} transformer/{a.name} {pod}:{root}/transformer/{a.name}" for a in transformer_archives(options)
-    ]
-    return copies
 
 
 def apply_lines(options: ExportOptions, target: targets.Target, ns: str, plan=None) -> List[str]:

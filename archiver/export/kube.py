@@ -4,6 +4,8 @@ before writing: a flag Kubernetes would refuse is one line naming it and the fix
 import re
 from decimal import Decimal
 
+import yaml
+
 from ..errors import UserError
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -75,3 +77,20 @@ def check_resources(cpu: str, memory: str):
         raise UserError(f"--memory {memory!r} must be more than 0, e.g. --memory 2Gi")
     if not CPU.match(cpu or "") or float(cpu.rstrip("m")) == 0:
         raise UserError(f"--cpu {cpu!r} must be a CPU quantity such as 1, 2 or 500m")
+
+
+class ManifestDumper(yaml.SafeDumper):
+    """YAML as ``kubectl`` users read it: a string of several lines (a script in a container's command) as a
+    literal block, the rest as ``yaml.safe_dump`` writes it."""
+
+
+def _string(dumper: yaml.SafeDumper, value: str):
+    block = "\n" in value and not any(line != line.rstrip() for line in value.splitlines())
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if block else None)
+
+
+ManifestDumper.add_representer(str, _string)
+
+
+def manifest_text(manifest: dict) -> str:
+    return yaml.dump(manifest, Dumper=ManifestDumper, sort_keys=False)

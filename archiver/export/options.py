@@ -13,7 +13,9 @@ from ..output import quiet
 class ExportOptions:
     out: str
     name: str
-    storage_uri: str
+    storage_uri: Optional[str] = None  # --storage pvc: pvc://CLAIM/PATH (archiver/export/kserve_storage.py)
+    storage: str = "pvc"  # a key of kserve_storage.STORAGES: where the pod finds the tree
+    image_ref: Optional[str] = None  # --storage oci: where the model image will be pushed (REGISTRY/NAME:TAG)
     protocol: str = "v1"
     config: str = "config/config.properties"
     model_store: str = "model-store"

@@ -33,6 +33,11 @@ EXPORT_FLAGS = {
     "offline": "--offline",
 }
 ELSEWHERE = {"mlserver": "is exported for Seldon Core 2: run 'tsctl export seldon OUT' instead"}
+TREE_PENDING = "sha256:" + "f" * 64  # the tree's digest, pinned once the tree is written (kserve_storage.pinned)
+MOUNT = "/mnt/models"  # where KServe mounts the storage URI in the predictor's pod
+# torchserve-kfs's entrypoint (kserve's wrapper Dockerfile, ../shared/kserve/wrapper): it evals the runtime's
+# args (torchserve --start ...), then starts KServe's wrapper
+TORCHSERVE_ENTRYPOINT = "/usr/local/bin/dockerd-entrypoint.sh"
 
 
 @dataclass
@@ -133,12 +138,16 @@ def check_values(properties: Dict[str, str], path: Path, expected: Dict[str, Tup
 
 
 def storage_model(options: ExportOptions, resources: dict, runtime: Optional[str] = None) -> dict:
-    """``predictor.model`` for the PVC tree: KServe picks the runtime for modelFormat pytorch (its
-    TorchServe runtime) unless ``runtime`` names one."""
+    """``predictor.model`` for the tree: KServe picks the runtime for modelFormat pytorch (its TorchServe
+    runtime) unless ``runtime`` names one; the tree's digest in ``TSCTL_TREE_DIGEST``, which the tsctl engine
+    checks the tree against (TorchServe's runtime checks it with ``tree_check_command``)."""
+    from serving.tree_digests import ENVIRONMENT
+
     model = {"modelFormat": {"name": "pytorch"}}
     if runtime:
         model["runtime"] = runtime
     model.update({"protocolVersion": options.protocol, "storageUri": options.storage_uri, "resources": resources})
+    model["env"] = [{"name": ENVIRONMENT, "value": TREE_PENDING}]
     return model
 
 
@@ -171,6 +180,7 @@ class TorchServeTarget(Target):
         model = storage_model(options, resources)
         if options.gpus:
             model["runtimeVersion"] = f"{runtimes.runtime_named(options.runtime).torchserve}-gpu"
+        model["command"] = tree_check_command()
         return {"model": model}
 
     def ports(self, properties: Dict[str, str]) -> Ports:
@@ -182,6 +192,17 @@ class TorchServeTarget(Target):
             address_port(properties, "metrics_address", 8082),
             False,
         )
+
+
+def tree_check_command() -> List[str]:
+    """The predictor's command under KServe's TorchServe runtime: the tree checked against its pinned digest
+    (serving/tree_digests.py, run as it is: the source is ``$0`` of ``sh -c``), then the image's own
+    entrypoint with the runtime's args, which KServe appends (``"$@"``: torchserve --start ...). A tree that
+    is not the one exported stops the container before TorchServe starts, the file named in its log."""
+    from serving import tree_digests
+
+    check = f'python -c "$0" {MOUNT} {TREE_PENDING} && exec {TORCHSERVE_ENTRYPOINT} "$@"'
+    return ["sh", "-c", check, Path(tree_digests.__file__).read_text(encoding="utf-8")]
 
 
 def runtime_notes(runtime: "runtimes.Runtime") -> List[str]:
@@ -237,7 +258,9 @@ class TsctlTarget(Target):
         return {}
 
     def predictor(self, options: ExportOptions, resources: dict) -> dict:
-        """With --auto-select, the TorchServe export's predictor as it is: KServe picks the runtime."""
+        """With --auto-select, the TorchServe export's predictor as it is but its tree check command (which runs
+        KServe's TorchServe image's entrypoint): KServe picks the runtime, and the tree is checked when the tsctl
+        engine serves it."""
         from . import tsctl_image
 
         named = None if options.auto_select else tsctl_image.runtime_name(options)

@@ -136,8 +136,8 @@ IMAGE_BLOCKS = ("kserve-image-base", "kserve-image-settings", "kserve-image", "k
 def test_every_marked_block_is_run_by_a_test():
     assert set(blocks()) == {
         "flow", "curl", "torchserve", "engine", "kserve-export", "golden", "golden-shadow", "own-handler", "minilm",
-        "signing", "kserve-engine-export", "seldon-export", "seldon-core1-export", "seldon-core1-local", "mlserver",
-        "ts-grpc-stubs",
+        "signing", "kserve-engine-export", "kserve-oci-export", "seldon-export", "seldon-core1-export",
+        "seldon-core1-local", "mlserver", "ts-grpc-stubs",
         *IMAGE_BLOCKS,
     }  # fmt: skip
 
@@ -192,8 +192,11 @@ def test_the_sentence_embedder_runs_as_written(tmp_path):
 
 @pytest.mark.matrix  # tests/cli/test_golden.py and tests/export/ run the same commands in make test
 def test_the_exports_run_as_written(tmp_path):
-    run_blocks(tmp_path, "kserve-engine-export", "seldon-export", "seldon-core1-export")
+    out = run_blocks(tmp_path, "kserve-engine-export", "kserve-oci-export", "seldon-export", "seldon-core1-export")
     assert (tmp_path / "deploy-engine" / "servingruntime.yaml").is_file()
+    pinned = r"storageUri: oci\+native://registry\.example\.com/models/vision:1@sha256:[0-9a-f]{64}$"
+    assert re.search(pinned, out, re.M), out
+    assert (tmp_path / "deploy-image" / "model-image" / "index.json").is_file()
     assert (tmp_path / "deploy-engine" / "predictor-image" / "Dockerfile").is_file()
     assert (tmp_path / "seldon" / "experiment.yaml").is_file()
     assert (tmp_path / "seldon" / "models" / "vision-a" / "model-settings.json").is_file()
@@ -240,7 +243,7 @@ READING_ORDER = (
     "minilm", "own-handler",  # docs/handlers.md
     "golden", "golden-shadow",  # docs/golden.md
     "signing",  # docs/signing.md
-    "kserve-engine-export",  # docs/kserve.md
+    "kserve-engine-export", "kserve-oci-export",  # docs/kserve.md
     "seldon-export", "seldon-core1-export", "seldon-core1-local",  # docs/seldon.md
     "ts-grpc-stubs", "mlserver",  # docs/engines.md
 )  # fmt: skip

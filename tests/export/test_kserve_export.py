@@ -3,6 +3,7 @@
 over the same storage; the runtime registry and the export targets behind --engine."""
 
 import base64
+import hashlib
 import json
 import os
 import re
@@ -61,6 +62,7 @@ def test_export_writes_the_pvc_tree_and_valid_manifests(project, tmp_path):
     assert names == [
         "DEPLOY.md",
         "config/config.properties",
+        "config/tree-digests.json",  # what the predictor checks the tree against (tests/export/test_model_image.py)
         "inferenceservice-promote.yaml",  # --canary: the rollout's steps (tests/export/test_shadow_export.py)
         "inferenceservice-shadow.yaml",
         "inferenceservice.yaml",
@@ -697,9 +699,14 @@ def test_engine_export_is_a_serving_runtime_and_an_isvc_over_the_same_storage(pr
     torchserve = yaml.safe_load((tmp_path / "ts" / "inferenceservice.yaml").read_text())
     assert crds.problems(runtime) == [] and crds.problems(isvc) == []
 
-    # moving off TorchServe is a change of runtime, not of storage
+    # moving off TorchServe is a change of runtime, not of storage; each checks the same pinned tree its own way
     model = isvc["spec"]["predictor"]["model"]
     assert model.pop("runtime") == runtime["metadata"]["name"]
+    [pin], [ts_pin] = model.pop("env"), torchserve["spec"]["predictor"]["model"].pop("env")
+    check = torchserve["spec"]["predictor"]["model"].pop("command")
+    assert pin["name"] == ts_pin["name"] == "TSCTL_TREE_DIGEST" and f" {ts_pin['value']} && exec " in check[2]
+    for tree, digest in ((tmp_path / "engine", pin["value"]), (tmp_path / "ts", ts_pin["value"])):  # each its own
+        assert digest == "sha256:" + hashlib.sha256((tree / "config" / "tree-digests.json").read_bytes()).hexdigest()
     assert isvc == torchserve
     assert model["storageUri"] == "pvc://models/tsctl" and model["modelFormat"] == {"name": "pytorch"}
 

@@ -94,7 +94,11 @@ def test_the_auto_selected_runtime_waits_for_kserve_torchserve_by_default(projec
     whatever its protocol, unchanged."""
     runtime, isvc, deploy, notes = exported(project, tmp_path / "auto", engine="tsctl", image=IMAGE, auto_select=True)
     _, torchserve_isvc, _, _ = exported(project, tmp_path / "torchserve")
-    assert isvc == torchserve_isvc and "runtime" not in isvc["spec"]["predictor"]["model"]  # nothing to change
+    torchserve_model = torchserve_isvc["spec"]["predictor"]["model"]
+    assert torchserve_model.pop("command")[:2] == ["sh", "-c"]  # the TorchServe image's own tree check, not here
+    for model in (torchserve_model, isvc["spec"]["predictor"]["model"]):  # each tree pinned by its own digest
+        assert [e["name"] for e in model.pop("env")] == ["TSCTL_TREE_DIGEST"]
+    assert isvc == torchserve_isvc and "runtime" not in isvc["spec"]["predictor"]["model"]  # nothing else changes
     assert crds.problems(runtime) == [] and crds.problems(isvc) == [] and notes == []
     assert runtime["spec"]["supportedModelFormats"] == [
         {"name": "pytorch", "version": "1", "autoSelect": True, "priority": 1}

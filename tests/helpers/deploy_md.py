@@ -1,5 +1,5 @@
 """Run an exported DEPLOY.md's shell blocks as a user pastes them, without a cluster: kubectl, docker and
-curl are stub scripts first on PATH that record their arguments (and answer nothing); everything else
+curl (and skopeo) are stub scripts first on PATH that record their arguments (and answer nothing); everything else
 (python3 building the request bodies, test, sh itself) is real. Then check what they were given: every file
 ``kubectl apply -f`` / ``kubectl cp`` / ``docker build`` / ``curl --data-binary @`` names exists relative to
 the directory DEPLOY.md is in, and no path of the machine that exported it appears anywhere in the tree."""
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
-STUBBED = ("kubectl", "docker", "curl", "tsctl")  # the cluster's side, the calls that would reach it
+STUBBED = ("kubectl", "docker", "curl", "tsctl", "skopeo")  # the cluster's side, the calls that would reach it
 SEPARATOR = "\x1f"  # between a call's arguments; a call per line
 STUB = """#!/bin/sh
 # records its name and arguments, one call per line, and answers nothing. DEPLOY.md runs some in the
@@ -79,6 +79,8 @@ def referenced_files(run: Run) -> List[str]:
             files.append(args[-1])
     for args in run.of("curl"):
         files += [arg[1:] for arg in args if arg.startswith("@")]
+    for args in run.of("skopeo"):  # skopeo copy ... oci:LAYOUT:TAG docker://REF
+        files += [arg.split(":")[1] for arg in args if arg.startswith("oci:")]
     return files
 
 

@@ -1093,10 +1093,10 @@ def test_config_refuses_worker_flags_and_archives_naming_the_key(tmp_path):
 )  # fmt: skip
 def test_a_storage_uri_outside_its_claim_is_one_line(uri):
     from archiver.errors import UserError
-    from archiver.export import kserve
+    from archiver.export import kserve_storage
 
     try:
-        claim, path = kserve.storage_path(uri)
+        claim, path = kserve_storage.storage_path(uri)
     except UserError as exc:
         assert "\n" not in str(exc) and "--storage-uri" in str(exc), str(exc)
         return

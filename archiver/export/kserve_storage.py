@@ -1,0 +1,149 @@
+"""Where ``tsctl export kserve`` puts the tree for the pod (``--storage``): a ``Storage`` per kind, asked by
+archiver/export/kserve.py, never compared by name.
+
+    pvc  the tree copied onto a PersistentVolumeClaim (``--storage-uri pvc://CLAIM/PATH``): pvc.yaml, the
+         copy pod, DEPLOY.md's copy steps
+    oci  the tree as a model image (``--image-ref REF``, archiver/export/model_image.py), mounted by KServe
+         0.20 as an image volume: ``storageUri: oci+native://REF@sha256:DIGEST``
+
+Either way the tree carries its digests (serving/tree_digests.py) and the InferenceService pins them.
+"""
+
+import re
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+from ..errors import UserError
+from . import core, kube, model_image
+from .options import ExportOptions
+
+PVC_URI = re.compile(r"^pvc://([a-z0-9]([-a-z0-9.]*[a-z0-9])?)(/[^\s]*)?$")
+PATH_SEGMENT = re.compile(r"^[A-Za-z0-9_.-]+$")  # a segment of the path inside the claim (storage_path)
+PENDING = "sha256:" + "0" * 64  # a digest not known yet: the manifests are checked with it, then pinned
+
+
+class Storage:
+    """Where the tree goes; see the module docstring."""
+
+    def uri(self) -> str:
+        """The InferenceService's storageUri (``PENDING`` where a digest comes once the tree is written)."""
+        raise NotImplementedError
+
+    def manifests(self, options: ExportOptions, archives: List[Path]) -> Dict[str, dict]:
+        return {}
+
+    def write(self, staging: Path) -> Tuple[List[Path], Dict[str, str]]:
+        """Files written beside the tree once it is complete, and the digests to pin in the manifests."""
+        return [], {}
+
+    def steps(self, options: ExportOptions, archives: List[Path], config_files: Sequence[str]) -> str:
+        """DEPLOY.md's steps 1 and 2: the tree where the pod finds it."""
+        raise NotImplementedError
+
+
+class Pvc(Storage):
+    def __init__(self, options: ExportOptions):
+        if options.image_ref is not None:
+            raise UserError("--image-ref is for --storage oci: the PVC flow copies the tree onto --storage-uri's claim")
+        if not options.storage_uri:
+            raise UserError("--storage pvc needs --storage-uri pvc://CLAIM/PATH: the claim the tree is copied to")
+        self.storage_uri = options.storage_uri
+        self.claim, self.sub_path = storage_path(options.storage_uri)
+
+    def uri(self) -> str:
+        return self.storage_uri
+
+    def manifests(self, options: ExportOptions, archives: List[Path]) -> Dict[str, dict]:
+        return {
+            "pvc-copy-pod.yaml": core.copy_pod(options.name, options.namespace, self.claim),
+            "pvc.yaml": core.claim_manifest(self.claim, options.namespace, archives),
+        }
+
+    def steps(self, options: ExportOptions, archives: List[Path], config_files: Sequence[str]) -> str:
+        pod, ns = f"{options.name}-copy", f"-n {options.namespace}"
+        root = f"/pvc/{self.sub_path}".rstrip("/")
+        transformer = [Path(options.transformer_archive)] if options.transformer_archive else []
+        folders = [f"{root}/config", f"{root}/model-store"] + ([f"{root}/transformer"] if transformer else [])
+        copies = [f"kubectl cp {ns} config/{name} {pod}:{root}/config/{name}" for name in config_files]
+        copies += [f"kubectl cp {ns} model-store/{a.name} {pod}:{root}/model-store/{a.name}" for a in archives]
+        copies += [f"kubectl cp {ns} transformer/{a.name} {pod}:{root}/transformer/{a.name}" for a in transformer]
+        return core.render(
+            "kserve-storage-pvc", claim=self.claim, claim_size=core.claim_size(archives + transformer), ns=ns,
+            mounted=f"{self.claim}/{self.sub_path}".rstrip("/"), uid=core.COPY_POD_UID, pod=pod,
+            folders=" ".join(folders), copies=core.lines(copies), root=root,
+        )  # fmt: skip
+
+
+class Oci(Storage):
+    def __init__(self, options: ExportOptions):
+        if options.storage_uri:
+            raise UserError("--storage-uri is for --storage pvc: with --storage oci the InferenceService's storageUri "
+                            "is the image's (--image-ref), pinned by its digest")  # fmt: skip
+        if not options.image_ref:
+            raise UserError("--storage oci needs --image-ref REGISTRY/NAME:TAG: where you will push the model image")
+        kube.image_reference(options.image_ref, "--image-ref", "name it e.g. registry.example.com/models/resnet:1")
+        if "@" in options.image_ref:
+            raise UserError(f"--image-ref {options.image_ref!r} holds a digest: give REGISTRY/NAME:TAG, and the "
+                            "export pins the digest of the image it writes")  # fmt: skip
+        self.reference = options.image_ref
+        self.digest = PENDING
+
+    def uri(self) -> str:
+        return f"oci+native://{self.reference}@{PENDING}"
+
+    def write(self, staging: Path) -> Tuple[List[Path], Dict[str, str]]:
+        self.digest, files = model_image.write(staging, staging / model_image.FOLDER, self.reference)
+        return files, {self.uri(): f"oci+native://{self.reference}@{self.digest}"}
+
+    def steps(self, options: ExportOptions, archives: List[Path], config_files: Sequence[str]) -> str:
+        host = self.reference.split("/", 1)[0] if "/" in self.reference else "docker.io"
+        return core.render(
+            "kserve-storage-oci", image_ref=self.reference, image_digest=self.digest, registry=host,
+            tag=model_image.tag_of(self.reference),
+            transformer_folder=" and `/models/transformer/`" if options.transformer_archive else "",
+        )  # fmt: skip
+
+
+STORAGES = {"pvc": Pvc, "oci": Oci}
+
+
+def of(options: ExportOptions) -> Storage:
+    kind = STORAGES.get(options.storage)
+    if kind is None:
+        raise UserError(f"--storage {options.storage!r} must be one of {', '.join(STORAGES)}")
+    return kind(options)
+
+
+def storage_path(uri: str) -> Tuple[str, str]:
+    """The claim and the path inside it of ``--storage-uri pvc://CLAIM/PATH`` (PATH "" for the claim's
+    root). PATH is where DEPLOY.md copies the tree, inside the claim: segments of letters, digits, '-',
+    '_' and '.', none empty (``//``: an absolute path), '.' or '..' (outside the claim); one trailing '/'
+    is allowed. A one-line UserError otherwise."""
+    match = PVC_URI.match(uri)
+    if not match:
+        raise UserError(f"--storage-uri {uri!r} must look like pvc://CLAIM/PATH")
+    path = match.group(3) or ""
+    path = path[:-1] if path.endswith("/") else path
+    segments = path.split("/")[1:]
+    bad = next((s for s in segments if s in ("", ".", "..") or not PATH_SEGMENT.match(s)), None)
+    if bad is not None:
+        named = {"": "an empty segment (//)", ".": "a '.' segment", "..": "a '..' segment"}
+        why = named.get(bad, f"the segment {bad!r}")
+        raise UserError(
+            f"--storage-uri {uri!r} has {why} in its path, which DEPLOY.md would copy to: give a path inside "
+            "the claim of letters, digits, '-', '_' and '.' segments, e.g. pvc://models/vision"
+        )
+    return match.group(1), "/".join(segments)
+
+
+def pinned(document, values: Dict[str, str]):
+    """``document`` (a manifest: dicts, lists, strings) with each key of ``values`` replaced by its value in
+    every string: the digests known once the tree is written."""
+    if isinstance(document, dict):
+        return {key: pinned(value, values) for key, value in document.items()}
+    if isinstance(document, list):
+        return [pinned(value, values) for value in document]
+    if isinstance(document, str):
+        for pending, value in values.items():
+            document = document.replace(pending, value)
+    return document

@@ -1,0 +1,124 @@
+"""``tsctl export kserve --storage oci``: the export's tree as a model image, an OCI image layout in
+OUT/model-image that holds data only: ``/models/`` with exactly what the PVC flow copies (config/,
+model-store/, transformer/). KServe 0.20 mounts such an image's ``/models`` at /mnt/models as a Kubernetes
+image volume (``storageUri: oci+native://REF@sha256:DIGEST``, pkg/utils/storage.go
+ConfigureOciNativeToContainer: subPath "models"), so TorchServe's runtime arguments stay unchanged.
+
+The image is written here, with no tool and no daemon, and is reproducible: the same tree gives the same
+bytes and so the same digest (entries sorted, one fixed time, owner root, modes 0755/0644, an uncompressed
+layer: no compressor's version in the bytes). One layer, one config per platform (linux/amd64 and
+linux/arm64: the data fits both) and an image index over them, whose digest the InferenceService pins.
+Push it as it is, digests preserved: ``skopeo copy --all --preserve-digests oci:model-image:TAG
+docker://REF`` (DEPLOY.md).
+"""
+
+import hashlib
+import json
+import tarfile
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+from serving.tree_digests import FOLDERS
+
+FOLDER = "model-image"  # OUT/model-image: the OCI image layout
+ROOT = "models"  # the folder of the image KServe mounts (subPath "models")
+PLATFORMS = (("linux", "amd64"), ("linux", "arm64"))
+EPOCH = 0  # every entry's time: the tree's bytes alone decide the digest
+LAYER = "application/vnd.oci.image.layer.v1.tar"
+CONFIG = "application/vnd.oci.image.config.v1+json"
+MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+INDEX = "application/vnd.oci.image.index.v1+json"
+REF_NAME = "org.opencontainers.image.ref.name"
+
+
+def tag_of(reference: str) -> str:
+    """The tag of an image reference (``registry:5000/models/resnet:2`` -> ``2``; none -> ``latest``)."""
+    name = reference.rsplit("/", 1)[-1]
+    return name.split(":", 1)[1] if ":" in name else "latest"
+
+
+class Hashing:
+    """A file written and hashed at once (what tarfile writes to): the layer is never held in memory."""
+
+    def __init__(self, target):
+        self.target, self.sha256, self.size = target, hashlib.sha256(), 0
+
+    def tell(self) -> int:
+        return self.size
+
+    def write(self, data) -> int:
+        self.sha256.update(data)
+        self.size += len(data)
+        return self.target.write(data)
+
+
+def write_layer(tree: Path, target) -> dict:
+    """The one layer, written to ``target``: ``models/`` and the tree's folders under it, a reproducible tar;
+    its descriptor."""
+    hashing = Hashing(target)
+    with tarfile.open(fileobj=hashing, mode="w", format=tarfile.PAX_FORMAT) as layer:
+        layer.addfile(entry(ROOT + "/", tarfile.DIRTYPE, 0))
+        for top in FOLDERS:
+            if not (tree / top).is_dir():
+                continue
+            for path in [tree / top] + sorted((tree / top).rglob("*")):
+                name = f"{ROOT}/{path.relative_to(tree).as_posix()}"
+                if path.is_dir():
+                    layer.addfile(entry(name + "/", tarfile.DIRTYPE, 0))
+                else:
+                    with open(path, "rb") as data:
+                        layer.addfile(entry(name, tarfile.REGTYPE, path.stat().st_size), data)
+    return {"mediaType": LAYER, "digest": "sha256:" + hashing.sha256.hexdigest(), "size": hashing.size}
+
+
+def entry(name: str, kind: bytes, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.size, info.mtime = kind, size, EPOCH
+    info.mode = 0o755 if kind == tarfile.DIRTYPE else 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def canonical(document: dict) -> bytes:
+    return json.dumps(document, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def descriptor(media_type: str, data: bytes, **more) -> dict:
+    return {"mediaType": media_type, "digest": "sha256:" + hashlib.sha256(data).hexdigest(), "size": len(data), **more}
+
+
+def platform_blobs(layer: dict) -> Tuple[List[bytes], bytes]:
+    """Each platform's config and manifest over ``layer`` (its descriptor), and the image index's bytes."""
+    blobs, manifests = [], []
+    for system, architecture in PLATFORMS:
+        config = canonical({
+            "architecture": architecture, "os": system, "config": {},
+            "rootfs": {"type": "layers", "diff_ids": [layer["digest"]]},
+        })  # fmt: skip
+        manifest = canonical({
+            "schemaVersion": 2, "mediaType": MANIFEST, "config": descriptor(CONFIG, config), "layers": [layer],
+        })  # fmt: skip
+        blobs += [config, manifest]
+        manifests.append(descriptor(MANIFEST, manifest, platform={"architecture": architecture, "os": system}))
+    return blobs, canonical({"schemaVersion": 2, "mediaType": INDEX, "manifests": manifests})
+
+
+def write(tree: Path, out: Path, reference: str) -> Tuple[str, List[Path]]:
+    """Write the image of ``tree`` as the OCI image layout ``out``, tagged with ``reference``'s tag; return
+    the image index's digest (what ``oci+native://REF@DIGEST`` pins) and the files written."""
+    blobs_dir = out / "blobs" / "sha256"
+    blobs_dir.mkdir(parents=True)
+    with open(blobs_dir / "layer.partial", "wb") as target:
+        layer = write_layer(tree, target)
+    written = blobs_dir / layer["digest"].split(":", 1)[1]
+    (blobs_dir / "layer.partial").rename(written)
+    blobs, index = platform_blobs(layer)
+    top = canonical({"schemaVersion": 2, "mediaType": INDEX,
+                     "manifests": [descriptor(INDEX, index, annotations={REF_NAME: tag_of(reference)})]})  # fmt: skip
+    files: Dict[Path, bytes] = {out / "oci-layout": canonical({"imageLayoutVersion": "1.0.0"}), out / "index.json": top}
+    for blob in blobs + [index]:
+        files[blobs_dir / hashlib.sha256(blob).hexdigest()] = blob
+    for path, data in files.items():
+        path.write_bytes(data)
+    return descriptor(INDEX, index)["digest"], sorted([written, *files])
