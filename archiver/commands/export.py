@@ -191,6 +191,14 @@ def export_kserve(out, config_path, split, as_json, **options):
 @click.option("--server", default="tsctl-mlserver", show_default=True, help="The Seldon Server's name.")
 @click.option("--claim", default="tsctl-models", show_default=True, help="The PersistentVolumeClaim holding models/.")
 @click.option(
+    "--storage",
+    type=click.Choice(("pvc", "oci")),
+    default="pvc",
+    show_default=True,
+    help="Where the Server finds models/: on --claim, or a model image (--image-ref) mounted into its pod.",
+)
+@click.option("--image-ref", help="--storage oci: REGISTRY/NAME:TAG the model image is pushed to.")
+@click.option(
     "--namespace",
     help="The namespace Seldon Core 2 runs in (default seldon-mesh): the Server, Models, claim and copy pod go "
     "there; --core 1: the SeldonDeployment's (default seldon).",
@@ -265,7 +273,7 @@ def export_seldon(out, config_path, ab, default_model, mirror, as_json, core, na
     emit(reports.export_report(out, result), reports.export_text, as_json)
 
 
-CORE2_ONLY = ("server", "default_model", "experiment", "mirror")  # Seldon Core 2's Server and Experiment
+CORE2_ONLY = ("server", "default_model", "experiment", "mirror", "storage", "image_ref")  # Core 2: Server, image
 
 
 def export_core1(out, config_path, ab, name, options):
@@ -276,7 +284,9 @@ def export_core1(out, config_path, ab, name, options):
     for parameter in CORE2_ONLY:
         if context.get_parameter_source(parameter) is click.core.ParameterSource.COMMANDLINE:
             flag = "--default" if parameter == "default_model" else f"--{parameter}"
-            raise UserError(f"{flag} is for Seldon Core 2 (--core 2): a Core 1 graph has no Server nor Experiment")
-    options.pop("server"), options.pop("experiment")
+            raise UserError(f"{flag} is for Seldon Core 2 (--core 2): a Core 1 graph has no Server nor Experiment, "
+                            "and its units read the claim")  # fmt: skip
+    for parameter in ("server", "experiment", "storage", "image_ref"):
+        options.pop(parameter)
     extra = {"name": name} if name else {}
     return seldon_core1.export(seldon_core1.SeldonCore1Options(out=out, config=config_path, ab=ab, **options, **extra))

@@ -41,7 +41,7 @@ from ..choices import KSERVE_PROTOCOLS
 from ..errors import UserError
 from ..mar import MODEL_NAME, handler_record, model_config, read_manifest, rewrite_archive, shown_name
 from ..properties import check_keys, check_store, metrics_yaml, read_properties, render, snapshot_of
-from . import autoscale, core, crds, kserve_canary, kserve_storage, kube, out_dir, targets
+from . import autoscale, core, crds, kserve_canary, kserve_storage, kube, model_image, out_dir, targets
 from .bodies import Served, sample_inputs
 from .kserve_deploy import curl_lines, deploy_md, predict_path
 from .options import ExportOptions
@@ -123,7 +123,7 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
         files += [listing] + image_files + target.write_files(staging, options, archives)
         digests[targets.TREE_PENDING] = tree_digest
         for name, manifest in manifests.items():
-            manifest = kserve_storage.pinned(manifest, digests)
+            manifest = model_image.pinned(manifest, digests)
             (staging / name).write_text(kube.manifest_text(manifest), encoding="utf-8")
             files.append(staging / name)
         files += core.write_inputs(staging, inputs)

@@ -14,19 +14,19 @@ from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 from ..errors import UserError
-from . import core, kube, model_image
+from . import core, model_image
 from .options import ExportOptions
 
 PVC_URI = re.compile(r"^pvc://([a-z0-9]([-a-z0-9.]*[a-z0-9])?)(/[^\s]*)?$")
 PATH_SEGMENT = re.compile(r"^[A-Za-z0-9_.-]+$")  # a segment of the path inside the claim (storage_path)
-PENDING = "sha256:" + "0" * 64  # a digest not known yet: the manifests are checked with it, then pinned
 
 
 class Storage:
     """Where the tree goes; see the module docstring."""
 
     def uri(self) -> str:
-        """The InferenceService's storageUri (``PENDING`` where a digest comes once the tree is written)."""
+        """The InferenceService's storageUri (``model_image.PENDING`` where a digest comes once the tree is
+        written)."""
         raise NotImplementedError
 
     def manifests(self, options: ExportOptions, archives: List[Path]) -> Dict[str, dict]:
@@ -81,15 +81,12 @@ class Oci(Storage):
                             "is the image's (--image-ref), pinned by its digest")  # fmt: skip
         if not options.image_ref:
             raise UserError("--storage oci needs --image-ref REGISTRY/NAME:TAG: where you will push the model image")
-        kube.image_reference(options.image_ref, "--image-ref", "name it e.g. registry.example.com/models/resnet:1")
-        if "@" in options.image_ref:
-            raise UserError(f"--image-ref {options.image_ref!r} holds a digest: give REGISTRY/NAME:TAG, and the "
-                            "export pins the digest of the image it writes")  # fmt: skip
+        model_image.check_reference(options.image_ref)
         self.reference = options.image_ref
-        self.digest = PENDING
+        self.digest = model_image.PENDING
 
     def uri(self) -> str:
-        return f"oci+native://{self.reference}@{PENDING}"
+        return f"oci+native://{self.reference}@{model_image.PENDING}"
 
     def write(self, staging: Path) -> Tuple[List[Path], Dict[str, str]]:
         self.digest, files = model_image.write(staging, staging / model_image.FOLDER, self.reference)
@@ -134,16 +131,3 @@ def storage_path(uri: str) -> Tuple[str, str]:
             "the claim of letters, digits, '-', '_' and '.' segments, e.g. pvc://models/vision"
         )
     return match.group(1), "/".join(segments)
-
-
-def pinned(document, values: Dict[str, str]):
-    """``document`` (a manifest: dicts, lists, strings) with each key of ``values`` replaced by its value in
-    every string: the digests known once the tree is written."""
-    if isinstance(document, dict):
-        return {key: pinned(value, values) for key, value in document.items()}
-    if isinstance(document, list):
-        return [pinned(value, values) for value in document]
-    if isinstance(document, str):
-        for pending, value in values.items():
-            document = document.replace(pending, value)
-    return document

@@ -16,9 +16,12 @@ import hashlib
 import json
 import tarfile
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from serving.tree_digests import FOLDERS
+
+from ..errors import UserError
+from . import kube
 
 FOLDER = "model-image"  # OUT/model-image: the OCI image layout
 ROOT = "models"  # the folder of the image KServe mounts (subPath "models")
@@ -29,6 +32,16 @@ CONFIG = "application/vnd.oci.image.config.v1+json"
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 INDEX = "application/vnd.oci.image.index.v1+json"
 REF_NAME = "org.opencontainers.image.ref.name"
+PENDING = "sha256:" + "0" * 64  # a digest not known yet: the manifests are checked with it, then ``pinned``
+
+
+def check_reference(reference: str, flag: str = "--image-ref"):
+    """A UserError unless ``reference`` names where the image goes (REGISTRY/NAME:TAG), without a digest: the
+    export pins the digest of the image it writes."""
+    kube.image_reference(reference, flag, "name it e.g. registry.example.com/models/resnet:1")
+    if "@" in reference:
+        raise UserError(f"{flag} {reference!r} holds a digest: give REGISTRY/NAME:TAG, and the export pins the "
+                        "digest of the image it writes")  # fmt: skip
 
 
 def tag_of(reference: str) -> str:
@@ -52,13 +65,13 @@ class Hashing:
         return self.target.write(data)
 
 
-def write_layer(tree: Path, target) -> dict:
-    """The one layer, written to ``target``: ``models/`` and the tree's folders under it, a reproducible tar;
-    its descriptor."""
+def write_layer(tree: Path, target, folders: Sequence[str] = FOLDERS) -> dict:
+    """The one layer, written to ``target``: ``models/`` and the tree's ``folders`` under it, a reproducible
+    tar; its descriptor."""
     hashing = Hashing(target)
     with tarfile.open(fileobj=hashing, mode="w", format=tarfile.PAX_FORMAT) as layer:
         layer.addfile(entry(ROOT + "/", tarfile.DIRTYPE, 0))
-        for top in FOLDERS:
+        for top in folders:
             if not (tree / top).is_dir():
                 continue
             for path in [tree / top] + sorted((tree / top).rglob("*")):
@@ -104,13 +117,14 @@ def platform_blobs(layer: dict) -> Tuple[List[bytes], bytes]:
     return blobs, canonical({"schemaVersion": 2, "mediaType": INDEX, "manifests": manifests})
 
 
-def write(tree: Path, out: Path, reference: str) -> Tuple[str, List[Path]]:
-    """Write the image of ``tree`` as the OCI image layout ``out``, tagged with ``reference``'s tag; return
-    the image index's digest (what ``oci+native://REF@DIGEST`` pins) and the files written."""
+def write(tree: Path, out: Path, reference: str, folders: Sequence[str] = FOLDERS) -> Tuple[str, List[Path]]:
+    """Write the image of ``tree``'s ``folders`` (export kserve's; export seldon's models/) as the OCI image
+    layout ``out``, tagged with ``reference``'s tag; return the image index's digest (what
+    ``oci+native://REF@DIGEST`` and an image volume pin) and the files written."""
     blobs_dir = out / "blobs" / "sha256"
     blobs_dir.mkdir(parents=True)
     with open(blobs_dir / "layer.partial", "wb") as target:
-        layer = write_layer(tree, target)
+        layer = write_layer(tree, target, folders)
     written = blobs_dir / layer["digest"].split(":", 1)[1]
     (blobs_dir / "layer.partial").rename(written)
     blobs, index = platform_blobs(layer)
@@ -122,3 +136,16 @@ def write(tree: Path, out: Path, reference: str) -> Tuple[str, List[Path]]:
     for path, data in files.items():
         path.write_bytes(data)
     return descriptor(INDEX, index)["digest"], sorted([written, *files])
+
+
+def pinned(document, values: Dict[str, str]):
+    """``document`` (a manifest: dicts, lists, strings) with each key of ``values`` replaced by its value in
+    every string: the digests known once the tree is written."""
+    if isinstance(document, dict):
+        return {key: pinned(value, values) for key, value in document.items()}
+    if isinstance(document, list):
+        return [pinned(value, values) for value in document]
+    if isinstance(document, str):
+        for pending, value in values.items():
+            document = document.replace(pending, value)
+    return document

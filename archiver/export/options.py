@@ -68,7 +68,14 @@ class SeldonOptions:
     mirror: Optional[Tuple[str, int]] = None  # --mirror MODEL=PERCENT: a shadow of --default (seldon_mirror.py)
     transformer_archive: Optional[str] = None
     transformer_model: Optional[str] = None
+    storage: str = "pvc"  # pvc: models/ copied onto --claim; oci: a model image mounted into the Server's pod
+    image_ref: Optional[str] = None  # --storage oci: where the model image will be pushed (REGISTRY/NAME:TAG)
     force: bool = False
+
+    @property
+    def model_image(self) -> bool:
+        """Whether models/ goes to the Server as a model image (``--storage oci``) rather than on the claim."""
+        return self.storage == "oci"
 
 
 @dataclass

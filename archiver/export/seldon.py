@@ -57,7 +57,7 @@ from serving import ts_config
 
 from .. import mlserver
 from ..errors import UserError
-from . import core, crds, out_dir, seldon_mirror
+from . import core, crds, model_image, out_dir, seldon_mirror
 from .bodies import sample_inputs
 from .kube import check_gpus, check_resources, image_reference, label, suggest
 from .options import SeldonOptions
@@ -140,8 +140,10 @@ def check(options: SeldonOptions) -> Plan:
         for document in documents:
             crds.check(document, name)
     manifests["networkpolicy.yaml"] = [network_policy(options)]
-    manifests["pvc.yaml"] = [core.claim_manifest(options.claim, options.namespace, [e.archive for e in all_entries])]
-    manifests["pvc-copy-pod.yaml"] = [core.copy_pod(options.server, options.namespace, options.claim)]
+    if not options.model_image:  # the claim, and the pod that copies models/ onto it
+        archives = [e.archive for e in all_entries]
+        manifests["pvc.yaml"] = [core.claim_manifest(options.claim, options.namespace, archives)]
+        manifests["pvc-copy-pod.yaml"] = [core.copy_pod(options.server, options.namespace, options.claim)]
     return Plan(entries, transformers, manifests, experiment, pipeline, pipeline_model, notes)
 
 
@@ -159,6 +161,10 @@ def check_flags(options: SeldonOptions):
                     "registry.example.com/tsctl-mlserver:1")  # fmt: skip
     check_resources(options.cpu, options.memory)
     check_gpus(options.gpus)
+    if options.model_image:
+        model_image.check_reference(options.image_ref or "", "--image-ref")
+    elif options.image_ref is not None:
+        raise UserError("--image-ref is for --storage oci: the PVC flow copies models/ onto --claim")
     if not options.ab and not options.mirror and (options.default or options.experiment):
         flag = "--default" if options.default else "--experiment"
         raise UserError(f"{flag} is for an A/B experiment: give its candidates with --ab MODEL=WEIGHT (twice or more)")
@@ -328,12 +334,18 @@ def write(plan: Plan, options: SeldonOptions, root: Path) -> List[Path]:
         core.copy_archive(entry.archive, folder / entry.archive.name)
         (folder / mlserver.MODEL_SETTINGS).write_text(json.dumps(entry.settings, indent=2) + "\n")
         files += [folder / entry.archive.name, folder / mlserver.MODEL_SETTINGS]
+    digests, digest = {}, None
+    if options.model_image:  # models/ complete: its image, whose digest the Server's volume pins
+        digest, image_files = model_image.write(root, root / model_image.FOLDER, options.image_ref, (MODELS_DIR,))
+        files += image_files
+        digests[f"{options.image_ref}@{model_image.PENDING}"] = f"{options.image_ref}@{digest}"
     for name, documents in plan.manifests.items():
+        documents = [model_image.pinned(document, digests) for document in documents]
         (root / name).write_text(yaml.safe_dump_all(documents, sort_keys=False), encoding="utf-8")
         files.append(root / name)
     files += write_image_context(root, options, plan.entries + plan.transformers)
     served = served_models(plan)
     files += core.write_inputs(root, sample_inputs(served))
-    (root / "DEPLOY.md").write_text(deploy_md(options, plan, served), encoding="utf-8")
+    (root / "DEPLOY.md").write_text(deploy_md(options, plan, served, digest), encoding="utf-8")
     files.append(root / "DEPLOY.md")
     return files

@@ -1,12 +1,12 @@
 """``export seldon``'s DEPLOY.md (templates/seldon*.md) and its curl lines: every command relative to the
 directory DEPLOY.md is in, from the image build to one curl per model."""
 
-from typing import List
+from typing import List, Optional
 
 from serving.ts_config import Frontend
 
 from .. import mlserver
-from . import core, seldon_mirror
+from . import core, model_image, seldon_mirror
 from .bodies import Served, request_bodies
 from .options import SeldonOptions
 from .seldon_image import BASE_IMAGE, IMAGE_DIR
@@ -54,17 +54,33 @@ def served_models(plan: Plan) -> List[Served]:
     return served
 
 
-def deploy_md(options: SeldonOptions, plan: Plan, served: List[Served]) -> str:
-    """DEPLOY.md (templates/seldon.md); ``served``: served_models(plan), their sample inputs chosen
-    (bodies.sample_inputs)."""
+def storage_steps(options: SeldonOptions, plan: Plan, image_digest: Optional[str]) -> str:
+    """Steps 2 and 3: models/ onto the claim, or the model image pushed (``--storage oci``)."""
     ns, pod = f"-n {options.namespace}", f"{options.server}-copy"
+    if options.model_image:
+        return core.render(
+            "seldon-storage-oci", models_dir=MODELS_DIR, image_digest=image_digest, mount=MOUNT,
+            registry=options.image_ref.split("/", 1)[0], tag=model_image.tag_of(options.image_ref),
+            image_ref=options.image_ref,
+        )  # fmt: skip
     entries = plan.entries + plan.transformers
-    curls = curl_lines(options, plan)
     copies = [
         f"kubectl cp {ns} {MODELS_DIR}/{entry.name}/{file} {pod}:/pvc/{MODELS_DIR}/{entry.name}/{file}"
         for entry in entries
         for file in (entry.archive.name, mlserver.MODEL_SETTINGS)
     ]
+    return core.render(
+        "seldon-storage-pvc", claim=options.claim, claim_size=core.claim_size([entry.archive for entry in entries]),
+        ns=ns, mount=MOUNT, uid=core.COPY_POD_UID, pod=pod, models_dir=MODELS_DIR,
+        folders=" ".join(f"/pvc/{MODELS_DIR}/{e.name}" for e in entries), copies=core.lines(copies),
+    )  # fmt: skip
+
+
+def deploy_md(options: SeldonOptions, plan: Plan, served: List[Served], image_digest: Optional[str] = None) -> str:
+    """DEPLOY.md (templates/seldon.md); ``served``: served_models(plan), their sample inputs chosen
+    (bodies.sample_inputs); ``image_digest``: the model image's, with ``--storage oci``."""
+    ns = f"-n {options.namespace}"
+    curls = curl_lines(options, plan)
     text = core.render(
         "seldon",
         models=", ".join(e.name for e in plan.entries),
@@ -76,14 +92,9 @@ def deploy_md(options: SeldonOptions, plan: Plan, served: List[Served]) -> str:
         base_image=BASE_IMAGE,
         implementation=mlserver.IMPLEMENTATION,
         runtime_path=RUNTIME_PATH,
-        claim=options.claim,
-        claim_size=core.claim_size([entry.archive for entry in entries]),
+        storage_steps=storage_steps(options, plan, image_digest),
         ns=ns,
         mount=MOUNT,
-        uid=core.COPY_POD_UID,
-        pod=pod,
-        folders=" ".join(f"/pvc/{MODELS_DIR}/{e.name}" for e in entries),
-        copies=core.lines(copies),
         models_dir=MODELS_DIR,
         server=options.server,
         capabilities=", ".join(CAPABILITIES),

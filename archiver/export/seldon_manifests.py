@@ -5,7 +5,7 @@ that keeps other pods off MLServer's own ports."""
 from decimal import Decimal
 from typing import List
 
-from . import kube
+from . import kube, model_image
 from .options import SeldonOptions
 from .seldon_plan import (
     AGENT_PORTS,
@@ -32,6 +32,21 @@ def server_memory(options: SeldonOptions, models: int) -> str:
     return f"{text}{unit or ''}"
 
 
+def models_volume(options: SeldonOptions) -> dict:
+    """Where models/ comes from: the claim, or (``--storage oci``) the model image by its digest (pinned once
+    it is written: ``model_image.PENDING``)."""
+    if options.model_image:
+        reference = f"{options.image_ref}@{model_image.PENDING}"
+        return {"name": CLAIM_VOLUME, "image": {"reference": reference, "pullPolicy": "IfNotPresent"}}
+    return {"name": CLAIM_VOLUME, "persistentVolumeClaim": {"claimName": options.claim, "readOnly": True}}
+
+
+def models_mount(options: SeldonOptions) -> dict:
+    """models/ at MOUNT/models/: the claim's root, or the image's /models (``model_image.ROOT``)."""
+    mount = {"name": CLAIM_VOLUME, "mountPath": MOUNT, "readOnly": True}
+    return {**mount, "subPath": model_image.ROOT} if options.model_image else mount
+
+
 def server(options: SeldonOptions, models: int) -> dict:
     """The Server: Seldon's MLServer ServerConfig, its mlserver container running our image, the claim
     mounted read-only where the rclone container copies Models from."""
@@ -45,13 +60,11 @@ def server(options: SeldonOptions, models: int) -> dict:
             "extraCapabilities": list(CAPABILITIES),
             "replicas": 1,  # the claim is ReadWriteOnce: one node mounts it
             "podSpec": {
-                "volumes": [
-                    {"name": CLAIM_VOLUME, "persistentVolumeClaim": {"claimName": options.claim, "readOnly": True}}
-                ],
+                "volumes": [models_volume(options)],
                 "containers": [
                     {
                         "name": "rclone",
-                        "volumeMounts": [{"name": CLAIM_VOLUME, "mountPath": MOUNT, "readOnly": True}],
+                        "volumeMounts": [models_mount(options)],
                     },
                     {
                         "name": "mlserver",

@@ -320,3 +320,34 @@ def test_debians_tools_read_the_image_and_torchserve_serves_it(project, exported
 
 def digest_of_tree(out: Path) -> str:
     return "sha256:" + hashlib.sha256((out / tree_digests.LISTING).read_bytes()).hexdigest()
+
+
+def test_seldon_core2_mounts_the_same_kind_of_image_into_its_server(project, tmp_path):
+    """export seldon --storage oci: Seldon Core 2 fetches Models with rclone, which reads no OCI image, so the
+    Server's pod mounts the model image (by its index's digest, subPath models, where the claim was) and each
+    Model's storageUri lies in it; no claim, no copy pod; DEPLOY.md pushes it; --core 1 refuses the flags."""
+    from archiver.export import seldon, seldon_plan
+
+    ref = "registry.example.com/models/seldon:1"
+    out = tmp_path / "seldon"
+    config = str(project / "config" / "config.properties")
+    store = str(project / "model-store")
+    seldon.export(seldon.SeldonOptions(out=str(out), image="registry.example.com/mlserver:1", config=config,
+                                       model_store=store, storage="oci", image_ref=ref))  # fmt: skip
+    [top] = json.loads((out / model_image.FOLDER / "index.json").read_text())["manifests"]
+    [server_manifest] = list(yaml.safe_load_all((out / "server.yaml").read_text()))
+    crds.check(server_manifest, "server.yaml")
+    pod = server_manifest["spec"]["podSpec"]
+    pinned = {"reference": f"{ref}@{top['digest']}", "pullPolicy": "IfNotPresent"}
+    assert pod["volumes"] == [{"name": seldon_plan.CLAIM_VOLUME, "image": pinned}]
+    [mount] = pod["containers"][0]["volumeMounts"]
+    assert mount["mountPath"] == seldon_plan.MOUNT and mount["subPath"] == model_image.ROOT and mount["readOnly"]
+    rootfs = unpack(out / model_image.FOLDER, tmp_path / "rootfs")
+    for document in yaml.safe_load_all((out / "models.yaml").read_text()):
+        inside = Path(document["spec"]["storageUri"]).relative_to(seldon_plan.MOUNT)  # where the mount puts it
+        assert (rootfs / model_image.ROOT / inside / "model-settings.json").is_file(), inside
+    assert tree_of(rootfs / model_image.ROOT) == {k: v for k, v in tree_of(out).items() if k.startswith("models/")}
+    assert not (out / "pvc.yaml").exists() and not (out / "pvc-copy-pod.yaml").exists()
+    run = deploy_md.run_deploy_md(out, tmp_path / "stubs")
+    assert ["copy", "--all", "--preserve-digests", "oci:model-image:1", f"docker://{ref}"] in run.of("skopeo")
+    deploy_md.check_referenced_files_exist(out, run)
