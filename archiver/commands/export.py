@@ -7,7 +7,7 @@ from .. import choices
 from ..errors import UserError
 from ..output import Progress, json_option
 from .common import Command, emit
-from .options import engine_option, runtime_option
+from .options import engine_option, runtime_option, storage_options
 
 
 @click.group()
@@ -28,16 +28,11 @@ def parse_split(values):
 @export.command("kserve", cls=Command)
 @click.argument("out", type=click.Path())
 @click.option("--name", required=True, help="InferenceService name.")
-@click.option(
-    "--storage",
-    type=click.Choice(("pvc", "oci")),
-    default="pvc",
-    show_default=True,
-    help="Where the pod finds the tree: copied onto a claim (--storage-uri), or a model image (--image-ref) "
-    "KServe 0.20 mounts as an image volume.",
+@storage_options(
+    "Where the pod finds the tree: copied onto a claim (--storage-uri), or a model image (--image-ref) KServe 0.20 "
+    "mounts as an image volume."
 )
 @click.option("--storage-uri", help="--storage pvc: pvc://CLAIM/PATH the tree is copied to.")
-@click.option("--image-ref", help="--storage oci: REGISTRY/NAME:TAG the model image is pushed to.")
 @click.option(
     "--protocol",
     type=click.Choice(choices.KSERVE_PROTOCOLS),
@@ -190,14 +185,7 @@ def export_kserve(out, config_path, split, as_json, **options):
 @click.option("--name", help="--core 1: the SeldonDeployment's name (default tsctl-graph).")
 @click.option("--server", default="tsctl-mlserver", show_default=True, help="The Seldon Server's name.")
 @click.option("--claim", default="tsctl-models", show_default=True, help="The PersistentVolumeClaim holding models/.")
-@click.option(
-    "--storage",
-    type=click.Choice(("pvc", "oci")),
-    default="pvc",
-    show_default=True,
-    help="Where the Server finds models/: on --claim, or a model image (--image-ref) mounted into its pod.",
-)
-@click.option("--image-ref", help="--storage oci: REGISTRY/NAME:TAG the model image is pushed to.")
+@storage_options("Where the Server finds models/: on --claim, or a model image (--image-ref) mounted into its pod.")
 @click.option(
     "--namespace",
     help="The namespace Seldon Core 2 runs in (default seldon-mesh): the Server, Models, claim and copy pod go "

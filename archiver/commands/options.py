@@ -55,6 +55,20 @@ def runtime_option(help_text: str):
     )
 
 
+def storage_options(help_text: str):
+    """``--storage pvc|oci`` and ``--image-ref``: where the served tree goes, a claim or a model image."""
+
+    def add(command):
+        command = click.option("--image-ref", help="--storage oci: REGISTRY/NAME:TAG the model image is pushed to.")(
+            command
+        )
+        return click.option(
+            "--storage", type=click.Choice(("pvc", "oci")), default="pvc", show_default=True, help=help_text
+        )(command)
+
+    return add
+
+
 def expect_options(command):
     """``--expect-name`` and ``--expect-version``: what a signed archive must be signed as (with --public-key)."""
     command = click.option(
