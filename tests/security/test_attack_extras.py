@@ -16,7 +16,7 @@ import time
 import pytest
 
 from helpers.forks import forked_probe
-from serving import fork_server
+from serving import fork_server, module_shadowing
 
 PROBE = """\
 import json, os, sys
@@ -29,12 +29,12 @@ print(json.dumps({"PIL": PIL.__file__, "extras": "torchvision" in sys.modules}))
 def test_vendored_finds_a_package_anywhere_in_the_folder(tmp_path, monkeypatch):
     (tmp_path / "docs.d").mkdir()
     (tmp_path / "handler.py").write_text("")
-    assert fork_server.vendored(str(tmp_path), {"PIL", "regex"}) == []
+    assert module_shadowing.vendored(str(tmp_path), {"PIL", "regex"}) == []
     (tmp_path / "lib" / "deep").mkdir(parents=True)
     (tmp_path / "lib" / "deep" / "regex.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
-    assert fork_server.vendored(str(tmp_path), {"PIL", "regex"}) == ["regex"]
-    monkeypatch.setattr(fork_server, "VENDOR_WALK", 3)  # a folder too large to look through: spawned
-    assert fork_server.vendored(str(tmp_path), {"PIL"}) == [str(tmp_path)]
+    assert module_shadowing.vendored(str(tmp_path), {"PIL", "regex"}) == ["regex"]
+    monkeypatch.setattr(module_shadowing, "VENDOR_WALK", 3)  # a folder too large to look through: spawned
+    assert module_shadowing.vendored(str(tmp_path), {"PIL"}) == [str(tmp_path)]
 
 
 @pytest.mark.matrix
