@@ -54,7 +54,7 @@ def open_regular(path: PathLike):
     """``path`` opened for reading, a regular file: opened without blocking and checked once open, so a
     pipe raises NotARegularFile instead of being waited on (as does a directory or a device), even one
     swapped in since the path was last looked at; OSError when it cannot be opened."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    fd = os.open(path, confined.OPEN_FLAGS)  # nor becomes the controlling terminal of a tty swapped in
     if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a directory its own way
         os.close(fd)
         raise NotARegularFile(path)
@@ -171,12 +171,16 @@ class Archive:
         return found
 
     def _members(self) -> List[Tuple[str, int]]:
-        if self.kind == "dir":
-            return [
-                (p.relative_to(self.path).as_posix(), p.stat().st_size)
-                for p in sorted(self.path.rglob("*"))
-                if p.is_file() and not p.is_symlink()
-            ]
+        if self.kind == "dir":  # listed through the directory opened, not its path (a link swapped since)
+            if self._dir is None:
+                raise ArchiveError(f"{self.path} is closed: open it again to list it")
+            found = []
+            for folder, _, names, fd in os.fwalk(".", dir_fd=self._dir):
+                for name in names:
+                    info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    if stat.S_ISREG(info.st_mode):
+                        found.append((os.path.normpath(os.path.join(folder, name)).replace(os.sep, "/"), info.st_size))
+            return sorted(found)
         if self.kind == "zip":
             return [(i.filename, i.file_size) for i in self._zip.infolist() if not i.is_dir()]
         found = []

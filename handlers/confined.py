@@ -13,7 +13,9 @@ import shutil
 import stat
 from pathlib import Path
 
-OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)  # never waits on a pipe swapped in
+# never waits on a pipe swapped in, nor makes a terminal swapped in the opener's controlling terminal (where ^C
+# would then stop the engine: an outsider's attack, #43)
+OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
 MAX_DEPTH = 64  # folders within folders a copied directory may hold
 
 

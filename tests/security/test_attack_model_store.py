@@ -349,3 +349,38 @@ def test_a_directory_copied_out_of_a_store_follows_links_only_inside_it(tree, tm
     deep.mkdir(parents=True)
     with Archive(folder, within=store) as opened, pytest.raises(ArchiveError, match="folders deep"):
         opened.model_dir(tmp_path / "m2")
+
+
+def test_an_archive_lists_the_directory_it_opened_not_what_its_link_leads_to_after(tree, tmp_path):
+    """An outsider's attack (#43): a directory archive's files were listed by its path, so a link swapped after
+    the opening listed a folder outside the store, and the refusal named a file there. Now the listing walks the
+    directory opened."""
+    store = tmp_path / "store"
+    unpacked(tree / "model-store" / "echo2.mar", store / "inside")
+    outside = unpacked(tree / "model-store" / "echo2.mar", tmp_path / "outside")
+    (outside / "..\\secret-name").write_text("x")
+    (store / "d").symlink_to("inside")
+    with Archive(store / "d", within=store) as opened:
+        (store / "d").unlink()
+        (store / "d").symlink_to(outside)
+        assert [name for name, _ in opened.members] == ["MAR-INF/MANIFEST.json", "echo2.py"]
+
+
+def test_opening_a_terminal_swapped_in_does_not_make_it_the_engines_controlling_terminal(tmp_path):
+    """An outsider's attack (#43): a store entry swapped for a terminal device. Opening it made the terminal
+    the engine's controlling terminal (the engine runs in a session of its own, with none), and a ^C typed on
+    it then stopped the engine. Opened with O_NOCTTY now: the process still has no controlling terminal."""
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        terminal = os.ttyname(follower)
+        probe = ("import os, sys; from handlers.archives import Archive, ArchiveError\n"
+                 "try:\n    Archive(sys.argv[1])\nexcept ArchiveError:\n    pass\n"
+                 "print(open('/proc/self/stat').read().rpartition(')')[2].split()[4])")  # fmt: skip
+        done = subprocess.run([sys.executable, "-c", probe, terminal], capture_output=True, text=True, timeout=60,
+                              start_new_session=True, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    finally:
+        os.close(leader)
+        os.close(follower)
+    assert done.returncode == 0 and done.stdout.strip() == "0", (done.stdout, done.stderr)
