@@ -17,6 +17,9 @@ from pathlib import Path
 # would then stop the engine: an outsider's attack, #43)
 OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
 MAX_DEPTH = 64  # folders within folders a copied directory may hold
+# files and folders a copied directory may hold: a model's holds dozens; 100,000 tiny files held the engine's
+# management lock for minutes (an outsider's attack, #43), copied, then removed at unregister
+MAX_ENTRIES = 10_000
 
 
 class Outside(OSError):
@@ -60,16 +63,21 @@ def copy_within(dir_fd: int, into: Path, top: Path) -> int:
     """Copy the folder ``dir_fd`` has open into ``into`` (made; it must not exist yet), following links only
     to files and folders whose real path lies within ``top`` (``Outside`` for the first that does not).
     Pipes, devices and sockets are left out, as is a link back to a folder it is in. Past ``MAX_DEPTH``
-    folders deep, or past the free space of ``into``'s disk, an OSError. Returns the bytes copied."""
+    folders deep, ``MAX_ENTRIES`` files and folders, or the free space of ``into``'s disk, an OSError. Returns
+    the bytes copied."""
     into.mkdir(parents=True)
     free = shutil.disk_usage(into).free
-    copied = 0
+    copied, entries = 0, 0
 
     def walk(fd: int, dest: Path, above: tuple):
-        nonlocal copied
+        nonlocal copied, entries
         if len(above) > MAX_DEPTH:
             raise OSError(f"{dest} is more than {MAX_DEPTH} folders deep")
-        for name in sorted(os.listdir(fd)):
+        names = sorted(os.listdir(fd))
+        entries += len(names)
+        if entries > MAX_ENTRIES:
+            raise OSError(f"it holds more than {MAX_ENTRIES:,} files and folders: pack the model as a .mar")
+        for name in names:
             try:
                 kind = os.stat(name, dir_fd=fd).st_mode  # a pipe or a device is never opened
             except FileNotFoundError:  # a dangling link, or gone since the listing

@@ -384,3 +384,18 @@ def test_opening_a_terminal_swapped_in_does_not_make_it_the_engines_controlling_
         os.close(leader)
         os.close(follower)
     assert done.returncode == 0 and done.stdout.strip() == "0", (done.stdout, done.stderr)
+
+
+def test_a_directory_of_too_many_files_is_refused_not_copied_for_minutes(tree, tmp_path, monkeypatch):
+    """An outsider's attack (#43): a directory archive of 100,000 tiny files held the engine's management lock
+    while it was copied (its unregister then timed out after 120 s). Past MAX_ENTRIES files and folders the
+    copy stops, refused in one line (here MAX_ENTRIES 50, and 60 files)."""
+    from handlers import confined
+
+    store = tmp_path / "store"
+    folder = unpacked(tree / "model-store" / "echo2.mar", store / "d")
+    for index in range(60):
+        (folder / f"f{index}").write_text("x")
+    monkeypatch.setattr(confined, "MAX_ENTRIES", 50)
+    with Archive(folder, within=store) as opened, pytest.raises(ArchiveError, match="more than 50 files and folders"):
+        opened.model_dir(tmp_path / "m0")
