@@ -310,7 +310,7 @@ def in_process(
     it alone; and, ``with_settings``, the handler's settings (``handler_settings``; else {}).
     ``before_each(i)`` is called before request i runs; ``metrics_config``: the worker's metrics.yaml; ``gpu``:
     its GPU (-1: the CPU)."""
-    from serving.testing import LocalModel, Request  # a worker process: only for --golden and in-process verify
+    from serving.local_model import LocalModel, Request  # a worker process: only for --golden and in-process verify
 
     with LocalModel(archive, batch_size=1, metrics_config=metrics_config, gpu=None if gpu < 0 else gpu) as model:
         results = []

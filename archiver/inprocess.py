@@ -9,7 +9,7 @@ joined); the model-config.yaml's keys as the engine takes them (``config_notes``
 not do, one line for one it refuses); the handler gets the bodies as that worker would (a toolkit archive
 raw, ``decode_input_request=false``, as tsctl config and the tsctl engine set it; any other TorchServe's
 default, parsed), with the archive's batchSize as its context's. The archive runs in TorchServe's worker
-process (``serving.testing.LocalModel``), whose log is kept, not printed (a handler logs a traceback for a
+process (``serving.local_model.LocalModel``), whose log is kept, not printed (a handler logs a traceback for a
 request it refuses, TorchServe one for a batch that failed); this process's own log records and warnings are
 kept too while a command runs one (``quiet_logs``). A batch the handler failed as a whole (TorchServe's
 frontend answers 503 ``Prediction failed``, 500 ``Worker died.`` ...) is one ServerError naming the archive,
@@ -31,7 +31,7 @@ from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 from .errors import ServerError, UserError
 
 FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')  # a traceback's frame, as a worker logs it
-# TorchServe's frontend's answers for a batch that failed as a whole (serving/ts_wire.batch_error).
+# TorchServe's frontend's answers for a batch that failed as a whole (serving/worker/ts_wire.batch_error).
 FRONTEND_ERROR = "InternalServerException"
 
 
@@ -58,8 +58,8 @@ def handler_error(lines: Sequence[str], model_dir: Optional[Path] = None) -> Opt
     """The handler's own error in its worker's log lines: the last Python error logged (``Type:
     message``, ``ts_wire.cause_of``) and, when a traceback before it passes through the archive's
     code, where (``file.py:LINE in function``, its last frame there)."""
-    from serving.ts_wire import cause_of
-    from serving.worker_process import PYTHON_ERROR
+    from serving.worker.ts_wire import cause_of
+    from serving.worker.worker_process import PYTHON_ERROR
 
     errors = [(i, line.strip()) for i, line in enumerate(lines) if PYTHON_ERROR.match(line)]
     cause = cause_of([error for _, error in errors])
@@ -144,7 +144,7 @@ def config_notes(archive) -> List[str]:
     """The engine's notes on the model-config.yaml keys it does not do (serving/model_config_keys.py), as
     its worker runs the archive here too; a key it refuses is a UserError naming it."""
     from serving import model_config_keys
-    from serving.engine_sequences import SequenceConfigError, SequenceSettings
+    from serving.engine.sequences import SequenceConfigError, SequenceSettings
 
     where = f"{archive.path}'s model-config.yaml"
     try:
@@ -185,7 +185,7 @@ def run(
         raw = identity.read(archive) is not None  # a toolkit handler: served with decode_input_request=false
         device = worker_gpu(gpu, archive)
         progress(f"loading {archive.path.name}" + (f" on GPU {device}" if device >= 0 else ""))
-        from serving.testing import LocalModel  # the worker process imports torch, not this one
+        from serving.local_model import LocalModel  # the worker process imports torch, not this one
 
         model = LocalModel(
             archive,
@@ -218,8 +218,8 @@ def run(
 
 
 def sequence_headers(sequence: str, first: bool, last: bool) -> dict:
-    """The headers TorchServe's frontend gives a stateful handler's request (serving/engine_sequences.py)."""
-    from serving.engine_sequences import SEQUENCE_END, SEQUENCE_ID, SEQUENCE_START
+    """The headers TorchServe's frontend gives a stateful handler's request (serving/engine/sequences.py)."""
+    from serving.engine.sequences import SEQUENCE_END, SEQUENCE_ID, SEQUENCE_START
 
     headers = {SEQUENCE_ID: sequence}
     if first:
@@ -233,7 +233,7 @@ def request_of(path: Path, kind: Optional[str] = None):
     """The request ``tsctl predict`` sends for the file: its bytes with the content type ``kind`` ('':
     no Content-Type, as curl -T sends a file), else (None) the one its suffix says."""
     from handlers.requests import content_type
-    from serving.ts_wire import Request
+    from serving.worker.ts_wire import Request
 
     kind = content_type(path) if kind is None else kind
     return Request(path.read_bytes(), {"Content-Type": kind} if kind else {})

@@ -7,13 +7,13 @@ repository is one folder per model version:
     FOLDER/settings.json                      ports, host, parallel_workers 0 (the archive's workers
                                               are processes of their own already), no debug
     FOLDER/NAME-VERSION/model-settings.json   name, version, implementation ArchiveModel
-                                              (serving/mlserver_runtime.py), the archive's uri, and
+                                              (serving/runtimes/mlserver_runtime.py), the archive's uri, and
                                               its worker settings in parameters.extra
 
 ``model_settings`` is what ``tsctl serve --engine mlserver`` writes beside each archive's path and
 what ``tsctl export seldon`` puts in each model's folder next to the archive itself.
 
-MLServer starts through ``serving/mlserver_start.py`` (``command``): nothing can load or unload a model
+MLServer starts through ``serving/runtimes/mlserver_start.py`` (``command``): nothing can load or unload a model
 through its model repository API, and its REST app bounds request bodies as the tsctl engine does.
 
 MLServer runs in an environment that has it (``mlserver==1.7.*``, with torch and torchserve for the
@@ -34,7 +34,7 @@ from serving.ts_config import ModelSpec
 
 from .errors import UserError
 
-IMPLEMENTATION = "serving.mlserver_runtime.ArchiveModel"
+IMPLEMENTATION = "serving.runtimes.mlserver_runtime.ArchiveModel"
 VERSION = "1.7"  # the MLServer release the runtime is written and tested for
 REQUIREMENT = "mlserver==1.7.1"  # what an image of it installs (samples/runtime_env.py's venv too)
 SETTINGS = "settings.json"
@@ -122,6 +122,6 @@ def find_python(python: Optional[str]) -> str:
 
 
 def command(python: str, folder: Path) -> List[str]:
-    """``mlserver start FOLDER`` through serving/mlserver_start.py: its model repository's load and unload
+    """``mlserver start FOLDER`` through serving/runtimes/mlserver_start.py: its model repository's load and unload
     calls refused (REST and gRPC), request bodies bounded."""
-    return [python, "-m", "serving.mlserver_start", "--read-only", "start", str(folder)]
+    return [python, "-m", "serving.runtimes.mlserver_start", "--read-only", "start", str(folder)]

@@ -15,7 +15,7 @@ from typing import Optional
 from handlers.metadata import ArchiveError, bounded_yaml
 from handlers.settings import SettingsError, read_settings
 from serving import model_config_keys, ts_config, v2_metadata
-from serving.engine_sequences import SequenceConfigError, SequenceSettings
+from serving.engine.sequences import SequenceConfigError, SequenceSettings
 
 from .errors import UserError
 

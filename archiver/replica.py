@@ -198,7 +198,7 @@ def threads_note(cpu: Optional[float], engine: str = "torchserve") -> Optional[s
     """A quota below the cores TorchServe sees, with no OMP_NUM_THREADS: the toolkit's handlers size their
     torch threads from the quota, any other handler from the cores, which the quota then throttles
     (docs/capacity.md, "On a pod's CPU limit"). The tsctl engine and MLServer's runtime set each worker's
-    OMP_NUM_THREADS from the quota themselves (serving/engine_workers.py)."""
+    OMP_NUM_THREADS from the quota themselves (serving/engine/workers.py)."""
     import os
 
     from handlers import cpu_limit

@@ -10,7 +10,7 @@ Writes ``NAME/`` with three files:
 - ``model-config.yaml``: TorchServe's worker keys, then every ``handler:`` setting with its default and
   its comment. It passes ``tsctl package``'s validation as written.
 - ``test_NAME.py``: packages the handler with a stand-in model (``archiver.mar.package``), runs it
-  with ``serving.testing.LocalModel`` and checks answers and per-request errors. Its name is the
+  with ``serving.local_model.LocalModel`` and checks answers and per-request errors. Its name is the
   handler's own, so the tests of several handlers run in one pytest process (two ``test_handler.py``
   would be one module name twice: pytest's "import file mismatch").
 

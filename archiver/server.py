@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from serving import sockets, ts_config
+from serving import ts_config
+from serving.worker import sockets
 
 from .addresses import LOOPBACK, bind_address, client_address
 from .errors import ServerError, UserError, make_directory
@@ -218,7 +219,7 @@ def logs_of(home) -> Path:
 
 def temp_dir(home: Path, socket_below: str = sockets.socket_below()) -> Path:
     """The server's TEMP (its pid lock, the workers' sockets, unpacked archives): ``home/tmp``, or when
-    a worker's socket there (TEMP + ``socket_below``, serving/sockets.py) would be too long a path for a
+    a worker's socket there (TEMP + ``socket_below``, serving/worker/sockets.py) would be too long a path for a
     Unix socket, a private directory under the system's temporary directory that ``home/tmp`` links to
     (a project deep in the file system failed with "AF_UNIX path too long"); a UserError naming the
     socket's path and the fix when that one is too long too. Whatever the last server left is removed."""

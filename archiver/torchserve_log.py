@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from serving.ts_wire import RERAISE, cause_of
+from serving.worker.ts_wire import RERAISE, cause_of
 
 SNAPSHOT_RESTORE = re.compile(r"SnapshotManager - Validating snapshot ")
 MODEL_REGISTERED = re.compile(r"ModelManager - Model (\S+) loaded\.$")

@@ -27,7 +27,7 @@ from engine_goals import tree
 from archiver import engines, server  # noqa: E402
 from helpers.paths import short_tmp  # noqa: E402
 from samples import image_model  # noqa: E402
-from serving import fork_server  # noqa: E402
+from serving.worker import fork_server  # noqa: E402
 
 SIDES = {  # side: (engine, TSCTL_FORK_SERVER)
     "TorchServe 0.12": ("torchserve", "1"),

@@ -31,7 +31,7 @@ CONCURRENCY = (1, 8, 32)
 def grpc_call(address: str, body: bytes):
     import grpc
 
-    from serving import ts_protos as pb
+    from serving.engine import ts_protos as pb
 
     with grpc.insecure_channel(address) as channel:
         method = channel.unary_stream(f"/{pb.INFERENCE_SERVICE}/StreamPredictions",

@@ -212,7 +212,7 @@ class Attackers:
 
         import grpc
 
-        from serving import ts_protos as pb
+        from serving.engine import ts_protos as pb
 
         async def hold():
             channels = [grpc.aio.insecure_channel(f"127.0.0.1:{self.engine.ts_grpc}") for _ in range(8)]

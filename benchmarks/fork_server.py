@@ -1,4 +1,4 @@
-"""Workers forked from the fork server vs new processes (serving/fork_server.py; TSCTL_FORK_SERVER=0).
+"""Workers forked from the fork server vs new processes (serving/worker/fork_server.py; TSCTL_FORK_SERVER=0).
 
     .venv/bin/python benchmarks/fork_server.py
 
@@ -63,7 +63,7 @@ def local_models(archive: Path, image: bytes, on: bool):
     def run():
         with_fork_server(on)
         code = (
-            "import sys, time; from serving.testing import LocalModel; start = time.perf_counter()\n"
+            "import sys, time; from serving.local_model import LocalModel; start = time.perf_counter()\n"
             f"for _ in range(6):\n    with LocalModel({str(archive)!r}) as m: assert m.predict([{image!r}])[0].status == 200\n"
             "print(time.perf_counter() - start)"
         )

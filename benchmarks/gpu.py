@@ -38,7 +38,7 @@ from helpers.engine import Engine  # noqa: E402
 from helpers.paths import short_tmp  # noqa: E402
 from samples import image_model  # noqa: E402
 from serving import gpus  # noqa: E402
-from serving.testing import LocalModel, Request  # noqa: E402
+from serving.local_model import LocalModel, Request  # noqa: E402
 
 CONFIG = "minWorkers: {workers}\nmaxWorkers: {workers}\nbatchSize: 8\nmaxBatchDelay: 5\nresponseTimeout: 120\n"
 
@@ -149,7 +149,7 @@ def main():
             server.stop(ts)
     engine = Engine(tmp, timeout=600).wait_ready()
     try:
-        report.step("engine_workers", described_workers(engine.url, engine.headers("management")))
+        report.step("workers", described_workers(engine.url, engine.headers("management")))
         answers = [engine.post("/predictions/resnet18", p, t, 120)[1] for p, t in photos]
         moved = max(abs(a[k] - w[k]) for a, w in zip(answers, wanted) for k in w)
         report.step("answers", {"largest_difference": moved, "atol": golden_format.DEFAULT_ATOL,

@@ -4,7 +4,7 @@
 
 (k) ``tsctl serve --engine tsctl``: the tsctl engine (Starlette) in front of TorchServe's worker processes;
 (m) ``tsctl serve --engine mlserver``: MLServer 1.7.1 (samples/runtime_env.py's venv, this venv's torch)
-    with serving/mlserver_runtime.py in front of the same worker processes.
+    with serving/runtimes/mlserver_runtime.py in front of the same worker processes.
 
 Both engines run at once on the same archives; one is driven at a time. Whole-process serving over real
 HTTP from 16 client threads to ``/v2/models/NAME/infer``: throughput and p50/p99 latency of 160 requests

@@ -25,7 +25,7 @@ from PIL import Image
 from archiver import mar, properties, server  # noqa: E402
 from helpers.paths import short_tmp  # noqa: E402
 from samples import image_model, onnx_export  # noqa: E402
-from serving.testing import LocalModel  # noqa: E402
+from serving.local_model import LocalModel  # noqa: E402
 
 # The toolkit side opts into draft JPEG decoding (off by default: answers then equal the built-in's);
 # the built-in handler ignores the handler: section.

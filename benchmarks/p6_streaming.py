@@ -32,7 +32,7 @@ WORKLOADS = {  # name: (model, body, parts)
 def grpc_stream(address: str, model: str, body: bytes):
     import grpc
 
-    from serving import ts_protos as pb
+    from serving.engine import ts_protos as pb
 
     with grpc.insecure_channel(address) as channel:
         method = channel.unary_stream(f"/{pb.INFERENCE_SERVICE}/StreamPredictions",

@@ -26,7 +26,7 @@ def main():
     parser.add_argument("--mb", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    from serving.testing import LocalModel
+    from serving.local_model import LocalModel
 
     with tempfile.TemporaryDirectory(prefix="tsctl-bench-sign-", dir="/tmp") as tmp:
         tmp = Path(tmp)

@@ -5,7 +5,7 @@ row of a KServe v2 numeric tensor (``shape: [N, ...]``, FP32/FP16/FP64/INT*/UINT
 tensor extension). A v2 row arrives as the ``np.ndarray`` decoding.py read off the wire (binary: a
 view of the request's bytes), is cast to float32 only when it is another type, and is copied once,
 when ``preprocess`` stacks the batch. The answer is the model's output row (v2: one FP32 tensor
-``[N, ...]``, in binary when the request asks). The transformer (serving/kserve_transformer.py) runs a
+``[N, ...]``, in binary when the request asks). The transformer (serving/runtimes/kserve_transformer.py) runs a
 toolkit handler's decode/preprocess before and its postprocess after.
 
 model-config.yaml, all optional::

@@ -39,12 +39,12 @@ KEYS: Dict[str, Tuple[str, str]] = {
                                     "gives up after this long)"),
     "clientTimeoutInMills": (NOTED, "a request waits in the queue until a worker takes it or its client leaves "
                                     "(TorchServe drops it after this long)"),
-    "sequenceBatching": (HONOURED, "sequence batching (serving/engine_sequences.py)"),
+    "sequenceBatching": (HONOURED, "sequence batching (serving/engine/sequences.py)"),
     "sequenceMaxIdleMSec": (HONOURED, "an idle sequence expires"),
     "sequenceTimeoutMSec": (HONOURED, "a sequence expires this long after it opened"),
     "maxSequenceJobQueueSize": (HONOURED, "requests waiting in one sequence"),
     "maxNumSequence": (HONOURED, "open sequences"),
-    "continuousBatching": (HONOURED, "requests join a running batch between its steps (serving/engine_continuous.py)"),
+    "continuousBatching": (HONOURED, "requests join a running batch between its steps (serving/engine/continuous.py)"),
     "asyncCommunication": (REFUSED, "an asynchronous worker (ts/async_service.py): serve it with --engine "
                                     "torchserve"),
     "useVenv": (NOTED, "the worker runs in the engine's Python: install the archive's requirements there"),
@@ -104,7 +104,7 @@ def check(config: dict, where: str) -> List[str]:
     """The notes (one line each) for the noted keys the model-config.yaml sets, a key that is a near miss of
     one of TorchServe's, and a maxNumSequence above the engine's bound; ModelConfigRefused for a refused
     key or one of another type (``typed``)."""
-    from .engine_sequences import MAX_SEQUENCES
+    from .engine.sequences import MAX_SEQUENCES
 
     typed(config, where)
     meant = {key: near_miss(str(key)) for key in config if key not in TYPES}

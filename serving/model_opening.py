@@ -1,7 +1,7 @@
 """One model version made ready to start (``open_model``): its archive opened once, unpacked and checked,
 its workers' environment made as TorchServe's frontend makes it, and the devices they run on (serving/gpus.py:
 the model-config.yaml's ``deviceType``/``deviceIds``, each worker's GPU from the server's ``Placement``).
-The engine (``engine_versions.ModelVersions.open``), MLServer's runtime and Seldon Core 1's model unit open
+The engine (``versions.ModelVersions.open``), MLServer's runtime and Seldon Core 1's model unit open
 their archives here."""
 
 import logging
@@ -13,8 +13,8 @@ from handlers import cpu_limit, identity
 from handlers.archives import Archive, opened
 
 from . import gpus, model_config_keys, v2_metadata
-from .engine_sequences import SequenceConfigError, SequenceSettings
-from .engine_workers import ModelWorkers, worker_log_line
+from .engine.sequences import SequenceConfigError, SequenceSettings
+from .engine.workers import ModelWorkers, worker_log_line
 from .ts_config import ConfigError, Frontend, ModelSpec
 
 logger = logging.getLogger("tsctl.engine")

@@ -1,7 +1,7 @@
 """The model store's boundary: the one function that decides whether a name is an archive inside the store.
 
 Every path that loads an archive by name asks ``store_entry``: a register's ``url``
-(engine_management.archive_for, REST and gRPC), load_models' entries and model_snapshot's ``marName``
+(management.archive_for, REST and gRPC), load_models' entries and model_snapshot's ``marName``
 at startup (ts_config, so ``tsctl serve`` too), and every archive of a store served without a config.
 
 TorchServe 0.12's rule is that archives come from the model store (or from a URL matching

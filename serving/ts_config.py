@@ -11,7 +11,7 @@ the frontend itself honours (request size, queue size, envelope, decoding, image
 metrics config, the management API and token authorization: ``management_of``). A key the tsctl
 engine cannot honour (TLS) is refused in one line (``ConfigError``).
 
-No torch, no archiver: the engine (serving/engine.py) and ``tsctl`` (archiver/properties.py)
+No torch, no archiver: the engine (serving/engine/app.py) and ``tsctl`` (archiver/properties.py)
 read the same file through this module.
 """
 
@@ -26,7 +26,7 @@ from typing import Dict, List, Optional
 from handlers.archives import MAX_CONFIG_BYTES, ArchiveError, ArchiveLike, opened  # noqa: F401 - MAX_CONFIG_BYTES: callers'
 
 from . import gpus
-from .body_limit import DEFAULT_MAX_REQUEST_SIZE, MAX_REQUEST_SIZE
+from .engine.body_limit import DEFAULT_MAX_REQUEST_SIZE, MAX_REQUEST_SIZE
 from .model_store import NotInStore, store_entry
 
 SNAPSHOT_KEYS = ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout")
@@ -113,9 +113,9 @@ def read_properties(path) -> Dict[str, str]:
     # javaproperties, not a parser of our own. handlers/ otherwise imports only what a TorchServe worker
     # has (torch, numpy, Pillow, the standard library), but this function never runs in a worker: only
     # tsctl (archiver/, whose environment installs javaproperties) and the tsctl engine's own process call
-    # it (serving/engine.py, run from tsctl's environment or from the image archiver/export/tsctl_image.py
+    # it (serving/engine/app.py, run from tsctl's environment or from the image archiver/export/tsctl_image.py
     # writes, whose requirements list javaproperties). It is imported here, not at the top, because
-    # engine_workers.py and mlserver_runtime.py (MLServer's environment, no javaproperties) import this
+    # serving/engine/workers.py and mlserver_runtime.py (MLServer's environment, no javaproperties) import this
     # module for its dataclasses alone.
     import javaproperties
 
@@ -210,7 +210,7 @@ class ModelSpec:
     url: Optional[str] = None  # what a register named it by (describe's modelUrl; else the archive's file name)
     startup_timeout: Optional[int] = None  # s a worker may take to load (model_opening sets it; None: LOAD_TIMEOUT)
     job_queue_size: Optional[int] = None  # the model-config.yaml's jobQueueSize (None: the config's job_queue_size)
-    continuous_batching: bool = False  # the model-config.yaml's continuousBatching (serving/engine_continuous.py)
+    continuous_batching: bool = False  # the model-config.yaml's continuousBatching (serving/engine/continuous.py)
     store: Optional[Path] = None  # the model store (real path) its archive must lie in, opened; None: anywhere
 
     def describe_settings(self) -> dict:
@@ -238,7 +238,7 @@ class Frontend:
     limit_max_image_pixels: bool = True
     metrics_config: Optional[str] = None
     # the workers' metrics that metrics_config does not declare exported (model_metrics_auto_detect; TorchServe's
-    # default is false, the engine's true: serving/engine_metrics.py)
+    # default is false, the engine's true: serving/engine/metrics.py)
     metrics_auto_detect: bool = True
     default_workers: int = 1
     configured_workers: int = 0  # default_workers_per_model as given: a register's initial_workers (TorchServe's 0)
@@ -246,17 +246,17 @@ class Frontend:
     number_of_gpu: int = field(default_factory=lambda: gpus.count_gpus())
     default_response_timeout: int = 120
     default_startup_timeout: int = 120  # s a worker may take to load, unless its model-config.yaml says
-    # The management API and token authorization (serving/engine_management.py, serving/token_auth.py), with
+    # The management API and token authorization (serving/engine/management.py, serving/engine/token_auth.py), with
     # TorchServe 0.12's defaults: the model API off, tokens on, keys valid 60 minutes, any file or http(s) URL.
     enable_model_api: bool = False
     token_authorization: bool = True
     token_authorization_asked: bool = False  # the config says disable_token_authorization=false
     token_expiration_min: float = 60.0
     allowed_urls: List[str] = field(default_factory=lambda: DEFAULT_ALLOWED_URLS.split(","))
-    # inference_address, management_address, metrics_address as the config writes them (serving/listeners.py)
+    # inference_address, management_address, metrics_address as the config writes them (serving/engine/listeners.py)
     addresses: Dict[str, str] = field(default_factory=dict)
     enable_metrics_api: bool = True  # TorchServe's metrics listener (metrics_address)
-    # TorchServe's own gRPC API (serving/engine_ts_grpc.py), each on its own listener as TorchServe binds them
+    # TorchServe's own gRPC API (serving/engine/ts_grpc.py), each on its own listener as TorchServe binds them
     grpc_inference_address: str = "127.0.0.1"
     grpc_inference_port: int = 7070
     grpc_management_address: str = "127.0.0.1"
@@ -306,7 +306,7 @@ def management_of(properties: Dict[str, str], path, frontend: Frontend):
     them: ``enable_model_api`` and ``disable_token_authorization`` true only when they say "true" (any
     case), ``token_expiration_min`` a number of minutes (60 otherwise), ``allowed_urls`` comma-separated
     patterns (``with_environment`` has applied the ``TS_*`` variables of the first three); the addresses as
-    written, which serving/listeners.py reads."""
+    written, which serving/engine/listeners.py reads."""
     values = properties
     frontend.enable_model_api = values.get("enable_model_api", "false").strip().lower() == "true"
     disable = values.get("disable_token_authorization")

@@ -68,18 +68,18 @@ def handler_errors(archive):
 
 
 # The archive's own handlers/ copy raises these in its worker: matched by name; and LocalModel a socket
-# path too long (a TMPDIR too deep, serving/sockets.py).
+# path too long (a TMPDIR too deep, serving/worker/sockets.py).
 USER_MISTAKES = {
     ("handlers.loading", "ModelLoadError"),
     ("handlers.settings", "SettingsError"),
-    ("serving.sockets", "SocketPathError"),
+    ("serving.worker.sockets", "SocketPathError"),
 }
 
 
 def handler_failure(archive, exc: Exception) -> Exception:
     """One line for a handler that failed to load or run in-process: the user's mistake (weights,
     settings: exit 2), else the handler's failure (exit 1)."""
-    # a LoadError names the exception its worker raised (serving/testing.py)
+    # a LoadError names the exception its worker raised (serving/local_model.py)
     module, _, name = getattr(exc, "error_type", f"{type(exc).__module__}.{type(exc).__name__}").rpartition(".")
     if (module, name) in USER_MISTAKES:
         return UserError(f"{archive}: {exc}")

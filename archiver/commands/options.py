@@ -123,7 +123,7 @@ def media_type(ctx, param, value):
     """A ``--content-type``: a media type, ``type/subtype`` (parameters such as ``; charset=utf-8`` kept),
     or '' (no Content-Type)."""
     from handlers.golden import header_text
-    from serving.v2_requests import MEDIA_TYPE
+    from serving.runtimes.v2_requests import MEDIA_TYPE
 
     if value and not (header_text(value) and MEDIA_TYPE.match(value.split(";", 1)[0].strip())):
         raise click.BadParameter(

@@ -60,7 +60,7 @@ def last_snapshot_config(runtime: Runtime, config: Optional[str], home) -> str:
     """The newest config snapshot a server of ``home`` saved (at its start, after each management call
     that changed its models, at its end): what `torchserve --start` without --ts-config serves. One
     UserError when the runtime keeps none, ``config`` names another, or there is none yet."""
-    from serving import snapshots
+    from serving.engine import snapshots
 
     if not runtime.snapshots:
         raise UserError(f"--last-snapshot: {runtime.title} keeps no config snapshot (it registers no model while it "

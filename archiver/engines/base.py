@@ -34,7 +34,7 @@ DEFAULT_CONFIG = "config/config.properties"  # tsctl config's output: what serve
 
 def snapshot_dir(home) -> Path:
     """Where a server ``tsctl serve`` starts in ``home`` keeps its config snapshots: TorchServe's own place,
-    ``LOG_LOCATION/config`` (serving/snapshots.py)."""
+    ``LOG_LOCATION/config`` (serving/engine/snapshots.py)."""
     from ..server import logs_of
 
     return logs_of(home) / "config"
@@ -195,8 +195,8 @@ def refuse(name: str, title: str, taken: Iterable[str], given: dict, flags: Dict
 
 def check_free(host: str, port: int):
     """One UserError when ``tsctl serve --host HOST --port PORT`` cannot be bound: another process holds
-    it, or HOST is no address of this machine (the tsctl engine's own check: serving/listeners.py)."""
-    from serving import listeners
+    it, or HOST is no address of this machine (the tsctl engine's own check: serving/engine/listeners.py)."""
+    from serving.engine import listeners
 
     problem = listeners.bind_problem(host, port)
     if problem == listeners.NOT_HERE:

@@ -1,4 +1,4 @@
-"""MLServer as a runtime (serving/mlserver_runtime.py): ``tsctl serve --engine mlserver``; its model
+"""MLServer as a runtime (serving/runtimes/mlserver_runtime.py): ``tsctl serve --engine mlserver``; its model
 repository and where to find it are archiver/mlserver.py."""
 
 import json
@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
-from serving import sockets
+from serving.worker import sockets
 
 from ..addresses import LOOPBACK, client_address
 from ..errors import UserError
@@ -151,11 +151,11 @@ class MLServerRuntime(TsctlRuntime):
         """A file as one Open Inference Protocol request: a JSON file as it is (a v2 request, when
         ``as_request``), anything else one BYTES element with ``content_type`` as its
         ``parameters.content_type``, which MLServer's runtime hands a handler that is not the toolkit's
-        as TorchServe's worker would (serving/v2_requests.py): the text for text/... and
+        as TorchServe's worker would (serving/runtimes/v2_requests.py): the text for text/... and
         application/json, base64 for any other type, and base64 marked ``base64`` for text that is not
         UTF-8 (the handler gets the bytes, as TorchServe's worker gives bytes it cannot decode)."""
         from handlers import protocol
-        from serving.v2_requests import decodes_as_text
+        from serving.runtimes.v2_requests import decodes_as_text
 
         media = content_type.split(";", 1)[0].strip()  # as TorchServe's frontend passes it on
         if as_request and media == protocol.JSON_TYPE:

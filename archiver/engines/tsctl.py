@@ -70,7 +70,8 @@ class TsctlRuntime(Runtime):
         with no config file at all, as in the file ``tsctl config`` would write."""
         import os
 
-        from serving import sockets, ts_config
+        from serving import ts_config
+        from serving.worker import sockets
 
         from .. import server as servers
         from ..properties import config_metrics
@@ -219,7 +220,7 @@ class TsctlRuntime(Runtime):
         """The engine's last word: its own fatal line (a model that could not load, a config it refuses)
         with the worker's own last error when the line does not carry it, else a port already taken,
         else the last Python error it printed, else where to look."""
-        from serving.ts_wire import FALLBACK, RERAISE
+        from serving.worker.ts_wire import FALLBACK, RERAISE
 
         out = self.output(server)
         lines = out.read_text(errors="replace").splitlines() if out.exists() else []

@@ -384,7 +384,7 @@ def transformer(options: ExportOptions) -> dict:
             {
                 "name": "kserve-container",
                 "image": options.transformer_image,
-                "command": ["python", "-m", "serving.kserve_transformer"],
+                "command": ["python", "-m", "serving.runtimes.kserve_transformer"],
                 "args": [
                     "--model_name",
                     options.transformer_model,

@@ -2,10 +2,10 @@
 
     OUT/models/NAME/NAME.mar              each model's archive (the default version of each model)
     OUT/models/NAME/model-settings.json   archiver.mlserver.model_settings: implementation
-                                          serving.mlserver_runtime.ArchiveModel, uri ./NAME.mar
+                                          serving.runtimes.mlserver_runtime.ArchiveModel, uri ./NAME.mar
     OUT/models/T-pre/, OUT/models/T-post/ with --transformer-archive: the transformer's archive twice, its
                                           settings' parameters.extra.role "preprocess" and "postprocess"
-                                          (serving/mlserver_runtime.py), T = the archive's model name
+                                          (serving/runtimes/mlserver_runtime.py), T = the archive's model name
     OUT/server.yaml                       a Server on the mlserver ServerConfig: the image built from
                                           server-image/, the claim mounted read-only into its rclone container
     OUT/models.yaml                       one Model per folder: storageUri /var/models/models/NAME,

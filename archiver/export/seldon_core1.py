@@ -1,6 +1,6 @@
 """``tsctl export seldon --core 1``: a Seldon Core 1 SeldonDeployment whose graph is the archives' own,
 TRANSFORMER -> ROUTER -> MODELs, each unit a container of one image running Seldon's Python wrapper
-(``seldon-core-microservice`` of seldon-core 1.17.1) with a tsctl component (serving/seldon_components.py).
+(``seldon-core-microservice`` of seldon-core 1.17.1) with a tsctl component (serving/runtimes/seldon_components.py).
 
     OUT/models/UNIT/ARCHIVE.mar      each unit's archive: the transformer's, each model's (claim: models/UNIT/)
     OUT/seldondeployment.yaml        the SeldonDeployment (machinelearning.seldon.io/v1)
@@ -57,7 +57,7 @@ from .kube import check_gpus, check_resources, container_resources, cpu_cores, i
 from .options import SeldonCore1Options
 
 API_VERSION = "machinelearning.seldon.io/v1"
-COMPONENTS = "serving.seldon_components"
+COMPONENTS = "serving.runtimes.seldon_components"
 TRANSFORMER, ROUTER = "transformer", "router"  # the graph's unit names (each model's unit: its model name)
 MOUNT = "/var/models"  # where each container sees the claim
 MODELS_DIR = "models"
@@ -251,7 +251,7 @@ def seldon_requirements(archives: List[Path]) -> str:
 
 # ---- the SeldonDeployment -----------------------------------------------------------------------------
 # it draws a number per message and answers its meta: what it holds of one is bounded by this memory
-# (serving/seldon_bounds.py: 20 MiB and 524,288 values a message at 256Mi)
+# (serving/runtimes/seldon_bounds.py: 20 MiB and 524,288 values a message at 256Mi)
 ROUTER_RESOURCES = {"cpu": "100m", "memory": "256Mi"}
 
 

@@ -17,8 +17,8 @@ IMAGE_DIR = "server-image"
 # mlserver venv (the tests' server) holds. Seldon's own mlserver image has Python 3.10, where several pins
 # have no wheels.
 BASE_IMAGE = f"python:{PYTHON}-slim"
-# The runtime's own imports (serving/mlserver_runtime.py, engine_workers.py: TorchServe's worker) and the
-# toolkit handlers', at the versions installed here; MLServer at the release the runtime is tested with;
+# The runtime's own imports (serving/runtimes/mlserver_runtime.py, serving/engine/workers.py: TorchServe's worker)
+# and the toolkit handlers', at the versions installed here; MLServer at the release the runtime is tested with;
 # captum, which TorchServe's own vision handlers import (pytorch/serve's image examples).
 BASE_PACKAGES = ("torch", "torchvision", "torchserve", "numpy", "Pillow", "PyYAML", "captum", "nvidia-ml-py")
 TEXT_PACKAGES = ("transformers", "safetensors")

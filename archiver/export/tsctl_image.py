@@ -1,6 +1,6 @@
 """``tsctl export kserve --engine tsctl``: the same PVC tree served by the tsctl engine, no TorchServe.
 
-The engine (``python -m serving.engine``, serving/engine.py) reads what KServe's TorchServe runtime
+The engine (``python -m serving.engine``, serving/engine/app.py) reads what KServe's TorchServe runtime
 reads: ``/mnt/models/model-store`` and ``/mnt/models/config/config.properties`` (its model_snapshot:
 workers, batching, timeouts, versions). So the export declares it as a runtime of its own and the
 InferenceService changes only its runtime, not its storage:
@@ -52,8 +52,8 @@ DEFAULT_PRIORITY = 1  # below kserve-torchserve's: KServe's TorchServe stays the
 MAX_PRIORITY = 2**31 - 1  # the CRD's int32
 SERVER_TYPE = {"serving.kserve.io/server-type": "torchserve"}
 ENVELOPE_ENV = {"name": "TS_SERVICE_ENVELOPE", "value": "{{.Labels.serviceEnvelope}}"}
-# What the engine and the workers it starts import (serving/engine.py, engine_workers.py, engine_metrics.py,
-# the gRPC server), pinned to the versions installed here; then each archive's own requirements.
+# What the engine and the workers it starts import (serving/engine/, serving/worker/: the HTTP and gRPC servers,
+# /metrics, TorchServe's worker), pinned to the versions installed here; then each archive's own requirements.
 BASE_PACKAGES = (
     "torch",
     "torchvision",
@@ -66,7 +66,7 @@ BASE_PACKAGES = (
     "prometheus-client",
     "grpcio",
     "protobuf",
-    "kserve",  # the v2 gRPC service's generated code (serving/engine_grpc.py)
+    "kserve",  # the v2 gRPC service's generated code (serving/engine/kserve_grpc.py)
     "javaproperties",  # config.properties, read as TorchServe reads it (serving/ts_config.py)
     "nvidia-ml-py",  # the GPUs the workers are placed on and /metrics' GPU gauges (serving/gpus.py)
 )
@@ -128,12 +128,13 @@ def container_args() -> List[str]:
 
 def check_ports(properties: Dict[str, str], path: Path):
     """The engine's listeners under the runtime's arguments (``container_args``: KServe's 8080 and 8081) and
-    the exported config's addresses, as the engine will bind them (serving/listeners.py): a UserError in one
+    the exported config's addresses, as the engine will bind them (serving/engine/listeners.py): a UserError in one
     line when two take one port (management_address on 8081, a typical TorchServe config's), before the
     runtime is written to crash-loop on it."""
     from argparse import Namespace
 
-    from serving import listeners, ts_config
+    from serving import ts_config
+    from serving.engine import listeners
 
     try:
         frontend = ts_config.frontend_of(ts_config.with_environment(properties, {}), path)

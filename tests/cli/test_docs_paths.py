@@ -4,12 +4,12 @@ give finds it, so the docs cannot drift from the tree again unnoticed.
 Read from README.md, BENCHMARKS.md and docs/*.md (and, for repository paths, from the code's own
 docstrings and comments):
 
-- every repository path (``serving/engine.py``, ``tests/engine/test_engine.py``, ``docs/limits.md``,
+- every repository path (``serving/engine/app.py``, ``tests/engine/test_engine.py``, ``docs/limits.md``,
   ``archiver/export/templates/*.md``) exists; what the samples write (``samples/build/...``) is made on
   the spot, not kept;
 - every relative link leads to a file, and its ``#anchor`` to a heading of that file;
 - every module a doc names by its dotted name (``serving.engine``, ``handlers.image:handle``,
-  ``serving.mlserver_runtime.ArchiveModel``) exists, with the name it is followed by;
+  ``serving.runtimes.mlserver_runtime.ArchiveModel``) exists, with the name it is followed by;
 - a constant (``MAX_DIMS``) is defined in the file the same paragraph or table row names, if it names one;
 - docs/architecture.md lists every module of each wing, and no module that is not there.
 
@@ -36,7 +36,7 @@ FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
 FILE_SUFFIXES = ("md", "py", "json", "yaml", "mar", "txt", "properties")
 # Stale citations in files another change of issue #30 is rewriting (LocalModel in TorchServe's worker
-# process: serving/testing.py, serving/worker.py, archiver/inprocess.py), left to it; the test fails
+# process: serving/local_model.py, serving/worker.py, archiver/inprocess.py), left to it; the test fails
 # once one is right, so that it is taken out of here.
 OWNED_ELSEWHERE = set()
 

@@ -15,7 +15,7 @@ from archiver.export import kserve
 from handlers import identity
 from helpers.models import package_resnet, write_model_config
 from helpers.servers import RunningServer, batch_lines, post_concurrently
-from serving.testing import LocalModel
+from serving.local_model import LocalModel
 
 MY_HANDLER = '''
 from dataclasses import dataclass

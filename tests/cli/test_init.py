@@ -32,7 +32,7 @@ from handlers import identity
 from helpers.models import export_tree
 from helpers.paths import ROOT, short_tmp
 from helpers.servers import RunningServer, batch_lines, post_concurrently, post_to_concurrently
-from serving.testing import LocalModel
+from serving.local_model import LocalModel
 
 # One NAME per kind: plain, short, one whose class would shadow the toolkit's, one with a hyphen.
 NAMES = {

@@ -1,7 +1,7 @@
 """``tsctl serve --last-snapshot`` (issue #47): the models a user registered and scaled through the management
 API outlive a restart, as `torchserve --start` without --ts-config restores them from its last config
 snapshot. TorchServe 0.12 writes its own snapshots (HOME/logs/config), the tsctl engine writes the same
-files (serving/snapshots.py): each runtime resumes from the other's, so each reads what the other wrote as
+files (serving/engine/snapshots.py): each runtime resumes from the other's, so each reads what the other wrote as
 TorchServe itself does. The user's mistakes are one line each, exit 2, nothing started.
 
 Each server runs as a user starts it (``tsctl serve`` as its own process) in its own home, stopped by the test
@@ -19,7 +19,7 @@ from archiver.http_client import request
 from helpers.hostile import build, scripted
 from helpers.paths import short_tmp
 from helpers.processes import tsctl
-from serving import snapshots
+from serving.engine import snapshots
 
 
 @pytest.fixture(scope="module")

@@ -152,7 +152,7 @@ def test_the_flow_runs_as_written(tmp_path):
 def test_the_grpc_stubs_generate_as_written(tmp_path):
     """docs/engines.md's protoc command writes its stubs into ts-grpc-stubs/ alone: nothing in the root, where
     a google/rpc/ would come first in every Python's google.rpc started there."""
-    (tmp_path / "serving").symlink_to(ROOT / "serving")  # the checkout's serving/protos, as in the root
+    (tmp_path / "serving").symlink_to(ROOT / "serving")  # the checkout's serving/engine/protos, as in the root
     out = run_blocks(tmp_path, "ts-grpc-stubs")
     assert out.splitlines()[-1] == "stubs ok", out
     assert {p.name for p in tmp_path.iterdir()} - {".venv", ".runtimes"} == {"serving", "ts-grpc-stubs"}
@@ -256,6 +256,6 @@ def test_the_pages_run_in_order_in_one_directory(tmp_path):
     after what the blocks before it left there (model-store/ and config/ with every page's archives, a server
     stopped or not). The same blocks, in the reading order, in one directory."""
     assert set(READING_ORDER) == set(blocks()) - set(IMAGE_BLOCKS)
-    (tmp_path / "serving").symlink_to(ROOT / "serving")  # ts-grpc-stubs: the checkout's serving/protos
+    (tmp_path / "serving").symlink_to(ROOT / "serving")  # ts-grpc-stubs: the checkout's serving/engine/protos
     out = run_blocks(tmp_path, *READING_ORDER, timeout=1200)
     assert len(re.findall(r"kitten\.jpg: 200 ", out)) >= 6, out  # the README's three, signing's two, MLServer's

@@ -47,7 +47,7 @@ from helpers.processes import run_alone
 from helpers.servers import RunningServer
 from helpers.v2_answers import ask_v2
 from samples import runtime_env, ts_examples, ts_probes
-from serving.testing import LocalModel, Request
+from serving.local_model import LocalModel, Request
 
 pytestmark = pytest.mark.matrix
 

@@ -63,7 +63,7 @@ from helpers.servers import RunningServer
 from helpers.v2_answers import AnswerShape, ask_v2
 from samples import runtime_env, ts_examples
 from samples.ts_examples import PACKAGERS, RUNTIMES
-from serving.testing import LoadError, LocalModel, Request
+from serving.local_model import LoadError, LocalModel, Request
 
 SERVE = ts_examples.checkout()  # None: the stand-ins; else pytorch/serve's files for the cases below
 REAL = SERVE is not None

@@ -1,7 +1,7 @@
 """TorchServe's explanations (``InferenceRequestHandler``: POST /explanations/NAME[/VERSION], KServe's
 ``/v1/models/NAME:explain`` and ``/v2/models/NAME/explain``): the frontend adds the header ``explain:
 True`` and BaseHandler.handle calls the handler's ``explain_handle``; on /predictions and /explanations it
-adds ``url_path``, what follows NAME/VERSION. The engine does the same (serving/engine.py ``forward``),
+adds ``url_path``, what follows NAME/VERSION. The engine does the same (serving/engine/app.py ``forward``),
 checked against TorchServe 0.12 with samples/ts_examples/explain/'s handler (make matrix) and on the
 engine alone (make test); a toolkit handler, which has no explanations, answers 501 naming the paths to
 use."""
@@ -17,7 +17,7 @@ from helpers import side_by_side
 from helpers.engine import Engine
 from helpers.models import package_resnet
 from samples import ts_examples
-from serving.testing import LocalModel, Request
+from serving.local_model import LocalModel, Request
 
 HANDLER = ts_examples.STAND_INS / "explain" / "explain_handler.py"
 CALLS = [  # (path, body, whether the handler explains)

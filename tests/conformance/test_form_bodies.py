@@ -1,5 +1,5 @@
 """Form bodies (``curl -F data=@kitten.jpg``, ``curl -d data=4``): TorchServe's frontend hands each field to
-the worker as a parameter of its own (serving/form_bodies.py); the engine did not (the whole body was one
+the worker as a parameter of its own (serving/engine/form_bodies.py); the engine did not (the whole body was one
 ``body`` parameter, so ``row["data"]`` was None). A probe handler answers what each parameter held: the
 engine alone in make test, and call for call against TorchServe 0.12 (make matrix)."""
 

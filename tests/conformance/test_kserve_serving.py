@@ -19,7 +19,7 @@ from archiver import server
 from helpers.models import export_tree, package_resnet, package_text
 from helpers.servers import Transformer, batch_lines, kserve_runtime, post_json_concurrently
 from samples.image_model import package_builtin, torchscript_resnet18
-from serving.testing import LocalModel
+from serving.local_model import LocalModel
 
 TEXTS = ["a short one", "a considerably longer sentence that needs more tokens than the first", "mid length text"]
 

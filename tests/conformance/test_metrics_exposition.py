@@ -38,9 +38,9 @@ from archiver.properties import write_config
 from helpers.paths import short_tmp
 from helpers.servers import RunningServer
 from samples import runtime_env, ts_examples
-from serving import engine_metrics
-from serving.engine_metrics import Metrics, WorkerMetrics, exposition
-from serving.testing import LocalModel, Request
+from serving.engine import metrics as engine_metrics
+from serving.engine.metrics import Metrics, WorkerMetrics, exposition
+from serving.local_model import LocalModel, Request
 
 SERVE = ts_examples.checkout()
 MODEL = "custom_metrics"

@@ -27,7 +27,7 @@ from handlers.token_classification import drop_overlaps
 from helpers.models import package_text
 from helpers.servers import RunningServer, post
 from samples import text_models
-from serving.testing import InProcessHandler, LocalModel, Request
+from serving.local_model import InProcessHandler, LocalModel, Request
 
 LONG = (
     "Ada Lovelace wrote to Charles Babbage from London about the Analytical Engine, and Grace Hopper later "

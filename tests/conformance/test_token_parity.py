@@ -49,7 +49,7 @@ from helpers.paths import short_tmp
 from helpers.processes import run_alone
 from helpers.servers import RunningServer
 from samples import runtime_env, text_models, ts_examples
-from serving.testing import InProcessHandler, LocalModel, Request
+from serving.local_model import InProcessHandler, LocalModel, Request
 
 EXAMPLES = int(os.environ.get("TSCTL_FUZZ_EXAMPLES", "10"))
 MAX_LENGTH, STRIDE = 32, 8

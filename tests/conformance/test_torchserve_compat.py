@@ -32,8 +32,8 @@ from helpers.models import write_model_config
 from helpers.paths import short_tmp
 from helpers.servers import RunningServer, post_mixed_concurrently
 from samples.image_model import resnet18, sample_jpeg
-from serving import ts_wire
-from serving.testing import LocalModel, Request
+from serving.local_model import LocalModel, Request
+from serving.worker import ts_wire
 
 PROBE = '''\
 import json

@@ -26,7 +26,7 @@ from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 from archiver import server
 from helpers.models import export_tree, package_resnet, package_text
 from helpers.servers import batch_lines, kserve_runtime, workers
-from serving.testing import LocalModel
+from serving.local_model import LocalModel
 
 HEADER = "Inference-Header-Content-Length"
 TEXTS = [

@@ -36,7 +36,7 @@ from archiver import engines
 from helpers.paths import short_tmp
 from helpers.servers import RunningServer
 from samples import runtime_env, ts_examples, ts_probes
-from serving.testing import LocalModel, Request
+from serving.local_model import LocalModel, Request
 
 RUNTIMES = ("TorchServe", "tsctl engine", "in-process", "MLServer")
 FIELDS = ("header", "status", "batch", "cwd", "sys_path", "env", "stdin", "threads", "metrics")

@@ -1,6 +1,6 @@
 """The engine on a typical TorchServe config (issue #32's newcomer): it binds what config.properties'
 ``inference_address``, ``management_address`` and ``metrics_address`` say, the command line's ports winning
-(serving/listeners.py), and serves ``load_models`` (``all``, ``FILE``, ``NAME=FILE``) without a model_snapshot,
+(serving/engine/listeners.py), and serves ``load_models`` (``all``, ``FILE``, ``NAME=FILE``) without a model_snapshot,
 as TorchServe 0.12's ModelServer.initModelStore. Before, it ignored the addresses, crashed on gRPC's bind of
 8081 (management_address's port) and refused any config without a model_snapshot.
 
@@ -29,7 +29,8 @@ from archiver.cli import main
 from helpers import management, waiting
 from helpers.engine import free_port, free_ports
 from helpers.paths import ROOT, short_tmp
-from serving import listeners, ts_config
+from serving import ts_config
+from serving.engine import listeners
 
 
 # ---- where it listens: the plan, no server -------------------------------------------------------
@@ -233,7 +234,7 @@ def test_the_engine_answers_on_each_address_of_a_typical_config(tmp_path, store)
 
 
 def grpc_ping(port: int) -> str:
-    """TorchServe's gRPC Ping (serving/protos' inference.proto), its health string."""
+    """TorchServe's gRPC Ping (serving/engine/protos' inference.proto), its health string."""
     import grpc
     from google.protobuf import empty_pb2
 

@@ -1,4 +1,4 @@
-"""Continuous batching on the tsctl engine (serving/engine_continuous.py), served: a token handler in the shape
+"""Continuous batching on the tsctl engine (serving/engine/continuous.py), served: a token handler in the shape
 of pytorch/serve's continuous-batching test handler (samples/ts_continuous.py), one worker, batchSize 4, a
 step 50 ms. TorchServe 0.12 side by side: tests/conformance/test_continuous_parity.py (make matrix)."""
 

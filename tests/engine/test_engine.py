@@ -29,7 +29,7 @@ from helpers.engine import BIN, Engine, received, snapshot_entry, write_config
 from helpers.hostile import assert_close
 from helpers.models import package_resnet
 from samples.image_model import sample_jpeg
-from serving.testing import LocalModel
+from serving.local_model import LocalModel
 
 ECHO = '''\
 import json, os, sys, time

@@ -22,7 +22,7 @@ from helpers import streams
 from helpers.cgroups import peak_rss, reset_peak
 from helpers.engine import Engine, received
 from helpers.engine_limits import MAX_RESPONSE, engine_in_cgroup, grpc_infer, limits_tree
-from serving import body_limit
+from serving.engine import body_limit
 
 GROUP_LIMIT = 2560 << 20  # the engine's cgroup (workers included): its bodies in flight may hold a quarter, 640 MiB
 IDLE = 2  # s: --body_idle_timeout of the idle timeout's engine

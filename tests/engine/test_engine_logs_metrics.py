@@ -32,8 +32,8 @@ from helpers.cgroups import MemoryLimit
 from helpers.models import package_resnet
 from helpers.paths import short_tmp
 from helpers.servers import workers
-from serving import engine_metrics
-from serving.testing import LocalModel
+from serving.engine import metrics as engine_metrics
+from serving.local_model import LocalModel
 
 BIN = Path(sys.executable).parent
 LOG_CAP, LOG_BACKUPS = 1 << 20, 2

@@ -30,7 +30,7 @@ from helpers.models import package_resnet
 from helpers.paths import ROOT
 from samples.image_model import sample_jpeg
 from serving import gpus
-from serving import ts_protos as pb
+from serving.engine import ts_protos as pb
 
 ONE = "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 1\nmaxBatchDelay: 10\nresponseTimeout: 60\n"
 
@@ -152,7 +152,7 @@ def test_a_failed_batch_of_several_requests_names_the_error_not_its_message():
     client gets the error's name alone (the message stays in the engine's log); a batch of one, the message."""
     from types import SimpleNamespace
 
-    from serving.worker_process import FAILED, Output, WorkerProcess
+    from serving.worker.worker_process import FAILED, Output, WorkerProcess
 
     output = Output()
     for line in ["Invoking custom service failed.", "Traceback (most recent call last):",

@@ -1,4 +1,4 @@
-"""Workers forked from the fork server (serving/fork_server.py) are the workers a new process would be:
+"""Workers forked from the fork server (serving/worker/fork_server.py) are the workers a new process would be:
 the same view of their environment, their own process group and random sequence, the right pid under
 concurrent starts, and nothing left running when the server goes."""
 
@@ -13,8 +13,8 @@ import pytest
 
 from helpers.engine_limits import archive_handler
 from helpers.forks import forked_probe
-from serving import fork_server
-from serving.testing import LocalModel
+from serving.local_model import LocalModel
+from serving.worker import fork_server
 
 VIEW = """\
 import os, random, sys, tempfile
@@ -131,7 +131,7 @@ def test_a_killed_worker_reports_its_signal_and_a_lost_server_takes_its_workers(
 
 def test_the_server_ends_with_the_process_that_started_it():
     """A caller killed with -9 runs no atexit: its fork server must still end (it reads the caller's end close)."""
-    code = "import os; from serving import fork_server; print(fork_server.shared().process.pid, flush=True); "
+    code = "import os; from serving.worker import fork_server; print(fork_server.shared().process.pid, flush=True); "
     code += "os.kill(os.getpid(), 9)"
     done = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     server = int(done.stdout.split()[0])

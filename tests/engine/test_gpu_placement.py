@@ -24,7 +24,7 @@ from helpers.paths import short_tmp
 from helpers.waiting import until
 from samples import ts_examples, ts_probes
 from serving import gpus
-from serving.testing import LocalModel
+from serving.local_model import LocalModel
 
 PROBE = re.compile(r"tsctl-gpu-probe model=(\S+) gpu_id=(\S+) pid=(\d+) visible=(\S+)")
 VISIBLE = {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}  # four GPUs as TorchServe counts them; none to open here

@@ -38,7 +38,7 @@ from helpers.paths import ROOT, short_tmp
 from helpers.servers import RunningServer, stand_in_http
 from samples import runtime_env
 from samples.image_model import sample_jpeg
-from serving.testing import LocalModel
+from serving.local_model import LocalModel
 
 BATCHING = "batchSize: 4\nmaxBatchDelay: 100\n"
 TEXTS = ["The cat sits on the mat.", "Ünïcödé, emoji 🙂 and a rather longer sentence about nothing much", "short"]
@@ -331,7 +331,7 @@ def test_export_writes_the_runtimes_image_recipe(exported, store):
     assert all(f"{name}=={version}" in lines for name, version in wanted.items()), lines
     assert any(line.startswith("transformers") for line in lines)  # the text archives' own requirement
     assert any(line.startswith("sentence-transformers") for line in lines)  # minilm's modules.json
-    assert (image / "serving" / "engine.py").read_bytes() == (ROOT / "serving/engine.py").read_bytes()
+    assert (image / "serving" / "engine" / "app.py").read_bytes() == (ROOT / "serving/engine/app.py").read_bytes()
     assert (image / "handlers" / "image.py").read_bytes() == (ROOT / "handlers/image.py").read_bytes()
     assert (exported / "servingruntime.yaml").is_file()
     for archive in store.glob("*.mar"):  # archives go as they are: the image, not TorchServe, installs requirements

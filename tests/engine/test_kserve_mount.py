@@ -16,7 +16,7 @@ import pytest
 from helpers.engine import Engine
 from helpers.models import package_resnet
 from serving import ts_config
-from serving.testing import LocalModel
+from serving.local_model import LocalModel
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "kserve"
 ECHO = "def handle(data, context):\n    return data\n"  # no toolkit: TorchServe's envelope unpacks for it
@@ -40,7 +40,7 @@ def test_the_environment_overrides_the_file_as_torchserve_lets_it(switch, enviro
     assert ts_config.with_environment(written, {"TS_JOB_QUEUE_SIZE": "9"})["job_queue_size"] == (
         "9" if switch == "TRUE" or switch == "true" else "7"
     )
-    # the addresses too, as TorchServe's TS_INFERENCE_ADDRESS ... (serving/listeners.py binds them)
+    # the addresses too, as TorchServe's TS_INFERENCE_ADDRESS ... (serving/engine/listeners.py binds them)
     moved = ts_config.with_environment(written, {"TS_METRICS_ADDRESS": "http://0.0.0.0:9"}).get("metrics_address")
     assert moved == ("http://0.0.0.0:9" if switch in ("TRUE", "true") else None)
 

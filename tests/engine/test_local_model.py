@@ -25,7 +25,7 @@ from archiver import mar
 from archiver.cli import main
 from handlers.archives import unpack
 from samples.image_model import sample_jpeg
-from serving.testing import LoadError, LocalModel
+from serving.local_model import LoadError, LocalModel
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = "batchSize: 4\nhandler:\n  resize: 40\n  crop: 32\n  top_k: 3\n  jpeg_draft: false\n"

@@ -1,7 +1,7 @@
 """MLServer as an engine (``tsctl serve --engine mlserver``): the real MLServer 1.7.1 (in a venv of its own,
 samples/runtime_env.py) serving one store of every toolkit handler kind, pytorch/serve's mnist example and
 handlers that are not the toolkit's (xgboost_classfication's stand-in, a probe) packaged by both tools,
-through serving/mlserver_runtime.py, driven by clients nobody here wrote (tritonclient's HTTP and gRPC).
+through serving/runtimes/mlserver_runtime.py, driven by clients nobody here wrote (tritonclient's HTTP and gRPC).
 
 - every answer equals the archive's answer in-process (LocalModel, the same v2 request);
 - a handler that is not the toolkit's receives what TorchServe's worker gives it for each file sent as
@@ -56,7 +56,7 @@ from helpers.servers import batch_lines, post_mixed_concurrently
 from helpers.v2_answers import ask_v2
 from samples import hostile, runtime_env, text_models, ts_examples, ts_probes
 from samples.image_model import sample_jpeg
-from serving.testing import LocalModel, Request
+from serving.local_model import LocalModel, Request
 
 ENGINE = engines.ENGINES["mlserver"]
 # startupTimeout: nine models' workers load at once, a loaded machine's two cores take more than TorchServe's
@@ -367,7 +367,7 @@ def test_a_bad_request_fails_alone_in_its_batch(srv, store):
 
 @pytest.mark.matrix
 def test_no_client_can_unload_a_model_and_bodies_are_bounded(srv, store):
-    """tsctl starts MLServer through serving/mlserver_start.py: its repository's load and unload calls are
+    """tsctl starts MLServer through serving/runtimes/mlserver_start.py: its repository's load and unload calls are
     gone over REST and refused over gRPC, the model still answers, a body above the limit gets 413 before
     MLServer parses it."""
     before = worker_pids(srv)

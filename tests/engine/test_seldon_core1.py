@@ -32,7 +32,7 @@ from helpers import seldon_graph
 from helpers.hostile import assert_close
 from helpers.models import package_resnet
 from samples import image_model, runtime_env
-from serving.testing import LocalModel
+from serving.local_model import LocalModel
 
 TENSOR_CONFIG = "minWorkers: 1\nbatchSize: 4\nmaxBatchDelay: 10\nhandler:\n  input_shape: [3, 224, 224]\n"
 JPEGS = [image_model.sample_jpeg(seed, (256 + 8 * seed, 224)) for seed in range(12)]
@@ -95,7 +95,7 @@ def in_process(store: Path, names) -> dict:
 @pytest.mark.matrix  # 12 s, and the seldon-core venv built first; make test reads the messages in-process
 def test_the_transformer_under_the_real_wrapper(store, seldon_python, tmp_path):
     """The export's transformer unit alone under seldon-core-microservice."""
-    from serving import split
+    from serving.runtimes import split
 
     out = tmp_path / "out"
     manifest = export(store, out, transformer_model="vision-a")
@@ -161,7 +161,7 @@ def chunked_post(url: str, chunks) -> int:
 def assert_hostile_bodies_fail_alone(url: str, log: Path):
     """What the wrapper reads before the unit does: a body past max_body_bytes (32 MiB for the image handler)
     was read whole (500 MB took the worker past its memory: killed, reloaded), one it cannot parse was its 500;
-    a multipart file binData, NaN: serving/seldon_components.py. Each its own 4xx; the worker lives."""
+    a multipart file binData, NaN: serving/runtimes/seldon_components.py. Each its own 4xx; the worker lives."""
     boots = log.read_text(errors="replace").count("Booting worker")
     jpeg = b64(JPEGS[0]).encode()
     multipart = (b'--B\r\nContent-Disposition: form-data; name="binData"; filename="a.jpg"\r\n\r\n' + JPEGS[0]

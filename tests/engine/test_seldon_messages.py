@@ -1,4 +1,4 @@
-"""The Seldon protocol of serving/seldon_components.py in this process (no wrapper, no model): any JSON is
+"""The Seldon protocol of serving/runtimes/seldon_components.py in this process (no wrapper, no model): any JSON is
 either read as the message it is or refused with a ClientError (Seldon's 4xx, alone), and a message cannot
 make a unit allocate past its limits. The components under the real wrapper: tests/engine/test_seldon_core1.py
 (make matrix)."""
@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from handlers.protocol import ClientError, Limits
-from serving import seldon_components as seldon
-from serving.seldon_bounds import Bounds
+from serving.runtimes import seldon_components as seldon
+from serving.runtimes.seldon_bounds import Bounds
 
 LIMITS = Limits(max_items=32, max_body_bytes=1 << 20, max_json_depth=32, max_json_values=1000, max_batch_bytes=1 << 24)
 BOUNDS = Bounds.of(LIMITS, memory=1 << 30)

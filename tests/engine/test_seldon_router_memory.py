@@ -1,5 +1,5 @@
-"""Issue #43, cases 13 and 14: the Seldon Core 1 router (serving/seldon_components.py ``Router``) under the real
-wrapper (seldon-core-microservice of seldon-core 1.17.1, samples/runtime_env.py's venv) in a memory cgroup of the
+"""Issue #43, cases 13 and 14: the Seldon Core 1 router (serving/runtimes/seldon_components.py ``Router``) under the
+real wrapper (seldon-core-microservice of seldon-core 1.17.1, samples/runtime_env.py's venv) in a memory cgroup of the
 export's figure (archiver/export/seldon_core1.py ``ROUTER_RESOURCES``: 256Mi), attacked as a client of the graph
 would: each message it cannot afford is Seldon's error shape with a 4xx, what it affords is answered, its worker
 is never restarted and its memory's peak stays below the limit. Before the fix (its limits were the Model's,
@@ -18,7 +18,7 @@ from helpers.cgroups import MemoryLimit
 from samples import runtime_env
 
 MiB = 1 << 20
-ENV = {"MODEL_NAME": "serving.seldon_components.Router", "SERVICE_TYPE": "ROUTER", "GRPC_WORKERS": "0"}
+ENV = {"MODEL_NAME": "serving.runtimes.seldon_components.Router", "SERVICE_TYPE": "ROUTER", "GRPC_WORKERS": "0"}
 
 
 @pytest.fixture(scope="module")

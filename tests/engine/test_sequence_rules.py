@@ -1,4 +1,4 @@
-"""The rules of serving/engine_sequences.py's ``Sequences``, as a generated property test: in-process, one
+"""The rules of serving/engine/sequences.py's ``Sequences``, as a generated property test: in-process, one
 asyncio loop, workers that are plain objects, hypothesis choosing what clients and workers do and in which
 order: requests admitted (some ending their sequence), workers gathering batches (with and without a batch
 delay), answering them, putting them back unsent, dying or scaled away while they gather (their wait
@@ -24,9 +24,9 @@ import itertools
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from serving.engine_queue import Job
-from serving.engine_sequences import SEQUENCE_END, SEQUENCE_ID, Sequences, SequenceSettings, key_of
-from serving.ts_wire import Request, Response
+from serving.engine.job_queue import Job
+from serving.engine.sequences import SEQUENCE_END, SEQUENCE_ID, Sequences, SequenceSettings, key_of
+from serving.worker.ts_wire import Request, Response
 
 MAX_SEQUENCES, QUEUE = 3, 2
 IDS = ("a", "b", "c", "d", "e")
@@ -269,7 +269,7 @@ def test_a_gathering_cancelled_as_a_request_arrives_takes_nothing():
 def test_a_queue_gathering_cancelled_as_a_request_arrives_takes_nothing():
     """The same interleaving on a stateless model's JobQueue: before the fix both requests were returned to
     the cancelled caller and never answered."""
-    from serving.engine_queue import JobQueue
+    from serving.engine.job_queue import JobQueue
 
     async def run():
         queue, loop = JobQueue(8), asyncio.get_running_loop()

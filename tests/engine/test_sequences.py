@@ -1,4 +1,4 @@
-"""Sequence batching on the tsctl engine (serving/engine_sequences.py), served: one engine, pytorch/serve's
+"""Sequence batching on the tsctl engine (serving/engine/sequences.py), served: one engine, pytorch/serve's
 stateful example (its stand-in, or the checkout's own with TSCTL_PYTORCH_SERVE) and this project's
 running-sum handler, packaged with torch-model-archiver. TorchServe 0.12 side by side is
 tests/conformance/test_sequence_parity.py (make matrix)."""

@@ -12,7 +12,7 @@ from archiver.cli import main
 from helpers.models import package_resnet
 from helpers.servers import RunningServer, batch_lines, post, post_concurrently, workers
 from samples.image_model import torchscript_resnet18
-from serving.testing import LocalModel
+from serving.local_model import LocalModel
 
 BATCHING = "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 4\nmaxBatchDelay: 200\nresponseTimeout: 120\n"
 

@@ -1,7 +1,7 @@
 """A worker's Unix socket path fits, whatever ``--home`` is (issue #31, item 8).
 
 Each server puts its workers' sockets under its TEMP (``home/tmp``, or a short private directory when
-that is too deep), one level deeper for the tsctl engine and MLServer's runtime (serving/sockets.py).
+that is too deep), one level deeper for the tsctl engine and MLServer's runtime (serving/worker/sockets.py).
 A ``--home`` of 68-84 bytes once failed every worker of the tsctl engine with "AF_UNIX path too long"
 (TEMP was chosen for TorchServe's ``TEMP/.ts.sock.PORT`` alone), while TorchServe worked at 80. Here:
 the TEMP chosen for every home length from 30 to 130 bytes gives each engine's socket a path that fits,
@@ -23,7 +23,7 @@ from archiver.errors import UserError
 from helpers.hostile import build, scripted
 from helpers.paths import short_tmp
 from samples import runtime_env
-from serving import sockets
+from serving.worker import sockets
 
 ENGINE_SOCKET = sockets.socket_below(sockets.ENGINE, sockets.engine_port(1))  # the tsctl engine, one model
 BELOW = {"TorchServe": sockets.socket_below(), "tsctl engine": ENGINE_SOCKET, "MLServer": MLSERVER_SOCKET}

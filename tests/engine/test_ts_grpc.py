@@ -1,5 +1,5 @@
-"""TorchServe's own gRPC API and streamed answers on the tsctl engine (serving/engine_ts_grpc.py,
-serving/engine_stream.py), one engine for the module serving the archives of samples/ts_streaming.py
+"""TorchServe's own gRPC API and streamed answers on the tsctl engine (serving/engine/ts_grpc.py,
+serving/engine/streams.py), one engine for the module serving the archives of samples/ts_streaming.py
 (``max_response_size`` 1 MB): a client generated from pytorch/serve's protos and its example client
 script as processes, HTTP chunks and gRPC messages as they arrive, and the hostile cases (many tiny
 parts, a part above max_response_size, a slow reader, a client that leaves, a worker that dies
@@ -21,7 +21,7 @@ from archiver import properties, server
 from helpers import streams, ts_grpc, waiting
 from helpers.engine import Engine
 from samples import ts_streaming
-from serving import ts_protos as pb
+from serving.engine import ts_protos as pb
 
 MAX_RESPONSE = 1_000_000
 INFERENCE = "/" + pb.INFERENCE_SERVICE + "/"
@@ -75,15 +75,15 @@ def predict(engine, body: bytes, model: str = "probe", stream: bool = False, **k
 
 
 def test_the_vendored_protos_are_what_the_engine_serves(tmp_path):
-    """serving/ts_protos.py's descriptors are serving/protos compiled (and a checkout's protos, with
+    """serving/engine/ts_protos.py's descriptors are serving/engine/protos compiled (and a checkout's protos, with
     TSCTL_PYTORCH_SERVE, are the vendored ones); a process holding the engine's messages and a client's
     generated stubs has both (the same descriptors: no conflict in protobuf's pool)."""
-    assert pb.compiled() == pb.DESCRIPTORS, "run: python -m serving.ts_protos --write"
+    assert pb.compiled() == pb.DESCRIPTORS, "run: python -m serving.engine.ts_protos --write"
     if ts_grpc.checkout() is not None:
         for name in ("inference.proto", "management.proto"):
             assert (ts_grpc.protos() / name).read_bytes() == (ts_grpc.VENDORED / name).read_bytes(), name
     stubs = ts_grpc.generate(tmp_path / "stubs")
-    both = "import inference_pb2, management_pb2; from serving import ts_protos; import google.rpc.status_pb2; print(1)"
+    both = "import inference_pb2, management_pb2; from serving.engine import ts_protos; import google.rpc.status_pb2; print(1)"
     done = subprocess.run([sys.executable, "-c", both], capture_output=True, text=True, timeout=60,
                           env={"PYTHONPATH": f"{stubs}:{ts_grpc.ROOT}", "PATH": "/usr/bin:/bin"})  # fmt: skip
     assert done.stdout.strip() == "1", done.stderr
@@ -255,8 +255,9 @@ def test_the_authorization_seam_guards_every_call(tmp_path):
     import argparse
     import asyncio
 
-    from serving import engine_ts_grpc, ts_config
-    from serving.engine import Engine as EngineObject
+    from serving import ts_config
+    from serving.engine import ts_grpc as engine_ts_grpc
+    from serving.engine.app import Engine as EngineObject
 
     store = tmp_path / "model-store"
     ts_streaming.archive("probe", ts_streaming.write_probe(tmp_path), store)

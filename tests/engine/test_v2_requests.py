@@ -1,4 +1,4 @@
-"""serving/v2_requests.py: how MLServer's runtime turns an Open Inference Protocol request into the
+"""serving/runtimes/v2_requests.py: how MLServer's runtime turns an Open Inference Protocol request into the
 TorchServe requests a handler that is not the toolkit's reads, and its answers into one v2 output.
 No MLServer here (tests/engine/test_mlserver.py serves it): the requests go to TorchServe's own worker
 (LocalModel), so what the handler receives is the worker's decoding, not a copy of it.
@@ -18,9 +18,9 @@ import pytest
 from archiver import engines
 from handlers.errors import ClientError
 from samples import ts_examples, ts_probes
-from serving import v2_requests
-from serving.testing import LocalModel, Request
-from serving.ts_wire import Response
+from serving.local_model import LocalModel, Request
+from serving.runtimes import v2_requests
+from serving.worker.ts_wire import Response
 
 MLSERVER = engines.ENGINES["mlserver"]
 

@@ -23,7 +23,7 @@ from archiver.errors import UserError
 from archiver.export import core, crds, kserve, targets, tsctl_image
 from helpers import deploy_md
 from helpers.models import export_tree, package_resnet, package_text
-from serving.testing import LocalModel
+from serving.local_model import LocalModel
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "kserve"
 

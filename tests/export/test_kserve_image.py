@@ -24,7 +24,7 @@ import pytest
 
 from helpers import grpc_client
 from helpers.hostile import assert_close
-from serving.testing import LocalModel
+from serving.local_model import LocalModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
 from test_readme import run_blocks  # noqa: E402 - the docs' block runner, beside it

@@ -103,7 +103,7 @@ def test_an_ab_graph_is_a_valid_seldon_deployment(store, tmp_path):
                                                        ("Model", "MODEL")]):  # fmt: skip
         assert c["image"] == IMAGE
         assert {e["name"]: e["value"] for e in c["env"]} == {
-            "MODEL_NAME": f"serving.seldon_components.{component_class}",
+            "MODEL_NAME": f"serving.runtimes.seldon_components.{component_class}",
             "SERVICE_TYPE": kind,
             "GRPC_WORKERS": "0",
         }
@@ -132,7 +132,7 @@ def test_three_candidates_get_the_tsctl_router_and_one_model_none(store, tmp_pat
     assert [c["name"] for c in router["children"]] == ["vision-a", "vision-b", "vision-c"]
     containers = manifest["spec"]["predictors"][0]["componentSpecs"][0]["spec"]["containers"]
     assert [c["name"] for c in containers] == ["transformer", "router", "vision-a", "vision-b", "vision-c"]
-    assert containers[1]["env"][0]["value"] == "serving.seldon_components.Router"
+    assert containers[1]["env"][0]["value"] == "serving.runtimes.seldon_components.Router"
 
     one = tmp_path / "one"
     seldon_core1.export(options(store, one, transformer_model="vision-c"))

@@ -116,7 +116,8 @@ def test_the_tree_and_every_manifest_are_valid(store, tmp_path):
 
     dockerfile = (out / "server-image/Dockerfile").read_text()
     assert f"FROM python:{sys.version_info.major}.{sys.version_info.minor}-slim\n" in dockerfile
-    assert 'CMD ["sh", "-c", "exec python -m serving.mlserver_start start \\"$MLSERVER_MODELS_DIR\\""]' in dockerfile
+    command = 'exec python -m serving.runtimes.mlserver_start start \\"$MLSERVER_MODELS_DIR\\"'
+    assert f'CMD ["sh", "-c", "{command}"]' in dockerfile
     assert (out / "server-image/serving/mlserver_start.py").is_file()
     assert "COPY handlers/ /opt/tsctl/handlers/\nCOPY serving/ /opt/tsctl/serving/\n" in dockerfile
     assert (out / "server-image/serving/mlserver_runtime.py").is_file()

@@ -17,7 +17,7 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 
 from helpers.cgroups import MemoryLimit
 from helpers.engine import BIN, Engine, snapshot_entry
-from serving import ts_protos as ts_pb
+from serving.engine import ts_protos as ts_pb
 
 MAX_REQUEST = 64 << 20
 

@@ -1,11 +1,11 @@
-"""A script run in a worker forked by a fork server (serving/fork_server.py), as the engine forks one."""
+"""A script run in a worker forked by a fork server (serving/worker/fork_server.py), as the engine forks one."""
 
 import json
 import os
 from pathlib import Path
 from typing import Optional
 
-from serving import fork_server
+from serving.worker import fork_server
 
 
 def forked_probe(server: fork_server.ForkServer, folder: Path, env: dict) -> Optional[dict]:

@@ -81,7 +81,7 @@ def export_tree(root: Path, out: str = "pvc", **options) -> Path:
 
 def local_answers(store: Path, inputs: dict) -> dict:
     """{model: [in-process answer, ...]} of ``store/NAME.mar`` for each model's inputs (LocalModel)."""
-    from serving.testing import LocalModel
+    from serving.local_model import LocalModel
 
     answers = {}
     for name, items in inputs.items():

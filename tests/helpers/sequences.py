@@ -1,4 +1,4 @@
-"""A request of a sequence (sequence batching, serving/engine_sequences.py), as a stateful model's client
+"""A request of a sequence (sequence batching, serving/engine/sequences.py), as a stateful model's client
 sends it: ``ts_request_sequence_id`` (none: the server opens a sequence), ``ts_request_sequence_end``."""
 
 from archiver import server

@@ -16,7 +16,7 @@ from helpers.paths import ROOT, short_tmp
 
 
 class Transformer:
-    """``python -m serving.kserve_transformer`` for ``archive`` in front of the predictor at
+    """``python -m serving.runtimes.kserve_transformer`` for ``archive`` in front of the predictor at
     ``predictor_host``, on free 127.0.0.1 ports, detached; ``url`` once it answers, or ``exit_code``
     and ``output`` if it exits first. ``stop()`` ends its process group."""
 
@@ -27,7 +27,7 @@ class Transformer:
         port, grpc = server.free_ports(2)
         self.home = short_tmp("tr-")
         self.log = self.home / "transformer.log"
-        command = [sys.executable, "-m", "serving.kserve_transformer", "--model_name", model]
+        command = [sys.executable, "-m", "serving.runtimes.kserve_transformer", "--model_name", model]
         command += ["--archive", str(archive), "--predictor_host", predictor_host, "--predictor_protocol", protocol]
         command += ["--http_port", str(port), "--grpc_port", str(grpc), "--enable_grpc", "false", *extra]
         with open(self.log, "wb") as out:

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-VENDORED = ROOT / "serving" / "protos"
+VENDORED = ROOT / "serving" / "engine" / "protos"
 SERVE_ENV = "TSCTL_PYTORCH_SERVE"
 PROTO_PATH = "frontend/server/src/main/resources/proto"
 

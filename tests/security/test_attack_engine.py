@@ -26,7 +26,7 @@ from helpers import streams, waiting
 from helpers.cgroups import MemoryLimit, peak_rss
 from helpers.engine import Engine, received, snapshot_entry
 from helpers.engine_limits import Neighbour, archive_handler, engine_in_cgroup, varint, write_config
-from serving import engine_http
+from serving.engine import http_server
 
 GROUP_LIMIT = 3 << 30  # the engine's cgroup, workers included: bodies in flight may hold a quarter, 768 MiB
 BOUND = GROUP_LIMIT // 4
@@ -296,7 +296,7 @@ def test_pipelined_requests_and_expect_100_continue(engine):
     before = pids(engine)
     requests = b"".join(post_head("victim", len(b"len %d" % i)) + b"len %d" % i for i in range(200))
     answers = http_answers(raw_exchange(engine, requests + closing("victim", b"echo")))
-    kept = engine_http.MAX_PIPELINED + 1
+    kept = http_server.MAX_PIPELINED + 1
     assert [s for s, _, _ in answers] == [200] * kept, [s for s, _, _ in answers]
     assert [json.loads(b)["len"] for _, _, b in answers] == [len(b"len %d" % i) for i in range(kept)]
     assert b"connection: close" in answers[-1][1].lower(), answers[-1][1]
@@ -749,7 +749,7 @@ def test_a_batch_that_fails_unexpectedly_is_answered_and_the_model_is_not_ready_
 
     from serving import ts_config
     from serving.model_opening import open_model
-    from serving.ts_wire import Request
+    from serving.worker.ts_wire import Request
 
     specs, frontend = ts_config.models(tree / "config" / "config.properties", tree / "model-store")
     [spec] = [s for s in specs if s.name == "quiet"]
@@ -778,7 +778,7 @@ def test_a_batch_that_fails_unexpectedly_is_answered_and_the_model_is_not_ready_
     asyncio.run(scenario())
 
 
-# ---- MLServer as tsctl starts it (serving/mlserver_start.py) ----------------------------------------------
+# ---- MLServer as tsctl starts it (serving/runtimes/mlserver_start.py) ----------------------------------------------
 ML_MAX_REQUEST = 4 << 20
 ML_GROUP_LIMIT = 2 << 30  # MLServer and its worker: bodies in flight may hold 512 MiB
 

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from helpers.forks import forked_probe
-from serving import fork_server, module_shadowing
+from serving.worker import fork_server, module_shadowing
 
 PROBE = """\
 import json, os, sys

@@ -1,5 +1,5 @@
-"""Issue #43's engine cases: one client may not take what the others need (serving/body_limit.py's
-``Budget`` and ``CLIENT_SHARE``, engine_stream.Parts, engine_ts_grpc's ``MAX_OPEN_STREAMS``).
+"""Issue #43's engine cases: one client may not take what the others need (serving/engine/body_limit.py's
+``Budget`` and ``CLIENT_SHARE``, streams.Parts, ts_grpc's ``MAX_OPEN_STREAMS``).
 
 1. Clients that ask for a streamed answer and never read it: the parts held for them count in flight,
    their streams are cut past it, the engine stays within its budget, a client that reads gets all.
@@ -7,7 +7,7 @@
    (another loopback address: another client) are answered.
 3. Half-open ``StreamPredictions2`` calls: refused RESOURCE_EXHAUSTED past the client's share of them
    (an engine of its own whose ``max_request_size`` is 16 KiB: a call waiting for its next message
-   holds that much of the bodies in flight, serving/grpc_reading.py, so with 64 MiB the bodies in
+   holds that much of the bodies in flight, serving/engine/grpc_reading.py, so with 64 MiB the bodies in
    flight would end the calls first, UNAVAILABLE).
 
 One engine in a memory cgroup of its own (``engine_in_cgroup``) with ``--max_inflight_bytes`` of
@@ -27,8 +27,8 @@ import pytest
 from helpers import streams
 from helpers.cgroups import peak_rss
 from helpers.engine_limits import engine_in_cgroup, limits_tree
-from serving import engine_ts_grpc
-from serving import ts_protos as pb
+from serving.engine import ts_grpc as engine_ts_grpc
+from serving.engine import ts_protos as pb
 
 GROUP_LIMIT = 2 << 30  # the engine's cgroup, workers included
 BOUND = 128 << 20  # --max_inflight_bytes

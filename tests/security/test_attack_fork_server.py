@@ -1,4 +1,4 @@
-"""Attacks on the fork server (serving/fork_server.py): a forked worker must be the worker a new process
+"""Attacks on the fork server (serving/worker/fork_server.py): a forked worker must be the worker a new process
 would be, and nothing one worker does, or that happens to the server, may cost the others or outlive
 its owner. Each test here failed before its fix; the caller is often a process of its own, so that it
 can be put in a cgroup or killed with -9."""
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from helpers.engine_limits import archive_handler
-from serving import fork_server
-from serving.testing import LoadError, LocalModel
+from serving.local_model import LoadError, LocalModel
+from serving.worker import fork_server
 
 RUNS = '''\
 import json
@@ -122,7 +122,7 @@ def pids_cgroup() -> Path:
 FORK_FAILS = """\
 import json, sys
 from pathlib import Path
-from serving.testing import LocalModel
+from serving.local_model import LocalModel
 group, mar = Path(sys.argv[1]), sys.argv[2]
 with LocalModel(mar) as first:
     server = first.worker.process.server
@@ -176,7 +176,7 @@ def test_a_lost_server_leaves_no_descriptor_and_no_zombie():
 
 BUSY_THEN_KILLED = """\
 import os, sys, threading, time
-from serving.testing import LocalModel
+from serving.local_model import LocalModel
 model = LocalModel(sys.argv[1])
 print(model.worker.pid, type(model.worker.process).__name__, flush=True)
 threading.Thread(target=model.predict, args=(["import time; time.sleep(60)"],), daemon=True).start()
@@ -259,7 +259,7 @@ def test_a_package_an_archive_vendors_in_a_subfolder_is_the_one_its_handler_impo
 
 UNREADABLE_ON_PATH = """\
 import os, sys
-from serving.testing import LocalModel
+from serving.local_model import LocalModel
 os.environ["PYTHONPATH"] = os.pathsep.join([sys.argv[1], os.environ["PYTHONPATH"]])
 with LocalModel(sys.argv[2]) as model:
     [answer] = model.predict(["result = 'answered'"])

@@ -8,7 +8,7 @@ more. Before (2 GiB group, 128 MiB ``--max_inflight_bytes``): 8 calls to TorchSe
 +484-509 MiB, to ``ModelInfer`` +385 MiB, counted nowhere while the client kept the connection; 30 of
 them would take the group's 2 GiB and the engine with it.
 
-Now (serving/grpc_reading.py) every method reads its messages itself, ``max_request_size`` taken in its
+Now (serving/engine/grpc_reading.py) every method reads its messages itself, ``max_request_size`` taken in its
 client's share of the bodies in flight before each is asked for, and gRPC's bandwidth probe is off (a
 stream not read yet holds 64 KiB). ``max_request_size`` being half the budget here, a read takes the
 client's share (32 MiB): 3 calls of the 8 read (while a quarter stays free), 5 end UNAVAILABLE, the
@@ -25,8 +25,8 @@ import pytest
 
 from helpers.engine_limits import engine_in_cgroup, engine_rss, limits_tree, ts_predicts
 from helpers.h2_raw import HalfSent
-from serving import ts_protos as pb
-from serving.body_limit import CLIENT_SHARE
+from serving.engine import ts_protos as pb
+from serving.engine.body_limit import CLIENT_SHARE
 
 GROUP_LIMIT = 2 << 30  # the engine's cgroup, workers included
 BOUND = 128 << 20  # --max_inflight_bytes

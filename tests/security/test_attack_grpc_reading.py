@@ -1,4 +1,4 @@
-"""Issue #43, an outsider's attack on serving/grpc_reading.py: every gRPC method reads its own messages,
+"""Issue #43, an outsider's attack on serving/engine/grpc_reading.py: every gRPC method reads its own messages,
 ``min(max_request_size, a client's share)`` reserved before each message is asked for, given back once it
 is read.
 
@@ -32,8 +32,8 @@ import pytest
 
 from helpers.engine_limits import engine_in_cgroup, engine_rss, limits_tree, ts_predicts
 from helpers.h2_raw import HalfSent
-from serving import ts_protos as pb
-from serving.body_limit import CLIENT_SHARE
+from serving.engine import ts_protos as pb
+from serving.engine.body_limit import CLIENT_SHARE
 
 GROUP_LIMIT = 2 << 30
 BOUND = 64 << 20  # --max_inflight_bytes; max_request_size is 64 MiB (limits_tree)

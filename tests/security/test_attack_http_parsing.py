@@ -1,4 +1,4 @@
-"""Issue #43, an outsider's attack on the engine's HTTP server (serving/engine_http.py): what uvicorn
+"""Issue #43, an outsider's attack on the engine's HTTP server (serving/engine/http_server.py): what uvicorn
 makes of a few bytes before any bound of body_limit.py sees a request.
 
 1. HTTP/1.1 pipelining: uvicorn parses every request of a read (256 KiB) at once and queues each
@@ -29,7 +29,7 @@ import pytest
 from helpers.cgroups import peak_rss, reset_peak
 from helpers.engine import Engine, received
 from helpers.engine_limits import engine_in_cgroup, limits_tree
-from serving.engine_http import HEAD_BYTES_IN_FLIGHT, MAX_HEADERS, MAX_PIPELINED
+from serving.engine.http_server import HEAD_BYTES_IN_FLIGHT, MAX_HEADERS, MAX_PIPELINED
 
 GROUP_LIMIT = 2 << 30
 BOUND = 128 << 20  # --max_inflight_bytes
@@ -152,7 +152,7 @@ def test_one_client_holding_connections_leaves_the_others_theirs(few_files):
     """One client (127.0.0.2) opens more connections than the engine serves, each a head begun and never
     finished: past its share, while a quarter stays free, each is answered 503 as it opens and closed;
     another client (127.0.0.1) still connects and is answered, and its own connections are never refused."""
-    engine, limit = few_files, max(16, OPEN_FILES - 128)  # engine_http.max_connections() in the engine
+    engine, limit = few_files, max(16, OPEN_FILES - 128)  # http_server.max_connections() in the engine
     workers = [w["pid"] for w in engine.workers("other")]
     held = []
     try:

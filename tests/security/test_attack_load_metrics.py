@@ -26,8 +26,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from helpers import grpc_client, waiting
 from helpers.engine import snapshot_entry, write_config
 from helpers.engine_limits import archive_handler, engine_in_cgroup
-from serving.engine_queue import Job, JobQueue
-from serving.ts_wire import Request
+from serving.engine.job_queue import Job, JobQueue
+from serving.worker.ts_wire import Request
 
 QUEUE = 3
 OCTETS = "application/octet-stream"  # the handler gets the bytes

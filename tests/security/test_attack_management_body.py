@@ -20,8 +20,8 @@ from helpers.cgroups import peak_rss, reset_peak
 from helpers.engine import snapshot_entry, write_config
 from helpers.engine_limits import engine_in_cgroup
 from helpers.management import build_store
-from serving import ts_protos as pb
-from serving.body_limit import MAX_MANAGEMENT_BODY
+from serving.engine import ts_protos as pb
+from serving.engine.body_limit import MAX_MANAGEMENT_BODY
 
 MAX_REQUEST = 64 << 20  # max_request_size, sized for inference
 GROWTH = 32 << 20  # bytes the engine's peak may grow by while it refuses a body

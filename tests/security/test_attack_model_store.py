@@ -35,7 +35,8 @@ from handlers.archives import Archive, ArchiveError
 from helpers import waiting
 from helpers.engine import BIN, Engine
 from helpers.management import build_store
-from serving import engine_management, ts_config
+from serving import ts_config
+from serving.engine import management as engine_management
 
 OUTSIDE_HANDLER = """\
 def handle(data, context):

@@ -1,4 +1,4 @@
-"""An outsider's attack on the engine's sequence batching (serving/engine_sequences.py, TorchServe 0.12's
+"""An outsider's attack on the engine's sequence batching (serving/engine/sequences.py, TorchServe 0.12's
 ``sequenceBatching: true``), served: one engine for the module inside a memory cgroup of its own (its workers
 in it too), the model API on, the running-sum handler (samples/ts_stateful.py) under a few settings. Every
 process of the engine is counted from the cgroup before and after.
@@ -31,7 +31,7 @@ import pytest
 from archiver import properties
 from helpers.engine_limits import engine_in_cgroup, engine_rss
 from samples import ts_stateful
-from serving import ts_protos as ts_pb
+from serving.engine import ts_protos as ts_pb
 
 pytestmark = pytest.mark.matrix  # about 45 s (an engine of four models, one loading 3 s); make test has the rules'
 # property test (tests/engine/test_sequence_rules.py)

@@ -32,7 +32,7 @@ MB = 1 << 20
 PROBE = textwrap.dedent(
     """
     import json, sys, time
-    from serving.testing import LocalModel
+    from serving.local_model import LocalModel
 
     def peak(pid):  # the worker's peak resident memory (what ru_maxrss is for a process), in bytes
         with open(f"/proc/{pid}/status") as status:

@@ -27,7 +27,7 @@ from helpers.hostile import BATCH, Linear, assert_close, build, scripted
 from helpers.models import package_text
 from samples import hostile
 from samples.image_model import sample_jpeg
-from serving.testing import LocalModel
+from serving.local_model import LocalModel
 
 # make fuzz runs many more: TSCTL_FUZZ_EXAMPLES=5000
 EXAMPLES = int(os.environ.get("TSCTL_FUZZ_EXAMPLES", "60"))

@@ -19,7 +19,7 @@ from helpers.paths import short_tmp
 from helpers.servers import RunningServer, batch_lines, post_mixed_concurrently, workers
 from samples import hostile
 from samples.image_model import sample_jpeg
-from serving.testing import LocalModel
+from serving.local_model import LocalModel
 
 BATCHING = "batchSize: 8\nmaxBatchDelay: 300\nresponseTimeout: 120\n"
 LIMIT = 3 << 30  # the cgroup's hard limit: far above the goal, so an overshoot shows as a figure first

@@ -27,7 +27,7 @@ import torch
 
 from handlers.archives import printable
 from helpers.models import package_resnet
-from serving.testing import LocalModel
+from serving.local_model import LocalModel
 
 BIN = Path(sys.executable).parent
 LIMIT = 3 << 30  # address space for a tsctl process: torch's import alone maps about 1.5 GB

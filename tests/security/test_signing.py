@@ -23,7 +23,7 @@ from helpers.engine import Engine, snapshot_entry, write_config
 from helpers.models import package_resnet
 from helpers.paths import short_tmp
 from helpers.servers import RunningServer, post
-from serving.testing import LocalModel
+from serving.local_model import LocalModel
 
 BIN = Path(sys.executable).parent
 

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 
 from handlers.text import read_prefix
 from helpers.models import package_text
-from serving.testing import LocalModel
+from serving.local_model import LocalModel
 
 WORDS = st.sampled_from(
     ["the", "cat", "sat", "unbelievably", "naïve", "café", "東京", "🙂", "x" * 150, "...", "—", "A.B"]

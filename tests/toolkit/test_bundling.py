@@ -10,7 +10,7 @@ import pytest
 from helpers.models import package_resnet
 from helpers.paths import short_tmp
 from helpers.servers import RunningServer, post
-from serving.testing import LocalModel
+from serving.local_model import LocalModel
 
 RUNTIME = ("torch", "torchvision", "torchserve", "pyyaml", "pillow")
 

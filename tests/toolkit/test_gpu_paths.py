@@ -26,7 +26,7 @@ from handlers import golden as golden_format
 from handlers.image import EncodedJpeg, decode_image, decode_jpegs, open_image
 from helpers.models import package_resnet
 from samples.image_model import sample_jpeg
-from serving.testing import InProcessHandler, LocalModel, Request
+from serving.local_model import InProcessHandler, LocalModel, Request
 
 SETTINGS = type("S", (), {"resize": 256, "crop": 224})  # what decode_jpegs reads of ImageSettings
 

@@ -15,7 +15,7 @@ from torchvision import transforms
 from archiver import mar
 from archiver.cli import main
 from samples.image_model import sample_jpeg
-from serving.testing import LocalModel
+from serving.local_model import LocalModel
 
 TINY = """\
 import torch

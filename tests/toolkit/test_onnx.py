@@ -18,7 +18,7 @@ from helpers.hostile import assert_close
 from helpers.models import package_resnet, package_text
 from helpers.servers import RunningServer, post_concurrently
 from samples import onnx_export
-from serving.testing import LocalModel
+from serving.local_model import LocalModel
 
 BATCHING = "batchSize: 4\nmaxBatchDelay: 100\n"
 TEXTS = [b"The cat sits on the mat.", b"A man is playing a guitar on stage.", b"short", "Ünïcödé 🙂".encode()]

@@ -17,7 +17,7 @@ from hypothesis.extra import numpy as hnp
 from archiver import mar
 from handlers import protocol
 from handlers.protocol import V2, ClientError, Limits, Request
-from serving.testing import InProcessHandler
+from serving.local_model import InProcessHandler
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = ("data", "tensor")

@@ -10,7 +10,7 @@ from archiver import mar
 from archiver.errors import UserError
 from helpers.models import package_text
 from helpers.servers import RunningServer, batch_lines, post, post_concurrently
-from serving.testing import InProcessHandler, LocalModel
+from serving.local_model import InProcessHandler, LocalModel
 
 SENTENCES = [
     "The cat sits on the mat.",

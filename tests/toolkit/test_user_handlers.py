@@ -2,16 +2,12 @@
 
 ``ToolkitHandler`` no longer subclasses TorchServe's ``BaseHandler``; a user's subclass that reads what
 ``BaseHandler.__init__`` set (``self.mapping``, ``self.map_location``, ``self.explain``...; toolkit
-handlers never ran ``BaseHandler.initialize``, so they kept those first values) must still find them.
-And a test ``tsctl init`` wrote before the redesign imports ``LocalModel`` from ``handlers.testing``."""
+handlers never ran ``BaseHandler.initialize``, so they kept those first values) must still find them."""
 
-import subprocess
-import sys
 import textwrap
 
 from helpers.models import package_resnet
-from helpers.paths import ROOT
-from serving.testing import LocalModel
+from serving.local_model import LocalModel
 
 # What TorchServe's BaseHandler.__init__ sets (0.9.0 and 0.12.0 alike): what the old ToolkitHandler held.
 BASE_HANDLER_FIELDS = {
@@ -53,16 +49,3 @@ def test_a_subclass_reading_base_handler_attributes_still_runs(image_sample, tmp
         [answer] = model.predict([(image_sample / "kitten.jpg").read_bytes()])
     assert answer.status == 200, answer.json()
     assert answer.json()["seen"] == BASE_HANDLER_FIELDS
-
-
-def test_a_test_written_by_the_old_tsctl_init_is_told_where_local_model_went():
-    """A test_handler.py that tsctl init wrote before #30 imports handlers.testing: LocalModel moved to
-    serving.testing (a re-export in handlers/ would import the serving side into every archive), so the
-    import fails with one line naming the fix, not a bare ModuleNotFoundError."""
-    code = "from handlers.testing import LocalModel"  # archiver/templates/*/test_handler.py.tmpl at 508ac32
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 1
-    assert run.stderr.strip().splitlines()[-1] == (
-        "ImportError: handlers.testing moved to serving.testing: change the import to "
-        "'from serving.testing import LocalModel'"
-    )

@@ -1,5 +1,5 @@
 # The image of a tsctl export's serving runtime: the tsctl engine serving /mnt/models/model-store as
-# /mnt/models/config/config.properties says (serving/engine.py). Build and push it, then apply
+# /mnt/models/config/config.properties says (serving/engine/app.py). Build and push it, then apply
 # servingruntime.yaml and inferenceservice.yaml:   docker build -t ${image} . && docker push ${image}
 # BASE_IMAGE: any image with python${python} and its venv module (--build-arg BASE_IMAGE=...: a Debian
 # bookworm root of your own, as docs/kserve.md builds one); the engine and its packages go in /opt/tsctl.

@@ -1,6 +1,6 @@
 """A handler answering what each parameter of its request holds: its name, the type the worker decoded it
 to and its value (bytes as hex), as TorchServe's frontend split a form body into fields
-(serving/form_bodies.py)."""
+(serving/engine/form_bodies.py)."""
 
 import json
 
