@@ -141,7 +141,8 @@ def config_text(report: dict) -> List[str]:
 
 # ---- tsctl export kserve / seldon ---------------------------------------------------------------------
 def export_report(out, result) -> dict:
-    """``result``: archiver.export.kserve.Export or archiver.export.seldon.SeldonExport (files, notes, curls)."""
+    """``result``: archiver.export.kserve.export.Export or archiver.export.seldon.export.SeldonExport (files, notes,
+    curls)."""
     return {
         "out": str(out),
         "deploy": str(Path(out) / "DEPLOY.md"),

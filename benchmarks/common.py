@@ -43,7 +43,8 @@ def alternate(sides: dict, rounds: int = 3) -> dict:
 def served_side(srv, model: str, inputs, concurrency: int, requests: int):
     """A benchmark side against a running server: a short warm-up, then ``requests`` requests.
     Returns throughput (requests/s); ``.latency`` keeps each round's latency percentiles."""
-    from archiver import bench, engines
+    from archiver import engines
+    from archiver.capacity import bench
 
     def run():
         url = engines.predict_url(srv, model)
@@ -116,7 +117,7 @@ def profile_process(url: str, inputs, concurrency: int, buckets, spied: int, pro
     ({label: pids}; the load generator is added).
 
     Returns (throughput, {bucket: share of the spied process's samples}, {process: cores used})."""
-    from archiver import bench
+    from archiver.capacity import bench
 
     bench.run_load(url, inputs, concurrency, requests=64)
     processes = dict(processes, **{"load generator": [os.getpid()]})

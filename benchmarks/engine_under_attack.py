@@ -44,7 +44,7 @@ from pathlib import Path
 
 from common import alternate, write_section
 
-from archiver import bench  # noqa: E402
+from archiver.capacity import bench  # noqa: E402
 from helpers.cgroups import MemoryLimit, peak_rss  # noqa: E402
 from helpers.engine import Engine, snapshot_entry  # noqa: E402
 from helpers.engine_limits import HANDLER, archive_handler, grpc_infer, write_config  # noqa: E402

@@ -32,7 +32,8 @@ from pathlib import Path
 from common import ROOT, machine
 from p1_image import photo
 
-from archiver import bench, engines, mar, properties, server  # noqa: E402
+from archiver import engines, mar, properties, server  # noqa: E402
+from archiver.capacity import bench
 from handlers import golden as golden_format  # noqa: E402
 from helpers.engine import Engine  # noqa: E402
 from helpers.paths import short_tmp  # noqa: E402

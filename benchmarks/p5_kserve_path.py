@@ -27,7 +27,8 @@ from pathlib import Path
 
 from common import alternate, median, write_section
 
-from archiver import bench, engines, server  # noqa: E402
+from archiver import engines, server  # noqa: E402
+from archiver.capacity import bench
 from helpers.kserve_wrapper import KFS, WRAPPER, start_stack, stop_stack  # noqa: E402
 from helpers.models import export_tree, package_resnet, package_text  # noqa: E402
 from helpers.paths import short_tmp  # noqa: E402

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from common import write_section
 
-from archiver import bench, properties, server  # noqa: E402
+from archiver import properties, server  # noqa: E402
+from archiver.capacity import bench
 from helpers.models import package_resnet  # noqa: E402
 from helpers.paths import short_tmp  # noqa: E402
 from samples import image_model  # noqa: E402

@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from archiver.export.seldon_core1 import SELDON_PINS
+from archiver.export.seldon.core1 import SELDON_PINS
 from archiver.mlserver import REQUIREMENT
 from archiver.runtimes import RUNTIMES
 
@@ -40,7 +40,7 @@ def ensure(name: str, root: Path = ROOT) -> Path:
     return build(root / name.replace(":", "-"), packages, runtime.python)
 
 
-# MLServer with tsctl's runtime (serving/runtimes/mlserver_runtime.py), as archiver/export/seldon_image.py's image
+# MLServer with tsctl's runtime (serving/runtimes/mlserver_runtime.py), as archiver/export/seldon/image.py's image
 # holds it: its fastapi, starlette and protobuf are older than kserve's, so it lives in a venv of its own. The serving
 # stack is pinned to this environment's versions, so served answers can be compared with in-process ones.
 MLSERVER = "mlserver-1.7.1"
@@ -60,7 +60,7 @@ def ensure_mlserver(root: Path = ROOT) -> Path:
 
 # Seldon Core 1's Python wrapper (``seldon-core-microservice``: Flask 2.2, gunicorn 20, protobuf 3.20, numpy
 # < 2, PyYAML <= 6.0.1; Apache-2.0 up to 1.17.1) with tsctl's components (serving/runtimes/seldon_components.py) and
-# what the archives' workers import, as archiver/export/seldon_core1.py's image holds them: its pins clash
+# what the archives' workers import, as archiver/export/seldon/core1.py's image holds them: its pins clash
 # with this environment's, so it lives in a venv of its own, the rest pinned to this environment's versions.
 SELDON_CORE = "seldon-core-1.17.1"
 SELDON_PACKAGES = SELDON_PINS + ("torchserve==0.12.0",)

@@ -6,7 +6,7 @@ missing file, or a link is refused before a worker loads, in one line naming the
 The tsctl engine checks the whole tree at start (``--tree_digest`` or ``TSCTL_TREE_DIGEST``) and each
 archive it opens, through the opened file (``Tree.check_archive``). For KServe's TorchServe runtime the
 export runs this file, as it is, before ``torchserve`` starts: the predictor's command is ``sh -c 'python -c
-"$0" /mnt/models DIGEST && exec ENTRYPOINT "$@"' SOURCE`` (archiver/export/targets.py), so it is standard
+"$0" /mnt/models DIGEST && exec ENTRYPOINT "$@"' SOURCE`` (archiver/export/kserve/targets.py), so it is standard
 library only.
 
 This complements signatures: a signature says who built an archive; the digest says that the pod's tree is

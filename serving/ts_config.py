@@ -113,7 +113,7 @@ def read_properties(path) -> Dict[str, str]:
     # javaproperties, not a parser of our own. handlers/ otherwise imports only what a TorchServe worker
     # has (torch, numpy, Pillow, the standard library), but this function never runs in a worker: only
     # tsctl (archiver/, whose environment installs javaproperties) and the tsctl engine's own process call
-    # it (serving/engine/app.py, run from tsctl's environment or from the image archiver/export/tsctl_image.py
+    # it (serving/engine/app.py, run from tsctl's environment or from the image archiver/export/kserve/tsctl_image.py
     # writes, whose requirements list javaproperties). It is imported here, not at the top, because
     # serving/engine/workers.py and mlserver_runtime.py (MLServer's environment, no javaproperties) import this
     # module for its dataclasses alone.

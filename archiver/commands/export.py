@@ -145,7 +145,8 @@ def parse_split(values):
 def export_kserve(out, config_path, split, as_json, **options):
     """Write OUT/{config,model-store} for a PVC, the InferenceService and the deploy commands."""
     from .. import reports
-    from ..export import kserve, targets
+    from ..export.kserve import export as kserve
+    from ..export.kserve import targets
 
     progress = Progress.for_command(as_json)  # resolving and downloading requirements takes seconds per archive
     export_options = kserve.ExportOptions(out=out, config=config_path, split=parse_split(split), **options)
@@ -238,7 +239,8 @@ def export_seldon(out, config_path, ab, default_model, mirror, as_json, core, na
     """Write OUT/models/NAME/ for a PVC, a Seldon Core 2 Server, Models (Experiment, Pipeline) and DEPLOY.md
     (--core 1: a SeldonDeployment, its components' image and DEPLOY.md)."""
     from .. import reports
-    from ..export import seldon, seldon_mirror
+    from ..export.seldon import export as seldon
+    from ..export.seldon import mirror as seldon_mirror
 
     if options["namespace"] is None:
         del options["namespace"]  # each Core's own default
@@ -265,8 +267,8 @@ CORE2_ONLY = ("server", "default_model", "experiment", "mirror", "storage", "ima
 
 
 def export_core1(out, config_path, ab, name, options):
-    """``tsctl export seldon --core 1``: refuses Seldon Core 2's own flags, then archiver/export/seldon_core1.py."""
-    from ..export import seldon_core1
+    """``tsctl export seldon --core 1``: refuses Seldon Core 2's own flags, then archiver/export/seldon/core1.py."""
+    from ..export.seldon import core1
 
     context = click.get_current_context()
     for parameter in CORE2_ONLY:
@@ -277,4 +279,4 @@ def export_core1(out, config_path, ab, name, options):
     for parameter in ("server", "experiment", "storage", "image_ref"):
         options.pop(parameter)
     extra = {"name": name} if name else {}
-    return seldon_core1.export(seldon_core1.SeldonCore1Options(out=out, config=config_path, ab=ab, **options, **extra))
+    return core1.export(core1.SeldonCore1Options(out=out, config=config_path, ab=ab, **options, **extra))

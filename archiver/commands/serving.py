@@ -236,8 +236,8 @@ def writable(flag: str, path):
 
 def bench_capacity(model, inputs, count, duration, as_json, home, options):
     """``bench --capacity``: measure, print the table (or the JSON), write --out and --plot."""
-    from .. import replica
-    from ..cgroup_limits import parse_memory
+    from ..capacity import replica
+    from ..capacity.cgroup_limits import parse_memory
 
     for flag in ("--max-concurrency", "--p99-ms", "--cpu", "--timeout"):
         positive(flag, options[flag.lstrip("-").replace("-", "_")], flag == "--max-concurrency")
@@ -261,7 +261,7 @@ def bench_capacity(model, inputs, count, duration, as_json, home, options):
             lambda line: click.echo(f"note: {line}", err=True),
         )  # fmt: skip
     if options["out"]:
-        from ..capacity import write
+        from ..capacity.sweep import write
 
         write(doc, options["out"])
     if options["plot"]:
@@ -310,7 +310,7 @@ def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay,
     if given:
         raise UserError(f"{given[0]} is an option of --capacity: add --capacity, or drop {given[0]}")
     concurrency = concurrency or 8
-    from .. import bench as load
+    from ..capacity import bench as load
 
     srv = running_server(home, model)
     progress = Progress.for_command(as_json)

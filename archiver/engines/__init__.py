@@ -6,7 +6,7 @@
 Another runtime is a subclass of ``Runtime`` and one line in ``ENGINES`` (MLServer was added so); the
 command line builds ``--engine``'s choices from the registry and needs no change. ``--engine kserve`` is
 the tsctl engine's older name, still accepted (``ALIASES``; the CLI notes it). What ``tsctl export``
-writes for a runtime is a target's business (archiver/export/targets.py), not the runtime's.
+writes for a runtime is a target's business (archiver/export/kserve/targets.py), not the runtime's.
 
 This package imports nothing heavy at import time (``tsctl --help`` builds its choices from it): what
 serving needs is imported inside the methods.

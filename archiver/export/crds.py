@@ -36,7 +36,7 @@ SCHEMAS = {
     ("mlops.seldon.io/v1alpha1", "Pipeline"): "seldon/pipeline.v1alpha1.json",
     # Seldon Core 1 (tsctl export seldon --core 1)
     ("machinelearning.seldon.io/v1", "SeldonDeployment"): "seldon/seldondeployment.v1.json",
-    # what tsctl export kserve --autoscale writes beside the InferenceService (archiver/export/autoscale.py)
+    # what tsctl export kserve --autoscale writes beside the InferenceService (archiver/export/kserve/autoscale.py)
     ("keda.sh/v1alpha1", "ScaledObject"): "keda/scaledobject.v1alpha1.json",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "prometheus-operator/servicemonitor.v1.json",
     ("monitoring.coreos.com/v1", "PodMonitor"): "prometheus-operator/podmonitor.v1.json",

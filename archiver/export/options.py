@@ -1,6 +1,6 @@
 """The flags of each export, as the command line passes them: ``ExportOptions`` (``tsctl export kserve``,
-archiver/export/kserve.py), ``SeldonOptions`` (``tsctl export seldon``, archiver/export/seldon.py) and
-``SeldonCore1Options`` (``tsctl export seldon --core 1``, archiver/export/seldon_core1.py)."""
+archiver/export/kserve/export.py), ``SeldonOptions`` (``tsctl export seldon``, archiver/export/seldon/export.py) and
+``SeldonCore1Options`` (``tsctl export seldon --core 1``, archiver/export/seldon/core1.py)."""
 
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Tuple
@@ -13,7 +13,7 @@ from ..output import quiet
 class ExportOptions:
     out: str
     name: str
-    storage_uri: Optional[str] = None  # --storage pvc: pvc://CLAIM/PATH (archiver/export/kserve_storage.py)
+    storage_uri: Optional[str] = None  # --storage pvc: pvc://CLAIM/PATH (archiver/export/kserve/storage.py)
     storage: str = "pvc"  # a key of kserve_storage.STORAGES: where the pod finds the tree
     image_ref: Optional[str] = None  # --storage oci: where the model image will be pushed (REGISTRY/NAME:TAG)
     protocol: str = "v1"
@@ -30,13 +30,13 @@ class ExportOptions:
     gpus: int = 0  # NVIDIA GPUs the predictor asks for; number_of_gpu in the tree's config, a CUDA torch in the image
     runtime: str = runtimes.DEFAULT  # the torchserve-kfs image the InferenceService runs (archiver/runtimes.py)
     offline: bool = False  # bundle each archive's wheels: its per-model install needs no package index
-    engine: str = "torchserve"  # a key of archiver.export.targets.TARGETS: what serves the tree in the pod
+    engine: str = "torchserve"  # a key of archiver.export.kserve.targets.TARGETS: what serves the tree in the pod
     image: Optional[str] = None  # the tsctl engine's image (--engine tsctl), built from OUT/predictor-image
     runtime_kind: Optional[str] = None  # --engine tsctl: ClusterServingRuntime (default) or ServingRuntime
     auto_select: bool = False  # --engine tsctl: KServe picks the runtime for InferenceServices naming only pytorch
     priority: Optional[int] = None  # with auto_select: its priority for pytorch (None: tsctl_image.DEFAULT_PRIORITY)
     force: bool = False  # replace an OUT that holds files
-    # --autoscale (archiver/export/autoscale.py): the mode, and what sizes it
+    # --autoscale (archiver/export/kserve/autoscale.py): the mode, and what sizes it
     autoscale: Optional[str] = None  # knative | keda | hpa
     from_bench: Optional[str] = None  # the capacity result file (tsctl bench --capacity)
     target: Optional[int] = None  # one replica's concurrency, by hand (at most the measured knee)
@@ -65,7 +65,7 @@ class SeldonOptions:
     ab: List[Tuple[str, int]] = field(default_factory=list)
     default: Optional[str] = None
     experiment: Optional[str] = None
-    mirror: Optional[Tuple[str, int]] = None  # --mirror MODEL=PERCENT: a shadow of --default (seldon_mirror.py)
+    mirror: Optional[Tuple[str, int]] = None  # --mirror MODEL=PERCENT: a shadow of --default (seldon/mirror.py)
     transformer_archive: Optional[str] = None
     transformer_model: Optional[str] = None
     storage: str = "pvc"  # pvc: models/ copied onto --claim; oci: a model image mounted into the Server's pod

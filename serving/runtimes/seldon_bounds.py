@@ -1,6 +1,6 @@
 """What a Seldon Core 1 unit (serving/runtimes/seldon_components.py) holds of one message, bounded by its own
 container's memory as well as by its handler's limits: the export gives the router 256 MiB
-(archiver/export/seldon_core1.py ``ROUTER_RESOURCES``), and a 63 MiB ``strData`` (the Model's ``max_body_bytes``
+(archiver/export/seldon/core1.py ``ROUTER_RESOURCES``), and a 63 MiB ``strData`` (the Model's ``max_body_bytes``
 is 64 MiB) took it past them.
 
 - **the budget**: the memory the unit may use (``body_limit.memory_limit``: its container's cgroup) less

@@ -8,7 +8,7 @@ the last Apache-2.0 release):
 
 each with its typed ``parameters`` (``PREDICTIVE_UNIT_PARAMETERS``, which the wrapper parses as INT, FLOAT,
 DOUBLE, STRING or BOOL and passes to the class as keyword arguments: seldon_core/microservice.py's
-``parse_parameters``). ``tsctl export seldon --core 1`` writes the graph (archiver/export/seldon_core1.py).
+``parse_parameters``). ``tsctl export seldon --core 1`` writes the graph (archiver/export/seldon/core1.py).
 
 - **Transformer** (``archive``: a toolkit archive whose handler splits, ``serving/runtimes/split.py``, as the KServe
   transformer and the Seldon Core 2 pipeline run it; no weights loaded). ``/transform-input`` reads a

@@ -1,4 +1,4 @@
-"""The autoscaling simulator (archiver/autoscale_sim.py): its reading of a measured curve, each autoscaler
+"""The autoscaling simulator (archiver/capacity/autoscale_sim.py): its reading of a measured curve, each autoscaler
 rule it cites (Knative's KPA, the HPA that KEDA also drives) on hand-made metrics, the numbers it takes from
 the export, and whole simulations on a hand-made curve (all pure: about 3 s). The check against real
 replicas behind nginx is the matrix test at the end (about 2 minutes)."""
@@ -9,8 +9,8 @@ from collections import deque
 
 import pytest
 
-from archiver import autoscale_sim as sim
-from archiver import capacity
+from archiver.capacity import autoscale_sim as sim
+from archiver.capacity import sweep
 
 # (concurrency, req/s, p50, p90, p99 ms, mean queue): resnet18 on the engine at 1 CPU (docs/capacity.md)
 ROWS = [(1, 6.3, 158.4, 216.0, 324.8, 0.0), (2, 8.8, 224.1, 277.2, 318.0, 0.0), (4, 13.4, 303.5, 368.9, 426.5, 0.0),
@@ -21,11 +21,11 @@ def result(rows=ROWS, p99_target=1000) -> dict:
     steps = [{"concurrency": c, "requests": 100, "seconds": 5.0, "throughput_rps": x, "p50_ms": a, "p90_ms": b,
               "p99_ms": d, "errors": 0, "statuses": {"200": 100}, "queue_depth": {"mean": q, "max": q, "samples": 9}}
              for c, x, a, b, d, q in rows]  # fmt: skip
-    return {"format": capacity.FORMAT, "model": "resnet18", "engine": "tsctl",
+    return {"format": sweep.FORMAT, "model": "resnet18", "engine": "tsctl",
             "server": {"workers": 1, "max_workers": 1, "batch_size": 8, "max_batch_delay_ms": 20, "cpu": 1.0,
                        "memory_bytes": None},
             "input": {"files": ["k.jpg"], "bytes": [1]}, "p99_target_ms": p99_target, "steps": steps,
-            "knee": capacity.knee(steps), "within_p99": capacity.within_p99(steps, p99_target), "stopped": "flat",
+            "knee": sweep.knee(steps), "within_p99": sweep.within_p99(steps, p99_target), "stopped": "flat",
             "queue_gauge": "ts_queue_size", "notes": [], "measured_at": "2026-11-26T00:00:00Z"}  # fmt: skip
 
 
@@ -255,7 +255,7 @@ def test_the_simulate_command_refuses_in_one_line(tmp_path, extra, data, words):
 
 @pytest.mark.matrix  # 97 s: the sweep, the replicas' starts and 2 load steps of 10 s through nginx
 def test_two_real_replicas_behind_nginx_do_what_the_simulator_predicts(tmp_path):
-    from archiver.cgroup_limits import Limits
+    from archiver.capacity.cgroup_limits import Limits
     from helpers.balancer import bench_capacity, nginx_available, resnet_tree, through_nginx
 
     if not nginx_available():

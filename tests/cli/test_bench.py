@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from archiver import bench, engines, properties, server
+from archiver import engines, properties, server
+from archiver.capacity import bench
 from archiver.cli import main
 from archiver.errors import UserError
 from helpers.models import package_resnet

@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from archiver.bench import LoadResult
+from archiver.capacity.bench import LoadResult
 
 
 def result(latencies):
@@ -41,7 +41,7 @@ def test_one_latency_is_every_percentile_and_none_is_nan():
 
 def test_the_line_bench_prints_names_the_failed_statuses_and_no_nan():
     """Every request refused printed 'p50 nan ms, p90 nan ms, p99 nan ms, 4 errors' without a status."""
-    from archiver.bench import summary_line
+    from archiver.capacity.bench import summary_line
 
     refused = LoadResult(seconds=0.5, statuses=Counter({400: 4}))
     line = summary_line(refused.summary())

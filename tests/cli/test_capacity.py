@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from archiver import capacity, engines, properties
-from archiver.cgroup_limits import ROOT as CGROUPS
-from archiver.cgroup_limits import parse_memory
+from archiver import engines, properties
+from archiver.capacity import sweep as capacity
+from archiver.capacity.cgroup_limits import ROOT as CGROUPS
+from archiver.capacity.cgroup_limits import parse_memory
 from archiver.cli import main
 from archiver.errors import UserError
 from helpers.management import BIN, ECHO
@@ -315,7 +316,7 @@ def test_the_server_tsctl_serve_started_is_swept_through_home(echo_tree):
 
 
 def test_a_quota_below_the_cores_is_noted_unless_threads_are_set(monkeypatch):
-    from archiver.replica import threads_note
+    from archiver.capacity.replica import threads_note
 
     cores = len(os.sched_getaffinity(0))
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -362,7 +363,7 @@ def test_the_engine_in_a_cpu_quota_gives_its_workers_the_quotas_threads(tmp_path
     """About 4 s. The tsctl engine started inside a 1-CPU cgroup on a machine of more cores gives a model of
     one worker OMP_NUM_THREADS=1 (torch and numpy read it; the toolkit's handlers too): it gave the machine's
     cores, so every handler ran threads the quota then throttled (2-3x slower at 1 client, measured)."""
-    from archiver.cgroup_limits import Limits
+    from archiver.capacity.cgroup_limits import Limits
     from handlers import cpu_limit
 
     if len(os.sched_getaffinity(0)) < 2:

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from archiver import properties
 from archiver.cli import main
-from archiver.export import kserve
+from archiver.export.kserve import export as kserve
 from helpers.models import package_resnet, package_text
 
 

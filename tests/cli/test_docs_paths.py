@@ -169,7 +169,7 @@ def units(text: str):
 @functools.lru_cache(maxsize=None)
 def constants() -> dict:
     """{NAME: the wing modules assigning it at their top level} for every UPPER_CASE constant (a file
-    cited as ``export/targets.py``, inside its wing, counts as ``archiver/export/targets.py``)."""
+    cited as ``export/targets.py``, inside its wing, counts as ``archiver/export/kserve/targets.py``)."""
     found = {}
     for path in (p for wing in WINGS for p in (ROOT / wing).rglob("*.py")):
         for node in ast.parse(path.read_text()).body:

@@ -11,7 +11,7 @@ import pytest
 
 from archiver import mar, properties
 from archiver.errors import UserError
-from archiver.export import kserve
+from archiver.export.kserve import export as kserve
 from handlers import identity
 from helpers.models import package_resnet, write_model_config
 from helpers.servers import RunningServer, batch_lines, post_concurrently

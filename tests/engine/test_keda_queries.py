@@ -10,8 +10,9 @@ import time
 import pytest
 import yaml
 
-from archiver import capacity, engines
-from archiver.export import kserve
+from archiver import engines
+from archiver.capacity import sweep
+from archiver.export.kserve import export as kserve
 from helpers.balancer import resnet_tree
 from helpers.paths import short_tmp
 from helpers.prometheus import prometheus, prometheus_available, query
@@ -30,7 +31,7 @@ def predictions(srv) -> str:
 def exported_queries(tmp_path, store, config, bench: dict) -> list:
     """The export's two KEDA metrics (query, threshold), from the real export of this store."""
     result = tmp_path / "bench.json"
-    capacity.write(bench, str(result))
+    sweep.write(bench, str(result))
     options = kserve.ExportOptions(
         out=str(tmp_path / "out"), name="vision", storage_uri="pvc://models/tsctl", config=str(config),
         model_store=str(store), from_bench=str(result), autoscale="keda", engine="tsctl",
@@ -52,11 +53,11 @@ def test_the_keda_queries_read_the_engines_load_through_a_real_prometheus(tmp_pa
     try:
         for _ in range(2):
             servers.append(engines.serve("tsctl", str(config), str(store), str(short_tmp("rep-")), 300))
-        bench = capacity.document(
+        bench = sweep.document(
             "resnet18", "tsctl", {"workers": 1, "max_workers": 1, "batch_size": 8, "max_batch_delay_ms": 20,
                                   "cpu": None, "memory_bytes": None},
             [(p.name, p.stat().st_size) for p in inputs], None,
-            [capacity.step(predictions(servers[0]), bodies, 2, 40, 10, metrics_url=servers[0].metrics,
+            [sweep.step(predictions(servers[0]), bodies, 2, 40, 10, metrics_url=servers[0].metrics,
                            model="resnet18")],
             "measured one step",
         )  # fmt: skip
@@ -85,7 +86,7 @@ def test_the_keda_queries_read_the_engines_load_through_a_real_prometheus(tmp_pa
 
             def load(index):
                 srv = servers[index]
-                steps[index] = capacity.step(predictions(srv), bodies, half, 100000, LOAD_SECONDS)
+                steps[index] = sweep.step(predictions(srv), bodies, half, 100000, LOAD_SECONDS)
 
             loaders = [threading.Thread(target=load, args=(i,)) for i in range(2)]
             for thread in loaders:

@@ -548,7 +548,7 @@ def test_ab_split_as_seldon_routes_it(srv, store, tmp_path):
     served it (the two models answer differently)."""
     import yaml
 
-    from archiver.export import seldon
+    from archiver.export.seldon import export as seldon
 
     out = tmp_path / "seldon"
     seldon.export(seldon.SeldonOptions(out=str(out), model_store=str(store), image="registry.example/tsctl:1",
@@ -597,7 +597,7 @@ def test_the_seldon_export_serves_and_its_pipeline_answers_as_the_archive(store,
 
     import yaml
 
-    from archiver.export import seldon
+    from archiver.export.seldon import export as seldon
 
     out = tmp_path / "seldon"
     seldon.export(seldon.SeldonOptions(out=str(out), model_store=str(store), image="registry.example/tsctl:1",

@@ -102,7 +102,7 @@ def test_the_engine_export_notes_and_refuses_the_same_keys(image_sample, tmp_pat
     export nothing (TorchServe does them)."""
     from archiver import properties as config_properties
     from archiver.errors import UserError
-    from archiver.export import kserve
+    from archiver.export.kserve import export as kserve
     from helpers.models import package_resnet
 
     store = tmp_path / "model-store"

@@ -11,7 +11,7 @@ import pytest
 
 from archiver import properties
 from archiver.errors import UserError
-from archiver.export import tsctl_image
+from archiver.export.kserve import tsctl_image
 from serving import ts_config
 
 # A model_snapshot as TorchServe's documentation and users write it: JSON over many lines, each ended by a
@@ -133,7 +133,7 @@ def test_what_tsctl_config_writes_reads_back_unchanged(tmp_path):
 
 def test_the_engine_image_installs_what_reads_the_config():
     """serving/ts_config.py reads config.properties with javaproperties in the tsctl engine's process: its
-    image (archiver/export/tsctl_image.py) must install it."""
+    image (archiver/export/kserve/tsctl_image.py) must install it."""
     from importlib import metadata
 
     lines = tsctl_image.requirements([]).splitlines()

@@ -27,7 +27,7 @@ import pytest
 import torch
 import yaml
 
-from archiver.export import seldon_core1
+from archiver.export.seldon import core1
 from helpers import seldon_graph
 from helpers.hostile import assert_close
 from helpers.models import package_resnet
@@ -77,7 +77,7 @@ def store(image_sample, tmp_path_factory):
 
 
 def export(store: Path, out: Path, **options) -> dict:
-    seldon_core1.export(seldon_core1.SeldonCore1Options(
+    core1.export(core1.SeldonCore1Options(
         out=str(out), image="registry.example/tsctl-seldon:1", model_store=str(store / "model-store"),
         transformer_archive=str(store / "transformer" / "vision.mar"), **options))  # fmt: skip
     return yaml.safe_load((out / "seldondeployment.yaml").read_text())

@@ -1,6 +1,6 @@
 """Issue #43, cases 13 and 14: the Seldon Core 1 router (serving/runtimes/seldon_components.py ``Router``) under the
 real wrapper (seldon-core-microservice of seldon-core 1.17.1, samples/runtime_env.py's venv) in a memory cgroup of the
-export's figure (archiver/export/seldon_core1.py ``ROUTER_RESOURCES``: 256Mi), attacked as a client of the graph
+export's figure (archiver/export/seldon/core1.py ``ROUTER_RESOURCES``: 256Mi), attacked as a client of the graph
 would: each message it cannot afford is Seldon's error shape with a 4xx, what it affords is answered, its worker
 is never restarted and its memory's peak stays below the limit. Before the fix (its limits were the Model's,
 64 MiB a body and any values) a 63 MiB ``strData`` and 8 MiB of ``[],`` in ``meta`` OOM-killed its worker (the
@@ -11,8 +11,8 @@ import re
 
 import pytest
 
-from archiver.export import seldon_core1
 from archiver.export.kube import memory_bytes
+from archiver.export.seldon import core1
 from helpers import seldon_graph
 from helpers.cgroups import MemoryLimit
 from samples import runtime_env
@@ -26,11 +26,11 @@ def router(tmp_path_factory):
     """(url, its log, its memory cgroup): the router of three children (weights 50,30,20) in the memory the export
     gives its container."""
     python = runtime_env.ensure_seldon()
-    memory = MemoryLimit(None, memory_bytes(seldon_core1.ROUTER_RESOURCES["memory"]))
+    memory = MemoryLimit(None, memory_bytes(core1.ROUTER_RESOURCES["memory"]))
     if memory.cgroup is None:
         pytest.skip("no memory cgroup can be made here: the router's memory cannot be limited as a pod's is")
     logs = tmp_path_factory.mktemp("router")
-    parameters = [seldon_core1.parameter("weights", "50,30,20", "STRING")]
+    parameters = [core1.parameter("weights", "50,30,20", "STRING")]
     unit = seldon_graph.start_unit("router", ENV, parameters, python, logs, join=memory.join)
     graph = seldon_graph.Graph({}, {"router": unit})
     try:

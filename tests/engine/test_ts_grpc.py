@@ -83,7 +83,7 @@ def test_the_vendored_protos_are_what_the_engine_serves(tmp_path):
         for name in ("inference.proto", "management.proto"):
             assert (ts_grpc.protos() / name).read_bytes() == (ts_grpc.VENDORED / name).read_bytes(), name
     stubs = ts_grpc.generate(tmp_path / "stubs")
-    both = "import inference_pb2, management_pb2; from serving.engine import ts_protos; import google.rpc.status_pb2; print(1)"
+    both = "import inference_pb2, management_pb2, google.rpc.status_pb2; from serving.engine import ts_protos; print(1)"
     done = subprocess.run([sys.executable, "-c", both], capture_output=True, text=True, timeout=60,
                           env={"PYTHONPATH": f"{stubs}:{ts_grpc.ROOT}", "PATH": "/usr/bin:/bin"})  # fmt: skip
     assert done.stdout.strip() == "1", done.stderr

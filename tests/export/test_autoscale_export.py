@@ -14,7 +14,9 @@ from click.testing import CliRunner
 from archiver import properties
 from archiver.cli import main
 from archiver.errors import UserError
-from archiver.export import autoscale, crds, kserve
+from archiver.export import crds
+from archiver.export.kserve import autoscale
+from archiver.export.kserve import export as kserve
 from helpers import deploy_md
 from helpers.models import package_resnet
 

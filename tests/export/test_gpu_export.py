@@ -11,10 +11,12 @@ from click.testing import CliRunner
 
 from archiver import properties
 from archiver.cli import main
-from archiver.export import crds, kserve, seldon_core1
+from archiver.export import crds
 from archiver.export.images import CUDA_TORCH_INDEX
-from archiver.export.measured_notes import gpu_notes
+from archiver.export.kserve import export as kserve
+from archiver.export.kserve.measured_notes import gpu_notes
 from archiver.export.options import SeldonCore1Options
+from archiver.export.seldon import core1
 from helpers.hostile import build, scripted
 
 SHAPE = "handler:\n  input_shape: [4]\n"
@@ -81,8 +83,8 @@ def test_seldon_gives_the_gpus_to_mlserver_and_to_core_1s_model_units(project, t
     assert mlserver["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert f"ARG TORCH_INDEX={CUDA_TORCH_INDEX}" in (out / "server-image" / "Dockerfile").read_text()
     options = SeldonCore1Options(out=str(tmp_path / "core1"), image="registry.example.com/c:1", gpus=1)
-    model = seldon_core1.container(options, "linear", "Model", "MODEL")
-    transformer = seldon_core1.container(options, "pre", "Transformer", "TRANSFORMER")
+    model = core1.container(options, "linear", "Model", "MODEL")
+    transformer = core1.container(options, "pre", "Transformer", "TRANSFORMER")
     assert model["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert "nvidia.com/gpu" not in transformer["resources"]["limits"]  # it runs no model
 

@@ -20,7 +20,9 @@ from kubernetes.client import models as k8s
 from archiver import engines, properties
 from archiver.cli import main
 from archiver.errors import UserError
-from archiver.export import core, crds, kserve, targets, tsctl_image
+from archiver.export import core, crds
+from archiver.export.kserve import export as kserve
+from archiver.export.kserve import targets, tsctl_image
 from helpers import deploy_md
 from helpers.models import export_tree, package_resnet, package_text
 from serving.local_model import LocalModel

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from archiver import properties
-from archiver.export import crds, kserve
+from archiver.export import crds
+from archiver.export.kserve import export as kserve
 from helpers import kserve_runtimes as rules
 from helpers.models import package_resnet
 

@@ -28,7 +28,9 @@ import pytest
 import yaml
 
 from archiver import server
-from archiver.export import crds, kserve, model_image, targets
+from archiver.export import crds, model_image
+from archiver.export.kserve import export as kserve
+from archiver.export.kserve import targets
 from helpers import deploy_md
 from helpers.engine import Engine
 from helpers.models import package_resnet
@@ -326,7 +328,8 @@ def test_seldon_core2_mounts_the_same_kind_of_image_into_its_server(project, tmp
     """export seldon --storage oci: Seldon Core 2 fetches Models with rclone, which reads no OCI image, so the
     Server's pod mounts the model image (by its index's digest, subPath models, where the claim was) and each
     Model's storageUri lies in it; no claim, no copy pod; DEPLOY.md pushes it; --core 1 refuses the flags."""
-    from archiver.export import seldon, seldon_plan
+    from archiver.export.seldon import export as seldon
+    from archiver.export.seldon import plan
 
     ref = "registry.example.com/models/seldon:1"
     out = tmp_path / "seldon"
@@ -339,12 +342,12 @@ def test_seldon_core2_mounts_the_same_kind_of_image_into_its_server(project, tmp
     crds.check(server_manifest, "server.yaml")
     pod = server_manifest["spec"]["podSpec"]
     pinned = {"reference": f"{ref}@{top['digest']}", "pullPolicy": "IfNotPresent"}
-    assert pod["volumes"] == [{"name": seldon_plan.CLAIM_VOLUME, "image": pinned}]
+    assert pod["volumes"] == [{"name": plan.CLAIM_VOLUME, "image": pinned}]
     [mount] = pod["containers"][0]["volumeMounts"]
-    assert mount["mountPath"] == seldon_plan.MOUNT and mount["subPath"] == model_image.ROOT and mount["readOnly"]
+    assert mount["mountPath"] == plan.MOUNT and mount["subPath"] == model_image.ROOT and mount["readOnly"]
     rootfs = unpack(out / model_image.FOLDER, tmp_path / "rootfs")
     for document in yaml.safe_load_all((out / "models.yaml").read_text()):
-        inside = Path(document["spec"]["storageUri"]).relative_to(seldon_plan.MOUNT)  # where the mount puts it
+        inside = Path(document["spec"]["storageUri"]).relative_to(plan.MOUNT)  # where the mount puts it
         assert (rootfs / model_image.ROOT / inside / "model-settings.json").is_file(), inside
     assert tree_of(rootfs / model_image.ROOT) == {k: v for k, v in tree_of(out).items() if k.startswith("models/")}
     assert not (out / "pvc.yaml").exists() and not (out / "pvc-copy-pod.yaml").exists()

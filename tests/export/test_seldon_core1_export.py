@@ -13,7 +13,8 @@ from click.testing import CliRunner
 
 from archiver.cli import main
 from archiver.errors import UserError
-from archiver.export import crds, seldon_core1
+from archiver.export import crds
+from archiver.export.seldon import core1
 from helpers import deploy_md
 from helpers.models import package_resnet, package_text
 
@@ -39,10 +40,10 @@ def store(image_sample, text_samples, tmp_path_factory):
     return root
 
 
-def options(store: Path, out: Path, **changes) -> seldon_core1.SeldonCore1Options:
+def options(store: Path, out: Path, **changes) -> core1.SeldonCore1Options:
     values = dict(out=str(out), image=IMAGE, model_store=str(store / "model-store"),
                   transformer_archive=str(store / "transformer" / "vision.mar"))  # fmt: skip
-    return seldon_core1.SeldonCore1Options(**{**values, **changes})
+    return core1.SeldonCore1Options(**{**values, **changes})
 
 
 def manifest_of(out: Path) -> dict:
@@ -56,7 +57,7 @@ def invoke(store: Path, out: Path, *args: str):
 
 def test_an_ab_graph_is_a_valid_seldon_deployment(store, tmp_path):
     out = tmp_path / "out"
-    result = seldon_core1.export(options(store, out, ab=[("vision-a", 90), ("vision-b", 10)]))
+    result = core1.export(options(store, out, ab=[("vision-a", 90), ("vision-b", 10)]))
     names = {p.relative_to(out).as_posix() for p in result.files}
     assert names == {
         "models/transformer/vision.mar", "models/vision-a/vision-a.mar", "models/vision-b/vision-b.mar",
@@ -123,7 +124,7 @@ def test_an_ab_graph_is_a_valid_seldon_deployment(store, tmp_path):
 
 def test_three_candidates_get_the_tsctl_router_and_one_model_none(store, tmp_path):
     out = tmp_path / "out"
-    seldon_core1.export(options(store, out, ab=[("vision-a", 50), ("vision-b", 30), ("vision-c", 20)], name="abc"))
+    core1.export(options(store, out, ab=[("vision-a", 50), ("vision-b", 30), ("vision-c", 20)], name="abc"))
     manifest = manifest_of(out)
     assert crds.problems(manifest) == []
     [router] = manifest["spec"]["predictors"][0]["graph"]["children"]
@@ -135,7 +136,7 @@ def test_three_candidates_get_the_tsctl_router_and_one_model_none(store, tmp_pat
     assert containers[1]["env"][0]["value"] == "serving.runtimes.seldon_components.Router"
 
     one = tmp_path / "one"
-    seldon_core1.export(options(store, one, transformer_model="vision-c"))
+    core1.export(options(store, one, transformer_model="vision-c"))
     graph = manifest_of(one)["spec"]["predictors"][0]["graph"]
     assert crds.problems(manifest_of(one)) == []
     [model] = graph["children"]
@@ -152,7 +153,7 @@ def test_the_vendored_schema_is_seldons_crd():
 
 
 def test_the_validator_checks_every_unit(store, tmp_path):
-    manifest = seldon_core1.check(options(store, tmp_path / "o", ab=[("vision-a", 50), ("vision-b", 50)])).manifest
+    manifest = core1.check(options(store, tmp_path / "o", ab=[("vision-a", 50), ("vision-b", 50)])).manifest
     assert crds.problems(manifest) == []
     model = manifest["spec"]["predictors"][0]["graph"]["children"][0]["children"][1]
     model["type"] = "MODELL"
@@ -163,10 +164,10 @@ def test_the_validator_checks_every_unit(store, tmp_path):
     assert f"{where}.endpoint: Additional properties are not allowed ('typ' was unexpected)" in problems
     assert any(p.startswith(f"{where}.parameters.1.type: 'INTEGER' is not one of") for p in problems)
     assert any(p.startswith(f"{where}.type: 'MODELL' is not one of") for p in problems)
-    manifest = seldon_core1.check(options(store, tmp_path / "o", transformer_model="vision-a")).manifest
+    manifest = core1.check(options(store, tmp_path / "o", transformer_model="vision-a")).manifest
     manifest["spec"]["predictors"][0]["graph"]["children"][0]["name"] = "elsewhere"
     with pytest.raises(UserError, match="graph unit 'elsewhere' has no container of its name"):
-        seldon_core1.webhook_check(manifest)
+        core1.webhook_check(manifest)
 
 
 @pytest.mark.parametrize(
@@ -280,7 +281,7 @@ def test_the_pod_size_is_noted_and_the_router_asks_little(store, tmp_path):
     """Every unit is a container of one pod: the export says what it asks of a node. tsctl's router (three or
     more candidates) only draws a child: 100m / 256Mi (its wrapper's processes: about 105 MB PSS measured)."""
     abc = [("vision-a", 50), ("vision-b", 30), ("vision-c", 20)]
-    three = seldon_core1.export(options(store, tmp_path / "abc", ab=abc, cpu="2", memory="3Gi"))
+    three = core1.export(options(store, tmp_path / "abc", ab=abc, cpu="2", memory="3Gi"))
     containers = manifest_of(tmp_path / "abc")["spec"]["predictors"][0]["componentSpecs"][0]["spec"]["containers"]
     router = next(c for c in containers if c["name"] == "router")
     assert router["resources"] == {"requests": {"cpu": "100m", "memory": "256Mi"},
@@ -290,7 +291,7 @@ def test_the_pod_size_is_noted_and_the_router_asks_little(store, tmp_path):
         "vision-a 2 / 3Gi, vision-b 2 / 3Gi, vision-c 2 / 3Gi;" in note  # fmt: skip
     assert "plus Seldon's executor container" in note and "stays Pending" in note
     assert note.removeprefix("seldondeployment.yaml: ") in (tmp_path / "abc" / "DEPLOY.md").read_text()
-    ab = seldon_core1.export(options(store, tmp_path / "ab", ab=[("vision-a", 90), ("vision-b", 10)]))
+    ab = core1.export(options(store, tmp_path / "ab", ab=[("vision-a", 90), ("vision-b", 10)]))
     assert any("asks for 3 CPU and 6Gi of memory (transformer 1 / 2Gi, vision-a 1 / 2Gi, vision-b 1 / 2Gi;" in n
                for n in ab.notes)  # fmt: skip
 
@@ -307,7 +308,7 @@ def test_the_help_and_commands_md_describe_core_1_for_the_options_it_uses():
 
 
 def test_the_image_is_said_to_be_cpu_only(store, tmp_path):
-    seldon_core1.export(options(store, tmp_path / "out", transformer_model="vision-a"))
+    core1.export(options(store, tmp_path / "out", transformer_model="vision-a"))
     assert "download.pytorch.org/whl/cpu" in (tmp_path / "out" / "component-image" / "Dockerfile").read_text()
     assert "torch's CPU-only build" in (tmp_path / "out" / "DEPLOY.md").read_text()
     seldon_md = (Path(__file__).resolve().parents[2] / "docs" / "seldon.md").read_text()

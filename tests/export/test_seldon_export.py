@@ -18,7 +18,8 @@ from click.testing import CliRunner
 from archiver import mlserver, properties
 from archiver.cli import main
 from archiver.errors import UserError
-from archiver.export import crds, seldon
+from archiver.export import crds
+from archiver.export.seldon import export as seldon
 from helpers import deploy_md
 from helpers.models import package_resnet, package_text
 

@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from archiver import properties
 from archiver.cli import main
-from archiver.export import crds, kserve
+from archiver.export import crds
+from archiver.export.kserve import export as kserve
 from handlers import golden as answers
 from helpers import deploy_md
 from helpers.hostile import build, scripted
@@ -158,7 +159,7 @@ def test_a_canary_keeps_knative_autoscaling_and_standard_mode_has_none(project, 
     """Every step of the rollout carries the autoscaling (--autoscale knative); Standard mode (keda, hpa: plain
     Deployments, no revisions) has no canary, refused in one line."""
     from archiver.errors import UserError
-    from archiver.export import kserve_canary
+    from archiver.export.kserve import canary as kserve_canary
 
     out = tmp_path / "out"
     kserve.export(kserve_options(project, out, canary=10, autoscale="knative", target=4))

@@ -1,6 +1,7 @@
-"""Real replicas behind a real load balancer, for checking the autoscaling simulator (archiver/autoscale_sim.py)
-against what can run on one machine: k tsctl engine replicas, each in a cgroup CPU quota of its own
-(archiver/cgroup_limits.py, as ``tsctl bench --capacity --cpu`` makes one), behind nginx (Debian's package:
+"""Real replicas behind a real load balancer, for checking the autoscaling simulator
+(archiver/capacity/autoscale_sim.py) against what can run on one machine: k tsctl engine replicas, each in a
+cgroup CPU quota of its own (archiver/capacity/cgroup_limits.py, as ``tsctl bench --capacity --cpu`` makes one),
+behind nginx (Debian's package:
 ``apt-get install -y nginx-light``) on a free port, with its config, pid and logs in a temp directory.
 """
 
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import List, Sequence
 
 from archiver import engines
-from archiver.cgroup_limits import Limits
+from archiver.capacity.cgroup_limits import Limits
 from archiver.server import free_port
 
 from .detached import detached
@@ -123,7 +124,7 @@ def bench_capacity(store: Path, config: Path, inputs, out: Path, cpu: float, sec
     own, as a user runs it); the result file read back."""
     import sys
 
-    from archiver import capacity
+    from archiver.capacity import sweep
 
     tsctl = Path(sys.executable).parent / "tsctl"
     command = [str(tsctl), "bench", "resnet18", "--capacity", "--model-store", str(store), "--config", str(config),
@@ -135,7 +136,7 @@ def bench_capacity(store: Path, config: Path, inputs, out: Path, cpu: float, sec
     if done.returncode != 0:
         raise RuntimeError(f"tsctl bench --capacity exited {done.returncode}: {done.stdout}{done.stderr[-2000:]}")
     print(done.stdout, flush=True)
-    return capacity.load(out)
+    return sweep.load(out)
 
 
 @contextmanager
@@ -153,20 +154,20 @@ def balanced(count: int, cpu: float, store: Path, config: Path, model: str = "re
 
 def step_at(url: str, inputs, count: int, clients: int, seconds: float, load=None) -> dict:
     """One bounded load step of ``clients`` through ``url`` (capacity.step), as a row."""
-    from archiver import capacity
+    from archiver.capacity import sweep
 
     bodies = [(Path(p).read_bytes(), "image/jpeg") for p in inputs]
-    step = capacity.step(url, bodies, clients, 100000, seconds)
-    print(f"{count} replicas, {clients} clients: {capacity.step_line(step)}, load {load}", flush=True)
+    step = sweep.step(url, bodies, clients, 100000, seconds)
+    print(f"{count} replicas, {clients} clients: {sweep.step_line(step)}, load {load}", flush=True)
     return {"replicas": count, "clients": clients, "load": load, **step}
 
 
 def through_nginx(count: int, cpu: float, store: Path, config: Path, inputs, per_replica, seconds: float) -> list:
     """``count`` replicas capped at ``cpu`` behind nginx, measured at count x c clients for each c of
     ``per_replica``."""
-    from archiver import capacity
+    from archiver.capacity import sweep
 
     with balanced(count, cpu, store, config) as url:
         bodies = [(Path(p).read_bytes(), "image/jpeg") for p in inputs]
-        capacity.step(url, bodies, 2 * count, 16 * count, seconds)  # warm-up, not counted
+        sweep.step(url, bodies, 2 * count, 16 * count, seconds)  # warm-up, not counted
         return [step_at(url, inputs, count, count * per, seconds) for per in per_replica]

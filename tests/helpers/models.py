@@ -61,7 +61,7 @@ def _package_resnet(sample: Path, store: Path, name: str, config_text, **extra) 
 def export_tree(root: Path, out: str = "pvc", **options) -> Path:
     """``tsctl config`` of ``root/model-store`` (unless ``root/config`` exists), then ``tsctl export
     kserve`` of it to ``root/out``: the tree KServe would mount."""
-    from archiver.export import kserve
+    from archiver.export.kserve import export as kserve
 
     config = root / "config" / "config.properties"
     if not config.exists():

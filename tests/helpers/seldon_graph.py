@@ -25,7 +25,7 @@ from helpers import waiting
 from helpers.paths import ROOT
 from helpers.processes import kill, session_members
 
-MOUNT = "/var/models"  # archiver/export/seldon_core1.py: where each container sees the claim
+MOUNT = "/var/models"  # archiver/export/seldon/core1.py: where each container sees the claim
 
 
 def post(url: str, body: bytes, headers: Optional[Dict[str, str]] = None, timeout: float = 120) -> Tuple[int, bytes]:

@@ -994,7 +994,8 @@ def test_the_image_requirements_of_both_exports_hold_only_checked_lines(tmp_path
     check()'s lines into their image's requirements.txt."""
     from archiver import mar, properties
     from archiver.errors import UserError
-    from archiver.export import kserve, seldon
+    from archiver.export.kserve import export as kserve
+    from archiver.export.seldon import export as seldon
 
     source = tmp_path / "requirements.txt"
     source.write_text("packaging>=20\n")
@@ -1093,10 +1094,10 @@ def test_config_refuses_worker_flags_and_archives_naming_the_key(tmp_path):
 )  # fmt: skip
 def test_a_storage_uri_outside_its_claim_is_one_line(uri):
     from archiver.errors import UserError
-    from archiver.export import kserve_storage
+    from archiver.export.kserve import storage
 
     try:
-        claim, path = kserve_storage.storage_path(uri)
+        claim, path = storage.storage_path(uri)
     except UserError as exc:
         assert "\n" not in str(exc) and "--storage-uri" in str(exc), str(exc)
         return

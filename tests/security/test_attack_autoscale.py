@@ -13,10 +13,12 @@ import zipfile
 import pytest
 from click.testing import CliRunner
 
-from archiver import capacity
+from archiver.capacity import sweep
 from archiver.cli import main
 from archiver.errors import UserError
-from archiver.export import autoscale, crds, kserve, targets
+from archiver.export import crds
+from archiver.export.kserve import autoscale, targets
+from archiver.export.kserve import export as kserve
 from archiver.export.options import ExportOptions
 from helpers.servers import stand_in_http
 
@@ -68,7 +70,7 @@ def refused(call) -> str:
 def test_a_deeply_nested_result_file_is_one_line(tmp_path):
     path = tmp_path / "deep.json"
     path.write_text('{"format": "tsctl-capacity/1", "model": ' + "[" * 100_000 + "]" * 100_000 + "}")
-    assert str(path) in refused(lambda: capacity.load(path))
+    assert str(path) in refused(lambda: sweep.load(path))
 
 
 @pytest.mark.parametrize("key, changes", [
@@ -82,17 +84,17 @@ def test_a_text_field_of_more_than_one_line_is_refused(tmp_path, key, changes):
     name was not checked at all) passed ``capacity.load`` and reached DEPLOY.md as written."""
     path = tmp_path / "RESULT.json"
     path.write_text(json.dumps(result(**changes)))
-    text = refused(lambda: capacity.load(path))
+    text = refused(lambda: sweep.load(path))
     assert str(path) in text and repr(key) in text and "one line" in text, text
     path.write_text(json.dumps(result(gpus=[{"id": 0, "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559}])))
-    assert capacity.load(path)["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    assert sweep.load(path)["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
 
 
 def test_a_result_file_that_never_ends_is_refused_unread(tmp_path):
     """A symlink to /dev/zero: refused by its size, not read until memory runs out."""
     path = tmp_path / "zero.json"
     path.symlink_to("/dev/zero")
-    text = refused(lambda: capacity.load(path))
+    text = refused(lambda: sweep.load(path))
     assert str(path) in text
 
 
@@ -255,7 +257,7 @@ def test_a_cpu_quota_below_the_kernels_minimum_is_raised_as_the_kubelet_does_not
     """--cpu 0.001 (Kubernetes' 1m) is a 100 us quota, below the kernel's 1 ms minimum: the write failed and the
     server ran with no limit at all (memory included), the result saying only 'no cgroup could be made here'.
     The kubelet raises such a quota to 1 ms (MinQuotaPeriod); a quota the kernel refuses above is one line."""
-    from archiver.cgroup_limits import Limits
+    from archiver.capacity.cgroup_limits import Limits
 
     limits = Limits.make(0.001, None)
     try:

@@ -21,7 +21,7 @@ import pytest
 
 from archiver import properties, requirements, runtimes
 from archiver.errors import UserError
-from archiver.export import kserve
+from archiver.export.kserve import export as kserve
 from helpers.models import package_resnet
 
 BIN = Path(sys.executable).parent

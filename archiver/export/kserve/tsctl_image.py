@@ -29,10 +29,10 @@ DEPLOY.md's step 0 is templates/kserve-tsctl-image.md.
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from ..choices import RUNTIME_KINDS
-from ..errors import UserError
-from .core import render
-from .images import PYTHON, pins, torch_index, with_archive_lines, write_context
+from ...choices import RUNTIME_KINDS
+from ...errors import UserError
+from ..core import render
+from ..images import PYTHON, pins, torch_index, with_archive_lines, write_context
 
 IMAGE_DIR = "predictor-image"
 RUNTIME_FILE = "servingruntime.yaml"

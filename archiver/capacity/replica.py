@@ -1,11 +1,11 @@
 """One replica measured as the pod runs it, for ``tsctl bench MODEL --capacity`` (the sweep itself and the
-result's format: archiver/capacity.py).
+result's format: archiver/capacity/sweep.py).
 
 Either the server ``tsctl serve`` started (``measure_running``: its settings read from its management API),
 or a server started here as the pod would start it (``measure_started``): the engine on the model store
 and config the pod mounts, the workers and batching the snapshot (or the archive's model-config.yaml)
 gives, inside a cgroup with the pod's CPU and memory limits where this machine lets one be made
-(archiver/cgroup_limits.py), stopped once measured. The result's text (``table``) and plot (``plot``).
+(archiver/capacity/cgroup_limits.py), stopped once measured. The result's text (``table``) and plot (``plot``).
 """
 
 import re
@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 
-from . import capacity, engines
-from .errors import ServerError, UserError
-from .output import quiet
+from .. import engines
+from ..errors import ServerError, UserError
+from ..output import quiet
+from . import sweep as capacity
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .server import Server
+    from ..server import Server
 
 STOPPED = {
     "flat": f"throughput flat: {capacity.FLAT_STEPS} steps in a row adding under {capacity.GROWTH:.0%}",
@@ -57,7 +58,7 @@ def settings_of(spec, limits=None) -> dict:
 def store_spec(engine: str, model: str, model_store: str, config: Optional[str]):
     """``model``'s default version as the server will serve it from the store and config (the snapshot's
     entry, else the archive's model-config.yaml); a UserError when it will not serve ``model``."""
-    from .engines.tsctl import served
+    from ..engines.tsctl import served
 
     chosen = engines.named(engine)
     if config is None and (chosen.needs_config or Path(engines.DEFAULT_CONFIG).exists()):
@@ -106,7 +107,7 @@ class Described:
 
 def running_spec(srv: "Server", model: str) -> Optional[Described]:
     """What the running server says of ``model`` (None where it has no management API: MLServer)."""
-    from .server import request
+    from ..server import request
 
     if not srv.management:
         return None
@@ -120,7 +121,7 @@ def running_spec(srv: "Server", model: str) -> Optional[Described]:
 
 
 def measure(srv: "Server", model: str, plan: Plan, settings: dict, progress=quiet, notes: Sequence[str] = ()):
-    """The sweep against ``srv`` (archiver/capacity.py) and its result document."""
+    """The sweep against ``srv`` (archiver/capacity/sweep.py) and its result document."""
     from .bench import read_inputs
 
     chosen = engines.engine_of(srv)

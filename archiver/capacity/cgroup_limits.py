@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from .errors import UserError
+from ..errors import UserError
 
 ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000  # the CFS period a quota is a share of (Kubernetes' and Docker's default)

@@ -5,12 +5,12 @@ what the archives need, pinned."""
 from pathlib import Path
 from typing import List
 
-from .. import mlserver
-from . import tsctl_image
-from .core import render
-from .images import PYTHON, pinned, pins, torch_index, with_archive_lines, write_context
-from .options import SeldonOptions
-from .seldon_plan import RUNTIME_PATH, Entry
+from ... import mlserver
+from ..core import render
+from ..images import PYTHON, pinned, pins, torch_index, with_archive_lines, write_context
+from ..kserve import tsctl_image
+from ..options import SeldonOptions
+from .plan import RUNTIME_PATH, Entry
 
 IMAGE_DIR = "server-image"
 # python:X.Y-slim with this environment's Python, MLServer and the pins below: what samples/runtime_env.py's
@@ -26,7 +26,7 @@ TEXT_PACKAGES = ("transformers", "safetensors")
 
 def requirements(archives: List[Path], text: bool) -> str:
     """The runtime's packages at the versions installed here, then each archive's own requirement lines
-    (read as the tsctl engine's image reads them, archiver/export/tsctl_image.py: without that engine's server
+    (read as the tsctl engine's image reads them, archiver/export/kserve/tsctl_image.py: without that engine's server
     packages, which would replace MLServer's own)."""
     names = BASE_PACKAGES + (TEXT_PACKAGES if text else ())
     lines = [mlserver.REQUIREMENT] + [pinned(name) for name in names]

@@ -13,11 +13,11 @@ the mesh (``seldon-model: MODEL``, which shadow sends over v2) before applying t
 
 from typing import Dict, List, Optional, Tuple
 
-from ..errors import UserError
-from . import core
-from .kube import label, suggest
-from .options import SeldonOptions
-from .seldon_plan import API_VERSION, MODELS_DIR, Entry, Plan
+from ...errors import UserError
+from .. import core
+from ..kube import label, suggest
+from ..options import SeldonOptions
+from .plan import API_VERSION, MODELS_DIR, Entry, Plan
 
 PROMOTE = "experiment-promote.yaml"
 

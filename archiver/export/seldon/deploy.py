@@ -5,21 +5,13 @@ from typing import List, Optional
 
 from serving.ts_config import Frontend
 
-from .. import mlserver
-from . import core, model_image, seldon_mirror
-from .bodies import Served, request_bodies
-from .options import SeldonOptions
-from .seldon_image import BASE_IMAGE, IMAGE_DIR
-from .seldon_plan import (
-    AGENT_PORTS,
-    CAPABILITIES,
-    MODELS_DIR,
-    MOUNT,
-    RUNTIME_PATH,
-    SERVER_CONFIG,
-    SERVER_POD_LABEL,
-    Plan,
-)
+from ... import mlserver
+from .. import core, model_image
+from ..bodies import Served, request_bodies
+from ..options import SeldonOptions
+from . import mirror as seldon_mirror
+from .image import BASE_IMAGE, IMAGE_DIR
+from .plan import AGENT_PORTS, CAPABILITIES, MODELS_DIR, MOUNT, RUNTIME_PATH, SERVER_CONFIG, SERVER_POD_LABEL, Plan
 
 
 def curl_line(seldon_model: str, path_name: str, input_file: str, show_headers: bool = False) -> str:

@@ -11,7 +11,7 @@
     OUT/models.yaml                       one Model per folder: storageUri /var/models/models/NAME,
                                           requirements [tsctl, pvc] (only this Server advertises both)
     OUT/experiment.yaml                   with --ab: an Experiment (A/B) between models of the store; with
-                                          --mirror, the model it shadows (seldon_mirror.py)
+                                          --mirror, the model it shadows (seldon/mirror.py)
     OUT/experiment-promote.yaml           with --mirror: the promotion, after tsctl shadow passes
     OUT/pipeline.yaml                     with --transformer-archive: a Pipeline T-pre -> model -> T-post
     OUT/networkpolicy.yaml                a NetworkPolicy: other pods reach the Server's pods only on the agent's
@@ -22,7 +22,7 @@
     OUT/DEPLOY.md                         every command, from the image build to one curl per model (relative to OUT)
     OUT/inputs/                           what the request bodies are built from (bodies.py: sample_inputs)
 
-The manifests are seldon_manifests.py, the image seldon_image.py, DEPLOY.md seldon_deploy.py.
+The manifests are seldon/manifests.py, the image seldon/image.py, DEPLOY.md seldon/deploy.py.
 
 How Seldon Core 2 uses them (SeldonIO/seldon-core at 7b77f8b7, read from the source where the docs are
 silent): the operator merges the Server's podSpec into the ServerConfig's by container name, appending
@@ -55,24 +55,17 @@ import yaml
 from handlers import archives as archive_files
 from serving import ts_config
 
-from .. import mlserver
-from ..errors import UserError
-from . import core, crds, model_image, out_dir, seldon_mirror
-from .bodies import sample_inputs
-from .kube import check_gpus, check_resources, image_reference, label, suggest
-from .options import SeldonOptions
-from .seldon_deploy import curl_lines, deploy_md, served_models
-from .seldon_image import IMAGE_DIR, requirements, write_image_context
-from .seldon_manifests import (
-    API_VERSION,
-    experiment_manifest,
-    model,
-    network_policy,
-    pipeline_manifest,
-    server,
-    server_memory,
-)
-from .seldon_plan import AGENT_VOLUME_BYTES, MODELS_DIR, SERVER_CONFIG, Entry, Plan
+from ... import mlserver
+from ...errors import UserError
+from .. import core, crds, model_image, out_dir
+from ..bodies import sample_inputs
+from ..kube import check_gpus, check_resources, image_reference, label, suggest
+from ..options import SeldonOptions
+from . import mirror as seldon_mirror
+from .deploy import curl_lines, deploy_md, served_models
+from .image import IMAGE_DIR, requirements, write_image_context
+from .manifests import API_VERSION, experiment_manifest, model, network_policy, pipeline_manifest, server, server_memory
+from .plan import AGENT_VOLUME_BYTES, MODELS_DIR, SERVER_CONFIG, Entry, Plan
 
 __all__ = ["API_VERSION", "SeldonOptions", "export", "parse_ab", "model", "server"]
 
@@ -132,7 +125,7 @@ def check(options: SeldonOptions) -> Plan:
     }
     if experiment:
         manifests["experiment.yaml"] = [experiment_manifest(options, experiment)] if options.ab else []
-    if options.mirror:  # the mirror, and the promotion tsctl shadow gates (seldon_mirror.py)
+    if options.mirror:  # the mirror, and the promotion tsctl shadow gates (seldon/mirror.py)
         manifests.update(seldon_mirror.manifests(options, experiment, (manifests["experiment.yaml"] or [None])[0]))
     if pipeline:
         manifests["pipeline.yaml"] = [pipeline_manifest(options, pipeline, transformers, pipeline_model)]

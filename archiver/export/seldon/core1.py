@@ -49,12 +49,13 @@ from typing import List, Optional, Tuple
 
 import yaml
 
-from ..errors import UserError
-from . import core, crds, out_dir, seldon
-from .bodies import sample_inputs
-from .images import PYTHON, pinned, pins, torch_index, with_archive_lines, write_context
-from .kube import check_gpus, check_resources, container_resources, cpu_cores, image_reference, label, memory_bytes
-from .options import SeldonCore1Options
+from ...errors import UserError
+from .. import core, crds, out_dir
+from ..bodies import sample_inputs
+from ..images import PYTHON, pinned, pins, torch_index, with_archive_lines, write_context
+from ..kube import check_gpus, check_resources, container_resources, cpu_cores, image_reference, label, memory_bytes
+from ..options import SeldonCore1Options
+from . import export as seldon
 
 API_VERSION = "machinelearning.seldon.io/v1"
 COMPONENTS = "serving.runtimes.seldon_components"

@@ -1,7 +1,7 @@
 """The PNGs commands draw (``bench --capacity --plot``, ``simulate --plot``): matplotlib, from the ``bench``
 extra, loaded only when a plot is asked for, and a figure written or refused in one line."""
 
-from .errors import UserError
+from ..errors import UserError
 
 
 def pyplot():

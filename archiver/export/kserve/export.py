@@ -4,25 +4,25 @@
     OUT/config/metrics.yaml          the workers' metrics.yaml its metrics_config names, which then names this copy
     OUT/model-store/*.mar            every archive the snapshot names
     OUT/inferenceservice.yaml        v1beta1, modelFormat pytorch, storageUri, protocol, resources
-    OUT/inferenceservice-shadow.yaml with --canary: the rollout's steps, gated by tsctl shadow (kserve_canary.py)
+    OUT/inferenceservice-shadow.yaml with --canary: the rollout's steps, gated by tsctl shadow (kserve/canary.py)
     OUT/inferenceservice-promote.yaml
     OUT/inferencegraph.yaml          with --split: a Splitter between two models (A/B)
     OUT/transformer/*.mar            with --transformer-image: the archive whose pre/post the transformer runs
     OUT/pvc.yaml                     the PersistentVolumeClaim (ReadWriteOnce, twice the archives' size, >= 2Gi)
     OUT/pvc-copy-pod.yaml            a helper pod mounting the claim, for kubectl cp (restricted Pod Security Standard)
     OUT/DEPLOY.md                    the exact commands: claim, copy, apply, ingress, request bodies, a curl per model,
-                                     each relative to OUT (no path of this machine in the tree): kserve_deploy.py
+                                     each relative to OUT (no path of this machine in the tree): kserve/deploy.py
     OUT/inputs/                      what the request bodies are built from: a drawn picture, a golden input
     OUT/servingruntime.yaml          with --engine tsctl: the tsctl engine's (Cluster)ServingRuntime (tsctl_image.py)
     OUT/predictor-image/             with --engine tsctl: the build context of the runtime's image
     OUT/pdb.yaml, OUT/podmonitor.yaml    with --autoscale: a PodDisruptionBudget, and a PodMonitor (or with --monitor
     OUT/capacity.json                servicemonitor, metrics-service.yaml + servicemonitor.yaml); the capacity
-                                     result the numbers came from (--from-bench): archiver/export/autoscale.py
+                                     result the numbers came from (--from-bench): archiver/export/kserve/autoscale.py
 
 KServe's TorchServe runtime runs ``torchserve --start --model-store=/mnt/models/model-store
 --ts-config=/mnt/models/config/config.properties`` with ``TS_SERVICE_ENVELOPE=kserve|kservev2``;
 the storage URI is mounted at /mnt/models. What differs by runtime (``--engine``: the checks, the
-predictor, more manifests and files, DEPLOY.md's steps) the runtime's target says (archiver/export/targets.py):
+predictor, more manifests and files, DEPLOY.md's steps) the runtime's target says (archiver/export/kserve/targets.py):
 with ``--engine tsctl`` the tsctl engine serves the same tree, and the InferenceService differs only
 in naming its runtime. Every manifest is validated against KServe's CRDs first.
 """
@@ -37,14 +37,17 @@ from typing import Dict, List, Optional, Tuple
 
 from serving.tree_digests import LISTING, listing_bytes, tree_files
 
-from ..choices import KSERVE_PROTOCOLS
-from ..errors import UserError
-from ..mar import MODEL_NAME, handler_record, model_config, read_manifest, rewrite_archive, shown_name
-from ..properties import check_keys, check_store, metrics_yaml, read_properties, render, snapshot_of
-from . import autoscale, core, crds, kserve_canary, kserve_storage, kube, model_image, out_dir, targets
-from .bodies import Served, sample_inputs
-from .kserve_deploy import curl_lines, deploy_md, predict_path
-from .options import ExportOptions
+from ...choices import KSERVE_PROTOCOLS
+from ...errors import UserError
+from ...mar import MODEL_NAME, handler_record, model_config, read_manifest, rewrite_archive, shown_name
+from ...properties import check_keys, check_store, metrics_yaml, read_properties, render, snapshot_of
+from .. import core, crds, kube, model_image, out_dir
+from ..bodies import Served, sample_inputs
+from ..options import ExportOptions
+from . import autoscale, targets
+from . import canary as kserve_canary
+from . import storage as kserve_storage
+from .deploy import curl_lines, deploy_md, predict_path
 from .targets import MOUNT
 
 NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -97,7 +100,7 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     if plan is not None:
         autoscale.apply(isvc, plan, options, ports)
         scaling = autoscale.manifests(plan, options, ports)
-    if options.canary is not None:  # the shadow, canary and promote steps (kserve_canary.py), scaled as isvc
+    if options.canary is not None:  # the shadow, canary and promote steps (kserve/canary.py), scaled as isvc
         manifests.update(kserve_canary.manifests(isvc, options))
     if options.split:
         manifests["inferencegraph.yaml"] = inference_graph(options)

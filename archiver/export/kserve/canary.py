@@ -20,9 +20,9 @@ from typing import Dict, List
 
 from handlers import golden as answers
 
-from ..errors import UserError
-from . import core
-from .options import ExportOptions
+from ...errors import UserError
+from .. import core
+from ..options import ExportOptions
 
 TAG_ROUTING = "serving.kserve.io/enable-tag-routing"
 SHADOW, PROMOTE = "inferenceservice-shadow.yaml", "inferenceservice-promote.yaml"

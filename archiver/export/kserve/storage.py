@@ -1,5 +1,5 @@
 """Where ``tsctl export kserve`` puts the tree for the pod (``--storage``): a ``Storage`` per kind, asked by
-archiver/export/kserve.py, never compared by name.
+archiver/export/kserve/export.py, never compared by name.
 
     pvc  the tree copied onto a PersistentVolumeClaim (``--storage-uri pvc://CLAIM/PATH``): pvc.yaml, the
          copy pod, DEPLOY.md's copy steps
@@ -13,9 +13,9 @@ import re
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
-from ..errors import UserError
-from . import core, model_image
-from .options import ExportOptions
+from ...errors import UserError
+from .. import core, model_image
+from ..options import ExportOptions
 
 PVC_URI = re.compile(r"^pvc://([a-z0-9]([-a-z0-9.]*[a-z0-9])?)(/[^\s]*)?$")
 PATH_SEGMENT = re.compile(r"^[A-Za-z0-9_.-]+$")  # a segment of the path inside the claim (storage_path)

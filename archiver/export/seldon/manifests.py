@@ -5,9 +5,9 @@ that keeps other pods off MLServer's own ports."""
 from decimal import Decimal
 from typing import List
 
-from . import kube, model_image
-from .options import SeldonOptions
-from .seldon_plan import (
+from .. import kube, model_image
+from ..options import SeldonOptions
+from .plan import (
     AGENT_PORTS,
     API_VERSION,
     CAPABILITIES,

@@ -1,5 +1,5 @@
 """What ``tsctl export kserve --engine NAME`` writes for the runtime that serves the tree in the pod: a
-``Target`` per runtime, asked by archiver/export/kserve.py, never compared by name.
+``Target`` per runtime, asked by archiver/export/kserve/export.py, never compared by name.
 
     TARGETS = {"torchserve": TorchServeTarget(), "tsctl": TsctlTarget()}
 
@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
-from .. import engines
-from ..engines.base import refuse
-from ..errors import UserError
-from .options import ExportOptions
+from ... import engines
+from ...engines.base import refuse
+from ...errors import UserError
+from ..options import ExportOptions
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .. import runtimes
+    from ... import runtimes
 
 # The optional flags of ``tsctl export kserve`` that not every target takes: option name -> the flag as typed.
 EXPORT_FLAGS = {
@@ -164,7 +164,7 @@ class TorchServeTarget(Target):
         return f"{what} each archive's requirements for {options.runtime} ..."
 
     def prepare(self, options, properties, archives, notes, scratch):
-        from .. import runtimes
+        from ... import runtimes
 
         # tsctl config leaves TorchServe's per-model install off (the local environment has the packages);
         # KServe's image has not: the exported config turns it on, for the requirements locked here.
@@ -175,7 +175,7 @@ class TorchServeTarget(Target):
 
     def predictor(self, options: ExportOptions, resources: dict) -> dict:
         """KServe's TorchServe runtime; with --gpus its image's CUDA build (torchserve-kfs:VERSION-gpu)."""
-        from .. import runtimes
+        from ... import runtimes
 
         model = storage_model(options, resources)
         if options.gpus:
@@ -218,7 +218,7 @@ def runtime_notes(runtime: "runtimes.Runtime") -> List[str]:
 
 # ---- the tsctl engine: a ServingRuntime for its image, and an InferenceService naming it ---------------
 class TsctlTarget(Target):
-    """The tsctl engine from an image of the export's own (archiver/export/tsctl_image.py)."""
+    """The tsctl engine from an image of the export's own (archiver/export/kserve/tsctl_image.py)."""
 
     name = "tsctl"
     title = "tsctl engine"

@@ -1,6 +1,6 @@
 """``tsctl simulate RESULT.json``: what the autoscaling ``tsctl export kserve --autoscale MODE --from-bench
 RESULT.json`` writes would do with load, before a cluster sees it. One replica's measured curve (the
-``tsctl-capacity/1`` file) goes through the autoscalers' control loops (archiver/autoscale_sim.py, each rule
+``tsctl-capacity/1`` file) goes through the autoscalers' control loops (archiver/capacity/autoscale_sim.py, each rule
 cited there) with the numbers the export computes, under load traces: a ramp to ``--peak`` x one replica's
 best throughput, a spike, a day compressed into two hours. For each trace and mode: the requests shed, p50
 and p99, the most replicas, and the replica-hours spent against those a perfect autoscaler would spend.
@@ -12,9 +12,9 @@ per trace. benchmarks/autoscale_sim.py writes BENCHMARKS.md's figures with the s
 import math
 from typing import Dict, List, Optional, Sequence
 
+from ..errors import UserError
+from ..output import quiet
 from . import autoscale_sim as sim
-from .errors import UserError
-from .output import quiet
 
 FORMAT = "tsctl-simulation/1"
 TRACES = tuple(sim.TRACES)  # ramp, spike, diurnal
@@ -26,9 +26,9 @@ COLORS = {"knative": "tab:blue", "hpa": "tab:green", "keda": "tab:red", "keda-ra
 
 def load(path: str) -> dict:
     """The capacity result, read by ``capacity.load``, with a knee to size the autoscaling from."""
-    from . import capacity
+    from . import sweep
 
-    doc = capacity.load(path)
+    doc = sweep.load(path)
     if doc["knee"] is None or not any(s["errors"] == 0 and s["p99_ms"] is not None for s in doc["steps"]):
         raise UserError(f"{path} has no knee (no step answered every request): measure again with fewer clients")
     if sim.Curve(doc).best <= 0:

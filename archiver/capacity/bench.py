@@ -9,7 +9,7 @@ kept (``LoadResult.problems``). Each of ``concurrency`` threads keeps one HTTP k
 (http_client's ``Connection``, a deadline per call) and sends the inputs in turn. A sweep
 re-registers the model with each batchSize/maxBatchDelay through the management API (the server needs
 the model API on: ``tsctl serve --enable-model-api``) and recommends the setting with the best
-throughput. The concurrency sweep of ``bench --capacity`` is archiver/capacity.py.
+throughput. The concurrency sweep of ``bench --capacity`` is archiver/capacity/sweep.py.
 """
 
 import http.client
@@ -25,10 +25,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from handlers.requests import content_type
 
-from .choices import MAX_BENCH_SECONDS
-from .errors import ServerError, UserError
-from .http_client import AnswerError, Connection, late, read_body
-from .server import request
+from ..choices import MAX_BENCH_SECONDS
+from ..errors import ServerError, UserError
+from ..http_client import AnswerError, Connection, late, read_body
+from ..server import request
 
 
 @dataclass

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from ..choices import AUTOSCALE_MODES
-from ..errors import UserError
+from ...choices import AUTOSCALE_MODES
+from ...errors import UserError
+from ..options import ExportOptions
 from . import targets
 from .measured_notes import measured_notes
-from .options import ExportOptions
 
 MODES = AUTOSCALE_MODES
 MONITORS = ("podmonitor", "servicemonitor")
@@ -55,11 +55,11 @@ def read_capacity(path: str, models: Iterable[str]) -> dict:
     """The capacity result file ``tsctl bench --capacity`` writes, read by ``capacity.load`` (its format and
     keys; ``knee`` and ``within_p99`` what its steps give), and checked for what the export needs besides: a
     knee, ``model`` one of ``models``. Anything else: one UserError line naming the file and key."""
-    from .. import capacity
+    from ...capacity import sweep
 
     where = f"--from-bench {path}"
     try:
-        data = capacity.load(path)
+        data = sweep.load(path)
     except UserError as error:
         raise UserError(f"--from-bench {error}") from None
     if data["knee"] is None:

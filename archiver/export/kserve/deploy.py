@@ -4,12 +4,14 @@ directory DEPLOY.md is in (the export can be moved or copied anywhere)."""
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
-from . import autoscale, core, kserve_canary, targets
-from .bodies import Served, request_bodies
-from .options import ExportOptions
+from .. import core
+from ..bodies import Served, request_bodies
+from ..options import ExportOptions
+from . import autoscale, targets
+from . import canary as kserve_canary
 
 if TYPE_CHECKING:  # pragma: no cover
-    from . import kserve_storage
+    from . import storage as kserve_storage
 
 V1_BODY = "a KServe v1 body (`instances`)"
 V2_BODY = "a KServe v2 body (a BYTES tensor)"
@@ -122,7 +124,7 @@ def split_section(options: ExportOptions, models: List[Served], ns: str) -> str:
     return core.render("kserve-split", name=options.name, ns=ns, curl=curl_line("", first.input_file))
 
 
-# ---- the autoscaling's files and section (--autoscale: archiver/export/autoscale.py) -------------------------
+# ---- the autoscaling's files and section (--autoscale: archiver/export/kserve/autoscale.py) -------------------------
 def autoscale_prerequisites(plan: Optional[autoscale.Plan]) -> List[str]:
     """What must be in the cluster before the autoscaling's files apply: the Prometheus Operator's CRD of the
     monitor, and with KEDA its ScaledObject CRD (KServe makes one of the InferenceService)."""

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .bodies import Served
+from ..bodies import Served
 
 API_VERSION = "mlops.seldon.io/v1alpha1"
 SERVER_CONFIG = "mlserver"  # Seldon Core 2's own MLServer ServerConfig

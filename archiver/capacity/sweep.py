@@ -28,8 +28,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .errors import UserError
-from .output import quiet
+from ..errors import UserError
+from ..output import quiet
 
 FORMAT = "tsctl-capacity/1"
 GROWTH = 0.05  # a step adding less than 5% to the best throughput before it is flat
@@ -152,7 +152,7 @@ def queue_depth(exposition: str, model: str) -> Optional[float]:
 
 def read_gauge(metrics_url: Optional[str], model: str) -> Optional[float]:
     """The gauge now, from the server's /metrics (no key: TorchServe's and the engine's are open)."""
-    from .server import request
+    from ..server import request
 
     if not metrics_url:
         return None
@@ -411,7 +411,7 @@ ENGINE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 
 def check_words(doc: dict, bad):
     """The strings other files quote (DEPLOY.md's table, the export's queries): each as tsctl writes it."""
-    from .mar import MODEL_NAME
+    from ..mar import MODEL_NAME
 
     for key, pattern, what in (("model", MODEL_NAME, "a model name (letters, digits, '_', '-', '.')"),
                                ("engine", ENGINE_NAME, "an engine's name, e.g. 'tsctl'"),

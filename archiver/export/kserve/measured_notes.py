@@ -2,9 +2,9 @@
 
 from typing import TYPE_CHECKING, List
 
-from ..capacity import MIN_P99_REQUESTS, busy_notes, few_notes
-from .kube import cpu_cores
-from .options import ExportOptions
+from ...capacity.sweep import MIN_P99_REQUESTS, busy_notes, few_notes
+from ..kube import cpu_cores
+from ..options import ExportOptions
 
 if TYPE_CHECKING:
     from . import targets
