@@ -2,9 +2,8 @@
 
 What every engine shares lives here: ``Server`` (server.json: pid, the engine's name, its addresses),
 starting a command detached (``spawn``), one state directory per server, ``stop``, free ports and
-HTTP (``request``: archiver/http_client.py). TorchServe's own launch and readiness (``start``,
-``wait_ready``; what its logs say: archiver/torchserve_log.py) are here too; the runtimes themselves, and
-how ``tsctl`` picks one, are ``archiver/engines/``.
+HTTP (``request``: archiver/http_client.py). The runtimes themselves (TorchServe's launch and readiness:
+archiver/engines/torchserve.py), and how ``tsctl`` picks one, are ``archiver/engines/``.
 A server runs detached in its own process group (``setsid``, stdin from /dev/null, output to a
 file) with its own state directory: ``TEMP`` (TorchServe's one-instance pid lock), ``LOG_LOCATION``
 and ``server.json`` (pid and addresses) all live there, so several servers can run side by side and
@@ -14,12 +13,10 @@ TorchServe's ``TS_*`` environment variables; the config file itself is not chang
 
 import json
 import os
-import random
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -29,13 +26,9 @@ from typing import Callable, Dict, List, Optional
 from serving import ts_config
 from serving.worker import sockets
 
-from .addresses import LOOPBACK, bind_address, client_address
 from .errors import ServerError, UserError, make_directory
 from .http_client import request
-from .output import quiet
-from .patience import Patience
-from .properties import check_keys, config_metrics, read_properties, snapshot_of
-from .torchserve_log import failing_model, registration_failure, startup_problem, startup_states, worker_failure
+from .properties import check_keys, snapshot_of
 
 STATE_FILE = "server.json"
 
@@ -102,58 +95,6 @@ def free_ports(count: int) -> List[int]:
     finally:
         for sock in held:
             sock.close()
-
-
-def torchserve_command(python: Optional[str] = None) -> List[str]:
-    python = python or sys.executable
-    script = Path(python).parent / "torchserve"
-    if not script.exists():
-        raise UserError(f"no torchserve next to {python}: install it with 'pip install torchserve==0.12.0'")
-    return [python, str(script)]
-
-
-def start(
-    config="config/config.properties",
-    model_store="model-store",
-    home=".tsctl",
-    timeout: float = 180,
-    python: Optional[str] = None,
-    env: Optional[Dict[str, str]] = None,
-    install_deps: bool = False,
-    kserve_args: bool = False,
-    progress: Callable[[str], None] = quiet,
-    host: str = LOOPBACK,
-    port: Optional[int] = None,
-) -> Server:
-    """Start TorchServe detached and wait until every snapshot model has a READY worker (``progress``
-    hears of each model's state as it changes: ``wait_ready``).
-
-    ``install_deps`` turns TorchServe's per-model install on (``TS_INSTALL_PY_DEP_PER_MODEL=true``), as
-    in the config ``tsctl export kserve`` writes: each archive's requirements.txt goes into its model
-    directory. By default it is off, whatever the config says: the environment has the packages.
-    ``kserve_args`` starts it with exactly the arguments of KServe's TorchServe runtime (no
-    ``--foreground``): the launcher exits and the server lives on in its process group. Either way it saves
-    its config snapshots (no ``--ncs``) in ``home``/logs/config, for ``tsctl serve --last-snapshot``.
-    TorchServe runs in ``home``: the config's ``metrics_config`` is given to it as read from the current
-    directory (``TS_METRICS_CONFIG``, absolute), as TorchServe started here would read it. Its listeners
-    bind ``host``, the inference API ``port`` (``tsctl serve --host/--port``; default: free ports on
-    127.0.0.1)."""
-    config, model_store, home = Path(config).resolve(), Path(model_store).resolve(), Path(home).resolve()
-    properties = read_properties(config)
-    models = snapshot_models(properties, config, model_store)
-    metrics = config_metrics(config)
-    if metrics:
-        env = {"TS_METRICS_CONFIG": metrics, **(env or {})}
-    if properties.get("enable_envvars_config", "false").lower() != "true":
-        raise UserError(
-            f"{config}: enable_envvars_config must be true so tsctl can bind 127.0.0.1 ports; "
-            "regenerate the file with 'tsctl config'"
-        )
-    if install_deps:
-        check_pip(python or sys.executable)
-    temp = check_home(home)
-    options = (install_deps, kserve_args, models, progress, host, port)
-    return with_port_retry(lambda: _launch(config, model_store, home, temp, timeout, python, env, *options))
 
 
 def unlisted_archives(config, model_store) -> List[str]:
@@ -261,56 +202,6 @@ def with_port_retry(launch) -> "Server":
                 raise
 
 
-def _launch(
-    config, model_store, home, temp, timeout, python, env, install_deps, kserve_args, models, progress, host, port
-) -> Server:
-    """Start TorchServe once (on ``host``, the inference API on ``port``, the rest free ports) and wait for it."""
-    for old in logs_of(home).glob("*.log"):
-        old.unlink()
-    names = ("inference", "management", "metrics", "grpc_i", "grpc_m")
-    ports = dict(zip(names, pick_ports(len(names), port)))
-    run_env = dict(os.environ)
-    run_env.update(
-        {
-            "TEMP": str(temp),
-            "LOG_LOCATION": str(logs_of(home)),
-            "METRICS_LOCATION": str(logs_of(home)),
-            "TS_INFERENCE_ADDRESS": f"http://{bind_address(host, ports['inference'])}",
-            "TS_MANAGEMENT_ADDRESS": f"http://{bind_address(host, ports['management'])}",
-            "TS_METRICS_ADDRESS": f"http://{bind_address(host, ports['metrics'])}",
-            "TS_GRPC_INFERENCE_ADDRESS": host,
-            "TS_GRPC_MANAGEMENT_ADDRESS": host,
-            "TS_GRPC_INFERENCE_PORT": str(ports["grpc_i"]),
-            "TS_GRPC_MANAGEMENT_PORT": str(ports["grpc_m"]),
-            # Workers talk to the frontend over /tmp/.ts.sock.<port>: a base of our own avoids clashes.
-            "TS_INITIAL_WORKER_PORT": str(random.randrange(20000, 60000, 100)),
-        }
-    )
-    run_env["TS_INSTALL_PY_DEP_PER_MODEL"] = "true" if install_deps else "false"
-    run_env.update(env or {})
-    if kserve_args:
-        arguments = ["--start", f"--model-store={model_store}", f"--ts-config={config}"]
-    else:
-        arguments = ["--start", "--foreground", "--model-store", str(model_store), "--ts-config", str(config)]
-    process = spawn(torchserve_command(python) + arguments, home, run_env, "torchserve.out")
-    server = Server(
-        pid=process.pid,
-        home=str(home),
-        inference=f"http://{client_address(host, ports['inference'])}",
-        management=f"http://{client_address(host, ports['management'])}",
-        metrics=f"http://{client_address(host, ports['metrics'])}",
-        models=models,
-        grpc=client_address(host, ports["grpc_i"]),
-        log_writer=process.log_writer.pid,
-        ts_grpc_inference=client_address(host, ports["grpc_i"]),
-        ts_grpc_management=client_address(host, ports["grpc_m"]),
-    )
-    registering = "extracting, installing its requirements" if install_deps else "extracting"
-    return recorded(
-        server, lambda: wait_ready(server, timeout, None if kserve_args else process, progress, registering)
-    )
-
-
 def recorded(server: Server, wait) -> Server:
     """Write the started ``server``'s server.json, then ``wait()`` for it; if that fails (or is
     interrupted), stop it and clear the state before raising."""
@@ -357,68 +248,6 @@ def output_written(process: Optional[subprocess.Popen], timeout: float = 5):
             writer.wait(timeout)
         except subprocess.TimeoutExpired:
             pass
-
-
-def check_pip(python: str):
-    """TorchServe installs per-model requirements with ``python -m pip``: refuse to start without it."""
-    found = subprocess.run([python, "-m", "pip", "--version"], capture_output=True)
-    if found.returncode != 0:
-        raise UserError(
-            f"--install-deps needs pip in the environment of {python}, which has none "
-            "(uv makes venvs without it): run 'uv pip install --python "
-            f"{python} pip', or serve without --install-deps"
-        )
-
-
-def wait_ready(
-    server: Server,
-    timeout: float,
-    process: Optional[subprocess.Popen] = None,
-    progress: Callable[[str], None] = quiet,
-    registering: str = "extracting",
-):
-    """Poll the management API until each model has a READY worker. Fail as soon as the logs say why
-    it will not happen (a model TorchServe could not register, a crash-looping worker, TorchServe
-    exiting), with that reason, or once nothing moved for ``timeout`` seconds (``Patience``: no model
-    changed state, its logs did not grow). ``progress`` hears of each model's state when it changes
-    (``model_state``; ``registering`` names what a model not registered yet is going through)."""
-    patience = Patience(timeout, [server.logs / "model_log.log"])  # the workers' output (ts_log logs each poll)
-    pending = list(server.models)
-    report = States(progress)
-    while pending:
-        if process is not None and process.poll() is not None:
-            output_written(process)
-            raise ServerError(f"TorchServe exited with code {process.returncode}: {startup_problem(server)}")
-        if process is None and not group_alive(server.pid):  # started detached: the launcher has exited
-            raise ServerError(f"TorchServe exited: {startup_problem(server)}")
-        patience.note(tuple(sorted(report.seen.items())))
-        if patience.expired():
-            raise ServerError(f"models {', '.join(pending)} not READY, {patience.said()}: {startup_problem(server)}")
-        refused = registration_failure(server)
-        if refused:
-            raise ServerError(
-                f"TorchServe could not register a model: {refused} (full log: {server.logs / 'ts_log.log'})"
-            )
-        failure = worker_failure(server)
-        if failure:
-            whose = failing_model(server)
-            raise ServerError(
-                f"{f'model {whose}: ' if whose else ''}a model worker failed to start: {failure} "
-                f"(full log: {server.logs / 'model_log.log'})"
-            )
-        states = {name: model_state(server, name, registering) for name in pending}
-        if None in states.values():  # its APIs do not answer yet: they bind once the snapshot is registered
-            early = startup_states(server, registering)
-            if not early:
-                report("TorchServe", "starting")
-            for name, state in early.items():
-                report(name, state)
-        else:
-            for name, state in states.items():
-                report(name, state)
-        pending = [name for name, state in states.items() if state != READY]
-        if pending:
-            time.sleep(0.5)
 
 
 READY = "READY"

@@ -17,6 +17,7 @@ from pathlib import Path
 from common import alternate, median, served_side, write_section
 
 from archiver import engines, properties, server  # noqa: E402
+from archiver.engines import torchserve  # noqa: E402
 from helpers.models import package_resnet, package_text  # noqa: E402
 from helpers.paths import short_tmp  # noqa: E402
 from samples import image_model, text_models  # noqa: E402
@@ -43,13 +44,13 @@ def main():
     }
     home = short_tmp("bt-")
     started = time.monotonic()
-    torchserve = server.start(properties.write_config(store, home / "config.properties"), store, home)
+    ts_server = torchserve.start(properties.write_config(store, home / "config.properties"), store, home)
     ready = {"TorchServe": time.monotonic() - started}
     started = time.monotonic()
     kserve = engines.ENGINES["tsctl"].start(store, home=short_tmp("bk-"))
     ready["KServe engine"] = time.monotonic() - started
     try:
-        servers = {"TorchServe": torchserve, "KServe engine": kserve}
+        servers = {"TorchServe": ts_server, "KServe engine": kserve}
         sides = {
             (engine, model): served_side(srv, model, inputs[model], CONCURRENCY, REQUESTS)
             for model in inputs
@@ -57,7 +58,7 @@ def main():
         }
         results = alternate(sides)
     finally:
-        server.stop(torchserve)
+        server.stop(ts_server)
         server.stop(kserve)
         shutil.rmtree(tmp, ignore_errors=True)
     rows = [

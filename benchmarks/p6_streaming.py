@@ -18,6 +18,7 @@ from pathlib import Path
 from common import alternate, percentile, write_section
 
 from archiver import properties, server  # noqa: E402
+from archiver.engines import torchserve  # noqa: E402
 from helpers import streams  # noqa: E402
 from helpers.engine import Engine  # noqa: E402
 from helpers.paths import short_tmp  # noqa: E402
@@ -69,10 +70,10 @@ def main():
     ts_streaming.build(store, token_seconds=0.02, max_new_tokens=50)
     config = properties.write_config(store, root / "config" / "config.properties")
     home = short_tmp("p6-")
-    torchserve = server.start(config, store, home, timeout=300)
+    ts_server = torchserve.start(config, store, home, timeout=300)
     engine = Engine(root).wait_ready()
     sides = {
-        "TorchServe 0.12": {"http": int(torchserve.inference.rsplit(":", 1)[1]), "grpc": torchserve.ts_grpc_inference},
+        "TorchServe 0.12": {"http": int(ts_server.inference.rsplit(":", 1)[1]), "grpc": ts_server.ts_grpc_inference},
         "tsctl engine": {"http": engine.http, "grpc": f"127.0.0.1:{engine.ts_grpc}"},
     }
     rows = []
@@ -97,7 +98,7 @@ def main():
                     rows.append((workload, protocol, name, statistics.median(firsts), percentile(firsts, 0.9),
                                  statistics.median(lasts)))  # fmt: skip
     finally:
-        server.stop(torchserve)
+        server.stop(ts_server)
         engine.stop()
     table = "\n".join(f"| {w} | {p} | {n} | {f:.1f} | {f90:.1f} | {last:.1f} |" for w, p, n, f, f90, last in rows)
     write_section(

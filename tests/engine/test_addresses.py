@@ -26,6 +26,7 @@ from click.testing import CliRunner
 
 from archiver import engines, server
 from archiver.cli import main
+from archiver.engines import torchserve
 from helpers import management, waiting
 from helpers.engine import free_port, free_ports
 from helpers.paths import ROOT, short_tmp
@@ -153,8 +154,8 @@ class Direct:
             command = [sys.executable, "-m", "serving.engine", "--model_store", str(store), "--ts_config", str(config),
                        "--grpc_port", str(free_port())]  # fmt: skip
         else:
-            command = server.torchserve_command() + ["--start", "--foreground", "--ncs", "--model-store", str(store),
-                                                     "--ts-config", str(config)]  # fmt: skip
+            arguments = ["--start", "--foreground", "--ncs", "--model-store", str(store), "--ts-config", str(config)]
+            command = torchserve.torchserve_command() + arguments
         env = dict(
             os.environ,
             TEMP=str(self.home),

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from archiver import properties, server
 from archiver.cli import main
 from archiver.device_notes import device_notes
+from archiver.engines import torchserve
 from helpers.engine import Engine
 from helpers.paths import short_tmp
 from helpers.waiting import until
@@ -171,21 +172,21 @@ def test_torchserve_and_the_engine_give_each_worker_the_same_gpu(tree, monkeypat
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", VISIBLE["CUDA_VISIBLE_DEVICES"])
     home = short_tmp("ts-gpu-")
     config = tree / "config" / "config.properties"
-    ts = server.start(config, tree / "model-store", home, timeout=240)
+    ts = torchserve.start(config, tree / "model-store", home, timeout=240)
     try:
         workers = sum(len(ids) for ids in WANTED.values())  # each worker's line, written once it is up
         log = ts.logs / "model_log.log"
-        torchserve = until(lambda: probes(log.read_text(errors="replace")),
+        ts_server = until(lambda: probes(log.read_text(errors="replace")),
                            lambda found: sum(len(ids) for ids in found.values()) >= workers,
                            "every worker's probe line in model_log.log", log, timeout=60)  # fmt: skip
         ts_described = described_gpus(ts.management, ts.headers("management"))
     finally:
         server.stop(ts)
-    assert torchserve == WANTED, torchserve  # TorchServe 0.12 itself, as its rules were read
+    assert ts_server == WANTED, ts_server  # TorchServe 0.12 itself, as its rules were read
     engine = Engine(tree, "--enable-model-api", env=VISIBLE).wait_ready()
     try:
         found = engine_probes(engine, workers)
-        assert found == torchserve, engine.output()[-3000:]
+        assert found == ts_server, engine.output()[-3000:]
         assert described_gpus(engine.url, engine.headers("management")) == ts_described, ts_described
         status, body = engine.get("/models/ids", "management")
         assert body[0]["deviceType"] == "gpu" and body[0]["deviceIds"] == [2], body

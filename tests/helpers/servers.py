@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from archiver import engines, properties, server
+from archiver.engines import torchserve
 from helpers import waiting
 from helpers.paths import ROOT, short_tmp
 
@@ -78,7 +79,7 @@ class RunningServer:
         self.server = None
 
     def __enter__(self) -> server.Server:
-        self.server = server.start(
+        self.server = torchserve.start(
             self.config, self.store, self.home, timeout=self.timeout, python=self.python, env=self.env
         )
         return self.server
@@ -158,7 +159,7 @@ def stand_in_http(handler_class):
 
 
 def kserve_runtime(exported, envelope):
-    return server.start(
+    return torchserve.start(
         exported / "config" / "config.properties",
         exported / "model-store",
         short_tmp("ks-"),

@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 from archiver import server
+from archiver.engines import torchserve
 from helpers.engine import Engine
 from helpers.paths import short_tmp
 
@@ -15,17 +16,17 @@ def started(root: Path, prefix: str):
     """(torchserve, engine): TorchServe's ``server.Server`` (its home a short temporary directory named
     ``prefix``...) and the engine (helpers/engine.py), each ready."""
     home = short_tmp(prefix)
-    torchserve = server.start(root / "config" / "config.properties", root / "model-store", home, timeout=300)
+    ts_server = torchserve.start(root / "config" / "config.properties", root / "model-store", home, timeout=300)
     engine = None
     try:
         engine = Engine(root).wait_ready()
-        yield torchserve, engine
+        yield ts_server, engine
     finally:
-        server.stop(torchserve)
+        server.stop(ts_server)
         shutil.rmtree(home, ignore_errors=True)
         if engine is not None:
             assert engine.stop() == 0
 
 
-def http_port(torchserve) -> int:
-    return int(torchserve.inference.rsplit(":", 1)[1])
+def http_port(ts_server) -> int:
+    return int(ts_server.inference.rsplit(":", 1)[1])
