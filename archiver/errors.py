@@ -4,7 +4,7 @@ class UserError(Exception):
     exit_code = 2
 
 
-class ServerError(Exception):
+class ServerFailure(Exception):
     """TorchServe did not come up, or answered with an error; the CLI prints it and exits 1."""
 
     exit_code = 1

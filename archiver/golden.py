@@ -24,7 +24,7 @@ from handlers.archives import printable
 from handlers.requests import content_type
 
 from . import mar
-from .errors import ServerError, UserError
+from .errors import ServerFailure, UserError
 from .inprocess import worker_gpu
 from .output import quiet
 
@@ -93,7 +93,7 @@ def record(
     """Run ``archive`` in-process (on ``gpu``: ``--golden-gpu``, inprocess.worker_gpu) on the golden requests;
     the golden.json it gets. ``progress`` hears of
     the load and of each input (archiver.output.Progress). An answer of the handler failing (5xx) is no
-    golden answer: a ServerError naming the input and the handler's error, unless ``allow_errors``
+    golden answer: a ServerFailure naming the input and the handler's error, unless ``allow_errors``
     (a refusal, 4xx, is one: the input is checked to be refused). ``metrics_config``: the worker's
     metrics.yaml (None: TorchServe's); ``kind``: the files' content type (``requests_in``)."""
     requests = requests_in(source, kind)
@@ -112,7 +112,7 @@ def record(
         name, answer = failed[0]
         said = answer.get("message") if isinstance(answer, dict) else None
         more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
-        raise ServerError(
+        raise ServerFailure(
             f"--golden {printable(name)}{more}: the handler failed ({printable(str(said or answer))[:300]}): fix "
             "the handler or the input, or pass --golden-allow-errors to record its error answers"
         )
@@ -146,7 +146,7 @@ def package(
     metrics_config=None,
     kind: Optional[str] = None,
     gpu: str = "cpu",
-) -> Tuple[Path, mar.Plan, dict]:
+) -> Tuple[Path, mar.BuildPlan, dict]:
     """Build the archive in a scratch directory, record its golden answers, and only then write it,
     with MAR-INF/golden.json, to its place (atomically, as every build; signed before that one write
     with ``options.sign_key``). ``progress`` hears of each step; ``allow_errors`` records the handler's
@@ -226,7 +226,7 @@ def verify(
     """Replay the golden answers of ``archive`` (or of ``golden_from``: another archive of the same
     model, e.g. the original of an ONNX export) in-process with ``archive`` or against ``url``
     (``base_url``). A server that has no endpoint for ``protocol`` (every answer a 404 no golden
-    answer was) is a ServerError saying so, never a report of mismatches. ``progress`` hears of each
+    answer was) is a ServerFailure saying so, never a report of mismatches. ``progress`` hears of each
     input as it is answered; ``metrics_config``: the in-process worker's metrics.yaml (None: TorchServe's);
     ``headers``: sent with each request to ``url`` (a token-auth server's ``Authorization``); ``gpu``: where the
     in-process worker runs (``--gpu``: inprocess.worker_gpu)."""
@@ -286,10 +286,10 @@ def replay(
             progress(f"{number}/{len(cases)} {case['name']}: {results[-1][0]}")
         refused = unauthorized(url, results, bool(headers))
         if refused:
-            raise ServerError(refused)
+            raise ServerFailure(refused)
         missing = missing_endpoint(url, protocol, model, cases, results)
         if missing:
-            raise ServerError(missing)
+            raise ServerFailure(missing)
     for case, (status, answer) in zip(cases, results):
         report.checked += 1
         problem = answers.check_case(case, status, answer, atol)

@@ -12,7 +12,7 @@ default, parsed), with the archive's batchSize as its context's. The archive run
 process (``serving.local_model.LocalModel``), whose log is kept, not printed (a handler logs a traceback for a
 request it refuses, TorchServe one for a batch that failed); this process's own log records and warnings are
 kept too while a command runs one (``quiet_logs``). A batch the handler failed as a whole (TorchServe's
-frontend answers 503 ``Prediction failed``, 500 ``Worker died.`` ...) is one ServerError naming the archive,
+frontend answers 503 ``Prediction failed``, 500 ``Worker died.`` ...) is one ServerFailure naming the archive,
 the input and the handler's own error, read from the worker's log (``handler_error``).
 
 Nothing here imports torch.
@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
-from .errors import ServerError, UserError
+from .errors import ServerFailure, UserError
 
 FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')  # a traceback's frame, as a worker logs it
 # TorchServe's frontend's answers for a batch that failed as a whole (serving/worker/ts_wire.batch_error).
@@ -174,7 +174,7 @@ def run(
 ) -> List[Tuple[Path, object]]:
     """(path, Response) for each file, answered as ``tsctl predict`` would be answered (module
     docstring). The handler's failure to load is raised as it is (the caller names it); its failure on
-    a batch is a ServerError naming ``archive``, the input and the handler's error. With ``public_key``
+    a batch is a ServerFailure naming ``archive``, the input and the handler's error. With ``public_key``
     the archive must be signed as ``expected`` (name, version; None: any); ``metrics``: the worker's
     metrics.yaml (``metrics_config``; None: TorchServe's); ``kind``: the content type every file is sent
     with ('': none; None: its suffix's); ``gpu``: ``--gpu`` (``worker_gpu``)."""
@@ -211,7 +211,7 @@ def run(
                     cause = worker_error(model, seen) or response.json().get("message")
                     if "MetricsCacheKeyError" in str(cause) and not metrics:  # a metric declared in the example's yaml
                         cause += ": give the metrics.yaml that declares it with --metrics-config"
-                    raise ServerError(f"{archive.path}: the handler failed on {path}: {cause}")
+                    raise ServerFailure(f"{archive.path}: the handler failed on {path}: {cause}")
                 answered.append((Path(path), response))
                 progress(f"{number}/{len(paths)} {path}: {response.status}")
     return answered

@@ -72,7 +72,7 @@ class PackageOptions:
 
 
 @dataclass
-class Plan:
+class BuildPlan:
     """What a build will write: entries (name inside -> source), the manifest, links followed."""
 
     entries: Dict[str, Source]
@@ -90,13 +90,13 @@ def package(options: PackageOptions) -> Path:
     return build(options)[0]
 
 
-def build(options: PackageOptions) -> Tuple[Path, Plan]:
+def build(options: PackageOptions) -> Tuple[Path, BuildPlan]:
     """``package``, also returning the plan (the CLI reports the symbolic links it followed)."""
     planned = plan(options)
     return write_plan(planned, options), planned
 
 
-def write_plan(planned: Plan, options: PackageOptions) -> Path:
+def write_plan(planned: BuildPlan, options: PackageOptions) -> Path:
     """Write what ``plan`` found (and whatever was added to its entries since: golden answers) to its
     place, signed first with ``options.sign_key``: one write. Returns the archive's path."""
     target = archive_path(options.export_path, options.model_name, options.archive_format)
@@ -151,7 +151,7 @@ def _check_options(options: PackageOptions) -> None:
         raise UserError(f"unknown --archive-format {options.archive_format!r}: use one of {', '.join(ARCHIVE_FORMATS)}")
 
 
-def plan(options: PackageOptions) -> Plan:
+def plan(options: PackageOptions) -> BuildPlan:
     """The archive's entries (name inside -> file on disk) and its manifest, after validation."""
     _check_options(options)
     name = options.model_name
@@ -218,7 +218,7 @@ def plan(options: PackageOptions) -> Plan:
         "model": model,
         "archiverVersion": ARCHIVER_VERSION,
     }
-    return Plan(inputs.entries, manifest, inputs.followed, notes)
+    return BuildPlan(inputs.entries, manifest, inputs.followed, notes)
 
 
 def _label_notes(fitted: str, settings: dict, entries: Dict[str, Source]) -> List[str]:

@@ -40,7 +40,7 @@ def init_text(report: dict) -> List[str]:
 
 # ---- tsctl package ------------------------------------------------------------------------------------
 def package_report(path: Path, size: int, planned, golden: Optional[dict], signature: dict) -> dict:
-    """``planned``: the build's archiver.mar.Plan; ``golden``: the golden.json recorded (package --golden),
+    """``planned``: the build's archiver.mar.BuildPlan; ``golden``: the golden.json recorded (package --golden),
     else None; ``signature``: handlers.signing.signature_of the archive written."""
     return {
         "path": str(path),

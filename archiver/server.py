@@ -26,7 +26,7 @@ from typing import Callable, Dict, List, Optional
 from serving import ts_config
 from serving.worker import sockets
 
-from .errors import ServerError, UserError, make_directory
+from .errors import ServerFailure, UserError, make_directory
 from .http_client import request
 from .properties import check_keys, snapshot_of
 
@@ -196,7 +196,7 @@ def with_port_retry(launch) -> "Server":
     for attempt in (1, 2):
         try:
             return launch()
-        except ServerError as exc:
+        except ServerFailure as exc:
             taken = any(text in str(exc).lower() for text in ("address already in use", "failed to bind"))
             if attempt == 2 or not taken:
                 raise

@@ -23,7 +23,7 @@ from handlers import archives, identity
 from handlers import golden as answers
 
 from . import golden
-from .errors import ServerError, UserError
+from .errors import ServerFailure, UserError
 from .output import quiet
 
 
@@ -170,7 +170,7 @@ def shadow(
 def answers_of(side: Side, cases: List[dict], kind, timeout: float, progress) -> List[Tuple[int, Any]]:
     """(status, answer) of each case from ``side``; a server that cannot be reached, answers past tsctl's
     bounds (http_client.py: in time, bytes, JSON), refuses its token or lacks the endpoint or the model is
-    one ServerError naming its flag."""
+    one ServerFailure naming its flag."""
     from .http_client import AnswerError
 
     flag = f"--{side.role}"
@@ -180,20 +180,20 @@ def answers_of(side: Side, cases: List[dict], kind, timeout: float, progress) ->
             results.append(golden.served(side.url, side.protocol, side.model, kind, case, timeout, side.headers, True))
         except AnswerError as exc:
             hint = ": raise --timeout" if isinstance(exc, TimeoutError) else ""
-            raise ServerError(f"{flag} {exc}{hint}") from None
+            raise ServerFailure(f"{flag} {exc}{hint}") from None
         except OSError as exc:
-            raise ServerError(f"{flag} {side.url}: could not reach it ({exc})") from None
+            raise ServerFailure(f"{flag} {side.url}: could not reach it ({exc})") from None
         progress(f"{side.role} {number}/{len(cases)} {case['name']}: {results[-1][0]}")
     if golden.unauthorized(side.url, results, bool(side.token)):
         said = "refused the token" if side.token else "asks for a token"
-        raise ServerError(
+        raise ServerFailure(
             f"{flag} {side.url} {said} on every request ({golden.KEY_REFUSED}): pass its inference key with "
             f"--token-{side.role}"
         )
     suffix = "" if side.role == "current" else "-candidate"
     missing = golden.missing_endpoint(side.url, side.protocol, side.model, cases, results, suffix)
     if missing:
-        raise ServerError(f"{flag} {missing}")
+        raise ServerFailure(f"{flag} {missing}")
     return results
 
 

@@ -35,6 +35,7 @@ from types import SimpleNamespace
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .. import choices
+from ..export.kserve.autoscale import RATE_WINDOW_S  # the answer rate KEDA's query reads: rate(...[1m])
 
 # ---- Knative's KPA: config/core/configmaps/autoscaler.yaml (defaults) and pkg/autoscaler -----------------
 KPA_TICK_S = 2.0  # pkg/autoscaler/scaling/multiscaler.go:36 tickInterval
@@ -55,7 +56,6 @@ HPA_UP_POLICIES = (("Pods", 4, 15), ("Percent", 100, 15))
 HPA_DOWN_POLICIES = (("Percent", 100, 15),)
 METRICS_WINDOW_S = 15.0  # the CPU the HPA reads: averaged over metrics-server's 15 s resolution (assumed)
 SCRAPE_S = 15.0  # the gauge KEDA's query reads: Prometheus' scrape interval (the export's PodMonitor)
-RATE_WINDOW_S = 60.0  # the answer rate KEDA's query reads: rate(...[1m]) (archiver/export/kserve/autoscale.py)
 # ---- the engine and the measured start -----------------------------------------------------------------
 ENGINE_QUEUE = 100  # serving/ts_config.py job_queue_size default: requests waiting per model version
 COLD_START_S = choices.ENGINE_COLD_START_S  # BENCHMARKS.md "Cold start": the engine, launch to READY
@@ -479,7 +479,7 @@ def exported(doc: dict, mode: str, max_replicas: int, min_replicas: int = 1, sca
     own functions (archiver/export/kserve/autoscale.py): the operating point and each mode's target."""
     from ..export.kserve import autoscale
 
-    plan = autoscale.Plan(mode, 0, min_replicas, max_replicas, scale_down_s, capacity=doc, model=doc["model"])
+    plan = autoscale.Autoscaling(mode, 0, min_replicas, max_replicas, scale_down_s, capacity=doc, model=doc["model"])
     autoscale.operating_point(plan, None)
     options = SimpleNamespace(
         scale_metric="concurrency", peak_rps=None, max_replicas=max_replicas, namespace="default", name=doc["model"]

@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from handlers.requests import content_type
 
 from ..choices import MAX_BENCH_SECONDS
-from ..errors import ServerError, UserError
+from ..errors import ServerFailure, UserError
 from ..http_client import AnswerError, Connection, late, read_body
 from ..server import request
 
@@ -186,7 +186,7 @@ def register(management: str, model: str, mar_url: str, batch_size: int, delay: 
     if status == 405:  # TorchServe 0.11+ answers 405 to register/unregister while the model API is off
         raise UserError("the server's model API is off: start it with 'tsctl serve --enable-model-api' to sweep")
     if status not in (200, 404):
-        raise ServerError(f"could not unregister {model}: {status} {body}")
+        raise ServerFailure(f"could not unregister {model}: {status} {body}")
     query = urllib.parse.urlencode(
         {
             "url": mar_url,
@@ -199,7 +199,7 @@ def register(management: str, model: str, mar_url: str, batch_size: int, delay: 
     )
     status, body = request(f"{management}/models?{query}", data=b"", method="POST", headers=headers, timeout=timeout)
     if status != 200:
-        raise ServerError(f"could not register {model} with batchSize {batch_size}: {status} {body}")
+        raise ServerFailure(f"could not register {model} with batchSize {batch_size}: {status} {body}")
 
 
 def model_url(management: str, model: str, headers=None) -> str:

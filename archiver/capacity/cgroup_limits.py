@@ -1,7 +1,7 @@
 """A pod's CPU and memory limits around a server this machine starts: ``tsctl bench --capacity --cpu 1.5
 --memory 4Gi``.
 
-``Limits.make(cpu, memory)`` makes a cgroup of its own per controller: cgroup v1 (``cpu.cfs_quota_us`` over
+``PodLimits.make(cpu, memory)`` makes a cgroup of its own per controller: cgroup v1 (``cpu.cfs_quota_us`` over
 a 100 ms ``cpu.cfs_period_us``, ``memory.limit_in_bytes``) or v2 (``cpu.max``, ``memory.max``), as a
 child of the cgroup this process is in (else of the hierarchy's root), as a container runtime does for
 a pod's ``resources.limits``. Where none can be made (no permission, no such controller, another
@@ -56,7 +56,7 @@ def _own_path(controller: str) -> Optional[str]:
     return None
 
 
-class Limits:
+class PodLimits:
     """The cgroups a server runs in (``groups``: (group, the cgroup this process came from)); ``kind`` is
     "cgroup v1" or "cgroup v2", None with ``reason`` saying why nothing is limited."""
 
@@ -67,7 +67,7 @@ class Limits:
         self.reason: Optional[str] = None
 
     @classmethod
-    def make(cls, cpu: Optional[float], memory: Optional[int]) -> "Limits":
+    def make(cls, cpu: Optional[float], memory: Optional[int]) -> "PodLimits":
         if cpu is not None and cpu * PERIOD_US < MIN_QUOTA_US:  # --cpu 1m, as the kubelet writes it: 0.01
             cpu = MIN_QUOTA_US / PERIOD_US
         limits = cls(cpu, memory)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 
 from .. import engines
-from ..errors import ServerError, UserError
+from ..errors import ServerFailure, UserError
 from ..output import quiet
 from . import sweep as capacity
 
@@ -32,7 +32,7 @@ STOPPED = {
 
 
 @dataclass
-class Plan:
+class LoadSteps:
     """What to send and how far to go: the input files, the largest concurrency, each step's bounds
     (requests and seconds), the p99 target in ms (None: none)."""
 
@@ -120,7 +120,7 @@ def running_spec(srv: "Server", model: str) -> Optional[Described]:
     return Described(body[0])
 
 
-def measure(srv: "Server", model: str, plan: Plan, settings: dict, progress=quiet, notes: Sequence[str] = ()):
+def measure(srv: "Server", model: str, plan: LoadSteps, settings: dict, progress=quiet, notes: Sequence[str] = ()):
     """The sweep against ``srv`` (archiver/capacity/sweep.py) and its result document."""
     from .bench import read_inputs
 
@@ -143,7 +143,7 @@ def measure(srv: "Server", model: str, plan: Plan, settings: dict, progress=quie
                              measured_on)  # fmt: skip
 
 
-def measure_running(srv: "Server", model: str, plan: Plan, progress=quiet) -> dict:
+def measure_running(srv: "Server", model: str, plan: LoadSteps, progress=quiet) -> dict:
     """The server 'tsctl serve' started, as it runs (no limits applied here)."""
     return measure(srv, model, plan, settings_of(running_spec(srv, model)), progress)
 
@@ -152,7 +152,7 @@ def measure_started(
     engine: str,
     model: str,
     model_store: str,
-    plan: Plan,
+    plan: LoadSteps,
     config: Optional[str] = None,
     python: Optional[str] = None,
     cpu: Optional[float] = None,
@@ -164,10 +164,10 @@ def measure_started(
     """Start ``engine`` on the store as the pod would (module docstring), inside ``cpu``/``memory``
     limits where a cgroup can be made (the result's notes say which, or why not), measure it, stop it.
     ``note`` hears of the store's archives the config leaves out, as 'tsctl serve' notes them."""
-    from .cgroup_limits import Limits
+    from .cgroup_limits import PodLimits
 
     spec = store_spec(engine, model, model_store, config)
-    limits = Limits.make(cpu, memory)
+    limits = PodLimits.make(cpu, memory)
     notes: List[str] = []
     if cpu is not None or memory is not None:
         notes.append(limits.describe())
@@ -179,9 +179,9 @@ def measure_started(
         with limits.joined():
             try:
                 srv = engines.serve(engine, config, model_store, home, timeout, progress, note, python=python)
-            except ServerError as exc:
+            except ServerFailure as exc:
                 if memory is not None and "-9" in str(exc):  # SIGKILL: what the memory cgroup's OOM killer sends
-                    raise ServerError(f"{exc} (-9: killed; --memory {memory:,} bytes may be less than the server "
+                    raise ServerFailure(f"{exc} (-9: killed; --memory {memory:,} bytes may be less than the server "
                                       "and its workers need, as a pod's limit would be)") from None  # fmt: skip
                 raise
         try:

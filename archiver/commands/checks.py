@@ -10,7 +10,7 @@ from typing import Optional
 import click
 
 from .. import choices
-from ..errors import ServerError, UserError
+from ..errors import ServerFailure, UserError
 from ..output import json_option, print_json
 from .common import Command, handler_errors, input_file, running_server
 from .options import (
@@ -109,9 +109,9 @@ def verify(
                 )
             except AnswerError as exc:  # past tsctl's bounds on an answer (http_client.py): it names the URL
                 hint = ": raise --timeout" if isinstance(exc, TimeoutError) else ""
-                raise ServerError(f"{exc}{hint}") from None
+                raise ServerFailure(f"{exc}{hint}") from None
             except OSError as exc:
-                raise ServerError(f"could not reach {url}: {exc}") from None
+                raise ServerFailure(f"could not reach {url}: {exc}") from None
     if as_json:
         print_json({**report.as_json(), "signature": signature})
     else:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import ServerError, UserError
+from ..errors import ServerFailure, UserError
 from ..output import print_json, print_json_error
 
 INTERRUPTED = "interrupted (Ctrl-C)"
@@ -52,7 +52,7 @@ def our_errors() -> tuple:
     from handlers.archives import ArchiveError
     from handlers.signing import SignatureError
 
-    return (UserError, ServerError, ArchiveError, SignatureError)
+    return (UserError, ServerFailure, ArchiveError, SignatureError)
 
 
 @contextmanager
@@ -83,7 +83,7 @@ def handler_failure(archive, exc: Exception) -> Exception:
     module, _, name = getattr(exc, "error_type", f"{type(exc).__module__}.{type(exc).__name__}").rpartition(".")
     if (module, name) in USER_MISTAKES:
         return UserError(f"{archive}: {exc}")
-    return ServerError(f"{archive}: the handler failed to load: {name}: {exc}")
+    return ServerFailure(f"{archive}: the handler failed to load: {name}: {exc}")
 
 
 def emit(report: dict, as_text, as_json: bool):

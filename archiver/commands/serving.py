@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from .. import choices, engines
-from ..errors import ServerError, UserError
+from ..errors import ServerFailure, UserError
 from ..output import Progress, json_option, print_json
 from .common import Command, input_file, running_server
 from .options import content_type_option, engine_option, home_option, resolve_alias, timeout_option
@@ -151,11 +151,12 @@ def predict(model, inputs, home, timeout, kind, as_json):
             status, body = engines.predict(srv, model, Path(path), timeout, kind)
         except TimeoutError:  # the whole call's deadline (http_client.Late)
             url = engines.predict_url(srv, model)
-            raise ServerError(f"{path}: {url}: no answer from {model} within {timeout:g} s: raise --timeout") from None
+            late = f"{path}: {url}: no answer from {model} within {timeout:g} s: raise --timeout"
+            raise ServerFailure(late) from None
         except AnswerError as exc:  # past tsctl's other bounds on an answer (http_client.py): it names the URL
-            raise ServerError(f"{path}: {exc}") from None
+            raise ServerFailure(f"{path}: {exc}") from None
         except OSError as exc:
-            raise ServerError(f"could not reach {srv.inference}: {exc}") from None
+            raise ServerFailure(f"could not reach {srv.inference}: {exc}") from None
         binary = isinstance(body, bytes)  # not UTF-8: an image, a tensor file
         shown = base64.b64encode(body).decode("ascii") if binary else body
         results.append({"path": str(path), "status": status, "body": shown, "base64": binary})
@@ -247,7 +248,7 @@ def bench_capacity(model, inputs, count, duration, as_json, home, options):
         raise UserError("--duration must be a number of seconds, e.g. --duration 10")
     writable("--out", options["out"])
     writable("--plot", options["plot"])
-    plan = replica.Plan(list(inputs), options["max_concurrency"] or 64, count or 500, duration or 10.0,
+    plan = replica.LoadSteps(list(inputs), options["max_concurrency"] or 64, count or 500, duration or 10.0,
                         options["p99_ms"])  # fmt: skip
     progress = Progress.for_command(as_json)
     if options["model_store"] is None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from ..addresses import LOOPBACK, bind_address, client_address
-from ..errors import ServerError, UserError
+from ..errors import ServerFailure, UserError
 from ..output import quiet
 from ..patience import Patience
 from ..properties import config_metrics, read_properties
@@ -207,21 +207,21 @@ def wait_ready(
     while pending:
         if process is not None and process.poll() is not None:
             output_written(process)
-            raise ServerError(f"TorchServe exited with code {process.returncode}: {startup_problem(server)}")
+            raise ServerFailure(f"TorchServe exited with code {process.returncode}: {startup_problem(server)}")
         if process is None and not group_alive(server.pid):  # started detached: the launcher has exited
-            raise ServerError(f"TorchServe exited: {startup_problem(server)}")
+            raise ServerFailure(f"TorchServe exited: {startup_problem(server)}")
         patience.note(tuple(sorted(report.seen.items())))
         if patience.expired():
-            raise ServerError(f"models {', '.join(pending)} not READY, {patience.said()}: {startup_problem(server)}")
+            raise ServerFailure(f"models {', '.join(pending)} not READY, {patience.said()}: {startup_problem(server)}")
         refused = registration_failure(server)
         if refused:
-            raise ServerError(
+            raise ServerFailure(
                 f"TorchServe could not register a model: {refused} (full log: {server.logs / 'ts_log.log'})"
             )
         failure = worker_failure(server)
         if failure:
             whose = failing_model(server)
-            raise ServerError(
+            raise ServerFailure(
                 f"{f'model {whose}: ' if whose else ''}a model worker failed to start: {failure} "
                 f"(full log: {server.logs / 'model_log.log'})"
             )

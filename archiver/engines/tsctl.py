@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
-from ..errors import ServerError, UserError
+from ..errors import ServerFailure, UserError
 from ..output import quiet
 from .base import Launch, Runtime, snapshot_dir
 
@@ -147,10 +147,10 @@ class TsctlRuntime(Runtime):
                 servers.output_written(process)
                 self.check_extra(server)
                 how = "stopped" if process.returncode == 0 else f"exited with code {process.returncode}"
-                raise ServerError(f"the {self.title} {how}: {self.problem(server)}")
+                raise ServerFailure(f"the {self.title} {how}: {self.problem(server)}")
             if process is None and not servers.group_alive(server.pid):
                 self.check_extra(server)
-                raise ServerError(f"the {self.title} exited: {self.problem(server)}")
+                raise ServerFailure(f"the {self.title} exited: {self.problem(server)}")
             ready = self.is_ready(server)
             states = {name: servers.READY for name in server.models} if ready else self.model_states(server)
             if states is None:
@@ -162,7 +162,7 @@ class TsctlRuntime(Runtime):
             patience.note(tuple(sorted(report.seen.items())))
             if patience.expired():
                 pending = ", ".join(self.not_ready(server)) or "(none answered)"
-                raise ServerError(f"models {pending} not ready, {patience.said()}: {self.problem(server)}")
+                raise ServerFailure(f"models {pending} not ready, {patience.said()}: {self.problem(server)}")
             time.sleep(0.5)
 
     def is_ready(self, server: "Server") -> bool:

@@ -330,7 +330,7 @@ def kserve_routes(engine: Engine) -> List[Route]:
     ]
 
 
-def build_app(engine: Engine, listener: str = "both", where: Optional[listeners.Plan] = None) -> Starlette:
+def build_app(engine: Engine, listener: str = "both", where: Optional[listeners.Bindings] = None) -> Starlette:
     """A listener's REST app: ``inference`` (TorchServe's inference API, KServe's, /metrics), ``management``
     (TorchServe's management API), ``both``, or ``metrics`` (/metrics alone, no key, as TorchServe's metrics
     listener); every request's key checked first when token authorization is on (``TokenCheck``), every

@@ -57,7 +57,7 @@ class Listener:
 
 
 @dataclass
-class Plan:
+class Bindings:
     rest: List[Listener]  # the HTTP listener first (inference, or both with management)
     grpc: Optional[Listener] = None
     ts_grpc: List[Listener] = field(default_factory=list)
@@ -85,14 +85,14 @@ def address(addresses: Dict[str, str], key: str, path) -> Optional[Tuple[str, in
     return found.group(2), port
 
 
-def plan(frontend, args, path="config.properties") -> Plan:
+def plan(frontend, args, path="config.properties") -> Bindings:
     """Every listener the engine will bind (``args``: the engine's parsed command line, None where not
     given; ``frontend``: ts_config.Frontend, its ``addresses`` as the config wrote them). ConfigError in one
     line when two take one port."""
     given = {key: address(frontend.addresses, key, path) for key in NO_PORT}
     host = getattr(args, "host", None)
     http = _http(given["inference_address"], host, getattr(args, "http_port", None), frontend)
-    found = Plan(rest=[http])
+    found = Bindings(rest=[http])
     for role, key in (("management", "management_address"), ("metrics", "metrics_address")):
         apart = _apart(role, key, given, frontend, args, http, path)
         if apart is not None:
@@ -142,7 +142,7 @@ def _same(one: Tuple[str, int], other: Tuple[str, int]) -> bool:
     return one[1] == other[1] and one[0].lower() == other[0].lower()
 
 
-def _grpc(found: Plan, port: Optional[int], host: str) -> Listener:
+def _grpc(found: Bindings, port: Optional[int], host: str) -> Listener:
     if port is not None:
         return Listener("grpc", host, port, f"--grpc_port {port} (KServe's v2 gRPC)")
     taken = {listener.port: listener for listener in found.rest}
@@ -157,7 +157,7 @@ def _grpc(found: Plan, port: Optional[int], host: str) -> Listener:
     return Listener("grpc", host, port, f"KServe's v2 gRPC port {port}")
 
 
-def check(found: Plan):
+def check(found: Bindings):
     """ConfigError naming both when two listeners would bind one port (not 0: any free one) on overlapping
     addresses."""
     listeners = found.rest + ([found.grpc] if found.grpc else []) + found.ts_grpc
@@ -169,7 +169,7 @@ def check(found: Plan):
                 )
 
 
-def check_free(found: Plan):
+def check_free(found: Bindings):
     """ConfigError in one line for a listener another process holds (or that cannot be bound here), naming
     the address, the key that set it and the fix: checked before any worker starts, where binding it after
     the models loaded failed in a traceback from uvicorn, each worker and asyncio (14 s with four workers)."""
@@ -206,7 +206,7 @@ def bind_problem(host: str, port: int) -> Optional[str]:
     return None
 
 
-def other_api(found: Plan, role: str, management_path: bool) -> str:
+def other_api(found: Bindings, role: str, management_path: bool) -> str:
     """What a request to the wrong listener is told after TorchServe's message (its status kept): on the
     management listener a path of the inference API, or on the inference listener one of the management API
     (``management_path``), `` (this is the management API; the inference API is at http://HOST:PORT)``; else

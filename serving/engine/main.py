@@ -78,7 +78,7 @@ def load_ts_grpc():
     return ts_grpc
 
 
-async def serve(engine: Engine, args, where: listeners.Plan) -> int:
+async def serve(engine: Engine, args, where: listeners.Bindings) -> int:
     """Listen, load every model, and serve until SIGTERM/SIGINT: 0, or 1 when a model cannot load or
     a port cannot be bound (the reason on stderr). Every listener as ``where`` says (serving/engine/listeners.py:
     the config's addresses, the command line's ports)."""

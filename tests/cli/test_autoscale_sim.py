@@ -255,12 +255,12 @@ def test_the_simulate_command_refuses_in_one_line(tmp_path, extra, data, words):
 
 @pytest.mark.matrix  # 97 s: the sweep, the replicas' starts and 2 load steps of 10 s through nginx
 def test_two_real_replicas_behind_nginx_do_what_the_simulator_predicts(tmp_path):
-    from archiver.capacity.cgroup_limits import Limits
+    from archiver.capacity.cgroup_limits import PodLimits
     from helpers.balancer import bench_capacity, nginx_available, resnet_tree, through_nginx
 
     if not nginx_available():
         pytest.skip("no nginx: apt-get install -y nginx-light")
-    probe = Limits.make(0.4, None)
+    probe = PodLimits.make(0.4, None)
     probe.release()
     if probe.reason:
         pytest.skip(probe.describe())

@@ -363,7 +363,7 @@ def test_the_engine_in_a_cpu_quota_gives_its_workers_the_quotas_threads(tmp_path
     """About 4 s. The tsctl engine started inside a 1-CPU cgroup on a machine of more cores gives a model of
     one worker OMP_NUM_THREADS=1 (torch and numpy read it; the toolkit's handlers too): it gave the machine's
     cores, so every handler ran threads the quota then throttled (2-3x slower at 1 client, measured)."""
-    from archiver.capacity.cgroup_limits import Limits
+    from archiver.capacity.cgroup_limits import PodLimits
     from handlers import cpu_limit
 
     if len(os.sched_getaffinity(0)) < 2:
@@ -378,7 +378,7 @@ def test_the_engine_in_a_cpu_quota_gives_its_workers_the_quotas_threads(tmp_path
                      str(store)]  # fmt: skip
     subprocess.run(archiver_args, check=True, capture_output=True, env=dict(os.environ, TMPDIR=str(tmp_path)))
     config = properties.write_config(store, tmp_path / "config.properties")
-    limits = Limits.make(1.0, None)
+    limits = PodLimits.make(1.0, None)
     if limits.reason:
         pytest.skip(limits.describe())
     home = short_tmp("omp-")

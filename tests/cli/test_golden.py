@@ -131,7 +131,7 @@ def test_a_worker_verifying_on_start_with_skewed_preprocessing_never_becomes_rea
     config_name = mar.read_manifest(skewed)["model"]["configFile"]
     golden_data = json.dumps(recorded).encode()
     mar.rewrite_archive(skewed, store / "resnet18.mar", {answers.GOLDEN: golden_data, config_name: config})
-    with pytest.raises(server.ServerError) as failed:
+    with pytest.raises(server.ServerFailure) as failed:
         with RunningServer(store, timeout=120):
             pass
     message = str(failed.value)

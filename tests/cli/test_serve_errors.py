@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from archiver import properties, server, torchserve_log
 from archiver.cli import main
 from archiver.engines import torchserve
-from archiver.errors import ServerError, UserError
+from archiver.errors import ServerFailure, UserError
 from helpers.models import package_resnet
 from helpers.paths import short_tmp
 
@@ -29,7 +29,7 @@ def test_a_worker_that_cannot_load_fails_serve_with_its_error(image_sample, tmp_
     home = short_tmp("ts-")
     config = properties.write_config(store, home / "config.properties")
     started = time.monotonic()
-    with pytest.raises(ServerError) as caught:
+    with pytest.raises(ServerFailure) as caught:
         torchserve.start(config, store, home, timeout=240)
     elapsed = time.monotonic() - started
     assert "resnet18.pt could not be read by torch.load" in str(caught.value)
@@ -63,7 +63,7 @@ def failed_start(store, **options):
     config = properties.write_config(store, home / "config.properties")
     started = time.monotonic()
     try:
-        with pytest.raises((ServerError, UserError)) as caught:
+        with pytest.raises((ServerFailure, UserError)) as caught:
             torchserve.start(config, store, home, timeout=240, **options)
         return caught.value, time.monotonic() - started
     finally:
@@ -94,7 +94,7 @@ def test_the_engine_names_a_module_its_python_lacks_and_the_fix(image_sample, tm
     package_resnet(image_sample, store, handler=str(handler), config_file=None)
     home = short_tmp("te-")
     try:
-        with pytest.raises(ServerError) as caught:
+        with pytest.raises(ServerFailure) as caught:
             engines.named("tsctl").start(store, None, home, 240)
     finally:
         shutil.rmtree(home, ignore_errors=True)
@@ -108,7 +108,7 @@ def test_a_failed_per_model_pip_install_is_named_with_pips_error(image_sample, t
     store = tmp_path / "store"
     package_resnet(image_sample, store, requirements_file=str(requirements))
     error, seconds = failed_start(store, install_deps=True)
-    assert isinstance(error, ServerError)
+    assert isinstance(error, ServerFailure)
     assert "Custom pip package installation failed for model resnet18" in str(error), error
     assert "No matching distribution found for nosuchpackage-tsctl-test==9.9" in str(error), error
     assert "ACCESS_LOG" not in str(error)

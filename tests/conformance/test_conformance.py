@@ -54,7 +54,7 @@ from typing import Dict, List, Optional, Set, Tuple
 import pytest
 
 from archiver import engines, server
-from archiver.errors import ServerError, UserError
+from archiver.errors import ServerFailure, UserError
 from archiver.properties import write_config
 from handlers.requests import content_type
 from helpers.paths import short_tmp
@@ -337,7 +337,7 @@ class Runs:
                 os.link(store.archives[name], directory / store.archives[name].name)
             try:
                 return start(directory, names)
-            except (ServerError, UserError) as exc:
+            except (ServerFailure, UserError) as exc:
                 if len(names) > 1:  # find the one that failed; the others still get their answers
                     outcomes = {}
                     for name in names:

@@ -43,7 +43,7 @@ from pathlib import Path
 import pytest
 
 from archiver import server
-from archiver.errors import ServerError
+from archiver.errors import ServerFailure
 from helpers.models import local_answers, package_resnet, package_text
 from helpers.paths import short_tmp
 
@@ -224,7 +224,7 @@ def test_with_the_per_model_install_on_the_same_path_fails_without_network(readm
     (project / "config" / "config.properties").write_text(old)
     ts = PlainTorchServe(project, ["minilm"])
     try:
-        with pytest.raises(ServerError, match="could not register a model: Custom pip package installation failed"):
+        with pytest.raises(ServerFailure, match="could not register a model: Custom pip package installation failed"):
             ts.wait_ready(60)
     finally:
         ts.stop()

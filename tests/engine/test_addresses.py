@@ -43,7 +43,7 @@ TYPICAL = dict(inference_address="http://127.0.0.1:8080", management_address="ht
                metrics_address="http://127.0.0.1:8082")  # fmt: skip
 
 
-def ports(found: listeners.Plan) -> dict:
+def ports(found: listeners.Bindings) -> dict:
     every = found.rest + ([found.grpc] if found.grpc else [])
     return {listener.role: (listener.host, listener.port) for listener in every}
 

@@ -405,7 +405,7 @@ def test_wait_ready_fails_at_once_with_the_engines_last_word(tmp_path):
         process = subprocess.Popen([sys.executable, "-c", script], stdout=out, stderr=subprocess.STDOUT)
     address = f"http://127.0.0.1:{server.free_port()}"
     srv = server.Server(process.pid, str(tmp_path), address, address, address, ["m"], engine="kserve")
-    with pytest.raises(server.ServerError) as caught:
+    with pytest.raises(server.ServerFailure) as caught:
         ENGINE.wait_ready(srv, 60, process)
     assert str(caught.value) == (
         "the tsctl engine exited with code 1: model m 1.0 (m.mar) could not load: 500 Unknown exception "
@@ -426,7 +426,7 @@ def test_wait_ready_names_the_models_not_ready_on_timeout(tmp_path):
     with stand_in_http(Handler) as address:
         srv = server.Server(os.getpgid(0), str(tmp_path), address, address, address, ["up", "down", "slow"], "kserve")
         said = r"^models down, slow not ready, no progress for 1s: no error in the output"
-        with pytest.raises(server.ServerError, match=said):
+        with pytest.raises(server.ServerFailure, match=said):
             ENGINE.wait_ready(srv, 1)
 
 

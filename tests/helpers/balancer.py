@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import List, Sequence
 
 from archiver import engines
-from archiver.capacity.cgroup_limits import Limits
+from archiver.capacity.cgroup_limits import PodLimits
 from archiver.server import free_port
 
 from .detached import detached
@@ -81,7 +81,7 @@ def capped_replicas(count: int, cpu: float, model_store: Path, config: Path, tim
     with ExitStack() as stack:
         servers: List = []
         for _ in range(count):
-            limits = Limits.make(cpu, None)
+            limits = PodLimits.make(cpu, None)
             if limits.reason:
                 raise RuntimeError(limits.describe())
             stack.callback(limits.release)

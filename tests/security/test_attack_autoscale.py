@@ -257,9 +257,9 @@ def test_a_cpu_quota_below_the_kernels_minimum_is_raised_as_the_kubelet_does_not
     """--cpu 0.001 (Kubernetes' 1m) is a 100 us quota, below the kernel's 1 ms minimum: the write failed and the
     server ran with no limit at all (memory included), the result saying only 'no cgroup could be made here'.
     The kubelet raises such a quota to 1 ms (MinQuotaPeriod); a quota the kernel refuses above is one line."""
-    from archiver.capacity.cgroup_limits import Limits
+    from archiver.capacity.cgroup_limits import PodLimits
 
-    limits = Limits.make(0.001, None)
+    limits = PodLimits.make(0.001, None)
     try:
         if limits.kind is None and "Invalid argument" not in (limits.reason or ""):
             pytest.skip(f"no cgroup here: {limits.reason}")
@@ -270,4 +270,4 @@ def test_a_cpu_quota_below_the_kernels_minimum_is_raised_as_the_kubelet_does_not
         assert limits.cpu == 0.01 and "0.01 CPU" in limits.describe()
     finally:
         limits.release()
-    assert "--cpu" in refused(lambda: Limits.make(1e9, None))
+    assert "--cpu" in refused(lambda: PodLimits.make(1e9, None))

@@ -40,7 +40,8 @@ UTILIZATION = 70  # percent: Knative's container-concurrency-target-percentage d
 CPU_HEADROOM = 70  # percent of the knee's CPU the HPA aims at, the same headroom as Knative's utilisation
 LOAD_GAUGE = "ts_requests_in_flight"  # KEDA's overload signal: queued or in a batch (docs/engines.md)
 ANSWERS = "ts_inference_requests_total"  # KEDA's load signal: its rate, requests answered a second
-RATE_WINDOW = "1m"  # the rate's range: four scrapes at SCRAPE_INTERVAL
+RATE_WINDOW_S = 60  # the rate's range: four scrapes at SCRAPE_INTERVAL (the simulator reads it too)
+RATE_WINDOW = f"{RATE_WINDOW_S // 60}m"
 DEFAULT_MAX_REPLICAS = 10
 INT32 = 2**31 - 1  # KServe's replica counts and scaleTarget are int32: its webhook cannot decode more
 KNATIVE_MAX_CONCURRENCY = 1000  # Knative's config-defaults container-concurrency-max-limit, its webhook's bound
@@ -75,7 +76,7 @@ def read_capacity(path: str, models: Iterable[str]) -> dict:
 
 # ---- the plan: every number, and where it came from ----------------------------------------------------
 @dataclass
-class Plan:
+class Autoscaling:
     mode: str
     concurrency: int  # one replica's operating point: requests in flight it is sized for
     min_replicas: int
@@ -98,7 +99,7 @@ class Plan:
 
 def check(
     options: ExportOptions, snapshot: dict, target: "targets.Target", notes: List[str], ports: Optional["targets.Ports"]
-) -> Optional[Plan]:
+) -> Optional[Autoscaling]:
     """Every --autoscale flag checked, and the numbers derived; None without --autoscale. One UserError line
     for a bad value: a --target above the measured knee, --min-replicas above --max-replicas, KEDA on an
     engine without the in-flight gauge, a result file unreadable or of another model."""
@@ -123,7 +124,7 @@ def check(
         )
     if options.from_bench is None and options.target is None:
         raise UserError(f"--autoscale {mode} needs --from-bench RESULT.json (tsctl bench --capacity) or --target N")
-    plan = Plan(mode, 0, *replicas(options, mode), scale_down_seconds=seconds(options.scale_down_delay))
+    plan = Autoscaling(mode, 0, *replicas(options, mode), scale_down_seconds=seconds(options.scale_down_delay))
     plan.monitor = chosen_monitor
     if options.from_bench is not None:
         plan.capacity = read_capacity(options.from_bench, snapshot.get("models", {}))
@@ -225,7 +226,7 @@ def seconds(delay: str) -> int:
     return value
 
 
-def operating_point(plan: Plan, target: Optional[int]):
+def operating_point(plan: Autoscaling, target: Optional[int]):
     """One replica's concurrency: --target, else the largest step holding the p99 target, else the knee;
     never above the knee (more concurrency there adds queueing, not throughput). The step read for the
     throughput and queue depth is the measured one at that concurrency, or the largest below it."""
@@ -259,7 +260,7 @@ def operating_point(plan: Plan, target: Optional[int]):
         )
 
 
-def step_source(plan: Plan) -> str:
+def step_source(plan: Autoscaling) -> str:
     """Where a number came from: the file, model, engine, date and step."""
     c, step = plan.capacity, plan.step
     target, p99 = c.get("p99_target_ms"), step["p99_ms"]
@@ -273,7 +274,7 @@ def step_source(plan: Plan) -> str:
     )
 
 
-def chosen_source(plan: Plan) -> str:
+def chosen_source(plan: Autoscaling) -> str:
     if plan.capacity is None:
         return "--target (by hand, no measurement)"
     c = plan.capacity
@@ -287,7 +288,7 @@ def chosen_source(plan: Plan) -> str:
     return f"{why}; {step_source(plan)}"
 
 
-def peak_replicas(plan: Plan, options: ExportOptions):
+def peak_replicas(plan: Autoscaling, options: ExportOptions):
     """--peak-rps R: maxReplicas = ceil(R / one replica's throughput at the operating point)."""
     if plan.capacity is None:
         raise UserError("--peak-rps divides by a measured throughput: give --from-bench RESULT.json")
@@ -311,7 +312,7 @@ def peak_replicas(plan: Plan, options: ExportOptions):
         )
 
 
-def common_numbers(plan: Plan, options: ExportOptions):
+def common_numbers(plan: Autoscaling, options: ExportOptions):
     plan.note("operating point", f"{plan.concurrency} concurrent requests per replica", chosen_source(plan))
     plan.note("minReplicas", plan.min_replicas, "--min-replicas")
     if options.peak_rps is not None:
@@ -326,7 +327,7 @@ def common_numbers(plan: Plan, options: ExportOptions):
     plan.note("maxReplicas", plan.max_replicas, source)
 
 
-def knative_numbers(plan: Plan, options: ExportOptions):
+def knative_numbers(plan: Autoscaling, options: ExportOptions):
     if plan.concurrency > KNATIVE_MAX_CONCURRENCY:
         raise UserError(
             f"--autoscale knative: the operating point, {plan.concurrency} concurrent requests, is above "
@@ -352,7 +353,7 @@ def knative_numbers(plan: Plan, options: ExportOptions):
     plan.note("scale-down-delay", f"{plan.scale_down_seconds}s", "--scale-down-delay (not measured)")
 
 
-def keda_numbers(plan: Plan, options: ExportOptions):
+def keda_numbers(plan: Autoscaling, options: ExportOptions):
     """Two triggers, the HPA taking the larger count: the answer rate (grows with the load) against 70% of the
     throughput at the operating point, and the requests in flight (jump when replicas fall behind) against
     70% of it. Why both, and not ts_queue_size: docs/kserve.md, "Autoscaling"."""
@@ -379,7 +380,7 @@ def quantity(value: float) -> str:
     return f"{max(0.01, round(value, 2)):g}"
 
 
-def hpa_numbers(plan: Plan, options: ExportOptions):
+def hpa_numbers(plan: Autoscaling, options: ExportOptions):
     common_numbers(plan, options)
     knee = next(s for s in plan.capacity["steps"] if s["concurrency"] == plan.capacity["knee"]["concurrency"])
     share = plan.step["throughput_rps"] / knee["throughput_rps"] if knee["throughput_rps"] > 0 else 1.0
@@ -429,7 +430,7 @@ def check_metrics_config(metrics: Optional[bytes], where: str):
 
 
 # ---- the manifests --------------------------------------------------------------------------------------
-def apply(isvc: dict, plan: Plan, options: ExportOptions, ports: "targets.Ports"):
+def apply(isvc: dict, plan: Autoscaling, options: ExportOptions, ports: "targets.Ports"):
     """The InferenceService's autoscaling: annotations, the predictor's fields, readiness on every worker."""
     annotations = isvc["metadata"].setdefault("annotations", {})
     annotations["serving.kserve.io/deploymentMode"] = "Knative" if plan.mode == "knative" else "Standard"
@@ -468,7 +469,7 @@ def external(options: ExportOptions, query: str, value: str) -> dict:
     return {"type": "External", "external": {"metric": metric, "target": {"type": "Value", "value": value}}}
 
 
-def hpa_behavior(plan: Plan) -> dict:
+def hpa_behavior(plan: Autoscaling) -> dict:
     """Scale up as Kubernetes' HPA does by default (no stabilization; +100% or +4 pods per 15 s, the larger),
     written out; scale down after --scale-down-delay, at most half the replicas a minute."""
     return {
@@ -501,7 +502,7 @@ def selector(options: ExportOptions) -> Dict[str, str]:
     return {POD_LABELS[0]: options.name, POD_LABELS[1]: "predictor"}
 
 
-def manifests(plan: Plan, options: ExportOptions, ports: "targets.Ports") -> Dict[str, dict]:
+def manifests(plan: Autoscaling, options: ExportOptions, ports: "targets.Ports") -> Dict[str, dict]:
     """pdb.yaml, and podmonitor.yaml or metrics-service.yaml + servicemonitor.yaml, by file name."""
     meta = {"name": f"{options.name}-predictor", "namespace": options.namespace}
     out = {
@@ -573,7 +574,7 @@ def kserve_scaled_object(isvc: dict) -> dict:
     return {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": meta, "spec": spec}
 
 
-def validated(plan: Plan, isvc: dict, extra: Dict[str, dict]) -> List[Tuple[str, dict]]:
+def validated(plan: Autoscaling, isvc: dict, extra: Dict[str, dict]) -> List[Tuple[str, dict]]:
     """What to check against the CRDs beside the InferenceService: the extra manifests but the Service
     (core v1, no schema here), and with keda the ScaledObject KServe will make."""
     checked = [(name, manifest) for name, manifest in extra.items() if manifest["kind"] != "Service"]
@@ -583,7 +584,7 @@ def validated(plan: Plan, isvc: dict, extra: Dict[str, dict]) -> List[Tuple[str,
 
 
 # ---- the result file beside the manifests -----------------------------------------------------------------
-def capacity_copy(plan: Optional[Plan]) -> Optional[bytes]:
+def capacity_copy(plan: Optional[Autoscaling]) -> Optional[bytes]:
     """OUT/capacity.json: the result the numbers came from, as read (DEPLOY.md names it)."""
     if plan is None or plan.capacity is None:
         return None

@@ -40,7 +40,7 @@ def deploy_md(
     curls: List[str],
     models: List[Served],
     locked: Dict[Path, dict],
-    plan: Optional[autoscale.Plan] = None,
+    plan: Optional[autoscale.Autoscaling] = None,
     config_files: Sequence[str] = ("config.properties",),
 ) -> str:
     """DEPLOY.md (templates/kserve.md); ``models``: the served models, their sample inputs chosen; ``plan``: the
@@ -125,7 +125,7 @@ def split_section(options: ExportOptions, models: List[Served], ns: str) -> str:
 
 
 # ---- the autoscaling's files and section (--autoscale: archiver/export/kserve/autoscale.py) -------------------------
-def autoscale_prerequisites(plan: Optional[autoscale.Plan]) -> List[str]:
+def autoscale_prerequisites(plan: Optional[autoscale.Autoscaling]) -> List[str]:
     """What must be in the cluster before the autoscaling's files apply: the Prometheus Operator's CRD of the
     monitor, and with KEDA its ScaledObject CRD (KServe makes one of the InferenceService)."""
     if plan is None:
@@ -134,7 +134,7 @@ def autoscale_prerequisites(plan: Optional[autoscale.Plan]) -> List[str]:
     return [f"kubectl get crd {name}" for name in crds]
 
 
-def autoscale_apply_lines(plan: Optional[autoscale.Plan], options: ExportOptions, ns: str) -> List[str]:
+def autoscale_apply_lines(plan: Optional[autoscale.Autoscaling], options: ExportOptions, ns: str) -> List[str]:
     if plan is None:
         return []
     files = ["pdb.yaml"] + (
@@ -143,7 +143,7 @@ def autoscale_apply_lines(plan: Optional[autoscale.Plan], options: ExportOptions
     return [f"kubectl apply {ns} -f {name}" for name in files]
 
 
-def autoscale_section(plan: Optional[autoscale.Plan], options: ExportOptions, ns: str) -> str:
+def autoscale_section(plan: Optional[autoscale.Autoscaling], options: ExportOptions, ns: str) -> str:
     """DEPLOY.md's "Autoscaling" section (templates/kserve-autoscale-MODE.md): the numbers, each with its
     source."""
     if plan is None:
@@ -169,7 +169,7 @@ def autoscale_section(plan: Optional[autoscale.Plan], options: ExportOptions, ns
     )
 
 
-def simulate_line(plan: autoscale.Plan) -> str:
+def simulate_line(plan: autoscale.Autoscaling) -> str:
     """The section's pointer to ``tsctl simulate`` on the result copied beside it (none without a result)."""
     if plan.capacity is None:
         return ""

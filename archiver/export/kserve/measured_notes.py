@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 
 def measured_notes(plan, options: ExportOptions, target: "targets.Target", snapshot: dict) -> List[str]:
-    """``plan``: autoscale.Plan, its capacity read. Where the measurement and the export differ, or the
+    """``plan``: autoscale.Autoscaling, its capacity read. Where the measurement and the export differ, or the
     measurement is weaker than it looks, said as notes: another engine, several models in the pod, limits
     other than the pod's, a knee that is only a lower bound, a p99 target no step held. DEPLOY.md's table
     gains the pod's resources, with what the measurement ran under."""

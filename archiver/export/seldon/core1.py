@@ -93,7 +93,7 @@ class Unit:
 
 
 @dataclass
-class Plan:
+class Graph:
     transformer: Unit
     models: List[Unit]
     weights: List[int]  # the router's, in the children's order ([] without a router)
@@ -117,7 +117,7 @@ def export(options: SeldonCore1Options) -> Core1Export:
 
 
 # ---- checks -------------------------------------------------------------------------------------------
-def check(options: SeldonCore1Options) -> Plan:
+def check(options: SeldonCore1Options) -> Graph:
     notes: List[str] = []
     inputs = [("--model-store", options.model_store), ("--config", options.config)]
     out_dir.check(Path(options.out), options.force, inputs + [("--transformer-archive", options.transformer_archive)])
@@ -146,7 +146,7 @@ def check(options: SeldonCore1Options) -> Plan:
     crds.check(manifest, "seldondeployment.yaml")
     webhook_check(manifest)
     notes.append(f"seldondeployment.yaml: {pod_size(manifest)}")
-    return Plan(transformer, models, weights, manifest, notes)
+    return Graph(transformer, models, weights, manifest, notes)
 
 
 def check_flags(options: SeldonCore1Options):
@@ -356,7 +356,7 @@ def curl_line(options: SeldonCore1Options) -> str:
     )
 
 
-def write(plan: Plan, options: SeldonCore1Options, root: Path) -> List[Path]:
+def write(plan: Graph, options: SeldonCore1Options, root: Path) -> List[Path]:
     files: List[Path] = []
     units = [plan.transformer] + plan.models
     for unit in units:
@@ -383,7 +383,7 @@ def write(plan: Plan, options: SeldonCore1Options, root: Path) -> List[Path]:
     return files
 
 
-def deploy_md(plan: Plan, options: SeldonCore1Options, units: List[Unit]) -> str:
+def deploy_md(plan: Graph, options: SeldonCore1Options, units: List[Unit]) -> str:
     ns, pod = f"-n {options.namespace}", f"{options.name}-copy"
     copies = [f"kubectl cp {ns} {u.folder}/{u.archive.name} {pod}:/pvc/{u.folder}/{u.archive.name}" for u in units]
     first = plan.models[0].name

@@ -9,9 +9,18 @@ from ... import mlserver
 from .. import core, model_image
 from ..bodies import Served, request_bodies
 from ..options import SeldonOptions
-from . import mirror as seldon_mirror
+from . import mirror
 from .image import BASE_IMAGE, IMAGE_DIR
-from .plan import AGENT_PORTS, CAPABILITIES, MODELS_DIR, MOUNT, RUNTIME_PATH, SERVER_CONFIG, SERVER_POD_LABEL, Plan
+from .plan import (
+    AGENT_PORTS,
+    CAPABILITIES,
+    MODELS_DIR,
+    MOUNT,
+    RUNTIME_PATH,
+    SERVER_CONFIG,
+    SERVER_POD_LABEL,
+    SeldonPlan,
+)
 
 
 def curl_line(seldon_model: str, path_name: str, input_file: str, show_headers: bool = False) -> str:
@@ -21,7 +30,7 @@ def curl_line(seldon_model: str, path_name: str, input_file: str, show_headers: 
     )
 
 
-def curl_lines(options: SeldonOptions, plan: Plan) -> List[str]:
+def curl_lines(options: SeldonOptions, plan: SeldonPlan) -> List[str]:
     """One curl per model, then the experiment's and the pipeline's."""
     lines = [curl_line(entry.name, entry.name, entry.served.input_file) for entry in plan.entries]
     if plan.experiment:
@@ -31,13 +40,13 @@ def curl_lines(options: SeldonOptions, plan: Plan) -> List[str]:
     return lines
 
 
-def served_input(plan: Plan, options: SeldonOptions) -> str:
+def served_input(plan: SeldonPlan, options: SeldonOptions) -> str:
     """The request body of the experiment's first candidate (a mirror's own experiment: its default model)."""
     first = options.ab[0][0] if options.ab else options.default
     return next(e for e in plan.entries if e.name == first).served.input_file
 
 
-def served_models(plan: Plan) -> List[Served]:
+def served_models(plan: SeldonPlan) -> List[Served]:
     """The models DEPLOY.md builds request bodies for: each Model, and the pipeline's first step when its
     requests differ from theirs."""
     served = [entry.served for entry in plan.entries]
@@ -46,7 +55,7 @@ def served_models(plan: Plan) -> List[Served]:
     return served
 
 
-def storage_steps(options: SeldonOptions, plan: Plan, image_digest: Optional[str]) -> str:
+def storage_steps(options: SeldonOptions, plan: SeldonPlan, image_digest: Optional[str]) -> str:
     """Steps 2 and 3: models/ onto the claim, or the model image pushed (``--storage oci``)."""
     ns, pod = f"-n {options.namespace}", f"{options.server}-copy"
     if options.model_image:
@@ -68,7 +77,9 @@ def storage_steps(options: SeldonOptions, plan: Plan, image_digest: Optional[str
     )  # fmt: skip
 
 
-def deploy_md(options: SeldonOptions, plan: Plan, served: List[Served], image_digest: Optional[str] = None) -> str:
+def deploy_md(
+    options: SeldonOptions, plan: SeldonPlan, served: List[Served], image_digest: Optional[str] = None
+) -> str:
     """DEPLOY.md (templates/seldon.md); ``served``: served_models(plan), their sample inputs chosen
     (bodies.sample_inputs); ``image_digest``: the model image's, with ``--storage oci``."""
     ns = f"-n {options.namespace}"
@@ -95,7 +106,7 @@ def deploy_md(options: SeldonOptions, plan: Plan, served: List[Served], image_di
         bodies=request_bodies("v2", served),
         curls=core.lines(curls[: len(plan.entries)]),
         experiment=experiment_section(options, plan, curls),
-        mirror=seldon_mirror.section(options, plan),
+        mirror=mirror.section(options, plan),
         pipeline=pipeline_section(options, plan, curls),
         pod_label=SERVER_POD_LABEL,
         limit=f"{Frontend().max_request_size:,}",
@@ -103,7 +114,7 @@ def deploy_md(options: SeldonOptions, plan: Plan, served: List[Served], image_di
     return text.rstrip("\n") + "\n"
 
 
-def wait_lines(plan: Plan, ns: str) -> List[str]:
+def wait_lines(plan: SeldonPlan, ns: str) -> List[str]:
     """Step 4's commands after models.yaml: a wait per Model, then the experiment's and the pipeline's."""
     entries = plan.entries + plan.transformers
     lines = [f"kubectl wait {ns} --for condition=ready --timeout=600s model/{e.name}" for e in entries]
@@ -116,9 +127,9 @@ def wait_lines(plan: Plan, ns: str) -> List[str]:
     return lines
 
 
-def experiment_section(options: SeldonOptions, plan: Plan, curls: List[str]) -> str:
+def experiment_section(options: SeldonOptions, plan: SeldonPlan, curls: List[str]) -> str:
     """How to call the A/B experiment, and keep a client on the model that answered; '' without one."""
-    if not plan.experiment or not options.ab:  # a mirror's own experiment: seldon_mirror.section
+    if not plan.experiment or not options.ab:  # a mirror's own experiment: mirror.section
         return ""
     route = curl_line(f"{plan.experiment}.experiment", plan.experiment, served_input(plan, options))
     return core.render(
@@ -132,7 +143,7 @@ def experiment_section(options: SeldonOptions, plan: Plan, curls: List[str]) -> 
     )
 
 
-def pipeline_section(options: SeldonOptions, plan: Plan, curls: List[str]) -> str:
+def pipeline_section(options: SeldonOptions, plan: SeldonPlan, curls: List[str]) -> str:
     """How to call the transformer's pipeline; '' without one."""
     if not plan.pipeline:
         return ""

@@ -65,7 +65,7 @@ from . import mirror as seldon_mirror
 from .deploy import curl_lines, deploy_md, served_models
 from .image import IMAGE_DIR, requirements, write_image_context
 from .manifests import API_VERSION, experiment_manifest, model, network_policy, pipeline_manifest, server, server_memory
-from .plan import AGENT_VOLUME_BYTES, MODELS_DIR, SERVER_CONFIG, Entry, Plan
+from .plan import AGENT_VOLUME_BYTES, MODELS_DIR, SERVER_CONFIG, Entry, SeldonPlan
 
 __all__ = ["API_VERSION", "SeldonOptions", "export", "parse_ab", "model", "server"]
 
@@ -104,7 +104,7 @@ def export(options: SeldonOptions) -> SeldonExport:
 
 
 # ---- checks -------------------------------------------------------------------------------------------
-def check(options: SeldonOptions) -> Plan:
+def check(options: SeldonOptions) -> SeldonPlan:
     notes: List[str] = []
     check_out(options)
     check_flags(options)
@@ -137,7 +137,7 @@ def check(options: SeldonOptions) -> Plan:
         archives = [e.archive for e in all_entries]
         manifests["pvc.yaml"] = [core.claim_manifest(options.claim, options.namespace, archives)]
         manifests["pvc-copy-pod.yaml"] = [core.copy_pod(options.server, options.namespace, options.claim)]
-    return Plan(entries, transformers, manifests, experiment, pipeline, pipeline_model, notes)
+    return SeldonPlan(entries, transformers, manifests, experiment, pipeline, pipeline_model, notes)
 
 
 def check_out(options: SeldonOptions):
@@ -319,7 +319,7 @@ def size_notes(options: SeldonOptions, entries: List[Entry]) -> List[str]:
 
 
 # ---- writing ------------------------------------------------------------------------------------------
-def write(plan: Plan, options: SeldonOptions, root: Path) -> List[Path]:
+def write(plan: SeldonPlan, options: SeldonOptions, root: Path) -> List[Path]:
     files: List[Path] = []
     for entry in plan.entries + plan.transformers:
         folder = root / MODELS_DIR / entry.name

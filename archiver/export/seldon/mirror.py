@@ -17,7 +17,7 @@ from ...errors import UserError
 from .. import core
 from ..kube import label, suggest
 from ..options import SeldonOptions
-from .plan import API_VERSION, MODELS_DIR, Entry, Plan
+from .plan import API_VERSION, MODELS_DIR, Entry, SeldonPlan
 
 PROMOTE = "experiment-promote.yaml"
 
@@ -85,7 +85,7 @@ def experiment_of(options: SeldonOptions, name: str, answering: str) -> dict:
     }
 
 
-def section(options: SeldonOptions, plan: Plan) -> str:
+def section(options: SeldonOptions, plan: SeldonPlan) -> str:
     """DEPLOY.md's shadow check and promotion; '' without --mirror."""
     if not options.mirror:
         return ""

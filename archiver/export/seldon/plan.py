@@ -1,4 +1,4 @@
-"""What ``tsctl export seldon`` decides before it writes (``Plan``: its Models, ``Entry``), and the names
+"""What ``tsctl export seldon`` decides before it writes (``SeldonPlan``: its Models, ``Entry``), and the names
 Seldon Core 2 gives the places it uses (its API, its ServerConfig, the claim's mount, the agent's ports)."""
 
 from dataclasses import dataclass
@@ -38,7 +38,7 @@ class Entry:
 
 
 @dataclass
-class Plan:
+class SeldonPlan:
     """Everything the export writes, decided and checked before any of it is."""
 
     entries: List[Entry]
