@@ -207,7 +207,7 @@ def mlserver_check(runtimes: Path) -> Check:
 
 
 def uv_check() -> Check:
-    """``export kserve --runtime`` locks requirements with ``python -m uv`` (archiver/runtimes.py)."""
+    """``export kserve --runtime`` locks requirements with ``python -m uv`` (archiver/kserve_images.py)."""
     needed_for = "export kserve --runtime"
     if _found("uv"):
         return Check("uv", True, f"uv {_version('uv')} in {sys.executable} (python -m uv)", None, needed_for)

@@ -11,7 +11,7 @@ of every requirement and of its dependencies (torch with CUDA included: 6.1 GB f
 all-MiniLM-L6-v2) into the model directory, ahead of the environment's own torch, and needs a
 package index. KServe's image has only what it was built with: ``kserve_gaps`` names each archive
 whose requirements.txt asks for more than that and would not load there (compared with
-``archiver.runtimes``' list, nothing resolved), and ``tsctl export kserve`` writes the config for
+``archiver.kserve_images``' list, nothing resolved), and ``tsctl export kserve`` writes the config for
 KServe with the install on and each archive's requirements locked for the image.
 
 ``model_snapshot`` lists every archive in the model store with its worker settings: a command-line
@@ -29,9 +29,9 @@ from serving import ts_config
 
 from . import requirements
 from .errors import UserError, make_directory
+from .kserve_images import DEFAULT as DEFAULT_RUNTIME
+from .kserve_images import runtime_named
 from .mar import MODEL_NAME, VERSION, handler_record, opened
-from .runtimes import DEFAULT as DEFAULT_RUNTIME
-from .runtimes import runtime_named
 
 KSERVE_MODEL_STORE = "/mnt/models/model-store"
 SNAPSHOT_KEYS, SNAPSHOT_DEFAULTS = ts_config.SNAPSHOT_KEYS, ts_config.SNAPSHOT_DEFAULTS
@@ -224,7 +224,7 @@ def utf16(c: str) -> List[int]:
 def kserve_gaps(model_store, runtime_name: str = DEFAULT_RUNTIME) -> List[str]:
     """One line per archive in the store that would not load on KServe's ``runtime_name`` image from
     this config as is (no per-model install): what its requirements.txt asks for that the image lacks,
-    by ``archiver.runtimes``' list of the image's packages, leaving out what its handler does without
+    by ``archiver.kserve_images``' list of the image's packages, leaving out what its handler does without
     (``_does_without``). Nothing is resolved or downloaded."""
     runtime = runtime_named(runtime_name)
     gaps = []

@@ -14,7 +14,7 @@ command that takes an archive's requirements elsewhere reads them through ``of_a
 TorchServe export (locked for KServe's image), ``export kserve --engine tsctl`` and ``export seldon``
 (copied into the image's requirements.txt, which ``docker build`` installs).
 
-Resolving and downloading (``archiver/runtimes.py``) then run uv and pip with their configuration
+Resolving and downloading (``archiver/kserve_images.py``) then run uv and pip with their configuration
 files ignored, no environment settings of theirs, one explicit index (``index_url``) and binary
 wheels only: no sdist is built, no build backend runs.
 """

@@ -3,7 +3,7 @@
     python -m samples.runtime_env torchserve-kfs:0.9.0      # prints the venv's python
 
 torchserve-kfs:0.9.0 is Python 3.9 with TorchServe 0.9.0, torch 2.1.0, torchvision 0.16.0 and
-the rest of ``archiver.runtimes.RUNTIMES`` (what pytorch/serve's build files install), plus what
+the rest of ``archiver.kserve_images.RUNTIMES`` (what pytorch/serve's build files install), plus what
 the image adds for pytorch/serve's kserve_wrapper: ``kserve[storage]`` 0.13.0 (the wrapper imports
 ``kserve.storage``, which needs the storage extra's boto3 and friends) and grpcio-tools 1.48 (whose
 generated code kserve 0.13's protobuf accepts). PyPI's torch 2.1.0 is a CUDA build; it runs on the
@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 
 from archiver.export.seldon.core1 import SELDON_PINS
+from archiver.kserve_images import RUNTIMES
 from archiver.mlserver import REQUIREMENT
-from archiver.runtimes import RUNTIMES
 
 ROOT = Path(__file__).resolve().parent.parent / ".runtimes"
 WRAPPER_PACKAGES = ("kserve[storage]==0.13.0", "grpcio-tools==1.48.2", "setuptools==68.2.2", "wheel")

@@ -4,7 +4,7 @@ a command's options are built when ``tsctl`` starts."""
 
 import click
 
-from .. import engines, runtimes
+from .. import engines, kserve_images
 from ..errors import UserError
 
 SERVER_HOME = "The server's state directory: what 'tsctl serve --home' was given."
@@ -48,8 +48,8 @@ def runtime_option(help_text: str):
     """``--runtime IMAGE``: which of KServe's TorchServe images the files are for."""
     return click.option(
         "--runtime",
-        type=click.Choice(list(runtimes.RUNTIMES)),
-        default=runtimes.DEFAULT,
+        type=click.Choice(list(kserve_images.RUNTIMES)),
+        default=kserve_images.DEFAULT,
         show_default=True,
         help=help_text,
     )

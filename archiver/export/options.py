@@ -5,7 +5,7 @@ archiver/export/kserve/export.py), ``SeldonOptions`` (``tsctl export seldon``, a
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Tuple
 
-from .. import runtimes
+from .. import kserve_images
 from ..output import quiet
 
 
@@ -28,7 +28,7 @@ class ExportOptions:
     cpu: str = "1"
     memory: str = "2Gi"
     gpus: int = 0  # NVIDIA GPUs the predictor asks for; number_of_gpu in the tree's config, a CUDA torch in the image
-    runtime: str = runtimes.DEFAULT  # the torchserve-kfs image the InferenceService runs (archiver/runtimes.py)
+    runtime: str = kserve_images.DEFAULT  # the torchserve-kfs image the InferenceService runs
     offline: bool = False  # bundle each archive's wheels: its per-model install needs no package index
     engine: str = "torchserve"  # a key of archiver.export.kserve.targets.TARGETS: what serves the tree in the pod
     image: Optional[str] = None  # the tsctl engine's image (--engine tsctl), built from OUT/predictor-image

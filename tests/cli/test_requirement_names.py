@@ -5,7 +5,7 @@ import zipfile
 
 import pytest
 
-from archiver import mar, properties, requirements, runtimes
+from archiver import kserve_images, mar, properties, requirements
 from archiver.errors import UserError
 from handlers import catalogue
 
@@ -92,6 +92,6 @@ def test_every_spelling_of_an_include_is_named(line):
 
 def test_a_hashed_requirement_the_image_has_is_no_gap():
     """tsctl config's KServe check reads 'packaging==23.2 --hash=...' as packaging 23.2, which the image has."""
-    runtime = runtimes.RUNTIMES["torchserve-kfs:0.9.0"]
+    runtime = kserve_images.RUNTIMES["torchserve-kfs:0.9.0"]
     assert properties._lacks("packaging==23.2 --hash=sha256:00", runtime) is None
     assert properties._lacks("packaging==24.0", runtime) == ("packaging==24.0", "packaging 23.2")

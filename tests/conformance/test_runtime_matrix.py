@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
-from archiver import mar, properties, runtimes, server
+from archiver import kserve_images, mar, properties, server
 from archiver.engines import torchserve
 from archiver.errors import UserError
 from helpers.models import export_tree, local_answers, package_resnet, package_text
@@ -148,14 +148,14 @@ def stop(srv):
 
 # ---- resolving requirements for the runtime (uv against the package index) -------------------------
 def test_a_range_resolves_to_the_images_own_versions():
-    lock = runtimes.lock("transformers>=4.34,<6\n", runtimes.RUNTIMES[KFS], "m.mar")
+    lock = kserve_images.lock("transformers>=4.34,<6\n", kserve_images.RUNTIMES[KFS], "m.mar")
     pins = dict(line.split("==") for line in lock.lines)
     assert pins["transformers"] == "4.34.0" and pins["numpy"] == "1.24.3" and lock.note == ""
     assert "torch" not in pins  # transformers does not need it; the image has it
 
 
 def test_a_range_above_the_image_keeps_torch_and_numpy_and_says_what_it_shadows():
-    lock = runtimes.lock("transformers>=4.40,<6\n", runtimes.RUNTIMES[KFS], "m.mar")
+    lock = kserve_images.lock("transformers>=4.40,<6\n", kserve_images.RUNTIMES[KFS], "m.mar")
     pins = dict(line.split("==") for line in lock.lines)
     assert pins["transformers"] == "4.40.0"  # the lowest allowed: nearest to what the image was built with
     assert pins["numpy"] == "1.24.3" and pins["requests"] == "2.31.0"

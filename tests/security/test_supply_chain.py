@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from archiver import properties, requirements, runtimes
+from archiver import kserve_images, properties, requirements
 from archiver.errors import UserError
 from archiver.export.kserve import export as kserve
 from helpers.models import package_resnet
@@ -152,7 +152,7 @@ def test_a_planted_uv_config_or_uv_environment_cannot_redirect_the_index(tmp_pat
     monkeypatch.setenv("UV_INDEX_URL", f"{watched.url}/simple")
     monkeypatch.setenv("UV_EXTRA_INDEX_URL", f"{watched.url}/extra")
     monkeypatch.setenv("PIP_INDEX_URL", f"{watched.url}/simple")
-    locked = runtimes.lock("six\n", runtimes.RUNTIMES[runtimes.DEFAULT], "m.mar's requirements.txt")
+    locked = kserve_images.lock("six\n", kserve_images.RUNTIMES[kserve_images.DEFAULT], "m.mar's requirements.txt")
     assert any(line.startswith("six==") for line in locked.lines), locked.lines
     assert watched.seen == []
 
@@ -160,7 +160,7 @@ def test_a_planted_uv_config_or_uv_environment_cannot_redirect_the_index(tmp_pat
 def test_tsctl_index_url_is_the_one_index(tmp_path, watched, monkeypatch):
     monkeypatch.setenv("TSCTL_INDEX_URL", f"{watched.url}/simple")
     with pytest.raises(UserError, match="cannot be installed"):
-        runtimes.lock("six\n", runtimes.RUNTIMES[runtimes.DEFAULT], "m.mar's requirements.txt")
+        kserve_images.lock("six\n", kserve_images.RUNTIMES[kserve_images.DEFAULT], "m.mar's requirements.txt")
     assert any(path.startswith("/simple/six") for path in watched.seen), watched.seen
     assert requirements.index_url() == f"{watched.url}/simple"
 

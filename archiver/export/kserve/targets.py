@@ -22,7 +22,7 @@ from ...errors import UserError
 from ..options import ExportOptions
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ... import runtimes
+    from ...kserve_images import KServeImage
 
 # The optional flags of ``tsctl export kserve`` that not every target takes: option name -> the flag as typed.
 EXPORT_FLAGS = {
@@ -164,22 +164,22 @@ class TorchServeTarget(Target):
         return f"{what} each archive's requirements for {options.runtime} ..."
 
     def prepare(self, options, properties, archives, notes, scratch):
-        from ... import runtimes
+        from ... import kserve_images
 
         # tsctl config leaves TorchServe's per-model install off (the local environment has the packages);
         # KServe's image has not: the exported config turns it on, for the requirements locked here.
         properties["install_py_dep_per_model"] = "true"
-        runtime = runtimes.runtime_named(options.runtime)
+        runtime = kserve_images.runtime_named(options.runtime)
         notes.extend(runtime_notes(runtime))
-        return runtimes.for_runtime(archives, runtime, options.offline, scratch, notes, options.progress)
+        return kserve_images.for_runtime(archives, runtime, options.offline, scratch, notes, options.progress)
 
     def predictor(self, options: ExportOptions, resources: dict) -> dict:
         """KServe's TorchServe runtime; with --gpus its image's CUDA build (torchserve-kfs:VERSION-gpu)."""
-        from ... import runtimes
+        from ... import kserve_images
 
         model = storage_model(options, resources)
         if options.gpus:
-            model["runtimeVersion"] = f"{runtimes.runtime_named(options.runtime).torchserve}-gpu"
+            model["runtimeVersion"] = f"{kserve_images.runtime_named(options.runtime).torchserve}-gpu"
         model["command"] = tree_check_command()
         return {"model": model}
 
@@ -205,7 +205,7 @@ def tree_check_command() -> List[str]:
     return ["sh", "-c", check, Path(tree_digests.__file__).read_text(encoding="utf-8")]
 
 
-def runtime_notes(runtime: "runtimes.Runtime") -> List[str]:
+def runtime_notes(runtime: "KServeImage") -> List[str]:
     """What the generated config asks for that the runtime's TorchServe does not do."""
     if tuple(int(part) for part in runtime.torchserve.split(".")) >= (0, 11):
         return []

@@ -38,7 +38,7 @@ OFFLINE_HEADER = "--no-index\n--find-links wheels\n"
 
 
 @dataclass(frozen=True)
-class Runtime:
+class KServeImage:
     name: str
     python: str  # major.minor
     torchserve: str
@@ -48,7 +48,7 @@ class Runtime:
 RUNTIMES = {
     runtime.name: runtime
     for runtime in (
-        Runtime(
+        KServeImage(
             "torchserve-kfs:0.9.0",
             "3.9",
             "0.9.0",
@@ -67,7 +67,7 @@ RUNTIMES = {
                 "transformers": "4.34.0",
             },
         ),
-        Runtime(
+        KServeImage(
             "torchserve-kfs:0.12.0",
             "3.9",
             "0.12.0",
@@ -91,7 +91,7 @@ RUNTIMES = {
 DEFAULT = "torchserve-kfs:0.9.0"
 
 
-def runtime_named(name: str) -> Runtime:
+def runtime_named(name: str) -> KServeImage:
     if name not in RUNTIMES:
         raise UserError(f"--runtime {name!r} is not one tsctl knows: use one of {', '.join(RUNTIMES)}")
     return RUNTIMES[name]
@@ -106,7 +106,7 @@ class Lock:
         return (OFFLINE_HEADER if offline else "") + "".join(line + "\n" for line in self.lines)
 
 
-def lock(text: str, runtime: Runtime, where: str) -> Lock:
+def lock(text: str, runtime: KServeImage, where: str) -> Lock:
     """Exact versions of ``text``'s requirements (requirements.txt, checked to be plain
     requirements: ``archiver/requirements.py``) and their dependencies for ``runtime``: the image's
     own versions where the ranges allow them, else the lowest allowed with the image's torch and
@@ -171,7 +171,7 @@ def _compile(lines: List[str], python: str, pins: Dict[str, str], resolution: st
     return pinned, None
 
 
-def wheels(lock_lines: List[str], runtime: Runtime, into: Path) -> List[Path]:
+def wheels(lock_lines: List[str], runtime: KServeImage, into: Path) -> List[Path]:
     """Download the wheel of each locked package for the runtime's Python and platform into ``into``."""
     into.mkdir(parents=True, exist_ok=True)
     lockfile = into / "requirements.lock"
@@ -195,7 +195,7 @@ def wheels(lock_lines: List[str], runtime: Runtime, into: Path) -> List[Path]:
 
 
 def for_runtime(
-    archives: List[Path], runtime: Runtime, offline: bool, scratch: Path, notes: List[str], progress=None
+    archives: List[Path], runtime: KServeImage, offline: bool, scratch: Path, notes: List[str], progress=None
 ) -> dict:
     """What each archive needs replaced to install on ``runtime``: its requirements file as a lock
     (with ``offline``: ``--no-index --find-links wheels`` and the wheels under ``wheels/``).
