@@ -25,10 +25,13 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import TYPE_CHECKING, Dict, List, Tuple
 
 from . import requirements
 from .errors import UserError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .export.archive_facts import ArchiveFacts
 
 PLATFORM = "x86_64-manylinux_2_28"  # uv's name; the images are Ubuntu 22.04+ on x86_64
 PIP_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux1_x86_64")
@@ -195,7 +198,7 @@ def wheels(lock_lines: List[str], runtime: KServeImage, into: Path) -> List[Path
 
 
 def for_runtime(
-    archives: List[Path], runtime: KServeImage, offline: bool, scratch: Path, notes: List[str], progress=None
+    archives: List["ArchiveFacts"], runtime: KServeImage, offline: bool, scratch: Path, notes: List[str], progress=None
 ) -> dict:
     """What each archive needs replaced to install on ``runtime``: its requirements file as a lock
     (with ``offline``: ``--no-index --find-links wheels`` and the wheels under ``wheels/``).
@@ -203,8 +206,8 @@ def for_runtime(
     (archiver.output.Progress) hears of each archive resolved and each download."""
     progress = progress or (lambda message: None)
     changes, locks = {}, {}
-    for archive in archives:
-        name, text, _ = requirements.of_archive(archive)  # every line checked, before anything resolves
+    for facts in archives:  # every line checked when the archive was read, before anything resolves
+        archive, name, text = facts.path, facts.requirements_file, facts.requirements_text
         if not text.strip():
             continue
         if text not in locks:

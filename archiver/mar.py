@@ -17,7 +17,6 @@ model names and versions that config.properties could not carry.
 """
 
 import ast
-import contextlib
 import difflib
 import importlib
 import importlib.machinery
@@ -29,7 +28,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import handlers
 from handlers import archives, catalogue, fit, identity
@@ -532,45 +531,3 @@ def _requirements(path: Optional[str], needed, inputs: Inputs) -> Optional[Tuple
     if not lines:
         return None
     return name, ("\n".join(lines) + "\n").encode("utf-8")
-
-
-# ---- reading ------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def opened(archive) -> Iterator[archives.Archive]:
-    """``archive`` (a path, opened for the block, or an Archive: handlers/archives.py) with its
-    ArchiveError turned into the CLI's UserError."""
-    try:
-        with archives.opened(archive) as found:
-            yield found
-    except archives.ArchiveError as exc:
-        raise UserError(str(exc)) from None
-
-
-def list_entries(archive) -> List[Tuple[str, int]]:
-    """(name, size) of every file in a .mar, .tar.gz or model directory; refuses unsafe names."""
-    with opened(archive) as found:
-        return found.members
-
-
-def read_manifest(archive) -> dict:
-    """MANIFEST.json, size-capped and checked (a ``model`` with ``modelName`` and ``handler``)."""
-    with opened(archive) as found:
-        return found.manifest
-
-
-def read_member(archive, name: str, limit: int = archives.MAX_CONFIG_BYTES) -> Optional[bytes]:
-    """One file's bytes from an archive (at most ``limit``), or None when it is not there."""
-    with opened(archive) as found:
-        return found.read(name, limit)
-
-
-def model_config(archive) -> dict:
-    """The archive's model-config.yaml as a mapping ({} when it has none): ``Archive.config``."""
-    with opened(archive) as found:
-        return found.config
-
-
-def handler_record(archive) -> Optional[dict]:
-    """The archive's MAR-INF/tsctl.json (handlers/identity.py), or None: not a toolkit handler."""
-    with opened(archive) as found:
-        return identity.read(found)

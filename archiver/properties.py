@@ -24,6 +24,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from handlers import identity
 from handlers.settings import did_you_mean
 from serving import ts_config
 
@@ -31,7 +32,8 @@ from . import requirements
 from .errors import UserError, make_directory
 from .kserve_images import DEFAULT as DEFAULT_RUNTIME
 from .kserve_images import runtime_named
-from .mar import MODEL_NAME, VERSION, handler_record, opened
+from .mar import MODEL_NAME, VERSION
+from .opened_archive import opened
 
 KSERVE_MODEL_STORE = "/mnt/models/model-store"
 SNAPSHOT_KEYS, SNAPSHOT_DEFAULTS = ts_config.SNAPSHOT_KEYS, ts_config.SNAPSHOT_DEFAULTS
@@ -256,7 +258,7 @@ def _does_without(archive, model: dict, line: str) -> bool:
     when it loads (``handlers.fit.sentence_modules_problem``)."""
     from .requirements import requirement_name
 
-    record = handler_record(archive) or {}
+    record = identity.read(archive) or {}
     classes = [f"{record.get('module')}.{record.get('class')}", *record.get("bases", [])]
     if requirement_name(line) != "sentence-transformers" or EMBEDDER not in classes:
         return False
@@ -319,7 +321,7 @@ def write_config(
     snapshot = build_snapshot(Path(model_store), overrides)
     store = Path(model_store)
     entries = [entry for versions in snapshot["models"].values() for entry in versions.values()]
-    if all(handler_record(store / entry["marName"]) for entry in entries):
+    if all(identity.read(store / entry["marName"]) for entry in entries):
         # The worker hands request bodies to the handler unparsed, so the handler's limits
         # (body size, JSON depth and values) apply before any JSON is built in memory. Handlers of
         # your own may expect TorchServe's parsed JSON: then TorchServe's default stays.

@@ -443,29 +443,3 @@ def opened(archive: ArchiveLike, within: Optional[PathLike] = None) -> Iterator[
         return
     with Archive(archive, within) as found:
         yield found
-
-
-def kind(archive: ArchiveLike) -> str:
-    """'dir', 'zip' (check_zip passed) or 'tar' (check_tar passed); an ArchiveError for anything else."""
-    with opened(archive) as found:
-        return found.kind
-
-
-def members(archive: ArchiveLike) -> List[Tuple[str, int]]:
-    with opened(archive) as found:
-        return found.members
-
-
-def read_member(archive: ArchiveLike, name: str, limit: int) -> Optional[bytes]:
-    with opened(archive) as found:
-        return found.read(name, limit)
-
-
-def read_manifest(archive: ArchiveLike) -> dict:
-    with opened(archive) as found:
-        return found.manifest
-
-
-def unpack(archive: ArchiveLike, into: PathLike) -> Path:
-    with opened(archive) as found:
-        return found.unpack(into)

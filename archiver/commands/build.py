@@ -123,7 +123,9 @@ def package(golden, golden_allow_errors, metrics_config, kind, golden_gpu, as_js
         recorded = None
     from handlers.signing import signature_of
 
-    with mar.opened(path) as built:
+    from ..opened_archive import opened
+
+    with opened(path) as built:
         size = path.stat().st_size if path.is_file() else sum(s for _, s in built.members)
         report = reports.package_report(path, size, planned, recorded, signature_of(built))
     emit(report, reports.package_text, as_json)
@@ -136,12 +138,12 @@ def inspect(archive, as_json):
     """Print an archive's manifest, files and sizes, and whether it is signed and by which key."""
     from handlers import golden, signing  # no torch: the golden.json and signature formats
 
-    from .. import mar, reports
+    from .. import reports
+    from ..opened_archive import opened
 
-    with mar.opened(archive) as opened:
-        manifest = opened.manifest
-        signature = signing.signature_of(opened)
-        report = reports.inspect_report(manifest, opened.members, golden.read(opened), signature)
+    with opened(archive) as found:
+        signature = signing.signature_of(found)
+        report = reports.inspect_report(found.manifest, found.members, golden.read(found), signature)
     emit(report, reports.inspect_text, as_json)
 
 

@@ -14,7 +14,8 @@ from typing import Dict, Iterable, List, Optional
 from handlers.settings import ImageSettings
 
 from ..errors import UserError
-from ..mar import handler_record, model_config, read_manifest
+from . import archive_facts
+from .archive_facts import ArchiveFacts
 
 COPY_POD_IMAGE = "busybox:1.36"  # has tar, which kubectl cp runs in the pod
 COPY_POD_UID = 1000  # the uid KServe's TorchServe runtime runs as (and Seldon's servers): the copied files are its own
@@ -125,50 +126,41 @@ def write_inputs(out: Path, files: Dict[str, bytes]) -> List[Path]:
     return written
 
 
-def input_of(archive: Path) -> Optional[str]:
-    """What the archive's requests hold: image, text or tensor (MAR-INF/tsctl.json); None for a handler of
-    the user's own that says no more."""
-    kind = (handler_record(archive) or {}).get("input")
-    return kind if kind in ("image", "text", "tensor") else None
-
-
-def check_same_input(flag: str, archives: Dict[str, Path]) -> List[str]:
-    """The candidates of a split (``--split``, ``--ab``, ``--mirror``: model -> its archive) take the same kind
-    of input (MAR-INF/tsctl.json's, ``input_of``): the router sends each request to either, so an image
-    to a text model would fail; one UserError naming both archives. A handler of the user's own says nothing
-    of its input: accepted, with a note for each such archive (returned) saying tsctl cannot tell."""
-    kinds = {model: input_of(archive) for model, archive in archives.items()}
-    known = {model: kind for model, kind in kinds.items() if kind}
+def check_same_input(flag: str, archives: Dict[str, ArchiveFacts]) -> List[str]:
+    """The candidates of a split (``--split``, ``--ab``, ``--mirror``: model -> its archive's facts) take the same
+    kind of input (MAR-INF/tsctl.json's, ``ArchiveFacts.input``): the router sends each request to either, so an
+    image to a text model would fail; one UserError naming both archives. A handler of the user's own says
+    nothing of its input: accepted, with a note for each such archive (returned) saying tsctl cannot tell."""
+    known = {model: archive.input for model, archive in archives.items() if archive.input}
     if len(set(known.values())) > 1:
-        said = ", ".join(f"{archives[model]} ('{model}') takes {kind}" for model, kind in known.items())
+        said = ", ".join(f"{archives[model].path} ('{model}') takes {kind}" for model, kind in known.items())
         raise UserError(
             f"{flag}: {said}; a split sends each request to either candidate, so they must take the same input: "
             "split between versions of one model"
         )
     return [
-        f"{flag}: tsctl cannot tell what {archive}'s handler ({read_manifest(archive)['model'].get('handler')}) "
-        f"takes, so it is not checked against {', '.join(str(archives[m]) for m in known) or 'the others'}: "
+        f"{flag}: tsctl cannot tell what {archive.path}'s handler ({archive.handler}) "
+        f"takes, so it is not checked against {', '.join(str(archives[m].path) for m in known) or 'the others'}: "
         "send it the same requests as the other candidates before deploying"
         for model, archive in archives.items()
         if model not in known
     ]
 
 
-def splitting_transformer(path) -> Path:
-    """``--transformer-archive``'s path, checked: it exists, and its handler is the toolkit's and splits (its
-    preprocessing makes one tensor of a request, its postprocessing reads the model's raw output: MAR-INF's
-    ``splits``), as every transformer the exports write runs it apart from its model; a UserError otherwise."""
-    from handlers import archives as archive_files
-
+def splitting_transformer(path) -> ArchiveFacts:
+    """``--transformer-archive``'s facts, read once and checked: it exists, and its handler is the toolkit's and
+    splits (its preprocessing makes one tensor of a request, its postprocessing reads the model's raw output:
+    MAR-INF's ``splits``), as every transformer the exports write runs it apart from its model; a UserError
+    otherwise."""
     archive = Path(path)
     if not archive.is_file():
         raise UserError(f"--transformer-archive {archive} does not exist")
-    record = handler_record(archive)
+    facts = archive_facts.read(archive)
+    record = facts.record
     if record is None:
-        handler = archive_files.read_manifest(archive)["model"].get("handler")
         raise UserError(
-            f"--transformer-archive {archive} is not a toolkit archive (no MAR-INF/tsctl.json; handler {handler!r}): "
-            "package it with --handler image_classifier"
+            f"--transformer-archive {archive} is not a toolkit archive (no MAR-INF/tsctl.json; handler "
+            f"{facts.handler!r}): package it with --handler image_classifier"
         )
     if not record.get("splits"):
         raise UserError(
@@ -176,21 +168,21 @@ def splitting_transformer(path) -> Path:
             "(its preprocessing does not make one tensor of a request: the text handlers' makes a dict of token "
             "tensors): give an archive built with --handler image_classifier"
         )
-    return archive
+    return facts
 
 
-def transformer_shape(archive: Path) -> Optional[List[int]]:
+def transformer_shape(archive: ArchiveFacts) -> Optional[List[int]]:
     """The shape of one image's tensor the transformer archive sends its model: ``[3, crop, crop]`` for the
     toolkit's image_classifier (its model-config.yaml ``handler.crop``, else 224); None for any other handler (a
     subclass may preprocess another way: its shape cannot be known without running it)."""
-    record = handler_record(archive) or {}
+    record = archive.record or {}
     if (record.get("module"), record.get("class")) != ("handlers.image", "ImageClassifier"):
         return None
-    crop = (model_config(archive).get("handler") or {}).get("crop", ImageSettings.crop)
+    crop = (archive.config.get("handler") or {}).get("crop", ImageSettings.crop)
     return [3, crop, crop]
 
 
-def check_transformer_shape(transformer: Path, model: str, shape) -> None:
+def check_transformer_shape(transformer: ArchiveFacts, model: str, shape) -> None:
     """The model behind a transformer takes the tensor the transformer makes: else every request routed to it is
     refused (the tensor handler's 400). Silent where either shape is unknown (no ``handler.input_shape``)."""
     made = transformer_shape(transformer)
@@ -201,6 +193,6 @@ def check_transformer_shape(transformer: Path, model: str, shape) -> None:
     other = f", or give a transformer archive with handler.crop: {shape[1]}" if square else ""
     raise UserError(
         f"model '{model}' takes tensors of shape {shape} (its handler.input_shape), but the transformer "
-        f"{transformer.name} makes {made} (its handler.crop): every request routed to it would be refused; package "
-        f"'{model}' with handler.input_shape: {made} (weights that take {made[1]}x{made[2]} images){other}"
+        f"{transformer.path.name} makes {made} (its handler.crop): every request routed to it would be refused; "
+        f"package '{model}' with handler.input_shape: {made} (weights that take {made[1]}x{made[2]} images){other}"
     )

@@ -11,7 +11,7 @@ from typing import Iterable, List
 import serving
 from handlers import archives as archive_files
 
-from .. import requirements as requirement_files
+from .archive_facts import ArchiveFacts
 
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 # PyPI itself: its Linux torch wheels are the CUDA build (an image asked for with --gpus)
@@ -37,14 +37,13 @@ def pinned(name: str) -> str:
         return name
 
 
-def with_archive_lines(lines: List[str], archives: List[Path]) -> List[str]:
-    """``lines`` and then each archive's own requirement lines that are not among them yet, each checked to
-    be a plain requirement (archiver/requirements.py: ``docker build`` would fetch a URL or run a local
-    setup.py)."""
+def with_archive_lines(lines: List[str], archives: List[ArchiveFacts]) -> List[str]:
+    """``lines`` and then each archive's own requirement lines that are not among them yet, each checked when
+    the archive was read to be a plain requirement (archiver/requirements.py: ``docker build`` would fetch a
+    URL or run a local setup.py)."""
     lines = list(lines)
     for archive in archives:
-        _, _, checked = requirement_files.of_archive(archive)  # plain requirements only: one line otherwise
-        lines += [line for line in checked if line not in lines]
+        lines += [line for line in archive.requirement_lines if line not in lines]
     return lines
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from archiver import engines, mar, server
+from archiver import engines, server
 from archiver.cli import main
+from handlers import archives, protocol
 from handlers import golden as golden_format
-from handlers import protocol
 from helpers.servers import stand_in_http
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -183,7 +183,7 @@ def test_package_golden_records_the_content_type_given(tmp_path):
     done = CliRunner().invoke(main, ["package", *flags, "--golden", str(golden), "--golden-content-type", "", "--json"])
     assert done.exit_code == 0, done.output
     archive = tmp_path / "body_probe.mar"
-    with mar.opened(archive) as found:
+    with archives.opened(archive) as found:
         [case] = golden_format.read(found)["cases"]
     assert (case["content_type"], case["answer"]["type"]) == ("", "bytearray"), case
     verified = CliRunner().invoke(main, ["verify", str(archive)])

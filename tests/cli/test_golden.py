@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from archiver import engines, golden, mar, server
 from archiver.cli import main
 from handlers import golden as answers
+from helpers import archive_reading
 from helpers.models import export_tree, package_resnet
 from helpers.paths import short_tmp
 from helpers.servers import RunningServer, Transformer, kserve_runtime
@@ -128,7 +129,7 @@ def test_a_worker_verifying_on_start_with_skewed_preprocessing_never_becomes_rea
     recorded = answers.read(built / "model-store" / "resnet18.mar")
     skewed = built / "skewed-store" / "resnet18.mar"
     config = (SKEWED + "  verify_on_start: true\n").encode()
-    config_name = mar.read_manifest(skewed)["model"]["configFile"]
+    config_name = archive_reading.manifest(skewed)["model"]["configFile"]
     golden_data = json.dumps(recorded).encode()
     mar.rewrite_archive(skewed, store / "resnet18.mar", {answers.GOLDEN: golden_data, config_name: config})
     with pytest.raises(server.ServerFailure) as failed:
@@ -140,7 +141,7 @@ def test_a_worker_verifying_on_start_with_skewed_preprocessing_never_becomes_rea
     good = tmp_path / "good-store"
     good.mkdir()
     original = built / "model-store" / "resnet18.mar"
-    config_name = mar.read_manifest(original)["model"]["configFile"]
+    config_name = archive_reading.manifest(original)["model"]["configFile"]
     mar.rewrite_archive(original, good / "resnet18.mar", {config_name: (CONFIG + "  verify_on_start: true\n").encode()})
     with RunningServer(good, timeout=120) as srv:
         assert "resnet18" in srv.models

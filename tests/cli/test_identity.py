@@ -13,6 +13,7 @@ from archiver import mar, properties
 from archiver.errors import UserError
 from archiver.export.kserve import export as kserve
 from handlers import identity
+from helpers import archive_reading
 from helpers.models import package_resnet, write_model_config
 from helpers.servers import RunningServer, batch_lines, post_concurrently
 from serving.local_model import LocalModel
@@ -86,8 +87,8 @@ def test_a_users_subclass_is_found_validated_and_recorded(image_sample, tmp_path
     assert (record["module"], record["class"], record["entry"]) == ("my_handler", "Labelled", "my_handler.py")
     assert record["input"] == "image" and record["splits"] is True
     assert record["bases"][0] == "handlers.image.ImageClassifier"
-    assert mar.read_member(archive, "requirements.txt").decode() == "pillow>=9\n"  # its own requirements
-    names = {name for name, _ in mar.list_entries(archive)}
+    assert archive_reading.member(archive, "requirements.txt").decode() == "pillow>=9\n"  # its own requirements
+    names = {name for name, _ in archive_reading.members(archive)}
     assert {"handlers/image.py", "handlers/identity.py", "my_handler.py", identity.RECORD} <= names
 
     with pytest.raises(UserError, match="unknown key 'handler.label_prefx'; did you mean 'label_prefix'"):

@@ -29,6 +29,7 @@ from archiver import engines, mar, properties, scaffold, server
 from archiver.cli import main
 from archiver.model_config import check_model_config
 from handlers import identity
+from helpers import archive_reading
 from helpers.models import export_tree
 from helpers.paths import ROOT, short_tmp
 from helpers.servers import RunningServer, batch_lines, post_concurrently, post_to_concurrently
@@ -292,7 +293,7 @@ def test_the_package_records_the_generated_class(packaged, kind):
     assert (record["class"], record["input"]) == (CLASSES[kind], spec.input)
     assert (record["module"], record["entry"]) == ("handler", "handler.py")
     assert record["bases"][0] == f"{spec.module}.{spec.class_name}"
-    names = {name for name, _ in mar.list_entries(packaged[kind])}
+    names = {name for name, _ in archive_reading.members(packaged[kind])}
     assert {"handler.py", "model-config.yaml", "handlers/base.py"} <= names
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from archiver import mar
 from archiver.cli import main
+from helpers import archive_reading
 from helpers.models import stand_in_torchscript
 from helpers.paths import ROOT
 
@@ -102,8 +102,8 @@ def test_package_inspect_and_config(project, tmp_path):
 
     shown = run_json("inspect", archive)
     assert_shaped_like(shown, documented("inspect"))
-    assert shown["manifest"] == mar.read_manifest(archive)
-    assert [(e["name"], e["size"]) for e in shown["entries"]] == sorted(mar.list_entries(archive))
+    assert shown["manifest"] == archive_reading.manifest(archive)
+    assert [(e["name"], e["size"]) for e in shown["entries"]] == sorted(archive_reading.members(archive))
     assert shown["golden"] is None
 
     output = tmp_path / "config" / "c.properties"

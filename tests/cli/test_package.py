@@ -9,14 +9,15 @@ from click.testing import CliRunner
 
 from archiver import mar
 from archiver.cli import main
-from archiver.errors import UserError
+from handlers.archives import ArchiveError
+from helpers import archive_reading
 from helpers.models import package_resnet
 
 
 def test_manifest_and_entries_match_what_torchserve_expects(image_sample, tmp_path):
     path = package_resnet(image_sample, tmp_path / "store")
     assert path == tmp_path / "store" / "resnet18.mar"
-    manifest = mar.read_manifest(path)
+    manifest = archive_reading.manifest(path)
     assert manifest["runtime"] == "python"
     assert manifest["model"] == {
         "modelName": "resnet18",
@@ -26,7 +27,7 @@ def test_manifest_and_entries_match_what_torchserve_expects(image_sample, tmp_pa
         "modelVersion": "1.0",
         "configFile": "model-config.yaml",
     }
-    names = {name for name, _ in mar.list_entries(path)}
+    names = {name for name, _ in archive_reading.members(path)}
     assert {"resnet18.pt", "model.py", "index_to_name.json", "model-config.yaml", "MAR-INF/MANIFEST.json"} <= names
     assert {"handlers/__init__.py", "handlers/base.py", "handlers/image.py", "handlers/requests.py"} <= names
     with zipfile.ZipFile(path) as z:  # weights stored, code deflated
@@ -49,7 +50,7 @@ def test_directories_in_extra_files_keep_their_structure(image_sample, tmp_path)
     (extra / "__pycache__").mkdir()
     (extra / "__pycache__" / "x.pyc").write_bytes(b"")
     path = package_resnet(image_sample, tmp_path / "store", extra_files=[str(extra)])
-    names = {name for name, _ in mar.list_entries(path)}
+    names = {name for name, _ in archive_reading.members(path)}
     assert {"assets/top.txt", "assets/nested/deep.txt"} <= names
     assert not any("__pycache__" in n for n in names)
 
@@ -58,25 +59,25 @@ def test_user_handler_file_is_stored_and_toolkit_bundled_only_when_imported(imag
     plain = tmp_path / "my_handler.py"
     plain.write_text("def handle(data, context):\n    return data\n")
     path = package_resnet(image_sample, tmp_path / "s1", handler=f"{plain}:handle", config_file=None)
-    assert mar.read_manifest(path)["model"]["handler"] == "my_handler.py:handle"
-    assert not any(n.startswith("handlers/") for n, _ in mar.list_entries(path))
+    assert archive_reading.manifest(path)["model"]["handler"] == "my_handler.py:handle"
+    assert not any(n.startswith("handlers/") for n, _ in archive_reading.members(path))
 
     subclass = tmp_path / "custom.py"
     subclass.write_text("from handlers.image import ImageClassifier\n\nclass Custom(ImageClassifier):\n    pass\n")
     path = package_resnet(image_sample, tmp_path / "s2", handler=str(subclass))
-    assert mar.read_manifest(path)["model"]["handler"] == "custom.py"
-    assert any(n == "handlers/image.py" for n, _ in mar.list_entries(path))
+    assert archive_reading.manifest(path)["model"]["handler"] == "custom.py"
+    assert any(n == "handlers/image.py" for n, _ in archive_reading.members(path))
 
 
 @pytest.mark.parametrize("archive_format, suffix", [("zip-store", ".mar"), ("tgz", ".tar.gz"), ("no-archive", "")])
 def test_other_archive_formats_hold_the_same_files(image_sample, tmp_path, archive_format, suffix):
     path = package_resnet(image_sample, tmp_path / "store", archive_format=archive_format)
     assert path.name == "resnet18" + suffix
-    assert mar.read_manifest(path)["model"]["modelName"] == "resnet18"
+    assert archive_reading.manifest(path)["model"]["modelName"] == "resnet18"
     assert (
         "handlers/image.py",
         (mar.Path(mar.__file__).parents[1] / "handlers/image.py").stat().st_size,
-    ) in mar.list_entries(path)
+    ) in archive_reading.members(path)
 
 
 def cli(*args):
@@ -200,8 +201,8 @@ def test_inspect_refuses_unsafe_paths(tmp_path):
     with zipfile.ZipFile(evil, "w") as z:
         z.writestr("MAR-INF/MANIFEST.json", "{}")
         z.writestr("../../etc/passwd", "x")
-    with pytest.raises(UserError, match="unsafe path '../../etc/passwd'"):
-        mar.list_entries(evil)
+    with pytest.raises(ArchiveError, match="unsafe path '../../etc/passwd'"):
+        archive_reading.members(evil)
     code, output = cli("inspect", str(evil))
     assert code == 2 and "unsafe path" in output
 

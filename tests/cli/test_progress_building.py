@@ -21,6 +21,7 @@ from click.testing import CliRunner
 
 from archiver import mar, properties
 from archiver.cli import main
+from helpers import archive_reading
 from helpers.models import stand_in_torchscript
 from helpers.paths import ROOT
 
@@ -100,9 +101,8 @@ def test_export_reports_resolving_and_downloading_in_a_terminal_only(store):
     code, out, err = run_cli(export_args("deploy-pipe"), store, terminal=False)
     assert code == 0, out + err
     assert err == "" and "wrote deploy-pipe/DEPLOY.md" in out
-    wheels = [
-        n for n, _ in mar.list_entries(store / "deploy-pipe" / "model-store" / "img.mar") if n.startswith("wheels/")
-    ]
+    built = store / "deploy-pipe" / "model-store" / "img.mar"
+    wheels = [n for n, _ in archive_reading.members(built) if n.startswith("wheels/")]
     assert len(wheels) == 1 and wheels[0].startswith("wheels/six-")
 
 

@@ -19,11 +19,11 @@ import pytest
 import torch
 import transformers
 
-from archiver import mar
 from handlers.embeddings import SENTENCE_TRANSFORMERS, TextEmbedder
 from handlers.fit import pooling_modes
 from handlers.text_classification import TextClassifier
 from handlers.token_classification import drop_overlaps
+from helpers import archive_reading
 from helpers.models import package_text
 from helpers.servers import RunningServer, post
 from samples import text_models
@@ -418,7 +418,7 @@ def test_a_text_body_that_looks_like_json_stays_text(models, tmp_path, decode_in
 
 def test_archives_of_sentence_transformers_directories_carry_their_files(models, tmp_path):
     archive = package_text(models, tmp_path / "s", "emb", "text_embedder", "st_weightedmean", FULL)
-    names = {name for name, _ in mar.list_entries(archive)}
+    names = {name for name, _ in archive_reading.members(archive)}
     assert {"st_weightedmean/modules.json", "st_weightedmean/2_Dense/config.json"} <= names
 
 

@@ -28,6 +28,7 @@ from ts.protocol import otf_message_handler
 from archiver import engines, mar, server
 from archiver.errors import UserError
 from archiver.model_config import check_model_config
+from helpers import archive_reading
 from helpers.models import write_model_config
 from helpers.paths import short_tmp
 from helpers.servers import RunningServer, post_mixed_concurrently
@@ -277,7 +278,7 @@ def test_the_toolkit_image_classifier_answers_as_torchserves_built_in(image_samp
     package_with_torch_model_archiver(
         store, "theirs", "image_classifier", "--serialized-file", str(scripted), "--extra-files", labels
     )
-    assert mar.read_manifest(store / "theirs_via_tsctl.mar")["model"]["handler"] == "image_classifier"
+    assert archive_reading.manifest(store / "theirs_via_tsctl.mar")["model"]["handler"] == "image_classifier"
     photos = [sample_jpeg(seed, size) for seed, size in ((0, (640, 480)), (1, (1280, 960)), (2, (300, 500)))]
     photos.append((image_sample / "kitten.jpg").read_bytes())
     with (
@@ -306,9 +307,10 @@ def test_torchserves_handler_names_mean_what_they_mean_to_torch_model_archiver(i
     )
     bare = handler.removeprefix("ts.torch_handler.")  # torch-model-archiver takes built-ins by bare name only
     theirs = package_with_torch_model_archiver(tmp_path / "t", "a", bare, "--serialized-file", weights)
-    assert mar.read_manifest(ours)["model"]["handler"] == mar.read_manifest(theirs)["model"]["handler"] == bare
-    names = {name for name, _ in mar.list_entries(ours)}
-    assert not any(n.startswith("handlers/") for n in names) and mar.handler_record(ours) is None
+    handlers = [archive_reading.manifest(archive)["model"]["handler"] for archive in (ours, theirs)]
+    assert handlers == [bare, bare]
+    names = {name for name, _ in archive_reading.members(ours)}
+    assert not any(n.startswith("handlers/") for n in names) and archive_reading.record(ours) is None
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ import handlers.loading
 import handlers.settings
 from archiver import mar
 from archiver.cli import main
-from handlers.archives import unpack
+from helpers.archive_reading import unpack
 from samples.image_model import sample_jpeg
 from serving.local_model import LoadError, LocalModel
 

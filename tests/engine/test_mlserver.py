@@ -44,8 +44,8 @@ from click.testing import CliRunner
 
 from archiver import engines, golden, mar, server
 from archiver.cli import main
+from handlers import archives, protocol
 from handlers import golden as golden_format
-from handlers import protocol
 from handlers.errors import error_message
 from helpers import grpc_client
 from helpers.cgroups import MemoryLimit, peak_rss
@@ -318,7 +318,7 @@ def test_verify_served_sends_each_golden_file_as_predict_does(srv, tmp_path):
     done = CliRunner().invoke(main, ["package", *flags])
     assert done.exit_code == 0, done.output
     archive = tmp_path / "body-probe.mar"
-    with mar.opened(archive) as found:
+    with archives.opened(archive) as found:
         recorded = {case["name"]: case["answer"]["type"] for case in golden_format.read(found)["cases"]}
     assert recorded == {"row.bin": "bytearray", "row.txt": "str", "doc.json": "dict", "digit.png": "bytearray"}
     done = CliRunner().invoke(main, ["verify", str(archive), "--served", "--home", srv.home, "--json"])

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from archiver import properties
 from archiver.cli import main
-from archiver.export import core
+from archiver.export import archive_facts, core
 from helpers.models import package_resnet
 
 IMAGE = "registry.example.com/tsctl:1"
@@ -68,6 +68,7 @@ def test_equal_or_unknown_shapes_pass(shapes, tmp_path, kind):
 
 
 def test_the_transformer_shape_is_known_for_the_toolkit_image_classifier_only(shapes):
-    assert core.transformer_shape(shapes / "transformer" / "vision.mar") == [3, 224, 224]
-    assert core.transformer_shape(shapes / "crop128" / "vision.mar") == [3, 128, 128]
-    assert core.transformer_shape(shapes / "model-store" / "big.mar") is None  # not an image_classifier
+    assert core.transformer_shape(archive_facts.read(shapes / "transformer" / "vision.mar")) == [3, 224, 224]
+    assert core.transformer_shape(archive_facts.read(shapes / "crop128" / "vision.mar")) == [3, 128, 128]
+    big = archive_facts.read(shapes / "model-store" / "big.mar")
+    assert core.transformer_shape(big) is None  # not an image_classifier

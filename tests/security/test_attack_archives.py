@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from handlers import archives
+from helpers import archive_reading
 from helpers.models import stand_in_torchscript
 from helpers.paths import ROOT
 
@@ -483,7 +484,7 @@ def test_a_file_swapped_after_its_check_is_checked_again(small_mar, tmp_path, sw
         else:
             path.write_bytes(clean)
         before = path.stat()
-        assert archives.kind(path) == "zip"
+        assert archive_reading.kind(path) == "zip"
         if swap == "rewritten in place, mtime put back":
             with open(path, "r+b") as f:
                 f.write(bad)
@@ -496,7 +497,7 @@ def test_a_file_swapped_after_its_check_is_checked_again(small_mar, tmp_path, sw
             (path.parent / "tiny.new").symlink_to("b.mar")
             os.replace(path.parent / "tiny.new", path)
         with pytest.raises(archives.ArchiveError, match="disagree"):
-            archives.kind(path)
+            archive_reading.kind(path)
 
 
 def refused_bytes(data: bytes, where: Path) -> bool:
@@ -984,7 +985,7 @@ def test_package_writes_only_what_it_checked_into_the_archive(tmp_path, case):
     except UserError as exc:
         assert "\n" not in str(exc) and f"--requirements-file {source}, line " in str(exc), str(exc)
         return
-    carried = archives.read_member(archive, "requirements.txt", 1 << 20)
+    carried = archive_reading.member(archive, "requirements.txt", 1 << 20)
     assert plain(carried), pip_lines(carried)
 
 

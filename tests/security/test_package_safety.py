@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from archiver import mar, properties
+from archiver import properties
 from archiver.cli import main
 from handlers.archives import MIN_UNPACK_LIMIT
+from helpers import archive_reading
 from helpers.models import stand_in_torchscript
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,7 +114,7 @@ def test_symbolic_links_are_refused_unless_followed_and_each_is_named(inputs, tm
     assert code == 0, output
     assert f"followed {inputs / 'passwd'} -> /etc/passwd" in output
     assert f"followed {nested / 'link.txt'} -> {inputs / 'labels.json'}" in output
-    assert mar.read_member(store / "m.mar", "passwd") == Path("/etc/passwd").read_bytes()
+    assert archive_reading.member(store / "m.mar", "passwd") == Path("/etc/passwd").read_bytes()
 
 
 @pytest.mark.parametrize(
@@ -300,7 +301,7 @@ def test_concurrent_builds_without_force_leave_one_winner_and_clear_errors(input
         if code == 2:
             assert "already exists: pass --force" in output or "created by someone else" in output, output
     assert sorted(p.name for p in store.iterdir()) == ["m.mar"]
-    assert mar.read_manifest(store / "m.mar")["model"]["modelName"] == "m"
+    assert archive_reading.manifest(store / "m.mar")["model"]["modelName"] == "m"
 
 
 @pytest.mark.matrix  # a tsctl process per timezone, each importing torch (issue 13): about 45 s

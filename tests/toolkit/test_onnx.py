@@ -14,6 +14,7 @@ from archiver import golden as golden_answers
 from archiver import mar
 from archiver.cli import main
 from handlers import golden as answers
+from helpers import archive_reading
 from helpers.hostile import assert_close
 from helpers.models import package_resnet, package_text
 from helpers.servers import RunningServer, post_concurrently
@@ -67,7 +68,7 @@ def test_the_token_classifier_runs_an_onnx_model_as_the_torch_one(store):
 
 
 def requirements(archive) -> str:
-    return (mar.read_member(archive, "requirements.txt") or b"").decode()
+    return (archive_reading.member(archive, "requirements.txt") or b"").decode()
 
 
 def test_only_onnx_archives_ask_for_onnxruntime(store):

@@ -8,6 +8,7 @@ import transformers
 
 from archiver import mar
 from archiver.errors import UserError
+from helpers import archive_reading
 from helpers.models import package_text
 from helpers.servers import RunningServer, batch_lines, post, post_concurrently
 from serving.local_model import InProcessHandler, LocalModel
@@ -46,13 +47,13 @@ def srv(text_store):
 
 # ---- packaging ------------------------------------------------------------------------------------
 def test_hf_directory_keeps_its_structure_and_asks_for_a_transformers_range(text_samples, text_store):
-    names = {name for name, _ in mar.list_entries(text_store / "minilm.mar")}
+    names = {name for name, _ in archive_reading.members(text_store / "minilm.mar")}
     assert {"minilm/config.json", "minilm/model.safetensors", "minilm/1_Pooling/config.json"} <= names
     assert {"minilm/tokenizer.json", "minilm/vocab.txt", "handlers/embeddings.py"} <= names
-    manifest = mar.read_manifest(text_store / "minilm.mar")["model"]
+    manifest = archive_reading.manifest(text_store / "minilm.mar")["model"]
     assert manifest["serializedFile"] == "minilm" and manifest["requirementsFile"] == "requirements.txt"
     # a range that installs on torchserve-kfs:0.9.0's Python 3.9 as well as here, never this machine's pin
-    requirements = mar.read_member(text_store / "minilm.mar", "requirements.txt").decode()
+    requirements = archive_reading.member(text_store / "minilm.mar", "requirements.txt").decode()
     assert requirements == "transformers>=4.34,<6\nsentence-transformers>=3,<7\n"  # a sentence-transformers dir
 
 
@@ -66,11 +67,11 @@ def test_user_requirements_are_kept_and_transformers_added_once(text_samples, tm
         requirements_file=str(own),
         export_path=str(tmp_path / "s"),
     )
-    text = mar.read_member(mar.package(options), "requirements.txt").decode()
+    text = archive_reading.member(mar.package(options), "requirements.txt").decode()
     assert text.splitlines() == ["sentencepiece>=0.2", "transformers>=4.34,<6"]
     own.write_text("transformers>=4.40\n")
     options.force = True
-    assert mar.read_member(mar.package(options), "requirements.txt").decode() == "transformers>=4.40\n"
+    assert archive_reading.member(mar.package(options), "requirements.txt").decode() == "transformers>=4.40\n"
 
 
 def test_bad_text_settings_are_refused_at_packaging(text_samples, tmp_path):

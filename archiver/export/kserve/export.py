@@ -39,9 +39,10 @@ from serving.tree_digests import LISTING, listing_bytes, tree_files
 
 from ...choices import KSERVE_PROTOCOLS
 from ...errors import UserError
-from ...mar import MODEL_NAME, handler_record, model_config, read_manifest, rewrite_archive, shown_name
+from ...mar import MODEL_NAME, rewrite_archive, shown_name
 from ...properties import check_keys, check_store, metrics_yaml, read_properties, render, snapshot_of
-from .. import core, crds, kube, model_image, out_dir
+from .. import archive_facts, core, crds, kube, model_image, out_dir
+from ..archive_facts import ArchiveFacts
 from ..bodies import Served, sample_inputs
 from ..options import ExportOptions
 from . import autoscale, targets
@@ -82,17 +83,18 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     check_keys(properties, config_path)
     snapshot = snapshot_of(properties, config_path)
     target.check_properties(properties, config_path)
-    archives = check_models(snapshot, Path(options.model_store), notes, target.envelope_batches(), target.archive_notes)
+    facts = check_models(snapshot, Path(options.model_store), notes, target.envelope_batches(), target.archive_notes)
+    archives = [archive.path for archive in facts]
     gpu_settings(options, properties, config_path, notes)
     notes += memory_notes(options, snapshot)
-    check_split(options, snapshot, notes)
-    transformer_archive = check_transformer(options, snapshot)
+    check_split(options, snapshot, facts, notes)
+    transformer = check_transformer(options, snapshot, facts)
     metrics = carried_metrics(properties, config_path)
     ports = target.ports(properties) if options.autoscale else None  # the pod's, where the autoscaling looks
     plan = autoscale.check(options, snapshot, target, notes, ports)
     if plan is not None and plan.mode == "keda":
         autoscale.check_metrics_config(metrics, f"metrics_config of {config_path}")
-    locked = target.prepare(options, properties, archives, notes, scratch)
+    locked = target.prepare(options, properties, facts, notes, scratch)
 
     manifests = target.manifests(options, resources(options))  # the runtime the InferenceService names first
     manifests["inferenceservice.yaml"] = isvc = inference_service(options, snapshot)
@@ -107,8 +109,8 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     for name, manifest in list(manifests.items()) + (autoscale.validated(plan, isvc, scaling) if plan else []):
         crds.check(manifest, name)
     manifests.update(scaling)
-    curls = curl_lines(options, served_models(options, snapshot_archives(options, snapshot)))
-    models = served_models(options, archives)
+    models = served_models(options, facts, transformer)
+    curls = curl_lines(options, models)
     inputs = sample_inputs(models)
     manifests.update(storage.manifests(options, claimed(options, archives)))
 
@@ -117,13 +119,13 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
         files = write_tree(staging, properties, archives, locked, config_header(target, config_path, properties))
         if metrics is not None:
             files += core.write_inputs(staging / "config", {METRICS_FILE: metrics})
-        if transformer_archive is not None:
+        if transformer is not None:
             (staging / "transformer").mkdir()
-            core.copy_archive(transformer_archive, staging / "transformer" / transformer_archive.name)
-            files.append(staging / "transformer" / transformer_archive.name)
+            core.copy_archive(transformer.path, staging / "transformer" / transformer.path.name)
+            files.append(staging / "transformer" / transformer.path.name)
         listing, tree_digest = write_listing(staging)  # the tree is complete: its digests, then its image
         image_files, digests = storage.write(staging)
-        files += [listing] + image_files + target.write_files(staging, options, archives)
+        files += [listing] + image_files + target.write_files(staging, options, facts)
         digests[targets.TREE_PENDING] = tree_digest
         for name, manifest in manifests.items():
             manifest = model_image.pinned(manifest, digests)
@@ -268,10 +270,11 @@ def memory_notes(options: ExportOptions, snapshot: dict) -> List[str]:
 
 
 def check_models(snapshot: dict, store: Path, notes: List[str], envelope_batches: bool = True,
-                 archive_notes=lambda config, where: []) -> List[Path]:  # fmt: skip
-    """Each snapshot entry's archive exists and names the same model; with ``envelope_batches`` (TorchServe
-    under KServe), batch sizes safe under its envelope; ``archive_notes(config, where)``: the target's
-    notes on each archive's model-config.yaml (UserError for what it cannot serve)."""
+                 archive_notes=lambda config, where: []) -> List[ArchiveFacts]:  # fmt: skip
+    """Each snapshot entry's archive exists, names the same model, and is read once (its facts, in the
+    snapshot's order); with ``envelope_batches`` (TorchServe under KServe), batch sizes safe under its envelope;
+    ``archive_notes(config, where)``: the target's notes on each archive's model-config.yaml (UserError for what
+    it cannot serve)."""
     check_store(store)
     archives = []
     for name, versions in snapshot.get("models", {}).items():
@@ -287,26 +290,26 @@ def check_models(snapshot: dict, store: Path, notes: List[str], envelope_batches
                     f"model_snapshot entry '{name}' names marName {entry.get('marName')!r}, which is not in {store}: "
                     "run 'tsctl config' again after packaging"
                 )
-            manifest = read_manifest(archive)["model"]
+            facts = archive_facts.read(archive)
+            manifest = facts.model
             if manifest["modelName"] != name:
                 raise UserError(
                     f"model_snapshot key '{name}' differs from {archive.name}'s model name "
                     f"'{manifest['modelName']}': KServe serves the key, so requests for either would miss one; "
                     "run 'tsctl config' again"
                 )
-            notes.extend(archive_notes(model_config(archive), f"{archive.name}'s model-config.yaml"))
-            toolkit = handler_record(archive) is not None
-            if envelope_batches and not toolkit and entry.get("batchSize", 1) > 1:
+            notes.extend(archive_notes(facts.config, f"{archive.name}'s model-config.yaml"))
+            if envelope_batches and not facts.toolkit and entry.get("batchSize", 1) > 1:
                 entry["batchSize"] = 1
                 notes.append(
                     f"{name}: batchSize set to 1 in the exported config: its handler ({manifest.get('handler')}) runs "
                     "inside TorchServe 0.12's KServe envelope, which answers every request of a larger batch with 503"
                 )
-            archives.append(archive)
+            archives.append(facts)
     return archives
 
 
-def check_split(options: ExportOptions, snapshot: dict, notes: List[str]):
+def check_split(options: ExportOptions, snapshot: dict, facts: List[ArchiveFacts], notes: List[str]):
     if not options.split:
         return
     models = snapshot.get("models", {})
@@ -317,10 +320,8 @@ def check_split(options: ExportOptions, snapshot: dict, notes: List[str]):
             raise UserError(f"--split model '{model}' is not in the config's model_snapshot ({', '.join(models)})")
     if options.split[0][0] == options.split[1][0]:
         raise UserError("--split needs two different models")
-    store = Path(options.model_store)
-    notes += core.check_same_input(
-        "--split", {model: store / next(iter(models[model].values()))["marName"] for model, _ in options.split}
-    )
+    first = first_versions(facts)
+    notes += core.check_same_input("--split", {model: first[model] for model, _ in options.split})
     total = sum(weight for _, weight in options.split)
     if total != 100:
         raise UserError(f"--split weights add up to {total}, not 100")
@@ -328,31 +329,37 @@ def check_split(options: ExportOptions, snapshot: dict, notes: List[str]):
         raise UserError("--split and a transformer cannot be combined: split between models, or transform one")
 
 
-def check_transformer(options: ExportOptions, snapshot: dict) -> Optional[Path]:
+def check_transformer(options: ExportOptions, snapshot: dict, facts: List[ArchiveFacts]) -> Optional[ArchiveFacts]:
     if not (options.transformer_image or options.transformer_archive):
         return None
     if not (options.transformer_image and options.transformer_archive):
         raise UserError(
             "--transformer-image and --transformer-archive go together: the image runs the archive's pre/post"
         )
-    archive = core.splitting_transformer(options.transformer_archive)
+    transformer = core.splitting_transformer(options.transformer_archive)
     models = list(snapshot["models"])
     model = options.transformer_model or models[0]
     if model not in models:
         raise UserError(f"--transformer-model '{model}' is not in the config's model_snapshot ({', '.join(models)})")
     named = f"--transformer-model '{model}'" if options.transformer_model else f"model '{model}' (the first)"
-    for entry in snapshot["models"][model].values():
-        predictor = Path(options.model_store) / entry["marName"]
-        if core.input_of(predictor) != "tensor":
-            handler = read_manifest(predictor)["model"]["handler"]
+    for predictor in (archive for archive in facts if archive.name == model):
+        if predictor.input != "tensor":
             raise UserError(
-                f"{named} is served by {predictor}, whose handler is {handler!r} (MANIFEST model.handler), but the "
-                "transformer sends it tensors: package the same weights with --handler tensor under another model "
-                "name and pass that name as --transformer-model"
+                f"{named} is served by {predictor.path}, whose handler is {predictor.handler!r} (MANIFEST "
+                "model.handler), but the transformer sends it tensors: package the same weights with --handler "
+                "tensor under another model name and pass that name as --transformer-model"
             )
-        core.check_transformer_shape(archive, model, (model_config(predictor).get("handler") or {}).get("input_shape"))
+        core.check_transformer_shape(transformer, model, predictor.input_shape)
     options.transformer_model = model
-    return archive
+    return transformer
+
+
+def first_versions(facts: List[ArchiveFacts]) -> Dict[str, ArchiveFacts]:
+    """Each model's first version in the snapshot: what a split sends a model's requests to."""
+    first: Dict[str, ArchiveFacts] = {}
+    for archive in facts:
+        first.setdefault(archive.name, archive)
+    return first
 
 
 # ---- manifests ----------------------------------------------------------------------------------------
@@ -417,22 +424,15 @@ def inference_graph(options: ExportOptions) -> dict:
     }
 
 
-def served_models(options: ExportOptions, archives: List[Path]) -> List[Served]:
+def served_models(
+    options: ExportOptions, facts: List[ArchiveFacts], transformer: Optional[ArchiveFacts]
+) -> List[Served]:
     """Each snapshot model with the kind of input its archive's handler takes; with a transformer in front,
     only the transformer's model, which takes what the transformer archive's handler reads."""
-    if options.transformer_archive:
-        archive = Path(options.transformer_archive)
-        handler = read_manifest(archive)["model"]["handler"]
-        return [Served(options.transformer_model, handler, core.input_of(archive), archive=archive)]
+    if transformer is not None:
+        return [Served(options.transformer_model, transformer.handler, transformer.input, archive=transformer.path)]
     served: Dict[str, Served] = {}
-    for archive in archives:
-        model = read_manifest(archive)["model"]
-        kind = core.input_of(archive)
-        shape = (model_config(archive).get("handler") or {}).get("input_shape") if kind == "tensor" else None
-        served.setdefault(model["modelName"], Served(model["modelName"], model["handler"], kind, shape, archive))
+    for archive in facts:
+        model = Served(archive.name, archive.handler, archive.input, archive.input_shape, archive.path)
+        served.setdefault(archive.name, model)
     return list(served.values())
-
-
-def snapshot_archives(options: ExportOptions, snapshot: dict) -> List[Path]:
-    store = Path(options.model_store)
-    return [store / entry["marName"] for versions in snapshot["models"].values() for entry in versions.values()]

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 from ... import engines
 from ...engines.base import refuse
 from ...errors import UserError
+from ..archive_facts import ArchiveFacts
 from ..options import ExportOptions
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -94,7 +95,9 @@ class Target:
         (UserError for one it cannot serve): none on TorchServe itself."""
         return []
 
-    def prepare(self, options, properties: Dict[str, str], archives: List[Path], notes: List[str], scratch: Path):
+    def prepare(
+        self, options, properties: Dict[str, str], archives: List[ArchiveFacts], notes: List[str], scratch: Path
+    ):
         """Change the exported config for this runtime; return {archive: its requirements.txt for the
         image} for the archives to rewrite with locked requirements (the others are copied as they are)."""
         return {}
@@ -111,7 +114,7 @@ class Target:
         """More manifests to write beside inferenceservice.yaml, by file name (validated first)."""
         return {}
 
-    def write_files(self, out: Path, options: ExportOptions, archives: List[Path]) -> List[Path]:
+    def write_files(self, out: Path, options: ExportOptions, archives: List[ArchiveFacts]) -> List[Path]:
         """More files for the export (an image's build context)."""
         return []
 
@@ -271,7 +274,7 @@ class TsctlTarget(Target):
 
         return {tsctl_image.RUNTIME_FILE: tsctl_image.serving_runtime(options, resources)}
 
-    def write_files(self, out: Path, options: ExportOptions, archives: List[Path]) -> List[Path]:
+    def write_files(self, out: Path, options: ExportOptions, archives: List[ArchiveFacts]) -> List[Path]:
         from . import tsctl_image
 
         return tsctl_image.write_image_context(out, options.image, archives, options.gpus)

@@ -31,6 +31,7 @@ from typing import Dict, List, Optional
 
 from ...choices import RUNTIME_KINDS
 from ...errors import UserError
+from ..archive_facts import ArchiveFacts
 from ..core import render
 from ..images import PYTHON, pins, torch_index, with_archive_lines, write_context
 
@@ -194,13 +195,13 @@ def serving_runtime(options, resources: dict) -> dict:
     }
 
 
-def requirements(archives: List[Path]) -> str:
+def requirements(archives: List[ArchiveFacts]) -> str:
     """The image's requirements: the serving stack at the versions installed here, then each archive's
     own requirement lines (the engine installs nothing per model), each checked (images.with_archive_lines)."""
     return "\n".join(with_archive_lines(pins(BASE_PACKAGES), archives)) + "\n"
 
 
-def write_image_context(out: Path, image: str, archives: List[Path], gpus: int = 0) -> List[Path]:
+def write_image_context(out: Path, image: str, archives: List[ArchiveFacts], gpus: int = 0) -> List[Path]:
     """OUT/predictor-image/: Dockerfile (templates/tsctl-image.Dockerfile), requirements.txt, the handlers and
     serving packages."""
     dockerfile = render(

@@ -51,6 +51,7 @@ import yaml
 
 from ...errors import UserError
 from .. import core, crds, out_dir
+from ..archive_facts import ArchiveFacts
 from ..bodies import sample_inputs
 from ..images import PYTHON, pinned, pins, torch_index, with_archive_lines, write_context
 from ..kube import check_gpus, check_resources, container_resources, cpu_cores, image_reference, label, memory_bytes
@@ -77,11 +78,15 @@ BASE_PACKAGES = ("torch", "torchvision", "torchserve", "Pillow", "captum", "nvid
 
 @dataclass
 class Unit:
-    """One unit of the graph: its name, archive (None for RANDOM_ABTEST) and the model spec it runs."""
+    """One unit of the graph: its name, its archive's facts (None for RANDOM_ABTEST) and the model spec it runs."""
 
     name: str
-    archive: Optional[Path]
+    facts: Optional[ArchiveFacts]
     spec: object = None  # ts_config.ModelSpec of a model
+
+    @property
+    def archive(self) -> Optional[Path]:
+        return self.facts.path if self.facts else None
 
     @property
     def folder(self) -> str:
@@ -125,23 +130,22 @@ def check(options: SeldonCore1Options) -> Graph:
     transformer = check_transformer(options)
     specs = {spec.name: spec for spec in seldon.default_versions(options, notes)}
     chosen, weights = candidates(options, list(specs))
-    for name in chosen:
-        entry = seldon.entry_of(specs[name])
+    entries = {name: seldon.entry_of(specs[name]) for name in chosen}
+    for name, entry in entries.items():
         if entry.kind != "tensor":
             raise UserError(
                 f"model '{name}' gets the transformer's tensors, but its handler ({entry.handler}) reads "
                 f"{entry.kind or 'its own'} requests: package the same weights with --handler tensor and name that "
                 "model"
             )
-        core.check_transformer_shape(transformer.archive, name, entry.shape)
+        core.check_transformer_shape(transformer.facts, name, entry.shape)
     left = sorted(set(specs) - set(chosen))
     if left:
         notes.append(f"not in the graph, not exported: {', '.join(left)}")
     for name in (TRANSFORMER, ROUTER):
         if name in specs and (name in chosen):
             raise UserError(f"model '{name}' has the name of the graph's {name} unit: package it under another name")
-    models = [Unit(name, specs[name].archive, specs[name]) for name in chosen]
-    seldon_requirements([transformer.archive] + [m.archive for m in models])  # each line checked now
+    models = [Unit(name, entries[name].facts, specs[name]) for name in chosen]
     manifest = deployment(options, transformer, models, weights)
     crds.check(manifest, "seldondeployment.yaml")
     webhook_check(manifest)
@@ -239,7 +243,7 @@ def pod_size(manifest: dict) -> str:
     )
 
 
-def seldon_requirements(archives: List[Path]) -> str:
+def seldon_requirements(archives: List[ArchiveFacts]) -> str:
     """seldon-core and its pins, the components' packages at the versions installed here, then each archive's
     own requirement lines (each checked: archiver/requirements.py)."""
     lines = list(SELDON_PINS) + [pinned(name) for name in BASE_PACKAGES]
@@ -374,9 +378,10 @@ def write(plan: Graph, options: SeldonCore1Options, root: Path) -> List[Path]:
         files.append(root / name)
     dockerfile = core.render("seldon-core1-image.Dockerfile", image=options.image, context=IMAGE_DIR,
                              base=BASE_IMAGE, torch_index=torch_index(options.gpus), runtime=RUNTIME_PATH)  # fmt: skip
-    requirements = seldon_requirements([u.archive for u in units])
+    requirements = seldon_requirements([u.facts for u in units])
     files += write_context(root / IMAGE_DIR, dockerfile, requirements)
-    served = seldon.entry_of(seldon.transformer_spec(plan.transformer.archive, TRANSFORMER)).served
+    spec = seldon.transformer_spec(plan.transformer.archive, TRANSFORMER)
+    served = seldon.entry_of(spec, None, plan.transformer.facts).served
     files += core.write_inputs(root, sample_inputs([served]))
     (root / "DEPLOY.md").write_text(deploy_md(plan, options, units), encoding="utf-8")
     files.append(root / "DEPLOY.md")

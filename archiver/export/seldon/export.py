@@ -52,12 +52,12 @@ from typing import Dict, List, Optional, Tuple
 
 import yaml
 
-from handlers import archives as archive_files
 from serving import ts_config
 
 from ... import mlserver
 from ...errors import UserError
-from .. import core, crds, model_image, out_dir
+from .. import archive_facts, core, crds, model_image, out_dir
+from ..archive_facts import ArchiveFacts
 from ..bodies import sample_inputs
 from ..kube import check_gpus, check_resources, image_reference, label, suggest
 from ..options import SeldonOptions
@@ -113,11 +113,11 @@ def check(options: SeldonOptions) -> SeldonPlan:
     names = [entry.name for entry in entries]
     experiment = seldon_mirror.check(options, entries, check_ab(options, names), notes)
     if options.ab:
-        archives = {entry.name: entry.archive for entry in entries}
+        archives = {entry.name: entry.facts for entry in entries}
         notes += core.check_same_input("--ab", {model: archives[model] for model, _ in options.ab})
     transformers, pipeline, pipeline_model = check_transformer(options, entries, experiment, notes)
     all_entries = entries + transformers
-    requirements([entry.archive for entry in all_entries], False)  # each line checked before anything is written
+    requirements([entry.facts for entry in all_entries], False)  # each line checked when it was read
     notes += size_notes(options, all_entries)
     manifests = {
         "server.yaml": [server(options, len(all_entries))],
@@ -199,15 +199,11 @@ def default_versions(options: SeldonOptions, notes: List[str]) -> List[ts_config
     return list(chosen.values())
 
 
-def entry_of(spec: ts_config.ModelSpec, extra: Optional[dict] = None) -> Entry:
-    archive = spec.archive
-    manifest = archive_files.read_manifest(archive)["model"]
-    kind = core.input_of(archive)
-    shape = None
-    if kind == "tensor":
-        shape = (ts_config.archive_config(archive).get("handler") or {}).get("input_shape")
-    settings = mlserver.model_settings(spec, f"./{archive.name}", extra)
-    return Entry(spec.name, archive, settings, kind, str(manifest.get("handler")), shape)
+def entry_of(spec: ts_config.ModelSpec, extra: Optional[dict] = None, facts: Optional[ArchiveFacts] = None) -> Entry:
+    """The Model of ``spec``: its archive read once (``facts``, when it was read already)."""
+    facts = facts or archive_facts.read(spec.archive)
+    settings = mlserver.model_settings(spec, f"./{spec.archive.name}", extra)
+    return Entry(spec.name, facts, settings)
 
 
 def check_ab(options: SeldonOptions, names: List[str]) -> Optional[str]:
@@ -266,18 +262,18 @@ def check_transformer(
                 "weights with --handler tensor and name that model"
             )
         core.check_transformer_shape(archive, predictor, names[predictor].shape)
-    model_name = archive_files.read_manifest(archive)["model"]["modelName"]
+    model_name = archive.name
     base = suggest(model_name)[:58]
     transformers = []
     for role, suffix in (("preprocess", "pre"), ("postprocess", "post")):
         name = f"{base}-{suffix}"
-        label(name, "the transformer's Model name", f"package {archive.name} again with a shorter --model-name")
+        label(name, "the transformer's Model name", f"package {archive.path.name} again with a shorter --model-name")
         if name in names:
             raise UserError(
-                f"the transformer's Model name '{name}' is also a model of the store: package {archive.name} again "
-                "under another --model-name"
+                f"the transformer's Model name '{name}' is also a model of the store: package {archive.path.name} "
+                "again under another --model-name"
             )
-        transformers.append(entry_of(transformer_spec(archive, name), {"role": role}))
+        transformers.append(entry_of(transformer_spec(archive.path, name), {"role": role}, archive))
     step = options.default if target == experiment else target
     pipeline = f"{target}-pipeline"
     shorter = "--experiment" if target == experiment else "--transformer-model"

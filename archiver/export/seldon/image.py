@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import List
 
 from ... import mlserver
+from ..archive_facts import ArchiveFacts
 from ..core import render
 from ..images import PYTHON, pinned, pins, torch_index, with_archive_lines, write_context
 from ..kserve import tsctl_image
@@ -24,7 +25,7 @@ BASE_PACKAGES = ("torch", "torchvision", "torchserve", "numpy", "Pillow", "PyYAM
 TEXT_PACKAGES = ("transformers", "safetensors")
 
 
-def requirements(archives: List[Path], text: bool) -> str:
+def requirements(archives: List[ArchiveFacts], text: bool) -> str:
     """The runtime's packages at the versions installed here, then each archive's own requirement lines
     (read as the tsctl engine's image reads them, archiver/export/kserve/tsctl_image.py: without that engine's server
     packages, which would replace MLServer's own)."""
@@ -49,4 +50,4 @@ def write_image_context(out: Path, options: SeldonOptions, entries: List[Entry])
         runtime=RUNTIME_PATH,
     )
     text = any(entry.kind == "text" for entry in entries)
-    return write_context(out / IMAGE_DIR, dockerfile, requirements([entry.archive for entry in entries], text))
+    return write_context(out / IMAGE_DIR, dockerfile, requirements([entry.facts for entry in entries], text))

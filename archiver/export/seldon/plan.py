@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from ..archive_facts import ArchiveFacts
 from ..bodies import Served
 
 API_VERSION = "mlops.seldon.io/v1alpha1"
@@ -23,14 +24,29 @@ AGENT_VOLUME_BYTES = 1 << 30  # the mlserver ServerConfig's mlserver-models volu
 
 @dataclass
 class Entry:
-    """One Seldon Model: its name, archive and model-settings.json."""
+    """One Seldon Model: its name, its archive's facts (read once) and model-settings.json."""
 
     name: str
-    archive: Path
+    facts: ArchiveFacts
     settings: dict
-    kind: Optional[str]  # image, text, tensor (MAR-INF/tsctl.json); None for a handler of the user's own
-    handler: str
-    shape: Optional[list] = None  # a tensor model's handler.input_shape
+
+    @property
+    def archive(self) -> Path:
+        return self.facts.path
+
+    @property
+    def kind(self) -> Optional[str]:
+        """image, text, tensor (MAR-INF/tsctl.json); None for a handler of the user's own."""
+        return self.facts.input
+
+    @property
+    def handler(self) -> str:
+        return self.facts.handler
+
+    @property
+    def shape(self) -> Optional[list]:
+        """A tensor model's handler.input_shape."""
+        return self.facts.input_shape
 
     @property
     def served(self) -> Served:

@@ -1,0 +1,65 @@
+"""What an export needs to know of one archive, read in one opening (``read``): its manifest, its
+model-config.yaml, its handler record (MAR-INF/tsctl.json) and so the kind of input its handler takes, and its
+requirements file, every line checked.
+
+Each export's checks read every archive they name once (the store's, the transformer's) and pass the facts on
+in place of the archive's path: nothing after the checks opens an archive again. Copying the archive into the
+exported tree reads its bytes, not its contents.
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+from handlers import identity
+
+from .. import requirements
+from ..opened_archive import opened
+
+INPUTS = ("image", "text", "tensor")  # what DEPLOY.md knows how to build a request body for
+
+
+@dataclass(frozen=True)
+class ArchiveFacts:
+    path: Path
+    manifest: dict  # MANIFEST.json, checked (handlers/archives.py)
+    config: dict  # model-config.yaml ({} without one)
+    record: Optional[dict]  # MAR-INF/tsctl.json; None: not a toolkit handler
+    requirements_file: Optional[str] = None  # its name in the archive; None: the archive has none
+    requirements_text: str = ""
+    requirement_lines: List[str] = field(default_factory=list)  # each a plain requirement (requirements.check)
+
+    @property
+    def model(self) -> dict:
+        return self.manifest["model"]
+
+    @property
+    def name(self) -> str:
+        return self.model["modelName"]
+
+    @property
+    def handler(self) -> str:
+        return str(self.model.get("handler"))
+
+    @property
+    def toolkit(self) -> bool:
+        return self.record is not None
+
+    @property
+    def input(self) -> Optional[str]:
+        """What its requests hold: image, text or tensor; None for a handler of the user's own that says no more."""
+        kind = (self.record or {}).get("input")
+        return kind if kind in INPUTS else None
+
+    @property
+    def input_shape(self) -> Optional[list]:
+        """A tensor handler's ``handler.input_shape`` (model-config.yaml); None for any other."""
+        return (self.config.get("handler") or {}).get("input_shape") if self.input == "tensor" else None
+
+
+def read(path) -> ArchiveFacts:
+    """The facts of the archive at ``path``, in one opening; a UserError naming the archive for one that is
+    damaged, unsafe or whose requirements file is not plain requirements."""
+    with opened(path) as found:
+        name, text, lines = requirements.of_archive(found)
+        return ArchiveFacts(Path(path), found.manifest, found.config, identity.read(found), name, text, lines)
