@@ -46,10 +46,24 @@ def listing_bytes(files: dict) -> bytes:
 
 def tree_files(root: str) -> dict:
     """Every file under the tree FOLDERS of ``root`` but the listing: relative path -> its sha256. A link, a
-    pipe or a device anywhere is a TreeChanged (the export writes none)."""
+    pipe or a device anywhere is a TreeChanged (the export writes none), the FOLDERS themselves included; so is a
+    folder the check cannot list (what it holds could not be compared)."""
+
+    def unlisted(error: OSError):
+        relative = os.path.relpath(error.filename, root).replace(os.sep, "/")
+        raise TreeChanged(
+            f"{relative} cannot be listed ({error.strerror}), so what it holds cannot be checked: copy the tree again"
+        )
+
     found = {}
     for top in FOLDERS:
-        for folder, folders, names in os.walk(os.path.join(root, top)):
+        try:
+            mode = os.lstat(os.path.join(root, top)).st_mode
+        except FileNotFoundError:  # transformer/ without a transformer; a missing file of the others is named
+            continue
+        if not stat.S_ISDIR(mode):
+            raise TreeChanged(f"{top} is not a folder (a link or a file), which the export never writes: copy the tree")
+        for folder, folders, names in os.walk(os.path.join(root, top), onerror=unlisted):
             for name in sorted(folders + names):
                 path = os.path.join(folder, name)
                 relative = os.path.relpath(path, root).replace(os.sep, "/")
@@ -59,9 +73,17 @@ def tree_files(root: str) -> dict:
                 if not stat.S_ISREG(mode):
                     raise TreeChanged(f"{relative} is not a regular file, which the export never writes: copy the tree")
                 if relative != LISTING:
-                    with open(path, "rb") as opened:
-                        found[relative] = file_digest(opened)
+                    found[relative] = digest_of(path, relative)
     return found
+
+
+def digest_of(path: str, relative: str) -> str:
+    """The sha256 of the file at ``path`` (``relative`` in the tree); one it cannot read is a TreeChanged."""
+    try:
+        with open(path, "rb") as opened:
+            return file_digest(opened)
+    except OSError as error:
+        raise TreeChanged(f"{relative} cannot be read ({error.strerror}): copy the tree again") from None
 
 
 class Tree:

@@ -44,6 +44,16 @@ def check_reference(reference: str, flag: str = "--image-ref"):
                         "digest of the image it writes")  # fmt: skip
 
 
+def registry_of(reference: str) -> str:
+    """The registry an image reference names, by Docker's rule (distribution/reference): the first part of the
+    name is a host when it holds a '.' or a ':' or is ``localhost``; else the image is Docker Hub's
+    (``myorg/vision:1`` -> ``docker.io``; ``registry.example.com/vision:1`` -> ``registry.example.com``)."""
+    first, slash, _ = reference.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return "docker.io"
+
+
 def tag_of(reference: str) -> str:
     """The tag of an image reference (``registry:5000/models/resnet:2`` -> ``2``; none -> ``latest``)."""
     name = reference.rsplit("/", 1)[-1]

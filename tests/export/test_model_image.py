@@ -355,3 +355,20 @@ def test_seldon_core2_mounts_the_same_kind_of_image_into_its_server(project, tmp
     run = deploy_md.run_deploy_md(out, tmp_path / "stubs")
     assert ["copy", "--all", "--preserve-digests", "oci:model-image:1", f"docker://{ref}"] in run.of("skopeo")
     deploy_md.check_referenced_files_exist(out, run)
+
+
+@pytest.mark.parametrize(
+    "reference, registry",
+    [
+        ("registry.example.com/models/vision:1", "registry.example.com"),
+        ("localhost:5000/vision:1", "localhost:5000"),
+        ("localhost/vision:1", "localhost"),
+        ("myorg/vision:1", "docker.io"),  # an outsider's case: DEPLOY.md said 'skopeo login myorg'
+        ("vision:1", "docker.io"),
+        ("ghcr.io/org/team/vision", "ghcr.io"),
+    ],
+)
+def test_deploy_md_logs_in_to_the_registry_docker_would_push_to(reference, registry):
+    """DEPLOY.md's 'skopeo login REGISTRY': the first part of the name is a host only with a '.' or a ':', or as
+    localhost (Docker's rule, distribution/reference); else the image goes to Docker Hub."""
+    assert model_image.registry_of(reference) == registry

@@ -93,12 +93,14 @@ class Oci(Storage):
         return files, {self.uri(): f"oci+native://{self.reference}@{self.digest}"}
 
     def steps(self, options: ExportOptions, archives: List[Path], config_files: Sequence[str]) -> str:
-        host = self.reference.split("/", 1)[0] if "/" in self.reference else "docker.io"
         return core.render(
-            "kserve-storage-oci", image_ref=self.reference, image_digest=self.digest, registry=host,
+            "kserve-storage-oci",
+            image_ref=self.reference,
+            image_digest=self.digest,
+            registry=model_image.registry_of(self.reference),
             tag=model_image.tag_of(self.reference),
             transformer_folder=" and `/models/transformer/`" if options.transformer_archive else "",
-        )  # fmt: skip
+        )
 
 
 STORAGES = {"pvc": Pvc, "oci": Oci}

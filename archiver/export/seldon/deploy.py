@@ -60,10 +60,14 @@ def storage_steps(options: SeldonOptions, plan: SeldonPlan, image_digest: Option
     ns, pod = f"-n {options.namespace}", f"{options.server}-copy"
     if options.model_image:
         return core.render(
-            "seldon-storage-oci", models_dir=MODELS_DIR, image_digest=image_digest, mount=MOUNT,
-            registry=options.image_ref.split("/", 1)[0], tag=model_image.tag_of(options.image_ref),
+            "seldon-storage-oci",
+            models_dir=MODELS_DIR,
+            image_digest=image_digest,
+            mount=MOUNT,
+            registry=model_image.registry_of(options.image_ref),
+            tag=model_image.tag_of(options.image_ref),
             image_ref=options.image_ref,
-        )  # fmt: skip
+        )
     entries = plan.entries + plan.transformers
     copies = [
         f"kubectl cp {ns} {MODELS_DIR}/{entry.name}/{file} {pod}:/pvc/{MODELS_DIR}/{entry.name}/{file}"
