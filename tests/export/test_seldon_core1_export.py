@@ -116,7 +116,8 @@ def test_an_ab_graph_is_a_valid_seldon_deployment(store, tmp_path):
     dockerfile = (out / "component-image/Dockerfile").read_text()
     assert 'CMD ["sh", "-c", "exec seldon-core-microservice \\"$MODEL_NAME\\" --service-type \\"$SERVICE_TYPE\\""]' \
         in dockerfile  # fmt: skip
-    assert "COPY serving/ /opt/tsctl/serving/" in dockerfile and (out / "component-image/serving/seldon_components.py")
+    assert "COPY serving/ /opt/tsctl/serving/" in dockerfile
+    assert (out / "component-image/serving/runtimes/seldon_components.py").is_file()
     pins = (out / "component-image/requirements.txt").read_text().splitlines()
     assert pins[:4] == ["seldon-core==1.17.1", "numpy==1.26.4", "PyYAML==6.0.1", "setuptools==80.9.0"]
     assert "torchserve==0.12.0" in pins and not any(p.startswith(("mlserver", "kserve", "numpy==2")) for p in pins)

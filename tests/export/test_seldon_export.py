@@ -119,9 +119,9 @@ def test_the_tree_and_every_manifest_are_valid(store, tmp_path):
     assert f"FROM python:{sys.version_info.major}.{sys.version_info.minor}-slim\n" in dockerfile
     command = 'exec python -m serving.runtimes.mlserver_start start \\"$MLSERVER_MODELS_DIR\\"'
     assert f'CMD ["sh", "-c", "{command}"]' in dockerfile
-    assert (out / "server-image/serving/mlserver_start.py").is_file()
+    assert (out / "server-image/serving/runtimes/mlserver_start.py").is_file()
     assert "COPY handlers/ /opt/tsctl/handlers/\nCOPY serving/ /opt/tsctl/serving/\n" in dockerfile
-    assert (out / "server-image/serving/mlserver_runtime.py").is_file()
+    assert (out / "server-image/serving/runtimes/mlserver_runtime.py").is_file()
     assert not list((out / "server-image/handlers").rglob("__pycache__"))
     pins = (out / "server-image/requirements.txt").read_text().splitlines()
     for package in ("torch", "torchvision", "numpy", "Pillow", "PyYAML", "transformers", "safetensors"):

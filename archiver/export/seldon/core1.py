@@ -54,9 +54,10 @@ from .. import core, crds, out_dir
 from ..archive_facts import ArchiveFacts
 from ..bodies import sample_inputs
 from ..images import PYTHON, pinned, pins, torch_index, with_archive_lines, write_context
-from ..kube import check_gpus, check_resources, container_resources, cpu_cores, image_reference, label, memory_bytes
+from ..kube import container_resources, cpu_cores, label, memory_bytes
 from ..options import SeldonCore1Options
 from . import export as seldon
+from .plan import check_shared_flags
 
 API_VERSION = "machinelearning.seldon.io/v1"
 COMPONENTS = "serving.runtimes.seldon_components"
@@ -155,12 +156,11 @@ def check(options: SeldonCore1Options) -> Graph:
 
 def check_flags(options: SeldonCore1Options):
     label(options.name, "--name", "name the SeldonDeployment another way, e.g. --name tsctl-graph")
-    label(options.claim, "--claim", "name the claim another way, e.g. --claim tsctl-models")
-    label(options.namespace, "--namespace", "give the namespace the graph goes in, e.g. --namespace seldon")
-    image_reference(options.image, "--image", f"name the image to build from OUT/{IMAGE_DIR}, e.g. --image "
-                    "registry.example.com/tsctl-seldon:1")  # fmt: skip
-    check_resources(options.cpu, options.memory)
-    check_gpus(options.gpus)
+    check_shared_flags(
+        options,
+        "give the namespace the graph goes in, e.g. --namespace seldon",
+        f"name the image to build from OUT/{IMAGE_DIR}, e.g. --image registry.example.com/tsctl-seldon:1",
+    )
     if not options.transformer_archive:
         raise UserError(
             "--core 1 exports the graph TRANSFORMER -> ROUTER -> MODELs: give --transformer-archive (a toolkit "

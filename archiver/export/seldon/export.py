@@ -59,13 +59,13 @@ from ...errors import UserError
 from .. import archive_facts, core, crds, model_image, out_dir
 from ..archive_facts import ArchiveFacts
 from ..bodies import sample_inputs
-from ..kube import check_gpus, check_resources, image_reference, label, suggest
+from ..kube import label, suggest
 from ..options import SeldonOptions
 from . import mirror as seldon_mirror
 from .deploy import curl_lines, deploy_md, served_models
 from .image import IMAGE_DIR, requirements, write_image_context
 from .manifests import API_VERSION, experiment_manifest, model, network_policy, pipeline_manifest, server, server_memory
-from .plan import AGENT_VOLUME_BYTES, MODELS_DIR, SERVER_CONFIG, Entry, SeldonPlan
+from .plan import AGENT_VOLUME_BYTES, MODELS_DIR, SERVER_CONFIG, Entry, SeldonPlan, check_shared_flags
 
 __all__ = ["API_VERSION", "SeldonOptions", "export", "parse_ab", "model", "server"]
 
@@ -148,12 +148,11 @@ def check_out(options: SeldonOptions):
 
 def check_flags(options: SeldonOptions):
     label(options.server, "--server", "name the Server another way, e.g. --server tsctl-mlserver")
-    label(options.claim, "--claim", "name the claim another way, e.g. --claim tsctl-models")
-    label(options.namespace, "--namespace", "give the namespace Seldon Core 2 runs in, e.g. --namespace seldon-mesh")
-    image_reference(options.image, "--image", f"name the image to build from OUT/{IMAGE_DIR}, e.g. --image "
-                    "registry.example.com/tsctl-mlserver:1")  # fmt: skip
-    check_resources(options.cpu, options.memory)
-    check_gpus(options.gpus)
+    check_shared_flags(
+        options,
+        "give the namespace Seldon Core 2 runs in, e.g. --namespace seldon-mesh",
+        f"name the image to build from OUT/{IMAGE_DIR}, e.g. --image registry.example.com/tsctl-mlserver:1",
+    )
     if options.model_image:
         model_image.check_reference(options.image_ref or "", "--image-ref")
     elif options.image_ref is not None:

@@ -7,6 +7,7 @@ from typing import Dict, List, Optional
 
 from ..archive_facts import ArchiveFacts
 from ..bodies import Served
+from ..kube import check_gpus, check_resources, image_reference, label
 
 API_VERSION = "mlops.seldon.io/v1alpha1"
 SERVER_CONFIG = "mlserver"  # Seldon Core 2's own MLServer ServerConfig
@@ -64,3 +65,14 @@ class SeldonPlan:
     pipeline: Optional[str]
     pipeline_model: Optional[str]
     notes: List[str]
+
+
+
+def check_shared_flags(options, namespace_fix: str, image_fix: str):
+    """The flags both Seldon exports take alike: the claim, the namespace, the image to build, the container's
+    CPU, memory and GPUs; one UserError naming the flag (``namespace_fix``, ``image_fix``: each export's advice)."""
+    label(options.claim, "--claim", "name the claim another way, e.g. --claim tsctl-models")
+    label(options.namespace, "--namespace", namespace_fix)
+    image_reference(options.image, "--image", image_fix)
+    check_resources(options.cpu, options.memory)
+    check_gpus(options.gpus)
