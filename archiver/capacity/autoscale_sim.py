@@ -35,7 +35,7 @@ from types import SimpleNamespace
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .. import choices
-from ..export.kserve.autoscale import RATE_WINDOW_S  # the answer rate KEDA's query reads: rate(...[1m])
+from ..export.kserve.autoscale_numbers import RATE_WINDOW_S  # the answer rate KEDA's query reads: rate(...[1m])
 
 # ---- Knative's KPA: config/core/configmaps/autoscaler.yaml (defaults) and pkg/autoscaler -----------------
 KPA_TICK_S = 2.0  # pkg/autoscaler/scaling/multiscaler.go:36 tickInterval
@@ -477,16 +477,16 @@ def _solve(f: Callable[[float], float], q: float, low: float, high: float) -> fl
 def exported(doc: dict, mode: str, max_replicas: int, min_replicas: int = 1, scale_down_s: int = 300) -> dict:
     """The numbers ``tsctl export kserve --autoscale MODE --from-bench`` writes for ``doc``, by the export's
     own functions (archiver/export/kserve/autoscale.py): the operating point and each mode's target."""
-    from ..export.kserve import autoscale
+    from ..export.kserve import autoscale_modes, autoscale_numbers
 
-    plan = autoscale.Autoscaling(mode, 0, min_replicas, max_replicas, scale_down_s, capacity=doc, model=doc["model"])
-    autoscale.operating_point(plan, None)
+    chosen = autoscale_modes.named(mode)
+    numbers = autoscale_numbers
+    plan = numbers.Autoscaling(chosen, 0, min_replicas, max_replicas, scale_down_s, capacity=doc, model=doc["model"])
+    numbers.operating_point(plan, None)
     options = SimpleNamespace(
         scale_metric="concurrency", peak_rps=None, max_replicas=max_replicas, namespace="default", name=doc["model"]
     )
-    {"knative": autoscale.knative_numbers, "keda": autoscale.keda_numbers, "hpa": autoscale.hpa_numbers}[mode](
-        plan, options
-    )
+    chosen.numbers(plan, options)
     return dict(plan.numbers, concurrency=plan.concurrency, step_rps=plan.step["throughput_rps"])
 
 

@@ -26,7 +26,7 @@ PYTHON_ERROR = re.compile(r"^(?:ERROR:[\w.]+:)?\s*([A-Za-z_.]*(?:Error|Exception
 # A worker's own error, as the engine logs its output: "... tsctl.worker: [MODEL VERSION wN] XError: ..."
 WORKER_ERROR = re.compile(r"tsctl\.worker: \[[^\]]*\]\s+([A-Za-z_][\w.]*(?:Error|Exception)\b:.*)$")
 # A traceback through the engine's own imports (a line of its own: a worker's lines carry their prefix).
-ENGINE_IMPORT = re.compile(r'^\s*File ".*[/\\](?:serving|handlers)[/\\]engine\w*\.py", line \d+, in <module>$')
+ENGINE_IMPORT = re.compile(r'^\s*File ".*[/\\]serving[/\\]engine[/\\]\w+\.py", line \d+, in <module>$')
 MISSING_MODULE = re.compile(r"^ModuleNotFoundError: No module named '([\w.]+)'")
 
 

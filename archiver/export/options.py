@@ -42,7 +42,7 @@ class ExportOptions:
     target: Optional[int] = None  # one replica's concurrency, by hand (at most the measured knee)
     scale_metric: str = "concurrency"  # knative: concurrency | rps
     min_replicas: int = 1
-    max_replicas: Optional[int] = None  # None: --peak-rps's, else autoscale.DEFAULT_MAX_REPLICAS
+    max_replicas: Optional[int] = None  # None: --peak-rps's, else autoscale_numbers.DEFAULT_MAX_REPLICAS
     peak_rps: Optional[float] = None  # the load to plan for: maxReplicas = ceil(peak / one replica's throughput)
     scale_down_delay: str = "300s"
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"  # what KEDA queries

@@ -94,7 +94,7 @@ def test_unregistering_answers_what_was_queued_and_lets_the_held_batch_finish(en
 def test_tokens_are_on_unless_the_config_or_the_command_line_says_otherwise(root, tmp_path, monkeypatch):
     """As TorchServe 0.12: with no config file, or one that does not say disable_token_authorization=true;
     a TS_* variable wins with enable_envvars_config=true; the engine's --disable_token_auth turns them off."""
-    from serving.engine import app as engine_module
+    from serving.engine import main as engine_module
 
     bare = tmp_path / "bare"
     (bare / "model-store").mkdir(parents=True)

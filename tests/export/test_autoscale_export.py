@@ -15,7 +15,7 @@ from archiver import properties
 from archiver.cli import main
 from archiver.errors import UserError
 from archiver.export import crds
-from archiver.export.kserve import autoscale
+from archiver.export.kserve import autoscale_modes
 from archiver.export.kserve import export as kserve
 from helpers import deploy_md
 from helpers.models import package_resnet
@@ -232,7 +232,7 @@ def test_keda_scales_on_the_answer_rate_and_requests_in_flight(project, tmp_path
     assert in_flight["external"]["metric"]["query"] == f"sum(ts_requests_in_flight{pods})"
     assert in_flight["external"]["target"] == {"type": "Value", "value": "4.2"}
     assert "scaleMetric" not in predictor and predictor["model"]["readinessProbe"]["httpGet"]["port"] == 8080
-    scaled = autoscale.kserve_scaled_object(isvc)
+    scaled = autoscale_modes.kserve_scaled_object(isvc)
     assert crds.problems(scaled) == []
     assert [t["metadata"]["threshold"] for t in scaled["spec"]["triggers"]] == ["67.2", "4.2"]
     service, monitor = written(tmp_path, "metrics-service.yaml"), written(tmp_path, "servicemonitor.yaml")

@@ -159,6 +159,7 @@ def test_a_canary_keeps_knative_autoscaling_and_standard_mode_has_none(project, 
     """Every step of the rollout carries the autoscaling (--autoscale knative); Standard mode (keda, hpa: plain
     Deployments, no revisions) has no canary, refused in one line."""
     from archiver.errors import UserError
+    from archiver.export.kserve import autoscale_modes
     from archiver.export.kserve import canary as kserve_canary
 
     out = tmp_path / "out"
@@ -173,7 +174,7 @@ def test_a_canary_keeps_knative_autoscaling_and_standard_mode_has_none(project, 
     assert "## 7. Autoscaling" in deploy and "## 8. Roll out behind the shadow check" in deploy
     for mode in ("keda", "hpa"):
         with pytest.raises(UserError, match=f"--autoscale {mode} deploys in Standard mode, which has no canary"):
-            kserve_canary.manifests(scaled, kserve_options(project, out, canary=10, autoscale=mode))
+            kserve_canary.manifests(scaled, kserve_options(project, out, canary=10), autoscale_modes.named(mode))
     # the candidate's revision at 0% scales to zero with --min-replicas 0: no pod for tsctl shadow to compare
     with pytest.raises(UserError, match="--canary with --min-replicas 0: Knative scales the candidate's revision"):
         kserve.export(kserve_options(project, tmp_path / "zero", canary=10, autoscale="knative", target=4,

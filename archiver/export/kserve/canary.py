@@ -16,34 +16,26 @@ export's other steps reach a pod, so it needs neither DNS for the tagged hosts n
 
 import copy
 from pathlib import Path
-from typing import Dict, List
+from typing import TYPE_CHECKING, Dict, List
 
 from handlers import golden as answers
 
-from ...errors import UserError
 from .. import core
 from ..options import ExportOptions
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .autoscale_modes import Mode
 
 TAG_ROUTING = "serving.kserve.io/enable-tag-routing"
 SHADOW, PROMOTE = "inferenceservice-shadow.yaml", "inferenceservice-promote.yaml"
 PORTS = (8081, 8082)  # the local ports of the current and the candidate revision's pods
 
 
-def manifests(isvc: dict, options: ExportOptions) -> Dict[str, dict]:
+def manifests(isvc: dict, options: ExportOptions, mode: "Mode") -> Dict[str, dict]:
     """The canary's InferenceService (``isvc``, with canaryTrafficPercent and any autoscaling) with tag
     routing on, and the shadow and promote steps made from it. Standard mode (``--autoscale keda|hpa``: plain
-    Deployments, no revisions) has no canary: refused in one line."""
-    mode = getattr(options, "autoscale", None)
-    if mode in ("keda", "hpa"):
-        raise UserError(
-            f"--canary needs KServe's Knative mode (revisions; older KServe calls it Serverless), but --autoscale "
-            f"{mode} deploys in Standard mode, which has no canary: use --autoscale knative, or drop --canary"
-        )
-    if mode == "knative" and isvc["spec"]["predictor"].get("minReplicas") == 0:
-        raise UserError(
-            "--canary with --min-replicas 0: Knative scales the candidate's revision to zero while it has none of "
-            "the traffic (the shadow step), and tsctl shadow finds no pod to compare: give --min-replicas 1 or more"
-        )
+    Deployments, no revisions) has no canary: refused in one line (``mode.check_canary``)."""
+    mode.check_canary(isvc)
     canary = copy.deepcopy(isvc)
     canary["metadata"].setdefault("annotations", {})[TAG_ROUTING] = "true"
     shadow, promote = copy.deepcopy(canary), copy.deepcopy(canary)

@@ -2,7 +2,7 @@
 directory DEPLOY.md is in (the export can be moved or copied anywhere)."""
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Sequence
 
 from .. import core
 from ..bodies import Served, request_bodies
@@ -40,7 +40,7 @@ def deploy_md(
     curls: List[str],
     models: List[Served],
     locked: Dict[Path, dict],
-    plan: Optional[autoscale.Autoscaling] = None,
+    plan: autoscale.Autoscaling,
     config_files: Sequence[str] = ("config.properties",),
 ) -> str:
     """DEPLOY.md (templates/kserve.md); ``models``: the served models, their sample inputs chosen; ``plan``: the
@@ -66,8 +66,8 @@ def deploy_md(
         transformer_note=transformer_note(options),
         curls=core.lines(curls),
         split=split_section(options, models, ns),
-        autoscale=autoscale_section(plan, options, ns),
-        canary=kserve_canary.section(options, archives, 8 if plan else 7),
+        autoscale=plan.mode.section(plan, options, ns),
+        canary=kserve_canary.section(options, archives, 7 + plan.mode.deploy_steps),
     )
     return text.rstrip("\n") + "\n"
 
@@ -80,14 +80,14 @@ def needs(options: ExportOptions) -> str:
     return text
 
 
-def apply_lines(options: ExportOptions, target: targets.Target, ns: str, plan=None) -> List[str]:
+def apply_lines(options: ExportOptions, target: targets.Target, ns: str, plan: autoscale.Autoscaling) -> List[str]:
     """Step 3's commands: the autoscaling's prerequisites, the target's own, the InferenceService (and graph,
     and the autoscaling's disruption budget and monitor), then the wait."""
-    applied = autoscale_prerequisites(plan) + target.apply_lines(options)
+    applied = plan.mode.prerequisites(plan) + target.apply_lines(options)
     applied += [f"kubectl apply {ns} -f {kserve_canary.first_manifest(options)}"]
     if options.split:
         applied.append(f"kubectl apply {ns} -f inferencegraph.yaml")
-    applied += autoscale_apply_lines(plan, options, ns)
+    applied += plan.mode.apply_lines(plan, ns)
     return applied + [f"kubectl wait {ns} --for=condition=Ready inferenceservice/{options.name} --timeout=600s"]
 
 
@@ -122,59 +122,3 @@ def split_section(options: ExportOptions, models: List[Served], ns: str) -> str:
         return ""
     first = next(m for m in models if m.name == options.split[0][0])
     return core.render("kserve-split", name=options.name, ns=ns, curl=curl_line("", first.input_file))
-
-
-# ---- the autoscaling's files and section (--autoscale: archiver/export/kserve/autoscale.py) -------------------------
-def autoscale_prerequisites(plan: Optional[autoscale.Autoscaling]) -> List[str]:
-    """What must be in the cluster before the autoscaling's files apply: the Prometheus Operator's CRD of the
-    monitor, and with KEDA its ScaledObject CRD (KServe makes one of the InferenceService)."""
-    if plan is None:
-        return []
-    crds = [f"{plan.monitor}s.monitoring.coreos.com"] + (["scaledobjects.keda.sh"] if plan.mode == "keda" else [])
-    return [f"kubectl get crd {name}" for name in crds]
-
-
-def autoscale_apply_lines(plan: Optional[autoscale.Autoscaling], options: ExportOptions, ns: str) -> List[str]:
-    if plan is None:
-        return []
-    files = ["pdb.yaml"] + (
-        ["podmonitor.yaml"] if plan.monitor == "podmonitor" else ["metrics-service.yaml", "servicemonitor.yaml"]
-    )
-    return [f"kubectl apply {ns} -f {name}" for name in files]
-
-
-def autoscale_section(plan: Optional[autoscale.Autoscaling], options: ExportOptions, ns: str) -> str:
-    """DEPLOY.md's "Autoscaling" section (templates/kserve-autoscale-MODE.md): the numbers, each with its
-    source."""
-    if plan is None:
-        return ""
-    rows = [f"| {setting} | {value} | {source} |" for setting, value, source in plan.sources]
-    check_lines = {
-        "knative": f"kubectl get podautoscaler {ns} -l serving.kserve.io/inferenceservice={options.name}",
-        "keda": f"kubectl get scaledobject {ns} {options.name}-predictor -o yaml",
-        "hpa": f"kubectl get hpa {ns} {options.name}-predictor -o yaml",
-    }
-    return core.render(
-        f"kserve-autoscale-{plan.mode}",
-        name=options.name,
-        rows=core.lines(rows),
-        capacity=autoscale.CAPACITY_FILE if plan.capacity else "no result file (--target by hand)",
-        simulate=simulate_line(plan),
-        check=check_lines[plan.mode],
-        monitor=f"kubectl get {plan.monitor} {ns} {options.name}-predictor",
-        rate_query=plan.queries.get("rps", ""),
-        load_query=plan.queries.get("in_flight", ""),
-        prometheus=options.prometheus_url,
-        min_replicas=plan.min_replicas,
-    )
-
-
-def simulate_line(plan: autoscale.Autoscaling) -> str:
-    """The section's pointer to ``tsctl simulate`` on the result copied beside it (none without a result)."""
-    if plan.capacity is None:
-        return ""
-    return (
-        f"What these numbers do under a ramp, a spike and a day of load, before a cluster sees them: "
-        f"`tsctl simulate {autoscale.CAPACITY_FILE} --autoscale {plan.mode}` here, with `--start-seconds` set to "
-        'how long a new pod takes to be ready on your cluster (docs/kserve.md, "Before a cluster sees them").\n\n'
-    )

@@ -48,6 +48,7 @@ from ..options import ExportOptions
 from . import autoscale, targets
 from . import canary as kserve_canary
 from . import storage as kserve_storage
+from .autoscale_numbers import CAPACITY_FILE
 from .deploy import curl_lines, deploy_md, predict_path
 from .targets import MOUNT
 
@@ -92,21 +93,18 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     metrics = carried_metrics(properties, config_path)
     ports = target.ports(properties) if options.autoscale else None  # the pod's, where the autoscaling looks
     plan = autoscale.check(options, snapshot, target, notes, ports)
-    if plan is not None and plan.mode == "keda":
-        autoscale.check_metrics_config(metrics, f"metrics_config of {config_path}")
+    plan.mode.check_metrics(metrics, f"metrics_config of {config_path}")
     locked = target.prepare(options, properties, facts, notes, scratch)
 
     manifests = target.manifests(options, resources(options))  # the runtime the InferenceService names first
     manifests["inferenceservice.yaml"] = isvc = inference_service(options, snapshot)
-    scaling = {}
-    if plan is not None:
-        autoscale.apply(isvc, plan, options, ports)
-        scaling = autoscale.manifests(plan, options, ports)
+    autoscale.apply(isvc, plan, options, ports)
+    scaling = autoscale.manifests(plan, options, ports)
     if options.canary is not None:  # the shadow, canary and promote steps (kserve/canary.py), scaled as isvc
-        manifests.update(kserve_canary.manifests(isvc, options))
+        manifests.update(kserve_canary.manifests(isvc, options, plan.mode))
     if options.split:
         manifests["inferencegraph.yaml"] = inference_graph(options)
-    for name, manifest in list(manifests.items()) + (autoscale.validated(plan, isvc, scaling) if plan else []):
+    for name, manifest in list(manifests.items()) + autoscale.validated(plan, isvc, scaling):
         crds.check(manifest, name)
     manifests.update(scaling)
     models = served_models(options, facts, transformer)
@@ -134,7 +132,7 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
         files += core.write_inputs(staging, inputs)
         capacity = autoscale.capacity_copy(plan)
         if capacity is not None:
-            files += core.write_inputs(staging, {autoscale.CAPACITY_FILE: capacity})
+            files += core.write_inputs(staging, {CAPACITY_FILE: capacity})
         config_files = ["config.properties"] + ([METRICS_FILE] if metrics is not None else []) + [listing.name]
         deploy = deploy_md(options, storage, archives, curls, models, locked, plan, config_files)
         (staging / "DEPLOY.md").write_text(deploy, encoding="utf-8")
@@ -234,13 +232,6 @@ def check_options(options: ExportOptions) -> kserve_storage.Storage:
         raise UserError(f"--protocol {options.protocol!r} must be v1 or v2")
     if options.canary is not None and not 0 <= options.canary <= 100:
         raise UserError(f"--canary {options.canary} must be a percentage from 0 to 100")
-    if not options.autoscale and not 0 <= options.min_replicas <= autoscale.INT32:
-        raise UserError(
-            f"--min-replicas {options.min_replicas} must be 0 or more (KServe's minReplicas, an int32; 0 lets the "
-            "predictor scale to zero): give the fewest replicas to keep running, e.g. --min-replicas 2"
-        )
-    if not options.autoscale and options.max_replicas is not None:  # KServe's own autoscaler's bounds
-        autoscale.replicas(options, "knative")
     targets.named(options.engine).check_export(options)
     return storage
 

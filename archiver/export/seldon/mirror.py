@@ -54,7 +54,7 @@ def check(options: SeldonOptions, entries: List[Entry], experiment: Optional[str
             f"{said} the model answering now, which --mirror '{candidate}' shadows: give --default with another "
             f"model of the store ({', '.join(others)})"
         )
-    archives = {entry.name: entry.archive for entry in entries}
+    archives = {entry.name: entry.facts for entry in entries}
     notes += core.check_same_input("--mirror", {current: archives[current], candidate: archives[candidate]})
     options.default = current
     if options.ab:
