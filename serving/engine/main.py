@@ -10,6 +10,7 @@ tree: one line on stderr, exit 1 or 2.
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -29,10 +30,24 @@ logger = logging.getLogger("tsctl.engine")
 
 
 def pinned_tree(args) -> Optional[Tree]:
-    """With ``--tree_digest``: the tree above the model store (export kserve's), every file of it checked."""
+    """With ``--tree_digest``: the tree above the model store (export kserve's), every file of it checked, and
+    served from that tree alone: --model_store is its model-store/ and --ts_config its config/config.properties,
+    as given (a link among the tree's folders is refused by the check, not followed around it)."""
     if not args.tree_digest:
         return None
-    root = str(Path(args.model_store).resolve().parent)
+    store = os.path.abspath(args.model_store)
+    root = os.path.dirname(store)
+    if os.path.basename(store) != "model-store":
+        raise TreeChanged(
+            f"--model_store {args.model_store} is not a tree's model-store/ folder: a pinned tree is served from "
+            "ROOT/model-store"
+        )
+    config = os.path.join(root, "config", "config.properties")
+    if args.ts_config and os.path.abspath(args.ts_config) != config:
+        raise TreeChanged(
+            f"--ts_config {args.ts_config} is not the pinned tree's config/config.properties: serve the tree's own "
+            f"config ({config})"
+        )
     tree = Tree.pinned(root, args.tree_digest)
     tree.check_all()
     logger.info("the tree %s is the one %s pins: %d files checked", root, args.tree_digest, len(tree.files))

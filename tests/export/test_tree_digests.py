@@ -7,7 +7,9 @@ whoever copied or built them), the check once passed a tree holding:
 - an added file under such a folder in config/;
 - model-store/ or config/ itself a link to a folder elsewhere (whose contents can change after the check).
 
-Each is now refused, in one line naming what it could not check."""
+Each is now refused, in one line naming what it could not check. And the tsctl engine, started with the pinned
+digest, checked the tree above the store's real path while it read --ts_config where it was given: a link and a
+changed config passed."""
 
 import hashlib
 import os
@@ -18,6 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from archiver.server import free_port
+from helpers.engine import engine_command
+from helpers.paths import ROOT
 from serving import tree_digests
 
 UID = 1000  # KServe's TorchServe runtime's runAsUser (kserve-torchserve's securityContext)
@@ -93,3 +98,40 @@ def test_a_tree_folder_that_is_a_link_is_refused(tree, top):
     finally:
         (root / top).unlink()
         shutil.move(moved, root / top)
+
+
+def engine_start(root: Path, digest: str, *arguments: str) -> subprocess.CompletedProcess:
+    """The tsctl engine started on ``root`` with the pinned digest, as the exported predictor starts it; it must
+    stop before any worker with exit 2 and one line."""
+    ports = ["--http_port", str(free_port()), "--grpc_port", str(free_port())]
+    command = engine_command(root / "model-store", *ports, "--tree_digest", digest, *arguments)
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def refusals(ran: subprocess.CompletedProcess) -> list:
+    return [line for line in ran.stderr.splitlines() if line.startswith("tsctl engine: ")]
+
+
+def test_the_engine_checks_the_tree_it_serves_not_the_one_a_link_leads_to(tree):
+    """An outsider's attack: config.properties changed (enable_model_api turned on), model-store/ made a link to
+    a copy of the exported tree elsewhere. The engine checked the tree above the store's real path (the copy,
+    unchanged) and served the changed config: its model API registered a model. Now the tree is the one above
+    --model_store as given, so the link is refused, and --ts_config must be that tree's config."""
+    root, digest = tree
+    config = root / "config" / "config.properties"
+    alt = root.parent / f"{root.name}-alt"
+    shutil.copytree(root, alt)
+    try:
+        config.write_text(config.read_text() + "enable_model_api=true\n")
+        shutil.rmtree(root / "model-store")
+        (root / "model-store").symlink_to(alt / "model-store")
+        ran = engine_start(root, digest, "--ts_config", str(config))
+        assert ran.returncode == 2 and refusals(ran) == [
+            "tsctl engine: model-store is not a folder (a link or a file), which the export never writes: copy the tree"
+        ], ran.stderr
+        ran = engine_start(alt, digest, "--ts_config", str(config))  # the tree unchanged, another config
+        assert ran.returncode == 2 and len(refusals(ran)) == 1, ran.stderr
+        assert refusals(ran)[0].startswith(f"tsctl engine: --ts_config {config} is not the pinned tree's"), ran.stderr
+        assert "worker" not in ran.stderr.lower(), ran.stderr
+    finally:
+        shutil.rmtree(alt)
