@@ -25,13 +25,10 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Tuple
+from typing import Dict, List, Tuple
 
 from . import requirements
 from .errors import UserError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .export.archive_facts import ArchiveFacts
 
 PLATFORM = "x86_64-manylinux_2_28"  # uv's name; the images are Ubuntu 22.04+ on x86_64
 PIP_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux1_x86_64")
@@ -198,10 +195,10 @@ def wheels(lock_lines: List[str], runtime: KServeImage, into: Path) -> List[Path
 
 
 def for_runtime(
-    archives: List["ArchiveFacts"], runtime: KServeImage, offline: bool, scratch: Path, notes: List[str], progress=None
+    archives: list, runtime: KServeImage, offline: bool, scratch: Path, notes: List[str], progress=None
 ) -> dict:
-    """What each archive needs replaced to install on ``runtime``: its requirements file as a lock
-    (with ``offline``: ``--no-index --find-links wheels`` and the wheels under ``wheels/``).
+    """What each archive (its export's ``ArchiveFacts``) needs replaced to install on ``runtime``: its requirements
+    file as a lock (with ``offline``: ``--no-index --find-links wheels`` and the wheels under ``wheels/``).
     {archive: {entry name: bytes or Path}}; archives without requirements are left out. ``progress``
     (archiver.output.Progress) hears of each archive resolved and each download."""
     progress = progress or (lambda message: None)
