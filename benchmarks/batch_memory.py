@@ -23,7 +23,7 @@ import torch
 from common import write_section
 
 from archiver import properties, server  # noqa: E402
-from archiver.engines import torchserve  # noqa: E402
+from archiver.engines import torchserve_launch  # noqa: E402
 from helpers.cgroups import MemoryLimit, peak_rss  # noqa: E402
 from helpers.hostile import build, scripted  # noqa: E402
 from helpers.paths import short_tmp  # noqa: E402
@@ -39,7 +39,7 @@ def main(seconds: float = 60):
     tmp = Path(tempfile.mkdtemp(prefix="batch-memory-"))
     store = build(tmp, "tensor", "tensor", scripted(tmp / "linear.pt", torch.nn.Linear(4, 2)), BATCHING).parent
     home = short_tmp("batchmem-")
-    srv = torchserve.start(properties.write_config(store, home / "config.properties"), store, home)
+    srv = torchserve_launch.start(properties.write_config(store, home / "config.properties"), store, home)
     url = f"{srv.inference}/predictions/tensor"
     statuses, good_ms, failures = Counter(), [], []
     lock = threading.Lock()

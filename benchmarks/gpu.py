@@ -34,7 +34,7 @@ from p1_image import photo
 
 from archiver import engines, mar, properties, server  # noqa: E402
 from archiver.capacity import bench
-from archiver.engines import torchserve  # noqa: E402
+from archiver.engines import torchserve_launch  # noqa: E402
 from handlers import golden as golden_format  # noqa: E402
 from helpers.engine import Engine  # noqa: E402
 from helpers.paths import short_tmp  # noqa: E402
@@ -143,7 +143,7 @@ def main():
     config = tmp / "config" / "config.properties"
     sides = {}
     if shutil.which("java"):
-        ts = torchserve.start(config, store, short_tmp("gpu-ts-"), timeout=600)
+        ts = torchserve_launch.start(config, store, short_tmp("gpu-ts-"), timeout=600)
         try:
             report.step("torchserve_workers", described_workers(ts.management, ts.headers("management")))
             sides["torchserve"] = load(engines.predict_url(ts, "resnet18"), photos, args.clients, args.seconds)

@@ -18,7 +18,7 @@ from pathlib import Path
 from common import write_section
 
 from archiver import properties, server  # noqa: E402
-from archiver.engines import torchserve  # noqa: E402
+from archiver.engines import torchserve_launch  # noqa: E402
 from helpers.cgroups import MemoryLimit, peak_rss  # noqa: E402
 from helpers.models import package_resnet  # noqa: E402
 from helpers.paths import short_tmp  # noqa: E402
@@ -32,7 +32,7 @@ def main(clients: int = 64, seconds: float = 60):
     store = tmp / "model-store"
     package_resnet(image_model.build(tmp / "sample"), store, config_text=BATCHING)
     home = short_tmp("hostile-")
-    srv = torchserve.start(properties.write_config(store, home / "config.properties"), store, home)
+    srv = torchserve_launch.start(properties.write_config(store, home / "config.properties"), store, home)
     srv.store = store
     try:
         before = workers(srv, "resnet18")

@@ -17,7 +17,7 @@ from pathlib import Path
 from common import alternate, median, served_side, write_section
 
 from archiver import engines, properties, server  # noqa: E402
-from archiver.engines import torchserve  # noqa: E402
+from archiver.engines import torchserve_launch  # noqa: E402
 from helpers.models import package_resnet, package_text  # noqa: E402
 from helpers.paths import short_tmp  # noqa: E402
 from samples import image_model, text_models  # noqa: E402
@@ -44,7 +44,7 @@ def main():
     }
     home = short_tmp("bt-")
     started = time.monotonic()
-    ts_server = torchserve.start(properties.write_config(store, home / "config.properties"), store, home)
+    ts_server = torchserve_launch.start(properties.write_config(store, home / "config.properties"), store, home)
     ready = {"TorchServe": time.monotonic() - started}
     started = time.monotonic()
     kserve = engines.ENGINES["tsctl"].start(store, home=short_tmp("bk-"))

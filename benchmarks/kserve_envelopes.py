@@ -19,7 +19,7 @@ from pathlib import Path
 from common import write_section
 
 from archiver import properties, server  # noqa: E402
-from archiver.engines import torchserve  # noqa: E402
+from archiver.engines import torchserve_launch  # noqa: E402
 from helpers.models import package_resnet  # noqa: E402
 from helpers.paths import short_tmp  # noqa: E402
 from samples import image_model  # noqa: E402
@@ -38,7 +38,7 @@ def main():
     rows = []
     for envelope in ("kserve", "kservev2"):
         home = short_tmp("env-")
-        srv = torchserve.start(
+        srv = torchserve_launch.start(
             properties.write_config(store, home / "config.properties"),
             store,
             home,

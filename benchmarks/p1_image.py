@@ -23,7 +23,7 @@ from common import alternate, bar_plot, median, served_side, write_section
 from PIL import Image
 
 from archiver import mar, properties, server  # noqa: E402
-from archiver.engines import torchserve  # noqa: E402
+from archiver.engines import torchserve_launch  # noqa: E402
 from helpers.paths import short_tmp  # noqa: E402
 from samples import image_model, onnx_export  # noqa: E402
 from serving.local_model import LocalModel  # noqa: E402
@@ -97,7 +97,7 @@ def main():
         return round(batches * 8 / (time.perf_counter() - start), 2)
 
     home = short_tmp("p1-")
-    srv = torchserve.start(properties.write_config(store, home / "config.properties"), store, home)
+    srv = torchserve_launch.start(properties.write_config(store, home / "config.properties"), store, home)
     try:
         toolkit = served_side(srv, "toolkit", inputs, CONCURRENCY, REQUESTS)
         builtin = served_side(srv, "builtin", inputs, CONCURRENCY, REQUESTS)

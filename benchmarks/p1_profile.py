@@ -10,7 +10,7 @@ from common import profile_tables, profile_worker, write_section
 from p1_image import CONCURRENCY, TWO_WORKERS, package_toolkit, photo, toolkit_store
 
 from archiver import properties, server  # noqa: E402
-from archiver.engines import torchserve  # noqa: E402
+from archiver.engines import torchserve_launch  # noqa: E402
 from helpers.paths import short_tmp  # noqa: E402
 
 BUCKETS = (
@@ -28,7 +28,7 @@ def main():
     (tmp / "two" / "model-config.yaml").write_text(TWO_WORKERS)
     package_toolkit("toolkit2w", torchscript, sample, tmp / "two", store)
     home = short_tmp("p1p-")
-    srv = torchserve.start(properties.write_config(store, home / "config.properties"), store, home)
+    srv = torchserve_launch.start(properties.write_config(store, home / "config.properties"), store, home)
     try:
         inputs = [(photo(seed), "image/jpeg") for seed in range(16)]
         throughput, shares, cores = profile_worker(srv, "toolkit", inputs, CONCURRENCY, BUCKETS)

@@ -11,7 +11,7 @@ from common import profile_tables, profile_worker, write_section
 from p2_text import CONCURRENCY, SENTENCES
 
 from archiver import mar, properties, server  # noqa: E402
-from archiver.engines import torchserve  # noqa: E402
+from archiver.engines import torchserve_launch  # noqa: E402
 from helpers.paths import short_tmp  # noqa: E402
 from samples.text_models import minilm_dir  # noqa: E402
 
@@ -38,7 +38,7 @@ def main():
             )
         )
     home = short_tmp("p2p-")
-    srv = torchserve.start(properties.write_config(store, home / "config.properties"), store, home)
+    srv = torchserve_launch.start(properties.write_config(store, home / "config.properties"), store, home)
     try:
         inputs = [(s.encode(), "text/plain") for s in SENTENCES]
         throughput, shares, cores = profile_worker(srv, "dynamic", inputs, CONCURRENCY, BUCKETS)

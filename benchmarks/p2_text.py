@@ -23,7 +23,7 @@ import transformers
 from common import alternate, bar_plot, median, served_side, write_section
 
 from archiver import mar, properties, server  # noqa: E402
-from archiver.engines import torchserve  # noqa: E402
+from archiver.engines import torchserve_launch  # noqa: E402
 from helpers.paths import short_tmp  # noqa: E402
 from samples.text_models import minilm_dir  # noqa: E402
 
@@ -102,7 +102,7 @@ def main():
         return round(REQUESTS / (time.perf_counter() - start), 1)
 
     home = short_tmp("p2-")
-    srv = torchserve.start(properties.write_config(store, home / "config.properties"), store, home)
+    srv = torchserve_launch.start(properties.write_config(store, home / "config.properties"), store, home)
     try:
         dynamic = served_side(srv, "dynamic", inputs, CONCURRENCY, REQUESTS)
         padded = served_side(srv, "padded", inputs, CONCURRENCY, REQUESTS)

@@ -14,7 +14,7 @@ from pathlib import Path
 from common import alternate, bar_plot, median, write_section
 
 from archiver import mar, properties, server  # noqa: E402
-from archiver.engines import torchserve  # noqa: E402
+from archiver.engines import torchserve_launch  # noqa: E402
 from helpers.paths import short_tmp  # noqa: E402
 from samples import image_model  # noqa: E402
 
@@ -38,7 +38,7 @@ def main():
             home = short_tmp("p4-")
             config = properties.write_config(stores[name], home / "config.properties")
             start = time.perf_counter()
-            srv = torchserve.start(config, stores[name], home, timeout=300)
+            srv = torchserve_launch.start(config, stores[name], home, timeout=300)
             elapsed = time.perf_counter() - start
             server.stop(srv)
             return round(elapsed, 2)

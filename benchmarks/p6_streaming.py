@@ -18,7 +18,7 @@ from pathlib import Path
 from common import alternate, percentile, write_section
 
 from archiver import properties, server  # noqa: E402
-from archiver.engines import torchserve  # noqa: E402
+from archiver.engines import torchserve_launch  # noqa: E402
 from helpers import streams  # noqa: E402
 from helpers.engine import Engine  # noqa: E402
 from helpers.paths import short_tmp  # noqa: E402
@@ -70,7 +70,7 @@ def main():
     ts_streaming.build(store, token_seconds=0.02, max_new_tokens=50)
     config = properties.write_config(store, root / "config" / "config.properties")
     home = short_tmp("p6-")
-    ts_server = torchserve.start(config, store, home, timeout=300)
+    ts_server = torchserve_launch.start(config, store, home, timeout=300)
     engine = Engine(root).wait_ready()
     sides = {
         "TorchServe 0.12": {"http": int(ts_server.inference.rsplit(":", 1)[1]), "grpc": ts_server.ts_grpc_inference},

@@ -14,7 +14,7 @@ from common import write_section
 
 from archiver import properties, server  # noqa: E402
 from archiver.capacity import bench
-from archiver.engines import torchserve  # noqa: E402
+from archiver.engines import torchserve_launch  # noqa: E402
 from helpers.models import package_resnet  # noqa: E402
 from helpers.paths import short_tmp  # noqa: E402
 from samples import image_model  # noqa: E402
@@ -39,7 +39,7 @@ def main():
     package_resnet(sample, store, config_text="batchSize: 8\nmaxBatchDelay: 20\n")
     inputs = [(image_model.sample_jpeg(seed, (640, 480)), "image/jpeg") for seed in range(32)]
     home = short_tmp("soak-")
-    srv = torchserve.start(properties.write_config(store, home / "config.properties"), store, home)
+    srv = torchserve_launch.start(properties.write_config(store, home / "config.properties"), store, home)
     try:
         url = f"{srv.inference}/predictions/resnet18"
         bench.run_load(url, inputs, CONCURRENCY, requests=200)

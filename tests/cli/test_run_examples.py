@@ -229,7 +229,7 @@ def test_serve_reads_a_relative_metrics_config_as_torchserve_started_in_the_proj
     and every request of the example answers; so does 'tsctl serve' on every engine, each running its
     server in --home (.tsctl, where that path is not), and 'tsctl run'."""
     from archiver import server
-    from archiver.engines import torchserve
+    from archiver.engines import torchserve_launch
     from samples import runtime_env
 
     _, _, inputs = built
@@ -238,7 +238,7 @@ def test_serve_reads_a_relative_metrics_config_as_torchserve_started_in_the_proj
     # the reference: TorchServe run in the project directory (home), resolving the relative path itself
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(project)
-        srv = torchserve.start(config, store, project, env={"TS_METRICS_CONFIG": "metrics/mine.yaml"})
+        srv = torchserve_launch.start(config, store, project, env={"TS_METRICS_CONFIG": "metrics/mine.yaml"})
     try:
         want = [server.request(f"{srv.inference}/predictions/custom_metrics", f.read_bytes(), "POST",
                                {"Content-Type": "image/png"}, 60)[0] for f in files]  # fmt: skip

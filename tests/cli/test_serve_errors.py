@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from archiver import properties, server, torchserve_log
 from archiver.cli import main
-from archiver.engines import torchserve
+from archiver.engines import torchserve_launch
 from archiver.errors import ServerFailure, UserError
 from helpers.models import package_resnet
 from helpers.paths import short_tmp
@@ -30,7 +30,7 @@ def test_a_worker_that_cannot_load_fails_serve_with_its_error(image_sample, tmp_
     config = properties.write_config(store, home / "config.properties")
     started = time.monotonic()
     with pytest.raises(ServerFailure) as caught:
-        torchserve.start(config, store, home, timeout=240)
+        torchserve_launch.start(config, store, home, timeout=240)
     elapsed = time.monotonic() - started
     assert "resnet18.pt could not be read by torch.load" in str(caught.value)
     assert str(caught.value).startswith("model resnet18: a model worker failed to start"), caught.value  # whose
@@ -58,13 +58,13 @@ def test_serve_without_a_config_is_a_user_error(tmp_path):
 
 
 def failed_start(store, **options):
-    """server.start on ``store``; returns (the error it raised, seconds it took); nothing may be left running."""
+    """torchserve_launch.start on ``store``; returns (the error it raised, seconds it took); nothing may be left running."""
     home = short_tmp("ts-")
     config = properties.write_config(store, home / "config.properties")
     started = time.monotonic()
     try:
         with pytest.raises((ServerFailure, UserError)) as caught:
-            torchserve.start(config, store, home, timeout=240, **options)
+            torchserve_launch.start(config, store, home, timeout=240, **options)
         return caught.value, time.monotonic() - started
     finally:
         assert server.read_state(home) is None
@@ -139,7 +139,7 @@ def test_install_deps_without_pip_is_a_user_error(image_sample, tmp_path):
     nopip.write_text("#!/bin/sh\nif [ \"$2\" = pip ]; then echo 'No module named pip' >&2; exit 1; fi\n")
     nopip.chmod(0o755)
     with pytest.raises(UserError, match="--install-deps needs pip"):
-        torchserve.start(config, store, home, python=str(nopip), install_deps=True)
+        torchserve_launch.start(config, store, home, python=str(nopip), install_deps=True)
     shutil.rmtree(home, ignore_errors=True)
 
 

@@ -43,6 +43,7 @@ from pathlib import Path
 import pytest
 
 from archiver import server
+from archiver.engines import torchserve_launch
 from archiver.errors import ServerFailure
 from helpers.models import local_answers, package_resnet, package_text
 from helpers.paths import short_tmp
@@ -136,7 +137,7 @@ class PlainTorchServe:
         return self.client.submit(fn, *args).result(timeout=timeout)
 
     def wait_ready(self, timeout: float):
-        self.call(server.wait_ready, self.server, timeout, None, timeout=timeout + 30)
+        self.call(torchserve_launch.wait_ready, self.server, timeout, None, timeout=timeout + 30)
 
     def post(self, model: str, body: bytes, content_type: str):
         url = f"{self.server.inference}/predictions/{model}"

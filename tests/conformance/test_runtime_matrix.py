@@ -24,7 +24,7 @@ import pytest
 import tritonclient.http as triton
 
 from archiver import kserve_images, mar, properties, server
-from archiver.engines import torchserve
+from archiver.engines import torchserve_launch
 from archiver.errors import UserError
 from helpers.models import export_tree, local_answers, package_resnet, package_text
 from helpers.paths import short_tmp
@@ -68,7 +68,7 @@ def expected(store, jpegs):
 
 
 def serve(tree, python, envelope, env=None):
-    return torchserve.start(
+    return torchserve_launch.start(
         tree / "config" / "config.properties",
         tree / "model-store",
         short_tmp("kfs-"),

@@ -26,7 +26,7 @@ from click.testing import CliRunner
 
 from archiver import engines, server
 from archiver.cli import main
-from archiver.engines import torchserve
+from archiver.engines import torchserve_launch
 from helpers import management, waiting
 from helpers.engine import free_port, free_ports
 from helpers.paths import ROOT, short_tmp
@@ -155,7 +155,7 @@ class Direct:
                        "--grpc_port", str(free_port())]  # fmt: skip
         else:
             arguments = ["--start", "--foreground", "--ncs", "--model-store", str(store), "--ts-config", str(config)]
-            command = torchserve.torchserve_command() + arguments
+            command = torchserve_launch.torchserve_command() + arguments
         env = dict(
             os.environ,
             TEMP=str(self.home),

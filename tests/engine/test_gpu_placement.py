@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from archiver import properties, server
 from archiver.cli import main
 from archiver.device_notes import device_notes
-from archiver.engines import torchserve
+from archiver.engines import torchserve_launch
 from helpers.engine import Engine
 from helpers.paths import short_tmp
 from helpers.waiting import until
@@ -172,7 +172,7 @@ def test_torchserve_and_the_engine_give_each_worker_the_same_gpu(tree, monkeypat
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", VISIBLE["CUDA_VISIBLE_DEVICES"])
     home = short_tmp("ts-gpu-")
     config = tree / "config" / "config.properties"
-    ts = torchserve.start(config, tree / "model-store", home, timeout=240)
+    ts = torchserve_launch.start(config, tree / "model-store", home, timeout=240)
     try:
         workers = sum(len(ids) for ids in WANTED.values())  # each worker's line, written once it is up
         log = ts.logs / "model_log.log"

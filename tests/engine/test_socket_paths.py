@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from archiver import engines, properties, server
-from archiver.engines import torchserve
+from archiver.engines import torchserve_launch
 from archiver.engines.mlserver import MLSERVER_SOCKET
 from archiver.errors import UserError
 from helpers.hostile import build, scripted
@@ -112,7 +112,7 @@ def serve_and_ask(engine: str, store: Path, length: int, **options):
     try:
         if engine == "torchserve":
             config = properties.write_config(store, home.parent / "config.properties")
-            srv = torchserve.start(config, store, home, timeout=240)
+            srv = torchserve_launch.start(config, store, home, timeout=240)
         else:
             srv = engines.ENGINES[engine].start(store, home=home, timeout=240, **options)
         try:

@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from archiver import server
-from archiver.engines import torchserve
+from archiver.engines import torchserve_launch
 from archiver.export import crds, model_image
 from archiver.export.kserve import export as kserve
 from archiver.export.kserve import targets
@@ -302,8 +302,8 @@ def test_debians_tools_read_the_image_and_torchserve_serves_it(project, exported
     answers = []
     with read_only(models) as mounted:
         assert check_command(exported, mounted, stub).stdout == "checked\n"
-        running = torchserve.start(mounted / "config" / "config.properties", mounted / "model-store", tmp_path / "ts",
-                               timeout=240, kserve_args=True)  # fmt: skip
+        config, store = mounted / "config" / "config.properties", mounted / "model-store"
+        running = torchserve_launch.start(config, store, tmp_path / "ts", timeout=240, kserve_args=True)
         try:
             status, body = server.request(f"{running.inference}/predictions/resnet18", jpegs[0], "POST",
                                           {"Content-Type": "image/jpeg"}, 60)  # fmt: skip

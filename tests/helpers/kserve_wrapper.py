@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from archiver import server
-from archiver.engines import torchserve
+from archiver.engines import torchserve_launch
 from helpers.paths import ROOT, short_tmp
 from samples import kserve_wrapper_launcher as launcher
 
@@ -60,7 +60,7 @@ def wrapper_config(exported: Path, srv: server.Server, grpc_port: int, target: P
 
 def start_stack(exported, protos, kfs_python, ts_python, protocol) -> Stack:
     grpc_port = server.free_port()
-    srv = torchserve.start(
+    srv = torchserve_launch.start(
         exported / "config" / "config.properties",
         exported / "model-store",
         short_tmp("wts-"),

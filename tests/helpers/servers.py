@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from archiver import engines, properties, server
-from archiver.engines import torchserve
+from archiver.engines import torchserve_launch
 from helpers import waiting
 from helpers.paths import ROOT, short_tmp
 
@@ -79,7 +79,7 @@ class RunningServer:
         self.server = None
 
     def __enter__(self) -> server.Server:
-        self.server = torchserve.start(
+        self.server = torchserve_launch.start(
             self.config, self.store, self.home, timeout=self.timeout, python=self.python, env=self.env
         )
         return self.server
@@ -159,7 +159,7 @@ def stand_in_http(handler_class):
 
 
 def kserve_runtime(exported, envelope):
-    return torchserve.start(
+    return torchserve_launch.start(
         exported / "config" / "config.properties",
         exported / "model-store",
         short_tmp("ks-"),

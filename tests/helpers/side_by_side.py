@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 from archiver import server
-from archiver.engines import torchserve
+from archiver.engines import torchserve_launch
 from helpers.engine import Engine
 from helpers.paths import short_tmp
 
@@ -16,7 +16,7 @@ def started(root: Path, prefix: str):
     """(torchserve, engine): TorchServe's ``server.Server`` (its home a short temporary directory named
     ``prefix``...) and the engine (helpers/engine.py), each ready."""
     home = short_tmp(prefix)
-    ts_server = torchserve.start(root / "config" / "config.properties", root / "model-store", home, timeout=300)
+    ts_server = torchserve_launch.start(root / "config" / "config.properties", root / "model-store", home, timeout=300)
     engine = None
     try:
         engine = Engine(root).wait_ready()

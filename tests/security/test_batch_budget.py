@@ -219,14 +219,14 @@ def test_served_8_concurrent_big_tensor_bodies_do_not_kill_a_worker_under_3_gib(
     import concurrent.futures
 
     from archiver import properties, server
-    from archiver.engines import torchserve
+    from archiver.engines import torchserve_launch
     from helpers.cgroups import MemoryLimit, peak_rss
     from helpers.paths import short_tmp
     from helpers.servers import workers
 
     store = tensor_archive.parent
     home = short_tmp("budget-served-")
-    srv = torchserve.start(properties.write_config(store, home / "config.properties"), store, home)
+    srv = torchserve_launch.start(properties.write_config(store, home / "config.properties"), store, home)
     limit = None
     try:
         before = workers(srv, "tensor")
