@@ -23,7 +23,7 @@ from handlers import golden as answers
 from handlers.archives import printable
 from handlers.requests import content_type
 
-from . import mar
+from . import handler_resolution, mar
 from .errors import ServerFailure, UserError
 from .inprocess import worker_gpu
 from .output import quiet
@@ -327,7 +327,7 @@ def handler_settings(model_dir: Path, manifest: dict, record: Optional[dict]) ->
     """The toolkit handler's settings as its worker reads them: its class's ``Settings`` filled from
     model-config.yaml's ``handler:`` section. The class is found as packaging finds it, without its
     model: a toolkit handler's by name (``handlers.catalogue``), a handler file's by importing the file
-    (``mar._load_handler_file``). {} for a handler that is not a toolkit one (no record)."""
+    (``handler_resolution.load_handler_file``). {} for a handler that is not a toolkit one (no record)."""
     import importlib
 
     from handlers import catalogue, settings
@@ -342,7 +342,7 @@ def handler_settings(model_dir: Path, manifest: dict, record: Optional[dict]) ->
     named = (record["class"], tuple(record["bases"]))
     known = [h.settings for h in catalogue.HANDLERS.values() if (h.class_name, h.bases) == named]
     if own_file.is_file() and not record["module"].startswith("handlers."):
-        settings_class = getattr(mar._load_handler_file(own_file), record["class"]).Settings
+        settings_class = getattr(handler_resolution.load_handler_file(own_file), record["class"]).Settings
     elif known:  # a toolkit handler by name: no torch here
         settings_class = getattr(settings, known[0])
     else:

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from archiver import engines, mar, properties, scaffold, server
+from archiver import engines, handler_resolution, properties, scaffold, server
 from archiver.cli import main
 from archiver.model_config import check_model_config
 from handlers import identity
@@ -136,7 +136,7 @@ def project(request, tmp_path_factory):
 
 def handler_class(path: Path):
     """The class the handler file serves with ``handle = entry_point(...)``, as tsctl package finds it."""
-    return mar._load_handler_file(path).handle.handler_class
+    return handler_resolution.load_handler_file(path).handle.handler_class
 
 
 # ---- the files --------------------------------------------------------------------------------------

@@ -58,7 +58,8 @@ def test_serve_without_a_config_is_a_user_error(tmp_path):
 
 
 def failed_start(store, **options):
-    """torchserve_launch.start on ``store``; returns (the error it raised, seconds it took); nothing may be left running."""
+    """torchserve_launch.start on ``store``; returns (the error it raised, seconds it took); nothing may be left
+    running."""
     home = short_tmp("ts-")
     config = properties.write_config(store, home / "config.properties")
     started = time.monotonic()
