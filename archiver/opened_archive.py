@@ -11,10 +11,11 @@ from .errors import UserError
 
 
 @contextlib.contextmanager
-def opened(archive) -> Iterator[archives.Archive]:
-    """``archive`` (a path, opened for the block, or an Archive) with its ArchiveError turned into a UserError."""
+def opened(archive, within=None) -> Iterator[archives.Archive]:
+    """``archive`` (a path, opened for the block, or an Archive) with its ArchiveError turned into a UserError;
+    ``within``: the folder (a model store) it must lie in, its links not followed out of it."""
     try:
-        with archives.opened(archive) as found:
+        with archives.opened(archive, within) as found:
             yield found
     except archives.ArchiveError as exc:
         raise UserError(str(exc)) from None

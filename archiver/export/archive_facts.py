@@ -57,9 +57,10 @@ class ArchiveFacts:
         return (self.config.get("handler") or {}).get("input_shape") if self.input == "tensor" else None
 
 
-def read(path) -> ArchiveFacts:
-    """The facts of the archive at ``path``, in one opening; a UserError naming the archive for one that is
+def read(path, within=None) -> ArchiveFacts:
+    """The facts of the archive at ``path``, in one opening (``within`` the model store it must lie in: a link
+    leading out of it is refused, as the engine refuses it); a UserError naming the archive for one that is
     damaged, unsafe or whose requirements file is not plain requirements."""
-    with opened(path) as found:
+    with opened(path, within) as found:
         name, text, lines = requirements.of_archive(found)
         return ArchiveFacts(Path(path), found.manifest, found.config, identity.read(found), name, text, lines)

@@ -104,16 +104,31 @@ def claim_manifest(claim: str, namespace: str, paths: List[Path]) -> dict:
 
 # ---- files --------------------------------------------------------------------------------------------------
 def copy_archive(source: Path, target: Path):
-    """Hard-link when possible (same filesystem, no copy of GBs), else copy; directories are copied."""
+    """Hard-link when possible (same filesystem, no copy of GBs), else copy; a directory archive is copied as the
+    engine copies a store's (``copy_directory``)."""
     if target.exists() or target.is_symlink():
         shutil.rmtree(target) if target.is_dir() else target.unlink()
     if source.is_dir():
-        shutil.copytree(source, target)
+        copy_directory(source, target)
         return
     try:
         os.link(source, target)
     except OSError:
         shutil.copyfile(source, target)
+
+
+def copy_directory(source: Path, target: Path):
+    """A directory archive copied through what was opened, as the engine copies one of its store
+    (handlers/archives.py ``model_dir``): links followed only to files and folders inside the folder it lies in,
+    pipes, devices and dangling links left out; a link leading out (a secret of this machine that would go into
+    the tree and the image) is one UserError naming it."""
+    from handlers.archives import Archive, ArchiveError
+
+    try:
+        with Archive(source, within=source.parent) as found:
+            found.model_dir(target)
+    except ArchiveError as exc:
+        raise UserError(str(exc)) from None
 
 
 def write_inputs(out: Path, files: Dict[str, bytes]) -> List[Path]:

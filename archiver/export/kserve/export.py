@@ -281,7 +281,7 @@ def check_models(snapshot: dict, store: Path, notes: List[str], envelope_batches
                     f"model_snapshot entry '{name}' names marName {entry.get('marName')!r}, which is not in {store}: "
                     "run 'tsctl config' again after packaging"
                 )
-            facts = archive_facts.read(archive)
+            facts = archive_facts.read(archive, within=store)
             manifest = facts.model
             if manifest["modelName"] != name:
                 raise UserError(

@@ -200,7 +200,7 @@ def default_versions(options: SeldonOptions, notes: List[str]) -> List[ts_config
 
 def entry_of(spec: ts_config.ModelSpec, extra: Optional[dict] = None, facts: Optional[ArchiveFacts] = None) -> Entry:
     """The Model of ``spec``: its archive read once (``facts``, when it was read already)."""
-    facts = facts or archive_facts.read(spec.archive)
+    facts = facts or archive_facts.read(spec.archive, within=spec.archive.parent)
     settings = mlserver.model_settings(spec, f"./{spec.archive.name}", extra)
     return Entry(spec.name, facts, settings)
 
