@@ -257,7 +257,8 @@ def verified_signature(archive, shown: str, public_key, expect_name, expect_vers
 @gpu_option()
 @json_option
 def run(archive, inputs, public_key, expect_name, expect_version, metrics_config, config_path, kind, gpu, as_json):
-    """Run ARCHIVE's handler in-process (no server) on each INPUT file, answering as 'tsctl predict' does."""
+    """Run ARCHIVE in a TorchServe worker process of its own (no server) on each INPUT file, answering as 'tsctl
+    predict' does."""
     from handlers.archives import opened
 
     from .. import inprocess
