@@ -105,7 +105,8 @@ def engine_start(root: Path, digest: str, *arguments: str) -> subprocess.Complet
     stop before any worker with exit 2 and one line."""
     ports = ["--http_port", str(free_port()), "--grpc_port", str(free_port())]
     command = engine_command(root / "model-store", *ports, "--tree_digest", digest, *arguments)
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # run where the tree is: the key file an engine writes stays there
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=root.parent, env=env)
 
 
 def refusals(ran: subprocess.CompletedProcess) -> list:
