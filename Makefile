@@ -32,6 +32,7 @@ demo: venv
 TEST_WORKERS ?= 2
 test: venv
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # Venvs standing in for KServe's TorchServe images, MLServer with tsctl's runtime and Seldon Core 1's Python

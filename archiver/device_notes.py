@@ -6,7 +6,7 @@ machine does not have (``number_of_gpu`` in config.properties, a model-config.ya
 from pathlib import Path
 from typing import List, Optional
 
-from serving import gpus, ts_config
+from serving import config_properties, gpus, ts_config
 
 
 def device_notes(config: Optional[str], model_store) -> List[str]:
@@ -15,11 +15,11 @@ def device_notes(config: Optional[str], model_store) -> List[str]:
     from handlers.archives import ArchiveError, opened
 
     try:
-        properties = ts_config.with_environment(ts_config.read_properties(config)) if config else {}
+        properties = config_properties.with_environment(config_properties.read_properties(config)) if config else {}
         found = gpus.count_gpus()
         usable = gpus.number_of_gpu(properties, found)
         archives = served_archives(properties, config, Path(model_store))
-    except (ts_config.ConfigError, gpus.PlacementError, OSError):
+    except (config_properties.ConfigError, gpus.PlacementError, OSError):
         return []
     note = gpus.number_of_gpu_note(properties, found, str(config))
     notes = [note] if note else []
@@ -37,7 +37,12 @@ def served_archives(properties: dict, config: Optional[str], model_store: Path) 
     """The archives a config's model_snapshot names in ``model_store``, else every archive of the store."""
     if properties.get("model_snapshot"):
         snapshot = ts_config.snapshot_of(properties, config)
-        names = {entry.get("marName") for versions in snapshot["models"].values() if isinstance(versions, dict)
-                 for entry in versions.values() if isinstance(entry, dict)}  # fmt: skip
+        names = {
+            entry.get("marName")
+            for versions in snapshot["models"].values()
+            if isinstance(versions, dict)
+            for entry in versions.values()
+            if isinstance(entry, dict)
+        }
         return [model_store / name for name in sorted(n for n in names if isinstance(n, str) and "/" not in n)]
     return ts_config.archives_in(model_store) if model_store.is_dir() else []

@@ -243,8 +243,9 @@ def gpu_check(python: str = sys.executable) -> Check:
         version, cuda, seen = done.stdout.split()
     except (OSError, ValueError, subprocess.TimeoutExpired):
         fix = f"install torch in {python} ('make venv')"
-        return Check("gpu", False, f"{found} GPU(s) [{listed}], driver {driver}; {python} cannot import torch", fix,
-                     needed_for)  # fmt: skip
+        return Check(
+            "gpu", False, f"{found} GPU(s) [{listed}], driver {driver}; {python} cannot import torch", fix, needed_for
+        )
     detail = f"{found} GPU(s) [{listed}], driver {driver}; torch {version} (CUDA {cuda}) sees {seen}"
     if int(seen) < found:
         fix = (

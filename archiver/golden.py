@@ -239,8 +239,7 @@ def verify(
         model = model or opened.model_name
         kind = (identity.read(opened) or {}).get("input")  # None: not a toolkit handler
         atol = max(atol, precision_atol(opened))
-        return replay(opened, golden, url, protocol, atol, model, kind, timeout, progress, metrics_config, headers,
-                      gpu)  # fmt: skip
+        return replay(opened, golden, url, protocol, atol, model, kind, timeout, progress, metrics_config, headers, gpu)
 
 
 def precision_atol(archive: archives.Archive) -> float:

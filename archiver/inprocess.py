@@ -135,8 +135,10 @@ def worker_gpu(choice: str, archive) -> int:
         raise UserError(f"--gpu {choice}: give a GPU's id (0, 1, ...), cpu or auto")
     if int(choice) >= found:
         have = f"{found} visible GPU{'s' if found != 1 else ''}" if found else "no visible GPU"
-        raise UserError(f"--gpu {choice}: this machine has {have} (CUDA_VISIBLE_DEVICES, the driver): give a "
-                        "smaller id, cpu or auto")  # fmt: skip
+        raise UserError(
+            f"--gpu {choice}: this machine has {have} (CUDA_VISIBLE_DEVICES, the driver): give a "
+            "smaller id, cpu or auto"
+        )
     return int(choice)
 
 

@@ -125,8 +125,10 @@ def shown_name(name) -> str:
 def _check_options(options: PackageOptions) -> None:
     """One line for the first option that cannot make an archive: the runtime, the name, the version, the format."""
     if options.runtime == "LSP":
-        raise UserError("--runtime LSP is TorchServe's C++ backend, which tsctl neither packages nor serves: "
-                        "give --runtime python, or package the archive with torch-model-archiver")  # fmt: skip
+        raise UserError(
+            "--runtime LSP is TorchServe's C++ backend, which tsctl neither packages nor serves: "
+            "give --runtime python, or package the archive with torch-model-archiver"
+        )
     if not MODEL_NAME.match(options.model_name or ""):
         raise UserError(
             f"invalid --model-name {shown_name(options.model_name)}: use up to 128 letters, digits, '_', '-' and '.', "

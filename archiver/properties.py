@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Tuple
 
 from handlers import identity
 from handlers.settings import did_you_mean
-from serving import ts_config
+from serving import config_properties, ts_config
 
 from . import requirements
 from .errors import UserError, make_directory
@@ -119,8 +119,13 @@ def build_snapshot(model_store: Path, overrides: Optional[Dict[str, int]] = None
     return {"name": "startup.cfg", "modelCount": len(models), "models": models}
 
 
-FLAGS = {"minWorkers": "--min-workers", "maxWorkers": "--max-workers", "batchSize": "--batch-size",
-         "maxBatchDelay": "--max-batch-delay", "responseTimeout": "--response-timeout"}  # fmt: skip
+FLAGS = {
+    "minWorkers": "--min-workers",
+    "maxWorkers": "--max-workers",
+    "batchSize": "--batch-size",
+    "maxBatchDelay": "--max-batch-delay",
+    "responseTimeout": "--response-timeout",
+}
 
 
 def worker_settings(archive, overrides: Dict[str, int]) -> Dict[str, int]:
@@ -342,16 +347,16 @@ def check_store(model_store: Path):
     """A one-line UserError unless ``model_store`` is a directory (``ts_config.check_store``)."""
     try:
         ts_config.check_store(model_store)
-    except ts_config.ConfigError as exc:
+    except config_properties.ConfigError as exc:
         raise UserError(str(exc)) from None
 
 
 def read_properties(path) -> Dict[str, str]:
     """A Java .properties file as a dict, read as TorchServe and the tsctl engine read it
-    (``serving/ts_config.py``: javaproperties); a UserError naming the file when it cannot be."""
+    (``serving/config_properties.py``: javaproperties); a UserError naming the file when it cannot be."""
     try:
-        return ts_config.read_properties(path)
-    except ts_config.ConfigError as exc:
+        return config_properties.read_properties(path)
+    except config_properties.ConfigError as exc:
         raise UserError(str(exc)) from None
 
 
@@ -374,7 +379,9 @@ def metrics_yaml(given: str, where: str) -> str:
 
     path = Path(given).resolve()
     try:
-        if not isinstance(yaml.safe_load(ts_config.read_regular(path, ts_config.MAX_METRICS_YAML)), dict):
+        if not isinstance(
+            yaml.safe_load(config_properties.read_regular(path, config_properties.MAX_METRICS_YAML)), dict
+        ):
             raise ValueError("not a YAML mapping")
     except (OSError, ValueError, yaml.YAMLError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else str(exc).splitlines()[0]
@@ -385,5 +392,5 @@ def metrics_yaml(given: str, where: str) -> str:
 def snapshot_of(properties: Dict[str, str], path="config.properties") -> dict:
     try:
         return ts_config.snapshot_of(properties, path)
-    except ts_config.ConfigError as exc:
+    except config_properties.ConfigError as exc:
         raise UserError(str(exc)) from None

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from serving import ts_config
+from serving import config_properties, ts_config
 from serving.worker import sockets
 
 from .errors import ServerFailure, UserError, make_directory
@@ -104,9 +104,9 @@ def unlisted_archives(config, model_store) -> List[str]:
     from .properties import archives_in
 
     try:
-        snapshot = ts_config.snapshot_of(ts_config.read_properties(config), config)
+        snapshot = ts_config.snapshot_of(config_properties.read_properties(config), config)
         found = archives_in(model_store)
-    except (ts_config.ConfigError, UserError, OSError):
+    except (config_properties.ConfigError, UserError, OSError):
         return []
     named = {
         entry.get("marName")
@@ -133,7 +133,7 @@ def snapshot_models(properties: Dict[str, str], config: Path, model_store: Path)
         for name, versions in snapshot["models"].items():
             for entry in versions.values() if isinstance(versions, dict) else [None]:
                 ts_config.snapshot_archive(config, model_store, name, entry)
-    except ts_config.ConfigError as exc:
+    except config_properties.ConfigError as exc:
         raise UserError(str(exc)) from None
     return list(snapshot["models"])
 

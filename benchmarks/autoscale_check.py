@@ -86,8 +86,9 @@ def interleaved(doc: dict, measured: list) -> dict:
     rows, medians of their rounds): what the prediction starts from, so that the machine's drift between
     a curve measured first and the rows measured after does not fall on one side only."""
     keys = ("concurrency", "requests", "seconds", "throughput_rps", "p50_ms", "p90_ms", "p99_ms", "errors")
-    steps = [{**{k: m[k] for k in keys}, "p90_ms": min(m["p90_ms"], m["p99_ms"])}
-             for m in measured if m["replicas"] == 1]  # fmt: skip
+    steps = [
+        {**{k: m[k] for k in keys}, "p90_ms": min(m["p90_ms"], m["p99_ms"])} for m in measured if m["replicas"] == 1
+    ]
     return {**doc, "steps": steps}
 
 
@@ -99,15 +100,24 @@ def compare(doc: dict, measured: list) -> list:
         predicted = autoscale_sim.steady(curve, m["replicas"], m["clients"])
         first = autoscale_sim.steady(doc, m["replicas"], m["clients"])
         off = {key: m[key] / predicted[key] - 1 for key in TOLERANCE}
-        rows.append({"measured": m, "predicted": predicted, "from_bench_curve": first, "off": off,
-                     "within": all(abs(off[k]) <= TOLERANCE[k] for k in TOLERANCE)})  # fmt: skip
+        rows.append(
+            {
+                "measured": m,
+                "predicted": predicted,
+                "from_bench_curve": first,
+                "off": off,
+                "within": all(abs(off[k]) <= TOLERANCE[k] for k in TOLERANCE),
+            }
+        )
     return rows
 
 
 def table(doc: dict, rows: list) -> str:
-    lines = ["| replicas | clients | predicted req/s | measured req/s (rounds) | off | predicted p99 ms | measured p99 ms "
-             "| off | from the bench curve: req/s, p99 ms | x one replica through nginx | load | within |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| replicas | clients | predicted req/s | measured req/s (rounds) | off | predicted p99 ms | measured p99 ms "
+        "| off | from the bench curve: req/s, p99 ms | x one replica through nginx | load | within |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     single = {r["measured"]["clients"]: r["measured"]["throughput_rps"] for r in rows if r["measured"]["replicas"] == 1}
     for r in rows:
         m, p, off = r["measured"], r["predicted"], r["off"]
@@ -165,7 +175,7 @@ machine's 1-minute load average (2 cores, shared with other jobs) when the row b
 
 **{within} of {checked}** rows with 2 and 3 replicas within the tolerance. This checks the simulator's replica
 model (the measured curve, shared evenly) on fixed replica counts; its control loops (the KPA's and the HPA's
-rules) are coded from their sources, cited in archiver/capacity/autoscale_sim.py and tested rule by rule in
+rules) are coded from their sources, cited in archiver/capacity/autoscalers.py and tested rule by rule in
 tests/cli/test_autoscale_sim.py, not run against a cluster."""
 
 

@@ -124,14 +124,20 @@ def main():
                         back[(side, model)].append(round(restart(srv, model), 2))
                 finally:
                     server.stop(srv)
-            print(f"round {number + 1} {side}: cold {[cold[(side, w)][-1] for w in roots if cold[(side, w)]]}s, restarts "
-                  f"{[back[(side, m)][-1] for m in INPUTS if side in SIDES]}", flush=True)  # fmt: skip
+            print(
+                f"round {number + 1} {side}: cold {[cold[(side, w)][-1] for w in roots if cold[(side, w)]]}s, restarts "
+                f"{[back[(side, m)][-1] for m in INPUTS if side in SIDES]}",
+                flush=True,
+            )
     write_section("COLD", report(cold, back))
 
 
 def report(cold: dict, back: dict) -> str:
-    rows = ["| side | cold start, 1 worker each (s) | vs TorchServe | cold start, 2 workers each (s) | vs TorchServe "
-            "| resnet18 back (s) | MiniLM back (s) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = [
+        "| side | cold start, 1 worker each (s) | vs TorchServe | cold start, 2 workers each (s) | vs TorchServe "
+        "| resnet18 back (s) | MiniLM back (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     reference = {workers: median(cold[("TorchServe 0.12", workers)]) for workers in (1, 2)}
     for side in [*SIDES, "floor"]:
         one = median(cold[(side, 1)])
@@ -140,8 +146,9 @@ def report(cold: dict, back: dict) -> str:
         if side in SIDES:
             two = median(cold[(side, 2)])
             twos = f"{two:.2f} {cold[(side, 2)]} | {two / reference[2]:.2f}x"
-        rows.append(f"| {side} | {one:.2f} {cold[(side, 1)]} | {one / reference[1]:.2f}x | {twos} "
-                    f"| {' | '.join(restarts)} |")  # fmt: skip
+        rows.append(
+            f"| {side} | {one:.2f} {cold[(side, 1)]} | {one / reference[1]:.2f}x | {twos} | {' | '.join(restarts)} |"
+        )
     return (
         "## Cold start and restart after kill -9 (issue #32)\n\n`benchmarks/cold_start.py`: resnet18 and "
         "all-MiniLM-L6-v2; cold start is launch to every model READY (1 and 2 workers per model), restart is "

@@ -34,8 +34,9 @@ def grpc_call(address: str, body: bytes):
     from serving.engine import ts_protos as pb
 
     with grpc.insecure_channel(address) as channel:
-        method = channel.unary_stream(f"/{pb.INFERENCE_SERVICE}/StreamPredictions",
-                                      response_deserializer=pb.PredictionResponse.FromString)  # fmt: skip
+        method = channel.unary_stream(
+            f"/{pb.INFERENCE_SERVICE}/StreamPredictions", response_deserializer=pb.PredictionResponse.FromString
+        )
         request = pb.PredictionsRequest(model_name="tokens", input={"data": body}).SerializeToString()
         messages, times, error = streams.grpc_stream(lambda r, timeout: method(r, timeout=timeout), request, 20)
     return len(messages), times, error
@@ -59,8 +60,12 @@ def burst(side: dict, protocol: str, clients: int, tokens: int) -> dict:
     [t.start() for t in threads]
     [t.join(60) for t in threads]
     wall = time.perf_counter() - started
-    return {"first": [r[0] for r in results if r[0] is not None and r[2]], "tokens": sum(r[1] for r in results if r[2]),
-            "failed": sum(not r[2] for r in results), "wall": wall}  # fmt: skip
+    return {
+        "first": [r[0] for r in results if r[0] is not None and r[2]],
+        "tokens": sum(r[1] for r in results if r[2]),
+        "failed": sum(not r[2] for r in results),
+        "wall": wall,
+    }
 
 
 def compare(sides: dict, protocol: str, clients: int, args) -> list:

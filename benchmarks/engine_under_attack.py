@@ -291,8 +291,11 @@ def main(seconds: float = 20, rounds: int = 3):
         sys.exit("no memory cgroup can be made here")
     engine = Engine(root, preexec_fn=group.join).wait_ready()
     pids_before = {m: [w["pid"] for w in engine.workers(m)] for m in ("resnet18", "target")}
-    processes = {"engine": engine.process.pid, "resnet18 worker": pids_before["resnet18"][0],
-                 "target worker": pids_before["target"][0]}  # fmt: skip
+    processes = {
+        "engine": engine.process.pid,
+        "resnet18 worker": pids_before["resnet18"][0],
+        "target worker": pids_before["target"][0],
+    }
     attackers = {}
     try:
         good_traffic(engine, jpeg, 5)  # warm-up

@@ -32,10 +32,17 @@ def store_of(tmp: Path) -> Path:
     store = tmp / "model-store"
     store.mkdir()
     sample = image_model.build(tmp / "sample")
-    mar.package(mar.PackageOptions(model_name="resnet18", handler="image_classifier",
-                                   serialized_file=str(sample / "resnet18.pt"), model_file=str(sample / "model.py"),
-                                   extra_files=[str(sample / "index_to_name.json")],
-                                   config_file=str(sample / "model-config.yaml"), export_path=str(store)))  # fmt: skip
+    mar.package(
+        mar.PackageOptions(
+            model_name="resnet18",
+            handler="image_classifier",
+            serialized_file=str(sample / "resnet18.pt"),
+            model_file=str(sample / "model.py"),
+            extra_files=[str(sample / "index_to_name.json")],
+            config_file=str(sample / "model-config.yaml"),
+            export_path=str(store),
+        )
+    )
     (tmp / "echo.py").write_text(ECHO)
     archive_handler(tmp / "echo.py", ["echo"], store)
     return store

@@ -62,11 +62,24 @@ def the_card() -> dict:
     import torch
 
     smi = shutil.which("nvidia-smi")
-    listed = subprocess.run([smi, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                            capture_output=True, text=True, timeout=60).stdout.strip() if smi else None  # fmt: skip
-    return {"nvidia_smi": listed, "torch": torch.__version__, "cuda": torch.version.cuda,
-            "torch_sees": torch.cuda.device_count(), "counted": gpus.count_gpus(),
-            "names": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}  # fmt: skip
+    listed = (
+        subprocess.run(
+            [smi, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout.strip()
+        if smi
+        else None
+    )
+    return {
+        "nvidia_smi": listed,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "torch_sees": torch.cuda.device_count(),
+        "counted": gpus.count_gpus(),
+        "names": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+    }
 
 
 def raw_rates(sample: Path) -> dict:
@@ -105,11 +118,18 @@ def make_store(tmp: Path, workers: int) -> Path:
     sample = image_model.build(tmp / "sample")
     (tmp / "model-config.yaml").write_text(CONFIG.format(workers=workers))
     store = tmp / "model-store"
-    mar.package(mar.PackageOptions(
-        model_name="resnet18", handler="image_classifier", serialized_file=str(sample / "resnet18.pt"),
-        model_file=str(sample / "model.py"), extra_files=[str(sample / "index_to_name.json")],
-        config_file=str(tmp / "model-config.yaml"), export_path=str(store), force=True,
-    ))  # fmt: skip
+    mar.package(
+        mar.PackageOptions(
+            model_name="resnet18",
+            handler="image_classifier",
+            serialized_file=str(sample / "resnet18.pt"),
+            model_file=str(sample / "model.py"),
+            extra_files=[str(sample / "index_to_name.json")],
+            config_file=str(tmp / "model-config.yaml"),
+            export_path=str(store),
+            force=True,
+        )
+    )
     properties.write_config(store, tmp / "config" / "config.properties", extra={"number_of_gpu": "1"})
     return store
 
@@ -122,8 +142,11 @@ def described_workers(management: str, headers: dict) -> list:
 def load(url: str, photos, clients: int, seconds: float, headers=None) -> dict:
     bench.run_load(url, photos, clients, requests=2 * clients, headers=headers)  # warm-up
     result = bench.run_load(url, photos, clients, duration=seconds, headers=headers).summary()
-    return {"rps": round(result["throughput_rps"], 1), "p99_ms": result["latency_ms"]["p99"],
-            "errors": result["errors"]}  # fmt: skip
+    return {
+        "rps": round(result["throughput_rps"], 1),
+        "p99_ms": result["latency_ms"]["p99"],
+        "errors": result["errors"],
+    }
 
 
 def main():
@@ -154,8 +177,14 @@ def main():
         report.step("workers", described_workers(engine.url, engine.headers("management")))
         answers = [engine.post("/predictions/resnet18", p, t, 120)[1] for p, t in photos]
         moved = max(abs(a[k] - w[k]) for a, w in zip(answers, wanted) for k in w)
-        report.step("answers", {"largest_difference": moved, "atol": golden_format.DEFAULT_ATOL,
-                                "same_classes": all(a.keys() == w.keys() for a, w in zip(answers, wanted))})  # fmt: skip
+        report.step(
+            "answers",
+            {
+                "largest_difference": moved,
+                "atol": golden_format.DEFAULT_ATOL,
+                "same_classes": all(a.keys() == w.keys() for a, w in zip(answers, wanted)),
+            },
+        )
         sides["engine_1_worker"] = load(f"{engine.url}/predictions/resnet18", photos, args.clients, args.seconds)
     finally:
         engine.stop()

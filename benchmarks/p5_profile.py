@@ -40,9 +40,13 @@ def main():
             stack.torchserve.inference + path, inputs, CONCURRENCY, BUCKETS, ts["TorchServe worker (Python)"][0], ts
         )
         wrapped = profile_process(
-            stack.url + path, inputs, CONCURRENCY, BUCKETS, stack.wrapper.pid,
+            stack.url + path,
+            inputs,
+            CONCURRENCY,
+            BUCKETS,
+            stack.wrapper.pid,
             dict(ts, **{"kserve_wrapper (Python)": server.group_members(stack.wrapper.pid)}),
-        )  # fmt: skip
+        )
         engine_pids = server.group_members(engine.pid)
         own = profile_process(
             engine.inference + path, inputs, CONCURRENCY, BUCKETS, engine.pid, {"KServe engine (Python)": engine_pids}

@@ -36,8 +36,9 @@ def grpc_stream(address: str, model: str, body: bytes):
     from serving.engine import ts_protos as pb
 
     with grpc.insecure_channel(address) as channel:
-        method = channel.unary_stream(f"/{pb.INFERENCE_SERVICE}/StreamPredictions",
-                                      response_deserializer=pb.PredictionResponse.FromString)  # fmt: skip
+        method = channel.unary_stream(
+            f"/{pb.INFERENCE_SERVICE}/StreamPredictions", response_deserializer=pb.PredictionResponse.FromString
+        )
         request = pb.PredictionsRequest(model_name=model, input={"data": body}).SerializeToString()
         messages, times, error = streams.grpc_stream(lambda r, timeout: method(r, timeout=timeout), request)
     assert error is None, error
@@ -95,8 +96,16 @@ def main():
 
                 alternate({name: run_side(name) for name in sides}, args.rounds)
                 for name, (firsts, lasts) in found.items():
-                    rows.append((workload, protocol, name, statistics.median(firsts), percentile(firsts, 0.9),
-                                 statistics.median(lasts)))  # fmt: skip
+                    rows.append(
+                        (
+                            workload,
+                            protocol,
+                            name,
+                            statistics.median(firsts),
+                            percentile(firsts, 0.9),
+                            statistics.median(lasts),
+                        )
+                    )
     finally:
         server.stop(ts_server)
         engine.stop()

@@ -47,8 +47,19 @@ def main():
         times = {"package": [], "package signed": [], "open": [], "open checked": []}
         for _ in range(args.rounds):
             for signed in (False, True):
-                command = [str(BIN / "tsctl"), "package", "--model-name", "big", "--handler", str(tmp / "handler.py"),
-                           "--serialized-file", str(weights), "--export-path", str(tmp / "store"), "--force"]  # fmt: skip
+                command = [
+                    str(BIN / "tsctl"),
+                    "package",
+                    "--model-name",
+                    "big",
+                    "--handler",
+                    str(tmp / "handler.py"),
+                    "--serialized-file",
+                    str(weights),
+                    "--export-path",
+                    str(tmp / "store"),
+                    "--force",
+                ]
                 if signed:
                     command += ["--sign-key", str(tmp / "key.pem")]
                 started = time.perf_counter()

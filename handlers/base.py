@@ -112,8 +112,10 @@ class ToolkitHandler:
     v2_output_name = "output-0"
     # KServe v2 model metadata (recorded in MAR-INF/tsctl.json, answered by GET /v2/models/NAME and gRPC
     # ModelMetadata): the inputs a request holds and the outputs its answer has; -1 a dimension of any size
-    v2_metadata = {"inputs": [{"name": "input-0", "datatype": "BYTES", "shape": [-1]}],
-                   "outputs": [{"name": "output-0", "datatype": "BYTES", "shape": [-1]}]}  # fmt: skip
+    v2_metadata = {
+        "inputs": [{"name": "input-0", "datatype": "BYTES", "shape": [-1]}],
+        "outputs": [{"name": "output-0", "datatype": "BYTES", "shape": [-1]}],
+    }
     input_kind = "any"  # what a request holds: image, text, tensor or any (MAR-INF/tsctl.json, identity.py)
     splits = False  # True: decode/preprocess and postprocess can run apart from the model (KServe transformer)
     with_model = True  # False: only decode/preprocess/postprocess are used (a KServe transformer)
@@ -278,8 +280,11 @@ class ToolkitHandler:
         try:
             headers = request_headers(self.context, index)
             if headers is not None and headers.get("explain") == "True":
-                raise ClientError(f"{type(self).__name__} gives no explanations (TorchServe's /explanations, KServe's "
-                                  ":explain): send the request to /predictions, :predict or /infer", 501)  # fmt: skip
+                raise ClientError(
+                    f"{type(self).__name__} gives no explanations (TorchServe's /explanations, KServe's "
+                    ":explain): send the request to /predictions, :predict or /infer",
+                    501,
+                )
             request = protocol.parse_request(row, self.item_keys, self.v2_datatypes, self.limits, headers, self.spend)
             job.binary = protocol.wants_binary(request, self.v2_output_name)
             if job.binary and headers is None:  # no context to set the answer's header length on

@@ -75,8 +75,10 @@ class Declared:
 
 def bytes_in_out(output: str = "output-0") -> dict:
     """KServe v2 model metadata of a handler taking and answering BYTES (ToolkitHandler.v2_metadata's default)."""
-    return {"inputs": [{"name": "input-0", "datatype": "BYTES", "shape": [-1]}],
-            "outputs": [{"name": output, "datatype": "BYTES", "shape": [-1]}]}  # fmt: skip
+    return {
+        "inputs": [{"name": "input-0", "datatype": "BYTES", "shape": [-1]}],
+        "outputs": [{"name": output, "datatype": "BYTES", "shape": [-1]}],
+    }
 
 
 def declared_by(handler_class) -> Declared:
@@ -219,8 +221,10 @@ HANDLERS: Dict[str, Handler] = {
             requirements=(TRANSFORMERS,),
             requirements_if_present=(("modules.json", SENTENCE_TRANSFORMERS),),
             scaffold=(*TEXT_WEIGHTS, "text.txt", "echo 'A sentence to embed' > text.txt && "),
-            v2={"inputs": [{"name": "input-0", "datatype": "BYTES", "shape": [-1]}],
-                "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [-1, -1]}]},  # fmt: skip
+            v2={
+                "inputs": [{"name": "input-0", "datatype": "BYTES", "shape": [-1]}],
+                "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [-1, -1]}],
+            },
         ),
         Handler(
             "tensor",
@@ -232,8 +236,10 @@ HANDLERS: Dict[str, Handler] = {
             False,
             "TensorSettings",
             WEIGHTS,
-            v2={"inputs": [{"name": "input-0", "datatype": "FP32", "shape": [-1, -1]}],
-                "outputs": [{"name": "output-0", "datatype": "FP32", "shape": [-1, -1]}]},  # fmt: skip
+            v2={
+                "inputs": [{"name": "input-0", "datatype": "FP32", "shape": [-1, -1]}],
+                "outputs": [{"name": "output-0", "datatype": "FP32", "shape": [-1, -1]}],
+            },
         ),
     )
 }

@@ -41,8 +41,10 @@ class TextEmbedder(TextHandler):
     Settings = EmbedderSettings
     auto_class = "AutoModel"
     v2_output_name = "embedding"
-    v2_metadata = {"inputs": [{"name": "input-0", "datatype": "BYTES", "shape": [-1]}],
-                   "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [-1, -1]}]}  # fmt: skip
+    v2_metadata = {
+        "inputs": [{"name": "input-0", "datatype": "BYTES", "shape": [-1]}],
+        "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [-1, -1]}],
+    }
     directory_files = ("config.json", "modules.json")
     requirements_if_present = (("modules.json", SENTENCE_TRANSFORMERS),)
 

@@ -134,8 +134,9 @@ class ImageClassifier(ToolkitHandler):
         jpegs = [i for i in inputs if isinstance(i, EncodedJpeg)]
         if jpegs:  # on a GPU: decoded there together, the others copied there one by one
             decoded = decode_jpegs(jpegs, self.device, self.settings)
-            images = torch.stack([next(decoded) if isinstance(i, EncodedJpeg) else to_device(i, self.device)
-                                  for i in inputs])  # fmt: skip
+            images = torch.stack(
+                [next(decoded) if isinstance(i, EncodedJpeg) else to_device(i, self.device) for i in inputs]
+            )
         else:  # one copy of the whole batch (pinned, to a GPU)
             images = to_device(torch.stack(inputs), self.device)
         batch = (images.float().div_(255) - self.mean) / self.std
@@ -172,19 +173,26 @@ def decode_jpegs(jpegs: List[EncodedJpeg], device: torch.device, settings) -> It
         return iter(())
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    encoded = {index: torch.frombuffer(bytearray(jpeg.data), dtype=torch.uint8)
-               for index, jpeg in enumerate(jpegs) if resized_whole(*jpeg.image.size, settings.resize)}  # fmt: skip
+    encoded = {
+        index: torch.frombuffer(bytearray(jpeg.data), dtype=torch.uint8)
+        for index, jpeg in enumerate(jpegs)
+        if resized_whole(*jpeg.image.size, settings.resize)
+    }
     try:
         found = decode_jpeg(list(encoded.values()), mode=ImageReadMode.RGB, device=device) if encoded else []
         pictures: Optional[dict] = dict(zip(encoded, found))
     except RuntimeError:  # one JPEG nvJPEG cannot read fails the call: the others are decoded alone
         pictures = None
-    return iter([
-        pil_decoded(jpeg, device, settings) if index not in encoded
-        else decode_one(jpeg, encoded[index], device, settings) if pictures is None
-        else resize_crop_tensor(pictures[index], settings.resize, settings.crop)
-        for index, jpeg in enumerate(jpegs)
-    ])  # fmt: skip
+    return iter(
+        [
+            pil_decoded(jpeg, device, settings)
+            if index not in encoded
+            else decode_one(jpeg, encoded[index], device, settings)
+            if pictures is None
+            else resize_crop_tensor(pictures[index], settings.resize, settings.crop)
+            for index, jpeg in enumerate(jpegs)
+        ]
+    )
 
 
 def resized_size(width: int, height: int, resize: int) -> "tuple[int, int]":

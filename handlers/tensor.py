@@ -29,8 +29,10 @@ class TensorPredictor(ToolkitHandler):
     item_keys = ("data", "tensor")
     input_kind = "tensor"
     v2_datatypes = ("FP32", "FP16", "FP64", "INT64", "INT32", "INT16", "INT8", "UINT8")
-    v2_metadata = {"inputs": [{"name": "input-0", "datatype": "FP32", "shape": [-1, -1]}],
-                   "outputs": [{"name": "output-0", "datatype": "FP32", "shape": [-1, -1]}]}  # fmt: skip
+    v2_metadata = {
+        "inputs": [{"name": "input-0", "datatype": "FP32", "shape": [-1, -1]}],
+        "outputs": [{"name": "output-0", "datatype": "FP32", "shape": [-1, -1]}],
+    }
 
     def decode(self, item) -> np.ndarray:
         """One input as a float32 array of its own shape: a v2 row as it came, a v1 list converted."""

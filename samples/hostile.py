@@ -25,11 +25,30 @@ from PIL import Image
 
 # Formats PIL writes and reads back, with the mode each needs.
 WRITABLE = {
-    "BLP": "P", "BMP": "RGB", "DDS": "RGB", "DIB": "RGB", "GIF": "RGB", "ICNS": "RGB", "ICO": "RGB", "IM": "RGB",
-    "JPEG": "RGB", "JPEG2000": "RGB", "MSP": "1", "PCX": "RGB", "PNG": "RGB", "PPM": "RGB", "QOI": "RGB",
-    "SGI": "RGB", "SPIDER": "F", "TGA": "RGB", "TIFF": "RGB", "WEBP": "RGB", "XBM": "1", "EPS": "RGB",
+    "BLP": "P",
+    "BMP": "RGB",
+    "DDS": "RGB",
+    "DIB": "RGB",
+    "GIF": "RGB",
+    "ICNS": "RGB",
+    "ICO": "RGB",
+    "IM": "RGB",
+    "JPEG": "RGB",
+    "JPEG2000": "RGB",
+    "MSP": "1",
+    "PCX": "RGB",
+    "PNG": "RGB",
+    "PPM": "RGB",
+    "QOI": "RGB",
+    "SGI": "RGB",
+    "SPIDER": "F",
+    "TGA": "RGB",
+    "TIFF": "RGB",
+    "WEBP": "RGB",
+    "XBM": "1",
+    "EPS": "RGB",
     "AVIF": "RGB",
-}  # fmt: skip
+}
 # Formats PIL only reads: their magic bytes, for the mutation fuzzer to grow bodies from.
 READ_ONLY_MAGIC = {
     "PSD": b"8BPS\x00\x01\x00\x00\x00\x00\x00\x00\x00\x03\x00\x00\x00\x08\x00\x00\x00\x0c\x00\x08\x00\x03",
@@ -256,67 +275,124 @@ def image_corpus(good: bytes) -> List[Case]:
         Case("RGBA PNG", encode(picture.convert("RGBA"), "PNG"), "image/png", 200),
         Case("grayscale JPEG", encode(picture.convert("L"), "JPEG"), "image/jpeg", 200),
     ]
-    return malformed + [
-        Case("JSON nested 100k deep, as octet-stream", deep_json(100_000), "application/octet-stream", 413,
-             "nested deeper"),
-        Case("JSON nested 100k deep, as application/json", deep_json(100_000), json_, 413, "nested deeper"),
-        Case("JSON nested 990 deep (TorchServe parses it)", deep_json(990), json_, 413, "max_json_depth"),
-        Case("object nested 5000 deep", b'{"data":' * 5000 + b"1" + b"}" * 5000, json_, 413, "nested deeper"),
-        Case("PNG 1x9,000,000", very_tall_png, "image/png", 413, "max_aspect_ratio"),
-        Case("TIFF 1x9,000,000 in a few hundred bytes", tiny_tall_tiff(1, 9_000_000), "image/tiff", 413,
-             "max_aspect_ratio"),
-        Case("PNG 1x100,000", tall_png, "image/png", 413, "max_aspect_ratio"),
-        Case("PNG header 65535x65535", png_header(65535, 65535), "image/png", 413, "max_pixels"),
-        Case("PNG header 2^31-1 square", png_header(2**31 - 1, 2**31 - 1), "image/png", ANY_4XX),
-        Case("PNG header 0x0", png_header(0, 0), "image/png", 400, None),
-        Case("PNG header 100000x1 with no data", png_header(100_000, 1), "image/png", 413, "max_aspect_ratio"),
-        Case("GIF declaring 65535x65535", resized("GIF", seeds["GIF"], 65535, 65535), "image/gif", 413,
-             "max_pixels"),
-        Case("BMP declaring 2^31-1 by -2^31", resized("BMP", seeds["BMP"], 2**31 - 1, -(2**31)), "image/bmp",
-             ANY_4XX),
-        Case("JPEG declaring 65500x65500", resized("JPEG", seeds["JPEG"], 65500, 65500), "image/jpeg", 413,
-             "max_pixels"),
-        Case("TGA declaring 65535x65535", resized("TGA", seeds["TGA"], 65535, 65535), "image/x-tga", 413,
-             "max_pixels"),
-        Case("PPM declaring 1x9,000,000", resized("PPM", seeds["PPM"], 1, 9_000_000), "image/x-portable-pixmap",
-             413, "max_aspect_ratio"),
-        Case("DDS, a format not accepted by default", seeds["DDS"], "image/vnd-ms.dds", 400, "does not accept"),
-        Case("malformed DDS", resized("DDS", seeds["DDS"], 7, 3)[:200], "image/vnd-ms.dds", 400, None),
-        Case("EPS (would run Ghostscript)", seeds["EPS"], "application/postscript", 400, "does not accept"),
-        Case("truncated PNG", seeds["PNG"][:60], "image/png", 400, "could not decode image"),
-        Case("truncated TIFF", seeds["TIFF"][:100], "image/tiff", 400, "could not decode image"),
-        Case("PNG whose zTXt inflates to 64 MB", png_text_bomb(), "image/png", ANY_4XX),
-        Case("image above max_pixels (10000x10000)", encode(Image.new("1", (10000, 10000)), "PNG"), "image/png",
-             413, "max_pixels"),
-        Case("v1 with 50 copies of a 1x10,000 PNG", v1([wide_1e4] * 50), json_, 413, "max_items"),
-        Case("v1 with 20 copies of a 1x10,000 PNG", v1([wide_1e4] * 20), json_, 413, "input 0: image is 10000x1"),
-        Case("v1 with 5,000 tiny JPEGs", v1([tiny_jpeg] * 5000), json_, 413, "max_items"),
-        Case("v1 with 32 tiny JPEGs (the limit)", v1([tiny_jpeg] * 32), json_, 200, None),
-        Case("v1 with three 9000x9000 PNGs (pixels per request)", v1([huge_zero_png] * 3), json_, 413,
-             "max_request_pixels"),
-        Case("60 MB JSON list of zeros", b"[" + b"0," * 30_000_000 + b"0]", json_, 413, "max_body_bytes"),
-        Case("JSON object of 200,000 keys", json.dumps({f"k{i}": 0 for i in range(200_000)}).encode(), json_, 413,
-             "max_json_values"),
-        Case("v2 BYTES with 5,000 elements", v2([b64(tiny_jpeg)] * 5000), json_, 413, "max_items"),
-        Case("v2 shape of 10^12 with one element", v2(["x"], shape=[10**12]), json_, 400, "holds"),
-        Case("v2 FP32 to an image model", v2([1.0, 2.0], "FP32"), json_, 400, "not supported"),
-        Case("v2 with nested data 40 deep", v2(json.loads(deep_json(40, '"x"'))), json_, 413, "max_json_depth"),
-        Case("base64 holding random bytes", json.dumps({"data": b64(random.Random(1).randbytes(5000))}).encode(),
-             json_, 400, "could not decode image"),
-        Case("lone surrogate in a JSON string", b'{"data": "\\ud800\\udfff\\ud800"}', json_, 400, None),
-        Case("JSON with NaN and Infinity", b'{"data": [NaN, Infinity]}', json_, 400, None),
-        Case("invalid UTF-8 sent as JSON", b'{"data": "\xff\xfe"}', json_, 400, None),
-        Case("70 MB body (above max_request_size)", b"\0" * (70 << 20), "application/octet-stream", 413, frontend=True),
-        Case("9000x9000 grayscale PNG (valid, near max_pixels)", huge_zero_png, "image/png", 200, None),
-        Case("4000x4000 16-bit PNG (valid)", sixteen_bit, "image/png", 200, None),
-        Case("6000x6000 palette PNG with transparency (valid)", palette_alpha, "image/png", 200, None),
-        Case("valid GIF", seeds["GIF"], "image/gif", 200, None),
-        Case("valid WebP", seeds["WEBP"], "image/webp", 200, None),
-        Case("valid ICO", seeds["ICO"], "image/x-icon", 200, None),
-    ] + [
-        Case(f"mutated {fmt} #{i}", mutate(seeds[fmt], random.Random(i)), "application/octet-stream", ANSWER_OR_4XX)
-        for i, fmt in enumerate(("PNG", "JPEG", "GIF", "TIFF", "BMP", "WEBP", "ICO", "TGA"))
-    ]  # fmt: skip
+    return (
+        malformed
+        + [
+            Case(
+                "JSON nested 100k deep, as octet-stream",
+                deep_json(100_000),
+                "application/octet-stream",
+                413,
+                "nested deeper",
+            ),
+            Case("JSON nested 100k deep, as application/json", deep_json(100_000), json_, 413, "nested deeper"),
+            Case("JSON nested 990 deep (TorchServe parses it)", deep_json(990), json_, 413, "max_json_depth"),
+            Case("object nested 5000 deep", b'{"data":' * 5000 + b"1" + b"}" * 5000, json_, 413, "nested deeper"),
+            Case("PNG 1x9,000,000", very_tall_png, "image/png", 413, "max_aspect_ratio"),
+            Case(
+                "TIFF 1x9,000,000 in a few hundred bytes",
+                tiny_tall_tiff(1, 9_000_000),
+                "image/tiff",
+                413,
+                "max_aspect_ratio",
+            ),
+            Case("PNG 1x100,000", tall_png, "image/png", 413, "max_aspect_ratio"),
+            Case("PNG header 65535x65535", png_header(65535, 65535), "image/png", 413, "max_pixels"),
+            Case("PNG header 2^31-1 square", png_header(2**31 - 1, 2**31 - 1), "image/png", ANY_4XX),
+            Case("PNG header 0x0", png_header(0, 0), "image/png", 400, None),
+            Case("PNG header 100000x1 with no data", png_header(100_000, 1), "image/png", 413, "max_aspect_ratio"),
+            Case(
+                "GIF declaring 65535x65535", resized("GIF", seeds["GIF"], 65535, 65535), "image/gif", 413, "max_pixels"
+            ),
+            Case(
+                "BMP declaring 2^31-1 by -2^31", resized("BMP", seeds["BMP"], 2**31 - 1, -(2**31)), "image/bmp", ANY_4XX
+            ),
+            Case(
+                "JPEG declaring 65500x65500",
+                resized("JPEG", seeds["JPEG"], 65500, 65500),
+                "image/jpeg",
+                413,
+                "max_pixels",
+            ),
+            Case(
+                "TGA declaring 65535x65535",
+                resized("TGA", seeds["TGA"], 65535, 65535),
+                "image/x-tga",
+                413,
+                "max_pixels",
+            ),
+            Case(
+                "PPM declaring 1x9,000,000",
+                resized("PPM", seeds["PPM"], 1, 9_000_000),
+                "image/x-portable-pixmap",
+                413,
+                "max_aspect_ratio",
+            ),
+            Case("DDS, a format not accepted by default", seeds["DDS"], "image/vnd-ms.dds", 400, "does not accept"),
+            Case("malformed DDS", resized("DDS", seeds["DDS"], 7, 3)[:200], "image/vnd-ms.dds", 400, None),
+            Case("EPS (would run Ghostscript)", seeds["EPS"], "application/postscript", 400, "does not accept"),
+            Case("truncated PNG", seeds["PNG"][:60], "image/png", 400, "could not decode image"),
+            Case("truncated TIFF", seeds["TIFF"][:100], "image/tiff", 400, "could not decode image"),
+            Case("PNG whose zTXt inflates to 64 MB", png_text_bomb(), "image/png", ANY_4XX),
+            Case(
+                "image above max_pixels (10000x10000)",
+                encode(Image.new("1", (10000, 10000)), "PNG"),
+                "image/png",
+                413,
+                "max_pixels",
+            ),
+            Case("v1 with 50 copies of a 1x10,000 PNG", v1([wide_1e4] * 50), json_, 413, "max_items"),
+            Case("v1 with 20 copies of a 1x10,000 PNG", v1([wide_1e4] * 20), json_, 413, "input 0: image is 10000x1"),
+            Case("v1 with 5,000 tiny JPEGs", v1([tiny_jpeg] * 5000), json_, 413, "max_items"),
+            Case("v1 with 32 tiny JPEGs (the limit)", v1([tiny_jpeg] * 32), json_, 200, None),
+            Case(
+                "v1 with three 9000x9000 PNGs (pixels per request)",
+                v1([huge_zero_png] * 3),
+                json_,
+                413,
+                "max_request_pixels",
+            ),
+            Case("60 MB JSON list of zeros", b"[" + b"0," * 30_000_000 + b"0]", json_, 413, "max_body_bytes"),
+            Case(
+                "JSON object of 200,000 keys",
+                json.dumps({f"k{i}": 0 for i in range(200_000)}).encode(),
+                json_,
+                413,
+                "max_json_values",
+            ),
+            Case("v2 BYTES with 5,000 elements", v2([b64(tiny_jpeg)] * 5000), json_, 413, "max_items"),
+            Case("v2 shape of 10^12 with one element", v2(["x"], shape=[10**12]), json_, 400, "holds"),
+            Case("v2 FP32 to an image model", v2([1.0, 2.0], "FP32"), json_, 400, "not supported"),
+            Case("v2 with nested data 40 deep", v2(json.loads(deep_json(40, '"x"'))), json_, 413, "max_json_depth"),
+            Case(
+                "base64 holding random bytes",
+                json.dumps({"data": b64(random.Random(1).randbytes(5000))}).encode(),
+                json_,
+                400,
+                "could not decode image",
+            ),
+            Case("lone surrogate in a JSON string", b'{"data": "\\ud800\\udfff\\ud800"}', json_, 400, None),
+            Case("JSON with NaN and Infinity", b'{"data": [NaN, Infinity]}', json_, 400, None),
+            Case("invalid UTF-8 sent as JSON", b'{"data": "\xff\xfe"}', json_, 400, None),
+            Case(
+                "70 MB body (above max_request_size)",
+                b"\0" * (70 << 20),
+                "application/octet-stream",
+                413,
+                frontend=True,
+            ),
+            Case("9000x9000 grayscale PNG (valid, near max_pixels)", huge_zero_png, "image/png", 200, None),
+            Case("4000x4000 16-bit PNG (valid)", sixteen_bit, "image/png", 200, None),
+            Case("6000x6000 palette PNG with transparency (valid)", palette_alpha, "image/png", 200, None),
+            Case("valid GIF", seeds["GIF"], "image/gif", 200, None),
+            Case("valid WebP", seeds["WEBP"], "image/webp", 200, None),
+            Case("valid ICO", seeds["ICO"], "image/x-icon", 200, None),
+        ]
+        + [
+            Case(f"mutated {fmt} #{i}", mutate(seeds[fmt], random.Random(i)), "application/octet-stream", ANSWER_OR_4XX)
+            for i, fmt in enumerate(("PNG", "JPEG", "GIF", "TIFF", "BMP", "WEBP", "ICO", "TGA"))
+        ]
+    )
 
 
 def text_corpus() -> List[Case]:
@@ -337,12 +413,29 @@ def text_corpus() -> List[Case]:
         Case("lone surrogates", b'{"text": "\\ud800 x"}', json_, ANSWER_OR_4XX),
         Case("50,000 combining marks", ("a" + "\u0301" * 50_000).encode(), "text/plain", 200, None),
         Case("one 90,000-character word", b"x" * 90_000, "text/plain", 200, None),
-        Case("v2 BYTES holding numbers", b'{"inputs":[{"name":"t","shape":[2],"datatype":"BYTES","data":[1,2]}]}',
-             json_, 400, "must be a string"),
+        Case(
+            "v2 BYTES holding numbers",
+            b'{"inputs":[{"name":"t","shape":[2],"datatype":"BYTES","data":[1,2]}]}',
+            json_,
+            400,
+            "must be a string",
+        ),
         Case("32 texts (the limit)", json.dumps(["a fine sentence"] * 32).encode(), json_, 200, None),
-    ]  # fmt: skip
+    ]
 
 
 def extreme_sizes() -> List[Tuple[int, int]]:
-    return [(0, 0), (1, 0), (1, 1), (1, 9_000_000), (9_000_000, 1), (65535, 65535), (1, 100_000), (2**31 - 1, 1),
-            (50_000, 50_000), (9000, 9000), (16383, 16383), (300, 2)]  # fmt: skip
+    return [
+        (0, 0),
+        (1, 0),
+        (1, 1),
+        (1, 9_000_000),
+        (9_000_000, 1),
+        (65535, 65535),
+        (1, 100_000),
+        (2**31 - 1, 1),
+        (50_000, 50_000),
+        (9000, 9000),
+        (16383, 16383),
+        (300, 2),
+    ]

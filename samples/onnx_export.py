@@ -35,9 +35,15 @@ def export_image(sample: Path, out: Path, size: int = 224) -> float:
     model.eval()
     example = torch.randn(2, 3, size, size)
     torch.onnx.export(
-        model, (example,), str(out), input_names=["input"], output_names=["logits"],
-        dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}}, opset_version=OPSET, dynamo=False,
-    )  # fmt: skip
+        model,
+        (example,),
+        str(out),
+        input_names=["input"],
+        output_names=["logits"],
+        dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
+        opset_version=OPSET,
+        dynamo=False,
+    )
     from handlers.onnx_runtime import OnnxModel
 
     batch = torch.randn(3, 3, size, size)
@@ -81,9 +87,15 @@ def export_text(hf_dir: Path, out: Path) -> float:
     axes = {name: {0: "batch", 1: "tokens"} for name in names}
     axes[output] = {0: "batch"} if head == "ForSequenceClassification" else {0: "batch", 1: "tokens"}
     torch.onnx.export(
-        Graph().eval(), tuple(features[n] for n in names), str(out / "model.onnx"), input_names=names,
-        output_names=[output], dynamic_axes=axes, opset_version=OPSET, dynamo=False,
-    )  # fmt: skip
+        Graph().eval(),
+        tuple(features[n] for n in names),
+        str(out / "model.onnx"),
+        input_names=names,
+        output_names=[output],
+        dynamic_axes=axes,
+        opset_version=OPSET,
+        dynamo=False,
+    )
     from handlers.onnx_runtime import OnnxModel
 
     check = tokenizer(texts[::-1] + ["third"], padding=True, return_tensors="pt")

@@ -46,9 +46,16 @@ def ensure(name: str, root: Path = ROOT) -> Path:
 MLSERVER = "mlserver-1.7.1"
 MLSERVER_PACKAGES = (REQUIREMENT, "torchserve==0.12.0")
 MLSERVER_SAME = (
-    "torch", "torchvision", "transformers", "tokenizers", "safetensors", "numpy", "Pillow", "PyYAML",
+    "torch",
+    "torchvision",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "numpy",
+    "Pillow",
+    "PyYAML",
     "captum",  # TorchServe's vision handlers import it (pytorch/serve's image examples)
-)  # fmt: skip
+)
 
 
 def ensure_mlserver(root: Path = ROOT) -> Path:
@@ -86,8 +93,9 @@ def build(venv: Path, packages: list, version: str = f"{sys.version_info.major}.
         if done.exists() and done.read_text() == "\n".join(packages):
             return python
         uv = [sys.executable, "-m", "uv"]
-        subprocess.run(uv + ["venv", "--quiet", "--seed", "--allow-existing", "-p", interpreter(version), str(venv)],
-                       check=True)  # fmt: skip
+        subprocess.run(
+            uv + ["venv", "--quiet", "--seed", "--allow-existing", "-p", interpreter(version), str(venv)], check=True
+        )
         subprocess.run(uv + ["pip", "install", "--quiet", "--python", str(python)] + packages, check=True)
         done.write_text("\n".join(packages))
     return python

@@ -23,8 +23,9 @@ handler:
 """
 
 
-def build(store: Path, name: str = "tokens", batch: int = 8, step: float = 0.02, delay: int = 10,
-          continuous: bool = True) -> Path:  # fmt: skip
+def build(
+    store: Path, name: str = "tokens", batch: int = 8, step: float = 0.02, delay: int = 10, continuous: bool = True
+) -> Path:
     files = store.parent / f"{store.name}-{name}"
     files.mkdir(parents=True, exist_ok=True)
     config = files / "model-config.yaml"

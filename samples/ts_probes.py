@@ -41,10 +41,17 @@ def build_xgboost(out: Path, serve: Optional[Path]) -> Example:
     out.mkdir(parents=True, exist_ok=True)
     if serve:
         folder = serve / "examples/xgboost_classfication"
-        handler, labels, config = (folder / n for n in ("xgboost_iris_handler.py", "index_to_name.json",
-                                                         "model-config.yaml"))  # fmt: skip
-        subprocess.run([sys.executable, str(folder / "xgboost_train.py")], cwd=out, check=True, capture_output=True,
-                       stdin=subprocess.DEVNULL, timeout=600)  # fmt: skip
+        handler, labels, config = (
+            folder / n for n in ("xgboost_iris_handler.py", "index_to_name.json", "model-config.yaml")
+        )
+        subprocess.run(
+            [sys.executable, str(folder / "xgboost_train.py")],
+            cwd=out,
+            check=True,
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=600,
+        )
         weights = out / "iris_model.json"
     else:
         handler = STAND_INS / "xgboost/xgboost_iris_handler.py"

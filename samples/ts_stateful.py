@@ -38,13 +38,23 @@ handler:
 """
 
 
-def config(out: Path, idle_ms: int, workers: int = 2, batch: int = 4, sequences: int = 4, queue: int = 10,
-           load_seconds: float = 0) -> Path:  # fmt: skip
+def config(
+    out: Path,
+    idle_ms: int,
+    workers: int = 2,
+    batch: int = 4,
+    sequences: int = 4,
+    queue: int = 10,
+    load_seconds: float = 0,
+) -> Path:
     """The example's model-config.yaml; ``load_seconds``: running_sum's load takes that long (a worker
     starting again stays STARTING a while)."""
     path = out / f"model-config-{idle_ms}-{workers}-{batch}-{sequences}-{queue}-{load_seconds}.yaml"
-    path.write_text(EXAMPLE_CONFIG.format(idle_ms=idle_ms, workers=workers, batch=batch, sequences=sequences,
-                                          queue=queue, load_seconds=load_seconds))  # fmt: skip
+    path.write_text(
+        EXAMPLE_CONFIG.format(
+            idle_ms=idle_ms, workers=workers, batch=batch, sequences=sequences, queue=queue, load_seconds=load_seconds
+        )
+    )
     return path
 
 
@@ -62,11 +72,18 @@ def examples(out: Path, idle_ms: int = 5000, serve: Optional[Path] = None, **set
         extra = [STAND_INS / "lru.py"]  # the example's ``from lru import LRU``
     source = "pytorch/serve" if serve else "stand-in"
     return {
-        "stateful": Example("stateful", str(handler), [], serialized_file=weights, model_file=model_file,
-                                        extra_files=extra, config_file=model_config, source=source),
-        "running_sum": Example("running_sum", str(STAND_INS / "running_sum.py"), [],
-                                           config_file=model_config),
-    }  # fmt: skip
+        "stateful": Example(
+            "stateful",
+            str(handler),
+            [],
+            serialized_file=weights,
+            model_file=model_file,
+            extra_files=extra,
+            config_file=model_config,
+            source=source,
+        ),
+        "running_sum": Example("running_sum", str(STAND_INS / "running_sum.py"), [], config_file=model_config),
+    }
 
 
 def running_sum(store: Path, name: str, idle_ms: int, packager: str = "torch-model-archiver", **settings) -> Path:

@@ -75,8 +75,18 @@ def handle(data, context):
 def archive(name: str, handler: Path, store: Path, config: Path = None) -> Path:
     """``handler`` archived by torch-model-archiver as ``name`` 1.0 into ``store``."""
     store.mkdir(parents=True, exist_ok=True)
-    command = [str(BIN / "torch-model-archiver"), "--model-name", name, "--version", "1.0", "--handler", str(handler),
-               "--export-path", str(store), "--force"]  # fmt: skip
+    command = [
+        str(BIN / "torch-model-archiver"),
+        "--model-name",
+        name,
+        "--version",
+        "1.0",
+        "--handler",
+        str(handler),
+        "--export-path",
+        str(store),
+        "--force",
+    ]
     if config is not None:
         command += ["--config-file", str(config)]
     with tempfile.TemporaryDirectory(prefix="tss-") as scratch:  # its staging folder, private to this build
@@ -92,8 +102,10 @@ def build(store: Path, token_seconds: float = 0.0, max_new_tokens: int = 50) -> 
         "minWorkers: 1\nmaxWorkers: 1\nmaxBatchDelay: 200\nresponseTimeout: 300\nhandler:\n"
         f"    max_new_tokens: {max_new_tokens}\n    stream: true\n    token_seconds: {token_seconds}\n"
     )
-    return {"streaming": archive("streaming", STAND_IN, store, config),
-            "probe": archive("probe", write_probe(work), store)}  # fmt: skip
+    return {
+        "streaming": archive("streaming", STAND_IN, store, config),
+        "probe": archive("probe", write_probe(work), store),
+    }
 
 
 def write_probe(folder: Path) -> Path:

@@ -235,8 +235,10 @@ def describe_usage(gpu: int, samples: Dict[int, "DeviceSample"]) -> str:
     sample = samples.get(gpu)
     if sample is None:
         return "failed to obtained gpu usage"  # TorchServe's words
-    return (f"gpuId::{gpu} utilization.gpu [%]::{sample.utilization} % utilization.memory [%]::"
-            f"{sample.memory_utilization} % memory.used [MiB]::{sample.memory_used_mib} MiB")  # fmt: skip
+    return (
+        f"gpuId::{gpu} utilization.gpu [%]::{sample.utilization} % utilization.memory [%]::"
+        f"{sample.memory_utilization} % memory.used [MiB]::{sample.memory_used_mib} MiB"
+    )
 
 
 @dataclass
@@ -274,8 +276,14 @@ def sample_devices(environ: Optional[Mapping[str, str]] = None) -> Dict[int, Dev
                 name = pynvml.nvmlDeviceGetName(handle)
             except Exception:  # noqa: BLE001 - one device NVML cannot read
                 continue
-            found[index] = DeviceSample(index, name.decode() if isinstance(name, bytes) else str(name), rates.gpu,
-                                        rates.memory, memory.used >> 20, memory.total >> 20)  # fmt: skip
+            found[index] = DeviceSample(
+                index,
+                name.decode() if isinstance(name, bytes) else str(name),
+                rates.gpu,
+                rates.memory,
+                memory.used >> 20,
+                memory.total >> 20,
+            )
         return found
     finally:
         try:

@@ -47,7 +47,8 @@ from handlers import fit, identity, signing
 from handlers.archives import Archive, opened
 from handlers.requests import content_type
 
-from .ts_config import Frontend, ModelSpec
+from .frontend_settings import Frontend
+from .ts_config import ModelSpec
 from .worker import fork_server, sockets
 from .worker.ts_wire import BrokenReply, Request, Response, WorkerDied, batch_error, mime_type, read_reply
 from .worker.worker_process import METRICS_YAML, NotSent, start_worker
@@ -161,8 +162,9 @@ class LocalModel:
                 signing.verify(self.model_dir, public_key, archive.name, *expected)
             model = self.manifest["model"]
             self.model_name = model["modelName"]
-            self._spec = ModelSpec(self.model_name, str(model.get("modelVersion") or "1.0"), archive,
-                                   batch_size=batch_size)  # fmt: skip
+            self._spec = ModelSpec(
+                self.model_name, str(model.get("modelVersion") or "1.0"), archive, batch_size=batch_size
+            )
             self._frontend = Frontend(
                 max_response_size=UNLIMITED,
                 envelope=envelope,

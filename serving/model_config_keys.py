@@ -18,8 +18,7 @@ from handlers.settings import shown
 HONOURED, NOTED, REFUSED = "honoured", "noted", "refused"
 TORCHSERVE_TIMEOUT = 120  # s: ModelConfig's defaultResponseTimeout and defaultStartupTimeout
 # TorchServe's defaults for the noted keys, as its describe shows them (ModelConfig's fields)
-NOTED_DEFAULTS = {"maxRetryTimeoutInSec": 300, "clientTimeoutInMills": 0, "useJobTicket": False,
-                  "useVenv": False}  # fmt: skip
+NOTED_DEFAULTS = {"maxRetryTimeoutInSec": 300, "clientTimeoutInMills": 0, "useJobTicket": False, "useVenv": False}
 
 KEYS: Dict[str, Tuple[str, str]] = {
     "minWorkers": (HONOURED, "the workers started (a snapshot's or a register's first)"),
@@ -35,18 +34,22 @@ KEYS: Dict[str, Tuple[str, str]] = {
     "torchrun": (REFUSED, "workers under torchrun (refused by serving/gpus.py)"),
     "jobQueueSize": (HONOURED, "the model's job queue, over job_queue_size"),
     "useJobTicket": (NOTED, "requests wait in the job queue when every worker is busy, not refused at once"),
-    "maxRetryTimeoutInSec": (NOTED, "a dead worker is started again for as long as the engine runs (TorchServe "
-                                    "gives up after this long)"),
-    "clientTimeoutInMills": (NOTED, "a request waits in the queue until a worker takes it or its client leaves "
-                                    "(TorchServe drops it after this long)"),
+    "maxRetryTimeoutInSec": (
+        NOTED,
+        "a dead worker is started again for as long as the engine runs (TorchServe gives up after this long)",
+    ),
+    "clientTimeoutInMills": (
+        NOTED,
+        "a request waits in the queue until a worker takes it or its client leaves "
+        "(TorchServe drops it after this long)",
+    ),
     "sequenceBatching": (HONOURED, "sequence batching (serving/engine/sequences.py)"),
     "sequenceMaxIdleMSec": (HONOURED, "an idle sequence expires"),
     "sequenceTimeoutMSec": (HONOURED, "a sequence expires this long after it opened"),
     "maxSequenceJobQueueSize": (HONOURED, "requests waiting in one sequence"),
     "maxNumSequence": (HONOURED, "open sequences"),
     "continuousBatching": (HONOURED, "requests join a running batch between its steps (serving/engine/continuous.py)"),
-    "asyncCommunication": (REFUSED, "an asynchronous worker (ts/async_service.py): serve it with --engine "
-                                    "torchserve"),
+    "asyncCommunication": (REFUSED, "an asynchronous worker (ts/async_service.py): serve it with --engine torchserve"),
     "useVenv": (NOTED, "the worker runs in the engine's Python: install the archive's requirements there"),
 }
 
@@ -54,13 +57,30 @@ KEYS: Dict[str, Tuple[str, str]] = {
 # Each key's type as TorchServe's ModelConfig.build reads it (a value of another type it ignores with a
 # log line only, and serves its default: the engine, ``tsctl run`` and ``tsctl package`` refuse it, ``typed``).
 TYPES = {
-    "minWorkers": int, "maxWorkers": int, "batchSize": int, "maxBatchDelay": int, "responseTimeout": int,
-    "startupTimeout": int, "deviceType": str, "deviceIds": list, "parallelLevel": int, "parallelType": str,
-    "jobQueueSize": int, "useJobTicket": bool, "maxSequenceJobQueueSize": int, "sequenceMaxIdleMSec": int,
-    "maxNumSequence": int, "sequenceBatching": bool, "continuousBatching": bool, "asyncCommunication": bool,
-    "useVenv": bool, "torchrun": dict, "maxRetryTimeoutInSec": int, "clientTimeoutInMills": int,
+    "minWorkers": int,
+    "maxWorkers": int,
+    "batchSize": int,
+    "maxBatchDelay": int,
+    "responseTimeout": int,
+    "startupTimeout": int,
+    "deviceType": str,
+    "deviceIds": list,
+    "parallelLevel": int,
+    "parallelType": str,
+    "jobQueueSize": int,
+    "useJobTicket": bool,
+    "maxSequenceJobQueueSize": int,
+    "sequenceMaxIdleMSec": int,
+    "maxNumSequence": int,
+    "sequenceBatching": bool,
+    "continuousBatching": bool,
+    "asyncCommunication": bool,
+    "useVenv": bool,
+    "torchrun": dict,
+    "maxRetryTimeoutInSec": int,
+    "clientTimeoutInMills": int,
     "sequenceTimeoutMSec": int,
-}  # fmt: skip
+}
 
 
 class ModelConfigRefused(ValueError):
@@ -108,17 +128,23 @@ def check(config: dict, where: str) -> List[str]:
 
     typed(config, where)
     meant = {key: near_miss(str(key)) for key in config if key not in TYPES}
-    notes = [f"{where}: unknown key '{key}'; did you mean '{known}'? (TorchServe ignores '{key}')"
-             for key, known in meant.items() if known]  # fmt: skip
+    notes = [
+        f"{where}: unknown key '{key}'; did you mean '{known}'? (TorchServe ignores '{key}')"
+        for key, known in meant.items()
+        if known
+    ]
     if (config.get("maxNumSequence") or 0) > MAX_SEQUENCES:
-        notes.append(f"{where}: maxNumSequence {config['maxNumSequence']} is above the engine's bound: "
-                     f"{MAX_SEQUENCES} sequences open at most (docs/limits.md)")  # fmt: skip
+        notes.append(
+            f"{where}: maxNumSequence {config['maxNumSequence']} is above the engine's bound: "
+            f"{MAX_SEQUENCES} sequences open at most (docs/limits.md)"
+        )
     for key, (state, what) in KEYS.items():
         if not asked(config, key) or state == HONOURED or key in REFUSED_ELSEWHERE:
             continue
         if state == REFUSED:
-            raise ModelConfigRefused(f"{where}: {key} is {config[key]!r}: the tsctl engine cannot serve {what}, "
-                                     f"or remove {key}")
+            raise ModelConfigRefused(
+                f"{where}: {key} is {config[key]!r}: the tsctl engine cannot serve {what}, or remove {key}"
+            )
         notes.append(f"{where}: {key}: {config[key]!r} is not done by the tsctl engine: {what}")
     return notes
 

@@ -13,9 +13,11 @@ from handlers import cpu_limit, identity
 from handlers.archives import Archive, opened
 
 from . import gpus, model_config_keys, v2_metadata
+from .config_properties import ConfigError
 from .engine.sequences import SequenceConfigError, SequenceSettings
 from .engine.workers import ModelWorkers, worker_log_line
-from .ts_config import ConfigError, Frontend, ModelSpec
+from .frontend_settings import Frontend
+from .ts_config import ModelSpec
 
 logger = logging.getLogger("tsctl.engine")
 
@@ -59,8 +61,12 @@ def open_model(
             devices = gpus.model_devices(found.config, frontend.number_of_gpu, where)
             sequences = SequenceSettings.of(found.config, where)
             metadata = v2_metadata.declared(found.config, identity.read(found), where)
-        except (gpus.PlacementError, SequenceConfigError, model_config_keys.ModelConfigRefused,
-                v2_metadata.MetadataError) as exc:  # fmt: skip
+        except (
+            gpus.PlacementError,
+            SequenceConfigError,
+            model_config_keys.ModelConfigRefused,
+            v2_metadata.MetadataError,
+        ) as exc:
             raise ConfigError(str(exc)) from None
         spec.response_timeout, spec.startup_timeout = model_config_keys.in_force(
             found.config, spec.response_timeout, frontend.default_startup_timeout
@@ -78,8 +84,18 @@ def open_model(
     env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_limit.usable() // max(1, spec.min_workers))))
     run_dir = str(Path(unpack_dir).parent)
     workers = ModelWorkers(
-        spec, model_dir, model["handler"], frontend, run_dir, first_port, env, on_line or worker_log_line, on_metric,
-        devices, placement or gpus.Placement(frontend.number_of_gpu), sequences,
-    )  # fmt: skip
+        spec,
+        model_dir,
+        model["handler"],
+        frontend,
+        run_dir,
+        first_port,
+        env,
+        on_line or worker_log_line,
+        on_metric,
+        devices,
+        placement or gpus.Placement(frontend.number_of_gpu),
+        sequences,
+    )
     workers.v2_metadata = metadata
     return workers

@@ -103,8 +103,10 @@ class Tree:
             raise TreeChanged(f"{LISTING} cannot be read ({exc.strerror or exc}): copy the export tree again") from None
         found = "sha256:" + hashlib.sha256(data).hexdigest()
         if found != expected.strip():
-            raise TreeChanged(f"{LISTING} is {found}, not the {expected.strip()} the InferenceService pins: copy the "
-                              "export tree again, or export again and apply its InferenceService")
+            raise TreeChanged(
+                f"{LISTING} is {found}, not the {expected.strip()} the InferenceService pins: copy the "
+                "export tree again, or export again and apply its InferenceService"
+            )
         files = json.loads(data.decode("utf-8"))["sha256"]
         return cls(root, files)
 

@@ -18,12 +18,28 @@ from typing import Optional
 
 SECTION = "v2_metadata"
 # KServe v2 (Open Inference Protocol) tensor datatypes
-DATATYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64",
-             "BF16", "BYTES")  # fmt: skip
+DATATYPES = (
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "FP32",
+    "FP64",
+    "BF16",
+    "BYTES",
+)
 MAX_TENSORS = 64  # declared inputs or outputs
 MAX_RANK = 16
-NOT_DECLARED = (f"the model declares no inputs or outputs: give its model-config.yaml a {SECTION} section "
-                "(inputs and outputs, each name, datatype, shape), or package it with a tsctl handler")  # fmt: skip
+NOT_DECLARED = (
+    f"the model declares no inputs or outputs: give its model-config.yaml a {SECTION} section "
+    "(inputs and outputs, each name, datatype, shape), or package it with a tsctl handler"
+)
 
 
 class MetadataError(ValueError):
@@ -51,8 +67,11 @@ def tensor(value, where: str) -> dict:
         raise MetadataError(f"{where}: name must be text of 1 to 256 characters")
     if datatype not in DATATYPES:
         raise MetadataError(f"{where}: datatype {str(datatype)[:40]!r} is not one of {', '.join(DATATYPES)}")
-    if (not isinstance(shape, list) or len(shape) > MAX_RANK
-            or any(isinstance(d, bool) or not isinstance(d, int) or d < -1 for d in shape)):  # fmt: skip
+    if (
+        not isinstance(shape, list)
+        or len(shape) > MAX_RANK
+        or any(isinstance(d, bool) or not isinstance(d, int) or d < -1 for d in shape)
+    ):
         raise MetadataError(f"{where}: shape must be a list of at most {MAX_RANK} sizes, each -1 (any) or more")
     return {"name": name, "datatype": datatype, "shape": list(shape)}
 

@@ -23,9 +23,8 @@ The model (BENCHMARKS.md, "Autoscaling, simulated", lists the same assumptions):
 - **CPU** of a replica: throughput at its concurrency over the best measured throughput (a CPU-bound
   replica saturates its CPU at the knee), the assumption ``export --autoscale hpa`` makes.
 
-Each rule of the autoscalers is cited where it is coded (knative/serving at 98e5ef90; Kubernetes' HPA
-documentation, https://kubernetes.io/docs/tasks/run-application/horizontal-pod-autoscale/, and
-kubernetes/kubernetes' pkg/apis/autoscaling/v2/defaults.go at 1adaa753).
+The autoscalers' rules are in autoscalers.py, each cited where it is coded; the load traces are in
+load_traces.py.
 """
 
 import math
@@ -36,28 +35,10 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from .. import choices
 from ..export.kserve.autoscale_numbers import RATE_WINDOW_S  # the answer rate KEDA's query reads: rate(...[1m])
+from .autoscalers import ACTIVATOR_QUEUE, HPA, KPA, QUEUE_PROXY_DEPTH, SCRAPE_S, STABLE_WINDOW_S, Fixed, Seen
 
-# ---- Knative's KPA: config/core/configmaps/autoscaler.yaml (defaults) and pkg/autoscaler -----------------
-KPA_TICK_S = 2.0  # pkg/autoscaler/scaling/multiscaler.go:36 tickInterval
-STABLE_WINDOW_S = 60.0  # autoscaler.yaml:105 stable-window
-PANIC_WINDOW_PERCENT = 10.0  # autoscaler.yaml:115 panic-window-percentage (of the stable window)
-PANIC_THRESHOLD = 2.0  # autoscaler.yaml:119 panic-threshold-percentage 200; decider.go:57 divides by 100
-TARGET_UTILIZATION = 0.70  # autoscaler.yaml:58 container-concurrency-target-percentage (the export writes 70)
-MAX_SCALE_UP_RATE = 1000.0  # autoscaler.yaml:128
-MAX_SCALE_DOWN_RATE = 2.0  # autoscaler.yaml:137
-ACTIVATOR_QUEUE = 10000  # pkg/activator/net/throttler.go:55 breakerQueueDepth
-QUEUE_PROXY_DEPTH = 10  # pkg/queue/sharedmain/main.go:413 queueDepth = 10 * ContainerConcurrency
-# ---- Kubernetes' HPA (and KEDA, which makes one): the HPA documentation, "Algorithm details" -------------
-HPA_SYNC_S = 15.0  # --horizontal-pod-autoscaler-sync-period, default 15 s
-HPA_TOLERANCE = 0.1  # "within a globally-configurable tolerance, 0.1 by default"
-HPA_DOWN_WINDOW_S = 300.0  # --horizontal-pod-autoscaler-downscale-stabilization, default 5 minutes
-# "Default Behavior"; pkg/apis/autoscaling/v2/defaults.go:27-65: (type, value, periodSeconds), selectPolicy Max
-HPA_UP_POLICIES = (("Pods", 4, 15), ("Percent", 100, 15))
-HPA_DOWN_POLICIES = (("Percent", 100, 15),)
-METRICS_WINDOW_S = 15.0  # the CPU the HPA reads: averaged over metrics-server's 15 s resolution (assumed)
-SCRAPE_S = 15.0  # the gauge KEDA's query reads: Prometheus' scrape interval (the export's PodMonitor)
 # ---- the engine and the measured start -----------------------------------------------------------------
-ENGINE_QUEUE = 100  # serving/ts_config.py job_queue_size default: requests waiting per model version
+ENGINE_QUEUE = 100  # serving/frontend_settings.py job_queue_size default: requests waiting per model version
 COLD_START_S = choices.ENGINE_COLD_START_S  # BENCHMARKS.md "Cold start": the engine, launch to READY
 SAMPLE_S = 1.0  # how often the simulator records the state (and Knative's metric is scraped: collector.go:37)
 WINDOW_S = 10.0  # the p99 reported over time: per window of this many seconds
@@ -67,8 +48,9 @@ class Curve:
     """One replica's service curve from a ``tsctl-capacity/1`` document: its clean steps (no errors)."""
 
     def __init__(self, doc: dict):
-        steps = sorted((s for s in doc["steps"] if s["errors"] == 0 and s["p99_ms"] is not None),
-                       key=lambda s: s["concurrency"])  # fmt: skip
+        steps = sorted(
+            (s for s in doc["steps"] if s["errors"] == 0 and s["p99_ms"] is not None), key=lambda s: s["concurrency"]
+        )
         if not steps:
             raise ValueError("the capacity result has no step that answered every request")
         self.n = [float(s["concurrency"]) for s in steps]
@@ -110,165 +92,6 @@ class Curve:
         return self._at(self.queue, n) + max(0.0, n - self.n[-1])
 
 
-# ---- the autoscalers ---------------------------------------------------------------------------------------
-@dataclass
-class Seen:
-    """What an autoscaler reads at a decision: replicas asked for, ready, and the metric history."""
-
-    now: float
-    replicas: int  # pods asked for (ready or starting)
-    ready: int
-    concurrency: deque  # (t, requests in the revision: in replicas or waiting), one a second
-    cpu: deque  # (t, mean CPU share of the ready replicas, 0-1)
-    queue: float  # the queue gauge summed over the replicas at the last scrape
-    in_flight: float = 0.0  # ts_requests_in_flight summed over the replicas at the last scrape
-    served_rps: float = 0.0  # rate(ts_inference_requests_total[1m]) summed, as of the last scrape
-
-
-class Fixed:
-    """No autoscaling: ``replicas`` replicas all along (the check against real replicas)."""
-
-    interval = 1e9
-    mode = "fixed"
-
-    def __init__(self, replicas: int):
-        self.min_replicas = self.max_replicas = replicas
-
-    def desired(self, seen: Seen) -> int:
-        return self.min_replicas
-
-
-class KPA:
-    """Knative's Pod Autoscaler on concurrency, as pkg/autoscaler/scaling/autoscaler.go's Scale does it."""
-
-    interval = KPA_TICK_S
-    mode = "knative"
-
-    def __init__(self, scale_target: float, container_concurrency: int, min_replicas: int, max_replicas: int,
-                 scale_down_delay_s: float = 0.0, utilization: float = TARGET_UTILIZATION):  # fmt: skip
-        # pkg/reconciler/autoscaling/resources/target.go:54,61: min(target, containerConcurrency) x utilisation
-        self.target = max(0.01, min(scale_target, container_concurrency) * utilization)
-        self.cc = container_concurrency
-        self.min_replicas, self.max_replicas = min_replicas, max_replicas
-        self.delay_s = scale_down_delay_s
-        self.panic_since: Optional[float] = None
-        self.max_panic = 0
-        self.delayed: deque = deque()  # (t, desired): pkg/autoscaler/aggregation/max/window.go, the max
-
-    def desired(self, seen: Seen) -> Optional[int]:
-        now = seen.now
-        stable = _mean(seen.concurrency, now - STABLE_WINDOW_S)
-        panic = _mean(seen.concurrency, now - STABLE_WINDOW_S * PANIC_WINDOW_PERCENT / 100)
-        if stable is None:
-            return None  # autoscaler.go:175-181: no data, no decision
-        ready = max(1.0, seen.ready)  # autoscaler.go:161
-        up = math.ceil(MAX_SCALE_UP_RATE * ready)  # autoscaler.go:189
-        down = math.floor(ready / MAX_SCALE_DOWN_RATE)  # autoscaler.go:193
-        dspc, dppc = math.ceil(stable / self.target), math.ceil(panic / self.target)  # autoscaler.go:196-197
-        want_stable, want_panic = min(max(dspc, down), up), min(max(dppc, down), up)  # autoscaler.go:207-208
-        over = dppc / ready >= PANIC_THRESHOLD  # autoscaler.go:220
-        if over:
-            self.panic_since = now  # autoscaler.go:222-229: start, or extend, the panic
-        elif self.panic_since is not None and self.panic_since + STABLE_WINDOW_S < now:
-            self.panic_since, self.max_panic = None, 0  # autoscaler.go:230-235
-        want = want_stable
-        if self.panic_since is not None:  # autoscaler.go:239-254: the larger, and never down while panicking
-            self.max_panic = max(self.max_panic, want, want_panic)
-            want = self.max_panic
-        if self.delay_s > 0:  # autoscaler.go:265-276: the largest wanted within scale-down-delay
-            self.delayed.append((now, want))
-            while self.delayed and self.delayed[0][0] <= now - self.delay_s:
-                self.delayed.popleft()
-            want = max(w for _, w in self.delayed)
-        return min(max(want, self.min_replicas), self.max_replicas)  # kpa/scaler.go:157 applyBounds
-
-    @property
-    def panicking(self) -> bool:
-        return self.panic_since is not None
-
-
-class HPA:
-    """Kubernetes' HPA on one or more metrics, each with its target (``targets``); it computes a count for
-    each and runs the largest ("Algorithm details": "If multiple metrics are specified"). ``"cpu"``: target
-    utilisation in percent of the request; the others are KEDA's external metrics with an AverageValue
-    target, the total over the target per pod: ``"rps"`` (``sum(rate(ts_inference_requests_total[1m]))``)
-    and ``"in_flight"`` (``sum(ts_requests_in_flight)``), the two the export writes, and ``"queue"``
-    (``sum(ts_queue_size)``, what it wrote before: simulated beside it to show why not)."""
-
-    interval = HPA_SYNC_S
-
-    def __init__(self, targets: Dict[str, float], min_replicas: int, max_replicas: int,
-                 down_window_s: float = HPA_DOWN_WINDOW_S, mode: str = "hpa"):  # fmt: skip
-        self.targets, self.mode = dict(targets), mode
-        self.min_replicas, self.max_replicas = min_replicas, max_replicas
-        self.down_window_s = down_window_s
-        self.recommendations: deque = deque()  # (t, recommendation): the stabilization window
-        self.events: deque = deque()  # (t, change): the scaling policies' periods
-
-    def recommend(self, seen: Seen) -> int:
-        """The largest of the counts the metrics ask for."""
-        return max(self.one(seen, metric, target) for metric, target in self.targets.items())
-
-    def one(self, seen: Seen, metric: str, target: float) -> int:
-        """The replica count one metric asks for ("Algorithm details"): ceil(replicas x metric / target)."""
-        current = seen.replicas
-        if metric != "cpu":  # an external metric's AverageValue: the total over the target per pod
-            total = {"queue": seen.queue, "in_flight": seen.in_flight, "rps": seen.served_rps}[metric]
-            ratio = total / (target * max(1, current))
-            return current if abs(1 - ratio) <= HPA_TOLERANCE else math.ceil(total / target)
-        cpu = _mean(seen.cpu, seen.now - METRICS_WINDOW_S)
-        if cpu is None or seen.ready == 0:
-            return current
-        ratio = cpu * 100 / target
-        unready = max(0, current - seen.ready)
-        if ratio > 1 and unready:  # "not yet ready ... assume it uses 0% of the desired metric" on a scale-up
-            counted = seen.ready + unready
-            rebalanced = cpu * 100 * seen.ready / counted / target
-            if abs(1 - rebalanced) <= HPA_TOLERANCE or rebalanced < 1:
-                return current  # within tolerance, or it would reverse the direction: no change
-            return math.ceil(rebalanced * counted)
-        if abs(1 - ratio) <= HPA_TOLERANCE:
-            return current
-        return math.ceil(ratio * seen.ready)
-
-    def desired(self, seen: Seen) -> int:
-        now, current = seen.now, seen.replicas
-        raw = self.recommend(seen)
-        # "Stabilization window" (horizontal.go's stabilizeRecommendationWithBehaviors): up at once to the
-        # recommendation (scale-up window 0), down only to the highest recommendation of the last 300 s
-        while self.recommendations and self.recommendations[0][0] <= now - self.down_window_s:
-            self.recommendations.popleft()
-        highest = max([raw] + [r for _, r in self.recommendations])
-        self.recommendations.append((now, raw))
-        want = raw if raw > current else min(current, highest)
-        want = self.rate_limited(now, current, want)
-        want = min(max(want, self.min_replicas), self.max_replicas)
-        if want != current:
-            self.events.append((now, want - current))
-        return want
-
-    def rate_limited(self, now: float, current: int, want: int) -> int:
-        """The scaling policies ("Scaling policies", selectPolicy Max): up by at most the larger of +4 pods
-        and +100% of the replicas at the period's start per 15 s; down by at most 100% per 15 s."""
-        if want == current:
-            return want
-        policies = HPA_UP_POLICIES if want > current else HPA_DOWN_POLICIES
-        limits = []
-        for kind, value, period in policies:
-            changed = sum(d for t, d in self.events if t > now - period and (d > 0) == (want > current))
-            start = current - changed
-            if want > current:
-                limits.append(start + value if kind == "Pods" else math.ceil(start * (1 + value / 100)))
-            else:
-                limits.append(start - value if kind == "Pods" else math.floor(start * (1 - value / 100)))
-        return min(want, max(limits)) if want > current else max(want, min(limits))
-
-
-def _mean(samples: deque, since: float) -> Optional[float]:
-    values = [v for t, v in samples if t > since]
-    return sum(values) / len(values) if values else None
-
-
 # ---- the cluster ---------------------------------------------------------------------------------------------
 @dataclass
 class Run:
@@ -285,13 +108,16 @@ class Run:
     def summary(self, curve: Curve) -> dict:
         p = quantiles(curve, self.pieces, (0.5, 0.99))
         return {
-            "requests": round(self.offered), "answered": round(self.served), "shed": round(self.shed),
+            "requests": round(self.offered),
+            "answered": round(self.served),
+            "shed": round(self.shed),
             "shed_percent": round(100 * self.shed / self.offered, 2) if self.offered else 0.0,
-            "p50_ms": round(p[0] * 1000, 1), "p99_ms": round(p[1] * 1000, 1),
+            "p50_ms": round(p[0] * 1000, 1),
+            "p99_ms": round(p[1] * 1000, 1),
             "max_replicas": max(r["replicas"] for r in self.rows),
             "replica_seconds": round(sum(r["replicas"] for r in self.rows) * SAMPLE_S),
             "max_waiting": round(max(r["waiting"] for r in self.rows), 1),
-        }  # fmt: skip
+        }
 
 
 class Cluster:
@@ -371,9 +197,17 @@ class Cluster:
             self.pods = sorted(self.pods)[:want]
 
 
-def simulate(curve: Curve, scaler, rate: Callable[[float], float], duration: float, dt: float = 0.2,
-             startup_s: float = COLD_START_S, clients: Optional[int] = None,
-             initial: Optional[int] = None, settle_s: float = 0.0) -> Run:  # fmt: skip
+def simulate(
+    curve: Curve,
+    scaler,
+    rate: Callable[[float], float],
+    duration: float,
+    dt: float = 0.2,
+    startup_s: float = COLD_START_S,
+    clients: Optional[int] = None,
+    initial: Optional[int] = None,
+    settle_s: float = 0.0,
+) -> Run:
     """Replay the load ``rate(t)`` (requests/s, open loop) for ``duration`` seconds, or with ``clients``
     a closed loop of that many clients each sending its next request as the last is answered. It starts
     with ``initial`` replicas ready (default: minReplicas) that have served ``rate(0)`` for ``settle_s``
@@ -417,20 +251,28 @@ def simulate(curve: Curve, scaler, rate: Callable[[float], float], duration: flo
                 recent = [n for t, n in answers if t > now - RATE_WINDOW_S]
                 rps_seen = sum(recent) / (len(recent) * SAMPLE_S)
             if now > 0:
-                run.rows.append({
-                    "t": round(now, 3), "offered_rps": rate(now) if clients is None else None,
-                    "served_rps": served_since / SAMPLE_S, "replicas": len(cluster.pods), "ready": ready,
-                    "in_replicas": held, "waiting": cluster.wait_total + ready * curve.waiting(per),
-                    "shed": run.shed, "panic": getattr(scaler, "panicking", False),
-                })  # fmt: skip
+                run.rows.append(
+                    {
+                        "t": round(now, 3),
+                        "offered_rps": rate(now) if clients is None else None,
+                        "served_rps": served_since / SAMPLE_S,
+                        "replicas": len(cluster.pods),
+                        "ready": ready,
+                        "in_replicas": held,
+                        "waiting": cluster.wait_total + ready * curve.waiting(per),
+                        "shed": run.shed,
+                        "panic": getattr(scaler, "panicking", False),
+                    }
+                )
             served_since = 0.0
         if now >= next_window - 1e-9 and now > 0:
             run.p99_s.append((now, quantiles(curve, run.pieces[window_start:], (0.99,))[0]))
             window_start, next_window = len(run.pieces), next_window + WINDOW_S
         if now >= next_decision - 1e-9:
             next_decision += scaler.interval
-            seen = Seen(now, len(cluster.pods), cluster.ready(now), concurrency, cpu, queue_seen, in_flight_seen,
-                        rps_seen)  # fmt: skip
+            seen = Seen(
+                now, len(cluster.pods), cluster.ready(now), concurrency, cpu, queue_seen, in_flight_seen, rps_seen
+            )
             want = scaler.desired(seen)
             if want is not None:
                 cluster.scale(now, want)
@@ -473,7 +315,7 @@ def _solve(f: Callable[[float], float], q: float, low: float, high: float) -> fl
     return high
 
 
-# ---- what the export writes, the traces, the fixed-replica prediction ------------------------------------------
+# ---- what the export writes, the fixed-replica prediction ------------------------------------------
 def exported(doc: dict, mode: str, max_replicas: int, min_replicas: int = 1, scale_down_s: int = 300) -> dict:
     """The numbers ``tsctl export kserve --autoscale MODE --from-bench`` writes for ``doc``, by the export's
     own functions (archiver/export/kserve/autoscale.py): the operating point and each mode's target."""
@@ -499,8 +341,9 @@ def scaler_for(doc: dict, mode: str, max_replicas: int, min_replicas: int = 1, s
     down = scale_down_s
     if mode == "keda-queue":
         numbers = exported(doc, "knative", max_replicas, min_replicas, scale_down_s)
-        step = max((s for s in doc["steps"] if s["concurrency"] <= numbers["concurrency"]),
-                   key=lambda s: s["concurrency"])  # fmt: skip
+        step = max(
+            (s for s in doc["steps"] if s["concurrency"] <= numbers["concurrency"]), key=lambda s: s["concurrency"]
+        )
         threshold = max(1, math.ceil((step.get("queue_depth") or {}).get("mean", 0.0)))
         return HPA({"queue": threshold}, min_replicas, max_replicas, down_window_s=down, mode=mode)
     numbers = exported(doc, mode.split("-")[0], max_replicas, min_replicas, scale_down_s)
@@ -519,48 +362,6 @@ def peak_replicas(doc: dict, peak_rps: float) -> int:
     return max(1, math.ceil(peak_rps / exported(doc, "knative", 1)["step_rps"]))
 
 
-def ramp(one: float, peak: float = 50, base: float = 0.5, up_s: float = 600, hold_s: float = 300,
-         down_s: float = 300) -> Callable[[float], float]:  # fmt: skip
-    """From ``base`` x one replica's throughput ``one`` up to ``peak`` x over ``up_s``, held, then down."""
-
-    def rate(t: float) -> float:
-        if t < up_s:
-            return one * (base + (peak - base) * t / up_s)
-        if t < up_s + hold_s:
-            return one * peak
-        return one * max(base, peak - (peak - base) * (t - up_s - hold_s) / down_s)
-
-    rate.duration = up_s + hold_s + down_s + 120
-    return rate
-
-
-def spike(one: float, base: float = 5, peak: float = 30, at_s: float = 240, for_s: float = 60):
-    """``base`` x one replica's throughput, ``peak`` x for ``for_s`` seconds from ``at_s``, then back."""
-
-    def rate(t: float) -> float:
-        return one * (peak if at_s <= t < at_s + for_s else base)
-
-    rate.duration = at_s + for_s + 480
-    return rate
-
-
-def diurnal(one: float, low: float = 2, peak: float = 50, day_s: float = 7200):
-    """A day compressed into ``day_s`` seconds: ``low`` x one replica's throughput at 4 am rising to
-    ``peak`` x at 4 pm (a cosine); the autoscalers' clocks are not compressed, so changes come 86400/day_s
-    times faster than in a real day."""
-
-    def rate(t: float) -> float:
-        hour = (t / day_s * 24) % 24
-        return one * (low + (peak - low) * (1 - math.cos(2 * math.pi * (hour - 4) / 24)) / 2)
-
-    rate.duration = day_s
-    return rate
-
-
-TRACES = {"ramp": ramp, "spike": spike, "diurnal": diurnal}
-assert tuple(TRACES) == choices.SIMULATED_TRACES
-
-
 def steady(doc: dict, replicas: int, clients: int, seconds: float = 120.0) -> dict:
     """``replicas`` replicas (no autoscaling) under ``clients`` closed-loop clients, simulated: the
     throughput and latency of the last half of the run, when the start has passed."""
@@ -570,7 +371,9 @@ def steady(doc: dict, replicas: int, clients: int, seconds: float = 120.0) -> di
     late = [p for p in run.pieces[len(run.pieces) // 2 :]]
     p50, p99 = quantiles(curve, late, (0.5, 0.99))
     return {
-        "replicas": replicas, "clients": clients,
+        "replicas": replicas,
+        "clients": clients,
         "throughput_rps": round(sum(r["served_rps"] for r in half) / len(half), 2),
-        "p50_ms": round(p50 * 1000, 1), "p99_ms": round(p99 * 1000, 1),
-    }  # fmt: skip
+        "p50_ms": round(p50 * 1000, 1),
+        "p99_ms": round(p99 * 1000, 1),
+    }

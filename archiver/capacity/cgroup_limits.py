@@ -85,8 +85,10 @@ class PodLimits:
             limits.release()
             if exc.errno == errno.EINVAL:  # the hierarchy is there, the kernel refuses the value
                 given = [f"--cpu {cpu:g}" if cpu is not None else "", f"--memory {memory}" if memory else ""]
-                raise UserError(f"{' '.join(filter(None, given))}: the kernel refuses it as a cgroup limit: give the "
-                                "pod's own limits") from None  # fmt: skip
+                raise UserError(
+                    f"{' '.join(filter(None, given))}: the kernel refuses it as a cgroup limit: give the "
+                    "pod's own limits"
+                ) from None
             limits.groups, limits.cpu, limits.memory = [], None, None
             limits.reason = f"no cgroup could be made here ({exc.strerror or exc})"
         return limits

@@ -88,8 +88,11 @@ def gpus_used(described: Optional["Described"]) -> List[dict]:
     from serving import gpus
 
     samples = gpus.sample_devices()
-    return [{"id": i, "name": samples[i].name, "memory_mib": samples[i].memory_total_mib}
-            for i in described.gpu_ids if i in samples]  # fmt: skip
+    return [
+        {"id": i, "name": samples[i].name, "memory_mib": samples[i].memory_total_mib}
+        for i in described.gpu_ids
+        if i in samples
+    ]
 
 
 class Described:
@@ -134,13 +137,20 @@ def measure(srv: "Server", model: str, plan: LoadSteps, settings: dict, progress
         metrics = None
     measured_on = capacity.machine()  # before the sweep loads it
     steps, stopped = capacity.sweep(
-        engines.predict_url(srv, model), bodies, model, plan.max_concurrency, plan.requests, plan.seconds,
-        plan.p99_ms, srv.headers("inference"), metrics, progress,
-    )  # fmt: skip
+        engines.predict_url(srv, model),
+        bodies,
+        model,
+        plan.max_concurrency,
+        plan.requests,
+        plan.seconds,
+        plan.p99_ms,
+        srv.headers("inference"),
+        metrics,
+        progress,
+    )
     named = [(Path(p).name, len(data)) for p, (data, _) in zip(plan.inputs, files)]
     used = gpus_used(running_spec(srv, model))
-    return capacity.document(model, chosen.name, settings, named, plan.p99_ms, steps, stopped, notes, used,
-                             measured_on)  # fmt: skip
+    return capacity.document(model, chosen.name, settings, named, plan.p99_ms, steps, stopped, notes, used, measured_on)
 
 
 def measure_running(srv: "Server", model: str, plan: LoadSteps, progress=quiet) -> dict:
@@ -181,8 +191,10 @@ def measure_started(
                 srv = engines.serve(engine, config, model_store, home, timeout, progress, note, python=python)
             except ServerFailure as exc:
                 if memory is not None and "-9" in str(exc):  # SIGKILL: what the memory cgroup's OOM killer sends
-                    raise ServerFailure(f"{exc} (-9: killed; --memory {memory:,} bytes may be less than the server "
-                                      "and its workers need, as a pod's limit would be)") from None  # fmt: skip
+                    raise ServerFailure(
+                        f"{exc} (-9: killed; --memory {memory:,} bytes may be less than the server "
+                        "and its workers need, as a pod's limit would be)"
+                    ) from None
                 raise
         try:
             if limits.groups and not limits.holds(srv.pid):

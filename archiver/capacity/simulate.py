@@ -15,13 +15,20 @@ from typing import Dict, List, Optional, Sequence
 from ..errors import UserError
 from ..output import quiet
 from . import autoscale_sim as sim
+from . import load_traces
 
 FORMAT = "tsctl-simulation/1"
-TRACES = tuple(sim.TRACES)  # ramp, spike, diurnal
+TRACES = tuple(load_traces.TRACES)  # ramp, spike, diurnal
 SETTLE_S = 600.0  # the first load before the trace: longer than every window (300 s) and delay
 MAX_PEAK = 1000.0  # x one replica: past it the simulated replica count is beyond any one model's
-COLORS = {"knative": "tab:blue", "hpa": "tab:green", "keda": "tab:red", "keda-rate": "tab:purple",
-          "keda-in-flight": "tab:orange", "keda-queue": "tab:gray"}  # fmt: skip
+COLORS = {
+    "knative": "tab:blue",
+    "hpa": "tab:green",
+    "keda": "tab:red",
+    "keda-rate": "tab:purple",
+    "keda-in-flight": "tab:orange",
+    "keda-queue": "tab:gray",
+}
 
 
 def load(path: str) -> dict:
@@ -39,10 +46,10 @@ def load(path: str) -> dict:
 def trace(name: str, best: float, peak: Optional[float] = None):
     """The load trace ``name`` for a replica whose best throughput is ``best``, peaking at ``peak`` x it."""
     if peak is None:
-        return sim.TRACES[name](best)
+        return load_traces.TRACES[name](best)
     if not 0 < peak <= MAX_PEAK:
         raise UserError(f"--peak {peak:g} must be above 0 and at most {MAX_PEAK:g} (x one replica's best)")
-    return sim.TRACES[name](best, peak=peak)
+    return load_traces.TRACES[name](best, peak=peak)
 
 
 def needed(doc: dict, rate, duration: float) -> float:
@@ -52,8 +59,15 @@ def needed(doc: dict, rate, duration: float) -> float:
     return sum(math.ceil(rate(t) / per) for t in range(int(duration)))
 
 
-def run(doc: dict, modes: Sequence[str], traces: Sequence[str] = TRACES, peak: Optional[float] = None,
-        start_s: float = sim.COLD_START_S, max_replicas: Optional[int] = None, progress=quiet) -> dict:  # fmt: skip
+def run(
+    doc: dict,
+    modes: Sequence[str],
+    traces: Sequence[str] = TRACES,
+    peak: Optional[float] = None,
+    start_s: float = sim.COLD_START_S,
+    max_replicas: Optional[int] = None,
+    progress=quiet,
+) -> dict:
     """Every trace through every mode; the result as ``--json`` prints it, and the runs (``runs``: by
     (trace, mode), the Run and its trace) for ``plot``."""
     if not 0 <= start_s <= 3600:
@@ -71,15 +85,31 @@ def run(doc: dict, modes: Sequence[str], traces: Sequence[str] = TRACES, peak: O
         for mode in modes:
             progress(f"{name}: {mode}")
             scaler = sim.scaler_for(doc, mode, most)
-            result = sim.simulate(curve, scaler, rate, rate.duration, startup_s=start_s, initial=warm,
-                                  settle_s=SETTLE_S)  # fmt: skip
+            result = sim.simulate(
+                curve, scaler, rate, rate.duration, startup_s=start_s, initial=warm, settle_s=SETTLE_S
+            )
             runs[(name, mode)] = (result, rate)
             summary = result.summary(curve)
-            rows.append({"trace": name, "mode": mode, "max_replicas_allowed": most, **summary,
-                         "replica_hours": round(summary["replica_seconds"] / 3600, 2),
-                         "needed_replica_hours": needed_hours})  # fmt: skip
-    out = {"format": FORMAT, "model": doc["model"], "engine": doc["engine"], "measured_at": doc["measured_at"],
-           "best_rps": round(curve.best, 2), "start_seconds": start_s, "peak": peak, "rows": rows}  # fmt: skip
+            rows.append(
+                {
+                    "trace": name,
+                    "mode": mode,
+                    "max_replicas_allowed": most,
+                    **summary,
+                    "replica_hours": round(summary["replica_seconds"] / 3600, 2),
+                    "needed_replica_hours": needed_hours,
+                }
+            )
+    out = {
+        "format": FORMAT,
+        "model": doc["model"],
+        "engine": doc["engine"],
+        "measured_at": doc["measured_at"],
+        "best_rps": round(curve.best, 2),
+        "start_seconds": start_s,
+        "peak": peak,
+        "rows": rows,
+    }
     return {"result": out, "runs": runs}
 
 
@@ -113,8 +143,13 @@ def plot(doc: dict, runs: Dict[tuple, tuple], traces: Sequence[str], modes: Sequ
         top, middle, bottom = axes[:, column]
         first = runs[(name, modes[0])][0]
         t = [r["t"] / 60 for r in first.rows]
-        top.plot(t, [math.ceil(r["offered_rps"] / per) for r in first.rows], color="gray", linestyle=":",
-                 label="offered / one replica's rps")  # fmt: skip
+        top.plot(
+            t,
+            [math.ceil(r["offered_rps"] / per) for r in first.rows],
+            color="gray",
+            linestyle=":",
+            label="offered / one replica's rps",
+        )
         for mode in modes:
             result = runs[(name, mode)][0]
             color = COLORS.get(mode)

@@ -88,9 +88,11 @@ def few_notes(steps: Sequence[dict]) -> List[str]:
     if not few:
         return []
     counts = ", ".join(f"{s['requests'] - s['errors']} at concurrency {s['concurrency']}" for s in few)
-    return [f"p99 from too few answers ({counts}; under {MIN_P99_REQUESTS}): not a percentile, not used for "
-            f"within_p99; measure with --requests {MIN_P99_REQUESTS} or more and a --duration long enough for "
-            "them"]  # fmt: skip
+    return [
+        f"p99 from too few answers ({counts}; under {MIN_P99_REQUESTS}): not a percentile, not used for "
+        f"within_p99; measure with --requests {MIN_P99_REQUESTS} or more and a --duration long enough for "
+        "them"
+    ]
 
 
 def machine() -> dict:
@@ -107,8 +109,10 @@ def busy_notes(measured: Optional[dict]) -> List[str]:
     load, cpus = (measured or {}).get("load_average"), (measured or {}).get("cpus")
     if load is None or not cpus or load <= BUSY_LOAD * cpus:
         return []
-    return [f"the machine was busy before the sweep (1-minute load average {load:g} on {cpus} CPUs): other work "
-            "shared its CPUs, so the throughput and p99 are lower bounds; measure on a quiet machine"]  # fmt: skip
+    return [
+        f"the machine was busy before the sweep (1-minute load average {load:g} on {cpus} CPUs): other work "
+        "shared its CPUs, so the throughput and p99 are lower bounds; measure on a quiet machine"
+    ]
 
 
 def point(step: dict) -> dict:
@@ -193,8 +197,9 @@ class QueueSampler:
 # -- the sweep ------------------------------------------------------------------------------------
 
 
-def step(url: str, inputs, concurrency: int, requests: int, seconds: float, headers=None, metrics_url=None,
-         model: str = "") -> dict:  # fmt: skip
+def step(
+    url: str, inputs, concurrency: int, requests: int, seconds: float, headers=None, metrics_url=None, model: str = ""
+) -> dict:
     """One load run at ``concurrency`` bounded by ``requests`` and ``seconds``, with the queue sampled
     (``metrics_url`` None: not sampled, ``queue_depth`` null)."""
     from .bench import run_load
@@ -260,9 +265,18 @@ def sweep(
 # -- the result file ------------------------------------------------------------------------------
 
 
-def document(model: str, engine: str, server: dict, files: Sequence[Tuple[str, int]], p99_ms: Optional[float],
-             steps: List[dict], stopped: str, notes: Sequence[str] = (),
-             gpus: Sequence[dict] = (), measured_on: Optional[dict] = None) -> dict:  # fmt: skip
+def document(
+    model: str,
+    engine: str,
+    server: dict,
+    files: Sequence[Tuple[str, int]],
+    p99_ms: Optional[float],
+    steps: List[dict],
+    stopped: str,
+    notes: Sequence[str] = (),
+    gpus: Sequence[dict] = (),
+    measured_on: Optional[dict] = None,
+) -> dict:
     """The result (FORMAT): what was measured and how (``gpus``: those the model's workers ran on, by id, name
     and memory; none on the CPU; ``measured_on``: ``machine()`` before the sweep), the steps, the knee and
     the p99 point, with notes on a busy machine and on p99s from too few answers."""
@@ -313,15 +327,33 @@ def _kind(value, kind: str) -> bool:
     raise ValueError(kind)
 
 
-WORDS = {"count": "a whole number", "positive": "a whole number above 0", "number": "a number >= 0",
-         "number?": "a number >= 0 or null", "str": "a non-empty string"}  # fmt: skip
-STEP_KEYS = {"concurrency": "positive", "requests": "count", "seconds": "number", "throughput_rps": "number",
-             "p50_ms": "number?", "p90_ms": "number?", "p99_ms": "number?", "errors": "count"}  # fmt: skip
+WORDS = {
+    "count": "a whole number",
+    "positive": "a whole number above 0",
+    "number": "a number >= 0",
+    "number?": "a number >= 0 or null",
+    "str": "a non-empty string",
+}
+STEP_KEYS = {
+    "concurrency": "positive",
+    "requests": "count",
+    "seconds": "number",
+    "throughput_rps": "number",
+    "p50_ms": "number?",
+    "p90_ms": "number?",
+    "p99_ms": "number?",
+    "errors": "count",
+}
 POINT_KEYS = {"concurrency": "positive", "throughput_rps": "number", "p99_ms": "number?"}
 GPU_KEYS = {"id": "count", "name": "str", "memory_mib": "count"}
 MAX_GPUS = 64
-SERVER_KEYS = {"workers": "count", "batch_size": "positive", "max_batch_delay_ms": "number", "cpu": "number",
-               "memory_bytes": "positive"}  # fmt: skip
+SERVER_KEYS = {
+    "workers": "count",
+    "batch_size": "positive",
+    "max_batch_delay_ms": "number",
+    "cpu": "number",
+    "memory_bytes": "positive",
+}
 
 
 def load(path) -> dict:
@@ -333,8 +365,10 @@ def load(path) -> dict:
     except OSError as exc:
         raise UserError(f"{path}: cannot read it ({exc.strerror})") from None
     if len(raw) > MAX_BYTES:
-        raise UserError(f"{path}: larger than {MAX_BYTES >> 20} MiB, no result file is: give the file "
-                        "'tsctl bench --capacity --out' wrote")  # fmt: skip
+        raise UserError(
+            f"{path}: larger than {MAX_BYTES >> 20} MiB, no result file is: give the file "
+            "'tsctl bench --capacity --out' wrote"
+        )
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError; RecursionError: nesting
@@ -379,8 +413,9 @@ def load(path) -> dict:
     for key, found in (("knee", knee(doc["steps"])), ("within_p99", within_p99(doc["steps"], doc["p99_target_ms"]))):
         if (doc[key] or {}).get("concurrency") != (found or {}).get("concurrency"):
             given = "its steps give none" if found is None else f"its steps give concurrency {found['concurrency']}"
-            raise UserError(f"{path}: {key} is not what {given}; the file was changed: run 'tsctl bench "
-                            "--capacity' again")  # fmt: skip
+            raise UserError(
+                f"{path}: {key} is not what {given}; the file was changed: run 'tsctl bench --capacity' again"
+            )
     return doc
 
 
@@ -397,8 +432,10 @@ def check_one_line(doc, path):
         if isinstance(value, str):
             found = CONTROL.search(value)
             if found:
-                raise UserError(f"{path}: key {where!r} holds the control character {found.group()!r}: text fields are "
-                                "one line; remove it or run 'tsctl bench --capacity' again")  # fmt: skip
+                raise UserError(
+                    f"{path}: key {where!r} holds the control character {found.group()!r}: text fields are "
+                    "one line; remove it or run 'tsctl bench --capacity' again"
+                )
         elif isinstance(value, dict):
             stack.extend((f"{where}.{key}".lstrip("."), item) for key, item in value.items())
         elif isinstance(value, list):
@@ -413,8 +450,10 @@ def check_words(doc: dict, bad):
     """The strings other files quote (DEPLOY.md's table, the export's queries): each as tsctl writes it."""
     from ..mar import MODEL_NAME
 
-    for key, pattern, what in (("model", MODEL_NAME, "a model name (letters, digits, '_', '-', '.')"),
-                               ("engine", ENGINE_NAME, "an engine's name, e.g. 'tsctl'"),
-                               ("measured_at", MEASURED_AT, "a UTC time as 2026-11-26T14:12:41Z")):  # fmt: skip
+    for key, pattern, what in (
+        ("model", MODEL_NAME, "a model name (letters, digits, '_', '-', '.')"),
+        ("engine", ENGINE_NAME, "an engine's name, e.g. 'tsctl'"),
+        ("measured_at", MEASURED_AT, "a UTC time as 2026-11-26T14:12:41Z"),
+    ):
         if not pattern.match(doc[key]):
             raise bad(key, what)

@@ -88,8 +88,9 @@ def init(name, start, as_json):
     help=f"With --golden: {METRICS_CONFIG[:-2]}; the config: {DEFAULT_CONFIG} when it exists).",
 )
 @content_type_option("--golden-content-type", "file of --golden DIR")
-@gpu_option("cpu", "With --golden: where the golden run's worker runs: " + GPU_HELP[0].lower() + GPU_HELP[1:],
-            "--golden-gpu")  # fmt: skip (the reference answers: on the CPU unless asked)
+@gpu_option(
+    "cpu", "With --golden: where the golden run's worker runs: " + GPU_HELP[0].lower() + GPU_HELP[1:], "--golden-gpu"
+)  # the reference answers: on the CPU unless asked
 @click.option(
     "--sign-key",
     type=click.Path(),
@@ -102,8 +103,12 @@ def package(golden, golden_allow_errors, metrics_config, kind, golden_gpu, as_js
 
     extra = [p.strip() for p in flags.pop("extra_files").split(",") if p.strip()]
     options = mar.PackageOptions(extra_files=extra, **flags)
-    given_flags = (("--golden-allow-errors", golden_allow_errors), ("--metrics-config", metrics_config),
-                   ("--golden-content-type", kind is not None), ("--golden-gpu", golden_gpu != "cpu"))  # fmt: skip
+    given_flags = (
+        ("--golden-allow-errors", golden_allow_errors),
+        ("--metrics-config", metrics_config),
+        ("--golden-content-type", kind is not None),
+        ("--golden-gpu", golden_gpu != "cpu"),
+    )
     for flag, given in given_flags:
         if given and not golden:
             raise UserError(f"{flag} goes with --golden DIR: give the inputs whose answers to record")
@@ -155,15 +160,32 @@ WORKER_FLAGS = (
         1,
         "Workers each model starts with, for every model (else its model-config.yaml's minWorkers, else 1).",
     ),
-    ("--max-workers", "maxWorkers", 1, "Most workers per model, for every model (else its model-config.yaml's "
-     "maxWorkers, else 1)."),
-    ("--batch-size", "batchSize", 1, "Most requests per handler call, for every model (else its model-config.yaml's "
-     "batchSize, else 1)."),
-    ("--max-batch-delay", "maxBatchDelay", 0, "Milliseconds to wait to fill a batch, for every model (else its "
-     "model-config.yaml's, else 100)."),
-    ("--response-timeout", "responseTimeout", 1, "Seconds a batch may take before its worker is restarted, for every "
-     "model (else its model-config.yaml's, else 120)."),
-)  # fmt: skip
+    (
+        "--max-workers",
+        "maxWorkers",
+        1,
+        "Most workers per model, for every model (else its model-config.yaml's maxWorkers, else 1).",
+    ),
+    (
+        "--batch-size",
+        "batchSize",
+        1,
+        "Most requests per handler call, for every model (else its model-config.yaml's batchSize, else 1).",
+    ),
+    (
+        "--max-batch-delay",
+        "maxBatchDelay",
+        0,
+        "Milliseconds to wait to fill a batch, for every model (else its model-config.yaml's, else 100).",
+    ),
+    (
+        "--response-timeout",
+        "responseTimeout",
+        1,
+        "Seconds a batch may take before its worker is restarted, for every "
+        "model (else its model-config.yaml's, else 120).",
+    ),
+)
 
 
 def worker_options(command):

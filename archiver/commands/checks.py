@@ -54,9 +54,24 @@ from .options import (
 @metrics_options
 @gpu_option(help_text="In-process: " + GPU_HELP[0].lower() + GPU_HELP[1:])
 def verify(
-    archive, url, served, home, protocol, model, token, atol, timeout, golden_from, as_json, public_key,
-    expect_name, expect_version, metrics_config, config_path, gpu
-):  # fmt: skip
+    archive,
+    url,
+    served,
+    home,
+    protocol,
+    model,
+    token,
+    atol,
+    timeout,
+    golden_from,
+    as_json,
+    public_key,
+    expect_name,
+    expect_version,
+    metrics_config,
+    config_path,
+    gpu,
+):
     """Replay ARCHIVE's golden requests (package --golden) and compare each answer with the recorded one;
     with --public-key, check its signature first (and stop there when it has no golden answers)."""
     from handlers import golden as golden_format
@@ -66,12 +81,7 @@ def verify(
     from ..http_client import AnswerError
 
     check_expectations(public_key, expect_name, expect_version)
-    if (url or served) and (metrics_config or config_path):
-        raise UserError("--metrics-config and --config are for the in-process run: a server reads its own config")
-    if token and not url:
-        raise UserError("--token is for --url: --served reads the server's key file, and in-process needs no key")
-    if (url or served) and gpu != "auto":
-        raise UserError("--gpu is for the in-process run: a server places its own workers (number_of_gpu)")
+    check_where_flags(url, served, token, gpu, metrics_config or config_path)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     if public_key:
         from handlers.signing import read_key
@@ -100,8 +110,9 @@ def verify(
 
             metrics = inprocess.metrics_config(metrics_config, config_path)
             with inprocess.quiet_logs(), handler_errors(archive):
-                report = golden.verify(found, url, protocol, atol, model, timeout, golden_from, progress, metrics,
-                                       gpu=gpu)  # fmt: skip
+                report = golden.verify(
+                    found, url, protocol, atol, model, timeout, golden_from, progress, metrics, gpu=gpu
+                )
         else:
             try:
                 report = golden.verify(
@@ -112,16 +123,31 @@ def verify(
                 raise ServerFailure(f"{exc}{hint}") from None
             except OSError as exc:
                 raise ServerFailure(f"could not reach {url}: {exc}") from None
+    print_report(report, signature, as_json)
+    sys.exit(1 if report.problems else 0)
+
+
+def check_where_flags(url, served, token, gpu, in_process_config):
+    """``verify``'s flags that belong to one place the answers come from: a server, or the in-process run."""
+    if (url or served) and in_process_config:
+        raise UserError("--metrics-config and --config are for the in-process run: a server reads its own config")
+    if token and not url:
+        raise UserError("--token is for --url: --served reads the server's key file, and in-process needs no key")
+    if (url or served) and gpu != "auto":
+        raise UserError("--gpu is for the in-process run: a server places its own workers (number_of_gpu)")
+
+
+def print_report(report, signature, as_json: bool):
+    """``verify``'s answer: each mismatch, the count matched and the versions' notes, or one JSON object."""
     if as_json:
         print_json({**report.as_json(), "signature": signature})
-    else:
-        for line in report.problems:
-            click.echo(f"mismatch: {line}")
-        matched = report.checked - len(report.problems)
-        click.echo(f"{matched} of {report.checked} golden answers match ({report.where})")
-        for line in report.versions:
-            click.echo(f"  note: {line}")
-    sys.exit(1 if report.problems else 0)
+        return
+    for line in report.problems:
+        click.echo(f"mismatch: {line}")
+    matched = report.checked - len(report.problems)
+    click.echo(f"{matched} of {report.checked} golden answers match ({report.where})")
+    for line in report.versions:
+        click.echo(f"  note: {line}")
 
 
 @click.command(cls=Command)
@@ -142,8 +168,11 @@ def verify(
 )
 @click.option("--model", help="The model's name on the servers (default: the archive's).")
 @click.option("--model-candidate", help="The candidate's model name if other (a Seldon Model). Default: --model.")
-@click.option("--inputs", type=click.Path(), help="Request bodies to send (a directory, one file each; or a JSON list) "
-              "instead of the archive's golden inputs.")  # fmt: skip
+@click.option(
+    "--inputs",
+    type=click.Path(),
+    help="Request bodies to send (a directory, one file each; or a JSON list) instead of the archive's golden inputs.",
+)
 @click.option("--token-current", help="The current server's inference key, sent as 'Authorization: Bearer'.")
 @click.option("--token-candidate", help="The candidate server's inference key.")
 @click.option("--atol", type=click.FloatRange(0), default=1e-4, show_default=True, help="How far a number may move.")
@@ -156,9 +185,21 @@ def verify(
 @timeout_option(60.0, "Seconds each answer may take, whole: from the request to its last byte.")
 @json_option
 def shadow(
-    archive, current, candidate, protocol, protocol_candidate, model, model_candidate, inputs, token_current,
-    token_candidate, atol, max_disagree, timeout, as_json
-):  # fmt: skip
+    archive,
+    current,
+    candidate,
+    protocol,
+    protocol_candidate,
+    model,
+    model_candidate,
+    inputs,
+    token_current,
+    token_candidate,
+    atol,
+    max_disagree,
+    timeout,
+    as_json,
+):
     """Send the same inputs (ARCHIVE's golden inputs, or --inputs) to the current and the candidate server
     and report per input whether their answers agree; exit 1 when more than --max-disagree disagree: the
     gate to run before raising canaryTrafficPercent or promoting a mirrored model."""
@@ -280,8 +321,9 @@ def run(archive, inputs, public_key, expect_name, expect_version, metrics_config
         for note in inprocess.config_notes(found):  # as the engine logs them at load
             click.echo(f"note: {note}", err=True)
         with handler_errors(archive):
-            answered = inprocess.run(found, paths, public_key, Progress.for_command(as_json), expected, metrics, kind,
-                                     gpu)  # fmt: skip
+            answered = inprocess.run(
+                found, paths, public_key, Progress.for_command(as_json), expected, metrics, kind, gpu
+            )
     if as_json:
         print_json({"archive": str(archive), "results": [inprocess.as_json(p, r) for p, r in answered]})
     else:

@@ -274,8 +274,10 @@ def export_core1(out, config_path, ab, name, options):
     for parameter in CORE2_ONLY:
         if context.get_parameter_source(parameter) is click.core.ParameterSource.COMMANDLINE:
             flag = "--default" if parameter == "default_model" else f"--{parameter}"
-            raise UserError(f"{flag} is for Seldon Core 2 (--core 2): a Core 1 graph has no Server nor Experiment, "
-                            "and its units read the claim")  # fmt: skip
+            raise UserError(
+                f"{flag} is for Seldon Core 2 (--core 2): a Core 1 graph has no Server nor Experiment, "
+                "and its units read the claim"
+            )
     for parameter in ("server", "experiment", "storage", "image_ref"):
         options.pop(parameter)
     extra = {"name": name} if name else {}

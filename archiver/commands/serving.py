@@ -25,20 +25,38 @@ from .options import content_type_option, engine_option, home_option, resolve_al
 @click.option("--model-store", default="model-store", show_default=True, help="The directory of archives to serve.")
 @home_option("State directory: logs, pid lock, server.json.")
 @timeout_option(180.0, "Seconds to wait while no model makes progress (a state, a log line) before giving up.")
-@click.option("--install-deps", is_flag=True, help="--engine torchserve: pip-install each archive's requirements.txt "
-              "first, as KServe does (the tsctl engine runs archives in its own Python: install them there).")
+@click.option(
+    "--install-deps",
+    is_flag=True,
+    help="--engine torchserve: pip-install each archive's requirements.txt "
+    "first, as KServe does (the tsctl engine runs archives in its own Python: install them there).",
+)
 @click.option(
     "--enable-model-api", is_flag=True, help="Allow (re)registering models, e.g. for 'tsctl bench --sweep-batch'."
 )
-@click.option("--disable-token-auth", is_flag=True, help="Turn TorchServe's token authorization off, whatever the "
-              "config says (torchserve's flag of that name).")  # fmt: skip
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="The address every listener binds (0.0.0.0: every address of this machine).")  # fmt: skip
-@click.option("--port", type=click.IntRange(1, 65535), help="The inference API's port (default: a free one; the "
-              "others are free ones, printed once it is ready).")  # fmt: skip
-@click.option("--last-snapshot", is_flag=True, help="Serve what the last server of --home served as it ended: "
-              "its newest config snapshot (HOME/logs/config), with the models registered, scaled or unregistered "
-              "through the management API; as 'torchserve --start' without --ts-config.")  # fmt: skip
+@click.option(
+    "--disable-token-auth",
+    is_flag=True,
+    help="Turn TorchServe's token authorization off, whatever the config says (torchserve's flag of that name).",
+)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="The address every listener binds (0.0.0.0: every address of this machine).",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    help="The inference API's port (default: a free one; the others are free ones, printed once it is ready).",
+)
+@click.option(
+    "--last-snapshot",
+    is_flag=True,
+    help="Serve what the last server of --home served as it ended: "
+    "its newest config snapshot (HOME/logs/config), with the models registered, scaled or unregistered "
+    "through the management API; as 'torchserve --start' without --ts-config.",
+)
 @click.option("--python", type=click.Path(), help="The Python that runs the engine (default: this one).")
 @click.option(
     "--public-key",
@@ -48,8 +66,22 @@ from .options import content_type_option, engine_option, home_option, resolve_al
 )
 @engine_option("What serves the store.")
 @json_option
-def serve(config_path, model_store, home, timeout, install_deps, enable_model_api, disable_token_auth, host, port,
-          last_snapshot, python, public_key, engine, as_json):  # fmt: skip
+def serve(
+    config_path,
+    model_store,
+    home,
+    timeout,
+    install_deps,
+    enable_model_api,
+    disable_token_auth,
+    host,
+    port,
+    last_snapshot,
+    python,
+    public_key,
+    engine,
+    as_json,
+):
     """Start a server in the background (on 127.0.0.1 unless --host) and wait until every model is ready."""
     env = None
     if public_key:  # checked here, in one line, before anything starts
@@ -183,38 +215,82 @@ def int_list(value: str):
         raise UserError(f"{value!r} must be comma-separated whole numbers, e.g. 1,4,8") from None
 
 
-CAPACITY_FLAGS = {"max_concurrency": "--max-concurrency", "p99_ms": "--p99-ms", "model_store": "--model-store",
-                  "config_path": "--config", "engine": "--engine", "python": "--python", "cpu": "--cpu",
-                  "memory": "--memory", "timeout": "--timeout", "out": "--out", "plot": "--plot"}  # fmt: skip
+CAPACITY_FLAGS = {
+    "max_concurrency": "--max-concurrency",
+    "p99_ms": "--p99-ms",
+    "model_store": "--model-store",
+    "config_path": "--config",
+    "engine": "--engine",
+    "python": "--python",
+    "cpu": "--cpu",
+    "memory": "--memory",
+    "timeout": "--timeout",
+    "out": "--out",
+    "plot": "--plot",
+}
 STARTING_FLAGS = ("config_path", "engine", "python", "cpu", "memory", "timeout")  # only with --model-store
 
 
 def capacity_options(command):
     """``--capacity`` and the options only it takes (docs/capacity.md)."""
     options = [
-        click.option("--capacity", is_flag=True, help="Find one replica's capacity: a concurrency sweep 1, 2, 4, ... "
-                     "up to the knee (docs/capacity.md); --requests/--duration bound each step (default 500, 10 s)."),
+        click.option(
+            "--capacity",
+            is_flag=True,
+            help="Find one replica's capacity: a concurrency sweep 1, 2, 4, ... "
+            "up to the knee (docs/capacity.md); --requests/--duration bound each step (default 500, 10 s).",
+        ),
         click.option("--max-concurrency", type=int, help="With --capacity: the most clients tried (default 64)."),
-        click.option("--p99-ms", type=float, help="With --capacity: report the most clients that hold p99 <= this; "
-                     "the sweep stops past twice it."),
-        click.option("--model-store", help="With --capacity: start the server on this store as the pod would (its "
-                     "snapshot's workers and batching), instead of measuring the one --home names."),
-        click.option("--config", "config_path", help="With --model-store: the config.properties the pod mounts "
-                     f"(default {engines.DEFAULT_CONFIG}; the tsctl engine and MLServer serve the store without one)."),
-        click.option("--engine", callback=resolve_alias, help="With --model-store: what serves it, one of "
-                     f"{', '.join(engines.ENGINES)} (default torchserve)."),
-        click.option("--python", type=click.Path(), help="With --model-store: the Python that runs the server "
-                     "(MLServer's own venv)."),
-        click.option("--cpu", type=float, help="With --model-store: the pod's CPU limit in cores (e.g. 1.5), as a "
-                     "cgroup CPU quota around the server and its workers where this machine can make one."),
-        click.option("--memory", help="With --model-store: the pod's memory limit (4Gi, 512Mi, 4G), as a cgroup "
-                     "memory limit where this machine can make one."),
-        click.option("--timeout", type=float, help="With --model-store: seconds the server may show no progress "
-                     "while starting (default 300)."),
+        click.option(
+            "--p99-ms",
+            type=float,
+            help="With --capacity: report the most clients that hold p99 <= this; the sweep stops past twice it.",
+        ),
+        click.option(
+            "--model-store",
+            help="With --capacity: start the server on this store as the pod would (its "
+            "snapshot's workers and batching), instead of measuring the one --home names.",
+        ),
+        click.option(
+            "--config",
+            "config_path",
+            help="With --model-store: the config.properties the pod mounts "
+            f"(default {engines.DEFAULT_CONFIG}; the tsctl engine and MLServer serve the store without one).",
+        ),
+        click.option(
+            "--engine",
+            callback=resolve_alias,
+            help=f"With --model-store: what serves it, one of {', '.join(engines.ENGINES)} (default torchserve).",
+        ),
+        click.option(
+            "--python",
+            type=click.Path(),
+            help="With --model-store: the Python that runs the server (MLServer's own venv).",
+        ),
+        click.option(
+            "--cpu",
+            type=float,
+            help="With --model-store: the pod's CPU limit in cores (e.g. 1.5), as a "
+            "cgroup CPU quota around the server and its workers where this machine can make one.",
+        ),
+        click.option(
+            "--memory",
+            help="With --model-store: the pod's memory limit (4Gi, 512Mi, 4G), as a cgroup "
+            "memory limit where this machine can make one.",
+        ),
+        click.option(
+            "--timeout",
+            type=float,
+            help="With --model-store: seconds the server may show no progress while starting (default 300).",
+        ),
         click.option("--out", type=click.Path(), help="With --capacity: write the result file (docs/capacity.md)."),
-        click.option("--plot", type=click.Path(), help="With --capacity: a PNG of throughput and p99 against "
-                     "concurrency (needs matplotlib: the bench extra)."),
-    ]  # fmt: skip
+        click.option(
+            "--plot",
+            type=click.Path(),
+            help="With --capacity: a PNG of throughput and p99 against "
+            "concurrency (needs matplotlib: the bench extra).",
+        ),
+    ]
     for option in reversed(options):
         command = option(command)
     return command
@@ -235,6 +311,27 @@ def writable(flag: str, path):
         raise UserError(f"{flag} {path}: its directory does not exist")
 
 
+def print_sweep(rows, model: str, as_json: bool):
+    """``bench --sweep-batch``'s answer: a row per batchSize and maxBatchDelay, the recommended one marked."""
+    if as_json:
+        print_json(finite(rows))
+        return
+    click.echo(f"{'batch':>5} {'delay':>5} {'req/s':>8} {'p50':>8} {'p90':>8} {'p99':>8} {'errors':>6}")
+    for r in rows:
+        lat = r["latency_ms"]
+        mark = "  <- recommended" if r["recommended"] else ""
+        click.echo(
+            f"{r['batchSize']:>5} {r['maxBatchDelay']:>5} {r['throughput_rps']:>8.1f} {lat['p50']:>8.1f} "
+            f"{lat['p90']:>8.1f} {lat['p99']:>8.1f} {r['errors']:>6}{mark}"
+        )
+    best = next((r for r in rows if r["recommended"]), None)
+    if best:
+        click.echo(
+            f"{model} now runs with batchSize {best['batchSize']}, maxBatchDelay {best['maxBatchDelay']}: "
+            "put them in its model-config.yaml to keep them"
+        )
+
+
 def bench_capacity(model, inputs, count, duration, as_json, home, options):
     """``bench --capacity``: measure, print the table (or the JSON), write --out and --plot."""
     from ..capacity import replica
@@ -248,8 +345,9 @@ def bench_capacity(model, inputs, count, duration, as_json, home, options):
         raise UserError("--duration must be a number of seconds, e.g. --duration 10")
     writable("--out", options["out"])
     writable("--plot", options["plot"])
-    plan = replica.LoadSteps(list(inputs), options["max_concurrency"] or 64, count or 500, duration or 10.0,
-                        options["p99_ms"])  # fmt: skip
+    plan = replica.LoadSteps(
+        list(inputs), options["max_concurrency"] or 64, count or 500, duration or 10.0, options["p99_ms"]
+    )
     progress = Progress.for_command(as_json)
     if options["model_store"] is None:
         doc = replica.measure_running(running_server(home, model), model, plan, progress)
@@ -257,10 +355,18 @@ def bench_capacity(model, inputs, count, duration, as_json, home, options):
         memory = parse_memory(options["memory"]) if options["memory"] is not None else None
         engine = engines.named(options["engine"] or "torchserve").name
         doc = replica.measure_started(
-            engine, model, options["model_store"], plan, options["config_path"],
-            options["python"], options["cpu"], memory, options["timeout"] or 300, progress,
+            engine,
+            model,
+            options["model_store"],
+            plan,
+            options["config_path"],
+            options["python"],
+            options["cpu"],
+            memory,
+            options["timeout"] or 300,
+            progress,
             lambda line: click.echo(f"note: {line}", err=True),
-        )  # fmt: skip
+        )
     if options["out"]:
         from ..capacity.sweep import write
 
@@ -302,8 +408,10 @@ def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay,
     given = [CAPACITY_FLAGS[key] for key, value in options.items() if value is not None]
     if capacity:
         if concurrency is not None or sweep_batch:
-            raise UserError("--capacity sweeps the concurrency itself: drop --concurrency and --sweep-batch "
-                            "(--max-concurrency bounds it)")  # fmt: skip
+            raise UserError(
+                "--capacity sweeps the concurrency itself: drop --concurrency and --sweep-batch "
+                "(--max-concurrency bounds it)"
+            )
         starting = [CAPACITY_FLAGS[key] for key in STARTING_FLAGS if options[key] is not None]
         if starting and options["model_store"] is None:
             raise UserError(f"{starting[0]} is for the server bench starts: give --model-store too")
@@ -343,23 +451,7 @@ def bench(model, inputs, concurrency, count, duration, sweep_batch, sweep_delay,
             progress,
             srv.headers("management"),
         )
-        if as_json:
-            print_json(finite(rows))
-            return
-        click.echo(f"{'batch':>5} {'delay':>5} {'req/s':>8} {'p50':>8} {'p90':>8} {'p99':>8} {'errors':>6}")
-        for r in rows:
-            lat = r["latency_ms"]
-            mark = "  <- recommended" if r["recommended"] else ""
-            click.echo(
-                f"{r['batchSize']:>5} {r['maxBatchDelay']:>5} {r['throughput_rps']:>8.1f} {lat['p50']:>8.1f} "
-                f"{lat['p90']:>8.1f} {lat['p99']:>8.1f} {r['errors']:>6}{mark}"
-            )
-        best = next((r for r in rows if r["recommended"]), None)
-        if best:
-            click.echo(
-                f"{model} now runs with batchSize {best['batchSize']}, maxBatchDelay {best['maxBatchDelay']}: "
-                "put them in its model-config.yaml to keep them"
-            )
+        print_sweep(rows, model, as_json)
         return
     files = [chosen.request_body(data, content_type) for data, content_type in files]
     bound = f"{count} requests" if count is not None else f"{duration:g} s"

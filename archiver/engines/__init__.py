@@ -63,15 +63,19 @@ def last_snapshot_config(runtime: Runtime, config: Optional[str], home) -> str:
     from serving.engine import snapshots
 
     if not runtime.snapshots:
-        raise UserError(f"--last-snapshot: {runtime.title} keeps no config snapshot (it registers no model while it "
-                        "runs): serve with --config, or with --engine torchserve or tsctl")  # fmt: skip
+        raise UserError(
+            f"--last-snapshot: {runtime.title} keeps no config snapshot (it registers no model while it "
+            "runs): serve with --config, or with --engine torchserve or tsctl"
+        )
     if config is not None:
         raise UserError(f"--config {config} and --last-snapshot both say what to serve: give one of them")
     where = snapshot_dir(home)
     found = snapshots.latest(where)
     if found is None:
-        raise UserError(f"--last-snapshot: {where} holds no config snapshot; a server 'tsctl serve --home {home}' "
-                        "starts writes one as it starts and after each change: serve with --config first")  # fmt: skip
+        raise UserError(
+            f"--last-snapshot: {where} holds no config snapshot; a server 'tsctl serve --home {home}' "
+            "starts writes one as it starts and after each change: serve with --config first"
+        )
     return str(found)
 
 

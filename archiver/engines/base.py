@@ -39,6 +39,7 @@ def snapshot_dir(home) -> Path:
 
     return logs_of(home) / "config"
 
+
 # The optional flags of ``tsctl serve`` that not every runtime takes: option name -> the flag as typed.
 SERVE_FLAGS = {
     "install_deps": "--install-deps",

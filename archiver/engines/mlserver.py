@@ -58,8 +58,9 @@ class MLServerRuntime(TsctlRuntime):
         servers.check_home(home, MLSERVER_SOCKET)
         folder = mlserver.write_repository(specs, home / "mlserver", extra)
         models = list(dict.fromkeys(spec.name for spec in specs))
-        return self.serve_repository(folder, models, home, run.timeout, python, run.env, run.progress, run.host,
-                                     run.port)  # fmt: skip
+        return self.serve_repository(
+            folder, models, home, run.timeout, python, run.env, run.progress, run.host, run.port
+        )
 
     def serve_repository(
         self,
@@ -167,8 +168,13 @@ class MLServerRuntime(TsctlRuntime):
             except UnicodeDecodeError:
                 declared = "base64"
         element = base64_text(data) if item is None else item
-        tensor = {"name": "input-0", "shape": [1], "datatype": "BYTES", "data": [element],
-                  "parameters": {"content_type": declared}}  # fmt: skip
+        tensor = {
+            "name": "input-0",
+            "shape": [1],
+            "datatype": "BYTES",
+            "data": [element],
+            "parameters": {"content_type": declared},
+        }
         return json.dumps({"inputs": [tensor]}).encode("utf-8"), protocol.JSON_TYPE
 
     def stop(self, server: "Server", grace: float = 20) -> bool:

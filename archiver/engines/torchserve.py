@@ -40,8 +40,19 @@ class TorchServeRuntime(Runtime):
         if disable_token_auth:
             env["TS_DISABLE_TOKEN_AUTHORIZATION"] = "true"
         config = run.config or DEFAULT_CONFIG
-        return start(config, run.model_store, run.home, run.timeout, run.python, env, install_deps,
-                            kserve_args, run.progress, run.host, run.port)  # fmt: skip
+        return start(
+            config,
+            run.model_store,
+            run.home,
+            run.timeout,
+            run.python,
+            env,
+            install_deps,
+            kserve_args,
+            run.progress,
+            run.host,
+            run.port,
+        )
 
     def wait_ready(self, server: "Server", timeout: float, process=None, progress: Callable[[str], None] = quiet):
         from .torchserve_launch import wait_ready

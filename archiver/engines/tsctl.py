@@ -15,7 +15,8 @@ from ..output import quiet
 from .base import Launch, Runtime, snapshot_dir
 
 if TYPE_CHECKING:  # pragma: no cover
-    from serving.ts_config import Frontend, ModelSpec
+    from serving.frontend_settings import Frontend
+    from serving.ts_config import ModelSpec
 
     from ..server import Server
 
@@ -82,20 +83,13 @@ class TsctlRuntime(Runtime):
         models = list(dict.fromkeys(spec.name for spec in specs))
         metrics_config = metrics_config or config_metrics(config)  # the engine runs in home, not here
         temp = servers.check_home(home, sockets.socket_below(sockets.ENGINE, sockets.engine_port(len(specs))))
-        arguments = ["-m", "serving.engine", "--model_store", str(model_store), "--host", run.host]
-        arguments += ["--snapshot_dir", str(snapshot_dir(home))]
-        if config is not None:
-            arguments += ["--ts_config", str(config)]
+        arguments = engine_arguments(
+            model_store, config, run.host, snapshot_dir(home), batch_size, max_batch_delay, metrics_config
+        )
         if disable_token_auth or (config is None and ts_config.default_config(model_store) is None):
             arguments += ["--disable_token_auth"]  # no config at all: as the one tsctl config writes
         if not enable_grpc:
             arguments += ["--enable_grpc", "false"]
-        if batch_size:
-            arguments += ["--batch_size", str(batch_size)]
-        if max_batch_delay is not None:
-            arguments += ["--max_batch_delay", str(max_batch_delay)]
-        if metrics_config:
-            arguments += ["--metrics_config", str(Path(metrics_config).resolve())]
         if enable_model_api:
             arguments += ["--enable_model_api", "true"]
         run_env = dict(os.environ, TEMP=str(temp))
@@ -103,8 +97,10 @@ class TsctlRuntime(Runtime):
 
         def launch() -> "Server":
             http, grpc, management, ts_inference, ts_management = run.ports(5)
-            command = [run.python or sys.executable, *arguments, "--http_port", str(http), "--grpc_port", str(grpc),
-                       "--management_port", str(management), "--metrics_port", str(http)]  # fmt: skip
+            command = [run.python or sys.executable, *arguments]
+            ports = {"--http_port": http, "--grpc_port": grpc, "--management_port": management, "--metrics_port": http}
+            for flag, port in ports.items():
+                command += [flag, str(port)]
             for api, port in (("inference", ts_inference), ("management", ts_management)):  # TorchServe's gRPC
                 command += [f"--grpc_{api}_address", run.host, f"--grpc_{api}_port", str(port)]
             process = servers.spawn(command, home, run_env, ENGINE_OUT)
@@ -250,8 +246,8 @@ def model_specs(model_store: Path, config: Optional[Path]) -> List["ModelSpec"]:
 
 
 def served(model_store: Path, config: Optional[Path]) -> "Tuple[List[ModelSpec], Frontend]":
-    """``model_specs``, and the frontend settings the config gives (``serving/ts_config.py``: Frontend)."""
-    from serving import ts_config
+    """``model_specs``, and the frontend settings the config gives (``serving/frontend_settings.py``: Frontend)."""
+    from serving import config_properties, ts_config
 
     from .. import server as servers
     from ..properties import check_keys, read_properties
@@ -264,6 +260,29 @@ def served(model_store: Path, config: Optional[Path]) -> "Tuple[List[ModelSpec],
             servers.snapshot_models(properties, config, model_store)  # as TorchServe's start checks it
         else:  # load_models (ts_config.from_load_models), its keys checked as a snapshot's are
             check_keys(properties, config)
-        return ts_config.from_properties(ts_config.with_environment(properties), config, model_store)
-    except ts_config.ConfigError as exc:
+        return ts_config.from_properties(config_properties.with_environment(properties), config, model_store)
+    except config_properties.ConfigError as exc:
         raise UserError(str(exc)) from None
+
+
+def engine_arguments(
+    model_store: Path,
+    config: Optional[Path],
+    host: str,
+    snapshots: Path,
+    batch_size: Optional[int],
+    max_batch_delay: Optional[int],
+    metrics_config: Optional[str],
+) -> List[str]:
+    """``python -m serving.engine``'s arguments for a store, its config and the models' overrides."""
+    arguments = ["-m", "serving.engine", "--model_store", str(model_store), "--host", host]
+    arguments += ["--snapshot_dir", str(snapshots)]
+    if config is not None:
+        arguments += ["--ts_config", str(config)]
+    if batch_size:
+        arguments += ["--batch_size", str(batch_size)]
+    if max_batch_delay is not None:
+        arguments += ["--max_batch_delay", str(max_batch_delay)]
+    if metrics_config:
+        arguments += ["--metrics_config", str(Path(metrics_config).resolve())]
+    return arguments

@@ -21,6 +21,8 @@ CUDA_TORCH_INDEX = "https://pypi.org/simple"
 def torch_index(gpus: int) -> str:
     """Where an image's torch comes from: the CPU build, unless its containers are given GPUs."""
     return CUDA_TORCH_INDEX if gpus else CPU_TORCH_INDEX
+
+
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"  # the images' Python: this one's
 
 

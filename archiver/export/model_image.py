@@ -40,8 +40,10 @@ def check_reference(reference: str, flag: str = "--image-ref"):
     export pins the digest of the image it writes."""
     kube.image_reference(reference, flag, "name it e.g. registry.example.com/models/resnet:1")
     if "@" in reference:
-        raise UserError(f"{flag} {reference!r} holds a digest: give REGISTRY/NAME:TAG, and the export pins the "
-                        "digest of the image it writes")  # fmt: skip
+        raise UserError(
+            f"{flag} {reference!r} holds a digest: give REGISTRY/NAME:TAG, and the export pins the "
+            "digest of the image it writes"
+        )
 
 
 def registry_of(reference: str) -> str:
@@ -115,13 +117,22 @@ def platform_blobs(layer: dict) -> Tuple[List[bytes], bytes]:
     """Each platform's config and manifest over ``layer`` (its descriptor), and the image index's bytes."""
     blobs, manifests = [], []
     for system, architecture in PLATFORMS:
-        config = canonical({
-            "architecture": architecture, "os": system, "config": {},
-            "rootfs": {"type": "layers", "diff_ids": [layer["digest"]]},
-        })  # fmt: skip
-        manifest = canonical({
-            "schemaVersion": 2, "mediaType": MANIFEST, "config": descriptor(CONFIG, config), "layers": [layer],
-        })  # fmt: skip
+        config = canonical(
+            {
+                "architecture": architecture,
+                "os": system,
+                "config": {},
+                "rootfs": {"type": "layers", "diff_ids": [layer["digest"]]},
+            }
+        )
+        manifest = canonical(
+            {
+                "schemaVersion": 2,
+                "mediaType": MANIFEST,
+                "config": descriptor(CONFIG, config),
+                "layers": [layer],
+            }
+        )
         blobs += [config, manifest]
         manifests.append(descriptor(MANIFEST, manifest, platform={"architecture": architecture, "os": system}))
     return blobs, canonical({"schemaVersion": 2, "mediaType": INDEX, "manifests": manifests})
@@ -138,8 +149,13 @@ def write(tree: Path, out: Path, reference: str, folders: Sequence[str] = FOLDER
     written = blobs_dir / layer["digest"].split(":", 1)[1]
     (blobs_dir / "layer.partial").rename(written)
     blobs, index = platform_blobs(layer)
-    top = canonical({"schemaVersion": 2, "mediaType": INDEX,
-                     "manifests": [descriptor(INDEX, index, annotations={REF_NAME: tag_of(reference)})]})  # fmt: skip
+    top = canonical(
+        {
+            "schemaVersion": 2,
+            "mediaType": INDEX,
+            "manifests": [descriptor(INDEX, index, annotations={REF_NAME: tag_of(reference)})],
+        }
+    )
     files: Dict[Path, bytes] = {out / "oci-layout": canonical({"imageLayoutVersion": "1.0.0"}), out / "index.json": top}
     for blob in blobs + [index]:
         files[blobs_dir / hashlib.sha256(blob).hexdigest()] = blob

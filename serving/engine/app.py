@@ -58,7 +58,7 @@ from starlette.routing import Route
 
 from handlers.errors import frontend_error, with_kserve_error
 
-from .. import ts_config, v2_metadata
+from .. import frontend_settings, ts_config, v2_metadata
 from ..tree_digests import Tree
 from ..worker import sockets
 from ..worker.ts_wire import Request, Response
@@ -81,8 +81,14 @@ class Engine(ModelVersions):
     """Every model version of the store, its workers and its metrics (``ModelVersions``: the versions a
     management call registers or unregisters while it runs, serving/engine/management.py)."""
 
-    def __init__(self, specs: List[ts_config.ModelSpec], frontend: ts_config.Frontend, decode_default=None,
-                 model_store: Optional[Path] = None, tree: Optional[Tree] = None):  # fmt: skip
+    def __init__(
+        self,
+        specs: List[ts_config.ModelSpec],
+        frontend: frontend_settings.Frontend,
+        decode_default=None,
+        model_store: Optional[Path] = None,
+        tree: Optional[Tree] = None,
+    ):
         self.model_store = Path(model_store) if model_store is not None else None
         self.metrics = Metrics(frontend.metrics_config, frontend.metrics_auto_detect)
         super().__init__(frontend, sockets.run_dir(sockets.ENGINE), decode_default, self.metrics, tree)
@@ -130,9 +136,15 @@ class Engine(ModelVersions):
         for model, result in zip(models, results):
             if isinstance(result, BaseException):
                 missing = MISSING_MODULE.search(str(result))
-                fix = (f": install '{missing.group(1)}' in the engine's Python ({sys.executable}), from the archive's "
-                       "requirements.txt where it has one (useVenv and install_py_dep_per_model are TorchServe's; "
-                       "tsctl serve --engine torchserve --install-deps does them)") if missing else ""  # fmt: skip
+                fix = (
+                    (
+                        f": install '{missing.group(1)}' in the engine's Python ({sys.executable}), from the archive's "
+                        "requirements.txt where it has one (useVenv and install_py_dep_per_model are TorchServe's; "
+                        "tsctl serve --engine torchserve --install-deps does them)"
+                    )
+                    if missing
+                    else ""
+                )
                 raise RuntimeError(f"model {model.label} ({model.spec.archive.name}) could not load: {result}{fix}")
 
     def begin_stop(self):
@@ -196,8 +208,9 @@ async def disconnected(http: HttpRequest):
         pass
 
 
-async def forward(http: HttpRequest, model: Optional[ModelWorkers], kserve: bool, engine=None,
-                  explain: bool = False) -> HttpResponse:  # fmt: skip
+async def forward(
+    http: HttpRequest, model: Optional[ModelWorkers], kserve: bool, engine=None, explain: bool = False
+) -> HttpResponse:
     """One inference request to its model's workers, and their answer back (499, nothing run, when the
     client leaves first: its request is dropped from the queue). The headers TorchServe's frontend adds
     (``InferenceRequestHandler``), over the client's: ``explain`` (``True`` on /explanations and KServe's
@@ -354,8 +367,13 @@ def build_app(engine: Engine, listener: str = "both", where: Optional[listeners.
     if engine.tokens is not None and listener != "metrics":
         app.add_middleware(TokenCheck, tokens=engine.tokens, listener=listener, other_api=other_api)
     management = "/models" if listener in ("management", "both") else None  # its bodies: MAX_MANAGEMENT_BODY
-    app.add_middleware(BodyLimit, limit=engine.frontend.max_request_size, inflight=engine.inflight,
-                       idle=engine.body_idle_timeout, management=management)  # fmt: skip
+    app.add_middleware(
+        BodyLimit,
+        limit=engine.frontend.max_request_size,
+        inflight=engine.inflight,
+        idle=engine.body_idle_timeout,
+        management=management,
+    )
     return app
 
 

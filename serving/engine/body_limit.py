@@ -2,7 +2,7 @@
 
 - **max_request_size** (``MAX_REQUEST_SIZE``): one request's body, TorchServe's setting of that name
   and default (``DEFAULT_MAX_REQUEST_SIZE``, 6,553,500 bytes). The engine reads it from
-  config.properties (``ts_config.frontend_of``); MLServer started by tsctl from
+  config.properties (``frontend_settings.frontend_of``); MLServer started by tsctl from
   ``TSCTL_MAX_REQUEST_SIZE`` (``max_request_size_from_environment``, mlserver_start.py). Enforced over
   REST by ``BodyLimit`` (413) and over gRPC by ``kserve_grpc.weigh`` (INVALID_ARGUMENT).
 - **MAX_MANAGEMENT_BODY** (64 KiB): one call's body on TorchServe's management API (``/models...``: a
@@ -301,8 +301,9 @@ class BodyLimit:
       (uvicorn's flow control); the engine's server gives up on a client that reads nothing for
       ``idle`` seconds (``http_server.BoundedHttp``)."""
 
-    def __init__(self, app, limit: int, inflight: InFlight, idle: float = BODY_IDLE_TIMEOUT,
-                 management: Optional[str] = None):  # fmt: skip
+    def __init__(
+        self, app, limit: int, inflight: InFlight, idle: float = BODY_IDLE_TIMEOUT, management: Optional[str] = None
+    ):
         self.app, self.limit, self.inflight, self.idle, self.management = app, limit, inflight, idle, management
 
     def limit_of(self, path: str) -> Tuple[int, str]:

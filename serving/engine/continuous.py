@@ -42,8 +42,7 @@ async def step(worker, newcomers: List[Job]):
         return
     ids = list(running)
     jobs = [running[i] for i in ids]
-    requests = [Request(b"", running[i].request.headers, inputs=[]) if i in cached else running[i].request
-                for i in ids]  # fmt: skip
+    requests = [Request(b"", running[i].request.headers, inputs=[]) if i in cached else running[i].request for i in ids]
     process, sent = worker.process, time.perf_counter()
     try:
         responses = await worker.answers(jobs, lambda: process.step(requests, ids, worker.sizes))

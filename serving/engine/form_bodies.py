@@ -32,8 +32,10 @@ def parameters(content_type: str, body: bytes) -> Optional[List[Tuple[str, str, 
     boundary = parse_options_header(content_type)[1].get(b"boundary")
     fields = body.count(b"&") + 1 if kind == URLENCODED else body.count(b"--" + (boundary or b"-")) - 1
     if fields > MAX_FIELDS:  # counted before any is parsed: a parse of each costs time on the event loop
-        raise FormError(f"the form body has {fields} fields, more than the {MAX_FIELDS} a request may have: send "
-                        "the data as one field or as the request's body")  # fmt: skip
+        raise FormError(
+            f"the form body has {fields} fields, more than the {MAX_FIELDS} a request may have: send "
+            "the data as one field or as the request's body"
+        )
     if kind == URLENCODED:
         pairs = "&".join(pair for pair in body.decode("utf-8", "replace").split("&") if "=" in pair)  # as Netty:
         fields = parse_qsl(pairs, keep_blank_values=True)  # a bare value ("curl -d 1") is no field at all

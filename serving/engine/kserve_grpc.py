@@ -255,8 +255,10 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"Model not found: {version_label(request)}")
         versions = sorted(self.engine.versions[request.name])
         declared = model.v2_metadata or {"inputs": [], "outputs": []}  # (no field to say it is not declared)
-        tensors = {side: [pb.ModelMetadataResponse.TensorMetadata(**t) for t in declared[side]]
-                   for side in ("inputs", "outputs")}  # fmt: skip
+        tensors = {
+            side: [pb.ModelMetadataResponse.TensorMetadata(**t) for t in declared[side]]
+            for side in ("inputs", "outputs")
+        }
         return pb.ModelMetadataResponse(name=request.name, versions=versions, platform="pytorch_torchserve", **tensors)
 
     async def ModelInfer(self, data: bytes, context):

@@ -28,7 +28,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from ..ts_config import ConfigError
+from ..config_properties import ConfigError
 
 DEFAULT_HOST = "0.0.0.0"  # the engine's, when nothing names one (KServe's containers need every interface)
 DEFAULT_HTTP_PORT = 8080
@@ -77,8 +77,10 @@ def address(addresses: Dict[str, str], key: str, path) -> Optional[Tuple[str, in
     if not found:
         raise ConfigError(f"{path}: {key}={value!r} is not an address the engine can bind: give http://HOST:PORT")
     if found.group(1).lower() == "https":
-        raise ConfigError(f"{path}: {key} is https, which the tsctl engine does not serve (TLS: terminate it "
-                          "in front of the engine): give http://HOST:PORT")  # fmt: skip
+        raise ConfigError(
+            f"{path}: {key} is https, which the tsctl engine does not serve (TLS: terminate it "
+            "in front of the engine): give http://HOST:PORT"
+        )
     port = int(found.group(3)) if found.group(3) else NO_PORT[key]
     if not 0 < port < 65536:
         raise ConfigError(f"{path}: {key}={value!r}: {port} is not a TCP port")
@@ -87,7 +89,7 @@ def address(addresses: Dict[str, str], key: str, path) -> Optional[Tuple[str, in
 
 def plan(frontend, args, path="config.properties") -> Bindings:
     """Every listener the engine will bind (``args``: the engine's parsed command line, None where not
-    given; ``frontend``: ts_config.Frontend, its ``addresses`` as the config wrote them). ConfigError in one
+    given; ``frontend``: frontend_settings.Frontend, its ``addresses`` as the config wrote them). ConfigError in one
     line when two take one port."""
     given = {key: address(frontend.addresses, key, path) for key in NO_PORT}
     host = getattr(args, "host", None)

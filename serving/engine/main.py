@@ -19,7 +19,7 @@ from typing import Optional
 from handlers import identity, signing
 from handlers.archives import ArchiveError
 
-from .. import ts_config
+from .. import config_properties, ts_config
 from ..tree_digests import Tree, TreeChanged
 from . import http_server, listeners, snapshots
 from .app import Engine, build_app
@@ -102,8 +102,12 @@ async def serve(engine: Engine, args, where: listeners.Bindings) -> int:
         engine.tokens = Tokens(engine.frontend.token_expiration_min)  # key_file.json where the engine runs
     rest = where.rest
     shared = http_server.Shared(http_server.max_connections())  # every listener's connections and heads, together
-    servers = [http_server.server(build_app(engine, it.role, where), it.host, it.port, shared,
-                                  send_timeout=engine.body_idle_timeout) for it in rest]  # fmt: skip
+    servers = [
+        http_server.server(
+            build_app(engine, it.role, where), it.host, it.port, shared, send_timeout=engine.body_idle_timeout
+        )
+        for it in rest
+    ]
     stopping = asyncio.Event()
 
     def stop():
@@ -123,8 +127,10 @@ async def serve(engine: Engine, args, where: listeners.Bindings) -> int:
             try:
                 grpc_server = await grpc.start_grpc(engine, where.grpc.host, where.grpc.port)
             except RuntimeError as exc:  # grpc's own words end in advice about GRPC_VERBOSITY
-                raise RuntimeError(f"{where.grpc.source} on {where.grpc.host}: {str(exc).split(';')[0]} (in use?): "
-                                   "give --grpc_port a free port") from None  # fmt: skip
+                raise RuntimeError(
+                    f"{where.grpc.source} on {where.grpc.host}: {str(exc).split(';')[0]} (in use?): "
+                    "give --grpc_port a free port"
+                ) from None
             ts_grpc = await loop.run_in_executor(None, load_ts_grpc)
             ts_grpc_servers = await ts_grpc.start(engine, args)
         waiting = asyncio.ensure_future(stopping.wait())
@@ -204,9 +210,9 @@ def main(argv=None):
             logger.warning("%s", note)
         engine = Engine(specs, frontend, decode, Path(args.model_store), tree)
         if args.snapshot_dir:
-            properties = ts_config.read_properties(config) if config else {}
+            properties = config_properties.read_properties(config) if config else {}
             engine.snapshots = snapshots.Snapshots(Path(args.snapshot_dir), properties, engine)
-    except (ts_config.ConfigError, ArchiveError, TreeChanged) as exc:
+    except (config_properties.ConfigError, ArchiveError, TreeChanged) as exc:
         print(f"tsctl engine: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
     except signing.SignatureError as exc:  # exit 2 for a key file that is no public key (KeyFileError)
@@ -217,4 +223,3 @@ def main(argv=None):
     finally:
         engine.close()
     sys.exit(code)
-

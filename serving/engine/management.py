@@ -53,7 +53,7 @@ from handlers.archives import Archive, ArchiveError
 from handlers.errors import frontend_error
 from handlers.signing import SignatureError
 
-from .. import gpus, model_config_keys, tree_digests, ts_config
+from .. import config_properties, frontend_settings, gpus, model_config_keys, tree_digests, ts_config
 from ..model_store import NotInStore, store_entry
 from ..worker.worker_process import LOAD_TIMEOUT
 from . import memory_admission
@@ -286,7 +286,9 @@ def open_registered(archive: Path, store: Path) -> Archive:
         raise ApiError(400, "InvalidModelException", f"{archive.name}: {exc}") from None
 
 
-def register_spec(params: Dict[str, str], archive: Archive, frontend: ts_config.Frontend) -> ts_config.ModelSpec:
+def register_spec(
+    params: Dict[str, str], archive: Archive, frontend: frontend_settings.Frontend
+) -> ts_config.ModelSpec:
     """The model version a register makes, its settings picked as TorchServe 0.12 picks them
     (ModelManager.createModel, ApiUtils.handleRegister): ``batch_size``/``max_batch_delay`` given, else the
     archive's model-config.yaml, else 1 / 100; the archive's ``responseTimeout`` before ``response_timeout``;
@@ -315,15 +317,26 @@ def register_spec(params: Dict[str, str], archive: Archive, frontend: ts_config.
     if problem is None and not 0 <= workers[0] <= MAX_WORKERS:
         problem = f"initial_workers is {workers[0]}: give 0 to {MAX_WORKERS}"
     if problem:
-        for key, query in (("batchSize", "batch_size"), ("maxBatchDelay", "max_batch_delay"),
-                           ("responseTimeout", "response_timeout")):  # fmt: skip
+        for key, query in (
+            ("batchSize", "batch_size"),
+            ("maxBatchDelay", "max_batch_delay"),
+            ("responseTimeout", "response_timeout"),
+        ):
             problem = problem.replace(key, query)
         raise ApiError(400, "BadRequestException", problem)
     return ts_config.ModelSpec(
-        name=name, version=version, archive=archive.path, default=False, min_workers=workers[0],
-        max_workers=max(workers), batch_size=settings["batchSize"], max_batch_delay=settings["maxBatchDelay"],
-        response_timeout=settings["responseTimeout"], url=params["url"], store=archive.within,
-    )  # fmt: skip
+        name=name,
+        version=version,
+        archive=archive.path,
+        default=False,
+        min_workers=workers[0],
+        max_workers=max(workers),
+        batch_size=settings["batchSize"],
+        max_batch_delay=settings["maxBatchDelay"],
+        response_timeout=settings["responseTimeout"],
+        url=params["url"],
+        store=archive.within,
+    )
 
 
 def first(*values):
@@ -352,7 +365,7 @@ async def register(engine, params: Dict[str, str]) -> Done:
         await admitted(engine, spec.name, spec.version, spec.min_workers, None)
         try:  # unpacked (or copied) from the one opening; its signature checked first
             model = await loop.run_in_executor(None, engine.open, spec, archive)
-        except (ArchiveError, SignatureError, ts_config.ConfigError, tree_digests.TreeChanged) as exc:
+        except (ArchiveError, SignatureError, config_properties.ConfigError, tree_digests.TreeChanged) as exc:
             raise ApiError(400, "InvalidModelException", str(exc)) from None
     finally:
         archive.close()
@@ -360,8 +373,10 @@ async def register(engine, params: Dict[str, str]) -> Done:
     engine.add(model)
     logger.info("%s registered from %s (%d workers)", model.label, spec.url, spec.min_workers)
     if not model.workers:
-        message = (f'Model "{spec.name}" Version: {spec.version} registered with 0 initial workers. Use scale '
-                   "workers API to add workers for the model.")  # fmt: skip
+        message = (
+            f'Model "{spec.name}" Version: {spec.version} registered with 0 initial workers. Use scale '
+            "workers API to add workers for the model."
+        )
         return message, 200
     starting = asyncio.ensure_future(start_registered(engine, model))
     if not synchronous:
@@ -442,8 +457,7 @@ async def scale(engine, name: str, version: Optional[str], params: Dict[str, str
 async def admitted(engine, name: str, version: Optional[str], adding: int, model: Optional[ModelWorkers]):
     """``adding`` more workers of a model checked against the engine's memory (``memory_admission.admit``):
     refused, TorchServe's 507 for a scale that ran out of memory."""
-    check = functools.partial(memory_admission.admit, name, version, adding, model, engine.all(),
-                              engine.inflight.limit)  # fmt: skip
+    check = functools.partial(memory_admission.admit, name, version, adding, model, engine.all(), engine.inflight.limit)
     try:
         await asyncio.get_running_loop().run_in_executor(None, check)
     except memory_admission.NotEnoughMemory as exc:

@@ -72,7 +72,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.utils import floatToGoString
 
-from ..ts_config import MAX_METRICS_YAML, ConfigError, read_regular
+from ..config_properties import MAX_METRICS_YAML, ConfigError, read_regular
 from ..worker.worker_process import METRICS_YAML
 from .workers import RECENT_BATCHES, worker_log_line
 
@@ -115,9 +115,13 @@ GPU_GAUGES = ("GPUMemoryUtilization", "GPUMemoryUsed", "GPUUtilization")
 GPU_LABELS = ("Level", "DeviceId", "Hostname")
 # Names the engine exposes itself: a worker's line cannot add samples to them.
 ENGINE_NAMES = (
-    frozenset(FRONTEND_COUNTERS) | {"ts_workers", "WorkerLoadTime", "request_predict_seconds"} | set(LOAD_GAUGES)
-    | set(LOAD_COUNTERS) | {name[: -len("_total")] for name in LOAD_COUNTERS} | set(GPU_GAUGES)
-)  # fmt: skip
+    frozenset(FRONTEND_COUNTERS)
+    | {"ts_workers", "WorkerLoadTime", "request_predict_seconds"}
+    | set(LOAD_GAUGES)
+    | set(LOAD_COUNTERS)
+    | {name[: -len("_total")] for name in LOAD_COUNTERS}
+    | set(GPU_GAUGES)
+)
 ENGINE_PREFIXES = ("request_predict_seconds", "tsctl_")
 DROPPED = "tsctl_metrics_dropped_total"
 MODEL_LABELS = ("model_name", "model_version", "hostname")  # TorchServe's ts_* labels
@@ -138,7 +142,7 @@ class Family:
 def read_metrics_yaml(path: str) -> Tuple[Dict[str, Family], Dict[str, str]]:
     """A metrics.yaml as TorchServe reads it: its ``model_metrics`` (name -> an empty Family, Hostname
     added to its dimensions) and its ``ts_metrics`` (name -> unit). A ConfigError for a file that is not
-    one (``ts_config.read_regular``: a FIFO or a device refused at once) or not a YAML mapping."""
+    one (``config_properties.read_regular``: a FIFO or a device refused at once) or not a YAML mapping."""
     try:
         spec = yaml.safe_load(read_regular(path, MAX_METRICS_YAML)) or {}
         if not isinstance(spec, dict):
@@ -437,8 +441,9 @@ class _Frontend:
             copied = {name: dict(series) for name, series in metrics.frontend.items()}
         for name, series in copied.items():
             if name in metrics.declared:
-                counter = NamedCounter(name, HELP.format(kind="counter", unit=metrics.declared[name]),
-                                       FRONTEND_COUNTERS[name])  # fmt: skip
+                counter = NamedCounter(
+                    name, HELP.format(kind="counter", unit=metrics.declared[name]), FRONTEND_COUNTERS[name]
+                )
                 for labels, value in series.items():
                     counter.add(labels, value)
                 yield counter

@@ -42,8 +42,11 @@ from .job_queue import Job, notify_all, wait_within
 Worker = Any  # workers' (which imports this module)
 
 # TorchServe's header names (ConfigManager.DEFAULT_REQUEST_SEQUENCE_*)
-SEQUENCE_ID, SEQUENCE_START, SEQUENCE_END = ("ts_request_sequence_id", "ts_request_sequence_start",
-                                             "ts_request_sequence_end")  # fmt: skip
+SEQUENCE_ID, SEQUENCE_START, SEQUENCE_END = (
+    "ts_request_sequence_id",
+    "ts_request_sequence_start",
+    "ts_request_sequence_end",
+)
 MAX_SEQUENCES = 65_536  # open sequences of one model version, whatever maxNumSequence says (docs/limits.md)
 
 

@@ -58,8 +58,12 @@ class Snapshots:
 
         name = file_name(kind)
         models = model_state(self.versions)
-        snapshot = {"name": name, "modelCount": sum(len(v) for v in models.values()),
-                    "created": int(time.time() * 1000), "models": models}  # fmt: skip
+        snapshot = {
+            "name": name,
+            "modelCount": sum(len(v) for v in models.values()),
+            "created": int(time.time() * 1000),
+            "models": models,
+        }
         path = self.directory / name
         try:
             self.directory.mkdir(parents=True, exist_ok=True)

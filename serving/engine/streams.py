@@ -95,8 +95,9 @@ class Parts:
             f"bytes held for it would pass {self.budget.over(size, self.client)}"
         )
         self.drop()
-        self.queue.append(Response(503, frontend_error(503, "ServiceUnavailableException", message),
-                                   "application/json", error=True))  # fmt: skip
+        self.queue.append(
+            Response(503, frontend_error(503, "ServiceUnavailableException", message), "application/json", error=True)
+        )
         self.changed.set()
         self.end()
 
@@ -168,8 +169,11 @@ async def http_reply(first: Response, kserve: bool, whole_answer: Callable, budg
         first.rest.close()
         return whole
     fields = [(name, value) for name, value in whole.raw_headers if name != b"content-length"]
-    start = {"type": "http.response.start", "status": first.status,
-             "headers": [(STREAM_NEXT.encode(), b"true"), *fields]}  # fmt: skip
+    start = {
+        "type": "http.response.start",
+        "status": first.status,
+        "headers": [(STREAM_NEXT.encode(), b"true"), *fields],
+    }
     return StreamedAnswer(first, start, budget)
 
 

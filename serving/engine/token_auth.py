@@ -1,6 +1,6 @@
 """TorchServe 0.12's token authorization, for the tsctl engine: the same keys, file, header and answers.
 
-On unless config.properties says ``disable_token_authorization=true`` (``ts_config.management_of``), as
+On unless config.properties says ``disable_token_authorization=true`` (``frontend_settings.management_of``), as
 TorchServe 0.12 has it since 0.11. At start the engine writes ``key_file.json`` in its working
 directory, where TorchServe writes it (``user.dir``), in TorchServe's format: a management key and an
 inference key, each with its ``expiration time`` (``token_expiration_min`` minutes from when it was
@@ -83,8 +83,9 @@ class Tokens:
         self.write()
         logger.info(
             "token authorization is on (TorchServe's, disable_token_authorization=true turns it off): "
-            "the keys are in %s", self.path
-        )  # fmt: skip
+            "the keys are in %s",
+            self.path,
+        )
 
     def _new(self, kind: str):
         self.keys[kind] = new_key()

@@ -408,8 +408,9 @@ class ModelApi(ReadOnlyModels):
         return await self.change(lambda: management_api.scale(self.engine, request.model_name, version, params))
 
     async def set_default(self, request) -> str:
-        return await self.change(lambda: settled(management_api.set_default(self.engine, request.model_name,
-                                                                 request.model_version)))  # fmt: skip
+        return await self.change(
+            lambda: settled(management_api.set_default(self.engine, request.model_name, request.model_version))
+        )
 
 
 async def settled(value):
@@ -484,8 +485,9 @@ def method_handlers(servicer, service: str, raw: Tuple[str, ...] = ()) -> dict:
         kind = kinds[(method.client_streaming, method.server_streaming)]
         parse = None if method.name in raw else pb.message(method.input_type.full_name).FromString
         serialize = pb.message(method.output_type.full_name).SerializeToString
-        handlers[method.name] = kind(getattr(servicer, method.name), request_deserializer=parse,
-                                     response_serializer=serialize)  # fmt: skip
+        handlers[method.name] = kind(
+            getattr(servicer, method.name), request_deserializer=parse, response_serializer=serialize
+        )
     return handlers
 
 

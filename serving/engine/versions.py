@@ -11,8 +11,9 @@ from typing import Dict, List, Optional
 from handlers.archives import Archive, opened
 
 from .. import gpus, tree_digests
+from ..frontend_settings import Frontend
 from ..model_opening import open_model
-from ..ts_config import Frontend, ModelSpec
+from ..ts_config import ModelSpec
 from ..worker import sockets
 from .workers import ModelWorkers
 
@@ -44,8 +45,16 @@ class ModelVersions:
             with opened(archive or spec.archive, within=spec.store) as found:
                 if self.tree is not None and found.kind != "dir":  # the bytes opened, before any is unpacked
                     self.tree.check_archive(spec.archive.name, digest=found.file_digest())
-                model = open_model(spec, self.frontend, unpack, first_port, self.decode_default, on_metric=on_metric,
-                                   archive=found, placement=self.placement)  # fmt: skip
+                model = open_model(
+                    spec,
+                    self.frontend,
+                    unpack,
+                    first_port,
+                    self.decode_default,
+                    on_metric=on_metric,
+                    archive=found,
+                    placement=self.placement,
+                )
                 if self.tree is not None and found.kind == "dir":  # the copy its workers run
                     self.tree.check_archive(spec.archive.name, folder=str(model.model_dir))
         except BaseException:

@@ -46,8 +46,9 @@ from handlers.archives import printable
 from handlers.errors import frontend_error
 
 from .. import gpus
+from ..frontend_settings import Frontend
 from ..gpus import CPU
-from ..ts_config import Frontend, ModelSpec
+from ..ts_config import ModelSpec
 from ..worker import fork_server, sockets
 from ..worker.ts_wire import BrokenReply, Request, Response, WorkerDied, batch_error
 from ..worker.worker_process import LOAD_TIMEOUT, NotSent, WorkerProcess, kill_worker, start_worker
@@ -149,10 +150,20 @@ class Worker:
         owner = self.owner
         loading = self.loading = loop.run_in_executor(
             self.thread,
-            lambda: start_worker(owner.spec, owner.model_dir, owner.handler, owner.frontend, self.socket_path,
-                                 owner.env, on_line, self._spawned, on_metric,
-                                 fork_server.shared(owner.env, extras=True), self.gpu),
-        )  # fmt: skip (the fork server got in this thread: it may start one)
+            lambda: start_worker(
+                owner.spec,
+                owner.model_dir,
+                owner.handler,
+                owner.frontend,
+                self.socket_path,
+                owner.env,
+                on_line,
+                self._spawned,
+                on_metric,
+                fork_server.shared(owner.env, extras=True),
+                self.gpu,
+            ),
+        )  # the fork server got in this thread: it may start one
         try:
             self.process = await asyncio.shield(loading)
         except asyncio.CancelledError:  # stopped while it loads: the process it will have is ended then
@@ -199,8 +210,7 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - logged; the worker is replaced and the loop goes on
-                logger.exception("%s worker %d: unexpected error; the worker is replaced", self.owner.label,
-                                 self.index)  # fmt: skip
+                logger.exception("%s worker %d: unexpected error; the worker is replaced", self.owner.label, self.index)
                 if self.process is not None:
                     self.process.kill()
                 await asyncio.sleep(1)
@@ -253,8 +263,9 @@ class Worker:
         except NotSent:
             raise
         except Exception as exc:  # noqa: BLE001 - whatever it was, this batch is answered and the worker replaced
-            logger.exception("%s worker %d (pid %d): unexpected error in a batch: killed", self.owner.label,
-                             self.index, process.pid)  # fmt: skip
+            logger.exception(
+                "%s worker %d (pid %d): unexpected error in a batch: killed", self.owner.label, self.index, process.pid
+            )
             process.kill()
             message = f"the worker's batch failed ({type(exc).__name__}: {exc}); the worker was restarted"
             return batch_error(500, message, len(jobs))
@@ -273,8 +284,9 @@ class Worker:
         def on_part(index: int, part: Response):  # in the worker's thread: a part of a streamed answer
             loop.call_soon_threadsafe(jobs[index].part, part, owner.stream_ended)
 
-        predicting = loop.run_in_executor(self.thread, call or (lambda: process.predict([j.request for j in jobs],
-                                                                                      on_part)))  # fmt: skip
+        predicting = loop.run_in_executor(
+            self.thread, call or (lambda: process.predict([j.request for j in jobs], on_part))
+        )
         dying = asyncio.ensure_future(self.died.wait())
         try:
             await asyncio.wait({predicting, dying}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
@@ -285,8 +297,13 @@ class Worker:
             process.kill()  # a predict blocked on the socket returns: the next load does not queue behind it
             await asyncio.wait({predicting}, timeout=5)
             if not died:
-                logger.error("%s worker %d (pid %d) did not answer within %ds: killed", owner.label, self.index,
-                             process.pid, timeout)  # fmt: skip
+                logger.error(
+                    "%s worker %d (pid %d) did not answer within %ds: killed",
+                    owner.label,
+                    self.index,
+                    process.pid,
+                    timeout,
+                )
                 message = f"the worker did not answer within responseTimeout ({timeout}s) and was restarted"
                 return [unavailable(message)] * len(jobs)
             return self.died_with(jobs, "its process ended")
@@ -300,8 +317,13 @@ class Worker:
             process.kill()
             return self.died_with(jobs, str(exc))
         except BrokenReply as exc:
-            logger.error("%s worker %d (pid %d): its reply could not be read (%s): killed", owner.label, self.index,
-                         process.pid, exc)  # fmt: skip
+            logger.error(
+                "%s worker %d (pid %d): its reply could not be read (%s): killed",
+                owner.label,
+                self.index,
+                process.pid,
+                exc,
+            )
             process.kill()
             message = f"the worker's reply could not be read ({exc}); the worker was restarted"
             return batch_error(500, message, len(jobs))
@@ -313,8 +335,9 @@ class Worker:
             cause = "its socket closed"
         else:
             cause = f"signal {-code}" if code < 0 else f"exit code {code}"
-        logger.error("%s worker %d (pid %d) died (%s): %s", self.owner.label, self.index, self.process.pid, cause,
-                     detail)  # fmt: skip
+        logger.error(
+            "%s worker %d (pid %d) died (%s): %s", self.owner.label, self.index, self.process.pid, cause, detail
+        )
         return [unavailable(f"Worker died ({cause}) while it held this request.")] * len(jobs)
 
     async def _restart(self):
@@ -348,10 +371,21 @@ class Worker:
 class ModelWorkers:
     """One model version: its queue, its workers, and what it counts for /metrics and describe."""
 
-    def __init__(self, spec: ModelSpec, model_dir: Path, handler: str, frontend: Frontend, run_dir: str,
-                 first_port: int, env: dict, on_line: Callable, on_metric: Optional[Callable] = None,
-                 devices: Optional[gpus.ModelDevices] = None, placement: Optional[gpus.Placement] = None,
-                 sequences: Optional[SequenceSettings] = None):  # fmt: skip
+    def __init__(
+        self,
+        spec: ModelSpec,
+        model_dir: Path,
+        handler: str,
+        frontend: Frontend,
+        run_dir: str,
+        first_port: int,
+        env: dict,
+        on_line: Callable,
+        on_metric: Optional[Callable] = None,
+        devices: Optional[gpus.ModelDevices] = None,
+        placement: Optional[gpus.Placement] = None,
+        sequences: Optional[SequenceSettings] = None,
+    ):
         self.spec, self.model_dir, self.handler, self.frontend = spec, model_dir, handler, frontend
         self.run_dir, self.first_port, self.env, self.on_line = run_dir, first_port, env, on_line
         self.on_metric = on_metric  # (worker, line) for each line of its metrics logger; None: logged

@@ -67,8 +67,9 @@ from handlers.errors import error_message
 from .. import gpus
 from ..engine.sequences import refuse_stateful
 from ..engine.workers import ModelWorkers
+from ..frontend_settings import Frontend
 from ..model_opening import open_model
-from ..ts_config import Frontend, ModelSpec
+from ..ts_config import ModelSpec
 from ..worker import sockets
 from ..worker.ts_wire import Request, Response
 from . import v2_requests
@@ -101,8 +102,10 @@ class ArchiveModel(MLModel):
         self._role = extra.get("role")
         if self._role is not None:
             if self._role not in ROLES:
-                raise ValueError(f"model-settings.json of {self.name}: parameters.extra.role is {self._role!r}, "
-                                 f"not one of {', '.join(ROLES)}")  # fmt: skip
+                raise ValueError(
+                    f"model-settings.json of {self.name}: parameters.extra.role is {self._role!r}, "
+                    f"not one of {', '.join(ROLES)}"
+                )
             from . import split  # torch, in this process: only a transformer step needs it here
 
             self._split = split
@@ -118,17 +121,23 @@ class ArchiveModel(MLModel):
                 self._toolkit = toolkit = identity.read(opened) is not None
                 model_dir = os.path.join(self._run_dir, "model")
                 self._workers = open_model(
-                    spec, frontend, model_dir, sockets.FIRST_PORT, lambda _: not toolkit,
-                    on_metric=metrics_of(frontend), archive=opened,
+                    spec,
+                    frontend,
+                    model_dir,
+                    sockets.FIRST_PORT,
+                    lambda _: not toolkit,
+                    on_metric=metrics_of(frontend),
+                    archive=opened,
                     placement=gpus.process_placement(frontend.number_of_gpu),
-                )  # fmt: skip
+                )
             self.declare(self._workers.v2_metadata)
             await self._workers.start()
         except BaseException:
             shutil.rmtree(self._run_dir, ignore_errors=True)
             raise
-        logger.info("%s: %s ready (%d workers, batchSize %d)", self.name, archive.name, spec.min_workers,
-                    spec.batch_size)  # fmt: skip
+        logger.info(
+            "%s: %s ready (%d workers, batchSize %d)", self.name, archive.name, spec.min_workers, spec.batch_size
+        )
         return True
 
     def declare(self, metadata: Optional[dict]):
@@ -158,8 +167,11 @@ class ArchiveModel(MLModel):
             requests = v2_requests.requests_of(inputs, client_headers(payload))
             limit = self._workers.queue.limit
             if len(requests) > limit:
-                raise protocol.ClientError(f"{len(requests)} elements in one request: more than the model's job "
-                                           f"queue holds ({limit}, jobQueueSize)", 413)  # fmt: skip
+                raise protocol.ClientError(
+                    f"{len(requests)} elements in one request: more than the model's job "
+                    f"queue holds ({limit}, jobQueueSize)",
+                    413,
+                )
         except protocol.ClientError as error:
             raise MLServerError(error.message, status_code=error.status) from None
         answers = await asyncio.gather(*(self._workers.submit(request) for request in requests))
@@ -192,8 +204,12 @@ class ArchiveModel(MLModel):
                     )
                 protocol.check_count(items, limits)
                 array = split.batch(handler, Job(protocol.Request(items, protocol.V2)))
-                output = {"name": "input-0", "shape": list(array.shape), "datatype": "FP32",
-                          "data": array.reshape(-1).tolist()}  # fmt: skip
+                output = {
+                    "name": "input-0",
+                    "shape": list(array.shape),
+                    "datatype": "FP32",
+                    "data": array.reshape(-1).tolist(),
+                }
             else:
                 datatype = str(getattr(tensor.datatype, "value", tensor.datatype))
                 if datatype not in protocol.NUMERIC:
@@ -210,8 +226,12 @@ class ArchiveModel(MLModel):
                     raise protocol.ClientError(f"output shape {shape} holds {count} values, got {len(values)}")
                 outputs = np.asarray(values, dtype=protocol.NUMERIC[datatype]).reshape(shape)
                 answers = split.answers(handler, outputs)
-                output = {"name": "output-0", "shape": [len(answers)], "datatype": "BYTES",
-                          "data": [json.dumps(answer).encode("utf-8") for answer in answers]}  # fmt: skip
+                output = {
+                    "name": "output-0",
+                    "shape": [len(answers)],
+                    "datatype": "BYTES",
+                    "data": [json.dumps(answer).encode("utf-8") for answer in answers],
+                }
         except protocol.ClientError as error:
             raise MLServerError(error.message, status_code=error.status) from None
         except (ValueError, TypeError, OverflowError, IndexError) as exc:
@@ -250,8 +270,9 @@ def model_spec(name: str, version: str, archive: Path, extra: Dict[str, Any]) ->
     for key, (attribute, least) in EXTRA.items():
         value = extra.get(key, getattr(spec, attribute))
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise ValueError(f"model-settings.json of {name}: parameters.extra.{key} is {value!r}, not a whole "
-                             f"number >= {least}")  # fmt: skip
+            raise ValueError(
+                f"model-settings.json of {name}: parameters.extra.{key} is {value!r}, not a whole number >= {least}"
+            )
         setattr(spec, attribute, value)
     spec.max_workers = spec.min_workers
     frontend = Frontend()

@@ -52,8 +52,11 @@ class Bounds:
         memory = memory or memory_limit()[0]
         at_once = max(1, _setting("GUNICORN_WORKERS")) * max(1, _setting("GUNICORN_THREADS"))
         share = max(0, memory - RESERVE) // at_once // 2
-        limits = replace(handler, max_body_bytes=max(1, min(handler.max_body_bytes, share // BODY_COPIES)),
-                         max_json_values=max(1, min(handler.max_json_values, share // VALUE_BYTES)))  # fmt: skip
+        limits = replace(
+            handler,
+            max_body_bytes=max(1, min(handler.max_body_bytes, share // BODY_COPIES)),
+            max_json_values=max(1, min(handler.max_json_values, share // VALUE_BYTES)),
+        )
         return cls(limits, memory, handler)
 
     def within(self, subject: str, amount: int, unit: str, setting: str):
@@ -68,8 +71,9 @@ class Bounds:
 
     def check_text(self, body: bytes):
         """The values of a JSON body counted in its text, before it is parsed."""
-        self.within("the message holds", json_values(body.decode("utf-8", "replace"), self.limits), "values",
-                    "max_json_values")  # fmt: skip
+        self.within(
+            "the message holds", json_values(body.decode("utf-8", "replace"), self.limits), "values", "max_json_values"
+        )
 
     def check_meta(self, meta: Any):
         """A message's ``meta``: its depth and values (``check_json``), no NaN or Infinity, its size as answered."""
@@ -79,8 +83,9 @@ class Bounds:
         try:
             size = len(json.dumps(meta, separators=(",", ":"), allow_nan=False))  # as jsonify writes it
         except ValueError:
-            raise ClientError("the message's meta holds NaN or Infinity, which JSON cannot carry: send finite numbers "
-                              "or strings") from None  # fmt: skip
+            raise ClientError(
+                "the message's meta holds NaN or Infinity, which JSON cannot carry: send finite numbers or strings"
+            ) from None
         self.within("the message's meta is", size, "bytes as answered", "max_body_bytes")
 
 

@@ -314,11 +314,21 @@ class Transformer(Unit):
 class Model(Unit):
     """The archive's TorchServe workers, as the tsctl engine runs them, behind ``/predict``."""
 
-    def __init__(self, archive: str, batch_size: int = 1, max_batch_delay: int = 100, min_workers: int = 1,
-                 response_timeout: int = 120):  # fmt: skip
+    def __init__(
+        self,
+        archive: str,
+        batch_size: int = 1,
+        max_batch_delay: int = 100,
+        min_workers: int = 1,
+        response_timeout: int = 120,
+    ):
         super().__init__(archive)
-        self.settings = {"batch_size": batch_size, "max_batch_delay": max_batch_delay, "min_workers": min_workers,
-                         "response_timeout": response_timeout}  # fmt: skip
+        self.settings = {
+            "batch_size": batch_size,
+            "max_batch_delay": max_batch_delay,
+            "min_workers": min_workers,
+            "response_timeout": response_timeout,
+        }
         for key, value in self.settings.items():
             if not isinstance(value, int) or value < (0 if key == "max_batch_delay" else 1):
                 raise ValueError(f"parameter {key}: {value!r} is not a whole number of at least 1")
@@ -330,8 +340,9 @@ class Model(Unit):
         from handlers.archives import Archive
 
         from ..engine.sequences import refuse_stateful
+        from ..frontend_settings import Frontend
         from ..model_opening import open_model
-        from ..ts_config import Frontend, ModelSpec
+        from ..ts_config import ModelSpec
         from ..worker.sockets import FIRST_PORT
 
         self.loop = asyncio.new_event_loop()
@@ -345,8 +356,9 @@ class Model(Unit):
             for key, value in self.settings.items():
                 setattr(spec, key, value)
             spec.max_workers = spec.min_workers
-            self.workers = open_model(spec, Frontend(), os.path.join(run_dir, "model"), FIRST_PORT,
-                                      lambda _: not toolkit, archive=opened)  # fmt: skip
+            self.workers = open_model(
+                spec, Frontend(), os.path.join(run_dir, "model"), FIRST_PORT, lambda _: not toolkit, archive=opened
+            )
             self.limits = tensor_limits(opened.config, spec.batch_size)
         asyncio.run_coroutine_threadsafe(self.workers.start(), self.loop).result()
 

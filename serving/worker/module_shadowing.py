@@ -30,8 +30,9 @@ def vendored(folder: str, names: set) -> List[str]:
         seen += len(folders) + len(files)
         if seen > VENDOR_WALK:
             return [folder]
-        stems = {entry.partition(".")[0] for entry in files if entry.partition(".")[2] in ("py", "pyc")
-                 or ".so" in entry} | {entry for entry in folders if "." not in entry}  # fmt: skip
+        stems = {
+            entry.partition(".")[0] for entry in files if entry.partition(".")[2] in ("py", "pyc") or ".so" in entry
+        } | {entry for entry in folders if "." not in entry}
         if stems & names:
             return sorted(stems & names)
     return []

@@ -111,8 +111,15 @@ def _field(data: bytes) -> bytes:
     return struct.pack("!i", len(data)) + data
 
 
-def encode_load(name: str, model_dir: Path, handler: str, batch_size: int, envelope: Optional[str],
-                limit_max_image_pixels: bool = True, gpu: int = -1) -> bytes:  # fmt: skip
+def encode_load(
+    name: str,
+    model_dir: Path,
+    handler: str,
+    batch_size: int,
+    envelope: Optional[str],
+    limit_max_image_pixels: bool = True,
+    gpu: int = -1,
+) -> bytes:
     """The load command (``otf_message_handler._retrieve_load_msg`` reads it): ``gpu`` the worker's GPU id
     (serving/gpus.py places it), -1 on the CPU; the worker hands a GPU's id to the handler as
     ``context.system_properties["gpu_id"]``, and None on the CPU."""

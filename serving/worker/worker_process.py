@@ -48,7 +48,8 @@ import ts
 
 from handlers.archives import printable
 
-from ..ts_config import Frontend, ModelSpec
+from ..frontend_settings import Frontend
+from ..ts_config import ModelSpec
 from . import sockets
 from .fork_server import ForkedProcess, ForkServer
 from .process_tree import end_tree
@@ -78,8 +79,14 @@ class NotSent(Exception):
 class WorkerProcess:
     """One running ``model_service_worker.py`` with the model loaded, and its socket."""
 
-    def __init__(self, process: subprocess.Popen, sock: socket.socket, stream: Stream, started: float,
-                 max_response_size: int = 6553500):  # fmt: skip
+    def __init__(
+        self,
+        process: subprocess.Popen,
+        sock: socket.socket,
+        stream: Stream,
+        started: float,
+        max_response_size: int = 6553500,
+    ):
         self.process, self.sock, self.stream, self.started = process, sock, stream, started
         self.max_response_size = max_response_size
         self.readers: List[threading.Thread] = []  # the threads reading its output and metrics (start_worker)
@@ -168,8 +175,10 @@ class WorkerProcess:
         reading, sent = Replies(ids, None), set()
         while not reading.complete():
             left = [request_id for request_id in ids if request_id not in reading.last]
-            batch = [Request(b"", requests[reading.index[i]].headers, inputs=[]) if i in sent
-                     else requests[reading.index[i]] for i in left]  # fmt: skip
+            batch = [
+                Request(b"", requests[reading.index[i]].headers, inputs=[]) if i in sent else requests[reading.index[i]]
+                for i in left
+            ]
             sent.update(left)
             reading.take(dict(zip(left, self.step(batch, left, reading.sizes))))
         return reading.answers()
@@ -284,8 +293,9 @@ def start_worker(
     lines, readers = read_output(spec.name, process, metric_read, on_line, on_metric)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        load = encode_load(spec.name, model_dir, handler, spec.batch_size, frontend.envelope,
-                           frontend.limit_max_image_pixels, gpu)  # fmt: skip
+        load = encode_load(
+            spec.name, model_dir, handler, spec.batch_size, frontend.envelope, frontend.limit_max_image_pixels, gpu
+        )
         stream = connect_and_load(process, sock, socket_path, load, timeout)
     except BaseException as exc:
         sock.close()
@@ -302,8 +312,9 @@ def start_worker(
     return worker
 
 
-def spawn(model_dir: Path, metrics: str, socket_path: str, env: dict,
-          fork_server: Optional[ForkServer] = None) -> Tuple[Union[subprocess.Popen, ForkedProcess], int]:  # fmt: skip
+def spawn(
+    model_dir: Path, metrics: str, socket_path: str, env: dict, fork_server: Optional[ForkServer] = None
+) -> Tuple[Union[subprocess.Popen, ForkedProcess], int]:
     """The worker process, in a process group of its own, and the read end of its metrics pipe:
     forked from ``fork_server`` when there is one and it takes the worker (``ForkServer.spawn``: not
     when the worker's ``PYTHONPATH``, the archive's folder first, shadows one of its modules), else a
@@ -375,8 +386,9 @@ def read_output(
     return lines, readers
 
 
-def connect_and_load(process: subprocess.Popen, sock: socket.socket, socket_path: str, load: bytes,
-                     timeout: float = LOAD_TIMEOUT) -> Stream:  # fmt: skip
+def connect_and_load(
+    process: subprocess.Popen, sock: socket.socket, socket_path: str, load: bytes, timeout: float = LOAD_TIMEOUT
+) -> Stream:
     """Connect to the worker once it listens and send it the load command, all within ``timeout`` s: the
     stream its answers come on. WorkerDied when it exits or cannot load."""
     deadline = time.monotonic() + timeout

@@ -15,7 +15,7 @@ from archiver.cli import main
 from archiver.commands.build import package
 from helpers.engine import BIN
 
-HANDLER = '''\
+HANDLER = """\
 from ts.torch_handler.base_handler import BaseHandler
 
 
@@ -25,7 +25,7 @@ class Echo(BaseHandler):
 
     def handle(self, data, context):
         return [row.get("body") or row.get("data") for row in data]
-'''
+"""
 
 
 def archiver_options(monkeypatch) -> dict:
@@ -78,13 +78,30 @@ def members(archive: Path) -> dict:
 
 def test_short_options_make_the_archive_torch_model_archiver_makes(inputs, monkeypatch):
     monkeypatch.chdir(inputs)
-    args = ["--model-name", "echo", "-v", "2.0", "--handler", "handler.py", "--serialized-file", "weights.bin",
-            "-r", "requirements.txt", "-c", "model-config.yaml", "-f"]  # fmt: skip
+    args = [
+        "--model-name",
+        "echo",
+        "-v",
+        "2.0",
+        "--handler",
+        "handler.py",
+        "--serialized-file",
+        "weights.bin",
+        "-r",
+        "requirements.txt",
+        "-c",
+        "model-config.yaml",
+        "-f",
+    ]
     for store in ("theirs", "ours"):
         (inputs / store).mkdir()
     for _ in range(2):  # the second time over the first archive: -f
-        done = subprocess.run([BIN / "torch-model-archiver", *args, "--export-path", "theirs"], capture_output=True,
-                              text=True, timeout=120)  # fmt: skip
+        done = subprocess.run(
+            [BIN / "torch-model-archiver", *args, "--export-path", "theirs"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stderr
         result = CliRunner().invoke(main, ["package", *args, "--export-path", "ours"])
         assert result.exit_code == 0, result.output
@@ -98,8 +115,12 @@ def test_short_options_make_the_archive_torch_model_archiver_makes(inputs, monke
 def test_the_runtime_is_written_as_torch_model_archiver_writes_it_and_lsp_is_refused(inputs, monkeypatch):
     monkeypatch.chdir(inputs)
     args = ["--model-name", "echo", "--handler", "handler.py", "--serialized-file", "weights.bin"]
-    done = subprocess.run([BIN / "torch-model-archiver", *args, "-v", "1.0", "--runtime", "python3", "--export-path",
-                           "."], capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [BIN / "torch-model-archiver", *args, "-v", "1.0", "--runtime", "python3", "--export-path", "."],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     (inputs / "ours").mkdir()
     result = CliRunner().invoke(main, ["package", *args, "--runtime", "python3", "--export-path", "ours"])

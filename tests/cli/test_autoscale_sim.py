@@ -10,28 +10,61 @@ from collections import deque
 import pytest
 
 from archiver.capacity import autoscale_sim as sim
-from archiver.capacity import sweep
+from archiver.capacity import autoscalers, load_traces, sweep
 
 # (concurrency, req/s, p50, p90, p99 ms, mean queue): resnet18 on the engine at 1 CPU (docs/capacity.md)
-ROWS = [(1, 6.3, 158.4, 216.0, 324.8, 0.0), (2, 8.8, 224.1, 277.2, 318.0, 0.0), (4, 13.4, 303.5, 368.9, 426.5, 0.0),
-        (8, 14.6, 549.1, 677.9, 814.2, 0.0), (16, 16.7, 984.6, 1198.1, 1226.5, 7.6)]  # fmt: skip
+ROWS = [
+    (1, 6.3, 158.4, 216.0, 324.8, 0.0),
+    (2, 8.8, 224.1, 277.2, 318.0, 0.0),
+    (4, 13.4, 303.5, 368.9, 426.5, 0.0),
+    (8, 14.6, 549.1, 677.9, 814.2, 0.0),
+    (16, 16.7, 984.6, 1198.1, 1226.5, 7.6),
+]
 
 
 def result(rows=ROWS, p99_target=1000) -> dict:
-    steps = [{"concurrency": c, "requests": 100, "seconds": 5.0, "throughput_rps": x, "p50_ms": a, "p90_ms": b,
-              "p99_ms": d, "errors": 0, "statuses": {"200": 100}, "queue_depth": {"mean": q, "max": q, "samples": 9}}
-             for c, x, a, b, d, q in rows]  # fmt: skip
-    return {"format": sweep.FORMAT, "model": "resnet18", "engine": "tsctl",
-            "server": {"workers": 1, "max_workers": 1, "batch_size": 8, "max_batch_delay_ms": 20, "cpu": 1.0,
-                       "memory_bytes": None},
-            "input": {"files": ["k.jpg"], "bytes": [1]}, "p99_target_ms": p99_target, "steps": steps,
-            "knee": sweep.knee(steps), "within_p99": sweep.within_p99(steps, p99_target), "stopped": "flat",
-            "queue_gauge": "ts_queue_size", "notes": [], "measured_at": "2026-11-26T00:00:00Z"}  # fmt: skip
+    steps = [
+        {
+            "concurrency": c,
+            "requests": 100,
+            "seconds": 5.0,
+            "throughput_rps": x,
+            "p50_ms": a,
+            "p90_ms": b,
+            "p99_ms": d,
+            "errors": 0,
+            "statuses": {"200": 100},
+            "queue_depth": {"mean": q, "max": q, "samples": 9},
+        }
+        for c, x, a, b, d, q in rows
+    ]
+    return {
+        "format": sweep.FORMAT,
+        "model": "resnet18",
+        "engine": "tsctl",
+        "server": {
+            "workers": 1,
+            "max_workers": 1,
+            "batch_size": 8,
+            "max_batch_delay_ms": 20,
+            "cpu": 1.0,
+            "memory_bytes": None,
+        },
+        "input": {"files": ["k.jpg"], "bytes": [1]},
+        "p99_target_ms": p99_target,
+        "steps": steps,
+        "knee": sweep.knee(steps),
+        "within_p99": sweep.within_p99(steps, p99_target),
+        "stopped": "flat",
+        "queue_gauge": "ts_queue_size",
+        "notes": [],
+        "measured_at": "2026-11-26T00:00:00Z",
+    }
 
 
 def seen(now, replicas, ready=None, concurrency=(), cpu=(), queue=0.0, in_flight=0.0, rps=0.0):
     ready = replicas if ready is None else ready
-    return sim.Seen(now, replicas, ready, deque(concurrency), deque(cpu), queue, in_flight, rps)
+    return autoscalers.Seen(now, replicas, ready, deque(concurrency), deque(cpu), queue, in_flight, rps)
 
 
 def history(now, level, seconds=60, recent=None, recent_s=0):
@@ -54,19 +87,19 @@ def test_the_curve_is_read_as_measured_and_extended_honestly():
 
 
 def test_the_kpa_targets_70_percent_of_the_smaller_of_target_and_container_concurrency():
-    assert sim.KPA(8, 8, 1, 100).target == pytest.approx(5.6)  # target.go:54,61
-    assert sim.KPA(20, 8, 1, 100).target == pytest.approx(5.6)
-    kpa = sim.KPA(8, 8, 1, 100)
+    assert autoscalers.KPA(8, 8, 1, 100).target == pytest.approx(5.6)  # target.go:54,61
+    assert autoscalers.KPA(20, 8, 1, 100).target == pytest.approx(5.6)
+    kpa = autoscalers.KPA(8, 8, 1, 100)
     assert kpa.desired(seen(10, 1)) is None  # no data: no decision
     assert kpa.desired(seen(60, 3, concurrency=history(60, 28))) == 5  # ceil(28 / 5.6); 5 / 3 under 2: no panic
-    down = sim.KPA(8, 8, 1, 100)  # ceil(11.2 / 5.6) = 2, but at most halved (max-scale-down-rate 2): 3
+    down = autoscalers.KPA(8, 8, 1, 100)  # ceil(11.2 / 5.6) = 2, but at most halved (max-scale-down-rate 2): 3
     assert down.desired(seen(62, 6, concurrency=history(62, 11.2))) == 3
-    assert sim.KPA(8, 8, 1, 4).desired(seen(60, 3, concurrency=history(60, 300))) == 4  # maxReplicas
-    assert sim.KPA(8, 8, 2, 9).desired(seen(60, 3, concurrency=history(60, 0))) == 2  # minReplicas
+    assert autoscalers.KPA(8, 8, 1, 4).desired(seen(60, 3, concurrency=history(60, 300))) == 4  # maxReplicas
+    assert autoscalers.KPA(8, 8, 2, 9).desired(seen(60, 3, concurrency=history(60, 0))) == 2  # minReplicas
 
 
 def test_the_kpa_panics_on_twice_its_capacity_in_6_seconds_and_holds_60():
-    kpa = sim.KPA(8, 8, 1, 100)
+    kpa = autoscalers.KPA(8, 8, 1, 100)
     # 4 ready replicas; the last 6 s at 50 in flight: ceil(50/5.6) = 9 >= 2 x 4, the stable 60 s mean is lower
     calm = history(100, 5, recent=50, recent_s=6)
     assert kpa.desired(seen(100, 4, concurrency=calm)) == 9 and kpa.panicking
@@ -77,13 +110,13 @@ def test_the_kpa_panics_on_twice_its_capacity_in_6_seconds_and_holds_60():
     assert kpa.desired(seen(161, 9, concurrency=history(161, 5))) == 4 and not kpa.panicking
     # under the threshold (dppc/ready < 2) it does not panic: 20 in flight, 3 ready: ceil(20/5.6) = 4 < 6;
     # the stable mean (54 s at 5, 6 s at 20: 6.5) rules: ceil(6.5/5.6) = 2
-    quiet = sim.KPA(8, 8, 1, 100)
+    quiet = autoscalers.KPA(8, 8, 1, 100)
     assert quiet.desired(seen(100, 3, concurrency=history(100, 5, recent=20, recent_s=6))) == 2
     assert not quiet.panicking
 
 
 def test_the_kpa_scale_down_delay_keeps_the_largest_count_of_the_delay():
-    kpa = sim.KPA(8, 8, 1, 100, scale_down_delay_s=30)
+    kpa = autoscalers.KPA(8, 8, 1, 100, scale_down_delay_s=30)
     assert kpa.desired(seen(60, 3, concurrency=history(60, 28))) == 5 and not kpa.panicking
     assert kpa.desired(seen(70, 5, concurrency=history(70, 6))) == 5  # wants 2 (halving allows 2): delayed
     assert kpa.desired(seen(89, 5, concurrency=history(89, 6))) == 5
@@ -91,7 +124,7 @@ def test_the_kpa_scale_down_delay_keeps_the_largest_count_of_the_delay():
 
 
 def test_the_hpa_formula_its_tolerance_and_its_unready_pods():
-    hpa = sim.HPA({"cpu": 50}, 1, 100)
+    hpa = autoscalers.HPA({"cpu": 50}, 1, 100)
     cpu = [(t, 0.8) for t in range(46, 61)]  # 80% against 50%: ceil(4 x 1.6) = 7
     assert hpa.recommend(seen(60, 4, cpu=cpu)) == 7
     assert hpa.recommend(seen(60, 4, cpu=[(t, 0.545) for t in range(46, 61)])) == 4  # 1.09: within 10%
@@ -100,18 +133,18 @@ def test_the_hpa_formula_its_tolerance_and_its_unready_pods():
     assert hpa.recommend(seen(60, 6, ready=4, cpu=[(t, 0.9) for t in range(46, 61)])) == 8
     # ... and no change when that brings it within the tolerance (80% over 4 of 6 = 53.3%: 1.067)
     assert hpa.recommend(seen(60, 6, ready=4, cpu=cpu)) == 6
-    keda = sim.HPA({"queue": 2}, 1, 100)  # AverageValue 2: ceil(total / 2) unless within 10% of current x 2
+    keda = autoscalers.HPA({"queue": 2}, 1, 100)  # AverageValue 2: ceil(total / 2) unless within 10% of current x 2
     assert keda.recommend(seen(60, 3, queue=13)) == 7
     assert keda.recommend(seen(60, 3, queue=6.5)) == 3
     assert keda.recommend(seen(60, 3, queue=0)) == 0
     # two triggers: each its own count, the largest runs (30 rps / 10 = 3 and 20 in flight / 4 = 5)
-    both = sim.HPA({"rps": 10, "in_flight": 4}, 1, 100)
+    both = autoscalers.HPA({"rps": 10, "in_flight": 4}, 1, 100)
     assert both.recommend(seen(60, 3, in_flight=20, rps=30)) == 5
     assert both.recommend(seen(60, 3, in_flight=2, rps=70)) == 7
 
 
 def test_the_hpa_default_policies_and_the_scale_down_window():
-    hpa = sim.HPA({"queue": 1}, 1, 1000)
+    hpa = autoscalers.HPA({"queue": 1}, 1, 1000)
     assert hpa.desired(seen(15, 2, queue=100)) == 6  # +4 pods beats +100% from 2
     assert hpa.desired(seen(30, 6, queue=100)) == 12  # the next period: +100% beats +4
     assert hpa.desired(seen(45, 12, queue=100)) == 24
@@ -123,8 +156,12 @@ def test_the_hpa_default_policies_and_the_scale_down_window():
 
 def test_the_numbers_are_the_exports():
     doc = result()
-    assert sim.exported(doc, "knative", 10) == {"containerConcurrency": 8, "scaleTarget": 8, "concurrency": 8,
-                                                 "step_rps": 14.6}  # fmt: skip
+    assert sim.exported(doc, "knative", 10) == {
+        "containerConcurrency": 8,
+        "scaleTarget": 8,
+        "concurrency": 8,
+        "step_rps": 14.6,
+    }
     keda = sim.exported(doc, "keda", 10)
     assert (keda["threshold"], keda["rps_threshold"]) == ("5.6", "10.22")  # 70% of 8 and of 14.6 rps
     assert sim.exported(doc, "hpa", 10)["cpu"] == round(70 * 14.6 / 16.7)
@@ -144,10 +181,10 @@ def test_fixed_replicas_under_closed_loop_clients_scale_the_curve():
 
 def test_an_open_load_under_capacity_is_answered_and_over_it_shed_without_a_buffer():
     curve = sim.Curve(result())
-    calm = sim.simulate(curve, sim.Fixed(2), lambda t: 20.0, 60)
+    calm = sim.simulate(curve, autoscalers.Fixed(2), lambda t: 20.0, 60)
     assert calm.shed == 0 and calm.served == pytest.approx(calm.offered, rel=0.02)
     # 3x one replica's best for 60 s on one: its queue (8 in batch + 100 waiting) fills, the rest is a 503
-    over = sim.simulate(curve, sim.Fixed(1), lambda t: 50.0, 60)
+    over = sim.simulate(curve, autoscalers.Fixed(1), lambda t: 50.0, 60)
     assert over.served == pytest.approx(60 * 16.7, rel=0.05)
     assert over.shed == pytest.approx(over.offered - over.served - 108, rel=0.05)
     assert max(r["in_replicas"] for r in over.rows) == pytest.approx(108, abs=1)
@@ -156,7 +193,7 @@ def test_an_open_load_under_capacity_is_answered_and_over_it_shed_without_a_buff
 def test_knative_buffers_a_spike_that_standard_mode_sheds_and_new_replicas_wait_for_their_start():
     doc = result()
     curve = sim.Curve(doc)
-    rate = sim.spike(curve.best, base=2, peak=12, at_s=60, for_s=60)
+    rate = load_traces.spike(curve.best, base=2, peak=12, at_s=60, for_s=60)
     knative = sim.simulate(curve, sim.scaler_for(doc, "knative", 20), rate, 300, startup_s=5)
     hpa = sim.simulate(curve, sim.scaler_for(doc, "hpa", 20), rate, 300, startup_s=5)
     assert knative.shed == 0 and hpa.shed > 0

@@ -26,9 +26,19 @@ def curve(*points, errors=()):
     steps = []
     for index, (rate, p99) in enumerate(points):
         concurrency = 2**index
-        steps.append({"concurrency": concurrency, "requests": 100, "seconds": 1.0, "throughput_rps": rate,
-                      "p50_ms": p99 / 2, "p90_ms": p99 * 0.8, "p99_ms": p99,
-                      "errors": 3 if concurrency in errors else 0, "queue_depth": None})  # fmt: skip
+        steps.append(
+            {
+                "concurrency": concurrency,
+                "requests": 100,
+                "seconds": 1.0,
+                "throughput_rps": rate,
+                "p50_ms": p99 / 2,
+                "p90_ms": p99 * 0.8,
+                "p99_ms": p99,
+                "errors": 3 if concurrency in errors else 0,
+                "queue_depth": None,
+            }
+        )
     return steps
 
 
@@ -59,17 +69,23 @@ def test_a_p99_from_too_few_answers_is_kept_marked_and_not_used():
     steps = curve((10, 20), (19, 40), (30, 90))
     steps[2]["requests"] = capacity.MIN_P99_REQUESTS - 1
     assert capacity.within_p99(steps, 100)["concurrency"] == 2
-    doc = capacity.document("m", "tsctl", {}, [("a.jpg", 1)], 100, steps, "flat",
-                            measured_on={"cpus": 2, "load_average": 0.3})  # fmt: skip
+    doc = capacity.document(
+        "m", "tsctl", {}, [("a.jpg", 1)], 100, steps, "flat", measured_on={"cpus": 2, "load_average": 0.3}
+    )
     assert doc["within_p99"]["concurrency"] == 2 and doc["machine"] == {"cpus": 2, "load_average": 0.3}
-    assert doc["notes"] == ["p99 from too few answers (99 at concurrency 4; under 100): not a percentile, not used "
-                            "for within_p99; measure with --requests 100 or more and a --duration long enough for "
-                            "them"]  # fmt: skip
-    busy = capacity.document("m", "tsctl", {}, [("a.jpg", 1)], 100, curve((10, 20)), "flat",
-                             measured_on={"cpus": 2, "load_average": 1.5})  # fmt: skip
-    assert busy["notes"] == ["the machine was busy before the sweep (1-minute load average 1.5 on 2 CPUs): other "
-                             "work shared its CPUs, so the throughput and p99 are lower bounds; measure on a quiet "
-                             "machine"]  # fmt: skip
+    assert doc["notes"] == [
+        "p99 from too few answers (99 at concurrency 4; under 100): not a percentile, not used "
+        "for within_p99; measure with --requests 100 or more and a --duration long enough for "
+        "them"
+    ]
+    busy = capacity.document(
+        "m", "tsctl", {}, [("a.jpg", 1)], 100, curve((10, 20)), "flat", measured_on={"cpus": 2, "load_average": 1.5}
+    )
+    assert busy["notes"] == [
+        "the machine was busy before the sweep (1-minute load average 1.5 on 2 CPUs): other "
+        "work shared its CPUs, so the throughput and p99 are lower bounds; measure on a quiet "
+        "machine"
+    ]
 
 
 def test_the_sweep_stops_flat_past_twice_the_target_or_on_errors():
@@ -115,9 +131,14 @@ def test_memory_quantities_are_kubernetes_ones():
 
 def good_document():
     return capacity.document(
-        "echo", "tsctl", {"workers": 1, "batch_size": 4, "max_batch_delay_ms": 10, "cpu": None, "memory_bytes": None},
-        [("in.txt", 6)], 100.0, curve((10, 20), (19, 40), (30, 90)), "bound",
-    )  # fmt: skip
+        "echo",
+        "tsctl",
+        {"workers": 1, "batch_size": 4, "max_batch_delay_ms": 10, "cpu": None, "memory_bytes": None},
+        [("in.txt", 6)],
+        100.0,
+        curve((10, 20), (19, 40), (30, 90)),
+        "bound",
+    )
 
 
 @pytest.mark.parametrize(
@@ -152,8 +173,12 @@ def test_the_reader_names_the_file_and_the_key(tmp_path, change, key):
 
 
 def test_the_reader_refuses_what_is_not_a_result(tmp_path):
-    cases = [("none.json", None, "cannot read it"), ("text.json", "kitten", "not JSON"),
-             ("list.json", "[1]", "key 'format'"), ("bytes.json", b"\xff\xfe", "not JSON")]  # fmt: skip
+    cases = [
+        ("none.json", None, "cannot read it"),
+        ("text.json", "kitten", "not JSON"),
+        ("list.json", "[1]", "key 'format'"),
+        ("bytes.json", b"\xff\xfe", "not JSON"),
+    ]
     for name, text, said in cases:
         path = tmp_path / name
         if isinstance(text, bytes):
@@ -174,9 +199,19 @@ def echo_tree(tmp_path_factory):
     (root / "echo.yaml").write_text("minWorkers: 2\nmaxWorkers: 2\nbatchSize: 4\nmaxBatchDelay: 10\n")
     store = root / "model-store"
     store.mkdir()
-    command = [str(BIN / "torch-model-archiver"), "--model-name", "echo", "--version", "1.0", "--handler",
-               str(root / "echo.py"), "--config-file", str(root / "echo.yaml"),
-               "--export-path", str(store)]  # fmt: skip
+    command = [
+        str(BIN / "torch-model-archiver"),
+        "--model-name",
+        "echo",
+        "--version",
+        "1.0",
+        "--handler",
+        str(root / "echo.py"),
+        "--config-file",
+        str(root / "echo.yaml"),
+        "--export-path",
+        str(store),
+    ]
     subprocess.run(command, check=True, capture_output=True, env=dict(os.environ, TMPDIR=str(root)))
     properties.write_config(store, root / "config.properties")
     (root / "in.txt").write_text("hello")
@@ -222,8 +257,18 @@ def test_bad_values_are_one_line_refusals(echo_tree, args, said):
 
 def test_a_model_the_store_does_not_serve_is_refused_before_anything_starts(echo_tree):
     for extra in ([], ["--config", str(echo_tree / "config.properties")]):
-        command = ["bench", "nosuch", "--capacity", "--input", str(echo_tree / "in.txt"), "--model-store",
-                   str(echo_tree / "model-store"), "--engine", "tsctl", *extra]  # fmt: skip
+        command = [
+            "bench",
+            "nosuch",
+            "--capacity",
+            "--input",
+            str(echo_tree / "in.txt"),
+            "--model-store",
+            str(echo_tree / "model-store"),
+            "--engine",
+            "tsctl",
+            *extra,
+        ]
         result = CliRunner().invoke(main, command)
         assert result.exit_code == 2 and "serves no model 'nosuch': it serves echo" in result.output, result.output
         assert len(result.output.strip().splitlines()) == 1
@@ -231,8 +276,24 @@ def test_a_model_the_store_does_not_serve_is_refused_before_anything_starts(echo
 
 def sweep(root: Path, engine: str, *extra: str):
     out = root / f"{engine}.json"
-    args = ["bench", "--capacity", "echo", "--input", str(root / "in.txt"), "--requests", "150", "--duration", "1",
-            "--max-concurrency", "4", "--p99-ms", "2000", "--out", str(out), *extra]  # fmt: skip
+    args = [
+        "bench",
+        "--capacity",
+        "echo",
+        "--input",
+        str(root / "in.txt"),
+        "--requests",
+        "150",
+        "--duration",
+        "1",
+        "--max-concurrency",
+        "4",
+        "--p99-ms",
+        "2000",
+        "--out",
+        str(out),
+        *extra,
+    ]
     result = CliRunner().invoke(main, args)
     return result, out
 
@@ -263,8 +324,20 @@ def test_the_engine_started_in_a_cgroup_is_swept(echo_tree, tmp_path):
     model-config.yaml), inside 1 CPU and 1Gi where a cgroup can be made, queue depth from its /metrics;
     the result file, its plot, the cgroups removed after."""
     before = capacity_groups()
-    result, out = sweep(echo_tree, "tsctl", "--model-store", str(echo_tree / "model-store"), "--engine", "tsctl",
-                        "--cpu", "1", "--memory", "1Gi", "--plot", str(tmp_path / "curve.png"))  # fmt: skip
+    result, out = sweep(
+        echo_tree,
+        "tsctl",
+        "--model-store",
+        str(echo_tree / "model-store"),
+        "--engine",
+        "tsctl",
+        "--cpu",
+        "1",
+        "--memory",
+        "1Gi",
+        "--plot",
+        str(tmp_path / "curve.png"),
+    )
     doc = check_result(result, out, "tsctl")
     server = doc["server"]
     assert (server["workers"], server["batch_size"], server["max_batch_delay_ms"]) == (2, 4, 10)
@@ -281,8 +354,16 @@ def test_the_engine_started_in_a_cgroup_is_swept(echo_tree, tmp_path):
 
 @pytest.mark.matrix  # TorchServe's JVM: about 15 s
 def test_torchserve_is_swept_with_its_config(echo_tree):
-    result, out = sweep(echo_tree, "torchserve", "--model-store", str(echo_tree / "model-store"), "--config",
-                        str(echo_tree / "config.properties"), "--engine", "torchserve")  # fmt: skip
+    result, out = sweep(
+        echo_tree,
+        "torchserve",
+        "--model-store",
+        str(echo_tree / "model-store"),
+        "--config",
+        str(echo_tree / "config.properties"),
+        "--engine",
+        "torchserve",
+    )
     doc = check_result(result, out, "torchserve")
     assert (doc["server"]["workers"], doc["server"]["batch_size"]) == (2, 4)
     assert all(s["queue_depth"] is None for s in doc["steps"]) and doc["queue_gauge"] is None
@@ -294,8 +375,17 @@ def test_mlserver_is_swept(echo_tree):
     from samples import runtime_env
 
     python = str(runtime_env.ensure_mlserver())
-    result, out = sweep(echo_tree, "mlserver", "--model-store", str(echo_tree / "model-store"), "--engine", "mlserver",
-                        "--python", python, "--json")  # fmt: skip
+    result, out = sweep(
+        echo_tree,
+        "mlserver",
+        "--model-store",
+        str(echo_tree / "model-store"),
+        "--engine",
+        "mlserver",
+        "--python",
+        python,
+        "--json",
+    )
     doc = check_result(result, out, "mlserver", as_json=True)
     assert (doc["server"]["workers"], doc["server"]["batch_size"]) == (2, 4)
     assert all(s["queue_depth"] is None for s in doc["steps"])
@@ -338,14 +428,38 @@ def test_ctrl_c_leaves_no_cgroup_and_no_server(echo_tree, after):
     import time
 
     before = capacity_groups()
-    args = [str(BIN / "tsctl"), "bench", "--capacity", "echo", "--input", str(echo_tree / "in.txt"), "--duration",
-            "3", "--max-concurrency", "8", "--model-store", str(echo_tree / "model-store"), "--config",
-            str(echo_tree / "config.properties"), "--engine", "tsctl", "--cpu", "1", "--memory", "1Gi"]  # fmt: skip
+    args = [
+        str(BIN / "tsctl"),
+        "bench",
+        "--capacity",
+        "echo",
+        "--input",
+        str(echo_tree / "in.txt"),
+        "--duration",
+        "3",
+        "--max-concurrency",
+        "8",
+        "--model-store",
+        str(echo_tree / "model-store"),
+        "--config",
+        str(echo_tree / "config.properties"),
+        "--engine",
+        "tsctl",
+        "--cpu",
+        "1",
+        "--memory",
+        "1Gi",
+    ]
     run = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, text=True)
     time.sleep(after)
     during = [g for g in capacity_groups() if g not in before]
-    held = {pid for g in during for name in ("tasks", "cgroup.procs") if (Path(g) / name).exists()
-            for pid in (Path(g) / name).read_text().split()}  # fmt: skip
+    held = {
+        pid
+        for g in during
+        for name in ("tasks", "cgroup.procs")
+        if (Path(g) / name).exists()
+        for pid in (Path(g) / name).read_text().split()
+    }
     os.killpg(run.pid, signal.SIGINT)
     try:
         _, err = run.communicate(timeout=60)
@@ -373,9 +487,19 @@ def test_the_engine_in_a_cpu_quota_gives_its_workers_the_quotas_threads(tmp_path
     (tmp_path / "echo.yaml").write_text("minWorkers: 1\nmaxWorkers: 1\n")
     store = tmp_path / "model-store"
     store.mkdir()
-    archiver_args = [str(BIN / "torch-model-archiver"), "--model-name", "echo", "--version", "1.0", "--handler",
-                     str(tmp_path / "echo.py"), "--config-file", str(tmp_path / "echo.yaml"), "--export-path",
-                     str(store)]  # fmt: skip
+    archiver_args = [
+        str(BIN / "torch-model-archiver"),
+        "--model-name",
+        "echo",
+        "--version",
+        "1.0",
+        "--handler",
+        str(tmp_path / "echo.py"),
+        "--config-file",
+        str(tmp_path / "echo.yaml"),
+        "--export-path",
+        str(store),
+    ]
     subprocess.run(archiver_args, check=True, capture_output=True, env=dict(os.environ, TMPDIR=str(tmp_path)))
     config = properties.write_config(store, tmp_path / "config.properties")
     limits = PodLimits.make(1.0, None)

@@ -64,15 +64,31 @@ def test_help_loads_click_and_the_option_values_only():
 
 def test_package_of_toolkit_handlers_imports_no_model_library(store):
     modules, code, out = imported_by(
-        "package", "--model-name", "img", "--serialized-file", str(store / "w.pt"), "--handler", "image_classifier",
-        "--config-file", str(store / "model-config.yaml"), "--export-path", str(store / "ms"),
-    )  # fmt: skip
+        "package",
+        "--model-name",
+        "img",
+        "--serialized-file",
+        str(store / "w.pt"),
+        "--handler",
+        "image_classifier",
+        "--config-file",
+        str(store / "model-config.yaml"),
+        "--export-path",
+        str(store / "ms"),
+    )
     assert code == 0, out
     assert not modules & MODEL_LIBRARIES, modules & MODEL_LIBRARIES
     modules, code, out = imported_by(
-        "package", "--model-name", "emb", "--serialized-file", str(store / "minilm"), "--handler", "text_embedder",
-        "--export-path", str(store / "ms"),
-    )  # fmt: skip
+        "package",
+        "--model-name",
+        "emb",
+        "--serialized-file",
+        str(store / "minilm"),
+        "--handler",
+        "text_embedder",
+        "--export-path",
+        str(store / "ms"),
+    )
     assert code == 0, out
     assert not modules & MODEL_LIBRARIES, modules & MODEL_LIBRARIES
     with zipfile.ZipFile(store / "ms" / "emb.mar") as archive:
@@ -84,30 +100,57 @@ def test_package_of_toolkit_handlers_imports_no_model_library(store):
 def test_a_settings_mistake_is_still_caught_without_the_handler(store):
     (store / "bad.yaml").write_text("handler:\n  formats: [PNG, NOPE]\n")
     modules, code, out = imported_by(
-        "package", "--model-name", "bad", "--serialized-file", str(store / "w.pt"), "--handler", "image_classifier",
-        "--config-file", str(store / "bad.yaml"), "--export-path", str(store / "ms"),
-    )  # fmt: skip
+        "package",
+        "--model-name",
+        "bad",
+        "--serialized-file",
+        str(store / "w.pt"),
+        "--handler",
+        "image_classifier",
+        "--config-file",
+        str(store / "bad.yaml"),
+        "--export-path",
+        str(store / "ms"),
+    )
     assert code == 2 and "'handler.formats' names NOPE" in out, out
     assert not modules & MODEL_LIBRARIES
 
 
 def test_every_command_but_the_model_runners_imports_no_model_library(store):
     packaged = imported_by(
-        "package", "--model-name", "img", "--serialized-file", str(store / "w.pt"), "--handler", "image_classifier",
-        "--export-path", str(store / "one"),
-    )  # fmt: skip
+        "package",
+        "--model-name",
+        "img",
+        "--serialized-file",
+        str(store / "w.pt"),
+        "--handler",
+        "image_classifier",
+        "--export-path",
+        str(store / "one"),
+    )
     assert packaged[1] == 0, packaged[2]
     home = store / "home"
     commands = [
         ("inspect", str(store / "one" / "img.mar")),
         ("config", "--model-store", str(store / "one"), "--output", str(store / "config" / "config.properties")),
-        ("export", "kserve", str(store / "out"), "--name", "img", "--storage-uri", "pvc://claim/img",
-         "--model-store", str(store / "one"), "--config", str(store / "config" / "config.properties")),
+        (
+            "export",
+            "kserve",
+            str(store / "out"),
+            "--name",
+            "img",
+            "--storage-uri",
+            "pvc://claim/img",
+            "--model-store",
+            str(store / "one"),
+            "--config",
+            str(store / "config" / "config.properties"),
+        ),
         ("init", "mine", "--from", "text_classifier"),
         ("stop", "--home", str(home)),
         ("predict", "img", str(store / "w.pt"), "--home", str(home)),
         ("bench", "img", "--input", str(store / "w.pt"), "--requests", "1", "--home", str(home)),
-    ]  # fmt: skip
+    ]
     for command in commands:
         modules, code, out = imported_by(*command, cwd=store)
         assert code in (0, 2), (command, out)  # predict/bench: no server running is the user's mistake

@@ -118,8 +118,11 @@ def test_the_per_model_install_is_off_here_and_on_in_the_export(image_sample, tm
     mine.write_text("# my own\n" + "\n".join(line for line in text.splitlines() if not line.startswith("#")) + "\n")
     options.update(config=str(mine), engine="tsctl", image="registry.example.com/e:1")
     kserve.export(kserve.ExportOptions(out=str(tmp_path / "engine"), **options))
-    header = [line for line in (tmp_path / "engine" / "config" / "config.properties").read_text().splitlines()
-              if line.startswith("#")]  # fmt: skip
+    header = [
+        line
+        for line in (tmp_path / "engine" / "config" / "config.properties").read_text().splitlines()
+        if line.startswith("#")
+    ]
     assert header == [
         "# Written by tsctl export kserve for KServe (mounted at /mnt/models), served by tsctl engine:",
         "# the keys of mine.properties (--config), its model_snapshot checked against the model store.",

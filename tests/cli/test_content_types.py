@@ -100,9 +100,11 @@ def test_predict_sends_the_content_type_given(tmp_path):
         engines.predict(mlserver, "m", document, kind="application/json; charset=utf-8")
         engines.predict(torchserve, "m", text, kind="")  # none, as curl -T sends a file
         engines.predict(mlserver, "m", text, kind="")
-    assert seen[:2] + seen[6:7] == [("/predictions/m", "text/plain", text.read_bytes()),
-                                    ("/predictions/m", "application/octet-stream", text.read_bytes()),
-                                    ("/predictions/m", None, text.read_bytes())]  # fmt: skip
+    assert seen[:2] + seen[6:7] == [
+        ("/predictions/m", "text/plain", text.read_bytes()),
+        ("/predictions/m", "application/octet-stream", text.read_bytes()),
+        ("/predictions/m", None, text.read_bytes()),
+    ]
     tensors = [json.loads(body)["inputs"] for _, _, body in seen[2:6] + seen[7:]]
     element = {"name": "input-0", "shape": [1], "datatype": "BYTES"}
     assert tensors == [
@@ -120,8 +122,10 @@ def test_predict_sends_the_content_type_given(tmp_path):
 
 def test_one_content_type_option_for_predict_run_and_golden():
     """predict, run and package --golden say the same of what each type makes the handler receive."""
-    helps = {command: CliRunner().invoke(main, [command, "--help"], terminal_width=1000).output
-             for command in ("predict", "run", "package")}  # fmt: skip
+    helps = {
+        command: CliRunner().invoke(main, [command, "--help"], terminal_width=1000).output
+        for command in ("predict", "run", "package")
+    }
     said = "application/json -> the decoded JSON (a dict, a list...); text/... -> a str; any other type, or none"
     assert all(" ".join(text.split()).count(said) == 1 for text in helps.values()), helps
 

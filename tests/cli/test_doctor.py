@@ -106,8 +106,10 @@ def test_no_java_on_path_and_no_java_home_names_the_fix(tmp_path):
     )
 
 
-@pytest.mark.parametrize("version_line, shown", [('openjdk version "11.0.2" 2019-01-15', "11.0.2"),
-                                                 ('java version "1.8.0_301"', "1.8.0_301")])  # fmt: skip
+@pytest.mark.parametrize(
+    "version_line, shown",
+    [('openjdk version "11.0.2" 2019-01-15', "11.0.2"), ('java version "1.8.0_301"', "1.8.0_301")],
+)
 def test_a_java_home_with_an_old_java_is_too_old(tmp_path, version_line, shown):
     home = fake_java(tmp_path / "jdk", version_line)
     done = tsctl_doctor(env=dict(os.environ, JAVA_HOME=str(home)))  # JAVA_HOME wins over PATH, as for TorchServe

@@ -29,11 +29,24 @@ def tsctl(*args):
 
 def package_args(sample, store, name, config, *more):
     return [
-        "package", "--model-name", name, "--serialized-file", sample / "resnet18.pt",
-        "--model-file", sample / "model.py", "--handler", "image_classifier",
-        "--extra-files", sample / "index_to_name.json", "--config-file", config,
-        "--export-path", store, "--force", *more,
-    ]  # fmt: skip
+        "package",
+        "--model-name",
+        name,
+        "--serialized-file",
+        sample / "resnet18.pt",
+        "--model-file",
+        sample / "model.py",
+        "--handler",
+        "image_classifier",
+        "--extra-files",
+        sample / "index_to_name.json",
+        "--config-file",
+        config,
+        "--export-path",
+        store,
+        "--force",
+        *more,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -154,9 +167,14 @@ def predictor_tree(image_sample, root, weights):
     tensor = root / "tensor.yaml"
     tensor.write_text("batchSize: 4\nmaxBatchDelay: 50\nhandler:\n  input_shape: [3, 224, 224]\n")
     package_resnet(
-        image_sample, root / "model-store", name="resnet18_t", handler="tensor", config_file=str(tensor),
-        extra_files=[], serialized_file=str(weights),
-    )  # fmt: skip
+        image_sample,
+        root / "model-store",
+        name="resnet18_t",
+        handler="tensor",
+        config_file=str(tensor),
+        extra_files=[],
+        serialized_file=str(weights),
+    )
     return export_tree(root)
 
 

@@ -54,9 +54,14 @@ def tsctl(*args, memory: int = MEMORY) -> Ran:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     started = time.monotonic()
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=limit.join,
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=limit.join,
         start_new_session=True,
-    )  # fmt: skip
+    )
     try:
         _, stderr = process.communicate(timeout=KILLED_AFTER)
     except subprocess.TimeoutExpired:

@@ -384,8 +384,16 @@ def test_a_generated_handler_is_checked_against_its_model_as_its_toolkit_base_is
     name = NAMES[kind]
     store = project.root / f"misfit-{kind}"
     result = tsctl(
-        "package", "--model-name", name, "--handler", f"{name}/handler.py", "--serialized-file", path,
-        "--export-path", store, cwd=project.root,
-    )  # fmt: skip
+        "package",
+        "--model-name",
+        name,
+        "--handler",
+        f"{name}/handler.py",
+        "--serialized-file",
+        path,
+        "--export-path",
+        store,
+        cwd=project.root,
+    )
     assert result.exit_code == 2, result.output
     assert said.format(w=path) in result.output and not store.exists(), result.output

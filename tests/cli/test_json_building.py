@@ -89,9 +89,19 @@ def test_init(tmp_path):
 def test_package_inspect_and_config(project, tmp_path):
     store = tmp_path / "model-store"
     report = run_json(
-        "package", "--model-name", "img", "--serialized-file", project / "w.pt", "--handler", "image_classifier",
-        "--extra-files", project / "link.json", "--follow-symlinks", "--export-path", store,
-    )  # fmt: skip
+        "package",
+        "--model-name",
+        "img",
+        "--serialized-file",
+        project / "w.pt",
+        "--handler",
+        "image_classifier",
+        "--extra-files",
+        project / "link.json",
+        "--follow-symlinks",
+        "--export-path",
+        store,
+    )
     assert_shaped_like(report, documented("package"))
     archive = store / "img.mar"
     assert report["path"] == str(archive) and report["bytes"] == archive.stat().st_size
@@ -131,10 +141,22 @@ def test_package_with_golden_and_inspect_it(image_sample, jpegs, tmp_path):
     (inputs / "not-an-image.jpg").write_bytes(b"not a jpeg")
     store = tmp_path / "model-store"
     report = run_json(
-        "package", "--model-name", "resnet18", "--serialized-file", image_sample / "resnet18.pt",
-        "--model-file", image_sample / "model.py", "--handler", "image_classifier",
-        "--extra-files", image_sample / "index_to_name.json", "--export-path", store, "--golden", inputs,
-    )  # fmt: skip
+        "package",
+        "--model-name",
+        "resnet18",
+        "--serialized-file",
+        image_sample / "resnet18.pt",
+        "--model-file",
+        image_sample / "model.py",
+        "--handler",
+        "image_classifier",
+        "--extra-files",
+        image_sample / "index_to_name.json",
+        "--export-path",
+        store,
+        "--golden",
+        inputs,
+    )
     assert_shaped_like(report, documented("package"))
     golden = report["golden"]
     assert golden["answers"] == 2 and golden["names"] == ["cat.jpg", "not-an-image.jpg"]
@@ -152,9 +174,16 @@ def exportable(project, tmp_path_factory):
     """A store of one stand-in image archive (no requirements: nothing to resolve) and its config."""
     root = tmp_path_factory.mktemp("exportable")
     run_json(
-        "package", "--model-name", "img", "--serialized-file", project / "w.pt", "--handler", "image_classifier",
-        "--export-path", root / "model-store",
-    )  # fmt: skip
+        "package",
+        "--model-name",
+        "img",
+        "--serialized-file",
+        project / "w.pt",
+        "--handler",
+        "image_classifier",
+        "--export-path",
+        root / "model-store",
+    )
     run_json("config", "--model-store", root / "model-store", "--output", root / "config" / "config.properties")
     return root
 
@@ -162,9 +191,18 @@ def exportable(project, tmp_path_factory):
 def test_export_kserve(exportable, tmp_path):
     out = tmp_path / "deploy"
     report = run_json(
-        "export", "kserve", out, "--name", "vision", "--storage-uri", "pvc://models/vision",
-        "--config", exportable / "config" / "config.properties", "--model-store", exportable / "model-store",
-    )  # fmt: skip
+        "export",
+        "kserve",
+        out,
+        "--name",
+        "vision",
+        "--storage-uri",
+        "pvc://models/vision",
+        "--config",
+        exportable / "config" / "config.properties",
+        "--model-store",
+        exportable / "model-store",
+    )
     assert_shaped_like(report, documented("export kserve"))
     assert report["out"] == str(out) and report["deploy"] == str(out / "DEPLOY.md")
     assert str(out / "model-store" / "img.mar") in report["files"] and all(Path(f).exists() for f in report["files"])
@@ -175,9 +213,14 @@ def test_export_kserve(exportable, tmp_path):
 def test_export_seldon(exportable, tmp_path):
     out = tmp_path / "deploy"
     report = run_json(
-        "export", "seldon", out, "--image", "registry.example.com/tsctl-mlserver:1",
-        "--model-store", exportable / "model-store",
-    )  # fmt: skip
+        "export",
+        "seldon",
+        out,
+        "--image",
+        "registry.example.com/tsctl-mlserver:1",
+        "--model-store",
+        exportable / "model-store",
+    )
     assert_shaped_like(report, documented("export seldon"))
     assert report["deploy"] == str(out / "DEPLOY.md") and all(Path(f).exists() for f in report["files"])
     assert str(out / "models" / "img" / "img.mar") in report["files"]

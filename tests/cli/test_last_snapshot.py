@@ -50,8 +50,9 @@ def served(root, home, *args):
 
 
 def manage(srv, method: str, path: str) -> dict:
-    status, body = request(f"{srv.management}{path}", b"" if method != "GET" else None, method,
-                           srv.headers("management"), timeout=120)  # fmt: skip
+    status, body = request(
+        f"{srv.management}{path}", b"" if method != "GET" else None, method, srv.headers("management"), timeout=120
+    )
     assert status == 200, (method, path, status, body)
     return body
 
@@ -78,8 +79,13 @@ def test_registered_and_scaled_models_come_back_with_last_snapshot(root, first, 
         assert workers(srv) == {"tensor": 2, "later": 1}
     with served(root, home, "--engine", then, "--last-snapshot") as srv:
         assert workers(srv) == {"tensor": 2, "later": 1}, snapshots.latest(snapshot_dir(home)).read_text()
-        status, body = request(f"{srv.inference}/predictions/later", json.dumps([[1.0, 2.0, 3.0, 4.0]]).encode(),
-                               "POST", {"Content-Type": "application/json", **srv.headers()}, timeout=60)  # fmt: skip
+        status, body = request(
+            f"{srv.inference}/predictions/later",
+            json.dumps([[1.0, 2.0, 3.0, 4.0]]).encode(),
+            "POST",
+            {"Content-Type": "application/json", **srv.headers()},
+            timeout=60,
+        )
         assert status == 200, body
 
 
@@ -98,8 +104,13 @@ def test_last_snapshot_mistakes_are_one_line(root, tmp_path):
 
 def test_the_newest_snapshot_is_the_one_its_name_dates(tmp_path):
     """TorchServe's getLastSnapshot: the time in the name, not the file's; other files are not snapshots."""
-    for name in ("20261128131635420-startup.cfg", "20261128131646517-shutdown.cfg", "20261128131641714-snapshot.cfg",
-                 "notes.cfg", "20261128131699999-snapshot.cfg.bak"):  # fmt: skip
+    for name in (
+        "20261128131635420-startup.cfg",
+        "20261128131646517-shutdown.cfg",
+        "20261128131641714-snapshot.cfg",
+        "notes.cfg",
+        "20261128131699999-snapshot.cfg.bak",
+    ):
         (tmp_path / name).write_text("")
     assert snapshots.latest(tmp_path).name == "20261128131646517-shutdown.cfg"
     assert snapshots.latest(tmp_path / "none") is None

@@ -46,9 +46,11 @@ def project(tmp_path_factory):
         ("mine", "mine.py", "tensor.pt"),
     ):
         options = mar.PackageOptions(
-            model_name=name, handler=str(root / handler) if handler.endswith(".py") else handler,
-            serialized_file=str(root / weights), export_path=str(store),
-        )  # fmt: skip
+            model_name=name,
+            handler=str(root / handler) if handler.endswith(".py") else handler,
+            serialized_file=str(root / weights),
+            export_path=str(store),
+        )
         mar.package(options)
     properties.write_config(store, root / "config" / "config.properties")
     torch.save(torch.nn.Linear(4, 2).state_dict(), root / "state_dict.pt")
@@ -130,8 +132,17 @@ def test_an_ab_between_an_image_and_a_text_model_names_both_archives(project, tm
 
 def test_an_ab_with_a_handler_of_the_user_s_own_is_accepted_with_a_note(project, tmp_path):
     """A handler of the user's own says nothing of its input: the A/B was accepted without a word."""
-    command = ["export", "seldon", tmp_path / "out", "--image", "registry.example.com/tsctl:1", "--ab", "tensor=50",
-               "--ab", "mine=50"]  # fmt: skip
+    command = [
+        "export",
+        "seldon",
+        tmp_path / "out",
+        "--image",
+        "registry.example.com/tsctl:1",
+        "--ab",
+        "tensor=50",
+        "--ab",
+        "mine=50",
+    ]
     done = tsctl(project, *command)
     assert done.exit_code == 0, done.output
     notes = [line for line in done.stdout.splitlines() if line.startswith("note: --ab")]
@@ -143,8 +154,19 @@ def test_an_ab_with_a_handler_of_the_user_s_own_is_accepted_with_a_note(project,
 def test_a_state_dict_without_model_file_says_so(project, tmp_path):
     """A handler subclassing TorchServe's BaseHandler loads a .pt without a model file as TorchScript: torch
     said "...your checkpoint file is corrupted", exit 1."""
-    args = ["package", "--model-name", "sd", "--handler", "mine.py", "--serialized-file", "state_dict.pt",
-            "--export-path", tmp_path / "out", "--golden", "inputs"]  # fmt: skip
+    args = [
+        "package",
+        "--model-name",
+        "sd",
+        "--handler",
+        "mine.py",
+        "--serialized-file",
+        "state_dict.pt",
+        "--export-path",
+        tmp_path / "out",
+        "--golden",
+        "inputs",
+    ]
     line = one_line(tsctl(project, *args), "state_dict.pt is a state_dict", "--model-file", "eager mode")
     assert "corrupted" not in line and not (tmp_path / "out" / "sd.mar").exists(), line
     same_under_json(project, args, line)
@@ -206,13 +228,33 @@ def test_ctrl_c_during_package_golden_is_one_line_and_leaves_nothing(project, tm
     temp, mark = tmp_path / "tmp", tmp_path / "handling"
     temp.mkdir()
     (tmp_path / "slow.py").write_text(f"MARK = {str(mark)!r}\n" + SLOW_HANDLER)
-    command = [sys.executable, "-m", "archiver.cli", "package", "--model-name", "t", "--handler", tmp_path / "slow.py",
-               "--serialized-file", "tensor.pt", "--golden", "inputs", "--export-path", tmp_path / "out"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "archiver.cli",
+        "package",
+        "--model-name",
+        "t",
+        "--handler",
+        tmp_path / "slow.py",
+        "--serialized-file",
+        "tensor.pt",
+        "--golden",
+        "inputs",
+        "--export-path",
+        tmp_path / "out",
+    ]
     process = subprocess.Popen(
-        [str(part) for part in command], cwd=project, env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(temp)},
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        [str(part) for part in command],
+        cwd=project,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(temp)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
         preexec_fn=as_from_a_terminal,
-    )  # fmt: skip
+    )
     try:
         deadline = time.monotonic() + 120
         while not mark.exists() and process.poll() is None and time.monotonic() < deadline:

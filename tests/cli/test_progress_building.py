@@ -116,10 +116,20 @@ def golden_inputs(jpegs, tmp_path_factory):
 
 def golden_args(sample: Path, inputs: Path, store: Path):
     return [
-        "package", "--model-name", "resnet18", "--serialized-file", sample / "resnet18.pt",
-        "--model-file", sample / "model.py", "--handler", "image_classifier", "--export-path", store,
-        "--golden", inputs,
-    ]  # fmt: skip
+        "package",
+        "--model-name",
+        "resnet18",
+        "--serialized-file",
+        sample / "resnet18.pt",
+        "--model-file",
+        sample / "model.py",
+        "--handler",
+        "image_classifier",
+        "--export-path",
+        store,
+        "--golden",
+        inputs,
+    ]
 
 
 def test_package_golden_reports_each_input_in_a_terminal(image_sample, golden_inputs, tmp_path):

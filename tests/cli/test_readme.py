@@ -119,8 +119,14 @@ def assert_written_files_are_ignored(root: Path):
         if Path(directory) == root:
             subdirectories[:] = [d for d in subdirectories if d not in linked]
         written += [str((Path(directory) / f).relative_to(root)) for f in files if f not in linked]
-    ignored = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=ROOT, input="\n".join(written),
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", "--stdin"],
+        cwd=ROOT,
+        input="\n".join(written),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     missed = sorted(set(written) - set(ignored.stdout.splitlines()))
     assert not missed, f"files the documentation's blocks write that .gitignore does not ignore: {missed[:20]}"
 
@@ -135,11 +141,25 @@ IMAGE_BLOCKS = ("kserve-image-base", "kserve-image-settings", "kserve-image", "k
 
 def test_every_marked_block_is_run_by_a_test():
     assert set(blocks()) == {
-        "flow", "curl", "torchserve", "engine", "kserve-export", "golden", "golden-shadow", "own-handler", "minilm",
-        "signing", "kserve-engine-export", "kserve-oci-export", "seldon-export", "seldon-core1-export",
-        "seldon-core1-local", "mlserver", "ts-grpc-stubs",
+        "flow",
+        "curl",
+        "torchserve",
+        "engine",
+        "kserve-export",
+        "golden",
+        "golden-shadow",
+        "own-handler",
+        "minilm",
+        "signing",
+        "kserve-engine-export",
+        "kserve-oci-export",
+        "seldon-export",
+        "seldon-core1-export",
+        "seldon-core1-local",
+        "mlserver",
+        "ts-grpc-stubs",
         *IMAGE_BLOCKS,
-    }  # fmt: skip
+    }
 
 
 def test_the_flow_runs_as_written(tmp_path):
@@ -239,14 +259,24 @@ def test_mlserver_runs_as_written(tmp_path):
 # A reader's path (issue #47): the README's blocks, then each page's, in the order the README points to them.
 # docs/kserve.md's image blocks need root, podman and a Debian root: tests/export/test_kserve_image.py.
 READING_ORDER = (
-    "flow", "curl", "torchserve", "engine", "kserve-export",  # README.md
-    "minilm", "own-handler",  # docs/handlers.md
-    "golden", "golden-shadow",  # docs/golden.md
+    "flow",
+    "curl",
+    "torchserve",
+    "engine",
+    "kserve-export",  # README.md
+    "minilm",
+    "own-handler",  # docs/handlers.md
+    "golden",
+    "golden-shadow",  # docs/golden.md
     "signing",  # docs/signing.md
-    "kserve-engine-export", "kserve-oci-export",  # docs/kserve.md
-    "seldon-export", "seldon-core1-export", "seldon-core1-local",  # docs/seldon.md
-    "ts-grpc-stubs", "mlserver",  # docs/engines.md
-)  # fmt: skip
+    "kserve-engine-export",
+    "kserve-oci-export",  # docs/kserve.md
+    "seldon-export",
+    "seldon-core1-export",
+    "seldon-core1-local",  # docs/seldon.md
+    "ts-grpc-stubs",
+    "mlserver",  # docs/engines.md
+)
 
 
 @pytest.mark.matrix  # every page in one run: about 20 minutes

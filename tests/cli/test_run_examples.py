@@ -214,11 +214,21 @@ def test_the_config_s_metrics_yaml_is_read_from_the_current_directory(project, t
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     for engine in ("torchserve", "tsctl", "mlserver"):
-        done = cli("serve", "--engine", engine, "--config", project / "config" / "config.properties",
-                   "--model-store", project / "model-store", cwd=elsewhere)  # fmt: skip
+        done = cli(
+            "serve",
+            "--engine",
+            engine,
+            "--config",
+            project / "config" / "config.properties",
+            "--model-store",
+            project / "model-store",
+            cwd=elsewhere,
+        )
         said = "metrics_config of "
         assert done.exit_code == 2 and said in done.stderr and "metrics/mine.yaml cannot be read" in done.stderr, (
-            engine, done.output)  # fmt: skip
+            engine,
+            done.output,
+        )
     assert not (elsewhere / ".tsctl").exists()
 
 
@@ -240,8 +250,12 @@ def test_serve_reads_a_relative_metrics_config_as_torchserve_started_in_the_proj
         patch.chdir(project)
         srv = torchserve_launch.start(config, store, project, env={"TS_METRICS_CONFIG": "metrics/mine.yaml"})
     try:
-        want = [server.request(f"{srv.inference}/predictions/custom_metrics", f.read_bytes(), "POST",
-                               {"Content-Type": "image/png"}, 60)[0] for f in files]  # fmt: skip
+        want = [
+            server.request(
+                f"{srv.inference}/predictions/custom_metrics", f.read_bytes(), "POST", {"Content-Type": "image/png"}, 60
+            )[0]
+            for f in files
+        ]
     finally:
         server.stop(srv)
     assert want == [200] * len(files), want
@@ -289,8 +303,11 @@ def test_run_drives_a_continuous_archives_steps_to_the_end(tmp_path):
 
     archive = ts_continuous.build(tmp_path / "store", batch=4, step=0.01)
     (tmp_path / "prompt.json").write_text(json.dumps({"prompt": "hello there", "max_new_tokens": 4}))
-    done = run_alone([ts_examples.BIN / "tsctl", "run", "--json", archive, tmp_path / "prompt.json",
-                      tmp_path / "prompt.json"], cwd=tmp_path, timeout=120)  # fmt: skip
+    done = run_alone(
+        [ts_examples.BIN / "tsctl", "run", "--json", archive, tmp_path / "prompt.json", tmp_path / "prompt.json"],
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert done.code == 0, done.stderr
     chunks = "".join(json.dumps({"text": f" hello{n}"}) for n in range(1, 5))
     assert [(r["status"], r["answer"]) for r in json.loads(done.stdout)["results"]] == [(200, chunks)] * 2
@@ -317,8 +334,10 @@ def test_run_takes_the_model_config_keys_as_the_engine_does(tmp_path):
             assert str(archive) in lines[0] and "asyncCommunication" in lines[0] and "traceback" not in result.output
         else:
             assert result.exit_code == 0, result.output
-            assert lines == [f"note: {archive}'s model-config.yaml: useJobTicket: True is not done by the tsctl "
-                             "engine: requests wait in the job queue when every worker is busy, not refused at once"]
+            assert lines == [
+                f"note: {archive}'s model-config.yaml: useJobTicket: True is not done by the tsctl "
+                "engine: requests wait in the job queue when every worker is busy, not refused at once"
+            ]
             # at a terminal, where progress lines show too: the note still once, not again as progress
             shown = at_a_terminal(["run", str(archive), str(tmp_path / "prompt.json")], cwd=tmp_path)
             assert shown.count("is not done by the tsctl engine") == 1, shown
@@ -333,8 +352,15 @@ def at_a_terminal(args, cwd: Path) -> str:
 
     controller, terminal = pty.openpty()
     try:
-        done = subprocess.run([str(Path(sys.executable).parent / "tsctl"), *args], cwd=cwd, stdout=terminal,
-                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, timeout=300)  # fmt: skip
+        done = subprocess.run(
+            [str(Path(sys.executable).parent / "tsctl"), *args],
+            cwd=cwd,
+            stdout=terminal,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            timeout=300,
+        )
     finally:
         os.close(terminal)
         os.close(controller)

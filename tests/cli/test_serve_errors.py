@@ -99,8 +99,9 @@ def test_the_engine_names_a_module_its_python_lacks_and_the_fix(image_sample, tm
             engines.named("tsctl").start(store, None, home, 240)
     finally:
         shutil.rmtree(home, ignore_errors=True)
-    assert "No module named 'nosuchmodule_tsctl_test': install 'nosuchmodule_tsctl_test' in the engine's Python" in \
-        str(caught.value), caught.value
+    assert "No module named 'nosuchmodule_tsctl_test': install 'nosuchmodule_tsctl_test' in the engine's Python" in str(
+        caught.value
+    ), caught.value
 
 
 def test_a_failed_per_model_pip_install_is_named_with_pips_error(image_sample, tmp_path):

@@ -69,8 +69,9 @@ def test_the_port_host_and_token_switch_asked_for_are_served(root, engine):
         assert report["addresses"]["inference"] == f"http://127.0.0.1:{port}" and report["key_file"] is None, report
         assert listening(port) & {"00000000", "00000000000000000000000000000000"}, listening(port)  # every address
         body = json.dumps([[1, 2, 3, 4]]).encode()
-        status, answer = server.request(f"http://127.0.0.1:{port}/predictions/tensor", body, "POST",
-                                        {"Content-Type": "application/json"}, 60)  # fmt: skip (no key sent)
+        status, answer = server.request(
+            f"http://127.0.0.1:{port}/predictions/tensor", body, "POST", {"Content-Type": "application/json"}, 60
+        )  # no key sent
         assert status == 200, answer
         status, _ = server.request(f"{srv.management}/models", timeout=30)
         assert status == 200  # the management API too takes no key
@@ -93,8 +94,10 @@ def test_a_port_in_use_or_a_host_not_here_is_one_line_and_nothing_starts(root):
         for engine in ("tsctl", "torchserve"):
             code, out, err = tsctl("serve", "--engine", engine, "--home", home, "--port", port, cwd=root, timeout=60)
             assert code == 2 and out == "", err
-            assert err.strip() == f"error: --port {port}: 127.0.0.1:{port} is in use by another process: stop that " \
-                                  "process, or give --port another port", err  # fmt: skip
+            assert (
+                err.strip() == f"error: --port {port}: 127.0.0.1:{port} is in use by another process: stop that "
+                "process, or give --port another port"
+            ), err
     code, _, err = tsctl("serve", "--home", home, "--host", "192.0.2.1", cwd=root)  # TEST-NET-1: no machine's
     assert code == 2 and err.strip().startswith("error: --host 192.0.2.1 is not an address of this machine"), err
     assert server.read_state(home) is None  # nothing was started

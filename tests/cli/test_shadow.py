@@ -92,11 +92,13 @@ def test_other_weights_are_caught_and_the_same_pass_on_two_engines(tensors):
         for extra, said in (
             (["--candidate", "127.0.0.1:1"], "--candidate http://127.0.0.1:1: could not reach it"),
             (["--candidate", started["same"].inference, "--model", "resnet"], "serves no model resnet"),
-            (["--candidate", started["same"].inference, "--protocol-candidate", "v2", "--model-candidate", "x"],
-             "--candidate " + started["same"].inference),
+            (
+                ["--candidate", started["same"].inference, "--protocol-candidate", "v2", "--model-candidate", "x"],
+                "--candidate " + started["same"].inference,
+            ),
             (["--candidate", started["same"].inference, "--max-disagree", "-1"], "--max-disagree -1 is out of range"),
             (["--candidate", current], "the same server"),
-        ):  # fmt: skip
+        ):
             result = tsctl("shadow", archive, "--current", current, *extra)
             assert result.exit_code in (1, 2) and said in result.output, (extra, result.output)
             assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output

@@ -68,8 +68,9 @@ def test_on_the_engine_too_with_the_batch_sweep(tmp_path):
         result = runner.invoke(main, [*sweep, *where])
         assert result.exit_code == 0 and "<- recommended" in result.output, result.output
         best = int(re.search(r"now runs with batchSize (\d+)", result.output).group(1))
-        status, described = server.request(f"{srv.management}/models/echo", headers=srv.headers("management"),
-                                           timeout=30)  # fmt: skip
+        status, described = server.request(
+            f"{srv.management}/models/echo", headers=srv.headers("management"), timeout=30
+        )
         assert status == 200 and described[0]["batchSize"] == best and described[0]["workers"][0]["status"] == "READY"
     finally:
         runner.invoke(main, ["stop", *where])

@@ -71,9 +71,18 @@ def test_a_path_or_value_in_the_way_is_one_line(store, args, message):
 def test_package_into_a_file_says_so(store):
     (store / "afile").write_text("x")
     done = tsctl(
-        "package", "--model-name", "q", "--handler", "tensor", "--serialized-file", "tensor.pt",
-        "--export-path", "afile", "--force", cwd=store,
-    )  # fmt: skip
+        "package",
+        "--model-name",
+        "q",
+        "--handler",
+        "tensor",
+        "--serialized-file",
+        "tensor.pt",
+        "--export-path",
+        "afile",
+        "--force",
+        cwd=store,
+    )
     assert done.exit_code == 2 and "--export-path afile: afile is a file, not a directory" in done.output, done.output
     assert (store / "afile").read_text() == "x"
 
@@ -86,10 +95,23 @@ def test_serve_without_java_says_so(store):
     env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
     env["PATH"] = str(bin_dir)  # the venv alone: no java
     done = subprocess.run(
-        [str(bin_dir / "tsctl"), "serve", "--config", str(config), "--model-store", str(store / "model-store"),
-         "--home", str(home), "--timeout", "60"],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            str(bin_dir / "tsctl"),
+            "serve",
+            "--config",
+            str(config),
+            "--model-store",
+            str(store / "model-store"),
+            "--home",
+            str(home),
+            "--timeout",
+            "60",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     subprocess.run([str(bin_dir / "tsctl"), "stop", "--home", str(home)], capture_output=True, timeout=60)
     assert done.returncode == 1, done.stderr
     assert "found no Java" in done.stderr and "JAVA_HOME" in done.stderr and "Traceback" not in done.stderr
@@ -141,9 +163,18 @@ def test_package_refuses_worker_settings_torchserve_would_ignore(store, tmp_path
     maxWorkers 1 became workers 3-3 without a word."""
     (tmp_path / "model-config.yaml").write_text(text)
     done = tsctl(
-        "package", "--model-name", "q", "--handler", "tensor", "--serialized-file", store / "tensor.pt",
-        "--config-file", tmp_path / "model-config.yaml", "--export-path", tmp_path / "out",
-    )  # fmt: skip
+        "package",
+        "--model-name",
+        "q",
+        "--handler",
+        "tensor",
+        "--serialized-file",
+        store / "tensor.pt",
+        "--config-file",
+        tmp_path / "model-config.yaml",
+        "--export-path",
+        tmp_path / "out",
+    )
     lines = done.output.strip().splitlines()
     assert done.exit_code == 2 and len(lines) == 1, done.output
     assert lines[0].startswith(f"error: {tmp_path / 'model-config.yaml'}: ") and BAD_SETTINGS[text] in lines[0], lines
@@ -246,8 +277,19 @@ def test_package_golden_refuses_the_handler_failing_unless_allowed(store, tmp_pa
     (tmp_path / "failing.py").write_text(FAILING)
     (tmp_path / "inputs").mkdir()
     (tmp_path / "inputs" / "row.json").write_text("[[1, 2, 3, 4]]")
-    args = ["package", "--model-name", "f", "--handler", tmp_path / "failing.py", "--serialized-file",
-            store / "tensor.pt", "--golden", tmp_path / "inputs", "--export-path", tmp_path / "out"]  # fmt: skip
+    args = [
+        "package",
+        "--model-name",
+        "f",
+        "--handler",
+        tmp_path / "failing.py",
+        "--serialized-file",
+        store / "tensor.pt",
+        "--golden",
+        tmp_path / "inputs",
+        "--export-path",
+        tmp_path / "out",
+    ]
     done = tsctl(*args)
     lines = done.output.strip().splitlines()
     assert done.exit_code == 1 and len(lines) == 1, done.output
@@ -356,8 +398,12 @@ def test_a_bad_log_limit_is_refused_before_the_last_runs_logs_are_cleared(tmp_pa
     (home / "logs" / "engine.out").write_text("what the last run said\n")
     command = [sys.executable, "-m", "archiver.cli", "serve", "--engine", "kserve", "--home", str(home)]
     done = subprocess.run(
-        command, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        command,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env=dict(os.environ, TSCTL_LOG_MAX_BYTES="4000"),
-    )  # fmt: skip
+    )
     assert done.returncode == 2 and "TSCTL_LOG_MAX_BYTES='4000' must be a whole number of at least 4096" in done.stderr
     assert (home / "logs" / "engine.out").read_text() == "what the last run said\n"

@@ -120,8 +120,11 @@ def run_type(archive: Path, example, kind: str, folder: Path) -> Dict[int, Tuple
         for i in pending:
             files.append(folder / f"{archive.stem}-{i}.bin")
             files[-1].write_bytes(example.inputs[i][0])
-        done = run_alone([ts_examples.BIN / "tsctl", "run", "--json", "--content-type", kind, archive, *files],
-                         cwd=folder, timeout=300)  # fmt: skip
+        done = run_alone(
+            [ts_examples.BIN / "tsctl", "run", "--json", "--content-type", kind, archive, *files],
+            cwd=folder,
+            timeout=300,
+        )
         assert done.code in (0, 1) and not done.left, (archive.stem, kind, done)
         report = json.loads(done.stdout)
         if "error" in report:  # "ARCHIVE: the handler failed on FILE: ERROR"
@@ -228,8 +231,12 @@ def table():
         print("\n" + "\n".join(lines))
 
 
-CELLS = [(case, packager, runtime) for case in ("xgboost", "body_probe", "resnet_18") for packager in PACKAGERS
-         for runtime in RUNTIMES]  # fmt: skip
+CELLS = [
+    (case, packager, runtime)
+    for case in ("xgboost", "body_probe", "resnet_18")
+    for packager in PACKAGERS
+    for runtime in RUNTIMES
+]
 
 
 @pytest.mark.parametrize("case, packager, runtime", CELLS, ids=["-".join(cell) for cell in CELLS])
@@ -244,8 +251,9 @@ def test_cell(case, packager, runtime, runs, examples):
     equal = [status for status, _ in got] == [status for status, _ in want] and close(
         [answer for _, answer in got], [answer for _, answer in want]
     )
-    TABLE[(case, packager, runtime)] = ("reference" if (packager, runtime) == REFERENCE else "equal") if equal \
-        else "differs"  # fmt: skip
+    TABLE[(case, packager, runtime)] = (
+        ("reference" if (packager, runtime) == REFERENCE else "equal") if equal else "differs"
+    )
     assert equal, f"{case} by {packager} on {runtime}: {got} != {want}"
 
 

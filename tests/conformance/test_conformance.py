@@ -259,8 +259,12 @@ class Runs:
                 column[case] = Outcome(error=f"not packaged: {refused}") if refused else self.tsctl_run(case, archive)
             return column[case]
         if key not in self.columns:
-            runners = {IN_PROCESS: self.in_process, TORCHSERVE: self.torchserve, KSERVE: self.kserve_engine,
-                       MLSERVER: self.mlserver}  # fmt: skip
+            runners = {
+                IN_PROCESS: self.in_process,
+                TORCHSERVE: self.torchserve,
+                KSERVE: self.kserve_engine,
+                MLSERVER: self.mlserver,
+            }
             run = runners[runtime]
             store = self.store(packager)
             column = {name: Outcome(error=f"not packaged: {why}") for name, why in store.refused.items()}
@@ -413,8 +417,9 @@ class Runs:
             try:
                 extra = {k: v for name in names for k, v in self.examples[name].properties.items()}
                 config = write_config(directory, home / "config.properties", extra=extra)
-                srv = MLSERVER_ENGINE.start(directory, config=str(config), home=home, timeout=300,
-                                            python=str(runtime_env.ensure_mlserver()))  # fmt: skip
+                srv = MLSERVER_ENGINE.start(
+                    directory, config=str(config), home=home, timeout=300, python=str(runtime_env.ensure_mlserver())
+                )
                 try:
                     outcomes = {name: self.over_v2(srv, name) for name in names}
                     wanted = {m for name in names for m in self.examples[name].metrics}

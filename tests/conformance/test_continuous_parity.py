@@ -32,20 +32,25 @@ def store(tmp_path_factory):
 @pytest.fixture(scope="module")
 def sides(store):
     root = store.parent
-    properties.write_config(store, root / "config" / "config.properties",
-                            extra={"disable_token_authorization": "true"})  # fmt: skip
+    properties.write_config(store, root / "config" / "config.properties", extra={"disable_token_authorization": "true"})
     stubs = ts_grpc.generate(root / "stubs")
     with side_by_side.started(root, "tscb-") as (torchserve, engine):
         yield {
-            "TorchServe": (side_by_side.http_port(torchserve), torchserve.ts_grpc_inference,
-                           torchserve.ts_grpc_management, stubs),
+            "TorchServe": (
+                side_by_side.http_port(torchserve),
+                torchserve.ts_grpc_inference,
+                torchserve.ts_grpc_management,
+                stubs,
+            ),
             "engine": (engine.http, f"127.0.0.1:{engine.ts_grpc}", f"127.0.0.1:{engine.ts_grpc_management}", stubs),
-        }  # fmt: skip
+        }
 
 
 def test_the_same_chunks_over_http(sides):
-    answers = {name: streams.post(side[0], "/predictions/tokens", prompt("hello", 6), "application/json")
-               for name, side in sides.items()}  # fmt: skip
+    answers = {
+        name: streams.post(side[0], "/predictions/tokens", prompt("hello", 6), "application/json")
+        for name, side in sides.items()
+    }
     assert answers["TorchServe"].chunks == answers["engine"].chunks and len(answers["engine"].chunks) == 6
     for name in ("ts_stream_next", "content-type", "transfer-encoding"):
         assert answers["TorchServe"].header(name) == answers["engine"].header(name), name
@@ -81,8 +86,11 @@ def test_tsctl_run_answers_the_chunks_torchserve_streams_joined(sides, store, tm
     ever before): its answer is TorchServe's chunks joined, as a client reading the whole stream gets it."""
     torchserve = streams.post(sides["TorchServe"][0], "/predictions/tokens", prompt("hello", 6), "application/json")
     (tmp_path / "prompt.json").write_bytes(prompt("hello", 6))
-    done = run_alone([ts_examples.BIN / "tsctl", "run", "--json", store / "tokens.mar", tmp_path / "prompt.json"],
-                     cwd=tmp_path, timeout=120)  # fmt: skip
+    done = run_alone(
+        [ts_examples.BIN / "tsctl", "run", "--json", store / "tokens.mar", tmp_path / "prompt.json"],
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert done.code == 0, done.stderr
     [result] = json.loads(done.stdout)["results"]
     assert (result["status"], result["answer"]) == (200, torchserve.body.decode()) and len(torchserve.chunks) == 6

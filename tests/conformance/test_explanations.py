@@ -37,16 +37,21 @@ def root_with_store(tmp_path_factory):
     root = tmp_path_factory.mktemp("explain")
     example = ts_examples.Example("why", str(HANDLER), [])
     ts_examples.package(example, "torch-model-archiver", root / "model-store")
-    properties.write_config(root / "model-store", root / "config" / "config.properties",
-                            extra={"disable_token_authorization": "true"})  # fmt: skip
+    properties.write_config(
+        root / "model-store", root / "config" / "config.properties", extra={"disable_token_authorization": "true"}
+    )
     return root
 
 
 def answers(port: int) -> list:
     got = []
     for path, body, _ in CALLS:
-        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method="POST",
-                                         headers={"Content-Type": "application/octet-stream", "explain": "True"})
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}{path}",
+            data=body,
+            method="POST",
+            headers={"Content-Type": "application/octet-stream", "explain": "True"},
+        )
         try:  # a client's own explain header changes nothing: the frontend's is the handler's
             with urllib.request.urlopen(request, timeout=60) as answer:
                 got.append((path, answer.status, json.loads(answer.read())))

@@ -36,16 +36,18 @@ def bodies() -> list:
 def root_with_store(tmp_path_factory):
     root = tmp_path_factory.mktemp("forms")
     ts_examples.package(ts_examples.Example("forms", str(HANDLER), []), "torch-model-archiver", root / "model-store")
-    properties.write_config(root / "model-store", root / "config" / "config.properties",
-                            extra={"disable_token_authorization": "true"})  # fmt: skip
+    properties.write_config(
+        root / "model-store", root / "config" / "config.properties", extra={"disable_token_authorization": "true"}
+    )
     return root
 
 
 def answers(port: int) -> dict:
     got = {}
     for name, body, kind in bodies():
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/predictions/forms", data=body, method="POST",
-                                         headers={"Content-Type": kind})  # fmt: skip
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/predictions/forms", data=body, method="POST", headers={"Content-Type": kind}
+        )
         try:
             with urllib.request.urlopen(request, timeout=60) as answer:
                 got[name] = (answer.status, json.loads(answer.read()))

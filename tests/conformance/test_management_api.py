@@ -57,8 +57,9 @@ def test_smoke_keys_listing_and_describe(servers):
     for key in (None, "Bearer wrong-key", "inference", "API"):
         assert same(servers, "GET", "/models", key=key) == (400, INVALID_KEY)
     assert same(servers, "GET", "/nowhere", key=None) == (400, INVALID_KEY)  # the key before the route
-    answers = each(servers, "POST", "/predictions/echo", key="inference", body=b"hi",
-                   headers={"Content-Type": "text/plain"})  # fmt: skip
+    answers = each(
+        servers, "POST", "/predictions/echo", key="inference", body=b"hi", headers={"Content-Type": "text/plain"}
+    )
     assert {(status, body["echo"]) for status, body in answers.values()} == {(200, "hi")}, answers
     assert same(servers, "GET", "/models") == (200, {"models": [{"modelName": "echo", "modelUrl": "echo.mar"}]})
     status, described = same(servers, "GET", "/models/echo")
@@ -66,7 +67,9 @@ def test_smoke_keys_listing_and_describe(servers):
     assert same(servers, "GET", "/models/nope")[1]["type"] == "ModelNotFoundException"
     assert same(servers, "GET", "/models/echo/9.9")[1]["type"] == "ModelVersionNotFoundException"
     assert same(servers, "GET", "/token?type=inference", key="management") == (
-        400, {"code": 400, "type": "InvalidKeyException", "message": TOKEN_API_FAILED})  # fmt: skip
+        400,
+        {"code": 400, "type": "InvalidKeyException", "message": TOKEN_API_FAILED},
+    )
 
 
 def raw_answer(base: str, method: str, path: str, key: str, body=None):
@@ -87,8 +90,16 @@ def test_error_bodies_are_torchserves_byte_for_byte(servers):
     on /predictions was compact JSON on the engine."""
     calls = (("POST", "/predictions/nope"), ("POST", "/predictions/echo/9.9"), ("GET", "/nowhere"))
     for method, path in calls:
-        answers = {side: raw_answer(servers[side].srv.inference, method, path, servers[side].key("inference"),
-                                    b"x" if method == "POST" else None) for side in SIDES}  # fmt: skip
+        answers = {
+            side: raw_answer(
+                servers[side].srv.inference,
+                method,
+                path,
+                servers[side].key("inference"),
+                b"x" if method == "POST" else None,
+            )
+            for side in SIDES
+        }
         assert answers["tsctl"] == answers["torchserve"], (method, path, answers)
         assert answers["tsctl"][0] >= 400 and answers["tsctl"][1].startswith(b'{\n  "code": '), answers
     ping = {
@@ -124,14 +135,20 @@ def test_register_scale_set_default_and_unregister(servers):
     status, described = same(servers, "GET", "/models/echo/all")
     assert [m["modelVersion"] for m in described] == ["1.0", "2.0"] and described[1]["modelUrl"] == "echo2.mar"
     assert same(servers, "PUT", "/models/echo/2.0/set-default") == (
-        200, {"status": 'Default version successfully updated for model "echo" to "2.0"'})  # fmt: skip
+        200,
+        {"status": 'Default version successfully updated for model "echo" to "2.0"'},
+    )
     assert same(servers, "GET", "/models")[1]["models"] == [{"modelName": "echo", "modelUrl": "echo2.mar"}]
     assert same(servers, "PUT", "/models/echo" + query(min_worker=2, synchronous="true")) == (
-        200, {"status": "Workers scaled to 2 for model: echo"})  # fmt: skip
+        200,
+        {"status": "Workers scaled to 2 for model: echo"},
+    )
     status, described = same(servers, "GET", "/models/echo")
     assert (described[0]["minWorkers"], [w["status"] for w in described[0]["workers"]]) == (2, ["READY", "READY"])
     assert same(servers, "PUT", "/models/echo/2.0" + query(min_worker=1)) == (
-        202, {"status": "Processing worker updates..."})  # fmt: skip
+        202,
+        {"status": "Processing worker updates..."},
+    )
     for side in SIDES:
         wait_for(lambda: len(servers[side].workers("echo", "2.0")) == 1, 60, f"{side} scaled down")
     default = "Cannot remove default version for model echo"
@@ -146,16 +163,26 @@ def test_register_scale_set_default_and_unregister(servers):
 @pytest.mark.matrix  # models of no worker, listed in pages: about 10 s
 def test_pages_and_a_model_without_workers(servers):
     for name in ("a1", "a2", "a3"):
-        message = f'Model "{name}" Version: 1.0 registered with 0 initial workers. Use scale workers API to add ' \
-                  "workers for the model."  # fmt: skip
+        message = (
+            f'Model "{name}" Version: 1.0 registered with 0 initial workers. Use scale workers API to add '
+            "workers for the model."
+        )
         assert same(servers, "POST", "/models" + query(url="echo.mar", model_name=name)) == (200, {"status": message})
-    for options in ({"limit": 2}, {"limit": 2, "next_page_token": 2}, {"limit": 0}, {"limit": 500},
-                    {"next_page_token": 9}, {"limit": 1, "next_page_token": 3}, {"limit": -1}):  # fmt: skip
+    for options in (
+        {"limit": 2},
+        {"limit": 2, "next_page_token": 2},
+        {"limit": 0},
+        {"limit": 500},
+        {"next_page_token": 9},
+        {"limit": 1, "next_page_token": 3},
+        {"limit": -1},
+    ):
         status, page = same(servers, "GET", "/models" + query(**options))
         assert status == 200 and "models" in page, page
     assert same(servers, "GET", "/models" + query(limit=2))[1] == {
-        "nextPageToken": "2", "models": [{"modelName": "a1", "modelUrl": "echo.mar"},
-                                         {"modelName": "a2", "modelUrl": "echo.mar"}]}  # fmt: skip
+        "nextPageToken": "2",
+        "models": [{"modelName": "a1", "modelUrl": "echo.mar"}, {"modelName": "a2", "modelUrl": "echo.mar"}],
+    }
     status, body = same(servers, "POST", "/predictions/a1", key="inference", body=b"x")
     assert (status, body["type"]) == (503, "ServiceUnavailableException") and "has no worker" in body["message"]
     assert same(servers, "PUT", "/models/a1" + query(min_worker=1, synchronous="true"))[0] == 200
@@ -179,8 +206,11 @@ def refused_alike(servers, root):
         ("GET", "/models/echo/9.9", bad(404, version, no_version)),
         ("PUT", "/models/nope" + query(min_worker=1), bad(404, not_found, "Model not found: nope")),
         ("PUT", "/models/echo/9.9" + query(min_worker=1), bad(404, version, no_version)),
-        ("PUT", "/models/echo" + query(min_worker=3, max_worker=2),
-         bad(400, "BadRequestException", "max_worker cannot be less than min_worker.")),
+        (
+            "PUT",
+            "/models/echo" + query(min_worker=3, max_worker=2),
+            bad(400, "BadRequestException", "max_worker cannot be less than min_worker."),
+        ),
         ("DELETE", "/models/nope", bad(404, not_found, "Model not found: nope")),
         ("DELETE", "/models/echo/9.9", bad(404, version, no_version)),
         ("PUT", "/models/nope/1.0/set-default", bad(404, not_found, "Model not found: nope")),
@@ -189,19 +219,26 @@ def refused_alike(servers, root):
         ("POST", "/models?url=", bad(404, not_found, "empty url")),
         ("POST", "/models?url=../echo.mar", bad(404, not_found, "Relative path is not allowed in url: ../echo.mar")),
         ("POST", "/models?url=nothere.mar", bad(404, not_found, "Model not found at: nothere.mar")),
-        ("POST", "/models" + query(url="http://example.com/x.mar"),
-         bad(404, not_found, "Given URL http://example.com/x.mar does not match any allowed URL(s)")),
-        ("POST", "/models" + query(url=f"file://{store}/echo.mar"),
-         bad(500, "InternalServerException", "Model file already exists echo.mar")),
+        (
+            "POST",
+            "/models" + query(url="http://example.com/x.mar"),
+            bad(404, not_found, "Given URL http://example.com/x.mar does not match any allowed URL(s)"),
+        ),
+        (
+            "POST",
+            "/models" + query(url=f"file://{store}/echo.mar"),
+            bad(500, "InternalServerException", "Model file already exists echo.mar"),
+        ),
         ("POST", "/models/echo", bad(405, "MethodNotAllowedException", NOT_ALLOWED)),
         ("PATCH", "/models/echo", bad(405, "MethodNotAllowedException", NOT_ALLOWED)),
         ("PUT", "/models", bad(405, "MethodNotAllowedException", NOT_ALLOWED)),
         ("GET", "/models/echo/all/extra", bad(404, "ResourceNotFoundException", NOT_FOUND)),
-    ]  # fmt: skip
+    ]
     for method, path, expected in calls:
         assert same(servers, method, path) == expected, (method, path)
     assert same(servers, "POST", "/predictions/nope", key="inference", body=b"x") == bad(
-        404, not_found, "Model not found: nope")  # fmt: skip
+        404, not_found, "Model not found: nope"
+    )
     assert same(servers, "POST", "/predictions/echo/9.9", key="inference", body=b"x") == bad(404, version, no_version)
 
 
@@ -212,8 +249,11 @@ NOT_FOUND = "Requested resource is not found, please refer to API document."
 @pytest.mark.matrix  # about 20 s: TorchServe takes some of these, and is put back each time
 def test_bad_input_is_one_4xx_changes_nothing_and_leaks_no_worker(servers, root):
     engine, torchserve = servers["tsctl"], servers["torchserve"]
-    before = {"engine": engine.descendants(), "listed": same(servers, "GET", "/models"),
-              "described": same(servers, "GET", "/models/echo/all")}  # fmt: skip
+    before = {
+        "engine": engine.descendants(),
+        "listed": same(servers, "GET", "/models"),
+        "described": same(servers, "GET", "/models/echo/all"),
+    }
     refused_alike(servers, root)
     absent = f"file://{root / 'model-store'}/absent.mar"
     got = each(servers, "POST", "/models" + query(url=absent))
@@ -228,7 +268,7 @@ def test_bad_input_is_one_4xx_changes_nothing_and_leaks_no_worker(servers, root)
         ("PUT", "/models/echo" + query(min_worker=1, max_worker=101, synchronous="true"), "max_worker is 101"),
         ("POST", "/models" + query(url="echo2.mar", batch_size=0, initial_workers=1), "batch_size is 0"),
         ("POST", "/models" + query(url="echo2.mar", initial_workers=-1), "initial_workers is -1"),
-    ]  # fmt: skip
+    ]
     for method, path, message in differing:
         got = each(servers, method, path)
         assert got["torchserve"][0] in (200, 202), (path, got)
@@ -238,8 +278,11 @@ def test_bad_input_is_one_4xx_changes_nothing_and_leaks_no_worker(servers, root)
     assert got["torchserve"] == bad(
         500, "InternalServerException", "Failed to start workers for model broken version: 1.0"
     )
-    assert got["tsctl"] == bad(400, "InvalidModelException", "Failed to start workers for model broken version: 1.0: "
-                               "RuntimeError: this model cannot load"), got  # fmt: skip
+    assert got["tsctl"] == bad(
+        400,
+        "InvalidModelException",
+        "Failed to start workers for model broken version: 1.0: RuntimeError: this model cannot load",
+    ), got
     assert torchserve.call("GET", "/models/broken")[0] == 200  # TorchServe keeps it, with no worker
     assert engine.call("GET", "/models/broken")[0] == 404
     put_back(torchserve)
@@ -256,8 +299,10 @@ def put_back(torchserve):
     assert status == 200
 
 
-GRPC_PING = {"torchserve": "/org.pytorch.serve.grpc.inference.InferenceAPIsService/Ping",
-             "tsctl": "/inference.GRPCInferenceService/ServerLive"}  # fmt: skip
+GRPC_PING = {
+    "torchserve": "/org.pytorch.serve.grpc.inference.InferenceAPIsService/Ping",
+    "tsctl": "/inference.GRPCInferenceService/ServerLive",
+}
 
 
 def grpc_call(side, key) -> tuple:
@@ -282,14 +327,23 @@ def test_token_api_kserve_paths_metrics_and_grpc(servers):
         assert servers[side].call("GET", "/models", key=f"Bearer {old[side]}") == (400, INVALID_KEY)
     assert same(servers, "GET", "/models")[0] == 200
     api_failed = (400, {"code": 400, "type": "InvalidKeyException", "message": TOKEN_API_FAILED})
-    for path, key in (("/token?type=wrong", "API"), ("/token", "API"), ("/token?type=inference", "management"),
-                      ("/token?type=inference", None)):  # fmt: skip
+    for path, key in (
+        ("/token?type=wrong", "API"),
+        ("/token", "API"),
+        ("/token?type=inference", "management"),
+        ("/token?type=inference", None),
+    ):
         assert same(servers, "GET", path, key=key) == api_failed, path
     assert same(servers, "GET", "/token?type=inference", key="API", api="inference") == (400, INVALID_KEY)
     assert same(servers, "GET", "/token?type=inference", key="inference", api="inference") == bad(
-        404, "ResourceNotFoundException", NOT_FOUND)  # fmt: skip
-    for method, path in (("POST", "/v1/models/echo:predict"), ("POST", "/v2/models/echo/infer"),
-                         ("GET", "/v2/health/ready"), ("GET", "/ping")):  # fmt: skip
+        404, "ResourceNotFoundException", NOT_FOUND
+    )
+    for method, path in (
+        ("POST", "/v1/models/echo:predict"),
+        ("POST", "/v2/models/echo/infer"),
+        ("GET", "/v2/health/ready"),
+        ("GET", "/ping"),
+    ):
         body = b"{}" if method == "POST" else None
         assert same(servers, method, path, key=None, body=body) == (400, INVALID_KEY), path
     assert {servers[side].call("GET", "/ping", key="inference")[0] for side in SIDES} == {200}

@@ -45,12 +45,37 @@ from serving.local_model import LocalModel, Request
 SERVE = ts_examples.checkout()
 MODEL = "custom_metrics"
 SYSTEM = {  # TorchServe's families the tsctl runtimes do not have
-    "CPUUtilization", "MemoryUsed", "MemoryAvailable", "MemoryUtilization", "DiskUsage", "DiskUtilization",
-    "DiskAvailable", "GPUMemoryUtilization", "GPUMemoryUsed", "GPUUtilization", "QueueTime", "WorkerThreadTime",
-}  # fmt: skip
+    "CPUUtilization",
+    "MemoryUsed",
+    "MemoryAvailable",
+    "MemoryUtilization",
+    "DiskUsage",
+    "DiskUtilization",
+    "DiskAvailable",
+    "GPUMemoryUtilization",
+    "GPUMemoryUsed",
+    "GPUUtilization",
+    "QueueTime",
+    "WorkerThreadTime",
+}
 ENGINE_OWN = {"ts_workers", "request_predict_seconds", "tsctl_metrics_dropped_total"}
-LE = ("0.005", "0.01", "0.025", "0.05", "0.075", "0.1", "0.25", "0.5", "0.75", "1.0", "2.5", "5.0", "7.5", "10.0",
-      "+Inf")  # fmt: skip
+LE = (
+    "0.005",
+    "0.01",
+    "0.025",
+    "0.05",
+    "0.075",
+    "0.1",
+    "0.25",
+    "0.5",
+    "0.75",
+    "1.0",
+    "2.5",
+    "5.0",
+    "7.5",
+    "10.0",
+    "+Inf",
+)
 MODEL_LEVEL = ("Hostname", "Level", "ModelName")
 # What TorchServe 0.12 exported for the workers' lines (measured; test_families_equal_torchserves checks it)
 STAND_IN = {
@@ -128,8 +153,11 @@ def families(text: str) -> Dict[str, Shape]:
 def differences(got: Dict[str, Shape], want: Dict[str, Shape]) -> List[str]:
     problems = [f"{name}: missing (TorchServe: {want[name]})" for name in sorted(set(want) - set(got))]
     problems += [f"{name}: not on TorchServe ({got[name]})" for name in sorted(set(got) - set(want))]
-    problems += [f"{name}: {got[name]} where TorchServe has {want[name]}" for name in sorted(set(got) & set(want))
-                 if got[name] != want[name]]  # fmt: skip
+    problems += [
+        f"{name}: {got[name]} where TorchServe has {want[name]}"
+        for name in sorted(set(got) & set(want))
+        if got[name] != want[name]
+    ]
     return problems
 
 
@@ -223,8 +251,12 @@ def test_counters_keep_their_names_and_the_yamls_type_wins(tmp_path):
     assert shapes["Calls"] == expected("counter", "Calls", ("Hostname",)) and 'Calls{Hostname="h"} 2.0' in text
     assert "# HELP Calls Torchserve prometheus counter metric with unit: count\n# TYPE Calls counter\n" in text
     assert shapes["plain_total"].samples == ("plain_total",)  # prometheus_client's own, as it writes them
-    dropped = {s.labels["reason"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if s.name == engine_metrics.DROPPED}  # fmt: skip
+    dropped = {
+        s.labels["reason"]: s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == engine_metrics.DROPPED
+    }
     assert dropped["type"] == 1 and dropped["value"] == 1, dropped
     emit("Declared", "HISTOGRAM", 1.5e308)
     emit("Declared", "HISTOGRAM", 1.5e308)  # its sum would pass 1.8e308: dropped, the sum stays finite
@@ -244,8 +276,11 @@ def test_serve_on_mlserver_carries_the_configs_metrics_config(example, store, tm
 
     metrics_yaml = Path(example.properties["metrics_config"])
     monkeypatch.chdir(metrics_yaml.parent)
-    config = write_config(store, tmp_path / "config.properties", extra={
-        "metrics_config": metrics_yaml.name, "model_metrics_auto_detect": "false"})  # fmt: skip
+    config = write_config(
+        store,
+        tmp_path / "config.properties",
+        extra={"metrics_config": metrics_yaml.name, "model_metrics_auto_detect": "false"},
+    )
     specs, frontend = served(store, config)
     folder = mlserver.write_repository(specs, tmp_path / "repository", metrics_settings(frontend))
     settings = json.loads((folder / f"{MODEL}-1.0" / mlserver.MODEL_SETTINGS).read_text())
@@ -311,8 +346,9 @@ def test_mlserver_exports_the_workers_families_as_torchserve(example, store, tor
     stand-in and with pytorch/serve's own files."""
     config = write_config(store, tmp_path / "config.properties", extra=example.properties)
     engine = engines.ENGINES["mlserver"]
-    srv = engine.start(store, config=str(config), home=short_tmp("mm-"), timeout=300,
-                       python=str(runtime_env.ensure_mlserver()))  # fmt: skip
+    srv = engine.start(
+        store, config=str(config), home=short_tmp("mm-"), timeout=300, python=str(runtime_env.ensure_mlserver())
+    )
     try:
         statuses, text = ask(srv, example, v2=True), scrape(srv)
     finally:

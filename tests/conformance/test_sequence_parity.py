@@ -28,16 +28,25 @@ def sides(tmp_path_factory):
     root = tmp_path_factory.mktemp("sequence-parity")
     store = root / "model-store"
     ts_stateful.build(store, idle_ms=IDLE_MS, queue=2)
-    properties.write_config(store, root / "config" / "config.properties",
-                            extra={"disable_token_authorization": "true"})  # fmt: skip
+    properties.write_config(store, root / "config" / "config.properties", extra={"disable_token_authorization": "true"})
     stubs = ts_grpc.generate(root / "stubs")
     with side_by_side.started(root, "tsseq-") as (torchserve, engine):
         yield {
-            "TorchServe": (torchserve.inference, torchserve.management, torchserve.ts_grpc_inference,
-                           torchserve.ts_grpc_management, stubs),
-            "engine": (engine.url, engine.url, f"127.0.0.1:{engine.ts_grpc}", f"127.0.0.1:{engine.ts_grpc_management}",
-                       stubs),
-        }  # fmt: skip
+            "TorchServe": (
+                torchserve.inference,
+                torchserve.management,
+                torchserve.ts_grpc_inference,
+                torchserve.ts_grpc_management,
+                stubs,
+            ),
+            "engine": (
+                engine.url,
+                engine.url,
+                f"127.0.0.1:{engine.ts_grpc}",
+                f"127.0.0.1:{engine.ts_grpc_management}",
+                stubs,
+            ),
+        }
 
 
 def post(side, model: str, body, sequence=None, end=False):
@@ -66,8 +75,9 @@ def test_concurrent_sequences_over_two_workers(sides):
         def sequence(model, name):
             answers[(model, name)] = [post(side, model, value, name) for value in range(1, 7)]
 
-        threads = [threading.Thread(target=sequence, args=(m, f"c{k}")) for k in range(4)
-                   for m in ("stateful", "running_sum")]  # fmt: skip
+        threads = [
+            threading.Thread(target=sequence, args=(m, f"c{k}")) for k in range(4) for m in ("stateful", "running_sum")
+        ]
         [t.start() for t in threads]
         [t.join(120) for t in threads]
         return answers
@@ -87,8 +97,14 @@ def test_open_sequences_bound_and_expiry(sides):
 
 
 def test_the_end_header_and_a_later_request(sides):
-    same(sides, lambda side: [post(side, "running_sum", 1, "e1"), post(side, "running_sum", 2, "e1", end=True),
-                              post(side, "running_sum", 3, "e1")])  # fmt: skip
+    same(
+        sides,
+        lambda side: [
+            post(side, "running_sum", 1, "e1"),
+            post(side, "running_sum", 2, "e1", end=True),
+            post(side, "running_sum", 3, "e1"),
+        ],
+    )
 
 
 def test_a_full_sequence_queue(sides):
@@ -152,5 +168,9 @@ def test_unary_grpc_calls_to_a_stateful_model(sides):
     calls = [ts_grpc.call("Predictions", model_name="running_sum", input={"data": b"2"}, timeout=15)]
     answers = {name: ts_grpc.calls(side[4], side[2], side[3], calls) for name, side in sides.items()}
     assert answers["TorchServe"][0]["code"] == "DEADLINE_EXCEEDED"
-    assert json.loads(answers["engine"][0]["messages"][0]["prediction"]) == {"sum": 2, "count": 1, "start": True,
-                                                                            "end": False}  # fmt: skip
+    assert json.loads(answers["engine"][0]["messages"][0]["prediction"]) == {
+        "sum": 2,
+        "count": 1,
+        "start": True,
+        "end": False,
+    }

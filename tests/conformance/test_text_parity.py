@@ -145,8 +145,10 @@ def models(text_samples, tmp_path_factory) -> Path:
 def cased_tokenizer(out: Path):
     """MiniLM's tokenizer without its lower-casing: do_lower_case (sentence_bert_config.json) matters."""
     transformers.AutoTokenizer.from_pretrained(text_models.minilm_dir()).save_pretrained(out)
-    for name, edit in (("tokenizer.json", lambda d: d["normalizer"].update(lowercase=False)),
-                       ("tokenizer_config.json", lambda d: d.update(do_lower_case=False))):  # fmt: skip
+    for name, edit in (
+        ("tokenizer.json", lambda d: d["normalizer"].update(lowercase=False)),
+        ("tokenizer_config.json", lambda d: d.update(do_lower_case=False)),
+    ):
         data = json.loads((out / name).read_text())
         edit(data)
         (out / name).write_text(json.dumps(data))
@@ -195,9 +197,14 @@ def build_sentence_transformers(root: Path):
 # ---- sequence classification --------------------------------------------------------------------
 @pytest.mark.parametrize(
     "directory, function",
-    [("classifier", "softmax"), ("two_labels", "softmax"), ("one_logit", "sigmoid"),
-     ("regression", "none"), ("multi_label", "sigmoid")],
-)  # fmt: skip
+    [
+        ("classifier", "softmax"),
+        ("two_labels", "softmax"),
+        ("one_logit", "sigmoid"),
+        ("regression", "none"),
+        ("multi_label", "sigmoid"),
+    ],
+)
 def test_classifier_scores_are_the_pipelines(models, tmp_path, directory, function):
     archive = package_text(models, tmp_path / "store", directory, "text_classifier", directory, config(top_k=0))
     with InProcessHandler(archive, batch_size=8) as model:  # its handler is looked at: in this process

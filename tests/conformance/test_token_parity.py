@@ -124,8 +124,9 @@ class Scheme:
             options = dict(aggregation=strategy, ignore_labels=self.ignore, max_length=MAX_LENGTH)
             if stride is not None:
                 options["stride"] = stride
-            archive = package_text(self.root, self.root / "store", name, "token_classifier", self.name,
-                                   handler_config(**options))  # fmt: skip
+            archive = package_text(
+                self.root, self.root / "store", name, "token_classifier", self.name, handler_config(**options)
+            )
             self.handlers[key] = self.stack.enter_context(InProcessHandler(archive, batch_size=8))
         return self.handlers[key]
 
@@ -135,9 +136,15 @@ class Scheme:
             grouping = BioesPipeline if self.name in BIOES and strategy != "none" else None
             options = {} if stride is None else {"stride": stride}
             self.pipelines[key] = transformers.pipeline(
-                "token-classification", model=self.model, tokenizer=self.tokenizer, device="cpu",
-                aggregation_strategy=strategy, ignore_labels=self.ignore, pipeline_class=grouping, **options,
-            )  # fmt: skip
+                "token-classification",
+                model=self.model,
+                tokenizer=self.tokenizer,
+                device="cpu",
+                aggregation_strategy=strategy,
+                ignore_labels=self.ignore,
+                pipeline_class=grouping,
+                **options,
+            )
         return self.pipelines[key]
 
 
@@ -203,11 +210,42 @@ def compare_every_way(scheme: Scheme, texts, strided=True):
 
 # ---- generated texts ------------------------------------------------------------------------------
 WORDS = [
-    "Ada", "Lovelace", "London", "New-York", "Zürich", "São", "Kraków", "İstanbul", "东京", "🙂", "don't", "do not",
-    "U.S.A.", "antidisestablishmentarianism", "Pneumonoultramicroscopicsilicovolcanoconiosis", "##ing", "[UNK]",
-    "[CLS]", "e\u0301", "ﬁne", "ǅ", "12,345.67", "@user", "#tag", "«", "—", "…", "\u200b", "\u00a0", "Москва",
-    "مرحبا", "नमस्ते", "\x00", "\ufffd", "a\u0308\u0308",
-]  # fmt: skip
+    "Ada",
+    "Lovelace",
+    "London",
+    "New-York",
+    "Zürich",
+    "São",
+    "Kraków",
+    "İstanbul",
+    "东京",
+    "🙂",
+    "don't",
+    "do not",
+    "U.S.A.",
+    "antidisestablishmentarianism",
+    "Pneumonoultramicroscopicsilicovolcanoconiosis",
+    "##ing",
+    "[UNK]",
+    "[CLS]",
+    "e\u0301",
+    "ﬁne",
+    "ǅ",
+    "12,345.67",
+    "@user",
+    "#tag",
+    "«",
+    "—",
+    "…",
+    "\u200b",
+    "\u00a0",
+    "Москва",
+    "مرحبا",
+    "नमस्ते",
+    "\x00",
+    "\ufffd",
+    "a\u0308\u0308",
+]
 PIECES = st.one_of(
     st.sampled_from(WORDS),
     st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=8),  # any character but surrogates
@@ -267,8 +305,15 @@ def test_labels_are_read_as_the_pipeline_reads_them():
 
 def test_bioes_e_ends_a_span_and_s_is_one_alone():
     labels = ["B-PER", "I-PER", "E-PER", "I-PER", "S-LOC", "S-LOC", "E-LOC", "B-LOC", "E-LOC", "E-LOC"]
-    assert groups(labels) == [("PER", 0, 2), ("PER", 3, 3), ("LOC", 4, 4), ("LOC", 5, 5), ("LOC", 6, 6),
-                              ("LOC", 7, 8), ("LOC", 9, 9)]  # fmt: skip
+    assert groups(labels) == [
+        ("PER", 0, 2),
+        ("PER", 3, 3),
+        ("LOC", 4, 4),
+        ("LOC", 5, 5),
+        ("LOC", 6, 6),
+        ("LOC", 7, 8),
+        ("LOC", 9, 9),
+    ]
 
 
 def test_the_pipeline_groups_every_label_as_the_handler_but_bioes(schemes):
@@ -281,8 +326,10 @@ def test_the_pipeline_groups_every_label_as_the_handler_but_bioes(schemes):
         for second in labels:
             for third in ("I-PER", "E-PER", "O"):
                 sequence = [first, second, third]
-                entities = [{"entity": label, "score": 0.5, "word": "x", "start": 2 * i, "end": 2 * i + 1}
-                            for i, label in enumerate(sequence)]  # fmt: skip
+                entities = [
+                    {"entity": label, "score": 0.5, "word": "x", "start": 2 * i, "end": 2 * i + 1}
+                    for i, label in enumerate(sequence)
+                ]
                 reference = bioes if any(label[:2] in ("E-", "S-") for label in sequence) else plain
                 expected = [
                     (e["entity_group"], e["start"] // 2, e["end"] // 2) for e in reference.group_entities(entities)
@@ -300,8 +347,14 @@ def test_whitespace_only_texts_are_refused(schemes):
 def test_stride_with_none_is_refused_at_packaging(schemes, tmp_path):
     scheme = schemes("upper")
     with pytest.raises(UserError, match="'handler.stride' needs an aggregation other than none"):
-        package_text(scheme.root, tmp_path / "s", "bad", "token_classifier", "upper",
-                     handler_config(aggregation="none", stride=8))  # fmt: skip
+        package_text(
+            scheme.root,
+            tmp_path / "s",
+            "bad",
+            "token_classifier",
+            "upper",
+            handler_config(aggregation="none", stride=8),
+        )
     with pytest.raises(ValueError, match="stride"):
         scheme.pipeline("none", STRIDE)
 
@@ -350,14 +403,20 @@ class Served:
         self.scheme, self.store = scheme, short_tmp("tok-")
         for strategy in STRATEGIES:
             options = dict(aggregation=strategy, ignore_labels=scheme.ignore, max_length=MAX_LENGTH)
-            package_text(scheme.root, self.store, f"ner-{strategy}", "token_classifier", scheme.name,
-                         handler_config(**options))  # fmt: skip
+            package_text(
+                scheme.root, self.store, f"ner-{strategy}", "token_classifier", scheme.name, handler_config(**options)
+            )
         self.columns = {}
 
     def answers(self, runtime: str) -> dict:
         if runtime not in self.columns:
-            run = {"worker": self.worker, "TorchServe": self.torchserve, "tsctl engine": self.engine,
-                   "MLServer": self.mlserver, "tsctl run": self.tsctl_run}[runtime]  # fmt: skip
+            run = {
+                "worker": self.worker,
+                "TorchServe": self.torchserve,
+                "tsctl engine": self.engine,
+                "MLServer": self.mlserver,
+                "tsctl run": self.tsctl_run,
+            }[runtime]
             self.columns[runtime] = run()
         return self.columns[runtime]
 

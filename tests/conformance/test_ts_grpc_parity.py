@@ -60,8 +60,9 @@ def tree(tmp_path_factory):
     ts_streaming.build(store, max_new_tokens=20)
     mnist = ts_examples.build_mnist(root / "mnist", ts_examples.checkout())
     ts_examples.package(mnist, "torch-model-archiver", store)
-    properties.write_config(store, root / "config" / "config.properties",
-                            extra={"max_response_size": str(MAX_RESPONSE)})  # fmt: skip
+    properties.write_config(
+        store, root / "config" / "config.properties", extra={"max_response_size": str(MAX_RESPONSE)}
+    )
     (root / "digit.png").write_bytes(mnist.inputs[2][0])
     (root / "request.json").write_bytes(ts_streaming.PROMPT)
     (root / "hi.txt").write_bytes(b"hi")
@@ -73,11 +74,17 @@ def sides(tree):
     stubs = ts_grpc.generate(tree / "stubs")
     with side_by_side.started(tree, "tsgp-") as (torchserve, engine):
         yield {
-            "TorchServe": Side(side_by_side.http_port(torchserve), torchserve.management,
-                               torchserve.ts_grpc_inference, torchserve.ts_grpc_management, stubs),
-            "engine": Side(engine.http, engine.url, f"127.0.0.1:{engine.ts_grpc}",
-                           f"127.0.0.1:{engine.ts_grpc_management}", stubs),
-        }  # fmt: skip
+            "TorchServe": Side(
+                side_by_side.http_port(torchserve),
+                torchserve.management,
+                torchserve.ts_grpc_inference,
+                torchserve.ts_grpc_management,
+                stubs,
+            ),
+            "engine": Side(
+                engine.http, engine.url, f"127.0.0.1:{engine.ts_grpc}", f"127.0.0.1:{engine.ts_grpc_management}", stubs
+            ),
+        }
 
 
 def without_cause(details: str) -> str:
@@ -129,8 +136,10 @@ def test_the_same_grpc_calls_get_the_same_answers(sides):
 def test_describe_answers_torchserves_fields_where_the_engine_has_them(sides):
     """DescribeModel: TorchServe's describe, as the engine's REST describe makes it (the fields it has
     are TorchServe's, with TorchServe's values; it leaves out the ones listed in docs/engines.md)."""
-    wanted = [ts_grpc.call("DescribeModel", model_name="mnist"), ts_grpc.call("DescribeModel", model_name="mnist",
-                                                                             model_version="all")]  # fmt: skip
+    wanted = [
+        ts_grpc.call("DescribeModel", model_name="mnist"),
+        ts_grpc.call("DescribeModel", model_name="mnist", model_version="all"),
+    ]
     answers = both(sides, lambda side: side.calls(wanted))
     for torchserve, engine in zip(answers["TorchServe"], answers["engine"]):
         assert torchserve["code"] == engine["code"] == "OK"
@@ -143,8 +152,10 @@ def test_describe_answers_torchserves_fields_where_the_engine_has_them(sides):
 def test_writes_the_engine_does_not_do_yet(sides):
     """ScaleWorker and SetDefault on a served model: TorchServe 0.12 does them even with the model API
     disabled; the engine answers PERMISSION_DENIED as for every write (docs/engines.md)."""
-    wanted = [ts_grpc.call("ScaleWorker", model_name="probe", min_worker=1, max_worker=1, synchronous=True),
-              ts_grpc.call("SetDefault", model_name="probe", model_version="1.0")]  # fmt: skip
+    wanted = [
+        ts_grpc.call("ScaleWorker", model_name="probe", min_worker=1, max_worker=1, synchronous=True),
+        ts_grpc.call("SetDefault", model_name="probe", model_version="1.0"),
+    ]
     answers = both(sides, lambda side: side.calls(wanted))
     assert [a["messages"][0]["msg"] for a in answers["TorchServe"]] == [
         "Workers scaled to 1 for model: probe",
@@ -211,7 +222,8 @@ def test_a_worker_that_dies_mid_stream(sides):
         "Worker died.\norg.pytorch.serve.http.InternalServerException",
     )
     assert answers["engine"]["code"] == "UNAVAILABLE" and answers["engine"]["details"].startswith(
-        "Worker died (exit code 3) while it held this request.\n")  # fmt: skip
+        "Worker died (exit code 3) while it held this request.\n"
+    )
     for side in sides.values():
         side.wait_ready()
 
@@ -232,15 +244,26 @@ def test_where_torchserve_breaks_and_the_engine_does_not(sides, tree):
     torchserve, engine = (side.example("infer_stream", "probe", str(tree / "hi.txt")) for side in sides.values())
     assert (torchserve[0], engine[0]) == (1, 0) and torchserve[1] == engine[1], (torchserve, engine)
     sides["TorchServe"].wait_ready()
-    sequence = [ts_grpc.stream2([dict(model_name="probe", sequence_id="s1", input={"data": b"stream 2 1 0"}),
-                                 dict(model_name="probe", sequence_id="s1", input={"data": b"hi"})])]  # fmt: skip
+    sequence = [
+        ts_grpc.stream2(
+            [
+                dict(model_name="probe", sequence_id="s1", input={"data": b"stream 2 1 0"}),
+                dict(model_name="probe", sequence_id="s1", input={"data": b"hi"}),
+            ]
+        )
+    ]
     answers = both(sides, lambda side: side.calls(sequence)[0])
     assert answers["TorchServe"]["code"] == "UNKNOWN", answers["TorchServe"]
     assert answers["engine"]["code"] == "OK" and [m["prediction"] for m in answers["engine"]["messages"][:2]] == [
-        "0", "1"]  # fmt: skip
-    first = [ts_grpc.call("Predictions", model_name="probe", input={"data": b"stream 3 2 0"}),
-             ts_grpc.call("Predictions", model_name="probe", input={"data": b"hi"}, timeout=10)]  # fmt: skip
+        "0",
+        "1",
+    ]
+    first = [
+        ts_grpc.call("Predictions", model_name="probe", input={"data": b"stream 3 2 0"}),
+        ts_grpc.call("Predictions", model_name="probe", input={"data": b"hi"}, timeout=10),
+    ]
     answers = both(sides, lambda side: side.calls(first))
     assert answers["TorchServe"][0] == answers["engine"][0] and answers["engine"][0]["messages"] == [
-        {"prediction": "00"}]  # fmt: skip
+        {"prediction": "00"}
+    ]
     assert answers["TorchServe"][1]["code"] == "DEADLINE_EXCEEDED" and answers["engine"][1]["code"] == "OK"

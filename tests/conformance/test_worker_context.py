@@ -69,8 +69,10 @@ def post(url: str, body: bytes, headers: Dict[str, str]):
 def at_once(url: str, bodies: List[bytes], kind: str):
     """Both requests at the same time (one batch, the server's maxBatchDelay being 5 s)."""
     with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
-        futures = [pool.submit(post, url, body, {"Content-Type": kind, "X-Probe": header})
-                   for body, header in zip(bodies, HEADERS)]  # fmt: skip
+        futures = [
+            pool.submit(post, url, body, {"Content-Type": kind, "X-Probe": header})
+            for body, header in zip(bodies, HEADERS)
+        ]
         return [future.result(timeout=120) for future in futures]
 
 
@@ -105,8 +107,10 @@ def normalised(name: str, value):
 def in_process(store: Path):
     archive = next(store.glob("*.mar"))
     with LocalModel(archive) as model:
-        requests = [Request(body, {"Content-Type": "application/octet-stream", "X-Probe": header})
-                    for body, header in zip((b"first", b"second"), HEADERS)]  # fmt: skip
+        requests = [
+            Request(body, {"Content-Type": "application/octet-stream", "X-Probe": header})
+            for body, header in zip((b"first", b"second"), HEADERS)
+        ]
         replies = model.predict(requests)
     return [(r.status, None, r.json()) for r in replies]
 
@@ -197,8 +201,9 @@ def test_the_reference_answers_as_torchserve_s_code_says(runs):
 def test_field(runtime, name, runs):
     want = DIFFERENCES.get(runtime, {}).get(name, runs["TorchServe"][name])
     got = runs[runtime][name]
-    TABLE.setdefault(name, {})[runtime] = ("equal" if got == runs["TorchServe"][name] else "differs (listed)") \
-        if got == want else "differs (NOT listed)"  # fmt: skip
+    TABLE.setdefault(name, {})[runtime] = (
+        ("equal" if got == runs["TorchServe"][name] else "differs (listed)") if got == want else "differs (NOT listed)"
+    )
     assert got == want, f"{name} on {runtime}: {got!r}, TorchServe {runs['TorchServe'][name]!r}"
 
 

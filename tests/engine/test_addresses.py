@@ -30,17 +30,20 @@ from archiver.engines import torchserve_launch
 from helpers import management, waiting
 from helpers.engine import free_port, free_ports
 from helpers.paths import ROOT, short_tmp
-from serving import ts_config
+from serving import config_properties, frontend_settings, ts_config
 from serving.engine import listeners
 
 
 # ---- where it listens: the plan, no server -------------------------------------------------------
-def frontend(**keys) -> ts_config.Frontend:
-    return ts_config.frontend_of({key: str(value) for key, value in keys.items()}, "config.properties")
+def frontend(**keys) -> frontend_settings.Frontend:
+    return frontend_settings.frontend_of({key: str(value) for key, value in keys.items()}, "config.properties")
 
 
-TYPICAL = dict(inference_address="http://127.0.0.1:8080", management_address="http://127.0.0.1:8081",
-               metrics_address="http://127.0.0.1:8082")  # fmt: skip
+TYPICAL = dict(
+    inference_address="http://127.0.0.1:8080",
+    management_address="http://127.0.0.1:8081",
+    metrics_address="http://127.0.0.1:8082",
+)
 
 
 def ports(found: listeners.Bindings) -> dict:
@@ -50,21 +53,34 @@ def ports(found: listeners.Bindings) -> dict:
 
 def test_a_typical_torchserve_config_is_bound_as_written_and_kserve_grpc_moves_off_8081():
     found = listeners.plan(frontend(**TYPICAL), Namespace())
-    assert ports(found) == {"inference": ("127.0.0.1", 8080), "management": ("127.0.0.1", 8081),
-                            "metrics": ("127.0.0.1", 8082), "grpc": ("127.0.0.1", 8083)}  # fmt: skip
+    assert ports(found) == {
+        "inference": ("127.0.0.1", 8080),
+        "management": ("127.0.0.1", 8081),
+        "metrics": ("127.0.0.1", 8082),
+        "grpc": ("127.0.0.1", 8083),
+    }
     [note] = found.notes
     assert "8083" in note and "management_address=http://127.0.0.1:8081 takes 8081" in note and "--grpc_port" in note
 
 
 def test_the_command_line_wins_and_one_address_is_one_listener():
     kserve = Namespace(http_port=8080, grpc_port=8081)  # what the exported runtime passes
-    tsctl_config = frontend(inference_address="http://0.0.0.0:8085", management_address="http://0.0.0.0:8085",
-                            metrics_address="http://0.0.0.0:8082")  # fmt: skip
+    tsctl_config = frontend(
+        inference_address="http://0.0.0.0:8085",
+        management_address="http://0.0.0.0:8085",
+        metrics_address="http://0.0.0.0:8082",
+    )
     assert ports(listeners.plan(tsctl_config, kserve)) == {
-        "both": ("0.0.0.0", 8080), "metrics": ("0.0.0.0", 8082), "grpc": ("0.0.0.0", 8081)}  # fmt: skip
+        "both": ("0.0.0.0", 8080),
+        "metrics": ("0.0.0.0", 8082),
+        "grpc": ("0.0.0.0", 8081),
+    }
     local = Namespace(host="127.0.0.1", http_port=1001, grpc_port=1002, management_port=1003, metrics_port=1001)
     assert ports(listeners.plan(frontend(**TYPICAL), local)) == {
-        "inference": ("127.0.0.1", 1001), "management": ("127.0.0.1", 1003), "grpc": ("127.0.0.1", 1002)}  # fmt: skip
+        "inference": ("127.0.0.1", 1001),
+        "management": ("127.0.0.1", 1003),
+        "grpc": ("127.0.0.1", 1002),
+    }
     quiet = frontend(**TYPICAL, enable_metrics_api="false")
     assert "metrics" not in ports(listeners.plan(quiet, Namespace()))
     assert ports(listeners.plan(frontend(), Namespace(enable_grpc="false"))) == {"both": ("0.0.0.0", 8080)}
@@ -73,17 +89,23 @@ def test_the_command_line_wins_and_one_address_is_one_listener():
 @pytest.mark.parametrize(
     "keys, args, words",
     [
-        (TYPICAL, Namespace(http_port=8080, grpc_port=8081),
-         "--grpc_port 8081 (KServe's v2 gRPC) and management_address=http://127.0.0.1:8081 both take port 8081"),
-        ({**TYPICAL, "metrics_address": "http://0.0.0.0:8081"}, Namespace(),
-         "metrics_address=http://0.0.0.0:8081 and management_address=http://127.0.0.1:8081 both take port 8081"),
+        (
+            TYPICAL,
+            Namespace(http_port=8080, grpc_port=8081),
+            "--grpc_port 8081 (KServe's v2 gRPC) and management_address=http://127.0.0.1:8081 both take port 8081",
+        ),
+        (
+            {**TYPICAL, "metrics_address": "http://0.0.0.0:8081"},
+            Namespace(),
+            "metrics_address=http://0.0.0.0:8081 and management_address=http://127.0.0.1:8081 both take port 8081",
+        ),
         ({**TYPICAL, "grpc_inference_port": "8082"}, Namespace(), "grpc_inference_port (TorchServe's gRPC inference"),
         ({"inference_address": "https://0.0.0.0:8443"}, Namespace(), "inference_address is https"),
         ({"management_address": "unix:/tmp/m.sock"}, Namespace(), "management_address='unix:/tmp/m.sock' is not"),
     ],
-)  # fmt: skip
+)
 def test_what_cannot_be_bound_is_one_line_naming_the_keys(keys, args, words):
-    with pytest.raises(ts_config.ConfigError) as caught:
+    with pytest.raises(config_properties.ConfigError) as caught:
         listeners.plan(frontend(**keys), args)
     assert words in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
 
@@ -98,12 +120,16 @@ def test_load_models_forms_as_torchserve_reads_them(store):
         return [(s.name, s.version, s.url, s.default, s.min_workers, s.loaded_at_startup) for s in specs], front.notes
 
     every, notes = served("ALL")  # in the directory's order, as TorchServe lists it: its first echo the default
-    assert sorted(every) == [("broken", "1.0", "broken.mar", True, 1, True), ("echo", "1.0", "echo.mar", True, 1, True),
-                             ("echo", "2.0", "echo2.mar", False, 1, True)] or sorted(every)[1:] == [
-        ("echo", "1.0", "echo.mar", False, 1, True), ("echo", "2.0", "echo2.mar", True, 1, True)]  # fmt: skip
+    assert sorted(every) == [
+        ("broken", "1.0", "broken.mar", True, 1, True),
+        ("echo", "1.0", "echo.mar", True, 1, True),
+        ("echo", "2.0", "echo2.mar", False, 1, True),
+    ] or sorted(every)[1:] == [("echo", "1.0", "echo.mar", False, 1, True), ("echo", "2.0", "echo2.mar", True, 1, True)]
     assert [s[2] for s in every] == [p.name for p in store.iterdir()] and notes == []
-    assert served("echo2.mar, mine=echo.mar")[0] == [("echo", "2.0", "echo2.mar", True, 1, True),
-                                                    ("mine", "1.0", "echo.mar", True, 1, True)]  # fmt: skip
+    assert served("echo2.mar, mine=echo.mar")[0] == [
+        ("echo", "2.0", "echo2.mar", True, 1, True),
+        ("mine", "1.0", "echo.mar", True, 1, True),
+    ]
     specs, [missing, twice, relative] = served("echo.mar,missing.mar,echo.mar,../echo.mar,")
     assert [s[:2] for s in specs] == [("echo", "1.0")]
     assert "Failed to load model: ../echo.mar (Relative path is not allowed in url: ../echo.mar)" in relative
@@ -112,7 +138,7 @@ def test_load_models_forms_as_torchserve_reads_them(store):
     specs, _ = ts_config.from_properties({"load_models": "echo.mar"}, config, store)
     assert specs[0].min_workers == ts_config.torchserve_workers()  # no default_workers_per_model: TorchServe's CPUs
     for value in ("", "missing.mar"):
-        with pytest.raises(ts_config.ConfigError, match="enable_model_api is off"):
+        with pytest.raises(config_properties.ConfigError, match="enable_model_api is off"):
             ts_config.from_properties({"load_models": value}, config, store)
     assert served("", enable_model_api="true") == ([], [])  # TorchServe starts with no model; register adds them
 
@@ -151,8 +177,17 @@ class Direct:
         self.home, self.ports = short_tmp(f"addr-{side}-"), ports
         (self.home / "logs").mkdir()
         if side == "tsctl":
-            command = [sys.executable, "-m", "serving.engine", "--model_store", str(store), "--ts_config", str(config),
-                       "--grpc_port", str(free_port())]  # fmt: skip
+            command = [
+                sys.executable,
+                "-m",
+                "serving.engine",
+                "--model_store",
+                str(store),
+                "--ts_config",
+                str(config),
+                "--grpc_port",
+                str(free_port()),
+            ]
         else:
             arguments = ["--start", "--foreground", "--ncs", "--model-store", str(store), "--ts-config", str(config)]
             command = torchserve_launch.torchserve_command() + arguments
@@ -165,8 +200,15 @@ class Direct:
             TS_INITIAL_WORKER_PORT=str(free_port() // 100 * 100),
         )
         with open(self.home / "out", "wb") as out:
-            self.process = subprocess.Popen(command, cwd=self.home, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+            self.process = subprocess.Popen(
+                command,
+                cwd=self.home,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def url(self, api: str) -> str:
         return f"http://127.0.0.1:{self.ports[api]}"
@@ -180,15 +222,19 @@ class Direct:
 
         def states():
             described = [self.get("management", f"/models/{name}/all") for name in models]
-            return [(status, [tuple(w["status"] for w in m["workers"]) for m in body] if status == 200 else body)
-                    for status, body in described]  # fmt: skip (each version's workers' states)
+            return [
+                (status, [tuple(w["status"] for w in m["workers"]) for m in body] if status == 200 else body)
+                for status, body in described
+            ]  # each version's workers' states
 
         def ready(shown):
-            return bool(shown) and all(status == 200 and all(v and set(v) == {"READY"} for v in versions)
-                                       for status, versions in shown)  # fmt: skip
+            return bool(shown) and all(
+                status == 200 and all(v and set(v) == {"READY"} for v in versions) for status, versions in shown
+            )
 
-        waiting.until(states, ready, f"models {models} not ready", self.home / "out",
-                      lambda: self.process.poll() is None, timeout)  # fmt: skip
+        waiting.until(
+            states, ready, f"models {models} not ready", self.home / "out", lambda: self.process.poll() is None, timeout
+        )
         return self
 
     def output(self) -> str:
@@ -219,7 +265,9 @@ def test_the_engine_answers_on_each_address_of_a_typical_config(tmp_path, store)
         status, body = server.request(engine.url("inference") + "/predictions/e2", b"hi", "POST", timeout=30)
         assert status == 200 and body["echo"] == "hi", body
         assert engine.get("management", "/models")[1]["models"] == [
-            {"modelName": "e2", "modelUrl": "echo2.mar"}, {"modelName": "echo", "modelUrl": "echo.mar"}]  # fmt: skip
+            {"modelName": "e2", "modelUrl": "echo2.mar"},
+            {"modelName": "echo", "modelUrl": "echo.mar"},
+        ]
         assert engine.get("inference", "/models")[0] == 404  # management is on its own listener
         for api in ("metrics", "inference"):  # /metrics also on the HTTP port, as the engine documents it
             status, text = engine.get(api, "/metrics")
@@ -240,9 +288,11 @@ def grpc_ping(port: int) -> str:
     from google.protobuf import empty_pb2
 
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        ping = channel.unary_unary("/org.pytorch.serve.grpc.inference.InferenceAPIsService/Ping",
-                                   request_serializer=empty_pb2.Empty.SerializeToString,
-                                   response_deserializer=lambda raw: raw)  # fmt: skip
+        ping = channel.unary_unary(
+            "/org.pytorch.serve.grpc.inference.InferenceAPIsService/Ping",
+            request_serializer=empty_pb2.Empty.SerializeToString,
+            response_deserializer=lambda raw: raw,
+        )
         raw = ping(empty_pb2.Empty(), timeout=10)
     return json.loads(raw[2:].decode())["status"] if raw else ""
 
@@ -252,10 +302,25 @@ def test_a_port_two_listeners_would_share_is_one_line_before_anything_binds(tmp_
     Refused before any model is opened (0.8 s)."""
     config = tmp_path / "config.properties"
     chosen = typical(config, store, "echo.mar")
-    command = [sys.executable, "-m", "serving.engine", "--model_store", str(store), "--ts_config", str(config),
-               "--grpc_port", str(chosen["management"])]  # fmt: skip
-    done = subprocess.run(command, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT), TEMP=str(tmp_path)),
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "serving.engine",
+        "--model_store",
+        str(store),
+        "--ts_config",
+        str(config),
+        "--grpc_port",
+        str(chosen["management"]),
+    ]
+    done = subprocess.run(
+        command,
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), TEMP=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     [line] = [line for line in done.stderr.splitlines() if line.startswith("tsctl engine:")]
     assert f"--grpc_port {chosen['management']} (KServe's v2 gRPC) and management_address=" in line, line
@@ -271,10 +336,25 @@ def test_a_grpc_port_in_use_is_one_line_naming_it(tmp_path, store):
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        command = [sys.executable, "-m", "serving.engine", "--model_store", str(store), "--ts_config", str(config),
-                   "--grpc_port", str(port)]  # fmt: skip
-        done = subprocess.run(command, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT), TEMP=str(tmp_path)),
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "serving.engine",
+            "--model_store",
+            str(store),
+            "--ts_config",
+            str(config),
+            "--grpc_port",
+            str(port),
+        ]
+        done = subprocess.run(
+            command,
+            cwd=tmp_path,
+            env=dict(os.environ, PYTHONPATH=str(ROOT), TEMP=str(tmp_path)),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert done.returncode == 2, done.stderr[-2000:]  # refused before any worker starts (listeners.check_free)
     [line] = [line for line in done.stderr.splitlines() if line.startswith("tsctl engine:")]
     assert f"127.0.0.1:{port} (--grpc_port {port} (KServe's v2 gRPC)) is in use by another process" in line, line
@@ -312,8 +392,22 @@ def test_export_refuses_a_config_whose_addresses_take_the_runtimes_ports(tmp_pat
     text = config.read_text().replace(
         "management_address=http://0.0.0.0:8085", "management_address=http://0.0.0.0:8081"
     )
-    args = ["export", "kserve", "--config", str(config), "--model-store", str(store), "--name", "echo",
-            "--storage-uri", "pvc://models/echo", "--engine", "tsctl", "--image", "r.example/e:1"]  # fmt: skip
+    args = [
+        "export",
+        "kserve",
+        "--config",
+        str(config),
+        "--model-store",
+        str(store),
+        "--name",
+        "echo",
+        "--storage-uri",
+        "pvc://models/echo",
+        "--engine",
+        "tsctl",
+        "--image",
+        "r.example/e:1",
+    ]
     fine = CliRunner().invoke(main, [*args[:2], str(tmp_path / "fine"), *args[2:]])
     assert fine.exit_code == 0, fine.output
     config.write_text(text)
@@ -328,16 +422,31 @@ def test_export_refuses_a_config_whose_addresses_take_the_runtimes_ports(tmp_pat
 
 
 # ---- load_models, compared with TorchServe 0.12 --------------------------------------------------
-FIELDS = ("modelName", "modelVersion", "modelUrl", "minWorkers", "maxWorkers", "batchSize", "maxBatchDelay",
-          "responseTimeout", "loadedAtStartup")  # fmt: skip
+FIELDS = (
+    "modelName",
+    "modelVersion",
+    "modelUrl",
+    "minWorkers",
+    "maxWorkers",
+    "batchSize",
+    "maxBatchDelay",
+    "responseTimeout",
+    "loadedAtStartup",
+)
 
 
 def described(side: Direct, names) -> dict:
     found = {"models": side.get("management", "/models")[1]}
     for name in names:
         status, body = side.get("management", f"/models/{name}/all")
-        found[name] = sorted(([{key: m[key] for key in FIELDS} | {"workers": len(m["workers"])} for m in body]
-                              if status == 200 else [status]), key=str)  # fmt: skip
+        found[name] = sorted(
+            (
+                [{key: m[key] for key in FIELDS} | {"workers": len(m["workers"])} for m in body]
+                if status == 200
+                else [status]
+            ),
+            key=str,
+        )
     return found
 
 

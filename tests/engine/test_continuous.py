@@ -26,8 +26,9 @@ def tokens(word: str, count: int) -> list:
 def engine(tmp_path_factory):
     root = tmp_path_factory.mktemp("continuous")
     ts_continuous.build(root / "model-store", batch=4, step=0.05)
-    properties.write_config(root / "model-store", root / "config" / "config.properties",
-                            extra={"disable_token_authorization": "true"})  # fmt: skip
+    properties.write_config(
+        root / "model-store", root / "config" / "config.properties", extra={"disable_token_authorization": "true"}
+    )
     running = Engine(root).wait_ready()
     running.stubs = ts_grpc.generate(root / "stubs")
     yield running
@@ -69,9 +70,14 @@ def test_grpc_streams_each_step(engine):
 def test_clients_leaving_midway_leave_the_batch(engine):
     """4 clients (the whole batch) leave after 2 chunks of 200 each: their requests are not sent again, and
     the next request is answered at once (else it would wait behind them: 198 steps, about 10 s)."""
-    leaving = [threading.Thread(target=streams.post, args=(engine.http, "/predictions/tokens", prompt(f"gone{k}", 200),
-                                                           "application/json"), kwargs={"leave_after": 2})
-               for k in range(4)]  # fmt: skip
+    leaving = [
+        threading.Thread(
+            target=streams.post,
+            args=(engine.http, "/predictions/tokens", prompt(f"gone{k}", 200), "application/json"),
+            kwargs={"leave_after": 2},
+        )
+        for k in range(4)
+    ]
     [t.start() for t in leaving]
     [t.join(60) for t in leaving]
     started = time.perf_counter()

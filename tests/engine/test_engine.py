@@ -75,8 +75,17 @@ def tree(image_sample, tmp_path_factory):
     package_resnet(image_sample, store, config_text="batchSize: 4\nmaxBatchDelay: 50\n")
     handler = root / "echo.py"
     handler.write_text(ECHO)
-    command = [str(BIN / "torch-model-archiver"), "--model-name", "echo", "--version", "1.0", "--handler",
-               str(handler), "--export-path", str(store)]  # fmt: skip
+    command = [
+        str(BIN / "torch-model-archiver"),
+        "--model-name",
+        "echo",
+        "--version",
+        "1.0",
+        "--handler",
+        str(handler),
+        "--export-path",
+        str(store),
+    ]
     subprocess.run(command, check=True, capture_output=True, env=dict(os.environ, TMPDIR=str(root)))
     (root / "HANG").write_text("")  # a second echo whose load never ends: in its own store (test_a_stuck_load...)
     hang = root / "hang-store"
@@ -221,9 +230,14 @@ def test_a_dead_worker_fails_only_the_requests_it_held_and_comes_back(engine):
     died = next(body for status, body in answers if status == 503)
     assert "Worker died" in died["message"], died
     assert next(body for status, body in answers if status == 200)["pid"] != victim
-    now = waiting.until(lambda: engine.workers("echo"), lambda now: all(w["status"] == "READY" and w["pid"] > 0
-                        for w in now) and victim not in {w["pid"] for w in now}, "the killed worker did not come back",
-                        engine.out, engine.alive, 30)  # fmt: skip
+    now = waiting.until(
+        lambda: engine.workers("echo"),
+        lambda now: all(w["status"] == "READY" and w["pid"] > 0 for w in now) and victim not in {w["pid"] for w in now},
+        "the killed worker did not come back",
+        engine.out,
+        engine.alive,
+        30,
+    )
     assert len(before & {w["pid"] for w in now}) == 1
     assert all(echo_json(engine, f"after {i}")[0] == 200 for i in range(4))
 
@@ -235,8 +249,14 @@ def test_response_timeout_and_a_handler_that_exits(engine):
     assert time.monotonic() - start < 15
     status, body = echo_json(engine, "exit")
     assert status == 503 and "Worker died" in body["message"], body
-    waiting.until(lambda: engine.workers("echo"), lambda now: all(w["status"] == "READY" for w in now),
-                  "the worker that exited did not come back", engine.out, engine.alive, 30)  # fmt: skip
+    waiting.until(
+        lambda: engine.workers("echo"),
+        lambda now: all(w["status"] == "READY" for w in now),
+        "the worker that exited did not come back",
+        engine.out,
+        engine.alive,
+        30,
+    )
     assert echo_json(engine, "still here")[0] == 200
 
 

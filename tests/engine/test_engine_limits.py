@@ -35,8 +35,10 @@ def fake_proc(tmp_path: Path, cgroup: str, mounts: list, limits: dict) -> str:
     proc = tmp_path / "proc"
     proc.mkdir()
     (proc / "cgroup").write_text(cgroup)
-    lines = [f"{20 + n} 1 0:{n} {root} {point} rw - {kind} {kind} {options}" for n, (root, point, kind, options)
-             in enumerate(mounts)]  # fmt: skip
+    lines = [
+        f"{20 + n} 1 0:{n} {root} {point} rw - {kind} {kind} {options}"
+        for n, (root, point, kind, options) in enumerate(mounts)
+    ]
     (proc / "mountinfo").write_text("25 1 8:1 / / rw - ext4 /dev/sda1 rw\n" + "\n".join(lines) + "\n")
     for path, text in limits.items():
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
@@ -55,12 +57,18 @@ def test_memory_limit_is_the_smallest_up_the_processs_own_v1_group(tmp_path):
     proc = fake_proc(
         tmp_path,
         "12:cpu,cpuacct:/\n4:memory:/process_api/abc\n0::/\n",
-        [("/", tmp_path / "fs" / "cpu", "cgroup", "rw,cpu"), ("/", v1, "cgroup", "rw,memory"),
-         ("/", tmp_path / "fs" / "unified", "cgroup2", "rw")],
-        {"fs/memory/memory.limit_in_bytes": UNLIMITED, "fs/memory/process_api/memory.limit_in_bytes": str(4 << 30),
-         "fs/memory/process_api/abc/memory.limit_in_bytes": UNLIMITED,
-         "fs/unified/memory.max": str(1 << 30)},  # a hybrid host's v2 mount: not the memory controller
-    )  # fmt: skip
+        [
+            ("/", tmp_path / "fs" / "cpu", "cgroup", "rw,cpu"),
+            ("/", v1, "cgroup", "rw,memory"),
+            ("/", tmp_path / "fs" / "unified", "cgroup2", "rw"),
+        ],
+        {
+            "fs/memory/memory.limit_in_bytes": UNLIMITED,
+            "fs/memory/process_api/memory.limit_in_bytes": str(4 << 30),
+            "fs/memory/process_api/abc/memory.limit_in_bytes": UNLIMITED,
+            "fs/unified/memory.max": str(1 << 30),
+        },  # a hybrid host's v2 mount: not the memory controller
+    )
     assert body_limit.memory_cgroup(proc) == (str(v1), "/process_api/abc", "memory.limit_in_bytes")
     limit, source = body_limit.memory_limit(proc)
     assert limit == min(4 << 30, MACHINE)
@@ -73,9 +81,13 @@ def test_memory_limit_under_cgroup_v2_and_a_mount_of_the_groups_own_subtree(tmp_
         tmp_path,
         "0::/kubepods/pod1/c1\n",
         [("/", v2, "cgroup2", "rw,nsdelegate")],
-        {"sys/fs/cgroup/memory.max": "max", "sys/fs/cgroup/kubepods/memory.max": str(3 << 30),
-         "sys/fs/cgroup/kubepods/pod1/memory.max": str(1 << 30), "sys/fs/cgroup/kubepods/pod1/c1/memory.max": "max"},
-    )  # fmt: skip
+        {
+            "sys/fs/cgroup/memory.max": "max",
+            "sys/fs/cgroup/kubepods/memory.max": str(3 << 30),
+            "sys/fs/cgroup/kubepods/pod1/memory.max": str(1 << 30),
+            "sys/fs/cgroup/kubepods/pod1/c1/memory.max": "max",
+        },
+    )
     assert body_limit.memory_limit(proc) == (1 << 30, "the limit of cgroup /kubepods/pod1 (memory.max)")
     # A container's v1 mount of its own group (no namespace): the mount's top is the group itself.
     own = tmp_path / "own"
@@ -202,8 +214,10 @@ def test_big_typed_grpc_calls_stall_no_rest_request(engine):
     refused = [(code, answer) for code, answer in results if code is not None]
     assert all(abs(answer["sum"] - want) < 1e-3 * abs(want) for answer in answered) and len(answered) >= 3, brief
     # (refused by the bodies in flight, or by the client's share of the gRPC reads' budget, #43's READS_SHARE)
-    assert all(code == grpc.StatusCode.UNAVAILABLE and ("--max_inflight_bytes" in why or "READS_SHARE" in why)
-               for code, why in refused), brief  # fmt: skip
+    assert all(
+        code == grpc.StatusCode.UNAVAILABLE and ("--max_inflight_bytes" in why or "READS_SHARE" in why)
+        for code, why in refused
+    ), brief
     grown = peak_rss(engine.process.pid) - peak_before
     print(f"REST during 6 x 32 MB gRPC: {len(latencies)} requests, max {max(latencies):.2f} s; engine grew {grown:,}")
     assert set(statuses) == {200}, statuses

@@ -78,8 +78,17 @@ def store(image_sample, tmp_path_factory):
     package_resnet(image_sample, store)
     handler = root / "noisy.py"
     handler.write_text(NOISY)
-    command = [str(BIN / "torch-model-archiver"), "--model-name", "noisy", "--version", "1.0", "--handler",
-               str(handler), "--export-path", str(store)]  # fmt: skip
+    command = [
+        str(BIN / "torch-model-archiver"),
+        "--model-name",
+        "noisy",
+        "--version",
+        "1.0",
+        "--handler",
+        str(handler),
+        "--export-path",
+        str(store),
+    ]
     subprocess.run(command, check=True, capture_output=True, env=dict(os.environ, TMPDIR=str(root)))
     return store
 
@@ -109,8 +118,9 @@ def pids(srv) -> list:
 
 
 def say(srv, model: str, text: str, timeout: float = 60):
-    return server.request(f"{srv.inference}/predictions/{model}", text.encode(), "POST",
-                          {"Content-Type": "text/plain"}, timeout)  # fmt: skip
+    return server.request(
+        f"{srv.inference}/predictions/{model}", text.encode(), "POST", {"Content-Type": "text/plain"}, timeout
+    )
 
 
 def metrics(srv):
@@ -154,8 +164,9 @@ def test_no_line_a_handler_prints_or_a_client_sends_becomes_a_metric(srv):
     before = pids(srv)
     assert say(srv, "noisy", "forge")[0] == 200
     body = json.dumps({FORGED_KEY: 1}).encode()
-    status, answer = server.request(f"{srv.inference}/predictions/resnet18", body, "POST",
-                                    {"Content-Type": "application/json"}, 60)  # fmt: skip
+    status, answer = server.request(
+        f"{srv.inference}/predictions/resnet18", body, "POST", {"Content-Type": "application/json"}, 60
+    )
     assert status == 400 and "[METRICS]" in answer["message"], answer
     assert say(srv, "noisy", "hello")[0] == 200  # the handler's own metrics still arrive
     time.sleep(0.5)

@@ -29,8 +29,17 @@ def root(tmp_path_factory):
 
 def shared_config(root, extra: str = ""):
     """echo 1.0 on 1 worker, inference and management on one address (tsctl config's, KServe's), tokens on."""
-    entry = {"1.0": {"defaultVersion": True, "marName": "echo.mar", "minWorkers": 1, "maxWorkers": 1,
-                     "batchSize": 1, "maxBatchDelay": 0, "responseTimeout": 60}}  # fmt: skip
+    entry = {
+        "1.0": {
+            "defaultVersion": True,
+            "marName": "echo.mar",
+            "minWorkers": 1,
+            "maxWorkers": 1,
+            "batchSize": 1,
+            "maxBatchDelay": 0,
+            "responseTimeout": 60,
+        }
+    }
     config = root / "config" / "config.properties"
     config.parent.mkdir(exist_ok=True)
     write_config(config, {"echo": entry}, "management_address=http://0.0.0.0:8085\nenable_model_api=true\n" + extra)
@@ -109,8 +118,11 @@ def test_tokens_are_on_unless_the_config_or_the_command_line_says_otherwise(root
     assert not frontend("--disable_token_auth").token_authorization
     config = tmp_path / "config.properties"
     snapshot = '{"name": "s", "modelCount": 1, "models": {"echo": {"1.0": {"marName": "echo.mar"}}}}'
-    for text, tokens in (("", True), ("disable_token_authorization=TRUE\n", False),
-                         ("disable_token_authorization=false\n", True)):  # fmt: skip
+    for text, tokens in (
+        ("", True),
+        ("disable_token_authorization=TRUE\n", False),
+        ("disable_token_authorization=false\n", True),
+    ):
         config.write_text(f"{text}model_snapshot={snapshot}\n")
         assert frontend(config=config).token_authorization is tokens, text
     config.write_text(f"enable_envvars_config=true\ndisable_token_authorization=true\nmodel_snapshot={snapshot}\n")

@@ -36,20 +36,32 @@ ONE = "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 1\nmaxBatchDelay: 10\nresponseTi
 
 
 def write_config(path, management: int, extra: str = "") -> str:
-    entry = {"1.0": {"defaultVersion": True, "marName": "builtin.mar", "minWorkers": 1, "maxWorkers": 1,
-                     "batchSize": 1, "maxBatchDelay": 10, "responseTimeout": 60}}  # fmt: skip
+    entry = {
+        "1.0": {
+            "defaultVersion": True,
+            "marName": "builtin.mar",
+            "minWorkers": 1,
+            "maxWorkers": 1,
+            "batchSize": 1,
+            "maxBatchDelay": 10,
+            "responseTimeout": 60,
+        }
+    }
     snapshot = {"name": "startup.cfg", "modelCount": 1, "models": {"builtin": entry}}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"inference_address=http://127.0.0.1:8085\nmanagement_address=http://127.0.0.1:{management}\n"
-                    f"{extra}model_snapshot={json.dumps(snapshot)}\n")  # fmt: skip
+    path.write_text(
+        f"inference_address=http://127.0.0.1:8085\nmanagement_address=http://127.0.0.1:{management}\n"
+        f"{extra}model_snapshot={json.dumps(snapshot)}\n"
+    )
     return path
 
 
 @pytest.fixture(scope="module")
 def root(image_sample, tmp_path_factory):
     root = tmp_path_factory.mktemp("slips")
-    package_resnet(image_sample, root / "model-store", name="builtin", config_text=ONE,
-                   handler="ts.torch_handler.image_classifier")  # fmt: skip
+    package_resnet(
+        image_sample, root / "model-store", name="builtin", config_text=ONE, handler="ts.torch_handler.image_classifier"
+    )
     return root
 
 
@@ -88,8 +100,9 @@ def test_grpc_input_under_another_key_is_answered_as_torchserve_with_the_cause(e
     """Before: UNAVAILABLE 'Prediction failed\\norg.pytorch.serve.http.InternalServerException' alone."""
     request = pb.PredictionsRequest(model_name="builtin", input={"features": sample_jpeg(1, (64, 64))})
     with grpc.insecure_channel(f"127.0.0.1:{engine.ts_grpc}") as channel:
-        method = channel.unary_unary("/" + pb.INFERENCE_SERVICE + "/Predictions",
-                                     response_deserializer=pb.PredictionResponse.FromString)  # fmt: skip
+        method = channel.unary_unary(
+            "/" + pb.INFERENCE_SERVICE + "/Predictions", response_deserializer=pb.PredictionResponse.FromString
+        )
         token = engine.headers().get("Authorization")
         with pytest.raises(grpc.RpcError) as failed:
             method(request.SerializeToString(), timeout=60, metadata=[("authorization", token)] if token else None)
@@ -137,8 +150,15 @@ def test_a_port_in_use_is_one_line_before_any_worker_starts(root, tmp_path):
         config.write_text(config.read_text().replace("127.0.0.1:8085", f"127.0.0.1:{port}"))
         command = engine_command(root / "model-store", "--ts_config", str(config), "--enable_grpc", "false")
         started = time.monotonic()
-        done = subprocess.run(command, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT), TEMP=str(tmp_path)),
-                              capture_output=True, text=True, timeout=120, start_new_session=True)  # fmt: skip
+        done = subprocess.run(
+            command,
+            cwd=tmp_path,
+            env=dict(os.environ, PYTHONPATH=str(ROOT), TEMP=str(tmp_path)),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            start_new_session=True,
+        )
         took = time.monotonic() - started
     assert done.returncode == 2, done.stderr[-3000:]
     lines = [line for line in done.stderr.splitlines() if line.strip()]
@@ -155,8 +175,11 @@ def test_a_failed_batch_of_several_requests_names_the_error_not_its_message():
     from serving.worker.worker_process import FAILED, Output, WorkerProcess
 
     output = Output()
-    for line in ["Invoking custom service failed.", "Traceback (most recent call last):",
-                 "ValueError: could not convert string to float: 'another client's secret'"]:  # fmt: skip
+    for line in [
+        "Invoking custom service failed.",
+        "Traceback (most recent call last):",
+        "ValueError: could not convert string to float: 'another client's secret'",
+    ]:
         output.add(line)
     worker = SimpleNamespace(output=output)
     several = WorkerProcess.with_cause(worker, FAILED, 0, 3)

@@ -48,8 +48,19 @@ def store(tmp_path_factory) -> Path:
     (shadowing / "view.py").write_text(VIEW)
     (shadowing / "PIL.py").write_text("OURS = True\n")
     archiver = str(Path(os.sys.executable).parent / "torch-model-archiver")
-    command = [archiver, "--model-name", "shadow", "--version", "1.0", "--handler", str(shadowing / "view.py"),
-               "--extra-files", str(shadowing / "PIL.py"), "--export-path", str(root)]  # fmt: skip
+    command = [
+        archiver,
+        "--model-name",
+        "shadow",
+        "--version",
+        "1.0",
+        "--handler",
+        str(shadowing / "view.py"),
+        "--extra-files",
+        str(shadowing / "PIL.py"),
+        "--export-path",
+        str(root),
+    ]
     subprocess.run(command, check=True, capture_output=True)
     return root
 
@@ -216,8 +227,9 @@ def test_a_closed_server_ends_what_is_below_it_and_exits_on_its_own(tmp_path):
     out_read, out_write = os.pipe()
     metrics_read, metrics_write = os.pipe()
     try:
-        child = server.spawn([str(tmp_path / "probe.py"), str(marker)], str(tmp_path), dict(os.environ), out_write,
-                             metrics_write)  # fmt: skip
+        child = server.spawn(
+            [str(tmp_path / "probe.py"), str(marker)], str(tmp_path), dict(os.environ), out_write, metrics_write
+        )
         assert child is not None
         os.close(out_write)
         with os.fdopen(out_read, "rb") as out:

@@ -95,8 +95,10 @@ def test_device_type_cpu_stays_on_the_cpu_and_gpu_without_one_falls_back_with_a_
     assert placed([("a", {"deviceType": "cpu"}, 2)], 4) == {"a": [-1, -1]}
     devices = gpus.model_devices({"deviceType": "gpu"}, 0, "m.mar's model-config.yaml")
     assert not devices.on_gpu
-    assert devices.notes == ["m.mar's model-config.yaml: deviceType is gpu but this machine has no GPU "
-                             "(number_of_gpu 0): its workers run on the CPU"]  # fmt: skip
+    assert devices.notes == [
+        "m.mar's model-config.yaml: deviceType is gpu but this machine has no GPU "
+        "(number_of_gpu 0): its workers run on the CPU"
+    ]
     assert "ignored, as TorchServe ignores it" in gpus.model_devices({"deviceType": "tpu"}, 1, "m").notes[0]
 
 
@@ -150,8 +152,14 @@ def described_gpus(management: str, headers: dict) -> dict:
 
 
 def engine_probes(engine, workers: int) -> dict:
-    return until(lambda: probes(engine.output()), lambda found: sum(len(ids) for ids in found.values()) >= workers,
-                 "every worker's probe line in the engine's output", engine.out, engine.alive, 60)  # fmt: skip
+    return until(
+        lambda: probes(engine.output()),
+        lambda found: sum(len(ids) for ids in found.values()) >= workers,
+        "every worker's probe line in the engine's output",
+        engine.out,
+        engine.alive,
+        60,
+    )
 
 
 def test_the_engine_gives_each_worker_the_gpu_torchserve_gives_it(tree):
@@ -176,9 +184,13 @@ def test_torchserve_and_the_engine_give_each_worker_the_same_gpu(tree, monkeypat
     try:
         workers = sum(len(ids) for ids in WANTED.values())  # each worker's line, written once it is up
         log = ts.logs / "model_log.log"
-        ts_server = until(lambda: probes(log.read_text(errors="replace")),
-                           lambda found: sum(len(ids) for ids in found.values()) >= workers,
-                           "every worker's probe line in model_log.log", log, timeout=60)  # fmt: skip
+        ts_server = until(
+            lambda: probes(log.read_text(errors="replace")),
+            lambda found: sum(len(ids) for ids in found.values()) >= workers,
+            "every worker's probe line in model_log.log",
+            log,
+            timeout=60,
+        )
         ts_described = described_gpus(ts.management, ts.headers("management"))
     finally:
         server.stop(ts)

@@ -33,10 +33,16 @@ def exported_queries(tmp_path, store, config, bench: dict) -> list:
     result = tmp_path / "bench.json"
     sweep.write(bench, str(result))
     options = kserve.ExportOptions(
-        out=str(tmp_path / "out"), name="vision", storage_uri="pvc://models/tsctl", config=str(config),
-        model_store=str(store), from_bench=str(result), autoscale="keda", engine="tsctl",
+        out=str(tmp_path / "out"),
+        name="vision",
+        storage_uri="pvc://models/tsctl",
+        config=str(config),
+        model_store=str(store),
+        from_bench=str(result),
+        autoscale="keda",
+        engine="tsctl",
         image="registry.example/tsctl-engine:1",
-    )  # fmt: skip
+    )
     kserve.export(options)
     isvc = yaml.safe_load((tmp_path / "out" / "inferenceservice.yaml").read_text())
     metrics = isvc["spec"]["predictor"]["autoScaling"]["metrics"]
@@ -54,13 +60,21 @@ def test_the_keda_queries_read_the_engines_load_through_a_real_prometheus(tmp_pa
         for _ in range(2):
             servers.append(engines.serve("tsctl", str(config), str(store), str(short_tmp("rep-")), 300))
         bench = sweep.document(
-            "resnet18", "tsctl", {"workers": 1, "max_workers": 1, "batch_size": 8, "max_batch_delay_ms": 20,
-                                  "cpu": None, "memory_bytes": None},
-            [(p.name, p.stat().st_size) for p in inputs], None,
-            [sweep.step(predictions(servers[0]), bodies, 2, 40, 10, metrics_url=servers[0].metrics,
-                           model="resnet18")],
+            "resnet18",
+            "tsctl",
+            {
+                "workers": 1,
+                "max_workers": 1,
+                "batch_size": 8,
+                "max_batch_delay_ms": 20,
+                "cpu": None,
+                "memory_bytes": None,
+            },
+            [(p.name, p.stat().st_size) for p in inputs],
+            None,
+            [sweep.step(predictions(servers[0]), bodies, 2, 40, 10, metrics_url=servers[0].metrics, model="resnet18")],
             "measured one step",
-        )  # fmt: skip
+        )
         (rate_query, _), (load_query, _) = exported_queries(tmp_path, store, config, bench)
         assert rate_query.startswith("sum(rate(ts_inference_requests_total{") and rate_query.endswith("[1m]))")
         targets = {

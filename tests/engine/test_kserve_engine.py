@@ -203,8 +203,15 @@ def test_the_cli_serves_predicts_benches_verifies_and_stops_on_the_engine(store,
         assert recorded["kserve_v2_grpc"] == recorded["grpc"]  # the former key: KServe's v2 gRPC on the engine
         grpcs = [recorded[key] for key in ("kserve_v2_grpc", "ts_grpc_inference", "ts_grpc_management")]
         assert len(set(grpcs)) == 3 and all(g.startswith("127.0.0.1:") for g in grpcs), grpcs
-        for label in ("inference", "management", "metrics", "kserve_v2_grpc", "ts_grpc_inference",
-                      "ts_grpc_management", "logs"):  # fmt: skip
+        for label in (
+            "inference",
+            "management",
+            "metrics",
+            "kserve_v2_grpc",
+            "ts_grpc_inference",
+            "ts_grpc_management",
+            "logs",
+        ):
             assert f"  {label} " in started.output, label
         assert "  grpc " not in started.output and "token authorization" not in started.output
         assert engines.predict_url(running, "resnet18") == f"{address}/predictions/resnet18"

@@ -15,7 +15,7 @@ import pytest
 
 from helpers.engine import Engine
 from helpers.models import package_resnet
-from serving import ts_config
+from serving import config_properties, ts_config
 from serving.local_model import LocalModel
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "kserve"
@@ -34,14 +34,16 @@ ECHO = "def handle(data, context):\n    return data\n"  # no toolkit: TorchServe
 )
 def test_the_environment_overrides_the_file_as_torchserve_lets_it(switch, environment, envelope):
     written = {"enable_envvars_config": switch, "service_envelope": "body", "job_queue_size": "7"}
-    read = ts_config.with_environment(written, environment)
+    read = config_properties.with_environment(written, environment)
     assert read["service_envelope"] == envelope and read["job_queue_size"] == "7"
     assert "number_of_netty_threads" not in read and written["service_envelope"] == "body"  # the file's untouched
-    assert ts_config.with_environment(written, {"TS_JOB_QUEUE_SIZE": "9"})["job_queue_size"] == (
+    assert config_properties.with_environment(written, {"TS_JOB_QUEUE_SIZE": "9"})["job_queue_size"] == (
         "9" if switch == "TRUE" or switch == "true" else "7"
     )
     # the addresses too, as TorchServe's TS_INFERENCE_ADDRESS ... (serving/engine/listeners.py binds them)
-    moved = ts_config.with_environment(written, {"TS_METRICS_ADDRESS": "http://0.0.0.0:9"}).get("metrics_address")
+    moved = config_properties.with_environment(written, {"TS_METRICS_ADDRESS": "http://0.0.0.0:9"}).get(
+        "metrics_address"
+    )
     assert moved == ("http://0.0.0.0:9" if switch in ("TRUE", "true") else None)
 
 

@@ -41,8 +41,14 @@ def handle(data, context):
     return [{"outputs": [{"name": "output-0", "datatype": "BYTES", "shape": [1], "data": [size]}]} for _ in data]
 '''
 REST, GRPC = 8, 2
-NAMES = ("ts_queue_size", "ts_requests_in_flight", "ts_batch_size_limit", "ts_batch_fill_ratio", "ts_batches_total",
-         "ts_batched_requests_total")  # fmt: skip
+NAMES = (
+    "ts_queue_size",
+    "ts_requests_in_flight",
+    "ts_batch_size_limit",
+    "ts_batch_fill_ratio",
+    "ts_batches_total",
+    "ts_batched_requests_total",
+)
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +72,11 @@ def load(engine) -> dict:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.labels.get("model_name") == "slow" and sample.name in NAMES:
-                assert sample.labels == {"model_name": "slow", "model_version": "1.0",
-                                         "hostname": sample.labels["hostname"]}, sample  # fmt: skip
+                assert sample.labels == {
+                    "model_name": "slow",
+                    "model_version": "1.0",
+                    "hostname": sample.labels["hostname"],
+                }, sample
                 values[sample.name] = sample.value
     return values
 
@@ -84,12 +93,19 @@ def until(engine, wanted, seconds: float = 20) -> dict:
 
 def test_queue_in_flight_and_batch_fill_over_rest_and_grpc(engine):
     idle = load(engine)
-    assert idle == {"ts_queue_size": 0, "ts_requests_in_flight": 0, "ts_batch_size_limit": 4,
-                    "ts_batch_fill_ratio": 0, "ts_batches_total": 0, "ts_batched_requests_total": 0}, idle  # fmt: skip
+    assert idle == {
+        "ts_queue_size": 0,
+        "ts_requests_in_flight": 0,
+        "ts_batch_size_limit": 4,
+        "ts_batch_fill_ratio": 0,
+        "ts_batches_total": 0,
+        "ts_batched_requests_total": 0,
+    }, idle
     with concurrent.futures.ThreadPoolExecutor(REST + GRPC) as pool:
         # gRPC first (tritonclient starts in a process of its own): its two requests in the worker's batch
-        grpc = [pool.submit(grpc_client.call, f"127.0.0.1:{engine.grpc}", "slow", [b"x"], timeout=60)
-                for _ in range(GRPC)]  # fmt: skip
+        grpc = [
+            pool.submit(grpc_client.call, f"127.0.0.1:{engine.grpc}", "slow", [b"x"], timeout=60) for _ in range(GRPC)
+        ]
         busy = until(engine, lambda got: got["ts_requests_in_flight"] >= 1)
         rest = [pool.submit(engine.post, "/predictions/slow", b"x", "text/plain", 60) for _ in range(REST)]
         busy = until(engine, lambda got: got["ts_requests_in_flight"] == REST + GRPC)

@@ -129,7 +129,7 @@ REQUESTS = {  # model: v2 JSON bodies
     "resnet18": [v2([bytes_tensor([b64(JPEGS[0])])]), v2([bytes_tensor([b64(j) for j in JPEGS[1:]])])],
     "resnet18-t": [
         v2([{"name": "input-0", "shape": [2, 3, 224, 224], "datatype": "FP32", "data": PIXELS.reshape(-1).tolist()}])
-    ],  # fmt: skip
+    ],
     "sentiment": [v2([bytes_tensor(TEXTS)])],
     "tagger": [v2([bytes_tensor(TEXTS[:2])])],
     "minilm": [v2([bytes_tensor(TEXTS)])],
@@ -153,8 +153,10 @@ def outputs(body) -> list:
 def test_every_kind_answers_as_in_process(srv, store):
     for model, bodies in REQUESTS.items():
         want = in_process(store, model, bodies)
-        got = [server.request(engines.predict_url(srv, model), body, "POST", {"Content-Type": "application/json"}, 120)
-               for body in bodies]  # fmt: skip
+        got = [
+            server.request(engines.predict_url(srv, model), body, "POST", {"Content-Type": "application/json"}, 120)
+            for body in bodies
+        ]
         for (status, body), (want_status, want_body) in zip(got, want):
             assert (status, want_status) == (200, 200), (model, body, want_body)
             assert body["model_name"] == model and body["model_version"] == "1.0"
@@ -170,8 +172,9 @@ def test_metrics_of_every_model_are_one_family_each(srv, store):
     from prometheus_client.parser import text_string_to_metric_families
 
     for model in ("sentiment", "minilm"):
-        status, _ = server.request(engines.predict_url(srv, model), REQUESTS[model][0], "POST",
-                                   {"Content-Type": "application/json"}, 120)  # fmt: skip
+        status, _ = server.request(
+            engines.predict_url(srv, model), REQUESTS[model][0], "POST", {"Content-Type": "application/json"}, 120
+        )
         assert status == 200
     time.sleep(1)  # the last request's metric lines read
     status, text = server.request(srv.metrics_url, timeout=30)
@@ -296,8 +299,12 @@ def test_one_answer_shape_whichever_tool_built_the_archive(srv):
         ]
     )
     request = ENGINE.request_body(ts_probes.IRIS_ROWS["setosa"], "application/octet-stream")[0]
-    outputs = [server.request(engines.predict_url(srv, model), request, "POST", {"Content-Type": "application/json"},
-                              60)[1]["outputs"] for model in ("xgboost", "xgboost-tsctl")]  # fmt: skip
+    outputs = [
+        server.request(engines.predict_url(srv, model), request, "POST", {"Content-Type": "application/json"}, 60)[1][
+            "outputs"
+        ]
+        for model in ("xgboost", "xgboost-tsctl")
+    ]
     assert outputs[0] == outputs[1] == [{"name": "output-0", "shape": [1], "datatype": "BYTES", "data": ['"setosa"']}]
 
 
@@ -310,8 +317,12 @@ def test_verify_served_sends_each_golden_file_as_predict_does(srv, tmp_path):
     replay failed). About 3 s."""
     golden_dir = tmp_path / "golden"
     golden_dir.mkdir()
-    inputs = {"row.bin": ts_probes.IRIS_ROWS["setosa"], "row.txt": b"a,b\n1,2\n", "doc.json": b'{"a": [1, 2.5]}',
-              "digit.png": EXAMPLES["body-probe"].inputs[8][0]}  # fmt: skip
+    inputs = {
+        "row.bin": ts_probes.IRIS_ROWS["setosa"],
+        "row.txt": b"a,b\n1,2\n",
+        "doc.json": b'{"a": [1, 2.5]}',
+        "digit.png": EXAMPLES["body-probe"].inputs[8][0],
+    }
     for name, data in inputs.items():
         (golden_dir / name).write_bytes(data)
     flags = EXAMPLES["body-probe"].flags("tsctl") + ["--export-path", str(tmp_path), "--golden", str(golden_dir)]
@@ -357,8 +368,9 @@ def test_a_bad_request_fails_alone_in_its_batch(srv, store):
     assert mixed, batch_lines(srv)[-20:]  # a bad request shared a batch with good ones, which all answered
     # an id MLServer would echo into its headers, and a header describing a body the handler never sees
     url = engines.predict_url(srv, "sentiment")
-    status, body = server.request(url, json.dumps({"id": "a\nb", **json.loads(good)}).encode(),
-                                  "POST", {"Content-Type": "application/json"}, 60)  # fmt: skip
+    status, body = server.request(
+        url, json.dumps({"id": "a\nb", **json.loads(good)}).encode(), "POST", {"Content-Type": "application/json"}, 60
+    )
     assert status == 400 and "id" in body["error"], body
     headers = {"Content-Type": "application/json", "Inference-Header-Content-Length": "10"}
     status, body = server.request(engines.predict_url(srv, "sentiment"), good, "POST", headers, 60)
@@ -372,16 +384,18 @@ def test_no_client_can_unload_a_model_and_bodies_are_bounded(srv, store):
     MLServer parses it."""
     before = worker_pids(srv)
     for action in ("unload", "load"):
-        status, body = server.request(f"{srv.inference}/v2/repository/models/resnet18/{action}", b"", "POST",
-                                      timeout=30)  # fmt: skip
+        status, body = server.request(
+            f"{srv.inference}/v2/repository/models/resnet18/{action}", b"", "POST", timeout=30
+        )
         assert status in (403, 404), (action, status, body)
     got = grpc_client.call(srv.grpc, "resnet18", unload=True)
     assert got["unload_error"] and "load and unload calls are off" in got["unload_error"], got
     assert got["ready_after"], got
     assert ENGINE.list_models(srv) and "resnet18" in ENGINE.list_models(srv)  # the read-only index stays
     [(_, want)] = in_process(store, "resnet18", [REQUESTS["resnet18"][0]])
-    status, body = server.request(engines.predict_url(srv, "resnet18"), REQUESTS["resnet18"][0], "POST",
-                                  {"Content-Type": "application/json"}, 60)  # fmt: skip
+    status, body = server.request(
+        engines.predict_url(srv, "resnet18"), REQUESTS["resnet18"][0], "POST", {"Content-Type": "application/json"}, 60
+    )
     assert status == 200, body
     assert_close(outputs(body), outputs(want))
     huge = v2([bytes_tensor(["x" * (8 << 20)])])
@@ -471,17 +485,33 @@ def test_cli_serve_predict_verify_bench_stop(store, mlserver_python, image_sampl
     inputs = tmp_path / "golden-inputs"
     inputs.mkdir()
     (inputs / "kitten.jpg").write_bytes((image_sample / "kitten.jpg").read_bytes())
-    options = mar.PackageOptions(model_name="resnet18", handler="image_classifier",
-                                 serialized_file=str(image_sample / "resnet18.pt"),
-                                 model_file=str(image_sample / "model.py"),
-                                 extra_files=[str(image_sample / "index_to_name.json")],
-                                 export_path=str(solo))  # fmt: skip
+    options = mar.PackageOptions(
+        model_name="resnet18",
+        handler="image_classifier",
+        serialized_file=str(image_sample / "resnet18.pt"),
+        model_file=str(image_sample / "model.py"),
+        extra_files=[str(image_sample / "index_to_name.json")],
+        export_path=str(solo),
+    )
     archive, _, _ = golden.package(options, str(inputs))
     runner = CliRunner()
     common = ["--home", str(home)]
     try:
-        done = runner.invoke(main, ["serve", "--engine", "mlserver", "--python", mlserver_python,
-                                    "--model-store", str(solo), "--timeout", "300", *common])  # fmt: skip
+        done = runner.invoke(
+            main,
+            [
+                "serve",
+                "--engine",
+                "mlserver",
+                "--python",
+                mlserver_python,
+                "--model-store",
+                str(solo),
+                "--timeout",
+                "300",
+                *common,
+            ],
+        )
         assert done.exit_code == 0, done.output
         assert "MLServer ready" in done.output and "grpc" in done.output
         done = runner.invoke(main, ["predict", "resnet18", str(image_sample / "kitten.jpg"), *common])
@@ -493,8 +523,21 @@ def test_cli_serve_predict_verify_bench_stop(store, mlserver_python, image_sampl
         done = runner.invoke(main, ["verify", str(archive), "--served", *common])  # MLServer's own protocol: v2
         assert done.exit_code == 0, done.output
         assert done.stdout.strip() == f"1 of 1 golden answers match ({srv.inference} (v2))", done.output
-        done = runner.invoke(main, ["bench", "resnet18", "--input", str(image_sample / "kitten.jpg"),
-                                    "--requests", "16", "--concurrency", "4", "--json", *common])  # fmt: skip
+        done = runner.invoke(
+            main,
+            [
+                "bench",
+                "resnet18",
+                "--input",
+                str(image_sample / "kitten.jpg"),
+                "--requests",
+                "16",
+                "--concurrency",
+                "4",
+                "--json",
+                *common,
+            ],
+        )
         assert done.exit_code == 0, done.output
         summary = json.loads(done.output)
         assert summary["requests"] == 16 and summary["errors"] == 0
@@ -551,8 +594,14 @@ def test_ab_split_as_seldon_routes_it(srv, store, tmp_path):
     from archiver.export.seldon import export as seldon
 
     out = tmp_path / "seldon"
-    seldon.export(seldon.SeldonOptions(out=str(out), model_store=str(store), image="registry.example/tsctl:1",
-                                       ab=[("sentiment", 90), ("sentiment-b", 10)]))  # fmt: skip
+    seldon.export(
+        seldon.SeldonOptions(
+            out=str(out),
+            model_store=str(store),
+            image="registry.example/tsctl:1",
+            ab=[("sentiment", 90), ("sentiment-b", 10)],
+        )
+    )
     experiment = yaml.safe_load((out / "experiment.yaml").read_text())
     candidates = [(c["name"], c["weight"]) for c in experiment["spec"]["candidates"]]
     assert candidates == [("sentiment", 90), ("sentiment-b", 10)]
@@ -600,9 +649,15 @@ def test_the_seldon_export_serves_and_its_pipeline_answers_as_the_archive(store,
     from archiver.export.seldon import export as seldon
 
     out = tmp_path / "seldon"
-    seldon.export(seldon.SeldonOptions(out=str(out), model_store=str(store), image="registry.example/tsctl:1",
-                                       transformer_archive=str(store / "resnet18.mar"),
-                                       transformer_model="resnet18-t"))  # fmt: skip
+    seldon.export(
+        seldon.SeldonOptions(
+            out=str(out),
+            model_store=str(store),
+            image="registry.example/tsctl:1",
+            transformer_archive=str(store / "resnet18.mar"),
+            transformer_model="resnet18-t",
+        )
+    )
     pipeline = yaml.safe_load((out / "pipeline.yaml").read_text())
     steps = [step["name"] for step in pipeline["spec"]["steps"]]
     assert steps == ["resnet18-pre", "resnet18-t", "resnet18-post"]
@@ -617,15 +672,17 @@ def test_the_seldon_export_serves_and_its_pipeline_answers_as_the_archive(store,
         for jpeg in JPEGS:
             body = v2([bytes_tensor([b64(jpeg)])])
             for step in steps:  # Seldon's pipeline: a step's outputs are the next step's inputs
-                status, answer = server.request(engines.predict_url(running, step), body, "POST",
-                                                {"Content-Type": "application/json"}, 120)  # fmt: skip
+                status, answer = server.request(
+                    engines.predict_url(running, step), body, "POST", {"Content-Type": "application/json"}, 120
+                )
                 assert status == 200, (step, answer)
                 body = json.dumps({"inputs": answer["outputs"]}).encode()
             [want] = resnet18_local.predict([jpeg])
             assert_close([json.loads(a) for a in answer["outputs"][0]["data"]], [want.json()])
         url = engines.predict_url(running, steps[0])
-        status, answer = server.request(url, v2([bytes_tensor(["not base64!"])]), "POST",
-                                        {"Content-Type": "application/json"}, 60)  # fmt: skip
+        status, answer = server.request(
+            url, v2([bytes_tensor(["not base64!"])]), "POST", {"Content-Type": "application/json"}, 60
+        )
         assert status == 400 and "base64" in answer["error"], answer
         # what an attacker sent the transformer's steps (found by one): each its own 4xx, the bounds the handler's
         fp32 = {"name": "o", "datatype": "FP32"}
@@ -641,8 +698,9 @@ def test_the_seldon_export_serves_and_its_pipeline_answers_as_the_archive(store,
             (steps[0], v2([{**bytes_tensor([b64(JPEGS[0])]), "shape": [1000]}]), 400),
         ]
         for step, body, want in refused:
-            status, answer = server.request(engines.predict_url(running, step), body, "POST",
-                                            {"Content-Type": "application/json"}, 60)  # fmt: skip
+            status, answer = server.request(
+                engines.predict_url(running, step), body, "POST", {"Content-Type": "application/json"}, 60
+            )
             assert status == want and answer.get("error"), (step, body[:100], status, answer)
     finally:
         resnet18_local.close()
@@ -655,8 +713,9 @@ def test_mlserver_missing_is_one_line(image_sample, tmp_path):
     store, home = tmp_path / "model-store", tmp_path / "h"
     package_resnet(image_sample, store)
     for python in ([], ["--python", sys.executable], ["--python", str(tmp_path / "nowhere" / "python")]):
-        done = CliRunner().invoke(main, ["serve", "--engine", "mlserver", *python, "--model-store", str(store),
-                                         "--home", str(home)])  # fmt: skip
+        done = CliRunner().invoke(
+            main, ["serve", "--engine", "mlserver", *python, "--model-store", str(store), "--home", str(home)]
+        )
         assert done.exit_code == 2, done.output
         assert "mlserver" in done.output and "--python" in done.output and "Traceback" not in done.output
     assert not home.exists()

@@ -44,12 +44,15 @@ def test_a_refused_key_is_one_line_naming_it(key, value):
         model_config_keys.check(config, "x's model-config.yaml")
 
 
-@pytest.mark.parametrize("config, said", [  # what a new user wrote (issue #44's newcomer); served unchecked before
-    ({"sequenceBatching": True, "sequenceMaxIdleMSec": "1 min"}, "'sequenceMaxIdleMSec' must be a whole number"),
-    ({"sequenceBatching": "yes"}, "'sequenceBatching' must be a bool, got 'yes'"),
-    ({"continuousBatching": "true"}, "'continuousBatching' must be a bool, got 'true'"),
-    ({"sequenceTimeoutMSec": -1}, "'sequenceTimeoutMSec' must not be negative, got -1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "config, said",
+    [  # what a new user wrote (issue #44's newcomer); served unchecked before
+        ({"sequenceBatching": True, "sequenceMaxIdleMSec": "1 min"}, "'sequenceMaxIdleMSec' must be a whole number"),
+        ({"sequenceBatching": "yes"}, "'sequenceBatching' must be a bool, got 'yes'"),
+        ({"continuousBatching": "true"}, "'continuousBatching' must be a bool, got 'true'"),
+        ({"sequenceTimeoutMSec": -1}, "'sequenceTimeoutMSec' must not be negative, got -1"),
+    ],
+)
 def test_a_value_of_another_type_is_refused_in_one_line(config, said):
     """TorchServe's ModelConfig.build ignores such a value with a log line and serves its default (not
     stateful, not continuous): the engine, tsctl run and tsctl package refuse it, naming the file and key."""
@@ -60,10 +63,11 @@ def test_a_value_of_another_type_is_refused_in_one_line(config, said):
 
 def test_a_near_miss_and_a_bound_past_the_engines_are_notes():
     notes = model_config_keys.check({"sequenceMaxIdleMsec": 10, "maxNumSequence": 10_000_000}, "x")
-    assert notes == ["x: unknown key 'sequenceMaxIdleMsec'; did you mean 'sequenceMaxIdleMSec'? (TorchServe "
-                     "ignores 'sequenceMaxIdleMsec')",
-                     "x: maxNumSequence 10000000 is above the engine's bound: 65536 sequences open at most "
-                     "(docs/limits.md)"]  # fmt: skip
+    assert notes == [
+        "x: unknown key 'sequenceMaxIdleMsec'; did you mean 'sequenceMaxIdleMSec'? (TorchServe "
+        "ignores 'sequenceMaxIdleMsec')",
+        "x: maxNumSequence 10000000 is above the engine's bound: 65536 sequences open at most (docs/limits.md)",
+    ]
 
 
 def test_the_engine_serves_the_values_in_force_and_notes_the_rest(tmp_path):
@@ -81,10 +85,24 @@ def test_the_engine_serves_the_values_in_force_and_notes_the_rest(tmp_path):
     try:
         status, [described] = engine.get("/models/noted")
         assert status == 200
-        assert {k: described[k] for k in ("responseTimeout", "startupTimeout", "useJobTicket", "useVenv",
-                                          "clientTimeoutInMills", "continuousBatching")} == {
-            "responseTimeout": 120, "startupTimeout": 200, "useJobTicket": False, "useVenv": False,
-            "clientTimeoutInMills": 0, "continuousBatching": False}  # fmt: skip
+        assert {
+            k: described[k]
+            for k in (
+                "responseTimeout",
+                "startupTimeout",
+                "useJobTicket",
+                "useVenv",
+                "clientTimeoutInMills",
+                "continuousBatching",
+            )
+        } == {
+            "responseTimeout": 120,
+            "startupTimeout": 200,
+            "useJobTicket": False,
+            "useVenv": False,
+            "clientTimeoutInMills": 0,
+            "continuousBatching": False,
+        }
         assert described["jobQueueStatus"]["remainingCapacity"] == 3
         output = engine.output()
         for key in ("useJobTicket", "useVenv", "clientTimeoutInMills"):
@@ -93,10 +111,21 @@ def test_the_engine_serves_the_values_in_force_and_notes_the_rest(tmp_path):
         assert engine.stop() == 0
 
 
-@pytest.mark.parametrize("config_text, noted, refused", [
-    ("batchSize: 1\nuseVenv: true\n", "custom.mar's model-config.yaml: useVenv: True is not done by the tsctl", None),
-    ("batchSize: 1\nasyncCommunication: true\n", None, "custom.mar's model-config.yaml: asyncCommunication is True"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "config_text, noted, refused",
+    [
+        (
+            "batchSize: 1\nuseVenv: true\n",
+            "custom.mar's model-config.yaml: useVenv: True is not done by the tsctl",
+            None,
+        ),
+        (
+            "batchSize: 1\nasyncCommunication: true\n",
+            None,
+            "custom.mar's model-config.yaml: asyncCommunication is True",
+        ),
+    ],
+)
 def test_the_engine_export_notes_and_refuses_the_same_keys(image_sample, tmp_path, config_text, noted, refused):
     """tsctl export kserve --engine tsctl says at export what the engine would say at load; the TorchServe
     export nothing (TorchServe does them)."""
@@ -110,8 +139,12 @@ def test_the_engine_export_notes_and_refuses_the_same_keys(image_sample, tmp_pat
     handler.write_text("def handle(data, context):\n    return data\n")
     package_resnet(image_sample, store, name="custom", handler=str(handler), config_text=config_text)
     config_properties.write_config(store, tmp_path / "config" / "config.properties")
-    base = dict(name="vision", storage_uri="pvc://models/tsctl", config=str(tmp_path / "config" / "config.properties"),
-                model_store=str(store))  # fmt: skip
+    base = dict(
+        name="vision",
+        storage_uri="pvc://models/tsctl",
+        config=str(tmp_path / "config" / "config.properties"),
+        model_store=str(store),
+    )
     engine = dict(base, out=str(tmp_path / "engine"), engine="tsctl", image="registry.local/tsctl:1")
     if refused:
         with pytest.raises(UserError, match=refused):

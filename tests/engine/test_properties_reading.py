@@ -12,7 +12,7 @@ import pytest
 from archiver import properties
 from archiver.errors import UserError
 from archiver.export.kserve import tsctl_image
-from serving import ts_config
+from serving import config_properties, ts_config
 
 # A model_snapshot as TorchServe's documentation and users write it: JSON over many lines, each ended by a
 # backslash, the next one indented.
@@ -81,7 +81,7 @@ def write(path: Path, text: str) -> Path:
 def test_java_syntax_is_read_as_java_reads_it(tmp_path):
     path = write(tmp_path / "config.properties", JAVA_SYNTAX)
     assert dict(properties.read_properties(path)) == EXPECTED
-    assert dict(ts_config.read_properties(path)) == EXPECTED  # the tsctl engine reads it the same
+    assert dict(config_properties.read_properties(path)) == EXPECTED  # the tsctl engine reads it the same
 
 
 def test_a_model_snapshot_over_continuation_lines_is_served(tmp_path):
@@ -132,7 +132,7 @@ def test_what_tsctl_config_writes_reads_back_unchanged(tmp_path):
 
 
 def test_the_engine_image_installs_what_reads_the_config():
-    """serving/ts_config.py reads config.properties with javaproperties in the tsctl engine's process: its
+    """serving/config_properties.py reads config.properties with javaproperties in the tsctl engine's process: its
     image (archiver/export/kserve/tsctl_image.py) must install it."""
     from importlib import metadata
 

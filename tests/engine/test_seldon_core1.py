@@ -70,16 +70,28 @@ def store(image_sample, tmp_path_factory):
             torch.save(image_model.resnet18(seed).state_dict(), sample / "resnet18.pt")
             for file in ("model.py", "index_to_name.json", "model-config.yaml"):
                 (sample / file).write_bytes((image_sample / file).read_bytes())
-        package_resnet(sample, root / "model-store", name=name, handler="tensor",
-                       config_file=str(root / "tensor.yaml"), extra_files=[])  # fmt: skip
+        package_resnet(
+            sample,
+            root / "model-store",
+            name=name,
+            handler="tensor",
+            config_file=str(root / "tensor.yaml"),
+            extra_files=[],
+        )
         package_resnet(sample, root / "refs", name=name)
     return root
 
 
 def export(store: Path, out: Path, **options) -> dict:
-    core1.export(core1.SeldonCore1Options(
-        out=str(out), image="registry.example/tsctl-seldon:1", model_store=str(store / "model-store"),
-        transformer_archive=str(store / "transformer" / "vision.mar"), **options))  # fmt: skip
+    core1.export(
+        core1.SeldonCore1Options(
+            out=str(out),
+            image="registry.example/tsctl-seldon:1",
+            model_store=str(store / "model-store"),
+            transformer_archive=str(store / "transformer" / "vision.mar"),
+            **options,
+        )
+    )
     return yaml.safe_load((out / "seldondeployment.yaml").read_text())
 
 
@@ -149,8 +161,9 @@ def chunked_post(url: str, chunks) -> int:
     parts = urllib.parse.urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
     try:
-        connection.request("POST", parts.path, body=iter(chunks), headers={"Content-Type": "application/json"},
-                           encode_chunked=True)  # fmt: skip
+        connection.request(
+            "POST", parts.path, body=iter(chunks), headers={"Content-Type": "application/json"}, encode_chunked=True
+        )
         return connection.getresponse().status
     except OSError:  # the unit closed a chunked body it refused as it came
         return 0
@@ -164,8 +177,11 @@ def assert_hostile_bodies_fail_alone(url: str, log: Path):
     a multipart file binData, NaN: serving/runtimes/seldon_components.py. Each its own 4xx; the worker lives."""
     boots = log.read_text(errors="replace").count("Booting worker")
     jpeg = b64(JPEGS[0]).encode()
-    multipart = (b'--B\r\nContent-Disposition: form-data; name="binData"; filename="a.jpg"\r\n\r\n' + JPEGS[0]
-                 + b'\r\n--B\r\nContent-Disposition: form-data; name="meta"\r\n\r\n{"m": 1}\r\n--B--\r\n')  # fmt: skip
+    multipart = (
+        b'--B\r\nContent-Disposition: form-data; name="binData"; filename="a.jpg"\r\n\r\n'
+        + JPEGS[0]
+        + b'\r\n--B\r\nContent-Disposition: form-data; name="meta"\r\n\r\n{"m": 1}\r\n--B--\r\n'
+    )
     deep = b'{"jsonData": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"  # past Python's recursion limit
     form = b"json=" + urllib.parse.quote(json.dumps({"binData": jpeg.decode()})).encode()
     bad_meta = b'--B\r\nContent-Disposition: form-data; name="meta"\r\n\r\nnot json\r\n--B--\r\n'
@@ -213,8 +229,10 @@ def test_the_ab_graph_splits_by_ratio_and_answers_as_the_routed_model(store, sel
     try:
         executor = seldon_graph.Executor(predictor["graph"], graph.ports(), random.Random(34), injection == "true")
         total = 1000
-        bodies = [json.dumps({"binData": b64(JPEGS[i % len(JPEGS)]), "meta": {"tags": {"i": i}}}).encode()
-                  for i in range(total)]  # fmt: skip
+        bodies = [
+            json.dumps({"binData": b64(JPEGS[i % len(JPEGS)]), "meta": {"tags": {"i": i}}}).encode()
+            for i in range(total)
+        ]
         served = {name: 0 for name in children}
         for i, (status, body) in enumerate(run_requests(executor, bodies)):
             assert status == 200, body
@@ -231,8 +249,9 @@ def test_the_ab_graph_splits_by_ratio_and_answers_as_the_routed_model(store, sel
         assert abs(served[children[0]] - total * share) < 4 * sigma, served
         # finite values the model overflows on: its output NaN, once answered as a 200 whose body was not JSON
         huge = {"data": {"tensor": {"shape": [1, 3, 224, 224], "values": [3e38] * (3 * 224 * 224)}}}
-        status, body = seldon_graph.post(f"http://127.0.0.1:{graph.ports()[children[0]]}/predict",
-                                         json.dumps(huge).encode())  # fmt: skip
+        status, body = seldon_graph.post(
+            f"http://127.0.0.1:{graph.ports()[children[0]]}/predict", json.dumps(huge).encode()
+        )
         assert status == 500 and "NaN or Infinity" in json.loads(body)["status"]["info"], body[:300]
         # bad messages among good ones: each its own Seldon error, its neighbours their answers
         mixed = [json.dumps({"binData": b64(JPEGS[i])}).encode() if i % 2 else b'{"binData": "%%%"}' for i in range(12)]
@@ -253,8 +272,9 @@ def test_three_candidates_go_through_the_tsctl_router(store, seldon_python, tmp_
     manifest = export(store, out, ab=[("vision-a", 50), ("vision-b", 30), ("vision-c", 20)])
     predictor = manifest["spec"]["predictors"][0]
     [router] = predictor["graph"]["children"]
-    assert router["type"] == "ROUTER" and router["parameters"] == [{"name": "weights", "value": "50,30,20",
-                                                                     "type": "STRING"}]  # fmt: skip
+    assert router["type"] == "ROUTER" and router["parameters"] == [
+        {"name": "weights", "value": "50,30,20", "type": "STRING"}
+    ]
     children = [child["name"] for child in router["children"]]
     want = in_process(store, children)
     graph = seldon_graph.start(manifest, out, seldon_python, tmp_path / "logs")

@@ -25,7 +25,7 @@ JSON = st.recursive(
             inner,
             max_size=4,
         )
-    ),  # fmt: skip
+    ),
     max_leaves=20,
 )
 
@@ -33,9 +33,11 @@ JSON = st.recursive(
 @settings(max_examples=300, deadline=None)
 @given(JSON)
 def test_any_json_is_read_or_refused_as_a_client_error(request):
-    for read in (lambda r: seldon.message_of(r, BOUNDS),
-                 lambda r: seldon.images_of(seldon.message_of(r, BOUNDS), LIMITS),
-                 lambda r: seldon.tensor_of(seldon.message_of(r, BOUNDS), LIMITS)):  # fmt: skip
+    for read in (
+        lambda r: seldon.message_of(r, BOUNDS),
+        lambda r: seldon.images_of(seldon.message_of(r, BOUNDS), LIMITS),
+        lambda r: seldon.tensor_of(seldon.message_of(r, BOUNDS), LIMITS),
+    ):
         try:
             read(request)
         except ClientError:

@@ -62,8 +62,9 @@ class World:
     def __init__(self, workers: int):
         self.slots = [FakeWorker(i) if i < workers else None for i in range(WORKERS)]  # None: scaled away
         self.made = itertools.count(WORKERS)
-        self.sequences = Sequences(SequenceSettings(max_idle_ms=60_000, timeout_ms=0, max_sequences=MAX_SEQUENCES,
-                                                    queue_size=QUEUE), self.live)  # fmt: skip
+        self.sequences = Sequences(
+            SequenceSettings(max_idle_ms=60_000, timeout_ms=0, max_sequences=MAX_SEQUENCES, queue_size=QUEUE), self.live
+        )
         self.gathering = {}  # slot -> (worker, task, size)
         self.held = {}  # slot -> (worker, jobs taken, not yet answered)
         self.gone_held = []  # batches of workers scaled away, still to be answered (retire waits for them)
@@ -133,8 +134,11 @@ class World:
                 f"sequence {sequence.id} ran on {before}, then on {worker} while {before} still served"
             )
             self.owner[sequence] = worker
-            waiting = [n for n, s, j in self.accepted if j.sequence is sequence and n not in self.left
-                       and not j.done.done() and n not in self.running()]  # fmt: skip
+            waiting = [
+                n
+                for n, s, j in self.accepted
+                if j.sequence is sequence and n not in self.left and not j.done.done() and n not in self.running()
+            ]
             assert self.number[id(job)] == min(waiting + [self.number[id(job)]]), "a sequence's requests out of order"
         self.held[slot] = (worker, jobs)
 

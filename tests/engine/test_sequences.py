@@ -25,8 +25,7 @@ def engine(tmp_path_factory):
     store = root / "model-store"
     ts_stateful.build(store, idle_ms=IDLE_MS, queue=2)
     ts_stateful.running_sum(store, "many", idle_ms=60_000, workers=1, batch=8, sequences=2000, queue=1)
-    properties.write_config(store, root / "config" / "config.properties",
-                            extra={"disable_token_authorization": "true"})  # fmt: skip
+    properties.write_config(store, root / "config" / "config.properties", extra={"disable_token_authorization": "true"})
     running = Engine(root).wait_ready()
     running.stubs = ts_grpc.generate(root / "stubs")
     yield running
@@ -76,8 +75,12 @@ def test_open_sequences_are_bounded_and_expire(engine):
 def test_an_ended_sequence_frees_its_place_at_once(engine):
     for k in range(4):
         assert post(engine, "running_sum", 2, f"e{k}")[0] == 200
-        assert post(engine, "running_sum", 3, f"e{k}", end=True)[1] == {"sum": 5, "count": 2, "start": False,
-                                                                         "end": True}  # fmt: skip
+        assert post(engine, "running_sum", 3, f"e{k}", end=True)[1] == {
+            "sum": 5,
+            "count": 2,
+            "start": False,
+            "end": True,
+        }
     assert post(engine, "running_sum", 1, "e9")[0] == 200  # no wait for expiry
     idle()
 
@@ -110,11 +113,19 @@ def test_a_worker_dying_mid_sequence_loses_its_state_not_the_sequence(engine):
 
 
 def test_stream_predictions2_carries_a_sequence(engine):
-    calls = [ts_grpc.stream2([{"model_name": "running_sum", "sequence_id": "g1", "input": {"data": str(i).encode()}}
-                              for i in (1, 2, 3)]
-                             + [{"model_name": "running_sum", "sequence_id": "g1",
-                                 "input": {"data": b"4", "ts_request_sequence_end": b"true"}}]),
-             ts_grpc.stream2([{"model_name": "running_sum", "input": {"data": b"5"}}])]  # fmt: skip
+    calls = [
+        ts_grpc.stream2(
+            [{"model_name": "running_sum", "sequence_id": "g1", "input": {"data": str(i).encode()}} for i in (1, 2, 3)]
+            + [
+                {
+                    "model_name": "running_sum",
+                    "sequence_id": "g1",
+                    "input": {"data": b"4", "ts_request_sequence_end": b"true"},
+                }
+            ]
+        ),
+        ts_grpc.stream2([{"model_name": "running_sum", "input": {"data": b"5"}}]),
+    ]
     inference, management = f"127.0.0.1:{engine.ts_grpc}", f"127.0.0.1:{engine.ts_grpc_management}"
     streamed, unnamed = ts_grpc.calls(engine.stubs, inference, management, calls)
     assert [json.loads(m["prediction"])["sum"] for m in streamed["messages"]] == [1, 3, 6, 10]
@@ -126,10 +137,16 @@ def test_stream_predictions2_carries_a_sequence(engine):
 def test_describe_shows_the_sequence_settings_in_force(engine):
     status, [described] = engine.get("/models/stateful")
     assert status == 200
-    assert {k: described[k] for k in ("stateful", "sequenceMaxIdleMSec", "sequenceTimeoutMSec", "maxNumSequence",
-                                      "maxSequenceJobQueueSize")} == {
-        "stateful": True, "sequenceMaxIdleMSec": IDLE_MS, "sequenceTimeoutMSec": 0, "maxNumSequence": 4,
-        "maxSequenceJobQueueSize": 2}  # fmt: skip
+    assert {
+        k: described[k]
+        for k in ("stateful", "sequenceMaxIdleMSec", "sequenceTimeoutMSec", "maxNumSequence", "maxSequenceJobQueueSize")
+    } == {
+        "stateful": True,
+        "sequenceMaxIdleMSec": IDLE_MS,
+        "sequenceTimeoutMSec": 0,
+        "maxNumSequence": 4,
+        "maxSequenceJobQueueSize": 2,
+    }
 
 
 def test_clients_that_never_end_their_sequences_do_not_grow_the_engine(engine):

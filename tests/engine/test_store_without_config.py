@@ -17,7 +17,7 @@ import pytest
 from archiver.engines.tsctl import model_specs
 from handlers.archives import ArchiveError
 from helpers.engine import Engine
-from serving import ts_config
+from serving import config_properties, ts_config
 
 ECHO = """def handle(data, context):
     return None if data is None else [{"echo": len(row.get("body") or b"")} for row in data]
@@ -68,7 +68,7 @@ def test_one_model_twice_in_the_store_is_refused_in_one_line(tmp_path, other):
         "dir": lambda: write_dir(tmp_path / "resnet18", "resnet18"),
         "mar": lambda: write_mar(tmp_path / "resnet18-copy.mar", "resnet18"),
     }[other]()
-    with pytest.raises(ts_config.ConfigError) as refused:
+    with pytest.raises(config_properties.ConfigError) as refused:
         ts_config.models(None, tmp_path)
     message = str(refused.value)
     assert "\n" not in message and "resnet18" in message
@@ -125,7 +125,7 @@ def test_what_tsctl_serve_expects_leaves_the_unreadable_out_as_the_engine_does(t
 
 def test_a_store_of_nothing_readable_is_refused_naming_each_file(tmp_path):
     stray = unreadable(tmp_path)
-    with pytest.raises(ts_config.ConfigError) as refused:
+    with pytest.raises(config_properties.ConfigError) as refused:
         ts_config.models(None, tmp_path, skip_unreadable=True)
     assert "\n" not in str(refused.value) and all(str(path) in str(refused.value) for path in stray)
 
@@ -138,5 +138,5 @@ def test_one_model_twice_is_still_refused_when_unreadable_archives_are_skipped(t
         write_tgz(tmp_path / "resnet18.tar.gz", "resnet18")
     else:
         write_mar(tmp_path / "resnet18-copy.mar", "resnet18")
-    with pytest.raises(ts_config.ConfigError, match="both hold model 'resnet18'"):
+    with pytest.raises(config_properties.ConfigError, match="both hold model 'resnet18'"):
         ts_config.models(None, tmp_path, skip_unreadable=True)

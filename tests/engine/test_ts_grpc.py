@@ -63,8 +63,10 @@ def predict(engine, body: bytes, model: str = "probe", stream: bool = False, **k
     """(messages, times, error) of Predictions or StreamPredictions with ``{"data": body}``."""
     with channel(engine) as open_channel:
         kind = open_channel.unary_stream if stream else open_channel.unary_unary
-        method = kind(INFERENCE + ("StreamPredictions" if stream else "Predictions"),
-                      response_deserializer=pb.PredictionResponse.FromString)  # fmt: skip
+        method = kind(
+            INFERENCE + ("StreamPredictions" if stream else "Predictions"),
+            response_deserializer=pb.PredictionResponse.FromString,
+        )
         request = pb.PredictionsRequest(model_name=model, input={"data": body}).SerializeToString()
         if stream:
             return streams.grpc_stream(lambda r, timeout: method(r, timeout=timeout), request, **kwargs)
@@ -84,25 +86,35 @@ def test_the_vendored_protos_are_what_the_engine_serves(tmp_path):
             assert (ts_grpc.protos() / name).read_bytes() == (ts_grpc.VENDORED / name).read_bytes(), name
     stubs = ts_grpc.generate(tmp_path / "stubs")
     both = "import inference_pb2, management_pb2, google.rpc.status_pb2; from serving.engine import ts_protos; print(1)"
-    done = subprocess.run([sys.executable, "-c", both], capture_output=True, text=True, timeout=60,
-                          env={"PYTHONPATH": f"{stubs}:{ts_grpc.ROOT}", "PATH": "/usr/bin:/bin"})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", both],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": f"{stubs}:{ts_grpc.ROOT}", "PATH": "/usr/bin:/bin"},
+    )
     assert done.stdout.strip() == "1", done.stderr
 
 
 def test_a_generated_client_gets_torchserves_answers(engine):
     """Statuses and bodies as TorchServe 0.12 gives them (test_ts_grpc_parity.py compares them live)."""
     call = ts_grpc.call
-    results = ts_grpc.calls(engine.stubs, engine.address, f"127.0.0.1:{engine.ts_grpc_management}", [
-        call("Ping"),
-        call("Predictions", model_name="probe", input={"data": b"hello there", "more": b"x"}),
-        call("Predictions", model_name="nope", input={"data": b"x"}),
-        call("Predictions", model_name="probe", input={"data": b"fail"}),
-        call("Predictions", model_name="probe", input={"data": b"status 418"}),
-        call("StreamPredictions", model_name="probe", input={"data": b"stream 3 2 0"}),
-        call("ListModels", limit=1),
-        call("DescribeModel", model_name="probe", model_version="9"),
-        call("RegisterModel", url="probe.mar"),
-    ])  # fmt: skip
+    results = ts_grpc.calls(
+        engine.stubs,
+        engine.address,
+        f"127.0.0.1:{engine.ts_grpc_management}",
+        [
+            call("Ping"),
+            call("Predictions", model_name="probe", input={"data": b"hello there", "more": b"x"}),
+            call("Predictions", model_name="nope", input={"data": b"x"}),
+            call("Predictions", model_name="probe", input={"data": b"fail"}),
+            call("Predictions", model_name="probe", input={"data": b"status 418"}),
+            call("StreamPredictions", model_name="probe", input={"data": b"stream 3 2 0"}),
+            call("ListModels", limit=1),
+            call("DescribeModel", model_name="probe", model_version="9"),
+            call("RegisterModel", url="probe.mar"),
+        ],
+    )
     codes = [r["code"] for r in results]
     assert codes == ["OK", "OK", "INTERNAL", "UNAVAILABLE", "OK", "OK", "OK", "NOT_FOUND", "PERMISSION_DENIED"]
     assert results[0]["messages"] == [{"health": '{\n  "status": "Healthy"\n}'}]
@@ -112,8 +124,10 @@ def test_a_generated_client_gets_torchserves_answers(engine):
     assert results[3]["details"].startswith("Prediction failed: ")  # the handler's error after TorchServe's words
     assert json.loads(results[4]["messages"][0]["prediction"]) == {"status": 418}  # the handler's status is dropped
     assert [m["prediction"] for m in results[5]["messages"]] == ["00", "11", "22"]
-    assert json.loads(results[6]["messages"][0]["msg"]) == {"nextPageToken": "1", "models": [
-        {"modelName": "probe", "modelUrl": "probe.mar"}]}  # fmt: skip
+    assert json.loads(results[6]["messages"][0]["msg"]) == {
+        "nextPageToken": "1",
+        "models": [{"modelName": "probe", "modelUrl": "probe.mar"}],
+    }
     assert results[7]["details"] == (
         "Model version: 9 does not exist for model: probe\n"
         "org.pytorch.serve.archive.model.ModelVersionNotFoundException"
@@ -243,8 +257,14 @@ def test_a_worker_that_dies_mid_stream(engine):
 
 def wait_ready(engine, timeout: float = 60):
     """Until the probe's worker is back, as long as the engine makes progress (helpers/waiting.py)."""
-    waiting.until(lambda: engine.get("/v2/models/probe/ready")[0], lambda status: status == 200,
-                  "the probe's worker did not come back", engine.out, engine.alive, timeout)  # fmt: skip
+    waiting.until(
+        lambda: engine.get("/v2/models/probe/ready")[0],
+        lambda status: status == 200,
+        "the probe's worker did not come back",
+        engine.out,
+        engine.alive,
+        timeout,
+    )
 
 
 def test_the_authorization_seam_guards_every_call(tmp_path):
@@ -291,22 +311,30 @@ def test_the_authorization_seam_guards_every_call(tmp_path):
 def calls_with_tokens(ports: dict) -> dict:
     """Ping, StreamPredictions and ListModels with no token, a wrong one and the right one."""
     results = {}
-    for name, metadata in (("none", ()), ("wrong", (("authorization", "Bearer wrong"),)),
-                           ("right", (("authorization", "Bearer right"),))):  # fmt: skip
+    for name, metadata in (
+        ("none", ()),
+        ("wrong", (("authorization", "Bearer wrong"),)),
+        ("right", (("authorization", "Bearer right"),)),
+    ):
         answers = []
-        with grpc.insecure_channel(f"127.0.0.1:{ports['grpc_inference_port']}") as inference, \
-                grpc.insecure_channel(f"127.0.0.1:{ports['grpc_management_port']}") as management:  # fmt: skip
+        with (
+            grpc.insecure_channel(f"127.0.0.1:{ports['grpc_inference_port']}") as inference,
+            grpc.insecure_channel(f"127.0.0.1:{ports['grpc_management_port']}") as management,
+        ):
             health = pb.TorchServeHealthResponse.FromString
             ping = inference.unary_unary(INFERENCE + "Ping", response_deserializer=health)
-            stream = inference.unary_stream(INFERENCE + "StreamPredictions",
-                                            response_deserializer=pb.PredictionResponse.FromString)  # fmt: skip
-            listing = management.unary_unary(f"/{pb.MANAGEMENT_SERVICE}/ListModels",
-                                              response_deserializer=pb.ManagementResponse.FromString)  # fmt: skip
+            stream = inference.unary_stream(
+                INFERENCE + "StreamPredictions", response_deserializer=pb.PredictionResponse.FromString
+            )
+            listing = management.unary_unary(
+                f"/{pb.MANAGEMENT_SERVICE}/ListModels", response_deserializer=pb.ManagementResponse.FromString
+            )
             request = pb.PredictionsRequest(model_name="probe", input={"data": b"hi"}).SerializeToString()
-            for make in (lambda: json.loads(ping(b"", metadata=metadata, timeout=10).health)["status"],
-                         lambda: list(stream(request, metadata=metadata, timeout=10)),
-                         lambda: listing(pb.ListModelsRequest(limit=5).SerializeToString(), metadata=metadata,
-                                         timeout=10).msg):  # fmt: skip
+            for make in (
+                lambda: json.loads(ping(b"", metadata=metadata, timeout=10).health)["status"],
+                lambda: list(stream(request, metadata=metadata, timeout=10)),
+                lambda: listing(pb.ListModelsRequest(limit=5).SerializeToString(), metadata=metadata, timeout=10).msg,
+            ):
                 try:
                     answers.append(make())
                 except grpc.RpcError as exc:

@@ -22,8 +22,10 @@ v2_metadata:
   inputs: [{name: values, datatype: INT64, shape: [-1]}]
   outputs: [{name: total, datatype: BYTES, shape: [-1]}]
 """
-TENSOR = [{"name": "input-0", "datatype": "FP32", "shape": [-1, -1]}], [{"name": "output-0", "datatype": "FP32",
-                                                                          "shape": [-1, -1]}]  # fmt: skip
+TENSOR = (
+    [{"name": "input-0", "datatype": "FP32", "shape": [-1, -1]}],
+    [{"name": "output-0", "datatype": "FP32", "shape": [-1, -1]}],
+)
 
 
 @pytest.fixture(scope="module")
@@ -91,12 +93,15 @@ def test_nothing_declared_says_so(engine):
     assert answers["grpc"]["name"] == "undeclared"
 
 
-@pytest.mark.parametrize("section, words", [
-    ("v2_metadata: [1]\n", "v2_metadata must be a mapping of inputs and outputs"),
-    ("v2_metadata:\n  inputs: [{name: x, datatype: FLOAT, shape: [1]}]\n", "datatype 'FLOAT' is not one of"),
-    ("v2_metadata:\n  outputs: [{name: x, datatype: FP32, shape: [-2]}]\n", "shape must be a list"),
-    ("v2_metadata:\n  inputs: [{name: x, datatype: FP32}]\n", "must have name, datatype and shape"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "section, words",
+    [
+        ("v2_metadata: [1]\n", "v2_metadata must be a mapping of inputs and outputs"),
+        ("v2_metadata:\n  inputs: [{name: x, datatype: FLOAT, shape: [1]}]\n", "datatype 'FLOAT' is not one of"),
+        ("v2_metadata:\n  outputs: [{name: x, datatype: FP32, shape: [-2]}]\n", "shape must be a list"),
+        ("v2_metadata:\n  inputs: [{name: x, datatype: FP32}]\n", "must have name, datatype and shape"),
+    ],
+)
 def test_tsctl_package_refuses_a_section_it_cannot_serve(tmp_path, section, words):
     path = tmp_path / "model-config.yaml"
     path.write_text(section)

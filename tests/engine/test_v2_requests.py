@@ -93,7 +93,7 @@ def test_each_file_reaches_the_handler_as_torchserves_worker_hands_it(probe):
         (
             [{"name": "a", "shape": [1], "datatype": "BYTES", "data": ["x"], "parameters": {"content_type": "np"}}],
             "content_type 'np'",
-        ),  # fmt: skip
+        ),
         (
             [
                 {
@@ -105,11 +105,11 @@ def test_each_file_reaches_the_handler_as_torchserves_worker_hands_it(probe):
                 }
             ],
             "must be base64",
-        ),  # fmt: skip
+        ),
         (
             [{"name": "a", "shape": [1], "datatype": "BYTES", "data": ["x"], "parameters": {"content_type": "base64"}}],
             "must be base64",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_requests_it_cannot_map_are_400s(inputs, words):
@@ -121,8 +121,12 @@ def test_requests_it_cannot_map_are_400s(inputs, words):
 def test_answers_are_one_output_of_json_elements():
     texts = [b'{\n  "label": "cat",\n  "score": 0.5\n}', b"versicolor", b"3", b"[1, 2.5]"]
     output = v2_requests.output_of([Response(200, body) for body in texts])
-    assert output == {"name": "output-0", "shape": [4], "datatype": "BYTES",
-                      "data": ['{"label": "cat", "score": 0.5}', '"versicolor"', "3", "[1, 2.5]"]}  # fmt: skip
+    assert output == {
+        "name": "output-0",
+        "shape": [4],
+        "datatype": "BYTES",
+        "data": ['{"label": "cat", "score": 0.5}', '"versicolor"', "3", "[1, 2.5]"],
+    }
     assert [json.loads(e) for e in output["data"]] == [{"label": "cat", "score": 0.5}, "versicolor", 3, [1, 2.5]]
     binary = v2_requests.output_of([Response(200, b"\x89PNG\xff"), Response(200, b"text")])
     assert binary["parameters"] == {"content_type": "base64"}

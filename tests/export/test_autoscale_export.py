@@ -225,10 +225,17 @@ def test_keda_scales_on_the_answer_rate_and_requests_in_flight(project, tmp_path
     )
     pods = '{namespace="default",pod=~"vision-predictor-.*",model_name="resnet18"}'
     rate, in_flight = predictor["autoScaling"]["metrics"]
-    assert rate == {"type": "External", "external": {
-        "metric": {"backend": "prometheus", "serverAddress": "http://prometheus.mon.svc:9090",
-                   "query": f"sum(rate(ts_inference_requests_total{pods}[1m]))"},
-        "target": {"type": "Value", "value": "67.2"}}}  # fmt: skip
+    assert rate == {
+        "type": "External",
+        "external": {
+            "metric": {
+                "backend": "prometheus",
+                "serverAddress": "http://prometheus.mon.svc:9090",
+                "query": f"sum(rate(ts_inference_requests_total{pods}[1m]))",
+            },
+            "target": {"type": "Value", "value": "67.2"},
+        },
+    }
     assert in_flight["external"]["metric"]["query"] == f"sum(ts_requests_in_flight{pods})"
     assert in_flight["external"]["target"] == {"type": "Value", "value": "4.2"}
     assert "scaleMetric" not in predictor and predictor["model"]["readinessProbe"]["httpGet"]["port"] == 8080
@@ -250,8 +257,9 @@ def test_keda_scales_on_the_answer_rate_and_requests_in_flight(project, tmp_path
     assert f"sum(rate(ts_inference_requests_total{pods}[1m]))" in deploy
     assert f"sum(ts_requests_in_flight{pods})" in deploy
     assert "kubectl apply -n default -f metrics-service.yaml" in deploy
-    crds_first = [deploy.index(f"kubectl get crd {c}") for c in ("servicemonitors.monitoring.coreos.com",
-                                                                  "scaledobjects.keda.sh")]  # fmt: skip
+    crds_first = [
+        deploy.index(f"kubectl get crd {c}") for c in ("servicemonitors.monitoring.coreos.com", "scaledobjects.keda.sh")
+    ]
     assert max(crds_first) < deploy.index("kubectl apply -n default -f inferenceservice.yaml")  # step 3 checks first
     # DEPLOY.md's pointer: tsctl simulate on the result copied beside it
     assert "`tsctl simulate capacity.json --autoscale keda` here" in deploy

@@ -33,8 +33,14 @@ def project(image_sample, tmp_path) -> Path:
 
 def export(project: Path, out: Path):
     config, store = project / "config" / "config.properties", project / "model-store"
-    options = kserve.ExportOptions(out=str(out), name="vision", config=str(config), model_store=str(store),
-                                   storage="oci", image_ref="registry.example.com/models/vision:1")  # fmt: skip
+    options = kserve.ExportOptions(
+        out=str(out),
+        name="vision",
+        config=str(config),
+        model_store=str(store),
+        storage="oci",
+        image_ref="registry.example.com/models/vision:1",
+    )
     return kserve.export(options)
 
 

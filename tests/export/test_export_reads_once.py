@@ -46,10 +46,15 @@ def test_export_kserve_opens_each_archive_once(store, opens, tmp_path):
     config = store.parent / "config" / "config.properties"
     kserve.export(
         export_options.ExportOptions(
-            out=str(tmp_path / "out"), name="vision", config=str(config), model_store=str(store),
-            storage_uri="pvc://models/tsctl", autoscale="knative", target=2,
+            out=str(tmp_path / "out"),
+            name="vision",
+            config=str(config),
+            model_store=str(store),
+            storage_uri="pvc://models/tsctl",
+            autoscale="knative",
+            target=2,
         )
-    )  # fmt: skip
+    )
     assert dict(opens) == {"resnet18.mar": 1, "resnet18-b.mar": 1, "resnet18-t.mar": 1}
 
 
@@ -57,8 +62,10 @@ def test_export_seldon_opens_each_archive_once(store, opens, tmp_path):
     config = store.parent / "config" / "config.properties"
     seldon.export(
         export_options.SeldonOptions(
-            out=str(tmp_path / "out"), image="registry.example/tsctl-mlserver:1", config=str(config),
+            out=str(tmp_path / "out"),
+            image="registry.example/tsctl-mlserver:1",
+            config=str(config),
             model_store=str(store),
         )
-    )  # fmt: skip
+    )
     assert dict(opens) == {"resnet18.mar": 1, "resnet18-b.mar": 1, "resnet18-t.mar": 1}

@@ -64,9 +64,23 @@ def with_requirements(clean: Path, tmp: Path, text: str) -> Path:
 
 
 def export_kserve(root: Path, out: Path):
-    args = ["export", "kserve", str(out), "--name", "tensor", "--storage-uri", "pvc://models/tensor",
-            "--engine", "tsctl", "--image", IMAGE, "--config", str(root / "config" / "config.properties"),
-            "--model-store", str(root / "model-store")]  # fmt: skip
+    args = [
+        "export",
+        "kserve",
+        str(out),
+        "--name",
+        "tensor",
+        "--storage-uri",
+        "pvc://models/tensor",
+        "--engine",
+        "tsctl",
+        "--image",
+        IMAGE,
+        "--config",
+        str(root / "config" / "config.properties"),
+        "--model-store",
+        str(root / "model-store"),
+    ]
     return CliRunner().invoke(main, args)
 
 
@@ -92,8 +106,9 @@ def test_each_line_that_is_not_a_plain_requirement_is_refused(clean, tmp_path, e
     assert not (tmp_path / "out").exists()  # refused before anything is written: no OUT, no staging beside it
 
 
-@pytest.mark.parametrize("export, context", [("export kserve --engine tsctl", "predictor-image"),
-                                             ("export seldon", "server-image")])  # fmt: skip
+@pytest.mark.parametrize(
+    "export, context", [("export kserve --engine tsctl", "predictor-image"), ("export seldon", "server-image")]
+)
 def test_a_plain_pinned_requirement_is_copied_without_its_hashes_and_comments(clean, tmp_path, export, context):
     root = with_requirements(clean, tmp_path, "six==1.16.0 --hash=sha256:00  # pinned\n--no-index\n")
     out = tmp_path / "out"

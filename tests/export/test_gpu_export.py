@@ -32,9 +32,20 @@ def project(tmp_path_factory):
 
 
 def export(project, out, *args):
-    command = ["export", "kserve", str(out), "--name", "linear", "--storage-uri", "pvc://models/gpu",
-               "--model-store", str(project / "model-store"), "--config", str(project / "config" / "config.properties"),
-               *args]  # fmt: skip
+    command = [
+        "export",
+        "kserve",
+        str(out),
+        "--name",
+        "linear",
+        "--storage-uri",
+        "pvc://models/gpu",
+        "--model-store",
+        str(project / "model-store"),
+        "--config",
+        str(project / "config" / "config.properties"),
+        *args,
+    ]
     return CliRunner().invoke(main, command)
 
 
@@ -74,8 +85,17 @@ def test_without_gpus_nothing_asks_for_one_and_a_config_asking_is_noted(project,
 
 def test_seldon_gives_the_gpus_to_mlserver_and_to_core_1s_model_units(project, tmp_path):
     out = tmp_path / "seldon"
-    command = ["export", "seldon", str(out), "--model-store", str(project / "model-store"), "--image",
-               "registry.example.com/tsctl-mlserver:1", "--gpus", "1"]  # fmt: skip
+    command = [
+        "export",
+        "seldon",
+        str(out),
+        "--model-store",
+        str(project / "model-store"),
+        "--image",
+        "registry.example.com/tsctl-mlserver:1",
+        "--gpus",
+        "1",
+    ]
     done = CliRunner().invoke(main, command)
     assert done.exit_code == 0, done.output
     server = yaml.safe_load((out / "server.yaml").read_text())

@@ -968,8 +968,9 @@ def test_the_engine_export_serves_a_users_handler_under_concurrent_requests(proj
         url = f"{engine.url}/v1/models/custom:predict"
         bodies = [json.dumps({"instances": [[k, k + 1]]}).encode() for k in range(8)]
         with ThreadPoolExecutor(8) as pool:
-            answers = list(pool.map(lambda b: server.request(url, b, "POST", {"Content-Type": "application/json"},
-                                                             60), bodies))  # fmt: skip
+            answers = list(
+                pool.map(lambda b: server.request(url, b, "POST", {"Content-Type": "application/json"}, 60), bodies)
+            )
     finally:
         assert engine.stop() == 0
     assert [status for status, _ in answers] == [200] * 8, answers

@@ -235,8 +235,15 @@ SPECS = {
     "test-runtime": dict(formats=[("sklearn", "0", True, None)], protocols=("v2",)),
     "huggingface-multinode-runtime": dict(formats=[("huggingface", "1", True, 2)], workerSpec={}),
 }
-NAMESPACED = ["tf-runtime", "sklearn-runtime", "pmml-runtime", "mlserver-runtime", "triton-runtime", "test-runtime",
-              "huggingface-multinode-runtime"]  # fmt: skip
+NAMESPACED = [
+    "tf-runtime",
+    "sklearn-runtime",
+    "pmml-runtime",
+    "mlserver-runtime",
+    "triton-runtime",
+    "test-runtime",
+    "huggingface-multinode-runtime",
+]
 CLUSTER_WIDE = ["mlserver-runtime-mms", "tf-runtime", "xgboost-runtime"]  # named cluster-NAME
 
 

@@ -52,8 +52,12 @@ def project(image_sample, tmp_path_factory):
 
 
 def export(project: Path, out: Path, **changes) -> Path:
-    base = dict(out=str(out), name="vision", config=str(project / "config" / "config.properties"),
-                model_store=str(project / "model-store"))  # fmt: skip
+    base = dict(
+        out=str(out),
+        name="vision",
+        config=str(project / "config" / "config.properties"),
+        model_store=str(project / "model-store"),
+    )
     base.update(changes or {"storage": "oci", "image_ref": REF})
     kserve.export(kserve.ExportOptions(**base))
     return out
@@ -150,8 +154,11 @@ def check_command(out: Path, root: Path, stub: Path) -> subprocess.CompletedProc
 
 def changed_trees(project: Path, tree: Path, tmp_path: Path):
     """(what changed, a copy of ``tree`` changed so, the file the refusal must name)."""
-    for case, name in (("a changed byte", "model-store/resnet18.mar"), ("an added archive", "model-store/spare.mar"),
-                       ("a swapped config", "config/config.properties")):  # fmt: skip
+    for case, name in (
+        ("a changed byte", "model-store/resnet18.mar"),
+        ("an added archive", "model-store/spare.mar"),
+        ("a swapped config", "config/config.properties"),
+    ):
         copy = tmp_path / case.replace(" ", "-")
         shutil.copytree(tree, copy)
         if case == "a changed byte":
@@ -291,8 +298,11 @@ def test_debians_tools_read_the_image_and_torchserve_serves_it(project, exported
     assert raw_digest(pushed) == digest
     single = f"oci:{tmp_path / 'single'}:1"
     subprocess.run(["skopeo", "copy", "--override-arch", "amd64", layout, single], capture_output=True, check=True)
-    subprocess.run(["umoci", "unpack", "--rootless", "--image", f"{tmp_path / 'single'}:1", str(tmp_path / "bundle")],
-                   capture_output=True, check=True)  # fmt: skip
+    subprocess.run(
+        ["umoci", "unpack", "--rootless", "--image", f"{tmp_path / 'single'}:1", str(tmp_path / "bundle")],
+        capture_output=True,
+        check=True,
+    )
     models = tmp_path / "bundle" / "rootfs" / "models"
     assert tree_of(models) == {k: v for k, v in tree_of(exported).items() if k.startswith(("config/", "model-store/"))}
 
@@ -305,8 +315,9 @@ def test_debians_tools_read_the_image_and_torchserve_serves_it(project, exported
         config, store = mounted / "config" / "config.properties", mounted / "model-store"
         running = torchserve_launch.start(config, store, tmp_path / "ts", timeout=240, kserve_args=True)
         try:
-            status, body = server.request(f"{running.inference}/predictions/resnet18", jpegs[0], "POST",
-                                          {"Content-Type": "image/jpeg"}, 60)  # fmt: skip
+            status, body = server.request(
+                f"{running.inference}/predictions/resnet18", jpegs[0], "POST", {"Content-Type": "image/jpeg"}, 60
+            )
             assert status == 200, body
             answers.append(body)
         finally:
@@ -336,8 +347,16 @@ def test_seldon_core2_mounts_the_same_kind_of_image_into_its_server(project, tmp
     out = tmp_path / "seldon"
     config = str(project / "config" / "config.properties")
     store = str(project / "model-store")
-    seldon.export(seldon.SeldonOptions(out=str(out), image="registry.example.com/mlserver:1", config=config,
-                                       model_store=store, storage="oci", image_ref=ref))  # fmt: skip
+    seldon.export(
+        seldon.SeldonOptions(
+            out=str(out),
+            image="registry.example.com/mlserver:1",
+            config=config,
+            model_store=store,
+            storage="oci",
+            image_ref=ref,
+        )
+    )
     [top] = json.loads((out / model_image.FOLDER / "index.json").read_text())["manifests"]
     [server_manifest] = list(yaml.safe_load_all((out / "server.yaml").read_text()))
     crds.check(server_manifest, "server.yaml")

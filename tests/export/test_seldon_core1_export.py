@@ -20,8 +20,10 @@ from helpers.models import package_resnet, package_text
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "seldon"
 IMAGE = "registry.example.com/tsctl-seldon:1"
-ANSWER = {"data": {"names": [], "ndarray": [{"class_238": 0.02}]},
-          "meta": {"routing": {"router": 1, "transformer": -1, "vision-b": -1}}}  # fmt: skip
+ANSWER = {
+    "data": {"names": [], "ndarray": [{"class_238": 0.02}]},
+    "meta": {"routing": {"router": 1, "transformer": -1, "vision-b": -1}},
+}
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +34,9 @@ def store(image_sample, text_samples, tmp_path_factory):
     tensor = root / "tensor.yaml"
     tensor.write_text("batchSize: 4\nmaxBatchDelay: 20\nhandler:\n  input_shape: [3, 224, 224]\n")
     for name in ("vision-a", "vision-b", "vision-c"):
-        package_resnet(image_sample, root / "model-store", name=name, handler="tensor", config_file=str(tensor),
-                       extra_files=[])  # fmt: skip
+        package_resnet(
+            image_sample, root / "model-store", name=name, handler="tensor", config_file=str(tensor), extra_files=[]
+        )
     package_resnet(image_sample, root / "model-store", name="photo")
     package_resnet(image_sample, root / "transformer", name="vision")
     package_text(text_samples, root / "text", "sentiment", "text_classifier", "classifier")
@@ -41,8 +44,12 @@ def store(image_sample, text_samples, tmp_path_factory):
 
 
 def options(store: Path, out: Path, **changes) -> core1.SeldonCore1Options:
-    values = dict(out=str(out), image=IMAGE, model_store=str(store / "model-store"),
-                  transformer_archive=str(store / "transformer" / "vision.mar"))  # fmt: skip
+    values = dict(
+        out=str(out),
+        image=IMAGE,
+        model_store=str(store / "model-store"),
+        transformer_archive=str(store / "transformer" / "vision.mar"),
+    )
     return core1.SeldonCore1Options(**{**values, **changes})
 
 
@@ -51,8 +58,21 @@ def manifest_of(out: Path) -> dict:
 
 
 def invoke(store: Path, out: Path, *args: str):
-    return CliRunner().invoke(main, ["export", "seldon", "--core", "1", str(out), "--model-store",
-                                     str(store / "model-store"), "--image", IMAGE, *args])  # fmt: skip
+    return CliRunner().invoke(
+        main,
+        [
+            "export",
+            "seldon",
+            "--core",
+            "1",
+            str(out),
+            "--model-store",
+            str(store / "model-store"),
+            "--image",
+            IMAGE,
+            *args,
+        ],
+    )
 
 
 def test_an_ab_graph_is_a_valid_seldon_deployment(store, tmp_path):
@@ -60,11 +80,19 @@ def test_an_ab_graph_is_a_valid_seldon_deployment(store, tmp_path):
     result = core1.export(options(store, out, ab=[("vision-a", 90), ("vision-b", 10)]))
     names = {p.relative_to(out).as_posix() for p in result.files}
     assert names == {
-        "models/transformer/vision.mar", "models/vision-a/vision-a.mar", "models/vision-b/vision-b.mar",
-        "seldondeployment.yaml", "pvc.yaml", "pvc-copy-pod.yaml", "DEPLOY.md", "inputs/sample.png",
-        "component-image/Dockerfile", "component-image/requirements.txt", "component-image/handlers",
+        "models/transformer/vision.mar",
+        "models/vision-a/vision-a.mar",
+        "models/vision-b/vision-b.mar",
+        "seldondeployment.yaml",
+        "pvc.yaml",
+        "pvc-copy-pod.yaml",
+        "DEPLOY.md",
+        "inputs/sample.png",
+        "component-image/Dockerfile",
+        "component-image/requirements.txt",
+        "component-image/handlers",
         "component-image/serving",
-    }  # fmt: skip
+    }
     assert any("not in the graph, not exported: photo, vision-c" in note for note in result.notes)
     manifest = manifest_of(out)
     assert crds.problems(manifest) == []
@@ -77,8 +105,9 @@ def test_an_ab_graph_is_a_valid_seldon_deployment(store, tmp_path):
     graph = predictor["graph"]
     assert graph["name"] == "transformer" and graph["type"] == "TRANSFORMER"
     assert graph["methods"] == ["TRANSFORM_INPUT", "TRANSFORM_OUTPUT"]  # transform-input in, transform-output out
-    assert graph["parameters"] == [{"name": "archive", "value": "/var/models/models/transformer/vision.mar",
-                                    "type": "STRING"}]  # fmt: skip
+    assert graph["parameters"] == [
+        {"name": "archive", "value": "/var/models/models/transformer/vision.mar", "type": "STRING"}
+    ]
     [router] = graph["children"]
     assert router == {  # the executor's own A/B router: no type (a ROUTER would be called over HTTP)
         "name": "router",
@@ -100,8 +129,9 @@ def test_an_ab_graph_is_a_valid_seldon_deployment(store, tmp_path):
     assert volume == {"name": "models", "persistentVolumeClaim": {"claimName": "tsctl-models", "readOnly": True}}
     containers = component["spec"]["containers"]
     assert [c["name"] for c in containers] == ["transformer", "vision-a", "vision-b"]  # one per unit with a class
-    for c, (component_class, kind) in zip(containers, [("Transformer", "TRANSFORMER"), ("Model", "MODEL"),
-                                                       ("Model", "MODEL")]):  # fmt: skip
+    for c, (component_class, kind) in zip(
+        containers, [("Transformer", "TRANSFORMER"), ("Model", "MODEL"), ("Model", "MODEL")]
+    ):
         assert c["image"] == IMAGE
         assert {e["name"]: e["value"] for e in c["env"]} == {
             "MODEL_NAME": f"serving.runtimes.seldon_components.{component_class}",
@@ -114,8 +144,10 @@ def test_an_ab_graph_is_a_valid_seldon_deployment(store, tmp_path):
         archive = unit["parameters"][0]["value"]
         assert (out / archive.removeprefix("/var/models/")).is_file()
     dockerfile = (out / "component-image/Dockerfile").read_text()
-    assert 'CMD ["sh", "-c", "exec seldon-core-microservice \\"$MODEL_NAME\\" --service-type \\"$SERVICE_TYPE\\""]' \
-        in dockerfile  # fmt: skip
+    assert (
+        'CMD ["sh", "-c", "exec seldon-core-microservice \\"$MODEL_NAME\\" --service-type \\"$SERVICE_TYPE\\""]'
+        in dockerfile
+    )
     assert "COPY serving/ /opt/tsctl/serving/" in dockerfile
     assert (out / "component-image/serving/runtimes/seldon_components.py").is_file()
     pins = (out / "component-image/requirements.txt").read_text().splitlines()
@@ -146,8 +178,10 @@ def test_three_candidates_get_the_tsctl_router_and_one_model_none(store, tmp_pat
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/seldon is not beside this checkout")
 def test_the_vendored_schema_is_seldons_crd():
-    crd = yaml.load((SHARED / "machinelearning.seldon.io_seldondeployments.yaml").read_text(),
-                    Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # fmt: skip
+    crd = yaml.load(
+        (SHARED / "machinelearning.seldon.io_seldondeployments.yaml").read_text(),
+        Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader),
+    )
     schema = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")["schema"]["openAPIV3Schema"]
     vendored = Path(crds.__file__).parent / "crds" / "seldon" / "seldondeployment.v1.json"
     assert json.loads(vendored.read_text()) == schema
@@ -212,16 +246,40 @@ def test_mistakes_are_one_line_exit_2_and_write_nothing(store, tmp_path, args, w
 def test_without_a_transformer_and_with_name_on_core_2(store, tmp_path):
     result = invoke(store, tmp_path / "out", "--ab", "vision-a=50", "--ab", "vision-b=50")
     assert result.exit_code == 2 and "give --transformer-archive" in result.output, result.output
-    core2 = CliRunner().invoke(main, ["export", "seldon", str(tmp_path / "out"), "--model-store",
-                                      str(store / "model-store"), "--image", IMAGE, "--name", "g"])  # fmt: skip
+    core2 = CliRunner().invoke(
+        main,
+        [
+            "export",
+            "seldon",
+            str(tmp_path / "out"),
+            "--model-store",
+            str(store / "model-store"),
+            "--image",
+            IMAGE,
+            "--name",
+            "g",
+        ],
+    )
     assert core2.exit_code == 2 and "--name names a Seldon Core 1 SeldonDeployment" in core2.output, core2.output
     assert list(tmp_path.iterdir()) == []
 
 
 def test_deploy_md_runs_as_written_from_its_directory(store, tmp_path, tmp_path_factory):
     out = tmp_path / "out"
-    result = invoke(store, out, "--ab", "vision-a=70", "--ab", "vision-b=30", "--name", "vision", "--namespace", "ml",
-                    "--transformer-archive", str(store / "transformer" / "vision.mar"))  # fmt: skip
+    result = invoke(
+        store,
+        out,
+        "--ab",
+        "vision-a=70",
+        "--ab",
+        "vision-b=30",
+        "--name",
+        "vision",
+        "--namespace",
+        "ml",
+        "--transformer-archive",
+        str(store / "transformer" / "vision.mar"),
+    )
     assert result.exit_code == 0, result.output
     curl_line = (
         'curl -sS --fail-with-body -H "Content-Type: application/json" "http://${INGRESS:?set INGRESS to the ingress '
@@ -244,7 +302,8 @@ def test_deploy_md_runs_as_written_from_its_directory(store, tmp_path, tmp_path_
     assert "http://localhost:8080/seldon/ml/vision/api/v1.0/predictions" in curl
     body = json.loads((out / "input.json").read_text())
     assert list(body) == ["binData"] and (out / "inputs/sample.png").read_bytes() == __import__("base64").b64decode(
-        body["binData"])  # fmt: skip
+        body["binData"]
+    )
     deploy = (out / "DEPLOY.md").read_text()
     assert "meta.routing" in deploy and "SELDON_ENABLE_ROUTING_INJECTION" in deploy
     assert 'meta.routing: {"router": 0, "transformer": -1, "vision-a": -1}' in deploy
@@ -256,8 +315,14 @@ def test_deploy_md_step_6_fails_loudly_and_reads_what_it_got(store, tmp_path):
     """INGRESS unset: the shell's message, before curl runs; the graph's refusal (Seldon's error shape, no meta)
     and no answer at all: one error line each, no traceback; no router: meta.routing has none."""
     out = tmp_path / "out"
-    result = invoke(store, out, "--transformer-model", "vision-a", "--transformer-archive",
-                    str(store / "transformer" / "vision.mar"))  # fmt: skip
+    result = invoke(
+        store,
+        out,
+        "--transformer-model",
+        "vision-a",
+        "--transformer-archive",
+        str(store / "transformer" / "vision.mar"),
+    )
     assert result.exit_code == 0, result.output
     deploy = (out / "DEPLOY.md").read_text()
     assert 'meta.routing: {"transformer": -1, "vision-a": -1}' in deploy and "'router'" not in deploy
@@ -268,8 +333,14 @@ def test_deploy_md_step_6_fails_loudly_and_reads_what_it_got(store, tmp_path):
     with pytest.raises(AssertionError, match=r"error: no answer in answer.json \(\[Errno 2\]") as missing:
         deploy_md.run_deploy_md(out, tmp_path / "s2", {"INGRESS": "localhost:8080"})  # curl wrote nothing
     assert "Traceback" not in str(missing.value)
-    refused = {"status": {"code": -1, "info": "tensor input has shape [3, 224, 224]", "reason": "MICROSERVICE_BAD_DATA",
-                          "status": 1}}  # fmt: skip
+    refused = {
+        "status": {
+            "code": -1,
+            "info": "tensor input has shape [3, 224, 224]",
+            "reason": "MICROSERVICE_BAD_DATA",
+            "status": 1,
+        }
+    }
     with pytest.raises(AssertionError, match="error: the graph refused the request: .*MICROSERVICE_BAD_DATA") as bad:
         deploy_md.run_deploy_md(out, tmp_path / "s3", {"INGRESS": "localhost:8080"}, json.dumps(refused))
     assert "Traceback" not in str(bad.value)
@@ -285,16 +356,22 @@ def test_the_pod_size_is_noted_and_the_router_asks_little(store, tmp_path):
     three = core1.export(options(store, tmp_path / "abc", ab=abc, cpu="2", memory="3Gi"))
     containers = manifest_of(tmp_path / "abc")["spec"]["predictors"][0]["componentSpecs"][0]["spec"]["containers"]
     router = next(c for c in containers if c["name"] == "router")
-    assert router["resources"] == {"requests": {"cpu": "100m", "memory": "256Mi"},
-                                   "limits": {"cpu": "100m", "memory": "256Mi"}}  # fmt: skip
+    assert router["resources"] == {
+        "requests": {"cpu": "100m", "memory": "256Mi"},
+        "limits": {"cpu": "100m", "memory": "256Mi"},
+    }
     [note] = [n for n in three.notes if n.startswith("seldondeployment.yaml: ")]
-    assert "the graph's pod asks for 8.1 CPU and 12544Mi of memory (transformer 2 / 3Gi, router 100m / 256Mi, " \
-        "vision-a 2 / 3Gi, vision-b 2 / 3Gi, vision-c 2 / 3Gi;" in note  # fmt: skip
+    assert (
+        "the graph's pod asks for 8.1 CPU and 12544Mi of memory (transformer 2 / 3Gi, router 100m / 256Mi, "
+        "vision-a 2 / 3Gi, vision-b 2 / 3Gi, vision-c 2 / 3Gi;" in note
+    )
     assert "plus Seldon's executor container" in note and "stays Pending" in note
     assert note.removeprefix("seldondeployment.yaml: ") in (tmp_path / "abc" / "DEPLOY.md").read_text()
     ab = core1.export(options(store, tmp_path / "ab", ab=[("vision-a", 90), ("vision-b", 10)]))
-    assert any("asks for 3 CPU and 6Gi of memory (transformer 1 / 2Gi, vision-a 1 / 2Gi, vision-b 1 / 2Gi;" in n
-               for n in ab.notes)  # fmt: skip
+    assert any(
+        "asks for 3 CPU and 6Gi of memory (transformer 1 / 2Gi, vision-a 1 / 2Gi, vision-b 1 / 2Gi;" in n
+        for n in ab.notes
+    )
 
 
 def test_the_help_and_commands_md_describe_core_1_for_the_options_it_uses():

@@ -275,8 +275,14 @@ def test_a_pipeline_into_an_experiment_steps_into_its_default_model(store, image
     assert not out.exists()
     tensors = tmp_path / "tensors"  # two tensor models: both candidates take the transformer's tensors
     for name in ("t1", "t2"):
-        package_resnet(image_sample, tensors, name=name, handler="tensor", extra_files=[],
-                       config_file=str(store.parent / "tensor.yaml"))  # fmt: skip
+        package_resnet(
+            image_sample,
+            tensors,
+            name=name,
+            handler="tensor",
+            extra_files=[],
+            config_file=str(store.parent / "tensor.yaml"),
+        )
     result = seldon.export(
         options(
             tensors,
@@ -286,7 +292,7 @@ def test_a_pipeline_into_an_experiment_steps_into_its_default_model(store, image
             experiment="split",
             transformer_archive=str(archive),
             transformer_model="split",
-        )  # fmt: skip
+        )
     )
     [pipeline] = documents(out / "pipeline.yaml")
     assert pipeline["metadata"]["name"] == "split-pipeline"
@@ -405,8 +411,14 @@ def test_deploy_md_runs_as_written_from_its_directory(store, tmp_path, tmp_path_
     assert deploy_md.paths_in_tree(out, here) == []
     assert [args[:3] for args in run.of("docker")] == [["build", "-t", IMAGE], ["push", IMAGE]]
     applied = [deploy_md.positional(args)[-1] for args in run.of("kubectl") if args[0] == "apply"]
-    assert applied == ["pvc.yaml", "pvc-copy-pod.yaml", "networkpolicy.yaml", "server.yaml", "models.yaml",
-                       "experiment.yaml"]  # fmt: skip
+    assert applied == [
+        "pvc.yaml",
+        "pvc-copy-pod.yaml",
+        "networkpolicy.yaml",
+        "server.yaml",
+        "models.yaml",
+        "experiment.yaml",
+    ]
     sent = {arg[1:] for args in run.of("curl") for arg in args if arg.startswith("@")}
     assert sent == {"input-image.json", "input-text.json", "input-resnet18-t.json"}
     image = json.loads((out / "input-image.json").read_text())["inputs"][0]["data"][0]
@@ -440,8 +452,11 @@ def kubernetes_problems(value, kind: str, where: str = "") -> list:
             problems += kubernetes_problems(item, model.openapi_types[by_key[key]], f"{where}.{key}")
     source = Path(kubernetes.client.__file__).parent / "models" / f"{re.sub(r'(?<!^)(?=[A-Z])', '_', kind).lower()}.py"
     required = re.findall(r"Invalid value for `(\w+)`, must not be `None`", source.read_text())
-    problems += [f"{where}: {kind} needs {model.attribute_map[name]}" for name in required
-                 if model.attribute_map[name] not in value]  # fmt: skip
+    problems += [
+        f"{where}: {kind} needs {model.attribute_map[name]}"
+        for name in required
+        if model.attribute_map[name] not in value
+    ]
     return problems
 
 

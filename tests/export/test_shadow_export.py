@@ -112,9 +112,20 @@ def test_seldon_mirror_is_an_experiment_and_its_promotion_behind_the_check(proje
     run = deploy_md.run_deploy_md(out, tmp_path / "stubs", env={"MESH_IP": "10.0.0.1"})
     deploy_md.check_referenced_files_exist(out, run)
     [check] = run.of("tsctl")
-    assert check == ["shadow", "models/linear/linear.mar", "--current", "http://localhost:9000", "--candidate",
-                     "http://localhost:9000", "--protocol", "v2", "--model", "linear", "--model-candidate",
-                     "linear-v2"]  # fmt: skip
+    assert check == [
+        "shadow",
+        "models/linear/linear.mar",
+        "--current",
+        "http://localhost:9000",
+        "--candidate",
+        "http://localhost:9000",
+        "--protocol",
+        "v2",
+        "--model",
+        "linear",
+        "--model-candidate",
+        "linear-v2",
+    ]
     assert answers.read(out / "models" / "linear" / "linear.mar")  # the check's inputs travel with the export
     applied = [deploy_md.positional(args)[-1] for args in run.of("kubectl") if args[0] == "apply"]
     assert applied[-2:] == ["experiment.yaml", "experiment-promote.yaml"]
@@ -177,8 +188,9 @@ def test_a_canary_keeps_knative_autoscaling_and_standard_mode_has_none(project, 
             kserve_canary.manifests(scaled, kserve_options(project, out, canary=10), autoscale_modes.named(mode))
     # the candidate's revision at 0% scales to zero with --min-replicas 0: no pod for tsctl shadow to compare
     with pytest.raises(UserError, match="--canary with --min-replicas 0: Knative scales the candidate's revision"):
-        kserve.export(kserve_options(project, tmp_path / "zero", canary=10, autoscale="knative", target=4,
-                                     min_replicas=0))  # fmt: skip
+        kserve.export(
+            kserve_options(project, tmp_path / "zero", canary=10, autoscale="knative", target=4, min_replicas=0)
+        )
     assert not (tmp_path / "zero").exists()
 
 

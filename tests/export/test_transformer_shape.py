@@ -23,8 +23,11 @@ def shapes(image_sample, tmp_path_factory):
     transformer/vision.mar (image_classifier, crop 224), crop128/vision.mar (crop 128); config.properties."""
     root = tmp_path_factory.mktemp("shapes")
     store = root / "model-store"
-    configs = {"big": "handler:\n  input_shape: [3, 224, 224]\n", "small": "handler:\n  input_shape: [3, 128, 128]\n",
-               "free": "batchSize: 2\n"}  # fmt: skip
+    configs = {
+        "big": "handler:\n  input_shape: [3, 224, 224]\n",
+        "small": "handler:\n  input_shape: [3, 128, 128]\n",
+        "free": "batchSize: 2\n",
+    }
     for name, config in configs.items():
         package_resnet(image_sample, store, name=name, handler="tensor", config_text=config, extra_files=[])
     package_resnet(image_sample, root / "transformer", name="vision")
@@ -40,10 +43,21 @@ def export(shapes: Path, out: Path, kind: str, model: str, transformer="transfor
     args = {
         "core1": ["seldon", "--core", "1", *common, "--image", IMAGE, "--ab", f"{model}=90", "--ab", f"{other}=10"],
         "core2": ["seldon", *common, "--image", IMAGE, "--transformer-model", model],
-        "kserve": ["kserve", *common, "--name", "vision", "--storage-uri", "pvc://models/v", "--config",
-                   str(shapes / "config" / "config.properties"), "--transformer-image", IMAGE,
-                   "--transformer-model", model],
-    }[kind]  # fmt: skip
+        "kserve": [
+            "kserve",
+            *common,
+            "--name",
+            "vision",
+            "--storage-uri",
+            "pvc://models/v",
+            "--config",
+            str(shapes / "config" / "config.properties"),
+            "--transformer-image",
+            IMAGE,
+            "--transformer-model",
+            model,
+        ],
+    }[kind]
     return CliRunner().invoke(main, ["export", *args])
 
 
@@ -52,8 +66,10 @@ def test_a_model_of_another_shape_is_refused_in_one_line(shapes, tmp_path, kind)
     result = export(shapes, tmp_path / "out", kind, "small")
     assert result.exit_code == 2, result.output
     [line] = result.output.strip().splitlines()
-    assert line.startswith("error: model 'small' takes tensors of shape [3, 128, 128] (its handler.input_shape), but "
-                           "the transformer vision.mar makes [3, 224, 224]"), line  # fmt: skip
+    assert line.startswith(
+        "error: model 'small' takes tensors of shape [3, 128, 128] (its handler.input_shape), but "
+        "the transformer vision.mar makes [3, 224, 224]"
+    ), line
     assert "package 'small' with handler.input_shape: [3, 224, 224]" in line and "handler.crop: 128" in line
     assert not (tmp_path / "out").exists()
 

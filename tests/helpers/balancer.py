@@ -127,9 +127,28 @@ def bench_capacity(store: Path, config: Path, inputs, out: Path, cpu: float, sec
     from archiver.capacity import sweep
 
     tsctl = Path(sys.executable).parent / "tsctl"
-    command = [str(tsctl), "bench", "resnet18", "--capacity", "--model-store", str(store), "--config", str(config),
-               "--engine", "tsctl", "--cpu", str(cpu), "--max-concurrency", str(most), "--duration", str(seconds),
-               "--requests", "100000", "--out", str(out)]  # fmt: skip
+    command = [
+        str(tsctl),
+        "bench",
+        "resnet18",
+        "--capacity",
+        "--model-store",
+        str(store),
+        "--config",
+        str(config),
+        "--engine",
+        "tsctl",
+        "--cpu",
+        str(cpu),
+        "--max-concurrency",
+        str(most),
+        "--duration",
+        str(seconds),
+        "--requests",
+        "100000",
+        "--out",
+        str(out),
+    ]
     for path in inputs:
         command += ["--input", str(path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800)

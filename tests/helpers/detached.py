@@ -21,8 +21,15 @@ def detached(argv: Sequence[str], root: Path, ready_url: str, what: str, log_nam
     log = (root / "output.log").open("wb")
     process = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:  # as long as it makes progress (helpers/waiting.py)
-        waiting.until(lambda: request(ready_url, timeout=2)[0], lambda status: status == 200, f"{what} did not start",
-                      root / log_name, lambda: process.poll() is None, timeout, every=0.1)  # fmt: skip
+        waiting.until(
+            lambda: request(ready_url, timeout=2)[0],
+            lambda status: status == 200,
+            f"{what} did not start",
+            root / log_name,
+            lambda: process.poll() is None,
+            timeout,
+            every=0.1,
+        )
         yield
     finally:
         try:

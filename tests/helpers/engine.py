@@ -18,8 +18,17 @@ BIN = Path(sys.executable).parent
 
 
 def snapshot_entry(mar: str, workers: int, batch: int, delay: int, timeout: int) -> dict:
-    return {"1.0": {"defaultVersion": True, "marName": mar, "minWorkers": workers, "maxWorkers": workers,
-                    "batchSize": batch, "maxBatchDelay": delay, "responseTimeout": timeout}}  # fmt: skip
+    return {
+        "1.0": {
+            "defaultVersion": True,
+            "marName": mar,
+            "minWorkers": workers,
+            "maxWorkers": workers,
+            "batchSize": batch,
+            "maxBatchDelay": delay,
+            "responseTimeout": timeout,
+        }
+    }
 
 
 def write_config(path: Path, models: dict, extra: str = "") -> Path:
@@ -41,8 +50,9 @@ class Engine:
     root/config/config.properties by default; a root without that file is served without a config (every
     archive of its store)."""
 
-    def __init__(self, root: Path, *extra: str, config: Path = None, timeout: float = 240, preexec_fn=None,
-                 env: dict = None):  # fmt: skip
+    def __init__(
+        self, root: Path, *extra: str, config: Path = None, timeout: float = 240, preexec_fn=None, env: dict = None
+    ):
         self.home = short_tmp("engine-")
         self.http, self.grpc, self.ts_grpc, self.ts_grpc_management = free_ports(4)  # the last two TorchServe's gRPC
         self.url = f"http://127.0.0.1:{self.http}"
@@ -65,14 +75,20 @@ class Engine:
             "--metrics_port",
             str(self.http),
             *extra,
-        )  # fmt: skip (/metrics on http: metrics_address unbound)
+        )  # /metrics on http: metrics_address unbound
         with open(self.out, "wb") as out:
             path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
             env = dict(os.environ, **(env or {}), TEMP=str(self.home), PYTHONPATH=path)  # where it writes its keys
             self.process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                env=env, preexec_fn=preexec_fn, cwd=self.home,
-            )  # fmt: skip
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+                preexec_fn=preexec_fn,
+                cwd=self.home,
+            )
         self.timeout = timeout
 
     def wait_ready(self):
@@ -81,8 +97,9 @@ class Engine:
         def health():
             return server.request(f"{self.url}/v2/health/ready", headers=self.headers(), timeout=5)[0]
 
-        waiting.until(health, lambda status: status == 200, "the engine is not ready", self.out, self.alive,
-                      self.timeout)  # fmt: skip
+        waiting.until(
+            health, lambda status: status == 200, "the engine is not ready", self.out, self.alive, self.timeout
+        )
         return self
 
     def alive(self) -> bool:

@@ -78,8 +78,17 @@ def write_config(path: Path, models: dict, max_request: int = MAX_REQUEST, max_r
 def archive_handler(handler: Path, names, store: Path):
     """``handler`` archived by torch-model-archiver under each of ``names`` into ``store``."""
     for name in names:
-        command = [str(BIN / "torch-model-archiver"), "--model-name", name, "--version", "1.0", "--handler",
-                   str(handler), "--export-path", str(store)]  # fmt: skip
+        command = [
+            str(BIN / "torch-model-archiver"),
+            "--model-name",
+            name,
+            "--version",
+            "1.0",
+            "--handler",
+            str(handler),
+            "--export-path",
+            str(store),
+        ]
         subprocess.run(command, check=True, capture_output=True, env=dict(os.environ, TMPDIR=str(store.parent)))
 
 
@@ -153,8 +162,11 @@ def grpc_infer(engine, model: str, values: np.ndarray, timeout: float = 60):
             answer[output.name] = np.frombuffer(raw, dtype)[0] if dtype else raw[4:].decode()
         else:
             contents = output.contents
-            answer[output.name] = (list(contents.fp64_contents) or list(contents.int64_contents)
-                                   or [b.decode() for b in contents.bytes_contents])[0]  # fmt: skip
+            answer[output.name] = (
+                list(contents.fp64_contents)
+                or list(contents.int64_contents)
+                or [b.decode() for b in contents.bytes_contents]
+            )[0]
     return None, answer
 
 
@@ -162,12 +174,18 @@ def ts_predicts(engine, payload: bytes = b"echo", metadata: tuple = (), compress
     """TorchServe's gRPC Predictions to ``other`` from 127.0.0.1: (None, the echoed word) or (status code,
     details). ``metadata``: the call's (``authorization``)."""
     with grpc.insecure_channel(f"127.0.0.1:{engine.ts_grpc}") as channel:
-        call = channel.unary_unary(f"/{ts_pb.INFERENCE_SERVICE}/Predictions",
-                                   request_serializer=ts_pb.PredictionsRequest.SerializeToString,
-                                   response_deserializer=ts_pb.PredictionResponse.FromString)  # fmt: skip
+        call = channel.unary_unary(
+            f"/{ts_pb.INFERENCE_SERVICE}/Predictions",
+            request_serializer=ts_pb.PredictionsRequest.SerializeToString,
+            response_deserializer=ts_pb.PredictionResponse.FromString,
+        )
         try:
-            answer = call(ts_pb.PredictionsRequest(model_name="other", input={"data": payload}), timeout=timeout,
-                          metadata=metadata, compression=compression)  # fmt: skip
+            answer = call(
+                ts_pb.PredictionsRequest(model_name="other", input={"data": payload}),
+                timeout=timeout,
+                metadata=metadata,
+                compression=compression,
+            )
         except grpc.RpcError as exc:
             return exc.code(), exc.details()
     return None, json.loads(answer.prediction)["echo"][0]

@@ -14,8 +14,9 @@ def forked_probe(server: fork_server.ForkServer, folder: Path, env: dict) -> Opt
     out_read, out_write = os.pipe()
     metrics_read, metrics_write = os.pipe()
     try:
-        child = server.spawn([str(folder / "probe.py")], str(folder), dict(env, PYTHONPATH=str(folder)), out_write,
-                             metrics_write)  # fmt: skip
+        child = server.spawn(
+            [str(folder / "probe.py")], str(folder), dict(env, PYTHONPATH=str(folder)), out_write, metrics_write
+        )
     finally:
         os.close(out_write)
         os.close(metrics_write)

@@ -38,8 +38,16 @@ class HalfSent:
     then nothing more: the calls stay open until ``close()``. ``metadata``: more headers of each call
     (``authorization``)."""
 
-    def __init__(self, port: int, path: str, count: int, declared: int, sent: int, source: str = "127.0.0.1",
-                 metadata: tuple = ()):  # fmt: skip
+    def __init__(
+        self,
+        port: int,
+        path: str,
+        count: int,
+        declared: int,
+        sent: int,
+        source: str = "127.0.0.1",
+        metadata: tuple = (),
+    ):
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
         self.sock.setblocking(False)
         self.path, self.port, self.inbox = path, port, b""
@@ -49,8 +57,15 @@ class HalfSent:
         self.send_all(PREFACE + frame(SETTINGS, 0, 0))
         for index in range(count):
             stream = 2 * index + 1
-            pairs = [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", f"127.0.0.1:{port}"),
-                     ("content-type", "application/grpc"), ("te", "trailers"), *metadata]  # fmt: skip
+            pairs = [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", path),
+                (":authority", f"127.0.0.1:{port}"),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+                *metadata,
+            ]
             self.send_all(frame(HEADERS, END_HEADERS, stream, headers(pairs)))
             self.stream_window[stream] = self.initial
             self.left[stream] = memoryview(b"\x00" + struct.pack(">I", declared) + bytes(sent))

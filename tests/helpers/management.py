@@ -47,13 +47,25 @@ def build_store(root: Path, echo: str = ECHO) -> Path:
     by torch-model-archiver (``echo``: the echo handler's source)."""
     store = root / "model-store"
     store.mkdir(parents=True)
-    for name, version, text, out in (("echo", "1.0", echo, "echo"), ("echo", "2.0", echo, "echo2"),
-                                     ("broken", "1.0", BROKEN, "broken")):  # fmt: skip
+    for name, version, text, out in (
+        ("echo", "1.0", echo, "echo"),
+        ("echo", "2.0", echo, "echo2"),
+        ("broken", "1.0", BROKEN, "broken"),
+    ):
         folder = root / f"src-{out}"
         folder.mkdir()
         (folder / f"{out}.py").write_text(text)
-        command = [str(BIN / "torch-model-archiver"), "--model-name", name, "--version", version, "--handler",
-                   str(folder / f"{out}.py"), "--export-path", str(folder)]  # fmt: skip
+        command = [
+            str(BIN / "torch-model-archiver"),
+            "--model-name",
+            name,
+            "--version",
+            version,
+            "--handler",
+            str(folder / f"{out}.py"),
+            "--export-path",
+            str(folder),
+        ]
         subprocess.run(command, check=True, capture_output=True, env=dict(os.environ, TMPDIR=str(root)))
         (folder / f"{name}.mar").rename(store / f"{out}.mar")
     return store
@@ -63,11 +75,23 @@ def write_config(root: Path, name: str = "config.properties", **extra: str) -> P
     """A config both serve: echo 1.0 (1 to 2 workers) from the snapshot, the model API on, archives from the
     store only (``allowed_urls``), token authorization as TorchServe's default (on) unless ``extra`` says."""
     store = root / "model-store"
-    entry = {"defaultVersion": True, "marName": "echo.mar", "minWorkers": 1, "maxWorkers": 2, "batchSize": 1,
-             "maxBatchDelay": 100, "responseTimeout": 120}  # fmt: skip
+    entry = {
+        "defaultVersion": True,
+        "marName": "echo.mar",
+        "minWorkers": 1,
+        "maxWorkers": 2,
+        "batchSize": 1,
+        "maxBatchDelay": 100,
+        "responseTimeout": 120,
+    }
     snapshot = {"name": "startup.cfg", "modelCount": 1, "models": {"echo": {"1.0": entry}}}
-    settings = {"enable_envvars_config": "true", "enable_model_api": "true", "model_store": str(store),
-                "allowed_urls": f"file://{store}/.*", **extra}  # fmt: skip
+    settings = {
+        "enable_envvars_config": "true",
+        "enable_model_api": "true",
+        "model_store": str(store),
+        "allowed_urls": f"file://{store}/.*",
+        **extra,
+    }
     lines = [f"{key}={value}" for key, value in settings.items()] + [f"model_snapshot={json.dumps(snapshot)}"]
     config = root / name
     config.write_text("\n".join(lines) + "\n")
@@ -106,8 +130,16 @@ class Side:
     def key(self, which: str) -> str:
         return json.loads((Path(self.srv.home) / "key_file.json").read_text())[which]["key"]
 
-    def call(self, method: str, path: str, key: Optional[str] = "management", api: Optional[str] = None,
-             body: Optional[bytes] = None, headers: Optional[dict] = None, timeout: float = 120):  # fmt: skip
+    def call(
+        self,
+        method: str,
+        path: str,
+        key: Optional[str] = "management",
+        api: Optional[str] = None,
+        body: Optional[bytes] = None,
+        headers: Optional[dict] = None,
+        timeout: float = 120,
+    ):
         """(status, body) of one call. ``key``: the key file's ``management``, ``inference`` or ``API`` key,
         None for no Authorization header, anything else sent as it is (``Bearer wrong``). ``api``: which
         listener (default: management for /models and /token, inference otherwise)."""
@@ -128,8 +160,11 @@ class Side:
     def descendants(self) -> set:
         """Every process the server runs (its workers, TorchServe's Java, the engine's fork servers)."""
         try:
-            return {p.pid for p in psutil.Process(self.srv.pid).children(recursive=True) if p.is_running()
-                    and p.status() != psutil.STATUS_ZOMBIE}  # fmt: skip
+            return {
+                p.pid
+                for p in psutil.Process(self.srv.pid).children(recursive=True)
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+            }
         except psutil.Error:
             return set()
 

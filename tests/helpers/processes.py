@@ -81,6 +81,12 @@ def tsctl(*args, cwd, timeout: float = 300):
     import sys
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "archiver.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=timeout)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "archiver.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=timeout,
+    )
     return done.returncode, done.stdout, done.stderr

@@ -34,8 +34,12 @@ def prometheus(targets: Dict[str, Dict[str, str]], interval: str = "1s", timeout
     scrape = {"job_name": "pods", "scrape_interval": interval, "metrics_path": "/metrics", "static_configs": groups}
     config = root / "prometheus.yml"
     config.write_text(yaml.safe_dump({"global": {"scrape_interval": interval}, "scrape_configs": [scrape]}))
-    argv = [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={root / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}"]  # fmt: skip
+    argv = [
+        PROMETHEUS,
+        f"--config.file={config}",
+        f"--storage.tsdb.path={root / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
     with detached(argv, root, f"http://127.0.0.1:{port}/-/ready", "prometheus", "output.log", timeout):
         yield f"http://127.0.0.1:{port}"
 

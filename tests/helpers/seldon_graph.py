@@ -93,8 +93,9 @@ class Graph:
             unit.process.wait(10)
 
 
-def start(manifest: dict, out: Path, python: Path, logs: Path, timeout: float = 300,
-          only: Optional[List[str]] = None) -> Graph:  # fmt: skip
+def start(
+    manifest: dict, out: Path, python: Path, logs: Path, timeout: float = 300, only: Optional[List[str]] = None
+) -> Graph:
     """Each container of the manifest's first predictor (or those named in ``only``) under
     seldon-core-microservice, as its image's CMD starts it (``$MODEL_NAME --service-type $SERVICE_TYPE``), on
     free ports, the claim's mount mapped to OUT; returned once each answers /health/status 200."""
@@ -117,16 +118,30 @@ def start(manifest: dict, out: Path, python: Path, logs: Path, timeout: float = 
     return graph
 
 
-def start_unit(name: str, env: Dict[str, str], parameters: List[dict], python: Path, logs: Path,
-               join: Optional[Callable[[], None]] = None) -> Unit:  # fmt: skip
+def start_unit(
+    name: str,
+    env: Dict[str, str],
+    parameters: List[dict],
+    python: Path,
+    logs: Path,
+    join: Optional[Callable[[], None]] = None,
+) -> Unit:
     """One unit under seldon-core-microservice, as its image's CMD starts it (``$MODEL_NAME --service-type
     $SERVICE_TYPE``), on a free port, its log LOGS/NAME.log; ``join``: run in the child before it starts (a memory
     cgroup's ``MemoryLimit.join``). Not waited for."""
     env = dict(env, PREDICTIVE_UNIT_PARAMETERS=json.dumps(parameters))
     port, metrics = free_ports(2)
     binary = Path(python).parent / "seldon-core-microservice"
-    command = [str(binary), env["MODEL_NAME"], "--service-type", env["SERVICE_TYPE"], "--http-port", str(port),
-               "--metrics-port", str(metrics)]  # fmt: skip
+    command = [
+        str(binary),
+        env["MODEL_NAME"],
+        "--service-type",
+        env["SERVICE_TYPE"],
+        "--http-port",
+        str(port),
+        "--metrics-port",
+        str(metrics),
+    ]
     log = logs / f"{name}.log"
     process = subprocess.Popen(
         command,
@@ -143,17 +158,23 @@ def start_unit(name: str, env: Dict[str, str], parameters: List[dict], python: P
 
 def wait_ready(unit: Unit, timeout: float = 300):
     """Until the unit answers /health/status 200, as long as it makes progress (helpers/waiting.py)."""
-    waiting.until(lambda: get_status(f"http://127.0.0.1:{unit.port}/health/status"),
-                  lambda status: status == 200, f"unit {unit.name} did not become ready", unit.log,
-                  lambda: unit.process.poll() is None, timeout)  # fmt: skip
+    waiting.until(
+        lambda: get_status(f"http://127.0.0.1:{unit.port}/health/status"),
+        lambda status: status == 200,
+        f"unit {unit.name} did not become ready",
+        unit.log,
+        lambda: unit.process.poll() is None,
+        timeout,
+    )
 
 
 class Executor:
     """Core 1's executor over REST and the Seldon protocol, for one predictor's graph. ``predict(body)`` is
     its ``/api/v1.0/predictions``: the status and body it answers."""
 
-    def __init__(self, graph: dict, ports: Dict[str, int], rng: random.Random, routing_injection: bool,
-                 timeout: float = 60):  # fmt: skip
+    def __init__(
+        self, graph: dict, ports: Dict[str, int], rng: random.Random, routing_injection: bool, timeout: float = 60
+    ):
         self.graph, self.ports, self.rng = graph, ports, rng
         self.routing_injection, self.timeout = routing_injection, timeout
 

@@ -47,8 +47,14 @@ class Transformer:
             return "exited" if exited else server.request(f"http://127.0.0.1:{port}/v1/models/{model}", timeout=2)[0]
 
         try:  # as long as it makes progress (helpers/waiting.py)
-            shown = waiting.until(state, lambda s: s in ("exited", 200), "transformer did not come up", self.log,
-                                  timeout=timeout, every=0.5)  # fmt: skip
+            shown = waiting.until(
+                state,
+                lambda s: s in ("exited", 200),
+                "transformer did not come up",
+                self.log,
+                timeout=timeout,
+                every=0.5,
+            )
         except AssertionError:
             self.stop()
             raise

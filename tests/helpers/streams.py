@@ -61,9 +61,17 @@ class Reader:
         return data
 
 
-def post(port: int, path: str, body: bytes, content_type: str = "text/plain", timeout: float = 60,
-         pause: float = 0.0, size: int = 65536, leave_after: Optional[int] = None,
-         source: str = "") -> Streamed:  # fmt: skip
+def post(
+    port: int,
+    path: str,
+    body: bytes,
+    content_type: str = "text/plain",
+    timeout: float = 60,
+    pause: float = 0.0,
+    size: int = 65536,
+    leave_after: Optional[int] = None,
+    source: str = "",
+) -> Streamed:
     """POST ``body`` and read the answer chunk by chunk (``pause`` s before each read of ``size`` bytes at
     most: a slow client); ``leave_after``: close the connection once that many chunks have come;
     ``source``: the client's address (another loopback address is another client to the server)."""

@@ -51,8 +51,14 @@ def generate(out: Path) -> Path:
 
     out.mkdir(parents=True, exist_ok=True)
     source = protos()
-    arguments = ["protoc", f"-I{source}", f"-I{VENDORED}", f"-I{Path(protoc.__file__).parent / '_proto'}",
-                 f"--python_out={out}", f"--grpc_python_out={out}"]  # fmt: skip
+    arguments = [
+        "protoc",
+        f"-I{source}",
+        f"-I{VENDORED}",
+        f"-I{Path(protoc.__file__).parent / '_proto'}",
+        f"--python_out={out}",
+        f"--grpc_python_out={out}",
+    ]
     files = [str(source / name) for name in ("inference.proto", "management.proto")]
     files.append(str(VENDORED / "google/rpc/status.proto"))
     assert protoc.main(arguments + files) == 0, "protoc failed"
@@ -82,8 +88,11 @@ def call(rpc: str, metadata=(), timeout: float = 120, **request) -> dict:
 
 
 def stream2(requests: list, metadata=()) -> dict:
-    return {"rpc": "StreamPredictions2", "requests": [call("", **r)["request"] for r in requests],
-            "metadata": list(metadata)}  # fmt: skip
+    return {
+        "rpc": "StreamPredictions2",
+        "requests": [call("", **r)["request"] for r in requests],
+        "metadata": list(metadata),
+    }
 
 
 # ---- the client process ---------------------------------------------------------------------------------
@@ -91,8 +100,11 @@ def as_json(message) -> dict:
     out = {}
     for field, value in message.ListFields():
         if field.name == "status":
-            value = {"code": value.code, "message": value.message,
-                     "details": [(d.type_url, base64.b64encode(d.value).decode()) for d in value.details]}  # fmt: skip
+            value = {
+                "code": value.code,
+                "message": value.message,
+                "details": [(d.type_url, base64.b64encode(d.value).decode()) for d in value.details],
+            }
         elif isinstance(value, bytes):
             try:
                 value = value.decode("utf-8")
@@ -114,9 +126,14 @@ def run_calls(inference: str, management: str):
         "inference": inference_pb2_grpc.InferenceAPIsServiceStub(grpc.insecure_channel(inference)),
         "management": management_pb2_grpc.ManagementAPIsServiceStub(grpc.insecure_channel(management)),
     }
-    management_types = {"DescribeModel": "DescribeModelRequest", "ListModels": "ListModelsRequest",
-                        "RegisterModel": "RegisterModelRequest", "ScaleWorker": "ScaleWorkerRequest",
-                        "SetDefault": "SetDefaultRequest", "UnregisterModel": "UnregisterModelRequest"}  # fmt: skip
+    management_types = {
+        "DescribeModel": "DescribeModelRequest",
+        "ListModels": "ListModelsRequest",
+        "RegisterModel": "RegisterModelRequest",
+        "ScaleWorker": "ScaleWorkerRequest",
+        "SetDefault": "SetDefaultRequest",
+        "UnregisterModel": "UnregisterModelRequest",
+    }
 
     def prediction_request(fields):
         fields = dict(fields)
@@ -131,8 +148,9 @@ def run_calls(inference: str, management: str):
             if rpc == "Ping":
                 messages.append(stubs["inference"].Ping(empty_pb2.Empty(), metadata=metadata, timeout=timeout))
             elif rpc in ("Predictions", "StreamPredictions"):
-                answer = getattr(stubs["inference"], rpc)(prediction_request(wanted["request"]), metadata=metadata,
-                                                          timeout=timeout)  # fmt: skip
+                answer = getattr(stubs["inference"], rpc)(
+                    prediction_request(wanted["request"]), metadata=metadata, timeout=timeout
+                )
                 messages.extend([answer] if rpc == "Predictions" else answer)
             elif rpc == "StreamPredictions2":
                 requests = iter([prediction_request(r) for r in wanted["requests"]])

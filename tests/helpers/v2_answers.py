@@ -33,6 +33,7 @@ def ask_v2(srv, model: str, body: bytes, kind: str, timeout: float = 120) -> Tup
     ``tsctl predict --content-type KIND`` sends it: one BYTES element (``as_request=False``: a JSON file
     is a body, not a v2 request)."""
     request, _ = MLSERVER.request_body(body, kind, as_request=False)
-    status, answer = server.request(engines.predict_url(srv, model), request, "POST",
-                                    {"Content-Type": "application/json"}, timeout)  # fmt: skip
+    status, answer = server.request(
+        engines.predict_url(srv, model), request, "POST", {"Content-Type": "application/json"}, timeout
+    )
     return status, read_v2(status, answer)

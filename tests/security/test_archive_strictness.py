@@ -152,11 +152,25 @@ def test_a_hidden_entry_is_refused_by_verify_run_and_the_engine(clean, image_sam
 def test_clean_archives_pass(clean, image_sample, tmp_path):
     archives.check_zip(clean)
     made = subprocess.run(
-        [str(BIN / "torch-model-archiver"), "--model-name", "tma", "--version", "1.0",
-         "--serialized-file", str(image_sample / "resnet18.pt"), "--model-file", str(image_sample / "model.py"),
-         "--handler", "image_classifier", "--export-path", str(tmp_path)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            str(BIN / "torch-model-archiver"),
+            "--model-name",
+            "tma",
+            "--version",
+            "1.0",
+            "--serialized-file",
+            str(image_sample / "resnet18.pt"),
+            "--model-file",
+            str(image_sample / "model.py"),
+            "--handler",
+            "image_classifier",
+            "--export-path",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert made.returncode == 0, made.stderr
     archives.check_zip(tmp_path / "tma.mar")
     with zipfile.ZipFile(tmp_path / "zip64.zip", "w") as z:  # mar.py writes entries of 4 GB and more so

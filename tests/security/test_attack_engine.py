@@ -179,8 +179,9 @@ def tree(tmp_path_factory):
     names = ("victim", "neighbour", "crashy", "quiet")
     archive_handler(handler, names, store)
     (root / "config").mkdir()
-    models = {name: snapshot_entry(f"{name}.mar", 1, 1, 0, VICTIM_TIMEOUT if name == "victim" else 60)
-              for name in names}  # fmt: skip
+    models = {
+        name: snapshot_entry(f"{name}.mar", 1, 1, 0, VICTIM_TIMEOUT if name == "victim" else 60) for name in names
+    }
     write_config(root / "config" / "config.properties", models, MAX_REQUEST, MAX_RESPONSE)
     return root
 
@@ -214,9 +215,15 @@ def say(engine, text: str, model: str = "victim", timeout: float = 60):
 
 def wait_ready(engine, model: str, timeout: float = 30):
     """Until the model's workers are READY again, as long as the engine makes progress (helpers/waiting.py)."""
-    return waiting.until(lambda: engine.workers(model), lambda workers: workers is not None and all(
-        w["status"] == "READY" and w["pid"] > 0 for w in workers), f"{model} not ready again", engine.out,
-        engine.alive, timeout, every=0.2)  # fmt: skip
+    return waiting.until(
+        lambda: engine.workers(model),
+        lambda workers: workers is not None and all(w["status"] == "READY" and w["pid"] > 0 for w in workers),
+        f"{model} not ready again",
+        engine.out,
+        engine.alive,
+        timeout,
+        every=0.2,
+    )
 
 
 def raw_exchange(engine, data: bytes, until: bytes = b"", timeout: float = 30) -> bytes:
@@ -254,7 +261,10 @@ def closing(model: str, text: bytes) -> bytes:
 def post_head(model: str, length: int = None, extra: bytes = b"") -> bytes:
     size = b"Transfer-Encoding: chunked\r\n" if length is None else b"Content-Length: %d\r\n" % length
     return b"POST /predictions/%s HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n%s%s\r\n" % (
-        model.encode(), size, extra)  # fmt: skip
+        model.encode(),
+        size,
+        extra,
+    )
 
 
 # ---- HTTP ------------------------------------------------------------------------------------------------
@@ -267,8 +277,9 @@ def test_a_body_in_one_byte_chunks_and_bodies_at_the_limits(engine):
     with Neighbour(engine) as neighbour:
         started = time.monotonic()
         chunked = b"".join(b"1\r\n%s\r\n" % body[i : i + 1] for i in range(len(body))) + b"0\r\n\r\n"
-        [(status, _, answer)] = http_answers(raw_exchange(engine, post_head("victim", extra=b"Connection: close\r\n")
-                                                          + chunked))  # fmt: skip
+        [(status, _, answer)] = http_answers(
+            raw_exchange(engine, post_head("victim", extra=b"Connection: close\r\n") + chunked)
+        )
         took = time.monotonic() - started
         assert status == 200 and json.loads(answer)["len"] == len(body), (status, answer[:200])
         exact = b"len " + b"b" * (MAX_REQUEST - 4)
@@ -279,8 +290,10 @@ def test_a_body_in_one_byte_chunks_and_bodies_at_the_limits(engine):
             assert received(sock, b"max_request_size").startswith(b"HTTP/1.1 413")
         for size, want in ((MAX_REQUEST, 200), (MAX_REQUEST + 1, 413)):
             data = b"len " + b"c" * (size - 4)
-            pieces = b"".join(b"%x\r\n%s\r\n" % (len(data[i : i + (1 << 20)]), data[i : i + (1 << 20)])
-                              for i in range(0, size, 1 << 20))  # fmt: skip
+            pieces = b"".join(
+                b"%x\r\n%s\r\n" % (len(data[i : i + (1 << 20)]), data[i : i + (1 << 20)])
+                for i in range(0, size, 1 << 20)
+            )
             answer = raw_exchange(engine, post_head("victim", extra=b"Connection: close\r\n") + pieces + b"0\r\n\r\n")
             assert http_answers(answer)[0][0] == want, (size, answer[:300])
     print(f"64 KiB in 1-byte chunks: {took:.2f} s; neighbours' slowest {neighbour.check():.2f} s")
@@ -334,8 +347,10 @@ def test_many_kept_alive_connections_each_holding_a_partial_body(engine):
             sock.close()
     time.sleep(1)
     grown = peak_rss(engine.process.pid) - base
-    print(f"800 connections, 400 MiB of partial bodies: engine held {held:,}, peak +{grown:,}, "
-          f"neighbours' slowest {slowest:.2f} s")  # fmt: skip
+    print(
+        f"800 connections, 400 MiB of partial bodies: engine held {held:,}, peak +{grown:,}, "
+        f"neighbours' slowest {slowest:.2f} s"
+    )
     assert grown < BOUND, grown
     assert engine.post("/predictions/neighbour", b"echo")[0] == 200
     assert pids(engine) == before
@@ -400,8 +415,10 @@ def test_thousands_of_answer_headers_and_streams_of_tiny_chunks(engine):
         endless = answer.times[-1] if answer.times else None
         assert answer.status == 200 and not answer.complete and set(answer.chunks) == {b"f"}, answer.status
         assert VICTIM_TIMEOUT - 1 < endless < VICTIM_TIMEOUT + 10, endless
-    print(f"100,000 chunks: {took:.2f} s, engine peak +{grown:,}; endless stream cut after {endless:.1f} s; "
-          f"neighbours' slowest {neighbour.check():.2f} s")  # fmt: skip
+    print(
+        f"100,000 chunks: {took:.2f} s, engine peak +{grown:,}; endless stream cut after {endless:.1f} s; "
+        f"neighbours' slowest {neighbour.check():.2f} s"
+    )
     assert grown < 64 << 20, grown
     wait_ready(engine, "victim")
     after = pids(engine)
@@ -445,8 +462,9 @@ def message(kind: str) -> bytes:
             )
         )
     elif kind == "small_tensors":  # 100,000 inputs of one float
-        request.inputs.extend(tensor(name=f"x{n}", contents=pb.InferTensorContents(fp32_contents=[1.0]))
-                              for n in range(100_000))  # fmt: skip
+        request.inputs.extend(
+            tensor(name=f"x{n}", contents=pb.InferTensorContents(fp32_contents=[1.0])) for n in range(100_000)
+        )
     elif kind == "parameters":  # 500,000 request parameters
         request.inputs.append(tensor(contents=pb.InferTensorContents(fp32_contents=[1.0])))
         for n in range(500_000):
@@ -491,8 +509,10 @@ def test_a_generated_grpc_call_costs_the_engine_about_what_it_counts(engine, kin
         code, answer = infer(engine, data)
         took = time.monotonic() - started
     grown = peak_rss(engine.process.pid) - base
-    print(f"gRPC {kind}: {len(data):,} bytes, {code or 'OK'} in {took:.2f} s, engine peak +{grown:,}, "
-          f"neighbours' slowest {max(t for _, t in neighbour.answers):.2f} s")  # fmt: skip
+    print(
+        f"gRPC {kind}: {len(data):,} bytes, {code or 'OK'} in {took:.2f} s, engine peak +{grown:,}, "
+        f"neighbours' slowest {max(t for _, t in neighbour.answers):.2f} s"
+    )
     neighbour.check()
     assert code in (None, grpc.StatusCode.INVALID_ARGUMENT), (code, answer)
     assert pids(engine) == before
@@ -579,8 +599,10 @@ def test_a_handlers_100k_series_are_bounded_and_do_not_blind_the_other_models(en
         took = time.monotonic() - started
     time.sleep(1)
     text, scraped = scrape(engine)
-    print(f"100,000 series in {took:.1f} s: /metrics {len(text.encode()):,} bytes in {scraped:.2f} s; "
-          f"neighbours' slowest {neighbour.check():.2f} s")  # fmt: skip
+    print(
+        f"100,000 series in {took:.1f} s: /metrics {len(text.encode()):,} bytes in {scraped:.2f} s; "
+        f"neighbours' slowest {neighbour.check():.2f} s"
+    )
     assert len(text.encode()) < (4 << 20) + (256 << 10) and scraped < 3
     assert pids(engine) == before
     assert say(engine, "echo", "quiet")[0] == 200  # a model's first request after the flood
@@ -618,8 +640,10 @@ def test_a_1_gb_line_without_a_line_break(engine):
         assert say(engine, "noline 1024", timeout=120)[0] == 200
         took = time.monotonic() - started
     grown, logged = peak_rss(engine.process.pid) - base, engine.out.stat().st_size - size
-    print(f"1 GiB line: {took:.2f} s, engine log +{logged:,} bytes, engine peak +{grown:,}, "
-          f"neighbours' slowest {neighbour.check():.2f} s")  # fmt: skip
+    print(
+        f"1 GiB line: {took:.2f} s, engine log +{logged:,} bytes, engine peak +{grown:,}, "
+        f"neighbours' slowest {neighbour.check():.2f} s"
+    )
     assert logged < 1 << 20 and grown < 32 << 20, (logged, grown)
     assert pids(engine) == before
 
@@ -710,8 +734,10 @@ def test_a_worker_closing_its_socket_or_claiming_a_2_gb_reply_or_starting_3000_t
         wait_ready(engine, "victim")
         assert say(engine, "threads 3000", timeout=60)[0] == 200
         assert say(engine, "echo", timeout=30)[0] == 200
-    print(f"closed socket: 503 in {closed:.2f} s; 2 GiB claimed: 503 in {claimed:.1f} s, engine peak +{grown:,}; "
-          f"neighbours' slowest {neighbour.check():.2f} s")  # fmt: skip
+    print(
+        f"closed socket: 503 in {closed:.2f} s; 2 GiB claimed: 503 in {claimed:.1f} s, engine peak +{grown:,}; "
+        f"neighbours' slowest {neighbour.check():.2f} s"
+    )
     assert grown < 16 << 20
     after = pids(engine)
     assert {k: v for k, v in after.items() if k != "victim"} == {k: v for k, v in before.items() if k != "victim"}
@@ -795,8 +821,11 @@ def mlserver(tree):
     from samples import runtime_env
 
     python = str(runtime_env.ensure_mlserver())
-    specs = [s for s in engines.ENGINES["mlserver"].specs(tree / "model-store", tree / "config" / "config.properties")
-             if s.name == "neighbour"]  # fmt: skip
+    specs = [
+        s
+        for s in engines.ENGINES["mlserver"].specs(tree / "model-store", tree / "config" / "config.properties")
+        if s.name == "neighbour"
+    ]
     home = short_tmp("ml-attack-")
     folder = ml.write_repository(specs, home / "repository")
     http, grpc_port, metrics = server.free_port(), server.free_port(), server.free_port()
@@ -806,14 +835,27 @@ def mlserver(tree):
         pytest.skip("no memory cgroup can be made here")
     env = dict(os.environ, TEMP=str(home), PYTHONPATH=str(ROOT), TSCTL_MAX_REQUEST_SIZE=str(ML_MAX_REQUEST))
     with open(home / "mlserver.out", "wb") as out:
-        process = subprocess.Popen(ml.command(python, folder), stdin=subprocess.DEVNULL, stdout=out,
-                                   stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=home,
-                                   preexec_fn=group.join)  # fmt: skip
+        process = subprocess.Popen(
+            ml.command(python, folder),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+            cwd=home,
+            preexec_fn=group.join,
+        )
     process.url, process.home = f"http://127.0.0.1:{http}", home
     try:
-        waiting.until(lambda: server.request(f"{process.url}/v2/models/neighbour/ready", timeout=5)[0],
-                      lambda status: status == 200, "MLServer not ready", home / "mlserver.out",
-                      lambda: process.poll() is None, 240, every=1)  # fmt: skip
+        waiting.until(
+            lambda: server.request(f"{process.url}/v2/models/neighbour/ready", timeout=5)[0],
+            lambda status: status == 200,
+            "MLServer not ready",
+            home / "mlserver.out",
+            lambda: process.poll() is None,
+            240,
+            every=1,
+        )
         yield process
     finally:
         try:
@@ -852,15 +894,22 @@ def test_mlserver_repository_calls_stay_off_whatever_the_path(mlserver):
     PUT/GET, a body): none is 200, the model stays ready."""
     from archiver import server
 
-    paths = ["/v2/repository/models/neighbour/unload", "/v2/repository/models/neighbour/unload/",
-             "//v2/repository/models/neighbour/unload", "/v2/repository/models/neighbour%2Funload",
-             "/v2/repository/models/./neighbour/unload", "/V2/repository/models/neighbour/unload",
-             "/v2/repository/models/neighbour/load", "/v2/repository/models/neighbour-1.0/unload"]  # fmt: skip
+    paths = [
+        "/v2/repository/models/neighbour/unload",
+        "/v2/repository/models/neighbour/unload/",
+        "//v2/repository/models/neighbour/unload",
+        "/v2/repository/models/neighbour%2Funload",
+        "/v2/repository/models/./neighbour/unload",
+        "/V2/repository/models/neighbour/unload",
+        "/v2/repository/models/neighbour/load",
+        "/v2/repository/models/neighbour-1.0/unload",
+    ]
     got = {}
     for path in paths:
         for method in ("POST", "PUT", "GET"):
-            got[(method, path)] = server.request(mlserver.url + path, b'{"unload_dependents": true}', method,
-                                                 {"Content-Type": "application/json"}, 30)[0]  # fmt: skip
+            got[(method, path)] = server.request(
+                mlserver.url + path, b'{"unload_dependents": true}', method, {"Content-Type": "application/json"}, 30
+            )[0]
     print(f"MLServer repository calls: {sorted(set(got.values()))}")
     assert not [k for k, status in got.items() if status < 300], got
     assert ml_ready(mlserver) and mlserver.poll() is None

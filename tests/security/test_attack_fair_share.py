@@ -132,10 +132,13 @@ def read_late(sock: socket.socket) -> streams.Streamed:
     return answer
 
 
-@pytest.mark.parametrize("clients, grpc_calls, request_", [
-    (16, 4, STREAM),
-    pytest.param(60, 0, b"stream 60 1048576 0", marks=pytest.mark.matrix, id="issue"),  # the issue's 60 x 60 parts
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "clients, grpc_calls, request_",
+    [
+        (16, 4, STREAM),
+        pytest.param(60, 0, b"stream 60 1048576 0", marks=pytest.mark.matrix, id="issue"),  # the issue's 60 x 60 parts
+    ],
+)
 def test_streamed_answers_nobody_reads_are_cut_within_the_budget(engine, clients, grpc_calls, request_):
     """16 HTTP clients and 4 StreamPredictions calls ask for 50 MiB streams and read nothing: unfixed the
     engine held every part (about 1 GB here; 3.2 GB and OOM-killed in the issue), now at most the budget
@@ -168,9 +171,11 @@ def test_streamed_answers_nobody_reads_are_cut_within_the_budget(engine, clients
             for sock in socks:
                 sock.close()
     cut = sum(1 for answer in answers if not answer.complete)
-    print(f"{clients} unread HTTP streams and {len(calls)} gRPC, {stream_bytes(request_) >> 20} MiB each: engine "
-          f"peak +{grown:,} (budget {BOUND:,}); {cut} HTTP and {len(grpc_errors)} gRPC streams cut; "
-          f"{neighbours.counts()}")  # fmt: skip
+    print(
+        f"{clients} unread HTTP streams and {len(calls)} gRPC, {stream_bytes(request_) >> 20} MiB each: engine "
+        f"peak +{grown:,} (budget {BOUND:,}); {cut} HTTP and {len(grpc_errors)} gRPC streams cut; "
+        f"{neighbours.counts()}"
+    )
     assert reader.complete and len(reader.body) == stream_bytes(READ), (reader.status, len(reader.body))
     assert grown < 2 * BOUND, grown
     statuses = [(answer.status, answer.complete) for answer in answers]
@@ -252,8 +257,10 @@ def test_half_open_stream_predictions2_calls_are_bounded(small_messages):
         )
     grown = peak_rss(engine.process.pid) - base
     refused = ended.count(grpc.StatusCode.RESOURCE_EXHAUSTED)  # the others CANCELLED: reset as they opened
-    print(f"{count} half-open StreamPredictions2: {still} open, {len(ended)} refused ({refused} RESOURCE_EXHAUSTED); "
-          f"engine peak +{grown:,}; {neighbours.counts()}")  # fmt: skip
+    print(
+        f"{count} half-open StreamPredictions2: {still} open, {len(ended)} refused ({refused} RESOURCE_EXHAUSTED); "
+        f"engine peak +{grown:,}; {neighbours.counts()}"
+    )
     assert still <= engine_ts_grpc.MAX_OPEN_STREAMS * 3 // 4, still
     assert refused and set(ended) <= {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED}, set(ended)
     neighbours.check()

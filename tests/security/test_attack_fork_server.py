@@ -74,8 +74,9 @@ def run_caller(code: str, timeout: float = 120, prefix=(), **kwargs) -> subproce
     """``code`` in a Python process of its own (the repository importable; run by ``prefix``), its output."""
     tests = Path(__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tests.parent), str(tests)]))
-    return subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
-                          env=env, **kwargs)  # fmt: skip
+    return subprocess.run(
+        [*prefix, sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env, **kwargs
+    )
 
 
 def gone(pid: int, within: float = 10) -> bool:
@@ -94,9 +95,19 @@ def gone(pid: int, within: float = 10) -> bool:
 def archive_folder(folder: Path, store: Path) -> Path:
     """``folder``'s files, with ``RUNS`` as the handler, archived by torch-model-archiver into ``store``."""
     (folder / "runs.py").write_text(RUNS)
-    command = [str(Path(sys.executable).parent / "torch-model-archiver"), "--model-name", folder.name,
-               "--version", "1", "--handler", str(folder / "runs.py"), "--extra-files", str(folder),
-               "--export-path", str(store)]  # fmt: skip
+    command = [
+        str(Path(sys.executable).parent / "torch-model-archiver"),
+        "--model-name",
+        folder.name,
+        "--version",
+        "1",
+        "--handler",
+        str(folder / "runs.py"),
+        "--extra-files",
+        str(folder),
+        "--export-path",
+        str(store),
+    ]
     subprocess.run(command, check=True, capture_output=True)
     return store / f"{folder.name}.mar"
 

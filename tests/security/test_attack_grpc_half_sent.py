@@ -69,8 +69,10 @@ def test_half_sent_grpc_messages_stay_within_the_bodies_in_flight(engine, method
         grown = engine_rss(engine) - before
         refused = len(attack.reset)
         sent = sum(SENT - len(attack.left[stream]) for stream in attack.left)
-        print(f"{method}: {CALLS} half-sent calls, {refused} refused, {sent:,} bytes sent, "
-              f"engine +{grown >> 20} MiB (bound {BOUND >> 20} MiB)")  # fmt: skip
+        print(
+            f"{method}: {CALLS} half-sent calls, {refused} refused, {sent:,} bytes sent, "
+            f"engine +{grown >> 20} MiB (bound {BOUND >> 20} MiB)"
+        )
         status, _ = engine.post("/predictions/other", b"echo", timeout=30)
         assert status == 200
         assert ts_predicts(engine, metadata=key(engine)) == (None, "echo")  # another client's, meanwhile

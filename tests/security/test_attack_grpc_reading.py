@@ -86,8 +86,10 @@ def test_a_cancelled_read_gives_its_reservation_back(engine):
         attack.close()
     time.sleep(1)
     after = ts_predicts(engine)
-    print(f"3 half-read calls (10 of 15 MiB): the client's next call {during} while they hold, {after} once "
-          f"they are gone; a {(BOUND - SHARE) >> 20} MiB REST body meanwhile {rest}")  # fmt: skip
+    print(
+        f"3 half-read calls (10 of 15 MiB): the client's next call {during} while they hold, {after} once "
+        f"they are gone; a {(BOUND - SHARE) >> 20} MiB REST body meanwhile {rest}"
+    )
     assert during[0] == grpc.StatusCode.UNAVAILABLE  # the reads' reservations were held (the check has teeth)
     assert after == (None, "echo") and rest == 200  # all given back when the client went away
     assert engine.alive() and [w["pid"] for w in engine.workers("other")] == workers
@@ -130,8 +132,10 @@ def during_idle_calls(engine):
         status, _ = engine.post("/predictions/other", b"echo", timeout=30)
         rest = (status, round(time.monotonic() - started, 2))
         grpc_answer = ts_predicts(engine)
-        print(f"{len(calls)} idle calls ({sum(len(c.reset) for c in calls)} refused): neighbour REST {rest}, "
-              f"gRPC {grpc_answer}")  # fmt: skip
+        print(
+            f"{len(calls)} idle calls ({sum(len(c.reset) for c in calls)} refused): neighbour REST {rest}, "
+            f"gRPC {grpc_answer}"
+        )
     finally:
         for call in calls:
             call.close()
@@ -144,8 +148,11 @@ def test_idle_grpc_calls_leave_rest_its_bodies(engine):
     assert rest[0] == 200 and whole_budget(engine) == 200, rest
 
 
-@pytest.mark.xfail(strict=True, reason="#43: a gRPC read's reservation is held by a call that sends nothing "
-                   "(up to twice --body_idle_timeout): 4 idle calls from 4 addresses hold the reads")  # fmt: skip
+@pytest.mark.xfail(
+    strict=True,
+    reason="#43: a gRPC read's reservation is held by a call that sends nothing "
+    "(up to twice --body_idle_timeout): 4 idle calls from 4 addresses hold the reads",
+)
 def test_idle_grpc_calls_do_not_starve_other_clients(engine):
     _, grpc_answer = during_idle_calls(engine)
     assert grpc_answer == (None, "echo"), grpc_answer
@@ -168,12 +175,18 @@ def test_a_message_that_does_not_arrive_whole_in_time_ends_its_call(engine):
     assert ts_predicts(engine) == (None, "echo")
 
 
-@pytest.mark.xfail(strict=True, reason="#43: a StreamPredictions2 stream waiting for its next request holds a "
-                   "read's reservation: a client keeps 3 streams open, not its share of MAX_OPEN_STREAMS")  # fmt: skip
+@pytest.mark.xfail(
+    strict=True,
+    reason="#43: a StreamPredictions2 stream waiting for its next request holds a "
+    "read's reservation: a client keeps 3 streams open, not its share of MAX_OPEN_STREAMS",
+)
 def test_streams_waiting_for_their_next_request_are_not_capped_by_the_read_reservation(engine):
     channel = grpc.insecure_channel(f"127.0.0.1:{engine.ts_grpc}")
-    stream = channel.stream_stream(STREAM2, request_serializer=pb.PredictionsRequest.SerializeToString,
-                                   response_deserializer=pb.PredictionResponse.FromString)  # fmt: skip
+    stream = channel.stream_stream(
+        STREAM2,
+        request_serializer=pb.PredictionsRequest.SerializeToString,
+        response_deserializer=pb.PredictionResponse.FromString,
+    )
     request = pb.PredictionsRequest(model_name="other", sequence_id="s", input={"data": b"echo"})
     opened, outcomes, done = [], [], threading.Event()
     try:

@@ -85,8 +85,10 @@ def test_a_head_of_many_tiny_headers_is_refused(engine):
     finally:
         for sock in socks:
             sock.close()
-    print(f"100 heads of 12,900 headers: engine +{grown >> 20} MiB, first answer {first[:12]!r}, "
-          f"neighbour {status} in {took:.2f} s")  # fmt: skip
+    print(
+        f"100 heads of 12,900 headers: engine +{grown >> 20} MiB, first answer {first[:12]!r}, "
+        f"neighbour {status} in {took:.2f} s"
+    )
     assert status == 200
     assert first.startswith(b"HTTP/1.1 431"), first[:200]
     assert f"{MAX_HEADERS:,} headers".encode() in first
@@ -107,8 +109,10 @@ def test_pipelined_requests_are_not_parsed_ahead_of_their_answers(engine):
     finally:
         for sock in socks:
             sock.close()
-    print(f"20 connections x {burst.count(b'GET'):,} pipelined requests: engine +{grown >> 20} MiB, "
-          f"the first connection answered {answered}, neighbour {status} in {took:.2f} s")  # fmt: skip
+    print(
+        f"20 connections x {burst.count(b'GET'):,} pipelined requests: engine +{grown >> 20} MiB, "
+        f"the first connection answered {answered}, neighbour {status} in {took:.2f} s"
+    )
     assert status == 200 and [w["pid"] for w in engine.workers("other")] == workers
     assert grown < 64 << 20, f"+{grown >> 20} MiB for 20 connections' pipelined requests"
     assert answered <= MAX_PIPELINED + 1

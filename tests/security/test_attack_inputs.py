@@ -32,8 +32,11 @@ def test_a_content_type_no_header_can_carry_is_refused(name, tmp_path):
     run handed the handler a Content-Type no server could have received (then recorded by --golden)."""
     data = tmp_path / "row.txt"
     data.write_bytes(b"abc")
-    for command in (["predict", "m", str(data)], ["run", str(tmp_path / "m.mar"), str(data)],
-                    ["package", "--golden", str(tmp_path)]):  # fmt: skip
+    for command in (
+        ["predict", "m", str(data)],
+        ["run", str(tmp_path / "m.mar"), str(data)],
+        ["package", "--golden", str(tmp_path)],
+    ):
         flag = "--golden-content-type" if command[0] == "package" else "--content-type"
         refused = CliRunner().invoke(main, [*command, flag, HOSTILE_TYPES[name]])
         assert refused.exit_code == 2 and "is not a media type" in refused.output, (command, refused.output[-300:])
@@ -48,8 +51,12 @@ def test_ordinary_content_types_are_taken(kind):
 
 def test_a_golden_case_whose_type_no_header_can_carry_is_refused(tmp_path):
     """A hostile archive's golden file: its recorded type is sent by verify --served as a header."""
-    case = {"name": "a.txt", "content_type": HOSTILE_TYPES["crlf"], "body_b64": base64.b64encode(b"a").decode(),
-            "status": 200}  # fmt: skip
+    case = {
+        "name": "a.txt",
+        "content_type": HOSTILE_TYPES["crlf"],
+        "body_b64": base64.b64encode(b"a").decode(),
+        "status": 200,
+    }
     assert golden_format.case_problem(case) is not None
     assert golden_format.case_problem({**case, "content_type": "text/plain; charset=utf-8"}) is None
     assert golden_format.case_problem({**case, "content_type": ""}) is None
@@ -57,12 +64,15 @@ def test_a_golden_case_whose_type_no_header_can_carry_is_refused(tmp_path):
 
 def read_metrics_yaml(path: Path, cwd: Path) -> subprocess.CompletedProcess:
     """properties.metrics_yaml(path) in a process of its own (a hang is its timeout, not this test's)."""
-    code = ("from archiver.properties import metrics_yaml; from archiver.errors import UserError\n"
-            "try:\n    print(metrics_yaml(%r, 'metrics_config'))\n"
-            "except UserError as exc:\n    print('refused', exc)")  # fmt: skip
+    code = (
+        "from archiver.properties import metrics_yaml; from archiver.errors import UserError\n"
+        "try:\n    print(metrics_yaml(%r, 'metrics_config'))\n"
+        "except UserError as exc:\n    print('refused', exc)"
+    )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-c", code % str(path)], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=30)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", code % str(path)], cwd=cwd, env=env, capture_output=True, text=True, timeout=30
+    )
 
 
 @pytest.mark.parametrize("what", ["fifo", "device", "huge", "directory"])
@@ -107,19 +117,51 @@ def test_the_engine_refuses_a_metrics_config_it_cannot_read_at_once(what, tmp_pa
 
     (tmp_path / "echo.py").write_text(ECHO)
     (tmp_path / "store").mkdir()
-    subprocess.run([str(BIN / "torch-model-archiver"), "--model-name", "echo", "--version", "1.0", "--handler",
-                    str(tmp_path / "echo.py"), "--export-path", str(tmp_path / "store")],
-                   check=True, capture_output=True, env=dict(os.environ, TMPDIR=str(tmp_path)))  # fmt: skip
+    subprocess.run(
+        [
+            str(BIN / "torch-model-archiver"),
+            "--model-name",
+            "echo",
+            "--version",
+            "1.0",
+            "--handler",
+            str(tmp_path / "echo.py"),
+            "--export-path",
+            str(tmp_path / "store"),
+        ],
+        check=True,
+        capture_output=True,
+        env=dict(os.environ, TMPDIR=str(tmp_path)),
+    )
     path = tmp_path / "metrics.yaml"
     if what == "fifo":
         os.mkfifo(path)
     else:
         path.write_text("ts_metrics: [1\n")
-    command = [sys.executable, "-m", "serving.engine", "--model_store", str(tmp_path / "store"), "--metrics_config",
-               str(path), "--host", "127.0.0.1", "--http_port", str(free_port()),
-               "--grpc_port", str(free_port())]  # fmt: skip
-    engine = subprocess.Popen(command, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "serving.engine",
+        "--model_store",
+        str(tmp_path / "store"),
+        "--metrics_config",
+        str(path),
+        "--host",
+        "127.0.0.1",
+        "--http_port",
+        str(free_port()),
+        "--grpc_port",
+        str(free_port()),
+    ]
+    engine = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         out, _ = engine.communicate(timeout=60)
     except subprocess.TimeoutExpired:

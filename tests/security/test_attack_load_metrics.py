@@ -71,8 +71,11 @@ def engine(tmp_path_factory):
     (root / "model-store").mkdir()
     archive_handler(root / "slow.py", ["slow"], root / "model-store")
     (root / "config").mkdir()
-    write_config(root / "config" / "config.properties", {"slow": snapshot_entry("slow.mar", 1, 1, 0, 60)},
-                 f"job_queue_size={QUEUE}\n")  # fmt: skip
+    write_config(
+        root / "config" / "config.properties",
+        {"slow": snapshot_entry("slow.mar", 1, 1, 0, 60)},
+        f"job_queue_size={QUEUE}\n",
+    )
     with engine_in_cgroup(root, 2 << 30) as running:
         yield running
 
@@ -81,8 +84,12 @@ def load(engine) -> dict:
     status, text = engine.get("/metrics")
     assert status == 200, text
     names = ("ts_queue_size", "ts_requests_in_flight")
-    return {sample.name: sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-            if sample.labels.get("model_name") == "slow" and sample.name in names}  # fmt: skip
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.labels.get("model_name") == "slow" and sample.name in names
+    }
 
 
 def until(engine, wanted, seconds: float = 10) -> dict:
@@ -98,8 +105,10 @@ def until(engine, wanted, seconds: float = 10) -> dict:
 def send_and_leave(engine, body: bytes = b"1"):
     """A POST whose client closes its socket once the request is sent."""
     with socket.create_connection(("127.0.0.1", engine.http), timeout=10) as sock:
-        sock.sendall(b"POST /predictions/slow HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+        sock.sendall(
+            b"POST /predictions/slow HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
         time.sleep(0.2)
 
 
@@ -130,8 +139,10 @@ def test_clients_that_leave_free_the_queue_and_the_counters_return_to_zero(engin
         assert left == {"ts_queue_size": 0, "ts_requests_in_flight": 1}, left  # only the worker's batch
         live = pool.submit(engine.post, "/predictions/slow", b"1", OCTETS, 30)  # a queue of gone clients: 503
         assert held.result() == (200, "slept") and live.result() == (200, "slept"), (held.result(), live.result())
-    assert until(engine, lambda got: got["ts_requests_in_flight"] == 0) == {"ts_queue_size": 0,
-                                                                           "ts_requests_in_flight": 0}  # fmt: skip
+    assert until(engine, lambda got: got["ts_requests_in_flight"] == 0) == {
+        "ts_queue_size": 0,
+        "ts_requests_in_flight": 0,
+    }
     assert pids(engine) == before
 
 
@@ -139,8 +150,16 @@ def test_clients_that_leave_free_the_queue_and_the_counters_return_to_zero(engin
 def test_a_worker_killed_holding_a_batch_leaves_no_request_counted(engine):
     status, body = engine.post("/predictions/slow", b"die", OCTETS, 30)
     assert status == 503 and "Worker died" in json.dumps(body), (status, body)
-    assert until(engine, lambda got: got["ts_requests_in_flight"] == 0) == {"ts_queue_size": 0,
-                                                                           "ts_requests_in_flight": 0}  # fmt: skip
-    waiting.until(lambda: engine.workers("slow")[0]["status"], lambda status: status == "READY",
-                  "the slow model's worker did not come back", engine.out, engine.alive, 30)  # fmt: skip
+    assert until(engine, lambda got: got["ts_requests_in_flight"] == 0) == {
+        "ts_queue_size": 0,
+        "ts_requests_in_flight": 0,
+    }
+    waiting.until(
+        lambda: engine.workers("slow")[0]["status"],
+        lambda status: status == "READY",
+        "the slow model's worker did not come back",
+        engine.out,
+        engine.alive,
+        30,
+    )
     assert engine.post("/predictions/slow", b"1", OCTETS, 30) == (200, "slept")

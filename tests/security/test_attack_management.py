@@ -20,14 +20,26 @@ from helpers.management import build_store, query
 def engine(tmp_path_factory):
     root = tmp_path_factory.mktemp("attack-management")
     store = build_store(root)
-    entry = {"1.0": {"defaultVersion": True, "marName": "echo.mar", "minWorkers": 1, "maxWorkers": 4,
-                     "batchSize": 1, "maxBatchDelay": 0, "responseTimeout": 60}}  # fmt: skip
+    entry = {
+        "1.0": {
+            "defaultVersion": True,
+            "marName": "echo.mar",
+            "minWorkers": 1,
+            "maxWorkers": 4,
+            "batchSize": 1,
+            "maxBatchDelay": 0,
+            "responseTimeout": 60,
+        }
+    }
     from helpers.engine import write_config
 
     config = root / "config" / "config.properties"
     config.parent.mkdir()
-    write_config(config, {"echo": entry}, "management_address=http://0.0.0.0:8085\nenable_model_api=true\n"
-                 f"allowed_urls=file://{store}/.*\n")  # fmt: skip
+    write_config(
+        config,
+        {"echo": entry},
+        f"management_address=http://0.0.0.0:8085\nenable_model_api=true\nallowed_urls=file://{store}/.*\n",
+    )
     config.write_text(config.read_text().replace("disable_token_authorization=true\n", ""))
     running = Engine(root, "--enable_grpc", "false").wait_ready()
     running.store = store
@@ -118,8 +130,11 @@ def test_unregistering_leaves_no_socket_file_behind(engine):
     (run_dir,) = engine.home.glob("tsctl-engine-*")
     before = {p.name for p in run_dir.glob(".ts.sock.*")}
     for _ in range(3):
-        status, body = call(engine, "POST", "/models" + query(url="echo2.mar", model_name="passing",
-                                                               initial_workers=2, synchronous="true"))  # fmt: skip
+        status, body = call(
+            engine,
+            "POST",
+            "/models" + query(url="echo2.mar", model_name="passing", initial_workers=2, synchronous="true"),
+        )
         assert status == 200, body
         assert call(engine, "DELETE", "/models/passing")[0] == 200
     assert {p.name for p in run_dir.glob(".ts.sock.*")} == before

@@ -78,8 +78,9 @@ def chunked_register(engine, body: bytes, timeout: float = 30):
 def grpc_register(engine, url: str, timeout: float = 30):
     """(status code, details) of TorchServe's gRPC RegisterModel with ``url``."""
     with grpc.insecure_channel(f"127.0.0.1:{engine.ts_grpc_management}") as channel:
-        call = channel.unary_unary(f"/{pb.MANAGEMENT_SERVICE}/RegisterModel",
-                                   response_deserializer=pb.ManagementResponse.FromString)  # fmt: skip
+        call = channel.unary_unary(
+            f"/{pb.MANAGEMENT_SERVICE}/RegisterModel", response_deserializer=pb.ManagementResponse.FromString
+        )
         try:
             call(pb.RegisterModelRequest(url=url).SerializeToString(), timeout=timeout)
             return grpc.StatusCode.OK, ""
@@ -94,8 +95,9 @@ def test_a_big_register_body_is_refused_before_it_is_read(engine):
     before = state(engine)
     peak_before = reset_peak(engine.process.pid)
     body = json_body(8 << 20)
-    status, answer = server.request(engine.url + "/models", body, "POST", {"Content-Type": "application/json"},
-                                    timeout=60)  # fmt: skip
+    status, answer = server.request(
+        engine.url + "/models", body, "POST", {"Content-Type": "application/json"}, timeout=60
+    )
     refused(status, answer, f"{len(body):,} bytes")
     status, answer = chunked_register(engine, json_body(128 << 10))
     refused(status, answer, "at least")

@@ -35,7 +35,7 @@ from handlers.archives import Archive, ArchiveError
 from helpers import waiting
 from helpers.engine import BIN, Engine
 from helpers.management import build_store
-from serving import ts_config
+from serving import config_properties, ts_config
 from serving.engine import management as engine_management
 
 OUTSIDE_HANDLER = """\
@@ -78,8 +78,17 @@ def build_archive(handler: str, name: str, version: str, target: Path, root: Pat
     folder = root / f"src-{target.stem}-{version}"
     folder.mkdir()
     (folder / "h.py").write_text(handler)
-    command = [str(BIN / "torch-model-archiver"), "--model-name", name, "--version", version, "--handler",
-               str(folder / "h.py"), "--export-path", str(folder)]  # fmt: skip
+    command = [
+        str(BIN / "torch-model-archiver"),
+        "--model-name",
+        name,
+        "--version",
+        version,
+        "--handler",
+        str(folder / "h.py"),
+        "--export-path",
+        str(folder),
+    ]
     subprocess.run(command, check=True, capture_output=True, env=dict(os.environ, TMPDIR=str(root)))
     (folder / f"{name}.mar").rename(target)
     return target
@@ -95,8 +104,10 @@ def unpacked(mar: Path, into: Path) -> Path:
 def engine(tree):
     config = tree / "config" / "config.properties"
     config.parent.mkdir()
-    config.write_text("disable_token_authorization=true\nenable_model_api=true\ndefault_workers_per_model=1\n"
-                      "load_models=echo.mar,evil.mar\n")  # fmt: skip
+    config.write_text(
+        "disable_token_authorization=true\nenable_model_api=true\ndefault_workers_per_model=1\n"
+        "load_models=echo.mar,evil.mar\n"
+    )
     running = Engine(tree, "--enable_grpc", "false").wait_ready()
     yield running
     assert running.stop() == 0
@@ -105,8 +116,11 @@ def engine(tree):
 def state(engine) -> dict:
     status, listed = engine.get("/models/echo/all")
     assert status == 200, listed
-    return {"engine": engine.process.pid, "models": [(m["modelVersion"], m["modelUrl"]) for m in listed],
-            "workers": [w["pid"] for m in listed for w in m["workers"]]}  # fmt: skip
+    return {
+        "engine": engine.process.pid,
+        "models": [(m["modelVersion"], m["modelUrl"]) for m in listed],
+        "workers": [w["pid"] for m in listed for w in m["workers"]],
+    }
 
 
 def register(engine, url: str, workers: int = 0):
@@ -171,13 +185,12 @@ def test_startup_from_a_snapshot_or_the_store_alone_refuses_the_link(tree, tmp_p
     config = tmp_path / "config.properties"
     entry = '{"1.0": {"defaultVersion": true, "marName": "evil.mar", "minWorkers": 1, "maxWorkers": 1}}'
     config.write_text(f'model_snapshot={{"name": "startup.cfg", "modelCount": 1, "models": {{"echo": {entry}}}}}\n')
-    with pytest.raises(ts_config.ConfigError, match="evil.mar is a link that leads outside the model store"):
+    with pytest.raises(config_properties.ConfigError, match="evil.mar is a link that leads outside the model store"):
         ts_config.models(config, store)
     specs, frontend = ts_config.models(None, store, skip_unreadable=True)
     assert [spec.archive.name for spec in specs] == ["echo.mar"]
     notes = " ".join(frontend.notes)
     assert "evil.mar is a link" in notes and "evil_dir is a link" in notes, notes
-
 
 
 def test_an_entry_swapped_for_a_pipe_is_refused_not_waited_on(tmp_path, monkeypatch):
@@ -292,9 +305,16 @@ def test_a_directory_archive_runs_the_copy_its_register_made_after_its_handler_i
         (folder / "echo2.py").unlink()
         (folder / "echo2.py").symlink_to(tree / "outside" / "handler.py")
         os.kill(first["pid"], signal.SIGKILL)
-        waiting.until(lambda: engine.workers("echo/2.0"), lambda workers: bool(workers) and all(
-            w["status"] == "READY" and w["pid"] not in (0, first["pid"]) for w in workers),
-            "echo 2.0's worker restarted", engine.out, engine.alive, 60)  # fmt: skip
+        waiting.until(
+            lambda: engine.workers("echo/2.0"),
+            lambda workers: (
+                bool(workers) and all(w["status"] == "READY" and w["pid"] not in (0, first["pid"]) for w in workers)
+            ),
+            "echo 2.0's worker restarted",
+            engine.out,
+            engine.alive,
+            60,
+        )
         status, again = engine.post("/predictions/echo/2.0", b"hi")
         assert status == 200 and again["echo"] == "hi" and again["pid"] != first["pid"], again
     finally:
@@ -376,11 +396,19 @@ def test_opening_a_terminal_swapped_in_does_not_make_it_the_engines_controlling_
     leader, follower = pty.openpty()
     try:
         terminal = os.ttyname(follower)
-        probe = ("import os, sys; from handlers.archives import Archive, ArchiveError\n"
-                 "try:\n    Archive(sys.argv[1])\nexcept ArchiveError:\n    pass\n"
-                 "print(open('/proc/self/stat').read().rpartition(')')[2].split()[4])")  # fmt: skip
-        done = subprocess.run([sys.executable, "-c", probe, terminal], capture_output=True, text=True, timeout=60,
-                              start_new_session=True, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+        probe = (
+            "import os, sys; from handlers.archives import Archive, ArchiveError\n"
+            "try:\n    Archive(sys.argv[1])\nexcept ArchiveError:\n    pass\n"
+            "print(open('/proc/self/stat').read().rpartition(')')[2].split()[4])"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", probe, terminal],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            start_new_session=True,
+            cwd=Path(__file__).resolve().parents[2],
+        )
     finally:
         os.close(leader)
         os.close(follower)

@@ -45,13 +45,17 @@ def engine(tmp_path_factory):
     root = tmp_path_factory.mktemp("attack-sequences")
     store = root / "model-store"
     store.mkdir()
-    ts_stateful.running_sum(store, "pair", idle_ms=60_000, workers=2, batch=4, sequences=4, queue=2,
-                            load_seconds=LOAD_SECONDS)  # fmt: skip
+    ts_stateful.running_sum(
+        store, "pair", idle_ms=60_000, workers=2, batch=4, sequences=4, queue=2, load_seconds=LOAD_SECONDS
+    )
     ts_stateful.running_sum(store, "long", idle_ms=60_000, workers=1, batch=8, sequences=2000, queue=1)
     ts_stateful.running_sum(store, "cased", idle_ms=60_000, workers=1, batch=4, sequences=8, queue=2)
     ts_stateful.running_sum(store, "doomed", idle_ms=60_000, workers=1, batch=1, sequences=4, queue=4)
-    properties.write_config(store, root / "config" / "config.properties",
-                            extra={"disable_token_authorization": "true", "enable_model_api": "true"})  # fmt: skip
+    properties.write_config(
+        store,
+        root / "config" / "config.properties",
+        extra={"disable_token_authorization": "true", "enable_model_api": "true"},
+    )
     with engine_in_cgroup(root, GROUP_LIMIT) as running:
         yield running
         cgroup = running.cgroup
@@ -82,8 +86,9 @@ def post(engine, model: str, body, headers=None, timeout: float = 30):
     """(status, answer) of one request, its headers spelled exactly as given; (None, error) at the timeout."""
     connection = http.client.HTTPConnection("127.0.0.1", engine.http, timeout=timeout)
     try:
-        connection.request("POST", f"/predictions/{model}", str(body).encode(), {"Content-Type": "text/plain",
-                                                                                 **(headers or {})})  # fmt: skip
+        connection.request(
+            "POST", f"/predictions/{model}", str(body).encode(), {"Content-Type": "text/plain", **(headers or {})}
+        )
         answer = connection.getresponse()
         data = answer.read()
     except OSError as exc:
@@ -123,12 +128,16 @@ def test_clients_leaving_mid_sequence_have_nothing_run(engine):
         first = pool.submit(post, engine, "pair", "sleep 2", seq("L"))
         time.sleep(0.5)
         raw = socket.create_connection(("127.0.0.1", engine.http), timeout=10)
-        raw.sendall(b"POST /predictions/pair HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
-                    b"ts_request_sequence_id: L\r\nContent-Length: 3\r\n\r\n100")  # fmt: skip
+        raw.sendall(
+            b"POST /predictions/pair HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+            b"ts_request_sequence_id: L\r\nContent-Length: 3\r\n\r\n100"
+        )
         with grpc.insecure_channel(f"127.0.0.1:{engine.ts_grpc}") as channel:
-            stream = channel.stream_stream(f"/{ts_pb.INFERENCE_SERVICE}/StreamPredictions2",
-                                           request_serializer=ts_pb.PredictionsRequest.SerializeToString,
-                                           response_deserializer=ts_pb.PredictionResponse.FromString)  # fmt: skip
+            stream = channel.stream_stream(
+                f"/{ts_pb.INFERENCE_SERVICE}/StreamPredictions2",
+                request_serializer=ts_pb.PredictionsRequest.SerializeToString,
+                response_deserializer=ts_pb.PredictionResponse.FromString,
+            )
             hold = threading.Event()
 
             def messages():

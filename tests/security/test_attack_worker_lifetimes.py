@@ -116,8 +116,10 @@ def tree(tmp_path_factory):
     handler.write_text(HANDLER % {"fat_mb": FAT_MB})
     archive_handler(handler, ("victim", "neighbour", "fat"), store)
     (root / "config").mkdir()
-    models = {name: snapshot_entry(f"{name}.mar", 1, 1, 0, VICTIM_TIMEOUT if name == "victim" else 60)
-              for name in ("victim", "neighbour")}  # fmt: skip
+    models = {
+        name: snapshot_entry(f"{name}.mar", 1, 1, 0, VICTIM_TIMEOUT if name == "victim" else 60)
+        for name in ("victim", "neighbour")
+    }
     config = write_config(root / "config" / "config.properties", models)
     config.write_text(config.read_text() + "enable_model_api=true\n")
     return root
@@ -174,9 +176,14 @@ def call(engine, method: str, path: str, timeout: float = 120):
 
 
 def wait_ready(engine, model: str, timeout: float = 40):
-    return waiting.until(lambda: engine.workers(model), lambda workers: bool(workers) and all(
-        w["status"] == "READY" and w["pid"] > 0 for w in workers), f"{model} not ready", engine.out,
-        engine.alive, timeout)  # fmt: skip
+    return waiting.until(
+        lambda: engine.workers(model),
+        lambda workers: bool(workers) and all(w["status"] == "READY" and w["pid"] > 0 for w in workers),
+        f"{model} not ready",
+        engine.out,
+        engine.alive,
+        timeout,
+    )
 
 
 def gone_within(pids, seconds: float) -> list:
@@ -190,8 +197,11 @@ def gone_within(pids, seconds: float) -> list:
 def daemon(engine, model: str, folder: Path, name: str) -> list:
     status, answer = say(engine, f"daemon {folder / name}", model)
     assert status == 200, answer
-    return [int(p) for p in answer[0]["daemon"].split()] if isinstance(answer, list) else \
-        [int(p) for p in answer["daemon"].split()]  # fmt: skip
+    return (
+        [int(p) for p in answer[0]["daemon"].split()]
+        if isinstance(answer, list)
+        else [int(p) for p in answer["daemon"].split()]
+    )
 
 
 def workers_of(engine, models) -> set:

@@ -257,16 +257,21 @@ def test_generated_bodies_text(text_model, body):
 
 @pytest.mark.matrix  # out of make test for its time (issue #32's tests took its room); make matrix runs it
 @FUZZ
-@given(body=bodies | st.builds(lambda rows, cols: {"instances": [[1.0] * cols] * rows}, st.integers(0, 40),
-                               st.integers(0, 8)))  # fmt: skip
+@given(
+    body=bodies
+    | st.builds(lambda rows, cols: {"instances": [[1.0] * cols] * rows}, st.integers(0, 40), st.integers(0, 8))
+)
 def test_generated_bodies_tensor(tensor_model, body):
     check_batch(tensor_model, body, {"instances": [[1.0, 2.0, 3.0, 4.0]]})
 
 
 @FUZZ
 @pytest.mark.matrix  # 36 s; make fuzz and make matrix run it, make test the per-format generated bodies
-@given(rows=st.lists(st.dictionaries(st.sampled_from(["data", "body", "file", "extra"]), bodies, max_size=3),
-                     min_size=1, max_size=8))  # fmt: skip
+@given(
+    rows=st.lists(
+        st.dictionaries(st.sampled_from(["data", "body", "file", "extra"]), bodies, max_size=3), min_size=1, max_size=8
+    )
+)
 def test_whole_batches_of_generated_rows(image_models, rows):
     """Rows as TorchServe builds them (form fields included): N rows in, N well-formed answers out."""
     responses = image_models[0].predict_rows(rows)

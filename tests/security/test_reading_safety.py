@@ -120,8 +120,18 @@ def test_inspect_escapes_what_the_archive_names(image_sample, tmp_path):
 
 def test_a_model_name_too_long_is_one_line(image_sample, tmp_path):
     weights, model_file = str(image_sample / "resnet18.pt"), str(image_sample / "model.py")
-    done = tsctl("package", "--model-name", "a" * 5000, "--serialized-file", weights,
-                 "--model-file", model_file, "--handler", "image_classifier", cwd=tmp_path)  # fmt: skip
+    done = tsctl(
+        "package",
+        "--model-name",
+        "a" * 5000,
+        "--serialized-file",
+        weights,
+        "--model-file",
+        model_file,
+        "--handler",
+        "image_classifier",
+        cwd=tmp_path,
+    )
     one_line_error(done, "--model-name", "up to 128")
     assert len(done.stderr) < 500
 
@@ -196,7 +206,13 @@ def test_a_hugging_face_directory_with_remote_code_never_prompts_or_runs_it(text
     sample = tmp_path / "input.txt"
     sample.write_text("a fine sentence")
     command = f"{BIN / 'tsctl'} run {archive} {sample}"
-    done = subprocess.run(["script", "-qec", command, "/dev/null"], input="y\n", capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, HF_HUB_OFFLINE="1"))  # fmt: skip
+    done = subprocess.run(
+        ["script", "-qec", command, "/dev/null"],
+        input="y\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+    )
     assert "trust" not in done.stdout.lower(), done.stdout[-2000:]
     assert not marker.exists(), done.stdout[-2000:]

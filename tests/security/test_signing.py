@@ -51,13 +51,30 @@ def signed(image_sample, tmp_path_factory):
     golden.mkdir()
     (golden / "kitten.jpg").write_bytes((image_sample / "kitten.jpg").read_bytes())
     done = subprocess.run(
-        [str(BIN / "tsctl"), "package", "--model-name", "signed",
-         "--serialized-file", str(image_sample / "resnet18.pt"),
-         "--model-file", str(image_sample / "model.py"), "--handler", "image_classifier", "--extra-files",
-         str(image_sample / "index_to_name.json"), "--export-path", str(store), "--golden", str(golden),
-         "--sign-key", str(private)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            str(BIN / "tsctl"),
+            "package",
+            "--model-name",
+            "signed",
+            "--serialized-file",
+            str(image_sample / "resnet18.pt"),
+            "--model-file",
+            str(image_sample / "model.py"),
+            "--handler",
+            "image_classifier",
+            "--extra-files",
+            str(image_sample / "index_to_name.json"),
+            "--export-path",
+            str(store),
+            "--golden",
+            str(golden),
+            "--sign-key",
+            str(private),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     unsigned = package_resnet(image_sample, root / "unsigned-store", name="unsigned")
     return {"root": root, "public": public, "other": other, "archive": store / "signed.mar", "unsigned": unsigned}
@@ -119,10 +136,20 @@ def test_model_signing_cli_verifies_the_unpacked_archive(signed, tmp_path):
         archive.extractall(tmp_path)
     cli = BIN / "model_signing"
     done = subprocess.run(
-        [str(cli), "verify", "key", str(tmp_path), "--signature", str(tmp_path / "MAR-INF" / "model.sig"),
-         "--public_key", str(signed["public"])],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            str(cli),
+            "verify",
+            "key",
+            str(tmp_path),
+            "--signature",
+            str(tmp_path / "MAR-INF" / "model.sig"),
+            "--public_key",
+            str(signed["public"]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0 and "Verification succeeded" in done.stdout + done.stderr, done.stderr
 
 
@@ -279,9 +306,21 @@ def test_a_private_key_or_another_file_given_as_the_public_key_is_one_line(signe
     finally:
         engine.stop()
     assert f"tsctl engine: {cases[0][1]}" in engine.output(), engine.output()[-2000:]
-    done = tsctl("package", "--model-name", "x", "--handler", "image_classifier", "--export-path", tmp_path,
-                 "--serialized-file", image_sample / "resnet18.pt", "--model-file", image_sample / "model.py",
-                 "--sign-key", signed["public"])  # fmt: skip
+    done = tsctl(
+        "package",
+        "--model-name",
+        "x",
+        "--handler",
+        "image_classifier",
+        "--export-path",
+        tmp_path,
+        "--serialized-file",
+        image_sample / "resnet18.pt",
+        "--model-file",
+        image_sample / "model.py",
+        "--sign-key",
+        signed["public"],
+    )
     assert done.returncode == 2 and "is a public key: signing needs its private half" in done.stderr, done.stderr
 
 
@@ -302,9 +341,22 @@ def test_inspect_and_package_say_whether_an_archive_is_signed_and_by_which_key(s
     done = tsctl("inspect", signed["unsigned"], "--json")
     assert json.loads(done.stdout)["signature"] == {"signed": False, "key_fingerprint": None}
     assert "not signed" in tsctl("inspect", signed["unsigned"]).stdout
-    done = tsctl("package", "--model-name", "fresh", "--handler", "image_classifier", "--export-path", tmp_path,
-                 "--serialized-file", image_sample / "resnet18.pt", "--model-file", image_sample / "model.py",
-                 "--sign-key", signed["root"] / "signer.pem", "--json")  # fmt: skip
+    done = tsctl(
+        "package",
+        "--model-name",
+        "fresh",
+        "--handler",
+        "image_classifier",
+        "--export-path",
+        tmp_path,
+        "--serialized-file",
+        image_sample / "resnet18.pt",
+        "--model-file",
+        image_sample / "model.py",
+        "--sign-key",
+        signed["root"] / "signer.pem",
+        "--json",
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["signature"] == {"signed": True, "key_fingerprint": expected}
 
@@ -382,9 +434,11 @@ def test_a_registered_archive_is_checked_as_startup_checks_one(signed, versions,
 
         listed = engine.get("/models")
         processes = {p.pid for p in psutil.Process(engine.process.pid).children(recursive=True)}
-        for url, words in (("unsigned.mar", "unsigned.mar is not signed"),
-                           ("tampered.mar&model_name=tampered", "resnet18.pt differs from what was signed"),
-                           ("signed.mar&model_name=other", "is signed as model signed, expected other")):  # fmt: skip
+        for url, words in (
+            ("unsigned.mar", "unsigned.mar is not signed"),
+            ("tampered.mar&model_name=tampered", "resnet18.pt differs from what was signed"),
+            ("signed.mar&model_name=other", "is signed as model signed, expected other"),
+        ):
             status, body = engine.post(f"/models?url={url}&initial_workers=1", b"")
             assert (status, body["type"]) == (400, "InvalidModelException") and words in body["message"], body
             assert engine.get("/models") == listed

@@ -110,10 +110,25 @@ def archived_elsewhere(tmp: Path, requirement_text: str, marker: Path) -> Path:
     (tmp / "requirements.txt").write_text(requirement_text)
     (tmp / "weights.pt").write_bytes(b"not a model")
     extra = ",".join(str(tmp / n) for n in ("sitecustomize.py", "evil.pth", "setup.py"))
-    command = [str(BIN / "torch-model-archiver"), "--model-name", "evil", "--version", "1.0",
-               "--handler", str(tmp / "evil_handler.py"), "--model-file", str(tmp / "model.py"),
-               "--serialized-file", str(tmp / "weights.pt"), "--extra-files", extra,
-               "--requirements-file", str(tmp / "requirements.txt"), "--export-path", str(store)]  # fmt: skip
+    command = [
+        str(BIN / "torch-model-archiver"),
+        "--model-name",
+        "evil",
+        "--version",
+        "1.0",
+        "--handler",
+        str(tmp / "evil_handler.py"),
+        "--model-file",
+        str(tmp / "model.py"),
+        "--serialized-file",
+        str(tmp / "weights.pt"),
+        "--extra-files",
+        extra,
+        "--requirements-file",
+        str(tmp / "requirements.txt"),
+        "--export-path",
+        str(store),
+    ]
     subprocess.run(command, check=True, capture_output=True)
     return store / "evil.mar"
 
@@ -132,8 +147,9 @@ def test_inspect_config_and_export_run_nothing_from_an_archive(tmp_path, watched
     assert inspected.returncode == 0, inspected.stderr
     configured = tsctl("config", cwd=tmp_path)
     assert configured.returncode == 0, configured.stderr
-    exported = tsctl("export", "kserve", str(tmp_path / "out"), "--name", "evil",
-                     "--storage-uri", "pvc://models/evil", cwd=tmp_path)  # fmt: skip
+    exported = tsctl(
+        "export", "kserve", str(tmp_path / "out"), "--name", "evil", "--storage-uri", "pvc://models/evil", cwd=tmp_path
+    )
     assert exported.returncode == 2, exported.stdout + exported.stderr
     assert "evil.mar's requirements.txt, line 2" in exported.stderr and "Traceback" not in exported.stderr
     errors = [line for line in exported.stderr.splitlines() if line.startswith("error:")]

@@ -64,9 +64,13 @@ def test_a_process_in_a_real_cpu_cgroup_sizes_its_threads_by_the_quota():
     env["PYTHONPATH"] = str(ROOT)
     try:
         inside = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
             preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())),
-        )  # fmt: skip
+        )
         outside = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     finally:
         group.rmdir()

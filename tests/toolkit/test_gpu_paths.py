@@ -115,12 +115,28 @@ def test_half_precision_answers_within_its_tolerance_and_verify_checks_at_it(ima
         (photos / f"photo{index}.jpg").write_bytes(data)
     config = tmp_path / "full.yaml"
     config.write_text("batchSize: 2\n")
-    done = CliRunner().invoke(main, [
-        "package", "--model-name", "full", "--handler", "image_classifier", "--serialized-file",
-        str(image_sample / "resnet18.pt"), "--model-file", str(image_sample / "model.py"), "--extra-files",
-        str(image_sample / "index_to_name.json"), "--config-file", str(config), "--export-path", str(store),
-        "--golden", str(photos),
-    ])  # fmt: skip
+    done = CliRunner().invoke(
+        main,
+        [
+            "package",
+            "--model-name",
+            "full",
+            "--handler",
+            "image_classifier",
+            "--serialized-file",
+            str(image_sample / "resnet18.pt"),
+            "--model-file",
+            str(image_sample / "model.py"),
+            "--extra-files",
+            str(image_sample / "index_to_name.json"),
+            "--config-file",
+            str(config),
+            "--export-path",
+            str(store),
+            "--golden",
+            str(photos),
+        ],
+    )
     assert done.exit_code == 0, done.output
     half = package_resnet(image_sample, store, name="half", config_text=f"handler:\n  precision: {precision}\n")
     done = CliRunner().invoke(main, ["verify", str(half), "--golden-from", str(store / "full.mar"), "--json"])
@@ -153,8 +169,9 @@ handle = entry_point(Greedy)
 def test_out_of_memory_in_one_batch_is_that_requests_507_and_the_worker_serves_on(image_sample, jpegs, tmp_path):
     handler = tmp_path / "greedy.py"
     handler.write_text(OOM_HANDLER)
-    archive = package_resnet(image_sample, tmp_path / "model-store", name="greedy", handler=str(handler),
-                             config_text="batchSize: 4\n")  # fmt: skip
+    archive = package_resnet(
+        image_sample, tmp_path / "model-store", name="greedy", handler=str(handler), config_text="batchSize: 4\n"
+    )
     flat = io.BytesIO()
     Image.new("RGB", (1, 1), (200, 30, 90)).save(flat, "JPEG")
     flat = flat.getvalue()

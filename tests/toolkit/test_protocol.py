@@ -240,8 +240,18 @@ def test_answers_read_back_whatever_the_server_sent():
 def test_big_whole_numbers_beside_small_ones_are_read_exactly(datatype, data):
     """numpy reads [0, 2**63 + 1] as floats: 2**63 + 1 became 2**63 (and 2**64 - 1024 a 400). Found by
     the round trip above (make test, 2026-11-24)."""
-    body = json.dumps({"inputs": [{"name": "x", "shape": [len(data)] + ([1] if isinstance(data[0], list) else []),
-                                   "datatype": datatype, "data": data}]})  # fmt: skip
+    body = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "shape": [len(data)] + ([1] if isinstance(data[0], list) else []),
+                    "datatype": datatype,
+                    "data": data,
+                }
+            ]
+        }
+    )
     request = protocol.decode_request(body.encode(), {"Content-Type": "application/json"}, KEYS, (datatype,))
     flat = [v for row in data for v in (row if isinstance(row, list) else [row])]
     assert [int(v) for row in request.items for v in np.atleast_1d(row)] == flat

@@ -28,16 +28,21 @@ def test_a_form_is_an_enum_member_compared_by_identity_everywhere():
     assert issubclass(protocol.Form, enum.Enum) and protocol.Form is decoding.Form
     assert list(protocol.Form) == [protocol.SINGLE, protocol.LIST, protocol.V1, protocol.V2]
     assert [parse_request({"body": body}, KEYS).form for body in (b"x", [1], {"instances": [1]})] == [
-        protocol.SINGLE, protocol.LIST, protocol.V1,
-    ]  # fmt: skip
+        protocol.SINGLE,
+        protocol.LIST,
+        protocol.V1,
+    ]
     assert protocol.encode_request(["a"], "v2") == protocol.encode_request(["a"], protocol.V2)  # as a CLI says it
     for other in (protocol.SINGLE, "single", "v3", None):
         with pytest.raises(ValueError, match="must be v1 or v2"):
             protocol.encode_request(["a"], other)
     names = {"form", *protocol.Form.__members__}
     wrong = []
-    for path in sorted(p for top in ("handlers", "serving", "archiver", "samples", "benchmarks", "tests")
-                       for p in (ROOT / top).rglob("*.py")):  # fmt: skip
+    for path in sorted(
+        p
+        for top in ("handlers", "serving", "archiver", "samples", "benchmarks", "tests")
+        for p in (ROOT / top).rglob("*.py")
+    ):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             sides = [node.left, *node.comparators] if isinstance(node, ast.Compare) else []
             if any(getattr(side, "attr", getattr(side, "id", None)) in names for side in sides) and not all(

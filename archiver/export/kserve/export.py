@@ -147,8 +147,10 @@ def gpu_settings(options: ExportOptions, properties: Dict[str, str], config: Pat
     if options.gpus:
         properties["number_of_gpu"] = str(options.gpus)
     elif asked not in ("", "0"):
-        notes.append(f"{config} says number_of_gpu={asked} but the predictor asks for no GPU: its workers run on "
-                     f"the CPU; give --gpus {asked} to ask for them")  # fmt: skip
+        notes.append(
+            f"{config} says number_of_gpu={asked} but the predictor asks for no GPU: its workers run on "
+            f"the CPU; give --gpus {asked} to ask for them"
+        )
 
 
 def carried_metrics(properties: Dict[str, str], config: Path) -> Optional[bytes]:
@@ -260,8 +262,9 @@ def memory_notes(options: ExportOptions, snapshot: dict) -> List[str]:
     ]
 
 
-def check_models(snapshot: dict, store: Path, notes: List[str], envelope_batches: bool = True,
-                 archive_notes=lambda config, where: []) -> List[ArchiveFacts]:  # fmt: skip
+def check_models(
+    snapshot: dict, store: Path, notes: List[str], envelope_batches: bool = True, archive_notes=lambda config, where: []
+) -> List[ArchiveFacts]:
     """Each snapshot entry's archive exists, names the same model, and is read once (its facts, in the
     snapshot's order); with ``envelope_batches`` (TorchServe under KServe), batch sizes safe under its envelope;
     ``archive_notes(config, where)``: the target's notes on each archive's model-config.yaml (UserError for what

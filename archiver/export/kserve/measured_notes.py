@@ -51,8 +51,9 @@ def measured_notes(plan, options: ExportOptions, target: "targets.Target", snaps
     p99_target, knee_p99 = capacity.get("p99_target_ms"), capacity["knee"].get("p99_ms")
     if p99_target is not None and capacity.get("within_p99") is None:
         at_knee = "" if knee_p99 is None else f", whose p99 is {knee_p99:g} ms"
-        held = "held its p99 target" + (f" from {MIN_P99_REQUESTS} answers or more" if few_notes(capacity["steps"])
-                                        else "")  # fmt: skip
+        held = "held its p99 target" + (
+            f" from {MIN_P99_REQUESTS} answers or more" if few_notes(capacity["steps"]) else ""
+        )
         notes.append(f"no step of --from-bench {held} ({p99_target:g} ms): sized at the knee{at_knee}")
     notes.extend(f"--from-bench: {note}" for note in busy_notes(capacity.get("machine")) + few_notes(capacity["steps"]))
     return notes
@@ -66,8 +67,11 @@ def gpu_notes(capacity: dict, options: ExportOptions) -> List[str]:
     if len(measured) == options.gpus:
         return []
     if not measured:
-        return [f"--from-bench was measured on the CPU, the pod gets --gpus {options.gpus}: measure on the GPU "
-                "you deploy ('tsctl bench --capacity' on a machine with it)"]  # fmt: skip
-    return [f"--from-bench was measured on {len(measured)} GPU(s) ({names}), the pod gets --gpus {options.gpus}: "
-            f"export with --gpus {len(measured)} on nodes with that GPU, or measure what you deploy"]  # fmt: skip
-
+        return [
+            f"--from-bench was measured on the CPU, the pod gets --gpus {options.gpus}: measure on the GPU "
+            "you deploy ('tsctl bench --capacity' on a machine with it)"
+        ]
+    return [
+        f"--from-bench was measured on {len(measured)} GPU(s) ({names}), the pod gets --gpus {options.gpus}: "
+        f"export with --gpus {len(measured)} on nodes with that GPU, or measure what you deploy"
+    ]

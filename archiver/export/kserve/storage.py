@@ -68,17 +68,26 @@ class Pvc(Storage):
         copies += [f"kubectl cp {ns} model-store/{a.name} {pod}:{root}/model-store/{a.name}" for a in archives]
         copies += [f"kubectl cp {ns} transformer/{a.name} {pod}:{root}/transformer/{a.name}" for a in transformer]
         return core.render(
-            "kserve-storage-pvc", claim=self.claim, claim_size=core.claim_size(archives + transformer), ns=ns,
-            mounted=f"{self.claim}/{self.sub_path}".rstrip("/"), uid=core.COPY_POD_UID, pod=pod,
-            folders=" ".join(folders), copies=core.lines(copies), root=root,
-        )  # fmt: skip
+            "kserve-storage-pvc",
+            claim=self.claim,
+            claim_size=core.claim_size(archives + transformer),
+            ns=ns,
+            mounted=f"{self.claim}/{self.sub_path}".rstrip("/"),
+            uid=core.COPY_POD_UID,
+            pod=pod,
+            folders=" ".join(folders),
+            copies=core.lines(copies),
+            root=root,
+        )
 
 
 class Oci(Storage):
     def __init__(self, options: ExportOptions):
         if options.storage_uri:
-            raise UserError("--storage-uri is for --storage pvc: with --storage oci the InferenceService's storageUri "
-                            "is the image's (--image-ref), pinned by its digest")  # fmt: skip
+            raise UserError(
+                "--storage-uri is for --storage pvc: with --storage oci the InferenceService's storageUri "
+                "is the image's (--image-ref), pinned by its digest"
+            )
         if not options.image_ref:
             raise UserError("--storage oci needs --image-ref REGISTRY/NAME:TAG: where you will push the model image")
         model_image.check_reference(options.image_ref)

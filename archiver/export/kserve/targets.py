@@ -71,7 +71,7 @@ class Target:
     def check_properties(self, properties: Dict[str, str], path: Path):
         """What the exported config must say under KServe (UserError naming the key), the same for TorchServe
         and the tsctl engine, which read it alike: TS_SERVICE_ENVELOPE, which KServe sets, only with
-        enable_envvars_config=true (TorchServe 0.12's ConfigManager, serving/ts_config.py: with_environment)."""
+        enable_envvars_config=true (TorchServe 0.12's ConfigManager, serving/config_properties.py: with_environment)."""
         expected = {
             "disable_token_authorization": ("true", "KServe's requests carry no TorchServe token"),
             "enable_envvars_config": ("true", "KServe's TS_SERVICE_ENVELOPE is ignored without it"),

@@ -47,7 +47,7 @@ UID = 1000  # as KServe's TorchServe runtime runs: the files the copy pod wrote 
 # priority for modelFormat pytorch, its server type (KServe >= 0.17 applies TorchServe's defaults to an
 # InferenceService whose runtime carries it: the serviceEnvelope label TS_SERVICE_ENVELOPE reads, and
 # PROTOCOL_VERSION), and the envelope it passes TorchServe, which the engine reads as TorchServe does
-# (enable_envvars_config=true, serving/ts_config.py).
+# (enable_envvars_config=true, serving/config_properties.py).
 KSERVE_TORCHSERVE_PRIORITY = 2
 DEFAULT_PRIORITY = 1  # below kserve-torchserve's: KServe's TorchServe stays the pick while it is installed
 MAX_PRIORITY = 2**31 - 1  # the CRD's int32
@@ -68,7 +68,7 @@ BASE_PACKAGES = (
     "grpcio",
     "protobuf",
     "kserve",  # the v2 gRPC service's generated code (serving/engine/kserve_grpc.py)
-    "javaproperties",  # config.properties, read as TorchServe reads it (serving/ts_config.py)
+    "javaproperties",  # config.properties, read as TorchServe reads it (serving/config_properties.py)
     "nvidia-ml-py",  # the GPUs the workers are placed on and /metrics' GPU gauges (serving/gpus.py)
 )
 
@@ -134,13 +134,13 @@ def check_ports(properties: Dict[str, str], path: Path):
     runtime is written to crash-loop on it."""
     from argparse import Namespace
 
-    from serving import ts_config
+    from serving import config_properties, frontend_settings
     from serving.engine import listeners
 
     try:
-        frontend = ts_config.frontend_of(ts_config.with_environment(properties, {}), path)
+        frontend = frontend_settings.frontend_of(config_properties.with_environment(properties, {}), path)
         listeners.plan(frontend, Namespace(http_port=HTTP_PORT, grpc_port=GRPC_PORT), path)
-    except ts_config.ConfigError as exc:
+    except config_properties.ConfigError as exc:
         raise UserError(
             f"{exc} (the runtime runs the engine with --http_port={HTTP_PORT} --grpc_port={GRPC_PORT}, KServe's "
             "ports: change the config)"

@@ -376,8 +376,14 @@ def write(plan: Graph, options: SeldonCore1Options, root: Path) -> List[Path]:
     for name, document in manifests.items():
         (root / name).write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
         files.append(root / name)
-    dockerfile = core.render("seldon-core1-image.Dockerfile", image=options.image, context=IMAGE_DIR,
-                             base=BASE_IMAGE, torch_index=torch_index(options.gpus), runtime=RUNTIME_PATH)  # fmt: skip
+    dockerfile = core.render(
+        "seldon-core1-image.Dockerfile",
+        image=options.image,
+        context=IMAGE_DIR,
+        base=BASE_IMAGE,
+        torch_index=torch_index(options.gpus),
+        runtime=RUNTIME_PATH,
+    )
     requirements = seldon_requirements([u.facts for u in units])
     files += write_context(root / IMAGE_DIR, dockerfile, requirements)
     spec = seldon.transformer_spec(plan.transformer.archive, TRANSFORMER)
@@ -397,8 +403,10 @@ def deploy_md(plan: Graph, options: SeldonCore1Options, units: List[Unit]) -> st
         shares = ", ".join(f"{m.name} {w}%" for m, w in zip(plan.models, plan.weights))
         how = "RANDOM_ABTEST, ratioA" if len(plan.weights) == 2 else "tsctl's router component"
         router = f"the router `{ROUTER}` ({how}) sends each request to one of {shares}, and "
-        routing_words = (f"`-1` for a unit that ran, and for the router `{ROUTER}` the index of the child that "
-                         f"answered (`0` is `{first}`, in the order of the graph's children)")  # fmt: skip
+        routing_words = (
+            f"`-1` for a unit that ran, and for the router `{ROUTER}` the index of the child that "
+            f"answered (`0` is `{first}`, in the order of the graph's children)"
+        )
         routing[ROUTER] = 0
     else:
         router = ""

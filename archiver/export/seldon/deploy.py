@@ -3,7 +3,7 @@ directory DEPLOY.md is in, from the image build to one curl per model."""
 
 from typing import List, Optional
 
-from serving.ts_config import Frontend
+from serving.frontend_settings import Frontend
 
 from ... import mlserver
 from .. import core, model_image
@@ -75,10 +75,17 @@ def storage_steps(options: SeldonOptions, plan: SeldonPlan, image_digest: Option
         for file in (entry.archive.name, mlserver.MODEL_SETTINGS)
     ]
     return core.render(
-        "seldon-storage-pvc", claim=options.claim, claim_size=core.claim_size([entry.archive for entry in entries]),
-        ns=ns, mount=MOUNT, uid=core.COPY_POD_UID, pod=pod, models_dir=MODELS_DIR,
-        folders=" ".join(f"/pvc/{MODELS_DIR}/{e.name}" for e in entries), copies=core.lines(copies),
-    )  # fmt: skip
+        "seldon-storage-pvc",
+        claim=options.claim,
+        claim_size=core.claim_size([entry.archive for entry in entries]),
+        ns=ns,
+        mount=MOUNT,
+        uid=core.COPY_POD_UID,
+        pod=pod,
+        models_dir=MODELS_DIR,
+        folders=" ".join(f"/pvc/{MODELS_DIR}/{e.name}" for e in entries),
+        copies=core.lines(copies),
+    )
 
 
 def deploy_md(

@@ -52,7 +52,7 @@ from typing import Dict, List, Optional, Tuple
 
 import yaml
 
-from serving import ts_config
+from serving import config_properties, frontend_settings, ts_config
 
 from ... import mlserver
 from ...errors import UserError
@@ -177,7 +177,7 @@ def default_versions(options: SeldonOptions, notes: List[str]) -> List[ts_config
     """Each model's default version (Seldon serves one artifact per Model), each named as Seldon needs."""
     try:
         specs, _ = ts_config.models(config_path(options), Path(options.model_store))
-    except ts_config.ConfigError as exc:
+    except config_properties.ConfigError as exc:
         raise UserError(str(exc)) from None
     chosen: Dict[str, ts_config.ModelSpec] = {}
     versions: Dict[str, List[str]] = {}
@@ -290,7 +290,7 @@ def check_transformer(
 
 def transformer_spec(archive: Path, name: str) -> ts_config.ModelSpec:
     """The transformer's worker settings: its model-config.yaml's, as TorchServe registers an archive."""
-    spec = ts_config._from_archive(archive, ts_config.Frontend())
+    spec = ts_config._from_archive(archive, frontend_settings.Frontend())
     spec.name = name
     return spec
 

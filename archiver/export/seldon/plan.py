@@ -67,7 +67,6 @@ class SeldonPlan:
     notes: List[str]
 
 
-
 def check_shared_flags(options, namespace_fix: str, image_fix: str):
     """The flags both Seldon exports take alike: the claim, the namespace, the image to build, the container's
     CPU, memory and GPUs; one UserError naming the flag (``namespace_fix``, ``image_fix``: each export's advice)."""

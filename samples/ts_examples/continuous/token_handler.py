@@ -26,8 +26,11 @@ class TokenHandler(BaseHandler):
             if request_id not in self.context.cache:  # a newcomer: its body; one sent again has none
                 body = row.get("body") if row.get("body") is not None else row.get("data")
                 request = body if isinstance(body, dict) else json.loads(body)  # TorchServe decodes JSON bodies
-                self.context.cache[request_id] = {"word": (request["prompt"].split() or ["?"])[0],
-                                                  "left": int(request["max_new_tokens"]), "made": 0}  # fmt: skip
+                self.context.cache[request_id] = {
+                    "word": (request["prompt"].split() or ["?"])[0],
+                    "left": int(request["max_new_tokens"]),
+                    "made": 0,
+                }
         return ids
 
     def inference(self, ids, *args, **kwargs):

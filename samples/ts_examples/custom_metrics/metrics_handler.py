@@ -37,8 +37,14 @@ class MetricsDigitClassifier(ImageClassifier):
         batch.add_or_update(value=len(data), dimension_values=[self.context.model_name])
         for index, row in enumerate(data):
             body = row.get("data") or row.get("body") or b""
-            metrics.add_size(name="ConformanceImageBytes", value=len(body), idx=index, unit="B", dimensions=[],
-                             metric_type=MetricTypes.HISTOGRAM)  # fmt: skip
+            metrics.add_size(
+                name="ConformanceImageBytes",
+                value=len(body),
+                idx=index,
+                unit="B",
+                dimensions=[],
+                metric_type=MetricTypes.HISTOGRAM,
+            )
         tensors = super().preprocess(data)
         elapsed = (time.time() - started) * 1000
         metrics.add_time(

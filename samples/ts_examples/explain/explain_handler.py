@@ -25,5 +25,7 @@ class ExplainHandler(BaseHandler):
 
     def explain_handle(self, bodies, raw_data):
         header = self.context.get_request_header
-        return [{"ran": "explain_handle", "bytes": len(body), "url_path": header(i, "url_path")}
-                for i, body in enumerate(bodies)]  # fmt: skip
+        return [
+            {"ran": "explain_handle", "bytes": len(body), "url_path": header(i, "url_path")}
+            for i, body in enumerate(bodies)
+        ]

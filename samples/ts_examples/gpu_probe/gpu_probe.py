@@ -10,7 +10,8 @@ def handle(data, context):
     gpu = context.system_properties.get("gpu_id")
     if data is None:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        print(f"tsctl-gpu-probe model={context.model_name} gpu_id={gpu} pid={os.getpid()} visible={visible}",
-              flush=True)  # fmt: skip
+        print(
+            f"tsctl-gpu-probe model={context.model_name} gpu_id={gpu} pid={os.getpid()} visible={visible}", flush=True
+        )
         return None
     return [{"gpu_id": gpu, "pid": os.getpid()} for _ in data]
