@@ -15,7 +15,8 @@ from handlers.archives import Archive, opened
 from . import gpus, model_config_keys, v2_metadata
 from .config_properties import ConfigError
 from .engine.sequences import SequenceConfigError, SequenceSettings
-from .engine.workers import ModelWorkers, worker_log_line
+from .engine.worker_runner import worker_log_line
+from .engine.workers import ModelWorkers
 from .frontend_settings import Frontend
 from .ts_config import ModelSpec
 

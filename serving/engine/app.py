@@ -114,7 +114,7 @@ class Engine(ModelVersions):
     @property
     def grpc_management(self):
         """What TorchServe's gRPC management API answers from (serving/engine/ts_grpc.py, loaded with it)."""
-        from .ts_grpc import ModelApi, ReadOnlyModels
+        from .ts_grpc_management import ModelApi, ReadOnlyModels
 
         return (ModelApi if self.frontend.enable_model_api else ReadOnlyModels)(self)
 

@@ -74,7 +74,8 @@ from prometheus_client.utils import floatToGoString
 
 from ..config_properties import MAX_METRICS_YAML, ConfigError, read_regular
 from ..worker.worker_process import METRICS_YAML
-from .workers import RECENT_BATCHES, worker_log_line
+from .worker_runner import worker_log_line
+from .workers import RECENT_BATCHES
 
 # [METRICS]HandlerTime.ms:12.3|#ModelName:resnet18,Level:Model|#type:GAUGE|#hostname:h,1700000000,req
 METRIC_LINE = re.compile(

@@ -52,128 +52,26 @@ RESOURCE_EXHAUSTED is its code for 429 (``GRPCUtils.getGRPCStatusCode``, lines 3
 """
 
 import asyncio
-import json
 import logging
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 import grpc
 
 from ..worker.ts_wire import Request, Response
-from . import management as management_api
 from . import ts_protos as pb
 from .body_limit import Budget, client_of, management_body_limit
 from .grpc_reading import counted, refusal, server_options
-from .management import model_url
 from .protobuf_wire import wire_fields
 from .sequences import SEQUENCE_END, SEQUENCE_ID
+from .ts_grpc_errors import BAD_REQUEST, ApiError, find, pretty
+from .ts_grpc_management import Management
 
 logger = logging.getLogger("tsctl.engine")
 
 MAX_INPUTS = 1 << 16  # entries of one request's input map (each a parameter the worker reads)
 MAX_OPEN_STREAMS = 2048  # StreamPredictions2 calls open at once (about 22 KB each), a client its share of them
 INPUT_COST = 256  # bytes an entry costs once read, counted in flight with the message
-MODEL_NOT_FOUND = "org.pytorch.serve.archive.model.ModelNotFoundException"
-VERSION_NOT_FOUND = "org.pytorch.serve.archive.model.ModelVersionNotFoundException"
-MODEL_EXCEPTION = "org.pytorch.serve.archive.model.ModelException"
-INTERNAL_SERVER = "org.pytorch.serve.http.InternalServerException"
-NOT_ADDED = "InternalServerException.()"  # InferenceImpl.prediction's description when ModelManager.addJob fails
-BAD_REQUEST = "BadRequestException.()"
 TOKEN_DENIED = "Token Authorization failed. Token either incorrect, expired, or not provided correctly"
-GRPC_STATUS = {  # TorchServe's GRPCUtils.getGRPCStatusCode
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    403: grpc.StatusCode.PERMISSION_DENIED,
-    404: grpc.StatusCode.NOT_FOUND,
-    409: grpc.StatusCode.ABORTED,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    416: grpc.StatusCode.OUT_OF_RANGE,
-    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    499: grpc.StatusCode.CANCELLED,
-    501: grpc.StatusCode.UNIMPLEMENTED,
-    503: grpc.StatusCode.UNAVAILABLE,
-    504: grpc.StatusCode.DEADLINE_EXCEEDED,
-}
-
-
-def grpc_status(status: int) -> grpc.StatusCode:
-    if status in GRPC_STATUS:
-        return GRPC_STATUS[status]
-    if 200 <= status < 300:
-        return grpc.StatusCode.OK
-    if 400 <= status < 500:
-        return grpc.StatusCode.FAILED_PRECONDITION
-    return grpc.StatusCode.INTERNAL if 500 <= status < 600 else grpc.StatusCode.UNKNOWN
-
-
-class ApiError(Exception):
-    """A call's failure as TorchServe words it: its status code, its message and the name of the Java
-    exception it comes from (its details are the two on two lines, as grpc-java's augmentDescription)."""
-
-    def __init__(self, code: grpc.StatusCode, message: str, reason: str = INTERNAL_SERVER):
-        super().__init__(message)
-        self.code, self.message, self.reason = code, message, reason
-
-    @property
-    def details(self) -> str:
-        return f"{self.message}\n{self.reason}"
-
-    @classmethod
-    def of(cls, response: Response) -> "ApiError":
-        """The failure a frontend-made answer (``Response.error``) stands for."""
-        try:
-            message = json.loads(response.body).get("message", "")
-        except (ValueError, AttributeError, TypeError):
-            message = (response.body or b"").decode("utf-8", errors="replace")
-        if response.refused:  # not taken in: as TorchServe's prediction() answers a job it could not add
-            return cls(grpc.StatusCode.INTERNAL, message, NOT_ADDED)
-        return cls(grpc_status(response.status), message)
-
-    def keys_noted(self, inputs) -> "ApiError":
-        """A failed prediction whose input map has neither ``data`` nor ``body``, the keys TorchServe's
-        handlers read a request from (BaseHandler, the toolkit): its message names the keys it has."""
-        keys = [name for name, _, _ in inputs or []]
-        if keys and not {"data", "body"} & set(keys):
-            named = ", ".join(repr(key) for key in keys[:5])
-            self.message += f" (the input map holds {named}; handlers read the input under 'data' or 'body')"
-        return self
-
-    @classmethod
-    def streams(cls, streams: Budget, client: str) -> "ApiError":
-        """A StreamPredictions2 call refused: the engine's open streams, or this client's share, are all held."""
-        held = streams.why(1, client)
-        message = f"too many open StreamPredictions2 streams: {held} (MAX_OPEN_STREAMS, {streams.limit:,}): end one"
-        return cls(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
-
-    def status(self) -> "pb.Status":
-        """As StreamPredictions2 sends it: a google.rpc.Status with an ErrorInfo naming the exception."""
-        info = b"\n" + varint(len(self.reason.encode())) + self.reason.encode()  # ErrorInfo.reason (field 1)
-        detail = pb.Any(type_url="type.googleapis.com/google.rpc.ErrorInfo", value=info)
-        return pb.Status(code=self.code.value[0], message=self.message, details=[detail])
-
-
-def varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append(value & 0x7F | (0x80 if value > 0x7F else 0))
-        value >>= 7
-        if not value:
-            return bytes(out)
-
-
-def pretty(value) -> str:
-    """JSON as TorchServe's GSON_PRETTY writes it: two-space indents, no HTML or non-ASCII escaping."""
-    return json.dumps(value, indent=2, ensure_ascii=False)
-
-
-def find(engine, name: str, version: Optional[str], code: grpc.StatusCode):
-    """The model version a call names (an empty version: the default), else ``ApiError(code)`` in
-    TorchServe's words."""
-    model = engine.find(name, version or None)
-    if model is not None:
-        return model
-    if version and name in engine.versions:
-        raise ApiError(code, f"Model version: {version} does not exist for model: {name}", VERSION_NOT_FOUND)
-    raise ApiError(code, f"Model not found: {name}", MODEL_NOT_FOUND)
 
 
 def read_inputs(data: bytes) -> Tuple["pb.PredictionsRequest", List[Tuple[str, str, bytes]]]:
@@ -302,173 +200,6 @@ async def parts_of(first: Response):
     finally:
         if first.rest is not None:
             first.rest.close()
-
-
-class ReadOnlyModels:
-    """What the management RPCs answer from while the engine has no management module: its models as
-    they are, and TorchServe's answers with the model API disabled to every call that would change
-    them. The seam: a management module gives the engine a ``grpc_management`` with these methods."""
-
-    def __init__(self, engine):
-        self.engine = engine
-
-    def list_models(self, limit: int, page_token: int) -> dict:
-        """TorchServe's ``ApiUtils.getModelList``: names sorted, ``limit`` above 100 or below 0 is 100
-        (0 stays 0), ``nextPageToken`` whenever the page ends at or before the last model."""
-        limit = 100 if limit > 100 or limit < 0 else limit
-        page_token = max(page_token, 0)
-        names = sorted(self.engine.defaults)
-        answer, last = {}, page_token + limit
-        if last > len(names):
-            last = len(names)
-        else:
-            answer["nextPageToken"] = str(last)
-        answer["models"] = [
-            {"modelName": name, "modelUrl": model_url(self.engine.defaults[name])} for name in names[page_token:last]
-        ]
-        return answer
-
-    async def describe(self, name: str, version: Optional[str], customized: bool) -> list:
-        from .management import describe_model
-
-        if version == "all":
-            found = list(self.engine.versions.get(name, {}).values())
-            if not found:
-                raise ApiError(grpc.StatusCode.NOT_FOUND, f"Model not found: {name}", MODEL_NOT_FOUND)
-            return [describe_model(model) for model in found]
-        model = find(self.engine, name, version, grpc.StatusCode.NOT_FOUND)
-        described = describe_model(model)
-        if customized:
-            described.update(await self.customized(model))
-        return [described]
-
-    @staticmethod
-    async def customized(model) -> dict:
-        """The handler's own metadata (``describe_handle``), as TorchServe asks for it: a request with
-        the header ``describe: True`` and no input; a JSON object is kept, anything else is ``{}``."""
-        answer = await model.submit(Request(b"", {"describe": "True"}, []))
-        if answer.error:
-            raise ApiError.of(answer)
-        try:
-            metadata = json.loads(answer.body or b"null")
-        except ValueError:
-            return {"customizedMetadata": {}}
-        if metadata is None:
-            return {}
-        return {"customizedMetadata": metadata if isinstance(metadata, dict) else {}}
-
-    async def register(self, request) -> str:
-        raise ApiError(grpc.StatusCode.PERMISSION_DENIED, "Model API disabled", MODEL_EXCEPTION)
-
-    async def unregister(self, request) -> str:
-        raise ApiError(grpc.StatusCode.PERMISSION_DENIED, "Model API disabled", MODEL_EXCEPTION)
-
-    async def scale(self, request) -> str:
-        find(self.engine, request.model_name, request.model_version, grpc.StatusCode.NOT_FOUND)
-        raise ApiError(grpc.StatusCode.PERMISSION_DENIED, "Model API disabled", MODEL_EXCEPTION)
-
-    async def set_default(self, request) -> str:
-        if request.model_name not in self.engine.versions:
-            raise ApiError(grpc.StatusCode.NOT_FOUND, f"Model not found: {request.model_name}", MODEL_NOT_FOUND)
-        if request.model_version not in self.engine.versions[request.model_name]:
-            message = f"Model version {request.model_version} does not exist for model {request.model_name}"
-            raise ApiError(grpc.StatusCode.NOT_FOUND, message, VERSION_NOT_FOUND)
-        raise ApiError(grpc.StatusCode.PERMISSION_DENIED, "Model API disabled", MODEL_EXCEPTION)
-
-
-class ModelApi(ReadOnlyModels):
-    """The management RPCs that change state, with ``enable_model_api=true`` (the engine's
-    ``grpc_management`` then): the REST API's calls (serving/engine/management.py), one at a time with
-    them, their answers as TorchServe's ManagementImpl gives them (the status message; an error's status
-    code from its HTTP status, its details the message and the Java exception's name). A field of the
-    request left at its default (0, "") is absent, as TorchServe's GRPCUtils.getRegisterParam reads it."""
-
-    async def change(self, work):
-        try:
-            async with self.engine.changing:
-                message, _ = await work()
-        except management_api.ApiError as exc:
-            raise ApiError(grpc_status(exc.status), exc.message, JAVA_EXCEPTIONS.get(exc.kind, INTERNAL_SERVER))
-        return message
-
-    async def register(self, request) -> str:
-        fields = ("url", "model_name", "batch_size", "max_batch_delay", "initial_workers", "response_timeout")
-        params = {key: str(getattr(request, key)) for key in fields if getattr(request, key)}
-        params["synchronous"] = "true" if request.synchronous else "false"  # proto3: false unless sent
-        return await self.change(lambda: management_api.register(self.engine, params))
-
-    async def unregister(self, request) -> str:
-        version = request.model_version or None
-        return await self.change(lambda: management_api.unregister(self.engine, request.model_name, version))
-
-    async def scale(self, request) -> str:
-        params = {key: str(getattr(request, key)) for key in ("min_worker", "max_worker") if getattr(request, key)}
-        params["synchronous"] = "true" if request.synchronous else "false"
-        version = request.model_version or None
-        return await self.change(lambda: management_api.scale(self.engine, request.model_name, version, params))
-
-    async def set_default(self, request) -> str:
-        return await self.change(
-            lambda: settled(management_api.set_default(self.engine, request.model_name, request.model_version))
-        )
-
-
-async def settled(value):
-    return value
-
-
-JAVA_EXCEPTIONS = {  # the canonical names of the exceptions TorchServe's management API raises
-    "ModelNotFoundException": MODEL_NOT_FOUND,
-    "ModelVersionNotFoundException": VERSION_NOT_FOUND,
-    "InvalidModelException": "org.pytorch.serve.archive.model.InvalidModelException",
-    "DownloadArchiveException": "org.pytorch.serve.archive.DownloadArchiveException",
-    "BadRequestException": "org.pytorch.serve.http.BadRequestException",
-    "ConflictStatusException": "org.pytorch.serve.http.ConflictStatusException",
-    "InvalidModelVersionException": "org.pytorch.serve.http.InvalidModelVersionException",
-    "InternalServerException": INTERNAL_SERVER,
-}
-
-
-class Management:
-    """``ManagementAPIsService``, each call answered by the engine's ``grpc_management`` (``ReadOnlyModels``)."""
-
-    def __init__(self, engine):
-        self.engine = engine
-
-    @property
-    def models(self):
-        return getattr(self.engine, "grpc_management", None) or ReadOnlyModels(self.engine)
-
-    async def call(self, context, answer) -> "pb.ManagementResponse":
-        try:
-            message = await answer
-        except ApiError as exc:
-            await context.abort(exc.code, exc.details)
-        return pb.ManagementResponse(msg=message)
-
-    async def DescribeModel(self, request, context):
-        async def described():
-            return pretty(await self.models.describe(request.model_name, request.model_version, request.customized))
-
-        return await self.call(context, described())
-
-    async def ListModels(self, request, context):
-        async def listed():
-            return pretty(self.models.list_models(request.limit, request.next_page_token))
-
-        return await self.call(context, listed())
-
-    async def RegisterModel(self, request, context):
-        return await self.call(context, self.models.register(request))
-
-    async def UnregisterModel(self, request, context):
-        return await self.call(context, self.models.unregister(request))
-
-    async def ScaleWorker(self, request, context):
-        return await self.call(context, self.models.scale(request))
-
-    async def SetDefault(self, request, context):
-        return await self.call(context, self.models.set_default(request))
 
 
 def method_handlers(servicer, service: str, raw: Tuple[str, ...] = ()) -> dict:
