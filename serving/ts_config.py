@@ -319,23 +319,31 @@ def _from_archive(
     (``workers``: the workers without a model-config.yaml minWorkers, else ``default_workers``); an archive
     of a model ``store`` is opened within it (what was opened must lie inside it, links resolved)."""
     with opened(archive, within=store) as found:
-        config = found.config
-        problem = settings_problem(config)
-        if problem:
-            raise ConfigError(f"{found.path}'s model-config.yaml: {problem}, and package the archive again")
-        workers = config.get("minWorkers", workers or max(1, frontend.default_workers))
-        return ModelSpec(
-            name=found.model_name,
-            version=found.version,
-            archive=found.path,
-            loaded_at_startup=True,
-            min_workers=workers,
-            max_workers=max(workers, config.get("maxWorkers", workers)),  # only a default minWorkers can be above it
-            batch_size=config.get("batchSize", 1),
-            max_batch_delay=config.get("maxBatchDelay", 100),
-            response_timeout=config.get("responseTimeout", frontend.default_response_timeout),
-            store=found.within,
-        )
+        spec = from_model_config(found.model_name, found.version, found.path, found.config, frontend, workers)
+        spec.store = found.within
+        return spec
+
+
+def from_model_config(
+    name: str, version: str, archive: Path, config: dict, frontend: Frontend, workers: Optional[int] = None
+) -> ModelSpec:
+    """The spec of an archive already read: its model-config.yaml's (``config``) worker settings, checked, else
+    defaults, as ``_from_archive`` gives them."""
+    problem = settings_problem(config)
+    if problem:
+        raise ConfigError(f"{archive}'s model-config.yaml: {problem}, and package the archive again")
+    workers = config.get("minWorkers", workers or max(1, frontend.default_workers))
+    return ModelSpec(
+        name=name,
+        version=version,
+        archive=archive,
+        loaded_at_startup=True,
+        min_workers=workers,
+        max_workers=max(workers, config.get("maxWorkers", workers)),  # only a default minWorkers can be above it
+        batch_size=config.get("batchSize", 1),
+        max_batch_delay=config.get("maxBatchDelay", 100),
+        response_timeout=config.get("responseTimeout", frontend.default_response_timeout),
+    )
 
 
 def default_config(model_store: Path) -> Optional[Path]:

@@ -30,7 +30,6 @@ load_traces.py.
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .. import choices
@@ -320,15 +319,14 @@ def exported(doc: dict, mode: str, max_replicas: int, min_replicas: int = 1, sca
     """The numbers ``tsctl export kserve --autoscale MODE --from-bench`` writes for ``doc``, by the export's
     own functions (archiver/export/kserve/autoscale.py): the operating point and each mode's target."""
     from ..export.kserve import autoscale_modes, autoscale_numbers
+    from ..export.options import Service
 
     chosen = autoscale_modes.named(mode)
     numbers = autoscale_numbers
     plan = numbers.Autoscaling(chosen, 0, min_replicas, max_replicas, scale_down_s, capacity=doc, model=doc["model"])
+    plan.service, plan.max_given = Service(doc["model"], "default", "v1"), True
     numbers.operating_point(plan, None)
-    options = SimpleNamespace(
-        scale_metric="concurrency", peak_rps=None, max_replicas=max_replicas, namespace="default", name=doc["model"]
-    )
-    chosen.numbers(plan, options)
+    chosen.numbers(plan)
     return dict(plan.numbers, concurrency=plan.concurrency, step_rps=plan.step["throughput_rps"])
 
 

@@ -1,6 +1,6 @@
 """What an export needs to know of one archive, read in one opening (``read``): its manifest, its
-model-config.yaml, its handler record (MAR-INF/tsctl.json) and so the kind of input its handler takes, and its
-requirements file, every line checked.
+model-config.yaml, its handler record (MAR-INF/tsctl.json) and so the kind of input its handler takes, its
+requirements file, every line checked, and its golden answers (package --golden).
 
 Each export's checks read every archive they name once (the store's, the transformer's) and pass the facts on
 in place of the archive's path: nothing after the checks opens an archive again. Copying the archive into the
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
-from handlers import identity
+from handlers import golden, identity
 
 from .. import requirements
 from ..opened_archive import opened
@@ -28,6 +28,7 @@ class ArchiveFacts:
     requirements_file: Optional[str] = None  # its name in the archive; None: the archive has none
     requirements_text: str = ""
     requirement_lines: List[str] = field(default_factory=list)  # each a plain requirement (requirements.check)
+    golden: Optional[dict] = None  # MAR-INF/golden.json, checked (handlers/golden.py); None: the archive has none
 
     @property
     def model(self) -> dict:
@@ -63,4 +64,5 @@ def read(path, within=None) -> ArchiveFacts:
     damaged, unsafe or whose requirements file is not plain requirements."""
     with opened(path, within) as found:
         name, text, lines = requirements.of_archive(found)
-        return ArchiveFacts(Path(path), found.manifest, found.config, identity.read(found), name, text, lines)
+        record = identity.read(found)
+        return ArchiveFacts(Path(path), found.manifest, found.config, record, name, text, lines, golden.read(found))

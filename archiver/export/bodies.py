@@ -5,7 +5,6 @@ picture drawn here, a golden input of the archive), and DEPLOY.md's sections say
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from .core import render
@@ -19,7 +18,7 @@ class Served:
     handler: str
     kind: Optional[str]  # "image", "text", "tensor"; None for a handler of the user's own
     shape: Optional[List[int]] = None  # a tensor model's handler.input_shape
-    archive: Optional[Path] = None  # the archive serving it
+    golden: Optional[dict] = None  # the golden answers of the archive serving it (package --golden), if any
     sample: Optional[str] = None  # the file (relative to OUT) its request body is built from: sample_inputs()
 
     @property
@@ -87,12 +86,11 @@ def sample_png(size: int = 64) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
 
 
-def golden_input(archive: Optional[Path]) -> Optional[Tuple[str, bytes]]:
-    """The first golden input (package --golden) the archive answered with 200, when it is a file's bytes
+def golden_input(recorded: Optional[dict]) -> Optional[Tuple[str, bytes]]:
+    """The first golden input (package --golden) an archive answered with 200, when it is a file's bytes
     (not a JSON request body): (a file name for it, its bytes). None without one."""
     from handlers import golden
 
-    recorded = golden.read(archive) if archive is not None else None
     for case in (recorded or {}).get("cases", []):
         if case["status"] == 200 and not case["content_type"].startswith("application/json"):
             name = re.sub(r"[^A-Za-z0-9._-]+", "_", case["name"]).strip("._-")[:64] or "input"
@@ -108,7 +106,7 @@ def sample_inputs(models: List[Served]) -> Dict[str, bytes]:
     for model in models:
         if model.kind in ("text", "tensor"):
             continue
-        found = golden_input(model.archive) if model.kind is None else None
+        found = golden_input(model.golden) if model.kind is None else None
         if found:
             model.sample = f"{INPUTS_DIR}/{model.name}-{found[0]}"
             files[model.sample] = found[1]

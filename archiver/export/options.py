@@ -1,12 +1,52 @@
 """The flags of each export, as the command line passes them: ``ExportOptions`` (``tsctl export kserve``,
 archiver/export/kserve/export.py), ``SeldonOptions`` (``tsctl export seldon``, archiver/export/seldon/export.py) and
-``SeldonCore1Options`` (``tsctl export seldon --core 1``, archiver/export/seldon/core1.py)."""
+``SeldonCore1Options`` (``tsctl export seldon --core 1``, archiver/export/seldon/core1.py); and the parts of
+``export kserve``'s flags its steps take in place of all of them: the ``Service``, the ``PodSize``, a checked
+``Transformer`` (the autoscaling's flags become its plan: kserve/autoscale_numbers.py's ``Autoscaling``)."""
 
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Tuple
 
 from .. import kserve_images
 from ..output import quiet
+from . import kube
+from .archive_facts import ArchiveFacts
+
+
+@dataclass(frozen=True)
+class Service:
+    """The InferenceService an export writes: the name and namespace every other manifest derives its own
+    from, and the protocol its clients speak."""
+
+    name: str
+    namespace: str
+    protocol: str
+
+    @property
+    def ns(self) -> str:
+        """kubectl's namespace flag, as DEPLOY.md's commands write it."""
+        return f"-n {self.namespace}"
+
+
+@dataclass(frozen=True)
+class PodSize:
+    """What each container asks for and is limited to: ``--cpu``, ``--memory`` and ``--gpus``."""
+
+    cpu: str
+    memory: str
+    gpus: int
+
+    def resources(self) -> dict:
+        return kube.container_resources(self.cpu, self.memory, self.gpus)
+
+
+@dataclass(frozen=True)
+class Transformer:
+    """A transformer in front of the predictor, checked: its image, the model it sends to, its archive's facts."""
+
+    image: str
+    model: str
+    facts: ArchiveFacts
 
 
 @dataclass
@@ -48,6 +88,14 @@ class ExportOptions:
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"  # what KEDA queries
     monitor: Optional[str] = None  # podmonitor | servicemonitor; None: by whether the pod declares the port
     progress: Callable[[str], None] = field(default=quiet, repr=False, compare=False)  # archiver.output.Progress
+
+    @property
+    def service(self) -> Service:
+        return Service(self.name, self.namespace, self.protocol)
+
+    @property
+    def pod(self) -> PodSize:
+        return PodSize(self.cpu, self.memory, self.gpus)
 
 
 @dataclass

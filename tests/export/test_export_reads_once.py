@@ -1,7 +1,7 @@
 """Issue #46: an export reads each archive of the store once. ``export kserve`` and ``export seldon`` on a
 store of three archives open each exactly once (``handlers.archives.Archive``), whatever they ask of it
-(manifest, handler record, input kind, model-config.yaml, transformer's shape), and read nothing of an
-archive by its path again."""
+(manifest, handler record, input kind, model-config.yaml, transformer's shape, golden answers), and read
+nothing of an archive by its path again."""
 
 from collections import Counter
 from pathlib import Path
@@ -55,6 +55,23 @@ def test_export_kserve_opens_each_archive_once(store, opens, tmp_path):
             target=2,
         )
     )
+    assert dict(opens) == {"resnet18.mar": 1, "resnet18-b.mar": 1, "resnet18-t.mar": 1}
+
+
+def test_export_kserve_with_a_canary_opens_each_archive_once(store, opens, tmp_path):
+    """--canary's DEPLOY.md names, per archive, whether its golden answers drive tsctl shadow: read with the rest."""
+    config = store.parent / "config" / "config.properties"
+    kserve.export(
+        export_options.ExportOptions(
+            out=str(tmp_path / "out"),
+            name="vision",
+            config=str(config),
+            model_store=str(store),
+            storage_uri="pvc://models/tsctl",
+            canary=10,
+        )
+    )
+    assert "--inputs REQUESTS_DIR" in (tmp_path / "out" / "DEPLOY.md").read_text()  # no golden answers packaged
     assert dict(opens) == {"resnet18.mar": 1, "resnet18-b.mar": 1, "resnet18-t.mar": 1}
 
 

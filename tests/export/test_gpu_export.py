@@ -13,7 +13,6 @@ from archiver import properties
 from archiver.cli import main
 from archiver.export import crds
 from archiver.export.images import CUDA_TORCH_INDEX
-from archiver.export.kserve import export as kserve
 from archiver.export.kserve.measured_notes import gpu_notes
 from archiver.export.options import SeldonCore1Options
 from archiver.export.seldon import core1
@@ -110,11 +109,9 @@ def test_seldon_gives_the_gpus_to_mlserver_and_to_core_1s_model_units(project, t
 
 
 def test_a_measurement_on_other_gpus_than_the_pods_is_noted():
-    options = kserve.ExportOptions(out="o", name="n", storage_uri="pvc://m/n", gpus=1)
     h200 = {"id": 0, "name": "NVIDIA H200", "memory_mib": 143771}
-    assert gpu_notes({"gpus": [h200]}, options) == []
-    [note] = gpu_notes({"gpus": []}, options)
+    assert gpu_notes({"gpus": [h200]}, 1) == []
+    [note] = gpu_notes({"gpus": []}, 1)
     assert note.startswith("--from-bench was measured on the CPU, the pod gets --gpus 1")
-    options.gpus = 0
-    [note] = gpu_notes({"gpus": [h200]}, options)
+    [note] = gpu_notes({"gpus": [h200]}, 0)
     assert "measured on 1 GPU(s) (NVIDIA H200), the pod gets --gpus 0: export with --gpus 1" in note

@@ -666,8 +666,8 @@ def test_an_engine_added_to_the_registry_is_asked_not_compared(project, tmp_path
         name, title = "stub", "stub engine"
         export_flags = ("image",)
 
-        def predictor(self, options, resources):
-            return {"model": targets.storage_model(options, resources, "stub-runtime")}
+        def predictor(self, options, resources, storage_uri):
+            return {"model": targets.storage_model(options.protocol, storage_uri, resources, "stub-runtime")}
 
     monkeypatch.setitem(engines.ENGINES, "stub", Stub())
     monkeypatch.setitem(targets.TARGETS, "stub", StubTarget())

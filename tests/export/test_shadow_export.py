@@ -185,7 +185,7 @@ def test_a_canary_keeps_knative_autoscaling_and_standard_mode_has_none(project, 
     assert "## 7. Autoscaling" in deploy and "## 8. Roll out behind the shadow check" in deploy
     for mode in ("keda", "hpa"):
         with pytest.raises(UserError, match=f"--autoscale {mode} deploys in Standard mode, which has no canary"):
-            kserve_canary.manifests(scaled, kserve_options(project, out, canary=10), autoscale_modes.named(mode))
+            kserve_canary.manifests(scaled, autoscale_modes.named(mode))
     # the candidate's revision at 0% scales to zero with --min-replicas 0: no pod for tsctl shadow to compare
     with pytest.raises(UserError, match="--canary with --min-replicas 0: Knative scales the candidate's revision"):
         kserve.export(

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from ...errors import UserError
-from ..options import ExportOptions
+from ..options import ExportOptions, Service
 from . import autoscale_modes, targets
 from .autoscale_modes import NO_AUTOSCALING, Mode
 from .autoscale_numbers import (
@@ -70,8 +70,8 @@ def check(
     if not options.autoscale:
         return unscaled(options)
     mode = autoscale_modes.named(options.autoscale)
-    chosen_monitor = monitor(options, ports)
-    check_service_name(options, chosen_monitor)
+    chosen_monitor = monitor(options.monitor, ports)
+    check_service_name(options.name, chosen_monitor)
     mode.check(options, target)
     if options.scale_metric not in mode.scale_metrics:
         raise UserError(
@@ -80,13 +80,15 @@ def check(
     if options.from_bench is None and options.target is None:
         raise UserError(f"--autoscale {mode} needs --from-bench RESULT.json (tsctl bench --capacity) or --target N")
     plan = Autoscaling(mode, 0, *replicas(options, mode), scale_down_seconds=seconds(options.scale_down_delay))
-    plan.monitor = chosen_monitor
+    plan.monitor, plan.service = chosen_monitor, options.service
+    plan.scale_metric, plan.prometheus_url = options.scale_metric, options.prometheus_url
+    plan.peak_rps, plan.max_given = options.peak_rps, options.max_replicas is not None
     if options.from_bench is not None:
         plan.capacity = read_capacity(options.from_bench, snapshot.get("models", {}))
         plan.result_name = Path(options.from_bench).name
         plan.model = plan.capacity["model"]
         operating_point(plan, options.target)
-        notes.extend(measured_notes(plan, options, target, snapshot))
+        notes.extend(measured_notes(plan, options.pod, target, snapshot))
     else:
         measured = mode.measured(options)
         if measured:
@@ -96,8 +98,8 @@ def check(
         plan.concurrency = options.target
         plan.model = next(iter(snapshot.get("models", {})), "")
     if options.peak_rps is not None:
-        peak_replicas(plan, options)
-    mode.numbers(plan, options)
+        peak_replicas(plan)
+    mode.numbers(plan)
     return plan
 
 
@@ -115,14 +117,16 @@ def unscaled(options: ExportOptions) -> Autoscaling:
     low, high = options.min_replicas, options.max_replicas
     if high is not None:
         low, high = replicas(options, NO_AUTOSCALING)
-    return Autoscaling(NO_AUTOSCALING, 0, low, high or DEFAULT_MAX_REPLICAS, 0)
+    plan = Autoscaling(NO_AUTOSCALING, 0, low, high or DEFAULT_MAX_REPLICAS, 0, service=options.service)
+    plan.max_given = high is not None  # KServe's default autoscaler's bound, written only when given
+    return plan
 
 
-def monitor(options: ExportOptions, ports: "targets.Ports") -> str:
+def monitor(given: Optional[str], ports: "targets.Ports") -> str:
     """--monitor, by default a PodMonitor where the pod declares its metrics port, else a Service and a
     ServiceMonitor: the Prometheus Operator drops a PodMonitor's target on a port the pod does not declare
     (its CRD's podMetricsEndpoints.portNumber), and KServe's TorchServe pod declares only 8080."""
-    chosen = options.monitor or ("podmonitor" if ports.metrics_declared else "servicemonitor")
+    chosen = given or ("podmonitor" if ports.metrics_declared else "servicemonitor")
     if chosen not in MONITORS:
         raise UserError(f"--monitor {chosen!r} must be podmonitor or servicemonitor")
     if chosen == "podmonitor" and not ports.metrics_declared:
@@ -133,10 +137,10 @@ def monitor(options: ExportOptions, ports: "targets.Ports") -> str:
     return chosen
 
 
-def check_service_name(options: ExportOptions, monitor: str):
+def check_service_name(name: str, monitor: str):
     """The metrics Service's name (and its label) NAME-metrics, as the cluster takes it: a DNS label of 63
     characters at most."""
-    service = f"{options.name}-metrics"
+    service = f"{name}-metrics"
     if monitor == "servicemonitor" and len(service) > 63:
         raise UserError(
             f"--monitor servicemonitor names a Service {service}, {len(service)} characters, above Kubernetes' 63: "
@@ -181,7 +185,7 @@ def seconds(delay: str) -> int:
 
 
 # ---- the manifests --------------------------------------------------------------------------------------
-def apply(isvc: dict, plan: Autoscaling, options: ExportOptions, ports: "targets.Ports"):
+def apply(isvc: dict, plan: Autoscaling, ports: "targets.Ports"):
     """The InferenceService's autoscaling: annotations, the predictor's fields, readiness on every worker; the
     mode's own (``Mode.apply``). Nothing without --autoscale."""
     if not plan.mode.scales:
@@ -194,7 +198,7 @@ def apply(isvc: dict, plan: Autoscaling, options: ExportOptions, ports: "targets
     predictor = isvc["spec"]["predictor"]
     predictor["minReplicas"] = plan.min_replicas
     predictor["maxReplicas"] = plan.max_replicas
-    plan.mode.apply(annotations, predictor, plan, options)
+    plan.mode.apply(annotations, predictor, plan)
     predictor["model"]["readinessProbe"] = readiness(ports)
 
 
@@ -208,16 +212,17 @@ def readiness(ports: "targets.Ports") -> dict:
     }
 
 
-def selector(options: ExportOptions) -> Dict[str, str]:
-    return {POD_LABELS[0]: options.name, POD_LABELS[1]: "predictor"}
+def selector(service: Service) -> Dict[str, str]:
+    return {POD_LABELS[0]: service.name, POD_LABELS[1]: "predictor"}
 
 
-def manifests(plan: Autoscaling, options: ExportOptions, ports: "targets.Ports") -> Dict[str, dict]:
+def manifests(plan: Autoscaling, ports: "targets.Ports") -> Dict[str, dict]:
     """pdb.yaml, and podmonitor.yaml or metrics-service.yaml + servicemonitor.yaml, by file name; none without
     --autoscale."""
     if not plan.mode.scales:
         return {}
-    meta = {"name": f"{options.name}-predictor", "namespace": options.namespace}
+    service = plan.service
+    meta = {"name": f"{service.name}-predictor", "namespace": service.namespace}
     out = {
         "pdb.yaml": {
             "apiVersion": "policy/v1",
@@ -225,7 +230,7 @@ def manifests(plan: Autoscaling, options: ExportOptions, ports: "targets.Ports")
             "metadata": dict(meta),
             "spec": {
                 "maxUnavailable": 1,
-                "selector": {"matchLabels": selector(options)},
+                "selector": {"matchLabels": selector(service)},
                 "unhealthyPodEvictionPolicy": "AlwaysAllow",
             },
         }
@@ -236,17 +241,17 @@ def manifests(plan: Autoscaling, options: ExportOptions, ports: "targets.Ports")
             "apiVersion": "monitoring.coreos.com/v1",
             "kind": "PodMonitor",
             "metadata": dict(meta),
-            "spec": {"selector": {"matchLabels": selector(options)}, "podMetricsEndpoints": [endpoint]},
+            "spec": {"selector": {"matchLabels": selector(service)}, "podMetricsEndpoints": [endpoint]},
         }
         return out
-    labels = {"app.kubernetes.io/name": f"{options.name}-metrics"}
+    labels = {"app.kubernetes.io/name": f"{service.name}-metrics"}
     out["metrics-service.yaml"] = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": f"{options.name}-metrics", "namespace": options.namespace, "labels": labels},
+        "metadata": {"name": f"{service.name}-metrics", "namespace": service.namespace, "labels": labels},
         "spec": {
             "clusterIP": "None",
-            "selector": selector(options),
+            "selector": selector(service),
             "ports": [{"name": "metrics", "port": ports.metrics, "targetPort": ports.metrics, "protocol": "TCP"}],
         },
     }

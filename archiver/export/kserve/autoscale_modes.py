@@ -17,7 +17,7 @@ import math
 from typing import Dict, List, Optional, Tuple
 
 from ...errors import UserError
-from ..options import ExportOptions
+from ..options import ExportOptions, Service
 from .autoscale_numbers import (
     ANSWERS,
     CAPACITY_FILE,
@@ -57,10 +57,10 @@ class Mode:
         """What of its numbers needs a measurement (--from-bench), None when --target alone sizes it."""
         return None
 
-    def numbers(self, plan: Autoscaling, options: ExportOptions) -> None:
-        common_numbers(plan, options)
+    def numbers(self, plan: Autoscaling) -> None:
+        common_numbers(plan)
 
-    def apply(self, annotations: dict, predictor: dict, plan: Autoscaling, options: ExportOptions) -> None:
+    def apply(self, annotations: dict, predictor: dict, plan: Autoscaling) -> None:
         """Its annotations and the predictor's fields."""
 
     def validated(self, isvc: dict) -> List[Tuple[str, dict]]:
@@ -77,9 +77,9 @@ class Mode:
                 f"{self.name} deploys in Standard mode, which has no canary: use --autoscale knative, or drop --canary"
             )
 
-    def check_line(self, options: ExportOptions, ns: str) -> str:
+    def check_line(self, service: Service, ns: str) -> str:
         """DEPLOY.md's command that shows what the autoscaler made of the InferenceService."""
-        return f"kubectl get hpa {ns} {options.name}-predictor -o yaml"
+        return f"kubectl get hpa {ns} {service.name}-predictor -o yaml"
 
     # ---- DEPLOY.md ----
     def prerequisites(self, plan: Autoscaling) -> List[str]:
@@ -93,7 +93,7 @@ class Mode:
         )
         return [f"kubectl apply {ns} -f {name}" for name in files]
 
-    def section(self, plan: Autoscaling, options: ExportOptions, ns: str) -> str:
+    def section(self, plan: Autoscaling, ns: str) -> str:
         """DEPLOY.md's "Autoscaling" section (templates/kserve-autoscale-MODE.md): the numbers, each with its
         source."""
         from ..core import lines, render
@@ -101,15 +101,15 @@ class Mode:
         rows = [f"| {setting} | {value} | {source} |" for setting, value, source in plan.sources]
         return render(
             f"kserve-autoscale-{self.name}",
-            name=options.name,
+            name=plan.service.name,
             rows=lines(rows),
             capacity=CAPACITY_FILE if plan.capacity else "no result file (--target by hand)",
             simulate=self.simulate_line(plan),
-            check=self.check_line(options, ns),
-            monitor=f"kubectl get {plan.monitor} {ns} {options.name}-predictor",
+            check=self.check_line(plan.service, ns),
+            monitor=f"kubectl get {plan.monitor} {ns} {plan.service.name}-predictor",
             rate_query=plan.queries.get("rps", ""),
             load_query=plan.queries.get("in_flight", ""),
-            prometheus=options.prometheus_url,
+            prometheus=plan.prometheus_url,
             min_replicas=plan.min_replicas,
         )
 
@@ -135,7 +135,7 @@ class NoAutoscaling(Mode):
     def check_canary(self, isvc: dict) -> None:
         pass
 
-    def numbers(self, plan: Autoscaling, options: ExportOptions) -> None:
+    def numbers(self, plan: Autoscaling) -> None:
         pass
 
     def prerequisites(self, plan: Autoscaling) -> List[str]:
@@ -144,7 +144,7 @@ class NoAutoscaling(Mode):
     def apply_lines(self, plan: Autoscaling, ns: str) -> List[str]:
         return []
 
-    def section(self, plan: Autoscaling, options: ExportOptions, ns: str) -> str:
+    def section(self, plan: Autoscaling, ns: str) -> str:
         return ""
 
 
@@ -158,21 +158,21 @@ class Knative(Mode):
     def measured(self, options: ExportOptions) -> Optional[str]:
         return "the rps target" if options.scale_metric == "rps" else None
 
-    def numbers(self, plan: Autoscaling, options: ExportOptions) -> None:
+    def numbers(self, plan: Autoscaling) -> None:
         if plan.concurrency > KNATIVE_MAX_CONCURRENCY:
             raise UserError(
                 f"--autoscale knative: the operating point, {plan.concurrency} concurrent requests, is above "
                 f"{KNATIVE_MAX_CONCURRENCY}, Knative's container-concurrency-max-limit (its webhook refuses a larger "
                 f"containerConcurrency): give --target {KNATIVE_MAX_CONCURRENCY} or less"
             )
-        common_numbers(plan, options)
+        common_numbers(plan)
         plan.numbers["containerConcurrency"] = plan.concurrency
         plan.note(
             "containerConcurrency",
             plan.concurrency,
             "the operating point (a hard limit: more requests wait in queue-proxy)",
         )
-        if options.scale_metric == "rps":
+        if plan.scale_metric == "rps":
             plan.numbers["scaleTarget"] = max(1, math.floor(plan.step["throughput_rps"]))
             plan.note("scaleTarget (rps)", plan.numbers["scaleTarget"], f"the throughput of {step_source(plan)}")
         else:
@@ -183,10 +183,10 @@ class Knative(Mode):
         )
         plan.note("scale-down-delay", f"{plan.scale_down_seconds}s", "--scale-down-delay (not measured)")
 
-    def apply(self, annotations: dict, predictor: dict, plan: Autoscaling, options: ExportOptions) -> None:
+    def apply(self, annotations: dict, predictor: dict, plan: Autoscaling) -> None:
         annotations["autoscaling.knative.dev/target-utilization-percentage"] = str(UTILIZATION)
         annotations["autoscaling.knative.dev/scale-down-delay"] = f"{plan.scale_down_seconds}s"
-        predictor["scaleMetric"] = options.scale_metric
+        predictor["scaleMetric"] = plan.scale_metric
         predictor["scaleTarget"] = plan.numbers["scaleTarget"]
         predictor["containerConcurrency"] = plan.numbers["containerConcurrency"]
 
@@ -198,8 +198,8 @@ class Knative(Mode):
                 "or more"
             )
 
-    def check_line(self, options: ExportOptions, ns: str) -> str:
-        return f"kubectl get podautoscaler {ns} -l serving.kserve.io/inferenceservice={options.name}"
+    def check_line(self, service: Service, ns: str) -> str:
+        return f"kubectl get podautoscaler {ns} -l serving.kserve.io/inferenceservice={service.name}"
 
 
 class Keda(Mode):
@@ -226,8 +226,8 @@ class Keda(Mode):
     def measured(self, options: ExportOptions) -> Optional[str]:
         return "the answer-rate threshold"
 
-    def numbers(self, plan: Autoscaling, options: ExportOptions) -> None:
-        common_numbers(plan, options)
+    def numbers(self, plan: Autoscaling) -> None:
+        common_numbers(plan)
         rps = plan.step["throughput_rps"] * UTILIZATION / 100
         plan.numbers["rps_threshold"] = quantity(rps)
         plan.note(
@@ -241,15 +241,15 @@ class Keda(Mode):
             plan.numbers["threshold"],
             f"{UTILIZATION}% (Knative's target utilisation) x the operating point {plan.concurrency}",
         )
-        plan.queries = {"rps": rate_query(options, plan.model), "in_flight": load_query(options, plan.model)}
+        plan.queries = {"rps": rate_query(plan.service, plan.model), "in_flight": load_query(plan.service, plan.model)}
         plan.note("scale-down stabilizationWindowSeconds", plan.scale_down_seconds, "--scale-down-delay (not measured)")
 
-    def apply(self, annotations: dict, predictor: dict, plan: Autoscaling, options: ExportOptions) -> None:
+    def apply(self, annotations: dict, predictor: dict, plan: Autoscaling) -> None:
         annotations["serving.kserve.io/autoscalerClass"] = "keda"
         predictor["autoScaling"] = {
             "metrics": [
-                external(options, plan.queries["rps"], plan.numbers["rps_threshold"]),
-                external(options, plan.queries["in_flight"], plan.numbers["threshold"]),
+                external(plan.prometheus_url, plan.queries["rps"], plan.numbers["rps_threshold"]),
+                external(plan.prometheus_url, plan.queries["in_flight"], plan.numbers["threshold"]),
             ],
             "behavior": {"scaleDown": {"stabilizationWindowSeconds": plan.scale_down_seconds}},
         }
@@ -273,8 +273,8 @@ class Keda(Mode):
                 "(TorchServe's metrics.yaml has it), or use --autoscale knative or hpa"
             )
 
-    def check_line(self, options: ExportOptions, ns: str) -> str:
-        return f"kubectl get scaledobject {ns} {options.name}-predictor -o yaml"
+    def check_line(self, service: Service, ns: str) -> str:
+        return f"kubectl get scaledobject {ns} {service.name}-predictor -o yaml"
 
 
 class Hpa(Mode):
@@ -283,8 +283,8 @@ class Hpa(Mode):
     def measured(self, options: ExportOptions) -> Optional[str]:
         return "the CPU target"
 
-    def numbers(self, plan: Autoscaling, options: ExportOptions) -> None:
-        common_numbers(plan, options)
+    def numbers(self, plan: Autoscaling) -> None:
+        common_numbers(plan)
         knee = next(s for s in plan.capacity["steps"] if s["concurrency"] == plan.capacity["knee"]["concurrency"])
         share = plan.step["throughput_rps"] / knee["throughput_rps"] if knee["throughput_rps"] > 0 else 1.0
         plan.numbers["cpu"] = min(100, max(1, round(CPU_HEADROOM * min(share, 1.0))))
@@ -296,7 +296,7 @@ class Hpa(Mode):
         )
         plan.note("scale-down stabilizationWindowSeconds", plan.scale_down_seconds, "--scale-down-delay (not measured)")
 
-    def apply(self, annotations: dict, predictor: dict, plan: Autoscaling, options: ExportOptions) -> None:
+    def apply(self, annotations: dict, predictor: dict, plan: Autoscaling) -> None:
         annotations["serving.kserve.io/autoscalerClass"] = "hpa"
         predictor["scaleMetric"] = "cpu"
         predictor["scaleTarget"] = plan.numbers["cpu"]
@@ -305,24 +305,24 @@ class Hpa(Mode):
 
 
 # ---- what the modes write ----
-def _selector(options: ExportOptions, model: str) -> str:
+def _selector(service: Service, model: str) -> str:
     """The model's series on the predictor's pods (the Prometheus Operator labels every scraped series
     with its namespace and pod)."""
-    return f'{{namespace="{options.namespace}",pod=~"{options.name}-predictor-.*",model_name="{model}"}}'
+    return f'{{namespace="{service.namespace}",pod=~"{service.name}-predictor-.*",model_name="{model}"}}'
 
 
-def load_query(options: ExportOptions, model: str) -> str:
+def load_query(service: Service, model: str) -> str:
     """The PromQL of the in-flight trigger: the model's requests in flight over the predictor's pods."""
-    return f"sum({LOAD_GAUGE}{_selector(options, model)})"
+    return f"sum({LOAD_GAUGE}{_selector(service, model)})"
 
 
-def rate_query(options: ExportOptions, model: str) -> str:
+def rate_query(service: Service, model: str) -> str:
     """The PromQL of the answer-rate trigger: the model's requests answered a second over the pods."""
-    return f"sum(rate({ANSWERS}{_selector(options, model)}[{RATE_WINDOW}]))"
+    return f"sum(rate({ANSWERS}{_selector(service, model)}[{RATE_WINDOW}]))"
 
 
-def external(options: ExportOptions, query: str, value: str) -> dict:
-    metric = {"backend": "prometheus", "serverAddress": options.prometheus_url, "query": query}
+def external(prometheus_url: str, query: str, value: str) -> dict:
+    metric = {"backend": "prometheus", "serverAddress": prometheus_url, "query": query}
     return {"type": "External", "external": {"metric": metric, "target": {"type": "Value", "value": value}}}
 
 

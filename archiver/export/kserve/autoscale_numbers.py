@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from ...errors import UserError
-from ..options import ExportOptions
+from ..options import Service
 
 UTILIZATION = 70  # percent: Knative's container-concurrency-target-percentage default, written per revision
 CPU_HEADROOM = 70  # percent of the knee's CPU the HPA aims at, the same headroom as Knative's utilisation
@@ -42,6 +42,11 @@ class Autoscaling:
     chosen: str = ""  # what set the operating point: --target, within_p99 or knee
     monitor: str = "podmonitor"  # podmonitor | servicemonitor: how Prometheus finds the pods (``monitor``)
     result_name: str = "RESULT.json"  # the --from-bench file's name, for messages
+    service: Optional[Service] = None  # the InferenceService scaled: its manifests' names and KEDA's queries
+    scale_metric: str = "concurrency"  # Knative's metric: concurrency | rps
+    prometheus_url: str = ""  # what KEDA queries
+    peak_rps: Optional[float] = None  # --peak-rps: the load maxReplicas is sized for
+    max_given: bool = False  # --max-replicas was given (else DEFAULT_MAX_REPLICAS or --peak-rps's)
 
     def note(self, setting: str, value, source: str):
         self.sources.append((setting, str(value), source))
@@ -109,22 +114,22 @@ def chosen_source(plan: Autoscaling) -> str:
     return f"{why}; {step_source(plan)}"
 
 
-def peak_replicas(plan: Autoscaling, options: ExportOptions):
+def peak_replicas(plan: Autoscaling):
     """--peak-rps R: maxReplicas = ceil(R / one replica's throughput at the operating point)."""
     if plan.capacity is None:
         raise UserError("--peak-rps divides by a measured throughput: give --from-bench RESULT.json")
-    if options.max_replicas is not None:
+    if plan.max_given:
         raise UserError("--peak-rps derives --max-replicas: give one of them")
     per_replica = plan.step["throughput_rps"]
-    if not 0 < options.peak_rps < math.inf or per_replica <= 0:
+    if not 0 < plan.peak_rps < math.inf or per_replica <= 0:
         raise UserError(
-            f"--peak-rps {options.peak_rps:g} and the step's throughput ({per_replica:g} rps) must be finite "
+            f"--peak-rps {plan.peak_rps:g} and the step's throughput ({per_replica:g} rps) must be finite "
             "numbers above 0"
         )
-    plan.max_replicas = max(1, math.ceil(options.peak_rps / per_replica))
+    plan.max_replicas = max(1, math.ceil(plan.peak_rps / per_replica))
     if plan.max_replicas > INT32:
         raise UserError(
-            f"--peak-rps {options.peak_rps:g} needs {plan.max_replicas} replicas of {per_replica:g} rps, above "
+            f"--peak-rps {plan.peak_rps:g} needs {plan.max_replicas} replicas of {per_replica:g} rps, above "
             f"{INT32}, the most KServe's maxReplicas (int32) takes: give the peak you plan for"
         )
     if plan.min_replicas > plan.max_replicas:
@@ -133,18 +138,16 @@ def peak_replicas(plan: Autoscaling, options: ExportOptions):
         )
 
 
-def common_numbers(plan: Autoscaling, options: ExportOptions):
+def common_numbers(plan: Autoscaling):
     plan.note("operating point", f"{plan.concurrency} concurrent requests per replica", chosen_source(plan))
     plan.note("minReplicas", plan.min_replicas, "--min-replicas")
-    if options.peak_rps is not None:
+    if plan.peak_rps is not None:
         source = (
-            f"ceil(--peak-rps {options.peak_rps:g} / {plan.step['throughput_rps']:g} rps per replica): at the peak "
+            f"ceil(--peak-rps {plan.peak_rps:g} / {plan.step['throughput_rps']:g} rps per replica): at the peak "
             f"every replica at its operating point, the {100 - UTILIZATION}% headroom of the targets spent"
         )
     else:
-        source = (
-            "--max-replicas" if options.max_replicas is not None else f"default {DEFAULT_MAX_REPLICAS}, not measured"
-        )
+        source = "--max-replicas" if plan.max_given else f"default {DEFAULT_MAX_REPLICAS}, not measured"
     plan.note("maxReplicas", plan.max_replicas, source)
 
 

@@ -15,13 +15,11 @@ export's other steps reach a pod, so it needs neither DNS for the tagged hosts n
 """
 
 import copy
-from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List
-
-from handlers import golden as answers
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 from .. import core
-from ..options import ExportOptions
+from ..archive_facts import ArchiveFacts
+from ..options import Service
 
 if TYPE_CHECKING:  # pragma: no cover
     from .autoscale_modes import Mode
@@ -31,7 +29,7 @@ SHADOW, PROMOTE = "inferenceservice-shadow.yaml", "inferenceservice-promote.yaml
 PORTS = (8081, 8082)  # the local ports of the current and the candidate revision's pods
 
 
-def manifests(isvc: dict, options: ExportOptions, mode: "Mode") -> Dict[str, dict]:
+def manifests(isvc: dict, mode: "Mode") -> Dict[str, dict]:
     """The canary's InferenceService (``isvc``, with canaryTrafficPercent and any autoscaling) with tag
     routing on, and the shadow and promote steps made from it. Standard mode (``--autoscale keda|hpa``: plain
     Deployments, no revisions) has no canary: refused in one line (``mode.check_canary``)."""
@@ -44,37 +42,37 @@ def manifests(isvc: dict, options: ExportOptions, mode: "Mode") -> Dict[str, dic
     return {"inferenceservice.yaml": canary, SHADOW: shadow, PROMOTE: promote}
 
 
-def first_manifest(options: ExportOptions) -> str:
+def first_manifest(canary: Optional[int]) -> str:
     """What step 3 applies: with --canary the shadow step (nothing reaches the new revision before the check)."""
-    return SHADOW if options.canary is not None else "inferenceservice.yaml"
+    return SHADOW if canary is not None else "inferenceservice.yaml"
 
 
-def shadow_lines(options: ExportOptions, archives: List[Path]) -> List[str]:
+def shadow_lines(protocol: str, archives: List[ArchiveFacts]) -> List[str]:
     """One ``tsctl shadow`` per archive of the tree: its golden inputs, or a sample of the user's requests."""
     lines = []
     for archive in archives:
-        inputs = "" if answers.read(archive) else " --inputs REQUESTS_DIR"
+        inputs = "" if archive.golden else " --inputs REQUESTS_DIR"
         lines.append(
-            f"tsctl shadow model-store/{archive.name} --current http://localhost:{PORTS[0]} "
-            f"--candidate http://localhost:{PORTS[1]} --protocol {options.protocol}{inputs}"
+            f"tsctl shadow model-store/{archive.path.name} --current http://localhost:{PORTS[0]} "
+            f"--candidate http://localhost:{PORTS[1]} --protocol {protocol}{inputs}"
         )
     return lines
 
 
-def section(options: ExportOptions, archives: List[Path], step: int = 7) -> str:
+def section(service: Service, canary: Optional[int], archives: List[ArchiveFacts], step: int = 7) -> str:
     """DEPLOY.md's rollout (its heading numbered ``step``): the revisions, the check, then
     canaryTrafficPercent, then promotion; '' without --canary."""
-    if options.canary is None:
+    if canary is None:
         return ""
-    ns = f"-n {options.namespace}"
-    missing = [a.name for a in archives if not answers.read(a)]
-    status = f"kubectl get inferenceservice {options.name} {ns} -o jsonpath='{{.status.components.predictor"
+    ns = service.ns
+    missing = [a.path.name for a in archives if not a.golden]
+    status = f"kubectl get inferenceservice {service.name} {ns} -o jsonpath='{{.status.components.predictor"
     return core.render(
         "kserve-canary",
         step=step,
-        name=options.name,
+        name=service.name,
         ns=ns,
-        percent=options.canary,
+        percent=canary,
         shadow=SHADOW,
         promote=PROMOTE,
         tag_routing=TAG_ROUTING,
@@ -82,7 +80,7 @@ def section(options: ExportOptions, archives: List[Path], step: int = 7) -> str:
         candidate=f"{status}.latestReadyRevision}}'",
         current_port=PORTS[0],
         candidate_port=PORTS[1],
-        checks=" &&\n".join(shadow_lines(options, archives)),
+        checks=" &&\n".join(shadow_lines(service.protocol, archives)),
         inputs_note=inputs_note(missing),
     )
 

@@ -44,11 +44,11 @@ from ...properties import check_keys, check_store, metrics_yaml, read_properties
 from .. import archive_facts, core, crds, kube, model_image, out_dir
 from ..archive_facts import ArchiveFacts
 from ..bodies import Served, sample_inputs
-from ..options import ExportOptions
+from ..options import ExportOptions, PodSize, Service, Transformer
 from . import autoscale, targets
 from . import canary as kserve_canary
 from . import storage as kserve_storage
-from .autoscale_numbers import CAPACITY_FILE
+from .autoscale_numbers import CAPACITY_FILE, Autoscaling
 from .deploy import curl_lines, deploy_md, predict_path
 from .targets import MOUNT
 
@@ -79,6 +79,7 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     notes: List[str] = []
     target = targets.named(options.engine)
     storage = check_options(options)
+    service, pod = options.service, options.pod
     config_path = Path(options.config)
     properties = read_properties(config_path)
     check_keys(properties, config_path)
@@ -86,9 +87,9 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     target.check_properties(properties, config_path)
     facts = check_models(snapshot, Path(options.model_store), notes, target.envelope_batches(), target.archive_notes)
     archives = [archive.path for archive in facts]
-    gpu_settings(options, properties, config_path, notes)
-    notes += memory_notes(options, snapshot)
-    check_split(options, snapshot, facts, notes)
+    gpu_settings(pod.gpus, properties, config_path, notes)
+    notes += memory_notes(pod.memory, snapshot)
+    check_split(options.split, bool(options.transformer_image or options.transformer_archive), snapshot, facts, notes)
     transformer = check_transformer(options, snapshot, facts)
     metrics = carried_metrics(properties, config_path)
     ports = target.ports(properties) if options.autoscale else None  # the pod's, where the autoscaling looks
@@ -96,21 +97,26 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     plan.mode.check_metrics(metrics, f"metrics_config of {config_path}")
     locked = target.prepare(options, properties, facts, notes, scratch)
 
-    manifests = target.manifests(options, resources(options))  # the runtime the InferenceService names first
-    manifests["inferenceservice.yaml"] = isvc = inference_service(options, snapshot)
-    autoscale.apply(isvc, plan, options, ports)
-    scaling = autoscale.manifests(plan, options, ports)
+    manifests = target.manifests(options, pod.resources())  # the runtime the InferenceService names first
+    predictor = target.predictor(options, pod.resources(), storage.uri())
+    isvc = inference_service(service, predictor, plan, options.canary)
+    if transformer is not None:
+        isvc["spec"]["transformer"] = transformer_spec(transformer, service.protocol, storage.uri(), pod)
+    manifests["inferenceservice.yaml"] = isvc
+    autoscale.apply(isvc, plan, ports)
+    scaling = autoscale.manifests(plan, ports)
     if options.canary is not None:  # the shadow, canary and promote steps (kserve/canary.py), scaled as isvc
-        manifests.update(kserve_canary.manifests(isvc, options, plan.mode))
+        manifests.update(kserve_canary.manifests(isvc, plan.mode))
     if options.split:
-        manifests["inferencegraph.yaml"] = inference_graph(options)
+        manifests["inferencegraph.yaml"] = inference_graph(service, options.split)
     for name, manifest in list(manifests.items()) + autoscale.validated(plan, isvc, scaling):
         crds.check(manifest, name)
     manifests.update(scaling)
-    models = served_models(options, facts, transformer)
-    curls = curl_lines(options, models)
+    models = served_models(facts, transformer)
+    curls = curl_lines(service.protocol, models)
     inputs = sample_inputs(models)
-    manifests.update(storage.manifests(options, claimed(options, archives)))
+    claimed = archives + ([transformer.facts.path] if transformer else [])
+    manifests.update(storage.manifests(service, claimed))
 
     with out_dir.written_beside(Path(options.out)) as staging:
         properties["model_snapshot"] = json.dumps(snapshot, separators=(",", ":"))
@@ -118,9 +124,10 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
         if metrics is not None:
             files += core.write_inputs(staging / "config", {METRICS_FILE: metrics})
         if transformer is not None:
-            (staging / "transformer").mkdir()
-            core.copy_archive(transformer.path, staging / "transformer" / transformer.path.name)
-            files.append(staging / "transformer" / transformer.path.name)
+            copied = staging / "transformer" / transformer.facts.path.name
+            copied.parent.mkdir()
+            core.copy_archive(transformer.facts.path, copied)
+            files.append(copied)
         listing, tree_digest = write_listing(staging)  # the tree is complete: its digests, then its image
         image_files, digests = storage.write(staging)
         files += [listing] + image_files + target.write_files(staging, options, facts)
@@ -134,18 +141,18 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
         if capacity is not None:
             files += core.write_inputs(staging, {CAPACITY_FILE: capacity})
         config_files = ["config.properties"] + ([METRICS_FILE] if metrics is not None else []) + [listing.name]
-        deploy = deploy_md(options, storage, archives, curls, models, locked, plan, config_files)
+        deploy = deploy_md(options, target, storage, facts, transformer, curls, models, locked, plan, config_files)
         (staging / "DEPLOY.md").write_text(deploy, encoding="utf-8")
         files.append(staging / "DEPLOY.md")
     return Export(out_dir.moved(files, staging, Path(options.out)), notes, curls)
 
 
-def gpu_settings(options: ExportOptions, properties: Dict[str, str], config: Path, notes: List[str]):
+def gpu_settings(gpus: int, properties: Dict[str, str], config: Path, notes: List[str]):
     """With ``--gpus N`` the tree's config says ``number_of_gpu=N`` (what TorchServe and the engine give
     workers, serving/gpus.py); a config asking for GPUs the predictor does not get is noted."""
     asked = (properties.get("number_of_gpu") or "").strip()
-    if options.gpus:
-        properties["number_of_gpu"] = str(options.gpus)
+    if gpus:
+        properties["number_of_gpu"] = str(gpus)
     elif asked not in ("", "0"):
         notes.append(
             f"{config} says number_of_gpu={asked} but the predictor asks for no GPU: its workers run on "
@@ -210,11 +217,6 @@ def write_listing(root: Path) -> Tuple[Path, str]:
     return path, "sha256:" + hashlib.sha256(listing).hexdigest()
 
 
-def claimed(options: ExportOptions, archives: List[Path]) -> List[Path]:
-    """What is copied onto the claim: the archives, and the transformer's."""
-    return archives + ([Path(options.transformer_archive)] if options.transformer_archive else [])
-
-
 # ---- checks -------------------------------------------------------------------------------------------
 def check_options(options: ExportOptions) -> kserve_storage.Storage:
     if not NAME.match(options.name):
@@ -228,8 +230,7 @@ def check_options(options: ExportOptions) -> kserve_storage.Storage:
     for flag, image in (("--image", options.image), ("--transformer-image", options.transformer_image)):
         if image is not None:  # docker build -t and the kubelet refuse what is not a reference (InvalidImageName)
             kube.image_reference(image, flag, f"name the image another way, e.g. {flag} registry.example.com/tsctl:1")
-    storage = kserve_storage.of(options)
-    options.storage_uri = storage.uri()  # what the manifests name, its digest pinned once the tree is written
+    storage = kserve_storage.of(options.storage, options.storage_uri, options.image_ref)
     if options.protocol not in KSERVE_PROTOCOLS:
         raise UserError(f"--protocol {options.protocol!r} must be v1 or v2")
     if options.canary is not None and not 0 <= options.canary <= 100:
@@ -242,7 +243,7 @@ WORKER_BYTES = 1 << 30  # one model worker's peak RSS, rounded up: 875-956 MiB m
 # all-MiniLM-L6-v2 (BENCHMARKS.md, "tsctl engine"); a bigger model needs more
 
 
-def memory_notes(options: ExportOptions, snapshot: dict) -> List[str]:
+def memory_notes(memory: str, snapshot: dict) -> List[str]:
     """A note when the predictor's one container (``--memory``) cannot hold a worker per minWorkers of every
     model at about WORKER_BYTES each, with 1 GiB more for the server and headroom (TorchServe's JVM: 209 MiB
     after warm-up, measured beside two resnet18 workers of 785 MiB; its heap may grow to a quarter of the
@@ -253,11 +254,11 @@ def memory_notes(options: ExportOptions, snapshot: dict) -> List[str]:
         for entry in versions.values()
     )
     needed = (workers + 1) * WORKER_BYTES
-    if kube.memory_bytes(options.memory) >= needed:
+    if kube.memory_bytes(memory) >= needed:
         return []
     return [
         f"the predictor runs {workers} model worker{'s' if workers != 1 else ''} in one container of --memory "
-        f"{options.memory}; a worker peaks near 1 GiB (875-956 MiB measured for resnet18 and all-MiniLM-L6-v2), "
+        f"{memory}; a worker peaks near 1 GiB (875-956 MiB measured for resnet18 and all-MiniLM-L6-v2), "
         f"so give at least --memory {workers + 1}Gi (or fewer minWorkers), more for bigger models"
     ]
 
@@ -303,27 +304,34 @@ def check_models(
     return archives
 
 
-def check_split(options: ExportOptions, snapshot: dict, facts: List[ArchiveFacts], notes: List[str]):
-    if not options.split:
+def check_split(
+    split: List[Tuple[str, int]], transformer: bool, snapshot: dict, facts: List[ArchiveFacts], notes: List[str]
+):
+    """``--split``: two models of the snapshot, taking the same input, whose weights add up to 100; no
+    ``transformer`` beside it."""
+    if not split:
         return
     models = snapshot.get("models", {})
-    if len(options.split) != 2:
+    if len(split) != 2:
         raise UserError("--split takes exactly two MODEL=PERCENT values, e.g. --split a=90 --split b=10")
-    for model, _ in options.split:
+    for model, _ in split:
         if model not in models:
             raise UserError(f"--split model '{model}' is not in the config's model_snapshot ({', '.join(models)})")
-    if options.split[0][0] == options.split[1][0]:
+    if split[0][0] == split[1][0]:
         raise UserError("--split needs two different models")
     first = first_versions(facts)
-    notes += core.check_same_input("--split", {model: first[model] for model, _ in options.split})
-    total = sum(weight for _, weight in options.split)
+    notes += core.check_same_input("--split", {model: first[model] for model, _ in split})
+    total = sum(weight for _, weight in split)
     if total != 100:
         raise UserError(f"--split weights add up to {total}, not 100")
-    if options.transformer_image or options.transformer_archive:
+    if transformer:
         raise UserError("--split and a transformer cannot be combined: split between models, or transform one")
 
 
-def check_transformer(options: ExportOptions, snapshot: dict, facts: List[ArchiveFacts]) -> Optional[ArchiveFacts]:
+def check_transformer(options: ExportOptions, snapshot: dict, facts: List[ArchiveFacts]) -> Optional[Transformer]:
+    """``--transformer-image`` and ``--transformer-archive`` (together), the model it sends to
+    (``--transformer-model``, else the snapshot's first), which must take tensors of the shape the
+    transformer's handler makes."""
     if not (options.transformer_image or options.transformer_archive):
         return None
     if not (options.transformer_image and options.transformer_archive):
@@ -344,8 +352,7 @@ def check_transformer(options: ExportOptions, snapshot: dict, facts: List[Archiv
                 "tensor under another model name and pass that name as --transformer-model"
             )
         core.check_transformer_shape(transformer, model, predictor.input_shape)
-    options.transformer_model = model
-    return transformer
+    return Transformer(options.transformer_image, model, transformer)
 
 
 def first_versions(facts: List[ArchiveFacts]) -> Dict[str, ArchiveFacts]:
@@ -357,76 +364,72 @@ def first_versions(facts: List[ArchiveFacts]) -> Dict[str, ArchiveFacts]:
 
 
 # ---- manifests ----------------------------------------------------------------------------------------
-def resources(options: ExportOptions) -> dict:
-    return kube.container_resources(options.cpu, options.memory, options.gpus)
-
-
-def inference_service(options: ExportOptions, snapshot: dict) -> dict:
-    predictor: dict = {}
-    if options.canary is not None:
-        predictor["canaryTrafficPercent"] = options.canary
-    predictor.update(targets.named(options.engine).predictor(options, resources(options)))
-    if not options.autoscale and options.min_replicas != KSERVE_MIN_REPLICAS:  # --autoscale writes its own
-        predictor["minReplicas"] = options.min_replicas
-    if not options.autoscale and options.max_replicas is not None:  # the bound of KServe's default autoscaler
-        predictor["maxReplicas"] = options.max_replicas
-    spec = {"predictor": predictor}
-    if options.transformer_image:
-        spec["transformer"] = transformer(options)
+def inference_service(service: Service, predictor: dict, plan: Autoscaling, canary: Optional[int]) -> dict:
+    """The InferenceService: the target's predictor, with --canary's percent, and without --autoscale
+    KServe's default autoscaler's bounds when given (--autoscale writes its own: autoscale.apply)."""
+    spec: dict = {}
+    if canary is not None:
+        spec["canaryTrafficPercent"] = canary
+    spec.update(predictor)
+    if not plan.mode.scales and plan.min_replicas != KSERVE_MIN_REPLICAS:
+        spec["minReplicas"] = plan.min_replicas
+    if not plan.mode.scales and plan.max_given:
+        spec["maxReplicas"] = plan.max_replicas
     return {
         "apiVersion": "serving.kserve.io/v1beta1",
         "kind": "InferenceService",
-        "metadata": {"name": options.name, "namespace": options.namespace},
-        "spec": spec,
+        "metadata": {"name": service.name, "namespace": service.namespace},
+        "spec": {"predictor": spec},
     }
 
 
-def transformer(options: ExportOptions) -> dict:
-    archive = Path(options.transformer_archive).name
+def transformer_spec(transformer: Transformer, protocol: str, storage_uri: str, pod: PodSize) -> dict:
+    """The InferenceService's transformer: KServe's transformer running the archive's pre- and post-processing
+    in front of the predictor."""
+    archive = transformer.facts.path.name
     return {
         "containers": [
             {
                 "name": "kserve-container",
-                "image": options.transformer_image,
+                "image": transformer.image,
                 "command": ["python", "-m", "serving.runtimes.kserve_transformer"],
                 "args": [
                     "--model_name",
-                    options.transformer_model,
+                    transformer.model,
                     "--archive",
                     f"/mnt/models/transformer/{archive}",
                     "--predictor_protocol",
-                    options.protocol,
+                    protocol,
                 ],
-                "env": [{"name": "STORAGE_URI", "value": options.storage_uri}],
-                "resources": resources(options),
+                "env": [{"name": "STORAGE_URI", "value": storage_uri}],
+                "resources": pod.resources(),
             }
         ]
     }
 
 
-def inference_graph(options: ExportOptions) -> dict:
-    host = f"{options.name}-predictor.{options.namespace}.svc.cluster.local"
+def inference_graph(service: Service, split: List[Tuple[str, int]]) -> dict:
+    host = f"{service.name}-predictor.{service.namespace}.svc.cluster.local"
     steps = [
-        {"name": model, "serviceUrl": f"http://{host}{predict_path(options.protocol, model)}", "weight": weight}
-        for model, weight in options.split
+        {"name": model, "serviceUrl": f"http://{host}{predict_path(service.protocol, model)}", "weight": weight}
+        for model, weight in split
     ]
     return {
         "apiVersion": "serving.kserve.io/v1alpha1",
         "kind": "InferenceGraph",
-        "metadata": {"name": f"{options.name}-split", "namespace": options.namespace},
+        "metadata": {"name": f"{service.name}-split", "namespace": service.namespace},
         "spec": {"nodes": {"root": {"routerType": "Splitter", "steps": steps}}},
     }
 
 
-def served_models(
-    options: ExportOptions, facts: List[ArchiveFacts], transformer: Optional[ArchiveFacts]
-) -> List[Served]:
+def served_models(facts: List[ArchiveFacts], transformer: Optional[Transformer]) -> List[Served]:
     """Each snapshot model with the kind of input its archive's handler takes; with a transformer in front,
     only the transformer's model, which takes what the transformer archive's handler reads."""
     if transformer is not None:
-        return [Served(options.transformer_model, transformer.handler, transformer.input, archive=transformer.path)]
+        front = transformer.facts
+        return [Served(transformer.model, front.handler, front.input, golden=front.golden)]
     served: Dict[str, Served] = {}
     for archive in facts:
-        model = Served(archive.name, archive.handler, archive.input, archive.input_shape, archive.path)
+        model = Served(archive.name, archive.handler, archive.input, archive.input_shape, archive.golden)
         served.setdefault(archive.name, model)
     return list(served.values())

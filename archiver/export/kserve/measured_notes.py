@@ -4,13 +4,13 @@ from typing import TYPE_CHECKING, List
 
 from ...capacity.sweep import MIN_P99_REQUESTS, busy_notes, few_notes
 from ..kube import cpu_cores
-from ..options import ExportOptions
+from ..options import PodSize
 
 if TYPE_CHECKING:
     from . import targets
 
 
-def measured_notes(plan, options: ExportOptions, target: "targets.Target", snapshot: dict) -> List[str]:
+def measured_notes(plan, pod: PodSize, target: "targets.Target", snapshot: dict) -> List[str]:
     """``plan``: autoscale.Autoscaling, its capacity read. Where the measurement and the export differ, or the
     measurement is weaker than it looks, said as notes: another engine, several models in the pod, limits
     other than the pod's, a knee that is only a lower bound, a p99 target no step held. DEPLOY.md's table
@@ -27,22 +27,20 @@ def measured_notes(plan, options: ExportOptions, target: "targets.Target", snaps
             f"{len(snapshot['models'])} models, whose load shares its CPU"
         )
     measured = capacity["server"].get("cpu")
-    pod = float(cpu_cores(options.cpu))
+    cores = float(cpu_cores(pod.cpu))
     if measured is None:
         notes.append(
-            f"--from-bench was measured with no CPU limit, the pod is limited to --cpu {options.cpu}: a "
-            f"replica's capacity follows its CPU; measure with 'tsctl bench --capacity --cpu {pod:g}'"
+            f"--from-bench was measured with no CPU limit, the pod is limited to --cpu {pod.cpu}: a "
+            f"replica's capacity follows its CPU; measure with 'tsctl bench --capacity --cpu {cores:g}'"
         )
-    elif abs(measured - pod) > 1e-9:
+    elif abs(measured - cores) > 1e-9:
         notes.append(
-            f"--from-bench was measured under {measured:g} CPU, the pod gets --cpu {options.cpu}: a "
-            f"replica's capacity follows its CPU; measure with --cpu {pod:g}, or export with --cpu {measured:g}"
+            f"--from-bench was measured under {measured:g} CPU, the pod gets --cpu {pod.cpu}: a "
+            f"replica's capacity follows its CPU; measure with --cpu {cores:g}, or export with --cpu {measured:g}"
         )
-    notes.extend(gpu_notes(capacity, options))
+    notes.extend(gpu_notes(capacity, pod.gpus))
     under = "no CPU limit" if measured is None else f"{measured:g} CPU"
-    plan.note(
-        "pod resources", f"cpu {options.cpu}, memory {options.memory}", f"--cpu, --memory; measured under {under}"
-    )
+    plan.note("pod resources", f"cpu {pod.cpu}, memory {pod.memory}", f"--cpu, --memory; measured under {under}")
     if capacity.get("stopped") == "bound":
         notes.append(
             f"--from-bench stopped at its largest concurrency before throughput flattened: its knee "
@@ -59,19 +57,19 @@ def measured_notes(plan, options: ExportOptions, target: "targets.Target", snaps
     return notes
 
 
-def gpu_notes(capacity: dict, options: ExportOptions) -> List[str]:
+def gpu_notes(capacity: dict, gpus: int) -> List[str]:
     """Where the GPUs the measurement's workers ran on (``gpus``, tsctl bench --capacity) are not the pod's
     ``--gpus``: a replica's capacity on a GPU is the GPU's, so the pod must have what was measured."""
     measured = capacity.get("gpus") or []
     names = ", ".join(sorted({g["name"] for g in measured}))
-    if len(measured) == options.gpus:
+    if len(measured) == gpus:
         return []
     if not measured:
         return [
-            f"--from-bench was measured on the CPU, the pod gets --gpus {options.gpus}: measure on the GPU "
+            f"--from-bench was measured on the CPU, the pod gets --gpus {gpus}: measure on the GPU "
             "you deploy ('tsctl bench --capacity' on a machine with it)"
         ]
     return [
-        f"--from-bench was measured on {len(measured)} GPU(s) ({names}), the pod gets --gpus {options.gpus}: "
+        f"--from-bench was measured on {len(measured)} GPU(s) ({names}), the pod gets --gpus {gpus}: "
         f"export with --gpus {len(measured)} on nodes with that GPU, or measure what you deploy"
     ]

@@ -11,11 +11,11 @@ Either way the tree carries its digests (serving/tree_digests.py) and the Infere
 
 import re
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ...errors import UserError
 from .. import core, model_image
-from ..options import ExportOptions
+from ..options import Service
 
 PVC_URI = re.compile(r"^pvc://([a-z0-9]([-a-z0-9.]*[a-z0-9])?)(/[^\s]*)?$")
 PATH_SEGMENT = re.compile(r"^[A-Za-z0-9_.-]+$")  # a segment of the path inside the claim (storage_path)
@@ -29,48 +29,52 @@ class Storage:
         written)."""
         raise NotImplementedError
 
-    def manifests(self, options: ExportOptions, archives: List[Path]) -> Dict[str, dict]:
+    def manifests(self, service: Service, archives: List[Path]) -> Dict[str, dict]:
         return {}
 
     def write(self, staging: Path) -> Tuple[List[Path], Dict[str, str]]:
         """Files written beside the tree once it is complete, and the digests to pin in the manifests."""
         return [], {}
 
-    def steps(self, options: ExportOptions, archives: List[Path], config_files: Sequence[str]) -> str:
+    def steps(
+        self, service: Service, archives: List[Path], transformer: Optional[Path], config_files: Sequence[str]
+    ) -> str:
         """DEPLOY.md's steps 1 and 2: the tree where the pod finds it."""
         raise NotImplementedError
 
 
 class Pvc(Storage):
-    def __init__(self, options: ExportOptions):
-        if options.image_ref is not None:
+    def __init__(self, storage_uri: Optional[str], image_ref: Optional[str]):
+        if image_ref is not None:
             raise UserError("--image-ref is for --storage oci: the PVC flow copies the tree onto --storage-uri's claim")
-        if not options.storage_uri:
+        if not storage_uri:
             raise UserError("--storage pvc needs --storage-uri pvc://CLAIM/PATH: the claim the tree is copied to")
-        self.storage_uri = options.storage_uri
-        self.claim, self.sub_path = storage_path(options.storage_uri)
+        self.storage_uri = storage_uri
+        self.claim, self.sub_path = storage_path(storage_uri)
 
     def uri(self) -> str:
         return self.storage_uri
 
-    def manifests(self, options: ExportOptions, archives: List[Path]) -> Dict[str, dict]:
+    def manifests(self, service: Service, archives: List[Path]) -> Dict[str, dict]:
         return {
-            "pvc-copy-pod.yaml": core.copy_pod(options.name, options.namespace, self.claim),
-            "pvc.yaml": core.claim_manifest(self.claim, options.namespace, archives),
+            "pvc-copy-pod.yaml": core.copy_pod(service.name, service.namespace, self.claim),
+            "pvc.yaml": core.claim_manifest(self.claim, service.namespace, archives),
         }
 
-    def steps(self, options: ExportOptions, archives: List[Path], config_files: Sequence[str]) -> str:
-        pod, ns = f"{options.name}-copy", f"-n {options.namespace}"
+    def steps(
+        self, service: Service, archives: List[Path], transformer: Optional[Path], config_files: Sequence[str]
+    ) -> str:
+        pod, ns = f"{service.name}-copy", service.ns
         root = f"/pvc/{self.sub_path}".rstrip("/")
-        transformer = [Path(options.transformer_archive)] if options.transformer_archive else []
-        folders = [f"{root}/config", f"{root}/model-store"] + ([f"{root}/transformer"] if transformer else [])
+        transformers = [transformer] if transformer else []
+        folders = [f"{root}/config", f"{root}/model-store"] + ([f"{root}/transformer"] if transformers else [])
         copies = [f"kubectl cp {ns} config/{name} {pod}:{root}/config/{name}" for name in config_files]
         copies += [f"kubectl cp {ns} model-store/{a.name} {pod}:{root}/model-store/{a.name}" for a in archives]
-        copies += [f"kubectl cp {ns} transformer/{a.name} {pod}:{root}/transformer/{a.name}" for a in transformer]
+        copies += [f"kubectl cp {ns} transformer/{a.name} {pod}:{root}/transformer/{a.name}" for a in transformers]
         return core.render(
             "kserve-storage-pvc",
             claim=self.claim,
-            claim_size=core.claim_size(archives + transformer),
+            claim_size=core.claim_size(archives + transformers),
             ns=ns,
             mounted=f"{self.claim}/{self.sub_path}".rstrip("/"),
             uid=core.COPY_POD_UID,
@@ -82,16 +86,16 @@ class Pvc(Storage):
 
 
 class Oci(Storage):
-    def __init__(self, options: ExportOptions):
-        if options.storage_uri:
+    def __init__(self, storage_uri: Optional[str], image_ref: Optional[str]):
+        if storage_uri:
             raise UserError(
                 "--storage-uri is for --storage pvc: with --storage oci the InferenceService's storageUri "
                 "is the image's (--image-ref), pinned by its digest"
             )
-        if not options.image_ref:
+        if not image_ref:
             raise UserError("--storage oci needs --image-ref REGISTRY/NAME:TAG: where you will push the model image")
-        model_image.check_reference(options.image_ref)
-        self.reference = options.image_ref
+        model_image.check_reference(image_ref)
+        self.reference = image_ref
         self.digest = model_image.PENDING
 
     def uri(self) -> str:
@@ -101,25 +105,28 @@ class Oci(Storage):
         self.digest, files = model_image.write(staging, staging / model_image.FOLDER, self.reference)
         return files, {self.uri(): f"oci+native://{self.reference}@{self.digest}"}
 
-    def steps(self, options: ExportOptions, archives: List[Path], config_files: Sequence[str]) -> str:
+    def steps(
+        self, service: Service, archives: List[Path], transformer: Optional[Path], config_files: Sequence[str]
+    ) -> str:
         return core.render(
             "kserve-storage-oci",
             image_ref=self.reference,
             image_digest=self.digest,
             registry=model_image.registry_of(self.reference),
             tag=model_image.tag_of(self.reference),
-            transformer_folder=" and `/models/transformer/`" if options.transformer_archive else "",
+            transformer_folder=" and `/models/transformer/`" if transformer else "",
         )
 
 
 STORAGES = {"pvc": Pvc, "oci": Oci}
 
 
-def of(options: ExportOptions) -> Storage:
-    kind = STORAGES.get(options.storage)
+def of(storage: str, storage_uri: Optional[str], image_ref: Optional[str]) -> Storage:
+    """``--storage``'s kind, with ``--storage-uri`` and ``--image-ref`` checked for it."""
+    kind = STORAGES.get(storage)
     if kind is None:
-        raise UserError(f"--storage {options.storage!r} must be one of {', '.join(STORAGES)}")
-    return kind(options)
+        raise UserError(f"--storage {storage!r} must be one of {', '.join(STORAGES)}")
+    return kind(storage_uri, image_ref)
 
 
 def storage_path(uri: str) -> Tuple[str, str]:

@@ -106,7 +106,7 @@ class Target:
         """A line to print before a slow export (resolving requirements), if any."""
         return None
 
-    def predictor(self, options: ExportOptions, resources: dict) -> dict:
+    def predictor(self, options: ExportOptions, resources: dict, storage_uri: str) -> dict:
         """The InferenceService's ``spec.predictor`` entries serving the storage URI's tree."""
         raise NotImplementedError
 
@@ -140,7 +140,7 @@ def check_values(properties: Dict[str, str], path: Path, expected: Dict[str, Tup
             raise UserError(f"{path}: {key} must be {value} ({why}); regenerate it with 'tsctl config'")
 
 
-def storage_model(options: ExportOptions, resources: dict, runtime: Optional[str] = None) -> dict:
+def storage_model(protocol: str, storage_uri: str, resources: dict, runtime: Optional[str] = None) -> dict:
     """``predictor.model`` for the tree: KServe picks the runtime for modelFormat pytorch (its TorchServe
     runtime) unless ``runtime`` names one; the tree's digest in ``TSCTL_TREE_DIGEST``, which the tsctl engine
     checks the tree against (TorchServe's runtime checks it with ``tree_check_command``)."""
@@ -149,7 +149,7 @@ def storage_model(options: ExportOptions, resources: dict, runtime: Optional[str
     model = {"modelFormat": {"name": "pytorch"}}
     if runtime:
         model["runtime"] = runtime
-    model.update({"protocolVersion": options.protocol, "storageUri": options.storage_uri, "resources": resources})
+    model.update({"protocolVersion": protocol, "storageUri": storage_uri, "resources": resources})
     model["env"] = [{"name": ENVIRONMENT, "value": TREE_PENDING}]
     return model
 
@@ -176,11 +176,11 @@ class TorchServeTarget(Target):
         notes.extend(runtime_notes(runtime))
         return kserve_images.for_runtime(archives, runtime, options.offline, scratch, notes, options.progress)
 
-    def predictor(self, options: ExportOptions, resources: dict) -> dict:
+    def predictor(self, options: ExportOptions, resources: dict, storage_uri: str) -> dict:
         """KServe's TorchServe runtime; with --gpus its image's CUDA build (torchserve-kfs:VERSION-gpu)."""
         from ... import kserve_images
 
-        model = storage_model(options, resources)
+        model = storage_model(options.protocol, storage_uri, resources)
         if options.gpus:
             model["runtimeVersion"] = f"{kserve_images.runtime_named(options.runtime).torchserve}-gpu"
         model["command"] = tree_check_command()
@@ -260,14 +260,14 @@ class TsctlTarget(Target):
         notes.extend(tsctl_image.selection_notes(options))
         return {}
 
-    def predictor(self, options: ExportOptions, resources: dict) -> dict:
+    def predictor(self, options: ExportOptions, resources: dict, storage_uri: str) -> dict:
         """With --auto-select, the TorchServe export's predictor as it is but its tree check command (which runs
         KServe's TorchServe image's entrypoint): KServe picks the runtime, and the tree is checked when the tsctl
         engine serves it."""
         from . import tsctl_image
 
         named = None if options.auto_select else tsctl_image.runtime_name(options)
-        return {"model": storage_model(options, resources, named)}
+        return {"model": storage_model(options.protocol, storage_uri, resources, named)}
 
     def manifests(self, options: ExportOptions, resources: dict) -> Dict[str, dict]:
         from . import tsctl_image

@@ -386,7 +386,7 @@ def write(plan: Graph, options: SeldonCore1Options, root: Path) -> List[Path]:
     )
     requirements = seldon_requirements([u.facts for u in units])
     files += write_context(root / IMAGE_DIR, dockerfile, requirements)
-    spec = seldon.transformer_spec(plan.transformer.archive, TRANSFORMER)
+    spec = seldon.transformer_spec(plan.transformer.facts, TRANSFORMER)
     served = seldon.entry_of(spec, None, plan.transformer.facts).served
     files += core.write_inputs(root, sample_inputs([served]))
     (root / "DEPLOY.md").write_text(deploy_md(plan, options, units), encoding="utf-8")

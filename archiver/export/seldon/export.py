@@ -272,7 +272,7 @@ def check_transformer(
                 f"the transformer's Model name '{name}' is also a model of the store: package {archive.path.name} "
                 "again under another --model-name"
             )
-        transformers.append(entry_of(transformer_spec(archive.path, name), {"role": role}, archive))
+        transformers.append(entry_of(transformer_spec(archive, name), {"role": role}, archive))
     step = options.default if target == experiment else target
     pipeline = f"{target}-pipeline"
     shorter = "--experiment" if target == experiment else "--transformer-model"
@@ -288,11 +288,10 @@ def check_transformer(
     return transformers, pipeline, step
 
 
-def transformer_spec(archive: Path, name: str) -> ts_config.ModelSpec:
+def transformer_spec(facts: ArchiveFacts, name: str) -> ts_config.ModelSpec:
     """The transformer's worker settings: its model-config.yaml's, as TorchServe registers an archive."""
-    spec = ts_config._from_archive(archive, frontend_settings.Frontend())
-    spec.name = name
-    return spec
+    version = str(facts.model.get("modelVersion") or "1.0")
+    return ts_config.from_model_config(name, version, facts.path, facts.config, frontend_settings.Frontend())
 
 
 def size_notes(options: SeldonOptions, entries: List[Entry]) -> List[str]:

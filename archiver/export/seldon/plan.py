@@ -51,7 +51,7 @@ class Entry:
 
     @property
     def served(self) -> Served:
-        return Served(self.name, self.handler, self.kind, self.shape, self.archive)
+        return Served(self.name, self.handler, self.kind, self.shape, self.facts.golden)
 
 
 @dataclass
