@@ -151,7 +151,7 @@ def export_kserve(out, config_path, split, as_json, **options):
     progress = Progress.for_command(as_json)  # resolving and downloading requirements takes seconds per archive
     export_options = kserve.ExportOptions(out=out, config=config_path, split=parse_split(split), **options)
     export_options.progress = progress
-    notice = targets.named(export_options.engine).export_notice(export_options)
+    notice = targets.named(export_options.engine).export_notice(export_options.target_flags)
     if notice:
         progress(notice)
     result = kserve.export(export_options)

@@ -1,8 +1,9 @@
 """The flags of each export, as the command line passes them: ``ExportOptions`` (``tsctl export kserve``,
 archiver/export/kserve/export.py), ``SeldonOptions`` (``tsctl export seldon``, archiver/export/seldon/export.py) and
 ``SeldonCore1Options`` (``tsctl export seldon --core 1``, archiver/export/seldon/core1.py); and the parts of
-``export kserve``'s flags its steps take in place of all of them: the ``Service``, the ``PodSize``, a checked
-``Transformer`` (the autoscaling's flags become its plan: kserve/autoscale_numbers.py's ``Autoscaling``)."""
+``export kserve``'s flags its steps take in place of all of them: the ``Service``, the ``PodSize``, the
+``TargetFlags`` of the runtime that serves the tree, a checked ``Transformer`` (the autoscaling's flags become
+its plan: kserve/autoscale_numbers.py's ``Autoscaling``)."""
 
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Tuple
@@ -38,6 +39,22 @@ class PodSize:
 
     def resources(self) -> dict:
         return kube.container_resources(self.cpu, self.memory, self.gpus)
+
+
+@dataclass(frozen=True)
+class TargetFlags:
+    """What the runtime serving the tree reads (archiver/export/kserve/targets.py): the InferenceService, the
+    GPUs it asks for, and the flags only some runtimes take (targets.EXPORT_FLAGS, checked by the target)."""
+
+    service: Service
+    gpus: int = 0
+    runtime: str = kserve_images.DEFAULT  # --engine torchserve: the torchserve-kfs image
+    offline: bool = False
+    image: Optional[str] = None  # --engine tsctl: its image, its runtime's kind and selection
+    runtime_kind: Optional[str] = None
+    auto_select: bool = False
+    priority: Optional[int] = None
+    progress: Callable[[str], None] = field(default=quiet, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -96,6 +113,11 @@ class ExportOptions:
     @property
     def pod(self) -> PodSize:
         return PodSize(self.cpu, self.memory, self.gpus)
+
+    @property
+    def target_flags(self) -> TargetFlags:
+        chosen = (self.image, self.runtime_kind, self.auto_select, self.priority, self.progress)
+        return TargetFlags(self.service, self.gpus, self.runtime, self.offline, *chosen)
 
 
 @dataclass

@@ -666,8 +666,8 @@ def test_an_engine_added_to_the_registry_is_asked_not_compared(project, tmp_path
         name, title = "stub", "stub engine"
         export_flags = ("image",)
 
-        def predictor(self, options, resources, storage_uri):
-            return {"model": targets.storage_model(options.protocol, storage_uri, resources, "stub-runtime")}
+        def predictor(self, flags, resources, storage_uri):
+            return {"model": targets.storage_model(flags.service.protocol, storage_uri, resources, "stub-runtime")}
 
     monkeypatch.setitem(engines.ENGINES, "stub", Stub())
     monkeypatch.setitem(targets.TARGETS, "stub", StubTarget())
@@ -770,7 +770,7 @@ def test_engine_export_is_a_serving_runtime_and_an_isvc_over_the_same_storage(pr
     ],
 )
 def test_the_runtime_check_catches_what_kserve_would_refuse(project, change, problem):
-    runtime = tsctl_image.serving_runtime(options(project, "unused", engine="tsctl", image=IMAGE), {})
+    runtime = tsctl_image.serving_runtime(options(project, "unused", engine="tsctl", image=IMAGE).target_flags, {})
     assert crds.problems(runtime) == []
     change(runtime)
     assert any(p.startswith(problem) for p in crds.problems(runtime)), crds.problems(runtime)
@@ -784,7 +784,10 @@ def test_kserves_own_torchserve_runtime_passes_the_runtime_check_and_ours_keeps_
     reference = yaml.safe_load((SHARED / "kserve-torchserve-runtime.yaml").read_text())
     assert crds.problems(reference) == []
     ours = tsctl_image.serving_runtime(
-        kserve.ExportOptions(out="o", name="vision", storage_uri="pvc://m/v", image=IMAGE, auto_select=True), {}
+        kserve.ExportOptions(
+            out="o", name="vision", storage_uri="pvc://m/v", image=IMAGE, auto_select=True
+        ).target_flags,
+        {},
     )
     assert set(ours["spec"]) == set(reference["spec"]) and ours["metadata"]["annotations"] == {
         "serving.kserve.io/server-type": "torchserve"

@@ -50,7 +50,7 @@ def deploy_md(
     --split, --canary; the target's own); ``models``: the served models, their sample inputs chosen; ``plan``:
     the autoscaling (--autoscale), its files applied in step 3 and its numbers in a section of their own;
     ``config_files``: what OUT/config holds, copied in step 2; ``storage``: where the tree goes (steps 1 and 2)."""
-    service = options.service
+    service, flags = options.service, options.target_flags
     ns = service.ns
     component = "transformer" if transformer else "predictor"
     paths = [archive.path for archive in archives]
@@ -59,11 +59,11 @@ def deploy_md(
         name=service.name,
         here_check=core.HERE_CHECK.format(folder="model-store"),
         needs=needs(bool(options.image), service),
-        image_steps=target.image_steps(options),
+        image_steps=target.image_steps(flags),
         storage_steps=storage.steps(service, paths, transformer.facts.path if transformer else None, config_files),
         ns=ns,
         requirements=requirements_steps(options.offline, locked),
-        apply=core.lines(apply_lines(service, options.canary, bool(options.split), target.apply_lines(options), plan)),
+        apply=core.lines(apply_lines(service, options.canary, bool(options.split), target.apply_lines(flags), plan)),
         component=component,
         selector=f"serving.kserve.io/inferenceservice={service.name},component={component}",
         body=V2_BODY if service.protocol == "v2" else V1_BODY,

@@ -79,7 +79,7 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     notes: List[str] = []
     target = targets.named(options.engine)
     storage = check_options(options)
-    service, pod = options.service, options.pod
+    service, pod, flags = options.service, options.pod, options.target_flags
     config_path = Path(options.config)
     properties = read_properties(config_path)
     check_keys(properties, config_path)
@@ -95,10 +95,10 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
     ports = target.ports(properties) if options.autoscale else None  # the pod's, where the autoscaling looks
     plan = autoscale.check(options, snapshot, target, notes, ports)
     plan.mode.check_metrics(metrics, f"metrics_config of {config_path}")
-    locked = target.prepare(options, properties, facts, notes, scratch)
+    locked = target.prepare(flags, properties, facts, notes, scratch)
 
-    manifests = target.manifests(options, pod.resources())  # the runtime the InferenceService names first
-    predictor = target.predictor(options, pod.resources(), storage.uri())
+    manifests = target.manifests(flags, pod.resources())  # the runtime the InferenceService names first
+    predictor = target.predictor(flags, pod.resources(), storage.uri())
     isvc = inference_service(service, predictor, plan, options.canary)
     if transformer is not None:
         isvc["spec"]["transformer"] = transformer_spec(transformer, service.protocol, storage.uri(), pod)
@@ -130,7 +130,7 @@ def _export(options: ExportOptions, scratch: Path) -> Export:
             files.append(copied)
         listing, tree_digest = write_listing(staging)  # the tree is complete: its digests, then its image
         image_files, digests = storage.write(staging)
-        files += [listing] + image_files + target.write_files(staging, options, facts)
+        files += [listing] + image_files + target.write_files(staging, flags, facts)
         digests[targets.TREE_PENDING] = tree_digest
         for name, manifest in manifests.items():
             manifest = model_image.pinned(manifest, digests)
@@ -235,7 +235,7 @@ def check_options(options: ExportOptions) -> kserve_storage.Storage:
         raise UserError(f"--protocol {options.protocol!r} must be v1 or v2")
     if options.canary is not None and not 0 <= options.canary <= 100:
         raise UserError(f"--canary {options.canary} must be a percentage from 0 to 100")
-    targets.named(options.engine).check_export(options)
+    targets.named(options.engine).check_export(options.target_flags)
     return storage
 
 

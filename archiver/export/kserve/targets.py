@@ -20,7 +20,7 @@ from ... import engines
 from ...engines.base import refuse
 from ...errors import UserError
 from ..archive_facts import ArchiveFacts
-from ..options import ExportOptions
+from ..options import TargetFlags
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...kserve_images import KServeImage
@@ -64,8 +64,8 @@ class Target:
     title = ""  # what messages call it
     export_flags: Tuple[str, ...] = ()  # keys of EXPORT_FLAGS it takes
 
-    def check_export(self, options: ExportOptions):
-        given = {key: getattr(options, key) for key in EXPORT_FLAGS}
+    def check_export(self, flags: TargetFlags):
+        given = {key: getattr(flags, key) for key in EXPORT_FLAGS}
         refuse(self.name, self.title, self.export_flags, given, EXPORT_FLAGS, flag_owners, "export")
 
     def check_properties(self, properties: Dict[str, str], path: Path):
@@ -95,34 +95,32 @@ class Target:
         (UserError for one it cannot serve): none on TorchServe itself."""
         return []
 
-    def prepare(
-        self, options, properties: Dict[str, str], archives: List[ArchiveFacts], notes: List[str], scratch: Path
-    ):
+    def prepare(self, flags, properties: Dict[str, str], archives: List[ArchiveFacts], notes: List[str], scratch: Path):
         """Change the exported config for this runtime; return {archive: its requirements.txt for the
         image} for the archives to rewrite with locked requirements (the others are copied as they are)."""
         return {}
 
-    def export_notice(self, options: ExportOptions) -> Optional[str]:
+    def export_notice(self, flags: TargetFlags) -> Optional[str]:
         """A line to print before a slow export (resolving requirements), if any."""
         return None
 
-    def predictor(self, options: ExportOptions, resources: dict, storage_uri: str) -> dict:
+    def predictor(self, flags: TargetFlags, resources: dict, storage_uri: str) -> dict:
         """The InferenceService's ``spec.predictor`` entries serving the storage URI's tree."""
         raise NotImplementedError
 
-    def manifests(self, options: ExportOptions, resources: dict) -> Dict[str, dict]:
+    def manifests(self, flags: TargetFlags, resources: dict) -> Dict[str, dict]:
         """More manifests to write beside inferenceservice.yaml, by file name (validated first)."""
         return {}
 
-    def write_files(self, out: Path, options: ExportOptions, archives: List[ArchiveFacts]) -> List[Path]:
+    def write_files(self, out: Path, flags: TargetFlags, archives: List[ArchiveFacts]) -> List[Path]:
         """More files for the export (an image's build context)."""
         return []
 
-    def image_steps(self, options: ExportOptions) -> str:
+    def image_steps(self, flags: TargetFlags) -> str:
         """DEPLOY.md's section before the claim (step 0: building an image), if any."""
         return ""
 
-    def apply_lines(self, options: ExportOptions) -> List[str]:
+    def apply_lines(self, flags: TargetFlags) -> List[str]:
         """DEPLOY.md's commands of step 3 before the InferenceService is applied."""
         return []
 
@@ -162,27 +160,27 @@ class TorchServeTarget(Target):
     title = "TorchServe"
     export_flags = ("offline",)
 
-    def export_notice(self, options: ExportOptions) -> Optional[str]:
-        what = "resolving and downloading" if options.offline else "resolving"
-        return f"{what} each archive's requirements for {options.runtime} ..."
+    def export_notice(self, flags: TargetFlags) -> Optional[str]:
+        what = "resolving and downloading" if flags.offline else "resolving"
+        return f"{what} each archive's requirements for {flags.runtime} ..."
 
-    def prepare(self, options, properties, archives, notes, scratch):
+    def prepare(self, flags, properties, archives, notes, scratch):
         from ... import kserve_images
 
         # tsctl config leaves TorchServe's per-model install off (the local environment has the packages);
         # KServe's image has not: the exported config turns it on, for the requirements locked here.
         properties["install_py_dep_per_model"] = "true"
-        runtime = kserve_images.runtime_named(options.runtime)
+        runtime = kserve_images.runtime_named(flags.runtime)
         notes.extend(runtime_notes(runtime))
-        return kserve_images.for_runtime(archives, runtime, options.offline, scratch, notes, options.progress)
+        return kserve_images.for_runtime(archives, runtime, flags.offline, scratch, notes, flags.progress)
 
-    def predictor(self, options: ExportOptions, resources: dict, storage_uri: str) -> dict:
+    def predictor(self, flags: TargetFlags, resources: dict, storage_uri: str) -> dict:
         """KServe's TorchServe runtime; with --gpus its image's CUDA build (torchserve-kfs:VERSION-gpu)."""
         from ... import kserve_images
 
-        model = storage_model(options.protocol, storage_uri, resources)
-        if options.gpus:
-            model["runtimeVersion"] = f"{kserve_images.runtime_named(options.runtime).torchserve}-gpu"
+        model = storage_model(flags.service.protocol, storage_uri, resources)
+        if flags.gpus:
+            model["runtimeVersion"] = f"{kserve_images.runtime_named(flags.runtime).torchserve}-gpu"
         model["command"] = tree_check_command()
         return {"model": model}
 
@@ -227,16 +225,16 @@ class TsctlTarget(Target):
     title = "tsctl engine"
     export_flags = ("image", "runtime_kind", "auto_select", "priority")
 
-    def check_export(self, options: ExportOptions):
-        super().check_export(options)
-        if not options.image:
+    def check_export(self, flags: TargetFlags):
+        super().check_export(flags)
+        if not flags.image:
             raise UserError(
                 f"--engine {self.name} needs --image REGISTRY/NAME:TAG: the image you build from the export"
             )
         from . import tsctl_image
 
-        tsctl_image.check_runtime_kind(options.runtime_kind)
-        tsctl_image.check_selection(options)
+        tsctl_image.check_runtime_kind(flags.runtime_kind)
+        tsctl_image.check_selection(flags)
 
     def archive_notes(self, config: dict, where: str) -> List[str]:
         """The engine's notes on the keys it does not do (serving/model_config_keys.py), as it logs them at load."""
@@ -253,41 +251,41 @@ class TsctlTarget(Target):
 
         tsctl_image.check_ports(properties, path)
 
-    def prepare(self, options, properties, archives, notes, scratch):
+    def prepare(self, flags, properties, archives, notes, scratch):
         from . import tsctl_image
 
         tsctl_image.requirements(archives)  # every archive's requirement lines checked before anything is written
-        notes.extend(tsctl_image.selection_notes(options))
+        notes.extend(tsctl_image.selection_notes(flags))
         return {}
 
-    def predictor(self, options: ExportOptions, resources: dict, storage_uri: str) -> dict:
+    def predictor(self, flags: TargetFlags, resources: dict, storage_uri: str) -> dict:
         """With --auto-select, the TorchServe export's predictor as it is but its tree check command (which runs
         KServe's TorchServe image's entrypoint): KServe picks the runtime, and the tree is checked when the tsctl
         engine serves it."""
         from . import tsctl_image
 
-        named = None if options.auto_select else tsctl_image.runtime_name(options)
-        return {"model": storage_model(options.protocol, storage_uri, resources, named)}
+        named = None if flags.auto_select else tsctl_image.runtime_name(flags)
+        return {"model": storage_model(flags.service.protocol, storage_uri, resources, named)}
 
-    def manifests(self, options: ExportOptions, resources: dict) -> Dict[str, dict]:
+    def manifests(self, flags: TargetFlags, resources: dict) -> Dict[str, dict]:
         from . import tsctl_image
 
-        return {tsctl_image.RUNTIME_FILE: tsctl_image.serving_runtime(options, resources)}
+        return {tsctl_image.RUNTIME_FILE: tsctl_image.serving_runtime(flags, resources)}
 
-    def write_files(self, out: Path, options: ExportOptions, archives: List[ArchiveFacts]) -> List[Path]:
+    def write_files(self, out: Path, flags: TargetFlags, archives: List[ArchiveFacts]) -> List[Path]:
         from . import tsctl_image
 
-        return tsctl_image.write_image_context(out, options.image, archives, options.gpus)
+        return tsctl_image.write_image_context(out, flags.image, archives, flags.gpus)
 
-    def image_steps(self, options: ExportOptions) -> str:
+    def image_steps(self, flags: TargetFlags) -> str:
         from . import tsctl_image
 
-        return tsctl_image.build_steps(options)
+        return tsctl_image.build_steps(flags)
 
-    def apply_lines(self, options: ExportOptions) -> List[str]:
+    def apply_lines(self, flags: TargetFlags) -> List[str]:
         from . import tsctl_image
 
-        return tsctl_image.apply_lines(options)
+        return tsctl_image.apply_lines(flags)
 
     def ports(self, properties: Dict[str, str]) -> Ports:
         """The engine's one HTTP port serves /ping (every worker up) and /metrics (docs/engines.md)."""

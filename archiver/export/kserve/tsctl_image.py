@@ -78,26 +78,26 @@ def check_runtime_kind(kind: Optional[str]):
         raise UserError(f"--runtime-kind {kind!r} must be {' or '.join(RUNTIME_KINDS)}")
 
 
-def check_selection(options):
+def check_selection(flags):
     """--priority goes with --auto-select, and is a priority KServe's CRD takes (1 to 2**31-1)."""
-    if options.priority is None:
+    if flags.priority is None:
         return
-    if not options.auto_select:
+    if not flags.auto_select:
         raise UserError("--priority goes with --auto-select: a runtime KServe does not pick by itself has no priority")
-    if not 1 <= options.priority <= MAX_PRIORITY:
+    if not 1 <= flags.priority <= MAX_PRIORITY:
         raise UserError(
-            f"--priority {options.priority} must be from 1 to {MAX_PRIORITY} (KServe's CRD: an int32, at least 1)"
+            f"--priority {flags.priority} must be from 1 to {MAX_PRIORITY} (KServe's CRD: an int32, at least 1)"
         )
 
 
-def priority(options) -> int:
-    return DEFAULT_PRIORITY if options.priority is None else options.priority
+def priority(flags) -> int:
+    return DEFAULT_PRIORITY if flags.priority is None else flags.priority
 
 
-def selection_notes(options) -> List[str]:
+def selection_notes(flags) -> List[str]:
     """A note when --priority is kserve-torchserve's own: KServe's webhook refuses a second runtime that
     auto-selects the same format and version at the same priority while that one is installed and enabled."""
-    if options.auto_select and priority(options) == KSERVE_TORCHSERVE_PRIORITY:
+    if flags.auto_select and priority(flags) == KSERVE_TORCHSERVE_PRIORITY:
         return [
             f"--priority {KSERVE_TORCHSERVE_PRIORITY} is kserve-torchserve's own: KServe's webhook refuses "
             f"{RUNTIME_FILE} while that runtime is installed and enabled (same format, version and priority); "
@@ -106,16 +106,16 @@ def selection_notes(options) -> List[str]:
     return []
 
 
-def runtime_kind(options) -> str:
-    return options.runtime_kind or DEFAULT_RUNTIME_KIND
+def runtime_kind(flags) -> str:
+    return flags.runtime_kind or DEFAULT_RUNTIME_KIND
 
 
-def runtime_name(options) -> str:
+def runtime_name(flags) -> str:
     """The runtime's name: one per export, as its image holds this export's archives' requirements. A
     ClusterServingRuntime is cluster-wide, so its name carries the namespace too."""
-    if runtime_kind(options) == "ClusterServingRuntime":
-        return f"tsctl-{options.namespace}-{options.name}"
-    return f"tsctl-{options.name}"
+    if runtime_kind(flags) == "ClusterServingRuntime":
+        return f"tsctl-{flags.service.namespace}-{flags.service.name}"
+    return f"tsctl-{flags.service.name}"
 
 
 def container_args() -> List[str]:
@@ -147,22 +147,22 @@ def check_ports(properties: Dict[str, str], path: Path):
         ) from None
 
 
-def model_format(options) -> dict:
+def model_format(flags) -> dict:
     """``supportedModelFormats``' one entry: pytorch, version 1 as kserve-torchserve's; with --auto-select
     picked by KServe for InferenceServices that name no runtime, at --priority."""
-    if not options.auto_select:
+    if not flags.auto_select:
         return {"name": "pytorch", "version": "1", "autoSelect": False}
-    return {"name": "pytorch", "version": "1", "autoSelect": True, "priority": priority(options)}
+    return {"name": "pytorch", "version": "1", "autoSelect": True, "priority": priority(flags)}
 
 
-def serving_runtime(options, resources: dict) -> dict:
+def serving_runtime(flags, resources: dict) -> dict:
     """The (Cluster)ServingRuntime for the engine's image, laid out as KServe's own TorchServe runtime
     (kserve-torchserve: the same keys, server type, envelope, security context and uid, resources,
     Prometheus annotations)."""
-    kind = runtime_kind(options)
-    metadata_ = {"name": runtime_name(options)}
+    kind = runtime_kind(flags)
+    metadata_ = {"name": runtime_name(flags)}
     if kind == "ServingRuntime":
-        metadata_["namespace"] = options.namespace
+        metadata_["namespace"] = flags.service.namespace
     metadata_["annotations"] = dict(SERVER_TYPE)
     return {
         "apiVersion": "serving.kserve.io/v1alpha1",
@@ -170,12 +170,12 @@ def serving_runtime(options, resources: dict) -> dict:
         "metadata": metadata_,
         "spec": {
             "annotations": {"prometheus.kserve.io/port": str(HTTP_PORT), "prometheus.kserve.io/path": "/metrics"},
-            "supportedModelFormats": [model_format(options)],
+            "supportedModelFormats": [model_format(flags)],
             "protocolVersions": ["v1", "v2", "grpc-v2"],
             "containers": [
                 {
                     "name": "kserve-container",
-                    "image": options.image,
+                    "image": flags.image,
                     "args": container_args(),
                     "env": [dict(ENVELOPE_ENV)],
                     # One port, as Knative allows and KServe's runtimes use: HTTP (TorchServe's inference
@@ -217,22 +217,22 @@ def write_image_context(out: Path, image: str, archives: List[ArchiveFacts], gpu
     return write_context(out / IMAGE_DIR, dockerfile, requirements(archives))
 
 
-def selection_text(options) -> str:
+def selection_text(flags) -> str:
     """DEPLOY.md's words on which InferenceServices KServe runs on this runtime (KServe's rules: the runtimes
     of the InferenceService's namespace first, then the cluster's, each by priority, highest first)."""
-    if not options.auto_select:
+    if not flags.auto_select:
         return (
-            f"The InferenceService names it (`runtime: {runtime_name(options)}`); for InferenceServices that name "
+            f"The InferenceService names it (`runtime: {runtime_name(flags)}`); for InferenceServices that name "
             "only `modelFormat: pytorch` KServe keeps picking its own TorchServe runtime."
         )
     others = "The other InferenceServices it is picked for need their archives' requirements in its image too."
-    if runtime_kind(options) == "ServingRuntime":
+    if runtime_kind(flags) == "ServingRuntime":
         return (
-            f"KServe picks it for every InferenceService in `{options.namespace}` that names only `modelFormat: "
+            f"KServe picks it for every InferenceService in `{flags.service.namespace}` that names only `modelFormat: "
             "pytorch` (this one names no runtime), before any ClusterServingRuntime whatever its priority: KServe "
             f"tries the namespace's runtimes first. {others}"
         )
-    ours = priority(options)
+    ours = priority(flags)
     if ours > KSERVE_TORCHSERVE_PRIORITY:
         when = (
             f"before KServe's own kserve-torchserve (priority {KSERVE_TORCHSERVE_PRIORITY}; this one's: {ours}): "
@@ -252,25 +252,25 @@ def selection_text(options) -> str:
     )
 
 
-def build_steps(options) -> str:
+def build_steps(flags) -> str:
     """DEPLOY.md's step 0 for the engine: build and push its image."""
     return render(
         "kserve-tsctl-image",
-        selection=selection_text(options),
-        kind=runtime_kind(options),
-        runtime=runtime_name(options),
+        selection=selection_text(flags),
+        kind=runtime_kind(flags),
+        runtime=runtime_name(flags),
         runtime_file=RUNTIME_FILE,
         python=PYTHON,
         image_dir=IMAGE_DIR,
-        image=options.image,
+        image=flags.image,
         grpc_port=GRPC_PORT,
     )
 
 
-def apply_lines(options) -> List[str]:
+def apply_lines(flags) -> List[str]:
     """Step 3's commands before the InferenceService: the runtime it names."""
-    if runtime_kind(options) == "ClusterServingRuntime":
+    if runtime_kind(flags) == "ClusterServingRuntime":
         return [
             f"kubectl apply -f {RUNTIME_FILE}   # a ClusterServingRuntime: needs rights on cluster-wide resources",
         ]
-    return [f"kubectl apply -n {options.namespace} -f {RUNTIME_FILE}"]
+    return [f"kubectl apply -n {flags.service.namespace} -f {RUNTIME_FILE}"]
