@@ -37,12 +37,6 @@ def served_archives(properties: dict, config: Optional[str], model_store: Path) 
     """The archives a config's model_snapshot names in ``model_store``, else every archive of the store."""
     if properties.get("model_snapshot"):
         snapshot = ts_config.snapshot_of(properties, config)
-        names = {
-            entry.get("marName")
-            for versions in snapshot["models"].values()
-            if isinstance(versions, dict)
-            for entry in versions.values()
-            if isinstance(entry, dict)
-        }
+        names = ts_config.snapshot_archives(snapshot)
         return [model_store / name for name in sorted(n for n in names if isinstance(n, str) and "/" not in n)]
     return ts_config.archives_in(model_store) if model_store.is_dir() else []

@@ -108,13 +108,7 @@ def unlisted_archives(config, model_store) -> List[str]:
         found = archives_in(model_store)
     except (config_properties.ConfigError, UserError, OSError):
         return []
-    named = {
-        entry.get("marName")
-        for versions in snapshot["models"].values()
-        if isinstance(versions, dict)
-        for entry in versions.values()
-        if isinstance(entry, dict)
-    }
+    named = ts_config.snapshot_archives(snapshot)
     return [
         f"{Path(model_store) / archive.name} is not in the model_snapshot of {config}, so it is not served: "
         "run 'tsctl config' to add it"

@@ -17,7 +17,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Set
 
 from handlers.archives import ArchiveError, ArchiveLike, opened
 
@@ -51,6 +51,17 @@ def snapshot_of(properties: Dict[str, str], path="config.properties") -> dict:
     if not isinstance(snapshot, dict) or not isinstance(snapshot.get("models"), dict):
         raise ConfigError(f"{path}: model_snapshot has no 'models' object: regenerate it with 'tsctl config'")
     return snapshot
+
+
+def snapshot_archives(snapshot: dict) -> Set[str]:
+    """The marName of every version a model_snapshot (``snapshot_of``) names, whatever else its entries hold."""
+    return {
+        entry.get("marName")
+        for versions in snapshot["models"].values()
+        if isinstance(versions, dict)
+        for entry in versions.values()
+        if isinstance(entry, dict)
+    }
 
 
 def settings_problem(values: Dict[str, object]) -> Optional[str]:

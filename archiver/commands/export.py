@@ -7,7 +7,7 @@ from .. import choices
 from ..errors import UserError
 from ..output import Progress, json_option
 from .common import Command, emit
-from .options import engine_option, runtime_option, storage_options
+from .options import engine_option, pod_options, runtime_option, storage_options
 
 
 @click.group()
@@ -64,16 +64,10 @@ def parse_split(values):
     show_default=True,
     help="The Kubernetes namespace of the InferenceService, the claim and the copy pod.",
 )
-@click.option("--cpu", default="1", show_default=True, help="CPU request and limit of the predictor's container.")
-@click.option(
-    "--memory", default="2Gi", show_default=True, help="Memory request and limit of the predictor's container."
-)
-@click.option(
-    "--gpus",
-    type=int,
-    default=0,
-    show_default=True,
-    help="NVIDIA GPUs of the predictor (nvidia.com/gpu): number_of_gpu in the tree's config, a CUDA image.",
+@pod_options(
+    "CPU request and limit of the predictor's container.",
+    "Memory request and limit of the predictor's container.",
+    "NVIDIA GPUs of the predictor (nvidia.com/gpu): number_of_gpu in the tree's config, a CUDA image.",
 )
 @runtime_option("The TorchServe image KServe runs: each archive's requirements are resolved and pinned for it.")
 @click.option("--offline", is_flag=True, help="Bundle each archive's wheels: its per-model install needs no index.")
@@ -192,19 +186,10 @@ def export_kserve(out, config_path, split, as_json, **options):
     help="The namespace Seldon Core 2 runs in (default seldon-mesh): the Server, Models, claim and copy pod go "
     "there; --core 1: the SeldonDeployment's (default seldon).",
 )
-@click.option("--cpu", default="1", show_default=True, help="The mlserver container's CPU (--core 1: each unit's).")
-@click.option(
-    "--gpus",
-    type=int,
-    default=0,
-    show_default=True,
-    help="NVIDIA GPUs of the mlserver container (--core 1: each model unit's), and a CUDA torch in the image.",
-)
-@click.option(
-    "--memory",
-    default="2Gi",
-    show_default=True,
-    help="Each Model's memory (the server asks for the sum; --core 1: each unit's).",
+@pod_options(
+    "The mlserver container's CPU (--core 1: each unit's).",
+    "Each Model's memory (the server asks for the sum; --core 1: each unit's).",
+    "NVIDIA GPUs of the mlserver container (--core 1: each model unit's), and a CUDA torch in the image.",
 )
 @click.option(
     "--ab",

@@ -69,6 +69,17 @@ def storage_options(help_text: str):
     return add
 
 
+def pod_options(cpu_help: str, memory_help: str, gpus_help: str):
+    """``--cpu``, ``--memory`` and ``--gpus``: what each container of an export asks for (``help`` says which)."""
+
+    def add(command):
+        command = click.option("--gpus", type=int, default=0, show_default=True, help=gpus_help)(command)
+        command = click.option("--memory", default="2Gi", show_default=True, help=memory_help)(command)
+        return click.option("--cpu", default="1", show_default=True, help=cpu_help)(command)
+
+    return add
+
+
 def expect_options(command):
     """``--expect-name`` and ``--expect-version``: what a signed archive must be signed as (with --public-key)."""
     command = click.option(

@@ -53,10 +53,11 @@ from ...errors import UserError
 from .. import core, crds, out_dir
 from ..archive_facts import ArchiveFacts
 from ..bodies import sample_inputs
-from ..images import PYTHON, pinned, pins, torch_index, with_archive_lines, write_context
+from ..images import pinned, pins, with_archive_lines, write_context
 from ..kube import container_resources, cpu_cores, label, memory_bytes
 from ..options import SeldonCore1Options
 from . import export as seldon
+from .image import BASE_IMAGE, dockerfile
 from .plan import check_shared_flags
 
 API_VERSION = "machinelearning.seldon.io/v1"
@@ -66,8 +67,6 @@ MOUNT = "/var/models"  # where each container sees the claim
 MODELS_DIR = "models"
 CLAIM_VOLUME = "models"
 IMAGE_DIR = "component-image"
-RUNTIME_PATH = "/opt/tsctl"
-BASE_IMAGE = f"python:{PYTHON}-slim"
 INGRESS_UNSET = "set INGRESS to the ingress address, HOST:PORT"  # the shell's message when INGRESS is unset
 REST_TIMEOUT_MS = 60_000  # seldon.io/rest-timeout: a unit's call, and its gunicorn worker's timeout
 # seldon-core 1.17.1 (the last Apache-2.0 release) and what its pins allow (numpy < 2, PyYAML <= 6.0.1), and
@@ -376,16 +375,9 @@ def write(plan: Graph, options: SeldonCore1Options, root: Path) -> List[Path]:
     for name, document in manifests.items():
         (root / name).write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
         files.append(root / name)
-    dockerfile = core.render(
-        "seldon-core1-image.Dockerfile",
-        image=options.image,
-        context=IMAGE_DIR,
-        base=BASE_IMAGE,
-        torch_index=torch_index(options.gpus),
-        runtime=RUNTIME_PATH,
-    )
+    recipe = dockerfile("seldon-core1-image.Dockerfile", options.image, IMAGE_DIR, options.gpus)
     requirements = seldon_requirements([u.facts for u in units])
-    files += write_context(root / IMAGE_DIR, dockerfile, requirements)
+    files += write_context(root / IMAGE_DIR, recipe, requirements)
     spec = seldon.transformer_spec(plan.transformer.facts, TRANSFORMER)
     served = seldon.entry_of(spec, None, plan.transformer.facts).served
     files += core.write_inputs(root, sample_inputs([served]))

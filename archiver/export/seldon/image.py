@@ -41,13 +41,14 @@ def requirements(archives: List[ArchiveFacts], text: bool) -> str:
 def write_image_context(out: Path, options: SeldonOptions, entries: List[Entry]) -> List[Path]:
     """OUT/server-image/: Dockerfile (templates/seldon-image.Dockerfile), requirements.txt, the handlers and
     serving packages."""
-    dockerfile = render(
-        "seldon-image.Dockerfile",
-        image=options.image,
-        context=IMAGE_DIR,
-        base=BASE_IMAGE,
-        torch_index=torch_index(options.gpus),
-        runtime=RUNTIME_PATH,
-    )
     text = any(entry.kind == "text" for entry in entries)
-    return write_context(out / IMAGE_DIR, dockerfile, requirements([entry.facts for entry in entries], text))
+    recipe = dockerfile("seldon-image.Dockerfile", options.image, IMAGE_DIR, options.gpus)
+    return write_context(out / IMAGE_DIR, recipe, requirements([entry.facts for entry in entries], text))
+
+
+def dockerfile(template: str, image: str, context: str, gpus: int) -> str:
+    """A Seldon image's Dockerfile (templates/TEMPLATE: Core 2's server, Core 1's components): BASE_IMAGE, the
+    torch build for ``gpus``, the handlers and serving packages under RUNTIME_PATH, built from OUT/``context``."""
+    return render(
+        template, image=image, context=context, base=BASE_IMAGE, torch_index=torch_index(gpus), runtime=RUNTIME_PATH
+    )
