@@ -6,7 +6,7 @@
    640x480 JPEGs, 1 worker, batchSize 8, maxBatchDelay 20 ms, ``OMP_NUM_THREADS=1``), 1, 2, 4, ... clients,
    each step ``STEP_S`` seconds; the result file is kept as ``benchmarks/data/resnet18-cpu0.4.json`` (the
    traces of benchmarks/autoscale_sim.py replay it).
-2. The simulator's prediction (``archiver.capacity.autoscale_sim.steady``: the replicas fixed, closed-loop clients) for
+2. The simulator's prediction (``archiver.autoscaling.autoscale_sim.steady``: the replicas fixed, closed-loop clients) for
    k = 2 and 3 replicas at k x c clients, c = each measured concurrency up to 8.
 3. The measurement: k replicas, each in a cgroup v1 CPU quota of its own (0.4 core: 3 x 0.4 plus nginx and the
    load generator fit 2 cores), behind nginx (Debian's nginx-light, least_conn, keep-alive to the replicas),
@@ -28,7 +28,8 @@ from pathlib import Path
 
 from common import ROOT, write_section
 
-from archiver.capacity import autoscale_sim, sweep  # noqa: E402
+from archiver.autoscaling import autoscale_sim  # noqa: E402
+from archiver.capacity import sweep  # noqa: E402
 from helpers.balancer import balanced, bench_capacity, resnet_tree, step_at  # noqa: E402
 from helpers.paths import short_tmp  # noqa: E402
 
@@ -159,7 +160,7 @@ def section(doc: dict, rows: list, within: int, checked: int) -> str:
 `benchmarks/autoscale_check.py`: resnet18 (eager, 640x480 JPEGs, 1 worker, batchSize 8, maxBatchDelay 20 ms,
 `OMP_NUM_THREADS=1`) on the tsctl engine, each replica in a cgroup v1 CPU quota of {CPU:g} core, behind nginx 1.22
 (`least_conn`, keep-alive to the replicas). 1, 2 and 3 replicas run all along; each of {ROUNDS} rounds measures every
-row for {STEP_S:g} s, the replica counts in turn (medians of the rounds). The simulator (`archiver/capacity/autoscale_sim.py`,
+row for {STEP_S:g} s, the replica counts in turn (medians of the rounds). The simulator (`archiver/autoscaling/autoscale_sim.py`,
 `steady`: the replicas fixed, closed-loop clients, each replica given an equal share) predicts k replicas at k x c
 clients from one replica's curve: the one-replica rows themselves, measured through the same nginx in the same
 rounds, so that the machine's drift in speed falls on the curve and the rows alike. Tolerance, stated before
@@ -175,7 +176,7 @@ machine's 1-minute load average (2 cores, shared with other jobs) when the row b
 
 **{within} of {checked}** rows with 2 and 3 replicas within the tolerance. This checks the simulator's replica
 model (the measured curve, shared evenly) on fixed replica counts; its control loops (the KPA's and the HPA's
-rules) are coded from their sources, cited in archiver/capacity/autoscalers.py and tested rule by rule in
+rules) are coded from their sources, cited in archiver/autoscaling/autoscalers.py and tested rule by rule in
 tests/cli/test_autoscale_sim.py, not run against a cluster."""
 
 

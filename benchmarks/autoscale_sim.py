@@ -5,18 +5,18 @@
 Reads one replica's measured curve, ``benchmarks/data/resnet18-cpu0.4.json`` (written by
 benchmarks/autoscale_check.py: ``tsctl bench --capacity --cpu 0.4``), takes the numbers
 ``tsctl export kserve --autoscale MODE --from-bench`` writes from it (maxReplicas as ``--peak-rps`` gives it
-for each trace's peak), and replays three traces through archiver/capacity/autoscale_sim.py: a ramp to 50x one
+for each trace's peak), and replays three traces through archiver/autoscaling/autoscale_sim.py: a ramp to 50x one
 replica's best throughput, a spike (5x to 30x for a minute), a day compressed into two hours (2x to 50x).
 Modes: Knative's KPA, the HPA on CPU, KEDA on the answer rate and ``ts_requests_in_flight`` (as exported),
 and beside them, not exported, KEDA on ``ts_requests_in_flight`` alone and on ``ts_queue_size`` (what the
-export wrote before), with `tsctl simulate`'s functions (archiver/capacity/simulate.py). Plots in benchmarks/plots/, a BENCHMARKS.md
+export wrote before), with `tsctl simulate`'s functions (archiver/autoscaling/simulate.py). Plots in benchmarks/plots/, a BENCHMARKS.md
 section with the assumptions.
 """
 
 from common import PLOTS, ROOT, write_section
 
-from archiver.capacity import autoscale_sim as sim  # noqa: E402
-from archiver.capacity import simulate  # noqa: E402
+from archiver.autoscaling import autoscale_sim as sim  # noqa: E402
+from archiver.autoscaling import simulate  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "resnet18-cpu0.4.json"
 MODES = ("knative", "hpa", "keda", "keda-rate", "keda-in-flight", "keda-queue")
@@ -104,7 +104,7 @@ def section(doc: dict, numbers: dict, runs: dict, slow: dict, images: str) -> st
     best = sim.Curve(doc).best
     return f"""## Autoscaling, simulated (issue #33)
 
-`benchmarks/autoscale_sim.py` replays three traces through `archiver/capacity/autoscale_sim.py`, fed by one replica's
+`benchmarks/autoscale_sim.py` replays three traces through `archiver/autoscaling/autoscale_sim.py`, fed by one replica's
 measured curve: resnet18 on the tsctl engine at {doc["server"]["cpu"]:g} CPU (`benchmarks/data/{DATA.name}`, measured
 {doc["measured_at"]}; best {best:.1f} req/s). The autoscaling is what `tsctl export kserve --autoscale MODE
 --from-bench` writes from that file: Knative `containerConcurrency` {kn["containerConcurrency"]}, `scaleTarget`
@@ -127,7 +127,7 @@ cold start, {sim.COLD_START_S} s):
 
 {reading(doc, runs, slow)}
 
-Assumptions (archiver/capacity/autoscale_sim.py's docstring has them with the code):
+Assumptions (archiver/autoscaling/autoscale_sim.py's docstring has them with the code):
 - a replica is its measured curve: with n requests in it, throughput(n) (linear between steps, flat past the
   last), and a request that finds n in it takes the latency measured at n (p50/p90/p99; past the last step
   that latency x n / n_last); every ready replica gets an equal share (a least-loaded balancer);

@@ -1,4 +1,3 @@
-"""One replica's capacity and what autoscalers do with it: ``tsctl bench`` (bench.py), ``bench --capacity``
-(sweep.py, replica.py, cgroup_limits.py), ``tsctl simulate`` (simulate.py over autoscale_sim.py) and their
-plots (plotting.py).
+"""One replica's capacity: ``tsctl bench`` (bench.py), ``bench --capacity`` (sweep.py, replica.py,
+cgroup_limits.py) and its plots (plotting.py). What autoscalers do with it is archiver/autoscaling/.
 """

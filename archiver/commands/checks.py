@@ -252,7 +252,7 @@ def shadow(
 @json_option
 def simulate(result, modes, traces, peak, start_seconds, max_replicas, plot, as_json):
     """What an export's autoscaling would do with load, simulated on RESULT (tsctl bench --capacity --out)."""
-    from ..capacity import simulate as simulation
+    from ..autoscaling import simulate as simulation
     from ..output import Progress
 
     for flag, value in (("--peak", peak), ("--start-seconds", start_seconds)):

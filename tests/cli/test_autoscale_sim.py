@@ -1,4 +1,4 @@
-"""The autoscaling simulator (archiver/capacity/autoscale_sim.py): its reading of a measured curve, each autoscaler
+"""The autoscaling simulator (archiver/autoscaling/autoscale_sim.py): its reading of a measured curve, each autoscaler
 rule it cites (Knative's KPA, the HPA that KEDA also drives) on hand-made metrics, the numbers it takes from
 the export, and whole simulations on a hand-made curve (all pure: about 3 s). The check against real
 replicas behind nginx is the matrix test at the end (about 2 minutes)."""
@@ -9,8 +9,9 @@ from collections import deque
 
 import pytest
 
-from archiver.capacity import autoscale_sim as sim
-from archiver.capacity import autoscalers, load_traces, sweep
+from archiver.autoscaling import autoscale_sim as sim
+from archiver.autoscaling import autoscalers, load_traces
+from archiver.capacity import sweep
 
 # (concurrency, req/s, p50, p90, p99 ms, mean queue): resnet18 on the engine at 1 CPU (docs/capacity.md)
 ROWS = [

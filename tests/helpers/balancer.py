@@ -1,5 +1,5 @@
 """Real replicas behind a real load balancer, for checking the autoscaling simulator
-(archiver/capacity/autoscale_sim.py) against what can run on one machine: k tsctl engine replicas, each in a
+(archiver/autoscaling/autoscale_sim.py) against what can run on one machine: k tsctl engine replicas, each in a
 cgroup CPU quota of its own (archiver/capacity/cgroup_limits.py, as ``tsctl bench --capacity --cpu`` makes one),
 behind nginx (Debian's package:
 ``apt-get install -y nginx-light``) on a free port, with its config, pid and logs in a temp directory.

@@ -1,5 +1,5 @@
 """The numbers ``tsctl export kserve --autoscale`` writes, each with where it came from, and what the
-autoscaling simulator (archiver/capacity/autoscale_sim.py) computes them with: the plan (``Autoscaling``), one
+autoscaling simulator (archiver/autoscaling/autoscale_sim.py) computes them with: the plan (``Autoscaling``), one
 replica's operating point on a measured capacity curve (``operating_point``), the replica bounds
 (``peak_replicas``) and the numbers every mode shares (``common_numbers``). Each mode's own numbers are its
 object's (autoscale_modes.py); what the export writes of them, autoscale.py.

@@ -1,6 +1,6 @@
 """``tsctl simulate RESULT.json``: what the autoscaling ``tsctl export kserve --autoscale MODE --from-bench
 RESULT.json`` writes would do with load, before a cluster sees it. One replica's measured curve (the
-``tsctl-capacity/1`` file) goes through the autoscalers' control loops (archiver/capacity/autoscale_sim.py, each rule
+``tsctl-capacity/1`` file) goes through the autoscalers' control loops (archiver/autoscaling/autoscale_sim.py, each rule
 cited there) with the numbers the export computes, under load traces: a ramp to ``--peak`` x one replica's
 best throughput, a spike, a day compressed into two hours. For each trace and mode: the requests shed, p50
 and p99, the most replicas, and the replica-hours spent against those a perfect autoscaler would spend.
@@ -33,7 +33,7 @@ COLORS = {
 
 def load(path: str) -> dict:
     """The capacity result, read by ``capacity.load``, with a knee to size the autoscaling from."""
-    from . import sweep
+    from ..capacity import sweep
 
     doc = sweep.load(path)
     if doc["knee"] is None or not any(s["errors"] == 0 and s["p99_ms"] is not None for s in doc["steps"]):
@@ -133,7 +133,7 @@ def table(result: dict) -> List[str]:
 def plot(doc: dict, runs: Dict[tuple, tuple], traces: Sequence[str], modes: Sequence[str], path: str):
     """Replicas (with the offered load over one replica's throughput), p99 per 10 s and requests waiting
     over time, a column per trace, a line per mode, as a PNG."""
-    from .plotting import pyplot, save
+    from ..capacity.plotting import pyplot, save
 
     plt = pyplot()
 
