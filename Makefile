@@ -13,7 +13,8 @@ venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml uv.lock
 	$(UV) --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet 'uv>=0.5'
-	$(UV) sync --quiet --locked --compile-bytecode --extra test
+	@echo "make venv: installing the locked packages into $(VENV) (about 7 GB on a first run: minutes)"
+	$(UV) sync --locked --compile-bytecode --extra test
 	touch $@
 
 demo: venv
