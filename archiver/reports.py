@@ -154,5 +154,6 @@ def export_report(out, result) -> dict:
 
 def export_text(report: dict) -> List[str]:
     lines = [f"wrote {path}" for path in report["files"]] + [f"note: {note}" for note in report["notes"]]
-    then = "then, per model:" if len(report["curls"]) > 1 else "then:"  # Core 1: one curl, the graph's
+    per = ", per model" if len(report["curls"]) > 1 else ""  # Core 1: one curl, the graph's
+    then = f"once its steps have built the request bodies{per}:"  # the curls read the files those steps write
     return lines + [f"deploy: see {report['deploy']}; {then}"] + [f"  {c}" for c in report["curls"]]

@@ -285,7 +285,10 @@ def test_deploy_md_runs_as_written_from_its_directory(store, tmp_path, tmp_path_
         'curl -sS --fail-with-body -H "Content-Type: application/json" "http://${INGRESS:?set INGRESS to the ingress '
         'address, HOST:PORT}/seldon/ml/vision/api/v1.0/predictions" --data-binary @input.json -o answer.json'
     )
-    assert result.output.splitlines()[-2:] == ["deploy: see " + str(out / "DEPLOY.md") + "; then:", f"  {curl_line}"]
+    assert result.output.splitlines()[-2:] == [
+        "deploy: see " + str(out / "DEPLOY.md") + "; once its steps have built the request bodies:",
+        f"  {curl_line}",
+    ]
     assert curl_line in (out / "DEPLOY.md").read_text().splitlines()  # the summary's curl is DEPLOY.md's
     run = deploy_md.run_deploy_md(out, tmp_path / "stubs", {"INGRESS": "localhost:8080"}, json.dumps(ANSWER))
     assert 'data.ndarray: [{"class_238": 0.02}]' in run.output

@@ -570,5 +570,5 @@ def test_the_text_output_ends_with_the_curl_lines_as_export_kserve_does(store, t
     out = tmp_path / "cli-out"
     done = CliRunner().invoke(main, ["export", "seldon", str(out), "--image", IMAGE, "--model-store", str(store)])
     assert done.exit_code == 0, done.output
-    tail = done.output.split("then, per model:\n", 1)[1].splitlines()
+    tail = done.output.split("the request bodies, per model:\n", 1)[1].splitlines()
     assert tail and all(line.startswith("  curl ") for line in tail), done.output
