@@ -61,7 +61,7 @@ from handlers.errors import frontend_error, with_kserve_error
 from .. import frontend_settings, ts_config, v2_metadata
 from ..tree_digests import Tree
 from ..worker import sockets
-from ..worker.ts_wire import Request, Response
+from ..worker.ts_wire import RequestInput, Response
 from . import form_bodies, http_server, listeners, snapshots, streams
 from .body_limit import BODY_IDLE_TIMEOUT, BodyLimit, InFlight, max_inflight_bytes, reads_budget
 from .management import NOT_ALLOWED, NOT_FOUND, management_routes, ts_error, ts_json
@@ -229,7 +229,7 @@ async def forward(
         inputs = form_bodies.parameters(http.headers.get("content-type", ""), body)  # a form: a parameter a field
     except form_bodies.FormError as exc:
         return error(400, "BadRequestException", str(exc), kserve)
-    request = Request(body, headers, inputs=inputs)
+    request = RequestInput(body, headers, inputs=inputs)
     answer = asyncio.ensure_future(model.submit_streaming(request, http.path_params.get("version")))
     gone = asyncio.ensure_future(disconnected(http))
     await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)

@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import List
 
-from ..worker.ts_wire import Request, Response
+from ..worker.ts_wire import RequestInput, Response
 from ..worker.worker_process import NotSent
 from .job_queue import Job
 
@@ -42,7 +42,9 @@ async def step(worker, newcomers: List[Job]):
         return
     ids = list(running)
     jobs = [running[i] for i in ids]
-    requests = [Request(b"", running[i].request.headers, inputs=[]) if i in cached else running[i].request for i in ids]
+    requests = [
+        RequestInput(b"", running[i].request.headers, inputs=[]) if i in cached else running[i].request for i in ids
+    ]
     process, sent = worker.process, time.perf_counter()
     try:
         responses = await worker.answers(jobs, lambda: process.step(requests, ids, worker.sizes))

@@ -71,7 +71,7 @@ from ..frontend_settings import Frontend
 from ..model_opening import open_model
 from ..ts_config import ModelSpec
 from ..worker import sockets
-from ..worker.ts_wire import Request, Response
+from ..worker.ts_wire import RequestInput, Response
 from . import v2_requests
 
 logger = logging.getLogger("tsctl.mlserver")
@@ -156,7 +156,7 @@ class ArchiveModel(MLModel):
         if not self._toolkit:
             return await self.predict_requests(payload)
         body, headers = request_body(payload)
-        answer = await self._workers.submit(Request(body, headers))
+        answer = await self._workers.submit(RequestInput(body, headers))
         return response_of(answer, self.name, self.version)
 
     async def predict_requests(self, payload: InferenceRequest) -> InferenceResponse:

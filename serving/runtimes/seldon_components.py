@@ -363,9 +363,9 @@ class Model(Unit):
         asyncio.run_coroutine_threadsafe(self.workers.start(), self.loop).result()
 
     def submit(self, body: bytes, headers: Dict[str, str]):
-        from ..worker.ts_wire import Request
+        from ..worker.ts_wire import RequestInput
 
-        future = asyncio.run_coroutine_threadsafe(self.workers.submit(Request(body, headers)), self.loop)
+        future = asyncio.run_coroutine_threadsafe(self.workers.submit(RequestInput(body, headers)), self.loop)
         return future.result()
 
     def predict_raw(self, request) -> dict:

@@ -1,6 +1,6 @@
 """TorchServe's frontend-worker wire protocol, both halves the frontend speaks, without torch.
 
-- ``Request``/``Response``: one HTTP request to ``/predictions/MODEL`` and what the frontend sends back.
+- ``RequestInput``/``Response``: one HTTP request to ``/predictions/MODEL`` and what the frontend sends back.
 - ``encode_load``/``encode_batch``: the load and inference commands the frontend writes to a worker's
   socket (``ts/protocol/otf_message_handler.py`` reads them).
 - ``read_reply``/``read_answers``/``Stream``: the worker's reply (``create_predict_response``) read
@@ -34,10 +34,12 @@ def cause_of(errors: List[str]) -> Optional[str]:
 
 
 @dataclass
-class Request:
+class RequestInput:
     """One HTTP request to ``/predictions/MODEL``: its body and its headers (Content-Type among them);
     or, with ``inputs``, a request of TorchServe's gRPC API: each entry of its ``input`` map a
-    parameter of its own, (name, MIME type, value), as TorchServe's frontend passes them."""
+    parameter of its own, (name, MIME type, value), as TorchServe's frontend passes them. Named as
+    the frontend names it (``org.pytorch.serve.util.messages.RequestInput``); a decoded request of
+    the toolkit is ``handlers.decoding.Request``."""
 
     body: bytes
     headers: Dict[str, str] = field(default_factory=dict)
@@ -137,9 +139,9 @@ def encode_load(
     )
 
 
-def encode_batch(requests: List[Request], ids: List[str]) -> List[bytes]:
+def encode_batch(requests: List[RequestInput], ids: List[str]) -> List[bytes]:
     """The inference command for one batch (``_retrieve_inference_msg`` reads it): per request its
-    id, its HTTP headers, and its parameters (``Request.parameters``: one ``body`` with the request's
+    id, its HTTP headers, and its parameters (``RequestInput.parameters``: one ``body`` with the request's
     MIME type). Returned as the pieces to send in order, each body as it is (not copied into one message)."""
     pieces, head = [], [b"I"]
     for request, request_id in zip(requests, ids):
