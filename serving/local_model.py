@@ -40,6 +40,7 @@ import os
 import shutil
 import tempfile
 import threading
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -236,7 +237,7 @@ class LocalModel:
                 return run(list(requests))
             except (NotSent, WorkerDied, BrokenReply):
                 self._stop_worker()
-                return batch_error(500, "Worker died.", len(requests))
+                return batch_error(HTTPStatus.INTERNAL_SERVER_ERROR, "Worker died.", len(requests))
 
     def _stop_worker(self):
         """End the worker and read what it wrote to its end (``log``, ``metrics`` complete)."""

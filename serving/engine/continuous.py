@@ -11,6 +11,7 @@ as for any batch (``Worker.answers``)."""
 
 import time
 import uuid
+from http import HTTPStatus
 from typing import List
 
 from ..worker.ts_wire import RequestInput, Response
@@ -61,7 +62,7 @@ async def step(worker, newcomers: List[Job]):
             job.part(response, owner.stream_ended)
             if job.parts is not None and not gone(job):
                 continue  # on to the next step
-            response = Response(200, b"", headers={})  # its client left: ended here
+            response = Response(HTTPStatus.OK, b"", headers={})  # its client left: ended here
         del running[request_id]
         worker.sizes.pop(request_id, None)
         ended_jobs.append(job)

@@ -15,6 +15,7 @@ import re
 import socket
 import struct
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Collection, Dict, List, Optional, Tuple
 
@@ -83,6 +84,9 @@ class Response:
     # A streamed answer's parts after this one (streams.Parts), for a handler that sends
     # intermediate responses (send_intermediate_predict_response); None: the answer is whole.
     rest: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        self.status = int(self.status)  # an HTTPStatus as its number: str() of one is its name before Python 3.11
 
     @property
     def streams(self) -> bool:
@@ -303,8 +307,8 @@ def too_large(size: int, headers: Optional[dict] = None) -> Response:
     message = (
         f"Message size exceed limit: {size}\nConsider increasing the 'max_response_size' in 'config.properties' to fix."
     )
-    body = frontend_error(500, "InternalServerException", message)
-    return Response(500, body, "application/json", dict(headers or {}), error=True)
+    body = frontend_error(HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerException", message)
+    return Response(HTTPStatus.INTERNAL_SERVER_ERROR, body, "application/json", dict(headers or {}), error=True)
 
 
 def read_reply(reply: bytes, request_ids: List[str]) -> List[Response]:
@@ -317,7 +321,7 @@ def read_reply(reply: bytes, request_ids: List[str]) -> List[Response]:
 
 def batch_error(code: int, message: str, count: int) -> List[Response]:
     """BatchAggregator.sendResponse for a batch that failed as a whole: every job gets the error."""
-    status = 507 if code == 413 else code
+    status = HTTPStatus.INSUFFICIENT_STORAGE if code == HTTPStatus.REQUEST_ENTITY_TOO_LARGE else code
     body = frontend_error(status, "InternalServerException", message)
     return [Response(status, body, "application/json", error=True) for _ in range(count)]
 

@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 import uuid
+from http import HTTPStatus
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
@@ -163,7 +164,8 @@ class WorkerProcess:
             raise WorkerDied(str(exc)) from None
         if code != 200:
             return batch_error(code, self.with_cause(message, seen, len(ids)), len(ids))
-        missing = batch_error(500, "the handler gave this request no answer in its batch", 1)[0]
+        unanswered = "the handler gave this request no answer in its batch"
+        missing = batch_error(HTTPStatus.INTERNAL_SERVER_ERROR, unanswered, 1)[0]
         return [got.get(request_id, missing) for request_id in ids]
 
     def steps(self, requests: List[RequestInput]) -> List[Response]:
