@@ -309,14 +309,15 @@ def in_process(
     it alone; and, ``with_settings``, the handler's settings (``handler_settings``; else {}).
     ``before_each(i)`` is called before request i runs; ``metrics_config``: the worker's metrics.yaml; ``gpu``:
     its GPU (-1: the CPU)."""
-    from serving.local_model import LocalModel, Request  # a worker process: only for --golden and in-process verify
+    # a worker process: only for --golden and in-process verify
+    from serving.local_model import LocalModel, RequestInput
 
     with LocalModel(archive, batch_size=1, metrics_config=metrics_config, gpu=None if gpu < 0 else gpu) as model:
         results = []
         for index, (body, kind) in enumerate(requests):
             if before_each is not None:
                 before_each(index)
-            [response] = model.serve([Request(body, typed(kind))])
+            [response] = model.serve([RequestInput(body, typed(kind))])
             results.append((response.status, response.json()))
         settings = handler_settings(model.model_dir, model.manifest, model.record) if with_settings else {}
     return results, settings

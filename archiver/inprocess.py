@@ -235,10 +235,10 @@ def request_of(path: Path, kind: Optional[str] = None):
     """The request ``tsctl predict`` sends for the file: its bytes with the content type ``kind`` ('':
     no Content-Type, as curl -T sends a file), else (None) the one its suffix says."""
     from handlers.requests import content_type
-    from serving.worker.ts_wire import Request
+    from serving.worker.ts_wire import RequestInput
 
     kind = content_type(path) if kind is None else kind
-    return Request(path.read_bytes(), {"Content-Type": kind} if kind else {})
+    return RequestInput(path.read_bytes(), {"Content-Type": kind} if kind else {})
 
 
 def line(path, response) -> str:

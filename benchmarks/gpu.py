@@ -40,7 +40,7 @@ from helpers.engine import Engine  # noqa: E402
 from helpers.paths import short_tmp  # noqa: E402
 from samples import image_model  # noqa: E402
 from serving import gpus  # noqa: E402
-from serving.local_model import LocalModel, Request  # noqa: E402
+from serving.local_model import LocalModel, RequestInput  # noqa: E402
 
 CONFIG = "minWorkers: {workers}\nmaxWorkers: {workers}\nbatchSize: 8\nmaxBatchDelay: 5\nresponseTimeout: 120\n"
 
@@ -162,7 +162,7 @@ def main():
     report.step("raw", raw_rates(tmp / "sample"))
     photos = [(photo(seed), "image/jpeg") for seed in range(8)]
     with LocalModel(store / "resnet18.mar", gpu=None) as cpu:
-        wanted = [r.json() for r in cpu.predict([Request(p, {"Content-Type": t}) for p, t in photos])]
+        wanted = [r.json() for r in cpu.predict([RequestInput(p, {"Content-Type": t}) for p, t in photos])]
     config = tmp / "config" / "config.properties"
     sides = {}
     if shutil.which("java"):

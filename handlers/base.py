@@ -30,12 +30,12 @@ for more: their model loader calls the entry point function, or instantiates the
 file defines and calls its ``initialize`` and ``handle``.
 """
 
-import http
 import inspect
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any, List, Optional
 
 import torch
@@ -283,7 +283,7 @@ class ToolkitHandler:
                 raise ClientError(
                     f"{type(self).__name__} gives no explanations (TorchServe's /explanations, KServe's "
                     ":explain): send the request to /predictions, :predict or /infer",
-                    501,
+                    HTTPStatus.NOT_IMPLEMENTED,
                 )
             request = protocol.parse_request(row, self.item_keys, self.v2_datatypes, self.limits, headers, self.spend)
             job.binary = protocol.wants_binary(request, self.v2_output_name)
@@ -380,7 +380,7 @@ class ToolkitHandler:
         """The request's answer or error, encoded once (protocol.py), its status and headers set."""
         if job.error is not None:
             error = job.error
-            self._set_status(context, index, error.status, http.HTTPStatus(error.status).phrase)
+            self._set_status(context, index, error.status, HTTPStatus(error.status).phrase)
             logger.info("tsctl request %d rejected (%d): %s", index, error.status, error.message)
             data, headers = protocol.encode_error(error)
         else:

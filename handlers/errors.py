@@ -22,6 +22,7 @@ Standard library only: the serving side, the CLI and the toolkit's handlers impo
 """
 
 import json
+from http import HTTPStatus
 from typing import Any, Dict
 
 
@@ -31,10 +32,10 @@ class ClientError(Exception):
     kind = "ClientError"
     headers: Dict[str, str] = {}  # sent with the answer (Busy: Retry-After)
 
-    def __init__(self, message: str, status: int = 400):
+    def __init__(self, message: str, status: int = HTTPStatus.BAD_REQUEST):
         super().__init__(message)
         self.message = message
-        self.status = status
+        self.status = int(status)  # an int wherever it goes: before Python 3.11, str() of an HTTPStatus is its name
 
     def body(self) -> dict:
         return error_body(self.status, self.kind, self.message)
@@ -45,7 +46,7 @@ class InferenceError(ClientError):
 
     kind = "InferenceError"
 
-    def __init__(self, message: str, status: int = 500):
+    def __init__(self, message: str, status: int = HTTPStatus.INTERNAL_SERVER_ERROR):
         super().__init__(message, status)
 
 
@@ -62,7 +63,7 @@ class Busy(ClientError):
     kind = "ServiceUnavailable"
     headers = {"Retry-After": "1"}
 
-    def __init__(self, message: str, status: int = 503):
+    def __init__(self, message: str, status: int = HTTPStatus.SERVICE_UNAVAILABLE):
         super().__init__(message, status)
 
 
@@ -72,19 +73,21 @@ READ, INFERENCE, BATCH, WORKER = "read", "inference", "batch", "worker"
 # exception's own words); the first row whose type matches wins. A ClientError keeps its own status.
 STATUS = {
     READ: (  # parsing a request or decoding one of its items: the input is at fault
-        (RecursionError, 413, ClientError, "it is nested too deeply"),
-        (MemoryError, 413, ClientError, "it needs more memory than the worker has"),
-        (BaseException, 400, ClientError, None),
+        (RecursionError, HTTPStatus.REQUEST_ENTITY_TOO_LARGE, ClientError, "it is nested too deeply"),
+        (MemoryError, HTTPStatus.REQUEST_ENTITY_TOO_LARGE, ClientError, "it needs more memory than the worker has"),
+        (BaseException, HTTPStatus.BAD_REQUEST, ClientError, None),
     ),
     INFERENCE: (  # preprocess/inference/postprocess failed for one request run alone
-        (MemoryError, 507, InferenceError, "out of memory"),
-        (BaseException, 500, InferenceError, None),
+        (MemoryError, HTTPStatus.INSUFFICIENT_STORAGE, InferenceError, "out of memory"),
+        (BaseException, HTTPStatus.INTERNAL_SERVER_ERROR, InferenceError, None),
     ),
     BATCH: (  # a handler's entry point failed for a whole batch (TorchServe's Service.predict)
-        (MemoryError, 507, ServerError, "Out of resources"),
-        (BaseException, 503, ServerError, "Prediction failed"),
+        (MemoryError, HTTPStatus.INSUFFICIENT_STORAGE, ServerError, "Out of resources"),
+        (BaseException, HTTPStatus.SERVICE_UNAVAILABLE, ServerError, "Prediction failed"),
     ),
-    WORKER: ((BaseException, 500, ServerError, "Worker died."),),  # what would end a worker process
+    WORKER: (  # what would end a worker process
+        (BaseException, HTTPStatus.INTERNAL_SERVER_ERROR, ServerError, "Worker died."),
+    ),
 }
 
 
@@ -115,17 +118,19 @@ def forget(error: BaseException) -> BaseException:
 def too_large(subject: str, value: int, unit: str, setting: str, limit: int, why: str = "") -> ClientError:
     """The 413 for a request above one of its limits, naming the ``handler:`` setting that sets it (or ``why``,
     when something else set it): ``too_large("the text is", 200000, "characters", ...)``."""
-    return ClientError(f"{subject} {value:,} {unit}, above the limit of {limit:,} ({why or 'handler.' + setting})", 413)
+    message = f"{subject} {value:,} {unit}, above the limit of {limit:,} ({why or 'handler.' + setting})"
+    return ClientError(message, HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
 
 
 def too_deep(limit: int) -> ClientError:
-    return ClientError(f"the JSON body is nested deeper than the limit of {limit} levels (handler.max_json_depth)", 413)
+    message = f"the JSON body is nested deeper than the limit of {limit} levels (handler.max_json_depth)"
+    return ClientError(message, HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
 
 
 # ---- the bodies --------------------------------------------------------------------------------------
 def error_body(status: int, kind: str, message: str, kserve: bool = False) -> Dict[str, Any]:
     """TorchServe's error body; ``kserve``: with KServe's ``error`` key too (what KServe's errors carry)."""
-    body: Dict[str, Any] = {"code": status, "type": kind, "message": message}
+    body: Dict[str, Any] = {"code": int(status), "type": kind, "message": message}
     if kserve:
         body["error"] = message
     return body

@@ -45,6 +45,7 @@ import json
 import math
 import os
 import threading
+from http import HTTPStatus
 from typing import Iterator, List, Optional, Sequence, Union
 
 import numpy as np
@@ -119,14 +120,14 @@ class ImageClassifier(ToolkitHandler):
             raise ClientError(
                 f"image is {width}x{height} = {pixels:,} pixels, above the limit of {settings.max_pixels:,} "
                 "(handler.max_pixels)",
-                413,
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
             )
         ratio = max(width, height) / min(width, height)
         if ratio > settings.max_aspect_ratio:
             raise ClientError(
                 f"image is {width}x{height}, an aspect ratio of {ratio:,.0f}:1, above the limit of "
                 f"{settings.max_aspect_ratio:g}:1 (handler.max_aspect_ratio)",
-                413,
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
             )
         self.spend(pixels, "decoded pixels", "max_request_pixels", settings.max_request_pixels)
 
@@ -243,7 +244,7 @@ def open_image(data: bytes, formats: Optional[Sequence[str]] = None, max_pixels:
         return Image.open(io.BytesIO(data), formats=formats)
     except Image.DecompressionBombError as exc:  # PIL's own check, at twice its limit
         message = f"image is above the limit of {max_pixels:,} pixels (handler.max_pixels): {exc}"
-        raise ClientError(message, 413) from None
+        raise ClientError(message, HTTPStatus.REQUEST_ENTITY_TOO_LARGE) from None
     except UnidentifiedImageError:
         accepted = f" (accepted: {', '.join(formats)})" if formats else ""
         raise ClientError(

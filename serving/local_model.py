@@ -17,7 +17,7 @@ There are two ways here, for two different needs:
   archive carries), ``TS_DECODE_INPUT_REQUEST`` as asked. TorchServe's worker decodes each request
   and encodes each answer: nothing of either is copied here. Each input is one HTTP request of the
   batch (``bytes`` a raw body, ``str`` a text, ``dict``/``list`` a JSON body, a ``Path`` the file with
-  the content type of its suffix, or a ``Request`` with headers of its own); each answer is what
+  the content type of its suffix, or a ``RequestInput`` with headers of its own); each answer is what
   TorchServe's frontend would send (status, content type, headers, body bytes). The worker's log lines
   are kept (``log``), and so are the lines of its metrics logger (``metrics``), never printed; a
   thread reads each as it comes, so both are complete once the LocalModel is closed. With
@@ -40,6 +40,7 @@ import os
 import shutil
 import tempfile
 import threading
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -50,31 +51,31 @@ from handlers.requests import content_type
 from .frontend_settings import Frontend
 from .ts_config import ModelSpec
 from .worker import fork_server, sockets
-from .worker.ts_wire import BrokenReply, Request, Response, WorkerDied, batch_error, mime_type, read_reply
+from .worker.ts_wire import BrokenReply, RequestInput, Response, WorkerDied, batch_error, mime_type, read_reply
 from .worker.worker_process import METRICS_YAML, NotSent, start_worker
 
-__all__ = ["InProcessHandler", "LoadError", "LocalModel", "Request", "Response", "as_request"]
+__all__ = ["InProcessHandler", "LoadError", "LocalModel", "RequestInput", "Response", "as_request"]
 
 UNLIMITED = (1 << 31) - 1  # max_response_size: LocalModel hands back whatever the handler answered
 KEPT_LINES = 20_000  # worker log and metrics lines kept, the latest
 
 
-def as_request(value: Any) -> Request:
+def as_request(value: Any) -> RequestInput:
     """An input of ``LocalModel.predict`` as a request: ``bytes`` a raw body
     (``application/octet-stream``), ``str`` a text (``text/plain``), ``dict``/``list`` a JSON body,
     a ``Path`` the file with the content type of its suffix."""
-    if isinstance(value, Request):
+    if isinstance(value, RequestInput):
         return value
     if isinstance(value, Path):
-        return Request(value.read_bytes(), {"Content-Type": content_type(value)})
+        return RequestInput(value.read_bytes(), {"Content-Type": content_type(value)})
     if isinstance(value, (bytes, bytearray)):
-        return Request(bytes(value), {"Content-Type": "application/octet-stream"})
+        return RequestInput(bytes(value), {"Content-Type": "application/octet-stream"})
     if isinstance(value, str):
-        return Request(value.encode("utf-8"), {"Content-Type": "text/plain"})
-    return Request(json.dumps(value).encode("utf-8"), {"Content-Type": "application/json"})
+        return RequestInput(value.encode("utf-8"), {"Content-Type": "text/plain"})
+    return RequestInput(json.dumps(value).encode("utf-8"), {"Content-Type": "application/json"})
 
 
-class RowRequest(Request):
+class RowRequest(RequestInput):
     """A request whose parameters are given one by one (``LocalModel.predict_rows``): each field of a
     row a parameter of its own, as the frontend sends a multipart form's fields."""
 
@@ -90,7 +91,7 @@ def row_request(row: dict, headers: Dict[str, str]) -> RowRequest:
     """A row as the parameters a worker decodes back into it: bytes as they are, with the request's
     MIME type (as the frontend sends a body); any other value as JSON (``application/json``), which a
     worker that decodes requests parses back into that value."""
-    mime = Request(b"", headers).content_type
+    mime = RequestInput(b"", headers).content_type
     fields = []
     for name, value in row.items():
         if isinstance(value, (bytes, bytearray)):
@@ -220,7 +221,7 @@ class LocalModel:
         """The worker's process id (None once closed)."""
         return None if self.worker is None else self.worker.pid
 
-    def serve(self, requests: List[Request]) -> List[Response]:
+    def serve(self, requests: List[RequestInput]) -> List[Response]:
         """Run one batch of HTTP requests on the worker: one Response per request, in order, as
         TorchServe's frontend would answer it. A worker that dies holding the batch (a handler calling
         ``sys.exit``, an answer TorchServe cannot encode) gives each of its requests the frontend's
@@ -236,7 +237,7 @@ class LocalModel:
                 return run(list(requests))
             except (NotSent, WorkerDied, BrokenReply):
                 self._stop_worker()
-                return batch_error(500, "Worker died.", len(requests))
+                return batch_error(HTTPStatus.INTERNAL_SERVER_ERROR, "Worker died.", len(requests))
 
     def _stop_worker(self):
         """End the worker and read what it wrote to its end (``log``, ``metrics`` complete)."""
@@ -256,7 +257,7 @@ class LocalModel:
     def predict(self, inputs: Sequence[Any]) -> List[Response]:
         """Run one batch: each input is one request (``bytes`` a raw body, ``str`` a text, ``dict``
         or ``list`` a JSON body, a ``Path`` the file with the content type of its suffix, or a
-        ``Request``)."""
+        ``RequestInput``)."""
         return self.serve([as_request(i) for i in inputs])
 
     def close(self):

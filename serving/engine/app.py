@@ -47,6 +47,7 @@ import logging
 import re
 import shutil
 import sys
+from http import HTTPStatus
 from pathlib import Path
 from typing import List, Optional
 
@@ -61,7 +62,7 @@ from handlers.errors import frontend_error, with_kserve_error
 from .. import frontend_settings, ts_config, v2_metadata
 from ..tree_digests import Tree
 from ..worker import sockets
-from ..worker.ts_wire import Request, Response
+from ..worker.ts_wire import RequestInput, Response
 from . import form_bodies, http_server, listeners, snapshots, streams
 from .body_limit import BODY_IDLE_TIMEOUT, BodyLimit, InFlight, max_inflight_bytes, reads_budget
 from .management import NOT_ALLOWED, NOT_FOUND, management_routes, ts_error, ts_json
@@ -163,7 +164,7 @@ class Engine(ModelVersions):
 # ---- HTTP ---------------------------------------------------------------------------------------
 def error(status: int, kind: str, message: str, kserve: bool = False) -> HttpResponse:
     """An error the engine makes itself, as TorchServe's frontend sends its own (``frontend_error``)."""
-    return HttpResponse(frontend_error(status, kind, message, kserve), status, media_type="application/json")
+    return HttpResponse(frontend_error(status, kind, message, kserve), int(status), media_type="application/json")
 
 
 def not_found(
@@ -172,9 +173,10 @@ def not_found(
     """404 for a model (version) not served; on TorchServe's routes (``engine`` given) in TorchServe's words: a
     version of a model it serves is ModelVersionNotFoundException."""
     if engine is not None and version and name in engine.versions:
-        return error(404, "ModelVersionNotFoundException", f"Model version: {version} does not exist for model: {name}")
+        message = f"Model version: {version} does not exist for model: {name}"
+        return error(HTTPStatus.NOT_FOUND, "ModelVersionNotFoundException", message)
     what = f"{name} version {version}" if version else name
-    return error(404, "ModelNotFoundException", f"Model not found: {what}", kserve)
+    return error(HTTPStatus.NOT_FOUND, "ModelNotFoundException", f"Model not found: {what}", kserve)
 
 
 def http_answer(response: Response, kserve: bool = False) -> HttpResponse:
@@ -187,10 +189,16 @@ def http_answer(response: Response, kserve: bool = False) -> HttpResponse:
     fields = [*headers.items(), ("content-type", response.content_type or "")]
     if not 200 <= response.status <= 599 or not all(map(header_safe, (part for field in fields for part in field))):
         message = f"the handler answered what HTTP cannot carry (status {response.status}, headers {fields!r})"
-        return error(500, "InternalServerException", message[:2000], kserve)
+        return error(HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerException", message[:2000], kserve)
     if response.status in (204, 304):
         body = b""  # HTTP has no body for these
     return HttpResponse(body, response.status, headers, media_type=response.content_type)
+
+
+def readiness(body: dict) -> JSONResponse:
+    """A KServe readiness answer: 200 when ``body["ready"]``, else 503."""
+    status = HTTPStatus.OK if body["ready"] else HTTPStatus.SERVICE_UNAVAILABLE
+    return JSONResponse(body, status_code=int(status))
 
 
 def header_safe(text: str) -> bool:
@@ -228,8 +236,8 @@ async def forward(
     try:
         inputs = form_bodies.parameters(http.headers.get("content-type", ""), body)  # a form: a parameter a field
     except form_bodies.FormError as exc:
-        return error(400, "BadRequestException", str(exc), kserve)
-    request = Request(body, headers, inputs=inputs)
+        return error(HTTPStatus.BAD_REQUEST, "BadRequestException", str(exc), kserve)
+    request = RequestInput(body, headers, inputs=inputs)
     answer = asyncio.ensure_future(model.submit_streaming(request, http.path_params.get("version")))
     gone = asyncio.ensure_future(disconnected(http))
     await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -263,7 +271,8 @@ def torchserve_routes(engine: Engine) -> List[Route]:
 
     async def ping(_):
         healthy = engine.ready
-        return ts_json({"status": "Healthy" if healthy else "Unhealthy"}, 200 if healthy else 500)  # as TorchServe
+        status = HTTPStatus.OK if healthy else HTTPStatus.INTERNAL_SERVER_ERROR  # as TorchServe
+        return ts_json({"status": "Healthy" if healthy else "Unhealthy"}, status)
 
     return [
         Route("/ping", ping, methods=["GET", "POST"]),
@@ -298,7 +307,7 @@ def kserve_routes(engine: Engine) -> List[Route]:
         model = engine.find(name)
         if model is None:
             return not_found(name, None, kserve=True)
-        return JSONResponse({"name": name, "ready": model.ready}, status_code=200 if model.ready else 503)
+        return readiness({"name": name, "ready": model.ready})
 
     async def v2_server(_):
         return JSONResponse({"name": "tsctl", "version": version_string(), "extensions": ["binary_tensor_data"]})
@@ -308,7 +317,7 @@ def kserve_routes(engine: Engine) -> List[Route]:
 
     async def v2_ready(_):
         ready = engine.ready
-        return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+        return readiness({"ready": ready})
 
     async def v2_model(http: HttpRequest):
         name, version = http.path_params["name"], http.path_params.get("version")
@@ -322,7 +331,7 @@ def kserve_routes(engine: Engine) -> List[Route]:
         model = engine.find(name, version)
         if model is None:
             return not_found(name, version, kserve=True)
-        return JSONResponse({"name": name, "ready": model.ready}, status_code=200 if model.ready else 503)
+        return readiness({"name": name, "ready": model.ready})
 
     infer = ["POST"]
     return [
@@ -360,8 +369,8 @@ def build_app(engine: Engine, listener: str = "both", where: Optional[listeners.
 
     async def unknown(http, exc):
         if exc.status_code == 405:
-            return ts_error(405, "MethodNotAllowedException", NOT_ALLOWED)
-        return ts_error(404, "ResourceNotFoundException", NOT_FOUND + other_api(http.url.path))
+            return ts_error(HTTPStatus.METHOD_NOT_ALLOWED, "MethodNotAllowedException", NOT_ALLOWED)
+        return ts_error(HTTPStatus.NOT_FOUND, "ResourceNotFoundException", NOT_FOUND + other_api(http.url.path))
 
     app = Starlette(routes=routes, exception_handlers={404: unknown, 405: unknown})
     if engine.tokens is not None and listener != "metrics":

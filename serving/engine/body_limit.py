@@ -50,6 +50,7 @@ import asyncio
 import ipaddress
 import os
 import re
+from http import HTTPStatus
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from handlers.errors import frontend_error
@@ -323,7 +324,7 @@ class BodyLimit:
 
         length = dict(scope["headers"]).get(b"content-length", b"")
         if length.isdigit() and int(length) > limit:
-            return await self.refuse(scope, send, 413, too_large(int(length)))
+            return await self.refuse(scope, send, HTTPStatus.REQUEST_ENTITY_TOO_LARGE, too_large(int(length)))
         seen, refusal, started, whole = 0, None, False, False
 
         async def counted():
@@ -333,14 +334,14 @@ class BodyLimit:
             try:
                 message = await asyncio.wait_for(receive(), self.idle)
             except asyncio.TimeoutError:
-                refusal = (408, f"no byte of the request body came for {self.idle:g} s")
+                refusal = (HTTPStatus.REQUEST_TIMEOUT, f"no byte of the request body came for {self.idle:g} s")
                 raise BodyTooLarge() from None
             if message["type"] == "http.request":
                 size = len(message.get("body", b""))
                 if seen + size > limit:
-                    refusal = (413, too_large(seen + size, "at least "))
+                    refusal = (HTTPStatus.REQUEST_ENTITY_TOO_LARGE, too_large(seen + size, "at least "))
                 elif not inflight.take(size, client):
-                    refusal = (503, inflight.busy(size, client))
+                    refusal = (HTTPStatus.SERVICE_UNAVAILABLE, inflight.busy(size, client))
                 if refusal:
                     raise BodyTooLarge()
                 seen += size
@@ -377,4 +378,4 @@ class BodyLimit:
         kind = {408: "RequestTimeout", 413: "RequestEntityTooLarge", 503: "ServiceUnavailableException"}[status]
         headers = {"Retry-After": "1"} if status == 503 else None
         body = frontend_error(status, kind, message, kserve=True)
-        await Response(body, status, headers=headers, media_type="application/json")(scope, None, send)
+        await Response(body, int(status), headers=headers, media_type="application/json")(scope, None, send)

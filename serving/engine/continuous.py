@@ -11,9 +11,10 @@ as for any batch (``Worker.answers``)."""
 
 import time
 import uuid
+from http import HTTPStatus
 from typing import List
 
-from ..worker.ts_wire import Request, Response
+from ..worker.ts_wire import RequestInput, Response
 from ..worker.worker_process import NotSent
 from .job_queue import Job
 
@@ -42,7 +43,9 @@ async def step(worker, newcomers: List[Job]):
         return
     ids = list(running)
     jobs = [running[i] for i in ids]
-    requests = [Request(b"", running[i].request.headers, inputs=[]) if i in cached else running[i].request for i in ids]
+    requests = [
+        RequestInput(b"", running[i].request.headers, inputs=[]) if i in cached else running[i].request for i in ids
+    ]
     process, sent = worker.process, time.perf_counter()
     try:
         responses = await worker.answers(jobs, lambda: process.step(requests, ids, worker.sizes))
@@ -59,7 +62,7 @@ async def step(worker, newcomers: List[Job]):
             job.part(response, owner.stream_ended)
             if job.parts is not None and not gone(job):
                 continue  # on to the next step
-            response = Response(200, b"", headers={})  # its client left: ended here
+            response = Response(HTTPStatus.OK, b"", headers={})  # its client left: ended here
         del running[request_id]
         worker.sizes.pop(request_id, None)
         ended_jobs.append(job)

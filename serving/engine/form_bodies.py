@@ -1,7 +1,7 @@
 """A form body as TorchServe's frontend hands it to a worker (``InferenceRequestHandler.parseRequest``,
 ``NettyUtils.getFormData``): a ``multipart/form-data`` or ``application/x-www-form-urlencoded`` body is
 one parameter per field, (name, content type, bytes): a file's with its part's content type, a plain
-field's with none; any other body is one parameter, ``body`` (``ts_wire.Request.parameters``). So ``curl
+field's with none; any other body is one parameter, ``body`` (``ts_wire.RequestInput.parameters``). So ``curl
 -F data=@kitten.jpg`` reaches a handler's ``row["data"]`` as on TorchServe, and ``curl -d data=4`` its
 ``row["data"]`` = ``b"4"``. The body is bounded before it gets here (``max_request_size``,
 serving/engine/body_limit.py); its fields at most ``MAX_FIELDS``, counted before any is parsed (past it the

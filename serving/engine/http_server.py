@@ -42,6 +42,7 @@
 
 import contextlib
 import resource
+from http import HTTPStatus
 from typing import Dict
 
 import uvicorn
@@ -84,7 +85,7 @@ class BoundedHttp(HttpToolsProtocol):
     shared = Shared(4096)  # the engine's connections and head bytes (server() gives them; uvicorn has ``connections``)
     head_held = 0  # bytes of this connection's unfinished head counted in ``shared.head_bytes``
     client_address, counted = "", False  # uvicorn has ``client``: the (host, port) in the scope
-    refusal = None  # (status, reason, kind, message) of a request stopped in a parser callback
+    refusal = None  # (status, kind, message) of a request stopped in a parser callback
     dropping = False  # the rest of what the connection sends is dropped (it sent too many requests ahead)
 
     def connection_made(self, transport):
@@ -132,7 +133,7 @@ class BoundedHttp(HttpToolsProtocol):
         self.header_count += 1
         if self.header_count > MAX_HEADERS:
             message = f"the request has more than {MAX_HEADERS:,} headers"
-            self.refusal = (431, "Request Header Fields Too Large", "RequestHeaderFieldsTooLarge", message)
+            self.refusal = (HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "RequestHeaderFieldsTooLarge", message)
             raise TooMany()
         self.names.setdefault(name.lower(), name)  # ASGI lower-cases names: TorchServe's handlers see them as sent
         super().on_header(name, value)
@@ -196,23 +197,23 @@ class BoundedHttp(HttpToolsProtocol):
 
     def _refuse_head(self):
         message = f"the request line and headers are above {MAX_HEAD_BYTES:,} bytes"
-        self._refuse(431, "Request Header Fields Too Large", "RequestHeaderFieldsTooLarge", message)
+        self._refuse(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "RequestHeaderFieldsTooLarge", message)
 
     def _refuse_heads_in_flight(self, size: int):
         held = self.shared.head_bytes.why(size, self.client_address)
         message = f"too many request heads in flight: {held} bytes (HEAD_BYTES_IN_FLIGHT): retry later"
-        self._refuse(503, "Service Unavailable", "ServiceUnavailableException", message)
+        self._refuse(HTTPStatus.SERVICE_UNAVAILABLE, "ServiceUnavailableException", message)
 
     def _refuse_connection(self):
         held = self.shared.connections.why(1, self.client_address)
         message = f"too many connections: {held} (max_connections(), from the open-file limit): close one first"
-        self._refuse(503, "Service Unavailable", "ServiceUnavailableException", message)
+        self._refuse(HTTPStatus.SERVICE_UNAVAILABLE, "ServiceUnavailableException", message)
 
-    def _refuse(self, status: int, reason: str, kind: str, message: str):
+    def _refuse(self, status: HTTPStatus, kind: str, message: str):
         """Answer ``status`` before any request is read, and close the connection."""
         body = frontend_error(status, kind, message, kserve=True).decode("utf-8")
         head = (
-            f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+            f"HTTP/1.1 {status.value} {status.phrase}\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
         )
         self.in_head = False

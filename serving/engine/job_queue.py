@@ -7,7 +7,7 @@ import collections
 import time
 from typing import Any, Callable, Deque, List, Optional
 
-from ..worker.ts_wire import Request, Response
+from ..worker.ts_wire import RequestInput, Response
 from .streams import Parts
 
 
@@ -17,7 +17,7 @@ class Job:
 
     __slots__ = ("request", "done", "arrived", "parts", "sequence")
 
-    def __init__(self, request: Request, done: asyncio.Future):
+    def __init__(self, request: RequestInput, done: asyncio.Future):
         self.request, self.done, self.arrived = request, done, time.perf_counter()
         self.parts: Optional[Parts] = None
         self.sequence: Any = None  # a stateful model's: the sequence it belongs to

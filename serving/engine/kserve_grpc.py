@@ -45,7 +45,7 @@ from handlers.json_body import numpy, to_json
 from handlers.v2_binary import encode_tensor, header_length
 from handlers.v2_tensors import HEADER, NUMERIC
 
-from ..worker.ts_wire import Request, Response
+from ..worker.ts_wire import RequestInput, Response
 from .app import version_string
 from .body_limit import client_of, too_large_message
 from .grpc_reading import counted, refusal, server_options
@@ -144,7 +144,7 @@ def conversion_cost(size: int, parts: int) -> int:
     return 3 * size + PART_COST * parts
 
 
-def as_request(request: pb.ModelInferRequest) -> Request:
+def as_request(request: pb.ModelInferRequest) -> RequestInput:
     """The v2 REST request in the binary tensor extension for a gRPC ModelInferRequest (KServe's
     ``InferRequest.to_rest`` header: id, model_name, inputs, outputs, parameters). Slow for big
     tensors: run it off the event loop."""
@@ -178,7 +178,7 @@ def as_request(request: pb.ModelInferRequest) -> Request:
     head = to_json(header)
     del header, outputs  # their strings (a parameter's may be as long as the message) gone before the join
     body = b"".join([head, *datas])
-    return Request(body, {"content-type": "application/octet-stream", HEADER.lower(): str(len(head))})
+    return RequestInput(body, {"content-type": "application/octet-stream", HEADER.lower(): str(len(head))})
 
 
 def packed(contents: pb.InferTensorContents, datatype: str) -> memoryview:

@@ -42,6 +42,7 @@ import json
 import logging
 import os
 import re
+from http import HTTPStatus
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -86,19 +87,19 @@ class ApiError(Exception):
 
     def __init__(self, status: int, kind: str, message: str):
         super().__init__(message)
-        self.status, self.kind, self.message = status, kind, message
+        self.status, self.kind, self.message = int(status), kind, message
 
 
-def ts_json(body, status: int = 200) -> HttpResponse:
+def ts_json(body, status: int = HTTPStatus.OK) -> HttpResponse:
     """JSON as TorchServe's frontend sends it: indented by two spaces, a newline after."""
-    return HttpResponse(json.dumps(body, indent=2) + "\n", status, media_type="application/json")
+    return HttpResponse(json.dumps(body, indent=2) + "\n", int(status), media_type="application/json")
 
 
 def ts_error(status: int, kind: str, message: str) -> HttpResponse:
-    return HttpResponse(frontend_error(status, kind, message), status, media_type="application/json")
+    return HttpResponse(frontend_error(status, kind, message), int(status), media_type="application/json")
 
 
-def status(message: str, code: int = 200) -> HttpResponse:
+def status(message: str, code: int = HTTPStatus.OK) -> HttpResponse:
     return ts_json({"status": message}, code)
 
 
@@ -106,11 +107,15 @@ Done = Tuple[str, int]  # what a call that changes state answers: TorchServe's s
 
 
 def model_not_found(name: str) -> ApiError:
-    return ApiError(404, "ModelNotFoundException", f"Model not found: {name}")
+    return ApiError(HTTPStatus.NOT_FOUND, "ModelNotFoundException", f"Model not found: {name}")
 
 
 def version_not_found(name: str, version: str) -> ApiError:
-    return ApiError(404, "ModelVersionNotFoundException", f"Model version: {version} does not exist for model: {name}")
+    return ApiError(
+        HTTPStatus.NOT_FOUND,
+        "ModelVersionNotFoundException",
+        f"Model version: {version} does not exist for model: {name}",
+    )
 
 
 # ---- Query values -----------------------------------------------------------------------------------
@@ -122,7 +127,7 @@ def whole(params: Dict[str, str], key: str, default: Optional[int]) -> Optional[
         return default
     text = str(value).strip()
     if not WHOLE.fullmatch(text):  # not int(): it reads "1_0" as 10
-        raise ApiError(400, "BadRequestException", f"{key}={text[:100]!r} is not a whole number")
+        raise ApiError(HTTPStatus.BAD_REQUEST, "BadRequestException", f"{key}={text[:100]!r} is not a whole number")
     return int(text)
 
 
@@ -133,7 +138,7 @@ def flag(params: Dict[str, str], key: str, default: bool) -> bool:
     if isinstance(value, bool):
         return value
     if str(value).strip().lower() not in ("true", "false"):
-        raise ApiError(400, "BadRequestException", f"{key}={value!r} is not true or false")
+        raise ApiError(HTTPStatus.BAD_REQUEST, "BadRequestException", f"{key}={value!r} is not true or false")
     return str(value).strip().lower() == "true"
 
 
@@ -143,9 +148,11 @@ async def parameters(http: HttpRequest) -> Dict[str, str]:
         try:
             body = json.loads(await http.body() or b"{}")
         except ValueError as exc:
-            raise ApiError(400, "BadRequestException", f"the JSON body could not be read: {exc}") from None
+            raise ApiError(
+                HTTPStatus.BAD_REQUEST, "BadRequestException", f"the JSON body could not be read: {exc}"
+            ) from None
         if not isinstance(body, dict):
-            raise ApiError(400, "BadRequestException", "the JSON body is not an object")
+            raise ApiError(HTTPStatus.BAD_REQUEST, "BadRequestException", "the JSON body is not an object")
         return {k: v if isinstance(v, (str, bool)) else json.dumps(v) for k, v in body.items() if v is not None}
     return dict(http.query_params)
 
@@ -251,28 +258,32 @@ def archive_for(url: str, allowed: List[str], store: Path) -> Path:
     name (a .mar, .tar.gz or unpacked directory) inside the store (``model_store.store_entry``: a
     directory part or a link leading out is TorchServe's 404 for a url it cannot find, with why)."""
     if not url:
-        raise ApiError(404, "ModelNotFoundException", "empty url")
+        raise ApiError(HTTPStatus.NOT_FOUND, "ModelNotFoundException", "empty url")
     if ".." in url:
-        raise ApiError(404, "ModelNotFoundException", f"Relative path is not allowed in url: {url}")
+        raise ApiError(HTTPStatus.NOT_FOUND, "ModelNotFoundException", f"Relative path is not allowed in url: {url}")
     if any(re.fullmatch(pattern, url, re.IGNORECASE) for pattern in allowed if pattern):
         name = url.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0].split("#", 1)[0]
         if (store / name).exists():
-            raise ApiError(500, "InternalServerException", f"Model file already exists {name}")
+            raise ApiError(
+                HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerException", f"Model file already exists {name}"
+            )
         raise ApiError(
-            400,
+            HTTPStatus.BAD_REQUEST,
             "DownloadArchiveException",
             f"Failed to download archive from: {url} (the tsctl engine downloads nothing: copy the archive "
             "into its model store and register it by its file name)",
         )
     if VALID_URL.fullmatch(url):
-        raise ApiError(404, "ModelNotFoundException", f"Given URL {url} does not match any allowed URL(s)")
+        raise ApiError(
+            HTTPStatus.NOT_FOUND, "ModelNotFoundException", f"Given URL {url} does not match any allowed URL(s)"
+        )
     try:
         found = store_entry(store, url.rstrip("/"))
         usable = not url.startswith(".") and (found.is_file() or (found / "MAR-INF").is_dir())
     except NotInStore as exc:
-        raise ApiError(404, "ModelNotFoundException", exc.message(url)) from None
+        raise ApiError(HTTPStatus.NOT_FOUND, "ModelNotFoundException", exc.message(url)) from None
     if not usable:
-        raise ApiError(404, "ModelNotFoundException", f"Model not found at: {url}")
+        raise ApiError(HTTPStatus.NOT_FOUND, "ModelNotFoundException", f"Model not found at: {url}")
     return found
 
 
@@ -283,7 +294,7 @@ def open_registered(archive: Path, store: Path) -> Archive:
     try:
         return Archive(archive, within=store)
     except ArchiveError as exc:
-        raise ApiError(400, "InvalidModelException", f"{archive.name}: {exc}") from None
+        raise ApiError(HTTPStatus.BAD_REQUEST, "InvalidModelException", f"{archive.name}: {exc}") from None
 
 
 def register_spec(
@@ -297,10 +308,14 @@ def register_spec(
     try:
         config, name, version = archive.config, archive.model_name, archive.version
     except ArchiveError as exc:
-        raise ApiError(400, "InvalidModelException", f"{archive.path.name}: {exc}") from None
+        raise ApiError(HTTPStatus.BAD_REQUEST, "InvalidModelException", f"{archive.path.name}: {exc}") from None
     name = params.get("model_name") or name
     if not MODEL_NAME.fullmatch(name):
-        raise ApiError(400, "BadRequestException", f"model_name {name!r} cannot be a model's name (a URL path segment)")
+        raise ApiError(
+            HTTPStatus.BAD_REQUEST,
+            "BadRequestException",
+            f"model_name {name!r} cannot be a model's name (a URL path segment)",
+        )
     initial = whole(params, "initial_workers", frontend.configured_workers)
     low, high = config.get("minWorkers"), config.get("maxWorkers")
     if isinstance(low, int) and isinstance(high, int) and 0 < low <= high:
@@ -323,7 +338,7 @@ def register_spec(
             ("responseTimeout", "response_timeout"),
         ):
             problem = problem.replace(key, query)
-        raise ApiError(400, "BadRequestException", problem)
+        raise ApiError(HTTPStatus.BAD_REQUEST, "BadRequestException", problem)
     return ts_config.ModelSpec(
         name=name,
         version=version,
@@ -347,12 +362,12 @@ def load_failure(spec: ts_config.ModelSpec, error: BaseException) -> ApiError:
     """A register whose workers could not load the model: TorchServe's message, the worker's error, 400."""
     cause = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
     message = f"Failed to start workers for model {spec.name} version: {spec.version}: {cause}"
-    return ApiError(400, "InvalidModelException", message[:2000])
+    return ApiError(HTTPStatus.BAD_REQUEST, "InvalidModelException", message[:2000])
 
 
 async def register(engine, params: Dict[str, str]) -> Done:
     if params.get("url") is None:
-        raise ApiError(400, "BadRequestException", "Parameter url is required.")
+        raise ApiError(HTTPStatus.BAD_REQUEST, "BadRequestException", "Parameter url is required.")
     synchronous = flag(params, "synchronous", True)
     path = archive_for(params["url"], engine.frontend.allowed_urls, engine.model_store)
     loop = asyncio.get_running_loop()
@@ -361,12 +376,12 @@ async def register(engine, params: Dict[str, str]) -> Done:
         spec = await loop.run_in_executor(None, register_spec, params, archive, engine.frontend)
         if spec.version in engine.versions.get(spec.name, {}):
             message = f"Model version {spec.version} is already registered for model {spec.name}"
-            raise ApiError(409, "ConflictStatusException", message)
+            raise ApiError(HTTPStatus.CONFLICT, "ConflictStatusException", message)
         await admitted(engine, spec.name, spec.version, spec.min_workers, None)
         try:  # unpacked (or copied) from the one opening; its signature checked first
             model = await loop.run_in_executor(None, engine.open, spec, archive)
         except (ArchiveError, SignatureError, config_properties.ConfigError, tree_digests.TreeChanged) as exc:
-            raise ApiError(400, "InvalidModelException", str(exc)) from None
+            raise ApiError(HTTPStatus.BAD_REQUEST, "InvalidModelException", str(exc)) from None
     finally:
         archive.close()
     model.serving = not model.workers  # counts for the engine's readiness once loaded
@@ -377,14 +392,17 @@ async def register(engine, params: Dict[str, str]) -> Done:
             f'Model "{spec.name}" Version: {spec.version} registered with 0 initial workers. Use scale '
             "workers API to add workers for the model."
         )
-        return message, 200
+        return message, HTTPStatus.OK
     starting = asyncio.ensure_future(start_registered(engine, model))
     if not synchronous:
-        return "Processing worker updates...", 202
+        return "Processing worker updates...", HTTPStatus.ACCEPTED
     error = await starting
     if error is not None:
         raise load_failure(spec, error)
-    return f'Model "{spec.name}" Version: {spec.version} registered with {spec.min_workers} initial workers', 200
+    return (
+        f'Model "{spec.name}" Version: {spec.version} registered with {spec.min_workers} initial workers',
+        HTTPStatus.OK,
+    )
 
 
 async def start_registered(engine, model: ModelWorkers) -> Optional[BaseException]:
@@ -410,14 +428,16 @@ async def unregister(engine, name: str, version: Optional[str]) -> Done:
     version = version or (default.spec.version if default else None)
     model = versions.get(version)
     if model is default and len(versions) > 1:
-        raise ApiError(403, "InvalidModelVersionException", f"Cannot remove default version for model {name}")
+        raise ApiError(
+            HTTPStatus.FORBIDDEN, "InvalidModelVersionException", f"Cannot remove default version for model {name}"
+        )
     if model is None:
         raise version_not_found(name, version)
     engine.remove(model)
     await model.drain(f"model {name} version {model.spec.version} was unregistered")
     engine.forget(model)
     logger.info("%s unregistered", model.label)
-    return f'Model "{name}" unregistered', 200
+    return f'Model "{name}" unregistered', HTTPStatus.OK
 
 
 async def scale(engine, name: str, version: Optional[str], params: Dict[str, str]) -> Done:
@@ -426,7 +446,7 @@ async def scale(engine, name: str, version: Optional[str], params: Dict[str, str
     version = version or params.get("model_version")
     synchronous = flag(params, "synchronous", False)
     if high < low:
-        raise ApiError(400, "BadRequestException", "max_worker cannot be less than min_worker.")
+        raise ApiError(HTTPStatus.BAD_REQUEST, "BadRequestException", "max_worker cannot be less than min_worker.")
     if name not in engine.defaults:
         raise model_not_found(name)
     model = engine.find(name, version)
@@ -434,10 +454,10 @@ async def scale(engine, name: str, version: Optional[str], params: Dict[str, str
         raise version_not_found(name, version)
     if low < 1:
         why = f"min_worker is {low}: a model with no worker answers every request 503; unregister it, or give 1 or more"
-        raise ApiError(400, "BadRequestException", why)
+        raise ApiError(HTTPStatus.BAD_REQUEST, "BadRequestException", why)
     if high > MAX_WORKERS:
         why = f"max_worker is {high}, above the engine's {MAX_WORKERS} workers per model version"
-        raise ApiError(400, "BadRequestException", why)
+        raise ApiError(HTTPStatus.BAD_REQUEST, "BadRequestException", why)
     have = len(model.workers)
     await admitted(engine, name, version, low - have, model)
     model.spec.min_workers, model.spec.max_workers = low, high
@@ -448,10 +468,10 @@ async def scale(engine, name: str, version: Optional[str], params: Dict[str, str
         if error is not None:
             model.spec.min_workers = len(model.workers)
             message = f"Failed to start workers for model {name} version: {version or 'null'}"
-            raise ApiError(500, "InternalServerException", f"{message}: {error}"[:2000])
+            raise ApiError(HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerException", f"{message}: {error}"[:2000])
     if not synchronous:
-        return "Processing worker updates...", 202
-    return f"Workers scaled to {low} for model: {name}" + (f", version: {version}" if version else ""), 200
+        return "Processing worker updates...", HTTPStatus.ACCEPTED
+    return f"Workers scaled to {low} for model: {name}" + (f", version: {version}" if version else ""), HTTPStatus.OK
 
 
 async def admitted(engine, name: str, version: Optional[str], adding: int, model: Optional[ModelWorkers]):
@@ -461,7 +481,7 @@ async def admitted(engine, name: str, version: Optional[str], adding: int, model
     try:
         await asyncio.get_running_loop().run_in_executor(None, check)
     except memory_admission.NotEnoughMemory as exc:
-        raise ApiError(507, "InternalServerException", str(exc)[:2000]) from None
+        raise ApiError(HTTPStatus.INSUFFICIENT_STORAGE, "InternalServerException", str(exc)[:2000]) from None
 
 
 def set_default(engine, name: str, version: str) -> Done:
@@ -469,9 +489,13 @@ def set_default(engine, name: str, version: str) -> Done:
         raise model_not_found(name)
     model = engine.versions[name].get(version)
     if model is None:
-        raise ApiError(404, "ModelVersionNotFoundException", f"Model version {version} does not exist for model {name}")
+        raise ApiError(
+            HTTPStatus.NOT_FOUND,
+            "ModelVersionNotFoundException",
+            f"Model version {version} does not exist for model {name}",
+        )
     engine.set_default(model)
-    return f'Default version successfully updated for model "{name}" to "{version}"', 200
+    return f'Default version successfully updated for model "{name}" to "{version}"', HTTPStatus.OK
 
 
 # ---- Routes -----------------------------------------------------------------------------------------
@@ -481,7 +505,7 @@ def management_routes(engine) -> List[Route]:
     async def answer(work, changes: bool = False) -> HttpResponse:
         """``work()``'s answer (a response, or an awaitable of one); an ApiError as TorchServe's error."""
         if changes and not engine.frontend.enable_model_api:
-            return ts_error(405, "MethodNotAllowedException", NOT_ALLOWED)
+            return ts_error(HTTPStatus.METHOD_NOT_ALLOWED, "MethodNotAllowedException", NOT_ALLOWED)
         try:
             if not changes:
                 return await settle(work())
@@ -496,14 +520,15 @@ def management_routes(engine) -> List[Route]:
             return ts_error(exc.status, exc.kind, exc.message)
         except Exception as exc:  # noqa: BLE001 - logged; the call gets TorchServe's 500, the engine goes on
             logger.exception("a management call failed")
-            return ts_error(500, "InternalServerException", f"{type(exc).__name__}: {exc}"[:2000])
+            message = f"{type(exc).__name__}: {exc}"[:2000]
+            return ts_error(HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerException", message)
 
     async def models(http: HttpRequest):
         if http.method == "GET":
             return await answer(lambda: ts_json(list_models(engine, dict(http.query_params))))
         if http.method == "POST":
             return await answer(lambda: registering(http), changes=True)
-        return ts_error(405, "MethodNotAllowedException", NOT_ALLOWED)
+        return ts_error(HTTPStatus.METHOD_NOT_ALLOWED, "MethodNotAllowedException", NOT_ALLOWED)
 
     async def registering(http: HttpRequest):
         return await register(engine, await parameters(http))
@@ -516,11 +541,11 @@ def management_routes(engine) -> List[Route]:
             return await answer(lambda: scale(engine, name, version, dict(http.query_params)), changes=True)
         if http.method == "DELETE":
             return await answer(lambda: unregister(engine, name, version), changes=True)
-        return ts_error(405, "MethodNotAllowedException", NOT_ALLOWED)
+        return ts_error(HTTPStatus.METHOD_NOT_ALLOWED, "MethodNotAllowedException", NOT_ALLOWED)
 
     async def default(http: HttpRequest):
         if http.method != "PUT":
-            return ts_error(405, "MethodNotAllowedException", NOT_ALLOWED)
+            return ts_error(HTTPStatus.METHOD_NOT_ALLOWED, "MethodNotAllowedException", NOT_ALLOWED)
         name, version = http.path_params["name"], http.path_params["version"]
         return await answer(lambda: set_default(engine, name, version), changes=True)
 

@@ -32,6 +32,7 @@ handler that streams for ever holds its worker for ever).
 
 import asyncio
 import collections
+from http import HTTPStatus
 from typing import Callable, Deque, Optional
 
 from handlers.errors import frontend_error
@@ -95,9 +96,8 @@ class Parts:
             f"bytes held for it would pass {self.budget.over(size, self.client)}"
         )
         self.drop()
-        self.queue.append(
-            Response(503, frontend_error(503, "ServiceUnavailableException", message), "application/json", error=True)
-        )
+        body = frontend_error(HTTPStatus.SERVICE_UNAVAILABLE, "ServiceUnavailableException", message)
+        self.queue.append(Response(HTTPStatus.SERVICE_UNAVAILABLE, body, "application/json", error=True))
         self.changed.set()
         self.end()
 

@@ -38,6 +38,7 @@ import os
 import re
 import secrets
 import time
+from http import HTTPStatus
 from pathlib import Path
 from typing import Callable, Dict, Optional
 from urllib.parse import parse_qs
@@ -127,7 +128,7 @@ class Tokens:
 
 
 def refusal(message: str = MESSAGE) -> bytes:
-    return frontend_error(400, "InvalidKeyException", message)
+    return frontend_error(HTTPStatus.BAD_REQUEST, "InvalidKeyException", message)
 
 
 def is_management(path: str) -> bool:
@@ -161,18 +162,18 @@ class TokenCheck:
                 break
         if not self.tokens.check(kind, header):
             message = TOKEN_API_MESSAGE if kind == API else MESSAGE + self.other_api(scope["path"])
-            return await answer(send, 400, refusal(message))
+            return await answer(send, HTTPStatus.BAD_REQUEST, refusal(message))
         if kind != API:
             return await self.app(scope, receive, send)
         wanted = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("type", [""])[0]
         if wanted not in (MANAGEMENT, INFERENCE):
-            return await answer(send, 400, refusal(TOKEN_API_MESSAGE))
+            return await answer(send, HTTPStatus.BAD_REQUEST, refusal(TOKEN_API_MESSAGE))
         self.tokens.regenerate(wanted)
         logger.info("token authorization: a new %s key (key file %s)", wanted, self.tokens.path)
-        return await answer(send, 200, b"\n")
+        return await answer(send, HTTPStatus.OK, b"\n")
 
 
 async def answer(send, status: int, body: bytes):
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.start", "status": int(status), "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -57,7 +57,7 @@ from typing import List, Tuple
 
 import grpc
 
-from ..worker.ts_wire import Request, Response
+from ..worker.ts_wire import RequestInput, Response
 from . import ts_protos as pb
 from .body_limit import Budget, client_of, management_body_limit
 from .grpc_reading import counted, refusal, server_options
@@ -137,7 +137,7 @@ class Inference:
             ends = {name: value for name, _, value in inputs}.get(SEQUENCE_END, b"")
             if ends.decode("utf-8", "replace").strip().lower() == "true":  # (TorchServe 0.12: every request, docs)
                 headers[SEQUENCE_END] = "true"
-        return model, Request(b"", headers, inputs), held
+        return model, RequestInput(b"", headers, inputs), held
 
     async def answer(self, data: bytes, client: str, sequence: bool = False) -> Response:
         """The first part of the answer to one PredictionsRequest (its ``rest`` the others), or ApiError;

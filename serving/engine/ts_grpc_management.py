@@ -9,7 +9,7 @@ from typing import Optional
 
 import grpc
 
-from ..worker.ts_wire import Request
+from ..worker.ts_wire import RequestInput
 from . import management as management_api
 from . import ts_protos as pb
 from .management import model_url
@@ -67,7 +67,7 @@ class ReadOnlyModels:
     async def customized(model) -> dict:
         """The handler's own metadata (``describe_handle``), as TorchServe asks for it: a request with
         the header ``describe: True`` and no input; a JSON object is kept, anything else is ``{}``."""
-        answer = await model.submit(Request(b"", {"describe": "True"}, []))
+        answer = await model.submit(RequestInput(b"", {"describe": "True"}, []))
         if answer.error:
             raise ApiError.of(answer)
         try:

@@ -12,6 +12,7 @@ import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from http import HTTPStatus
 from typing import Callable, Dict, List, Optional
 
 from handlers.archives import printable
@@ -39,7 +40,7 @@ def worker_log_line(worker, line: str):
     worker_log.info("[%s w%d] %s", printable(worker.owner.label), worker.index, printable(line))
 
 
-def unavailable(message: str, status: int = 503) -> Response:
+def unavailable(message: str, status: int = HTTPStatus.SERVICE_UNAVAILABLE) -> Response:
     """The frontend's answer for a request no worker could answer."""
     body = frontend_error(status, "ServiceUnavailableException", message)
     return Response(status, body, "application/json", error=True)
@@ -214,7 +215,7 @@ class Worker:
             )
             process.kill()
             message = f"the worker's batch failed ({type(exc).__name__}: {exc}); the worker was restarted"
-            return batch_error(500, message, len(jobs))
+            return batch_error(HTTPStatus.INTERNAL_SERVER_ERROR, message, len(jobs))
         finally:
             self.status = "READY" if self.process is not None and self.process.alive() else "STARTING"
 
@@ -272,7 +273,7 @@ class Worker:
             )
             process.kill()
             message = f"the worker's reply could not be read ({exc}); the worker was restarted"
-            return batch_error(500, message, len(jobs))
+            return batch_error(HTTPStatus.INTERNAL_SERVER_ERROR, message, len(jobs))
 
     def died_with(self, jobs: List[Job], detail: str) -> List[Response]:
         """503 for each request of a worker that died holding them, with the cause."""

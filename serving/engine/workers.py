@@ -45,7 +45,7 @@ from .. import gpus
 from ..frontend_settings import Frontend
 from ..ts_config import ModelSpec
 from ..worker import sockets
-from ..worker.ts_wire import Request, Response
+from ..worker.ts_wire import RequestInput, Response
 from ..worker.worker_process import LOAD_TIMEOUT
 from .job_queue import Job, JobQueue
 from .sequences import Sequences, SequenceSettings
@@ -217,12 +217,12 @@ class ModelWorkers:
         self.begin_stop(message)
         await self.retire(list(self.workers))
 
-    async def submit(self, request: Request, named: Optional[str] = None) -> Response:
+    async def submit(self, request: RequestInput, named: Optional[str] = None) -> Response:
         """The request's answer, whole (a streamed answer's parts joined: ``streams.collect``;
         ``named``: the version the client named, for messages)."""
         return await collect(await self.submit_streaming(request, named))
 
-    async def submit_streaming(self, request: Request, named: Optional[str] = None) -> Response:
+    async def submit_streaming(self, request: RequestInput, named: Optional[str] = None) -> Response:
         """The request's answer, or the first part of a streamed answer (its ``rest`` the others)."""
         if self.stopping:
             return unavailable(self.stopped_message)

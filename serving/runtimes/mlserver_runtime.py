@@ -51,6 +51,7 @@ import os
 import re
 import shutil
 import socket
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
@@ -71,7 +72,7 @@ from ..frontend_settings import Frontend
 from ..model_opening import open_model
 from ..ts_config import ModelSpec
 from ..worker import sockets
-from ..worker.ts_wire import Request, Response
+from ..worker.ts_wire import RequestInput, Response
 from . import v2_requests
 
 logger = logging.getLogger("tsctl.mlserver")
@@ -156,7 +157,7 @@ class ArchiveModel(MLModel):
         if not self._toolkit:
             return await self.predict_requests(payload)
         body, headers = request_body(payload)
-        answer = await self._workers.submit(Request(body, headers))
+        answer = await self._workers.submit(RequestInput(body, headers))
         return response_of(answer, self.name, self.version)
 
     async def predict_requests(self, payload: InferenceRequest) -> InferenceResponse:
@@ -170,7 +171,7 @@ class ArchiveModel(MLModel):
                 raise protocol.ClientError(
                     f"{len(requests)} elements in one request: more than the model's job "
                     f"queue holds ({limit}, jobQueueSize)",
-                    413,
+                    HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                 )
         except protocol.ClientError as error:
             raise MLServerError(error.message, status_code=error.status) from None
@@ -235,7 +236,8 @@ class ArchiveModel(MLModel):
         except protocol.ClientError as error:
             raise MLServerError(error.message, status_code=error.status) from None
         except (ValueError, TypeError, OverflowError, IndexError) as exc:
-            raise MLServerError(f"{self.name}: {type(exc).__name__}: {exc}", status_code=400) from None
+            message = f"{self.name}: {type(exc).__name__}: {exc}"
+            raise MLServerError(message, status_code=HTTPStatus.BAD_REQUEST.value) from None
         return InferenceResponse(model_name=self.name, model_version=self.version, id=payload.id, outputs=[output])
 
     async def unload(self) -> bool:
@@ -249,7 +251,8 @@ class ArchiveModel(MLModel):
 def check_id(request_id):
     """A request ``id`` is echoed in MLServer's response headers: printable ASCII only, at most 256."""
     if request_id and not ID.match(request_id):  # tritonclient's gRPC sends ""
-        raise MLServerError("the request's id must be 1 to 256 printable ASCII characters, no spaces", status_code=400)
+        message = "the request's id must be 1 to 256 printable ASCII characters, no spaces"
+        raise MLServerError(message, status_code=HTTPStatus.BAD_REQUEST.value)
 
 
 def log_to_stderr():
@@ -344,7 +347,7 @@ def response_of(answer: Response, name: str, version) -> InferenceResponse:
         raise MLServerError(
             f"model {name}'s handler answered what is not an Open Inference Protocol response ({exc}): "
             f"{bytes(answer.body or b'')[:200]!r}",
-            status_code=500,
+            status_code=HTTPStatus.INTERNAL_SERVER_ERROR.value,
         ) from None
 
 

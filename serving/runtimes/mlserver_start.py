@@ -27,6 +27,7 @@ or patched on disk; the rest runs as ``mlserver start`` runs it.
 """
 
 import sys
+from http import HTTPStatus
 from typing import List
 
 REPOSITORY_CHANGES = ("/v2/repository/models/{model_name}/load", "/v2/repository/models/{model_name}/unload")
@@ -54,10 +55,10 @@ def read_only_handlers():
 
     class ReadOnlyRepository(ModelRepositoryHandlers):
         async def load(self, name: str) -> bool:
-            raise MLServerError(REFUSAL, 403)
+            raise MLServerError(REFUSAL, HTTPStatus.FORBIDDEN.value)
 
         async def unload(self, name: str) -> bool:
-            raise MLServerError(REFUSAL, 403)
+            raise MLServerError(REFUSAL, HTTPStatus.FORBIDDEN.value)
 
     return ReadOnlyRepository
 

@@ -50,6 +50,7 @@ import os
 import random
 import threading
 from functools import cached_property
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -176,7 +177,8 @@ def refused(error: BaseException):
     from seldon_core.flask_utils import SeldonMicroserviceException
 
     if isinstance(error, Unavailable):
-        return SeldonMicroserviceException(str(error), status_code=503, reason="MICROSERVICE_UNAVAILABLE")
+        status = HTTPStatus.SERVICE_UNAVAILABLE.value
+        return SeldonMicroserviceException(str(error), status_code=status, reason="MICROSERVICE_UNAVAILABLE")
     error = protocol.error_for(error, protocol.READ)
     reason = BAD_DATA if error.status < 500 else "MICROSERVICE_INTERNAL_ERROR"
     return SeldonMicroserviceException(error.message, status_code=error.status, reason=reason)
@@ -363,9 +365,9 @@ class Model(Unit):
         asyncio.run_coroutine_threadsafe(self.workers.start(), self.loop).result()
 
     def submit(self, body: bytes, headers: Dict[str, str]):
-        from ..worker.ts_wire import Request
+        from ..worker.ts_wire import RequestInput
 
-        future = asyncio.run_coroutine_threadsafe(self.workers.submit(Request(body, headers)), self.loop)
+        future = asyncio.run_coroutine_threadsafe(self.workers.submit(RequestInput(body, headers)), self.loop)
         return future.result()
 
     def predict_raw(self, request) -> dict:
@@ -384,7 +386,8 @@ class Model(Unit):
                 raise ClientError(error_message(reply.body), reply.status)
             outputs = np.asarray(protocol.decode_answers(reply.body, reply.headers), dtype=np.float32)
             if not np.isfinite(outputs).all():  # finite values past the model's range (3e38): JSON cannot say it
-                raise ClientError("the model's output for this message holds NaN or Infinity", 500)
+                problem = "the model's output for this message holds NaN or Infinity"
+                raise ClientError(problem, HTTPStatus.INTERNAL_SERVER_ERROR)
         except ClientError as error:
             raise refused(error) from None
         return answer(message, data_of(message)[0], outputs)

@@ -42,7 +42,7 @@ from handlers.errors import ClientError, error_message
 from handlers.rows import JSON_TYPE, OCTET_STREAM
 from handlers.v2_tensors import element_count, flatten
 
-from ..worker.ts_wire import Request, Response
+from ..worker.ts_wire import RequestInput, Response
 
 TEXT = "text/plain"
 CODECS = {"str": TEXT, "base64": OCTET_STREAM}  # MLServer's content types for a BYTES tensor
@@ -55,7 +55,7 @@ def decodes_as_text(media: str) -> bool:
     return media == JSON_TYPE or media.startswith("text")
 
 
-def requests_of(inputs: List[dict], headers: Dict[str, str]) -> List[Request]:
+def requests_of(inputs: List[dict], headers: Dict[str, str]) -> List[RequestInput]:
     """The TorchServe requests of a v2 request's ``inputs`` (each a dict as the v2 JSON has it), each with
     ``headers`` and its Content-Type; a ClientError (400) for a request that is not one input tensor."""
     if len(inputs) != 1:
@@ -72,12 +72,12 @@ def requests_of(inputs: List[dict], headers: Dict[str, str]) -> List[Request]:
         raise ClientError(f"input shape {shape} holds {count} elements, got {len(values)}")
     if tensor.get("datatype") != "BYTES":
         body = json.dumps(nested(values, shape)).encode("utf-8")
-        return [Request(body, {**headers, "Content-Type": JSON_TYPE})]
+        return [RequestInput(body, {**headers, "Content-Type": JSON_TYPE})]
     declared = (tensor.get("parameters") or {}).get("content_type")
     return [element_request(value, declared, headers) for value in values]
 
 
-def element_request(value: Any, declared: Any, headers: Dict[str, str]) -> Request:
+def element_request(value: Any, declared: Any, headers: Dict[str, str]) -> RequestInput:
     """One BYTES element as the request TorchServe would get: its bytes and Content-Type (table above)."""
     if not isinstance(value, (str, bytes, bytearray)):
         raise ClientError(f"a BYTES element must be a string, got {type(value).__name__}")
@@ -99,7 +99,7 @@ def element_request(value: Any, declared: Any, headers: Dict[str, str]) -> Reque
             raise ClientError(f"a BYTES element of content_type {declared} must be base64") from None
     else:
         body = value.encode("utf-8", errors="surrogatepass") if isinstance(value, str) else bytes(value)
-    return Request(body, {**headers, "Content-Type": media})
+    return RequestInput(body, {**headers, "Content-Type": media})
 
 
 def nested(values: list, shape: List[int]) -> list:

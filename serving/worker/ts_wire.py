@@ -1,6 +1,6 @@
 """TorchServe's frontend-worker wire protocol, both halves the frontend speaks, without torch.
 
-- ``Request``/``Response``: one HTTP request to ``/predictions/MODEL`` and what the frontend sends back.
+- ``RequestInput``/``Response``: one HTTP request to ``/predictions/MODEL`` and what the frontend sends back.
 - ``encode_load``/``encode_batch``: the load and inference commands the frontend writes to a worker's
   socket (``ts/protocol/otf_message_handler.py`` reads them).
 - ``read_reply``/``read_answers``/``Stream``: the worker's reply (``create_predict_response``) read
@@ -15,6 +15,7 @@ import re
 import socket
 import struct
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Collection, Dict, List, Optional, Tuple
 
@@ -34,10 +35,12 @@ def cause_of(errors: List[str]) -> Optional[str]:
 
 
 @dataclass
-class Request:
+class RequestInput:
     """One HTTP request to ``/predictions/MODEL``: its body and its headers (Content-Type among them);
     or, with ``inputs``, a request of TorchServe's gRPC API: each entry of its ``input`` map a
-    parameter of its own, (name, MIME type, value), as TorchServe's frontend passes them."""
+    parameter of its own, (name, MIME type, value), as TorchServe's frontend passes them. Named as
+    the frontend names it (``org.pytorch.serve.util.messages.RequestInput``); a decoded request of
+    the toolkit is ``handlers.decoding.Request``."""
 
     body: bytes
     headers: Dict[str, str] = field(default_factory=dict)
@@ -81,6 +84,9 @@ class Response:
     # A streamed answer's parts after this one (streams.Parts), for a handler that sends
     # intermediate responses (send_intermediate_predict_response); None: the answer is whole.
     rest: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        self.status = int(self.status)  # an HTTPStatus as its number: str() of one is its name before Python 3.11
 
     @property
     def streams(self) -> bool:
@@ -137,9 +143,9 @@ def encode_load(
     )
 
 
-def encode_batch(requests: List[Request], ids: List[str]) -> List[bytes]:
+def encode_batch(requests: List[RequestInput], ids: List[str]) -> List[bytes]:
     """The inference command for one batch (``_retrieve_inference_msg`` reads it): per request its
-    id, its HTTP headers, and its parameters (``Request.parameters``: one ``body`` with the request's
+    id, its HTTP headers, and its parameters (``RequestInput.parameters``: one ``body`` with the request's
     MIME type). Returned as the pieces to send in order, each body as it is (not copied into one message)."""
     pieces, head = [], [b"I"]
     for request, request_id in zip(requests, ids):
@@ -301,8 +307,8 @@ def too_large(size: int, headers: Optional[dict] = None) -> Response:
     message = (
         f"Message size exceed limit: {size}\nConsider increasing the 'max_response_size' in 'config.properties' to fix."
     )
-    body = frontend_error(500, "InternalServerException", message)
-    return Response(500, body, "application/json", dict(headers or {}), error=True)
+    body = frontend_error(HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerException", message)
+    return Response(HTTPStatus.INTERNAL_SERVER_ERROR, body, "application/json", dict(headers or {}), error=True)
 
 
 def read_reply(reply: bytes, request_ids: List[str]) -> List[Response]:
@@ -315,7 +321,7 @@ def read_reply(reply: bytes, request_ids: List[str]) -> List[Response]:
 
 def batch_error(code: int, message: str, count: int) -> List[Response]:
     """BatchAggregator.sendResponse for a batch that failed as a whole: every job gets the error."""
-    status = 507 if code == 413 else code
+    status = HTTPStatus.INSUFFICIENT_STORAGE if code == HTTPStatus.REQUEST_ENTITY_TOO_LARGE else code
     body = frontend_error(status, "InternalServerException", message)
     return [Response(status, body, "application/json", error=True) for _ in range(count)]
 

@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 import uuid
+from http import HTTPStatus
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
@@ -53,7 +54,7 @@ from ..ts_config import ModelSpec
 from . import sockets
 from .fork_server import ForkedProcess, ForkServer
 from .process_tree import end_tree
-from .ts_wire import Request, Response, Stream, WorkerDied, batch_error, cause_of, encode_batch, encode_load
+from .ts_wire import RequestInput, Response, Stream, WorkerDied, batch_error, cause_of, encode_batch, encode_load
 
 WORKER_SCRIPT = os.path.join(os.path.dirname(ts.__file__), "model_service_worker.py")
 LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_launch.py")
@@ -99,7 +100,7 @@ class WorkerProcess:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def predict(self, requests: List[Request], on_part: Optional[OnPart] = None) -> List[Response]:
+    def predict(self, requests: List[RequestInput], on_part: Optional[OnPart] = None) -> List[Response]:
         """One batch, blocking: NotSent if it never reached the worker, WorkerDied if the worker
         ended while it held the batch. A streamed answer (a handler calling
         ``send_intermediate_predict_response``: parts with ``ts_stream_next: true``, then the last)
@@ -137,7 +138,7 @@ class WorkerProcess:
             return f"{message}: {name} (in a batch of {clients} requests: the engine's log has its message)"
         return f"{message}: {cause[:MAX_CAUSE]}"
 
-    def send(self, requests: List[Request], ids: List[str]):
+    def send(self, requests: List[RequestInput], ids: List[str]):
         """The inference command for a batch, on the worker's socket; NotSent when it did not get there
         whole (a batch cut short is not one the worker can run: not sent either)."""
         pieces = encode_batch(requests, ids)
@@ -149,7 +150,7 @@ class WorkerProcess:
         except OSError:
             raise NotSent() from None
 
-    def step(self, requests: List[Request], ids: List[str], sizes: Dict[str, int]) -> List[Response]:
+    def step(self, requests: List[RequestInput], ids: List[str], sizes: Dict[str, int]) -> List[Response]:
         """One step of a continuous batch (TorchServe's ContinuousBatching), blocking: the requests under
         ``ids`` (the ids they keep from step to step; one in the handler's cache already sent with no
         parameters), and the worker's one reply, each answer with its ``ts_stream_next`` (more steps to
@@ -163,10 +164,11 @@ class WorkerProcess:
             raise WorkerDied(str(exc)) from None
         if code != 200:
             return batch_error(code, self.with_cause(message, seen, len(ids)), len(ids))
-        missing = batch_error(500, "the handler gave this request no answer in its batch", 1)[0]
+        unanswered = "the handler gave this request no answer in its batch"
+        missing = batch_error(HTTPStatus.INTERNAL_SERVER_ERROR, unanswered, 1)[0]
         return [got.get(request_id, missing) for request_id in ids]
 
-    def steps(self, requests: List[Request]) -> List[Response]:
+    def steps(self, requests: List[RequestInput]) -> List[Response]:
         """A continuous batch run to its end, blocking (``LocalModel``: ``tsctl run``, in-process ``verify``):
         ``step`` after ``step``, each request sent again (no parameters, as ``continuous.step``)
         while its answer says ``ts_stream_next``, its parts joined into one answer as ``predict`` joins
@@ -176,7 +178,9 @@ class WorkerProcess:
         while not reading.complete():
             left = [request_id for request_id in ids if request_id not in reading.last]
             batch = [
-                Request(b"", requests[reading.index[i]].headers, inputs=[]) if i in sent else requests[reading.index[i]]
+                RequestInput(b"", requests[reading.index[i]].headers, inputs=[])
+                if i in sent
+                else requests[reading.index[i]]
                 for i in left
             ]
             sent.update(left)

@@ -47,7 +47,7 @@ from helpers.processes import run_alone
 from helpers.servers import RunningServer
 from helpers.v2_answers import ask_v2
 from samples import runtime_env, ts_examples, ts_probes
-from serving.local_model import LocalModel, Request
+from serving.local_model import LocalModel, RequestInput
 
 pytestmark = pytest.mark.matrix
 
@@ -101,7 +101,7 @@ def in_process(store: Path, examples) -> Dict[str, Answers]:
     for archive in sorted(store.glob("*.mar")):
         example = examples[archive.stem.rsplit("_", 1)[0]]
         with LocalModel(archive) as model:
-            replies = [model.predict([Request(body, headers_of(kind))])[0] for body, kind in example.inputs]
+            replies = [model.predict([RequestInput(body, headers_of(kind))])[0] for body, kind in example.inputs]
         answers[archive.stem] = [(r.status, r.answer() if r.status == 200 else error_message(r.body)) for r in replies]
     return answers
 

@@ -63,7 +63,7 @@ from helpers.servers import RunningServer
 from helpers.v2_answers import AnswerShape, ask_v2
 from samples import runtime_env, ts_examples
 from samples.ts_examples import PACKAGERS, RUNTIMES
-from serving.local_model import LoadError, LocalModel, Request
+from serving.local_model import LoadError, LocalModel, RequestInput
 
 SERVE = ts_examples.checkout()  # None: the stand-ins; else pytorch/serve's files for the cases below
 REAL = SERVE is not None
@@ -280,7 +280,7 @@ class Runs:
                 with LocalModel(archive, batch_size=1, metrics_config=metrics_config) as model:
                     answers = []
                     for body, kind in self.examples[name].inputs:
-                        [response] = model.predict([Request(body, {"Content-Type": kind})])
+                        [response] = model.predict([RequestInput(body, {"Content-Type": kind})])
                         answers.append((response.status, response.answer()))
                 # closed: every line the worker's metrics cache logged has been read
                 outcomes[name] = Outcome(answers, metrics={m for line in model.metrics for m in METRIC.findall(line)})
@@ -605,7 +605,7 @@ def test_tsctl_package_takes_torch_model_archivers_handler_spellings(spelling, e
     except ts_examples.PackagingError as exc:
         raise TsctlRefused(str(exc)) from None
     with LocalModel(archive, batch_size=1) as model:
-        answers = [model.predict([Request(body, {"Content-Type": kind})])[0] for body, kind in example.inputs]
+        answers = [model.predict([RequestInput(body, {"Content-Type": kind})])[0] for body, kind in example.inputs]
     reference = smoke_runs.outcome(case, "tsctl", IN_PROCESS)
     problem, _ = compare(Outcome([(r.status, r.answer()) for r in answers]), reference)
     assert problem is None, problem

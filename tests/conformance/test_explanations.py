@@ -17,7 +17,7 @@ from helpers import side_by_side
 from helpers.engine import Engine
 from helpers.models import package_resnet
 from samples import ts_examples
-from serving.local_model import LocalModel, Request
+from serving.local_model import LocalModel, RequestInput
 
 HANDLER = ts_examples.STAND_INS / "explain" / "explain_handler.py"
 CALLS = [  # (path, body, whether the handler explains)
@@ -84,7 +84,7 @@ def test_the_engine_answers_as_torchserve(tmp_path_factory):
 def test_a_toolkit_handler_refuses_an_explanation_in_one_line(image_sample, jpegs, tmp_path):
     archive = package_resnet(image_sample, tmp_path / "store")
     with LocalModel(archive) as model:
-        asked = [Request(jpegs[0], {"Content-Type": "image/jpeg", "explain": flag}) for flag in ("True", "False")]
+        asked = [RequestInput(jpegs[0], {"Content-Type": "image/jpeg", "explain": flag}) for flag in ("True", "False")]
         explained, predicted = model.predict(asked)
     assert explained.status == 501 and "gives no explanations" in explained.json()["message"], explained
     assert predicted.status == 200

@@ -40,7 +40,7 @@ from helpers.servers import RunningServer
 from samples import runtime_env, ts_examples
 from serving.engine import metrics as engine_metrics
 from serving.engine.metrics import Metrics, WorkerMetrics, exposition
-from serving.local_model import LocalModel, Request
+from serving.local_model import LocalModel, RequestInput
 
 SERVE = ts_examples.checkout()
 MODEL = "custom_metrics"
@@ -185,7 +185,9 @@ def test_the_workers_lines_come_out_as_torchserve_exports_them(example, store):
     exported for them, a HISTOGRAM as ``_bucket``/``_count``/``_sum``, a counter under its own name."""
     config = example.properties["metrics_config"]
     with LocalModel(store / f"{MODEL}.mar", batch_size=1, metrics_config=config) as model:
-        statuses = [model.predict([Request(body, {"Content-Type": kind})])[0].status for body, kind in example.inputs]
+        statuses = [
+            model.predict([RequestInput(body, {"Content-Type": kind})])[0].status for body, kind in example.inputs
+        ]
     assert statuses == [200] * len(example.inputs)
     metrics = Metrics(config)
     for line in model.metrics:

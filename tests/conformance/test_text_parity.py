@@ -27,7 +27,7 @@ from helpers import archive_reading
 from helpers.models import package_text
 from helpers.servers import RunningServer, post
 from samples import text_models
-from serving.local_model import InProcessHandler, LocalModel, Request
+from serving.local_model import InProcessHandler, LocalModel, RequestInput
 
 LONG = (
     "Ada Lovelace wrote to Charles Babbage from London about the Analytical Engine, and Grace Hopper later "
@@ -412,7 +412,7 @@ def test_a_text_body_that_looks_like_json_stays_text(models, tmp_path, decode_in
     kinds = ["text/plain; charset=utf-8", "application/json", "text/plain", "application/json", "application/json"]
     texts = [JSONISH, JSONISH, "not this", '"a JSON string"', '["one", "two"]']
     with LocalModel(archive, decode_input_request=decode_input_request) as model:  # the worker decodes, or not
-        responses = model.serve([Request(t.encode(), {"Content-Type": k}) for t, k in zip(texts, kinds)])
+        responses = model.serve([RequestInput(t.encode(), {"Content-Type": k}) for t, k in zip(texts, kinds)])
         literal, inner = answers(model, [JSONISH, "not this"])
         string, one, two = answers(model, ["a JSON string", "one", "two"])
     assert [r.status for r in responses] == [200] * 5

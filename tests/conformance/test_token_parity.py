@@ -49,7 +49,7 @@ from helpers.paths import short_tmp
 from helpers.processes import run_alone
 from helpers.servers import RunningServer
 from samples import runtime_env, text_models, ts_examples
-from serving.local_model import InProcessHandler, LocalModel, Request
+from serving.local_model import InProcessHandler, LocalModel, RequestInput
 
 EXAMPLES = int(os.environ.get("TSCTL_FUZZ_EXAMPLES", "10"))
 MAX_LENGTH, STRIDE = 32, 8
@@ -425,7 +425,9 @@ class Served:
         found = {}
         for strategy in STRATEGIES:
             with LocalModel(self.store / f"ner-{strategy}.mar", batch_size=8) as model:
-                replies = model.predict([Request(text.encode(), {"Content-Type": TEXT_TYPE}) for text in SERVED_TEXTS])
+                replies = model.predict(
+                    [RequestInput(text.encode(), {"Content-Type": TEXT_TYPE}) for text in SERVED_TEXTS]
+                )
             found[strategy] = [(r.status, r.json()) for r in replies]
         return found
 

@@ -33,7 +33,7 @@ from helpers.models import write_model_config
 from helpers.paths import short_tmp
 from helpers.servers import RunningServer, post_mixed_concurrently
 from samples.image_model import resnet18, sample_jpeg
-from serving.local_model import LocalModel, Request
+from serving.local_model import LocalModel, RequestInput
 from serving.worker import ts_wire
 
 PROBE = '''\
@@ -118,7 +118,7 @@ def package_with_torch_model_archiver(store: Path, name: str, handler: str, *fla
 
 
 def requests_of(table):
-    return [Request(body, {"Content-Type": kind, "X-Probe": label}) for body, kind, label in table]
+    return [RequestInput(body, {"Content-Type": kind, "X-Probe": label}) for body, kind, label in table]
 
 
 # ---- the worker protocol, against TorchServe's own reader and writer ------------------------------
@@ -241,7 +241,7 @@ def test_a_basehandler_archive_serves_on_the_kserve_engine_as_in_process(probe_s
                 headers = {"Content-Type": kind, "X-Probe": label}
                 url = f"{engine.inference}/v1/models/probe:predict"
                 status, answer = server.request(url, body, "POST", headers, 60)
-                [here] = local.serve([Request(body, headers)])
+                [here] = local.serve([RequestInput(body, headers)])
                 assert status == here.status, (label, answer)
                 assert {k: v for k, v in answer.items() if k != "error"} == here.json(), label
     finally:

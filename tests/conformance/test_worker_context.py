@@ -36,7 +36,7 @@ from archiver import engines
 from helpers.paths import short_tmp
 from helpers.servers import RunningServer
 from samples import runtime_env, ts_examples, ts_probes
-from serving.local_model import LocalModel, Request
+from serving.local_model import LocalModel, RequestInput
 
 RUNTIMES = ("TorchServe", "tsctl engine", "in-process", "MLServer")
 FIELDS = ("header", "status", "batch", "cwd", "sys_path", "env", "stdin", "threads", "metrics")
@@ -108,7 +108,7 @@ def in_process(store: Path):
     archive = next(store.glob("*.mar"))
     with LocalModel(archive) as model:
         requests = [
-            Request(body, {"Content-Type": "application/octet-stream", "X-Probe": header})
+            RequestInput(body, {"Content-Type": "application/octet-stream", "X-Probe": header})
             for body, header in zip((b"first", b"second"), HEADERS)
         ]
         replies = model.predict(requests)

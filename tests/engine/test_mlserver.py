@@ -56,7 +56,7 @@ from helpers.servers import batch_lines, post_mixed_concurrently
 from helpers.v2_answers import ask_v2
 from samples import hostile, runtime_env, text_models, ts_examples, ts_probes
 from samples.image_model import sample_jpeg
-from serving.local_model import LocalModel, Request
+from serving.local_model import LocalModel, RequestInput
 
 ENGINE = engines.ENGINES["mlserver"]
 # startupTimeout: nine models' workers load at once, a loaded machine's two cores take more than TorchServe's
@@ -239,7 +239,7 @@ def test_mnist_example_gets_what_torchserve_hands_it(srv, store):
     bodies += [v2([bytes_tensor([b64(png)])]) for png, _ in MNIST_INPUTS]
     got = post_mixed_concurrently(srv, "/v2/models/mnist/infer", [(b, "application/json") for b in bodies])
     with LocalModel(store / "mnist.mar") as local:
-        want = [local.predict([Request(png, {"Content-Type": kind})])[0].json() for png, kind in MNIST_INPUTS]
+        want = [local.predict([RequestInput(png, {"Content-Type": kind})])[0].json() for png, kind in MNIST_INPUTS]
     for (status, body), expected in zip(got, want * 2):
         assert status == 200, body
         assert [(o["name"], o["datatype"], o["shape"]) for o in body["outputs"]] == [("output-0", "BYTES", [1])]
@@ -262,7 +262,7 @@ def test_a_handler_gets_what_torchserves_worker_gives_it(srv, store):
     are bytes."""
     for name, example in EXAMPLES.items():
         with LocalModel(store / f"{name}.mar") as local:
-            want = [local.predict([Request(b, {"Content-Type": k} if k else {})])[0] for b, k in example.inputs]
+            want = [local.predict([RequestInput(b, {"Content-Type": k} if k else {})])[0] for b, k in example.inputs]
         want = [(r.status, r.answer() if r.status == 200 else error_message(r.body)) for r in want]
         assert answers_of(srv, name, example.inputs) == want, name
         assert answers_of(srv, f"{name}-tsctl", example.inputs) == want, name

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from serving.engine.job_queue import Job
 from serving.engine.sequences import SEQUENCE_END, SEQUENCE_ID, Sequences, SequenceSettings, key_of
-from serving.worker.ts_wire import Request, Response
+from serving.worker.ts_wire import RequestInput, Response
 
 MAX_SEQUENCES, QUEUE = 3, 2
 IDS = ("a", "b", "c", "d", "e")
@@ -81,7 +81,7 @@ class World:
     # ---- what happens ----------------------------------------------------------------------------------
     async def admit(self, sequence_id: str, end: bool):
         headers = {SEQUENCE_ID: sequence_id, **({SEQUENCE_END: "true"} if end else {})}
-        job = Job(Request(b"", headers), asyncio.get_running_loop().create_future())
+        job = Job(RequestInput(b"", headers), asyncio.get_running_loop().create_future())
         taken = await self.sequences.admit(job)
         sequence = self.sequences.open.get(key_of(sequence_id))
         if taken:
@@ -277,7 +277,7 @@ def test_a_queue_gathering_cancelled_as_a_request_arrives_takes_nothing():
 
     async def run():
         queue, loop = JobQueue(8), asyncio.get_running_loop()
-        jobs = [Job(Request(b"", {}), loop.create_future()) for _ in range(2)]
+        jobs = [Job(RequestInput(b"", {}), loop.create_future()) for _ in range(2)]
         await queue.put(jobs[0])
         gathering = asyncio.ensure_future(queue.batch(2, 30.0))
         for _ in range(5):
@@ -305,13 +305,13 @@ def test_a_new_sequence_goes_to_a_worker_that_is_up():
         workers = [FakeWorker(0), FakeWorker(1)]
         sequences, loop = Sequences(settings_of(), lambda: workers), asyncio.get_running_loop()
         for name in ("a", "b"):
-            await sequences.admit(Job(Request(b"", {SEQUENCE_ID: name}), loop.create_future()))
+            await sequences.admit(Job(RequestInput(b"", {SEQUENCE_ID: name}), loop.create_future()))
         assert [s.worker for s in sequences.open.values()] == workers  # one each
         workers[0].status = "STARTING"
-        await sequences.admit(Job(Request(b"", {SEQUENCE_ID: "c"}), loop.create_future()))
+        await sequences.admit(Job(RequestInput(b"", {SEQUENCE_ID: "c"}), loop.create_future()))
         assert sequences.open[key_of("c")].worker is workers[1]
         workers[1].status = "STARTING"  # all restarting: the least held again
-        await sequences.admit(Job(Request(b"", {SEQUENCE_ID: "d"}), loop.create_future()))
+        await sequences.admit(Job(RequestInput(b"", {SEQUENCE_ID: "d"}), loop.create_future()))
         assert sequences.open[key_of("d")].worker is workers[0]
 
     asyncio.run(run())
@@ -325,8 +325,8 @@ def test_an_end_request_whose_client_left_ends_nothing():
     async def run():
         workers = [FakeWorker(0), FakeWorker(1)]
         sequences, loop = Sequences(settings_of(), lambda: workers), asyncio.get_running_loop()
-        first = Job(Request(b"", {SEQUENCE_ID: "a"}), loop.create_future())
-        ending = Job(Request(b"", {SEQUENCE_ID: "a", SEQUENCE_END: "true"}), loop.create_future())
+        first = Job(RequestInput(b"", {SEQUENCE_ID: "a"}), loop.create_future())
+        ending = Job(RequestInput(b"", {SEQUENCE_ID: "a", SEQUENCE_END: "true"}), loop.create_future())
         await sequences.admit(first)
         [taken] = await sequences.batch(first.sequence.worker, 4, 0.0)
         await sequences.admit(ending)
@@ -334,7 +334,7 @@ def test_an_end_request_whose_client_left_ends_nothing():
         taken.answer(Response(200, b"1", "text/plain"))
         await sequences.answered([taken])
         assert sequences.open.get(key_of("a")) is first.sequence, "closed by an end that never ran"
-        last = Job(Request(b"", {SEQUENCE_ID: "a", SEQUENCE_END: "true"}), loop.create_future())
+        last = Job(RequestInput(b"", {SEQUENCE_ID: "a", SEQUENCE_END: "true"}), loop.create_future())
         await sequences.admit(last)
         [taken] = await sequences.batch(first.sequence.worker, 4, 0.0)
         assert taken is last

@@ -18,7 +18,7 @@ import pytest
 from archiver import engines
 from handlers.errors import ClientError
 from samples import ts_examples, ts_probes
-from serving.local_model import LocalModel, Request
+from serving.local_model import LocalModel, RequestInput
 from serving.runtimes import v2_requests
 from serving.worker.ts_wire import Response
 
@@ -33,11 +33,11 @@ def probe(tmp_path_factory):
         yield example, model
 
 
-def sent(body: bytes, kind: str) -> Request:
-    return Request(body, {"Content-Type": kind} if kind else {})
+def sent(body: bytes, kind: str) -> RequestInput:
+    return RequestInput(body, {"Content-Type": kind} if kind else {})
 
 
-def answer_of(model: LocalModel, request: Request):
+def answer_of(model: LocalModel, request: RequestInput):
     [response] = model.predict([request])
     assert response.status == 200, response.body
     return response.json()

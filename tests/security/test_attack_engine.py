@@ -775,7 +775,7 @@ def test_a_batch_that_fails_unexpectedly_is_answered_and_the_model_is_not_ready_
 
     from serving import ts_config
     from serving.model_opening import open_model
-    from serving.worker.ts_wire import Request
+    from serving.worker.ts_wire import RequestInput
 
     specs, frontend = ts_config.models(tree / "config" / "config.properties", tree / "model-store")
     [spec] = [s for s in specs if s.name == "quiet"]
@@ -790,9 +790,9 @@ def test_a_batch_that_fails_unexpectedly_is_answered_and_the_model_is_not_ready_
             [worker] = model.workers
             first = worker.process.pid
             worker.process.predict = broken
-            answer = await asyncio.wait_for(model.submit(Request(b"echo", {"content-type": "text/plain"})), 10)
+            answer = await asyncio.wait_for(model.submit(RequestInput(b"echo", {"content-type": "text/plain"})), 10)
             assert answer.status == 500 and b"UnicodeDecodeError" in answer.body, answer
-            answer = await asyncio.wait_for(model.submit(Request(b"echo", {"content-type": "text/plain"})), 60)
+            answer = await asyncio.wait_for(model.submit(RequestInput(b"echo", {"content-type": "text/plain"})), 60)
             assert answer.status == 200 and worker.process.pid != first, answer
             assert model.ready
             worker.task.cancel()  # a serve loop that ended: requests would wait for ever

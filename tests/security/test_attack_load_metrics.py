@@ -27,7 +27,7 @@ from helpers import grpc_client, waiting
 from helpers.engine import snapshot_entry, write_config
 from helpers.engine_limits import archive_handler, engine_in_cgroup
 from serving.engine.job_queue import Job, JobQueue
-from serving.worker.ts_wire import Request
+from serving.worker.ts_wire import RequestInput
 
 QUEUE = 3
 OCTETS = "application/octet-stream"  # the handler gets the bytes
@@ -53,11 +53,13 @@ def test_job_queue_forgets_clients_that_left():
     async def scenario():
         queue = JobQueue(QUEUE)
         loop = asyncio.get_running_loop()
-        left = [Job(Request(b"", {}), loop.create_future()) for _ in range(QUEUE)]
+        left = [Job(RequestInput(b"", {}), loop.create_future()) for _ in range(QUEUE)]
         for job in left:
             assert await queue.put(job)
             job.done.cancel()  # what submit's await does when its client leaves
-        assert await queue.put(Job(Request(b"live", {}), loop.create_future())), "a queue of clients that left: 503"
+        assert await queue.put(Job(RequestInput(b"live", {}), loop.create_future())), (
+            "a queue of clients that left: 503"
+        )
         assert len(queue) == 1
         assert [job.request.body for job in await queue.batch(QUEUE + 1, 0)] == [b"live"]
 

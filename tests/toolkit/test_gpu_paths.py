@@ -26,7 +26,7 @@ from handlers import golden as golden_format
 from handlers.image import EncodedJpeg, decode_image, decode_jpegs, open_image
 from helpers.models import package_resnet
 from samples.image_model import sample_jpeg
-from serving.local_model import InProcessHandler, LocalModel, Request
+from serving.local_model import InProcessHandler, LocalModel, RequestInput
 
 SETTINGS = type("S", (), {"resize": 256, "crop": 224})  # what decode_jpegs reads of ImageSettings
 
@@ -143,7 +143,9 @@ def test_half_precision_answers_within_its_tolerance_and_verify_checks_at_it(ima
     assert done.exit_code == 0, done.output
     assert json.loads(done.stdout)["checked"] == 2
     with LocalModel(store / "full.mar") as full, LocalModel(half) as halved:
-        wanted, got = (m.predict([Request(jpegs[0], {"Content-Type": "image/jpeg"})])[0].json() for m in (full, halved))
+        wanted, got = (
+            m.predict([RequestInput(jpegs[0], {"Content-Type": "image/jpeg"})])[0].json() for m in (full, halved)
+        )
     moved = max(abs(got[k] - wanted[k]) for k in wanted)
     assert 0 < moved <= golden_format.PRECISION_ATOL[precision] and got.keys() == wanted.keys(), (moved, got, wanted)
 
@@ -178,8 +180,8 @@ def test_out_of_memory_in_one_batch_is_that_requests_507_and_the_worker_serves_o
     with LocalModel(archive, batch_size=4) as model:
         pid = model.pid
         batch = (jpegs[0], flat, jpegs[1], jpegs[2])
-        answers = model.predict([Request(b, {"Content-Type": "image/jpeg"}) for b in batch])
+        answers = model.predict([RequestInput(b, {"Content-Type": "image/jpeg"}) for b in batch])
         assert [r.status for r in answers] == [200, 507, 200, 200], [r.json() for r in answers]
         assert "out of memory" in answers[1].json()["message"].lower()
-        again = model.predict([Request(jpegs[3], {"Content-Type": "image/jpeg"})])
+        again = model.predict([RequestInput(jpegs[3], {"Content-Type": "image/jpeg"})])
         assert again[0].status == 200 and model.pid == pid
