@@ -213,7 +213,8 @@ def runtime_notes(runtime: "KServeImage") -> List[str]:
     return [
         f"{runtime.name} runs TorchServe {runtime.torchserve}, which has no token authorization and ignores "
         "enable_model_api=false: its management API (port 8085 inside the pod; KServe's service exposes only "
-        "the wrapper's 8080) can register and delete models"
+        "the wrapper's 8080) can register and delete models; --runtime torchserve-kfs:0.12.0 or --engine tsctl "
+        "keeps it closed"
     ]
 
 
