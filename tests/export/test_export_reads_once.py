@@ -42,36 +42,26 @@ def opens(monkeypatch):
     return counted
 
 
-def test_export_kserve_opens_each_archive_once(store, opens, tmp_path):
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {"autoscale": "knative", "target": 2},
+        # --canary's DEPLOY.md names, per archive, whether its golden answers drive tsctl shadow: read with the rest
+        {"canary": 10},
+    ],
+    ids=["autoscale", "canary"],
+)
+def test_export_kserve_opens_each_archive_once(store, opens, tmp_path, flags):
     config = store.parent / "config" / "config.properties"
-    kserve.export(
-        export_options.ExportOptions(
-            out=str(tmp_path / "out"),
-            name="vision",
-            config=str(config),
-            model_store=str(store),
-            storage_uri="pvc://models/tsctl",
-            autoscale="knative",
-            target=2,
-        )
+    options = export_options.ExportOptions(
+        out=str(tmp_path / "out"),
+        name="vision",
+        config=str(config),
+        model_store=str(store),
+        storage_uri="pvc://models/tsctl",
+        **flags,
     )
-    assert dict(opens) == {"resnet18.mar": 1, "resnet18-b.mar": 1, "resnet18-t.mar": 1}
-
-
-def test_export_kserve_with_a_canary_opens_each_archive_once(store, opens, tmp_path):
-    """--canary's DEPLOY.md names, per archive, whether its golden answers drive tsctl shadow: read with the rest."""
-    config = store.parent / "config" / "config.properties"
-    kserve.export(
-        export_options.ExportOptions(
-            out=str(tmp_path / "out"),
-            name="vision",
-            config=str(config),
-            model_store=str(store),
-            storage_uri="pvc://models/tsctl",
-            canary=10,
-        )
-    )
-    assert "--inputs REQUESTS_DIR" in (tmp_path / "out" / "DEPLOY.md").read_text()  # no golden answers packaged
+    kserve.export(options)
     assert dict(opens) == {"resnet18.mar": 1, "resnet18-b.mar": 1, "resnet18-t.mar": 1}
 
 
