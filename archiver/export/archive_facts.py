@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
-from handlers import golden, identity
+from handlers import archives, golden, identity
 
 from .. import requirements
+from ..errors import UserError
 from ..opened_archive import opened
 
 INPUTS = ("image", "text", "tensor")  # what DEPLOY.md knows how to build a request body for
@@ -28,7 +29,8 @@ class ArchiveFacts:
     requirements_file: Optional[str] = None  # its name in the archive; None: the archive has none
     requirements_text: str = ""
     requirement_lines: List[str] = field(default_factory=list)  # each a plain requirement (requirements.check)
-    golden: Optional[dict] = None  # MAR-INF/golden.json, checked (handlers/golden.py); None: the archive has none
+    golden: Optional[dict] = None  # MAR-INF/golden.json, checked (handlers/golden.py); None: none, or damaged
+    golden_problem: Optional[str] = None  # why golden.json cannot be read: raised by golden_answers() alone
 
     @property
     def model(self) -> dict:
@@ -52,6 +54,14 @@ class ArchiveFacts:
         kind = (self.record or {}).get("input")
         return kind if kind in INPUTS else None
 
+    def golden_answers(self) -> Optional[dict]:
+        """The golden answers, for the steps that use them (``--canary``'s shadow check, the sample input of a
+        handler of the user's own): a UserError naming the archive when its golden.json is damaged. The
+        steps that do not use them never look, so such an archive exports as it did when nothing read them."""
+        if self.golden_problem:
+            raise UserError(self.golden_problem)
+        return self.golden
+
     @property
     def input_shape(self) -> Optional[list]:
         """A tensor handler's ``handler.input_shape`` (model-config.yaml); None for any other."""
@@ -65,4 +75,9 @@ def read(path, within=None) -> ArchiveFacts:
     with opened(path, within) as found:
         name, text, lines = requirements.of_archive(found)
         record = identity.read(found)
-        return ArchiveFacts(Path(path), found.manifest, found.config, record, name, text, lines, golden.read(found))
+        try:
+            answers, problem = golden.read(found), None
+        except archives.ArchiveError as exc:
+            answers, problem = None, str(exc)
+        facts = (Path(path), found.manifest, found.config, record, name, text, lines, answers, problem)
+        return ArchiveFacts(*facts)

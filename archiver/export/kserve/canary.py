@@ -51,7 +51,7 @@ def shadow_lines(protocol: str, archives: List[ArchiveFacts]) -> List[str]:
     """One ``tsctl shadow`` per archive of the tree: its golden inputs, or a sample of the user's requests."""
     lines = []
     for archive in archives:
-        inputs = "" if archive.golden else " --inputs REQUESTS_DIR"
+        inputs = "" if archive.golden_answers() else " --inputs REQUESTS_DIR"
         lines.append(
             f"tsctl shadow model-store/{archive.path.name} --current http://localhost:{PORTS[0]} "
             f"--candidate http://localhost:{PORTS[1]} --protocol {protocol}{inputs}"
@@ -65,7 +65,7 @@ def section(service: Service, canary: Optional[int], archives: List[ArchiveFacts
     if canary is None:
         return ""
     ns = service.ns
-    missing = [a.path.name for a in archives if not a.golden]
+    missing = [a.path.name for a in archives if not a.golden_answers()]
     status = f"kubectl get inferenceservice {service.name} {ns} -o jsonpath='{{.status.components.predictor"
     return core.render(
         "kserve-canary",

@@ -43,7 +43,7 @@ from ...mar import MODEL_NAME, rewrite_archive, shown_name
 from ...properties import check_keys, check_store, metrics_yaml, read_properties, render, snapshot_of
 from .. import archive_facts, core, crds, kube, model_image, out_dir
 from ..archive_facts import ArchiveFacts
-from ..bodies import Served, sample_inputs
+from ..bodies import Served, sample_answers, sample_inputs
 from ..options import ExportOptions, PodSize, Service, Transformer
 from . import autoscale, targets
 from . import canary as kserve_canary
@@ -427,9 +427,9 @@ def served_models(facts: List[ArchiveFacts], transformer: Optional[Transformer])
     only the transformer's model, which takes what the transformer archive's handler reads."""
     if transformer is not None:
         front = transformer.facts
-        return [Served(transformer.model, front.handler, front.input, golden=front.golden)]
+        return [Served(transformer.model, front.handler, front.input, golden=sample_answers(front))]
     served: Dict[str, Served] = {}
     for archive in facts:
-        model = Served(archive.name, archive.handler, archive.input, archive.input_shape, archive.golden)
+        model = Served(archive.name, archive.handler, archive.input, archive.input_shape, sample_answers(archive))
         served.setdefault(archive.name, model)
     return list(served.values())

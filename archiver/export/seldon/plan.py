@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from ..archive_facts import ArchiveFacts
-from ..bodies import Served
+from ..bodies import Served, sample_answers
 from ..kube import check_gpus, check_resources, image_reference, label
 
 API_VERSION = "mlops.seldon.io/v1alpha1"
@@ -51,7 +51,7 @@ class Entry:
 
     @property
     def served(self) -> Served:
-        return Served(self.name, self.handler, self.kind, self.shape, self.facts.golden)
+        return Served(self.name, self.handler, self.kind, self.shape, sample_answers(self.facts))
 
 
 @dataclass
