@@ -157,3 +157,9 @@ def export_text(report: dict) -> List[str]:
     per = ", per model" if len(report["curls"]) > 1 else ""  # Core 1: one curl, the graph's
     then = f"once its steps have built the request bodies{per}:"  # the curls read the files those steps write
     return lines + [f"deploy: see {report['deploy']}; {then}"] + [f"  {c}" for c in report["curls"]]
+
+
+def tree_check_text(report: dict) -> List[str]:
+    if report["problem"]:
+        return [f"{report['tree']}: {report['problem']}"]
+    return [f"{report['tree']}: {report['files']} files as the export wrote them ({report['digest']})"]

@@ -1,5 +1,7 @@
 """``tsctl export kserve`` and ``tsctl export seldon``: a model store and its config, written out for a
-serving platform."""
+serving platform; ``tsctl export check``: an exported tree against the digest its InferenceService pins."""
+
+import sys
 
 import click
 
@@ -150,6 +152,24 @@ def export_kserve(out, config_path, split, as_json, **options):
         progress(notice)
     result = kserve.export(export_options)
     emit(reports.export_report(out, result), reports.export_text, as_json)
+
+
+@export.command("check", cls=Command)
+@click.argument("tree", type=click.Path())
+@click.option("--digest", help="The tree's digest, sha256:HEX (default: the one TREE/inferenceservice.yaml pins).")
+@json_option
+def export_check(tree, digest, as_json):
+    """Check an exported TREE (OUT, its copy on a claim, an unpacked model image) as the pod does before a
+    worker loads: every file of config/, model-store/ and transformer/ as the export wrote it, no more and no
+    fewer, its listing the digest the InferenceService pins. Exit 1 naming the first file that differs."""
+    from pathlib import Path
+
+    from .. import reports
+    from ..export import tree_check
+
+    report = tree_check.check(Path(tree), digest)
+    emit(report, reports.tree_check_text, as_json)
+    sys.exit(1 if report["problem"] else 0)
 
 
 @export.command("seldon", cls=Command)

@@ -24,6 +24,7 @@ JSON_COMMANDS = {
     "doctor",
     "export kserve",
     "export seldon",
+    "export check",
 }
 
 

@@ -210,6 +210,26 @@ def test_export_kserve(exportable, tmp_path):
     assert curl.startswith("curl ") and "/v1/models/img:predict" in curl and curl in (out / "DEPLOY.md").read_text()
 
 
+def test_export_check(exportable, tmp_path):
+    out = tmp_path / "deploy"
+    run_json(
+        "export",
+        "kserve",
+        out,
+        "--name",
+        "vision",
+        "--storage-uri",
+        "pvc://models/vision",
+        "--config",
+        exportable / "config" / "config.properties",
+        "--model-store",
+        exportable / "model-store",
+    )
+    report = run_json("export", "check", out)
+    assert_shaped_like(report, documented("export check"))
+    assert report["problem"] is None and report["files"] == 2  # the config and the one archive
+
+
 def test_export_seldon(exportable, tmp_path):
     out = tmp_path / "deploy"
     report = run_json(
