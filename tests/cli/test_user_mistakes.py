@@ -327,6 +327,7 @@ MISTAKES = {  # each command's arguments for one of our errors, before anything 
     ("bench",): ["tensor", "--input", "afile", "--requests", "1", "--home", "nohome"],
     ("export", "kserve"): ["out", "--name", "x", "--storage-uri", "s3://x"],
     ("export", "seldon"): ["out", "--image", "a b"],
+    ("export", "check"): ["afile"],
     ("shadow",): ["missing.mar", "--current", "http://127.0.0.1:9", "--candidate", "http://127.0.0.1:10"],
     ("simulate",): ["missing.json"],
 }
