@@ -157,15 +157,13 @@ class LocalModel:
                 self.manifest = found.manifest
                 self.record = identity.read(found)  # MAR-INF/tsctl.json: which class is the handler
                 self.model_dir = found.model_dir(os.path.join(self._tmp, "model"))
-                archive = found.path
+                archive, version = found.path, found.version
             sockets.check(self._socket, "set TMPDIR to a shorter directory (e.g. TMPDIR=/tmp)")
             if public_key:  # before any of the archive's code can run
                 signing.verify(self.model_dir, public_key, archive.name, *expected)
             model = self.manifest["model"]
             self.model_name = model["modelName"]
-            self._spec = ModelSpec(
-                self.model_name, str(model.get("modelVersion") or "1.0"), archive, batch_size=batch_size
-            )
+            self._spec = ModelSpec(self.model_name, version, archive, batch_size=batch_size)
             self._frontend = Frontend(
                 max_response_size=UNLIMITED,
                 envelope=envelope,

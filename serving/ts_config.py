@@ -317,12 +317,6 @@ def archives_in(model_store: Path, ordered: bool = True) -> List[Path]:
     return found
 
 
-def archive_config(archive: ArchiveLike) -> dict:
-    """The archive's model-config.yaml as a dict ({} without one): ``Archive.config``."""
-    with opened(archive) as found:
-        return found.config
-
-
 def _from_archive(
     archive: ArchiveLike, frontend: Frontend, workers: Optional[int] = None, store: Optional[Path] = None
 ) -> ModelSpec:

@@ -26,6 +26,7 @@ class ArchiveFacts:
     manifest: dict  # MANIFEST.json, checked (handlers/archives.py)
     config: dict  # model-config.yaml ({} without one)
     record: Optional[dict]  # MAR-INF/tsctl.json; None: not a toolkit handler
+    version: str  # the model's version as TorchServe takes it (Archive.version: "1.0" when the manifest has none)
     requirements_file: Optional[str] = None  # its name in the archive; None: the archive has none
     requirements_text: str = ""
     requirement_lines: List[str] = field(default_factory=list)  # each a plain requirement (requirements.check)
@@ -79,5 +80,5 @@ def read(path, within=None) -> ArchiveFacts:
             answers, problem = golden.read(found), None
         except archives.ArchiveError as exc:
             answers, problem = None, str(exc)
-        facts = (Path(path), found.manifest, found.config, record, name, text, lines, answers, problem)
+        facts = (Path(path), found.manifest, found.config, record, found.version, name, text, lines, answers, problem)
         return ArchiveFacts(*facts)

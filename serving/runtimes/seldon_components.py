@@ -353,8 +353,7 @@ class Model(Unit):
         with Archive(self.archive) as opened:
             refuse_stateful(opened.config, f"{Path(self.archive).name}'s model-config.yaml", "a Seldon model unit")
             toolkit = identity.read(opened) is not None
-            version = str(opened.model.get("modelVersion") or "1.0")
-            spec = ModelSpec(name=opened.model["modelName"], version=version, archive=Path(self.archive))
+            spec = ModelSpec(name=opened.model_name, version=opened.version, archive=Path(self.archive))
             for key, value in self.settings.items():
                 setattr(spec, key, value)
             spec.max_workers = spec.min_workers

@@ -290,8 +290,7 @@ def check_transformer(
 
 def transformer_spec(facts: ArchiveFacts, name: str) -> ts_config.ModelSpec:
     """The transformer's worker settings: its model-config.yaml's, as TorchServe registers an archive."""
-    version = str(facts.model.get("modelVersion") or "1.0")
-    return ts_config.from_model_config(name, version, facts.path, facts.config, frontend_settings.Frontend())
+    return ts_config.from_model_config(name, facts.version, facts.path, facts.config, frontend_settings.Frontend())
 
 
 def size_notes(options: SeldonOptions, entries: List[Entry]) -> List[str]:
